@@ -1,0 +1,264 @@
+"""The block-Hadamard fold: ``R = B . P . D``, and folding it into a weight.
+
+``D = diag(signs)`` (each +1 or -1; none = identity), ``P`` a permutation with
+``(P x)[i] = x[perm[i]]`` (none = identity), ``B = blockdiag(H_b / sqrt(b))``. R is
+orthogonal, so folding it into a weight changes the weight's numbers (spreading outlier
+columns over a block, which is why engines do it before quantizing) but not its map:
+
+* site INPUT: the matrix stores ``W' = W R^T`` and applies ``W' (R x)``;
+* site OUTPUT: it stores ``W' = R W`` and applies ``R^T (W' x)``.
+
+One fold object serves both the numpy oracle (float64-capable, dense block matrices) and
+MLX (``mx.hadamard_transform``); :meth:`HadamardFold.plan` is what a kernel needs.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import hadamard
+
+ArrayT = TypeVar("ArrayT", np.ndarray, mx.array)
+
+
+class FoldSite(enum.Enum):
+    """Which side of the weight the rotation sits on."""
+
+    INPUT = "input"  #: stores W R^T, applies W'(R x)
+    OUTPUT = "output"  #: stores R W, applies R^T(W' x)
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """What a kernel needs to apply a fold over a vector of ``width``.
+
+    Signs and perm are always full arrays (ones / arange when the fold has none), so a
+    kernel has one code path; ``table`` is the m x m +-1 table (``[[1]]`` for m = 1).
+    """
+
+    block: int
+    m: int
+    k: int
+    width: int
+    signs: np.ndarray  # float32, (width,)
+    perm: np.ndarray  # int32, (width,)
+    table: np.ndarray  # int8, (m, m)
+    site: FoldSite
+    has_signs: bool
+    has_perm: bool
+
+    @property
+    def scale(self) -> float:
+        """The orthonormal scale 1 / sqrt(block)."""
+        return float(1.0 / np.sqrt(self.block))
+
+
+def _validate_signs(signs: object) -> np.ndarray:
+    arr = np.asarray(signs)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"signs must be a non-empty 1-D array of +1/-1; got shape {arr.shape}")
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise ValueError(f"signs must be numeric +1/-1; got dtype {arr.dtype}")
+    arr = arr.astype(np.float64)
+    if np.isnan(arr).any():
+        raise ValueError("signs must be +1 or -1 only; found NaN")
+    bad = ~np.isin(arr, (1.0, -1.0))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"signs must be +1 or -1 only; signs[{i}] = {arr[i]!r}")
+    out = arr.astype(np.float32)
+    out.flags.writeable = False
+    return out
+
+
+def _validate_perm(perm: object) -> np.ndarray:
+    arr = np.asarray(perm)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"perm must be a non-empty 1-D permutation of range(dim); got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"perm must hold integers (a permutation of range(dim)); got dtype {arr.dtype}")
+    n = arr.size
+    if not np.array_equal(np.sort(arr), np.arange(n)):
+        raise ValueError(f"perm must be a permutation of range({n}) (each index exactly once)")
+    out = arr.astype(np.int32)
+    out.flags.writeable = False
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class HadamardFold:
+    """A block-Hadamard rotation ``R = B P D`` and the site it is folded at.
+
+    ``eq=False`` on purpose: two folds are "the same rotation" for the head launch only
+    when they are the same object, as the seed asks ``Arc::ptr_eq``; use
+    :meth:`same_rotation` for a value comparison.
+    """
+
+    block: int
+    signs: np.ndarray | None = None
+    perm: np.ndarray | None = None
+    site: FoldSite = FoldSite.INPUT
+    _mk: tuple[int, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_mk", hadamard.factor_block(self.block))
+        object.__setattr__(self, "block", int(self.block))
+        if not isinstance(self.site, FoldSite):
+            raise ValueError(f"site must be FoldSite.INPUT or FoldSite.OUTPUT; got {self.site!r}")
+        signs = None if self.signs is None else _validate_signs(self.signs)
+        perm = None if self.perm is None else _validate_perm(self.perm)
+        if signs is not None and perm is not None and signs.size != perm.size:
+            raise ValueError(f"signs ({signs.size}) and perm ({perm.size}) must have the same length")
+        n = self.dim
+        if n is not None and n % self.block != 0:
+            raise ValueError(
+                f"the fold's dimension {n} (the length of signs/perm) must be a multiple of block {self.block}"
+            )
+        object.__setattr__(self, "signs", signs)
+        object.__setattr__(self, "perm", perm)
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def random(
+        cls,
+        dim: int,
+        block: int,
+        *,
+        seed: int,
+        permute: bool = False,
+        site: FoldSite = FoldSite.INPUT,
+    ) -> "HadamardFold":
+        """Random signs (and optionally a random permutation) over ``dim``, seeded."""
+        hadamard.factor_block(block)
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim <= 0:
+            raise ValueError(f"dim must be a positive int; got {dim!r}")
+        if dim % block != 0:
+            raise ValueError(f"dim ({dim}) must be a multiple of block ({block})")
+        rng = np.random.default_rng(seed)
+        signs = np.where(rng.random(dim) < 0.5, -1.0, 1.0).astype(np.float32)
+        perm = rng.permutation(dim).astype(np.int32) if permute else None
+        return cls(block, signs, perm, site)
+
+    # -- shape ----------------------------------------------------------------------------
+
+    @property
+    def m(self) -> int:
+        return self._mk[0]
+
+    @property
+    def k(self) -> int:
+        return self._mk[1]
+
+    @property
+    def dim(self) -> int | None:
+        """The fixed dimension when signs or perm are given; ``None`` (any multiple of block) otherwise."""
+        if self.signs is not None:
+            return int(self.signs.size)
+        if self.perm is not None:
+            return int(self.perm.size)
+        return None
+
+    def check_width(self, width: int) -> None:
+        """Raise ``ValueError`` unless this fold can rotate a vector of ``width``."""
+        if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width <= 0:
+            raise ValueError(f"width must be a positive int; got {width!r}")
+        if self.dim is not None and width != self.dim:
+            raise ValueError(f"width must equal the fold's dimension {self.dim} (its signs/perm length); got {width}")
+        if width % self.block != 0:
+            raise ValueError(f"width ({width}) must be a multiple of block ({self.block})")
+
+    def same_rotation(self, other: "HadamardFold | None") -> bool:
+        """Whether ``other`` is the same rotation by value (block, signs, perm; site ignored)."""
+        if other is None:
+            return False
+        if self is other:
+            return True
+
+        def eq(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+            return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
+
+        return self.block == other.block and eq(self.signs, other.signs) and eq(self.perm, other.perm)
+
+    # -- applying R -----------------------------------------------------------------------
+
+    def rotate(self, x: ArrayT) -> ArrayT:
+        """``R x`` along the last axis: signs, then the permutation, then the blocks."""
+        is_mx = isinstance(x, mx.array)
+        if not is_mx:
+            x = np.asarray(x)
+            if not np.issubdtype(x.dtype, np.floating):
+                x = x.astype(np.float64)
+        self.check_width(int(x.shape[-1]))
+        if self.signs is not None:
+            x = x * (mx.array(self.signs, dtype=x.dtype) if is_mx else self.signs.astype(x.dtype))
+        if self.perm is not None:
+            x = mx.take(x, mx.array(self.perm), axis=-1) if is_mx else x[..., self.perm]
+        if is_mx:
+            return hadamard.block_transform_mx(x, self.block)
+        return hadamard.block_transform(x, self.block)
+
+    def unrotate(self, y: ArrayT) -> ArrayT:
+        """``R^T y = D P^T B^T y`` along the last axis (the inverse of :meth:`rotate`)."""
+        is_mx = isinstance(y, mx.array)
+        if not is_mx:
+            y = np.asarray(y)
+            if not np.issubdtype(y.dtype, np.floating):
+                y = y.astype(np.float64)
+        self.check_width(int(y.shape[-1]))
+        if is_mx:
+            z = hadamard.block_transform_mx(y, self.block, transpose=True)
+        else:
+            z = hadamard.block_transform(y, self.block, transpose=True)
+        if self.perm is not None:
+            # (P^T z)[perm[i]] = z[i]: gather with the inverse permutation.
+            inv = np.argsort(self.perm).astype(np.int32)
+            z = mx.take(z, mx.array(inv), axis=-1) if is_mx else z[..., inv]
+        if self.signs is not None:
+            z = z * (mx.array(self.signs, dtype=z.dtype) if is_mx else self.signs.astype(z.dtype))
+        return z
+
+    def matrix(self, dim: int | None = None) -> np.ndarray:
+        """The dense orthogonal ``R`` (float64, dim x dim); rows are ``R e_i`` transposed."""
+        if dim is None:
+            if self.dim is None:
+                raise ValueError("dim must be given for a fold without signs or perm (any multiple of block fits)")
+            dim = self.dim
+        self.check_width(dim)
+        # R = rotate applied to the identity's columns: R[:, j] = rotate(e_j).
+        return self.rotate(np.eye(dim, dtype=np.float64)).T
+
+    def plan(self, width: int) -> FoldPlan:
+        """What a kernel needs to rotate a vector of ``width``, or a ``ValueError`` when it does not fit."""
+        self.check_width(width)
+        signs = self.signs if self.signs is not None else np.ones(width, dtype=np.float32)
+        perm = self.perm if self.perm is not None else np.arange(width, dtype=np.int32)
+        return FoldPlan(
+            block=self.block,
+            m=self.m,
+            k=self.k,
+            width=int(width),
+            signs=np.array(signs, dtype=np.float32),
+            perm=np.array(perm, dtype=np.int32),
+            table=hadamard.table(self.m),
+            site=self.site,
+            has_signs=self.signs is not None,
+            has_perm=self.perm is not None,
+        )
+
+    def with_site(self, site: FoldSite) -> "HadamardFold":
+        """The same rotation folded at the other site."""
+        return HadamardFold(self.block, self.signs, self.perm, site)
+
+    def __repr__(self) -> str:
+        n = self.dim if self.dim is not None else "any"
+        return (
+            f"HadamardFold(block={self.block} (= {self.m} x 2^{self.k}), dim={n}, "
+            f"signs={'yes' if self.signs is not None else 'none'}, "
+            f"perm={'yes' if self.perm is not None else 'none'}, site={self.site.name})"
+        )

@@ -1,0 +1,213 @@
+"""Hadamard matrices and the block Hadamard transform.
+
+A block size is ``b = m * 2**k`` with ``m`` in {1, 12, 20, 28}: the sizes
+``mx.hadamard_transform`` serves. For ``m = 1`` the matrix is Sylvester's, in natural
+order; for ``m > 1`` it is ``kron(H_m, H_{2^k})`` and the transform is ``y = M x`` (MLX
+applies it as ``x @ M.T``; the 20 and 28 tables are not symmetric, so the order matters).
+
+Two paths, one meaning:
+
+* numpy (:func:`block_transform`): dense block matrices, any float dtype, float64 for
+  the oracle;
+* MLX (:func:`block_transform_mx`): ``mx.hadamard_transform`` on each block.
+
+Every size is validated HERE before MLX sees it, because ``mx.hadamard_transform``
+accepts n = 36 (m = 9 is not a Hadamard order) and silently returns a matrix that is not
+orthogonal: MLX 0.32 never checks that n / m is a power of two.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TypeVar
+
+import mlx.core as mx
+import numpy as np
+
+#: The odd factors MLX (and so the kernels) have tables for.
+ALLOWED_M: tuple[int, ...] = (1, 12, 20, 28)
+
+# The m = 12, 20, 28 tables, row i = M[i, :], '+' = 1 and '-' = -1. Figures from N. J. A.
+# Sloane's library of Hadamard matrices (http://neilsloane.com/hadamard/), in the form
+# MLX 0.32 uses them (mlx/backend/metal/hadamard.cpp); tests/test_hadamard.py checks
+# each against mx.hadamard_transform itself, so a different MLX table would be caught.
+_TABLES: dict[int, str] = {
+    12: """
++-++++++++++
+--+-+-+-+-+-
++++-++----++
++---+--+-++-
++++++-++----
++-+---+--+-+
+++--+++-++--
++--++---+--+
+++----+++-++
++--+-++---+-
+++++----+++-
++-+--+-++---
+""",
+    20: """
++----+----++--++-++-
+-+----+---+++---+-++
+--+----+---+++-+-+-+
+---+----+---+++++-+-
+----+----++--++-++-+
+-+++++-----+--+++--+
++-+++-+---+-+--+++--
+++-++--+---+-+--+++-
++++-+---+---+-+--+++
+++++-----++--+-+--++
+--++-+-++-+-----++++
+---++-+-++-+---+-+++
++---++-+-+--+--++-++
+++---++-+----+-+++-+
+-++---++-+----+++++-
+-+--+--++-+----+----
++-+-----++-+----+---
+-+-+-+---+--+----+--
+--+-+++------+----+-
++--+--++------+----+
+""",
+    28: """
++------++----++-+--+-+--++--
+-+-----+++-----+-+--+-+--++-
+--+-----+++---+-+-+----+--++
+---+-----+++---+-+-+-+--+--+
+----+-----+++---+-+-+++--+--
+-----+-----++++--+-+--++--+-
+------++----++-+--+-+--++--+
+--++++-+-------++--+++-+--+-
+---++++-+-----+-++--+-+-+--+
++---+++--+----++-++--+-+-+--
+++---++---+----++-++--+-+-+-
++++---+----+----++-++--+-+-+
+++++--------+-+--++-++--+-+-
+-++++--------+++--++--+--+-+
+-+-++-++--++--+--------++++-
++-+-++--+--++--+--------++++
+-+-+-++--+--++--+----+---+++
++-+-+-++--+--+---+---++---++
+++-+-+-++--+------+--+++---+
+-++-+-+-++--+------+-++++---
++-++-+---++--+------+-++++--
+-++--++-+-++-+++----++------
++-++--++-+-++-+++-----+-----
+++-++---+-+-++-+++-----+----
+-++-++-+-+-+-+--+++-----+---
+--++-++++-+-+----+++-----+--
++--++-+-++-+-+----+++-----+-
+++--++-+-++-+-+----++------+
+""",
+}
+
+
+def factor_block(block: int) -> tuple[int, int]:
+    """``(m, k)`` with ``block == m * 2**k`` and ``m`` in :data:`ALLOWED_M`.
+
+    Raises ``ValueError`` naming ``block`` for anything else (0, negatives, 3, 36, 44,
+    72, non-integers), so no invalid size ever reaches ``mx.hadamard_transform``.
+    """
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
+        raise ValueError(f"block must be an int of the form m * 2**k with m in {ALLOWED_M}; got {block!r}")
+    block = int(block)
+    if block >= 1:
+        for m in ALLOWED_M:
+            if block % m == 0:
+                q = block // m
+                if q & (q - 1) == 0:
+                    return m, q.bit_length() - 1
+    raise ValueError(
+        f"block must be m * 2**k with m in {ALLOWED_M} and k >= 0 "
+        f"(1, 2, 4, ..., 12, 24, ..., 20, 40, ..., 28, 56, ...); got {block}"
+    )
+
+
+@lru_cache(maxsize=None)
+def _table(m: int) -> np.ndarray:
+    if m == 1:
+        return np.ones((1, 1), dtype=np.int8)
+    rows = _TABLES[m].split()
+    return np.array([[1 if c == "+" else -1 for c in row] for row in rows], dtype=np.int8)
+
+
+@lru_cache(maxsize=None)
+def _sylvester(k: int) -> np.ndarray:
+    h = np.ones((1, 1), dtype=np.int8)
+    for _ in range(k):
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def table(m: int) -> np.ndarray:
+    """The m x m +-1 table MLX uses for the odd factor ``m`` (``m = 1``: ``[[1]]``)."""
+    if m not in ALLOWED_M:
+        raise ValueError(f"m must be one of {ALLOWED_M}; got {m!r}")
+    out = _table(m).copy()
+    out.flags.writeable = False
+    return out
+
+
+def hadamard_matrix(n: int) -> np.ndarray:
+    """The unnormalised +-1 matrix ``M`` (int8, n x n) of ``mx.hadamard_transform``.
+
+    ``mx.hadamard_transform(x, scale=1.0) == x @ M.T``; ``M @ M.T == n I``.
+    """
+    m, k = factor_block(n)
+    return np.kron(_table(m), _sylvester(k)).astype(np.int8)
+
+
+@lru_cache(maxsize=32)
+def _orthonormal(n: int) -> np.ndarray:
+    h = hadamard_matrix(n).astype(np.float64) / np.sqrt(n)
+    h.flags.writeable = False
+    return h
+
+
+ArrayT = TypeVar("ArrayT", np.ndarray, mx.array)
+
+
+def _check_width(width: int, block: int) -> None:
+    if width % block != 0:
+        raise ValueError(
+            f"the last axis ({width}) must be a multiple of block ({block}); allowed widths are block * j for j >= 1"
+        )
+
+
+def block_transform(x: np.ndarray, block: int, *, transpose: bool = False) -> np.ndarray:
+    """``B x`` (or ``B^T x``) along the last axis, numpy, in x's float dtype.
+
+    ``B = blockdiag(H_b / sqrt(b))``. This is the oracle path: dense block matrices, so
+    float64 in gives float64 arithmetic throughout.
+    """
+    factor_block(block)
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.floating):
+        x = x.astype(np.float64)
+    _check_width(x.shape[-1], block)
+    h = _orthonormal(block).astype(x.dtype, copy=False)
+    xb = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    # y_block = H x_block, i.e. x_block @ H.T; B^T x uses H instead of H.T.
+    y = xb @ (h if transpose else h.T)
+    return y.reshape(x.shape)
+
+
+def block_transform_mx(x: mx.array, block: int, *, transpose: bool = False) -> mx.array:
+    """``B x`` (or ``B^T x``) along the last axis through ``mx.hadamard_transform``. Lazy.
+
+    ``B^T`` for ``m > 1``: ``H_b = kron(A, S)`` with ``A = H_m`` and ``S`` Sylvester
+    (symmetric), so on a block reshaped to ``X`` (m x 2^k) ``H_b^T x`` is ``A^T X S``:
+    MLX's transform over the 2^k axis, then a small matmul with ``A^T`` over the m axis.
+    """
+    m, k = factor_block(block)
+    _check_width(x.shape[-1], block)
+    lead = x.shape[:-1]
+    nblocks = x.shape[-1] // block
+    if not transpose or m == 1:
+        y = mx.hadamard_transform(x.reshape(*lead, nblocks, block))
+        return y.reshape(x.shape)
+    p = 1 << k
+    xs = x.reshape(*lead, nblocks, m, p)
+    xs = mx.hadamard_transform(xs)  # X S / sqrt(2^k), over the last (2^k) axis
+    a_t = mx.array((_table(m).T.astype(np.float32) / np.sqrt(m)), dtype=x.dtype)
+    y = a_t @ xs  # (m x m) @ (..., m, 2^k): A^T X S / sqrt(b)
+    return y.reshape(x.shape)
