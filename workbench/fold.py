@@ -70,7 +70,7 @@ def _validate_signs(signs: object) -> np.ndarray:
     bad = ~np.isin(arr, (1.0, -1.0))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"signs must be +1 or -1 only; signs[{i}] = {arr[i]!r}")
+        raise ValueError(f"signs must be +1 or -1 only; signs[{i}] = {float(arr[i])!r}")
     out = arr.astype(np.float32)
     out.flags.writeable = False
     return out

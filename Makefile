@@ -1,0 +1,43 @@
+# The workbench's commands. Each one makes its own environment (.venv) on first use,
+# so a fresh clone needs nothing but Python >= 3.11 and make.
+#   make lab     set up, then serve notebooks/ in JupyterLab (prints the URL with its token)
+#   make test    set up, then the unit tests and strict nbval over every notebook
+#   make report  set up, then execute every notebook headless and write report/*.html
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PORT ?= 8888
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+# JupyterLab refuses to run as root without this flag (containers, CI runners).
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+
+.PHONY: venv lab test unit nbval report clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+venv: $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=notebooks $(ROOT_FLAG)
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+nbval: $(STAMP)
+	$(BIN)/python -m pytest -q $(NBVAL) notebooks
+
+test: unit nbval
+
+report: $(STAMP)
+	mkdir -p report
+	$(BIN)/jupyter nbconvert --to html --execute --output-dir report notebooks/*.ipynb
+	@echo "report written to report/"
+
+clean:
+	rm -rf $(VENV) report .pytest_cache .hypothesis
