@@ -279,3 +279,63 @@ class WeightMatrix:
     def __repr__(self) -> str:
         o, i = self.shape
         return f"WeightMatrix({o}x{i}, {self.dtype}, fold={self._fold!r})"
+
+
+# -- why engines fold: quantization error with and without the rotation ------------------
+
+
+def outlier_matrix(out_dim: int, in_dim: int, *, n_outliers: int, outlier_scale: float, seed: int) -> np.ndarray:
+    """A Gaussian [out, in] float32 weight whose ``n_outliers`` input columns are scaled up.
+
+    The shape of the problem the fold solves: LLM weights and activations carry a few
+    outlier channels, and a quantization group that holds one spends its scale on it.
+    """
+    if not 0 <= n_outliers <= in_dim:
+        raise ValueError(f"n_outliers must be in [0, {in_dim}] (in_dim); got {n_outliers}")
+    if not outlier_scale > 0:
+        raise ValueError(f"outlier_scale must be > 0; got {outlier_scale}")
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((out_dim, in_dim))
+    cols = rng.choice(in_dim, size=n_outliers, replace=False)
+    w[:, cols] *= outlier_scale
+    return w.astype(np.float32)
+
+
+def quantization_error(
+    w: np.ndarray, *, mode: str, bits: int, group_size: int, fold: HadamardFold | None = None
+) -> float:
+    """Relative Frobenius error of the quantized MAP: ``||map(Q(w)) - w||_F / ||w||_F``.
+
+    With a fold the map is the folded, quantized base with the rotation undone, so the
+    figure compares like with like: what ``apply`` computes against what ``w`` computes
+    (for isotropic inputs, the expected relative error of the output).
+    """
+    q = WeightMatrix.quantize(w, mode=mode, bits=bits, group_size=group_size, fold=fold)
+    w64 = np.asarray(w, dtype=np.float64)
+    return float(np.linalg.norm(q.linear_map() - w64) / np.linalg.norm(w64))
+
+
+#: The formats notebook 01 compares: (label, mode, bits, group_size).
+STUDY_FORMATS: tuple[tuple[str, str, int, int], ...] = (
+    ("affine 4-bit g64", "affine", 4, 64),
+    ("mxfp4 g32", "mxfp4", 4, 32),
+    ("nvfp4 g16", "nvfp4", 4, 16),
+    ("affine 8-bit g64", "affine", 8, 64),
+)
+
+
+def quantization_study(
+    w: np.ndarray,
+    folds: dict[str, HadamardFold | None],
+    formats: tuple[tuple[str, str, int, int], ...] = STUDY_FORMATS,
+) -> "pd.DataFrame":
+    """One row per format, one column per fold: :func:`quantization_error` of each pair."""
+    import pandas as pd
+
+    rows = {
+        label: {name: quantization_error(w, mode=mode, bits=bits, group_size=g, fold=f) for name, f in folds.items()}
+        for label, mode, bits, g in formats
+    }
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    df.index.name = "format"
+    return df
