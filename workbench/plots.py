@@ -76,3 +76,46 @@ def plot_refusal_map(cfgs: Sequence, *, ax=None, kernels_enabled: bool = True):
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+def plot_rotation(fold, dim: int | None = None):
+    """The dense orthogonal ``R`` of a fold as an image, with ``R R^T`` beside it.
+
+    Blocks show as the diagonal squares of the Hadamard pattern; signs flip whole columns;
+    a permutation scatters columns. Values are +-1/sqrt(b), so the colour scale is fixed.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    r = fold.matrix(dim)
+    v = 1.0 / np.sqrt(fold.block)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 4.2))
+    im = a.imshow(r, cmap="RdBu_r", vmin=-v, vmax=v, interpolation="nearest")
+    a.set_title(f"R = B P D  ({r.shape[0]}x{r.shape[1]}, block {fold.block})")
+    a.set_xlabel("input index j")
+    a.set_ylabel("output index i")
+    fig.colorbar(im, ax=a, shrink=0.8)
+    im2 = b.imshow(r @ r.T, cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
+    b.set_title("R R^T = I (orthogonal)")
+    fig.colorbar(im2, ax=b, shrink=0.8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_quantization_study(df, *, title: str = "quantization error of the map, with and without the fold"):
+    """Grouped bars: one group per format (rows of ``df``), one bar per fold (columns)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    x = np.arange(len(df.index))
+    width = 0.8 / len(df.columns)
+    for i, col in enumerate(df.columns):
+        ax.bar(x + (i - (len(df.columns) - 1) / 2) * width, df[col].to_numpy(), width, label=str(col))
+    ax.set_xticks(x, [str(i) for i in df.index])
+    ax.set_ylabel("||map(Q(W)) - W||_F / ||W||_F")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.legend(title="fold")
+    fig.tight_layout()
+    return fig
