@@ -478,7 +478,11 @@ def _granite_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
     "mamba". ``residual_multiplier`` scales both residual branches: RESIDUAL_SCALE.
     """
     hidden, n, q, kv, hd, eps = _common(r)
-    key = "layer_types" if r.has("layer_types") else "layers_block_type"
+    key = "layers_block_type" if r.has("layers_block_type") and not r.has("layer_types") else "layer_types"
+    if not r.has(key):
+        raise ValueError(
+            f"layer_types: missing (also looked for layers_block_type), and a {r.family} config needs it"
+        )
     types = r.str_list(key, n, ("attention", "mamba"))
     ffn = r.positive("shared_intermediate_size")
     experts = r.opt("num_local_experts", int, 0)
