@@ -1,7 +1,6 @@
 """The README's main-job command (`make lab`) brings up JupyterLab serving notebooks/.
 
-Runs the real command, with the token fixed through JUPYTER_TOKEN (which Jupyter Server
-reads), and asks `/api/status`: 200 with the token, 403 without it; `/api/contents`
+Runs the real command, reads the URL with its token from what it prints, and asks `/api/status`: 200 with the token, 403 without it; `/api/contents`
 lists the notebooks, so it serves notebooks/ and not some other folder.
 """
 
@@ -9,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -41,15 +42,35 @@ def _get(url: str, token: str | None) -> tuple[int, bytes]:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_lab_serves_the_notebooks() -> None:
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_TOKEN": token}
+    """As a headless user would: run `make lab`, read the printed URL and its token, ask."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"}  # let it make its own
     proc = subprocess.Popen(
         ["make", "-s", "lab", f"PORT={port}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
+    lines: list[str] = []
+    url_re = re.compile(rf"http://127\.0\.0\.1:{port}/lab\?token=([0-9a-f]+)")
+    found: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace")
+            lines.append(line)
+            m = url_re.search(line)
+            if m and not found:
+                found.append(m.group(1))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 120
+        while not found and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert found, "make lab printed no URL with a token:\n" + "".join(lines[-20:])
+        token = found[0]
         status = None
         while time.monotonic() < deadline:
             try:
@@ -58,20 +79,17 @@ def test_make_lab_serves_the_notebooks() -> None:
                     break
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
-            if proc.poll() is not None:
-                break
-            time.sleep(0.5)
+            time.sleep(0.3)
         assert status == 200, f"JupyterLab did not answer on {base}/api/status"
         assert _get(f"{base}/api/status", None)[0] == 403
+        assert _get(f"{base}/api/status", "wrong" + token)[0] == 403
         code, body = _get(f"{base}/api/contents", token)
         names = {item["name"] for item in json.loads(body)["content"]}
         assert code == 200 and "01_hadamard_fold.ipynb" in names
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            out, _ = proc.communicate(timeout=20)
+            proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-    # Headless-friendly: it printed the URL with its token for the user to open.
-    assert f"token={token}" in out.decode(errors="replace") or token in out.decode(errors="replace")
+            proc.wait()
