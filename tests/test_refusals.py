@@ -363,3 +363,27 @@ def test_head_launch_fold_must_fit_the_hidden_width():
     ]
     with pytest.raises(ValueError, match="q_fold"):
         head_launch_refusals(cfg, 0, q_fold=np.ones(4), k_fold=None)
+
+
+# -- the figure ------------------------------------------------------------------------------------
+
+
+def test_plot_refusal_map_draws_one_row_a_model():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from workbench.plots import plot_refusal_map
+
+    cfgs = [load_model("bonsai-27b"), load_model("nemotron-h-8b")]
+    fig = plot_refusal_map(cfgs)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["bonsai-27b", "nemotron-h-8b"]
+    grid = ax.images[0].get_array()
+    assert grid.shape == (2, 64)
+    assert grid[0, 3] == 2 and grid[0, 0] == 1  # eligible tail; Gated DeltaNet layer
+    assert grid[1, 7] == 2 + Refusal.NO_FFN.value and grid[1, 60] == 0  # first reason; past the end
+    plt.close(fig)
+    with pytest.raises(ValueError, match="cfgs"):
+        plot_refusal_map([])

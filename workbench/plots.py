@@ -51,9 +51,15 @@ def plot_refusal_map(cfgs: Sequence, *, ax=None, kernels_enabled: bool = True):
             grid[r, layer.index] = code
             used.add(code)
 
-    tab = plt.get_cmap("tab20").colors
-    colours = ["white", "#d9d9d9", "#2ca02c"] + [tab[(2 * i + 1) % 20] for i in range(len(reasons))]
-    # tab20's odd entries are the light shades; make the common reasons distinct.
+    # One distinct colour a reason, in Refusal order; none of them green (eligible) or
+    # light grey (not attention), so a refused cell never reads as either.
+    reason_colours = [
+        "#4d4d4d", "#9467bd", "#1f77b4", "#d62728", "#ff9896", "#8c564b", "#e377c2",
+        "#bcbd22", "#17becf", "#aec7e8", "#c49c94", "#ff7f0e", "#c5b0d5", "#393b79",
+    ]
+    if len(reason_colours) < len(reasons):  # a reason added to Refusal needs a colour here
+        raise ValueError(f"reasons: {len(reasons)} Refusal members, only {len(reason_colours)} colours")
+    colours = ["white", "#e6e6e6", "#2ca02c"] + reason_colours[: len(reasons)]
     cmap = ListedColormap(colours)
 
     if ax is None:
