@@ -414,3 +414,10 @@ def test_nemotron_pattern_maps_each_character_to_one_block(pattern):
     cfg = ModelConfig.from_hf_config(d)
     assert cfg.attention_layers() == [i for i, c in enumerate(pattern) if c == "*"]
     assert [lc.ffn_dim == 0 for lc in cfg.layers] == [c in "M*" for c in pattern]
+
+
+def test_bonsai_pack_model_type_reads_as_qwen3_5():
+    d = raw("bonsai-27b")
+    d["model_type"] = "prism_hadamard_qwen35"
+    cfg = ModelConfig.from_hf_config(d)
+    assert cfg.attention_layers() == list(range(3, 64, 4)) and cfg.model_type == "prism_hadamard_qwen35"

@@ -640,6 +640,9 @@ FAMILIES = {
     "qwen3_5_text": _qwen_hybrid,
     "qwen3_5_moe": _qwen_hybrid,
     "qwen3_next": _qwen_hybrid,
+    # PrismML's Bonsai packs declare their own model_type over the unchanged qwen3_5
+    # architecture (base_model_type qwen3_5, text model under text_config).
+    "prism_hadamard_qwen35": _qwen_hybrid,
     "granitemoehybrid": _granite_hybrid,
     "falcon_h1": _falcon_h1,
     "nemotron_h": _nemotron_h,
