@@ -363,14 +363,27 @@ def wait_share(waits: int, price_ms: float, weight_bytes: float, bandwidth_gbs: 
 # Measuring a wait
 
 
+def _as_device(device):
+    """``None`` (MLX's default), a ``mx.Device`` or a ``mx.DeviceType`` (``mx.cpu``) as a ``mx.Device``."""
+    import mlx.core as mx
+
+    if device is None:
+        return mx.default_device()
+    if isinstance(device, mx.DeviceType):
+        return mx.Device(device)
+    if isinstance(device, mx.Device):
+        return device
+    raise ValueError(f"device: must be None, an mx.Device or mx.cpu / mx.gpu; got {device!r}")
+
+
 def device_description(device=None) -> dict:
     """Which MLX device ``device`` is (default: MLX's default), for the records."""
     import mlx.core as mx
 
-    dev = device if device is not None else mx.default_device()
+    dev = _as_device(device)
     info: dict[str, Any] = {"mlx_device": str(dev)}
     try:
-        info.update({k: v for k, v in mx.device_info().items() if isinstance(v, (str, int, float))})
+        info.update({k: v for k, v in mx.device_info(dev).items() if isinstance(v, (str, int, float))})
     except Exception:  # older MLX: no device_info; the name below still says enough
         pass
     if dev.type == mx.cpu:
@@ -410,7 +423,7 @@ def measure_wait_price(device=None, *, n: int = 2000, warmup: int = 200) -> dict
 
     if n < 10 or warmup < 0:
         raise ValueError(f"n, warmup: need n >= 10 and warmup >= 0, got {n}, {warmup}")
-    dev = device if device is not None else mx.default_device()
+    dev = _as_device(device)
     times = []
     with mx.stream(dev):
         x = mx.array(1.0, dtype=mx.float32)

@@ -1,0 +1,146 @@
+"""Run a hybrid's decode step at every stage of the resident-state plan, count and time it.
+
+    python -m bench.schedule_run --out data/bench/schedule-cpu.json           # here: scaled-down Bonsai, float32
+    PYTHONPATH=/tmp/site:. python3 -m bench.schedule_run --geometry full --dtype bfloat16 \\
+        --out data/bench/schedule-h200.json                                  # the H200: Bonsai-27B's widths
+
+One process: first the price of one wait on this device (``waits.measure_wait_price``),
+then ``workbench.schedule.run_stages``: every stage decodes its own copy of the same
+tokens, rounds interleaved (so drift in a shared machine's load hits every stage alike),
+the executor counting the waits it made (they must equal ``waits.waits_per_token``) and
+the clock giving ms a token. Then, for each pair of stages, the measured saving against
+the table's prediction (waits saved x the price just measured), and the price a least-
+squares line through (waits, ms a token) implies.
+
+``--geometry cpu`` is ``schedule.CPU_GEOMETRY`` (Bonsai's 64-layer pattern at about 1/20
+of its widths); ``full`` is the model's own (Bonsai-27B: hidden 5120, FFN 17408, ...).
+Weights are random; by default one layer's weights serve every layer of its kind
+(``--distinct`` gives each layer its own: ~50 GB of bf16 at Bonsai's widths). Each
+layer's matrices are far larger than any cache, so a token streams the same bytes either
+way.
+
+Needs only numpy and MLX: the H200 machine has no pandas, so ``workbench.refusals``'
+module-level pandas import (its tables only) is met by a stub when pandas is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+try:  # workbench.refusals imports pandas for its tables only; eligibility needs none of it
+    import pandas  # noqa: F401
+except ImportError:  # pragma: no cover - the offline GPU machine
+    sys.modules["pandas"] = types.ModuleType("pandas")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m bench.schedule_run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="bonsai-27b", help="a shipped Gated DeltaNet hybrid (default bonsai-27b)")
+    p.add_argument("--geometry", choices=("cpu", "full"), default="cpu")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    p.add_argument("--distinct", action="store_true", help="distinct weights for every layer (default: one set per kind)")
+    p.add_argument("--vocab", type=int, default=None, help="LM head rows (default: the model's, or the cpu geometry's)")
+    p.add_argument("--tokens", type=int, default=4, help="tokens a stage decodes per round")
+    p.add_argument("--rounds", type=int, default=10, help="rounds, stages interleaved within each")
+    p.add_argument("--warmup", type=int, default=3, help="untimed tokens per stage first")
+    p.add_argument("--context", type=int, default=32, help="tokens already in each KV cache")
+    p.add_argument("--stages", default=None, help="comma-separated stage numbers (default: all)")
+    p.add_argument("--price-n", type=int, default=3000, help="waits timed for the price")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gdn", choices=("auto", "fast", "ops"), default="auto",
+                   help="the recurrence: mx.fast.gated_delta_update (fast), plain MLX ops (ops), or fast if it "
+                        "runs on this device, else ops, said in the output and the record (auto)")
+    p.add_argument("--out", help="write the JSON record here")
+    args = p.parse_args(argv)
+
+    from workbench import schedule, waits
+    from workbench.model import load_model
+
+    cfg = load_model(args.model)
+    geom = schedule.geometry_of(cfg, vocab=args.vocab) if args.geometry == "full" else schedule.CPU_GEOMETRY
+    if args.geometry == "cpu" and args.vocab:
+        geom = schedule.Geometry(**{**geom.__dict__, "vocab": args.vocab})
+    stages = None if args.stages is None else [int(s) for s in args.stages.split(",")]
+
+    price = waits.measure_wait_price(n=args.price_n, warmup=max(100, args.price_n // 10))
+    print(f"device {price['device']} ({price['backend']}, MLX {price['mlx_version']}); "
+          f"one wait {price['ms']:.4f} ms (p10 {price['p10_ms']:.4f}, p90 {price['p90_ms']:.4f})", flush=True)
+
+    t0 = time.perf_counter()
+    wts = schedule.HybridWeights(cfg, geom, dtype=args.dtype, seed=args.seed, share=not args.distinct)
+    gdn, why = args.gdn, ""
+    if gdn == "auto":
+        ok, why = schedule.fast_gdn_available()
+        gdn = "fast" if ok else "ops"
+        if not ok:
+            print(f"mx.fast.gated_delta_update does not run here ({why}); the recurrence runs as plain MLX ops")
+    sched = schedule.Schedule(cfg, wts, gdn=gdn)
+    print(f"weights ready in {time.perf_counter() - t0:.1f} s; eligible layers {list(sched.eligible)}", flush=True)
+
+    def progress(r: int, n: int) -> None:
+        print(f"  round {r}/{n}", flush=True)
+
+    run = schedule.run_stages(sched, stages=stages, tokens=args.tokens, rounds=args.rounds, warmup=args.warmup,
+                              context=args.context, price_ms=price["ms"], progress=progress)
+    rows = run["stages"]
+    fit = schedule.fit_price(rows)
+
+    bytes_per = {"float32": 4, "float16": 2, "bfloat16": 2}[args.dtype]
+    attn = set(cfg.attention_layers())
+    weight_bytes = bytes_per * (
+        sum(geom.layer_params("attention" if l.index in attn else "recurrent") for l in cfg.layers)
+        + geom.vocab * geom.hidden
+    )
+
+    print(f"\n{'stage':>5} {'waits':>6} {'made':>6} {'ms/token':>9} {'p10':>8} {'p90':>8}  name")
+    for r in rows:
+        print(f"{r['stage']:>5} {r['waits_predicted']:>6} {str(r['waits_made']):>6} {r['ms_median']:>9.3f} "
+              f"{r['ms_p10']:>8.3f} {r['ms_p90']:>8.3f}  {r['name']}")
+    print(f"\n{'from':>4} {'to':>3} {'saved':>6} {'measured ms':>12} {'predicted ms':>13} {'ratio':>6}")
+    for c in run["comparisons"]:
+        ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}"
+        print(f"{c['from']:>4} {c['to']:>3} {c['waits_saved']:>6} {c['ms_saved_measured']:>12.3f} "
+              f"{c['ms_saved_predicted']:>13.3f} {ratio:>6}")
+    print(f"\nprice a wait: measured {price['ms']:.4f} ms; fitted from the stages {fit['ms_per_wait']:.4f} ms "
+          f"(intercept {fit['intercept_ms']:.3f} ms a token)")
+
+    rec = {
+        "bench": "schedule_run",
+        "command": " ".join(["python -m bench.schedule_run"] + (argv if argv is not None else sys.argv[1:])),
+        "date": price["date"],
+        "device": price["device"],
+        "backend": price["backend"],
+        "mlx_version": price["mlx_version"],
+        "model": cfg.name,
+        "geometry": args.geometry,
+        "geometry_values": dict(geom.__dict__),
+        "dtype": args.dtype,
+        "weights": "distinct per layer" if args.distinct else "one set per layer kind, reused by every layer of that kind",
+        "weight_bytes_per_token": int(weight_bytes),
+        "eligible": list(sched.eligible),
+        "gdn": "mx.fast.gated_delta_update" if gdn == "fast" else f"schedule.gated_delta_ops (plain MLX ops){'; fast op: ' + why if why else ''}",
+        "tokens_per_round": args.tokens,
+        "rounds": args.rounds,
+        "warmup": args.warmup,
+        "context": args.context,
+        "price": {k: price[k] for k in ("ms", "p10_ms", "p90_ms", "iqr_ms", "n", "method")},
+        "stages": rows,
+        "comparisons": run["comparisons"],
+        "fit": fit,
+        "all_waits_match": all(r["waits_match"] for r in rows),
+    }
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rec, indent=2) + "\n")
+        print(f"record: {out}")
+    return rec
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The schedule makes exactly the waits the table predicts, and every stage computes the same token."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from workbench import schedule as S
+from workbench import tail, waits
+from workbench.model import load_model, replace_layer
+
+#: Bonsai's 64-layer pattern at toy widths: the waits a token are Bonsai's, the work tiny.
+TINY = S.Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True,
+                  gdn_k_heads=2, gdn_v_heads=4, gdn_k_dim=8, gdn_v_dim=8, conv_kernel=4, vocab=64)
+
+
+@pytest.fixture(scope="module")
+def bonsai():
+    return load_model("bonsai-27b")
+
+
+@pytest.fixture(scope="module")
+def tiny(bonsai):
+    w = S.HybridWeights(bonsai, TINY, seed=3)
+    return S.Schedule(bonsai, w)
+
+
+@pytest.fixture(scope="module")
+def decoded(tiny):
+    """Three tokens at every stage, each from the same start."""
+    out = {}
+    for n in range(1, 7):
+        st = S.new_state(tiny.w, context=4, max_new=8)
+        out[n] = [tiny.step(st, n) for _ in range(3)]
+    return out
+
+
+def test_the_schedule_makes_the_predicted_waits(bonsai, decoded):
+    for n, results in decoded.items():
+        assert [r.waits for r in results] == [waits.waits_per_token(bonsai, n)] * 3
+
+
+@pytest.mark.parametrize("stage", range(1, 7))
+def test_count_waits_sees_the_same(tiny, bonsai, stage):
+    """An independent count: tail.count_waits sees every evaluation and host read MLX does."""
+    st = S.new_state(tiny.w, context=4, max_new=4)
+    tiny.step(st, stage)  # the first token builds caches; count the second
+    with tail.count_waits() as wc:
+        res = tiny.step(st, stage)
+    assert wc.n == res.waits == waits.waits_per_token(bonsai, stage)
+
+
+def test_every_stage_computes_the_same_tokens(decoded):
+    ref = decoded[1]
+    for n in range(2, 6):  # the same ops on the same values, only the waits move: bit for bit
+        for a, b in zip(ref, decoded[n]):
+            assert a.next_token == b.next_token
+            np.testing.assert_array_equal(a.logits, b.logits)
+    # The device floor runs the attention in MLX rather than numpy: float32 rounding apart.
+    # Metric: max |difference| over the logits, against 1e-4 x their scale.
+    for a, b in zip(ref, decoded[6]):
+        assert np.abs(a.logits - b.logits).max() <= 1e-4 * max(1.0, np.abs(a.logits).max())
+
+
+def test_a_refused_layer_is_scheduled_as_counted(bonsai):
+    cfg = replace_layer(bonsai, 7, o_bias=True)
+    sched = S.Schedule(cfg, S.HybridWeights(cfg, TINY, seed=3))
+    assert 7 not in sched.eligible
+    for n in range(1, 7):
+        st = S.new_state(sched.w, context=4, max_new=2)
+        assert sched.step(st, n).waits == waits.waits_per_token(cfg, n)
+
+
+def test_the_schedules_tail_is_the_oracles(tiny):
+    """Stage 2's fused tail piece against tail.host_tail (float64), the seed's criterion."""
+    lw = tiny.w.layers[3].w
+    assert tiny.w.layers[3].kind == "attention"
+    tw = tail.TailWeights.from_arrays(np.array(lw["wo"]), np.array(lw["ffn_norm"]), np.array(lw["gate"]),
+                                      np.array(lw["up"]), np.array(lw["down"]), eps=TINY.eps)
+    rng = np.random.default_rng(0)
+    branch = rng.uniform(-1, 1, TINY.branch).astype(np.float32)
+    residual = rng.uniform(-1, 1, TINY.hidden).astype(np.float32)
+    x = mx.array(residual) + S._mv(lw["wo"], mx.array(branch))
+    got = np.array(S._ffn(lw, x, TINY.eps))
+    want = tail.host_tail(tw, branch, residual)
+    # |x - y| <= 2e-4 max(|y|, 1): float32 device against the float64 host (the seed's test).
+    assert tail.compare(got, want).passed
+
+
+def test_gated_delta_ops_is_the_fast_op():
+    rng = np.random.default_rng(1)
+    hk, hv, dk, dv = 2, 6, 8, 4
+    a = lambda *s: mx.array(rng.standard_normal(s).astype(np.float32))  # noqa: E731
+    q, k, v = a(1, 1, hk, dk), a(1, 1, hk, dk), a(1, 1, hv, dv)
+    g = mx.array(rng.uniform(0.5, 1, (1, 1, hv)).astype(np.float32))
+    b = mx.array(rng.uniform(0, 1, (1, 1, hv)).astype(np.float32))
+    s0 = a(1, hv, dv, dk)
+    o1, s1 = mx.fast.gated_delta_update(q, k, v, g, b, initial_state=s0)
+    o2, s2 = S.gated_delta_ops(q, k, v, g, b, s0)
+    # Same float32 arithmetic in a different order: max abs difference within 1e-5.
+    np.testing.assert_allclose(np.array(o2), np.array(o1), atol=1e-5)
+    np.testing.assert_allclose(np.array(s2), np.array(s1), atol=1e-5)
+    assert S.fast_gdn_available()[0]
+
+
+def test_ops_recurrence_decodes_the_same_tokens(tiny, decoded):
+    ops = S.Schedule(tiny.cfg, tiny.w, gdn="ops")
+    st = S.new_state(tiny.w, context=4, max_new=8)
+    res = [ops.step(st, 5) for _ in range(3)]
+    assert [r.next_token for r in res] == [r.next_token for r in decoded[5]]
+    with pytest.raises(ValueError, match="gdn"):
+        S.Schedule(tiny.cfg, tiny.w, gdn="nope")
+
+
+def test_run_stages_record(tiny):
+    rec = S.run_stages(tiny, stages=[1, 2, 5], tokens=1, rounds=2, warmup=1, context=4, price_ms=0.05)
+    assert [r["stage"] for r in rec["stages"]] == [1, 2, 5]
+    assert all(r["waits_match"] and r["tokens"] == 2 for r in rec["stages"])
+    comp = {(c["from"], c["to"]): c for c in rec["comparisons"]}
+    assert comp[(1, 2)]["waits_saved"] == 16 and comp[(1, 2)]["ms_saved_predicted"] == pytest.approx(0.8)
+    assert comp[(1, 5)]["waits_saved"] == 80
+    fit = S.fit_price([{"waits_predicted": w, "ms_median": 1 + 0.02 * w} for w in (97, 49, 17)])
+    assert fit["ms_per_wait"] == pytest.approx(0.02) and fit["intercept_ms"] == pytest.approx(1)
+
+
+def test_geometry(bonsai):
+    g = S.geometry_of(bonsai)
+    assert (g.hidden, g.ffn, g.n_q, g.n_kv, g.head_dim, g.vocab) == (5120, 17408, 24, 4, 256, 248320)
+    assert (g.gdn_k_heads, g.gdn_v_heads, g.gdn_k_dim, g.gdn_v_dim) == (16, 48, 128, 128)
+    # Weights a token streams: 48 recurrent + 16 attention layers, ~24.3 G parameters without the head.
+    n = 48 * g.layer_params("recurrent") + 16 * g.layer_params("attention")
+    assert 24e9 < n < 25e9
+    with pytest.raises(ValueError, match="cfg"):
+        S.geometry_of(load_model("granite-4.0-h-micro"))  # Mamba-2, not Gated DeltaNet
+    with pytest.raises(ValueError, match="n_q"):
+        S.Geometry(**{**TINY.__dict__, "n_q": 3, "n_kv": 2})

@@ -1,0 +1,540 @@
+"""A hybrid model's decode step executed as a stage of the resident-state plan says.
+
+``workbench.waits`` COUNTS the waits a token costs at each stage of the plan; this module
+RUNS one token that way and times it, so the table can be checked against a clock:
+
+- recurrent layers (Gated DeltaNet) through ``mx.fast.gated_delta_update``, their state
+  (and the short convolution's) kept between tokens;
+- attention on the host: numpy, with a KV cache, as the seed's engine runs it (or, at the
+  device floor, as MLX ops with the cache on the device);
+- the attention tail as two pieces (wo; FFN) or fused (one), on the device;
+- the token's GPU pieces grouped into submissions exactly as ``waits.submissions`` groups
+  them: each group is built lazily and evaluated by ONE ``mx.eval``, which is one wait.
+
+The executor counts the ``mx.eval`` calls it makes (``TokenResult.waits``); tests check
+that against ``waits.waits_per_token`` and against ``tail.count_waits``, which sees every
+evaluation and host read MLX does. Grouping changes where the waits fall, never the
+arithmetic: every stage computes the same ops on the same values (checked in tests).
+
+Geometry: :func:`geometry_of` reads a Qwen3.5-style hybrid's widths from its config
+(Bonsai-27B: hidden 5120, 24/4 heads of 256 with the output gate, FFN 17408, Gated
+DeltaNet 16 key / 48 value heads of 128, conv 4); :data:`CPU_GEOMETRY` is a scaled-down
+one for 2 CPU cores. Weights are random (``U(-a, a)``, variance 1/fan_in), seeded.
+
+Simplifications, none of which moves a wait: no RoPE and no per-head q/k norm in the
+attention (host work of a few microseconds), no Hadamard fold on wo, the next token's
+input is a row of a small host table picked by the argmax of the logits (the embedding
+lookup is host work), and the KV cache starts ``context`` tokens long (random keys and
+values) so the attention's cost is that of a short chat, not of an empty cache.
+
+The tail's ops are written here rather than called from ``workbench.tail.tail_mx``
+because a stage has to split them (wo and the FFN in two submissions at stage 1) or join
+them to the next recurrent run (stage 4 and the floor), and because ``tail_mx`` promotes a
+bf16 weight to float32 on every call (a full copy of each matrix a token), which would
+triple the bytes a token streams on the H200. ``tests/test_schedule.py`` checks the
+schedule's tail against ``tail.host_tail``, the oracle.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import waits as _waits
+
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The widths a decode step of a Qwen3.5-style hybrid needs."""
+
+    hidden: int
+    ffn: int
+    n_q: int
+    n_kv: int
+    head_dim: int
+    attn_output_gate: bool
+    gdn_k_heads: int
+    gdn_v_heads: int
+    gdn_k_dim: int
+    gdn_v_dim: int
+    conv_kernel: int
+    vocab: int
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "ffn", "n_q", "n_kv", "head_dim", "gdn_k_heads", "gdn_v_heads", "gdn_k_dim",
+                     "gdn_v_dim", "conv_kernel", "vocab"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name}: must be a positive int, got {v!r}")
+        if self.n_q % self.n_kv:
+            raise ValueError(f"n_q: must be a multiple of n_kv ({self.n_kv}), got {self.n_q}")
+        if self.gdn_v_heads % self.gdn_k_heads:
+            raise ValueError(f"gdn_v_heads: must be a multiple of gdn_k_heads ({self.gdn_k_heads}), got {self.gdn_v_heads}")
+
+    @property
+    def branch(self) -> int:
+        """The attention output's width before wo (q heads x head_dim)."""
+        return self.n_q * self.head_dim
+
+    def layer_params(self, kind: str) -> int:
+        """Weights (elements) one layer of ``kind`` (``"attention"`` | ``"recurrent"``) streams."""
+        h, f = self.hidden, self.ffn
+        ffn = 3 * h * f
+        if kind == "attention":
+            q = self.branch * (2 if self.attn_output_gate else 1)
+            return h * (q + 2 * self.n_kv * self.head_dim) + self.branch * h + ffn
+        if kind == "recurrent":
+            kd, vd = self.gdn_k_heads * self.gdn_k_dim, self.gdn_v_heads * self.gdn_v_dim
+            return h * (2 * kd + 2 * vd + 2 * self.gdn_v_heads) + vd * h + ffn
+        raise ValueError(f"kind: must be 'attention' or 'recurrent', got {kind!r}")
+
+
+#: A scaled-down Bonsai for 2 CPU cores: the same 64-layer pattern (so the same waits a
+#: token), widths / 20 or so, a 2k vocabulary. About 60 MB of float32 weights.
+CPU_GEOMETRY = Geometry(
+    hidden=256, ffn=768, n_q=6, n_kv=1, head_dim=32, attn_output_gate=True,
+    gdn_k_heads=2, gdn_v_heads=6, gdn_k_dim=32, gdn_v_dim=32, conv_kernel=4, vocab=2048,
+)
+
+
+def geometry_of(cfg, *, vocab: int | None = None) -> Geometry:
+    """The full geometry of a Qwen3.5-style hybrid (Gated DeltaNet + gated GQA) from its config."""
+    from workbench.model import Mixer
+
+    raw = dict(cfg.raw)
+    text = dict(raw.get("text_config", raw))
+    attn = cfg.attention_layers()
+    if not attn:
+        raise ValueError(f"cfg: {cfg.name} has no attention layer")
+    kinds = {lc.mixer for lc in cfg.layers} - {Mixer.ATTENTION}
+    if kinds - {Mixer.LINEAR_ATTENTION}:
+        raise ValueError(f"cfg: the schedule runs Gated DeltaNet hybrids; {cfg.name} has {sorted(k.value for k in kinds)}")
+    need = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+    missing = [k for k in need if k not in text]
+    if missing:
+        raise ValueError(f"cfg: {cfg.name}'s config lacks {missing}")
+    a = cfg.layer(attn[0])
+    return Geometry(
+        hidden=cfg.hidden_size, ffn=a.ffn_dim, n_q=a.num_q_heads, n_kv=a.num_kv_heads, head_dim=a.head_dim,
+        attn_output_gate=bool(a.attn_output_gate),
+        gdn_k_heads=int(text["linear_num_key_heads"]), gdn_v_heads=int(text["linear_num_value_heads"]),
+        gdn_k_dim=int(text["linear_key_head_dim"]), gdn_v_dim=int(text["linear_value_head_dim"]),
+        conv_kernel=int(text.get("linear_conv_kernel_dim", 4)),
+        vocab=int(vocab if vocab is not None else text.get("vocab_size", 32000)), eps=float(cfg.rms_norm_eps),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Weights and state
+
+
+def _uniform(key: mx.array, shape: tuple[int, ...], fan_in: int, dtype) -> mx.array:
+    a = math.sqrt(3.0 / fan_in)
+    return mx.random.uniform(-a, a, shape, key=key).astype(dtype)
+
+
+@dataclass
+class _Layer:
+    kind: str  # "attention" | "recurrent"
+    w: dict[str, mx.array]
+
+
+class HybridWeights:
+    """Random weights for every layer of ``cfg`` at ``geom``, on MLX's default device.
+
+    ``share``: one set of weights per layer kind, used by every layer of that kind (the
+    full Bonsai geometry is ~50 GB of bf16 otherwise). A token still streams every layer's
+    matrices from memory (one layer's are far larger than any cache), so the time a token
+    takes is that of distinct weights; the record says which was used.
+    """
+
+    def __init__(self, cfg, geom: Geometry, *, dtype: str = "float32", seed: int = 0, share: bool = False):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype: must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        self.cfg, self.geom, self.dtype, self.share = cfg, geom, dtype, share
+        dt = _DTYPES[dtype]
+        attn = set(cfg.attention_layers())
+        key = mx.random.key(seed)
+        made: dict[str, dict[str, mx.array]] = {}
+        self.layers: list[_Layer] = []
+        for lc in cfg.layers:
+            kind = "attention" if lc.index in attn else "recurrent"
+            if share and kind in made:
+                self.layers.append(_Layer(kind, made[kind]))
+                continue
+            key, sub = mx.random.split(key)
+            w = self._make(kind, sub, dt)
+            mx.eval(w)  # materialise now, layer by layer, so peak memory is the weights alone
+            made[kind] = w
+            self.layers.append(_Layer(kind, w))
+        g = geom
+        key, k1, k2 = mx.random.split(key, 3)
+        self.final_norm = mx.ones((g.hidden,), dtype=mx.float32)
+        self.lm_head = _uniform(k1, (g.vocab, g.hidden), g.hidden, dt)
+        # The embedding lookup is host work: a small host table, indexed by argmax % rows.
+        self.embed = np.random.default_rng(seed).uniform(-1, 1, size=(64, g.hidden)).astype(np.float32)
+        mx.eval(self.lm_head)
+
+    def _make(self, kind: str, key: mx.array, dt) -> dict[str, mx.array]:
+        g = self.geom
+        ks = iter(mx.random.split(key, 16))
+        h, f = g.hidden, g.ffn
+        w = {
+            "ffn_norm": 1.0 + mx.random.uniform(-0.25, 0.25, (h,), key=next(ks)),
+            "gate": _uniform(next(ks), (f, h), h, dt),
+            "up": _uniform(next(ks), (f, h), h, dt),
+            "down": _uniform(next(ks), (h, f), f, dt),
+            "norm": 1.0 + mx.random.uniform(-0.25, 0.25, (h,), key=next(ks)),
+        }
+        if kind == "attention":
+            q = g.branch * (2 if g.attn_output_gate else 1)
+            kv = g.n_kv * g.head_dim
+            w.update(wq=_uniform(next(ks), (q, h), h, dt), wk=_uniform(next(ks), (kv, h), h, dt),
+                     wv=_uniform(next(ks), (kv, h), h, dt), wo=_uniform(next(ks), (h, g.branch), g.branch, dt))
+        else:
+            kd, vd = g.gdn_k_heads * g.gdn_k_dim, g.gdn_v_heads * g.gdn_v_dim
+            conv_c = 2 * kd + vd
+            w.update(
+                in_qkvz=_uniform(next(ks), (2 * kd + 2 * vd, h), h, dt),
+                in_ba=_uniform(next(ks), (2 * g.gdn_v_heads, h), h, dt),
+                conv=_uniform(next(ks), (g.conv_kernel, conv_c), g.conv_kernel, mx.float32),
+                a_log=mx.log(mx.random.uniform(1.0, 16.0, (g.gdn_v_heads,), key=next(ks))),
+                dt_bias=mx.random.uniform(-1.0, 1.0, (g.gdn_v_heads,), key=next(ks)),
+                o_norm=1.0 + mx.random.uniform(-0.25, 0.25, (g.gdn_v_dim,), key=next(ks)),
+                out=_uniform(next(ks), (h, vd), vd, dt),
+            )
+        return w
+
+
+@dataclass
+class DecodeState:
+    """What one decode keeps between tokens: recurrent and conv states, KV caches, position."""
+
+    ssm: dict[int, mx.array]
+    conv: dict[int, mx.array]
+    host_k: dict[int, np.ndarray]
+    host_v: dict[int, np.ndarray]
+    dev_k: dict[int, mx.array]
+    dev_v: dict[int, mx.array]
+    length: int
+    token: int = 0
+
+
+def new_state(wts: HybridWeights, *, context: int = 32, max_new: int = 4096, seed: int = 1) -> DecodeState:
+    """A fresh state: zero recurrent states, a KV cache already ``context`` tokens long."""
+    g = wts.geom
+    rng = np.random.default_rng(seed)
+    ssm, conv, hk, hv, dk, dv = {}, {}, {}, {}, {}, {}
+    conv_c = 2 * g.gdn_k_heads * g.gdn_k_dim + g.gdn_v_heads * g.gdn_v_dim
+    for l, layer in enumerate(wts.layers):
+        if layer.kind == "recurrent":
+            ssm[l] = mx.zeros((1, g.gdn_v_heads, g.gdn_v_dim, g.gdn_k_dim), dtype=mx.float32)
+            conv[l] = mx.zeros((g.conv_kernel - 1, conv_c), dtype=mx.float32)
+        else:
+            cap = context + max_new
+            hk[l] = np.zeros((cap, g.n_kv, g.head_dim), dtype=np.float32)
+            hv[l] = np.zeros((cap, g.n_kv, g.head_dim), dtype=np.float32)
+            hk[l][:context] = rng.standard_normal((context, g.n_kv, g.head_dim)).astype(np.float32)
+            hv[l][:context] = rng.standard_normal((context, g.n_kv, g.head_dim)).astype(np.float32)
+            dk[l] = mx.array(hk[l][:context])
+            dv[l] = mx.array(hv[l][:context])
+    mx.eval(list(ssm.values()), list(conv.values()), list(dk.values()), list(dv.values()))
+    return DecodeState(ssm, conv, hk, hv, dk, dv, context)
+
+
+# ---------------------------------------------------------------------------------------
+# The pieces, as lazy MLX ops
+
+
+def _rms(x: mx.array, w: mx.array, eps: float) -> mx.array:
+    return x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _mv(w: mx.array, x: mx.array) -> mx.array:
+    """``w @ x`` with x in the weights' dtype (as an engine's matvec reads it), out float32."""
+    return (x.astype(w.dtype) @ w.T).astype(mx.float32)
+
+
+def _ffn(w: Mapping[str, mx.array], x: mx.array, eps: float) -> mx.array:
+    n = _rms(x, w["ffn_norm"], eps)
+    g = _mv(w["gate"], n)
+    return x + _mv(w["down"], (g * mx.sigmoid(g)) * _mv(w["up"], n))
+
+
+def gated_delta_ops(q, k, v, gamma, beta, state) -> tuple[mx.array, mx.array]:
+    """One token of the gated delta rule as plain MLX ops: ``mx.fast.gated_delta_update``'s twin.
+
+    Shapes as that op takes them with T = 1: q, k [1, 1, Hk, Dk], v [1, 1, Hv, Dv], gamma,
+    beta [1, 1, Hv], state [1, Hv, Dv, Dk]; value head h reads key head h // (Hv / Hk).
+    ``S = gamma S; S += beta (v - S k) k^T; o = S q``. For a device where the fast op is
+    missing; the schedule says which one it ran.
+    """
+    hk, hv = k.shape[2], v.shape[2]
+    qq = mx.repeat(q[0, 0], hv // hk, axis=0)
+    kk = mx.repeat(k[0, 0], hv // hk, axis=0)
+    s = state[0] * gamma[0, 0][:, None, None]
+    delta = (v[0, 0] - (s * kk[:, None, :]).sum(-1)) * beta[0, 0][:, None]
+    s = s + delta[:, :, None] * kk[:, None, :]
+    o = (s * qq[:, None, :]).sum(-1)
+    return o[None, None], s[None]
+
+
+def fast_gdn_available() -> tuple[bool, str]:
+    """Whether ``mx.fast.gated_delta_update`` runs on MLX's default device (and why not)."""
+    try:
+        q = mx.ones((1, 1, 1, 4))
+        v = mx.ones((1, 1, 1, 4))
+        g = mx.ones((1, 1, 1))
+        mx.eval(mx.fast.gated_delta_update(q, q, v, g, g, initial_state=mx.zeros((1, 1, 4, 4))))
+        return True, ""
+    except Exception as e:  # noqa: BLE001 - any failure means: not here
+        return False, f"{type(e).__name__}: {e}"
+
+
+def _recurrent(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: DecodeState, l: int,
+               gdn: str = "fast") -> mx.array:
+    g = geom
+    kd, vd = g.gdn_k_heads * g.gdn_k_dim, g.gdn_v_heads * g.gdn_v_dim
+    h = _rms(x, w["norm"], g.eps)
+    qkvz = _mv(w["in_qkvz"], h)
+    ba = _mv(w["in_ba"], h)
+    mixed, z = qkvz[: 2 * kd + vd], qkvz[2 * kd + vd:]
+    window = mx.concatenate([st.conv[l], mixed[None]], axis=0)  # [K, C]: the short convolution
+    st.conv[l] = window[1:]
+    c = (window * w["conv"]).sum(axis=0)
+    c = c * mx.sigmoid(c)
+    q = c[:kd].reshape(1, 1, g.gdn_k_heads, g.gdn_k_dim)
+    k = c[kd: 2 * kd].reshape(1, 1, g.gdn_k_heads, g.gdn_k_dim)
+    v = c[2 * kd:].reshape(1, 1, g.gdn_v_heads, g.gdn_v_dim)
+    q = q * mx.rsqrt((q * q).sum(-1, keepdims=True) + 1e-6) / math.sqrt(g.gdn_k_dim)
+    k = k * mx.rsqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    b, a = ba[: g.gdn_v_heads], ba[g.gdn_v_heads:]
+    beta = mx.sigmoid(b).reshape(1, 1, -1)
+    gamma = mx.exp(-mx.exp(w["a_log"]) * mx.logaddexp(a + w["dt_bias"], 0.0)).reshape(1, 1, -1)
+    if gdn == "fast":
+        o, st.ssm[l] = mx.fast.gated_delta_update(q, k, v, gamma, beta, initial_state=st.ssm[l])
+    else:
+        o, st.ssm[l] = gated_delta_ops(q, k, v, gamma, beta, st.ssm[l])
+    o = _rms(o.reshape(g.gdn_v_heads, g.gdn_v_dim), w["o_norm"], g.eps)
+    zz = z.reshape(g.gdn_v_heads, g.gdn_v_dim)
+    o = (o * (zz * mx.sigmoid(zz))).reshape(vd)
+    x = x + _mv(w["out"], o)
+    return _ffn(w, x, g.eps)
+
+
+def _qkv(geom: Geometry, w: Mapping[str, mx.array], x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    h = _rms(x, w["norm"], geom.eps)
+    return _mv(w["wq"], h), _mv(w["wk"], h), _mv(w["wv"], h)
+
+
+def _attend_np(geom: Geometry, q: np.ndarray, kc: np.ndarray, vc: np.ndarray) -> np.ndarray:
+    """GQA softmax attention of one token on the host; returns the gated branch (float32)."""
+    g = geom
+    qq = q[: g.branch].reshape(g.n_kv, g.n_q // g.n_kv, g.head_dim)
+    s = np.einsum("hgd,thd->hgt", qq, kc) / math.sqrt(g.head_dim)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    p = s / s.sum(-1, keepdims=True)
+    o = np.einsum("hgt,thd->hgd", p, vc).reshape(g.branch)
+    if g.attn_output_gate:
+        gate = q[g.branch:]
+        o = o / (1.0 + np.exp(-gate))
+    return o.astype(np.float32)
+
+
+def _attend_mx(geom: Geometry, q: mx.array, kc: mx.array, vc: mx.array) -> mx.array:
+    """The same attention as MLX ops (the device floor)."""
+    g = geom
+    qq = q[: g.branch].reshape(g.n_kv, g.n_q // g.n_kv, g.head_dim)
+    s = mx.einsum("hgd,thd->hgt", qq, kc) / math.sqrt(g.head_dim)
+    o = mx.einsum("hgt,thd->hgd", mx.softmax(s, axis=-1), vc).reshape(g.branch)
+    if g.attn_output_gate:
+        o = o * mx.sigmoid(q[g.branch:])
+    return o
+
+
+# ---------------------------------------------------------------------------------------
+# One token
+
+
+@dataclass
+class TokenResult:
+    logits: np.ndarray
+    waits: int
+    seconds: float
+    next_token: int
+
+
+class Schedule:
+    """One model's weights and the plan's grouping of its token, ready to decode.
+
+    ``eligible``: the attention layers whose tail fuses; default ``waits.eligible_layers``
+    (``workbench.refusals``). ``gdn``: ``"fast"`` runs the recurrence through
+    ``mx.fast.gated_delta_update``, ``"ops"`` through :func:`gated_delta_ops`.
+    """
+
+    def __init__(self, cfg, weights: HybridWeights, *, eligible: Sequence[int] | None = None, plan=None,
+                 gdn: str = "fast"):
+        if gdn not in ("fast", "ops"):
+            raise ValueError(f"gdn: must be 'fast' (mx.fast.gated_delta_update) or 'ops' (gated_delta_ops), got {gdn!r}")
+        self.gdn = gdn
+        self.cfg, self.w, self.geom = cfg, weights, weights.geom
+        self.plan = plan or _waits.load_plan()
+        self.eligible = tuple(_waits.eligible_layers(cfg) if eligible is None else eligible)
+        self._subs: dict[int, list] = {}
+
+    def submissions(self, stage) -> list:
+        st = self.plan.stage(stage)
+        if st.number not in self._subs:
+            self._subs[st.number] = _waits.submissions(self.cfg, st, plan=self.plan, eligible=self.eligible)
+        return self._subs[st.number]
+
+    def step(self, state: DecodeState, stage) -> TokenResult:
+        """Decode one token at ``stage``: build each submission lazily, evaluate it once."""
+        g, layers = self.geom, self.w.layers
+        subs = self.submissions(stage)
+        t0 = time.perf_counter()
+        x = mx.array(self.w.embed[state.token % self.w.embed.shape[0]])
+        pos = state.length
+        n_waits = 0
+        qkv: dict[int, tuple] = {}
+        branch: dict[int, mx.array] = {}
+        logits = None
+        for sub in subs:
+            outs: list[mx.array] = []
+            for piece in sub:
+                l = piece.layer
+                if piece.kind == "layer":
+                    x = _recurrent(g, layers[l].w, x, state, l, self.gdn)
+                    outs += [state.ssm[l], state.conv[l]]
+                elif piece.kind == "qkv":
+                    qkv[l] = _qkv(g, layers[l].w, x)
+                    outs += list(qkv[l])
+                elif piece.kind == "attention":  # the device floor: cache and softmax on the device
+                    q, k, v = qkv.pop(l)
+                    state.dev_k[l] = mx.concatenate([state.dev_k[l], k.reshape(1, g.n_kv, g.head_dim)])
+                    state.dev_v[l] = mx.concatenate([state.dev_v[l], v.reshape(1, g.n_kv, g.head_dim)])
+                    branch[l] = _attend_mx(g, q, state.dev_k[l], state.dev_v[l])
+                    outs += [state.dev_k[l], state.dev_v[l]]
+                elif piece.kind in ("tail", "wo"):
+                    x = x + _mv(layers[l].w["wo"], branch[l])
+                    if piece.kind == "tail":
+                        x = _ffn(layers[l].w, x, g.eps)
+                elif piece.kind == "ffn":
+                    x = _ffn(layers[l].w, x, g.eps)
+                elif piece.kind == "logits":
+                    logits = _mv(self.w.lm_head, _rms(x, self.w.final_norm, g.eps))
+                    outs.append(logits)
+            mx.eval(x, *outs)  # the submission, and its one wait
+            n_waits += 1
+            last = sub[-1]
+            if last.kind in ("wo", "ffn"):  # unfused or refused: the host takes the result back
+                np.asarray(x)
+            elif last.kind == "qkv":  # the host needs this layer's Q/K/V: attention on the host
+                l = last.layer
+                q, k, v = (np.asarray(a) for a in qkv.pop(l))
+                state.host_k[l][pos] = k.reshape(g.n_kv, g.head_dim)
+                state.host_v[l][pos] = v.reshape(g.n_kv, g.head_dim)
+                branch[l] = mx.array(_attend_np(g, q, state.host_k[l][: pos + 1], state.host_v[l][: pos + 1]))
+        assert logits is not None
+        out = np.asarray(logits)
+        nxt = int(np.argmax(out))  # sampling is host work
+        seconds = time.perf_counter() - t0
+        state.length = pos + 1
+        state.token = nxt
+        return TokenResult(out, n_waits, seconds, nxt)
+
+
+# ---------------------------------------------------------------------------------------
+# Stages against the table
+
+
+def run_stages(
+    sched: Schedule,
+    *,
+    stages: Sequence[int] | None = None,
+    tokens: int = 8,
+    rounds: int = 5,
+    warmup: int = 2,
+    context: int = 32,
+    price_ms: float | None = None,
+    progress=None,
+) -> dict:
+    """Time ``tokens`` tokens per round at every stage, rounds interleaved; compare with the table.
+
+    Every stage decodes its own state from the same start, so all stages compute the
+    same tokens. Returns a record: per stage, the waits the executor made a token (and
+    whether they equal ``waits_per_token``) and the median ms a token; per pair of
+    consecutive stages (and each stage against stage 1), the measured saving and the
+    predicted one (waits saved x ``price_ms``) with their ratio.
+    """
+    plan = sched.plan
+    numbers = [s.number for s in plan.stages] if stages is None else list(stages)
+    states = {n: new_state(sched.w, context=context, max_new=warmup + tokens * rounds + 1) for n in numbers}
+    made: dict[int, set] = {n: set() for n in numbers}
+    times: dict[int, list] = {n: [] for n in numbers}
+    for n in numbers:  # warm-up: compile kernels, fault in the weights
+        for _ in range(warmup):
+            made[n].add(sched.step(states[n], n).waits)
+    for r in range(rounds):
+        for n in numbers:
+            for _ in range(tokens):
+                res = sched.step(states[n], n)
+                made[n].add(res.waits)
+                times[n].append(res.seconds * 1e3)
+        if progress is not None:
+            progress(r + 1, rounds)
+    rows = []
+    for n in numbers:
+        st = plan.stage(n)
+        predicted = len(sched.submissions(n))
+        t = np.asarray(times[n])
+        rows.append({
+            "stage": n, "name": st.name, "waits_predicted": predicted, "waits_made": sorted(made[n]),
+            "waits_match": made[n] == {predicted},
+            "ms_median": float(np.median(t)), "ms_p10": float(np.percentile(t, 10)),
+            "ms_p90": float(np.percentile(t, 90)), "tokens": int(t.size),
+        })
+    rec: dict[str, Any] = {"stages": rows}
+    if price_ms is not None:
+        rec["comparisons"] = compare_savings(rows, price_ms)
+    return rec
+
+
+def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
+    """Measured against predicted savings: each stage against the one before, and against stage 1."""
+    by = {r["stage"]: r for r in rows}
+    nums = sorted(by)
+    pairs = [(a, b) for a, b in zip(nums, nums[1:])] + [(nums[0], b) for b in nums[2:]]
+    out = []
+    for a, b in pairs:
+        saved = by[a]["waits_predicted"] - by[b]["waits_predicted"]
+        measured = by[a]["ms_median"] - by[b]["ms_median"]
+        predicted = saved * price_ms
+        out.append({
+            "from": a, "to": b, "waits_saved": saved, "ms_saved_measured": measured,
+            "ms_saved_predicted": predicted, "ratio": measured / predicted if predicted else None,
+        })
+    return out
+
+
+def fit_price(rows: Sequence[Mapping]) -> dict:
+    """The price of a wait the clock implies: a least-squares line through (waits, ms a token).
+
+    Every stage computes the same arithmetic, so ``ms = intercept + waits x price`` if a
+    wait costs the same wherever it falls; the slope is that price, fitted from all the
+    stages at once (steadier than any one difference on a noisy machine).
+    """
+    w = np.array([r["waits_predicted"] for r in rows], dtype=float)
+    t = np.array([r["ms_median"] for r in rows], dtype=float)
+    if len(set(w.tolist())) < 2:
+        raise ValueError("rows: need stages with at least two different wait counts to fit a price")
+    slope, intercept = np.polyfit(w, t, 1)
+    return {"ms_per_wait": float(slope), "intercept_ms": float(intercept)}
