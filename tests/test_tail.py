@@ -441,3 +441,46 @@ def test_bonsai_shape_bf16_three_way():
     assert T.compare(fused, truth).passed
     assert T.compare(host, truth).passed
     assert T.compare(fused, host).passed
+
+
+# -- the three-way comparison ------------------------------------------------------------------------
+
+
+def test_three_way_on_the_seed_case():
+    c = T.seed_case()
+    r = T.three_way(c.weights, c.branch, c.residual)
+    assert r.fused_vs_truth.passed and r.host_vs_truth.passed and r.fused_vs_host.passed
+    assert r.waits == {"unfused": 2, "fused": 1, "host": 0, "truth": 0}
+    assert r.verdict == T.VERDICTS[(True, True)]
+
+
+@pytest.mark.parametrize("fault", T.FAULTS)
+def test_three_way_tells_a_wrong_kernel_apart(fault):
+    w = T.TailWeights.random(256, 256, 512, seed=7, fold_block=64)
+    br, res = T.random_inputs(w, seed=8)
+    r = T.three_way(w, br, res, fault=fault)
+    assert not r.fused_vs_truth.passed and r.host_vs_truth.passed
+    assert "WRONG" in r.verdict
+    assert r.waits["fused"] == 1
+
+
+def test_verdicts_cover_every_case():
+    ok, bad = T.compare([1.0], [1.0]), T.compare([2.0], [1.0])
+    assert T.verdict(ok, ok) == T.VERDICTS[(True, True)]
+    assert "WRONG" in T.verdict(bad, ok)
+    assert "float32 itself" in T.verdict(bad, bad)
+    assert T.verdict(ok, bad) == T.VERDICTS[(True, False)]
+    with pytest.raises(ValueError, match="fault must be one of"):
+        c = T.seed_case()
+        T.faulty_fused_tail(c.weights, c.branch, c.residual, "typo")
+
+
+def test_three_way_table_columns():
+    c = T.seed_case()
+    df = T.three_way_table([("seed", c.weights, c.branch, c.residual)], figures=False)
+    assert list(df.columns) == ["case", "shape", "weights", "fold", "fused~truth", "host~truth", "fused~host",
+                                "waits unfused/fused/oracle", "verdict"]
+    assert df.iloc[0]["shape"] == "64x96x80" and df.iloc[0]["fold"] == "16/input"
+    assert df.iloc[0]["waits unfused/fused/oracle"] == "2/1/0"
+    full = T.three_way_table([("seed", c.weights, c.branch, c.residual)])
+    assert "fused-truth worst" in full.columns

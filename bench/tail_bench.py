@@ -1,0 +1,233 @@
+"""Time the unfused tail (two waits) against the fused graph (one wait), side by side.
+
+    python -m bench.tail_bench                      # seed shape and Bonsai-27B, bf16
+    python -m bench.tail_bench --shapes seed        # just the seed's shape (seconds)
+    python -m bench.tail_bench --repeats 50 --large-repeats 50   # on a GPU
+
+For each shape it times, in one run and interleaved round by round (so drift in a shared
+machine's load hits every variant alike):
+
+* ``unfused``: :func:`workbench.tail.unfused_tail`, numpy in and out: wo as one MLX
+  submission, add and norm on the host, the FFN as a second submission (two waits);
+* ``fused``: :func:`workbench.tail.fused_tail` with ``backend="graph"``, numpy in and
+  out: the whole tail evaluated once (one wait);
+* ``fused_resident``: the same graph with its inputs already MLX arrays and the launch
+  built once, timing only the evaluation (what a kernel launch inside an engine costs).
+
+and prints medians, the ratio unfused / fused, the weight bytes and the bandwidth floor
+(weight bytes / this device's measured copy bandwidth: no tail can stream its weights
+faster). The waits each variant costs are counted with :func:`workbench.tail.count_waits`
+outside the timed loop. A JSON record (device, date, MLX version, command) goes to
+``data/bench/`` unless ``--no-record``.
+
+Runs with nothing but numpy and MLX installed (the H200 machine has no pandas or tqdm):
+no optional import is needed here, and ``workbench.refusals``' module-level pandas import
+is satisfied by a stub when pandas is absent (only its tables use pandas).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+try:  # workbench.refusals imports pandas for its tables only; the tail needs none of it
+    import pandas  # noqa: F401
+except ImportError:  # pragma: no cover - the offline GPU machine
+    sys.modules["pandas"] = types.ModuleType("pandas")
+
+import mlx.core as mx  # noqa: E402
+
+from workbench import backends, tail  # noqa: E402
+
+#: (name, (hidden, branch, ffn), fold block): Bonsai folds wo's input with block 1024
+#: (reference/models.md, after Layr-Labs' Bonsai port notes); the seed with block 16.
+SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
+    "seed": (tail.SEED_SHAPE, 16),
+    "bonsai27b": (tail.BONSAI_SHAPE, 1024),
+}
+
+VARIANTS = ("unfused", "fused", "fused_resident")
+
+
+def copy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    """This device's streaming bandwidth in bytes/s: ``x + 1`` over ``nbytes`` of float32,
+    counted as one read and one write, median of ``repeats`` (after one warm-up)."""
+    x = mx.zeros((nbytes // 4,), dtype=mx.float32)
+    mx.eval(x)
+    times = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        mx.eval(x + 1)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return 2 * nbytes / statistics.median(times)
+
+
+def _time_rounds(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int) -> dict[str, list[float]]:
+    """Interleave the variants: each round runs each once, in the same order."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            out[name].append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def bench_shape(name: str, dtype: str, repeats: int, warmup: int, seed: int, bandwidth: float) -> dict[str, Any]:
+    (hidden, branch, ffn), block = SHAPES[name]
+    w = tail.TailWeights.random(hidden, branch, ffn, seed=seed, fold_block=block, dtype=dtype)
+    br, res = tail.random_inputs(w, seed=seed + 1)
+
+    launch = tail.tail_launch(w)
+    br_mx, res_mx = mx.array(br), mx.array(res)
+    mx.eval(br_mx, res_mx)
+
+    fns: dict[str, Callable[[], Any]] = {
+        "unfused": lambda: tail.unfused_tail(w, br, res),
+        "fused": lambda: tail.fused_tail(w, br, res, backend="graph"),
+        "fused_resident": lambda: mx.eval(tail.tail_graph(launch, br_mx, res_mx)),
+    }
+    waits = {}
+    for k, fn in fns.items():
+        with tail.count_waits() as n:
+            fn()
+        waits[k] = n.n
+    agreement = tail.compare(tail.fused_tail(w, br, res, backend="graph"), tail.unfused_tail(w, br, res))
+
+    times = _time_rounds(fns, repeats, warmup)
+    variants = {}
+    for k, ts in times.items():
+        ts_sorted = sorted(ts)
+        variants[k] = {
+            "median_ms": statistics.median(ts),
+            "min_ms": ts_sorted[0],
+            "p90_ms": ts_sorted[min(len(ts) - 1, int(0.9 * len(ts)))],
+            "n": len(ts),
+            "waits": waits[k],
+        }
+    floor_ms = w.nbytes / bandwidth * 1e3
+    return {
+        "shape": name,
+        "hidden": hidden,
+        "branch": branch,
+        "ffn": ffn,
+        "dtype": dtype,
+        "fold_block": block,
+        "weight_bytes": int(w.nbytes),
+        "floor_ms": floor_ms,
+        "variants": variants,
+        "ratio_unfused_over_fused": variants["unfused"]["median_ms"] / variants["fused"]["median_ms"],
+        "saved_ms": variants["unfused"]["median_ms"] - variants["fused"]["median_ms"],
+        "fused_resident_over_floor": variants["fused_resident"]["median_ms"] / floor_ms,
+        "fused_vs_unfused": str(agreement),
+        "fused_vs_unfused_passed": bool(agreement.passed),
+    }
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower() or "device"
+
+
+def print_table(rows: list[dict[str, Any]], bandwidth: float) -> None:
+    print(f"copy bandwidth here: {bandwidth / 1e9:.1f} GB/s (floor = weight bytes / this)")
+    head = (f"{'shape':<10} {'dtype':<9} {'weights':>10} {'floor ms':>9} {'unfused ms':>11} {'fused ms':>9} "
+            f"{'resident ms':>12} {'unf/fused':>9} {'waits':>7}  agree")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        v = r["variants"]
+        waits = f"{v['unfused']['waits']}/{v['fused']['waits']}"
+        print(f"{r['shape']:<10} {r['dtype']:<9} {r['weight_bytes'] / 1e6:>8.2f}MB {r['floor_ms']:>9.4f} "
+              f"{v['unfused']['median_ms']:>11.4f} {v['fused']['median_ms']:>9.4f} "
+              f"{v['fused_resident']['median_ms']:>12.4f} {r['ratio_unfused_over_fused']:>9.2f} {waits:>7}  "
+              f"{'PASS' if r['fused_vs_unfused_passed'] else 'FAIL'}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m bench.tail_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="seed,bonsai27b", help=f"comma-separated, of {sorted(SHAPES)}")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"],
+                   help="the weights' dtype (activations are float32 always)")
+    p.add_argument("--repeats", type=int, default=100, help="timed rounds for small shapes")
+    p.add_argument("--large-repeats", type=int, default=None,
+                   help="timed rounds for Bonsai-size shapes (default: 30 on a GPU, 5 on a CPU)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bandwidth-gbps", type=float, default=None,
+                   help="use this bandwidth for the floor instead of measuring a copy")
+    p.add_argument("--out-dir", default="data/bench", help="where the JSON record goes")
+    p.add_argument("--no-record", action="store_true", help="print only; write no JSON")
+    args = p.parse_args(argv)
+
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    bad = [s for s in shapes if s not in SHAPES]
+    if bad or not shapes:
+        p.error(f"--shapes must be a comma-separated list of {sorted(SHAPES)}; got {args.shapes!r}")
+    for flag in ("repeats", "warmup"):
+        if getattr(args, flag) < (1 if flag == "repeats" else 0):
+            p.error(f"--{flag} must be >= {1 if flag == 'repeats' else 0}")
+    on_gpu = backends.cuda_available() or backends.metal_available()
+    large_repeats = args.large_repeats if args.large_repeats is not None else (30 if on_gpu else 5)
+    if large_repeats < 1:
+        p.error("--large-repeats must be >= 1")
+
+    bandwidth = args.bandwidth_gbps * 1e9 if args.bandwidth_gbps else copy_bandwidth()
+    rows = []
+    for name in shapes:
+        large = SHAPES[name][0][0] >= 1024
+        reps = large_repeats if large else args.repeats
+        rows.append(bench_shape(name, args.dtype, reps, args.warmup, args.seed, bandwidth))
+        print(f"[{name}] done", file=sys.stderr, flush=True)
+    print_table(rows, bandwidth)
+
+    device = backends.device_description()
+    now = _dt.datetime.now(_dt.timezone.utc)
+    record = {
+        "bench": "tail_bench",
+        "command": "python -m bench.tail_bench" + ("" if not (argv or sys.argv[1:]) else " " + " ".join(
+            argv if argv is not None else sys.argv[1:])),
+        "date": now.isoformat(timespec="seconds"),
+        "device": device,
+        "mlx_version": mx.__version__,
+        "numpy_version": np.__version__,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "backends_available": backends.available_backends(),
+        "copy_bandwidth_GBps": bandwidth / 1e9,
+        "bandwidth_measured": args.bandwidth_gbps is None,
+        "notes": (
+            "medians over interleaved rounds; unfused = wo submission + host add/norm + FFN submission "
+            "(numpy in/out); fused = one MLX graph evaluated once (numpy in/out); fused_resident = the graph "
+            "alone, inputs already MLX arrays; floor = weight bytes / copy bandwidth; waits counted by "
+            "workbench.tail.count_waits"
+        ),
+        "results": rows,
+    }
+    if not args.no_record:
+        out_dir = Path(args.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        kind = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else "cpu")
+        path = out_dir / f"tail_bench-{kind}-{_slug(device.get('device_name', 'device'))}-{now:%Y%m%dT%H%M%SZ}.json"
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"record: {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
