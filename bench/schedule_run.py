@@ -101,11 +101,13 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows:
         print(f"{r['stage']:>5} {r['waits_predicted']:>6} {str(r['waits_made']):>6} {r['ms_median']:>9.3f} "
               f"{r['ms_p10']:>8.3f} {r['ms_p90']:>8.3f}  {r['name']}")
-    print(f"\n{'from':>4} {'to':>3} {'saved':>6} {'measured ms':>12} {'predicted ms':>13} {'ratio':>6}")
+    print(f"\n{'from':>4} {'to':>3} {'saved':>6} {'predicted ms':>13} {'measured ms':>12} {'ratio':>6} "
+          f"{'paired ms':>10} {'ratio':>6}")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for c in run["comparisons"]:
-        ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}"
-        print(f"{c['from']:>4} {c['to']:>3} {c['waits_saved']:>6} {c['ms_saved_measured']:>12.3f} "
-              f"{c['ms_saved_predicted']:>13.3f} {ratio:>6}")
+        print(f"{c['from']:>4} {c['to']:>3} {c['waits_saved']:>6} {c['ms_saved_predicted']:>13.3f} "
+              f"{c['ms_saved_measured']:>12.3f} {fmt(c['ratio']):>6} {c.get('ms_saved_paired', float('nan')):>10.3f} "
+              f"{fmt(c.get('ratio_paired')):>6}")
     print(f"\nprice a wait: measured {price['ms']:.4f} ms; fitted from the stages {fit['ms_per_wait']:.4f} ms "
           f"(intercept {fit['intercept_ms']:.3f} ms a token)")
 

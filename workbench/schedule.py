@@ -501,6 +501,7 @@ def run_stages(
             "waits_match": made[n] == {predicted},
             "ms_median": float(np.median(t)), "ms_p10": float(np.percentile(t, 10)),
             "ms_p90": float(np.percentile(t, 90)), "tokens": int(t.size),
+            "ms_each": [round(float(v), 4) for v in t],  # in time order, round by round
         })
     rec: dict[str, Any] = {"stages": rows}
     if price_ms is not None:
@@ -518,10 +519,18 @@ def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
         saved = by[a]["waits_predicted"] - by[b]["waits_predicted"]
         measured = by[a]["ms_median"] - by[b]["ms_median"]
         predicted = saved * price_ms
-        out.append({
+        row = {
             "from": a, "to": b, "waits_saved": saved, "ms_saved_measured": measured,
             "ms_saved_predicted": predicted, "ratio": measured / predicted if predicted else None,
-        })
+        }
+        ea, eb = by[a].get("ms_each"), by[b].get("ms_each")
+        if ea and eb and len(ea) == len(eb):
+            # Token i of stage a and token i of stage b ran in the same round, close in
+            # time: the median of their differences cancels slow drift in a shared load.
+            paired = float(np.median(np.asarray(ea) - np.asarray(eb)))
+            row["ms_saved_paired"] = paired
+            row["ratio_paired"] = paired / predicted if predicted else None
+        out.append(row)
     return out
 
 
@@ -538,3 +547,25 @@ def fit_price(rows: Sequence[Mapping]) -> dict:
         raise ValueError("rows: need stages with at least two different wait counts to fit a price")
     slope, intercept = np.polyfit(w, t, 1)
     return {"ms_per_wait": float(slope), "intercept_ms": float(intercept)}
+
+
+def load_records(folder: str | Any = None, pattern: str = "schedule-*.json") -> list[dict]:
+    """The schedule records in ``folder`` (default ``data/bench``), sorted by file name."""
+    import json
+    from pathlib import Path
+
+    root = Path(folder) if folder is not None else Path(_waits.__file__).resolve().parent.parent / "data" / "bench"
+    return [json.loads(p.read_text()) | {"file": p.name} for p in sorted(root.glob(pattern))]
+
+
+def record_tables(rec: Mapping) -> tuple[Any, Any]:
+    """A record as two ``pandas.DataFrame``s: its stages (waits predicted and made, ms a
+    token) and its comparisons (predicted saving, measured, paired, ratios)."""
+    import pandas as pd
+
+    stages = pd.DataFrame(rec["stages"])[["stage", "waits_predicted", "waits_made", "waits_match", "ms_median",
+                                           "ms_p10", "ms_p90", "tokens"]]
+    comps = pd.DataFrame(rec["comparisons"])
+    cols = [c for c in ("from", "to", "waits_saved", "ms_saved_predicted", "ms_saved_measured", "ratio",
+                        "ms_saved_paired", "ratio_paired") if c in comps]
+    return stages, comps[cols]

@@ -450,3 +450,28 @@ def measure_wait_price(device=None, *, n: int = 2000, warmup: int = 200) -> dict
         "method": WAIT_METHOD.format(n=n, warmup=warmup),
         **info,
     }
+
+
+def waits_by_model(cfgs: Iterable, *, plan: Plan | None = None):
+    """One row per model: its attention layers, the refused ones (with the reasons), and
+    its waits a token at every stage (columns ``1`` .. ``6``). A ``pandas.DataFrame``."""
+    import pandas as pd
+
+    from workbench.refusals import refusals
+
+    plan = plan or load_plan()
+    rows = []
+    for cfg in cfgs:
+        attn = sorted(_attention_indices(cfg))
+        reasons: dict[str, int] = {}
+        for l in attn:
+            for r in refusals(cfg, l):
+                reasons[r.name] = reasons.get(r.name, 0) + 1
+        ok = eligible_layers(cfg)
+        row = {"model": cfg.name, "layers": cfg.num_layers, "attention": len(attn), "fused": len(ok),
+               "refused": len(attn) - len(ok),
+               "reasons": ", ".join(f"{k} x{v}" for k, v in reasons.items()) or "-"}
+        for st in plan.stages:
+            row[str(st.number)] = waits_per_token(cfg, st, plan=plan, eligible=ok)
+        rows.append(row)
+    return pd.DataFrame(rows)
