@@ -135,3 +135,14 @@ def test_geometry(bonsai):
         S.geometry_of(load_model("granite-4.0-h-micro"))  # Mamba-2, not Gated DeltaNet
     with pytest.raises(ValueError, match="n_q"):
         S.Geometry(**{**TINY.__dict__, "n_q": 3, "n_kv": 2})
+
+
+def test_the_committed_records():
+    recs = S.load_records()
+    assert any(r["backend"] == "cpu" for r in recs), "the CPU schedule record is committed"
+    for rec in recs:
+        assert rec["all_waits_match"], f"{rec['file']}: the schedule made other waits than the table"
+        stages, comps = S.record_tables(rec)
+        assert stages["waits_match"].all()
+        assert set(comps.columns) >= {"from", "to", "ms_saved_predicted", "ms_saved_measured"}
+        assert {"device", "date", "mlx_version", "command"} <= set(rec)

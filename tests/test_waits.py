@@ -188,3 +188,31 @@ def test_wait_share():
     assert waits.wait_share(0, 0.17, 1e9, 1000) == 0
     with pytest.raises(ValueError, match="bandwidth"):
         waits.wait_share(1, 0.1, 1e9, 0)
+
+
+def test_waits_by_model_shows_refusals():
+    names = ["bonsai-27b", "qwen3.5-9b", "qwen3-next-80b-a3b", "granite-4.0-h-micro", "nemotron-h-8b", "jamba-v0.1"]
+    df = waits.waits_by_model(load_model(n) for n in names).set_index("model")
+    assert df.loc["bonsai-27b", [str(s) for s in range(1, 7)]].tolist() == BONSAI
+    assert df.loc["qwen3.5-9b", "refused"] == 0 and df.loc["qwen3.5-9b", "reasons"] == "-"
+    assert df.loc["qwen3-next-80b-a3b", "refused"] == 12 and "NO_DENSE_FFN" in df.loc["qwen3-next-80b-a3b", "reasons"]
+    assert "RESIDUAL_SCALE" in df.loc["granite-4.0-h-micro", "reasons"]
+    assert "NO_FFN" in df.loc["nemotron-h-8b", "reasons"]
+    assert df.loc["jamba-v0.1", "fused"] == 4
+
+
+def test_figures_draw():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from workbench import plots, schedule
+
+    cfg = load_model("bonsai-27b")
+    for fig in (plots.plot_stage_ms(cfg, {"seed": 0.17}), plots.plot_wait_share(cfg, prices_ms=[0.01, 0.1]),
+                plots.plot_schedule_runs(schedule.load_records())):
+        assert fig.axes
+        plt.close(fig)
+    with pytest.raises(ValueError, match="prices"):
+        plots.plot_stage_ms(cfg, {})

@@ -125,3 +125,120 @@ def plot_quantization_study(df, *, title: str = "quantization error of the map, 
     ax.legend(title="fold")
     fig.tight_layout()
     return fig
+
+
+# -- issue 7: the wait-cost table ---------------------------------------------------------
+
+
+def plot_stage_ms(cfg, prices, *, ax=None):
+    """Ms a token that waits cost, stage by stage of the resident-state plan, at several prices.
+
+    ``cfg``: a ``ModelConfig``; ``prices``: ``{label: ms a wait}`` (e.g. from the ledger).
+    One line per price; the stages' wait counts label the x axis. Log y, since prices
+    span two orders of magnitude. Returns the ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    from workbench import waits
+
+    plan = waits.load_plan()
+    counts = [waits.waits_per_token(cfg, s, plan=plan) for s in plan.stages]
+    if not prices:
+        raise ValueError("prices: need at least one {label: ms} entry")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 4.2))
+    else:
+        fig = ax.figure
+    x = list(range(1, len(counts) + 1))
+    for label, p in prices.items():
+        ms = [c * p for c in counts]
+        ax.plot(x, ms, marker="o", label=f"{label} ({p:.3g} ms a wait)")
+    ax.set_yscale("log")
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{s.number}\n{c} wait{'' if c == 1 else 's'}" for s, c in zip(plan.stages, counts)])
+    ax.set_xlabel("stage of the plan (5: floor, attention on the host; 6: attention on the device)")
+    ax.set_ylabel("ms a token spent waiting")
+    ax.set_title(f"{cfg.name}: what waits cost a token, stage by stage")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_wait_share(cfg, *, weight_gb=(54.0, 14.0, 7.0), bandwidth_gbs: float = 800.0, prices_ms=None):
+    """How much of a token the waits take, and what the plan saves, against the price of a wait.
+
+    A decode step streams every weight once (``weight_gb`` gigabytes at ``bandwidth_gbs``,
+    default 800 GB/s, an M3-Ultra-class Apple GPU) and waits ``waits x price`` on top
+    (``waits.wait_share``). Left: the share of a token the waits take at stage 1 (solid)
+    and at the host floor (dashed), per weight size. Right: tokens a second at the host
+    floor over stage 1 (the plan's speed-up). Returns the ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from workbench import waits
+
+    plan = waits.load_plan()
+    first, floor = plan.stages[0], next(s for s in plan.stages if s.floor)
+    w1, wf = waits.waits_per_token(cfg, first, plan=plan), waits.waits_per_token(cfg, floor, plan=plan)
+    prices = np.logspace(-3, 0, 61) if prices_ms is None else np.asarray(prices_ms, dtype=float)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, gb in enumerate(weight_gb):
+        colour = f"C{i}"
+        s1 = [waits.wait_share(w1, p, gb * 1e9, bandwidth_gbs) for p in prices]
+        sf = [waits.wait_share(wf, p, gb * 1e9, bandwidth_gbs) for p in prices]
+        a.plot(prices, s1, color=colour, label=f"{gb:g} GB of weights, stage 1 ({w1} waits)")
+        a.plot(prices, sf, color=colour, linestyle="--", label=f"{gb:g} GB, host floor ({wf} waits)")
+        stream = gb / bandwidth_gbs * 1e3
+        b.plot(prices, (stream + w1 * prices) / (stream + wf * prices), color=colour, label=f"{gb:g} GB")
+    for ax in (a, b):
+        ax.set_xscale("log")
+        ax.set_xlabel("ms a wait")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.axvline(0.17, color="grey", linewidth=0.8)
+    a.set_ylabel("share of a token spent waiting")
+    a.set_title(f"{cfg.name} at {bandwidth_gbs:g} GB/s (grey: the seed's 0.17 ms)", fontsize=10)
+    a.legend(fontsize=7)
+    b.set_ylabel("tokens/s at the host floor / at stage 1")
+    b.set_title("what the plan buys, by weight size", fontsize=10)
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_schedule_runs(records, *, ax=None):
+    """The schedule's measured savings against the table's prediction, one marker per comparison.
+
+    ``records``: schedule records (``bench/schedule_run.py``'s JSON, as dicts). x: the
+    predicted saving (waits saved x the price measured in the same run); y: the measured
+    one (median ms a token of one stage minus the other's, paired by round where the
+    record has each token's time). The line y = x with a +-20% band. Returns the ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if not records:
+        raise ValueError("records: need at least one schedule record")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6.5, 5))
+    else:
+        fig = ax.figure
+    hi = 0.0
+    for i, rec in enumerate(records):
+        comps = rec["comparisons"]
+        x = np.array([c["ms_saved_predicted"] for c in comps])
+        y = np.array([c.get("ms_saved_paired", c["ms_saved_measured"]) for c in comps])
+        label = f"{rec['device']} ({rec['backend']}), {rec['geometry']} geometry, {rec['dtype']}"
+        ax.scatter(x, y, color=f"C{i}", label=label, zorder=3)
+        hi = max(hi, float(np.max(np.abs(np.concatenate([x, y])))))
+    t = np.linspace(0, hi * 1.05, 50)
+    ax.plot(t, t, color="black", linewidth=0.8, label="measured = predicted")
+    ax.fill_between(t, 0.8 * t, 1.2 * t, color="grey", alpha=0.2, label="within 20%")
+    ax.set_xlabel("predicted saving, ms a token (waits saved x measured price)")
+    ax.set_ylabel("measured saving, ms a token")
+    ax.set_title("The schedule against the table")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
