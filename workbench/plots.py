@@ -213,7 +213,9 @@ def plot_schedule_runs(records, *, ax=None):
     ``records``: schedule records (``bench/schedule_run.py``'s JSON, as dicts). x: the
     predicted saving (waits saved x the price measured in the same run); y: the measured
     one (median ms a token of one stage minus the other's, paired by round where the
-    record has each token's time). The line y = x with a +-20% band. Returns the ``Figure``.
+    record has each token's time). Hollow markers: pairs with the device floor, where the
+    attention moved to the device as well. The line y = x with a +-20% band. Returns the
+    ``Figure``.
     """
     import matplotlib.pyplot as plt
     import numpy as np
@@ -229,8 +231,12 @@ def plot_schedule_runs(records, *, ax=None):
         comps = rec["comparisons"]
         x = np.array([c["ms_saved_predicted"] for c in comps])
         y = np.array([c.get("ms_saved_paired", c["ms_saved_measured"]) for c in comps])
+        same = np.array([c.get("same_work", True) for c in comps], dtype=bool)
         label = f"{rec['device']} ({rec['backend']}), {rec['geometry']} geometry, {rec['dtype']}"
-        ax.scatter(x, y, color=f"C{i}", label=label, zorder=3)
+        ax.scatter(x[same], y[same], color=f"C{i}", label=label, zorder=3)
+        if (~same).any():  # pairs with the device floor: the attention moved too, not only the waits
+            ax.scatter(x[~same], y[~same], facecolors="none", edgecolors=f"C{i}", zorder=3,
+                       label=f"{rec['backend']}: against the device floor (attention moved too)")
         hi = max(hi, float(np.max(np.abs(np.concatenate([x, y])))))
     t = np.linspace(0, hi * 1.05, 50)
     ax.plot(t, t, color="black", linewidth=0.8, label="measured = predicted")

@@ -510,9 +510,16 @@ def run_stages(
 
 
 def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
-    """Measured against predicted savings: each stage against the one before, and against stage 1."""
+    """Measured against predicted savings: each stage against the one before, and against stage 1.
+
+    ``same_work`` is False for a pair of which one stage runs the attention on the device
+    (the device floor) and the other on the host: there the arithmetic differs as well as
+    the waits, so the pair does not test the table.
+    """
     by = {r["stage"]: r for r in rows}
     nums = sorted(by)
+    plan = _waits.load_plan()
+    device_attention = {s.number for s in plan.stages if s.attention_on_device}
     pairs = [(a, b) for a, b in zip(nums, nums[1:])] + [(nums[0], b) for b in nums[2:]]
     out = []
     for a, b in pairs:
@@ -522,6 +529,9 @@ def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
         row = {
             "from": a, "to": b, "waits_saved": saved, "ms_saved_measured": measured,
             "ms_saved_predicted": predicted, "ratio": measured / predicted if predicted else None,
+            # False where one side runs the attention on the device and the other on the
+            # host: then more than the waits differ, and the ratio is not the table's check.
+            "same_work": (a in device_attention) == (b in device_attention),
         }
         ea, eb = by[a].get("ms_each"), by[b].get("ms_each")
         if ea and eb and len(ea) == len(eb):
@@ -566,6 +576,6 @@ def record_tables(rec: Mapping) -> tuple[Any, Any]:
     stages = pd.DataFrame(rec["stages"])[["stage", "waits_predicted", "waits_made", "waits_match", "ms_median",
                                            "ms_p10", "ms_p90", "tokens"]]
     comps = pd.DataFrame(rec["comparisons"])
-    cols = [c for c in ("from", "to", "waits_saved", "ms_saved_predicted", "ms_saved_measured", "ratio",
-                        "ms_saved_paired", "ratio_paired") if c in comps]
+    cols = [c for c in ("from", "to", "waits_saved", "same_work", "ms_saved_predicted", "ms_saved_measured",
+                        "ratio", "ms_saved_paired", "ratio_paired") if c in comps]
     return stages, comps[cols]
