@@ -248,3 +248,144 @@ def plot_schedule_runs(records, *, ax=None):
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# -- issue 6: error distributions and tolerances ----------------------------------------
+
+
+def _tolerance_lines(ax, tolerances, *, vertical: bool = True) -> None:
+    """Draw ``name -> value`` as labelled lines (vertical: x = value)."""
+    styles = ["--", ":", "-.", (0, (5, 1)), (0, (1, 1))]
+    for i, (name, value) in enumerate((tolerances or {}).items()):
+        kw = dict(color=f"C{(i + 3) % 10}", linestyle=styles[i % len(styles)], linewidth=1.2, label=name)
+        if vertical:
+            ax.axvline(value, **kw)
+        else:
+            ax.axhline(value, **kw)
+
+
+def plot_error_histograms(df, *, metric: str = "margin", by: str = "dtype", tolerances=None, bins: int = 60):
+    """Histograms of a sweep's per-case ``metric`` on a log x axis, one panel per ``by`` value.
+
+    ``df``: a ``workbench.errors.sweep`` frame; ``tolerances``: ``name -> value`` drawn as
+    vertical lines on every panel (e.g. the seed's 2e-4 and the calibrated ones). Returns the
+    ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if metric not in df.columns or by not in df.columns:
+        raise ValueError(f"metric and by must be columns of the sweep; got {metric!r}, {by!r}")
+    groups = [(k, g[metric].to_numpy()) for k, g in df.groupby(by, observed=True)]
+    if not groups:
+        raise ValueError("df: the sweep is empty")
+    vals = np.concatenate([v for _, v in groups])
+    vals = vals[np.isfinite(vals) & (vals > 0)]
+    lo = vals.min() if vals.size else 1e-9
+    hi = max([vals.max() if vals.size else 1.0] + list((tolerances or {}).values()))
+    edges = np.logspace(np.log10(lo) - 0.1, np.log10(hi) + 0.1, bins)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 1.9 * len(groups) + 0.8), sharex=True, squeeze=False)
+    for ax, (k, v) in zip(axes[:, 0], groups):
+        ax.hist(v[v > 0], bins=edges, color="C0", alpha=0.8)
+        _tolerance_lines(ax, tolerances)
+        ax.set_xscale("log")
+        ax.set_ylabel("cases")
+        ax.set_title(f"{by} = {k}  ({len(v)} cases)", fontsize=9)
+    axes[0, 0].legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel(f"{metric} per case (log)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_error_ecdf(df, *, metric: str = "margin", by: str = "dtype", tolerances=None, flake_rate=None, ax=None):
+    """Exceedance curves ``P(error > x)`` per ``by`` group, log-log: the tail a tolerance sits in.
+
+    The complement of the ECDF, so the far tail (where a tolerance must sit) is visible.
+    ``flake_rate``: a horizontal line at that probability; ``tolerances``: vertical lines.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if metric not in df.columns or by not in df.columns:
+        raise ValueError(f"metric and by must be columns of the sweep; got {metric!r}, {by!r}")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+    else:
+        fig = ax.figure
+    for i, (k, g) in enumerate(df.groupby(by, observed=True)):
+        v = np.sort(g[metric].to_numpy())
+        n = v.size
+        surv = 1.0 - np.arange(n) / n  # P(E >= v_i)
+        ax.step(v, surv, where="post", color=f"C{i}", label=f"{by} = {k}")
+    _tolerance_lines(ax, tolerances)
+    if flake_rate is not None:
+        ax.axhline(flake_rate, color="grey", linewidth=0.8)
+        ax.annotate(f"flake rate {flake_rate:g}", (0.01, flake_rate), xycoords=("axes fraction", "data"),
+                    fontsize=7, va="bottom", color="grey")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"{metric} (log)")
+    ax.set_ylabel("P(error > x) (log)")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_fold_effect(df, *, metric: str = "model_nmse", ax=None):
+    """Median ``metric`` per quantization, with and without a fold (bars, log y), with the
+    interquartile range as error bars: where the fold matters (against the master weights)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if metric not in df.columns:
+        raise ValueError(f"metric must be a column of the sweep; got {metric!r}")
+    stats = df.groupby(["quant", "fold"], observed=True)[metric].quantile([0.25, 0.5, 0.75]).unstack()
+    quants = list(dict.fromkeys(stats.index.get_level_values(0)))
+    folds = list(dict.fromkeys(stats.index.get_level_values(1)))
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8, 4))
+    else:
+        fig = ax.figure
+    width = 0.8 / max(len(folds), 1)
+    x = np.arange(len(quants))
+    for j, f in enumerate(folds):
+        med, lo, hi = [], [], []
+        for q in quants:
+            row = stats.loc[(q, f)] if (q, f) in stats.index else None
+            med.append(np.nan if row is None else row[0.5])
+            lo.append(np.nan if row is None else row[0.5] - row[0.25])
+            hi.append(np.nan if row is None else row[0.75] - row[0.5])
+        ax.bar(x + (j - (len(folds) - 1) / 2) * width, med, width, yerr=[lo, hi], capsize=3,
+               color=f"C{j}", label=f"fold {f}")
+    ax.set_xticks(x, quants, rotation=20)
+    ax.set_yscale("log")
+    ax.set_ylabel(f"median {metric} (log)")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", which="both", alpha=0.2)
+    fig.tight_layout()
+    return fig
+
+
+def plot_catch_rates(rates, *, ax=None, title: str = "fraction of wrong tails each tolerance catches"):
+    """A heat map of ``workbench.errors.catch_rates`` output: rows mutations, columns tolerances."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if rates.empty:
+        raise ValueError("rates: the table is empty")
+    data = rates.to_numpy(dtype=float)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(1.1 * data.shape[1] + 3, 0.45 * data.shape[0] + 2))
+    else:
+        fig = ax.figure
+    im = ax.imshow(data, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    labels = [" / ".join(map(str, k)) if isinstance(k, tuple) else str(k) for k in rates.index]
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xticks(range(data.shape[1]), [str(c) for c in rates.columns], rotation=35, ha="right", fontsize=8)
+    for (i, j), v in np.ndenumerate(data):
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+    fig.colorbar(im, ax=ax, fraction=0.03, label="caught")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
