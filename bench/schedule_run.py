@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--context", type=int, default=32, help="tokens already in each KV cache")
     p.add_argument("--stages", default=None, help="comma-separated stage numbers (default: all)")
     p.add_argument("--price-n", type=int, default=3000, help="waits timed for the price")
+    p.add_argument("--budget-s", type=float, default=360.0,
+                   help="stop the timed rounds after the first that ends past this many seconds (default 360)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gdn", choices=("auto", "fast", "ops"), default="auto",
                    help="the recurrence: mx.fast.gated_delta_update (fast), plain MLX ops (ops), or fast if it "
@@ -86,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  round {r}/{n}", flush=True)
 
     run = schedule.run_stages(sched, stages=stages, tokens=args.tokens, rounds=args.rounds, warmup=args.warmup,
-                              context=args.context, price_ms=price["ms"], progress=progress)
+                              context=args.context, price_ms=price["ms"], progress=progress,
+                              time_budget_s=args.budget_s)
     rows = run["stages"]
     fit = schedule.fit_price(rows)
 
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
         "eligible": list(sched.eligible),
         "gdn": "mx.fast.gated_delta_update" if gdn == "fast" else f"schedule.gated_delta_ops (plain MLX ops){'; fast op: ' + why if why else ''}",
         "tokens_per_round": args.tokens,
-        "rounds": args.rounds,
+        "rounds": run["rounds_run"],
         "warmup": args.warmup,
         "context": args.context,
         "price": {k: price[k] for k in ("ms", "p10_ms", "p90_ms", "iqr_ms", "n", "method")},

@@ -115,7 +115,9 @@ def test_ops_recurrence_decodes_the_same_tokens(tiny, decoded):
 
 def test_run_stages_record(tiny):
     rec = S.run_stages(tiny, stages=[1, 2, 5], tokens=1, rounds=2, warmup=1, context=4, price_ms=0.05)
-    assert [r["stage"] for r in rec["stages"]] == [1, 2, 5]
+    assert [r["stage"] for r in rec["stages"]] == [1, 2, 5] and rec["rounds_run"] == 2
+    short = S.run_stages(tiny, stages=[1, 5], tokens=1, rounds=50, warmup=0, context=4, time_budget_s=0.0)
+    assert short["rounds_run"] == 1  # the budget stops it after the first round
     assert all(r["waits_match"] and r["tokens"] == 2 for r in rec["stages"])
     comp = {(c["from"], c["to"]): c for c in rec["comparisons"]}
     assert comp[(1, 2)]["waits_saved"] == 16 and comp[(1, 2)]["ms_saved_predicted"] == pytest.approx(0.8)

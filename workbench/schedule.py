@@ -466,11 +466,13 @@ def run_stages(
     context: int = 32,
     price_ms: float | None = None,
     progress=None,
+    time_budget_s: float | None = None,
 ) -> dict:
     """Time ``tokens`` tokens per round at every stage, rounds interleaved; compare with the table.
 
     Every stage decodes its own state from the same start, so all stages compute the
-    same tokens. Returns a record: per stage, the waits the executor made a token (and
+    same tokens. ``time_budget_s``: stop after the first round that ends past it (the
+    record says how many rounds ran). Returns a record: per stage, the waits the executor made a token (and
     whether they equal ``waits_per_token``) and the median ms a token; per pair of
     consecutive stages (and each stage against stage 1), the measured saving and the
     predicted one (waits saved x ``price_ms``) with their ratio.
@@ -483,14 +485,19 @@ def run_stages(
     for n in numbers:  # warm-up: compile kernels, fault in the weights
         for _ in range(warmup):
             made[n].add(sched.step(states[n], n).waits)
+    start = time.perf_counter()
+    done = 0
     for r in range(rounds):
         for n in numbers:
             for _ in range(tokens):
                 res = sched.step(states[n], n)
                 made[n].add(res.waits)
                 times[n].append(res.seconds * 1e3)
+        done = r + 1
         if progress is not None:
-            progress(r + 1, rounds)
+            progress(done, rounds)
+        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            break
     rows = []
     for n in numbers:
         st = plan.stage(n)
@@ -503,7 +510,7 @@ def run_stages(
             "ms_p90": float(np.percentile(t, 90)), "tokens": int(t.size),
             "ms_each": [round(float(v), 4) for v in t],  # in time order, round by round
         })
-    rec: dict[str, Any] = {"stages": rows}
+    rec: dict[str, Any] = {"stages": rows, "rounds_run": done}
     if price_ms is not None:
         rec["comparisons"] = compare_savings(rows, price_ms)
     return rec
