@@ -361,6 +361,7 @@ def test_bad_weights_raise():
         T.host_tail("weights", a.branch, a.residual)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # numpy says so; the row is NaN
 @pytest.mark.parametrize("where", ["branch", "residual"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_inputs_propagate_to_the_whole_row_and_fail_compare(where, bad):
@@ -484,3 +485,27 @@ def test_three_way_table_columns():
     assert df.iloc[0]["waits unfused/fused/oracle"] == "2/1/0"
     full = T.three_way_table([("seed", c.weights, c.branch, c.residual)])
     assert "fused-truth worst" in full.columns
+
+
+# -- the benchmark command (a smoke test: speed is never asserted) -----------------------------------
+
+
+def test_tail_bench_runs_and_writes_a_record(tmp_path, monkeypatch, capsys):
+    import json
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent))
+    from bench import tail_bench
+
+    rec = tail_bench.main(["--shapes", "seed", "--repeats", "2", "--warmup", "0", "--bandwidth-gbps", "1",
+                           "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("tail_bench-*.json")
+    on_disk = json.loads(path.read_text())
+    assert on_disk["command"].startswith("python -m bench.tail_bench --shapes seed")
+    assert on_disk["mlx_version"] == mx.__version__ and on_disk["date"] and on_disk["device"]
+    (row,) = rec["results"]
+    assert row["variants"]["unfused"]["waits"] == 2 and row["variants"]["fused"]["waits"] == 1
+    assert row["fused_vs_unfused_passed"] and row["weight_bytes"] > 0
+    assert "unf/fused" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tail_bench.main(["--shapes", "nope"])
