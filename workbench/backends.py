@@ -132,3 +132,419 @@ def device_description() -> dict[str, str]:
         pass
     info["platform"] = f"{platform.system()} {platform.machine()}"
     return info
+
+
+# =======================================================================================
+# The kernels (issue 5): kernels/ sources into mx.fast.metal_kernel / mx.fast.cuda_kernel
+# =======================================================================================
+#
+# One tail is three launches encoded in ONE evaluation, as the seed's launch_attn_tail
+# encodes them in one command buffer: wo_residual (h = residual + wo' R x), ffn_gate_up
+# (act = silu(gate n) * up n, n = rms_norm(h) * ffn_norm) and ffn_down (h + down act).
+# The head launch (Q, K, V from attn_norm(hidden), one shared rotation) is one more.
+# The sources are composed by workbench.kernel_source; what is built here is which
+# values the launches take (formats, shapes, the fold's plan) and how big the grids are.
+
+import contextlib as _contextlib  # noqa: E402
+import os as _os  # noqa: E402
+import tempfile as _tempfile  # noqa: E402
+import weakref  # noqa: E402
+from dataclasses import dataclass as _dataclass  # noqa: E402
+from dataclasses import field as _field  # noqa: E402
+from functools import lru_cache as _lru_cache  # noqa: E402
+
+import numpy as _np  # noqa: E402
+
+from workbench import kernel_source as _ks  # noqa: E402
+
+#: The most floats one group stages in group memory (Metal's 32 KB threadgroup limit;
+#: the same algorithm runs on CUDA, so the same limit holds there).
+MAX_GROUP_FLOATS = 8192
+
+
+@_dataclass(frozen=True)
+class KernelTuning:
+    """Group sizes and grids of the launches (defaults tuned on the H200, 132 SMs).
+
+    ``rows_nt`` threads a group for the row kernels (wo, gate/up, head: one warp a row);
+    ``groups_per_sm`` x ``sm_count`` groups in their grid (each group stages its input
+    vector once, then its warps stride over the rows); ``u_*`` the 16-byte units each
+    lane loads before using any; ``down_nt`` threads a group of down (one group a row).
+    """
+
+    rows_nt: int = 256
+    groups_per_sm: int = 4
+    sm_count: int | None = None
+    u_wo: int = 8
+    u_gate_up: int = 4
+    u_head: int = 8
+    down_nt: int = 128
+    u_down: int = 8
+
+    def sms(self) -> int:
+        if self.sm_count is not None:
+            return int(self.sm_count)
+        env = _os.environ.get("WORKBENCH_SM_COUNT")
+        if env:
+            return int(env)
+        return 132  # an H200 / H100 SXM; only the grid's size depends on it, never a result
+
+
+#: The tuning used when none is given (``bench.gpu_check`` sets the best it measured).
+DEFAULT_TUNING = KernelTuning()
+
+
+def set_default_tuning(tuning: KernelTuning) -> None:
+    """Use ``tuning`` for every launch that names none (the fused_tail runners)."""
+    global DEFAULT_TUNING
+    if not isinstance(tuning, KernelTuning):
+        raise ValueError(f"tuning must be a KernelTuning; got {type(tuning).__name__}")
+    DEFAULT_TUNING = tuning
+
+
+@_lru_cache(maxsize=None)
+def _kernel(dialect: str, kernel: str) -> Any:
+    """The MLX kernel object for ``kernel`` in ``dialect`` (built once)."""
+    spec = _ks.KERNELS[kernel]
+    header, source = _ks.compose(dialect, kernel)
+    if dialect == "metal":
+        return mx.fast.metal_kernel(name=spec.name, input_names=list(spec.inputs), output_names=list(spec.outputs),
+                                    source=source, header=header, ensure_row_contiguous=True)
+    return mx.fast.cuda_kernel(name=spec.name, input_names=list(spec.inputs), output_names=list(spec.outputs),
+                               source=source, header=header, ensure_row_contiguous=True)
+
+
+@_dataclass(frozen=True)
+class _Matrix:
+    """One weight matrix as a kernel takes it: format, the arrays, its shape."""
+
+    fmt: int
+    sfmt: int
+    gs: int
+    w: mx.array
+    s: mx.array
+    b: mx.array
+    rows: int
+    cols: int
+
+
+def _dummy() -> mx.array:
+    # 8 floats: MLX's Metal signature puts arrays under 8 elements in `constant` space.
+    return mx.zeros((8,), dtype=mx.float32)
+
+
+def _matrix(name: str, wm: Any) -> _Matrix:
+    """``wm`` (a WeightMatrix, no fold) in the form the kernels take; ValueError if unserved."""
+    from workbench.weights import QuantizedBase
+
+    base, fold = wm.launch_parts()
+    if fold is not None:
+        raise ValueError(f"{name} must carry no fold for the kernels (only wo's and Q/K/V's input folds are applied)")
+    rows, cols = wm.shape
+    if isinstance(base, QuantizedBase):
+        spec = base.spec
+        if spec.mode != "affine" or spec.bits != 4:
+            raise ValueError(f"{name}: the kernels serve float32, bfloat16 and affine 4-bit weights; got {spec}")
+        if base.scales.dtype not in (mx.float32, mx.bfloat16):
+            raise ValueError(f"{name}: 4-bit scales must be float32 or bfloat16; got {base.scales.dtype}")
+        sfmt = 1 if base.scales.dtype == mx.bfloat16 else 0
+        return _Matrix(_ks.WF_Q4, sfmt, spec.group_size, base.w, base.scales, base.biases, rows, cols)
+    if base.dtype == mx.float32:
+        fmt = _ks.WF_F32
+    elif base.dtype == mx.bfloat16:
+        fmt = _ks.WF_BF16
+    else:
+        raise ValueError(f"{name}: the kernels serve float32, bfloat16 and affine 4-bit weights; got {base.dtype}")
+    per = 4 if fmt == _ks.WF_F32 else 8
+    if cols % per:
+        raise ValueError(f"{name}: its in dimension ({cols}) must be a multiple of {per} for 16-byte loads")
+    return _Matrix(fmt, 0, 32, base, _dummy(), _dummy(), rows, cols)
+
+
+def _check_width(name: str, width: int) -> None:
+    if width % 8 or width > MAX_GROUP_FLOATS:
+        raise ValueError(f"{name} ({width}) must be a multiple of 8 and at most {MAX_GROUP_FLOATS} "
+                         "(the kernels stage it in 32 KB of group memory)")
+
+
+def _rotation(plan: Any, width: int) -> dict[str, Any]:
+    """The fold plan's arrays and template values (identity ones without a fold)."""
+    if plan is None:
+        return {"signs": mx.ones((width,), dtype=mx.float32), "perm": mx.arange(width, dtype=mx.int32),
+                "table": mx.ones((8,), dtype=mx.int8), "ROT": False, "M": 1, "LOGP": 0, "scale": 1.0}
+    table = _np.zeros(max(8, plan.m * plan.m), dtype=_np.int8)
+    table[: plan.m * plan.m] = _np.asarray(plan.table, dtype=_np.int8).reshape(-1)
+    return {"signs": mx.array(_np.asarray(plan.signs, dtype=_np.float32)),
+            "perm": mx.array(_np.asarray(plan.perm, dtype=_np.int32)),
+            "table": mx.array(table), "ROT": True, "M": int(plan.m), "LOGP": int(plan.k), "scale": plan.scale}
+
+
+def _params(eps: float, scale: float) -> mx.array:
+    p = _np.zeros(8, dtype=_np.float32)
+    p[0], p[1] = eps, scale
+    return mx.array(p)
+
+
+def _grid(rows: int, nt: int, t: KernelTuning) -> int:
+    """Threads in a row kernel's grid: enough groups to fill the device, no more than rows need."""
+    groups = max(1, min(-(-rows // (nt // 32)), t.sms() * t.groups_per_sm))
+    return groups * nt
+
+
+@_dataclass
+class PreparedTail:
+    """A tail's three launches with every constant already an ``mx.array``.
+
+    Call it with ``branch`` [branch] and ``residual`` [hidden] (float32 ``mx.array``) to
+    get the lazy output; nothing is evaluated here, so a caller encodes the three
+    launches in one evaluation (or several tails in one, for timing).
+    """
+
+    dialect: str
+    hidden: int
+    branch_dim: int
+    ffn: int
+    wo: _Matrix
+    gate: _Matrix
+    up: _Matrix
+    down: _Matrix
+    rot: dict
+    norm: mx.array
+    params: mx.array
+    tuning: KernelTuning = _field(default_factory=KernelTuning)
+
+    def weight_bytes(self) -> int:
+        return int(sum(m.w.nbytes + (m.s.nbytes + m.b.nbytes if m.fmt == _ks.WF_Q4 else 0)
+                       for m in (self.wo, self.gate, self.up, self.down)) + self.norm.nbytes)
+
+    def templates(self) -> dict[str, list[tuple[str, Any]]]:
+        """The template values of the three launches (what the generated source is checked for)."""
+        t, wo, g, d = self.tuning, self.wo, self.gate, self.down
+        return {
+            "wo_residual": [("NT", t.rows_nt), ("FMT", wo.fmt), ("SFMT", wo.sfmt), ("GS", wo.gs),
+                            ("WIDTH", self.branch_dim), ("ROWS", self.hidden), ("ROT", bool(self.rot["ROT"])),
+                            ("M", self.rot["M"]), ("LOGP", self.rot["LOGP"]), ("U", t.u_wo)],
+            "ffn_gate_up": [("NT", t.rows_nt), ("FMT", g.fmt), ("SFMT", g.sfmt), ("GS", g.gs),
+                            ("HID", self.hidden), ("FFN", self.ffn), ("U", t.u_gate_up)],
+            "ffn_down": [("NT", t.down_nt), ("FMT", d.fmt), ("SFMT", d.sfmt), ("GS", d.gs),
+                         ("HID", self.hidden), ("FFN", self.ffn), ("U", t.u_down)],
+        }
+
+    def launch_wo(self, branch: mx.array, residual: mx.array, *, verbose: bool = False) -> mx.array:
+        """Launch 1, lazily: ``h = residual + wo' (R branch)``."""
+        t, wo = self.tuning, self.wo
+        return _kernel(self.dialect, "wo_residual")(
+            inputs=[branch, self.rot["signs"], self.rot["perm"], self.rot["table"], self.params,
+                    wo.w, wo.s, wo.b, residual],
+            template=self.templates()["wo_residual"], grid=(_grid(self.hidden, t.rows_nt, t), 1, 1),
+            threadgroup=(t.rows_nt, 1, 1), output_shapes=[(self.hidden,)], output_dtypes=[mx.float32],
+            verbose=verbose)[0]
+
+    def launch_gate_up(self, h: mx.array, *, verbose: bool = False) -> mx.array:
+        """Launch 2, lazily: ``act = silu(gate n) * up n``, ``n = rms_norm(h) * ffn_norm``."""
+        t, g, u = self.tuning, self.gate, self.up
+        return _kernel(self.dialect, "ffn_gate_up")(
+            inputs=[h, self.norm, self.params, g.w, g.s, g.b, u.w, u.s, u.b],
+            template=self.templates()["ffn_gate_up"], grid=(_grid(self.ffn, t.rows_nt, t), 1, 1),
+            threadgroup=(t.rows_nt, 1, 1), output_shapes=[(self.ffn,)], output_dtypes=[mx.float32],
+            verbose=verbose)[0]
+
+    def launch_down(self, act: mx.array, h: mx.array, *, verbose: bool = False) -> mx.array:
+        """Launch 3, lazily: ``h + down act``."""
+        t, d = self.tuning, self.down
+        return _kernel(self.dialect, "ffn_down")(
+            inputs=[act, h, d.w, d.s, d.b], template=self.templates()["ffn_down"],
+            grid=(self.hidden * t.down_nt, 1, 1), threadgroup=(t.down_nt, 1, 1),
+            output_shapes=[(self.hidden,)], output_dtypes=[mx.float32], verbose=verbose)[0]
+
+    def __call__(self, branch: mx.array, residual: mx.array, *, verbose: bool = False) -> mx.array:
+        """The tail's three launches, lazily (evaluate the result once: one submission)."""
+        h = self.launch_wo(branch, residual, verbose=verbose)
+        act = self.launch_gate_up(h, verbose=verbose)
+        return self.launch_down(act, h, verbose=verbose)
+
+
+def prepare_tail(launch: Any, dialect: str, tuning: KernelTuning | None = None) -> PreparedTail:
+    """The kernel form of a :class:`workbench.tail.TailLaunch` (from ``tail.tail_launch``).
+
+    Raises ``ValueError`` for what the kernels do not serve: a weight format other than
+    float32 / bfloat16 / affine 4-bit, a fold on wo at its OUTPUT site (the seed's plan
+    rotates wo's input), folds on the FFN matrices, widths over 8192 or not multiples of 8.
+    """
+    from workbench.fold import FoldSite
+    from workbench.weights import WeightMatrix
+
+    _ks._check_dialect(dialect)
+    if launch.fold is not None and launch.fold.site is not FoldSite.INPUT:
+        raise ValueError("wo's fold must be at its INPUT site for the kernels (they rotate wo's input, as the "
+                         "seed's metal_plan(branch.len()) does); got site OUTPUT")
+    wo = _matrix("wo", WeightMatrix(launch.wo_base))
+    gate, up, down = _matrix("gate", launch.gate), _matrix("up", launch.up), _matrix("down", launch.down)
+    hidden, branch_dim, ffn = wo.rows, wo.cols, gate.rows
+    _check_width("branch (wo's in dimension)", branch_dim)
+    _check_width("hidden", hidden)
+    if ffn % 8:
+        raise ValueError(f"ffn ({ffn}) must be a multiple of 8")
+    if len({gate.fmt, up.fmt}) != 1 or (gate.fmt == _ks.WF_Q4 and (gate.gs, gate.sfmt) != (up.gs, up.sfmt)):
+        raise ValueError("gate and up must have the same format (one launch reads both)")
+    rot = _rotation(launch.fold_plan, branch_dim)
+    return PreparedTail(dialect, hidden, branch_dim, ffn, wo, gate, up, down, rot,
+                        launch.ffn_norm.astype(mx.float32), _params(launch.eps, rot["scale"]),
+                        tuning or DEFAULT_TUNING)
+
+
+_PREPARED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def prepared(launch: Any, dialect: str, tuning: KernelTuning | None = None) -> PreparedTail:
+    """:func:`prepare_tail`, made once per weights object, dialect and tuning (the
+    constants then stay on the device, as an engine keeps them)."""
+    tuning = tuning or DEFAULT_TUNING
+    per = _PREPARED.setdefault(launch.weights, {})
+    key = (dialect, tuning)
+    if key not in per:
+        per[key] = prepare_tail(launch, dialect, tuning)
+    return per[key]
+
+
+def kernel_tail(launch: Any, branch: mx.array, residual: mx.array, dialect: str,
+                tuning: KernelTuning | None = None) -> mx.array:
+    """The kernel tail as a lazy MLX array (leading batch axes allowed: each row its launches)."""
+    prep = prepared(launch, dialect, tuning)
+    b = branch.astype(mx.float32)
+    r = residual.astype(mx.float32)
+    if b.ndim == 1:
+        return prep(b, r)
+    lead = b.shape[:-1]
+    bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
+    return mx.stack([prep(bf[i], rf[i]) for i in range(bf.shape[0])]).reshape(*lead, prep.hidden)
+
+
+def _runner(dialect: str) -> Callable[..., Any]:
+    def run(launch: Any, branch: Any, residual: Any) -> Any:
+        def as_mx(a: Any) -> mx.array:
+            return a.astype(mx.float32) if isinstance(a, mx.array) else mx.array(_np.asarray(a, dtype=_np.float32))
+
+        out = kernel_tail(launch, as_mx(branch), as_mx(residual), dialect)
+        mx.eval(out)  # the ONE submission: all launches of the tail
+        return _np.array(out)
+
+    run.__doc__ = f"The fused tail through the {dialect} kernels: one evaluation, numpy out."
+    return run
+
+
+register_tail_kernel("metal", _runner("metal"))
+register_tail_kernel("cuda", _runner("cuda"))
+
+
+# -- the head launch ----------------------------------------------------------------------
+
+
+def head_refusals(q: Any, k: Any, v: Any) -> list:
+    """Every ``HeadRefusal`` for Q/K/V weights (``workbench.refusals.head_launch_refusals``,
+    asked about a plain GQA layer of this hidden size); [] = the head launch runs."""
+    from workbench import model, refusals
+
+    hidden = q.shape[1]
+    cfg = model.ModelConfig.synthetic(hidden, ffn_dim=hidden)
+
+    def served(wm: Any) -> bool:
+        try:
+            _matrix("x", type(wm)(wm.launch_parts()[0]))
+            return True
+        except ValueError:
+            return False
+
+    return list(refusals.head_launch_refusals(
+        cfg, 0, q_fold=q.fold, k_fold=k.fold, v_fold=v.fold,
+        q_kernel=served(q), k_kernel=served(k), v_kernel=served(v)))
+
+
+def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: Any, k: Any, v: Any, dialect: str,
+                tuning: KernelTuning | None = None, *, verbose: bool = False) -> tuple[mx.array, mx.array, mx.array]:
+    """Q, K, V of ``rms_norm(hidden) * attn_norm`` in ONE launch, lazily.
+
+    ``q`` / ``k`` / ``v`` are WeightMatrix objects sharing one fold (the same object, as
+    the seed asks ``Arc::ptr_eq``) at the INPUT site, or all unfolded; the kernel
+    rotates their common input once. Raises ``ValueError`` listing every head refusal.
+    """
+    from workbench.fold import FoldSite
+    from workbench.weights import WeightMatrix
+
+    _ks._check_dialect(dialect)
+    found = head_refusals(q, k, v)
+    if found:
+        raise ValueError("the head launch refuses these projections: " + ", ".join(r.name for r in found))
+    fold = q.fold
+    if fold is not None and fold.site is not FoldSite.INPUT:
+        raise ValueError("the Q/K/V fold must be at the INPUT site (the kernel rotates their common input)")
+    mats = [_matrix(n, WeightMatrix(m.launch_parts()[0])) for n, m in (("q", q), ("k", k), ("v", v))]
+    if len({(m.fmt, m.sfmt, m.gs) for m in mats}) != 1:
+        raise ValueError("q, k and v must have the same weight format (one launch reads all three)")
+    hid = mats[0].cols
+    _check_width("hidden", hid)
+    t = tuning or DEFAULT_TUNING
+    rot = _rotation(None if fold is None else fold.plan(hid), hid)
+    nq, nk, nv = (m.rows for m in mats)
+    m0 = mats[0]
+    template = [("NT", t.rows_nt), ("FMT", m0.fmt), ("SFMT", m0.sfmt), ("GS", m0.gs), ("HID", hid),
+                ("NQ", nq), ("NK", nk), ("NV", nv), ("ROT", bool(rot["ROT"])), ("M", rot["M"]),
+                ("LOGP", rot["LOGP"]), ("U", t.u_head)]
+    norm = attn_norm.astype(mx.float32) if isinstance(attn_norm, mx.array) else mx.array(
+        _np.asarray(attn_norm, dtype=_np.float32))
+    inputs = [hidden.astype(mx.float32), norm, _params(eps, rot["scale"]), rot["signs"], rot["perm"], rot["table"]]
+    for m in mats:
+        inputs += [m.w, m.s, m.b]
+    outs = _kernel(dialect, "head_qkv")(
+        inputs=inputs, template=template, grid=(_grid(nq + nk + nv, t.rows_nt, t), 1, 1),
+        threadgroup=(t.rows_nt, 1, 1), output_shapes=[(nq,), (nk,), (nv,)],
+        output_dtypes=[mx.float32] * 3, verbose=verbose)
+    return outs[0], outs[1], outs[2]
+
+
+# -- the generated Metal source, without a GPU ------------------------------------------
+
+
+@_contextlib.contextmanager
+def _stdout_to(path: str):
+    """Send file descriptor 1 (where MLX's C++ prints) to ``path`` while the block runs."""
+    import sys
+
+    sys.stdout.flush()
+    saved = _os.dup(1)
+    fd = _os.open(path, _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC)
+    try:
+        _os.dup2(fd, 1)
+        yield
+    finally:
+        _os.dup2(saved, 1)
+        _os.close(fd)
+        _os.close(saved)
+
+
+def generated_source(fn: Callable[..., Any], *args: mx.array) -> dict[str, str]:
+    """The kernel sources MLX generates when ``fn(*args)`` calls kernels with ``verbose=True``.
+
+    Works without the kernels' device: ``mx.export_function`` traces ``fn`` (building the
+    graph, printing each kernel's generated source) and runs nothing. Returns
+    ``{generated kernel name: source}``.
+    """
+    with _tempfile.TemporaryDirectory() as d:
+        log = _os.path.join(d, "stdout.txt")
+        with _stdout_to(log):
+            mx.export_function(_os.path.join(d, "fn.mlxfn"), fn, *args)
+        text = open(log).read()
+    out: dict[str, str] = {}
+    marker = "Generated source code for `"
+    for chunk in text.split(marker)[1:]:
+        name, rest = chunk.split("`", 1)
+        body = rest.split("```", 2)
+        out[name] = body[1].strip("\n") if len(body) > 1 else rest
+    return out
+
+
+def metal_tail_source(launch: Any, tuning: KernelTuning | None = None) -> dict[str, str]:
+    """The Metal source MLX would compile for this launch's tail (three kernels), on any machine."""
+    prep = prepare_tail(launch, "metal", tuning)
+    return generated_source(lambda b, r: prep(b, r, verbose=True),
+                            mx.zeros((prep.branch_dim,), dtype=mx.float32), mx.zeros((prep.hidden,), dtype=mx.float32))

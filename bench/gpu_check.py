@@ -1,0 +1,262 @@
+"""Every GPU check of the kernel tail and its benchmark, in one command, one record.
+
+    python -m bench.gpu_check                  # from the project's root, on a machine with a GPU
+    python -m bench.gpu_check --quick          # the checks and a short benchmark (no tuning sweep)
+    python -m bench.gpu_check --checks-only    # no benchmark
+
+On an NVIDIA GPU (MLX's CUDA back-end) it runs the CUDA kernels; on an Apple GPU the
+Metal ones. Checks, each against the float64 oracle (``tail.host_tail``, numpy):
+
+* the seed's case (hidden 64, branch 96, ffn 80, wo folded with block 16 and its signs);
+* random shapes and folds: blocks 12 x 2^k, 20 x 2^k, 28 x 2^k and 2^k, with and without
+  a permutation, float32 and bfloat16 weights, a tail without a fold, a batch of three;
+* Bonsai-27B's (5120, 6144, 17408), wo folded with block 1024, in float32 and bfloat16
+  weights, and in 4-bit affine weights (the oracle dequantizes the same codes);
+* the head launch (Q, K, V with one shared rotation) at a small shape and Bonsai's;
+* determinism: the same inputs twice give the same bits (a race would not).
+
+The tolerance of each case is the one the float32 oracle itself needs there: the float32
+host tail (``host_tail(dtype=float32)``, the seed's "host") is compared with float64 by
+the seed's criterion ``|x - y| <= tol * max(|y|, 1)``, and the kernels must meet
+``max(2e-4, 2 x that error)`` -- the seed's 2e-4 wherever float32 itself is inside it.
+Both numbers are recorded.
+
+Then ``bench.kernel_bench.run`` (Bonsai-27B, bf16 and 4-bit). The record goes to
+``data/bench/gpu_check-<device>-<date>.json`` (and to ``$OUT`` when set, for the lent
+machine's copy-back). Exit status 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import re
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:  # workbench.refusals imports pandas for its tables only
+    import pandas  # noqa: F401
+except ImportError:  # pragma: no cover - the offline GPU machine
+    sys.modules["pandas"] = types.ModuleType("pandas")
+
+import mlx.core as mx  # noqa: E402
+
+from workbench import backends, tail  # noqa: E402
+from workbench.fold import FoldSite, HadamardFold  # noqa: E402
+from workbench.weights import WeightMatrix  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def nice_ceil(x: float) -> float:
+    """The smallest of 1, 2, 5 x 10^k at or above ``x``."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    e = math.floor(math.log10(x))
+    for m in (1, 2, 5, 10):
+        if m * 10**e >= x * (1 - 1e-12):
+            return float(m * 10**e)
+    return float(10 ** (e + 1))
+
+
+def tolerance_for(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
+    """``(tol, f32_worst)``: the float32 host oracle's worst scaled error and the tolerance it implies."""
+    f32 = tail.host_tail(w, br, res, dtype=np.float32)
+    worst = tail.compare(f32, truth).worst
+    return max(tail.SEED_TOL, nice_ceil(2 * worst)), worst
+
+
+def _tail_case(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, dialect: str,
+               *, twice: bool = False) -> dict[str, Any]:
+    truth = tail.host_tail(w, br, res)
+    tol, f32 = tolerance_for(w, br, res, truth)
+    t0 = time.perf_counter()
+    out = tail.fused_tail(w, br, res, backend=dialect)
+    ms = (time.perf_counter() - t0) * 1e3
+    c = tail.compare(out, truth, tol=tol)
+    entry = {"case": name, "shape": list(w.shape), "batch": list(np.shape(br)[:-1]), "weights": w.wo.dtype,
+             "fold": repr(w.wo.fold), "tol": tol, "f32_oracle_worst": f32, "worst": c.worst, "nmse": c.nmse,
+             "max_abs": c.max_abs, "passed": bool(c.passed), "result": str(c), "first_call_ms": ms}
+    if twice:
+        again = tail.fused_tail(w, br, res, backend=dialect)
+        entry["deterministic"] = bool(np.array_equal(np.asarray(out).view(np.uint32), np.asarray(again).view(np.uint32)))
+        entry["passed"] = entry["passed"] and entry["deterministic"]
+    return entry
+
+
+def _head_case(name: str, hidden: int, nq: int, nk: int, nv: int, block: int | None, dtype: str, seed: int,
+               dialect: str) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    fold = HadamardFold.random(hidden, block, seed=seed + 1, permute=True) if block else None
+    mdt = {"float32": mx.float32, "bfloat16": mx.bfloat16}[dtype]
+
+    def mat(rows: int) -> WeightMatrix:
+        a = math.sqrt(3.0 / hidden)
+        m = WeightMatrix(mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(mdt))
+        return m.fold_hadamard(fold) if fold is not None else m
+
+    q, k, v = mat(nq), mat(nk), mat(nv)
+    x = rng.uniform(-1, 1, hidden).astype(np.float32)
+    nw = (1 + rng.uniform(-0.25, 0.25, hidden)).astype(np.float32)
+    eps = 1e-6
+
+    def oracle(dt: Any) -> list[np.ndarray]:
+        xd = x.astype(dt)
+        n = tail.rms_norm_np(xd, nw.astype(dt), eps)
+        return [m.apply(n) for m in (q, k, v)]  # numpy in: computed in n's dtype
+
+    truth = oracle(np.float64)
+    f32 = oracle(np.float32)
+    got = backends.head_launch(mx.array(x), nw, eps, q, k, v, dialect)
+    mx.eval(*got)
+    t = np.concatenate(truth)
+    worst32 = tail.compare(np.concatenate(f32), t).worst
+    tol = max(tail.SEED_TOL, nice_ceil(2 * worst32))
+    c = tail.compare(np.concatenate([np.array(g) for g in got]), t, tol=tol)
+    return {"case": name, "shape": [hidden, nq, nk, nv], "weights": dtype, "fold": repr(fold), "tol": tol,
+            "f32_oracle_worst": worst32, "worst": c.worst, "nmse": c.nmse, "max_abs": c.max_abs,
+            "passed": bool(c.passed), "result": str(c)}
+
+
+def run_checks(dialect: str, seed: int, quick: bool = False, log: Any = print) -> list[dict[str, Any]]:
+    """Every correctness check; each entry says its tolerance and why it passed or not."""
+    results: list[dict[str, Any]] = []
+
+    def add(e: dict[str, Any]) -> None:
+        results.append(e)
+        log(f"  {'ok  ' if e['passed'] else 'FAIL'} {e['case']:<44} tol {e['tol']:.0e} "
+            f"worst {e['worst']:.3g} (f32 oracle {e['f32_oracle_worst']:.3g})")
+
+    c = tail.seed_case()
+    add(_tail_case("seed (64, 96, 80), block 16", c.weights, c.branch, c.residual, dialect, twice=True))
+
+    small = [  # (hidden, branch, ffn, block, permute, dtype)
+        (128, 192, 256, 192, True, "float32"),      # m = 12, k = 4
+        (256, 320, 512, 320, True, "bfloat16"),     # m = 20, k = 4
+        (96, 448, 200, 448, True, "float32"),       # m = 28, k = 4
+        (160, 336, 88, 28, False, "bfloat16"),      # m = 28, k = 0, twelve blocks
+        (512, 1024, 1536, 1024, False, "bfloat16"),  # m = 1, k = 10
+        (64, 240, 120, 12, True, "float32"),        # m = 12, k = 0
+        (72, 128, 104, None, False, "float32"),     # no fold
+    ]
+    for i, (h, b, f, blk, perm, dt) in enumerate(small):
+        w = tail.TailWeights.random(h, b, f, seed=seed + 10 + i, fold_block=blk, fold_permute=perm, dtype=dt)
+        br, res = tail.random_inputs(w, seed=seed + 100 + i)
+        add(_tail_case(f"random ({h}, {b}, {f}) block {blk}{' perm' if perm else ''} {dt[:4]}", w, br, res, dialect))
+    w = tail.TailWeights.random(128, 256, 384, seed=seed + 30, fold_block=64, dtype="float32")
+    br, res = tail.random_inputs(w, seed=seed + 31, batch=3)
+    add(_tail_case("batch of 3 (128, 256, 384) block 64", w, br, res, dialect))
+    wq = tail.TailWeights.random(256, 512, 768, seed=seed + 40, fold_block=128, dtype="bfloat16",
+                                 quantize={"mode": "affine", "bits": 4, "group_size": 64})
+    br, res = tail.random_inputs(wq, seed=seed + 41)
+    add(_tail_case("random (256, 512, 768) affine4 g64", wq, br, res, dialect))
+    add(_head_case("head (1280; 2048, 256, 256) block 20x64", 1280, 2048, 256, 256, 1280, "float32", seed + 50,
+                   dialect))
+    add(_head_case("head (512; 512, 128, 128) no fold bf16", 512, 512, 128, 128, None, "bfloat16", seed + 51,
+                   dialect))
+    if not quick:
+        from bench.kernel_bench import BONSAI
+
+        (hidden, branch, ffn), block = BONSAI
+        for dt, q in (("float32", None), ("bfloat16", None),
+                      ("bfloat16", {"mode": "affine", "bits": 4, "group_size": 64})):
+            w = tail.TailWeights.random(hidden, branch, ffn, seed=seed + 60, fold_block=block, dtype=dt, quantize=q)
+            br, res = tail.random_inputs(w, seed=seed + 61)
+            label = f"Bonsai-27B {'affine4' if q else dt}"
+            add(_tail_case(label, w, br, res, dialect, twice=True))
+            del w
+        # Bonsai's head: q_proj 24 heads x 256 x 2 (the output gate), k and v 4 x 256.
+        add(_head_case(f"head Bonsai ({hidden}; {2 * branch}, 1024, 1024) bf16", hidden, 2 * branch, 1024, 1024,
+                       hidden, "bfloat16", seed + 70, dialect))
+    return results
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower() or "device"
+
+
+def device_name(dialect: str) -> str:
+    info = backends.device_description()
+    for key in ("device_name", "name", "device"):
+        if key in info:
+            return info[key]
+    if dialect == "cuda":
+        try:
+            import torch
+
+            return torch.cuda.get_device_name(0)
+        except Exception:  # noqa: BLE001
+            pass
+    return f"{dialect} GPU"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Every GPU check of the kernel tail, and its benchmark.")
+    ap.add_argument("--quick", action="store_true", help="small checks only and a short benchmark")
+    ap.add_argument("--checks-only", action="store_true", help="no benchmark")
+    ap.add_argument("--repeats", type=int, default=50, help="timed rounds per variant (default 50)")
+    ap.add_argument("--seed", type=int, default=None, help="base seed (default: from the clock; recorded)")
+    ap.add_argument("--no-record", action="store_true", help="write no JSON record")
+    a = ap.parse_args(argv)
+
+    dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)
+    if dialect is None:
+        print("no GPU here: mx.cuda.is_available() and mx.metal.is_available() are both False; "
+              "the kernel checks need MLX's CUDA back-end (mlx[cuda13]) or an Apple GPU")
+        return 2
+    seed = a.seed if a.seed is not None else int(time.time()) % 100_000
+    started = _dt.datetime.now(_dt.timezone.utc)
+    print(f"{dialect} kernels on {device_name(dialect)}, MLX {mx.__version__}, seed {seed}")
+    print("checks against the float64 oracle:")
+    checks = run_checks(dialect, seed, quick=a.quick)
+    record: dict[str, Any] = {
+        "what": "kernel tail: GPU checks against the float64 oracle, and the benchmark",
+        "command": "python -m bench.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": started.isoformat(timespec="seconds"),
+        "device": device_name(dialect),
+        "dialect": dialect,
+        "mlx_version": mx.__version__,
+        "platform": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
+        "device_info": backends.device_description(),
+        "seed": seed,
+        "checks": checks,
+        "checks_passed": all(c["passed"] for c in checks),
+    }
+    if not a.checks_only:
+        from bench import kernel_bench
+
+        try:
+            record["bench"] = kernel_bench.run(dialect, repeats=max(10, a.repeats // (3 if a.quick else 1)),
+                                               seed=seed, quick=a.quick)
+            kernel_bench.print_table(record["bench"])
+        except Exception as e:  # noqa: BLE001 -- keep the checks' record even if the benchmark breaks
+            import traceback
+
+            traceback.print_exc()
+            record["bench_error"] = repr(e)
+    record["seconds"] = (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds()
+    if not a.no_record:
+        name = f"gpu_check-{_slug(record['device'])}-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+        text = json.dumps(record, indent=1, default=str)
+        dest = ROOT / "data" / "bench"
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_text(text)
+        print(f"\nrecord: data/bench/{name}")
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], name).write_text(text)
+    failed = [c["case"] for c in checks if not c["passed"]]
+    print(f"\nchecks: {len(checks) - len(failed)} of {len(checks)} passed" + (f"; FAILED: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""The kernel tail's benchmark: kernels against the MLX graph, the unfused tail and PyTorch.
+
+    python -m bench.kernel_bench                 # Bonsai-27B, bf16 and 4-bit, on this GPU
+    python -m bench.gpu_check                    # the checks AND this benchmark, one record
+
+At Bonsai-27B's tail (hidden 5120, branch 6144, ffn 17408; wo folded with block 1024),
+side by side in one run and interleaved round by round:
+
+* resident (inputs already on the device, one evaluation = one wait, timed from submit
+  to result): the MLX graph (``tail.tail_graph``), the kernel tail (three launches in one
+  evaluation), PyTorch eager and PyTorch replaying a CUDA graph of the same five ops
+  (bf16 weights; PyTorch's matvec needs its vector in the weights' dtype, so its
+  activations are bf16: its error against the float64 oracle is recorded beside it);
+* end to end, as the engine runs a layer (branch and residual from the host, the result
+  back to the host): the unfused tail (two waits), the graph and the kernels through
+  ``tail.fused_tail``, and the kernels' path split into its parts (making the inputs,
+  the evaluation, the read back);
+* device time: 10 tails in one evaluation, per tail (no per-wait overhead), and each
+  launch alone the same way, with its bandwidth;
+
+against the floor: weight bytes over the copy bandwidth measured in the same run
+(PyTorch's device-to-device copy, bytes read plus written; MLX's ``x + 1`` beside it).
+The same again with 4-bit affine weights (MLX's quantized layout, group 64), where
+PyTorch has no matching matvec and is left out.
+
+Every function here takes the dialect (``cuda`` / ``metal``); ``gpu_check`` calls
+:func:`run` and writes the record.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import types
+from typing import Any, Callable
+
+import numpy as np
+
+try:  # workbench.refusals imports pandas for its tables only; the tail needs none of it
+    import pandas  # noqa: F401
+except ImportError:  # pragma: no cover - the offline GPU machine
+    sys.modules["pandas"] = types.ModuleType("pandas")
+
+import mlx.core as mx  # noqa: E402
+
+from workbench import backends, hadamard, tail  # noqa: E402
+
+#: Bonsai-27B's tail and wo's fold block (bench/tail_bench.py uses the same).
+BONSAI = (tail.BONSAI_SHAPE, 1024)
+
+#: The 4-bit format benchmarked: MLX affine, group 64 (mlx-lm's default).
+Q4 = {"mode": "affine", "bits": 4, "group_size": 64}
+
+
+def _torch() -> Any:
+    try:
+        import torch
+
+        return torch if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 -- no PyTorch, or a broken one: the peer is left out
+        return None
+
+
+def summarize(ts: list[float]) -> dict[str, float]:
+    s = sorted(ts)
+    return {"median_ms": statistics.median(s), "min_ms": s[0], "p90_ms": s[min(len(s) - 1, int(0.9 * len(s)))],
+            "n": len(s)}
+
+
+def time_rounds(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3) -> dict[str, dict[str, float]]:
+    """Median wall time (ms) of each callable, interleaved: each round runs each once."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            out[name].append((time.perf_counter() - t0) * 1e3)
+    return {k: summarize(v) for k, v in out.items()}
+
+
+def copy_bandwidth_mlx(nbytes: int = 1 << 30, repeats: int = 10) -> float:
+    """Bytes/s of ``x + 1`` over ``nbytes`` of float32 (read + write), median, one eval each."""
+    x = mx.random.uniform(shape=(nbytes // 4,))
+    mx.eval(x)
+    ts = []
+    for i in range(repeats + 2):
+        t0 = time.perf_counter()
+        mx.eval(x + 1)
+        if i >= 2:
+            ts.append(time.perf_counter() - t0)
+    return 2 * nbytes / statistics.median(ts)
+
+
+def copy_bandwidth_torch(nbytes: int = 1 << 30, repeats: int = 20) -> float | None:
+    """Bytes/s of a device-to-device ``copy_`` (read + write), timed with CUDA events."""
+    torch = _torch()
+    if torch is None:
+        return None
+    src = torch.rand(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    ts = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / statistics.median(ts)
+
+
+def _np32(a: mx.array) -> np.ndarray:
+    return np.array(a.astype(mx.float32))
+
+
+def torch_peer(w: tail.TailWeights, branch: np.ndarray, residual: np.ndarray) -> dict[str, Any] | None:
+    """PyTorch's five ops on the same (bf16) weights, eager and as a CUDA graph.
+
+    Returns ``{"eager": fn, "graph": fn, "out": fn -> numpy}`` (each call waits on its
+    result), or ``None`` without PyTorch/CUDA or for a quantized tail.
+    """
+    torch = _torch()
+    if torch is None or w.wo.quantization is not None:
+        return None
+    import torch.nn.functional as F
+
+    dev = "cuda"
+    dt = torch.bfloat16 if w.wo.dtype == "bfloat16" else torch.float32
+
+    def mat(m: Any) -> Any:
+        return torch.from_numpy(_np32(m.launch_parts()[0])).to(dev).to(dt)
+
+    wo, gate, up, down = mat(w.wo), mat(w.gate), mat(w.up), mat(w.down)
+    nw = torch.from_numpy(w.ffn_norm).to(dev)
+    fold = w.wo.fold
+    blk = fold.block if fold is not None else 1
+    signs = torch.from_numpy(fold.plan(w.shape[1]).signs).to(dev) if fold is not None else None
+    perm = torch.from_numpy(fold.plan(w.shape[1]).perm.astype(np.int64)).to(dev) if fold is not None else None
+    hbt = (torch.from_numpy((hadamard.hadamard_matrix(blk).T / np.sqrt(blk)).astype(np.float32)).to(dev)
+           if fold is not None else None)
+    eps = w.eps
+    b_in = torch.from_numpy(branch).to(dev)
+    r_in = torch.from_numpy(residual).to(dev)
+
+    def five(b: Any, r: Any) -> Any:
+        x = b
+        if fold is not None:
+            x = ((x * signs)[perm].view(-1, blk) @ hbt).view(-1)
+        h = r + F.linear(x.to(dt), wo).float()
+        n = (h * torch.rsqrt((h * h).mean() + eps) * nw).to(dt)
+        return h + F.linear(F.silu(F.linear(n, gate)) * F.linear(n, up), down).float()
+
+    def eager() -> Any:
+        out = five(b_in, r_in)
+        torch.cuda.synchronize()
+        return out
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            five(b_in, r_in)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = five(b_in, r_in)
+
+    def replay() -> Any:
+        g.replay()
+        torch.cuda.synchronize()
+        return static_out
+
+    def device_ms(fn: Callable[[], Any], n: int = 20) -> float:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn()
+        a.record()
+        for _ in range(n):
+            fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / n
+
+    return {"eager": eager, "graph": replay, "out": lambda: replay().cpu().numpy(),
+            "graph_device_ms": lambda: device_ms(g.replay), "torch": torch.__version__}
+
+
+def per_launch_ms(prep: backends.PreparedTail, b: mx.array, r: mx.array, n: int = 20) -> dict[str, float]:
+    """Device time of each launch alone: ``n`` copies in one evaluation, per copy."""
+    h = prep.launch_wo(b, r)
+    act = prep.launch_gate_up(h)
+    mx.eval(h, act)
+    runs = {"wo_residual": lambda: [prep.launch_wo(b, r) for _ in range(n)],
+            "ffn_gate_up": lambda: [prep.launch_gate_up(h) for _ in range(n)],
+            "ffn_down": lambda: [prep.launch_down(act, h) for _ in range(n)]}
+    out = {}
+    for k, mk in runs.items():
+        mx.eval(mk())
+        ts = []
+        for _ in range(5):
+            outs = mk()
+            t0 = time.perf_counter()
+            mx.eval(outs)
+            ts.append((time.perf_counter() - t0) * 1e3 / n)
+        out[k] = statistics.median(ts)
+    return out
+
+
+def batched_ms(make: Callable[[], Any], n: int = 10, repeats: int = 5) -> float:
+    """Per-tail time of ``n`` tails encoded in one evaluation (the per-wait cost amortised)."""
+    mx.eval(make())
+    ts = []
+    for _ in range(repeats):
+        outs = [make() for _ in range(n)]
+        t0 = time.perf_counter()
+        mx.eval(outs)
+        ts.append((time.perf_counter() - t0) * 1e3 / n)
+    return statistics.median(ts)
+
+
+def launch_bytes(prep: backends.PreparedTail) -> dict[str, int]:
+    def nb(m: Any) -> int:
+        return int(m.w.nbytes + (m.s.nbytes + m.b.nbytes if m.fmt == 2 else 0))
+
+    return {"wo_residual": nb(prep.wo), "ffn_gate_up": nb(prep.gate) + nb(prep.up), "ffn_down": nb(prep.down)}
+
+
+def sweep(w: tail.TailWeights, dialect: str, tunings: dict[str, backends.KernelTuning], b: mx.array, r: mx.array,
+          repeats: int) -> dict[str, dict[str, float]]:
+    """Resident time of the kernel tail under each tuning, interleaved."""
+    launch = tail.tail_launch(w)
+    preps = {k: backends.prepared(launch, dialect, t) for k, t in tunings.items()}
+    fns = {k: (lambda p=p: mx.eval(p(b, r))) for k, p in preps.items()}
+    return time_rounds(fns, repeats)
+
+
+def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: backends.KernelTuning, bandwidth: float,
+               repeats: int, seed: int) -> dict[str, Any]:
+    """Every variant at one case; returns the record's entry (times in ms)."""
+    br, res = tail.random_inputs(w, seed=seed)
+    launch = tail.tail_launch(w)
+    prep = backends.prepared(launch, dialect, tuning)
+    b, r = mx.array(br), mx.array(res)
+    mx.eval(b, r)
+    truth = tail.host_tail(w, br, res)
+
+    resident: dict[str, Callable[[], Any]] = {
+        "mlx_graph": lambda: mx.eval(tail.tail_graph(launch, b, r)),
+        "kernels": lambda: mx.eval(prep(b, r)),
+    }
+    peer = torch_peer(w, br, res)
+    if peer is not None:
+        resident["torch_eager"] = peer["eager"]
+        resident["torch_cuda_graph"] = peer["graph"]
+    t_res = time_rounds(resident, repeats)
+
+    def e2e_parts() -> None:
+        t0 = time.perf_counter()
+        bi, ri = mx.array(br), mx.array(res)
+        out = prep(bi, ri)
+        t1 = time.perf_counter()
+        mx.eval(out)
+        t2 = time.perf_counter()
+        np.array(out)
+        t3 = time.perf_counter()
+        parts.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
+
+    parts: list[tuple[float, float, float]] = []
+    e2e = {
+        "unfused_two_waits": lambda: tail.unfused_tail(w, br, res),
+        "mlx_graph": lambda: tail.fused_tail(w, br, res, backend="graph"),
+        "kernels": lambda: tail.fused_tail(w, br, res, backend=dialect),
+        "kernels_parts": e2e_parts,
+    }
+    t_e2e = time_rounds(e2e, max(10, repeats // 2))
+    parts = parts[-max(10, repeats // 2):]
+    e2e_split = {k: statistics.median(p[i] for p in parts) for i, k in enumerate(("make_inputs", "eval", "read_back"))}
+    tiny = mx.array(np.ones(8, np.float32))
+    t_wait = time_rounds({"tiny_eval": lambda: mx.eval(tiny + 1)}, repeats)["tiny_eval"]
+
+    dev = {"kernels": batched_ms(lambda: prep(b, r)), "mlx_graph": batched_ms(lambda: tail.tail_graph(launch, b, r))}
+    if peer is not None:
+        dev["torch_cuda_graph"] = peer["graph_device_ms"]()
+    launches = per_launch_ms(prep, b, r)
+    lb = launch_bytes(prep)
+
+    errs = {"kernels": tail.compare(np.array(prep(b, r)), truth),
+            "mlx_graph": tail.compare(np.array(tail.tail_graph(launch, b, r)), truth)}
+    if peer is not None:
+        errs["torch"] = tail.compare(peer["out"](), truth)
+    wbytes = prep.weight_bytes()
+    floor = wbytes / bandwidth * 1e3
+    k_ms = t_res["kernels"]["median_ms"]
+    entry = {
+        "case": label,
+        "shape": list(w.shape),
+        "weights": w.wo.dtype,
+        "fold_block": w.wo.fold.block if w.wo.fold is not None else None,
+        "weight_bytes": wbytes,
+        "floor_ms": floor,
+        "target_ms": (2.0 if w.wo.quantization is not None else 1.5) * floor,
+        "resident_ms": t_res,
+        "end_to_end_ms": t_e2e,
+        "end_to_end_kernel_split_ms": e2e_split,
+        "one_tiny_eval_ms": t_wait,
+        "device_ms_per_tail": dev,
+        "launch_device_ms": launches,
+        "launch_bandwidth_GBps": {k: lb[k] / (v * 1e-3) / 1e9 for k, v in launches.items()},
+        "kernels_over_floor": k_ms / floor,
+        "kernels_vs": {k: v["median_ms"] / k_ms for k, v in t_res.items() if k != "kernels"},
+        "error_vs_float64": {k: {"worst": v.worst, "nmse": v.nmse, "max_abs": v.max_abs, "str": str(v)}
+                             for k, v in errs.items()},
+        "tuning": vars(tuning) if not hasattr(tuning, "__dataclass_fields__") else
+        {f: getattr(tuning, f) for f in tuning.__dataclass_fields__},
+        "torch": peer["torch"] if peer is not None else None,
+    }
+    return entry
+
+
+#: Tunings tried on the bf16 Bonsai tail before the main table (the best is used).
+TUNINGS: dict[str, backends.KernelTuning] = {
+    "default": backends.KernelTuning(),
+    "gps2": backends.KernelTuning(groups_per_sm=2),
+    "gps8": backends.KernelTuning(groups_per_sm=8),
+    "nt128_gps8": backends.KernelTuning(rows_nt=128, groups_per_sm=8),
+    "u_gu8": backends.KernelTuning(u_gate_up=8),
+    "u_gu2": backends.KernelTuning(u_gate_up=2),
+    "down256": backends.KernelTuning(down_nt=256, u_down=4),
+    "down64": backends.KernelTuning(down_nt=64, u_down=16),
+}
+
+
+def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
+        shapes: tuple[tuple[int, int, int], int] = BONSAI, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The whole benchmark; returns the record's ``bench`` section."""
+    (hidden, branch, ffn), block = shapes
+    bw_torch = copy_bandwidth_torch()
+    bw_mlx = copy_bandwidth_mlx()
+    bandwidth = bw_torch or bw_mlx
+    tb = "n/a" if bw_torch is None else f"{bw_torch / 1e12:.3f}"
+    log(f"copy bandwidth: torch {tb} TB/s, mlx {bw_mlx / 1e12:.3f} TB/s")
+    out: dict[str, Any] = {"copy_bandwidth_Bps": {"torch_copy": bw_torch, "mlx_x_plus_1": bw_mlx,
+                                                  "used_for_floor": bandwidth}, "cases": []}
+
+    w16 = tail.TailWeights.random(hidden, branch, ffn, seed=seed, fold_block=block, dtype="bfloat16")
+    b16, r16 = (mx.array(a) for a in tail.random_inputs(w16, seed=seed + 1))
+    mx.eval(b16, r16)
+    tunings = {"default": TUNINGS["default"]} if quick else TUNINGS
+    sw = sweep(w16, dialect, tunings, b16, r16, max(10, repeats // 2))
+    best = min(sw, key=lambda k: sw[k]["median_ms"])
+    out["tuning_sweep_ms"] = {k: v["median_ms"] for k, v in sw.items()}
+    out["tuning_chosen"] = best
+    log("tuning sweep (kernel tail, resident, median ms): "
+        + ", ".join(f"{k} {v['median_ms']:.3f}" for k, v in sw.items()) + f" -> {best}")
+    tuning = tunings[best]
+    backends.set_default_tuning(tuning)  # fused_tail(backend=...) below uses it too
+
+    out["cases"].append(bench_case("bonsai27b-bf16", w16, dialect, tuning, bandwidth, repeats, seed + 2))
+    del w16
+    wq = tail.TailWeights.random(hidden, branch, ffn, seed=seed + 3, fold_block=block, dtype="bfloat16", quantize=Q4)
+    out["cases"].append(bench_case("bonsai27b-affine4-g64", wq, dialect, tuning, bandwidth, repeats, seed + 4))
+    return out
+
+
+def print_table(bench: dict[str, Any]) -> None:
+    bw = bench["copy_bandwidth_Bps"]["used_for_floor"]
+    print(f"\nfloor = weight bytes / {bw / 1e12:.2f} TB/s (device copy, this run)")
+    for c in bench["cases"]:
+        print(f"\n{c['case']}: {c['weight_bytes'] / 1e6:.1f} MB, floor {c['floor_ms']:.3f} ms, "
+              f"target {c['target_ms']:.3f} ms")
+        print(f"  {'resident (one wait)':<26}{'median ms':>10}{'x floor':>9}{'/ kernels':>10}")
+        k = c["resident_ms"]["kernels"]["median_ms"]
+        for name, v in c["resident_ms"].items():
+            m = v["median_ms"]
+            print(f"  {name:<26}{m:>10.3f}{m / c['floor_ms']:>9.2f}{m / k:>10.2f}")
+        print(f"  {'device time per tail':<26}" + ", ".join(f"{n} {v:.3f}" for n, v in c["device_ms_per_tail"].items()))
+        print("  launches alone: " + ", ".join(
+            f"{n} {v:.3f} ms ({c['launch_bandwidth_GBps'][n] / 1e3:.2f} TB/s)" for n, v in c["launch_device_ms"].items()))
+        print(f"  {'end to end':<26}" + ", ".join(f"{n} {v['median_ms']:.3f}" for n, v in c["end_to_end_ms"].items()))
+        print("  kernel e2e split: " + ", ".join(f"{n} {v:.3f}" for n, v in c["end_to_end_kernel_split_ms"].items())
+              + f"; one tiny eval {c['one_tiny_eval_ms']['median_ms']:.3f}")
+        for n, e in c["error_vs_float64"].items():
+            print(f"  error vs float64, {n}: worst {e['worst']:.3g}, NMSE {e['nmse']:.3g}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--quick", action="store_true", help="no tuning sweep")
+    a = ap.parse_args(argv)
+    dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)
+    if dialect is None:
+        print("no GPU: the kernel benchmark needs MLX's CUDA or Metal back-end")
+        return 2
+    print_table(run(dialect, repeats=a.repeats, quick=a.quick))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

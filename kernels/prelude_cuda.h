@@ -1,0 +1,49 @@
+// The CUDA prelude: the ONLY CUDA-specific text of the tail's kernels.
+//
+// Everything above the "//== body ==" line goes into the kernel's header (before
+// MLX's generated `__global__` signature); everything below it is prepended to each
+// kernel body. common.h and the *.body files use only the names defined here and
+// their Metal twins in prelude_metal.h.
+
+#include <cuda_bf16.h>
+
+// A helper function callable from a kernel.
+#define KFN __device__ __forceinline__
+// Address spaces: device (global) memory and group (shared) memory need no
+// qualifier in CUDA; Metal needs `device` / `threadgroup`.
+#define DEV
+#define GRP
+// Declaring group memory inside a kernel body.
+#define GROUP_SHARED __shared__
+// Every thread of the group waits here; group-memory writes before it are visible after.
+#define GROUP_BARRIER() __syncthreads()
+// Unroll the loop that follows (the load batches must live in registers).
+#define UNROLL _Pragma("unroll")
+// Reinterpret 32 bits as a float.
+#define BITS_F32(u) __uint_as_float(u)
+// A 16-byte weight load that streams past the caches (weights are read once a tail).
+#define LOAD_STREAM(p) __ldcs(p)
+#define EXPF(x) expf(x)
+#define RSQRTF(x) rsqrtf(x)
+#define FMAF(a, b, c) fmaf((a), (b), (c))
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+// The sum of v over the 32 lanes of a warp, in every lane.
+KFN float warp_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 16);
+  v += __shfl_xor_sync(0xffffffffu, v, 8);
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v;
+}
+
+//== body ==
+  // Thread and group indices (1-D launches), the names the bodies use.
+  const int lid = (int)threadIdx.x;        // thread in its group
+  const int gid = (int)blockIdx.x;         // group in the grid
+  const int ngroups = (int)gridDim.x;      // groups in the grid
+  const int lane = (int)(threadIdx.x & 31u);  // lane in its warp
+  const int warp = (int)(threadIdx.x >> 5);   // warp in its group

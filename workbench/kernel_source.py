@@ -1,0 +1,178 @@
+"""The tail's kernel sources: ``kernels/`` composed into what MLX compiles.
+
+Each algorithm is written ONCE, as a kernel body (``kernels/*.body``) plus shared helpers
+(``kernels/common.h``), in a C++ subset that means the same in Metal and in CUDA. The
+only dialect-specific text is a thin prelude per dialect (``kernels/prelude_metal.h``,
+``kernels/prelude_cuda.h``): macros and inline functions for the thread and group
+indices, group memory, barriers and SIMD/warp sums. A prelude has two parts, split at
+its ``//== body ==`` line: the first goes into the kernel's ``header`` (before MLX's
+generated signature), the second is prepended to each body (in Metal the thread-index
+attributes reach the kernel only when the body names them).
+
+``mx.fast.metal_kernel`` / ``mx.fast.cuda_kernel`` take the composed ``(header, source)``
+(:func:`compose`); :data:`KERNELS` names each kernel's inputs, outputs and template
+values, in the order the launches pass them. :func:`cuda_translation_unit` rebuilds the
+CUDA file MLX would hand NVRTC (its generated signature, as MLX 0.32's
+``build_kernel`` writes it), so the CUDA text can be compiled with ``nvcc`` on a machine
+without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+#: Where the kernel sources live (the repository's ``kernels/``).
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+
+#: The dialects, one prelude each.
+DIALECTS: tuple[str, ...] = ("metal", "cuda")
+
+#: The line that splits a prelude into its header part and its body part.
+BODY_MARK = "//== body =="
+
+#: Weight formats (the template value ``FMT``), as kernels/common.h numbers them.
+WF_F32, WF_BF16, WF_Q4 = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel: MLX's name for it, its body file, inputs, outputs and template names."""
+
+    name: str
+    body: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    template: tuple[str, ...]
+    doc: str
+
+
+_DENSE_OR_Q4 = ("NT", "FMT", "SFMT", "GS")
+
+#: The tail's kernels and the head launch's, by short name.
+KERNELS: dict[str, KernelSpec] = {
+    "wo_residual": KernelSpec(
+        "fat_wo_residual",
+        "wo_residual.body",
+        ("x", "signs", "perm", "table", "params", "w", "ws", "wb", "residual"),
+        ("h",),
+        _DENSE_OR_Q4 + ("WIDTH", "ROWS", "ROT", "M", "LOGP", "U"),
+        "h = residual + wo' (R x): the fold's rotation applied in group memory, then the first residual add",
+    ),
+    "ffn_gate_up": KernelSpec(
+        "fat_ffn_gate_up",
+        "ffn_gate_up.body",
+        ("hin", "nw", "params", "wg", "wgs", "wgb", "wu", "wus", "wub"),
+        ("act",),
+        _DENSE_OR_Q4 + ("HID", "FFN", "U"),
+        "act = silu(gate n) * (up n), n = rms_norm(h) * ffn_norm (each group computes the norm)",
+    ),
+    "ffn_down": KernelSpec(
+        "fat_ffn_down",
+        "ffn_down.body",
+        ("act", "hin", "wd", "wds", "wdb"),
+        ("out",),
+        _DENSE_OR_Q4 + ("HID", "FFN", "U"),
+        "out = h + down act: the second residual add",
+    ),
+    "head_qkv": KernelSpec(
+        "fat_head_qkv",
+        "head_qkv.body",
+        ("hid", "nw", "params", "signs", "perm", "table",
+         "q_w", "q_s", "q_b", "k_w", "k_s", "k_b", "v_w", "v_s", "v_b"),
+        ("q_out", "k_out", "v_out"),
+        _DENSE_OR_Q4 + ("HID", "NQ", "NK", "NV", "ROT", "M", "LOGP", "U"),
+        "q, k, v from R (rms_norm(hidden) * attn_norm): the one shared rotation applied once",
+    ),
+}
+
+#: The tail's launches, in the order one tail encodes them.
+TAIL_KERNELS: tuple[str, ...] = ("wo_residual", "ffn_gate_up", "ffn_down")
+
+
+def _check_dialect(dialect: str) -> None:
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect must be one of {DIALECTS}; got {dialect!r}")
+
+
+def _check_kernel(kernel: str) -> KernelSpec:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {tuple(KERNELS)}; got {kernel!r}")
+    return KERNELS[kernel]
+
+
+@lru_cache(maxsize=None)
+def read(filename: str) -> str:
+    """The text of ``kernels/filename``."""
+    path = KERNEL_DIR / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"kernel source {filename!r} not found in {KERNEL_DIR}")
+    return path.read_text()
+
+
+def prelude(dialect: str) -> tuple[str, str]:
+    """``(header_part, body_part)`` of the dialect's prelude."""
+    _check_dialect(dialect)
+    lines = read(f"prelude_{dialect}.h").splitlines(keepends=True)
+    marks = [i for i, line in enumerate(lines) if line.strip() == BODY_MARK]
+    if len(marks) != 1:
+        raise ValueError(f"prelude_{dialect}.h must contain the line {BODY_MARK!r} exactly once")
+    return "".join(lines[: marks[0]]), "".join(lines[marks[0] + 1 :])
+
+
+def compose(dialect: str, kernel: str) -> tuple[str, str]:
+    """``(header, source)`` for ``mx.fast.metal_kernel`` / ``mx.fast.cuda_kernel``.
+
+    header = the prelude's header part + common.h; source = the prelude's body part +
+    the kernel's body. Nothing else differs between the dialects.
+    """
+    spec = _check_kernel(kernel)
+    head, body_part = prelude(dialect)
+    header = f"// ---- prelude ({dialect}) ----\n{head}\n// ---- common.h ----\n{read('common.h')}\n"
+    source = f"{body_part}\n  // ---- {spec.body} ----\n{read(spec.body)}"
+    return header, source
+
+
+#: MLX 0.32's names for the CUDA types of array dtypes (``dtype_to_cuda_type``).
+CUDA_TYPES: dict[str, str] = {
+    "float32": "float",
+    "bfloat16": "__nv_bfloat16",
+    "float16": "__half",
+    "int8": "int8_t",
+    "int32": "int32_t",
+    "uint32": "uint32_t",
+}
+
+
+def _template_line(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return f"  constexpr bool {name} = {'true' if value else 'false'};\n"
+    if isinstance(value, int):
+        return f"  constexpr int {name} = {value};\n"
+    return f"  using {name} = {CUDA_TYPES[str(value)]};\n"
+
+
+def cuda_translation_unit(kernel: str, input_dtypes: dict[str, str], template: dict[str, object]) -> str:
+    """The CUDA file MLX would compile for ``kernel``, standalone (for ``nvcc -c``).
+
+    MLX's default header includes its own ``utils.cuh``; here ``<cuda_bf16.h>``,
+    ``<cuda_fp16.h>`` and ``<cstdint>`` stand in for it. The signature (const inputs,
+    then outputs) and the template constants are written as MLX 0.32's CUDA
+    ``build_kernel`` writes them. ``input_dtypes`` maps each input to a dtype name
+    (``float32``, ``bfloat16``, ``int8``, ...); outputs are float32.
+    """
+    spec = _check_kernel(kernel)
+    missing = [n for n in spec.inputs if n not in input_dtypes]
+    if missing:
+        raise ValueError(f"input_dtypes must name every input of {kernel}; missing {missing}")
+    header, source = compose("cuda", kernel)
+    args = [f"    const {CUDA_TYPES[input_dtypes[n]]}* {n}" for n in spec.inputs]
+    args += [f"    float* {n}" for n in spec.outputs]
+    consts = "".join(_template_line(k, template[k]) for k in spec.template)
+    return (
+        "#include <cstdint>\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cooperative_groups.h>\n"
+        f"{header}namespace mlx::core::cu {{\n\nnamespace cg = cooperative_groups;\n\n"
+        f"__global__ void custom_kernel_{spec.name}(\n" + ",\n".join(args) + ") {\n"
+        f"{consts}\n{source}\n}}\n\n}} // namespace mlx::core::cu\n"
+    )
