@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rounds": run["rounds_run"],
         "warmup": args.warmup,
         "context": args.context,
-        "price": {k: price[k] for k in ("ms", "p10_ms", "p90_ms", "iqr_ms", "n", "method")},
+        "price": {k: price[k] for k in ("ms", "p10_ms", "p90_ms", "iqr_ms", "eval_only_ms", "n", "method")},
         "stages": rows,
         "comparisons": run["comparisons"],
         "fit": fit,

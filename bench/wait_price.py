@@ -30,7 +30,7 @@ def _entry_id(rec: dict) -> str:
 
 def ledger_entry(rec: dict) -> dict:
     """The ledger's entry for a measurement record."""
-    keep = ("ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "n", "warmup", "device", "backend", "date",
+    keep = ("ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms", "n", "warmup", "device", "backend", "date",
             "mlx_version", "method", "command")
     entry = {"id": _entry_id(rec), "kind": "measured"}
     entry.update({k: rec[k] for k in keep if k in rec})
@@ -63,10 +63,10 @@ def main(argv: list[str] | None = None) -> dict:
     device = None if args.device == "default" else mx.Device(getattr(mx, args.device))
     rec = waits.measure_wait_price(device, n=args.n, warmup=args.warmup)
     rec["command"] = " ".join(["python -m bench.wait_price"] + (argv if argv is not None else sys.argv[1:]))
-    print(f"{'device':>10}  {rec['device']} ({rec['backend']}, MLX {rec['mlx_version']})")
-    for k in ("ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms"):
-        print(f"{k:>10}  {rec[k]:.4f}")
-    print(f"{'n':>10}  {rec['n']} (after {rec['warmup']} warm-up)")
+    print(f"{'device':>12}  {rec['device']} ({rec['backend']}, MLX {rec['mlx_version']})")
+    for k in ("ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms"):
+        print(f"{k:>12}  {rec[k]:.4f}")
+    print(f"{'n':>12}  {rec['n']} (after {rec['warmup']} warm-up)")
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -408,7 +408,8 @@ WAIT_METHOD = (
     "y = x + 1 of a resident float32 scalar x (a fresh graph of one op), then y.item(), "
     "which evaluates it, waits for the device and reads the value back. Timed one by one "
     "with time.perf_counter_ns after {warmup} warm-up waits; the price is the median of "
-    "{n}; spread: 10th-90th percentile and IQR."
+    "{n}; spread: 10th-90th percentile and IQR. Beside it, interleaved, mx.eval(x + 1) "
+    "without the read-back (eval_only_ms)."
 )
 
 
@@ -416,15 +417,16 @@ def measure_wait_price(device=None, *, n: int = 2000, warmup: int = 200) -> dict
     """Measure one wait on an MLX device (default: MLX's default device).
 
     Returns a ledger-shaped dict: ``ms`` (the median), ``p10_ms``, ``p90_ms``, ``iqr_ms``,
-    ``mean_ms``, ``n``, the device (see :func:`device_description`), the date, and the
-    method in words.
+    ``mean_ms``, ``eval_only_ms`` (the same submission waited for without reading it
+    back), ``n``, the device (see :func:`device_description`), the date, and the method
+    in words.
     """
     import mlx.core as mx
 
     if n < 10 or warmup < 0:
         raise ValueError(f"n, warmup: need n >= 10 and warmup >= 0, got {n}, {warmup}")
     dev = _as_device(device)
-    times = []
+    times, eval_only = [], []
     with mx.stream(dev):
         x = mx.array(1.0, dtype=mx.float32)
         mx.eval(x)
@@ -432,8 +434,11 @@ def measure_wait_price(device=None, *, n: int = 2000, warmup: int = 200) -> dict
             t0 = time.perf_counter_ns()
             (x + 1).item()
             t1 = time.perf_counter_ns()
+            mx.eval(x + 1)  # the same submission without reading the value back (a side figure)
+            t2 = time.perf_counter_ns()
             if i >= warmup:
                 times.append((t1 - t0) / 1e6)
+                eval_only.append((t2 - t1) / 1e6)
     times.sort()
     q = statistics.quantiles(times, n=20)  # 5% steps: q[1] = p10, q[4] = p25, q[14] = p75, q[17] = p90
     info = device_description(dev)
@@ -443,6 +448,7 @@ def measure_wait_price(device=None, *, n: int = 2000, warmup: int = 200) -> dict
         "p90_ms": q[17],
         "iqr_ms": q[14] - q[4],
         "mean_ms": statistics.fmean(times),
+        "eval_only_ms": statistics.median(eval_only),
         "n": n,
         "warmup": warmup,
         "kind": "measured",
