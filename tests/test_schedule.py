@@ -148,3 +148,22 @@ def test_the_committed_records():
         assert stages["waits_match"].all()
         assert set(comps.columns) >= {"from", "to", "ms_saved_predicted", "ms_saved_measured"}
         assert {"device", "date", "mlx_version", "command"} <= set(rec)
+
+
+def test_the_schedule_bench(tmp_path):
+    """The command the H200 runs, as it runs it (from the project root), at a tiny size."""
+    import json
+    import subprocess
+    import sys
+
+    root = waits.LEDGER_PATH.parent.parent.parent
+    out = tmp_path / "rec.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.schedule_run", "--stages", "1,5", "--tokens", "1", "--rounds", "1",
+         "--warmup", "0", "--price-n", "50", "--vocab", "256", "--out", str(out)],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rec = json.loads(out.read_text())
+    assert rec["all_waits_match"] and [r["waits_made"] for r in rec["stages"]] == [[97], [17]]
+    assert rec["gdn"] == "mx.fast.gated_delta_update" and rec["eligible"] == list(range(3, 64, 4))

@@ -216,3 +216,25 @@ def test_figures_draw():
         plt.close(fig)
     with pytest.raises(ValueError, match="prices"):
         plots.plot_stage_ms(cfg, {})
+
+
+def test_the_wait_price_bench(tmp_path):
+    """The command the H200 runs, as it runs it (from the project root), at a tiny size."""
+    import subprocess
+    import sys
+
+    root = waits.LEDGER_PATH.parent.parent.parent
+    out, ledger = tmp_path / "rec.json", tmp_path / "ledger.json"
+    shutil.copy(waits.LEDGER_PATH, ledger)
+
+    def run(*args):
+        done = subprocess.run([sys.executable, "-m", "bench.wait_price", *args], cwd=root, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+
+    run("--n", "20", "--warmup", "2", "--device", "cpu", "--out", str(out))
+    rec = json.loads(out.read_text())
+    assert rec["ms"] > 0 and rec["command"].startswith("python -m bench.wait_price")
+    run("--add", str(out), "--ledger", str(ledger))
+    entry = next(e for e in waits.load_ledger(ledger) if e["id"].startswith("measured-cpu-"))
+    assert entry["ms"] == rec["ms"] and entry["method"] and entry["command"]
