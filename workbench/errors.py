@@ -611,8 +611,9 @@ def _configs(dtypes: Sequence[str], folds: Sequence[Any], quantize: Sequence[Any
         for f in folds:
             for q in quantize:
                 label, spec = _quant_spec(q)
-                if spec is not None and shape[1] % spec.group_size or spec is not None and (
-                        shape[0] % spec.group_size or shape[2] % spec.group_size):
+                # mx.quantize groups along each matrix's IN axis: branch (wo), hidden (gate,
+                # up) and ffn (down) must all be multiples of the group.
+                if spec is not None and any(n % spec.group_size for n in shape):
                     raise ValueError(f"quantize {label}: hidden, branch and ffn {shape} must be multiples of "
                                      f"group_size {spec.group_size}")
                 for bk in backends:
@@ -723,7 +724,7 @@ def sweep(
     """The correct fused tail against the float64 truth, every combination, one row per case.
 
     ``shapes``: (hidden, branch, ffn) triples; ``seeds``: non-negative ints (a case depends
-    only on its seed and shape); ``dtypes``: weight dtypes in :data:`DTYPES`; ``folds``:
+    only on its seed and shape; repeats are swept once; rows come in seed order); ``dtypes``: weight dtypes in :data:`DTYPES`; ``folds``:
     ``None``, a block size (per-case random signs on wo's input, as the seed folds it) or a
     ``HadamardFold`` (the same one for every case); ``quantize``: ``None``, a name in
     :data:`QUANT_FORMATS` or a dict of mode/bits/group_size (all four matrices, wo folded
