@@ -2,7 +2,7 @@
 
     python -m bench.tail_bench                      # seed shape and Bonsai-27B, bf16
     python -m bench.tail_bench --shapes seed        # just the seed's shape (seconds)
-    python -m bench.tail_bench --repeats 50 --large-repeats 50   # on a GPU
+    PYTHONPATH=/tmp/site:. python3 -m bench.tail_bench     # on the H200, no install (100 rounds)
 
 For each shape it times, in one run and interleaved round by round (so drift in a shared
 machine's load hits every variant alike):
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="the weights' dtype (activations are float32 always)")
     p.add_argument("--repeats", type=int, default=100, help="timed rounds for small shapes")
     p.add_argument("--large-repeats", type=int, default=None,
-                   help="timed rounds for Bonsai-size shapes (default: 30 on a GPU, 5 on a CPU)")
+                   help="timed rounds for Bonsai-size shapes (default: 100 on a GPU, 5 on a CPU)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bandwidth-gbps", type=float, default=None,
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if getattr(args, flag) < (1 if flag == "repeats" else 0):
             p.error(f"--{flag} must be >= {1 if flag == 'repeats' else 0}")
     on_gpu = backends.cuda_available() or backends.metal_available()
-    large_repeats = args.large_repeats if args.large_repeats is not None else (30 if on_gpu else 5)
+    large_repeats = args.large_repeats if args.large_repeats is not None else (100 if on_gpu else 5)
     if large_repeats < 1:
         p.error("--large-repeats must be >= 1")
 
