@@ -148,6 +148,9 @@ def test_the_committed_records():
         assert stages["waits_match"].all()
         assert set(comps.columns) >= {"from", "to", "ms_saved_predicted", "ms_saved_measured"}
         assert {"device", "date", "mlx_version", "command"} <= set(rec)
+        c = S.closeness(rec)
+        assert c["ms_saved_predicted_1_to_floor"] == pytest.approx(80 * rec["price"]["ms"])
+        assert c["median_ratio"] is not None
 
 
 def test_the_schedule_bench(tmp_path):

@@ -586,3 +586,28 @@ def record_tables(rec: Mapping) -> tuple[Any, Any]:
     cols = [c for c in ("from", "to", "waits_saved", "same_work", "ms_saved_predicted", "ms_saved_measured",
                         "ratio", "ms_saved_paired", "ratio_paired") if c in comps]
     return stages, comps[cols]
+
+
+def closeness(rec: Mapping) -> dict:
+    """How close a record's clock came to the table, in two numbers.
+
+    ``ratio_1_to_floor``: measured over predicted saving from stage 1 to the host floor
+    (the largest saving that keeps the work the same; paired by round when the record
+    has each token's time); ``median_ratio``: the median of that ratio over every pair
+    of stages that does the same work. 1.0 is the table exactly; the goal is within 20%.
+    """
+    plan = _waits.load_plan()
+    floor = next(s.number for s in plan.stages if s.floor and not s.attention_on_device)
+    comps = [c for c in rec["comparisons"] if c.get("same_work", True)]
+
+    def ratio(c: Mapping) -> float | None:
+        return c.get("ratio_paired", c["ratio"])
+
+    main = next((c for c in comps if c["from"] == 1 and c["to"] == floor), None)
+    ratios = [r for r in (ratio(c) for c in comps) if r is not None]
+    return {
+        "ratio_1_to_floor": None if main is None else ratio(main),
+        "ms_saved_predicted_1_to_floor": None if main is None else main["ms_saved_predicted"],
+        "ms_saved_measured_1_to_floor": None if main is None else main.get("ms_saved_paired", main["ms_saved_measured"]),
+        "median_ratio": float(np.median(ratios)) if ratios else None,
+    }
