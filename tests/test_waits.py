@@ -238,3 +238,11 @@ def test_the_wait_price_bench(tmp_path):
     run("--add", str(out), "--ledger", str(ledger))
     entry = next(e for e in waits.load_ledger(ledger) if e["id"].startswith("measured-cpu-"))
     assert entry["ms"] == rec["ms"] and entry["method"] and entry["command"]
+
+
+def test_piece_validates():
+    assert str(waits.Piece("qkv", 3)) == "qkv3" and str(waits.Piece("logits")) == "logits"
+    with pytest.raises(ValueError, match="kind"):
+        waits.Piece("softmax", 1)
+    with pytest.raises(ValueError, match="layer"):
+        waits.Piece("qkv")

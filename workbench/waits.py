@@ -93,6 +93,12 @@ class Piece:
     kind: str
     layer: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.kind not in PIECE_KINDS:
+            raise ValueError(f"kind: must be one of {PIECE_KINDS}, got {self.kind!r}")
+        if (self.layer is None) != (self.kind == "logits"):
+            raise ValueError(f"layer: the logits have none, every other piece has one; got {self.kind}, {self.layer!r}")
+
     def __str__(self) -> str:
         return self.kind if self.layer is None else f"{self.kind}{self.layer}"
 
