@@ -166,20 +166,23 @@ MAX_GROUP_FLOATS = 8192
 class KernelTuning:
     """Group sizes and grids of the launches (defaults tuned on the H200, 132 SMs).
 
-    ``rows_nt`` threads a group for the row kernels (wo, gate/up, head: one warp a row);
-    ``groups_per_sm`` x ``sm_count`` groups in their grid (each group stages its input
-    vector once, then its warps stride over the rows); ``u_*`` the 16-byte units each
-    lane loads before using any; ``down_nt`` threads a group of down (one group a row).
+    ``rows_nt`` threads a group for the row kernels (wo, gate/up, head: one warp a row).
+    Their grids: ``*_groups_per_sm`` x ``sm_count`` groups at most, each staging its input
+    vector once and its warps striding over the rows; 0 means no cap (one row a warp,
+    the hardware scheduling the groups). ``u_*`` the 16-byte units each lane loads before
+    using any; ``down_nt`` threads a group of down (one group a row).
     """
 
     rows_nt: int = 256
-    groups_per_sm: int = 4
+    wo_groups_per_sm: int = 0
+    gu_groups_per_sm: int = 4
+    head_groups_per_sm: int = 0
     sm_count: int | None = None
     u_wo: int = 8
     u_gate_up: int = 4
     u_head: int = 8
-    down_nt: int = 128
-    u_down: int = 8
+    down_nt: int = 64
+    u_down: int = 16
 
     def sms(self) -> int:
         if self.sm_count is not None:
@@ -285,10 +288,12 @@ def _params(eps: float, scale: float) -> mx.array:
     return mx.array(p)
 
 
-def _grid(rows: int, nt: int, t: KernelTuning) -> int:
-    """Threads in a row kernel's grid: enough groups to fill the device, no more than rows need."""
-    groups = max(1, min(-(-rows // (nt // 32)), t.sms() * t.groups_per_sm))
-    return groups * nt
+def _grid(rows: int, nt: int, t: KernelTuning, groups_per_sm: int) -> int:
+    """Threads in a row kernel's grid: one warp a row, at most ``groups_per_sm`` groups an SM (0: no cap)."""
+    groups = -(-rows // (nt // 32))
+    if groups_per_sm > 0:
+        groups = min(groups, t.sms() * groups_per_sm)
+    return max(1, groups) * nt
 
 
 @_dataclass
@@ -336,7 +341,7 @@ class PreparedTail:
         return _kernel(self.dialect, "wo_residual")(
             inputs=[branch, self.rot["signs"], self.rot["perm"], self.rot["table"], self.params,
                     wo.w, wo.s, wo.b, residual],
-            template=self.templates()["wo_residual"], grid=(_grid(self.hidden, t.rows_nt, t), 1, 1),
+            template=self.templates()["wo_residual"], grid=(_grid(self.hidden, t.rows_nt, t, t.wo_groups_per_sm), 1, 1),
             threadgroup=(t.rows_nt, 1, 1), output_shapes=[(self.hidden,)], output_dtypes=[mx.float32],
             verbose=verbose)[0]
 
@@ -345,7 +350,7 @@ class PreparedTail:
         t, g, u = self.tuning, self.gate, self.up
         return _kernel(self.dialect, "ffn_gate_up")(
             inputs=[h, self.norm, self.params, g.w, g.s, g.b, u.w, u.s, u.b],
-            template=self.templates()["ffn_gate_up"], grid=(_grid(self.ffn, t.rows_nt, t), 1, 1),
+            template=self.templates()["ffn_gate_up"], grid=(_grid(self.ffn, t.rows_nt, t, t.gu_groups_per_sm), 1, 1),
             threadgroup=(t.rows_nt, 1, 1), output_shapes=[(self.ffn,)], output_dtypes=[mx.float32],
             verbose=verbose)[0]
 
@@ -496,7 +501,7 @@ def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: Any, k: Any, v:
     for m in mats:
         inputs += [m.w, m.s, m.b]
     outs = _kernel(dialect, "head_qkv")(
-        inputs=inputs, template=template, grid=(_grid(nq + nk + nv, t.rows_nt, t), 1, 1),
+        inputs=inputs, template=template, grid=(_grid(nq + nk + nv, t.rows_nt, t, t.head_groups_per_sm), 1, 1),
         threadgroup=(t.rows_nt, 1, 1), output_shapes=[(nq,), (nk,), (nv,)],
         output_dtypes=[mx.float32] * 3, verbose=verbose)
     return outs[0], outs[1], outs[2]
