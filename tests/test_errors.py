@@ -179,6 +179,18 @@ def test_sweep_rows_and_columns() -> None:
                 "max_abs", "max_rel", "nmse", "torch_ratio", "ulp_max", "ulp_mean", "model_margin", "model_nmse"):
         assert col in df.columns
     assert set(df.fold) == {"none", "b16"}
+    # tidy order: shape, then configuration as given (dtype x fold), then seed
+    first = df[(df.hidden == 64)]
+    assert list(first.dtype.astype(str)[::5]) == ["float32", "float32", "bfloat16", "bfloat16"]
+    assert list(first.fold.astype(str)[::5]) == ["none", "b16", "none", "b16"]
+    assert list(first.seed[:5]) == [0, 1, 2, 3, 4]
+    assert list(df.hidden[:20].unique()) == [64]
+
+
+def test_rows_in_order_whatever_the_blocks() -> None:
+    df = errors.sweep(shapes=[SEED_SHAPE], seeds=[1000, 0, 300], folds=(None, 16), progress=False)
+    assert list(df.seed) == [0, 300, 1000, 0, 300, 1000]
+    assert list(df.fold.astype(str)) == ["none"] * 3 + ["b16"] * 3
 
 
 def test_sweep_refuses_bad_input() -> None:

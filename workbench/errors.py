@@ -287,18 +287,24 @@ def _draw_block(shape: tuple[int, int, int], block: int) -> CaseArrays:
     o = 0
     for name, s, fan_in in sizes:
         k = math.prod(s)
-        v = u[:, o:o + k].reshape((CASE_BLOCK,) + s)
+        v = u[:, o:o + k]
         o += k
+        # In place on the draw (no temporaries: this is a third of a sweep's time); each
+        # value is still the float32 result of (u * 2a) - a, rounded as written.
         if fan_in is not None:  # U(-a, a) with variance 1 / fan_in, in float32
             a = math.sqrt(3.0 / fan_in)
-            v = v * np.float32(2 * a) - np.float32(a)
-        elif name == "ffn_norm":
-            v = np.float32(1.0) + (v * np.float32(0.5) - np.float32(0.25))
+            v *= np.float32(2 * a)
+            v -= np.float32(a)
+        elif name == "ffn_norm":  # 1 + (u * 0.5 - 0.25)
+            v *= np.float32(0.5)
+            v -= np.float32(0.25)
+            v += np.float32(1.0)
         elif name == "signs":
             v = np.where(v < 0.5, np.float32(-1.0), np.float32(1.0))
         else:
-            v = v * np.float32(2.0) - np.float32(1.0)
-        out[name] = np.ascontiguousarray(v, dtype=np.float32)
+            v *= np.float32(2.0)
+            v -= np.float32(1.0)
+        out[name] = np.ascontiguousarray(v).reshape((CASE_BLOCK,) + s)
     seeds = np.arange(block * CASE_BLOCK, (block + 1) * CASE_BLOCK, dtype=np.int64)
     return CaseArrays(seeds=seeds, **out)
 
@@ -465,7 +471,8 @@ def _exact_dequantize(q: QuantizedBase) -> mx.array:
     return mx.dequantize(q.w, scales, biases, group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode)
 
 
-def _store(c: CaseArrays, dtype: str, fold: Any, spec: QuantSpec | None) -> _Stored:
+def _store(c: CaseArrays, dtype: str, fold: Any, spec: QuantSpec | None,
+           master64: tuple[np.ndarray, ...] | None = None) -> _Stored:
     """What ``TailWeights.from_arrays(..., fold=, dtype=, quantize=)`` stores, for a batch.
 
     Order as there: round to ``dtype``; fold wo in float64 from the rounded weights, store the
@@ -478,7 +485,8 @@ def _store(c: CaseArrays, dtype: str, fold: Any, spec: QuantSpec | None) -> _Sto
         mats[0] = mx.array(folded.astype(np.float32)).astype(dt)
     if spec is None:
         if dtype == "float32" and fold is None:  # the master arrays themselves: skip the round trip
-            np64 = tuple(a.astype(np.float64) for a in (c.wo, c.gate, c.up, c.down))
+            np64 = master64[:4] if master64 is not None else tuple(
+                a.astype(np.float64) for a in (c.wo, c.gate, c.up, c.down))
         else:
             np64 = tuple(_to_np64(m) for m in mats)
         return _Stored(np64, tuple(mats), False)  # type: ignore[arg-type]
@@ -550,11 +558,15 @@ def _truth(st: _Stored, c: CaseArrays, fold: Any, eps: float) -> np.ndarray:
                         a["branch"].astype(np.float64), a["residual"].astype(np.float64))
 
 
-def _model_truth(c: CaseArrays, eps: float) -> np.ndarray:
+def _master64(c: CaseArrays) -> tuple[np.ndarray, ...]:
+    """The master arrays in float64 (exact): wo, gate, up, down, ffn_norm, branch, residual."""
+    return tuple(a.astype(np.float64) for a in (c.wo, c.gate, c.up, c.down, c.ffn_norm, c.branch, c.residual))
+
+
+def _model_truth(c: CaseArrays, eps: float, master64: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
     """float64 truth of the float32 master weights: no rounding, no fold, no quantization."""
-    return tail.tail_np(c.wo.astype(np.float64), None, c.ffn_norm.astype(np.float64), c.gate.astype(np.float64),
-                        c.up.astype(np.float64), c.down.astype(np.float64), eps,
-                        c.branch.astype(np.float64), c.residual.astype(np.float64))
+    wo, g, u, d, norm, branch, residual = master64 if master64 is not None else _master64(c)
+    return tail.tail_np(wo, None, norm, g, u, d, eps, branch, residual)
 
 
 def _graph(st: _Stored, c: CaseArrays, fold: Any, eps: float, mutation: str | None) -> np.ndarray:
@@ -658,16 +670,17 @@ def _run(
     bar = _progress(len(blocks) * len(shapes), progress, desc)
     frames = []
     try:
-        for (shp, configs), k in zip(plan, ks):
+        for si, ((shp, configs), k) in enumerate(zip(plan, ks)):
             for blk in blocks:
                 want = seeds_arr[seeds_arr // CASE_BLOCK == blk]
                 c = _with_outliers(_draw_block(shp, int(blk)).rows(np.unique(want) - blk * CASE_BLOCK), k)
-                model = _model_truth(c, eps)
-                for dtype, fold, qlabel, spec, bk in configs:
-                    st = _store(c, dtype, fold, spec)
+                m64 = _master64(c)
+                model = _model_truth(c, eps, m64)
+                for ci, (dtype, fold, qlabel, spec, bk) in enumerate(configs):
+                    st = _store(c, dtype, fold, spec, m64)
                     plain = dtype == "float32" and fold is None and spec is None
                     truth = model if plain else _truth(st, c, fold, eps)
-                    for mut in mutations:
+                    for mi, mut in enumerate(mutations):
                         if mut == "rotation_skipped" and fold is None:
                             continue  # without a fold there is no rotation to skip
                         if bk == "graph":
@@ -684,13 +697,17 @@ def _run(
                             df.insert(i, name, v)
                         if mut is not None:
                             df.insert(8, "mutation", mut)
+                        df["_order"] = (si * len(configs) + ci) * len(mutations) + mi  # sorted on below
                         frames.append(df)
                 if bar is not None:
                     bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-    out = pd.concat(frames, ignore_index=True)
+    # One tidy order whatever the blocking: shape, then configuration (as given), then
+    # mutation, then seed.
+    out = pd.concat(frames, ignore_index=True).sort_values(["_order", "seed"], kind="stable")
+    out = out.drop(columns="_order").reset_index(drop=True)
     for col in ("dtype", "fold", "quant", "backend") + (("mutation",) if mutations != [None] else ()):
         out[col] = out[col].astype("category")
     return out
@@ -724,7 +741,7 @@ def sweep(
     """The correct fused tail against the float64 truth, every combination, one row per case.
 
     ``shapes``: (hidden, branch, ffn) triples; ``seeds``: non-negative ints (a case depends
-    only on its seed and shape; repeats are swept once; rows come in seed order); ``dtypes``: weight dtypes in :data:`DTYPES`; ``folds``:
+    only on its seed and shape; repeats are swept once); ``dtypes``: weight dtypes in :data:`DTYPES`; ``folds``:
     ``None``, a block size (per-case random signs on wo's input, as the seed folds it) or a
     ``HadamardFold`` (the same one for every case); ``quantize``: ``None``, a name in
     :data:`QUANT_FORMATS` or a dict of mode/bits/group_size (all four matrices, wo folded
@@ -738,7 +755,8 @@ def sweep(
     backend, seed``, then against the truth of the stored weights ``margin`` (the seed's worst
     ``|x - y| / max(|y|, 1)``), ``max_abs``, ``max_rel``, ``nmse``, ``torch_ratio`` (<= 1
     passes torch's float32 defaults), ``ulp_max``, ``ulp_mean`` (float32 ulps), and against
-    the truth of the float32 master weights ``model_margin``, ``model_nmse``.
+    the truth of the float32 master weights ``model_margin``, ``model_nmse``. Rows are
+    ordered by shape, configuration (dtypes x folds x quantize x backends, as given), seed.
     """
     return _run(shapes=shapes, seeds=seeds, dtypes=dtypes, folds=folds, quantize=quantize, backends=backends,
                 eps=eps, mutations=[None], progress=progress, desc="sweep", wo_outliers=wo_outliers)
