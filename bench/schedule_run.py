@@ -19,8 +19,7 @@ Weights are random; by default one layer's weights serve every layer of its kind
 layer's matrices are far larger than any cache, so a token streams the same bytes either
 way.
 
-Needs only numpy and MLX: the H200 machine has no pandas, so ``workbench.refusals``'
-module-level pandas import (its tables only) is met by a stub when pandas is absent.
+Needs only numpy and MLX (the workbench's pandas imports are for tables, inside them).
 """
 
 from __future__ import annotations
@@ -29,13 +28,7 @@ import argparse
 import json
 import sys
 import time
-import types
 from pathlib import Path
-
-try:  # workbench.refusals imports pandas for its tables only; eligibility needs none of it
-    import pandas  # noqa: F401
-except ImportError:  # pragma: no cover - the offline GPU machine
-    sys.modules["pandas"] = types.ModuleType("pandas")
 
 
 def main(argv: list[str] | None = None) -> dict:

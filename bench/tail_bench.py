@@ -20,9 +20,8 @@ faster). The waits each variant costs are counted with :func:`workbench.tail.cou
 outside the timed loop. A JSON record (device, date, MLX version, command) goes to
 ``data/bench/`` unless ``--no-record``.
 
-Runs with nothing but numpy and MLX installed (the H200 machine has no pandas or tqdm):
-no optional import is needed here, and ``workbench.refusals``' module-level pandas import
-is satisfied by a stub when pandas is absent (only its tables use pandas).
+Runs with nothing but numpy and MLX installed (the project is not installed on the H200
+machine; it runs from the checkout with ``PYTHONPATH=/tmp/site:.``).
 """
 
 from __future__ import annotations
@@ -36,16 +35,10 @@ import re
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-
-try:  # workbench.refusals imports pandas for its tables only; the tail needs none of it
-    import pandas  # noqa: F401
-except ImportError:  # pragma: no cover - the offline GPU machine
-    sys.modules["pandas"] = types.ModuleType("pandas")
 
 import mlx.core as mx  # noqa: E402
 

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from typing import Iterable, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from workbench.model import LayerConfig, Mixer, ModelConfig
+
+if TYPE_CHECKING:  # pandas for the tables only: the rules themselves need none of it
+    import pandas as pd
 
 __all__ = [
     "Refusal",
@@ -143,9 +144,11 @@ def tail_verdicts(cfg: ModelConfig, *, kernels_enabled: bool = True) -> dict[int
     return {l: refusals(cfg, l, kernels_enabled=kernels_enabled) for l in cfg.attention_layers()}
 
 
-def refusal_table(cfg: ModelConfig, *, kernels_enabled: bool = True) -> pd.DataFrame:
+def refusal_table(cfg: ModelConfig, *, kernels_enabled: bool = True) -> "pd.DataFrame":
     """One row per layer: ``layer``, ``mixer`` (its value, e.g. "attention"), ``eligible``,
     ``reasons`` (the names, comma-separated; "" when eligible)."""
+    import pandas as pd
+
     rows = []
     for lc in cfg.layers:
         found = refusals(cfg, lc.index, kernels_enabled=kernels_enabled)
@@ -160,7 +163,7 @@ def refusal_table(cfg: ModelConfig, *, kernels_enabled: bool = True) -> pd.DataF
     return pd.DataFrame(rows, columns=["layer", "mixer", "eligible", "reasons"])
 
 
-def model_summary(cfgs: Iterable[ModelConfig], *, kernels_enabled: bool = True) -> pd.DataFrame:
+def model_summary(cfgs: Iterable[ModelConfig], *, kernels_enabled: bool = True) -> "pd.DataFrame":
     """One row per model: what the fusion does for it.
 
     Columns: ``model``, ``layers``, ``attention_layers``, ``eligible_tails``,
@@ -169,6 +172,8 @@ def model_summary(cfgs: Iterable[ModelConfig], *, kernels_enabled: bool = True) 
     (a recurrent layer has no tail to refuse), each reason with how many tails it
     refuses, e.g. ``"NO_DENSE_FFN x12"``; "" when every tail is eligible.
     """
+    import pandas as pd
+
     rows = []
     for cfg in cfgs:
         verdicts = tail_verdicts(cfg, kernels_enabled=kernels_enabled)
