@@ -8,6 +8,11 @@ is never asserted in a test; the record is the evidence.
 
     python -m bench.sweep_rate                     # 100,000 seeds, float32, no fold
     python -m bench.sweep_rate --seeds 20000 --configs f32,f32-b16,bf16-b16,nvfp4-b16
+
+With ``--calibrate`` each configuration's margins also go through
+``errors.calibrate_tolerance`` (flake rate 1e-6 per case) and the tolerance is recorded;
+``--mutations N`` adds the catch rates of every mutation on N fresh seeds (float32, with
+and without the fold) for the reference tolerances and the calibrated float32 one.
 """
 
 from __future__ import annotations
@@ -32,9 +37,14 @@ from workbench import backends, errors
 CONFIGS: dict[str, tuple[tuple[int, int, int], str, Any, Any]] = {
     "f32": ((64, 96, 80), "float32", None, None),
     "f32-b16": ((64, 96, 80), "float32", 16, None),
+    "f16": ((64, 96, 80), "float16", None, None),
+    "f16-b16": ((64, 96, 80), "float16", 16, None),
+    "bf16": ((64, 96, 80), "bfloat16", None, None),
     "bf16-b16": ((64, 96, 80), "bfloat16", 16, None),
-    "nvfp4-b16": ((64, 128, 128), "float32", 16, "nvfp4"),
     "affine4-b16": ((64, 128, 128), "float32", 16, "affine4"),
+    "affine8-b16": ((64, 128, 128), "float32", 16, "affine8"),
+    "mxfp4-b16": ((64, 128, 128), "float32", 16, "mxfp4"),
+    "nvfp4-b16": ((64, 128, 128), "float32", 16, "nvfp4"),
 }
 
 
@@ -49,6 +59,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out-dir", default="data/bench", help="where the JSON record goes")
     p.add_argument("--no-record", action="store_true", help="print only; write no JSON")
     p.add_argument("--progress", action="store_true", help="show tqdm bars")
+    p.add_argument("--calibrate", action="store_true", help="calibrate a tolerance per configuration (1e-6/case)")
+    p.add_argument("--mutations", type=int, default=0, help="catch rates on this many fresh seeds (0: none)")
+    p.add_argument("--tag", default="", help="appended to the record's file name")
     args = p.parse_args(argv)
     names = [s.strip() for s in args.configs.split(",") if s.strip()]
     bad = [s for s in names if s not in CONFIGS]
@@ -70,9 +83,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row = {"config": name, "shape": list(shape), "dtype": dtype, "fold": fold, "quantize": quant,
                "cases": len(df), "seconds": dt, "cases_per_s": rate, "s_per_100k": 1e5 / rate,
                "max_margin": float(df.margin.max())}
+        if args.calibrate:
+            t = errors.calibrate_tolerance(df.margin.to_numpy(), flake_rate=1e-6)
+            row["calibrated"] = {"value": t.value, "low": t.low, "high": t.high, "recommended": t.recommended,
+                                 "xi": t.xi, "threshold": t.threshold, "n_tail": t.n_tail,
+                                 "observed_max": t.observed_max, "flake_rate": t.flake_rate, "method": t.method}
         rows.append(row)
         print(f"{name:<12} {str(shape):<14} {len(df):>8} {dt:>8.2f} {rate:>9.0f} {1e5 / rate:>10.1f} "
               f"{row['max_margin']:>11.3g}", flush=True)
+        if args.calibrate:
+            print(f"{'':<12} calibrated: {t}", flush=True)
+
+    catch = None
+    if args.mutations:
+        tols = dict(errors.REFERENCE_TOLERANCES)
+        f32 = next((r for r in rows if r["config"] == "f32-b16" and "calibrated" in r), None)
+        if f32 is not None:
+            tols["calibrated f32-b16"] = ("margin", f32["calibrated"]["recommended"])
+        mu = errors.mutation_sweep(shapes=[(64, 96, 80)], seeds=range(10**7, 10**7 + args.mutations),
+                                   folds=(None, 16), progress=args.progress)
+        rates = errors.catch_rates(mu, tols)
+        print(rates.round(4).to_string())
+        catch = {"seeds": f"range({10**7}, {10**7 + args.mutations})", "folds": ["none", "b16"],
+                 "rates": {m: {k: float(v) for k, v in r.items()} for m, r in rates.iterrows()},
+                 "tolerances": {k: list(v) for k, v in tols.items()}}
 
     device = backends.device_description()
     now = _dt.datetime.now(_dt.timezone.utc)
@@ -93,12 +127,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{errors.CASE_BLOCK} cases, float64 truth via tail.tail_np, fused via tail.tail_mx); "
                   "the machine was shared with other developers' jobs (see load average)"),
         "results": rows,
+        "mutation_catch_rates": catch,
     }
     if not args.no_record:
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         kind = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else "cpu")
-        path = out_dir / f"sweep_rate-{kind}.json"
+        path = out_dir / f"sweep_rate-{kind}{'-' + _slug(args.tag) if args.tag else ''}.json"
         path.write_text(json.dumps(record, indent=2) + "\n")
         print(f"record: {path}")
     return record
