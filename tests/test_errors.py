@@ -324,3 +324,15 @@ def test_calibrate_by_groups() -> None:
     table = errors.calibrate_by(df, by=("fold",), n_boot=20)
     assert list(table.index) == ["b16", "none"] or set(table.index) == {"b16", "none"}
     assert (table.recommended >= table.high).all()
+
+
+def test_sweep_rate_bench_runs_small(tmp_path, capsys) -> None:
+    from bench import sweep_rate
+
+    rec = sweep_rate.main(["--seeds", "128", "--configs", "f32-b16", "--calibrate", "--mutations", "8",
+                           "--out-dir", str(tmp_path), "--tag", "t"])
+    assert (tmp_path / "sweep_rate-cpu-t.json").exists() or any(tmp_path.iterdir())
+    row = rec["results"][0]
+    assert row["cases"] == 128 and row["calibrated"]["recommended"] >= row["max_margin"]
+    assert rec["mutation_catch_rates"]["rates"]["wrong_eps"]["seed 2e-4"] == 0.0
+    assert "cases/s" in capsys.readouterr().out
