@@ -123,7 +123,6 @@ def test_batched_rows_are_host_tail_and_fused_tail(dtype, fold, quant, outliers)
 
 def test_batched_truth_is_host_tail_bit_for_bit_on_weights() -> None:
     """The stored weights the sweep builds are exactly those TailWeights.from_arrays stores."""
-    c = errors.case_arrays(SEED_SHAPE, [7, 8])
     for dtype, fold, quant, shape in [("bfloat16", 16, None, SEED_SHAPE), ("float32", 16, "affine4", QSHAPE)]:
         c = errors.case_arrays(shape, [7, 8])
         _, spec = errors._quant_spec(quant)
@@ -322,7 +321,7 @@ def test_mutations_of_quantized_tails_are_caught() -> None:
 def test_calibrate_by_groups() -> None:
     df = errors.sweep(shapes=[SEED_SHAPE], seeds=range(300), folds=(None, 16), progress=False)
     table = errors.calibrate_by(df, by=("fold",), n_boot=20)
-    assert list(table.index) == ["b16", "none"] or set(table.index) == {"b16", "none"}
+    assert set(table.index) == {"b16", "none"}
     assert (table.recommended >= table.high).all()
 
 
