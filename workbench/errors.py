@@ -455,22 +455,6 @@ def _to_np64(a: mx.array) -> np.ndarray:
     return np.asarray(a.astype(mx.float32)).astype(np.float64)
 
 
-def _exact_dequantize(q: QuantizedBase) -> mx.array:
-    """The map a quantized base stands for, ``scale * q + bias``, WITHOUT rounding it to the
-    scales' dtype.
-
-    ``mx.quantized_matmul`` computes ``scale * q + bias`` in float32; ``mx.dequantize`` of a
-    bfloat16 / float16 base returns it rounded to bf16 / f16 (``QuantizedBase.dequantize``,
-    hence ``WeightMatrix.dense`` and ``tail.host_tail``, inherit that rounding: seen 1.2e-2
-    off the fused tail for bf16 affine 4-bit weights, sixty times the seed's tolerance).
-    Casting the scales and biases to float32 first gives the map itself (exact: a bf16 scale
-    times a 4- or 8-bit integer needs at most 16 significant bits).
-    """
-    biases = None if q.biases is None else q.biases.astype(mx.float32)
-    scales = q.scales if q.scales.dtype == mx.uint8 else q.scales.astype(mx.float32)
-    return mx.dequantize(q.w, scales, biases, group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode)
-
-
 def _store(c: CaseArrays, dtype: str, fold: Any, spec: QuantSpec | None,
            master64: tuple[np.ndarray, ...] | None = None) -> _Stored:
     """What ``TailWeights.from_arrays(..., fold=, dtype=, quantize=)`` stores, for a batch.
@@ -500,7 +484,7 @@ def _store(c: CaseArrays, dtype: str, fold: Any, spec: QuantSpec | None,
         # A WeightMatrix over a BATCH of quantized bases: tail_mx calls its matvec_base,
         # i.e. mx.quantized_matmul, as fused_tail does; the activations get a row axis.
         graph.append(WeightMatrix(qb))
-        np64.append(_to_np64(_exact_dequantize(qb)))
+        np64.append(_to_np64(qb.dequantize()))
     return _Stored(tuple(np64), tuple(graph), True)  # type: ignore[arg-type]
 
 

@@ -71,8 +71,19 @@ class QuantizedBase:
     shape: tuple[int, int]
 
     def dequantize(self) -> mx.array:
+        """The matrix ``mx.quantized_matmul`` multiplies by, float32, NOT rounded to the scales' dtype.
+
+        ``mx.quantized_matmul`` forms ``scale * q + bias`` in float32; ``mx.dequantize`` of a
+        bf16/f16-scaled base returns it rounded to bf16/f16, which put the host oracle 1.2e-2
+        off the fused tail for bf16 affine 4-bit weights (sixty times the seed's tolerance).
+        Casting the scales and biases to float32 first gives the map itself (exact: a bf16
+        scale times a 4- or 8-bit integer needs at most 16 significant bits). The fp4/fp8
+        formats' scales are uint8 codes (E8M0 / E4M3) and stay as they are.
+        """
+        scales = self.scales if self.scales.dtype == mx.uint8 else self.scales.astype(mx.float32)
+        biases = None if self.biases is None else self.biases.astype(mx.float32)
         return mx.dequantize(
-            self.w, self.scales, self.biases, group_size=self.spec.group_size, bits=self.spec.bits, mode=self.spec.mode
+            self.w, scales, biases, group_size=self.spec.group_size, bits=self.spec.bits, mode=self.spec.mode
         )
 
     @property
