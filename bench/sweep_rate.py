@@ -18,20 +18,13 @@ and without the fold) for the reference tolerances and the calibrated float32 on
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import os
-import platform
-import re
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-import numpy as np
 
-from workbench import backends, errors
+from bench import record
+from workbench import errors
 
 #: name -> (shape, dtype, fold, quantize); quantized ones need in-dims divisible by 64.
 CONFIGS: dict[str, tuple[tuple[int, int, int], str, Any, Any]] = {
@@ -46,10 +39,6 @@ CONFIGS: dict[str, tuple[tuple[int, int, int], str, Any, Any]] = {
     "mxfp4-b16": ((64, 128, 128), "float32", 16, "mxfp4"),
     "nvfp4-b16": ((64, 128, 128), "float32", 16, "nvfp4"),
 }
-
-
-def _slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower() or "device"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -108,20 +97,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  "rates": {m: {k: float(v) for k, v in r.items()} for m, r in rates.iterrows()},
                  "tolerances": {k: list(v) for k, v in tols.items()}}
 
-    device = backends.device_description()
-    now = _dt.datetime.now(_dt.timezone.utc)
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    record = {
-        "bench": "sweep_rate",
-        "command": "python -m bench.sweep_rate" + ("" if not (argv or sys.argv[1:]) else " " + " ".join(
-            argv if argv is not None else sys.argv[1:])),
-        "date": now.isoformat(timespec="seconds"),
-        "device": device,
-        "mlx_version": mx.__version__,
-        "numpy_version": np.__version__,
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "load_average_at_end": list(load) if load else None,
+    rec = {
+        **record.provenance("sweep_rate", argv),
         "target": "sweep(shapes=[(64, 96, 80)], seeds=range(100_000)) in <= 60 s on 2 cores (issue 6)",
         "notes": ("wall time of errors.sweep per configuration (graph backend, blocks of "
                   f"{errors.CASE_BLOCK} cases, float64 truth via tail.tail_np, fused via tail.tail_mx); "
@@ -130,13 +107,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "mutation_catch_rates": catch,
     }
     if not args.no_record:
-        out_dir = Path(args.out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        kind = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else "cpu")
-        path = out_dir / f"sweep_rate-{kind}{'-' + _slug(args.tag) if args.tag else ''}.json"
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"record: {path}")
-    return record
+        record.write(rec, args.out_dir, f"sweep_rate-{record.device_kind()}{'-' + record.slug(args.tag) if args.tag else ''}")
+    return rec
 
 
 if __name__ == "__main__":

@@ -27,22 +27,16 @@ machine; it runs from the checkout with ``PYTHONPATH=/tmp/site:.``).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import os
-import platform
-import re
-import statistics
 import sys
-import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-import mlx.core as mx  # noqa: E402
+import mlx.core as mx
 
-from workbench import backends, tail  # noqa: E402
+from bench import record
+from bench.record import slug
+from workbench import backends, tail
 
 #: (name, (hidden, branch, ffn), fold block): Bonsai folds wo's input with block 1024
 #: (reference/models.md, after Layr-Labs' Bonsai port notes); the seed with block 16.
@@ -52,34 +46,6 @@ SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
 }
 
 VARIANTS = ("unfused", "fused", "fused_resident")
-
-
-def copy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
-    """This device's streaming bandwidth in bytes/s: ``x + 1`` over ``nbytes`` of float32,
-    counted as one read and one write, median of ``repeats`` (after one warm-up)."""
-    x = mx.zeros((nbytes // 4,), dtype=mx.float32)
-    mx.eval(x)
-    times = []
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        mx.eval(x + 1)
-        if i:
-            times.append(time.perf_counter() - t0)
-    return 2 * nbytes / statistics.median(times)
-
-
-def _time_rounds(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int) -> dict[str, list[float]]:
-    """Interleave the variants: each round runs each once, in the same order."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            out[name].append((time.perf_counter() - t0) * 1e3)
-    return out
 
 
 def bench_shape(name: str, dtype: str, repeats: int, warmup: int, seed: int, bandwidth: float) -> dict[str, Any]:
@@ -103,17 +69,8 @@ def bench_shape(name: str, dtype: str, repeats: int, warmup: int, seed: int, ban
         waits[k] = n.n
     agreement = tail.compare(tail.fused_tail(w, br, res, backend="graph"), tail.unfused_tail(w, br, res))
 
-    times = _time_rounds(fns, repeats, warmup)
-    variants = {}
-    for k, ts in times.items():
-        ts_sorted = sorted(ts)
-        variants[k] = {
-            "median_ms": statistics.median(ts),
-            "min_ms": ts_sorted[0],
-            "p90_ms": ts_sorted[min(len(ts) - 1, int(0.9 * len(ts)))],
-            "n": len(ts),
-            "waits": waits[k],
-        }
+    times = record.time_rounds(fns, repeats, warmup)
+    variants = {k: {**record.summarize(ts), "waits": waits[k]} for k, ts in times.items()}
     floor_ms = w.nbytes / bandwidth * 1e3
     return {
         "shape": name,
@@ -133,10 +90,6 @@ def bench_shape(name: str, dtype: str, repeats: int, warmup: int, seed: int, ban
         "fused_vs_unfused": str(agreement),
         "fused_vs_unfused_passed": bool(agreement.passed),
     }
-
-
-def _slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower() or "device"
 
 
 def print_table(rows: list[dict[str, Any]], bandwidth: float) -> None:
@@ -184,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if large_repeats < 1:
         p.error("--large-repeats must be >= 1")
 
-    bandwidth = args.bandwidth_gbps * 1e9 if args.bandwidth_gbps else copy_bandwidth()
+    bandwidth = args.bandwidth_gbps * 1e9 if args.bandwidth_gbps else record.copy_bandwidth()
     rows = []
     for name in shapes:
         large = SHAPES[name][0][0] >= 1024
@@ -193,18 +146,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"[{name}] done", file=sys.stderr, flush=True)
     print_table(rows, bandwidth)
 
-    device = backends.device_description()
-    now = _dt.datetime.now(_dt.timezone.utc)
-    record = {
-        "bench": "tail_bench",
-        "command": "python -m bench.tail_bench" + ("" if not (argv or sys.argv[1:]) else " " + " ".join(
-            argv if argv is not None else sys.argv[1:])),
-        "date": now.isoformat(timespec="seconds"),
-        "device": device,
-        "mlx_version": mx.__version__,
-        "numpy_version": np.__version__,
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
+    rec = {
+        **record.provenance("tail_bench", argv),
         "backends_available": backends.available_backends(),
         "copy_bandwidth_GBps": bandwidth / 1e9,
         "bandwidth_measured": args.bandwidth_gbps is None,
@@ -217,13 +160,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "results": rows,
     }
     if not args.no_record:
-        out_dir = Path(args.out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        kind = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else "cpu")
-        path = out_dir / f"tail_bench-{kind}-{_slug(device.get('device_name', 'device'))}-{now:%Y%m%dT%H%M%SZ}.json"
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"record: {path}")
-    return record
+        name = slug(rec["device"].get("device_name", "device"))
+        record.write(rec, args.out_dir, f"tail_bench-{record.device_kind()}-{name}-{rec['date'][:19].replace(':', '')}")
+    return rec
 
 
 if __name__ == "__main__":
