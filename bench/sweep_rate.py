@@ -18,7 +18,6 @@ and without the fold) for the reference tolerances and the calibrated float32 on
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
