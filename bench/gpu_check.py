@@ -208,6 +208,10 @@ def run_checks(dialect: str, seed: int, quick: bool = False, log: Any = print) -
                                  quantize={"mode": "affine", "bits": 4, "group_size": 64})
     br, res = tail.random_inputs(wq, seed=seed + 41)
     add(_guarded("tail", _tail_case, "random (256, 512, 768) affine4 g64", wq, br, res, dialect))
+    wq = tail.TailWeights.random(256, 1024, 2048, seed=seed + 42, fold_block=256, dtype="bfloat16",
+                                 quantize={"mode": "affine", "bits": 4, "group_size": 32})
+    br, res = tail.random_inputs(wq, seed=seed + 43)  # wo and down rows interleave their words (Q4_WORD)
+    add(_guarded("tail", _tail_case, "random (256, 1024, 2048) affine4 g32", wq, br, res, dialect))
     add(_guarded("head", _head_case, "head (1280; 2048, 256, 256) block 20x64", 1280, 2048, 256, 256, 1280, "float32", seed + 50,
                    dialect))
     add(_guarded("head", _head_case, "head (512; 512, 128, 128) no fold bf16", 512, 512, 128, 128, None, "bfloat16", seed + 51,

@@ -262,6 +262,13 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: backends.K
         "mlx_graph": lambda: mx.eval(tail.tail_graph(launch, bg, rg)),
         "kernels": lambda: mx.eval(prep(b, r)),
     }
+    try:  # the same three launches traced once by mx.compile (less Python per call)
+        compiled = mx.compile(lambda x, y: prep(x, y))
+        mx.eval(compiled(b, r))
+        resident["kernels_compiled"] = lambda: mx.eval(compiled(b, r))
+    except Exception as e:  # noqa: BLE001
+        compiled = None
+        print(f"mx.compile of the kernel tail failed: {e}")
     peer = torch_peer(w, br, res)
     if peer is not None:
         resident["torch_eager"] = peer["eager"]
@@ -289,6 +296,17 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: backends.K
     t_e2e = time_rounds(e2e, max(10, repeats // 2))
     parts = parts[-max(10, repeats // 2):]
     e2e_split = {k: statistics.median(p[i] for p in parts) for i, k in enumerate(("make_inputs", "eval", "read_back"))}
+    # Where a resident call's time goes: building the lazy graph (Python and MLX's
+    # primitives) versus evaluating it (MLX's encoding, the launches, the wait).
+    split: list[tuple[float, float]] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        o = prep(b, r)
+        t1 = time.perf_counter()
+        mx.eval(o)
+        split.append(((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3))
+    resident_split = {"build_graph": statistics.median(p[0] for p in split),
+                      "eval_and_wait": statistics.median(p[1] for p in split)}
     tiny = mx.array(np.ones(8, np.float32))
     t_wait = time_rounds({"tiny_eval": lambda: mx.eval(tiny + 1)}, repeats)["tiny_eval"]
 
@@ -317,6 +335,7 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: backends.K
         "end_to_end_ms": t_e2e,
         "end_to_end_kernel_split_ms": e2e_split,
         "one_tiny_eval_ms": t_wait,
+        "resident_kernel_split_ms": resident_split,
         "device_ms_per_tail": dev,
         "launch_device_ms": launches,
         "launch_bandwidth_GBps": {k: lb[k] / (v * 1e-3) / 1e9 for k, v in launches.items()},
@@ -410,6 +429,8 @@ def print_table(bench: dict[str, Any]) -> None:
         for name, v in c["resident_ms"].items():
             m = v["median_ms"]
             print(f"  {name:<26}{m:>10.3f}{m / c['floor_ms']:>9.2f}{m / k:>10.2f}")
+        rs = c.get("resident_kernel_split_ms", {})
+        print("  kernels resident split: " + ", ".join(f"{n} {v:.3f}" for n, v in rs.items()))
         print(f"  {'device time per tail':<26}" + ", ".join(f"{n} {v:.3f}" for n, v in c["device_ms_per_tail"].items()))
         print("  launches alone: " + ", ".join(
             f"{n} {v:.3f} ms ({c['launch_bandwidth_GBps'][n] / 1e3:.2f} TB/s)" for n, v in c["launch_device_ms"].items()))

@@ -9,7 +9,8 @@
 
 // Weight formats (template value FMT). A "unit" is the 16 bytes one thread loads at a
 // time: 4 float32 weights, 8 bfloat16 weights, or 32 4-bit weights (MLX's affine
-// layout: uint32 words along the row, low nibble first; scales and biases per group).
+// layout: uint32 words along the row, low nibble first; scales and biases per group;
+// see Q4_WORD for which words a unit holds).
 #define WF_F32 0
 #define WF_BF16 1
 #define WF_Q4 2
@@ -40,20 +41,27 @@ KFN float dot_f32x4(uint4 w, float4 a, float acc) {
   return acc;
 }
 
-// The 4-bit value at bit s of v as a float, exactly: 2^23 + q has q in its mantissa,
-// so an OR and a subtraction replace a slower integer-to-float conversion.
-KFN float q4_at(u32 v, int s) { return BITS_F32(0x4B000000u | ((v >> s) & 15u)) - 8388608.0f; }
+// 4-bit codes, two at a time: the nibbles n and n + 4 of v become the bfloat16 pair
+// (1 + q/16) in one word (the code in the top four mantissa bits, exactly), so a shift
+// and a mask make two values that bf16_lo / bf16_hi then widen. The "1 +" is taken out
+// again per word with the sum of x: sum (q/16) x = sum (1 + q/16) x - sum x.
+#define Q4_MASK 0x00780078u
+#define Q4_ONE 0x3F803F80u
 
-// acc + (8 nibbles of v) . (a, b), the unscaled codes q.
+// acc + sum over the 8 codes of v of (1 + q/16) * x, x = (a, b) in element order.
 KFN float dot_q4x8(u32 v, float4 a, float4 b, float acc) {
-  acc = FMAF(q4_at(v, 0), a.x, acc);
-  acc = FMAF(q4_at(v, 4), a.y, acc);
-  acc = FMAF(q4_at(v, 8), a.z, acc);
-  acc = FMAF(q4_at(v, 12), a.w, acc);
-  acc = FMAF(q4_at(v, 16), b.x, acc);
-  acc = FMAF(q4_at(v, 20), b.y, acc);
-  acc = FMAF(q4_at(v, 24), b.z, acc);
-  acc = FMAF(q4_at(v, 28), b.w, acc);
+  const u32 p0 = ((v << 3) & Q4_MASK) | Q4_ONE;  // elements 0 and 4
+  const u32 p1 = ((v >> 1) & Q4_MASK) | Q4_ONE;  // 1 and 5
+  const u32 p2 = ((v >> 5) & Q4_MASK) | Q4_ONE;  // 2 and 6
+  const u32 p3 = ((v >> 9) & Q4_MASK) | Q4_ONE;  // 3 and 7
+  acc = FMAF(bf16_lo(p0), a.x, acc);
+  acc = FMAF(bf16_hi(p0), b.x, acc);
+  acc = FMAF(bf16_lo(p1), a.y, acc);
+  acc = FMAF(bf16_hi(p1), b.y, acc);
+  acc = FMAF(bf16_lo(p2), a.z, acc);
+  acc = FMAF(bf16_hi(p2), b.z, acc);
+  acc = FMAF(bf16_lo(p3), a.w, acc);
+  acc = FMAF(bf16_hi(p3), b.w, acc);
   return acc;
 }
 
@@ -66,29 +74,48 @@ KFN float sum8(float4 a, float4 b) { return ((a.x + a.y) + (a.z + a.w)) + ((b.x 
 // views P16 / P32 of the same buffer.
 #define LOAD_SB(SFMT, P16, P32, i) ((SFMT) == 1 ? BITS_F32(((u32)((P16)[i])) << 16) : (P32)[(i)])
 
+// Which uint32 word of a 4-bit row holds the k-th word of unit u. Contiguous (QI false):
+// 4u + k. Interleaved (QI true, rows of a multiple of 128 words): the 32 lanes that load
+// units 32c .. 32c + 31 together read words 128c + lane + 32k, so each of the four loads
+// is one contiguous 128-byte line per warp and each lane's x (8 floats a word) sits 32
+// bytes from its neighbour's -- not 128, which made every x read an 8-way conflict.
+#define Q4_WORD(QI, u, k) ((QI) ? ((((u) >> 5) << 7) + ((u) & 31) + 32 * (k)) : (4 * (u) + (k)))
+
+// Unit u of the row at WR (a const DEV uint4*): its 16 bytes, or for interleaved 4-bit
+// rows its four words gathered.
+#define LOAD_UNIT(FMT, QI, WR, u)                                                        \
+  (((FMT) == WF_Q4 && (QI))                                                              \
+       ? UINT4(LOAD_STREAM((const DEV u32*)(WR) + Q4_WORD(true, (u), 0)),                \
+               LOAD_STREAM((const DEV u32*)(WR) + Q4_WORD(true, (u), 1)),                \
+               LOAD_STREAM((const DEV u32*)(WR) + Q4_WORD(true, (u), 2)),                \
+               LOAD_STREAM((const DEV u32*)(WR) + Q4_WORD(true, (u), 3)))                \
+       : LOAD_STREAM((WR) + (u)))
+
+// One 4-bit word (8 codes, elements 8 wi ..) into acc: scale * (q . x) + bias * sum(x).
+#define Q4_WORD_DOT(SFMT, GS, V, X4, wi, acc, S16, S32, B16, B32)                        \
+  do {                                                                                  \
+    const float4 xa_ = X4[2 * (wi)], xb_ = X4[2 * (wi) + 1];                             \
+    const float sx_ = sum8(xa_, xb_);                                                   \
+    const float d_ = dot_q4x8((V), xa_, xb_, 0.0f) - sx_;  /* sum (q/16) x */            \
+    const int g_ = (8 * (wi)) / (GS);                                                   \
+    acc = FMAF(16.0f * LOAD_SB(SFMT, S16, S32, g_), d_, FMAF(LOAD_SB(SFMT, B16, B32, g_), sx_, acc)); \
+  } while (0)
+
 // acc += unit u of one weight row (its 16 bytes already loaded into WV) . x, where X4
 // indexes x as float4 (group or device memory). For 4-bit weights: S16/S32 and B16/B32
-// are the row's scales and biases (one per GS elements): w = scale * q + bias, so a
-// unit (one group or half of one) adds scale * (q . x) + bias * sum(x).
-#define UNIT_DOT(FMT, SFMT, GS, WV, X4, u, acc, S16, S32, B16, B32)                   \
-  do {                                                                                \
-    if ((FMT) == WF_BF16) {                                                           \
-      acc = dot_bf16x8((WV), X4[2 * (u)], X4[2 * (u) + 1], acc);                      \
-    } else if ((FMT) == WF_F32) {                                                     \
-      acc = dot_f32x4((WV), X4[(u)], acc);                                            \
-    } else {                                                                          \
-      const int g_ = ((u) * 32) / (GS);                                               \
-      const float4 x0_ = X4[8 * (u)], x1_ = X4[8 * (u) + 1];                          \
-      const float4 x2_ = X4[8 * (u) + 2], x3_ = X4[8 * (u) + 3];                      \
-      const float4 x4_ = X4[8 * (u) + 4], x5_ = X4[8 * (u) + 5];                      \
-      const float4 x6_ = X4[8 * (u) + 6], x7_ = X4[8 * (u) + 7];                      \
-      float d_ = dot_q4x8((WV).x, x0_, x1_, 0.0f);                                    \
-      d_ = dot_q4x8((WV).y, x2_, x3_, d_);                                            \
-      d_ = dot_q4x8((WV).z, x4_, x5_, d_);                                            \
-      d_ = dot_q4x8((WV).w, x6_, x7_, d_);                                            \
-      const float s_ = (sum8(x0_, x1_) + sum8(x2_, x3_)) + (sum8(x4_, x5_) + sum8(x6_, x7_)); \
-      acc = FMAF(LOAD_SB(SFMT, S16, S32, g_), d_, FMAF(LOAD_SB(SFMT, B16, B32, g_), s_, acc)); \
-    }                                                                                 \
+// are the row's scales and biases (one per GS elements): w = scale * q + bias.
+#define UNIT_DOT(FMT, SFMT, GS, QI, WV, X4, u, acc, S16, S32, B16, B32)                  \
+  do {                                                                                  \
+    if ((FMT) == WF_BF16) {                                                             \
+      acc = dot_bf16x8((WV), X4[2 * (u)], X4[2 * (u) + 1], acc);                        \
+    } else if ((FMT) == WF_F32) {                                                       \
+      acc = dot_f32x4((WV), X4[(u)], acc);                                              \
+    } else {                                                                            \
+      Q4_WORD_DOT(SFMT, GS, (WV).x, X4, Q4_WORD(QI, (u), 0), acc, S16, S32, B16, B32);  \
+      Q4_WORD_DOT(SFMT, GS, (WV).y, X4, Q4_WORD(QI, (u), 1), acc, S16, S32, B16, B32);  \
+      Q4_WORD_DOT(SFMT, GS, (WV).z, X4, Q4_WORD(QI, (u), 2), acc, S16, S32, B16, B32);  \
+      Q4_WORD_DOT(SFMT, GS, (WV).w, X4, Q4_WORD(QI, (u), 3), acc, S16, S32, B16, B32);  \
+    }                                                                                   \
   } while (0)
 
 // The sum of v over the NT threads of a group, in every thread, in one fixed order

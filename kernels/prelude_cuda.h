@@ -23,6 +23,8 @@
 #define BITS_F32(u) __uint_as_float(u)
 // A 16-byte weight load that streams past the caches (weights are read once a tail).
 #define LOAD_STREAM(p) __ldcs(p)
+// A uint4 from four words.
+#define UINT4(a, b, c, d) make_uint4((a), (b), (c), (d))
 #define EXPF(x) expf(x)
 #define RSQRTF(x) rsqrtf(x)
 #define FMAF(a, b, c) fmaf((a), (b), (c))

@@ -22,6 +22,8 @@
 #define BITS_F32(u) as_type<float>(u)
 // A plain 16-byte weight load.
 #define LOAD_STREAM(p) (*(p))
+// A uint4 from four words.
+#define UINT4(a, b, c, d) uint4((a), (b), (c), (d))
 #define EXPF(x) metal::exp(x)
 #define RSQRTF(x) metal::rsqrt(x)
 #define FMAF(a, b, c) metal::fma((a), (b), (c))

@@ -48,14 +48,14 @@ class KernelSpec:
     doc: str
 
 
-_DENSE_OR_Q4 = ("NT", "FMT", "SFMT", "GS")
+_DENSE_OR_Q4 = ("NT", "FMT", "SFMT", "GS", "QI")
 
 #: The tail's kernels and the head launch's, by short name.
 KERNELS: dict[str, KernelSpec] = {
     "wo_residual": KernelSpec(
         "fat_wo_residual",
         "wo_residual.body",
-        ("x", "signs", "perm", "table", "params", "w", "ws", "wb", "residual"),
+        ("x", "signs", "dest", "table", "params", "w", "ws", "wb", "residual"),
         ("h",),
         _DENSE_OR_Q4 + ("WIDTH", "ROWS", "ROT", "M", "LOGP", "U"),
         "h = residual + wo' (R x): the fold's rotation applied in group memory, then the first residual add",
@@ -79,7 +79,7 @@ KERNELS: dict[str, KernelSpec] = {
     "head_qkv": KernelSpec(
         "fat_head_qkv",
         "head_qkv.body",
-        ("hid", "nw", "params", "signs", "perm", "table",
+        ("hid", "nw", "params", "signs", "dest", "table",
          "q_w", "q_s", "q_b", "k_w", "k_s", "k_b", "v_w", "v_s", "v_b"),
         ("q_out", "k_out", "v_out"),
         _DENSE_OR_Q4 + ("HID", "NQ", "NK", "NV", "ROT", "M", "LOGP", "U"),
