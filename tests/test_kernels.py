@@ -1,0 +1,403 @@
+"""The tail's kernels: one source for two dialects, checked where the hardware is.
+
+On the CPU (CI): the sources are composed as documented (each algorithm once, a thin
+prelude per dialect); the Metal source MLX generates is checked (kernel names, inputs and
+outputs with their address spaces, template values); the CUDA translation unit MLX would
+compile is compiled with nvcc when nvcc is here; the kernels' index arithmetic (the
+inverse-permutation scatter, the block Walsh-Hadamard with the m-tables, the interleaved
+4-bit words) is replayed in numpy against the oracle's rotation; and what the launch
+builder refuses raises. On a GPU: the kernels against the float64 oracle (``cuda`` /
+``metal`` marks, skipped with the reason elsewhere); ``python -m bench.gpu_check`` runs
+the full set and the benchmark.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from workbench import backends as B
+from workbench import hadamard
+from workbench import kernel_source as ks
+from workbench import tail as T
+from workbench.fold import FoldSite, HadamardFold
+from workbench.weights import WeightMatrix
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Text that belongs to one dialect only; the bodies and common.h must hold none of it.
+DIALECT_TOKENS = ("__syncthreads", "__shfl", "threadIdx", "blockIdx", "gridDim", "__global__", "__device__",
+                  "__shared__", "__ldcs", "make_uint4", "threadgroup", "simd_", "metal::", "as_type",
+                  "thread_position", "device ", "[[")
+
+
+def _strip_comments(text: str) -> str:
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+# -- the sources ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["common.h"] + sorted({s.body for s in ks.KERNELS.values()}))
+def test_the_algorithms_are_written_once_without_dialect_text(name):
+    code = _strip_comments(ks.read(name))
+    found = [t for t in DIALECT_TOKENS if t in code]
+    assert not found, f"{name} holds dialect-specific text {found}; it belongs in a prelude"
+
+
+def _interface(dialect: str) -> set[str]:
+    head, body = ks.prelude(dialect)
+    code = _strip_comments(head)
+    names = set(re.findall(r"#define\s+(\w+)", code))
+    names |= set(re.findall(r"typedef\s+[\w\s]+?\s(\w+)\s*;", code))
+    names |= set(re.findall(r"KFN\s+\w+\s+(\w+)\s*\(", code))
+    names |= set(re.findall(r"const int (\w+) =", _strip_comments(body)))
+    return names
+
+
+def test_the_two_preludes_define_the_same_names():
+    metal, cuda = _interface("metal"), _interface("cuda")
+    assert metal == cuda, f"only Metal: {metal - cuda}; only CUDA: {cuda - metal}"
+    assert {"KFN", "DEV", "GRP", "GROUP_SHARED", "GROUP_BARRIER", "warp_sum", "lid", "gid", "ngroups", "lane",
+            "warp"} <= metal
+
+
+def test_compose_puts_the_prelude_in_header_and_body():
+    for dialect, other in (("metal", "cuda"), ("cuda", "metal")):
+        for kernel in ks.KERNELS:
+            header, source = ks.compose(dialect, kernel)
+            assert f"prelude ({dialect})" in header and "common.h" in header
+            assert ks.BODY_MARK not in _strip_comments(header) + _strip_comments(source)
+            assert "const int lid" in source and ks.read(ks.KERNELS[kernel].body) in source
+            assert f"prelude ({other})" not in header
+    assert "metal::simd_sum" in ks.compose("metal", "wo_residual")[0]
+    assert "__shfl_xor_sync" in ks.compose("cuda", "wo_residual")[0]
+    assert "thread_index_in_simdgroup" in ks.compose("metal", "wo_residual")[1]  # read in the body: MLX passes it
+
+
+def test_source_lookup_errors():
+    with pytest.raises(ValueError, match="dialect must be one of"):
+        ks.compose("opencl", "wo_residual")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        ks.compose("metal", "attention")
+
+
+# -- the Metal source MLX generates, without a GPU ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def seed_launch():
+    return T.tail_launch(T.seed_case().weights)
+
+
+@pytest.fixture(scope="module")
+def seed_metal(seed_launch):
+    return B.metal_tail_source(seed_launch)
+
+
+def _signature(src: str) -> list[str]:
+    sig = src.split("[[kernel]] void", 1)[1].split(") {", 1)[0]
+    return [line.strip().rstrip(",") for line in sig.splitlines()[1:] if line.strip()]
+
+
+def test_metal_tail_is_three_kernels_named_in_order(seed_metal):
+    names = list(seed_metal)
+    assert names == [ks.KERNELS[k].name for k in ks.TAIL_KERNELS]
+    for n, src in seed_metal.items():
+        assert f"[[kernel]] void custom_kernel_{n}__" in src  # MLX's name: ours + the template values
+
+
+def test_metal_inputs_and_outputs_in_device_memory(seed_metal):
+    for kernel, src in zip(ks.TAIL_KERNELS, seed_metal.values()):
+        spec = ks.KERNELS[kernel]
+        sig = _signature(src)
+        params = [re.search(r"(\w+) \[\[buffer\((\d+)\)\]\]", p) for p in sig]
+        buffers = [(m.group(1), int(m.group(2))) for m in params if m]
+        assert buffers == [(n, i) for i, n in enumerate(spec.inputs + spec.outputs)], kernel
+        for p in sig:
+            if "[[buffer(" in p:
+                name = p.split("*")[1].split()[0]
+                # every array is in device memory (none under 8 elements, which MLX puts in `constant`)
+                want = "device float*" if name in spec.outputs else "const device"
+                assert p.startswith(want), p
+        for attr in ("thread_position_in_threadgroup", "threadgroup_position_in_grid", "threadgroups_per_grid",
+                     "thread_index_in_simdgroup", "simdgroup_index_in_threadgroup"):
+            assert f"[[{attr}]]" in src, (kernel, attr)
+
+
+def test_metal_template_values_are_the_launch_values(seed_launch, seed_metal):
+    prep = B.prepared(seed_launch, "metal")
+    for kernel, src in zip(ks.TAIL_KERNELS, seed_metal.values()):
+        tmpl = prep.templates()[kernel]
+        assert [n for n, _ in tmpl] == list(ks.KERNELS[kernel].template)
+        decl = re.search(r"template <([^>]*)>\s*\[\[kernel\]\]", src).group(1)
+        assert [d.split()[-1] for d in decl.split(",")] == [n for n, _ in tmpl]
+        inst = re.search(r"decltype\(\w+<([^>]*)>\)", src).group(1)
+        assert [v.strip() for v in inst.split(",")] == [str(int(v)) for _, v in tmpl], kernel
+    wo = dict(prep.templates()["wo_residual"])
+    assert (wo["WIDTH"], wo["ROWS"], wo["ROT"], wo["M"], wo["LOGP"], wo["FMT"]) == (96, 64, True, 1, 4, ks.WF_F32)
+
+
+def test_metal_source_holds_the_metal_prelude_only(seed_metal):
+    for src in seed_metal.values():
+        assert "#define GROUP_BARRIER() metal::threadgroup_barrier" in src
+        assert "threadgroup float4 xs4" in src or "GROUP_SHARED float" in src
+        code = _strip_comments(src)
+        assert "__syncthreads" not in code and "__shfl" not in code and "threadIdx" not in code
+
+
+def _metal_for(w: T.TailWeights) -> dict[str, str]:
+    return B.metal_tail_source(T.tail_launch(w))
+
+
+def test_metal_types_follow_the_weight_format():
+    w16 = T.TailWeights.random(64, 128, 96, seed=1, fold_block=128, dtype="bfloat16")
+    src = list(_metal_for(w16).values())[0]
+    assert "const device bfloat16_t* w [[buffer(5)]]" in src
+    q = T.TailWeights.random(64, 1024, 128, seed=2, fold_block=1024, dtype="bfloat16",
+                             quantize={"mode": "affine", "bits": 4, "group_size": 64})
+    prep = B.prepared(T.tail_launch(q), "metal")
+    src = list(_metal_for(q).values())[0]
+    assert "const device uint32_t* w [[buffer(5)]]" in src and "const device bfloat16_t* ws" in src
+    wo = dict(prep.templates()["wo_residual"])
+    assert (wo["FMT"], wo["SFMT"], wo["GS"], wo["QI"]) == (ks.WF_Q4, 1, 64, True)  # 128 words a row: interleaved
+    assert dict(prep.templates()["ffn_gate_up"])["QI"] is False  # 64-wide rows: 8 words, contiguous
+
+
+def test_metal_head_launch_source():
+    fold = HadamardFold.random(1280, 1280, seed=3, permute=True)  # m = 20, k = 6
+    mats = [WeightMatrix(np.random.default_rng(i).standard_normal((r, 1280)).astype(np.float32)).fold_hadamard(fold)
+            for i, r in enumerate((256, 64, 64))]
+    src = B.generated_source(lambda x: B.head_launch(x, np.ones(1280, np.float32), 1e-6, *mats, "metal",
+                                                     verbose=True)[0], mx.zeros((1280,)))
+    (name, text), = src.items()
+    assert name == "fat_head_qkv" and "void custom_kernel_fat_head_qkv__" in text
+    assert [p.split("[[")[0].split("*")[1].strip() for p in _signature(text) if "[[buffer(" in p] == list(
+        ks.KERNELS["head_qkv"].inputs + ks.KERNELS["head_qkv"].outputs)
+    inst = re.search(r"decltype\(\w+<([^>]*)>\)", text).group(1).replace(" ", "").split(",")
+    t = dict(zip(ks.KERNELS["head_qkv"].template, inst))
+    assert (t["HID"], t["NQ"], t["NK"], t["NV"], t["ROT"], t["M"], t["LOGP"]) == ("1280", "256", "64", "64", "1",
+                                                                              "20", "6")
+
+
+# -- the CUDA source, compiled here when nvcc is --------------------------------------
+
+
+def _dtypes(kernel: str, fmt: int) -> dict[str, str]:
+    weight = {ks.WF_F32: "float32", ks.WF_BF16: "bfloat16", ks.WF_Q4: "uint32"}[fmt]
+    out = {}
+    for n in ks.KERNELS[kernel].inputs:
+        if n in ("w", "wg", "wu", "wd", "q_w", "k_w", "v_w"):
+            out[n] = weight
+        elif n in ("ws", "wb", "wgs", "wgb", "wus", "wub", "wds", "wdb") or re.fullmatch(r"[qkv]_[sb]", n):
+            out[n] = "bfloat16" if fmt == ks.WF_Q4 else "float32"
+        elif n == "dest":
+            out[n] = "int32"
+        elif n == "table":
+            out[n] = "int8"
+        else:
+            out[n] = "float32"
+    return out
+
+
+_BONSAI_T = {
+    "wo_residual": dict(WIDTH=6144, ROWS=5120, ROT=True, M=1, LOGP=10, U=8),
+    "ffn_gate_up": dict(HID=5120, FFN=17408, U=4),
+    "ffn_down": dict(HID=5120, FFN=17408, U=16),
+    "head_qkv": dict(HID=5120, NQ=12288, NK=1024, NV=1024, ROT=True, M=20, LOGP=8, U=8),
+}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
+@pytest.mark.parametrize("fmt", [ks.WF_F32, ks.WF_BF16, ks.WF_Q4])
+@pytest.mark.parametrize("kernel", list(ks.KERNELS))
+def test_cuda_translation_unit_compiles_without_spills(tmp_path, kernel, fmt):
+    t = dict(NT=64 if kernel == "ffn_down" else 256, FMT=fmt, SFMT=1 if fmt == ks.WF_Q4 else 0, GS=64,
+             QI=fmt == ks.WF_Q4, **_BONSAI_T[kernel])
+    if fmt == ks.WF_Q4:
+        t["U"] = max(1, t["U"] // 4)
+    src = tmp_path / f"{kernel}.cu"
+    src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt), t))
+    r = subprocess.run(["nvcc", "-arch=sm_90", "-c", "-o", str(tmp_path / "k.o"), "-Xptxas", "-v", str(src)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "0 bytes spill stores" in r.stderr and "error" not in r.stderr.lower(), r.stderr[-2000:]
+
+
+def test_cuda_translation_unit_writes_mlx_signature():
+    tu = ks.cuda_translation_unit("ffn_down", _dtypes("ffn_down", ks.WF_BF16), dict(NT=64, FMT=1, SFMT=0, GS=32,
+                                                                                    QI=False, HID=64, FFN=80, U=16))
+    assert "__global__ void custom_kernel_fat_ffn_down(" in tu
+    assert "const __nv_bfloat16* wd" in tu and "float* out) {" in tu
+    assert "constexpr int FFN = 80;" in tu and "constexpr bool QI = false;" in tu
+    with pytest.raises(ValueError, match="must name every input"):
+        ks.cuda_translation_unit("ffn_down", {"act": "float32"}, {})
+
+
+# -- the kernels' arithmetic, replayed in numpy ----------------------------------------
+
+
+def _kernel_rotation(plan, x: np.ndarray) -> np.ndarray:
+    """R x as the kernels compute it: scatter by dest, butterflies, the m-table mix, scale."""
+    width = plan.width
+    dest = np.argsort(plan.perm)  # what backends passes as `dest`
+    xs = np.empty(width)
+    xs[dest] = plan.signs.astype(np.float64) * x  # xs[dest[p]] = signs[p] * x[p]
+    p_len = 1 << plan.k
+    h = 1
+    while h < p_len:  # group_hadamard's butterflies, pair index j -> i
+        j = np.arange(width // 2)
+        i = ((j & ~(h - 1)) << 1) | (j & (h - 1))
+        a, b = xs[i].copy(), xs[i + h].copy()
+        xs[i], xs[i + h] = a + b, a - b
+        h <<= 1
+    if plan.m > 1:
+        c = np.arange(width // plan.m)
+        base = (c >> plan.k) * (plan.m * p_len) + (c & (p_len - 1))
+        v = xs[base[:, None] + np.arange(plan.m)[None, :] * p_len]  # [columns, m]
+        xs[base[:, None] + np.arange(plan.m)[None, :] * p_len] = v @ plan.table.astype(np.float64).T
+    return xs * plan.scale
+
+
+@pytest.mark.parametrize("block,width,permute", [(16, 96, False), (12, 48, True), (192, 384, True),
+                                                 (20, 40, True), (320, 640, False), (28, 56, True),
+                                                 (448, 896, True), (1024, 2048, True), (1, 8, True)])
+def test_the_kernels_rotation_is_the_folds(block, width, permute):
+    fold = HadamardFold.random(width, block, seed=block + width, permute=permute)
+    x = np.random.default_rng(block).standard_normal(width)
+    np.testing.assert_allclose(_kernel_rotation(fold.plan(width), x), fold.rotate(x), rtol=1e-12, atol=1e-12)
+
+
+def test_interleaved_4bit_words_cover_each_word_once():
+    """Q4_WORD with QI: units 32c..32c+31 take words 128c + lane + 32k; a bijection per row."""
+    for units in (32, 64, 160, 544):
+        u = np.arange(units)
+        words = np.stack([((u >> 5) << 7) + (u & 31) + 32 * k for k in range(4)], 1)
+        assert sorted(words.ravel().tolist()) == list(range(4 * units))
+        assert (np.diff(words[:32, 0]) == 1).all()  # one warp's k-th load: 32 consecutive words
+
+
+def test_the_two_nibble_dequant_is_exact():
+    """dot_q4x8's trick: nibbles n and n + 4 -> the bf16 pair 1 + q/16, exactly."""
+    rng = np.random.default_rng(0)
+    v = rng.integers(0, 2**32, size=1000, dtype=np.uint64).astype(np.uint32)
+    q = np.stack([(v >> (4 * i)) & 15 for i in range(8)], 1).astype(np.float64)
+    got = np.empty_like(q)
+    for n, shift in enumerate((-3, 1, 5, 9)):
+        sh = (v << np.uint32(3)) if shift < 0 else (v >> np.uint32(shift))
+        p = (sh & np.uint32(0x00780078)) | np.uint32(0x3F803F80)
+        lo = (p << np.uint32(16)).view(np.float32)
+        hi = (p & np.uint32(0xFFFF0000)).view(np.float32)
+        got[:, n], got[:, n + 4] = lo, hi
+    np.testing.assert_array_equal(got, 1 + q / 16)
+
+
+def test_mlx_affine_layout_is_low_nibble_first():
+    w = mx.random.normal((4, 128), key=mx.random.key(0))
+    q, s, b = mx.quantize(w, group_size=64, bits=4)
+    words = np.array(q).view(np.uint32)
+    codes = np.stack([(words >> (4 * i)) & 15 for i in range(8)], -1).reshape(4, 128)
+    deq = np.array(s).repeat(64, 1) * codes + np.array(b).repeat(64, 1)
+    np.testing.assert_allclose(deq, np.array(mx.dequantize(q, s, b, group_size=64, bits=4)), atol=1e-6)
+
+
+def test_exact_dequantization_matches_mlx_with_float32_scales():
+    sys.path.insert(0, str(ROOT))
+    from bench.gpu_check import dequantize_exact
+
+    w = WeightMatrix.quantize(np.random.default_rng(1).standard_normal((8, 256)).astype(np.float32), bits=4,
+                              group_size=64)
+    np.testing.assert_allclose(dequantize_exact(w), w.dense(np.float64), rtol=0, atol=1e-6)
+
+
+# -- what the launch builder refuses ----------------------------------------------------
+
+
+def test_unserved_formats_and_shapes_raise():
+    w = T.TailWeights.random(64, 96, 80, seed=0, dtype="float16")
+    with pytest.raises(ValueError, match="float32, bfloat16 and affine 4-bit"):
+        B.prepare_tail(T.tail_launch(w), "metal")
+    w = T.TailWeights.random(64, 96, 80, seed=0, fold_block=16, fold_site=FoldSite.OUTPUT)
+    with pytest.raises(ValueError, match="INPUT site"):
+        B.prepare_tail(T.tail_launch(w), "metal")
+    w = T.TailWeights.random(64, 8200, 80, seed=0)
+    with pytest.raises(ValueError, match="at most 8192"):
+        B.prepare_tail(T.tail_launch(w), "metal")
+    w = T.TailWeights.random(64, 96, 96, seed=0, quantize={"mode": "affine", "bits": 8, "group_size": 32})
+    with pytest.raises(ValueError, match="affine 4-bit"):
+        B.prepare_tail(T.tail_launch(w), "metal")
+    with pytest.raises(ValueError, match="dialect must be one of"):
+        B.prepare_tail(T.tail_launch(T.seed_case().weights), "vulkan")
+
+
+def test_head_launch_refuses_folds_that_differ():
+    f1, f2 = (HadamardFold.random(256, 256, seed=s) for s in (1, 2))
+    base = np.ones((32, 256), np.float32)
+    q, k, v = WeightMatrix(base).fold_hadamard(f1), WeightMatrix(base).fold_hadamard(f1), WeightMatrix(base)
+    assert [r.name for r in B.head_refusals(q, k, v)] == ["FOLDS_DIFFER"]
+    with pytest.raises(ValueError, match="FOLDS_DIFFER"):
+        B.head_launch(mx.zeros((256,)), np.ones(256, np.float32), 1e-6, q, k, v, "metal")
+    k2 = WeightMatrix(base).fold_hadamard(f2)
+    assert "FOLDS_DIFFER" in [r.name for r in B.head_refusals(q, k2, k2)]
+    assert B.head_refusals(q, k, WeightMatrix(base).fold_hadamard(f1)) == []
+
+
+def test_grid_fills_the_device_and_no_more():
+    t = B.KernelTuning(sm_count=132)
+    assert B._grid(5120, 256, t, 0) == 640 * 256  # one warp a row
+    assert B._grid(17408, 256, t, 4) == 528 * 256  # capped at 4 groups an SM
+    assert B._grid(3, 256, t, 4) == 256
+    with pytest.raises(ValueError, match="KernelTuning"):
+        B.set_default_tuning("fast")
+
+
+def test_prepared_tails_are_made_once(seed_launch):
+    assert B.prepared(seed_launch, "metal") is B.prepared(seed_launch, "metal")
+    assert B.prepared(seed_launch, "metal", B.KernelTuning(rows_nt=128)) is not B.prepared(seed_launch, "metal")
+
+
+# -- on a GPU ---------------------------------------------------------------------------
+
+
+def _gpu_case(dialect: str, w: T.TailWeights, seed: int, tol: float = T.SEED_TOL) -> None:
+    br, res = T.random_inputs(w, seed=seed)
+    c = T.compare(T.fused_tail(w, br, res, backend=dialect), T.host_tail(w, br, res), tol=tol)
+    assert c.passed, str(c)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not B.cuda_available(), reason="needs an NVIDIA GPU with MLX's CUDA back-end (mlx[cuda13])")
+def test_cuda_seed_case_matches_the_float64_oracle():
+    c = T.seed_case()
+    r = T.compare(T.fused_tail(c.weights, c.branch, c.residual, backend="cuda"), T.host_tail(c.weights, c.branch,
+                                                                                              c.residual))
+    assert r.passed, str(r)
+    for i, (blk, dt) in enumerate(((192, "float32"), (320, "bfloat16"), (448, "float32"))):
+        _gpu_case("cuda", T.TailWeights.random(128, blk, 256, seed=i, fold_block=blk, fold_permute=True, dtype=dt), i)
+
+
+@pytest.mark.metal
+@pytest.mark.skipif(not B.metal_available(), reason="needs an Apple GPU with MLX's Metal back-end")
+def test_metal_seed_case_matches_the_float64_oracle():
+    c = T.seed_case()
+    r = T.compare(T.fused_tail(c.weights, c.branch, c.residual, backend="metal"), T.host_tail(c.weights, c.branch,
+                                                                                               c.residual))
+    assert r.passed, str(r)
+    for i, (blk, dt) in enumerate(((192, "float32"), (320, "bfloat16"), (448, "float32"))):
+        _gpu_case("metal", T.TailWeights.random(128, blk, 256, seed=i, fold_block=blk, fold_permute=True, dtype=dt), i)
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+@pytest.mark.skipif(not B.cuda_available(), reason="needs an NVIDIA GPU with MLX's CUDA back-end (mlx[cuda13])")
+def test_cuda_bonsai_bf16_matches_the_float64_oracle():
+    (h, b, f) = T.BONSAI_SHAPE
+    _gpu_case("cuda", T.TailWeights.random(h, b, f, seed=5, fold_block=1024, dtype="bfloat16"), 6)
