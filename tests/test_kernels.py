@@ -161,12 +161,13 @@ def _metal_for(w: T.TailWeights) -> dict[str, str]:
 def test_metal_types_follow_the_weight_format():
     w16 = T.TailWeights.random(64, 128, 96, seed=1, fold_block=128, dtype="bfloat16")
     src = list(_metal_for(w16).values())[0]
-    assert "const device bfloat16_t* w [[buffer(5)]]" in src
+    iw = ks.KERNELS["wo_residual"].inputs.index("w")
+    assert f"const device bfloat16_t* w [[buffer({iw})]]" in src
     q = T.TailWeights.random(64, 1024, 128, seed=2, fold_block=1024, dtype="bfloat16",
                              quantize={"mode": "affine", "bits": 4, "group_size": 64})
     prep = B.prepared(T.tail_launch(q), "metal")
     src = list(_metal_for(q).values())[0]
-    assert "const device uint32_t* w [[buffer(5)]]" in src and "const device bfloat16_t* ws" in src
+    assert f"const device uint32_t* w [[buffer({iw})]]" in src and "const device bfloat16_t* ws" in src
     wo = dict(prep.templates()["wo_residual"])
     assert (wo["FMT"], wo["SFMT"], wo["GS"], wo["QI"]) == (ks.WF_Q4, 1, 64, True)  # 128 words a row: interleaved
     assert dict(prep.templates()["ffn_gate_up"])["QI"] is False  # 64-wide rows: 8 words, contiguous
@@ -199,7 +200,7 @@ def _dtypes(kernel: str, fmt: int) -> dict[str, str]:
             out[n] = weight
         elif n in ("ws", "wb", "wgs", "wgb", "wus", "wub", "wds", "wdb") or re.fullmatch(r"[qkv]_[sb]", n):
             out[n] = "bfloat16" if fmt == ks.WF_Q4 else "float32"
-        elif n == "dest":
+        elif n == "sdest":
             out[n] = "int32"
         elif n == "table":
             out[n] = "int8"
@@ -209,10 +210,10 @@ def _dtypes(kernel: str, fmt: int) -> dict[str, str]:
 
 
 _BONSAI_T = {
-    "wo_residual": dict(WIDTH=6144, ROWS=5120, ROT=True, M=1, LOGP=10, U=8),
-    "ffn_gate_up": dict(HID=5120, FFN=17408, U=4),
+    "wo_residual": dict(WIDTH=6144, ROWS=5120, ROT=True, M=1, LOGP=10, U=8, PRE=True),
+    "ffn_gate_up": dict(HID=5120, FFN=17408, U=4, PRE=True),
     "ffn_down": dict(HID=5120, FFN=17408, U=16),
-    "head_qkv": dict(HID=5120, NQ=12288, NK=1024, NV=1024, ROT=True, M=20, LOGP=8, U=8),
+    "head_qkv": dict(HID=5120, NQ=12288, NK=1024, NV=1024, ROT=True, M=20, LOGP=8, U=8, PRE=True),
 }
 
 
@@ -246,11 +247,12 @@ def test_cuda_translation_unit_writes_mlx_signature():
 
 
 def _kernel_rotation(plan, x: np.ndarray) -> np.ndarray:
-    """R x as the kernels compute it: scatter by dest, butterflies, the m-table mix, scale."""
+    """R x as the kernels compute it: scatter by sdest, butterflies, the m-table mix, scale."""
     width = plan.width
-    dest = np.argsort(plan.perm)  # what backends passes as `dest`
-    xs = np.empty(width)
-    xs[dest] = plan.signs.astype(np.float64) * x  # xs[dest[p]] = signs[p] * x[p]
+    sd = B.sdest(plan)  # what the kernels get: 2 dest[p] + (signs[p] < 0)
+    xs = np.full(width, np.nan)
+    xs[sd >> 1] = np.where(sd & 1, -x, x)  # xs[dest[p]] = signs[p] * x[p]
+    assert not np.isnan(xs).any()  # dest is a permutation: every slot written
     p_len = 1 << plan.k
     h = 1
     while h < p_len:  # group_hadamard's butterflies, pair index j -> i

@@ -55,9 +55,9 @@ KERNELS: dict[str, KernelSpec] = {
     "wo_residual": KernelSpec(
         "fat_wo_residual",
         "wo_residual.body",
-        ("x", "signs", "dest", "table", "params", "w", "ws", "wb", "residual"),
+        ("x", "sdest", "table", "params", "w", "ws", "wb", "residual"),
         ("h",),
-        _DENSE_OR_Q4 + ("WIDTH", "ROWS", "ROT", "M", "LOGP", "U"),
+        _DENSE_OR_Q4 + ("WIDTH", "ROWS", "ROT", "M", "LOGP", "U", "PRE"),
         "h = residual + wo' (R x): the fold's rotation applied in group memory, then the first residual add",
     ),
     "ffn_gate_up": KernelSpec(
@@ -65,7 +65,7 @@ KERNELS: dict[str, KernelSpec] = {
         "ffn_gate_up.body",
         ("hin", "nw", "params", "wg", "wgs", "wgb", "wu", "wus", "wub"),
         ("act",),
-        _DENSE_OR_Q4 + ("HID", "FFN", "U"),
+        _DENSE_OR_Q4 + ("HID", "FFN", "U", "PRE"),
         "act = silu(gate n) * (up n), n = rms_norm(h) * ffn_norm (each group computes the norm)",
     ),
     "ffn_down": KernelSpec(
@@ -79,10 +79,10 @@ KERNELS: dict[str, KernelSpec] = {
     "head_qkv": KernelSpec(
         "fat_head_qkv",
         "head_qkv.body",
-        ("hid", "nw", "params", "signs", "dest", "table",
+        ("hid", "nw", "params", "sdest", "table",
          "q_w", "q_s", "q_b", "k_w", "k_s", "k_b", "v_w", "v_s", "v_b"),
         ("q_out", "k_out", "v_out"),
-        _DENSE_OR_Q4 + ("HID", "NQ", "NK", "NV", "ROT", "M", "LOGP", "U"),
+        _DENSE_OR_Q4 + ("HID", "NQ", "NK", "NV", "ROT", "M", "LOGP", "U", "PRE"),
         "q, k, v from R (rms_norm(hidden) * attn_norm): the one shared rotation applied once",
     ),
 }
