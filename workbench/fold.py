@@ -104,6 +104,9 @@ class HadamardFold:
     perm: np.ndarray | None = None
     site: FoldSite = FoldSite.INPUT
     _mk: tuple[int, int] = field(init=False, repr=False)
+    # MLX copies of signs / perm / inverse perm, made once per dtype: a fold is applied
+    # on every token, and re-uploading its constants each time is work on the hot path.
+    _mx: dict = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_mk", hadamard.factor_block(self.block))
@@ -187,6 +190,17 @@ class HadamardFold:
 
     # -- applying R -----------------------------------------------------------------------
 
+    def _mx_const(self, name: str, dtype: mx.Dtype | None = None) -> mx.array:
+        key = (name, dtype)
+        if key not in self._mx:
+            if name == "signs":
+                self._mx[key] = mx.array(self.signs, dtype=dtype)
+            elif name == "perm":
+                self._mx[key] = mx.array(self.perm)
+            else:  # "inverse": (P^T z)[perm[i]] = z[i] is a gather with argsort(perm)
+                self._mx[key] = mx.array(np.argsort(self.perm).astype(np.int32))
+        return self._mx[key]
+
     def rotate(self, x: ArrayT) -> ArrayT:
         """``R x`` along the last axis: signs, then the permutation, then the blocks."""
         is_mx = isinstance(x, mx.array)
@@ -196,9 +210,9 @@ class HadamardFold:
                 x = x.astype(np.float64)
         self.check_width(int(x.shape[-1]))
         if self.signs is not None:
-            x = x * (mx.array(self.signs, dtype=x.dtype) if is_mx else self.signs.astype(x.dtype))
+            x = x * (self._mx_const("signs", x.dtype) if is_mx else self.signs.astype(x.dtype))
         if self.perm is not None:
-            x = mx.take(x, mx.array(self.perm), axis=-1) if is_mx else x[..., self.perm]
+            x = mx.take(x, self._mx_const("perm"), axis=-1) if is_mx else x[..., self.perm]
         if is_mx:
             return hadamard.block_transform_mx(x, self.block)
         return hadamard.block_transform(x, self.block)
@@ -217,10 +231,9 @@ class HadamardFold:
             z = hadamard.block_transform(y, self.block, transpose=True)
         if self.perm is not None:
             # (P^T z)[perm[i]] = z[i]: gather with the inverse permutation.
-            inv = np.argsort(self.perm).astype(np.int32)
-            z = mx.take(z, mx.array(inv), axis=-1) if is_mx else z[..., inv]
+            z = mx.take(z, self._mx_const("inverse"), axis=-1) if is_mx else z[..., np.argsort(self.perm)]
         if self.signs is not None:
-            z = z * (mx.array(self.signs, dtype=z.dtype) if is_mx else self.signs.astype(z.dtype))
+            z = z * (self._mx_const("signs", z.dtype) if is_mx else self.signs.astype(z.dtype))
         return z
 
     def matrix(self, dim: int | None = None) -> np.ndarray:

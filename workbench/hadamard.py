@@ -191,6 +191,12 @@ def block_transform(x: np.ndarray, block: int, *, transpose: bool = False) -> np
     return y.reshape(x.shape)
 
 
+@lru_cache(maxsize=None)
+def _table_t_mx(m: int, dtype: mx.Dtype) -> mx.array:
+    """``H_m^T / sqrt(m)`` as an MLX constant, made once per (m, dtype)."""
+    return mx.array(_table(m).T.astype(np.float32) / np.sqrt(m), dtype=dtype)
+
+
 def block_transform_mx(x: mx.array, block: int, *, transpose: bool = False) -> mx.array:
     """``B x`` (or ``B^T x``) along the last axis through ``mx.hadamard_transform``. Lazy.
 
@@ -208,6 +214,6 @@ def block_transform_mx(x: mx.array, block: int, *, transpose: bool = False) -> m
     p = 1 << k
     xs = x.reshape(*lead, nblocks, m, p)
     xs = mx.hadamard_transform(xs)  # X S / sqrt(2^k), over the last (2^k) axis
-    a_t = mx.array((_table(m).T.astype(np.float32) / np.sqrt(m)), dtype=x.dtype)
+    a_t = _table_t_mx(m, x.dtype)
     y = a_t @ xs  # (m x m) @ (..., m, 2^k): A^T X S / sqrt(b)
     return y.reshape(x.shape)
