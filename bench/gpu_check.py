@@ -37,22 +37,16 @@ import platform
 import re
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-try:  # workbench.refusals imports pandas for its tables only
-    import pandas  # noqa: F401
-except ImportError:  # pragma: no cover - the offline GPU machine
-    sys.modules["pandas"] = types.ModuleType("pandas")
+import mlx.core as mx
 
-import mlx.core as mx  # noqa: E402
-
-from workbench import backends, tail  # noqa: E402
-from workbench.fold import FoldSite, HadamardFold  # noqa: E402
-from workbench.weights import WeightMatrix  # noqa: E402
+from workbench import backends, tail
+from workbench.fold import HadamardFold
+from workbench.weights import WeightMatrix
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,10 +65,11 @@ def nice_ceil(x: float) -> float:
 def dequantize_exact(wm: WeightMatrix, dtype: Any = np.float64) -> np.ndarray:
     """A quantized matrix's weights ``scale * q + bias`` computed in ``dtype`` (dense: its base).
 
-    ``WeightMatrix.dense`` goes through ``mx.dequantize``, which returns the scales' dtype:
-    with bfloat16 scales every dequantized weight is rounded to bfloat16, a different
-    matrix from the one the 4-bit codes define (seen moving the Bonsai tail ~5e-3 off).
-    The kernels compute ``scale * q + bias`` in float32, so the oracle does it exactly.
+    Unpacks MLX's affine layout (little-endian codes in uint32 words, one scale and bias a
+    group) in numpy, independently of ``mx.dequantize``, so the oracle does not trust the
+    library whose layout the kernels read. (``WeightMatrix.dense`` agrees with it since
+    ``QuantizedBase.dequantize`` casts the scales to float32 first; before that it rounded
+    every weight to bf16 and moved the Bonsai tail ~5e-3 off.)
     """
     base, _ = wm.launch_parts()
     if not hasattr(base, "spec"):

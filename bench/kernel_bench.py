@@ -32,19 +32,14 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-import types
 from typing import Any, Callable
 
 import numpy as np
 
-try:  # workbench.refusals imports pandas for its tables only; the tail needs none of it
-    import pandas  # noqa: F401
-except ImportError:  # pragma: no cover - the offline GPU machine
-    sys.modules["pandas"] = types.ModuleType("pandas")
+import mlx.core as mx
 
-import mlx.core as mx  # noqa: E402
-
-from workbench import backends, hadamard, tail  # noqa: E402
+from bench import record
+from workbench import backends, hadamard, tail
 
 #: Bonsai-27B's tail and wo's fold block (bench/tail_bench.py uses the same).
 BONSAI = (tail.BONSAI_SHAPE, 1024)
@@ -62,37 +57,9 @@ def _torch() -> Any:
         return None
 
 
-def summarize(ts: list[float]) -> dict[str, float]:
-    s = sorted(ts)
-    return {"median_ms": statistics.median(s), "min_ms": s[0], "p90_ms": s[min(len(s) - 1, int(0.9 * len(s)))],
-            "n": len(s)}
-
-
 def time_rounds(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3) -> dict[str, dict[str, float]]:
-    """Median wall time (ms) of each callable, interleaved: each round runs each once."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            out[name].append((time.perf_counter() - t0) * 1e3)
-    return {k: summarize(v) for k, v in out.items()}
-
-
-def copy_bandwidth_mlx(nbytes: int = 1 << 30, repeats: int = 10) -> float:
-    """Bytes/s of ``x + 1`` over ``nbytes`` of float32 (read + write), median, one eval each."""
-    x = mx.random.uniform(shape=(nbytes // 4,))
-    mx.eval(x)
-    ts = []
-    for i in range(repeats + 2):
-        t0 = time.perf_counter()
-        mx.eval(x + 1)
-        if i >= 2:
-            ts.append(time.perf_counter() - t0)
-    return 2 * nbytes / statistics.median(ts)
+    """Each callable's wall-time summary (ms), interleaved round by round (``bench.record``)."""
+    return {k: record.summarize(v) for k, v in record.time_rounds(fns, repeats, warmup).items()}
 
 
 def copy_bandwidth_torch(nbytes: int = 1 << 30, repeats: int = 20) -> float | None:
@@ -375,7 +342,7 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
     """The whole benchmark; returns the record's ``bench`` section."""
     (hidden, branch, ffn), block = shapes
     bw_torch = copy_bandwidth_torch()
-    bw_mlx = copy_bandwidth_mlx()
+    bw_mlx = record.copy_bandwidth(1 << 30, repeats=10)
     bandwidth = bw_torch or bw_mlx
     tb = "n/a" if bw_torch is None else f"{bw_torch / 1e12:.3f}"
     log(f"copy bandwidth: torch {tb} TB/s, mlx {bw_mlx / 1e12:.3f} TB/s")

@@ -30,8 +30,6 @@ import argparse
 import sys
 from typing import Any, Callable
 
-import numpy as np
-
 import mlx.core as mx
 
 from bench import record

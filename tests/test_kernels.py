@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
-from workbench import hadamard
 from workbench import kernel_source as ks
 from workbench import tail as T
 from workbench.fold import FoldSite, HadamardFold

@@ -13,12 +13,15 @@ oracle, computed in the input's dtype, so float64 in is float64 arithmetic throu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import mlx.core as mx
 import numpy as np
 
 from workbench.fold import FoldSite, HadamardFold
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ArrayT = TypeVar("ArrayT", np.ndarray, mx.array)
 
@@ -265,10 +268,14 @@ class WeightMatrix:
                 raise ValueError(f"x's last axis must be {in_dim} (the matrix's in dimension); got {x.shape[-1]}")
             if isinstance(self._base, QuantizedBase):
                 q = self._base
-                return mx.quantized_matmul(
-                    x.astype(mx.float32), q.w, q.scales, q.biases, transpose=True,
+                # A 1-D vector goes in as one row: MLX 0.32.4's CUDA quantized_matmul fails
+                # on 1-D input ("SmallVector out of range"; seen on the H200).
+                xr = x.astype(mx.float32)
+                y = mx.quantized_matmul(
+                    xr[None] if x.ndim == 1 else xr, q.w, q.scales, q.biases, transpose=True,
                     group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode,
                 )
+                return y[0] if x.ndim == 1 else y
             return x.astype(mx.float32) @ self._base.astype(mx.float32).T
         x = np.asarray(x)
         if not np.issubdtype(x.dtype, np.floating):
