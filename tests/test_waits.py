@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -246,3 +248,33 @@ def test_piece_validates():
         waits.Piece("softmax", 1)
     with pytest.raises(ValueError, match="layer"):
         waits.Piece("qkv")
+
+
+def test_split_price_counts_one_wait_more_and_prices_it() -> None:
+    import mlx.core as mx
+
+    from workbench import tail
+    from workbench.waits import measure_split_price
+
+    x = mx.ones((64,))
+    with tail.count_waits() as split_waits:
+        np.asarray(mx.array(np.asarray(x + 1)) + 1)
+    with tail.count_waits() as joined_waits:
+        np.asarray((x + 1) + 1)
+    assert (split_waits.n, joined_waits.n) == (2, 1)  # what the two halves of the measure cost
+
+    r = measure_split_price(lambda a: a * 0.5 + 1.0, x, n=20, warmup=2)
+    assert set(r) >= {"ms", "p10_ms", "p90_ms", "split_ms", "joined_ms", "n"}
+    assert r["split_ms"] > 0 and r["joined_ms"] > 0 and r["p10_ms"] <= r["ms"] <= r["p90_ms"]
+    with pytest.raises(ValueError, match="n, warmup"):
+        measure_split_price(lambda a: a, x, n=2)
+
+
+def test_split_price_bench_runs_small(tmp_path) -> None:
+    from bench import split_price
+
+    rec = split_price.main(["--n", "5", "--out-dir", str(tmp_path)])
+    steps = [r["step"] for r in rec["results"]]
+    assert steps[:3] == ["tiny wait (measure_wait_price)", "tiny", "tail-graph"]
+    assert rec["command"].startswith("python -m bench.split_price --n 5")
+    assert (tmp_path / f"split_price-{rec['device_kind']}.json").exists()

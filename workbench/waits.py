@@ -464,6 +464,52 @@ def measure_wait_price(device=None, *, n: int = 2000, warmup: int = 200) -> dict
     }
 
 
+def measure_split_price(step, x, *, n: int = 50, warmup: int = 5) -> dict:
+    """What one wait costs BETWEEN two real submissions, not after a trivial one.
+
+    ``step`` maps an MLX array to one of the same shape (say, a layer's tail). Each round
+    runs it twice, dependent, both ways, interleaved:
+
+    * split (two waits): ``y = step(x)`` evaluated and read back to the host, then
+      ``step`` on ``y`` uploaded again, evaluated and read back: what an engine does
+      when the host sits between two submissions;
+    * joined (one wait): ``step(step(x))`` built at once, evaluated and read back.
+
+    The price is the median of the per-round differences ``split - joined``: the round
+    trip itself PLUS whatever the device loses by waiting (it idles while the host reads,
+    encodes and submits the second half). :func:`measure_wait_price` measures only the
+    first part, with a one-op submission. Returns ``ms`` (that median), ``p10_ms``,
+    ``p90_ms``, ``split_ms`` and ``joined_ms`` (medians), ``n``.
+    """
+    import mlx.core as mx
+    import numpy as np
+
+    if n < 5 or warmup < 0:
+        raise ValueError(f"n, warmup: need n >= 5 and warmup >= 0, got {n}, {warmup}")
+
+    def split() -> None:
+        y = np.asarray(step(x))  # wait 1: evaluate, read back
+        np.asarray(step(mx.array(y)))  # wait 2
+
+    def joined() -> None:
+        np.asarray(step(step(x)))  # the one wait
+
+    diffs, ss, js = [], [], []
+    for i in range(warmup + n):
+        t0 = time.perf_counter_ns()
+        split()
+        t1 = time.perf_counter_ns()
+        joined()
+        t2 = time.perf_counter_ns()
+        if i >= warmup:
+            ss.append((t1 - t0) / 1e6)
+            js.append((t2 - t1) / 1e6)
+            diffs.append(ss[-1] - js[-1])
+    q = statistics.quantiles(sorted(diffs), n=10)
+    return {"ms": statistics.median(diffs), "p10_ms": q[0], "p90_ms": q[8],
+            "split_ms": statistics.median(ss), "joined_ms": statistics.median(js), "n": n, "warmup": warmup}
+
+
 def waits_by_model(cfgs: Iterable, *, plan: Plan | None = None):
     """One row per model: its attention layers, the refused ones (with the reasons), and
     its waits a token at every stage (columns ``1`` .. ``6``). A ``pandas.DataFrame``."""
