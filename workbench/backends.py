@@ -123,13 +123,29 @@ def run_tail_kernel(name: str, launch: Any, branch: Any, residual: Any) -> Any:
     return _KERNELS[name](launch, branch, residual)
 
 
-def device_description() -> dict[str, str]:
-    """MLX's default device and what it says about it, for benchmark records."""
-    info: dict[str, str] = {"mlx_device": str(mx.default_device()), "mlx_version": str(mx.__version__)}
+def device_description(device: Any = None) -> dict[str, str]:
+    """An MLX device (default: MLX's default) and what it says about itself, for records.
+
+    ``mlx_device``, ``mlx_version``, ``platform``, whatever ``mx.device_info`` reports
+    (``device_name`` on a GPU), and on the CPU the processor's model name as
+    ``device_name``: one description for every record, whichever command writes it.
+    """
+    dev = device if device is not None else mx.default_device()
+    info: dict[str, str] = {"mlx_device": str(dev), "mlx_version": str(mx.__version__)}
     try:
-        info.update({str(k): str(v) for k, v in mx.device_info().items()})
+        info.update({str(k): str(v) for k, v in mx.device_info(dev).items()})
     except Exception:  # noqa: BLE001 -- older builds / CPU builds may not describe the device
         pass
+    if dev.type == mx.cpu and "device_name" not in info:
+        name = platform.processor() or platform.machine()
+        try:
+            for line in open("/proc/cpuinfo", encoding="utf-8"):
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        info["device_name"] = name
     info["platform"] = f"{platform.system()} {platform.machine()}"
     return info
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import platform
 import statistics
 import sys
 import time
@@ -383,29 +382,22 @@ def _as_device(device):
 
 
 def device_description(device=None) -> dict:
-    """Which MLX device ``device`` is (default: MLX's default), for the records."""
+    """Which MLX device ``device`` is (default: MLX's default), for the ledger and records.
+
+    ``backends.device_description`` (the one description every record carries) plus the
+    two keys the ledger files by: ``backend`` (cpu / cuda / metal) and ``device`` (its name).
+    """
     import mlx.core as mx
 
+    from workbench import backends
+
     dev = _as_device(device)
-    info: dict[str, Any] = {"mlx_device": str(dev)}
-    try:
-        info.update({k: v for k, v in mx.device_info(dev).items() if isinstance(v, (str, int, float))})
-    except Exception:  # older MLX: no device_info; the name below still says enough
-        pass
+    info: dict[str, Any] = dict(backends.device_description(dev))
     if dev.type == mx.cpu:
         backend = "cpu"
-        name = platform.processor() or platform.machine()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
     else:
-        backend = "cuda" if getattr(mx, "cuda", None) is not None and mx.cuda.is_available() else "metal"
-        name = str(info.get("device_name", "gpu"))
-    info.update({"backend": backend, "device": name, "mlx_version": mx.__version__, "python": sys.version.split()[0]})
+        backend = "cuda" if backends.cuda_available() else "metal"
+    info.update({"backend": backend, "device": info.get("device_name", backend), "python": sys.version.split()[0]})
     return info
 
 
