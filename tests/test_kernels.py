@@ -374,26 +374,22 @@ def _gpu_case(dialect: str, w: T.TailWeights, seed: int, tol: float = T.SEED_TOL
     assert c.passed, str(c)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not B.cuda_available(), reason="needs an NVIDIA GPU with MLX's CUDA back-end (mlx[cuda13])")
-def test_cuda_seed_case_matches_the_float64_oracle():
-    c = T.seed_case()
-    r = T.compare(T.fused_tail(c.weights, c.branch, c.residual, backend="cuda"), T.host_tail(c.weights, c.branch,
-                                                                                              c.residual))
-    assert r.passed, str(r)
-    for i, (blk, dt) in enumerate(((192, "float32"), (320, "bfloat16"), (448, "float32"))):
-        _gpu_case("cuda", T.TailWeights.random(128, blk, 256, seed=i, fold_block=blk, fold_permute=True, dtype=dt), i)
+_GPU_DIALECTS = [
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not B.cuda_available(), reason="needs an NVIDIA GPU with MLX's CUDA back-end (mlx[cuda13])")]),
+    pytest.param("metal", marks=[pytest.mark.metal, pytest.mark.skipif(
+        not B.metal_available(), reason="needs an Apple GPU with MLX's Metal back-end")]),
+]
 
 
-@pytest.mark.metal
-@pytest.mark.skipif(not B.metal_available(), reason="needs an Apple GPU with MLX's Metal back-end")
-def test_metal_seed_case_matches_the_float64_oracle():
+@pytest.mark.parametrize("dialect", _GPU_DIALECTS)
+def test_seed_case_and_random_folds_match_the_float64_oracle(dialect: str):
     c = T.seed_case()
-    r = T.compare(T.fused_tail(c.weights, c.branch, c.residual, backend="metal"), T.host_tail(c.weights, c.branch,
-                                                                                               c.residual))
+    r = T.compare(T.fused_tail(c.weights, c.branch, c.residual, backend=dialect),
+                  T.host_tail(c.weights, c.branch, c.residual))
     assert r.passed, str(r)
     for i, (blk, dt) in enumerate(((192, "float32"), (320, "bfloat16"), (448, "float32"))):
-        _gpu_case("metal", T.TailWeights.random(128, blk, 256, seed=i, fold_block=blk, fold_permute=True, dtype=dt), i)
+        _gpu_case(dialect, T.TailWeights.random(128, blk, 256, seed=i, fold_block=blk, fold_permute=True, dtype=dt), i)
 
 
 @pytest.mark.slow
