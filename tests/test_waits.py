@@ -238,7 +238,12 @@ def test_the_wait_price_bench(tmp_path):
     rec = json.loads(out.read_text())
     assert rec["ms"] > 0 and rec["command"].startswith("python -m bench.wait_price")
     run("--add", str(out), "--ledger", str(ledger))
-    entry = next(e for e in waits.load_ledger(ledger) if e["id"].startswith("measured-cpu-"))
+    # The entry this record became, by the id the bench derives from it (the committed
+    # ledger already holds other machines' CPU entries; this machine's may be one of them).
+    from bench.wait_price import ledger_entry
+
+    entry_id = ledger_entry(rec)["id"]
+    entry = next(e for e in waits.load_ledger(ledger) if e["id"] == entry_id)
     assert entry["ms"] == rec["ms"] and entry["method"] and entry["command"]
 
 
