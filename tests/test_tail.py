@@ -321,7 +321,7 @@ def test_tail_launch_is_the_one_builder():
     assert launch.fold is c.weights.wo.fold
     assert launch.fold_plan.width == 96 and launch.fold_plan.block == 16
     base, _ = c.weights.wo.launch_parts()
-    assert launch.wo_base is base
+    assert launch.wo.launch_parts()[0] is base and launch.wo.fold is None  # the stored arrays, unfolded
 
 
 # -- bad input --------------------------------------------------------------------------------------

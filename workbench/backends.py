@@ -446,7 +446,7 @@ def prepare_tail(launch: Any, dialect: str, tuning: KernelTuning | None = None) 
     if launch.fold is not None and launch.fold.site is not FoldSite.INPUT:
         raise ValueError("wo's fold must be at its INPUT site for the kernels (they rotate wo's input, as the "
                          "seed's metal_plan(branch.len()) does); got site OUTPUT")
-    wo = _matrix("wo", WeightMatrix(launch.wo_base))
+    wo = _matrix("wo", launch.wo)
     gate, up, down = _matrix("gate", launch.gate), _matrix("up", launch.up), _matrix("down", launch.down)
     hidden, branch_dim, ffn = wo.rows, wo.cols, gate.rows
     _check_width("branch (wo's in dimension)", branch_dim)

@@ -41,7 +41,7 @@ from typing import Any, Iterator, Sequence
 import mlx.core as mx
 import numpy as np
 
-from workbench.fold import FoldSite, HadamardFold
+from workbench.fold import FoldPlan, FoldSite, HadamardFold
 from workbench.weights import WeightMatrix
 
 #: The seed's tolerance: ``|x - y| <= 2e-4 * max(|y|, 1)`` per element, float32 device
@@ -592,27 +592,22 @@ def unfused_tail(w: TailWeights, branch: Any, residual: Any) -> np.ndarray:
 class TailLaunch:
     """What every fused backend needs, assembled in ONE place (the seed's ``attn_tail_launch``).
 
-    ``wo_base`` is wo's stored base (a dense ``mx.array`` or a ``QuantizedBase``) and
-    ``fold`` / ``fold_plan`` the rotation the backend must apply around it (``None``
-    without a fold): kept apart, as ``WeightMatrix.launch_parts`` gives them, because a
-    kernel applies the rotation itself. The FFN parts: ``ffn_norm`` (float32
-    ``mx.array``), ``eps``, and ``gate`` / ``up`` / ``down``.
+    ``wo`` is wo's stored base as a matrix WITHOUT its fold (the same stored arrays,
+    dense or quantized), and ``fold`` / ``fold_plan`` the rotation the backend must apply
+    around it (``None`` without a fold): kept apart, as ``WeightMatrix.launch_parts``
+    gives them, because a kernel applies the rotation itself. The FFN parts:
+    ``ffn_norm`` (float32 ``mx.array``), ``eps``, and ``gate`` / ``up`` / ``down``.
     """
 
     weights: TailWeights
-    wo_base: Any
+    wo: WeightMatrix
     fold: HadamardFold | None
-    fold_plan: Any
+    fold_plan: FoldPlan | None
     ffn_norm: mx.array
     eps: float
     gate: WeightMatrix
     up: WeightMatrix
     down: WeightMatrix
-
-    @property
-    def wo(self) -> WeightMatrix:
-        """wo's base without its fold, as a matrix (the graph's matvec)."""
-        return WeightMatrix(self.wo_base)
 
 
 def tail_refusals(w: TailWeights, *, kernels_enabled: bool = True) -> list:
@@ -651,7 +646,7 @@ def tail_launch(w: TailWeights, *, kernels_enabled: bool = True) -> TailLaunch:
     if fold is not None:
         hidden, branch, _ = w.shape
         plan = fold.plan(branch if fold.site is FoldSite.INPUT else hidden)
-    return TailLaunch(w, base, fold, plan, w.mx_norm(), w.eps, w.gate, w.up, w.down)
+    return TailLaunch(w, WeightMatrix(base), fold, plan, w.mx_norm(), w.eps, w.gate, w.up, w.down)
 
 
 def tail_graph(launch: TailLaunch, branch: mx.array, residual: mx.array) -> mx.array:
