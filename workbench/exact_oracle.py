@@ -1,0 +1,90 @@
+"""The exact oracle the GPU kernels are held to, and the tolerance it implies.
+
+The kernels read quantized weights in MLX's affine layout themselves, so an oracle that
+dequantized through ``mx.dequantize`` would trust the very library whose layout is under
+test. Here the codes are unpacked in numpy (:func:`dequantize_exact`) and the float64
+host tail runs on them (:func:`host_tail_exact`): the truth for every kernel check.
+
+The tolerance of a case is the one the float32 oracle itself needs there
+(:func:`tolerance_for`): the float32 host tail (frink-models' "host") is compared with
+the float64 truth by the test's criterion ``|x - y| <= tol * max(|y|, 1)``, and a kernel
+must meet ``max(2e-4, 2 x that error)``, rounded up to 1, 2 or 5 x 10^k. frink-models'
+2e-4 stands wherever float32 itself is well inside it (the seed's case and every small
+shape); only where float32 arithmetic alone errs by more (long reductions, e.g.
+Bonsai-27B's FFN) does the tolerance grow, and then by the float32 oracle's own measure,
+not by a figure picked to make the kernels pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import tail
+from workbench.weights import QuantizedBase, WeightMatrix
+
+
+def nice_ceil(x: float) -> float:
+    """The smallest of 1, 2, 5 x 10^k at or above ``x`` (``x`` itself when not positive and finite).
+
+    Tolerances are printed and compared across runs; a round figure keeps one run's noise
+    in the float32 error from moving the tolerance every time.
+    """
+    if x <= 0 or not math.isfinite(x):
+        return x
+    e = math.floor(math.log10(x))
+    for m in (1, 2, 5, 10):
+        if m * 10**e >= x * (1 - 1e-12):  # the margin absorbs log10's rounding at exact powers
+            return float(m * 10**e)
+    return float(10 ** (e + 1))
+
+
+def dequantize_exact(wm: WeightMatrix, dtype: Any = np.float64) -> np.ndarray:
+    """A quantized matrix's weights ``scale * q + bias`` computed in ``dtype`` (dense: its base).
+
+    Unpacks MLX's affine layout (little-endian codes in uint32 words, one scale and bias a
+    group) in numpy, independently of ``mx.dequantize``, so the oracle does not trust the
+    library whose layout the kernels read. (``WeightMatrix.dense`` agrees with it since
+    ``QuantizedBase.dequantize`` casts the scales to float32 first; before that it rounded
+    every weight to bf16 and moved the Bonsai tail ~5e-3 off.) Raises ``ValueError`` for a
+    quantization mode other than affine (the other modes code their values differently).
+    """
+    base, _ = wm.launch_parts()
+    if not isinstance(base, QuantizedBase):
+        return wm.dense(dtype)
+    if base.spec.mode != "affine":
+        raise ValueError(f"wm's quantization mode must be 'affine' (the layout dequantize_exact unpacks); "
+                         f"got {base.spec.mode!r} ({base.spec})")
+    bits, gs = base.spec.bits, base.spec.group_size
+    words = np.array(base.w).view(np.uint32)
+    per = 32 // bits
+    codes = np.stack([(words >> (bits * i)) & ((1 << bits) - 1) for i in range(per)], -1).reshape(words.shape[0], -1)
+    sc = np.array(base.scales.astype(mx.float32)).astype(dtype).repeat(gs, axis=1)
+    bi = np.array(base.biases.astype(mx.float32)).astype(dtype).repeat(gs, axis=1)
+    return sc * codes.astype(dtype) + bi
+
+
+def host_tail_exact(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
+    """``tail.host_tail`` with quantized weights dequantized exactly (:func:`dequantize_exact`)."""
+    if w.wo.quantization is None:
+        return tail.host_tail(w, br, res, dtype=dtype)
+    m = [dequantize_exact(x, dtype) for x in (w.wo, w.gate, w.up, w.down)]
+    return tail.tail_np(m[0], w.wo.fold, w.ffn_norm.astype(dtype), m[1], m[2], m[3], w.eps,
+                        np.asarray(br).astype(dtype), np.asarray(res).astype(dtype))
+
+
+def oracle_tolerance(f32_worst: float) -> float:
+    """The tolerance a kernel is held to where the float32 oracle's worst scaled error is
+    ``f32_worst``: ``max(2e-4, nice_ceil(2 x f32_worst))`` (see the module's docstring)."""
+    return max(tail.SEED_TOL, nice_ceil(2 * f32_worst))
+
+
+def tolerance_for(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
+    """``(tol, f32_worst)``: the float32 host oracle's worst scaled error against ``truth``
+    (the float64 :func:`host_tail_exact`) and the tolerance it implies (:func:`oracle_tolerance`)."""
+    f32 = host_tail_exact(w, br, res, dtype=np.float32)
+    worst = tail.compare(f32, truth).worst
+    return oracle_tolerance(worst), worst
