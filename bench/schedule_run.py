@@ -4,7 +4,7 @@
     PYTHONPATH=/tmp/site:. python3 -m bench.schedule_run --geometry full --dtype bfloat16 \\
         --out data/bench/schedule-h200.json                                  # the H200: Bonsai-27B's widths
 
-One process: first the price of one wait on this device (``waits.measure_wait_price``),
+One process: first the price of one wait on this device (``wait_measurement.measure_wait_price``),
 then ``workbench.schedule.run_stages``: every stage decodes its own copy of the same
 tokens, rounds interleaved (so drift in a shared machine's load hits every stage alike),
 the executor counting the waits it made (they must equal ``waits.waits_per_token``) and
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", help="write the JSON record here")
     args = p.parse_args(argv)
 
-    from workbench import schedule, waits
+    from workbench import schedule, wait_measurement
     from workbench.model import load_model
 
     cfg = load_model(args.model)
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
         geom = schedule.Geometry(**{**geom.__dict__, "vocab": args.vocab})
     stages = None if args.stages is None else [int(s) for s in args.stages.split(",")]
 
-    price = waits.measure_wait_price(n=args.price_n, warmup=max(100, args.price_n // 10))
+    price = wait_measurement.measure_wait_price(n=args.price_n, warmup=max(100, args.price_n // 10))
     print(f"device {price['device']} ({price['backend']}, MLX {price['mlx_version']}); "
           f"one wait {price['ms']:.4f} ms (p10 {price['p10_ms']:.4f}, p90 {price['p90_ms']:.4f})", flush=True)
 

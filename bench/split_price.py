@@ -4,9 +4,9 @@
     PYTHONPATH=/tmp/site:. python3 -m bench.split_price --bonsai # on a GPU: Bonsai-27B's tail too
 
 The plan's table prices a wait at the smallest submission's round trip
-(``waits.measure_wait_price``). An engine's waits sit between real submissions, where the
+(``wait_measurement.measure_wait_price``). An engine's waits sit between real submissions, where the
 device also idles while the host reads back, encodes and submits the next one. This
-command measures that (``waits.measure_split_price``): a step run twice, dependent, as
+command measures that (``wait_measurement.measure_split_price``): a step run twice, dependent, as
 two submissions with the host between them, against the same two steps in one. Steps:
 
 * ``tiny``: ``x * 0.5 + 1`` on a scalar: should come out at about the tiny wait price;
@@ -24,7 +24,8 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from bench import record
-from workbench import backends, tail, waits
+from workbench import backends, kernel_launch, tail, wait_measurement
+from workbench.model import BONSAI_SHAPE
 
 
 def tail_steps(shape: tuple[int, int, int], block: int, dtype: str, seed: int) -> dict[str, Callable]:
@@ -37,7 +38,7 @@ def tail_steps(shape: tuple[int, int, int], block: int, dtype: str, seed: int) -
     steps: dict[str, Callable] = {"tail-graph": lambda h: tail.tail_graph(launch, b, h)}
     dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)
     if dialect is not None:
-        kern = backends.prepared(launch, dialect)
+        kern = kernel_launch.prepared(launch, dialect)
         steps["tail-kernels"] = lambda h: kern(b, h)
     return steps
 
@@ -52,20 +53,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.n < 5:
         p.error("--n must be >= 5")
 
-    tiny = waits.measure_wait_price(n=max(200, args.n * 4), warmup=50)
+    tiny = wait_measurement.measure_wait_price(n=max(200, args.n * 4), warmup=50)
     rows = [{"step": "tiny wait (measure_wait_price)", "shape": "scalar", "ms": tiny["ms"], "p10_ms": tiny["p10_ms"],
              "p90_ms": tiny["p90_ms"]}]
     x = mx.array(1.0)
-    rows.append({"step": "tiny", "shape": "scalar", **waits.measure_split_price(lambda a: a * 0.5 + 1.0, x, n=args.n)})
+    rows.append({"step": "tiny", "shape": "scalar", **wait_measurement.measure_split_price(lambda a: a * 0.5 + 1.0, x, n=args.n)})
     shapes = [("small", (256, 384, 704), 128)]
     if args.bonsai:
-        shapes.append(("bonsai27b", tail.BONSAI_SHAPE, 1024))
+        shapes.append(("bonsai27b", BONSAI_SHAPE, 1024))
     for label, shape, block in shapes:
         steps = tail_steps(shape, block, "bfloat16", seed=7)
         h = mx.random.uniform(-1, 1, (shape[0],), key=mx.random.key(8))
         mx.eval(h)
         for name, step in steps.items():
-            rows.append({"step": name, "shape": label, **waits.measure_split_price(step, h, n=args.n)})
+            rows.append({"step": name, "shape": label, **wait_measurement.measure_split_price(step, h, n=args.n)})
         del steps
 
     print(f"{'step':<32} {'shape':<10} {'price ms':>9} {'p10':>8} {'p90':>8} {'split ms':>9} {'joined ms':>10}")
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{r['step']:<32} {r['shape']:<10} {r['ms']:>9.4f} {r['p10_ms']:>8.4f} {r['p90_ms']:>8.4f} "
               f"{r.get('split_ms', float('nan')):>9.4f} {r.get('joined_ms', float('nan')):>10.4f}")
     rec = {**record.provenance("split_price", argv),
-           "method": waits.measure_split_price.__doc__.split("\n\n")[1].strip(),
+           "method": wait_measurement.measure_split_price.__doc__.split("\n\n")[1].strip(),
            "results": rows}
     if not args.no_record:
         record.write(rec, args.out_dir, f"split_price-{record.device_kind()}")

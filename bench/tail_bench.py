@@ -16,7 +16,7 @@ machine's load hits every variant alike):
 
 and prints medians, the ratio unfused / fused, the weight bytes and the bandwidth floor
 (weight bytes / this device's measured copy bandwidth: no tail can stream its weights
-faster). The waits each variant costs are counted with :func:`workbench.tail.count_waits`
+faster). The waits each variant costs are counted with :func:`workbench.count_waits`
 outside the timed loop. A JSON record (device, date, MLX version, command) goes to
 ``data/bench/`` unless ``--no-record``.
 
@@ -35,12 +35,16 @@ import mlx.core as mx
 from bench import record
 from bench.record import slug
 from workbench import backends, tail
+from workbench.comparison import compare
+from workbench.model import BONSAI_SHAPE
+from workbench.seed_case import SEED_SHAPE
+from workbench.wait_measurement import count_waits
 
 #: (name, (hidden, branch, ffn), fold block): Bonsai folds wo's input with block 1024
 #: (reference/models.md, after Layr-Labs' Bonsai port notes); the seed with block 16.
 SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
-    "seed": (tail.SEED_SHAPE, 16),
-    "bonsai27b": (tail.BONSAI_SHAPE, 1024),
+    "seed": (SEED_SHAPE, 16),
+    "bonsai27b": (BONSAI_SHAPE, 1024),
 }
 
 VARIANTS = ("unfused", "fused", "fused_resident")
@@ -62,10 +66,10 @@ def bench_shape(name: str, dtype: str, repeats: int, warmup: int, seed: int, ban
     }
     waits = {}
     for k, fn in fns.items():
-        with tail.count_waits() as n:
+        with count_waits() as n:
             fn()
         waits[k] = n.n
-    agreement = tail.compare(tail.fused_tail(w, br, res, backend="graph"), tail.unfused_tail(w, br, res))
+    agreement = compare(tail.fused_tail(w, br, res, backend="graph"), tail.unfused_tail(w, br, res))
 
     times = record.time_rounds(fns, repeats, warmup)
     variants = {k: {**record.summarize(ts), "waits": waits[k]} for k, ts in times.items()}
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "medians over interleaved rounds; unfused = wo submission + host add/norm + FFN submission "
             "(numpy in/out); fused = one MLX graph evaluated once (numpy in/out); fused_resident = the graph "
             "alone, inputs already MLX arrays; floor = weight bytes / copy bandwidth; waits counted by "
-            "workbench.tail.count_waits"
+            "workbench.count_waits"
         ),
         "results": rows,
     }

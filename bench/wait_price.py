@@ -5,7 +5,7 @@
     python -m bench.wait_price --add data/bench/wait_price-h200.json         # into the ledger
 
 A wait is the smallest submission plus its round trip to the host
-(``workbench.waits.measure_wait_price``: ``(x + 1).item()`` on a resident scalar, warmed
+(``workbench.wait_measurement.measure_wait_price``: ``(x + 1).item()`` on a resident scalar, warmed
 up, the median of many with its spread). The record (device, date, MLX version, method,
 the command line) goes to ``--out``; ``--add`` copies a record into
 ``data/ledger/wait_prices.json`` (``--ledger``) under the id ``measured-<backend>-<device>``.
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ledger", default=None, help="the ledger file (default data/ledger/wait_prices.json)")
     args = p.parse_args(argv)
 
-    from workbench import waits
+    from workbench import wait_measurement, waits
 
     if args.add:
         rec = json.loads(Path(args.add).read_text())
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     import mlx.core as mx
 
     device = None if args.device == "default" else mx.Device(getattr(mx, args.device))
-    rec = waits.measure_wait_price(device, n=args.n, warmup=args.warmup)
+    rec = wait_measurement.measure_wait_price(device, n=args.n, warmup=args.warmup)
     rec["command"] = " ".join(["python -m bench.wait_price"] + (argv if argv is not None else sys.argv[1:]))
     print(f"{'device':>12}  {rec['device']} ({rec['backend']}, MLX {rec['mlx_version']})")
     for k in ("ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms"):

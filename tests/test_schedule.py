@@ -8,7 +8,9 @@ import pytest
 
 from workbench import schedule as S
 from workbench import tail, waits
+from workbench.comparison import compare
 from workbench.model import load_model, replace_layer
+from workbench.wait_measurement import count_waits
 
 #: Bonsai's 64-layer pattern at toy widths: the waits a token are Bonsai's, the work tiny.
 TINY = S.Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True,
@@ -43,10 +45,10 @@ def test_the_schedule_makes_the_predicted_waits(bonsai, decoded):
 
 @pytest.mark.parametrize("stage", range(1, 7))
 def test_count_waits_sees_the_same(tiny, bonsai, stage):
-    """An independent count: tail.count_waits sees every evaluation and host read MLX does."""
+    """An independent count: count_waits sees every evaluation and host read MLX does."""
     st = S.new_state(tiny.w, context=4, max_new=4)
     tiny.step(st, stage)  # the first token builds caches; count the second
-    with tail.count_waits() as wc:
+    with count_waits() as wc:
         res = tiny.step(st, stage)
     assert wc.n == res.waits == waits.waits_per_token(bonsai, stage)
 
@@ -85,7 +87,7 @@ def test_the_schedules_tail_is_the_oracles(tiny):
     got = np.array(S._ffn(lw, x, TINY.eps))
     want = tail.host_tail(tw, branch, residual)
     # |x - y| <= 2e-4 max(|y|, 1): float32 device against the float64 host (the seed's test).
-    assert tail.compare(got, want).passed
+    assert compare(got, want).passed
 
 
 def test_gated_delta_ops_is_the_fast_op():

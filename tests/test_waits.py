@@ -6,13 +6,13 @@ import json
 import shutil
 
 import numpy as np
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import waits
 from workbench.model import LayerConfig, Mixer, ModelConfig, load_model, replace_layer
+from workbench.wait_measurement import count_waits, measure_split_price, measure_wait_price
 
 BONSAI = [97, 81, 65, 49, 17, 1]  # design.md: 97, 81, 65, 49, 17; the device floor 1
 BONSAI_MS = [16.49, 13.77, 11.05, 8.33, 2.89, 0.17]  # at the seed's 0.17 ms
@@ -176,12 +176,12 @@ def test_ledger(tmp_path):
 def test_measure_wait_price_on_this_cpu():
     import mlx.core as mx
 
-    rec = waits.measure_wait_price(mx.cpu, n=50, warmup=5)
+    rec = measure_wait_price(mx.cpu, n=50, warmup=5)
     assert rec["backend"] == "cpu" and rec["n"] == 50
     assert 0 < rec["p10_ms"] <= rec["ms"] <= rec["p90_ms"]
     assert rec["mlx_version"] == mx.__version__ and rec["method"]
     with pytest.raises(ValueError, match="n"):
-        waits.measure_wait_price(n=1)
+        measure_wait_price(n=1)
 
 
 def test_wait_share():
@@ -258,13 +258,11 @@ def test_piece_validates():
 def test_split_price_counts_one_wait_more_and_prices_it() -> None:
     import mlx.core as mx
 
-    from workbench import tail
-    from workbench.waits import measure_split_price
 
     x = mx.ones((64,))
-    with tail.count_waits() as split_waits:
+    with count_waits() as split_waits:
         np.asarray(mx.array(np.asarray(x + 1)) + 1)
-    with tail.count_waits() as joined_waits:
+    with count_waits() as joined_waits:
         np.asarray((x + 1) + 1)
     assert (split_waits.n, joined_waits.n) == (2, 1)  # what the two halves of the measure cost
 

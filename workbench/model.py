@@ -46,6 +46,7 @@ __all__ = [
     "ModelConfig",
     "FAMILIES",
     "MODELS_DIR",
+    "BONSAI_SHAPE",
     "load_model",
     "list_models",
     "replace_layer",
@@ -55,6 +56,12 @@ __all__ = [
 MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
 
 FFN_KINDS = ("dense", "experts", "none")
+
+#: The attention tail of Bonsai-27B, the hybrid these studies scale to: (hidden, branch =
+#: 24 q heads x 256, ffn). Bonsai-27B (PrismML) is a 64-layer Gated-DeltaNet hybrid with
+#: Qwen3.6-27B's geometry and 16 attention layers; ``load_model("bonsai-27b")`` has its
+#: config, and a test holds this shape equal to it.
+BONSAI_SHAPE: tuple[int, int, int] = (5120, 6144, 17408)
 
 
 class Mixer(enum.Enum):

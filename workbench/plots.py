@@ -1,15 +1,23 @@
 """The figures the notebooks show.
 
 Each function draws one figure from tested workbench functions and returns the
-matplotlib ``Figure``; the notebook calls ``plt.show()``. Imports of other workbench
-modules stay INSIDE each function, because plots sits at the bottom of the import
-chain (design.md) and several people add functions here: a module-level import of
-one of their modules must not break another's figure.
+matplotlib ``Figure``; the notebook calls ``plt.show()``. This module is the top floor:
+it may import any other workbench module, and none imports it (so ``import workbench``
+never loads matplotlib).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
+
+from workbench import waits
+from workbench.model import Mixer
+from workbench.refusals import Refusal, refusals
 
 
 def plot_refusal_map(cfgs: Sequence, *, ax=None, kernels_enabled: bool = True):
@@ -18,18 +26,11 @@ def plot_refusal_map(cfgs: Sequence, *, ax=None, kernels_enabled: bool = True):
     One row per model (``ModelConfig``), one column per layer index. A cell is
     green where the attention tail may fuse, light grey where the layer is not an
     attention layer at all (nothing to fuse; Gated DeltaNet, Mamba-2, MLP-only), and
-    otherwise coloured by the FIRST refusal reason, which is the one the seed itself
-    would stop at. Rows of models with fewer layers end in white.
+    otherwise coloured by the FIRST refusal reason, which is the one frink-models
+    itself would stop at. Rows of models with fewer layers end in white.
 
     Returns the ``matplotlib.figure.Figure``.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch
-
-    from workbench.model import Mixer
-    from workbench.refusals import Refusal, refusals
 
     cfgs = list(cfgs)
     if not cfgs:
@@ -90,8 +91,6 @@ def plot_rotation(fold, dim: int | None = None):
     Blocks show as the diagonal squares of the Hadamard pattern; signs flip whole columns;
     a permutation scatters columns. Values are +-1/sqrt(b), so the colour scale is fixed.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
 
     r = fold.matrix(dim)
     v = 1.0 / np.sqrt(fold.block)
@@ -110,8 +109,6 @@ def plot_rotation(fold, dim: int | None = None):
 
 def plot_quantization_study(df, *, title: str = "quantization error of the map, with and without the fold"):
     """Grouped bars: one group per format (rows of ``df``), one bar per fold (columns)."""
-    import matplotlib.pyplot as plt
-    import numpy as np
 
     fig, ax = plt.subplots(figsize=(8, 3.8))
     x = np.arange(len(df.index))
@@ -127,7 +124,7 @@ def plot_quantization_study(df, *, title: str = "quantization error of the map, 
     return fig
 
 
-# -- issue 7: the wait-cost table ---------------------------------------------------------
+# -- the wait-cost table ----------------------------------------------------------------
 
 
 def plot_stage_ms(cfg, prices, *, ax=None):
@@ -137,9 +134,6 @@ def plot_stage_ms(cfg, prices, *, ax=None):
     One line per price; the stages' wait counts label the x axis. Log y, since prices
     span two orders of magnitude. Returns the ``Figure``.
     """
-    import matplotlib.pyplot as plt
-
-    from workbench import waits
 
     plan = waits.load_plan()
     counts = [waits.waits_per_token(cfg, s, plan=plan) for s in plan.stages]
@@ -174,10 +168,6 @@ def plot_wait_share(cfg, *, weight_gb=(54.0, 14.0, 7.0), bandwidth_gbs: float = 
     and at the host floor (dashed), per weight size. Right: tokens a second at the host
     floor over stage 1 (the plan's speed-up). Returns the ``Figure``.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from workbench import waits
 
     plan = waits.load_plan()
     first, floor = plan.stages[0], next(s for s in plan.stages if s.floor)
@@ -217,8 +207,6 @@ def plot_schedule_runs(records, *, ax=None):
     attention moved to the device as well. The line y = x with a +-20% band. Returns the
     ``Figure``.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
 
     if not records:
         raise ValueError("records: need at least one schedule record")
@@ -250,7 +238,7 @@ def plot_schedule_runs(records, *, ax=None):
     return fig
 
 
-# -- issue 6: error distributions and tolerances ----------------------------------------
+# -- error distributions and tolerances -----------------------------------------------
 
 
 def _tolerance_lines(ax, tolerances, *, vertical: bool = True) -> None:
@@ -264,15 +252,13 @@ def _tolerance_lines(ax, tolerances, *, vertical: bool = True) -> None:
             ax.axhline(value, **kw)
 
 
-def plot_error_histograms(df, *, metric: str = "margin", by: str = "dtype", tolerances=None, bins: int = 60):
+def plot_error_histograms(df, *, metric: str = "worst", by: str = "dtype", tolerances=None, bins: int = 60):
     """Histograms of a sweep's per-case ``metric`` on a log x axis, one panel per ``by`` value.
 
-    ``df``: a ``workbench.errors.sweep`` frame; ``tolerances``: ``name -> value`` drawn as
+    ``df``: a ``workbench.sweep.sweep`` frame; ``tolerances``: ``name -> value`` drawn as
     vertical lines on every panel (e.g. the seed's 2e-4 and the calibrated ones). Returns the
     ``Figure``.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
 
     if metric not in df.columns or by not in df.columns:
         raise ValueError(f"metric and by must be columns of the sweep; got {metric!r}, {by!r}")
@@ -297,14 +283,12 @@ def plot_error_histograms(df, *, metric: str = "margin", by: str = "dtype", tole
     return fig
 
 
-def plot_error_ecdf(df, *, metric: str = "margin", by: str = "dtype", tolerances=None, flake_rate=None, ax=None):
+def plot_error_ecdf(df, *, metric: str = "worst", by: str = "dtype", tolerances=None, flake_rate=None, ax=None):
     """Exceedance curves ``P(error > x)`` per ``by`` group, log-log: the tail a tolerance sits in.
 
     The complement of the ECDF, so the far tail (where a tolerance must sit) is visible.
     ``flake_rate``: a horizontal line at that probability; ``tolerances``: vertical lines.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
 
     if metric not in df.columns or by not in df.columns:
         raise ValueError(f"metric and by must be columns of the sweep; got {metric!r}, {by!r}")
@@ -335,8 +319,6 @@ def plot_error_ecdf(df, *, metric: str = "margin", by: str = "dtype", tolerances
 def plot_fold_effect(df, *, metric: str = "model_nmse", ax=None):
     """Median ``metric`` per quantization, with and without a fold (bars, log y), with the
     interquartile range as error bars: where the fold matters (against the master weights)."""
-    import matplotlib.pyplot as plt
-    import numpy as np
 
     if metric not in df.columns:
         raise ValueError(f"metric must be a column of the sweep; got {metric!r}")
@@ -368,9 +350,7 @@ def plot_fold_effect(df, *, metric: str = "model_nmse", ax=None):
 
 
 def plot_catch_rates(rates, *, ax=None, title: str = "fraction of wrong tails each tolerance catches"):
-    """A heat map of ``workbench.errors.catch_rates`` output: rows mutations, columns tolerances."""
-    import matplotlib.pyplot as plt
-    import numpy as np
+    """A heat map of ``workbench.calibration.catch_rates`` output: rows mutations, columns tolerances."""
 
     if rates.empty:
         raise ValueError("rates: the table is empty")

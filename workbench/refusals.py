@@ -163,6 +163,17 @@ def refusal_table(cfg: ModelConfig, *, kernels_enabled: bool = True) -> "pd.Data
     return pd.DataFrame(rows, columns=["layer", "mixer", "eligible", "reasons"])
 
 
+def reason_counts(cfg: ModelConfig, *, kernels_enabled: bool = True) -> Counter[Refusal]:
+    """How many of ``cfg``'s attention tails each reason refuses (a tail refused for two
+    reasons counts under both); recurrent layers have no tail and are not counted."""
+    return Counter(r for found in tail_verdicts(cfg, kernels_enabled=kernels_enabled).values() for r in found)
+
+
+def format_reason_counts(counts: Counter[Refusal]) -> str:
+    """``"NO_DENSE_FFN x12, ..."`` in the order :class:`Refusal` lists the reasons; "" for none."""
+    return ", ".join(f"{r.name} x{counts[r]}" for r in Refusal if counts[r])
+
+
 def model_summary(cfgs: Iterable[ModelConfig], *, kernels_enabled: bool = True) -> "pd.DataFrame":
     """One row per model: what the fusion does for it.
 
@@ -177,7 +188,6 @@ def model_summary(cfgs: Iterable[ModelConfig], *, kernels_enabled: bool = True) 
     rows = []
     for cfg in cfgs:
         verdicts = tail_verdicts(cfg, kernels_enabled=kernels_enabled)
-        counts: Counter[Refusal] = Counter(r for found in verdicts.values() for r in found)
         n_ok = sum(1 for found in verdicts.values() if not found)
         rows.append(
             {
@@ -186,7 +196,7 @@ def model_summary(cfgs: Iterable[ModelConfig], *, kernels_enabled: bool = True) 
                 "attention_layers": len(verdicts),
                 "eligible_tails": n_ok,
                 "waits_saved": n_ok,
-                "reasons": ", ".join(f"{r.name} x{counts[r]}" for r in Refusal if counts[r]),
+                "reasons": format_reason_counts(reason_counts(cfg, kernels_enabled=kernels_enabled)),
             }
         )
     return pd.DataFrame(

@@ -12,7 +12,7 @@ RUNS one token that way and times it, so the table can be checked against a cloc
   them: each group is built lazily and evaluated by ONE ``mx.eval``, which is one wait.
 
 The executor counts the ``mx.eval`` calls it makes (``TokenResult.waits``); tests check
-that against ``waits.waits_per_token`` and against ``tail.count_waits``, which sees every
+that against ``waits.waits_per_token`` and against ``wait_measurement.count_waits``, which sees every
 evaluation and host read MLX does. Grouping changes where the waits fall, never the
 arithmetic: every stage computes the same ops on the same values (checked in tests).
 
@@ -46,8 +46,8 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import waits as _waits
+from workbench.weights import DENSE_DTYPES
 
-_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -157,10 +157,10 @@ class HybridWeights:
     """
 
     def __init__(self, cfg, geom: Geometry, *, dtype: str = "float32", seed: int = 0, share: bool = False):
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype: must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        if dtype not in DENSE_DTYPES:
+            raise ValueError(f"dtype: must be one of {sorted(DENSE_DTYPES)}, got {dtype!r}")
         self.cfg, self.geom, self.dtype, self.share = cfg, geom, dtype, share
-        dt = _DTYPES[dtype]
+        dt = DENSE_DTYPES[dtype]
         attn = set(cfg.attention_layers())
         key = mx.random.key(seed)
         made: dict[str, dict[str, mx.array]] = {}

@@ -1,8 +1,8 @@
 """The resident-state plan: what a decoded token waits for, stage by stage, and its price.
 
-A *wait* is one GPU submission whose result the host waits for. The seed (the fused
-attention tail of a hybrid decoder engine) saves one a token for every attention layer it
-fuses, and prices a wait at about 0.17 ms; the plan it cites (``gdn-resident-state``,
+A *wait* is one GPU submission whose result the host waits for. frink-models' fused
+attention tail saves one a token for every attention layer it fuses, and its doc comment
+prices a wait at about 0.17 ms; the plan it cites (``gdn-resident-state``,
 reconstructed in ``data/plans/gdn-resident-state.json``) carries those savings down to a
 floor. This module turns the plan into numbers for any ``ModelConfig``:
 
@@ -12,22 +12,20 @@ floor. This module turns the plan into numbers for any ``ModelConfig``:
   way a stage groups them; :func:`waits_per_token` is the number of groups. The same
   grouping is what ``workbench.schedule`` executes, so the count and the clock check one
   thing;
-- :func:`wait_table` prices every stage from the ledger (``data/ledger/wait_prices.json``);
-- :func:`measure_wait_price` measures one wait on an MLX device, for the ledger.
+- :func:`wait_table` prices every stage from the ledger (``data/ledger/wait_prices.json``),
+  whose measured entries ``workbench.wait_measurement`` makes.
 
 Which attention layers fuse is decided ONLY by ``workbench.refusals.eligible``.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
-import statistics
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
+
+from workbench.refusals import format_reason_counts, reason_counts, refusals
 
 _ROOT = Path(__file__).resolve().parent.parent
 PLAN_PATH = _ROOT / "data" / "plans" / "gdn-resident-state.json"
@@ -148,8 +146,6 @@ def _has_ffn(cfg, l: int) -> bool:
 
 def eligible_layers(cfg, *, kernels_enabled: bool = True) -> tuple[int, ...]:
     """The attention layers whose tail fuses, by ``workbench.refusals`` alone."""
-    from workbench.refusals import refusals
-
     return tuple(
         sorted(l for l in _attention_indices(cfg) if not refusals(cfg, l, kernels_enabled=kernels_enabled))
     )
@@ -364,164 +360,33 @@ def wait_share(waits: int, price_ms: float, weight_bytes: float, bandwidth_gbs: 
     return wait_ms / total if total > 0 else 0.0
 
 
-# ---------------------------------------------------------------------------------------
-# Measuring a wait
-
-
-def _as_device(device):
-    """``None`` (MLX's default), a ``mx.Device`` or a ``mx.DeviceType`` (``mx.cpu``) as a ``mx.Device``."""
-    import mlx.core as mx
-
-    if device is None:
-        return mx.default_device()
-    if isinstance(device, mx.DeviceType):
-        return mx.Device(device)
-    if isinstance(device, mx.Device):
-        return device
-    raise ValueError(f"device: must be None, an mx.Device or mx.cpu / mx.gpu; got {device!r}")
-
-
-def device_description(device=None) -> dict:
-    """Which MLX device ``device`` is (default: MLX's default), for the ledger and records.
-
-    ``backends.device_description`` (the one description every record carries) plus the
-    two keys the ledger files by: ``backend`` (cpu / cuda / metal) and ``device`` (its name).
-    """
-    import mlx.core as mx
-
-    from workbench import backends
-
-    dev = _as_device(device)
-    info: dict[str, Any] = dict(backends.device_description(dev))
-    if dev.type == mx.cpu:
-        backend = "cpu"
-    else:
-        backend = "cuda" if backends.cuda_available() else "metal"
-    info.update({"backend": backend, "device": info.get("device_name", backend), "python": sys.version.split()[0]})
-    return info
-
-
-WAIT_METHOD = (
-    "One wait = the smallest submission and its round trip to the host: on the device, "
-    "y = x + 1 of a resident float32 scalar x (a fresh graph of one op), then y.item(), "
-    "which evaluates it, waits for the device and reads the value back. Timed one by one "
-    "with time.perf_counter_ns after {warmup} warm-up waits; the price is the median of "
-    "{n}; spread: 10th-90th percentile and IQR. Beside it, interleaved, mx.eval(x + 1) "
-    "without the read-back (eval_only_ms)."
-)
-
-
-def measure_wait_price(device=None, *, n: int = 2000, warmup: int = 200) -> dict:
-    """Measure one wait on an MLX device (default: MLX's default device).
-
-    Returns a ledger-shaped dict: ``ms`` (the median), ``p10_ms``, ``p90_ms``, ``iqr_ms``,
-    ``mean_ms``, ``eval_only_ms`` (the same submission waited for without reading it
-    back), ``n``, the device (see :func:`device_description`), the date, and the method
-    in words.
-    """
-    import mlx.core as mx
-
-    if n < 10 or warmup < 0:
-        raise ValueError(f"n, warmup: need n >= 10 and warmup >= 0, got {n}, {warmup}")
-    dev = _as_device(device)
-    times, eval_only = [], []
-    with mx.stream(dev):
-        x = mx.array(1.0, dtype=mx.float32)
-        mx.eval(x)
-        for i in range(warmup + n):
-            t0 = time.perf_counter_ns()
-            (x + 1).item()
-            t1 = time.perf_counter_ns()
-            mx.eval(x + 1)  # the same submission without reading the value back (a side figure)
-            t2 = time.perf_counter_ns()
-            if i >= warmup:
-                times.append((t1 - t0) / 1e6)
-                eval_only.append((t2 - t1) / 1e6)
-    times.sort()
-    q = statistics.quantiles(times, n=20)  # 5% steps: q[1] = p10, q[4] = p25, q[14] = p75, q[17] = p90
-    info = device_description(dev)
-    return {
-        "ms": statistics.median(times),
-        "p10_ms": q[1],
-        "p90_ms": q[17],
-        "iqr_ms": q[14] - q[4],
-        "mean_ms": statistics.fmean(times),
-        "eval_only_ms": statistics.median(eval_only),
-        "n": n,
-        "warmup": warmup,
-        "kind": "measured",
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
-        "method": WAIT_METHOD.format(n=n, warmup=warmup),
-        **info,
-    }
-
-
-def measure_split_price(step, x, *, n: int = 50, warmup: int = 5) -> dict:
-    """What one wait costs BETWEEN two real submissions, not after a trivial one.
-
-    ``step`` maps an MLX array to one of the same shape (say, a layer's tail). Each round
-    runs it twice, dependent, both ways, interleaved:
-
-    * split (two waits): ``y = step(x)`` evaluated and read back to the host, then
-      ``step`` on ``y`` uploaded again, evaluated and read back: what an engine does
-      when the host sits between two submissions;
-    * joined (one wait): ``step(step(x))`` built at once, evaluated and read back.
-
-    The price is the median of the per-round differences ``split - joined``: the round
-    trip itself PLUS whatever the device loses by waiting (it idles while the host reads,
-    encodes and submits the second half). :func:`measure_wait_price` measures only the
-    first part, with a one-op submission. Returns ``ms`` (that median), ``p10_ms``,
-    ``p90_ms``, ``split_ms`` and ``joined_ms`` (medians), ``n``.
-    """
-    import mlx.core as mx
-    import numpy as np
-
-    if n < 5 or warmup < 0:
-        raise ValueError(f"n, warmup: need n >= 5 and warmup >= 0, got {n}, {warmup}")
-
-    def split() -> None:
-        y = np.asarray(step(x))  # wait 1: evaluate, read back
-        np.asarray(step(mx.array(y)))  # wait 2
-
-    def joined() -> None:
-        np.asarray(step(step(x)))  # the one wait
-
-    diffs, ss, js = [], [], []
-    for i in range(warmup + n):
-        t0 = time.perf_counter_ns()
-        split()
-        t1 = time.perf_counter_ns()
-        joined()
-        t2 = time.perf_counter_ns()
-        if i >= warmup:
-            ss.append((t1 - t0) / 1e6)
-            js.append((t2 - t1) / 1e6)
-            diffs.append(ss[-1] - js[-1])
-    q = statistics.quantiles(sorted(diffs), n=10)
-    return {"ms": statistics.median(diffs), "p10_ms": q[0], "p90_ms": q[8],
-            "split_ms": statistics.median(ss), "joined_ms": statistics.median(js), "n": n, "warmup": warmup}
-
-
 def waits_by_model(cfgs: Iterable, *, plan: Plan | None = None):
     """One row per model: its attention layers, the refused ones (with the reasons), and
     its waits a token at every stage (columns ``1`` .. ``6``). A ``pandas.DataFrame``."""
     import pandas as pd
 
-    from workbench.refusals import refusals
-
     plan = plan or load_plan()
     rows = []
     for cfg in cfgs:
-        attn = sorted(_attention_indices(cfg))
-        reasons: dict[str, int] = {}
-        for l in attn:
-            for r in refusals(cfg, l):
-                reasons[r.name] = reasons.get(r.name, 0) + 1
+        attn = _attention_indices(cfg)
         ok = eligible_layers(cfg)
         row = {"model": cfg.name, "layers": cfg.num_layers, "attention": len(attn), "fused": len(ok),
-               "refused": len(attn) - len(ok),
-               "reasons": ", ".join(f"{k} x{v}" for k, v in reasons.items()) or "-"}
+               "refused": len(attn) - len(ok), "reasons": format_reason_counts(reason_counts(cfg)) or "-"}
         for st in plan.stages:
             row[str(st.number)] = waits_per_token(cfg, st, plan=plan, eligible=ok)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+#: Where each name that used to live in this module lives now.
+_MOVED: dict[str, str] = dict.fromkeys(("measure_wait_price", "measure_split_price", "WAIT_METHOD"),
+                                       "workbench.wait_measurement")
+
+
+def __getattr__(name: str) -> Any:
+    """``waits.measure_wait_price`` and the other moved names, from ``workbench.wait_measurement``."""
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module 'workbench.waits' has no attribute {name!r}")

@@ -51,6 +51,19 @@ class QuantSpec:
         return f"{self.mode}{self.bits}-g{self.group_size}" if self.mode == "affine" else f"{self.mode}-g{self.group_size}"
 
 
+#: The quantization formats the workbench studies, by name, as ``mx.quantize`` makes them:
+#: the packs users run (mlx-lm's affine 4- and 8-bit; gpt-oss's mxfp4; nvfp4; mxfp8). The
+#: one table of named formats: sweeps take these names, notebook 01 labels them, and
+#: every entry is within :data:`QUANT_MODES` (a test holds it).
+QUANT_FORMATS: dict[str, QuantSpec] = {
+    "affine4": QuantSpec("affine", 4, 64),
+    "affine8": QuantSpec("affine", 8, 64),
+    "mxfp4": QuantSpec("mxfp4", 4, 32),
+    "nvfp4": QuantSpec("nvfp4", 4, 16),
+    "mxfp8": QuantSpec("mxfp8", 8, 32),
+}
+
+
 def check_quant_spec(mode: str, bits: int, group_size: int) -> QuantSpec:
     """Validate a quantization request; ``ValueError`` names the bad parameter and what is allowed."""
     if mode not in QUANT_MODES:
@@ -333,27 +346,32 @@ def quantization_error(
     return float(np.linalg.norm(q.linear_map() - w64) / np.linalg.norm(w64))
 
 
-#: The formats notebook 01 compares: (label, mode, bits, group_size).
-STUDY_FORMATS: tuple[tuple[str, str, int, int], ...] = (
-    ("affine 4-bit g64", "affine", 4, 64),
-    ("mxfp4 g32", "mxfp4", 4, 32),
-    ("nvfp4 g16", "nvfp4", 4, 16),
-    ("affine 8-bit g64", "affine", 8, 64),
+#: The formats notebook 01 compares: (label, name in :data:`QUANT_FORMATS`).
+STUDY_FORMATS: tuple[tuple[str, str], ...] = (
+    ("affine 4-bit g64", "affine4"),
+    ("mxfp4 g32", "mxfp4"),
+    ("nvfp4 g16", "nvfp4"),
+    ("affine 8-bit g64", "affine8"),
 )
 
 
 def quantization_study(
     w: np.ndarray,
     folds: dict[str, HadamardFold | None],
-    formats: tuple[tuple[str, str, int, int], ...] = STUDY_FORMATS,
+    formats: tuple[tuple[str, str], ...] = STUDY_FORMATS,
 ) -> "pd.DataFrame":
-    """One row per format, one column per fold: :func:`quantization_error` of each pair."""
+    """One row per format (``(label, name in QUANT_FORMATS)``), one column per fold:
+    :func:`quantization_error` of each pair."""
     import pandas as pd
 
-    rows = {
-        label: {name: quantization_error(w, mode=mode, bits=bits, group_size=g, fold=f) for name, f in folds.items()}
-        for label, mode, bits, g in formats
-    }
+    for label, fmt in formats:
+        if fmt not in QUANT_FORMATS:
+            raise ValueError(f"formats: {label!r} names {fmt!r}, which is not one of {tuple(QUANT_FORMATS)}")
+    rows = {}
+    for label, fmt in formats:
+        q = QUANT_FORMATS[fmt]
+        rows[label] = {name: quantization_error(w, mode=q.mode, bits=q.bits, group_size=q.group_size, fold=f)
+                       for name, f in folds.items()}
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = "format"
     return df

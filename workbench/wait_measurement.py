@@ -1,0 +1,282 @@
+"""Measuring waits: counting the submissions a block of code waits on, and timing one.
+
+A *wait* is one GPU submission whose result the host waits for (the unit the resident-state
+plan of ``workbench.waits`` counts and prices). Two instruments, so the plan's claims are
+measured rather than asserted:
+
+* :func:`count_waits` counts them: every MLX evaluation and every host read of an MLX array
+  inside a ``with`` block (how "the unfused tail waits twice, the fused tail once" is
+  checked, and how ``workbench.schedule`` checks a decode step against the plan);
+* :func:`measure_wait_price` times the smallest one on a device (what the ledger's
+  measured entries hold), and :func:`measure_split_price` what one costs between two
+  real submissions, where the device also idles while the host reads, encodes and submits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import backends
+
+# -- counting -------------------------------------------------------------------------
+
+
+@dataclass
+class WaitCount:
+    """What :func:`count_waits` saw: ``n`` waits, and ``events`` naming each (``eval``, ``read:asarray``, ...)."""
+
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.events)
+
+    def __int__(self) -> int:
+        return self.n
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, int):
+            return self.n == other
+        if isinstance(other, WaitCount):
+            return self.events == other.events
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"WaitCount(n={self.n}, events={self.events})"
+
+
+class _WaitPatch:
+    """The patches :func:`count_waits` installs once, whatever the nesting depth."""
+
+    counters: list[tuple[WaitCount, list]] = []
+    originals: dict[tuple[Any, str], Any] = {}
+    busy = False  # re-entrancy guard: a counted call that calls another is one wait
+
+
+def _flatten_arrays(tree: Any, out: list) -> None:
+    if isinstance(tree, mx.array):
+        out.append(tree)
+    elif isinstance(tree, (list, tuple)):
+        for t in tree:
+            _flatten_arrays(t, out)
+    elif isinstance(tree, dict):
+        for t in tree.values():
+            _flatten_arrays(t, out)
+
+
+def _record(kind: str, arrays: list, is_eval: bool) -> None:
+    for counter, evaluated in _WaitPatch.counters:
+        if not is_eval and arrays and all(any(a is e for e in evaluated) for a in arrays):
+            continue  # read of an array this block already evaluated: no new submission
+        if is_eval:
+            evaluated.extend(arrays)
+        counter.events.append(kind)
+
+
+def _wrap(owner: Any, attr: str, kind: str, is_eval: bool, mx_only: bool = False) -> None:
+    orig = getattr(owner, attr)
+    _WaitPatch.originals[(owner, attr)] = orig
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _WaitPatch.busy:
+            return orig(*args, **kwargs)
+        arrays: list = []
+        if is_eval:
+            _flatten_arrays(list(args), arrays)
+        elif mx_only:
+            if not (args and isinstance(args[0], mx.array)):
+                return orig(*args, **kwargs)
+            arrays = [args[0]]
+        else:
+            arrays = [args[0]] if args else []
+        _WaitPatch.busy = True
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            _WaitPatch.busy = False
+            if not is_eval or arrays:
+                _record(kind, arrays, is_eval)
+
+    setattr(owner, attr, wrapper)
+
+
+def _install() -> None:
+    _wrap(mx, "eval", "eval", is_eval=True)
+    _wrap(mx, "async_eval", "async_eval", is_eval=True)
+    for meth in ("item", "tolist", "__array__", "__float__", "__int__", "__bool__", "__index__", "__dlpack__"):
+        if hasattr(mx.array, meth):
+            _wrap(mx.array, meth, f"read:{meth.strip('_')}", is_eval=False)
+    for fn in ("asarray", "array", "asanyarray", "ascontiguousarray", "copy"):
+        _wrap(np, fn, f"read:np.{fn}", is_eval=False, mx_only=True)
+
+
+def _uninstall() -> None:
+    for (owner, attr), orig in _WaitPatch.originals.items():
+        setattr(owner, attr, orig)
+    _WaitPatch.originals.clear()
+
+
+@contextlib.contextmanager
+def count_waits() -> Iterator[WaitCount]:
+    """Count the submissions a block of code waits on; yields a :class:`WaitCount`.
+
+    What it counts, while the block runs (any code, not only the workbench's):
+
+    * each ``mx.eval`` / ``mx.async_eval`` call given at least one array: one wait (one
+      evaluation is one submission, however many arrays it covers);
+    * each host read of an ``mx.array`` that this block has NOT already evaluated:
+      ``.item()``, ``.tolist()``, ``__array__``, ``float()`` / ``int()`` / ``bool()``,
+      ``__dlpack__``, and ``np.asarray`` / ``np.array`` / ``np.asanyarray`` /
+      ``np.ascontiguousarray`` / ``np.copy`` of an mx.array (numpy reads MLX through the
+      buffer protocol, which cannot be patched, so the numpy entry points are). Reading
+      an array the block evaluated costs no new submission and is not counted.
+
+    Not seen: buffer-protocol reads that bypass those numpy functions (``memoryview``,
+    a numpy ufunc handed an mx.array directly); an array read that was evaluated
+    outside the block counts as a wait (MLX does not say whether an array is
+    evaluated). Nested blocks each count everything inside them. Not thread-safe: it
+    patches module attributes while active.
+    """
+    wc = WaitCount()
+    if not _WaitPatch.counters:
+        _install()
+    entry = (wc, [])
+    _WaitPatch.counters.append(entry)
+    try:
+        yield wc
+    finally:
+        # By identity: two counters with equal events are still two blocks.
+        _WaitPatch.counters[:] = [c for c in _WaitPatch.counters if c is not entry]
+        if not _WaitPatch.counters:
+            _uninstall()
+
+
+# -- timing ---------------------------------------------------------------------------
+
+
+def _as_device(device):
+    """``None`` (MLX's default), a ``mx.Device`` or a ``mx.DeviceType`` (``mx.cpu``) as a ``mx.Device``."""
+    if device is None:
+        return mx.default_device()
+    if isinstance(device, mx.DeviceType):
+        return mx.Device(device)
+    if isinstance(device, mx.Device):
+        return device
+    raise ValueError(f"device: must be None, an mx.Device or mx.cpu / mx.gpu; got {device!r}")
+
+
+def _ledger_keys(dev: mx.Device) -> dict[str, str]:
+    """The two keys the ledger files a measured price by: ``backend`` (cpu / cuda / metal)
+    and ``device`` (the device's name, from ``backends.device_description``, the one
+    description every record carries)."""
+    if dev.type == mx.cpu:
+        backend = "cpu"
+    else:
+        backend = "cuda" if backends.cuda_available() else "metal"
+    return {"backend": backend, "device": backends.device_description(dev).get("device_name", backend)}
+
+
+WAIT_METHOD = (
+    "One wait = the smallest submission and its round trip to the host: on the device, "
+    "y = x + 1 of a resident float32 scalar x (a fresh graph of one op), then y.item(), "
+    "which evaluates it, waits for the device and reads the value back. Timed one by one "
+    "with time.perf_counter_ns after {warmup} warm-up waits; the price is the median of "
+    "{n}; spread: 10th-90th percentile and IQR. Beside it, interleaved, mx.eval(x + 1) "
+    "without the read-back (eval_only_ms)."
+)
+
+
+def measure_wait_price(device=None, *, n: int = 2000, warmup: int = 200) -> dict:
+    """Measure one wait on an MLX device (default: MLX's default device).
+
+    Returns a ledger-shaped dict: ``ms`` (the median), ``p10_ms``, ``p90_ms``, ``iqr_ms``,
+    ``mean_ms``, ``eval_only_ms`` (the same submission waited for without reading it
+    back), ``n``, the device (``backends.device_description`` and the ledger's ``backend`` /
+    ``device`` keys), the date, and the method
+    in words.
+    """
+    if n < 10 or warmup < 0:
+        raise ValueError(f"n, warmup: need n >= 10 and warmup >= 0, got {n}, {warmup}")
+    dev = _as_device(device)
+    times, eval_only = [], []
+    with mx.stream(dev):
+        x = mx.array(1.0, dtype=mx.float32)
+        mx.eval(x)
+        for i in range(warmup + n):
+            t0 = time.perf_counter_ns()
+            (x + 1).item()
+            t1 = time.perf_counter_ns()
+            mx.eval(x + 1)  # the same submission without reading the value back (a side figure)
+            t2 = time.perf_counter_ns()
+            if i >= warmup:
+                times.append((t1 - t0) / 1e6)
+                eval_only.append((t2 - t1) / 1e6)
+    times.sort()
+    q = statistics.quantiles(times, n=20)  # 5% steps: q[1] = p10, q[4] = p25, q[14] = p75, q[17] = p90
+    info = {**backends.device_description(dev), **_ledger_keys(dev), "python": sys.version.split()[0]}
+    return {
+        "ms": statistics.median(times),
+        "p10_ms": q[1],
+        "p90_ms": q[17],
+        "iqr_ms": q[14] - q[4],
+        "mean_ms": statistics.fmean(times),
+        "eval_only_ms": statistics.median(eval_only),
+        "n": n,
+        "warmup": warmup,
+        "kind": "measured",
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+        "method": WAIT_METHOD.format(n=n, warmup=warmup),
+        **info,
+    }
+
+
+def measure_split_price(step, x, *, n: int = 50, warmup: int = 5) -> dict:
+    """What one wait costs BETWEEN two real submissions, not after a trivial one.
+
+    ``step`` maps an MLX array to one of the same shape (say, a layer's tail). Each round
+    runs it twice, dependent, both ways, interleaved:
+
+    * split (two waits): ``y = step(x)`` evaluated and read back to the host, then
+      ``step`` on ``y`` uploaded again, evaluated and read back: what an engine does
+      when the host sits between two submissions;
+    * joined (one wait): ``step(step(x))`` built at once, evaluated and read back.
+
+    The price is the median of the per-round differences ``split - joined``: the round
+    trip itself PLUS whatever the device loses by waiting (it idles while the host reads,
+    encodes and submits the second half). :func:`measure_wait_price` measures only the
+    first part, with a one-op submission. Returns ``ms`` (that median), ``p10_ms``,
+    ``p90_ms``, ``split_ms`` and ``joined_ms`` (medians), ``n``.
+    """
+    if n < 5 or warmup < 0:
+        raise ValueError(f"n, warmup: need n >= 5 and warmup >= 0, got {n}, {warmup}")
+
+    def split() -> None:
+        y = np.asarray(step(x))  # wait 1: evaluate, read back
+        np.asarray(step(mx.array(y)))  # wait 2
+
+    def joined() -> None:
+        np.asarray(step(step(x)))  # the one wait
+
+    diffs, ss, js = [], [], []
+    for i in range(warmup + n):
+        t0 = time.perf_counter_ns()
+        split()
+        t1 = time.perf_counter_ns()
+        joined()
+        t2 = time.perf_counter_ns()
+        if i >= warmup:
+            ss.append((t1 - t0) / 1e6)
+            js.append((t2 - t1) / 1e6)
+            diffs.append(ss[-1] - js[-1])
+    q = statistics.quantiles(sorted(diffs), n=10)
+    return {"ms": statistics.median(diffs), "p10_ms": q[0], "p90_ms": q[8],
+            "split_ms": statistics.median(ss), "joined_ms": statistics.median(js), "n": n, "warmup": warmup}
