@@ -1,4 +1,4 @@
-"""Throughput of ``workbench.sweep.sweep``: cases a second, against a 60 s budget.
+"""Throughput of ``workbench.sweeps.sweep``: cases a second, against a 60 s budget.
 
 The target: ``sweep(shapes=[(64, 96, 80)], seeds=range(100_000))`` in at most 60 s on a
 2-core machine, so a tolerance can be calibrated on 100,000 cases in a notebook's run. This command runs that sweep (or ``--seeds N`` of it, and optionally
@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from bench import record
-from workbench import calibration, sweep
+from workbench import calibration, sweeps
 from workbench.sweep_cases import CASE_BLOCK
 
 #: name -> (shape, dtype, fold, quantize); quantized ones need in-dims divisible by 64.
@@ -58,13 +58,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
 
-    sweep.sweep(shapes=[(64, 96, 80)], seeds=range(8), progress=False)  # warm up (imports, first graphs)
+    sweeps.sweep(shapes=[(64, 96, 80)], seeds=range(8), progress=False)  # warm up (imports, first graphs)
     rows = []
     print(f"{'config':<12} {'shape':<14} {'cases':>8} {'seconds':>8} {'cases/s':>9} {'s per 100k':>10} {'max worst':>11}")
     for name in names:
         shape, dtype, fold, quant = CONFIGS[name]
         t0 = time.perf_counter()
-        df = sweep.sweep(shapes=[shape], seeds=range(args.seeds), dtypes=(dtype,), folds=(fold,),
+        df = sweeps.sweep(shapes=[shape], seeds=range(args.seeds), dtypes=(dtype,), folds=(fold,),
                           quantize=(quant,), progress=args.progress)
         dt = time.perf_counter() - t0
         rate = len(df) / dt
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f32 = next((r for r in rows if r["config"] == "f32-b16" and "calibrated" in r), None)
         if f32 is not None:
             tols["calibrated f32-b16"] = ("worst", f32["calibrated"]["recommended"])
-        mu = sweep.mutation_sweep(shapes=[(64, 96, 80)], seeds=range(10**7, 10**7 + args.mutations),
+        mu = sweeps.mutation_sweep(shapes=[(64, 96, 80)], seeds=range(10**7, 10**7 + args.mutations),
                                   folds=(None, 16), progress=args.progress)
         rates = calibration.catch_rates(mu, tols)
         print(rates.round(4).to_string())
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rec = {
         **record.provenance("sweep_rate", argv),
         "target": "sweep(shapes=[(64, 96, 80)], seeds=range(100_000)) in <= 60 s on 2 cores",
-        "notes": ("wall time of sweep.sweep per configuration (graph backend, blocks of "
+        "notes": ("wall time of sweeps.sweep per configuration (graph backend, blocks of "
                   f"{CASE_BLOCK} cases, float64 truth via tail.tail_np, fused via tail.tail_mx); "
                   "the machine was shared with other developers' jobs (see load average)"),
         "results": rows,

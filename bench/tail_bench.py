@@ -36,8 +36,8 @@ from bench import record
 from bench.record import slug
 from workbench import backends, tail
 from workbench.comparison import compare
+from workbench.frink_case import SEED_SHAPE
 from workbench.model import BONSAI_SHAPE
-from workbench.seed_case import SEED_SHAPE
 from workbench.wait_measurement import count_waits
 
 #: (name, (hidden, branch, ffn), fold block): Bonsai folds wo's input with block 1024

@@ -6,7 +6,7 @@ import pytest
 
 from workbench import tail as T
 from workbench.comparison import compare
-from workbench.seed_case import seed_case
+from workbench.frink_case import seed_case
 from workbench.three_way import FAULTS, VERDICTS, faulty_fused_tail, three_way, three_way_table, verdict
 
 

@@ -1,8 +1,76 @@
 """The fused-attention-tail workbench.
 
-Python/MLX reimplementation and study of a decoder engine's fused attention tail,
-``out = residual + ffn(rms_norm(residual + wo(branch)))``, with a block-Hadamard fold on
-``wo``, and the rules that refuse layers the fusion cannot serve.
+A Python/MLX reimplementation and study of frink-models' fused attention tail: a decoder
+engine's attention-layer tail, ``out = residual + ffn(rms_norm(residual + wo(branch)))``,
+run as one GPU submission, with a block-Hadamard fold on ``wo``, and the rules that
+refuse the layers the fusion cannot serve.
+
+The names a user reaches for first are importable from here::
+
+    from workbench import HadamardFold, TailWeights, compare, fused_tail, host_tail, load_model
+
+Each lives in a module named after its concept (``workbench.fold``, ``workbench.tail``,
+...); the README's layout section is the map. Importing this package loads numpy and MLX,
+never pandas or matplotlib (tables and figures import those when they are made).
 """
 
+from workbench.backends import BackendUnavailable, available_backends
+from workbench.calibration import REFERENCE_TOLERANCES, Tolerance, calibrate_by, calibrate_tolerance, catch_rates
+from workbench.comparison import Comparison, compare
+from workbench.fold import FoldSite, HadamardFold
+from workbench.frink_case import SEED_TOL, seed_case
+from workbench.model import ModelConfig, list_models, load_model
+from workbench.refusals import Refusal, eligible, explain, refusal_table, refusals
+from workbench.sweeps import mutation_sweep, sweep
+from workbench.tail import TailRefused, TailWeights, fused_tail, host_tail, random_inputs, unfused_tail
+from workbench.three_way import three_way, three_way_table
+from workbench.wait_measurement import count_waits
+from workbench.waits import load_plan, wait_table, waits_per_token
+from workbench.weights import QUANT_FORMATS, WeightMatrix
+
 __version__ = "0.1.0"
+
+__all__ = [
+    # the fold and the weights it folds into
+    "HadamardFold",
+    "FoldSite",
+    "WeightMatrix",
+    "QUANT_FORMATS",
+    # real models and the refusal rules
+    "ModelConfig",
+    "load_model",
+    "list_models",
+    "Refusal",
+    "refusals",
+    "eligible",
+    "refusal_table",
+    "explain",
+    # the tail, its three paths, and comparing them
+    "TailWeights",
+    "TailRefused",
+    "random_inputs",
+    "host_tail",
+    "unfused_tail",
+    "fused_tail",
+    "BackendUnavailable",
+    "available_backends",
+    "Comparison",
+    "compare",
+    "three_way",
+    "three_way_table",
+    "seed_case",
+    "SEED_TOL",
+    # error distributions and tolerances
+    "sweep",
+    "mutation_sweep",
+    "Tolerance",
+    "calibrate_tolerance",
+    "calibrate_by",
+    "catch_rates",
+    "REFERENCE_TOLERANCES",
+    # waits: counted, planned, priced
+    "count_waits",
+    "load_plan",
+    "waits_per_token",
+    "wait_table",
+]

@@ -1,12 +1,12 @@
 """Tolerances: calibrated from a sweep of a correct tail, beside the ones trusted projects use.
 
 A tolerance is a (metric, limit) pair over a sweep's per-case columns
-(``workbench.sweep``): a case passes when ``metric <= limit``. Two questions about it:
+(``workbench.sweeps``): a case passes when ``metric <= limit``. Two questions about it:
 
 * how often does a CORRECT tail fail it? :func:`calibrate_tolerance` picks the limit a
   correct tail exceeds with a stated small probability (a flake rate per case), by a
   peaks-over-threshold fit with a bootstrap interval; :func:`pass_rates` counts;
-* how often does a WRONG tail pass it? :func:`catch_rates` over ``sweep.mutation_sweep``.
+* how often does a WRONG tail pass it? :func:`catch_rates` over ``sweeps.mutation_sweep``.
 
 :data:`REFERENCE_TOLERANCES` are the limits other projects' tests use, with their sources.
 """
@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from workbench.seed_case import SEED_TOL
+from workbench.frink_case import SEED_TOL
 
 #: Tolerances of trusted projects' tests, as ``name -> (metric column, limit)``: a case
 #: passes when ``column <= limit``. Sources: frink-models 0.48.0's fused-attention-tail

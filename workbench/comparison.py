@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.seed_case import SEED_TOL
+from workbench.frink_case import SEED_TOL
 from workbench.weights import DENSE_DTYPES
 
 #: ``torch.testing.assert_close`` defaults (rtol, atol) per dtype (reference/tolerances.md);

@@ -255,7 +255,7 @@ def _tolerance_lines(ax, tolerances, *, vertical: bool = True) -> None:
 def plot_error_histograms(df, *, metric: str = "worst", by: str = "dtype", tolerances=None, bins: int = 60):
     """Histograms of a sweep's per-case ``metric`` on a log x axis, one panel per ``by`` value.
 
-    ``df``: a ``workbench.sweep.sweep`` frame; ``tolerances``: ``name -> value`` drawn as
+    ``df``: a ``workbench.sweeps.sweep`` frame; ``tolerances``: ``name -> value`` drawn as
     vertical lines on every panel (e.g. the seed's 2e-4 and the calibrated ones). Returns the
     ``Figure``.
     """

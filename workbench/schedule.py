@@ -49,7 +49,6 @@ from workbench import waits as _waits
 from workbench.weights import DENSE_DTYPES
 
 
-
 @dataclass(frozen=True)
 class Geometry:
     """The widths a decode step of a Qwen3.5-style hybrid needs."""

@@ -9,7 +9,7 @@ attention tail. This module is the workbench's version of that change:
 
 * :class:`TailWeights` -- one layer's tail weights, and :func:`random_inputs`; random
   cases are drawn by one recipe (:func:`case_recipe`), which the batched sweeps of
-  ``workbench.sweep`` follow too;
+  ``workbench.sweeps`` follow too;
 * :func:`host_tail` -- the oracle, op by op in numpy, the five ops frink-models' test
   composes (wo with its rotation, residual add, RMS norm, SwiGLU FFN, residual add).
   float64 is the truth; float32 is "the host";
@@ -50,7 +50,7 @@ from workbench.fold import FoldPlan, FoldSite, HadamardFold
 from workbench.weights import DENSE_DTYPES, WeightMatrix
 
 #: The RMS norm's epsilon when none is given: 1e-6, Qwen3's ``rms_norm_eps`` and the
-#: value frink-models' test uses (``workbench.seed_case.SEED_EPS``).
+#: value frink-models' test uses (``workbench.frink_case.SEED_EPS``).
 DEFAULT_EPS = 1e-6
 
 
@@ -103,7 +103,7 @@ def case_recipe(hidden: int, branch: int, ffn: int) -> tuple[Draw, ...]:
     (llama.cpp's test inputs); ``signs``: a fold's ``D`` over the branch.
 
     :meth:`TailWeights.random` and :func:`random_inputs` draw from it one tensor at a time
-    (:meth:`Draw.draw`); ``workbench.sweep`` draws the same distributions for a block of
+    (:meth:`Draw.draw`); ``workbench.sweeps`` draws the same distributions for a block of
     cases at once, from float32 uniforms (a different stream, the same recipe).
     """
     def mat(name: str, rows: int, cols: int) -> Draw:
@@ -641,7 +641,7 @@ def fused_tail(
 #: Where each name that used to live in this module lives now.
 _MOVED: dict[str, str] = {
     **dict.fromkeys(("SEED_TOL", "SEED_SHAPE", "SEED_EPS", "SEED_LCG_START", "lcg_stream", "SeedArrays",
-                     "seed_arrays", "SeedCase", "seed_case"), "workbench.seed_case"),
+                     "seed_arrays", "SeedCase", "seed_case"), "workbench.frink_case"),
     **dict.fromkeys(("scaled_error", "Comparison", "compare"), "workbench.comparison"),
     **dict.fromkeys(("WaitCount", "count_waits"), "workbench.wait_measurement"),
     **dict.fromkeys(("FAULTS", "faulty_fused_tail", "VERDICTS", "verdict", "ThreeWay", "three_way",

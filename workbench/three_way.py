@@ -18,7 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench.comparison import Comparison, compare
-from workbench.seed_case import SEED_TOL
+from workbench.frink_case import SEED_TOL
 from workbench.tail import TailWeights, check_inputs, fused_tail, host_tail, tail_launch, tail_mx, to_mx, unfused_tail
 from workbench.wait_measurement import count_waits
 

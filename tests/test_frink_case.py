@@ -7,7 +7,7 @@ import numpy as np
 from workbench import tail as T
 from workbench.comparison import compare
 from workbench.fold import FoldSite
-from workbench.seed_case import SEED_LCG_START, SEED_SHAPE, lcg_stream, seed_arrays, seed_case
+from workbench.frink_case import SEED_LCG_START, SEED_SHAPE, lcg_stream, seed_arrays, seed_case
 
 
 def test_lcg_first_values_by_hand():

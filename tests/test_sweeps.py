@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import comparison, seed_case, sweep, sweep_cases, tail
+from workbench import comparison, frink_case, sweep_cases, sweeps, tail
 from workbench.fold import FoldSite, HadamardFold
 
-SEED_SHAPE = seed_case.SEED_SHAPE  # (64, 96, 80)
+SEED_SHAPE = frink_case.SEED_SHAPE  # (64, 96, 80)
 QSHAPE = (64, 128, 128)  # every in-dimension a multiple of 64, so every format quantizes
 
 
@@ -33,7 +33,7 @@ CONFIGS = [
 def test_batched_rows_are_host_tail_and_fused_tail(dtype, fold, quant, outliers) -> None:
     shape = QSHAPE if quant is not None else SEED_SHAPE
     seeds = [3, 300, 1000]
-    df = sweep.sweep(shapes=[shape], seeds=seeds, dtypes=(dtype,), folds=(fold,), quantize=(quant,),
+    df = sweeps.sweep(shapes=[shape], seeds=seeds, dtypes=(dtype,), folds=(fold,), quantize=(quant,),
                       wo_outliers=outliers, progress=False)
     assert list(df.seed) == seeds
     for i, s in enumerate(seeds):
@@ -50,7 +50,7 @@ def test_batched_truth_is_host_tail_bit_for_bit_on_weights() -> None:
     for dtype, fold, quant, shape in [("bfloat16", 16, None, SEED_SHAPE), ("float32", 16, "affine4", QSHAPE)]:
         c = sweep_cases.case_arrays(shape, [7, 8])
         _, spec = sweep_cases.quant_spec(quant)
-        st_ = sweep._store(c, dtype, fold, spec)
+        st_ = sweeps._store(c, dtype, fold, spec)
         for i, s in enumerate([7, 8]):
             w, _, _ = sweep_cases.case_weights(shape, s, dtype=dtype, fold=fold, quantize=quant)
             if quant is None:
@@ -63,14 +63,14 @@ def test_half_precision_affine_truth_is_the_kernels_map() -> None:
     """For bf16 affine weights the sweep's truth is scale*q + bias unrounded (what
     mx.quantized_matmul computes); WeightMatrix.dense rounds it to bf16 (weights.py), so
     host_tail is ~1e-2 off the fused tail there. The sweep must not inherit that."""
-    df = sweep.sweep(shapes=[QSHAPE], seeds=range(16), dtypes=("bfloat16",), quantize=("affine4",), progress=False)
+    df = sweeps.sweep(shapes=[QSHAPE], seeds=range(16), dtypes=("bfloat16",), quantize=("affine4",), progress=False)
     assert df.worst.max() < 1e-5
 
 
 def test_seed_case_shape_and_the_seed_tolerance() -> None:
-    df = sweep.sweep(shapes=[SEED_SHAPE], seeds=range(512), folds=(None, 16), progress=False)
+    df = sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(512), folds=(None, 16), progress=False)
     assert len(df) == 1024
-    assert (df.worst < seed_case.SEED_TOL).all()
+    assert (df.worst < frink_case.SEED_TOL).all()
     assert (df.ulp_max >= 0).all()
     # float32 weights, unfolded: the two truths are the same truth
     plain = df[df.fold == "none"]
@@ -83,9 +83,9 @@ def test_seed_case_shape_and_the_seed_tolerance() -> None:
 
 
 def test_a_case_depends_only_on_its_seed() -> None:
-    a = sweep.sweep(shapes=[SEED_SHAPE], seeds=range(250, 270), folds=(16,), progress=False)
-    b = sweep.sweep(shapes=[SEED_SHAPE], seeds=[255, 260, 265], folds=(16,), progress=False)
-    again = sweep.sweep(shapes=[SEED_SHAPE], seeds=range(250, 270), folds=(16,), progress=False)
+    a = sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(250, 270), folds=(16,), progress=False)
+    b = sweeps.sweep(shapes=[SEED_SHAPE], seeds=[255, 260, 265], folds=(16,), progress=False)
+    again = sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(250, 270), folds=(16,), progress=False)
     import pandas as pd
 
     pd.testing.assert_frame_equal(a, again)  # bit for bit, run to run
@@ -95,7 +95,7 @@ def test_a_case_depends_only_on_its_seed() -> None:
 
 
 def test_sweep_rows_and_columns() -> None:
-    df = sweep.sweep(shapes=[SEED_SHAPE, (32, 64, 48)], seeds=range(5), dtypes=("float32", "bfloat16"),
+    df = sweeps.sweep(shapes=[SEED_SHAPE, (32, 64, 48)], seeds=range(5), dtypes=("float32", "bfloat16"),
                       folds=(None, 16), progress=False)
     assert len(df) == 2 * 5 * 2 * 2
     for col in ("hidden", "branch", "ffn", "wo_outliers", "dtype", "fold", "quant", "backend", "seed", "worst",
@@ -111,28 +111,28 @@ def test_sweep_rows_and_columns() -> None:
 
 
 def test_rows_in_order_whatever_the_blocks() -> None:
-    df = sweep.sweep(shapes=[SEED_SHAPE], seeds=[1000, 0, 300], folds=(None, 16), progress=False)
+    df = sweeps.sweep(shapes=[SEED_SHAPE], seeds=[1000, 0, 300], folds=(None, 16), progress=False)
     assert list(df.seed) == [0, 300, 1000, 0, 300, 1000]
     assert list(df.fold.astype(str)) == ["none"] * 3 + ["b16"] * 3
 
 
 def test_sweep_refuses_bad_input() -> None:
     with pytest.raises(ValueError, match="dtypes"):
-        sweep.sweep(shapes=[SEED_SHAPE], seeds=range(3), dtypes=("float8",))
+        sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(3), dtypes=("float8",))
     with pytest.raises(ValueError, match="shapes"):
-        sweep.sweep(shapes=[(64, 96)], seeds=range(3))
+        sweeps.sweep(shapes=[(64, 96)], seeds=range(3))
     with pytest.raises(ValueError, match="seeds"):
-        sweep.sweep(shapes=[SEED_SHAPE], seeds=[-1])
+        sweeps.sweep(shapes=[SEED_SHAPE], seeds=[-1])
     with pytest.raises(ValueError, match="block"):
-        sweep.sweep(shapes=[SEED_SHAPE], seeds=range(3), folds=(36,))
+        sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(3), folds=(36,))
     with pytest.raises(ValueError, match="group_size"):
-        sweep.sweep(shapes=[SEED_SHAPE], seeds=range(3), quantize=("affine4",))
+        sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(3), quantize=("affine4",))
     with pytest.raises(ValueError, match="quantize"):
-        sweep.sweep(shapes=[SEED_SHAPE], seeds=range(3), quantize=("int3",))
+        sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(3), quantize=("int3",))
     with pytest.raises(ValueError, match="backend"):
-        sweep.sweep(shapes=[SEED_SHAPE], seeds=range(3), backends=("opencl",))
+        sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(3), backends=("opencl",))
     with pytest.raises(ValueError, match="wo_outliers"):
-        sweep.sweep(shapes=[SEED_SHAPE], seeds=range(3), wo_outliers=-1)
+        sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(3), wo_outliers=-1)
 
 
 def test_absent_kernel_backend_raises() -> None:
@@ -142,4 +142,4 @@ def test_absent_kernel_backend_raises() -> None:
     if not absent:
         pytest.skip("both kernel backends are present here")
     with pytest.raises(backends.BackendUnavailable):
-        sweep.sweep(shapes=[SEED_SHAPE], seeds=range(3), backends=(absent[0],))
+        sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(3), backends=(absent[0],))

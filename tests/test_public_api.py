@@ -1,0 +1,33 @@
+"""The package's top level: the names a user reaches for first, and a light import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import workbench
+
+
+def test_every_public_name_is_the_object_of_its_home_module():
+    import importlib
+
+    assert len(set(workbench.__all__)) == len(workbench.__all__)
+    for name in workbench.__all__:
+        obj = getattr(workbench, name)
+        if callable(obj):  # functions and classes say where they live; it must be that module's object
+            home = importlib.import_module(obj.__module__)
+            assert obj.__module__.startswith("workbench.") and getattr(home, name) is obj, name
+
+
+def test_the_readme_import_works():
+    from workbench import HadamardFold, compare, fused_tail, host_tail, load_model, seed_case  # noqa: F401
+
+    c = seed_case()
+    assert compare(fused_tail(c.weights, c.branch, c.residual, backend="graph"),
+                   host_tail(c.weights, c.branch, c.residual)).passed
+
+
+def test_importing_workbench_loads_no_pandas_or_matplotlib():
+    code = "import sys, workbench; print('pandas' in sys.modules, 'matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
