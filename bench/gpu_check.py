@@ -5,7 +5,7 @@
     python -m bench.gpu_check --checks-only    # no benchmark
 
 On an NVIDIA GPU (MLX's CUDA back-end) it runs the CUDA kernels; on an Apple GPU the
-Metal ones. Checks, each against the float64 oracle (``tail.host_tail``, numpy):
+Metal ones. Checks, each against the float64 oracle (``workbench.exact_oracle``, numpy):
 
 * the seed's case (hidden 64, branch 96, ffn 80, wo folded with block 16 and its signs);
 * random shapes and folds: blocks 12 x 2^k, 20 x 2^k, 28 x 2^k and 2^k, with and without
@@ -15,90 +15,37 @@ Metal ones. Checks, each against the float64 oracle (``tail.host_tail``, numpy):
 * the head launch (Q, K, V with one shared rotation) at a small shape and Bonsai's;
 * determinism: the same inputs twice give the same bits (a race would not).
 
-The tolerance of each case is the one the float32 oracle itself needs there: the float32
-host tail (``host_tail(dtype=float32)``, the seed's "host") is compared with float64 by
-the seed's criterion ``|x - y| <= tol * max(|y|, 1)``, and the kernels must meet
-``max(2e-4, 2 x that error)`` -- the seed's 2e-4 wherever float32 itself is inside it.
-Both numbers are recorded.
+The tolerance of each case is the one the float32 oracle itself needs there
+(``exact_oracle.tolerance_for``): the float32 host tail (the seed's "host") is compared
+with float64 by the seed's criterion ``|x - y| <= tol * max(|y|, 1)``, and the kernels
+must meet ``max(2e-4, 2 x that error)`` -- the seed's 2e-4 wherever float32 itself is
+inside it. Both numbers are recorded.
 
-Then ``bench.kernel_bench.run`` (Bonsai-27B, bf16 and 4-bit). The record goes to
-``data/bench/gpu_check-<device>-<date>.json`` (and to ``$OUT`` when set, for the lent
-machine's copy-back). Exit status 1 if any check fails.
+Then ``bench.kernel_bench.run`` (Bonsai-27B, bf16 and 4-bit). The record goes through
+``bench.record`` to ``data/bench/gpu_check-<device>-<date>.json`` (and to ``$OUT`` when
+set, for the lent machine's copy-back). Exit status 1 if any check fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import math
-import os
-import platform
-import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Any, Callable
 
 import mlx.core as mx
+import numpy as np
 
-from workbench import backends, tail
+from bench import kernel_bench, record
+from workbench import backends, kernel_launch, tail
+from workbench.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
 from workbench.fold import HadamardFold
 from workbench.weights import WeightMatrix
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def nice_ceil(x: float) -> float:
-    """The smallest of 1, 2, 5 x 10^k at or above ``x``."""
-    if x <= 0 or not math.isfinite(x):
-        return x
-    e = math.floor(math.log10(x))
-    for m in (1, 2, 5, 10):
-        if m * 10**e >= x * (1 - 1e-12):
-            return float(m * 10**e)
-    return float(10 ** (e + 1))
-
-
-def dequantize_exact(wm: WeightMatrix, dtype: Any = np.float64) -> np.ndarray:
-    """A quantized matrix's weights ``scale * q + bias`` computed in ``dtype`` (dense: its base).
-
-    Unpacks MLX's affine layout (little-endian codes in uint32 words, one scale and bias a
-    group) in numpy, independently of ``mx.dequantize``, so the oracle does not trust the
-    library whose layout the kernels read. (``WeightMatrix.dense`` agrees with it since
-    ``QuantizedBase.dequantize`` casts the scales to float32 first; before that it rounded
-    every weight to bf16 and moved the Bonsai tail ~5e-3 off.)
-    """
-    base, _ = wm.launch_parts()
-    if not hasattr(base, "spec"):
-        return wm.dense(dtype)
-    if base.spec.mode != "affine":
-        raise ValueError(f"dequantize_exact serves affine quantization; got {base.spec}")
-    bits, gs = base.spec.bits, base.spec.group_size
-    words = np.array(base.w).view(np.uint32)
-    per = 32 // bits
-    codes = np.stack([(words >> (bits * i)) & ((1 << bits) - 1) for i in range(per)], -1).reshape(words.shape[0], -1)
-    sc = np.array(base.scales.astype(mx.float32)).astype(dtype).repeat(gs, axis=1)
-    bi = np.array(base.biases.astype(mx.float32)).astype(dtype).repeat(gs, axis=1)
-    return sc * codes.astype(dtype) + bi
-
-
-def host_tail_exact(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
-    """``tail.host_tail`` with quantized weights dequantized exactly (:func:`dequantize_exact`)."""
-    if w.wo.quantization is None:
-        return tail.host_tail(w, br, res, dtype=dtype)
-    m = [dequantize_exact(x, dtype) for x in (w.wo, w.gate, w.up, w.down)]
-    return tail.tail_np(m[0], w.wo.fold, w.ffn_norm.astype(dtype), m[1], m[2], m[3], w.eps,
-                        np.asarray(br).astype(dtype), np.asarray(res).astype(dtype))
-
-
-def tolerance_for(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
-    """``(tol, f32_worst)``: the float32 host oracle's worst scaled error and the tolerance it implies."""
-    f32 = host_tail_exact(w, br, res, dtype=np.float32)
-    worst = tail.compare(f32, truth).worst
-    return max(tail.SEED_TOL, nice_ceil(2 * worst)), worst
 
 
 def _tail_case(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, dialect: str,
@@ -145,18 +92,18 @@ def _head_case(name: str, hidden: int, nq: int, nk: int, nv: int, block: int | N
 
     truth = oracle(np.float64)
     f32 = oracle(np.float32)
-    got = backends.head_launch(mx.array(x), nw, eps, q, k, v, dialect)
+    got = kernel_launch.head_launch(mx.array(x), nw, eps, q, k, v, dialect)
     mx.eval(*got)
     t = np.concatenate(truth)
     worst32 = tail.compare(np.concatenate(f32), t).worst
-    tol = max(tail.SEED_TOL, nice_ceil(2 * worst32))
+    tol = oracle_tolerance(worst32)
     c = tail.compare(np.concatenate([np.array(g) for g in got]), t, tol=tol)
     return {"case": name, "shape": [hidden, nq, nk, nv], "weights": dtype, "fold": repr(fold), "tol": tol,
             "f32_oracle_worst": worst32, "worst": c.worst, "nmse": c.nmse, "max_abs": c.max_abs,
             "passed": bool(c.passed), "result": str(c)}
 
 
-def _guarded(name: str, fn: Any, *args: Any, **kw: Any) -> dict[str, Any]:
+def _guarded(name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kw: Any) -> dict[str, Any]:
     """``fn(*args)``, or a failed entry carrying the exception (so one broken case keeps the rest)."""
     try:
         return fn(*args, **kw)
@@ -168,7 +115,8 @@ def _guarded(name: str, fn: Any, *args: Any, **kw: Any) -> dict[str, Any]:
         return {"case": label, "passed": False, "error": f"{type(e).__name__}: {e}"[:2000]}
 
 
-def run_checks(dialect: str, seed: int, quick: bool = False, log: Any = print) -> list[dict[str, Any]]:
+def run_checks(dialect: str, seed: int, quick: bool = False,
+               log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Every correctness check; each entry says its tolerance and why it passed or not."""
     results: list[dict[str, Any]] = []
 
@@ -212,9 +160,7 @@ def run_checks(dialect: str, seed: int, quick: bool = False, log: Any = print) -
     add(_guarded("head", _head_case, "head (512; 512, 128, 128) no fold bf16", 512, 512, 128, 128, None, "bfloat16", seed + 51,
                    dialect))
     if not quick:
-        from bench.kernel_bench import BONSAI
-
-        (hidden, branch, ffn), block = BONSAI
+        (hidden, branch, ffn), block = kernel_bench.BONSAI
         for dt, q in (("float32", None), ("bfloat16", None),
                       ("bfloat16", {"mode": "affine", "bits": 4, "group_size": 64})):
             w = tail.TailWeights.random(hidden, branch, ffn, seed=seed + 60, fold_block=block, dtype=dt, quantize=q)
@@ -228,31 +174,13 @@ def run_checks(dialect: str, seed: int, quick: bool = False, log: Any = print) -
     return results
 
 
-def _slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower() or "device"
-
-
-def device_name(dialect: str) -> str:
-    info = backends.device_description()
-    for key in ("device_name", "name", "device"):
-        if key in info:
-            return info[key]
-    if dialect == "cuda":
-        try:
-            import torch
-
-            return torch.cuda.get_device_name(0)
-        except Exception:  # noqa: BLE001
-            pass
-    return f"{dialect} GPU"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Every GPU check of the kernel tail, and its benchmark.")
     ap.add_argument("--quick", action="store_true", help="small checks only and a short benchmark")
     ap.add_argument("--checks-only", action="store_true", help="no benchmark")
     ap.add_argument("--repeats", type=int, default=50, help="timed rounds per variant (default 50)")
     ap.add_argument("--seed", type=int, default=None, help="base seed (default: from the clock; recorded)")
+    ap.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON record goes")
     ap.add_argument("--no-record", action="store_true", help="write no JSON record")
     a = ap.parse_args(argv)
 
@@ -262,45 +190,39 @@ def main(argv: list[str] | None = None) -> int:
               "the kernel checks need MLX's CUDA back-end (mlx[cuda13]) or an Apple GPU")
         return 2
     seed = a.seed if a.seed is not None else int(time.time()) % 100_000
-    started = _dt.datetime.now(_dt.timezone.utc)
-    print(f"{dialect} kernels on {device_name(dialect)}, MLX {mx.__version__}, seed {seed}")
+    prov = record.provenance("gpu_check", argv)
+    started = _dt.datetime.fromisoformat(prov["date"])
+    info = prov["device"]
+    device = info.get("device_name", f"{dialect} GPU")
+    print(f"{dialect} kernels on {device}, MLX {mx.__version__}, seed {seed}")
     print("checks against the float64 oracle:")
     checks = run_checks(dialect, seed, quick=a.quick)
-    record: dict[str, Any] = {
+    rec: dict[str, Any] = {
         "what": "kernel tail: GPU checks against the float64 oracle, and the benchmark",
-        "command": "python -m bench.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": started.isoformat(timespec="seconds"),
-        "device": device_name(dialect),
+        **prov,
+        # The name alone under "device", the full description under "device_info": the
+        # layout every gpu_check record has had, which notebook 03 reads.
+        "device": device,
+        "device_info": info,
         "dialect": dialect,
-        "mlx_version": mx.__version__,
-        "platform": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
-        "device_info": backends.device_description(),
         "seed": seed,
         "checks": checks,
         "checks_passed": all(c["passed"] for c in checks),
     }
     if not a.checks_only:
-        from bench import kernel_bench
-
         try:
-            record["bench"] = kernel_bench.run(dialect, repeats=max(10, a.repeats // (3 if a.quick else 1)),
-                                               seed=seed, quick=a.quick)
-            kernel_bench.print_table(record["bench"])
+            rec["bench"] = kernel_bench.run(dialect, repeats=max(10, a.repeats // (3 if a.quick else 1)),
+                                            seed=seed, quick=a.quick)
+            kernel_bench.print_table(rec["bench"])
         except Exception as e:  # noqa: BLE001 -- keep the checks' record even if the benchmark breaks
             import traceback
 
             traceback.print_exc()
-            record["bench_error"] = repr(e)
-    record["seconds"] = (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds()
+            rec["bench_error"] = repr(e)
+    rec["seconds"] = (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds()
     if not a.no_record:
-        name = f"gpu_check-{_slug(record['device'])}-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-        text = json.dumps(record, indent=1, default=str)
-        dest = ROOT / "data" / "bench"
-        dest.mkdir(parents=True, exist_ok=True)
-        (dest / name).write_text(text)
-        print(f"\nrecord: data/bench/{name}")
-        if os.environ.get("OUT"):
-            Path(os.environ["OUT"], name).write_text(text)
+        print()
+        record.write(rec, a.out_dir, f"gpu_check-{record.slug(device)}-{started.strftime('%Y%m%dT%H%M%SZ')}")
     failed = [c["case"] for c in checks if not c["passed"]]
     print(f"\nchecks: {len(checks) - len(failed)} of {len(checks)} passed" + (f"; FAILED: {failed}" if failed else ""))
     return 1 if failed else 0

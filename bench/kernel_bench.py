@@ -34,12 +34,12 @@ import sys
 import time
 from typing import Any, Callable
 
+import mlx.core as mx
 import numpy as np
 
-import mlx.core as mx
-
 from bench import record
-from workbench import backends, hadamard, tail
+from workbench import backends, hadamard, kernel_launch, tail
+from workbench.exact_oracle import host_tail_exact
 
 #: Bonsai-27B's tail and wo's fold block (bench/tail_bench.py uses the same).
 BONSAI = (tail.BONSAI_SHAPE, 1024)
@@ -159,7 +159,7 @@ def torch_peer(w: tail.TailWeights, branch: np.ndarray, residual: np.ndarray) ->
             "graph_device_ms": lambda: device_ms(g.replay), "torch": torch.__version__}
 
 
-def per_launch_ms(prep: backends.PreparedTail, b: mx.array, r: mx.array, n: int = 20) -> dict[str, float]:
+def per_launch_ms(prep: kernel_launch.PreparedTail, b: mx.array, r: mx.array, n: int = 20) -> dict[str, float]:
     """Device time of each launch alone: ``n`` copies in one evaluation, per copy."""
     h = prep.launch_wo(b, r)
     act = prep.launch_gate_up(h)
@@ -192,21 +192,21 @@ def batched_ms(make: Callable[[], Any], n: int = 10, repeats: int = 5) -> float:
     return statistics.median(ts)
 
 
-def launch_bytes(prep: backends.PreparedTail) -> dict[str, int]:
+def launch_bytes(prep: kernel_launch.PreparedTail) -> dict[str, int]:
     def nb(m: Any) -> int:
         return int(m.w.nbytes + (m.s.nbytes + m.b.nbytes if m.fmt == 2 else 0))
 
     return {"wo_residual": nb(prep.wo), "ffn_gate_up": nb(prep.gate) + nb(prep.up), "ffn_down": nb(prep.down)}
 
 
-def sweep(w: tail.TailWeights, dialect: str, tunings: dict[str, backends.KernelTuning], b: mx.array, r: mx.array,
+def sweep(w: tail.TailWeights, dialect: str, tunings: dict[str, kernel_launch.KernelTuning], b: mx.array, r: mx.array,
           repeats: int) -> dict[str, dict[str, float]]:
     """Resident time of the kernel tail under each tuning, interleaved."""
     launch = tail.tail_launch(w)
     fns = {}
     for k, t in tunings.items():
         try:  # a tuning the device cannot launch (registers, shared memory) is dropped, not fatal
-            p = backends.prepared(launch, dialect, t)
+            p = kernel_launch.prepared(launch, dialect, t)
             mx.eval(p(b, r))
             fns[k] = lambda p=p: mx.eval(p(b, r))
         except Exception as e:  # noqa: BLE001
@@ -214,16 +214,14 @@ def sweep(w: tail.TailWeights, dialect: str, tunings: dict[str, backends.KernelT
     return time_rounds(fns, repeats)
 
 
-def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: backends.KernelTuning, bandwidth: float,
+def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_launch.KernelTuning, bandwidth: float,
                repeats: int, seed: int) -> dict[str, Any]:
     """Every variant at one case; returns the record's entry (times in ms)."""
     br, res = tail.random_inputs(w, seed=seed)
     launch = tail.tail_launch(w)
-    prep = backends.prepared(launch, dialect, tuning)
+    prep = kernel_launch.prepared(launch, dialect, tuning)
     b, r = mx.array(br), mx.array(res)
     mx.eval(b, r)
-    from bench.gpu_check import host_tail_exact
-
     truth = host_tail_exact(w, br, res)
     # MLX 0.32.4's CUDA quantized_matmul raised "SmallVector out of range" on a 1-D vector
     # (seen on the H200); with a batch axis of one it runs, so the graph gets that shape.
@@ -323,9 +321,9 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: backends.K
     return entry
 
 
-_T = backends.KernelTuning
+_T = kernel_launch.KernelTuning
 #: Tunings tried on the bf16 Bonsai tail before the main table (the best is used).
-TUNINGS: dict[str, backends.KernelTuning] = {
+TUNINGS: dict[str, kernel_launch.KernelTuning] = {
     "default": _T(),
     "wo1024": _T(wo_nt=1024, wo_groups_per_sm=1, head_nt=1024, head_groups_per_sm=1),
     "wo_u8_nopre": _T(u_wo=8, pre_wo=False),
@@ -352,7 +350,7 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
     # The fixed cost: the same launches at the seed's size (no bytes to speak of).
     c = tail.seed_case()
     sl = tail.tail_launch(c.weights)
-    sp = backends.prepared(sl, dialect)
+    sp = kernel_launch.prepared(sl, dialect)
     sb, sr = mx.array(c.branch), mx.array(c.residual)
     fixed = time_rounds({"kernels": lambda: mx.eval(sp(sb, sr)),
                          "mlx_graph": lambda: mx.eval(tail.tail_graph(sl, sb, sr)),
@@ -372,7 +370,7 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
     log("tuning sweep (kernel tail, resident, median ms): "
         + ", ".join(f"{k} {v['median_ms']:.3f}" for k, v in sw.items()) + f" -> {best}")
     tuning = tunings[best]
-    backends.set_default_tuning(tuning)  # fused_tail(backend=...) below uses it too
+    kernel_launch.set_default_tuning(tuning)  # fused_tail(backend=...) below uses it too
 
     def case(label: str, make: Callable[[], tail.TailWeights], s: int) -> None:
         try:

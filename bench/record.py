@@ -55,12 +55,24 @@ def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
 
 
 def write(record: dict[str, Any], out_dir: str | Path, stem: str) -> Path:
-    """Write ``record`` as ``out_dir/stem.json`` (pretty, newline-terminated); return the path."""
+    """Write ``record`` as ``out_dir/stem.json`` (pretty, newline-terminated); return the path.
+
+    When ``$OUT`` is set, the same file is also written there: the lent GPU machine brings
+    back only what a command leaves under ``$OUT``, so a record made there must land in it.
+    Values JSON has no type for (a numpy scalar, a dataclass) are written as their
+    ``str``: a GPU run's record is worth more with one field stringified than lost.
+    """
+    text = json.dumps(record, indent=2, default=str) + "\n"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{stem}.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    path.write_text(text)
     print(f"record: {path}")
+    if os.environ.get("OUT"):
+        copy = Path(os.environ["OUT"]) / path.name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(text)
+        print(f"record: {copy}")
     return path
 
 

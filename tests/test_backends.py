@@ -1,4 +1,4 @@
-"""Backends: what is here, 'auto', and a clear error for what is not."""
+"""Backends: what is here, 'auto', a clear error for what is not, and how fused_tail reaches a kernel."""
 
 from __future__ import annotations
 
@@ -6,75 +6,80 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
+from workbench import kernel_launch as KL
+from workbench import kernel_source as ks
 from workbench import tail as T
 
 
-@pytest.fixture
-def clean_registry(monkeypatch):
-    monkeypatch.setattr(B, "_KERNELS", {})
-    return B._KERNELS
-
-
-def test_graph_is_always_available(clean_registry):
+def test_graph_is_always_available():
     assert "graph" in B.available_backends()
     assert B.available_backends()[-1] == "graph"
     assert B.resolve_backend("graph") == "graph"
 
 
 @pytest.mark.skipif(B.metal_available() or B.cuda_available(), reason="a GPU is here")
-def test_auto_on_a_cpu_is_the_graph(clean_registry):
+def test_auto_on_a_cpu_is_the_graph():
     assert B.available_backends() == ["graph"]
     assert B.resolve_backend("auto") == "graph"
 
 
 @pytest.mark.skipif(B.metal_available(), reason="Metal is here")
-def test_metal_absent_says_so(clean_registry):
+def test_metal_absent_says_so():
     with pytest.raises(B.BackendUnavailable, match=r"Apple GPU.*mx.metal.is_available\(\) is False"):
         B.resolve_backend("metal")
 
 
 @pytest.mark.skipif(B.cuda_available(), reason="CUDA is here")
-def test_cuda_absent_says_so(clean_registry):
+def test_cuda_absent_says_so():
     with pytest.raises(B.BackendUnavailable, match=r"NVIDIA GPU.*mlx\[cuda13\]"):
         B.resolve_backend("cuda")
 
 
-def test_device_here_but_no_kernel_registered(clean_registry, monkeypatch):
+def test_a_kernel_backend_is_available_exactly_when_its_device_is(monkeypatch):
     monkeypatch.setattr(B, "cuda_available", lambda: True)
-    with pytest.raises(B.BackendUnavailable, match="no fused-tail cuda kernel is registered"):
-        B.resolve_backend("cuda")
-    assert B.resolve_backend("auto") == ("metal" if B.metal_available() and "metal" in B._KERNELS else "graph")
+    monkeypatch.setattr(B, "metal_available", lambda: False)
+    assert B.available_backends() == ["cuda", "graph"]
+    assert B.resolve_backend("cuda") == "cuda"
+    with pytest.raises(B.BackendUnavailable, match="backend 'metal'"):
+        B.resolve_backend("metal")
 
 
-def test_a_registered_kernel_is_picked_by_auto_and_run_through_the_launch(clean_registry, monkeypatch):
+def test_fused_tail_runs_a_kernel_backend_through_the_one_launch(monkeypatch):
     monkeypatch.setattr(B, "cuda_available", lambda: True)
     seen = {}
 
-    def fake(launch, branch, residual):
-        seen["launch"] = launch
+    def fake(dialect, launch, branch, residual):
+        seen["dialect"], seen["launch"] = dialect, launch
         return np.zeros(np.shape(residual), np.float32)
 
-    B.register_tail_kernel("cuda", fake)
-    assert B.available_backends()[0] == "cuda"
+    monkeypatch.setattr(KL, "run_kernel_tail", fake)
     c = T.seed_case()
     out, name = T.fused_tail(c.weights, c.branch, c.residual, return_backend=True)
-    assert name == "cuda" and out.shape == (64,)
+    assert name == "cuda" and seen["dialect"] == "cuda" and out.shape == (64,)
     assert isinstance(seen["launch"], T.TailLaunch)  # the one builder assembled it
+
+
+def test_the_kernel_backends_are_the_source_dialects():
+    assert set(KL.KERNEL_BACKENDS) == set(B.BACKENDS) - {"auto", "graph"}
+    assert KL.KERNEL_BACKENDS == ks.DIALECTS
 
 
 def test_backend_unavailable_is_a_runtime_error():
     assert issubclass(B.BackendUnavailable, RuntimeError)
 
 
-def test_bad_names(clean_registry):
+def test_bad_names():
     with pytest.raises(ValueError, match="backend must be one of"):
         B.resolve_backend("opencl")
-    with pytest.raises(ValueError, match="name must be 'metal' or 'cuda'"):
-        B.register_tail_kernel("graph", lambda *a: None)
-    with pytest.raises(ValueError, match="runner must be callable"):
-        B.register_tail_kernel("metal", 3)
-    with pytest.raises(B.BackendUnavailable):
-        B.run_tail_kernel("graph", None, None, None)
+    with pytest.raises(ValueError, match=r"dialect must be one of \('metal', 'cuda'\).*got 'graph'"):
+        KL.run_kernel_tail("graph", None, None, None)
+
+
+@pytest.mark.skipif(B.cuda_available(), reason="CUDA is here")
+def test_a_kernel_asked_for_without_its_device_says_so():
+    launch = T.tail_launch(T.seed_case().weights)
+    with pytest.raises(B.BackendUnavailable, match="backend 'cuda' needs an NVIDIA GPU"):
+        KL.run_kernel_tail("cuda", launch, np.zeros(96, np.float32), np.zeros(64, np.float32))
 
 
 def test_device_description_names_mlx():

@@ -16,20 +16,17 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
 from workbench import backends as B
+from workbench import kernel_launch as KL
 from workbench import kernel_source as ks
 from workbench import tail as T
 from workbench.fold import FoldSite, HadamardFold
 from workbench.weights import WeightMatrix
-
-ROOT = Path(__file__).resolve().parent.parent
 
 #: Text that belongs to one dialect only; the bodies and common.h must hold none of it.
 DIALECT_TOKENS = ("__syncthreads", "__shfl", "threadIdx", "blockIdx", "gridDim", "__global__", "__device__",
@@ -99,7 +96,7 @@ def seed_launch():
 
 @pytest.fixture(scope="module")
 def seed_metal(seed_launch):
-    return B.metal_tail_source(seed_launch)
+    return KL.metal_tail_source(seed_launch)
 
 
 def _signature(src: str) -> list[str]:
@@ -133,7 +130,7 @@ def test_metal_inputs_and_outputs_in_device_memory(seed_metal):
 
 
 def test_metal_template_values_are_the_launch_values(seed_launch, seed_metal):
-    prep = B.prepared(seed_launch, "metal")
+    prep = KL.prepared(seed_launch, "metal")
     for kernel, src in zip(ks.TAIL_KERNELS, seed_metal.values()):
         tmpl = prep.templates()[kernel]
         assert [n for n, _ in tmpl] == list(ks.KERNELS[kernel].template)
@@ -154,7 +151,7 @@ def test_metal_source_holds_the_metal_prelude_only(seed_metal):
 
 
 def _metal_for(w: T.TailWeights) -> dict[str, str]:
-    return B.metal_tail_source(T.tail_launch(w))
+    return KL.metal_tail_source(T.tail_launch(w))
 
 
 def test_metal_types_follow_the_weight_format():
@@ -164,7 +161,7 @@ def test_metal_types_follow_the_weight_format():
     assert f"const device bfloat16_t* w [[buffer({iw})]]" in src
     q = T.TailWeights.random(64, 1024, 128, seed=2, fold_block=1024, dtype="bfloat16",
                              quantize={"mode": "affine", "bits": 4, "group_size": 64})
-    prep = B.prepared(T.tail_launch(q), "metal")
+    prep = KL.prepared(T.tail_launch(q), "metal")
     src = list(_metal_for(q).values())[0]
     assert f"const device uint32_t* w [[buffer({iw})]]" in src and "const device bfloat16_t* ws" in src
     wo = dict(prep.templates()["wo_residual"])
@@ -176,7 +173,7 @@ def test_metal_head_launch_source():
     fold = HadamardFold.random(1280, 1280, seed=3, permute=True)  # m = 20, k = 6
     mats = [WeightMatrix(np.random.default_rng(i).standard_normal((r, 1280)).astype(np.float32)).fold_hadamard(fold)
             for i, r in enumerate((256, 64, 64))]
-    src = B.generated_source(lambda x: B.head_launch(x, np.ones(1280, np.float32), 1e-6, *mats, "metal",
+    src = KL.generated_source(lambda x: KL.head_launch(x, np.ones(1280, np.float32), 1e-6, *mats, "metal",
                                                      verbose=True)[0], mx.zeros((1280,)))
     (name, text), = src.items()
     assert name == "fat_head_qkv" and "void custom_kernel_fat_head_qkv__" in text
@@ -248,7 +245,7 @@ def test_cuda_translation_unit_writes_mlx_signature():
 def _kernel_rotation(plan, x: np.ndarray) -> np.ndarray:
     """R x as the kernels compute it: scatter by sdest, butterflies, the m-table mix, scale."""
     width = plan.width
-    sd = B.sdest(plan)  # what the kernels get: 2 dest[p] + (signs[p] < 0)
+    sd = KL.sdest(plan)  # what the kernels get: 2 dest[p] + (signs[p] < 0)
     xs = np.full(width, np.nan)
     xs[sd >> 1] = np.where(sd & 1, -x, x)  # xs[dest[p]] = signs[p] * x[p]
     assert not np.isnan(xs).any()  # dest is a permutation: every slot written
@@ -310,59 +307,50 @@ def test_mlx_affine_layout_is_low_nibble_first():
     np.testing.assert_allclose(deq, np.array(mx.dequantize(q, s, b, group_size=64, bits=4)), atol=1e-6)
 
 
-def test_exact_dequantization_matches_mlx_with_float32_scales():
-    sys.path.insert(0, str(ROOT))
-    from bench.gpu_check import dequantize_exact
-
-    w = WeightMatrix.quantize(np.random.default_rng(1).standard_normal((8, 256)).astype(np.float32), bits=4,
-                              group_size=64)
-    np.testing.assert_allclose(dequantize_exact(w), w.dense(np.float64), rtol=0, atol=1e-6)
-
-
 # -- what the launch builder refuses ----------------------------------------------------
 
 
 def test_unserved_formats_and_shapes_raise():
     w = T.TailWeights.random(64, 96, 80, seed=0, dtype="float16")
     with pytest.raises(ValueError, match="float32, bfloat16 and affine 4-bit"):
-        B.prepare_tail(T.tail_launch(w), "metal")
+        KL.prepare_tail(T.tail_launch(w), "metal")
     w = T.TailWeights.random(64, 96, 80, seed=0, fold_block=16, fold_site=FoldSite.OUTPUT)
     with pytest.raises(ValueError, match="INPUT site"):
-        B.prepare_tail(T.tail_launch(w), "metal")
+        KL.prepare_tail(T.tail_launch(w), "metal")
     w = T.TailWeights.random(64, 8200, 80, seed=0)
     with pytest.raises(ValueError, match="at most 8192"):
-        B.prepare_tail(T.tail_launch(w), "metal")
+        KL.prepare_tail(T.tail_launch(w), "metal")
     w = T.TailWeights.random(64, 96, 96, seed=0, quantize={"mode": "affine", "bits": 8, "group_size": 32})
     with pytest.raises(ValueError, match="affine 4-bit"):
-        B.prepare_tail(T.tail_launch(w), "metal")
+        KL.prepare_tail(T.tail_launch(w), "metal")
     with pytest.raises(ValueError, match="dialect must be one of"):
-        B.prepare_tail(T.tail_launch(T.seed_case().weights), "vulkan")
+        KL.prepare_tail(T.tail_launch(T.seed_case().weights), "vulkan")
 
 
 def test_head_launch_refuses_folds_that_differ():
     f1, f2 = (HadamardFold.random(256, 256, seed=s) for s in (1, 2))
     base = np.ones((32, 256), np.float32)
     q, k, v = WeightMatrix(base).fold_hadamard(f1), WeightMatrix(base).fold_hadamard(f1), WeightMatrix(base)
-    assert [r.name for r in B.head_refusals(q, k, v)] == ["FOLDS_DIFFER"]
+    assert [r.name for r in KL.head_refusals(q, k, v)] == ["FOLDS_DIFFER"]
     with pytest.raises(ValueError, match="FOLDS_DIFFER"):
-        B.head_launch(mx.zeros((256,)), np.ones(256, np.float32), 1e-6, q, k, v, "metal")
+        KL.head_launch(mx.zeros((256,)), np.ones(256, np.float32), 1e-6, q, k, v, "metal")
     k2 = WeightMatrix(base).fold_hadamard(f2)
-    assert "FOLDS_DIFFER" in [r.name for r in B.head_refusals(q, k2, k2)]
-    assert B.head_refusals(q, k, WeightMatrix(base).fold_hadamard(f1)) == []
+    assert "FOLDS_DIFFER" in [r.name for r in KL.head_refusals(q, k2, k2)]
+    assert KL.head_refusals(q, k, WeightMatrix(base).fold_hadamard(f1)) == []
 
 
 def test_grid_fills_the_device_and_no_more():
-    t = B.KernelTuning(sm_count=132)
-    assert B._grid(5120, 256, t, 0) == 640 * 256  # one warp a row
-    assert B._grid(17408, 256, t, 4) == 528 * 256  # capped at 4 groups an SM
-    assert B._grid(3, 256, t, 4) == 256
+    t = KL.KernelTuning(sm_count=132)
+    assert KL._grid(5120, 256, t, 0) == 640 * 256  # one warp a row
+    assert KL._grid(17408, 256, t, 4) == 528 * 256  # capped at 4 groups an SM
+    assert KL._grid(3, 256, t, 4) == 256
     with pytest.raises(ValueError, match="KernelTuning"):
-        B.set_default_tuning("fast")
+        KL.set_default_tuning("fast")
 
 
 def test_prepared_tails_are_made_once(seed_launch):
-    assert B.prepared(seed_launch, "metal") is B.prepared(seed_launch, "metal")
-    assert B.prepared(seed_launch, "metal", B.KernelTuning(rows_nt=128)) is not B.prepared(seed_launch, "metal")
+    assert KL.prepared(seed_launch, "metal") is KL.prepared(seed_launch, "metal")
+    assert KL.prepared(seed_launch, "metal", KL.KernelTuning(rows_nt=128)) is not KL.prepared(seed_launch, "metal")
 
 
 # -- on a GPU ---------------------------------------------------------------------------

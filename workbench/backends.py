@@ -4,24 +4,24 @@ Backends of :func:`workbench.tail.fused_tail`:
 
 * ``"graph"``: the whole tail as MLX ops evaluated once; runs wherever MLX runs (CPU,
   Apple GPU, NVIDIA GPU), so it is always available.
-* ``"metal"``: the fused kernel through ``mx.fast.metal_kernel``; needs an Apple GPU
-  with MLX's Metal back-end AND the kernel registered here.
-* ``"cuda"``: its twin through ``mx.fast.cuda_kernel``; needs an NVIDIA GPU with MLX's
-  CUDA back-end (``mlx[cuda13]``) AND the kernel registered here.
+* ``"metal"``: the fused kernels through ``mx.fast.metal_kernel``; needs an Apple GPU
+  with MLX's Metal back-end.
+* ``"cuda"``: their twin through ``mx.fast.cuda_kernel``; needs an NVIDIA GPU with
+  MLX's CUDA back-end (``mlx[cuda13]``).
 * ``"auto"``: the first available of cuda, metal, graph.
 
+The kernels themselves and their launches live in :mod:`workbench.kernel_launch`; both
+always exist in code, so a kernel backend is unavailable only when its device is absent.
 A backend asked for and absent raises :class:`BackendUnavailable` saying what is
 missing; nothing falls back silently, since a graph result mistaken for a kernel result
 would hide exactly the bugs the kernels are checked for.
 
-The kernels themselves arrive with the issue "The fused tail as kernels", which registers
-them with :func:`register_tail_kernel`.
+:func:`device_description` is the one description of a device that every record carries.
 """
 
 from __future__ import annotations
 
 import platform
-from typing import Any, Callable
 
 import mlx.core as mx
 
@@ -30,9 +30,6 @@ BACKENDS: tuple[str, ...] = ("auto", "graph", "metal", "cuda")
 
 #: The order ``"auto"`` tries, best first.
 _PREFERENCE: tuple[str, ...] = ("cuda", "metal", "graph")
-
-#: Kernel runners by backend name: ``runner(launch, branch, residual) -> array [.., hidden]``.
-_KERNELS: dict[str, Callable[..., Any]] = {}
 
 
 class BackendUnavailable(RuntimeError):
@@ -56,40 +53,17 @@ def cuda_available() -> bool:
         return False
 
 
-def register_tail_kernel(name: str, runner: Callable[..., Any]) -> None:
-    """Register the fused-tail kernel for ``"metal"`` or ``"cuda"``.
-
-    ``runner(launch, branch, residual)`` takes a :class:`workbench.tail.TailLaunch` and
-    the activations (numpy or MLX, float32, optional leading batch axes) and returns the
-    output (numpy or ``mx.array``), having waited on ONE submission.
-    """
-    if name not in ("metal", "cuda"):
-        raise ValueError(f"name must be 'metal' or 'cuda' (the kernel backends); got {name!r}")
-    if not callable(runner):
-        raise ValueError(f"runner must be callable; got {type(runner).__name__}")
-    _KERNELS[name] = runner
-
-
 def _missing(name: str) -> str | None:
     """Why ``name`` cannot run here, or ``None`` when it can."""
-    if name == "graph":
-        return None
-    if name == "metal":
-        if not metal_available():
-            return (
-                "backend 'metal' needs an Apple GPU with MLX's Metal back-end: mx.metal.is_available() is "
-                f"False on this machine ({platform.system()} {platform.machine()}, MLX {mx.__version__})"
-            )
-    elif name == "cuda":
-        if not cuda_available():
-            return (
-                "backend 'cuda' needs an NVIDIA GPU with MLX's CUDA back-end (pip install 'mlx[cuda13]'): "
-                f"mx.cuda.is_available() is False on this machine (MLX {mx.__version__})"
-            )
-    if name not in _KERNELS:
+    if name == "metal" and not metal_available():
         return (
-            f"backend {name!r}: the device is here but no fused-tail {name} kernel is registered "
-            "(workbench.backends.register_tail_kernel; the issue 'The fused tail as kernels' adds it)"
+            "backend 'metal' needs an Apple GPU with MLX's Metal back-end: mx.metal.is_available() is "
+            f"False on this machine ({platform.system()} {platform.machine()}, MLX {mx.__version__})"
+        )
+    if name == "cuda" and not cuda_available():
+        return (
+            "backend 'cuda' needs an NVIDIA GPU with MLX's CUDA back-end (pip install 'mlx[cuda13]'): "
+            f"mx.cuda.is_available() is False on this machine (MLX {mx.__version__})"
         )
     return None
 
@@ -115,15 +89,7 @@ def resolve_backend(name: str) -> str:
     return name
 
 
-def run_tail_kernel(name: str, launch: Any, branch: Any, residual: Any) -> Any:
-    """Run the registered ``name`` kernel on a launch (``resolve_backend`` it first)."""
-    why = _missing(name)
-    if why is not None or name == "graph":
-        raise BackendUnavailable(why or "'graph' is not a kernel backend; use workbench.tail.tail_graph")
-    return _KERNELS[name](launch, branch, residual)
-
-
-def device_description(device: Any = None) -> dict[str, str]:
+def device_description(device: mx.Device | None = None) -> dict[str, str]:
     """An MLX device (default: MLX's default) and what it says about itself, for records.
 
     ``mlx_device``, ``mlx_version``, ``platform``, whatever ``mx.device_info`` reports
@@ -148,471 +114,3 @@ def device_description(device: Any = None) -> dict[str, str]:
         info["device_name"] = name
     info["platform"] = f"{platform.system()} {platform.machine()}"
     return info
-
-
-# =======================================================================================
-# The kernels (issue 5): kernels/ sources into mx.fast.metal_kernel / mx.fast.cuda_kernel
-# =======================================================================================
-#
-# One tail is three launches encoded in ONE evaluation, as the seed's launch_attn_tail
-# encodes them in one command buffer: wo_residual (h = residual + wo' R x), ffn_gate_up
-# (act = silu(gate n) * up n, n = rms_norm(h) * ffn_norm) and ffn_down (h + down act).
-# The head launch (Q, K, V from attn_norm(hidden), one shared rotation) is one more.
-# The sources are composed by workbench.kernel_source; what is built here is which
-# values the launches take (formats, shapes, the fold's plan) and how big the grids are.
-
-import contextlib as _contextlib  # noqa: E402
-import os as _os  # noqa: E402
-import tempfile as _tempfile  # noqa: E402
-import weakref  # noqa: E402
-from dataclasses import dataclass as _dataclass  # noqa: E402
-from dataclasses import field as _field  # noqa: E402
-from functools import lru_cache as _lru_cache  # noqa: E402
-
-import numpy as _np  # noqa: E402
-
-from workbench import kernel_source as _ks  # noqa: E402
-
-#: The most floats one group stages in group memory (Metal's 32 KB threadgroup limit;
-#: the same algorithm runs on CUDA, so the same limit holds there).
-MAX_GROUP_FLOATS = 8192
-
-
-@_dataclass(frozen=True)
-class KernelTuning:
-    """Group sizes and grids of the launches (defaults tuned on the H200, 132 SMs).
-
-    ``rows_nt`` threads a group of gate/up, ``wo_nt`` / ``head_nt`` of wo and the head
-    launch (one warp a row in all three). wo and the head rotate their input in group
-    memory first, ten butterfly passes over 24 KB for Bonsai: done by every one of 640
-    small groups that cost ~40 us of shared-memory traffic (measured), so they run two
-    512-thread groups an SM instead (1024 threads would cap registers at 64 a thread,
-    which the m = 28 mixing reaches).
-    Their grids: ``*_groups_per_sm`` x ``sm_count`` groups at most, each staging its input
-    vector once and its warps striding over the rows; 0 means no cap (one row a warp,
-    the hardware scheduling the groups). ``u_*`` the 16-byte units each lane loads before
-    using any; ``down_nt`` threads a group of down (one group a row). ``pre_*``: load the
-    first batch before the prologue, so device memory is busy while every group builds
-    its input vector (costs registers held across the prologue).
-    """
-
-    rows_nt: int = 256
-    wo_nt: int = 512
-    head_nt: int = 512
-    wo_groups_per_sm: int = 2
-    gu_groups_per_sm: int = 0
-    head_groups_per_sm: int = 2
-    sm_count: int | None = None
-    u_wo: int = 4
-    u_gate_up: int = 4
-    u_head: int = 4
-    down_nt: int = 64
-    u_down: int = 16
-    pre_wo: bool = True
-    pre_gate_up: bool = False
-    pre_head: bool = True
-
-    def sms(self) -> int:
-        if self.sm_count is not None:
-            return int(self.sm_count)
-        env = _os.environ.get("WORKBENCH_SM_COUNT")
-        if env:
-            return int(env)
-        return 132  # an H200 / H100 SXM; only the grid's size depends on it, never a result
-
-
-#: The tuning used when none is given (``bench.gpu_check`` sets the best it measured).
-DEFAULT_TUNING = KernelTuning()
-
-
-def set_default_tuning(tuning: KernelTuning) -> None:
-    """Use ``tuning`` for every launch that names none (the fused_tail runners)."""
-    global DEFAULT_TUNING
-    if not isinstance(tuning, KernelTuning):
-        raise ValueError(f"tuning must be a KernelTuning; got {type(tuning).__name__}")
-    DEFAULT_TUNING = tuning
-
-
-@_lru_cache(maxsize=None)
-def _kernel(dialect: str, kernel: str) -> Any:
-    """The MLX kernel object for ``kernel`` in ``dialect`` (built once)."""
-    spec = _ks.KERNELS[kernel]
-    header, source = _ks.compose(dialect, kernel)
-    if dialect == "metal":
-        return mx.fast.metal_kernel(name=spec.name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                                    source=source, header=header, ensure_row_contiguous=True)
-    return mx.fast.cuda_kernel(name=spec.name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                               source=source, header=header, ensure_row_contiguous=True)
-
-
-@_dataclass(frozen=True)
-class _Matrix:
-    """One weight matrix as a kernel takes it: format, the arrays, its shape."""
-
-    fmt: int
-    sfmt: int
-    gs: int
-    qi: bool
-    w: mx.array
-    s: mx.array
-    b: mx.array
-    rows: int
-    cols: int
-
-
-def _units(fmt: int, u: int) -> int:
-    """Units a lane loads per batch: a 4-bit unit is 32 weights (4 x the work of a bf16
-    one, and its dot products unroll into registers), so a quarter as many."""
-    return max(1, u // 4) if fmt == _ks.WF_Q4 else u
-
-
-def _dummy() -> mx.array:
-    # 8 floats: MLX's Metal signature puts arrays under 8 elements in `constant` space.
-    return mx.zeros((8,), dtype=mx.float32)
-
-
-def _matrix(name: str, wm: Any) -> _Matrix:
-    """``wm`` (a WeightMatrix, no fold) in the form the kernels take; ValueError if unserved."""
-    from workbench.weights import QuantizedBase
-
-    base, fold = wm.launch_parts()
-    if fold is not None:
-        raise ValueError(f"{name} must carry no fold for the kernels (only wo's and Q/K/V's input folds are applied)")
-    rows, cols = wm.shape
-    if isinstance(base, QuantizedBase):
-        spec = base.spec
-        if spec.mode != "affine" or spec.bits != 4:
-            raise ValueError(f"{name}: the kernels serve float32, bfloat16 and affine 4-bit weights; got {spec}")
-        if base.scales.dtype not in (mx.float32, mx.bfloat16):
-            raise ValueError(f"{name}: 4-bit scales must be float32 or bfloat16; got {base.scales.dtype}")
-        sfmt = 1 if base.scales.dtype == mx.bfloat16 else 0
-        if cols % 32:
-            raise ValueError(f"{name}: its in dimension ({cols}) must be a multiple of 32 for 4-bit units")
-        # Interleaved words (kernels/common.h, Q4_WORD) need rows of a multiple of 128 words.
-        qi = (cols // 8) % 128 == 0
-        return _Matrix(_ks.WF_Q4, sfmt, spec.group_size, qi, base.w, base.scales, base.biases, rows, cols)
-    if base.dtype == mx.float32:
-        fmt = _ks.WF_F32
-    elif base.dtype == mx.bfloat16:
-        fmt = _ks.WF_BF16
-    else:
-        raise ValueError(f"{name}: the kernels serve float32, bfloat16 and affine 4-bit weights; got {base.dtype}")
-    per = 4 if fmt == _ks.WF_F32 else 8
-    if cols % per:
-        raise ValueError(f"{name}: its in dimension ({cols}) must be a multiple of {per} for 16-byte loads")
-    return _Matrix(fmt, 0, 32, False, base, _dummy(), _dummy(), rows, cols)
-
-
-def _check_width(name: str, width: int) -> None:
-    if width % 8 or width > MAX_GROUP_FLOATS:
-        raise ValueError(f"{name} ({width}) must be a multiple of 8 and at most {MAX_GROUP_FLOATS} "
-                         "(the kernels stage it in 32 KB of group memory)")
-
-
-def _rotation(plan: Any, width: int) -> dict[str, Any]:
-    """The fold plan's arrays and template values (identity ones without a fold)."""
-    if plan is None:
-        return {"sdest": 2 * mx.arange(width, dtype=mx.int32),
-                "table": mx.ones((8,), dtype=mx.int8), "ROT": False, "M": 1, "LOGP": 0, "scale": 1.0}
-    table = _np.zeros(max(8, plan.m * plan.m), dtype=_np.int8)
-    table[: plan.m * plan.m] = _np.asarray(plan.table, dtype=_np.int8).reshape(-1)
-    return {"sdest": mx.array(sdest(plan)),
-            "table": mx.array(table), "ROT": True, "M": int(plan.m), "LOGP": int(plan.k), "scale": plan.scale}
-
-
-def sdest(plan: Any) -> _np.ndarray:
-    """What the kernels take for the signs and the permutation: ``2 dest[p] + (signs[p] < 0)``.
-
-    ``dest`` is the inverse permutation (``dest[perm[i]] = i``): the kernels scatter
-    ``signs[p] * x[p]`` to ``dest[p]`` in group memory, which makes every read of device
-    memory coalesced; the sign rides in the low bit (one array read instead of two).
-    """
-    dest = _np.argsort(_np.asarray(plan.perm)).astype(_np.int64)
-    return (2 * dest + (_np.asarray(plan.signs) < 0)).astype(_np.int32)
-
-
-def _params(eps: float, scale: float) -> mx.array:
-    p = _np.zeros(8, dtype=_np.float32)
-    p[0], p[1] = eps, scale
-    return mx.array(p)
-
-
-def _grid(rows: int, nt: int, t: KernelTuning, groups_per_sm: int) -> int:
-    """Threads in a row kernel's grid: one warp a row, at most ``groups_per_sm`` groups an SM (0: no cap)."""
-    groups = -(-rows // (nt // 32))
-    if groups_per_sm > 0:
-        groups = min(groups, t.sms() * groups_per_sm)
-    return max(1, groups) * nt
-
-
-@_dataclass
-class PreparedTail:
-    """A tail's three launches with every constant already an ``mx.array``.
-
-    Call it with ``branch`` [branch] and ``residual`` [hidden] (float32 ``mx.array``) to
-    get the lazy output; nothing is evaluated here, so a caller encodes the three
-    launches in one evaluation (or several tails in one, for timing).
-    """
-
-    dialect: str
-    hidden: int
-    branch_dim: int
-    ffn: int
-    wo: _Matrix
-    gate: _Matrix
-    up: _Matrix
-    down: _Matrix
-    rot: dict
-    norm: mx.array
-    params: mx.array
-    tuning: KernelTuning = _field(default_factory=KernelTuning)
-
-    def weight_bytes(self) -> int:
-        return int(sum(m.w.nbytes + (m.s.nbytes + m.b.nbytes if m.fmt == _ks.WF_Q4 else 0)
-                       for m in (self.wo, self.gate, self.up, self.down)) + self.norm.nbytes)
-
-    def templates(self) -> dict[str, list[tuple[str, Any]]]:
-        """The template values of the three launches (what the generated source is checked for)."""
-        t, wo, g, d = self.tuning, self.wo, self.gate, self.down
-        return {
-            "wo_residual": [("NT", t.wo_nt), ("FMT", wo.fmt), ("SFMT", wo.sfmt), ("GS", wo.gs), ("QI", wo.qi),
-                            ("WIDTH", self.branch_dim), ("ROWS", self.hidden), ("ROT", bool(self.rot["ROT"])),
-                            ("M", self.rot["M"]), ("LOGP", self.rot["LOGP"]), ("U", _units(wo.fmt, t.u_wo)),
-                            ("PRE", bool(t.pre_wo))],
-            "ffn_gate_up": [("NT", t.rows_nt), ("FMT", g.fmt), ("SFMT", g.sfmt), ("GS", g.gs), ("QI", g.qi),
-                            ("HID", self.hidden), ("FFN", self.ffn), ("U", _units(g.fmt, t.u_gate_up)),
-                            ("PRE", bool(t.pre_gate_up))],
-            "ffn_down": [("NT", t.down_nt), ("FMT", d.fmt), ("SFMT", d.sfmt), ("GS", d.gs), ("QI", d.qi),
-                         ("HID", self.hidden), ("FFN", self.ffn), ("U", _units(d.fmt, t.u_down))],
-        }
-
-    def __post_init__(self) -> None:
-        # Everything but the activations, computed once: a launch then costs MLX's own
-        # work and little Python (the per-wait overhead is what the benchmark measures).
-        t, tp = self.tuning, self.templates()
-        wo, g, u, d = self.wo, self.gate, self.up, self.down
-        self._wo = (_kernel(self.dialect, "wo_residual"),
-                    [self.rot["sdest"], self.rot["table"], self.params, wo.w, wo.s, wo.b],
-                    dict(template=tp["wo_residual"], grid=(_grid(self.hidden, t.wo_nt, t, t.wo_groups_per_sm), 1, 1),
-                         threadgroup=(t.wo_nt, 1, 1), output_shapes=[(self.hidden,)], output_dtypes=[mx.float32]))
-        self._gu = (_kernel(self.dialect, "ffn_gate_up"),
-                    [self.norm, self.params, g.w, g.s, g.b, u.w, u.s, u.b],
-                    dict(template=tp["ffn_gate_up"], grid=(_grid(self.ffn, t.rows_nt, t, t.gu_groups_per_sm), 1, 1),
-                         threadgroup=(t.rows_nt, 1, 1), output_shapes=[(self.ffn,)], output_dtypes=[mx.float32]))
-        self._dn = (_kernel(self.dialect, "ffn_down"), [d.w, d.s, d.b],
-                    dict(template=tp["ffn_down"], grid=(self.hidden * t.down_nt, 1, 1),
-                         threadgroup=(t.down_nt, 1, 1), output_shapes=[(self.hidden,)], output_dtypes=[mx.float32]))
-
-    def launch_wo(self, branch: mx.array, residual: mx.array, *, verbose: bool = False) -> mx.array:
-        """Launch 1, lazily: ``h = residual + wo' (R branch)``."""
-        k, consts, kw = self._wo
-        return k(inputs=[branch, *consts, residual], verbose=verbose, **kw)[0]
-
-    def launch_gate_up(self, h: mx.array, *, verbose: bool = False) -> mx.array:
-        """Launch 2, lazily: ``act = silu(gate n) * up n``, ``n = rms_norm(h) * ffn_norm``."""
-        k, consts, kw = self._gu
-        return k(inputs=[h, *consts], verbose=verbose, **kw)[0]
-
-    def launch_down(self, act: mx.array, h: mx.array, *, verbose: bool = False) -> mx.array:
-        """Launch 3, lazily: ``h + down act``."""
-        k, consts, kw = self._dn
-        return k(inputs=[act, h, *consts], verbose=verbose, **kw)[0]
-
-    def compiled(self) -> Callable[[mx.array, mx.array], mx.array]:
-        """``self`` traced once by ``mx.compile``: the same launches with less Python a call
-        (measured on the H200: about 0.05-0.09 ms less per one-wait tail)."""
-        if getattr(self, "_compiled", None) is None:
-            self._compiled = mx.compile(lambda b, r: self(b, r))
-        return self._compiled
-
-    def __call__(self, branch: mx.array, residual: mx.array, *, verbose: bool = False) -> mx.array:
-        """The tail's three launches, lazily (evaluate the result once: one submission)."""
-        h = self.launch_wo(branch, residual, verbose=verbose)
-        act = self.launch_gate_up(h, verbose=verbose)
-        return self.launch_down(act, h, verbose=verbose)
-
-
-def prepare_tail(launch: Any, dialect: str, tuning: KernelTuning | None = None) -> PreparedTail:
-    """The kernel form of a :class:`workbench.tail.TailLaunch` (from ``tail.tail_launch``).
-
-    Raises ``ValueError`` for what the kernels do not serve: a weight format other than
-    float32 / bfloat16 / affine 4-bit, a fold on wo at its OUTPUT site (the seed's plan
-    rotates wo's input), folds on the FFN matrices, widths over 8192 or not multiples of 8.
-    """
-    from workbench.fold import FoldSite
-    from workbench.weights import WeightMatrix
-
-    _ks._check_dialect(dialect)
-    if launch.fold is not None and launch.fold.site is not FoldSite.INPUT:
-        raise ValueError("wo's fold must be at its INPUT site for the kernels (they rotate wo's input, as the "
-                         "seed's metal_plan(branch.len()) does); got site OUTPUT")
-    wo = _matrix("wo", launch.wo)
-    gate, up, down = _matrix("gate", launch.gate), _matrix("up", launch.up), _matrix("down", launch.down)
-    hidden, branch_dim, ffn = wo.rows, wo.cols, gate.rows
-    _check_width("branch (wo's in dimension)", branch_dim)
-    _check_width("hidden", hidden)
-    if ffn % 8:
-        raise ValueError(f"ffn ({ffn}) must be a multiple of 8")
-    if (gate.fmt, gate.sfmt, gate.gs, gate.qi) != (up.fmt, up.sfmt, up.gs, up.qi):
-        raise ValueError("gate and up must have the same format (one launch reads both)")
-    rot = _rotation(launch.fold_plan, branch_dim)
-    return PreparedTail(dialect, hidden, branch_dim, ffn, wo, gate, up, down, rot,
-                        launch.ffn_norm.astype(mx.float32), _params(launch.eps, rot["scale"]),
-                        tuning or DEFAULT_TUNING)
-
-
-_PREPARED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-
-
-def prepared(launch: Any, dialect: str, tuning: KernelTuning | None = None) -> PreparedTail:
-    """:func:`prepare_tail`, made once per weights object, dialect and tuning (the
-    constants then stay on the device, as an engine keeps them)."""
-    tuning = tuning or DEFAULT_TUNING
-    per = _PREPARED.setdefault(launch.weights, {})
-    key = (dialect, tuning)
-    if key not in per:
-        per[key] = prepare_tail(launch, dialect, tuning)
-    return per[key]
-
-
-def kernel_tail(launch: Any, branch: mx.array, residual: mx.array, dialect: str,
-                tuning: KernelTuning | None = None) -> mx.array:
-    """The kernel tail as a lazy MLX array (leading batch axes allowed: each row its launches)."""
-    prep = prepared(launch, dialect, tuning)
-    b = branch.astype(mx.float32)
-    r = residual.astype(mx.float32)
-    if b.ndim == 1:
-        return prep.compiled()(b, r)
-    lead = b.shape[:-1]
-    bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
-    return mx.stack([prep(bf[i], rf[i]) for i in range(bf.shape[0])]).reshape(*lead, prep.hidden)
-
-
-def _runner(dialect: str) -> Callable[..., Any]:
-    def run(launch: Any, branch: Any, residual: Any) -> Any:
-        def as_mx(a: Any) -> mx.array:
-            return a.astype(mx.float32) if isinstance(a, mx.array) else mx.array(_np.asarray(a, dtype=_np.float32))
-
-        out = kernel_tail(launch, as_mx(branch), as_mx(residual), dialect)
-        mx.eval(out)  # the ONE submission: all launches of the tail
-        return _np.array(out)
-
-    run.__doc__ = f"The fused tail through the {dialect} kernels: one evaluation, numpy out."
-    return run
-
-
-register_tail_kernel("metal", _runner("metal"))
-register_tail_kernel("cuda", _runner("cuda"))
-
-
-# -- the head launch ----------------------------------------------------------------------
-
-
-def head_refusals(q: Any, k: Any, v: Any) -> list:
-    """Every ``HeadRefusal`` for Q/K/V weights (``workbench.refusals.head_launch_refusals``,
-    asked about a plain GQA layer of this hidden size); [] = the head launch runs."""
-    from workbench import model, refusals
-
-    hidden = q.shape[1]
-    cfg = model.ModelConfig.synthetic(hidden, ffn_dim=hidden)
-
-    def served(wm: Any) -> bool:
-        try:
-            _matrix("x", type(wm)(wm.launch_parts()[0]))
-            return True
-        except ValueError:
-            return False
-
-    return list(refusals.head_launch_refusals(
-        cfg, 0, q_fold=q.fold, k_fold=k.fold, v_fold=v.fold,
-        q_kernel=served(q), k_kernel=served(k), v_kernel=served(v)))
-
-
-def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: Any, k: Any, v: Any, dialect: str,
-                tuning: KernelTuning | None = None, *, verbose: bool = False) -> tuple[mx.array, mx.array, mx.array]:
-    """Q, K, V of ``rms_norm(hidden) * attn_norm`` in ONE launch, lazily.
-
-    ``q`` / ``k`` / ``v`` are WeightMatrix objects sharing one fold (the same object, as
-    the seed asks ``Arc::ptr_eq``) at the INPUT site, or all unfolded; the kernel
-    rotates their common input once. Raises ``ValueError`` listing every head refusal.
-    """
-    from workbench.fold import FoldSite
-    from workbench.weights import WeightMatrix
-
-    _ks._check_dialect(dialect)
-    found = head_refusals(q, k, v)
-    if found:
-        raise ValueError("the head launch refuses these projections: " + ", ".join(r.name for r in found))
-    fold = q.fold
-    if fold is not None and fold.site is not FoldSite.INPUT:
-        raise ValueError("the Q/K/V fold must be at the INPUT site (the kernel rotates their common input)")
-    mats = [_matrix(n, WeightMatrix(m.launch_parts()[0])) for n, m in (("q", q), ("k", k), ("v", v))]
-    if len({(m.fmt, m.sfmt, m.gs, m.qi) for m in mats}) != 1:
-        raise ValueError("q, k and v must have the same weight format (one launch reads all three)")
-    hid = mats[0].cols
-    _check_width("hidden", hid)
-    t = tuning or DEFAULT_TUNING
-    rot = _rotation(None if fold is None else fold.plan(hid), hid)
-    nq, nk, nv = (m.rows for m in mats)
-    m0 = mats[0]
-    template = [("NT", t.head_nt), ("FMT", m0.fmt), ("SFMT", m0.sfmt), ("GS", m0.gs), ("QI", m0.qi), ("HID", hid),
-                ("NQ", nq), ("NK", nk), ("NV", nv), ("ROT", bool(rot["ROT"])), ("M", rot["M"]),
-                ("LOGP", rot["LOGP"]), ("U", _units(m0.fmt, t.u_head)), ("PRE", bool(t.pre_head))]
-    norm = attn_norm.astype(mx.float32) if isinstance(attn_norm, mx.array) else mx.array(
-        _np.asarray(attn_norm, dtype=_np.float32))
-    inputs = [hidden.astype(mx.float32), norm, _params(eps, rot["scale"]), rot["sdest"], rot["table"]]
-    for m in mats:
-        inputs += [m.w, m.s, m.b]
-    outs = _kernel(dialect, "head_qkv")(
-        inputs=inputs, template=template, grid=(_grid(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
-        threadgroup=(t.head_nt, 1, 1), output_shapes=[(nq,), (nk,), (nv,)],
-        output_dtypes=[mx.float32] * 3, verbose=verbose)
-    return outs[0], outs[1], outs[2]
-
-
-# -- the generated Metal source, without a GPU ------------------------------------------
-
-
-@_contextlib.contextmanager
-def _stdout_to(path: str):
-    """Send file descriptor 1 (where MLX's C++ prints) to ``path`` while the block runs."""
-    import sys
-
-    sys.stdout.flush()
-    saved = _os.dup(1)
-    fd = _os.open(path, _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC)
-    try:
-        _os.dup2(fd, 1)
-        yield
-    finally:
-        _os.dup2(saved, 1)
-        _os.close(fd)
-        _os.close(saved)
-
-
-def generated_source(fn: Callable[..., Any], *args: mx.array) -> dict[str, str]:
-    """The kernel sources MLX generates when ``fn(*args)`` calls kernels with ``verbose=True``.
-
-    Works without the kernels' device: ``mx.export_function`` traces ``fn`` (building the
-    graph, printing each kernel's generated source) and runs nothing. Returns
-    ``{generated kernel name: source}``.
-    """
-    with _tempfile.TemporaryDirectory() as d:
-        log = _os.path.join(d, "stdout.txt")
-        with _stdout_to(log):
-            mx.export_function(_os.path.join(d, "fn.mlxfn"), fn, *args)
-        text = open(log).read()
-    out: dict[str, str] = {}
-    marker = "Generated source code for `"
-    for chunk in text.split(marker)[1:]:
-        name, rest = chunk.split("`", 1)
-        body = rest.split("```", 2)
-        out[name] = body[1].strip("\n") if len(body) > 1 else rest
-    return out
-
-
-def metal_tail_source(launch: Any, tuning: KernelTuning | None = None) -> dict[str, str]:
-    """The Metal source MLX would compile for this launch's tail (three kernels), on any machine."""
-    prep = prepare_tail(launch, "metal", tuning)
-    return generated_source(lambda b, r: prep(b, r, verbose=True),
-                            mx.zeros((prep.branch_dim,), dtype=mx.float32), mx.zeros((prep.hidden,), dtype=mx.float32))
