@@ -1,7 +1,7 @@
 """Time the unfused tail (two waits) against the fused graph (one wait), side by side.
 
     python -m bench.tail_bench                      # seed shape and Bonsai-27B, bf16
-    python -m bench.tail_bench --shapes seed        # just the seed's shape (seconds)
+    python -m bench.tail_bench --shapes seed        # just frink-models' shape (seconds)
     PYTHONPATH=/tmp/site:. python3 -m bench.tail_bench     # on the H200, no install (100 rounds)
 
 For each shape it times, in one run and interleaved round by round (so drift in a shared
@@ -41,7 +41,8 @@ from workbench.model import BONSAI_SHAPE
 from workbench.wait_measurement import count_waits
 
 #: (name, (hidden, branch, ffn), fold block): Bonsai folds wo's input with block 1024
-#: (reference/models.md, after Layr-Labs' Bonsai port notes); the seed with block 16.
+#: (after Layr-Labs' Bonsai-27B port notes, docs/bonsai2-27b-port-notes.md of
+#: Layr-Labs/mlxfast-bonsai2-27b-engine); frink-models' test case with block 16.
 SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
     "seed": (SEED_SHAPE, 16),
     "bonsai27b": (BONSAI_SHAPE, 1024),

@@ -4,9 +4,9 @@ How the expected verdicts below were derived: from each data/models/<name>.json,
 reading (1) which layers are attention (``layer_types`` / ``full_attention_interval``,
 ``hybrid_override_pattern``, ``attn_layer_period/offset``, or all of them), (2) the
 FFN at each layer (``intermediate_size`` dense / ``num_experts`` routed, the
-activation key), and (3) the extras the seed asks about (``residual_multiplier``,
+activation key), and (3) the extras frink-models asks about (``residual_multiplier``,
 ``attention_bias``, the family's norm placement, Falcon-H1's parallel Mamba-2, the
-gpt-oss flag), then walking the seed's chain in its order and writing down every term
+gpt-oss flag), then walking frink-models' chain in its order and writing down every term
 that holds. Nothing is read back from the code under test.
 """
 
@@ -94,7 +94,7 @@ EXPECTED = {
     "falcon-h1-7b": lambda i: [R.PARALLEL_SSM],
     "nemotron-h-8b": _nemotron,
     "jamba-v0.1": _jamba,
-    # gpt-oss: the seed's gpt-oss flag; its clamped (up + 1) * gate * sigmoid(1.702 gate)
+    # gpt-oss: frink-models' gpt-oss flag; its clamped (up + 1) * gate * sigmoid(1.702 gate)
     # is not silu(gate) * up; attention_bias true puts a bias on o_proj too; 32 routed
     # experts and no dense FFN. (reference/models.md lists GPT_OSS, O_BIAS, NO_DENSE_FFN;
     # NOT_ALL_SWIGLU holds as well and is listed because every reason is.)
@@ -322,7 +322,7 @@ def test_head_launch_plain_layer_unfolded_and_folded():
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_dead_q_bias_clause_never_refuses(name):
-    # The seed: `!Gqa || layer.attn.q_bias.is_some() && false`; `&&` binds tighter, and
+    # frink-models: `!Gqa || layer.attn.q_bias.is_some() && false`; `&&` binds tighter, and
     # `x && false` is false for every x, so a Q bias changes nothing anywhere.
     cfg = load_model(name)
     for l in range(cfg.num_layers):

@@ -15,7 +15,7 @@ from workbench.model import LayerConfig, Mixer, ModelConfig, load_model, replace
 from workbench.wait_measurement import count_waits, measure_split_price, measure_wait_price
 
 BONSAI = [97, 81, 65, 49, 17, 1]  # design.md: 97, 81, 65, 49, 17; the device floor 1
-BONSAI_MS = [16.49, 13.77, 11.05, 8.33, 2.89, 0.17]  # at the seed's 0.17 ms
+BONSAI_MS = [16.49, 13.77, 11.05, 8.33, 2.89, 0.17]  # at frink-models' 0.17 ms
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_qwen35_9b_by_hand():
 
 
 def test_a_refused_layer_keeps_its_waits(bonsai):
-    # An output bias on layer 7's wo: the seed refuses it (O_BIAS).
+    # An output bias on layer 7's wo: frink-models refuses it (O_BIAS).
     cfg = replace_layer(bonsai, 7, o_bias=True)
     assert 7 not in waits.eligible_layers(cfg)
     got = [waits.waits_per_token(cfg, s) for s in range(1, 7)]

@@ -26,7 +26,8 @@ import numpy as np
 from workbench.frink_case import SEED_TOL
 from workbench.weights import DENSE_DTYPES
 
-#: ``torch.testing.assert_close`` defaults (rtol, atol) per dtype (reference/tolerances.md);
+#: ``torch.testing.assert_close`` defaults (rtol, atol) per dtype (PyTorch's
+#: ``torch.testing.assert_close`` documentation);
 #: the tail's output is float32, so ``torch_ratio`` uses the float32 pair.
 TORCH_DEFAULTS: dict[str, tuple[float, float]] = {
     "float64": (1e-7, 1e-7),

@@ -95,7 +95,7 @@ class HadamardFold:
     """A block-Hadamard rotation ``R = B P D`` and the site it is folded at.
 
     ``eq=False`` on purpose: two folds are "the same rotation" for the head launch only
-    when they are the same object, as the seed asks ``Arc::ptr_eq``; use
+    when they are the same object, as frink-models asks ``Arc::ptr_eq``; use
     :meth:`same_rotation` for a value comparison.
     """
 

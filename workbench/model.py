@@ -1,13 +1,13 @@
 """Per-layer model configuration: what the refusal rules ask about, read from real configs.
 
-The seed (``fused_attention_refusals``) asks, for one layer, about the attention shape,
+frink-models (``fused_attention_refusals``) asks, for one layer, about the attention shape,
 the FFN (size, kind, activation) and a handful of model-level and layer-level extras.
 `ModelConfig` holds exactly those answers for every layer, and
 `ModelConfig.from_hf_config` derives them from a Hugging Face ``config.json``.
 
 Decisions (each one a place where a config could be misread):
 
-* **Multi-head attention is GQA.** The seed refuses ``!AttnShape::Gqa``; plain
+* **Multi-head attention is GQA.** frink-models refuses ``!AttnShape::Gqa``; plain
   multi-head attention is GQA with a group size of 1 (q heads == kv heads), so OLMo 2
   (32/32) is `Mixer.ATTENTION`. Only a mixer that is not softmax attention at all
   (Gated DeltaNet, Mamba-2, an MLP-only block) fails that rule.
@@ -191,7 +191,7 @@ class ModelConfig:
     ) -> "ModelConfig":
         """One plain GQA layer with a dense SwiGLU FFN: nothing refuses it.
 
-        For tail weights that do not come from a real model (the seed's test case is
+        For tail weights that do not come from a real model (frink-models' test case is
         hidden 64, branch 96 = q heads x head_dim, FFN 80). ``head_dim`` defaults to
         ``hidden // num_q_heads``.
         """
@@ -224,7 +224,7 @@ class ModelConfig:
             source="synthetic: one plain GQA layer, dense SwiGLU FFN",
         )
 
-    plain_layer = synthetic  # the name the brief for other modules uses
+    plain_layer = synthetic  # the same constructor, by what it makes: one plain layer
 
     @classmethod
     def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], *, name: str | None = None) -> "ModelConfig":
@@ -612,7 +612,7 @@ def _jamba(r: _Reader, *, name: str, source: str) -> ModelConfig:
 def _gpt_oss(r: _Reader, *, name: str, source: str) -> ModelConfig:
     """gpt-oss: every layer attention (sliding and full alternate; both are GQA), a bias on
     every projection including wo (``attention_bias``), routed experts with the clamped
-    ``swiglu_oai`` activation, and the seed's own gpt-oss flag."""
+    ``swiglu_oai`` activation, and frink-models' own gpt-oss flag."""
     hidden, n, q, kv, hd, eps = _common(r)
     ffn = r.positive("intermediate_size")
     experts = r.positive("num_local_experts")

@@ -188,7 +188,7 @@ def plot_wait_share(cfg, *, weight_gb=(54.0, 14.0, 7.0), bandwidth_gbs: float = 
         ax.grid(True, which="both", alpha=0.3)
         ax.axvline(0.17, color="grey", linewidth=0.8)
     a.set_ylabel("share of a token spent waiting")
-    a.set_title(f"{cfg.name} at {bandwidth_gbs:g} GB/s (grey: the seed's 0.17 ms)", fontsize=10)
+    a.set_title(f"{cfg.name} at {bandwidth_gbs:g} GB/s (grey: frink-models' 0.17 ms)", fontsize=10)
     a.legend(fontsize=7)
     b.set_ylabel("tokens/s at the host floor / at stage 1")
     b.set_title("what the plan buys, by weight size", fontsize=10)
@@ -256,7 +256,7 @@ def plot_error_histograms(df, *, metric: str = "worst", by: str = "dtype", toler
     """Histograms of a sweep's per-case ``metric`` on a log x axis, one panel per ``by`` value.
 
     ``df``: a ``workbench.sweeps.sweep`` frame; ``tolerances``: ``name -> value`` drawn as
-    vertical lines on every panel (e.g. the seed's 2e-4 and the calibrated ones). Returns the
+    vertical lines on every panel (e.g. frink-models' 2e-4 and the calibrated ones). Returns the
     ``Figure``.
     """
 

@@ -1,23 +1,23 @@
 """Which attention tails may run fused, and every reason the others may not.
 
-The seed's ``fused_attention_refusals`` is one ``||`` chain that stops at the first
+frink-models' ``fused_attention_refusals`` is one ``||`` chain that stops at the first
 condition that holds; `refusals` asks the same questions, in the same order, and
 returns EVERY one that holds, because a user deciding what to change in a model (or in
 the kernels) needs the whole list. `eligible` is ``not refusals(...)``: one body, and
 the tail's launch builder calls that same `refusals` before it builds anything, so
-eligibility and the launch cannot disagree (the seed's own rule: "One body, two
+eligibility and the launch cannot disagree (frink-models' own rule: "One body, two
 callers").
 
-Two readings of the seed that a user could trip on are fixed here, and tested:
+Two readings of frink-models that a user could trip on are fixed here, and tested:
 
 * ``NOT_ALL_SWIGLU`` and ``NO_DENSE_FFN`` ask about an FFN; a layer with no FFN at all
   (``ffn_dim == 0``) is refused ``NO_FFN`` and not also those two, so one cause is
-  not counted three times. (The seed never reaches them there: it stops at NO_FFN.)
-* ``NO_DENSE_FFN`` is the seed's ``LayerFfnParts::for_layer`` returning ``None``: the
+  not counted three times. (frink-models never reaches them there: it stops at NO_FFN.)
+* ``NO_DENSE_FFN`` is frink-models' ``LayerFfnParts::for_layer`` returning ``None``: the
   layer's FFN is not three dense matrices (routed experts, with or without a shared
   expert beside them).
 
-`head_launch_refusals` is the seed's ``attn_head_launch``: the Q/K/V launches that can
+`head_launch_refusals` is frink-models' ``attn_head_launch``: the Q/K/V launches that can
 be encoded at the end of the preceding recurrent run. Its ``q_bias.is_some() && false``
 clause is dead: ``x && false`` is false for every ``x``, so a Q bias never refuses (the
 host applies the projection biases after the launch). The ``q_bias`` parameter is kept
@@ -49,7 +49,7 @@ __all__ = [
 
 
 class Refusal(enum.Enum):
-    """One condition of the seed's ``fused_attention_refusals``, in the seed's order."""
+    """One condition of frink-models' ``fused_attention_refusals``, in frink-models' order."""
 
     KERNELS_DISABLED = 1
     NOT_GQA = 2
@@ -91,7 +91,7 @@ _EXPLANATIONS = {
 
 
 def _layer_refusals(cfg: ModelConfig, lc: LayerConfig, kernels_enabled: bool) -> list[Refusal]:
-    """The seed's chain, every term evaluated. Pure and cheap: a handful of attribute reads."""
+    """frink-models' chain, every term evaluated. Pure and cheap: a handful of attribute reads."""
     out: list[Refusal] = []
     if not kernels_enabled:
         out.append(Refusal.KERNELS_DISABLED)
@@ -126,7 +126,7 @@ def _layer_refusals(cfg: ModelConfig, lc: LayerConfig, kernels_enabled: bool) ->
 
 
 def refusals(cfg: ModelConfig, layer: int, *, kernels_enabled: bool = True) -> list[Refusal]:
-    """EVERY reason layer ``layer``'s tail may not run fused, in the seed's order; [] = eligible.
+    """EVERY reason layer ``layer``'s tail may not run fused, in frink-models' order; [] = eligible.
 
     The one body: `eligible` and the tail's launch builder both call this. Raises
     ValueError (naming ``layer`` and the allowed range) for a layer out of range.
@@ -208,7 +208,7 @@ def model_summary(cfgs: Iterable[ModelConfig], *, kernels_enabled: bool = True) 
 
 
 class HeadRefusal(enum.Enum):
-    """One condition of the seed's ``attn_head_launch``, in its order."""
+    """One condition of frink-models' ``attn_head_launch``, in its order."""
 
     NOT_GQA = 1
     PRE_NORM_NOT_RMS = 2
@@ -235,7 +235,7 @@ _HEAD_EXPLANATIONS = {
 
 
 def _same(a: object | None, b: object | None) -> bool:
-    # The seed's Arc::ptr_eq: the same fold OBJECT, since the kernel applies one
+    # frink-models' Arc::ptr_eq: the same fold OBJECT, since the kernel applies one
     # rotation to the common input. Two equal-valued folds are still two objects.
     return (a is None and b is None) or (a is not None and a is b)
 
@@ -257,12 +257,12 @@ def head_launch_refusals(
     ``*_fold`` are the projections' folds (`workbench.fold.HadamardFold`, as
     ``WeightMatrix.launch_parts()`` returns them; None = unfolded). ``*_kernel`` say
     whether each projection's format has a matvec kernel. ``q_bias``: whether q_proj
-    has a bias; the seed's clause ``q_bias.is_some() && false`` is always false, so
+    has a bias; frink-models' clause ``q_bias.is_some() && false`` is always false, so
     it is accepted and never refuses (kept to show exactly that).
     """
     lc = cfg.layer(layer)
     out: list[HeadRefusal] = []
-    # The seed: `!matches!(.., Gqa) || layer.attn.q_bias.is_some() && false`.
+    # frink-models: `!matches!(.., Gqa) || layer.attn.q_bias.is_some() && false`.
     # `&&` binds tighter than `||`, and `x && false` is false for every x.
     if lc.mixer is not Mixer.ATTENTION or (bool(q_bias) and False):
         out.append(HeadRefusal.NOT_GQA)
@@ -282,7 +282,7 @@ def head_launch_refusals(
 
 
 def _fold_fits(fold: object, width: int) -> bool:
-    """The seed's ``f.metal_plan(hidden)?``: whether the fold can rotate ``width``."""
+    """frink-models' ``f.metal_plan(hidden)?``: whether the fold can rotate ``width``."""
     check = getattr(fold, "check_width", None)
     if check is None:
         raise ValueError(f"q_fold: must be a HadamardFold (with check_width), got {type(fold).__name__}")

@@ -5,7 +5,7 @@ RUNS one token that way and times it, so the table can be checked against a cloc
 
 - recurrent layers (Gated DeltaNet) through ``mx.fast.gated_delta_update``, their state
   (and the short convolution's) kept between tokens;
-- attention on the host: numpy, with a KV cache, as the seed's engine runs it (or, at the
+- attention on the host: numpy, with a KV cache, as frink-models' engine runs it (or, at the
   device floor, as MLX ops with the cache on the device);
 - the attention tail as two pieces (wo; FFN) or fused (one), on the device;
 - the token's GPU pieces grouped into submissions exactly as ``waits.submissions`` groups

@@ -366,7 +366,7 @@ def sweep(
 
     ``shapes``: (hidden, branch, ffn) triples; ``seeds``: non-negative ints (a case depends
     only on its seed and shape; repeats are swept once); ``dtypes``: weight dtypes in ``weights.DENSE_DTYPES``; ``folds``:
-    ``None``, a block size (per-case random signs on wo's input, as the seed folds it) or a
+    ``None``, a block size (per-case random signs on wo's input, as frink-models' test folds it) or a
     ``HadamardFold`` (the same one for every case); ``quantize``: ``None``, a name in
     :data:`~workbench.weights.QUANT_FORMATS` or a dict of mode/bits/group_size (all four matrices, wo folded
     first); ``backends``: ``"graph"`` (batched, one ``mx.eval`` per block of

@@ -31,7 +31,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 PLAN_PATH = _ROOT / "data" / "plans" / "gdn-resident-state.json"
 LEDGER_PATH = _ROOT / "data" / "ledger" / "wait_prices.json"
 
-#: The ledger entry priced when no price is asked for: the seed's own figure.
+#: The ledger entry priced when no price is asked for: frink-models' own figure.
 SEED_PRICE_ID = "seed-metal"
 
 #: The GPU pieces of one token. ``layer``: a whole non-attention layer (its FFN included);
@@ -313,8 +313,8 @@ def wait_table(
 
     Columns: ``stage``, ``name``, ``waits``, ``saved`` (waits against the stage before),
     ``saved_total`` (against stage 1), ``ms`` (waits x price), ``ms_saved``,
-    ``ms_saved_total``, ``floor``. The price is ``price_ms`` if given, else the seed's
-    entry of the ledger. When ``ledger`` is given, one more column ``ms@<id>`` for each of
+    ``ms_saved_total``, ``floor``. The price is ``price_ms`` if given, else frink-models'
+    entry of the ledger (``SEED_PRICE_ID``). When ``ledger`` is given, one more column ``ms@<id>`` for each of
     its entries prices the same waits at that entry.
     """
     import pandas as pd  # here, not at import: the device machine need not have pandas

@@ -1,9 +1,9 @@
 """``WeightMatrix``: a [out, in] weight, dense or MLX-quantized, with an optional fold.
 
-The host semantics (``apply``) are the seed's ``WeightMatrix::apply``: for a fold at the
+The host semantics (``apply``) are frink-models' ``WeightMatrix::apply``: for a fold at the
 INPUT site, rotate the input then multiply by the stored ``W R^T``; at the OUTPUT site,
 multiply by the stored ``R W`` then rotate back. ``launch_parts`` hands a kernel the two
-pieces separately, as the seed's launch builder takes them, because a kernel applies the
+pieces separately, as frink-models' launch builder takes them, because a kernel applies the
 rotation itself (and must not forget to: a skipped rotation is invisible without a fold).
 
 The stored base is an ``mx.array`` (so bf16 stays bf16); numpy inputs get the numpy
@@ -91,7 +91,7 @@ class QuantizedBase:
 
         ``mx.quantized_matmul`` forms ``scale * q + bias`` in float32; ``mx.dequantize`` of a
         bf16/f16-scaled base returns it rounded to bf16/f16, which put the host oracle 1.2e-2
-        off the fused tail for bf16 affine 4-bit weights (sixty times the seed's tolerance).
+        off the fused tail for bf16 affine 4-bit weights (sixty times frink-models' tolerance).
         Casting the scales and biases to float32 first gives the map itself (exact: a bf16
         scale times a 4- or 8-bit integer needs at most 16 significant bits). The fp4/fp8
         formats' scales are uint8 codes (E8M0 / E4M3) and stay as they are.

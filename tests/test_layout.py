@@ -1,0 +1,80 @@
+"""The package's floors: which module may import which, and no import circle.
+
+Each module of ``workbench`` sits on a floor and imports, at its top, only modules on
+lower floors (the README's layout section is the same map in prose). Imports inside a
+function or under ``if TYPE_CHECKING:`` are not part of the map: the two moved-name
+forwarders (``tail.__getattr__``, ``waits.__getattr__``) import upward lazily on
+purpose, and ``kernel_launch`` names ``TailLaunch`` for type checkers only.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "workbench"
+
+#: floor -> the modules on it, bottom first.
+FLOORS: dict[int, tuple[str, ...]] = {
+    0: ("hadamard", "kernel_source", "backends"),  # numbers, kernel text, which devices exist
+    1: ("fold", "model"),  # the rotation; real models' configs
+    2: ("weights", "refusals"),  # matrices that carry a fold; the rules over a config
+    3: ("kernel_launch",),  # the kernels' launches for weights
+    4: ("tail",),  # the tail's weights, math, three paths and one launch builder
+    5: ("frink_case", "wait_measurement"),  # the engine's test case; counting and timing waits
+    6: ("comparison", "sweep_cases"),  # comparing a result with its reference; drawing cases
+    7: ("exact_oracle", "three_way", "sweeps", "calibration", "waits"),  # studies built on the tail
+    8: ("schedule",),  # a decode step executed stage by stage of the plan
+    9: ("plots",),  # figures, from anything
+}
+FLOOR_OF = {m: f for f, mods in FLOORS.items() for m in mods}
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The workbench modules ``path`` imports at module level (not in functions, not for type checkers)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for sub in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) else ():
+            if isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("workbench"):
+                if sub.module == "workbench":
+                    found.update(a.name for a in sub.names)
+                else:
+                    found.add(sub.module.split(".")[1])
+            elif isinstance(sub, ast.Import):
+                found.update(a.name.split(".")[1] for a in sub.names if a.name.startswith("workbench."))
+    return found
+
+
+MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+
+
+def test_every_module_has_a_floor():
+    assert sorted(FLOOR_OF) == MODULES
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_module_imports_only_lower_floors(module):
+    for dep in top_level_imports(PACKAGE / f"{module}.py"):
+        assert FLOOR_OF[dep] < FLOOR_OF[module], f"{module} (floor {FLOOR_OF[module]}) imports {dep} (floor {FLOOR_OF[dep]})"
+
+
+def test_the_import_graph_has_no_circle():
+    # Implied by the floors; checked on its own so a failure says which circle.
+    graph = {m: top_level_imports(PACKAGE / f"{m}.py") for m in MODULES}
+    done: set[str] = set()
+
+    def visit(m: str, path: tuple[str, ...]) -> None:
+        assert m not in path, "import circle: " + " -> ".join(path + (m,))
+        if m in done:
+            return
+        for dep in graph[m]:
+            visit(dep, path + (m,))
+        done.add(m)
+
+    for m in MODULES:
+        visit(m, ())
