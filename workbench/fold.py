@@ -90,6 +90,12 @@ def _validate_perm(perm: object) -> np.ndarray:
     return out
 
 
+def _float_array(x: object) -> np.ndarray:
+    """``x`` as numpy, in its own float dtype (float64 for ints: a rotation of ints is not ints)."""
+    a = np.asarray(x)
+    return a if np.issubdtype(a.dtype, np.floating) else a.astype(np.float64)
+
+
 @dataclass(frozen=True, eq=False)
 class HadamardFold:
     """A block-Hadamard rotation ``R = B P D`` and the site it is folded at.
@@ -204,10 +210,7 @@ class HadamardFold:
     def rotate(self, x: ArrayT) -> ArrayT:
         """``R x`` along the last axis: signs, then the permutation, then the blocks."""
         is_mx = isinstance(x, mx.array)
-        if not is_mx:
-            x = np.asarray(x)
-            if not np.issubdtype(x.dtype, np.floating):
-                x = x.astype(np.float64)
+        x = x if is_mx else _float_array(x)
         self.check_width(int(x.shape[-1]))
         if self.signs is not None:
             x = x * (self._mx_const("signs", x.dtype) if is_mx else self.signs.astype(x.dtype))
@@ -220,10 +223,7 @@ class HadamardFold:
     def unrotate(self, y: ArrayT) -> ArrayT:
         """``R^T y = D P^T B^T y`` along the last axis (the inverse of :meth:`rotate`)."""
         is_mx = isinstance(y, mx.array)
-        if not is_mx:
-            y = np.asarray(y)
-            if not np.issubdtype(y.dtype, np.floating):
-                y = y.astype(np.float64)
+        y = y if is_mx else _float_array(y)
         self.check_width(int(y.shape[-1]))
         if is_mx:
             z = hadamard.block_transform_mx(y, self.block, transpose=True)
