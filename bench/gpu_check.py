@@ -41,8 +41,10 @@ import numpy as np
 
 from bench import kernel_bench, record
 from workbench import backends, kernel_launch, tail
+from workbench.comparison import compare
 from workbench.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
 from workbench.fold import HadamardFold
+from workbench.frink_case import seed_case
 from workbench.weights import WeightMatrix
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,13 +57,13 @@ def _tail_case(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, 
     t0 = time.perf_counter()
     out = tail.fused_tail(w, br, res, backend=dialect)
     ms = (time.perf_counter() - t0) * 1e3
-    c = tail.compare(out, truth, tol=tol)
+    c = compare(out, truth, tol=tol)
     entry = {"case": name, "shape": list(w.shape), "batch": list(np.shape(br)[:-1]), "weights": w.wo.dtype,
              "oracle": "host_tail float64" + (" (weights dequantized exactly)" if w.wo.quantization else ""),
              "fold": repr(w.wo.fold), "tol": tol, "f32_oracle_worst": f32, "worst": c.worst, "nmse": c.nmse,
              "max_abs": c.max_abs, "passed": bool(c.passed), "result": str(c), "first_call_ms": ms}
     if w.wo.quantization is not None:  # what the mx.dequantize-based oracle says, for the record
-        entry["vs_host_tail_mx_dequantize"] = tail.compare(out, tail.host_tail(w, br, res), tol=tol).worst
+        entry["vs_host_tail_mx_dequantize"] = compare(out, tail.host_tail(w, br, res), tol=tol).worst
     if twice:
         again = tail.fused_tail(w, br, res, backend=dialect)
         entry["deterministic"] = bool(np.array_equal(np.asarray(out).view(np.uint32), np.asarray(again).view(np.uint32)))
@@ -95,9 +97,9 @@ def _head_case(name: str, hidden: int, nq: int, nk: int, nv: int, block: int | N
     got = kernel_launch.head_launch(mx.array(x), nw, eps, q, k, v, dialect)
     mx.eval(*got)
     t = np.concatenate(truth)
-    worst32 = tail.compare(np.concatenate(f32), t).worst
+    worst32 = compare(np.concatenate(f32), t).worst
     tol = oracle_tolerance(worst32)
-    c = tail.compare(np.concatenate([np.array(g) for g in got]), t, tol=tol)
+    c = compare(np.concatenate([np.array(g) for g in got]), t, tol=tol)
     return {"case": name, "shape": [hidden, nq, nk, nv], "weights": dtype, "fold": repr(fold), "tol": tol,
             "f32_oracle_worst": worst32, "worst": c.worst, "nmse": c.nmse, "max_abs": c.max_abs,
             "passed": bool(c.passed), "result": str(c)}
@@ -128,7 +130,7 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
         log(f"  {'ok  ' if e['passed'] else 'FAIL'} {e['case']:<44} tol {e['tol']:.0e} "
             f"worst {e['worst']:.3g} (f32 oracle {e['f32_oracle_worst']:.3g})")
 
-    c = tail.seed_case()
+    c = seed_case()
     add(_guarded("tail", _tail_case, "seed (64, 96, 80), block 16", c.weights, c.branch, c.residual, dialect, twice=True))
 
     small = [  # (hidden, branch, ffn, block, permute, dtype)

@@ -39,10 +39,13 @@ import numpy as np
 
 from bench import record
 from workbench import backends, hadamard, kernel_launch, tail
+from workbench.comparison import compare
 from workbench.exact_oracle import host_tail_exact
+from workbench.frink_case import seed_case
+from workbench.model import BONSAI_SHAPE
 
 #: Bonsai-27B's tail and wo's fold block (bench/tail_bench.py uses the same).
-BONSAI = (tail.BONSAI_SHAPE, 1024)
+BONSAI = (BONSAI_SHAPE, 1024)
 
 #: The 4-bit format benchmarked: MLX affine, group 64 (mlx-lm's default).
 Q4 = {"mode": "affine", "bits": 4, "group_size": 64}
@@ -287,10 +290,10 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_lau
     launches = per_launch_ms(prep, b, r)
     lb = launch_bytes(prep)
 
-    errs = {"kernels": tail.compare(np.array(prep(b, r)), truth),
-            "mlx_graph": tail.compare(np.array(tail.tail_graph(launch, bg, rg)).reshape(-1), truth)}
+    errs = {"kernels": compare(np.array(prep(b, r)), truth),
+            "mlx_graph": compare(np.array(tail.tail_graph(launch, bg, rg)).reshape(-1), truth)}
     if peer is not None:
-        errs["torch"] = tail.compare(peer["out"](), truth)
+        errs["torch"] = compare(peer["out"](), truth)
     wbytes = prep.weight_bytes()
     floor = wbytes / bandwidth * 1e3
     k_ms = t_res["kernels"]["median_ms"]
@@ -348,7 +351,7 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
                                                   "used_for_floor": bandwidth}, "cases": []}
 
     # The fixed cost: the same launches at the seed's size (no bytes to speak of).
-    c = tail.seed_case()
+    c = seed_case()
     sl = tail.tail_launch(c.weights)
     sp = kernel_launch.prepared(sl, dialect)
     sb, sr = mx.array(c.branch), mx.array(c.residual)

@@ -9,6 +9,7 @@ from workbench import backends as B
 from workbench import kernel_launch as KL
 from workbench import kernel_source as ks
 from workbench import tail as T
+from workbench.frink_case import seed_case
 
 
 def test_graph_is_always_available():
@@ -53,7 +54,7 @@ def test_fused_tail_runs_a_kernel_backend_through_the_one_launch(monkeypatch):
         return np.zeros(np.shape(residual), np.float32)
 
     monkeypatch.setattr(KL, "run_kernel_tail", fake)
-    c = T.seed_case()
+    c = seed_case()
     out, name = T.fused_tail(c.weights, c.branch, c.residual, return_backend=True)
     assert name == "cuda" and seen["dialect"] == "cuda" and out.shape == (64,)
     assert isinstance(seen["launch"], T.TailLaunch)  # the one builder assembled it
@@ -77,7 +78,7 @@ def test_bad_names():
 
 @pytest.mark.skipif(B.cuda_available(), reason="CUDA is here")
 def test_a_kernel_asked_for_without_its_device_says_so():
-    launch = T.tail_launch(T.seed_case().weights)
+    launch = T.tail_launch(seed_case().weights)
     with pytest.raises(B.BackendUnavailable, match="backend 'cuda' needs an NVIDIA GPU"):
         KL.run_kernel_tail("cuda", launch, np.zeros(96, np.float32), np.zeros(64, np.float32))
 

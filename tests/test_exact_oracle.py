@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from workbench import tail as T
+from workbench.comparison import compare
 from workbench.exact_oracle import dequantize_exact, host_tail_exact, nice_ceil, oracle_tolerance, tolerance_for
+from workbench.frink_case import seed_case
 from workbench.weights import WeightMatrix
 
 
@@ -29,7 +31,7 @@ def test_a_non_affine_quantization_is_refused_by_name():
 
 
 def test_the_seed_case_is_held_to_2e_4():
-    c = T.seed_case()
+    c = seed_case()
     truth = host_tail_exact(c.weights, c.branch, c.residual)
     np.testing.assert_array_equal(truth, T.host_tail(c.weights, c.branch, c.residual))  # no quantization: the same
     tol, f32_worst = tolerance_for(c.weights, c.branch, c.residual, truth)
@@ -42,7 +44,7 @@ def test_a_quantized_tail_uses_the_exact_weights():
     br, res = T.random_inputs(w, seed=4)
     exact = host_tail_exact(w, br, res)
     by_mlx = T.host_tail(w, br, res)  # dequantized by MLX with float32 scales: the same map
-    assert T.compare(exact, by_mlx, tol=1e-6).passed
+    assert compare(exact, by_mlx, tol=1e-6).passed
 
 
 @pytest.mark.parametrize("x,want", [(1.3e-4, 2e-4), (2e-4, 2e-4), (6e-5, 1e-4), (3e-3, 5e-3), (7e-2, 1e-1),

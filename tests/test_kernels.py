@@ -25,7 +25,10 @@ from workbench import backends as B
 from workbench import kernel_launch as KL
 from workbench import kernel_source as ks
 from workbench import tail as T
+from workbench.comparison import compare
 from workbench.fold import FoldSite, HadamardFold
+from workbench.frink_case import SEED_TOL, seed_case
+from workbench.model import BONSAI_SHAPE
 from workbench.weights import WeightMatrix
 
 #: Text that belongs to one dialect only; the bodies and common.h must hold none of it.
@@ -91,7 +94,7 @@ def test_source_lookup_errors():
 
 @pytest.fixture(scope="module")
 def seed_launch():
-    return T.tail_launch(T.seed_case().weights)
+    return T.tail_launch(seed_case().weights)
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +327,7 @@ def test_unserved_formats_and_shapes_raise():
     with pytest.raises(ValueError, match="affine 4-bit"):
         KL.prepare_tail(T.tail_launch(w), "metal")
     with pytest.raises(ValueError, match="dialect must be one of"):
-        KL.prepare_tail(T.tail_launch(T.seed_case().weights), "vulkan")
+        KL.prepare_tail(T.tail_launch(seed_case().weights), "vulkan")
 
 
 def test_head_launch_refuses_folds_that_differ():
@@ -356,9 +359,9 @@ def test_prepared_tails_are_made_once(seed_launch):
 # -- on a GPU ---------------------------------------------------------------------------
 
 
-def _gpu_case(dialect: str, w: T.TailWeights, seed: int, tol: float = T.SEED_TOL) -> None:
+def _gpu_case(dialect: str, w: T.TailWeights, seed: int, tol: float = SEED_TOL) -> None:
     br, res = T.random_inputs(w, seed=seed)
-    c = T.compare(T.fused_tail(w, br, res, backend=dialect), T.host_tail(w, br, res), tol=tol)
+    c = compare(T.fused_tail(w, br, res, backend=dialect), T.host_tail(w, br, res), tol=tol)
     assert c.passed, str(c)
 
 
@@ -372,8 +375,8 @@ _GPU_DIALECTS = [
 
 @pytest.mark.parametrize("dialect", _GPU_DIALECTS)
 def test_seed_case_and_random_folds_match_the_float64_oracle(dialect: str):
-    c = T.seed_case()
-    r = T.compare(T.fused_tail(c.weights, c.branch, c.residual, backend=dialect),
+    c = seed_case()
+    r = compare(T.fused_tail(c.weights, c.branch, c.residual, backend=dialect),
                   T.host_tail(c.weights, c.branch, c.residual))
     assert r.passed, str(r)
     for i, (blk, dt) in enumerate(((192, "float32"), (320, "bfloat16"), (448, "float32"))):
@@ -384,5 +387,5 @@ def test_seed_case_and_random_folds_match_the_float64_oracle(dialect: str):
 @pytest.mark.cuda
 @pytest.mark.skipif(not B.cuda_available(), reason="needs an NVIDIA GPU with MLX's CUDA back-end (mlx[cuda13])")
 def test_cuda_bonsai_bf16_matches_the_float64_oracle():
-    (h, b, f) = T.BONSAI_SHAPE
+    (h, b, f) = BONSAI_SHAPE
     _gpu_case("cuda", T.TailWeights.random(h, b, f, seed=5, fold_block=1024, dtype="bfloat16"), 6)

@@ -24,6 +24,8 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import tail
+from workbench.comparison import compare
+from workbench.frink_case import SEED_TOL
 from workbench.weights import QuantizedBase, WeightMatrix
 
 
@@ -79,12 +81,12 @@ def host_tail_exact(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, dtype:
 def oracle_tolerance(f32_worst: float) -> float:
     """The tolerance a kernel is held to where the float32 oracle's worst scaled error is
     ``f32_worst``: ``max(2e-4, nice_ceil(2 x f32_worst))`` (see the module's docstring)."""
-    return max(tail.SEED_TOL, nice_ceil(2 * f32_worst))
+    return max(SEED_TOL, nice_ceil(2 * f32_worst))
 
 
 def tolerance_for(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
     """``(tol, f32_worst)``: the float32 host oracle's worst scaled error against ``truth``
     (the float64 :func:`host_tail_exact`) and the tolerance it implies (:func:`oracle_tolerance`)."""
     f32 = host_tail_exact(w, br, res, dtype=np.float32)
-    worst = tail.compare(f32, truth).worst
+    worst = compare(f32, truth).worst
     return oracle_tolerance(worst), worst

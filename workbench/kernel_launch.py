@@ -489,7 +489,7 @@ def generated_source(fn: Callable[..., Any], *args: mx.array) -> dict[str, str]:
         log = os.path.join(d, "stdout.txt")
         with _stdout_to(log):
             mx.export_function(os.path.join(d, "fn.mlxfn"), fn, *args)
-        text = open(log).read()
+        text = Path(log).read_text()
     out: dict[str, str] = {}
     marker = "Generated source code for `"
     for chunk in text.split(marker)[1:]:
