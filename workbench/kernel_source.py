@@ -19,6 +19,7 @@ without a GPU.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -102,36 +103,67 @@ def _check_kernel(kernel: str) -> KernelSpec:
     return KERNELS[kernel]
 
 
+def _folder(kernel_dir: str | Path | None) -> Path:
+    """The folder sources are read from: ``kernel_dir`` resolved, or :data:`KERNEL_DIR`."""
+    return KERNEL_DIR if kernel_dir is None else Path(kernel_dir).resolve()
+
+
 @lru_cache(maxsize=None)
-def read(filename: str) -> str:
-    """The text of ``kernels/filename``."""
-    path = KERNEL_DIR / filename
+def _read(folder: Path, filename: str) -> str:
+    path = folder / filename
     if not path.is_file():
-        raise FileNotFoundError(f"kernel source {filename!r} not found in {KERNEL_DIR}")
+        raise FileNotFoundError(f"kernel source {filename!r} not found in {folder}")
     return path.read_text()
 
 
-def prelude(dialect: str) -> tuple[str, str]:
-    """``(header_part, body_part)`` of the dialect's prelude."""
+def read(filename: str, *, kernel_dir: str | Path | None = None) -> str:
+    """The text of ``filename`` in ``kernel_dir`` (default: the repository's ``kernels/``).
+
+    Read once per (folder, file name): a benchmark may compose another folder's sources
+    (an older copy of ``kernels/``) beside the current ones in one process.
+    """
+    return _read(_folder(kernel_dir), filename)
+
+
+def prelude(dialect: str, *, kernel_dir: str | Path | None = None) -> tuple[str, str]:
+    """``(header_part, body_part)`` of the dialect's prelude (from ``kernel_dir``, default ``kernels/``)."""
     _check_dialect(dialect)
-    lines = read(f"prelude_{dialect}.h").splitlines(keepends=True)
+    lines = read(f"prelude_{dialect}.h", kernel_dir=kernel_dir).splitlines(keepends=True)
     marks = [i for i, line in enumerate(lines) if line.strip() == BODY_MARK]
     if len(marks) != 1:
         raise ValueError(f"prelude_{dialect}.h must contain the line {BODY_MARK!r} exactly once")
     return "".join(lines[: marks[0]]), "".join(lines[marks[0] + 1 :])
 
 
-def compose(dialect: str, kernel: str) -> tuple[str, str]:
+def compose(dialect: str, kernel: str, *, kernel_dir: str | Path | None = None) -> tuple[str, str]:
     """``(header, source)`` for ``mx.fast.metal_kernel`` / ``mx.fast.cuda_kernel``.
 
     header = the prelude's header part + common.h; source = the prelude's body part +
-    the kernel's body. Nothing else differs between the dialects.
+    the kernel's body, all read from ``kernel_dir`` (default: the repository's
+    ``kernels/``). Nothing else differs between the dialects.
     """
     spec = _check_kernel(kernel)
-    head, body_part = prelude(dialect)
-    header = f"// ---- prelude ({dialect}) ----\n{head}\n// ---- common.h ----\n{read('common.h')}\n"
-    source = f"{body_part}\n  // ---- {spec.body} ----\n{read(spec.body)}"
+    head, body_part = prelude(dialect, kernel_dir=kernel_dir)
+    common = read("common.h", kernel_dir=kernel_dir)
+    header = f"// ---- prelude ({dialect}) ----\n{head}\n// ---- common.h ----\n{common}\n"
+    source = f"{body_part}\n  // ---- {spec.body} ----\n{read(spec.body, kernel_dir=kernel_dir)}"
     return header, source
+
+
+def mlx_name(kernel: str, *, kernel_dir: str | Path | None = None) -> str:
+    """A name to give MLX for ``kernel`` composed from ``kernel_dir``.
+
+    MLX keys its compiled custom kernels by name and template values only (in the
+    process, and for CUDA also on disk under ``MLX_PTX_CACHE_DIR``), so two sources under
+    one name would both run whichever was compiled first. The repository's own kernels
+    keep their plain name (``KERNELS[kernel].name``); another folder's get a digest of
+    their composed text appended, which differs whenever the text does.
+    """
+    spec = _check_kernel(kernel)
+    if kernel_dir is None or _folder(kernel_dir) == KERNEL_DIR:
+        return spec.name
+    text = "".join("".join(compose(d, kernel, kernel_dir=kernel_dir)) for d in DIALECTS)
+    return f"{spec.name}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
 #: MLX 0.32's names for the CUDA types of array dtypes (``dtype_to_cuda_type``).
@@ -153,20 +185,22 @@ def _template_line(name: str, value: object) -> str:
     return f"  using {name} = {CUDA_TYPES[str(value)]};\n"
 
 
-def cuda_translation_unit(kernel: str, input_dtypes: dict[str, str], template: dict[str, object]) -> str:
+def cuda_translation_unit(kernel: str, input_dtypes: dict[str, str], template: dict[str, object], *,
+                          kernel_dir: str | Path | None = None) -> str:
     """The CUDA file MLX would compile for ``kernel``, standalone (for ``nvcc -c``).
 
     MLX's default header includes its own ``utils.cuh``; here ``<cuda_bf16.h>``,
     ``<cuda_fp16.h>`` and ``<cstdint>`` stand in for it. The signature (const inputs,
     then outputs) and the template constants are written as MLX 0.32's CUDA
     ``build_kernel`` writes them. ``input_dtypes`` maps each input to a dtype name
-    (``float32``, ``bfloat16``, ``int8``, ...); outputs are float32.
+    (``float32``, ``bfloat16``, ``int8``, ...); outputs are float32. ``kernel_dir``: as for
+    :func:`compose`.
     """
     spec = _check_kernel(kernel)
     missing = [n for n in spec.inputs if n not in input_dtypes]
     if missing:
         raise ValueError(f"input_dtypes must name every input of {kernel}; missing {missing}")
-    header, source = compose("cuda", kernel)
+    header, source = compose("cuda", kernel, kernel_dir=kernel_dir)
     args = [f"    const {CUDA_TYPES[input_dtypes[n]]}* {n}" for n in spec.inputs]
     args += [f"    float* {n}" for n in spec.outputs]
     consts = "".join(_template_line(k, template[k]) for k in spec.template)
