@@ -69,6 +69,28 @@ def test_the_two_preludes_define_the_same_names():
             "warp"} <= metal
 
 
+#: What only common.h's primitives may spell out: the weight loads and per-unit dot
+#: products (the row dot's tuned load pattern lives in lane_dot alone), the sign-bit test
+#: of the signed scatter, the rms scale.
+_PRIMITIVE_INTERNALS = ("LOAD_STREAM", "LOAD_UNIT(", "UNIT_DOT(", "load_unit", "unit_dot", "q4_word_dot",
+                        "dot_bf16x8", "dot_f32x4", "dot_q4x8", "Q4_WORD", "& 1)", "RSQRTF", "sumsq4")
+
+
+@pytest.mark.parametrize("kernel", list(ks.KERNELS))
+def test_each_body_is_written_in_the_primitives(kernel):
+    body = _strip_comments(ks.read(ks.KERNELS[kernel].body))
+    assert re.search(r"\b(warp_dot|lane_dot<\w+>)\(", body), f"{kernel} does not call the row dot"
+    found = [t for t in _PRIMITIVE_INTERNALS if t in body]
+    assert not found, f"{kernel} spells out {found} itself; call common.h's primitive instead"
+    if "sdest" in ks.KERNELS[kernel].inputs:
+        assert "scatter_signed<" in body
+    if "nw" in ks.KERNELS[kernel].inputs:
+        assert re.search(r"\b(rms_prologue|rms_inv)<", body)
+    # The loads a warp keeps in flight are the row dot's: nothing else loads weights.
+    common = _strip_comments(ks.read("common.h"))
+    assert common.count("load_unit<F>(") == 1 and common.count("load_batch<U, STRIDE>(") == 1
+
+
 def test_compose_puts_the_prelude_in_header_and_body():
     for dialect, other in (("metal", "cuda"), ("cuda", "metal")):
         for kernel in ks.KERNELS:
@@ -191,14 +213,14 @@ def test_metal_head_launch_source():
 # -- the CUDA source, compiled here when nvcc is --------------------------------------
 
 
-def _dtypes(kernel: str, fmt: int) -> dict[str, str]:
+def _dtypes(kernel: str, fmt: int, sfmt: int = 1) -> dict[str, str]:
     weight = {ks.WF_F32: "float32", ks.WF_BF16: "bfloat16", ks.WF_Q4: "uint32"}[fmt]
     out = {}
     for n in ks.KERNELS[kernel].inputs:
         if n in ("w", "wg", "wu", "wd", "q_w", "k_w", "v_w"):
             out[n] = weight
         elif n in ("ws", "wb", "wgs", "wgb", "wus", "wub", "wds", "wdb") or re.fullmatch(r"[qkv]_[sb]", n):
-            out[n] = "bfloat16" if fmt == ks.WF_Q4 else "float32"
+            out[n] = "bfloat16" if fmt == ks.WF_Q4 and sfmt == 1 else "float32"
         elif n == "sdest":
             out[n] = "int32"
         elif n == "table":
@@ -216,16 +238,24 @@ _BONSAI_T = {
 }
 
 
+#: (FMT, SFMT, QI, PRE) compiled for every kernel: each weight format, both scale formats
+#: and both 4-bit word orders, and a first batch loaded early or not (the row dot's two
+#: forms), so every branch of common.h's templates is instantiated somewhere.
+_FORMATS = [(ks.WF_F32, 0, False, True), (ks.WF_BF16, 0, False, True), (ks.WF_Q4, 1, True, True),
+            (ks.WF_Q4, 0, False, False)]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
-@pytest.mark.parametrize("fmt", [ks.WF_F32, ks.WF_BF16, ks.WF_Q4])
+@pytest.mark.parametrize("fmt,sfmt,qi,pre", _FORMATS)
 @pytest.mark.parametrize("kernel", list(ks.KERNELS))
-def test_cuda_translation_unit_compiles_without_spills(tmp_path, kernel, fmt):
-    t = dict(NT=64 if kernel == "ffn_down" else 256, FMT=fmt, SFMT=1 if fmt == ks.WF_Q4 else 0, GS=64,
-             QI=fmt == ks.WF_Q4, **_BONSAI_T[kernel])
+def test_cuda_translation_unit_compiles_without_spills(tmp_path, kernel, fmt, sfmt, qi, pre):
+    t = dict(NT=64 if kernel == "ffn_down" else 256, FMT=fmt, SFMT=sfmt, GS=64, QI=qi, **_BONSAI_T[kernel])
+    if "PRE" in t:
+        t["PRE"] = pre
     if fmt == ks.WF_Q4:
         t["U"] = max(1, t["U"] // 4)
     src = tmp_path / f"{kernel}.cu"
-    src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt), t))
+    src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt, sfmt), t))
     r = subprocess.run(["nvcc", "-arch=sm_90", "-c", "-o", str(tmp_path / "k.o"), "-Xptxas", "-v", str(src)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -246,7 +276,8 @@ def test_cuda_translation_unit_writes_mlx_signature():
 
 
 def _kernel_rotation(plan, x: np.ndarray) -> np.ndarray:
-    """R x as the kernels compute it: scatter by sdest, butterflies, the m-table mix, scale."""
+    """R x as the kernels compute it (common.h: scatter_signed by sdest, then group_hadamard: butterflies, the
+    m-table mix), then the scale."""
     width = plan.width
     sd = KL.sdest(plan)  # what the kernels get: 2 dest[p] + (signs[p] < 0)
     xs = np.full(width, np.nan)
@@ -354,6 +385,22 @@ def test_grid_fills_the_device_and_no_more():
 def test_prepared_tails_are_made_once(seed_launch):
     assert KL.prepared(seed_launch, "metal") is KL.prepared(seed_launch, "metal")
     assert KL.prepared(seed_launch, "metal", KL.KernelTuning(rows_nt=128)) is not KL.prepared(seed_launch, "metal")
+
+
+def test_a_launch_composes_the_bodies_of_its_kernel_dir(tmp_path, seed_launch, seed_metal):
+    # A benchmark compares two source folders in one process: each folder's kernels must be
+    # its own (MLX would otherwise reuse whichever source compiled first under one name).
+    other = tmp_path / "kernels"
+    shutil.copytree(ks.KERNEL_DIR, other)
+    body = other / ks.KERNELS["ffn_down"].body
+    body.write_text("// the other folder's ffn_down\n" + body.read_text())
+    prep = KL.prepared(seed_launch, "metal", kernel_dir=other)
+    assert prep is not KL.prepared(seed_launch, "metal") and prep is KL.prepared(seed_launch, "metal", kernel_dir=other)
+    src = KL.generated_source(lambda b, r: prep(b, r, verbose=True), mx.zeros((96,)), mx.zeros((64,)))
+    assert [n.rsplit("_", 1)[0] for n in src] == list(seed_metal)  # our names, each with the folder's digest
+    assert not set(src) & set(seed_metal)
+    assert "the other folder's ffn_down" in list(src.values())[2]
+    assert not any("the other folder's" in s for s in seed_metal.values())
 
 
 # -- on a GPU ---------------------------------------------------------------------------

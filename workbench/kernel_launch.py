@@ -110,14 +110,10 @@ def _kernel(dialect: str, kernel: str, kernel_dir: Path | None = None) -> Any:
     """The MLX kernel object for ``kernel`` in ``dialect``, its bodies read from
     ``kernel_dir`` (default: ``kernels/``); built once per the three."""
     spec = kernel_source.KERNELS[kernel]
-    if kernel_dir is None:
-        name = spec.name
-        header, source = kernel_source.compose(dialect, kernel)
-    else:
-        # MLX keys its compiled kernels by name and template values only: another folder's
-        # sources under the same name would run whichever was compiled first.
-        name = kernel_source.mlx_name(kernel, kernel_dir=kernel_dir)
-        header, source = kernel_source.compose(dialect, kernel, kernel_dir=kernel_dir)
+    # MLX keys its compiled kernels by name and template values only: another folder's
+    # sources under the plain name would run whichever was compiled first.
+    name = kernel_source.mlx_name(kernel, kernel_dir=kernel_dir)
+    header, source = kernel_source.compose(dialect, kernel, kernel_dir=kernel_dir)
     if dialect == "metal":
         return mx.fast.metal_kernel(name=name, input_names=list(spec.inputs), output_names=list(spec.outputs),
                                     source=source, header=header, ensure_row_contiguous=True)
