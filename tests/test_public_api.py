@@ -31,3 +31,12 @@ def test_importing_workbench_loads_no_pandas_or_matplotlib():
     code = "import sys, workbench; print('pandas' in sys.modules, 'matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_no_public_name_hides_a_module():
+    # A function re-exported under its module's name would replace the module as the
+    # package's attribute, and `from workbench import <module>` would hand back the function.
+    import pkgutil
+
+    modules = {m.name for m in pkgutil.iter_modules(workbench.__path__)}
+    assert not modules & set(workbench.__all__)

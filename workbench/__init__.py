@@ -20,10 +20,10 @@ from workbench.comparison import Comparison, compare
 from workbench.fold import FoldSite, HadamardFold
 from workbench.frink_case import SEED_TOL, seed_case
 from workbench.model import ModelConfig, list_models, load_model
-from workbench.refusals import Refusal, eligible, explain, refusal_table, refusals
+from workbench.refusals import Refusal, eligible, explain, refusal_table
 from workbench.sweeps import mutation_sweep, sweep
 from workbench.tail import TailRefused, TailWeights, fused_tail, host_tail, random_inputs, unfused_tail
-from workbench.three_way import three_way, three_way_table
+from workbench.three_way import three_way_table
 from workbench.wait_measurement import count_waits
 from workbench.waits import load_plan, wait_table, waits_per_token
 from workbench.weights import QUANT_FORMATS, WeightMatrix
@@ -41,7 +41,6 @@ __all__ = [
     "load_model",
     "list_models",
     "Refusal",
-    "refusals",
     "eligible",
     "refusal_table",
     "explain",
@@ -56,7 +55,6 @@ __all__ = [
     "available_backends",
     "Comparison",
     "compare",
-    "three_way",
     "three_way_table",
     "seed_case",
     "SEED_TOL",
