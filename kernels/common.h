@@ -1,11 +1,10 @@
-// The tail kernels' shared helpers, written once for both dialects.
+// The tail kernels' shared helpers and primitives, written once for both dialects.
 //
-// Only the prelude's names are used here (KFN, DEV, GRP, GROUP_BARRIER, BITS_F32,
-// FMAF, RSQRTF, warp_sum, u32, u16), so the same text compiles as Metal and as CUDA.
-// Helpers take values or explicitly qualified pointers (Metal pointers carry an
-// address space), and the x-dependent dot products are macros indexing whatever
-// float4 array the caller names: group memory in wo / gate-up / QKV, device memory
-// in down, whose 17408-long input does not fit 32 KB of Metal threadgroup memory.
+// Only the prelude's names are used here (KFN, DEV, GRP, THR, GROUP_BARRIER, BITS_F32,
+// FMAF, RSQRTF, LOAD_STREAM, UINT4, warp_sum, u32, u16), so the same text compiles as
+// Metal and as CUDA. Helpers take values or explicitly qualified pointers and references
+// (Metal pointers carry an address space); where x may live in group or in device memory
+// the pointer's type is a template parameter.
 
 // Weight formats (template value FMT). A "unit" is the 16 bytes one thread loads at a
 // time: 4 float32 weights, 8 bfloat16 weights, or 32 4-bit weights (MLX's affine
@@ -70,10 +69,6 @@ KFN float sum8(float4 a, float4 b) { return ((a.x + a.y) + (a.z + a.w)) + ((b.x 
 // Weight elements per unit.
 #define UNIT_ELEMS(FMT) ((FMT) == WF_F32 ? 4 : ((FMT) == WF_BF16 ? 8 : 32))
 
-// A quantized scale or bias (SFMT 0: float32, 1: bfloat16) at index i, from the two
-// views P16 / P32 of the same buffer.
-#define LOAD_SB(SFMT, P16, P32, i) ((SFMT) == 1 ? BITS_F32(((u32)((P16)[i])) << 16) : (P32)[(i)])
-
 // Which uint32 word of a 4-bit row holds the k-th word of unit u. Contiguous (QI false):
 // 4u + k. Interleaved (QI true, rows of a multiple of 128 words): the 32 lanes that load
 // units 32c .. 32c + 31 together read words 128c + lane + 32k, so each of the four loads
@@ -81,42 +76,212 @@ KFN float sum8(float4 a, float4 b) { return ((a.x + a.y) + (a.z + a.w)) + ((b.x 
 // bytes from its neighbour's -- not 128, which made every x read an 8-way conflict.
 #define Q4_WORD(QI, u, k) ((QI) ? ((((u) >> 5) << 7) + ((u) & 31) + 32 * (k)) : (4 * (u) + (k)))
 
-// Unit u of the row at WR (a const DEV uint4*): its 16 bytes, or for interleaved 4-bit
-// rows its four words gathered.
-#define LOAD_UNIT(FMT, QI, WR, u)                                                        \
-  (((FMT) == WF_Q4 && (QI))                                                              \
-       ? UINT4(LOAD_STREAM((const DEV u32*)(WR) + Q4_WORD(true, (u), 0)),                \
-               LOAD_STREAM((const DEV u32*)(WR) + Q4_WORD(true, (u), 1)),                \
-               LOAD_STREAM((const DEV u32*)(WR) + Q4_WORD(true, (u), 2)),                \
-               LOAD_STREAM((const DEV u32*)(WR) + Q4_WORD(true, (u), 3)))                \
-       : LOAD_STREAM((WR) + (u)))
+// ---- the primitives the bodies are written in -----------------------------------------
+//
+// A body names its steps: load a first batch early (load_batch), build its input vector
+// in group memory (scatter_signed, rms_inv / rms_prologue, group_hadamard), then dot
+// every row it owns against it (warp_dot / lane_dot). Everything is a template or an
+// inline function, so each call compiles to the straight-line code the bodies used to
+// spell out; group memory stays declared in the bodies (Metal allows threadgroup
+// declarations only at kernel scope) and is passed in as GRP pointers.
+
+// A weight matrix's format and row length, fixed at compile time: FMT / SFMT / GS / QI
+// as the launch's template values, COLS the row's length in weights. Enumerators rather
+// than static members, which every dialect accepts in a struct.
+template <int FMT_, int SFMT_, int GS_, bool QI_, int COLS_>
+struct WFormat {
+  enum {
+    FMT = FMT_,
+    SFMT = SFMT_,
+    GS = GS_,
+    QI = QI_,
+    COLS = COLS_,
+    UR = COLS_ / UNIT_ELEMS(FMT_),  // 16-byte units a row
+    KG = COLS_ / GS_                // quantization groups a row
+  };
+};
+
+// The storage of one 4-bit scale or bias: SFMT 0 float32, 1 bfloat16 (its 16 bits).
+template <int SFMT>
+struct SBElem {
+  typedef float T;
+};
+template <>
+struct SBElem<1> {
+  typedef u16 T;
+};
+KFN float sb_float(float v) { return v; }
+KFN float sb_float(u16 v) { return BITS_F32(((u32)v) << 16); }
+
+// A row view of a 4-bit matrix's scales and biases (one of each per GS weights): w =
+// scale * q + bias. One typed pointer pair instead of a float32 and a bfloat16 view of
+// each buffer; dense formats carry one too (pointing at an unused dummy), never read.
+template <int SFMT>
+struct SBRow {
+  typedef typename SBElem<SFMT>::T T;
+  const DEV T* s;
+  const DEV T* b;
+  KFN float scale(int g) const { return sb_float(s[g]); }
+  KFN float bias(int g) const { return sb_float(b[g]); }
+};
+
+// NR weight rows that one lane walks side by side (gate_up reads row r of gate AND of up
+// with one set of x reads): each row's 16-byte units and its scale/bias view.
+template <typename F, int NR>
+struct WRows {
+  const DEV uint4* w[NR];
+  SBRow<F::SFMT> sb[NR];
+};
+
+// Row r of the matrix whose weights / scales / biases are the kernel inputs w / s / b.
+template <typename F, typename WP, typename SP>
+KFN WRows<F, 1> weight_row(WP w, SP s, SP b, int r) {
+  typedef typename SBElem<F::SFMT>::T T;
+  WRows<F, 1> row;
+  row.w[0] = (const DEV uint4*)w + r * F::UR;
+  row.sb[0].s = (const DEV T*)s + r * F::KG;
+  row.sb[0].b = (const DEV T*)b + r * F::KG;
+  return row;
+}
+
+// Two rows walked together (a's units first in every batch, then b's).
+template <typename F>
+KFN WRows<F, 2> row_pair(WRows<F, 1> a, WRows<F, 1> b) {
+  WRows<F, 2> p;
+  p.w[0] = a.w[0];
+  p.sb[0] = a.sb[0];
+  p.w[1] = b.w[0];
+  p.sb[1] = b.sb[0];
+  return p;
+}
+
+// A lane's batch: U units of each of NR rows in registers, all loads issued before any
+// is used (so U x NR 16-byte loads are in flight a lane). With EARLY, a body may load a
+// row's first batch BEFORE its prologue (`loaded`), and that row's dot product then
+// starts from it instead of loading. Without EARLY the flag is a constant false, so the
+// compiler sees one plain loop (a runtime flag makes it peel the first batch off).
+template <int NR, int U, bool EARLY>
+struct WBatch {
+  uint4 v[NR][U];
+  bool loaded;
+  KFN WBatch() : loaded(false) {}
+};
+
+// The per-row sums a dot product returns.
+template <int NR>
+struct RowSums {
+  float v[NR];
+};
+
+// Unit u of the row at wr: its 16 bytes, or for interleaved 4-bit rows its four words
+// gathered (Q4_WORD).
+template <typename F>
+KFN uint4 load_unit(const DEV uint4* wr, int u) {
+  if (F::FMT == WF_Q4 && F::QI) {
+    const DEV u32* w32 = (const DEV u32*)wr;
+    return UINT4(LOAD_STREAM(w32 + Q4_WORD(true, u, 0)), LOAD_STREAM(w32 + Q4_WORD(true, u, 1)),
+                 LOAD_STREAM(w32 + Q4_WORD(true, u, 2)), LOAD_STREAM(w32 + Q4_WORD(true, u, 3)));
+  }
+  return LOAD_STREAM(wr + u);
+}
+
+// Whether a thread starting at unit u0 has a whole batch (U units, STRIDE apart) left in
+// a row: the condition of the batched loop, and so of loading a first batch early.
+template <typename F, int U, int STRIDE>
+KFN bool full_batch(int u0) {
+  return u0 + STRIDE * (U - 1) < F::UR;
+}
+
+// Loads units u0, u0 + STRIDE, ..., u0 + (U - 1) STRIDE of each row into batch, in that
+// order (for each unit, every row's load), and marks it loaded.
+template <int U, int STRIDE, typename F, int NR, bool EARLY>
+KFN void load_batch(THR WBatch<NR, U, EARLY>& batch, WRows<F, NR> rows, int u0) {
+  UNROLL for (int j = 0; j < U; ++j) {
+    UNROLL for (int k = 0; k < NR; ++k) {
+      batch.v[k][j] = load_unit<F>(rows.w[k], u0 + STRIDE * j);
+    }
+  }
+  batch.loaded = true;
+}
 
 // One 4-bit word (8 codes, elements 8 wi ..) into acc: scale * (q . x) + bias * sum(x).
-#define Q4_WORD_DOT(SFMT, GS, V, X4, wi, acc, S16, S32, B16, B32)                        \
-  do {                                                                                  \
-    const float4 xa_ = X4[2 * (wi)], xb_ = X4[2 * (wi) + 1];                             \
-    const float sx_ = sum8(xa_, xb_);                                                   \
-    const float d_ = dot_q4x8((V), xa_, xb_, 0.0f) - sx_;  /* sum (q/16) x */            \
-    const int g_ = (8 * (wi)) / (GS);                                                   \
-    acc = FMAF(16.0f * LOAD_SB(SFMT, S16, S32, g_), d_, FMAF(LOAD_SB(SFMT, B16, B32, g_), sx_, acc)); \
-  } while (0)
+template <int SFMT, int GS, typename XP>
+KFN float q4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
+  const float4 xa = x4[2 * wi], xb = x4[2 * wi + 1];
+  const float sx = sum8(xa, xb);
+  const float d = dot_q4x8(v, xa, xb, 0.0f) - sx;  // sum (q/16) x
+  const int g = (8 * wi) / GS;
+  return FMAF(16.0f * sb.scale(g), d, FMAF(sb.bias(g), sx, acc));
+}
 
-// acc += unit u of one weight row (its 16 bytes already loaded into WV) . x, where X4
-// indexes x as float4 (group or device memory). For 4-bit weights: S16/S32 and B16/B32
-// are the row's scales and biases (one per GS elements): w = scale * q + bias.
-#define UNIT_DOT(FMT, SFMT, GS, QI, WV, X4, u, acc, S16, S32, B16, B32)                  \
-  do {                                                                                  \
-    if ((FMT) == WF_BF16) {                                                             \
-      acc = dot_bf16x8((WV), X4[2 * (u)], X4[2 * (u) + 1], acc);                        \
-    } else if ((FMT) == WF_F32) {                                                       \
-      acc = dot_f32x4((WV), X4[(u)], acc);                                              \
-    } else {                                                                            \
-      Q4_WORD_DOT(SFMT, GS, (WV).x, X4, Q4_WORD(QI, (u), 0), acc, S16, S32, B16, B32);  \
-      Q4_WORD_DOT(SFMT, GS, (WV).y, X4, Q4_WORD(QI, (u), 1), acc, S16, S32, B16, B32);  \
-      Q4_WORD_DOT(SFMT, GS, (WV).z, X4, Q4_WORD(QI, (u), 2), acc, S16, S32, B16, B32);  \
-      Q4_WORD_DOT(SFMT, GS, (WV).w, X4, Q4_WORD(QI, (u), 3), acc, S16, S32, B16, B32);  \
-    }                                                                                   \
-  } while (0)
+// acc + (unit u of a row, its 16 bytes already loaded into w) . x, where x4 indexes x as
+// float4 (a GRP or DEV pointer: group memory in wo / gate_up / head, device memory in
+// down, whose 17408-long input does not fit 32 KB of Metal threadgroup memory).
+template <typename F, typename XP>
+KFN float unit_dot(uint4 w, XP x4, int u, float acc, SBRow<F::SFMT> sb) {
+  if (F::FMT == WF_BF16) {
+    return dot_bf16x8(w, x4[2 * u], x4[2 * u + 1], acc);
+  }
+  if (F::FMT == WF_F32) {
+    return dot_f32x4(w, x4[u], acc);
+  }
+  acc = q4_word_dot<F::SFMT, F::GS>(w.x, x4, Q4_WORD(F::QI, u, 0), acc, sb);
+  acc = q4_word_dot<F::SFMT, F::GS>(w.y, x4, Q4_WORD(F::QI, u, 1), acc, sb);
+  acc = q4_word_dot<F::SFMT, F::GS>(w.z, x4, Q4_WORD(F::QI, u, 2), acc, sb);
+  acc = q4_word_dot<F::SFMT, F::GS>(w.w, x4, Q4_WORD(F::QI, u, 3), acc, sb);
+  return acc;
+}
+
+// THE ROW DOT: this thread's part of (each of the NR rows) . x, the thread taking units
+// first, first + STRIDE, ... of every row. Full batches first: U units of each row loaded
+// before any is used (the loads are what keep device memory busy), or taken from `batch`
+// when it was loaded early; then the rest one unit at a time. Each row's sum is
+// accumulated in unit order, units in element order. The caller reduces the partial sums
+// (warp_dot: a warp a row; ffn_down: group_sum, a group a row).
+template <int STRIDE, typename F, int NR, int U, bool EARLY, typename XP>
+KFN RowSums<NR> lane_dot(WRows<F, NR> rows, XP x4, int first, THR WBatch<NR, U, EARLY>& batch) {
+  RowSums<NR> acc;
+  UNROLL for (int k = 0; k < NR; ++k) {
+    acc.v[k] = 0.0f;
+  }
+  int u0 = first;
+  // A plain local copy of the flag: the compiler sees it false after the first batch and
+  // peels that batch off the loop (the steady loop then loads unconditionally), as it did
+  // when the bodies held this flag in a bool of their own; testing batch.loaded in the
+  // loop made it keep the test in every batch instead.
+  bool pre = EARLY && batch.loaded;
+  for (; full_batch<F, U, STRIDE>(u0); u0 += STRIDE * U) {
+    if (!pre) {
+      load_batch<U, STRIDE>(batch, rows, u0);
+    }
+    pre = false;
+    UNROLL for (int j = 0; j < U; ++j) {
+      UNROLL for (int k = 0; k < NR; ++k) {
+        acc.v[k] = unit_dot<F>(batch.v[k][j], x4, u0 + STRIDE * j, acc.v[k], rows.sb[k]);
+      }
+    }
+  }
+  for (; u0 < F::UR; u0 += STRIDE) {
+    WBatch<NR, 1, false> one;
+    load_batch<1, STRIDE>(one, rows, u0);
+    UNROLL for (int k = 0; k < NR; ++k) {
+      acc.v[k] = unit_dot<F>(one.v[k][0], x4, u0, acc.v[k], rows.sb[k]);
+    }
+  }
+  batch.loaded = false;  // an early batch belongs to this row only
+  return acc;
+}
+
+// Rows owned by one warp: lane_dot with the 32 lanes striding the row, then each row's
+// sum in every lane.
+template <typename F, int NR, int U, bool EARLY, typename XP>
+KFN RowSums<NR> warp_dot(WRows<F, NR> rows, XP x4, int lane, THR WBatch<NR, U, EARLY>& batch) {
+  RowSums<NR> s = lane_dot<32>(rows, x4, lane, batch);
+  UNROLL for (int k = 0; k < NR; ++k) {
+    s.v[k] = warp_sum(s.v[k]);
+  }
+  return s;
+}
 
 // The sum of v over the NT threads of a group, in every thread, in one fixed order
 // (so every thread gets the same bits, run after run). red holds NT/32 floats; the
@@ -172,4 +337,109 @@ KFN void group_hadamard(GRP float* x, const DEV int8_t* table, int lid) {
     }
     GROUP_BARRIER();
   }
+}
+
+// ---- building the input vector in group memory -----------------------------------------
+//
+// Each runs in every thread of the group over a vector of W floats (W / 4 float4s, thread
+// lid taking float4s lid, lid + NT, ...: coalesced 16-byte reads of device memory) and
+// ends with the group memory it wrote complete for every thread.
+
+// sum + the squares of v's four elements (one fixed order).
+KFN float sumsq4(float4 v, float sum) {
+  return FMAF(v.x, v.x, FMAF(v.y, v.y, FMAF(v.z, v.z, FMAF(v.w, v.w, sum))));
+}
+
+// v * inv * n, elementwise: one float4 of rms_norm(h) * norm_weight.
+KFN float4 norm4(float4 v, float inv, float4 n) {
+  float4 y;
+  y.x = v.x * inv * n.x;
+  y.y = v.y * inv * n.y;
+  y.z = v.z * inv * n.z;
+  y.w = v.w * inv * n.w;
+  return y;
+}
+
+// 1 / rms(h) = rsqrt(sum(h^2) / W + eps), eps = params[0], the same bits in every thread
+// (group_sum's fixed order). With STAGE, h is also copied into xs4 on the way (group_sum's
+// barriers publish it), so that rms_prologue scales it in place instead of reading h
+// again. eps is read after the reduction (passing its value would load it before).
+template <int W, int NT, bool STAGE>
+KFN float rms_inv(GRP float4* xs4, GRP float* red, const DEV float4* h4, const DEV float* params, int lid, int lane,
+                  int warp) {
+  float ss = 0.0f;
+  UNROLL for (int it = 0; it < (W / 4 + NT - 1) / NT; ++it) {
+    const int i4 = lid + it * NT;
+    if (i4 < W / 4) {
+      const float4 v = h4[i4];
+      if (STAGE) {
+        xs4[i4] = v;
+      }
+      ss = sumsq4(v, ss);
+    }
+  }
+  ss = group_sum<NT>(ss, red, lane, warp);
+  return RSQRTF(ss / (float)W + params[0]);
+}
+
+// THE RMS PROLOGUE: xs4 <- rms_norm(h) * nw (h staged in group memory, then scaled in
+// place: h is read from device memory once).
+template <int W, int NT>
+KFN void rms_prologue(GRP float4* xs4, GRP float* red, const DEV float4* h4, const DEV float4* n4,
+                      const DEV float* params, int lid, int lane, int warp) {
+  const float inv = rms_inv<W, NT, true>(xs4, red, h4, params, lid, lane, warp);
+  UNROLL for (int it = 0; it < (W / 4 + NT - 1) / NT; ++it) {
+    const int i4 = lid + it * NT;
+    if (i4 < W / 4) {
+      const float4 v = xs4[i4];
+      const float4 n = n4[i4];
+      xs4[i4] = norm4(v, inv, n);
+    }
+  }
+  GROUP_BARRIER();
+}
+
+// What scatter_signed reads, a float4 at a time: a vector in device memory as it is
+// (DevVec), or rms_norm(h) * n computed on the way (RmsNormed, h read a second time: a
+// scatter cannot scale in place).
+struct DevVec {
+  const DEV float4* x;
+  KFN DevVec(const DEV float4* x_) : x(x_) {}
+  KFN float4 at(int i4) const { return x[i4]; }
+};
+struct RmsNormed {
+  const DEV float4* h;
+  const DEV float4* n;
+  float inv;
+  KFN RmsNormed(const DEV float4* h_, const DEV float4* n_, float inv_) : h(h_), n(n_), inv(inv_) {}
+  KFN float4 at(int i4) const {
+    const float4 v = h[i4];
+    const float4 w = n[i4];
+    return norm4(v, inv, w);
+  }
+};
+
+// THE SIGNED SCATTER: with ROT, (P D v)[dest[p]] = signs[p] * v[p] written into group
+// memory, sdest[p] = 2 dest[p] + (signs[p] < 0) (dest the inverse permutation, the sign
+// in the low bit: one index array read, coalesced, where gathering v[perm[i]] made each
+// element two dependent round trips); without ROT, xs4 = v.
+template <int W, int NT, bool ROT, typename SRC>
+KFN void scatter_signed(GRP float4* xs4, SRC src, const DEV int4* d4, int lid) {
+  GRP float* xs = (GRP float*)xs4;
+  UNROLL for (int it = 0; it < (W / 4 + NT - 1) / NT; ++it) {
+    const int i4 = lid + it * NT;
+    if (i4 < W / 4) {
+      const float4 v = src.at(i4);
+      if (ROT) {
+        const int4 d = d4[i4];
+        xs[d.x >> 1] = (d.x & 1) ? -v.x : v.x;
+        xs[d.y >> 1] = (d.y & 1) ? -v.y : v.y;
+        xs[d.z >> 1] = (d.z & 1) ? -v.z : v.z;
+        xs[d.w >> 1] = (d.w & 1) ? -v.w : v.w;
+      } else {
+        xs4[i4] = v;
+      }
+    }
+  }
+  GROUP_BARRIER();
 }

@@ -13,6 +13,8 @@
 // qualifier in CUDA; Metal needs `device` / `threadgroup`.
 #define DEV
 #define GRP
+// A reference or pointer to a thread's own variables (Metal names their address space).
+#define THR
 // Declaring group memory inside a kernel body.
 #define GROUP_SHARED __shared__
 // Every thread of the group waits here; group-memory writes before it are visible after.

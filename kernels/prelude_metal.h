@@ -12,6 +12,9 @@
 // Address spaces of device (global) memory and group (threadgroup) memory.
 #define DEV device
 #define GRP threadgroup
+// A reference or pointer to a thread's own variables (a helper updating a caller's
+// registers): Metal wants their address space named.
+#define THR thread
 // Declaring group memory inside a kernel body.
 #define GROUP_SHARED threadgroup
 // Every thread of the group waits here; group-memory writes before it are visible after.
