@@ -8,6 +8,7 @@ second copy in each command would be a second place to keep in step.
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -17,7 +18,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import mlx.core as mx
 import numpy as np
@@ -33,6 +34,16 @@ def slug(s: str) -> str:
 def device_kind() -> str:
     """``cuda``, ``metal`` or ``cpu``: which MLX backend this run measured."""
     return "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else "cpu")
+
+
+def comma_list(parser: argparse.ArgumentParser, flag: str, value: str, allowed: Iterable[str]) -> list[str]:
+    """``value`` split at commas, every item one of ``allowed``; else the parser's usage error
+    naming ``flag``, what was given and what is allowed (so each command says it the same way)."""
+    allowed = sorted(allowed)
+    items = [s.strip() for s in value.split(",") if s.strip()]
+    if not items or any(s not in allowed for s in items):
+        parser.error(f"{flag} must be a comma-separated list of {allowed}; got {value!r}")
+    return items
 
 
 def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:

@@ -51,10 +51,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--mutations", type=int, default=0, help="catch rates on this many fresh seeds (0: none)")
     p.add_argument("--tag", default="", help="appended to the record's file name")
     args = p.parse_args(argv)
-    names = [s.strip() for s in args.configs.split(",") if s.strip()]
-    bad = [s for s in names if s not in CONFIGS]
-    if bad or not names:
-        p.error(f"--configs must be a comma-separated list of {sorted(CONFIGS)}; got {args.configs!r}")
+    names = record.comma_list(p, "--configs", args.configs, CONFIGS)
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
 

@@ -128,10 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--no-record", action="store_true", help="print only; write no JSON")
     args = p.parse_args(argv)
 
-    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    bad = [s for s in shapes if s not in SHAPES]
-    if bad or not shapes:
-        p.error(f"--shapes must be a comma-separated list of {sorted(SHAPES)}; got {args.shapes!r}")
+    shapes = record.comma_list(p, "--shapes", args.shapes, SHAPES)
     for flag in ("repeats", "warmup"):
         if getattr(args, flag) < (1 if flag == "repeats" else 0):
             p.error(f"--{flag} must be >= {1 if flag == 'repeats' else 0}")
