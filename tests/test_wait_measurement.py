@@ -36,3 +36,16 @@ def test_count_waits_restores_after_an_exception():
         with count_waits():
             raise RuntimeError("boom")
     assert mx.eval is orig
+
+
+def test_nested_blocks_that_saw_the_same_events_each_keep_their_own_counter():
+    # Leaving the inner block must remove the inner counter even when the outer one, having
+    # seen exactly the same waits so far, compares equal to it.
+    orig = (mx.eval, np.asarray)
+    with count_waits() as outer:
+        with count_waits() as inner:
+            mx.eval(mx.array([1.0]) + 1)
+        assert inner == outer  # equal events: the case a removal by value got wrong
+        mx.eval(mx.array([2.0]) + 1)
+    assert (inner.n, outer.n) == (1, 2)
+    assert (mx.eval, np.asarray) == orig
