@@ -23,9 +23,8 @@ from workbench.tail import TailWeights, check_inputs, fused_tail, host_tail, tai
 from workbench.wait_measurement import count_waits
 
 #: Deliberately wrong fused variants, to show what the three-way comparison tells apart:
-#: ``skip_fold`` forgets wo's rotation (invisible without a fold, as frink-models' test
-#: comments warn);
-#: ``bf16_normed`` rounds the normed vector to bf16 before the FFN (seen 1.5e-2 off).
+#: ``skip_fold`` forgets wo's rotation (invisible without a fold, as frink-models' source
+#: warns); ``bf16_normed`` rounds the normed vector to bf16 before the FFN (seen 1.5e-2 off).
 FAULTS = ("skip_fold", "bf16_normed")
 
 
