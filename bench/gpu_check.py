@@ -7,7 +7,7 @@
 On an NVIDIA GPU (MLX's CUDA back-end) it runs the CUDA kernels; on an Apple GPU the
 Metal ones. Checks, each against the float64 oracle (``workbench.exact_oracle``, numpy):
 
-* the seed's case (hidden 64, branch 96, ffn 80, wo folded with block 16 and its signs);
+* frink-models' test case (hidden 64, branch 96, ffn 80, wo folded with block 16 and its signs);
 * random shapes and folds: blocks 12 x 2^k, 20 x 2^k, 28 x 2^k and 2^k, with and without
   a permutation, float32 and bfloat16 weights, a tail without a fold, a batch of three;
 * Bonsai-27B's (5120, 6144, 17408), wo folded with block 1024, in float32 and bfloat16
@@ -16,9 +16,9 @@ Metal ones. Checks, each against the float64 oracle (``workbench.exact_oracle``,
 * determinism: the same inputs twice give the same bits (a race would not).
 
 The tolerance of each case is the one the float32 oracle itself needs there
-(``exact_oracle.tolerance_for``): the float32 host tail (the seed's "host") is compared
-with float64 by the seed's criterion ``|x - y| <= tol * max(|y|, 1)``, and the kernels
-must meet ``max(2e-4, 2 x that error)`` -- the seed's 2e-4 wherever float32 itself is
+(``exact_oracle.tolerance_for``): the float32 host tail (frink-models' "host") is compared
+with float64 by frink-models' criterion ``|x - y| <= tol * max(|y|, 1)``, and the kernels
+must meet ``max(2e-4, 2 x that error)`` -- frink-models' 2e-4 wherever float32 itself is
 inside it. Both numbers are recorded.
 
 Then ``bench.kernel_bench.run`` (Bonsai-27B, bf16 and 4-bit). The record goes through

@@ -350,7 +350,7 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
     out: dict[str, Any] = {"copy_bandwidth_Bps": {"torch_copy": bw_torch, "mlx_x_plus_1": bw_mlx,
                                                   "used_for_floor": bandwidth}, "cases": []}
 
-    # The fixed cost: the same launches at the seed's size (no bytes to speak of).
+    # The fixed cost: the same launches at frink-models' test size (no bytes to speak of).
     c = seed_case()
     sl = tail.tail_launch(c.weights)
     sp = kernel_launch.prepared(sl, dialect)
@@ -359,7 +359,7 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
                          "mlx_graph": lambda: mx.eval(tail.tail_graph(sl, sb, sr)),
                          "one_tiny_eval": lambda: mx.eval(sb + 1)}, repeats)
     out["seed_size_resident_ms"] = {k: v["median_ms"] for k, v in fixed.items()}
-    log("fixed cost at the seed's size (resident, median ms): "
+    log("fixed cost at frink-models' test size (resident, median ms): "
         + ", ".join(f"{k} {v:.4f}" for k, v in out["seed_size_resident_ms"].items()))
 
     w16 = tail.TailWeights.random(hidden, branch, ffn, seed=seed, fold_block=block, dtype="bfloat16")

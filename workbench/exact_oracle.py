@@ -9,7 +9,7 @@ The tolerance of a case is the one the float32 oracle itself needs there
 (:func:`tolerance_for`): the float32 host tail (frink-models' "host") is compared with
 the float64 truth by the test's criterion ``|x - y| <= tol * max(|y|, 1)``, and a kernel
 must meet ``max(2e-4, 2 x that error)``, rounded up to 1, 2 or 5 x 10^k. frink-models'
-2e-4 stands wherever float32 itself is well inside it (the seed's case and every small
+2e-4 stands wherever float32 itself is well inside it (frink-models' test case and every small
 shape); only where float32 arithmetic alone errs by more (long reductions, e.g.
 Bonsai-27B's FFN) does the tolerance grow, and then by the float32 oracle's own measure,
 not by a figure picked to make the kernels pass.

@@ -319,13 +319,13 @@ def prepare_tail(launch: TailLaunch, dialect: str, tuning: KernelTuning | None =
     in one run.
 
     Raises ``ValueError`` for what the kernels do not serve: a weight format other than
-    float32 / bfloat16 / affine 4-bit, a fold on wo at its OUTPUT site (the seed's plan
+    float32 / bfloat16 / affine 4-bit, a fold on wo at its OUTPUT site (frink-models' plan
     rotates wo's input), folds on the FFN matrices, widths over 8192 or not multiples of 8.
     """
     kernel_source._check_dialect(dialect)
     if launch.fold is not None and launch.fold.site is not FoldSite.INPUT:
-        raise ValueError("wo's fold must be at its INPUT site for the kernels (they rotate wo's input, as the "
-                         "seed's metal_plan(branch.len()) does); got site OUTPUT")
+        raise ValueError("wo's fold must be at its INPUT site for the kernels (they rotate wo's input, as "
+                         "frink-models' metal_plan(branch.len()) does); got site OUTPUT")
     wo = _matrix("wo", launch.wo)
     gate, up, down = _matrix("gate", launch.gate), _matrix("up", launch.up), _matrix("down", launch.down)
     hidden, branch_dim, ffn = wo.rows, wo.cols, gate.rows
@@ -420,7 +420,7 @@ def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: WeightMatrix, k
     """Q, K, V of ``rms_norm(hidden) * attn_norm`` in ONE launch, lazily.
 
     ``q`` / ``k`` / ``v`` are WeightMatrix objects sharing one fold (the same object, as
-    the seed asks ``Arc::ptr_eq``) at the INPUT site, or all unfolded; the kernel
+    frink-models asks ``Arc::ptr_eq``) at the INPUT site, or all unfolded; the kernel
     rotates their common input once. ``attn_norm``: numpy or MLX, [hidden].
     ``kernel_dir``: as for :func:`prepare_tail`. Raises ``ValueError`` listing every
     head refusal.
