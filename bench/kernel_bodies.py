@@ -98,11 +98,13 @@ def fresh_ptx_cache() -> str:
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[Any]]:
-    """Each callable's results, ``rounds`` times, alternating: every round runs each once,
-    the order reversed every other round (so neither side always runs first)."""
+    """Each callable's results, ``rounds`` times (rounded up to even), alternating: every
+    round runs each once, the order reversed every other round, so each side runs first
+    in exactly half the rounds (with an odd count, a median of few rounds can lean
+    towards whichever side ran first more often)."""
     out: dict[str, list[Any]] = {k: [] for k in fns}
     names = list(fns)
-    for i in range(rounds):
+    for i in range(rounds + rounds % 2):
         for k in names if i % 2 == 0 else names[::-1]:
             out[k].append(fns[k]())
     return out
