@@ -36,6 +36,7 @@ OUTLIER_SCALE = 10.0
 
 
 def check_shape(shape: Any) -> tuple[int, int, int]:
+    """``shape`` as a (hidden, branch, ffn) triple of positive ints, or ``ValueError`` naming ``shapes``."""
     try:
         h, b, f = (int(v) for v in shape)
     except (TypeError, ValueError):
@@ -46,6 +47,7 @@ def check_shape(shape: Any) -> tuple[int, int, int]:
 
 
 def check_seeds(seeds: Iterable[int]) -> np.ndarray:
+    """``seeds`` as a 1-D int64 array of non-negative ints, or ``ValueError`` naming ``seeds``."""
     s = np.asarray(list(seeds) if not isinstance(seeds, (range, np.ndarray)) else seeds)
     if s.ndim != 1 or s.size == 0:
         raise ValueError("seeds must be a non-empty 1-D sequence of non-negative ints (e.g. range(1000))")
@@ -107,6 +109,7 @@ def draw_block(shape: tuple[int, int, int], block: int) -> CaseArrays:
 
 
 def check_outliers(k: Any, branch: int) -> int:
+    """``wo_outliers`` as an int in [0, branch], or ``ValueError`` naming it."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= branch:
         raise ValueError(f"wo_outliers must be an int in [0, {branch}] (the branch width); got {k!r}")
     return int(k)
@@ -166,6 +169,7 @@ def quantize_args(spec: QuantSpec | None) -> dict[str, Any] | None:
 
 
 def fold_label(fold: Any) -> str:
+    """How a sweep's ``fold`` column names a fold: ``none``, ``b16`` (a block size), ``shared b64 input``."""
     if fold is None:
         return "none"
     if isinstance(fold, HadamardFold):
@@ -174,6 +178,7 @@ def fold_label(fold: Any) -> str:
 
 
 def check_fold(fold: Any, shape: tuple[int, int, int]) -> None:
+    """``ValueError`` unless ``fold`` (None, a block size or a ``HadamardFold``) fits ``shape``'s wo."""
     h, b, _ = shape
     if fold is None:
         return

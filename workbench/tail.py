@@ -513,6 +513,7 @@ def host_tail(w: TailWeights, branch: Any, residual: Any, *, dtype: Any = np.flo
 
 
 def to_mx(a: Any) -> mx.array:
+    """An activation as a float32 ``mx.array`` (numpy is copied in; MLX is cast, lazily)."""
     return a.astype(mx.float32) if isinstance(a, mx.array) else mx.array(np.asarray(a, dtype=np.float32))
 
 
