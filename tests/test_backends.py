@@ -86,3 +86,11 @@ def test_a_kernel_asked_for_without_its_device_says_so():
 def test_device_description_names_mlx():
     d = B.device_description()
     assert d["mlx_version"] and d["mlx_device"].startswith("Device(")
+
+
+def test_the_kernel_launch_names_are_still_reachable_from_backends():
+    from workbench import kernel_launch
+
+    assert B.prepare_tail is kernel_launch.prepare_tail and B.KernelTuning is kernel_launch.KernelTuning
+    with pytest.raises(AttributeError, match="no attribute 'register_tail_kernel'"):
+        B.register_tail_kernel  # the registry is gone: fused_tail calls kernel_launch.run_kernel_tail

@@ -2,9 +2,10 @@
 
 Each module of ``workbench`` sits on a floor and imports, at its top, only modules on
 lower floors (the README's layout section is the same map in prose). Imports inside a
-function or under ``if TYPE_CHECKING:`` are not part of the map: the two moved-name
-forwarders (``tail.__getattr__``, ``waits.__getattr__``) import upward lazily on
-purpose, and ``kernel_launch`` names ``TailLaunch`` for type checkers only.
+function or under ``if TYPE_CHECKING:`` are not part of the map: the moved-name
+forwarders (``tail.__getattr__``, ``waits.__getattr__``, ``backends.__getattr__``, which
+keep names reachable where they lived before the package was split) import upward lazily
+on purpose, and ``kernel_launch`` names ``TailLaunch`` for type checkers only.
 """
 
 from __future__ import annotations

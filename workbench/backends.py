@@ -114,3 +114,27 @@ def device_description(device: mx.Device | None = None) -> dict[str, str]:
         info["device_name"] = name
     info["platform"] = f"{platform.system()} {platform.machine()}"
     return info
+
+
+#: The kernels' launch preparation lived in this module before it moved to
+#: ``workbench.kernel_launch``; those names are still reachable here, for code written
+#: against that layout.
+_MOVED: dict[str, str] = dict.fromkeys(
+    ("MAX_GROUP_FLOATS", "KernelTuning", "DEFAULT_TUNING", "set_default_tuning", "sdest", "PreparedTail",
+     "prepare_tail", "prepared", "kernel_tail", "head_refusals", "head_launch", "generated_source",
+     "metal_tail_source"),
+    "workbench.kernel_launch",
+)
+
+
+def __getattr__(name: str) -> object:
+    """``backends.prepare_tail`` and the other moved names, from ``workbench.kernel_launch``.
+
+    Looked up lazily (PEP 562): ``kernel_launch`` imports this module, so importing it
+    here at the top would make a circle.
+    """
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module 'workbench.backends' has no attribute {name!r}")
