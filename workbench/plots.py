@@ -20,6 +20,13 @@ from workbench.model import Mixer
 from workbench.refusals import Refusal, refusals
 
 
+def _axes(ax, figsize: tuple[float, float]):
+    """``(figure, axes)``: the caller's ``ax`` and its figure, or a new figure of ``figsize``."""
+    if ax is None:
+        return plt.subplots(figsize=figsize)
+    return ax.figure, ax
+
+
 def plot_refusal_map(cfgs: Sequence, *, ax=None, kernels_enabled: bool = True):
     """Models by layer, each cell coloured by its verdict.
 
@@ -63,10 +70,7 @@ def plot_refusal_map(cfgs: Sequence, *, ax=None, kernels_enabled: bool = True):
     colours = ["white", "#e6e6e6", "#2ca02c"] + reason_colours[: len(reasons)]
     cmap = ListedColormap(colours)
 
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(12, 0.42 * len(cfgs) + 1.8))
-    else:
-        fig = ax.figure
+    fig, ax = _axes(ax, (12, 0.42 * len(cfgs) + 1.8))
     ax.imshow(grid, cmap=cmap, vmin=0, vmax=len(colours) - 1, aspect="auto", interpolation="nearest")
     ax.set_yticks(range(len(cfgs)))
     ax.set_yticklabels([c.name for c in cfgs])
@@ -139,10 +143,7 @@ def plot_stage_ms(cfg, prices, *, ax=None):
     counts = [waits.waits_per_token(cfg, s, plan=plan) for s in plan.stages]
     if not prices:
         raise ValueError("prices: need at least one {label: ms} entry")
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(9, 4.2))
-    else:
-        fig = ax.figure
+    fig, ax = _axes(ax, (9, 4.2))
     x = list(range(1, len(counts) + 1))
     for label, p in prices.items():
         ms = [c * p for c in counts]
@@ -210,10 +211,7 @@ def plot_schedule_runs(records, *, ax=None):
 
     if not records:
         raise ValueError("records: need at least one schedule record")
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(6.5, 5))
-    else:
-        fig = ax.figure
+    fig, ax = _axes(ax, (6.5, 5))
     hi = 0.0
     for i, rec in enumerate(records):
         comps = rec["comparisons"]
@@ -292,10 +290,7 @@ def plot_error_ecdf(df, *, metric: str = "worst", by: str = "dtype", tolerances=
 
     if metric not in df.columns or by not in df.columns:
         raise ValueError(f"metric and by must be columns of the sweep; got {metric!r}, {by!r}")
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-    else:
-        fig = ax.figure
+    fig, ax = _axes(ax, (8, 4.5))
     for i, (k, g) in enumerate(df.groupby(by, observed=True)):
         v = np.sort(g[metric].to_numpy())
         n = v.size
@@ -325,10 +320,7 @@ def plot_fold_effect(df, *, metric: str = "model_nmse", ax=None):
     stats = df.groupby(["quant", "fold"], observed=True)[metric].quantile([0.25, 0.5, 0.75]).unstack()
     quants = list(dict.fromkeys(stats.index.get_level_values(0)))
     folds = list(dict.fromkeys(stats.index.get_level_values(1)))
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(8, 4))
-    else:
-        fig = ax.figure
+    fig, ax = _axes(ax, (8, 4))
     width = 0.8 / max(len(folds), 1)
     x = np.arange(len(quants))
     for j, f in enumerate(folds):
@@ -355,10 +347,7 @@ def plot_catch_rates(rates, *, ax=None, title: str = "fraction of wrong tails ea
     if rates.empty:
         raise ValueError("rates: the table is empty")
     data = rates.to_numpy(dtype=float)
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(1.1 * data.shape[1] + 3, 0.45 * data.shape[0] + 2))
-    else:
-        fig = ax.figure
+    fig, ax = _axes(ax, (1.1 * data.shape[1] + 3, 0.45 * data.shape[0] + 2))
     im = ax.imshow(data, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
     labels = [" / ".join(map(str, k)) if isinstance(k, tuple) else str(k) for k in rates.index]
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
