@@ -3,9 +3,10 @@
 Each module of ``workbench`` sits on a floor and imports, at its top, only modules on
 lower floors (the README's layout section is the same map in prose). Imports inside a
 function or under ``if TYPE_CHECKING:`` are not part of the map: the moved-name
-forwarders (``tail.__getattr__``, ``waits.__getattr__``, ``backends.__getattr__``, which
-keep names reachable where they lived before the package was split) import upward lazily
-on purpose, and ``kernel_launch`` names ``TailLaunch`` for type checkers only.
+forwarders (``tail``, ``waits`` and ``backends`` set ``__getattr__`` from
+``moved_names.forwarder``, which keeps names reachable where they lived before the
+package was split) import upward lazily on purpose, and ``kernel_launch`` names
+``TailLaunch`` for type checkers only.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "workbench"
 
 #: floor -> the modules on it, bottom first.
 FLOORS: dict[int, tuple[str, ...]] = {
-    0: ("hadamard", "kernel_source", "backends"),  # numbers, kernel text, which devices exist
-    1: ("fold", "model"),  # the rotation; real models' configs
+    0: ("hadamard", "kernel_source", "moved_names"),  # numbers, kernel text, old names' new homes
+    1: ("backends", "fold", "model"),  # which devices exist; the rotation; real models' configs
     2: ("weights", "refusals"),  # matrices that carry a fold; the rules over a config
     3: ("kernel_launch",),  # the kernels' launches for weights
     4: ("tail",),  # the tail's weights, math, three paths and one launch builder

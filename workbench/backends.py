@@ -25,6 +25,8 @@ import platform
 
 import mlx.core as mx
 
+from workbench.moved_names import forwarder
+
 #: Every name :func:`resolve_backend` accepts.
 BACKENDS: tuple[str, ...] = ("auto", "graph", "metal", "cuda")
 
@@ -126,15 +128,4 @@ _MOVED: dict[str, str] = dict.fromkeys(
     "workbench.kernel_launch",
 )
 
-
-def __getattr__(name: str) -> object:
-    """``backends.prepare_tail`` and the other moved names, from ``workbench.kernel_launch``.
-
-    Looked up lazily (PEP 562): ``kernel_launch`` imports this module, so importing it
-    here at the top would make a circle.
-    """
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module 'workbench.backends' has no attribute {name!r}")
+__getattr__ = forwarder(__name__, _MOVED)

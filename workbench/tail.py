@@ -47,6 +47,7 @@ import numpy as np
 
 from workbench import backends, kernel_launch, model, refusals
 from workbench.fold import FoldPlan, FoldSite, HadamardFold
+from workbench.moved_names import forwarder
 from workbench.weights import DENSE_DTYPES, WeightMatrix
 
 #: The RMS norm's epsilon when none is given: 1e-6, Qwen3's ``rms_norm_eps`` and the
@@ -650,15 +651,4 @@ _MOVED: dict[str, str] = {
     "BONSAI_SHAPE": "workbench.model",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """``workbench.tail.compare`` and the other moved names, from their new modules.
-
-    Looked up lazily (PEP 562): those modules import this one, so importing them here at
-    the top would make a circle.
-    """
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module 'workbench.tail' has no attribute {name!r}")
+__getattr__ = forwarder(__name__, _MOVED)

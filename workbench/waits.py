@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from workbench.moved_names import forwarder
 from workbench.refusals import format_reason_counts, reason_counts, refusals
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -382,11 +383,4 @@ def waits_by_model(cfgs: Iterable, *, plan: Plan | None = None):
 _MOVED: dict[str, str] = dict.fromkeys(("measure_wait_price", "measure_split_price", "WAIT_METHOD"),
                                        "workbench.wait_measurement")
 
-
-def __getattr__(name: str) -> Any:
-    """``waits.measure_wait_price`` and the other moved names, from ``workbench.wait_measurement``."""
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module 'workbench.waits' has no attribute {name!r}")
+__getattr__ = forwarder(__name__, _MOVED)
