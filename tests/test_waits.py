@@ -281,3 +281,11 @@ def test_split_price_bench_runs_small(tmp_path) -> None:
     assert steps[:3] == ["tiny wait (measure_wait_price)", "tiny", "tail-graph"]
     assert rec["command"].startswith("python -m bench.split_price --n 5")
     assert (tmp_path / f"split_price-{rec['device_kind']}.json").exists()
+
+
+def test_the_wait_clock_is_still_reachable_from_waits():
+    from workbench import wait_measurement
+
+    assert waits.measure_wait_price is wait_measurement.measure_wait_price
+    with pytest.raises(AttributeError, match="'workbench.waits' has no attribute 'nonesuch'"):
+        waits.nonesuch
