@@ -32,8 +32,8 @@ def slug(s: str) -> str:
 
 
 def device_kind() -> str:
-    """``cuda``, ``metal`` or ``cpu``: which MLX backend this run measured."""
-    return "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else "cpu")
+    """``cuda``, ``metal`` or ``cpu``: which MLX backend this run measured (MLX's default device)."""
+    return backends.device_kind()
 
 
 def comma_list(parser: argparse.ArgumentParser, flag: str, value: str, allowed: Iterable[str]) -> list[str]:

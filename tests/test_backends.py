@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -94,3 +95,8 @@ def test_the_kernel_launch_names_are_still_reachable_from_backends():
     assert B.prepare_tail is kernel_launch.prepare_tail and B.KernelTuning is kernel_launch.KernelTuning
     with pytest.raises(AttributeError, match="no attribute 'register_tail_kernel'"):
         B.register_tail_kernel  # the registry is gone: fused_tail calls kernel_launch.run_kernel_tail
+
+
+def test_device_kind_names_the_backend_of_a_device():
+    assert B.device_kind(mx.Device(mx.cpu)) == "cpu"
+    assert B.device_kind() in ("cpu", "cuda", "metal")

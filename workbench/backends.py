@@ -91,6 +91,15 @@ def resolve_backend(name: str) -> str:
     return name
 
 
+def device_kind(device: mx.Device | None = None) -> str:
+    """``cpu``, ``cuda`` or ``metal``: which MLX backend runs ``device`` (default: MLX's default
+    device). Records and the wait-price ledger file their measurements by it."""
+    dev = device if device is not None else mx.default_device()
+    if dev.type == mx.cpu:
+        return "cpu"
+    return "cuda" if cuda_available() else "metal"
+
+
 def device_description(device: mx.Device | None = None) -> dict[str, str]:
     """An MLX device (default: MLX's default) and what it says about itself, for records.
 

@@ -176,12 +176,8 @@ def _as_device(device):
 
 def _ledger_keys(dev: mx.Device) -> dict[str, str]:
     """The two keys the ledger files a measured price by: ``backend`` (cpu / cuda / metal)
-    and ``device`` (the device's name, from ``backends.device_description``, the one
-    description every record carries)."""
-    if dev.type == mx.cpu:
-        backend = "cpu"
-    else:
-        backend = "cuda" if backends.cuda_available() else "metal"
+    and ``device`` (the device's name, from the one device description)."""
+    backend = backends.device_kind(dev)
     return {"backend": backend, "device": backends.device_description(dev).get("device_name", backend)}
 
 
