@@ -1,0 +1,111 @@
+"""Checks at a public call's boundary, with one message form for every module.
+
+Every public function and constructor of the workbench answers bad input with a
+``ValueError`` whose message names the parameter, what was given and what is allowed:
+``"eps: must be a finite number > 0, got -5"``. The helpers below are that sentence
+written once. They accept what a user would naturally pass (numpy scalars where a
+number is asked, Python lists where an array is asked) and refuse what is almost always
+a mistake (``True`` as a number, a string of digits as a count), so nothing is silently
+converted into something the caller did not mean.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Iterable
+
+import numpy as np
+
+__all__ = ["describe", "integer", "number", "one_of", "flag"]
+
+
+def describe(value: Any, limit: int = 60) -> str:
+    """A short, unambiguous rendering of ``value`` for an error message (type shown for non-scalars)."""
+    if isinstance(value, (bool, int, float, str, type(None))) or isinstance(value, numbers.Number):
+        text = repr(value)
+    else:
+        shape = getattr(value, "shape", None)
+        dtype = getattr(value, "dtype", None)
+        if shape is not None and dtype is not None:
+            return f"a {type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
+        text = f"{type(value).__name__} {value!r}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_bool(value: Any) -> bool:
+    # numpy's bool_ is not a subclass of bool, but is just as surely not a number here.
+    return isinstance(value, (bool, np.bool_))
+
+
+def number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: bool = False,
+    finite: bool = True,
+) -> float:
+    """``value`` as a Python float, or a ValueError naming ``name``.
+
+    Accepts ints, floats and numpy scalars; refuses bools and strings. ``minimum`` is
+    inclusive unless ``exclusive_minimum``; NaN and infinities are refused unless
+    ``finite`` is False.
+    """
+    bounds = []
+    if minimum is not None:
+        bounds.append(f"{'>' if exclusive_minimum else '>='} {minimum:g}")
+    if maximum is not None:
+        bounds.append(f"<= {maximum:g}")
+    allowed = ("a finite number" if finite else "a number") + (" " + " and ".join(bounds) if bounds else "")
+    if _is_bool(value) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}: must be {allowed}, got {describe(value)}")
+    x = float(value)
+    if finite and not math.isfinite(x):
+        raise ValueError(f"{name}: must be {allowed}, got {describe(value)}")
+    too_low = minimum is not None and (x <= minimum if exclusive_minimum else x < minimum)
+    too_high = maximum is not None and x > maximum
+    if too_low or too_high:
+        raise ValueError(f"{name}: must be {allowed}, got {describe(value)}")
+    return x
+
+
+def integer(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as a Python int, or a ValueError naming ``name``.
+
+    Accepts ints and numpy integers; refuses bools, floats (even 3.0: a count that
+    arrives as a float is usually a computed quantity gone wrong) and strings.
+    """
+    bounds = []
+    if minimum is not None:
+        bounds.append(f">= {minimum}")
+    if maximum is not None:
+        bounds.append(f"<= {maximum}")
+    allowed = "an integer" + (" " + " and ".join(bounds) if bounds else "")
+    if _is_bool(value) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}: must be {allowed}, got {describe(value)}")
+    n = int(value)
+    if (minimum is not None and n < minimum) or (maximum is not None and n > maximum):
+        raise ValueError(f"{name}: must be {allowed}, got {describe(value)}")
+    return n
+
+
+def flag(name: str, value: Any) -> bool:
+    """``value`` as a bool; only True and False (Python or numpy) are accepted."""
+    if not _is_bool(value):
+        raise ValueError(f"{name}: must be True or False, got {describe(value)}")
+    return bool(value)
+
+
+def one_of(name: str, value: Any, allowed: Iterable[Any]) -> Any:
+    """``value`` itself if it is among ``allowed``, else a ValueError listing them."""
+    options = tuple(allowed)
+    try:
+        ok = value in options
+    except Exception:  # an unhashable or incomparable value is simply not allowed
+        ok = False
+    if not ok:
+        listed = ", ".join(repr(o) for o in options)
+        raise ValueError(f"{name}: must be one of {listed}, got {describe(value)}")
+    return value
