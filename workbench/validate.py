@@ -25,12 +25,17 @@ def describe(value: Any, limit: int = 60) -> str:
     """A short, unambiguous rendering of ``value`` for an error message (type shown for non-scalars)."""
     if isinstance(value, (bool, int, float, str, type(None))) or isinstance(value, numbers.Number):
         text = repr(value)
+    elif isinstance(value, type):  # a class (np.int32, list): its name, not its descriptors
+        text = f"the type {value.__module__}.{value.__qualname__}"
     else:
         shape = getattr(value, "shape", None)
         dtype = getattr(value, "dtype", None)
-        if shape is not None and dtype is not None:
-            return f"a {type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
-        text = f"{type(value).__name__} {value!r}"
+        try:
+            if shape is not None and dtype is not None:
+                return f"a {type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
+            text = f"{type(value).__name__} {value!r}"
+        except Exception:  # a repr that fails must not turn a clear error into an unclear one
+            text = f"a {type(value).__name__}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
