@@ -39,7 +39,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import hadamard, validate
-from workbench.backends import resolve_backend
+from workbench.backends import BACKENDS, resolve_backend
 from workbench.comparison import max_abs_error, max_rel_error, nmse, torch_ratio, ulp_distance, worst_scaled_error
 from workbench.fold import FoldSite, HadamardFold
 from workbench.sweep_cases import (
@@ -241,12 +241,8 @@ def _configs(dtypes: Sequence[str], folds: Sequence[Any], quantize: Sequence[Any
     for bk in backends:
         if bk == "auto":
             raise ValueError("backends: entries must name a backend ('graph', 'metal', 'cuda'), not 'auto'")
-        try:
-            resolve_backend(bk)  # ValueError for a non-backend, BackendUnavailable for an absent one
-        except ValueError as e:
-            if type(e) is not ValueError:  # BackendUnavailable says what is missing, as it is
-                raise
-            raise ValueError(f"backends: {e}") from None
+        validate.one_of("backends", bk, BACKENDS)
+        resolve_backend(bk)  # BackendUnavailable, saying what is missing, for an absent one
     for f in folds:
         check_fold(f, shape)
     for d in dtypes:

@@ -659,7 +659,7 @@ def fused_tail(
     anything is built or run; ``kernels_enabled=False`` is the engine's first rule (the
     engine's dense kernels switched off), so it refuses every layer.
     """
-    name = backends.resolve_backend(backend)
+    name = backends.resolve_backend(validate.one_of("backend", backend, backends.BACKENDS))
     return_backend = validate.flag("return_backend", return_backend)
     branch, residual = check_inputs(w, branch, residual)
     launch = tail_launch(w, kernels_enabled=kernels_enabled)
