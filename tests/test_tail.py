@@ -309,7 +309,7 @@ def test_unavailable_backends_raise_and_say_what_is_missing():
         T.fused_tail(c.weights, c.branch, c.residual, backend="metal")
     with pytest.raises(BackendUnavailable, match="CUDA"):
         T.fused_tail(c.weights, c.branch, c.residual, backend="cuda")
-    with pytest.raises(ValueError, match="backend must be one of"):
+    with pytest.raises(ValueError, match="backend: must be one of"):
         T.fused_tail(c.weights, c.branch, c.residual, backend="tpu")
 
 
