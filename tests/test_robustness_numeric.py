@@ -613,3 +613,37 @@ def test_an_absent_backend_raises_backend_unavailable():
             T.fused_tail(WTS, BR, RES, backend=name)
         with pytest.raises(BackendUnavailable):
             sweep1(backends=(name,))
+
+
+def test_the_figures_refuse_bad_input_clearly():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from workbench import plots as P
+
+    df = pd.DataFrame({"worst": [1e-6, 2e-6], "dtype": ["float32", "float32"], "quant": ["none"] * 2,
+                       "fold": ["none"] * 2, "model_nmse": [1e-9, 2e-9]})
+    for call, param in [
+        (lambda: P.plot_refusal_map(["bonsai"]), "cfgs[0]"),
+        (lambda: P.plot_refusal_map([]), "cfgs"),
+        (lambda: P.plot_refusal_map([BONSAI], kernels_enabled=None), "kernels_enabled"),
+        (lambda: P.plot_rotation("fold"), "fold"),
+        (lambda: P.plot_rotation(HadamardFold(16), 10**6), "dim"),
+        (lambda: P.plot_quantization_study([1, 2]), "df"),
+        (lambda: P.plot_error_histograms(df, metric="nope"), "metric"),
+        (lambda: P.plot_error_histograms(df, by=3), "by"),
+        (lambda: P.plot_error_histograms(df, bins=1), "bins"),
+        (lambda: P.plot_error_histograms(df, tolerances={"a": NAN}), "tolerances['a']"),
+        (lambda: P.plot_error_histograms(df.iloc[:0]), "df"),
+        (lambda: P.plot_error_ecdf(df, flake_rate=2.0), "flake_rate"),
+        (lambda: P.plot_error_ecdf(None), "df"),
+        (lambda: P.plot_fold_effect(df[["worst", "model_nmse"]]), "df"),
+        (lambda: P.plot_catch_rates(pd.DataFrame()), "rates"),
+    ]:
+        assert_clear(call, param)
+    for fig in (P.plot_error_histograms(df, tolerances={"2e-4": np.float32(2e-4)}), P.plot_fold_effect(df),
+                P.plot_rotation(HadamardFold(4, [1, -1, 1, 1]))):
+        plt.close(fig)
