@@ -647,3 +647,50 @@ def test_the_figures_refuse_bad_input_clearly():
     for fig in (P.plot_error_histograms(df, tolerances={"2e-4": np.float32(2e-4)}), P.plot_fold_effect(df),
                 P.plot_rotation(HadamardFold(4, [1, -1, 1, 1]))):
         plt.close(fig)
+
+
+MODEL_NAMES = M.list_models()
+
+
+@settings(max_examples=60)
+@given(name=st.sampled_from(MODEL_NAMES), data=st.data())
+def test_junk_in_any_key_of_a_real_config_gives_a_config_or_a_clear_error(name, data):
+    import json
+
+    raw = json.loads((M.MODELS_DIR / f"{name}.json").read_text())
+    scope = raw.get("text_config", raw) if data.draw(st.booleans(), label="nested") else raw
+    key = data.draw(st.sampled_from(sorted(k for k in scope if not k.startswith("_"))), label="key")
+    scope[key] = data.draw(JUNK.filter(lambda v: not isinstance(v, (np.ndarray, mx.array, object().__class__))
+                                       or isinstance(v, (int, float, str, list, dict, type(None)))), label="value")
+    try:
+        c = M.ModelConfig.from_hf_config(raw, name=name)
+    except ValueError as e:
+        assert re.match(r"^[A-Za-z_][\w/\[\]]*:", str(e)), str(e)
+        return
+    # Taken: then it is a whole config the rules answer for, every layer.
+    assert c.num_layers == len(c.layers) and c.rms_norm_eps > 0 and math.isfinite(c.rms_norm_eps)
+    R.refusal_table(c)
+
+
+CALLS_MORE: list[tuple[str, Callable[..., Any], dict]] = [
+    ("WeightMatrix.apply", lambda **k: WeightMatrix(np.ones((4, 8), np.float32), HadamardFold(4, site=FoldSite.INPUT))
+     .apply(**k), dict(x=np.ones(8))),
+    ("HadamardFold.rotate", lambda **k: HadamardFold(4, [1, -1, 1, 1]).unrotate(**k), dict(y=np.ones((2, 4)))),
+    ("case_arrays", lambda **k: SC.case_arrays(**k), dict(shape=(8, 8, 8), seeds=[3, 1, 3], wo_outliers=2)),
+    ("mutation_sweep", lambda **k: sweeps.mutation_sweep(**k), dict(shapes=[(8, 8, 8)], seeds=[0], folds=(4,),
+                                                                    mutations=("wrong_eps",), progress=False)),
+    ("three_way_table", lambda **k: TW.three_way_table(**k), dict(cases=[("a", WTS, BR, RES)], tol=2e-4,
+                                                                  figures=False)),
+    ("tolerance_for", lambda **k: EO.tolerance_for(**k), dict(w=WTS, br=BR, res=RES, truth=T.host_tail(WTS, BR, RES))),
+    ("quantization_error", lambda **k: W.quantization_error(**k), dict(w=np.ones((4, 64), np.float32), mode="affine",
+                                                                       bits=8, group_size=64, fold=HadamardFold(16))),
+    ("head_launch_refusals", lambda **k: R.head_launch_refusals(**k), dict(cfg=BONSAI, layer=3, q_kernel=True)),
+    ("replace_layer", lambda **k: M.replace_layer(BONSAI, 3, **k), dict(ffn_dim=128, o_bias=True)),
+]
+
+
+@pytest.mark.parametrize("name, fn, valid", CALLS_MORE, ids=[c[0] for c in CALLS_MORE])
+@settings(max_examples=10, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_junk_in_more_arguments_gives_a_result_or_a_clear_error(name, fn, valid, data):
+    test_junk_in_any_argument_gives_a_result_or_a_clear_error.hypothesis.inner_test(name, fn, valid, data)

@@ -142,8 +142,7 @@ def _sylvester(k: int) -> np.ndarray:
 
 def table(m: int) -> np.ndarray:
     """The m x m +-1 table MLX uses for the odd factor ``m`` (``m = 1``: ``[[1]]``)."""
-    if m not in ALLOWED_M:
-        raise ValueError(f"m: must be one of {ALLOWED_M}, got {validate.describe(m)}")
+    validate.one_of("m", m, ALLOWED_M)
     out = _table(m).copy()
     out.flags.writeable = False
     return out

@@ -120,8 +120,7 @@ class LayerConfig:
             object.__setattr__(self, name, validate.flag(name, getattr(self, name)))
         if not isinstance(self.mixer, Mixer):
             raise ValueError(f"mixer: must be a Mixer, got {self.mixer!r}")
-        if self.ffn_kind not in FFN_KINDS:
-            raise ValueError(f"ffn_kind: must be one of {FFN_KINDS}, got {self.ffn_kind!r}")
+        validate.one_of("ffn_kind", self.ffn_kind, FFN_KINDS)
         if self.ffn_dim < 0 or (self.ffn_dim == 0) != (self.ffn_kind == "none"):
             raise ValueError(
                 f"ffn_dim/ffn_kind: ffn_dim 0 exactly when ffn_kind is 'none'; got "
@@ -139,8 +138,7 @@ class LayerConfig:
                 f"num_q_heads: must be a multiple of num_kv_heads ({self.num_kv_heads}) for GQA, "
                 f"got {self.num_q_heads} (layer {self.index})"
             )
-        if self.pre_norm not in ("rms", "none"):
-            raise ValueError(f"pre_norm: must be 'rms' or 'none', got {self.pre_norm!r}")
+        validate.one_of("pre_norm", self.pre_norm, ("rms", "none"))
 
     @property
     def group_size(self) -> int:

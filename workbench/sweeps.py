@@ -236,12 +236,9 @@ def _configs(dtypes: Sequence[str], folds: Sequence[Any], quantize: Sequence[Any
              backends: Sequence[str], shape: tuple[int, int, int]) -> list[tuple[str, Any, str, QuantSpec | None, str]]:
     out = []
     for d in dtypes:
-        if d not in DENSE_DTYPES:
-            raise ValueError(f"dtypes: entries must be in {tuple(DENSE_DTYPES)}, got {validate.describe(d)}")
+        validate.one_of("dtypes", d, tuple(DENSE_DTYPES))
     for bk in backends:
-        if bk == "auto":
-            raise ValueError("backends: entries must name a backend ('graph', 'metal', 'cuda'), not 'auto'")
-        validate.one_of("backends", bk, BACKENDS)
+        validate.one_of("backends", bk, tuple(b for b in BACKENDS if b != "auto"))  # a sweep names its backends
         resolve_backend(bk)  # BackendUnavailable, saying what is missing, for an absent one
     for f in folds:
         check_fold(f, shape)
@@ -412,8 +409,7 @@ def mutation_sweep(
     """
     mutations = validate.sequence("mutations", mutations, what=f"mutation names in {MUTATIONS}")
     for m in mutations:
-        if m not in MUTATIONS:
-            raise ValueError(f"mutations: entries must be in {MUTATIONS}, got {validate.describe(m)}")
+        validate.one_of("mutations", m, MUTATIONS)
     return _run(shapes=shapes, seeds=seeds, dtypes=dtypes, folds=folds, quantize=quantize, backends=("graph",),
                 eps=eps, mutations=list(mutations), progress=progress, desc="mutations",
                 wo_outliers=wo_outliers)

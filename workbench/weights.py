@@ -400,7 +400,7 @@ def quantization_study(
         if not (isinstance(entry, tuple) and len(entry) == 2):
             raise ValueError(f"formats: entries must be (label, format name) pairs, got {validate.describe(entry)}")
         label, fmt = entry
-        if fmt not in QUANT_FORMATS:
+        if not isinstance(fmt, str) or fmt not in QUANT_FORMATS:
             raise ValueError(f"formats: {label!r} names {fmt!r}, which is not one of {tuple(QUANT_FORMATS)}")
     rows = {}
     for label, fmt in formats:
