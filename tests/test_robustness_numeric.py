@@ -425,6 +425,8 @@ def test_configs_and_folds_are_frozen_with_read_only_arrays():
         f.block = 8
     wm = WeightMatrix(np.ones((4, 4), np.float32))
     assert not wm.dense(np.float64).flags.writeable
+    with pytest.raises(AttributeError):
+        wm._fold = HadamardFold(4)
 
 
 def test_the_three_tails_answer_an_empty_batch_alike():

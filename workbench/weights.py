@@ -179,6 +179,13 @@ class WeightMatrix:
         self._fold = fold
         self._np64: np.ndarray | None = None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A value object: its base and fold are set once, in __init__; only the float64
+        # host copy is filled in later (read-only), so a cache can never go stale.
+        if name != "_np64" and hasattr(self, name):
+            raise AttributeError(f"WeightMatrix is immutable: {name} cannot be reassigned")
+        object.__setattr__(self, name, value)
+
     # -- construction -------------------------------------------------------------------
 
     @classmethod
