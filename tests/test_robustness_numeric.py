@@ -182,6 +182,9 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("LayerConfig heads '4'", lambda: M.LayerConfig(0, M.Mixer.ATTENTION, "4", 2, 16, 8, "dense", "swiglu"),
      "num_q_heads"),
     ("LayerConfig index -1", lambda: M.LayerConfig(-1, M.Mixer.MAMBA2), "index"),
+    ("LayerConfig ffn_act None", lambda: M.LayerConfig(0, M.Mixer.MAMBA2, ffn_act=None), "ffn_act"),
+    ("ModelConfig name None", lambda: M.ModelConfig(None, "x", 64, 1, 1e-6, (M.LayerConfig(0, M.Mixer.MAMBA2),)),
+     "name"),
     ("ModelConfig eps -1", lambda: M.ModelConfig("x", "x", 64, 1, -1.0, (M.LayerConfig(0, M.Mixer.MAMBA2),)),
      "rms_norm_eps"),
     ("ModelConfig layers [3]", lambda: M.ModelConfig("x", "x", 64, 1, 1e-6, [3]), "layers"),
@@ -688,6 +691,14 @@ CALLS_MORE: list[tuple[str, Callable[..., Any], dict]] = [
                                                                        bits=8, group_size=64, fold=HadamardFold(16))),
     ("head_launch_refusals", lambda **k: R.head_launch_refusals(**k), dict(cfg=BONSAI, layer=3, q_kernel=True)),
     ("replace_layer", lambda **k: M.replace_layer(BONSAI, 3, **k), dict(ffn_dim=128, o_bias=True)),
+    ("LayerConfig", lambda **k: M.LayerConfig(**k), dict(index=0, mixer=M.Mixer.ATTENTION, num_q_heads=4,
+                                                         num_kv_heads=2, head_dim=16, ffn_dim=64, ffn_kind="dense",
+                                                         ffn_act="swiglu", num_experts=0, pre_norm="rms")),
+    ("ModelConfig", lambda **k: M.ModelConfig(**k), dict(name="x", model_type="x", hidden_size=64, num_layers=1,
+                                                         rms_norm_eps=1e-6, layers=(M.LayerConfig(0, M.Mixer.MAMBA2),),
+                                                         residual_scale=0.5)),
+    ("WeightMatrix.dense", lambda **k: WTS.wo.dense(**k), dict(dtype=np.float32)),
+    ("oracle_tolerance", lambda **k: EO.oracle_tolerance(**k), dict(f32_worst=1e-5)),
 ]
 
 

@@ -121,6 +121,8 @@ class LayerConfig:
         if not isinstance(self.mixer, Mixer):
             raise ValueError(f"mixer: must be a Mixer, got {self.mixer!r}")
         validate.one_of("ffn_kind", self.ffn_kind, FFN_KINDS)
+        if not isinstance(self.ffn_act, str):
+            raise ValueError(f"ffn_act: must be an activation's name (a string), got {validate.describe(self.ffn_act)}")
         if self.ffn_dim < 0 or (self.ffn_dim == 0) != (self.ffn_kind == "none"):
             raise ValueError(
                 f"ffn_dim/ffn_kind: ffn_dim 0 exactly when ffn_kind is 'none'; got "
@@ -165,6 +167,11 @@ class ModelConfig:
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        for name in ("name", "model_type", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}: must be a string, got {validate.describe(getattr(self, name))}")
+        for name in ("skip_stream", "gpt_oss"):
+            object.__setattr__(self, name, validate.flag(name, getattr(self, name)))
         object.__setattr__(self, "hidden_size", validate.integer("hidden_size", self.hidden_size, minimum=1))
         object.__setattr__(self, "num_layers", validate.integer("num_layers", self.num_layers, minimum=1,
                                                                 maximum=MAX_LAYERS))
