@@ -64,9 +64,9 @@ def test_ulp_distance_by_hand() -> None:
 def test_metrics_refuse_bad_input() -> None:
     with pytest.raises(ValueError, match="same shape"):
         comparison.worst_scaled_error(np.zeros(3), np.zeros(4))
-    with pytest.raises(ValueError, match="dtype must be one of"):
+    with pytest.raises(ValueError, match="dtype: must be one of"):
         comparison.ulp_distance(np.zeros(3), np.zeros(3), dtype="int8")
-    with pytest.raises(ValueError, match="dtype must be one of"):
+    with pytest.raises(ValueError, match="dtype: must be one of"):
         comparison.torch_ratio(np.zeros(3), np.zeros(3), dtype="float8")
 
 

@@ -108,16 +108,16 @@ def test_plan_keeps_signs_and_perm() -> None:
 
 @pytest.mark.parametrize("block", [3, 36, 44, 72, 0, -16])
 def test_bad_block(block: int) -> None:
-    with pytest.raises(ValueError, match="block must be m"):
+    with pytest.raises(ValueError, match="block: must be m"):
         HadamardFold(block)
-    with pytest.raises(ValueError, match="block must be m"):
+    with pytest.raises(ValueError, match="block: must be m"):
         HadamardFold.random(144, block, seed=0)
 
 
 def test_dimension_not_divided_by_block() -> None:
     with pytest.raises(ValueError, match=r"multiple of block \(16\)"):
         HadamardFold(16).plan(40)
-    with pytest.raises(ValueError, match=r"dim \(40\) must be a multiple of block \(16\)"):
+    with pytest.raises(ValueError, match=r"dim: must be a multiple of block \(16\), got dim \(40\)"):
         HadamardFold.random(40, 16, seed=0)
     with pytest.raises(ValueError, match="must be a multiple of block 16"):
         HadamardFold(16, signs=np.ones(40))
@@ -127,9 +127,9 @@ def test_dimension_not_divided_by_block() -> None:
 
 def test_width_disagrees_with_signs() -> None:
     fold = HadamardFold.random(96, 16, seed=0)
-    with pytest.raises(ValueError, match="width must equal the fold's dimension 96"):
+    with pytest.raises(ValueError, match="width: must equal the fold's dimension 96"):
         fold.plan(64)
-    with pytest.raises(ValueError, match="width must equal the fold's dimension 96"):
+    with pytest.raises(ValueError, match="width: must equal the fold's dimension 96"):
         fold.rotate(np.ones(64))
 
 
@@ -142,7 +142,7 @@ def test_width_disagrees_with_signs() -> None:
         (np.r_[np.ones(15), np.nan], "found NaN"),
         (np.ones((4, 4)), "1-D"),
         (np.array([], dtype=float), "non-empty"),
-        (np.array(["+"] * 16), "numeric"),
+        (np.array(["+"] * 16), "signs: must be a non-empty 1-D array of \\+1/-1"),
     ],
 )
 def test_bad_signs(signs: np.ndarray, message: str) -> None:
@@ -165,15 +165,15 @@ def test_bad_perm(perm: np.ndarray, message: str) -> None:
 
 
 def test_signs_and_perm_lengths_disagree() -> None:
-    with pytest.raises(ValueError, match=r"signs \(32\) and perm \(16\) must have the same length"):
+    with pytest.raises(ValueError, match=r"signs/perm: must have the same length, got 32 and 16"):
         HadamardFold(16, signs=np.ones(32), perm=np.arange(16))
 
 
 def test_bad_site() -> None:
-    with pytest.raises(ValueError, match="site must be FoldSite.INPUT or FoldSite.OUTPUT"):
+    with pytest.raises(ValueError, match="site: must be FoldSite.INPUT or FoldSite.OUTPUT"):
         HadamardFold(16, site="input")  # type: ignore[arg-type]
 
 
 def test_matrix_needs_a_dim_when_the_fold_has_none() -> None:
-    with pytest.raises(ValueError, match="dim must be given"):
+    with pytest.raises(ValueError, match="dim: must be given"):
         HadamardFold(16).matrix()

@@ -47,17 +47,17 @@ def test_mlx_accepts_36_and_is_not_orthogonal_which_is_why_we_validate() -> None
 
 @pytest.mark.parametrize("block", INVALID_BLOCKS)
 def test_invalid_blocks_raise_naming_block(block: int) -> None:
-    with pytest.raises(ValueError, match=r"block must be m \* 2\*\*k with m in \(1, 12, 20, 28\)"):
+    with pytest.raises(ValueError, match=r"block: must be m \* 2\*\*k with m in \(1, 12, 20, 28\)"):
         hadamard.factor_block(block)
-    with pytest.raises(ValueError, match="block must be"):
+    with pytest.raises(ValueError, match="block: must be"):
         hadamard.block_transform(np.ones(max(abs(block), 1) * 2), block)
-    with pytest.raises(ValueError, match="block must be"):
+    with pytest.raises(ValueError, match="block: must be"):
         hadamard.block_transform_mx(mx.ones(max(abs(block), 1) * 2), block)
 
 
 @pytest.mark.parametrize("block", [2.0, "16", True, None])
 def test_non_integer_blocks_raise(block: object) -> None:
-    with pytest.raises(ValueError, match="block must be an int"):
+    with pytest.raises(ValueError, match="block: must be an int"):
         hadamard.factor_block(block)  # type: ignore[arg-type]
 
 

@@ -247,9 +247,9 @@ def test_mismatched_shapes_raise():
     c = seed_case()
     w = c.weights
     for fn in (T.host_tail, T.unfused_tail, T.fused_tail):
-        with pytest.raises(ValueError, match="branch must have last axis 96"):
+        with pytest.raises(ValueError, match="branch: must have last axis 96"):
             fn(w, c.branch[:95], c.residual)
-        with pytest.raises(ValueError, match="residual must have last axis 64"):
+        with pytest.raises(ValueError, match="residual: must have last axis 64"):
             fn(w, c.branch, np.zeros(63, np.float32))
         with pytest.raises(ValueError, match="same leading"):
             fn(w, np.zeros((2, 96), np.float32), np.zeros((3, 64), np.float32))
@@ -273,7 +273,7 @@ def test_bad_weights_raise():
         T.TailWeights.random(8, 36, 8, seed=0, fold_block=36)
     with pytest.raises(ValueError, match="hidden_size"):
         T.TailWeights.random(16, 32, 48, seed=0, config=_one_layer(), layer=0)
-    with pytest.raises(ValueError, match="w must be TailWeights"):
+    with pytest.raises(ValueError, match="w: must be TailWeights"):
         T.host_tail("weights", a.branch, a.residual)
 
 
@@ -309,7 +309,7 @@ def test_unavailable_backends_raise_and_say_what_is_missing():
         T.fused_tail(c.weights, c.branch, c.residual, backend="metal")
     with pytest.raises(BackendUnavailable, match="CUDA"):
         T.fused_tail(c.weights, c.branch, c.residual, backend="cuda")
-    with pytest.raises(ValueError, match="backend must be one of"):
+    with pytest.raises(ValueError, match="backend: must be one of"):
         T.fused_tail(c.weights, c.branch, c.residual, backend="tpu")
 
 

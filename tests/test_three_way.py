@@ -34,7 +34,7 @@ def test_verdicts_cover_every_case():
     assert "WRONG" in verdict(bad, ok)
     assert "float32 itself" in verdict(bad, bad)
     assert verdict(ok, bad) == VERDICTS[(True, False)]
-    with pytest.raises(ValueError, match="fault must be one of"):
+    with pytest.raises(ValueError, match="fault: must be one of"):
         c = seed_case()
         faulty_fused_tail(c.weights, c.branch, c.residual, "typo")
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench import validate
 from workbench.frink_case import SEED_TOL
 from workbench.weights import DENSE_DTYPES
 
@@ -42,10 +43,7 @@ def scaled_error(actual: Any, expected: Any) -> np.ndarray:
     Vectorised and batch-agnostic, for sweeps. NaN where either side is NaN; 0 where
     both are the same infinity; Inf where only one is infinite.
     """
-    x = np.asarray(actual, dtype=np.float64)
-    y = np.asarray(expected, dtype=np.float64)
-    if x.shape != y.shape:
-        raise ValueError(f"actual and expected must have the same shape; got {x.shape} and {y.shape}")
+    x, y = _both(actual, expected)
     with np.errstate(invalid="ignore", over="ignore"):
         e = np.abs(x - y) / np.maximum(np.abs(y), 1.0)
     any_inf = np.isinf(x) | np.isinf(y)
@@ -97,13 +95,11 @@ def compare(actual: Any, expected: Any, *, tol: float = SEED_TOL) -> Comparison:
     ``max_rel`` and ``nmse`` are the per-case functions of this module over the elements
     finite on both sides.
     """
-    if not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
-        raise ValueError(f"tol must be a positive finite float; got {tol!r}")
-    x = np.asarray(actual, dtype=np.float64)
-    y = np.asarray(expected, dtype=np.float64)
+    tol = validate.number("tol", tol, minimum=0, exclusive_minimum=True)
+    x, y = _both(actual, expected)
     e = scaled_error(x, y)
     if e.size == 0:
-        raise ValueError("actual and expected must not be empty")
+        raise ValueError(f"actual/expected: must not be empty, got shape {x.shape}")
     nan = np.isnan(e)
     n_nan = int(nan.sum())
     n_inf = int(np.isinf(e).sum())
@@ -127,13 +123,19 @@ def compare(actual: Any, expected: Any, *, tol: float = SEED_TOL) -> Comparison:
 # -- per case: the last axis is the output vector, leading axes are cases --------------
 
 
-def _pair(actual: Any, expected: Any) -> tuple[np.ndarray, np.ndarray]:
-    x = np.asarray(actual, dtype=np.float64)
-    y = np.asarray(expected, dtype=np.float64)
+def _both(actual: Any, expected: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides as float64 numpy (lists, numpy, MLX of any float dtype), of one shape; else a ValueError."""
+    x = validate.float_array("actual", actual).astype(np.float64)
+    y = validate.float_array("expected", expected).astype(np.float64)
     if x.shape != y.shape:
-        raise ValueError(f"actual and expected must have the same shape; got {x.shape} and {y.shape}")
+        raise ValueError(f"actual/expected: must have the same shape, got {x.shape} and {y.shape}")
+    return x, y
+
+
+def _pair(actual: Any, expected: Any) -> tuple[np.ndarray, np.ndarray]:
+    x, y = _both(actual, expected)
     if x.ndim == 0 or x.shape[-1] == 0:
-        raise ValueError(f"actual and expected need a non-empty last axis (the output vector); got shape {x.shape}")
+        raise ValueError(f"actual/expected: need a non-empty last axis (the output vector), got shape {x.shape}")
     return x, y
 
 
@@ -178,8 +180,7 @@ def torch_ratio(actual: Any, expected: Any, *, dtype: str = "float32") -> np.nda
 
     ``torch.testing.assert_close(x, y)`` passes exactly when this is ``<= 1``.
     """
-    if dtype not in TORCH_DEFAULTS:
-        raise ValueError(f"dtype must be one of {sorted(TORCH_DEFAULTS)}; got {dtype!r}")
+    validate.one_of("dtype", dtype, sorted(TORCH_DEFAULTS))
     rtol, atol = TORCH_DEFAULTS[dtype]
     x, y = _pair(actual, expected)
     return (np.abs(x - y) / (atol + rtol * np.abs(y))).max(axis=-1)
@@ -212,12 +213,8 @@ def ulp_distance(actual: Any, expected: Any, *, dtype: str = "float32") -> np.nd
     the count runs through the subnormals. NaN where either side is NaN. bfloat16 rounds via
     float32 (a double rounding that can differ from a direct one only on exact ties).
     """
-    if dtype not in DENSE_DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(DENSE_DTYPES)}; got {dtype!r}")
-    x = np.asarray(actual, dtype=np.float64)
-    y = np.asarray(expected, dtype=np.float64)
-    if x.shape != y.shape:
-        raise ValueError(f"actual and expected must have the same shape; got {x.shape} and {y.shape}")
+    validate.one_of("dtype", dtype, tuple(DENSE_DTYPES))
+    x, y = _both(actual, expected)
     with np.errstate(over="ignore", invalid="ignore"):
         if dtype == "float32":
             bx = x.astype(np.float32).view(np.uint32).astype(np.int64)

@@ -23,7 +23,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from workbench import tail
+from workbench import tail, validate
 from workbench.comparison import compare
 from workbench.frink_case import SEED_TOL
 from workbench.weights import QuantizedBase, WeightMatrix
@@ -35,6 +35,7 @@ def nice_ceil(x: float) -> float:
     Tolerances are printed and compared across runs; a round figure keeps one run's noise
     in the float32 error from moving the tolerance every time.
     """
+    x = validate.number("x", x, finite=False)
     if x <= 0 or not math.isfinite(x):
         return x
     e = math.floor(math.log10(x))
@@ -54,6 +55,9 @@ def dequantize_exact(wm: WeightMatrix, dtype: Any = np.float64) -> np.ndarray:
     every weight to bf16 and moved the Bonsai tail ~5e-3 off.) Raises ``ValueError`` for a
     quantization mode other than affine (the other modes code their values differently).
     """
+    if not isinstance(wm, WeightMatrix):
+        raise ValueError(f"wm: must be a WeightMatrix, got {validate.describe(wm)}")
+    dtype = validate.float_dtype("dtype", dtype)
     base, _ = wm.launch_parts()
     if not isinstance(base, QuantizedBase):
         return wm.dense(dtype)
@@ -71,8 +75,11 @@ def dequantize_exact(wm: WeightMatrix, dtype: Any = np.float64) -> np.ndarray:
 
 def host_tail_exact(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
     """``tail.host_tail`` with quantized weights dequantized exactly (:func:`dequantize_exact`)."""
+    br, res = tail.check_inputs(w, br, res)
+    dtype = validate.float_dtype("dtype", dtype)
     if w.wo.quantization is None:
         return tail.host_tail(w, br, res, dtype=dtype)
+    br, res = validate.float_array("br", br), validate.float_array("res", res)
     m = [dequantize_exact(x, dtype) for x in (w.wo, w.gate, w.up, w.down)]
     return tail.tail_np(m[0], w.wo.fold, w.ffn_norm.astype(dtype), m[1], m[2], m[3], w.eps,
                         np.asarray(br).astype(dtype), np.asarray(res).astype(dtype))
@@ -80,7 +87,12 @@ def host_tail_exact(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, dtype:
 
 def oracle_tolerance(f32_worst: float) -> float:
     """The tolerance a kernel is held to where the float32 oracle's worst scaled error is
-    ``f32_worst``: ``max(2e-4, nice_ceil(2 x f32_worst))`` (see the module's docstring)."""
+    ``f32_worst``: ``max(2e-4, nice_ceil(2 x f32_worst))`` (see the module's docstring).
+
+    ``f32_worst`` must be a finite number >= 0 (a scaled error): a NaN would otherwise
+    fall through ``max`` and come back as 2e-4, a tolerance no case supports.
+    """
+    f32_worst = validate.number("f32_worst", f32_worst, minimum=0)
     return max(SEED_TOL, nice_ceil(2 * f32_worst))
 
 
@@ -88,5 +100,11 @@ def tolerance_for(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, truth: n
     """``(tol, f32_worst)``: the float32 host oracle's worst scaled error against ``truth``
     (the float64 :func:`host_tail_exact`) and the tolerance it implies (:func:`oracle_tolerance`)."""
     f32 = host_tail_exact(w, br, res, dtype=np.float32)
+    truth = validate.float_array("truth", truth)
+    if truth.shape != f32.shape:
+        raise ValueError(f"truth: must have the tail's output shape {f32.shape} (host_tail_exact's), got {truth.shape}")
     worst = compare(f32, truth).worst
+    if not math.isfinite(worst):
+        raise ValueError("truth: the float32 oracle's error against it is not finite (a NaN or Inf on either side); "
+                         "no tolerance follows from it")
     return oracle_tolerance(worst), worst

@@ -21,7 +21,7 @@ from typing import TypeVar
 import mlx.core as mx
 import numpy as np
 
-from workbench import hadamard
+from workbench import hadamard, validate
 
 ArrayT = TypeVar("ArrayT", np.ndarray, mx.array)
 
@@ -59,41 +59,60 @@ class FoldPlan:
 
 
 def _validate_signs(signs: object) -> np.ndarray:
-    arr = np.asarray(signs)
+    """``signs`` (a list, numpy or MLX array of +1/-1) as a read-only float32 COPY (the caller's stays writable)."""
+    try:
+        arr = validate.float_array("signs", signs)
+    except ValueError:
+        raise ValueError(f"signs: must be a non-empty 1-D array of +1/-1, got {validate.describe(signs)}") from None
     if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"signs must be a non-empty 1-D array of +1/-1; got shape {arr.shape}")
-    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-        raise ValueError(f"signs must be numeric +1/-1; got dtype {arr.dtype}")
+        raise ValueError(f"signs: must be a non-empty 1-D array of +1/-1, got shape {arr.shape}")
     arr = arr.astype(np.float64)
     if np.isnan(arr).any():
-        raise ValueError("signs must be +1 or -1 only; found NaN")
+        raise ValueError("signs: must be +1 or -1 only, found NaN")
     bad = ~np.isin(arr, (1.0, -1.0))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"signs must be +1 or -1 only; signs[{i}] = {float(arr[i])!r}")
+        raise ValueError(f"signs: must be +1 or -1 only, got signs[{i}] = {float(arr[i])!r}")
     out = arr.astype(np.float32)
     out.flags.writeable = False
     return out
 
 
 def _validate_perm(perm: object) -> np.ndarray:
-    arr = np.asarray(perm)
+    """``perm`` (a list, numpy or MLX array) as a read-only int32 COPY, checked to be a permutation."""
+    try:
+        arr = np.asarray(perm)
+    except Exception:  # a ragged list
+        arr = np.asarray(None)
     if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"perm must be a non-empty 1-D permutation of range(dim); got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"perm must hold integers (a permutation of range(dim)); got dtype {arr.dtype}")
+        raise ValueError(f"perm: must be a non-empty 1-D permutation of range(dim), got {validate.describe(perm)}")
+    if not np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
+        raise ValueError(f"perm: must hold integers (a permutation of range(dim)), got dtype {arr.dtype}")
     n = arr.size
     if not np.array_equal(np.sort(arr), np.arange(n)):
-        raise ValueError(f"perm must be a permutation of range({n}) (each index exactly once)")
+        raise ValueError(f"perm: must be a permutation of range({n}) (each index exactly once)")
     out = arr.astype(np.int32)
     out.flags.writeable = False
     return out
 
 
-def _float_array(x: object) -> np.ndarray:
-    """``x`` as numpy, in its own float dtype (float64 for ints: a rotation of ints is not ints)."""
-    a = np.asarray(x)
-    return a if np.issubdtype(a.dtype, np.floating) else a.astype(np.float64)
+def _checked_input(name: str, x: object) -> "np.ndarray | mx.array":
+    """``x`` as numpy in its own float dtype (float64 for ints: a rotation of ints is not ints), or
+    an MLX array as given (ints cast to float32); at least one axis; a ValueError naming ``name`` else."""
+    if isinstance(x, mx.array):
+        if not (mx.issubdtype(x.dtype, mx.floating) or mx.issubdtype(x.dtype, mx.integer)):
+            raise ValueError(f"{name}: must be an array of real numbers, got {validate.describe(x)}")
+        a = x if mx.issubdtype(x.dtype, mx.floating) else x.astype(mx.float32)
+    else:
+        a = validate.float_array(name, x)
+    if a.ndim == 0 or a.shape[-1] == 0:
+        raise ValueError(f"{name}: must have a non-empty last axis (the vector rotated), got shape {tuple(a.shape)}")
+    return a
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,18 +137,19 @@ class HadamardFold:
         object.__setattr__(self, "_mk", hadamard.factor_block(self.block))
         object.__setattr__(self, "block", int(self.block))
         if not isinstance(self.site, FoldSite):
-            raise ValueError(f"site must be FoldSite.INPUT or FoldSite.OUTPUT; got {self.site!r}")
+            raise ValueError(f"site: must be FoldSite.INPUT or FoldSite.OUTPUT, got {validate.describe(self.site)}")
         signs = None if self.signs is None else _validate_signs(self.signs)
         perm = None if self.perm is None else _validate_perm(self.perm)
         if signs is not None and perm is not None and signs.size != perm.size:
-            raise ValueError(f"signs ({signs.size}) and perm ({perm.size}) must have the same length")
+            raise ValueError(f"signs/perm: must have the same length, got {signs.size} and {perm.size}")
+        # Stored before anything reads them back (``dim`` does): the validated, read-only copies.
+        object.__setattr__(self, "signs", signs)
+        object.__setattr__(self, "perm", perm)
         n = self.dim
         if n is not None and n % self.block != 0:
             raise ValueError(
-                f"the fold's dimension {n} (the length of signs/perm) must be a multiple of block {self.block}"
+                f"signs/perm: the fold's dimension {n} (their length) must be a multiple of block {self.block}"
             )
-        object.__setattr__(self, "signs", signs)
-        object.__setattr__(self, "perm", perm)
 
     # -- construction -------------------------------------------------------------------
 
@@ -145,11 +165,12 @@ class HadamardFold:
     ) -> "HadamardFold":
         """Random signs (and optionally a random permutation) over ``dim``, seeded."""
         hadamard.factor_block(block)
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim <= 0:
-            raise ValueError(f"dim must be a positive int; got {dim!r}")
+        dim = validate.integer("dim", dim, minimum=1)
         if dim % block != 0:
-            raise ValueError(f"dim ({dim}) must be a multiple of block ({block})")
-        rng = np.random.default_rng(seed)
+            raise ValueError(f"dim: must be a multiple of block ({block}), got dim ({dim})")
+        validate.within_memory("dim", 24 * dim, f"a fold over {dim} elements")  # signs and perm, with temporaries
+        rng = np.random.default_rng(validate.seed("seed", seed))
+        permute = validate.flag("permute", permute)
         signs = np.where(rng.random(dim) < 0.5, -1.0, 1.0).astype(np.float32)
         perm = rng.permutation(dim).astype(np.int32) if permute else None
         return cls(block, signs, perm, site)
@@ -175,12 +196,11 @@ class HadamardFold:
 
     def check_width(self, width: int) -> None:
         """Raise ``ValueError`` unless this fold can rotate a vector of ``width``."""
-        if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width <= 0:
-            raise ValueError(f"width must be a positive int; got {width!r}")
+        width = validate.integer("width", width, minimum=1)
         if self.dim is not None and width != self.dim:
-            raise ValueError(f"width must equal the fold's dimension {self.dim} (its signs/perm length); got {width}")
+            raise ValueError(f"width: must equal the fold's dimension {self.dim} (its signs/perm length), got {width}")
         if width % self.block != 0:
-            raise ValueError(f"width ({width}) must be a multiple of block ({self.block})")
+            raise ValueError(f"width: must be a multiple of block ({self.block}), got width ({width})")
 
     def same_rotation(self, other: "HadamardFold | None") -> bool:
         """Whether ``other`` is the same rotation by value (block, signs, perm; site ignored)."""
@@ -210,7 +230,7 @@ class HadamardFold:
     def rotate(self, x: ArrayT) -> ArrayT:
         """``R x`` along the last axis: signs, then the permutation, then the blocks."""
         is_mx = isinstance(x, mx.array)
-        x = x if is_mx else _float_array(x)
+        x = _checked_input("x", x)
         self.check_width(int(x.shape[-1]))
         if self.signs is not None:
             x = x * (self._mx_const("signs", x.dtype) if is_mx else self.signs.astype(x.dtype))
@@ -223,7 +243,7 @@ class HadamardFold:
     def unrotate(self, y: ArrayT) -> ArrayT:
         """``R^T y = D P^T B^T y`` along the last axis (the inverse of :meth:`rotate`)."""
         is_mx = isinstance(y, mx.array)
-        y = y if is_mx else _float_array(y)
+        y = _checked_input("y", y)
         self.check_width(int(y.shape[-1]))
         if is_mx:
             z = hadamard.block_transform_mx(y, self.block, transpose=True)
@@ -240,9 +260,10 @@ class HadamardFold:
         """The dense orthogonal ``R`` (float64, dim x dim); rows are ``R e_i`` transposed."""
         if dim is None:
             if self.dim is None:
-                raise ValueError("dim must be given for a fold without signs or perm (any multiple of block fits)")
+                raise ValueError("dim: must be given for a fold without signs or perm (any multiple of block fits)")
             dim = self.dim
         self.check_width(dim)
+        validate.within_memory("dim", 16 * int(dim) ** 2, f"a dense {dim} x {dim} rotation (float64, with its identity)")
         # R = rotate applied to the identity's columns: R[:, j] = rotate(e_j).
         return self.rotate(np.eye(dim, dtype=np.float64)).T
 
@@ -256,8 +277,8 @@ class HadamardFold:
             m=self.m,
             k=self.k,
             width=int(width),
-            signs=np.array(signs, dtype=np.float32),
-            perm=np.array(perm, dtype=np.int32),
+            signs=_read_only(np.array(signs, dtype=np.float32)),
+            perm=_read_only(np.array(perm, dtype=np.int32)),
             table=hadamard.table(self.m),
             site=self.site,
             has_signs=self.signs is not None,
@@ -266,6 +287,8 @@ class HadamardFold:
 
     def with_site(self, site: FoldSite) -> "HadamardFold":
         """The same rotation folded at the other site."""
+        if not isinstance(site, FoldSite):
+            raise ValueError(f"site: must be FoldSite.INPUT or FoldSite.OUTPUT, got {validate.describe(site)}")
         return HadamardFold(self.block, self.signs, self.perm, site)
 
     def __repr__(self) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workbench import validate
 from workbench.fold import FoldSite, HadamardFold
 from workbench.tail import TailWeights
 
@@ -30,6 +31,11 @@ SEED_EPS = 1e-6
 SEED_LCG_START = 6_180_339
 
 
+#: The most values :func:`lcg_stream` draws in one call: it is a Python loop (about a
+#: million values a second), sized for test cases; ten million is ten seconds.
+MAX_LCG_VALUES = 10_000_000
+
+
 def lcg_stream(n: int, scale: float, state: int) -> tuple[np.ndarray, int]:
     """``n`` values of the test's u32 LCG, and the state after them.
 
@@ -38,10 +44,10 @@ def lcg_stream(n: int, scale: float, state: int) -> tuple[np.ndarray, int]:
     computes it (every step is exact in float32 for power-of-two scales, so the values
     are bit-for-bit the Rust ones). Sequential on purpose: it is the order that matters.
     """
-    if n < 0:
-        raise ValueError(f"n must be >= 0; got {n}")
+    n = validate.integer("n", n, minimum=0, maximum=MAX_LCG_VALUES)
+    scale = validate.number("scale", scale)
+    s = validate.integer("state", state, minimum=0, maximum=0xFFFFFFFF)  # a u32, as in the Rust test
     out = np.empty(n, dtype=np.uint32)
-    s = int(state) & 0xFFFFFFFF
     for i in range(n):
         s = (s * 1664525 + 1013904223) & 0xFFFFFFFF
         out[i] = s >> 9

@@ -24,6 +24,8 @@ from typing import TypeVar
 import mlx.core as mx
 import numpy as np
 
+from workbench import validate
+
 #: The odd factors MLX (and so the kernels) have tables for.
 ALLOWED_M: tuple[int, ...] = (1, 12, 20, 28)
 
@@ -107,8 +109,8 @@ def factor_block(block: int) -> tuple[int, int]:
     Raises ``ValueError`` naming ``block`` for anything else (0, negatives, 3, 36, 44,
     72, non-integers), so no invalid size ever reaches ``mx.hadamard_transform``.
     """
-    if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
-        raise ValueError(f"block must be an int of the form m * 2**k with m in {ALLOWED_M}; got {block!r}")
+    if isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer)):
+        raise ValueError(f"block: must be an int of the form m * 2**k with m in {ALLOWED_M}, got {validate.describe(block)}")
     block = int(block)
     if block >= 1:
         for m in ALLOWED_M:
@@ -117,8 +119,8 @@ def factor_block(block: int) -> tuple[int, int]:
                 if q & (q - 1) == 0:
                     return m, q.bit_length() - 1
     raise ValueError(
-        f"block must be m * 2**k with m in {ALLOWED_M} and k >= 0 "
-        f"(1, 2, 4, ..., 12, 24, ..., 20, 40, ..., 28, 56, ...); got {block}"
+        f"block: must be m * 2**k with m in {ALLOWED_M} and k >= 0 "
+        f"(1, 2, 4, ..., 12, 24, ..., 20, 40, ..., 28, 56, ...), got {block}"
     )
 
 
@@ -140,8 +142,7 @@ def _sylvester(k: int) -> np.ndarray:
 
 def table(m: int) -> np.ndarray:
     """The m x m +-1 table MLX uses for the odd factor ``m`` (``m = 1``: ``[[1]]``)."""
-    if m not in ALLOWED_M:
-        raise ValueError(f"m must be one of {ALLOWED_M}; got {m!r}")
+    validate.one_of("m", m, ALLOWED_M)
     out = _table(m).copy()
     out.flags.writeable = False
     return out
@@ -153,6 +154,7 @@ def hadamard_matrix(n: int) -> np.ndarray:
     ``mx.hadamard_transform(x, scale=1.0) == x @ M.T``; ``M @ M.T == n I``.
     """
     m, k = factor_block(n)
+    validate.within_memory("n", 9 * n * n, f"a dense {n} x {n} Hadamard matrix")  # int8, and float64 for the oracle
     return np.kron(_table(m), _sylvester(k)).astype(np.int8)
 
 
@@ -166,10 +168,10 @@ def _orthonormal(n: int) -> np.ndarray:
 ArrayT = TypeVar("ArrayT", np.ndarray, mx.array)
 
 
-def _check_width(width: int, block: int) -> None:
-    if width % block != 0:
+def _check_width(shape: tuple[int, ...], block: int) -> None:
+    if len(shape) == 0 or shape[-1] == 0 or shape[-1] % block != 0:
         raise ValueError(
-            f"the last axis ({width}) must be a multiple of block ({block}); allowed widths are block * j for j >= 1"
+            f"x: its last axis must be a multiple of block ({block}), block * j for j >= 1; got shape {tuple(shape)}"
         )
 
 
@@ -180,10 +182,8 @@ def block_transform(x: np.ndarray, block: int, *, transpose: bool = False) -> np
     float64 in gives float64 arithmetic throughout.
     """
     factor_block(block)
-    x = np.asarray(x)
-    if not np.issubdtype(x.dtype, np.floating):
-        x = x.astype(np.float64)
-    _check_width(x.shape[-1], block)
+    x = validate.float_array("x", x)
+    _check_width(x.shape, block)
     h = _orthonormal(block).astype(x.dtype, copy=False)
     xb = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
     # y_block = H x_block, i.e. x_block @ H.T; B^T x uses H instead of H.T.
@@ -205,7 +205,9 @@ def block_transform_mx(x: mx.array, block: int, *, transpose: bool = False) -> m
     MLX's transform over the 2^k axis, then a small matmul with ``A^T`` over the m axis.
     """
     m, k = factor_block(block)
-    _check_width(x.shape[-1], block)
+    if not isinstance(x, mx.array) or not mx.issubdtype(x.dtype, mx.floating):
+        raise ValueError(f"x: must be an MLX float array, got {validate.describe(x)}")
+    _check_width(tuple(x.shape), block)
     lead = x.shape[:-1]
     nblocks = x.shape[-1] // block
     if not transpose or m == 1:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import mlx.core as mx
 import numpy as np
 
-from workbench import backends, kernel_source, model, refusals
+from workbench import backends, kernel_source, model, refusals, validate
 from workbench.fold import FoldPlan, FoldSite
 from workbench.weights import QuantizedBase, WeightMatrix
 
@@ -47,6 +47,13 @@ KERNEL_BACKENDS: tuple[str, ...] = kernel_source.DIALECTS
 #: The most floats one group stages in group memory (Metal's 32 KB threadgroup limit;
 #: the same algorithm runs on CUDA, so the same limit holds there).
 MAX_GROUP_FLOATS = 8192
+
+#: The most threads one group may have (Metal's and CUDA's limit alike).
+MAX_GROUP_THREADS = 1024
+
+#: The most 16-byte units a lane may load before using any (``KernelTuning.u_*``): the
+#: loads are held in registers, and the tuning sweep never went past 16.
+MAX_UNITS = 64
 
 
 @dataclass(frozen=True)
@@ -83,12 +90,31 @@ class KernelTuning:
     pre_gate_up: bool = False
     pre_head: bool = True
 
+    def __post_init__(self) -> None:
+        # Threads a group: whole warps (the kernels reduce over NT / 32 warps; 16 would make
+        # that 0 and the grid a division by zero), at most 1024 (Metal's and CUDA's limit).
+        for name in ("rows_nt", "wo_nt", "head_nt", "down_nt"):
+            nt = validate.integer(name, getattr(self, name), minimum=32, maximum=MAX_GROUP_THREADS)
+            if nt % 32:
+                raise ValueError(f"{name}: must be a multiple of 32 (whole warps) in 32..{MAX_GROUP_THREADS}, got {nt}")
+            object.__setattr__(self, name, nt)
+        for name in ("wo_groups_per_sm", "gu_groups_per_sm", "head_groups_per_sm"):
+            object.__setattr__(self, name, validate.integer(name, getattr(self, name), minimum=0))
+        for name in ("u_wo", "u_gate_up", "u_head", "u_down"):
+            object.__setattr__(self, name, validate.integer(name, getattr(self, name), minimum=1, maximum=MAX_UNITS))
+        for name in ("pre_wo", "pre_gate_up", "pre_head"):
+            object.__setattr__(self, name, validate.flag(name, getattr(self, name)))
+        if self.sm_count is not None:
+            object.__setattr__(self, "sm_count", validate.integer("sm_count", self.sm_count, minimum=1))
+
     def sms(self) -> int:
         """The SM count the grids are capped by: ``sm_count``, else ``$WORKBENCH_SM_COUNT``, else 132."""
         if self.sm_count is not None:
             return int(self.sm_count)
         env = os.environ.get("WORKBENCH_SM_COUNT")
         if env:
+            if not env.strip().isdigit() or int(env) < 1:
+                raise ValueError(f"WORKBENCH_SM_COUNT: must be a positive integer (the GPU's SM count), got {env!r}")
             return int(env)
         return 132  # an H200 / H100 SXM; only the grid's size depends on it, never a result
 

@@ -36,9 +36,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Mapping
+
+import numpy as np
+
+from workbench import validate
 
 __all__ = [
     "Mixer",
@@ -56,6 +62,12 @@ __all__ = [
 MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
 
 FFN_KINDS = ("dense", "experts", "none")
+
+#: The most layers a config may declare. The deepest model studied here has 64; a
+#: thousand-layer transformer has not been built, so 10,000 is generous, and it keeps a
+#: typo such as ``num_hidden_layers: 10**9`` from building a billion layer configs
+#: (minutes and gigabytes) before anything could say so.
+MAX_LAYERS = 10_000
 
 #: The attention tail of Bonsai-27B, the hybrid these studies scale to: (hidden, branch =
 #: 24 q heads x 256, ffn). Bonsai-27B (PrismML) is a 64-layer Gated-DeltaNet hybrid with
@@ -102,10 +114,15 @@ class LayerConfig:
     num_experts: int = 0  # routed experts in this layer's FFN (0 = none)
 
     def __post_init__(self) -> None:
+        for name in ("index", "num_q_heads", "num_kv_heads", "head_dim", "ffn_dim", "num_experts"):
+            object.__setattr__(self, name, validate.integer(name, getattr(self, name), minimum=0))
+        for name in ("o_scale", "o_bias", "post_attn_norm", "parallel_ssm", "attn_output_gate"):
+            object.__setattr__(self, name, validate.flag(name, getattr(self, name)))
         if not isinstance(self.mixer, Mixer):
             raise ValueError(f"mixer: must be a Mixer, got {self.mixer!r}")
-        if self.ffn_kind not in FFN_KINDS:
-            raise ValueError(f"ffn_kind: must be one of {FFN_KINDS}, got {self.ffn_kind!r}")
+        validate.one_of("ffn_kind", self.ffn_kind, FFN_KINDS)
+        if not isinstance(self.ffn_act, str):
+            raise ValueError(f"ffn_act: must be an activation's name (a string), got {validate.describe(self.ffn_act)}")
         if self.ffn_dim < 0 or (self.ffn_dim == 0) != (self.ffn_kind == "none"):
             raise ValueError(
                 f"ffn_dim/ffn_kind: ffn_dim 0 exactly when ffn_kind is 'none'; got "
@@ -123,8 +140,7 @@ class LayerConfig:
                 f"num_q_heads: must be a multiple of num_kv_heads ({self.num_kv_heads}) for GQA, "
                 f"got {self.num_q_heads} (layer {self.index})"
             )
-        if self.pre_norm not in ("rms", "none"):
-            raise ValueError(f"pre_norm: must be 'rms' or 'none', got {self.pre_norm!r}")
+        validate.one_of("pre_norm", self.pre_norm, ("rms", "none"))
 
     @property
     def group_size(self) -> int:
@@ -151,8 +167,26 @@ class ModelConfig:
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.hidden_size <= 0:
-            raise ValueError(f"hidden_size: must be positive, got {self.hidden_size}")
+        for name in ("name", "model_type", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}: must be a string, got {validate.describe(getattr(self, name))}")
+        for name in ("skip_stream", "gpt_oss"):
+            object.__setattr__(self, name, validate.flag(name, getattr(self, name)))
+        object.__setattr__(self, "hidden_size", validate.integer("hidden_size", self.hidden_size, minimum=1))
+        object.__setattr__(self, "num_layers", validate.integer("num_layers", self.num_layers, minimum=1,
+                                                                maximum=MAX_LAYERS))
+        object.__setattr__(self, "rms_norm_eps", validate.number("rms_norm_eps", self.rms_norm_eps, minimum=0,
+                                                                 exclusive_minimum=True))
+        for name in ("residual_scale", "normed_residual_scale", "attn_value_scale"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, validate.number(name, getattr(self, name)))
+        if not isinstance(self.layers, (tuple, list)) or not all(isinstance(lc, LayerConfig) for lc in self.layers):
+            raise ValueError(f"layers: must be a tuple of LayerConfig, got {validate.describe(self.layers)}")
+        object.__setattr__(self, "layers", tuple(self.layers))
+        # A frozen config must not change under a cache: the raw dict is kept read-only.
+        if not isinstance(self.raw, Mapping):
+            raise ValueError(f"raw: must be a mapping (the config.json read), got {validate.describe(self.raw)}")
+        object.__setattr__(self, "raw", MappingProxyType(dict(self.raw)))
         if len(self.layers) != self.num_layers:
             raise ValueError(
                 f"layers: need num_layers={self.num_layers} LayerConfigs, got {len(self.layers)}"
@@ -164,8 +198,9 @@ class ModelConfig:
     # -- queries -----------------------------------------------------------------------
     def layer(self, l: int) -> LayerConfig:
         """Layer ``l``'s config; ValueError naming ``layer`` and the allowed range."""
-        if isinstance(l, bool) or not isinstance(l, int):
+        if isinstance(l, bool) or not isinstance(l, (int, np.integer)):
             raise ValueError(f"layer: must be an int in 0..{self.num_layers - 1}, got {l!r}")
+        l = int(l)
         if not 0 <= l < self.num_layers:
             raise ValueError(
                 f"layer: {l} is out of range for {self.name} (allowed 0..{self.num_layers - 1})"
@@ -195,6 +230,15 @@ class ModelConfig:
         hidden 64, branch 96 = q heads x head_dim, FFN 80). ``head_dim`` defaults to
         ``hidden // num_q_heads``.
         """
+        hidden = validate.integer("hidden", hidden, minimum=1)
+        ffn_dim = validate.integer("ffn_dim", ffn_dim, minimum=1)
+        num_q_heads = validate.integer("num_q_heads", num_q_heads, minimum=1)
+        num_kv_heads = validate.integer("num_kv_heads", num_kv_heads, minimum=1)
+        if head_dim is not None:
+            head_dim = validate.integer("head_dim", head_dim, minimum=1)
+        rms_norm_eps = validate.number("rms_norm_eps", rms_norm_eps, minimum=0, exclusive_minimum=True)
+        if not isinstance(name, str):
+            raise ValueError(f"name: must be a string, got {validate.describe(name)}")
         if head_dim is None:
             if hidden % num_q_heads:
                 raise ValueError(
@@ -252,6 +296,8 @@ class ModelConfig:
             source = json.dumps(source)
         if name is None:
             name = raw.get("_name") or raw.get("_name_or_path") or model_type
+        elif not isinstance(name, str):
+            raise ValueError(f"name: must be a string, got {validate.describe(name)}")
         return family(_Reader(raw, model_type), name=str(name), source=source)
 
 
@@ -315,7 +361,37 @@ class _Reader:
                 f"{key}: must be {_TYPE_NAMES.get(typ, typ.__name__)} in a {self.family} config, "
                 f"got {type(value).__name__} {value!r}"
             )
+        if typ is float and not math.isfinite(value):
+            raise ValueError(f"{key}: must be a finite number in a {self.family} config, got {value!r}")
         return value
+
+    def count(self, key: str, default: int) -> int:
+        """An optional count (experts, ...): an int >= 0."""
+        v = self.opt(key, int, default)
+        if v < 0:
+            raise ValueError(f"{key}: must be >= 0 in a {self.family} config, got {v}")
+        return v
+
+    def int_list(self, key: str, n: int) -> list[int]:
+        """An optional list of layer indices, each an int in 0..n-1 (``mlp_only_layers``)."""
+        v = self.opt(key, list, [])
+        for i, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < n:
+                raise ValueError(
+                    f"{key}[{i}]: must be a layer index, an int in 0..{n - 1}, in a {self.family} config, "
+                    f"got {type(x).__name__} {x!r}"
+                )
+        return v
+
+    def offset(self, key: str, period: int, period_key: str) -> int:
+        """A layer offset within a period: an int in 0..period-1 (else no layer would match)."""
+        v = self.req(key, int)
+        if not 0 <= v < period:
+            raise ValueError(
+                f"{key}: must be in 0..{period - 1} ({period_key} is {period}) in a {self.family} config, got {v}; "
+                f"any other offset matches no layer"
+            )
+        return v
 
     def req(self, key: str, typ: type) -> Any:
         if key not in self.scope or self.scope[key] is None:
@@ -332,6 +408,15 @@ class _Reader:
         if v <= 0:
             raise ValueError(f"{key}: must be positive in a {self.family} config, got {v}")
         return v
+
+    def num_layers(self) -> int:
+        """``num_hidden_layers``: positive and at most :data:`MAX_LAYERS`, checked before any layer is built."""
+        n = self.positive("num_hidden_layers")
+        if n > MAX_LAYERS:
+            raise ValueError(
+                f"num_hidden_layers: must be at most {MAX_LAYERS} in a {self.family} config, got {n}"
+            )
+        return n
 
     def first(self, keys: tuple[str, ...], typ: type) -> Any:
         """The first of ``keys`` present (families spell one thing several ways)."""
@@ -387,7 +472,7 @@ def _glu_act(r: _Reader, keys: tuple[str, ...] = ("hidden_act",), default: str |
 
 def _common(r: _Reader) -> tuple[int, int, int, int, int, float]:
     hidden = r.positive("hidden_size")
-    n = r.positive("num_hidden_layers")
+    n = r.num_layers()
     q = r.positive("num_attention_heads")
     kv = r.opt("num_key_value_heads", int, q)  # absent = multi-head, as transformers reads it
     if kv <= 0:
@@ -397,9 +482,17 @@ def _common(r: _Reader) -> tuple[int, int, int, int, int, float]:
             f"num_attention_heads: must be a multiple of num_key_value_heads ({kv}) in a "
             f"{r.family} config, got {q}"
         )
-    eps = r.first(("rms_norm_eps", "layer_norm_epsilon"), float)
+    eps = _eps(r)
     hd = r.head_dim(q, hidden)
     return hidden, n, q, kv, hd, eps
+
+
+def _eps(r: _Reader) -> float:
+    """The norm's epsilon: a finite number > 0 (0 divides by zero on a zero row; < 0 takes a root of a negative)."""
+    eps = r.first(("rms_norm_eps", "layer_norm_epsilon"), float)
+    if not eps > 0:
+        raise ValueError(f"rms_norm_eps: must be a finite number > 0 in a {r.family} config, got {eps!r}")
+    return eps
 
 
 def _residual_scale(r: _Reader) -> float | None:
@@ -453,9 +546,11 @@ def _qwen_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
         types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
     act = _glu_act(r)
     gate = r.opt("attn_output_gate", bool, True)
-    num_experts = r.opt("num_experts", int, 0)
-    mlp_only = set(r.opt("mlp_only_layers", list, []))
+    num_experts = r.count("num_experts", 0)
+    mlp_only = set(r.int_list("mlp_only_layers", n))
     step = r.opt("decoder_sparse_step", int, 1)
+    if step < 0:
+        raise ValueError(f"decoder_sparse_step: must be >= 0 in a {r.family} config (0: no expert layers), got {step}")
     layers = []
     for i, t in enumerate(types):
         moe = num_experts > 0 and i not in mlp_only and step > 0 and (i + 1) % step == 0
@@ -492,7 +587,7 @@ def _granite_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
         )
     types = r.str_list(key, n, ("attention", "mamba"))
     ffn = r.positive("shared_intermediate_size")
-    experts = r.opt("num_local_experts", int, 0)
+    experts = r.count("num_local_experts", 0)
     act = _glu_act(r)
     layers = tuple(
         LayerConfig(
@@ -541,10 +636,10 @@ def _nemotron_h(r: _Reader, *, name: str, source: str) -> ModelConfig:
     tail has no FFN to fuse: NO_FFN.
     """
     hidden = r.positive("hidden_size")
-    n = r.positive("num_hidden_layers")
+    n = r.num_layers()
     q = r.positive("num_attention_heads")
     kv = r.opt("num_key_value_heads", int, q)
-    eps = r.first(("rms_norm_eps", "layer_norm_epsilon"), float)
+    eps = _eps(r)
     hd = r.head_dim(q, hidden, ("head_dim", "attention_head_dim"))
     pattern = r.req("hybrid_override_pattern", str)
     if len(pattern) != n:
@@ -585,10 +680,12 @@ def _jamba(r: _Reader, *, name: str, source: str) -> ModelConfig:
     if r.has("layers_block_type"):
         kinds = r.str_list("layers_block_type", n, ("attention", "mamba"))
     else:
-        period, offset = r.positive("attn_layer_period"), r.req("attn_layer_offset", int)
+        period = r.positive("attn_layer_period")
+        offset = r.offset("attn_layer_offset", period, "attn_layer_period")
         kinds = ["attention" if i % period == offset else "mamba" for i in range(n)]
-    experts = r.opt("num_experts", int, 1)
-    e_period, e_offset = r.positive("expert_layer_period"), r.req("expert_layer_offset", int)
+    experts = r.count("num_experts", 1)
+    e_period = r.positive("expert_layer_period")
+    e_offset = r.offset("expert_layer_offset", e_period, "expert_layer_period")
     ffn = r.positive("intermediate_size")
     act = _glu_act(r)
     layers = []
@@ -669,13 +766,20 @@ def list_models() -> list[str]:
 def load_model(name: str) -> ModelConfig:
     """The shipped config ``name`` (see `list_models`) as a `ModelConfig`."""
     names = list_models()
-    if name not in names:
+    if not isinstance(name, str) or name not in names:
         raise ValueError(f"name: unknown model {name!r}; shipped: {', '.join(names)}")
     return ModelConfig.from_hf_config(MODELS_DIR / f"{name}.json", name=name)
 
 
 def replace_layer(cfg: ModelConfig, l: int, **changes: Any) -> ModelConfig:
     """A copy of ``cfg`` with layer ``l``'s fields changed (for what-if questions and tests)."""
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"cfg: must be a ModelConfig, got {validate.describe(cfg)}")
+    fields = {f.name for f in dataclasses.fields(LayerConfig)} - {"index"}
+    unknown = sorted(set(changes) - fields)
+    if unknown:
+        raise ValueError(f"changes: {', '.join(unknown)} not a LayerConfig field; allowed: {', '.join(sorted(fields))}")
+    l = int(cfg.layer(l).index)
     lc = dataclasses.replace(cfg.layer(l), **changes)
     layers = cfg.layers[:l] + (lc,) + cfg.layers[l + 1 :]
     return dataclasses.replace(cfg, layers=layers)

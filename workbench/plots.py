@@ -15,9 +15,35 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
-from workbench import waits
-from workbench.model import Mixer
+from workbench import validate, waits
+from workbench.fold import HadamardFold
+from workbench.model import Mixer, ModelConfig
 from workbench.refusals import Refusal, refusals
+
+
+def _frame(name: str, df, columns: dict[str, str] | None = None):
+    """``df`` checked to be a non-empty pandas DataFrame holding ``columns`` (parameter -> column)."""
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(f"{name}: must be a pandas DataFrame, got {validate.describe(df)}")
+    if df.empty:
+        raise ValueError(f"{name}: the table is empty")
+    for param, col in (columns or {}).items():
+        if not isinstance(col, str) or col not in df.columns:
+            raise ValueError(f"{param}: must be a column of {name} ({', '.join(map(str, df.columns))}), "
+                             f"got {validate.describe(col)}")
+    return df
+
+
+def _tolerances(tolerances) -> dict | None:
+    """``None`` or a dict of label -> a finite number > 0 (drawn as lines on a log axis)."""
+    if tolerances is None:
+        return None
+    if not isinstance(tolerances, dict):
+        raise ValueError(f"tolerances: must be None or a dict of label -> tolerance, got {validate.describe(tolerances)}")
+    return {k: validate.number(f"tolerances[{k!r}]", v, minimum=0, exclusive_minimum=True)
+            for k, v in tolerances.items()}
 
 
 def _axes(ax, figsize: tuple[float, float]):
@@ -39,9 +65,11 @@ def plot_refusal_map(cfgs: Sequence, *, ax=None, kernels_enabled: bool = True):
     Returns the ``matplotlib.figure.Figure``.
     """
 
-    cfgs = list(cfgs)
-    if not cfgs:
-        raise ValueError("cfgs: need at least one ModelConfig, got an empty sequence")
+    cfgs = list(validate.sequence("cfgs", cfgs, what="ModelConfigs"))
+    for i, c in enumerate(cfgs):
+        if not isinstance(c, ModelConfig):
+            raise ValueError(f"cfgs[{i}]: must be a ModelConfig (e.g. load_model('bonsai-27b')), got {validate.describe(c)}")
+    kernels_enabled = validate.flag("kernels_enabled", kernels_enabled)
 
     # Category codes: 0 absent (past the model's last layer), 1 not attention,
     # 2 eligible, 3 + i the i-th Refusal in enum order.
@@ -96,6 +124,8 @@ def plot_rotation(fold, dim: int | None = None):
     a permutation scatters columns. Values are +-1/sqrt(b), so the colour scale is fixed.
     """
 
+    if not isinstance(fold, HadamardFold):
+        raise ValueError(f"fold: must be a HadamardFold, got {validate.describe(fold)}")
     r = fold.matrix(dim)
     v = 1.0 / np.sqrt(fold.block)
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 4.2))
@@ -113,6 +143,7 @@ def plot_rotation(fold, dim: int | None = None):
 
 def plot_quantization_study(df, *, title: str = "quantization error of the map, with and without the fold"):
     """Grouped bars: one group per format (rows of ``df``), one bar per fold (columns)."""
+    _frame("df", df)
 
     fig, ax = plt.subplots(figsize=(8, 3.8))
     x = np.arange(len(df.index))
@@ -258,8 +289,9 @@ def plot_error_histograms(df, *, metric: str = "worst", by: str = "dtype", toler
     ``Figure``.
     """
 
-    if metric not in df.columns or by not in df.columns:
-        raise ValueError(f"metric and by must be columns of the sweep; got {metric!r}, {by!r}")
+    _frame("df", df, {"metric": metric, "by": by})
+    tolerances = _tolerances(tolerances)
+    bins = validate.integer("bins", bins, minimum=2, maximum=10_000)
     groups = [(k, g[metric].to_numpy()) for k, g in df.groupby(by, observed=True)]
     if not groups:
         raise ValueError("df: the sweep is empty")
@@ -288,8 +320,10 @@ def plot_error_ecdf(df, *, metric: str = "worst", by: str = "dtype", tolerances=
     ``flake_rate``: a horizontal line at that probability; ``tolerances``: vertical lines.
     """
 
-    if metric not in df.columns or by not in df.columns:
-        raise ValueError(f"metric and by must be columns of the sweep; got {metric!r}, {by!r}")
+    _frame("df", df, {"metric": metric, "by": by})
+    tolerances = _tolerances(tolerances)
+    if flake_rate is not None:
+        flake_rate = validate.number("flake_rate", flake_rate, minimum=0, exclusive_minimum=True, maximum=1)
     fig, ax = _axes(ax, (8, 4.5))
     for i, (k, g) in enumerate(df.groupby(by, observed=True)):
         v = np.sort(g[metric].to_numpy())
@@ -315,8 +349,9 @@ def plot_fold_effect(df, *, metric: str = "model_nmse", ax=None):
     """Median ``metric`` per quantization, with and without a fold (bars, log y), with the
     interquartile range as error bars: where the fold matters (against the master weights)."""
 
-    if metric not in df.columns:
-        raise ValueError(f"metric must be a column of the sweep; got {metric!r}")
+    _frame("df", df, {"metric": metric})
+    if not {"quant", "fold"} <= set(df.columns):
+        raise ValueError("df: must be a sweep's frame, with its 'quant' and 'fold' columns")
     stats = df.groupby(["quant", "fold"], observed=True)[metric].quantile([0.25, 0.5, 0.75]).unstack()
     quants = list(dict.fromkeys(stats.index.get_level_values(0)))
     folds = list(dict.fromkeys(stats.index.get_level_values(1)))
@@ -344,8 +379,7 @@ def plot_fold_effect(df, *, metric: str = "model_nmse", ax=None):
 def plot_catch_rates(rates, *, ax=None, title: str = "fraction of wrong tails each tolerance catches"):
     """A heat map of ``workbench.calibration.catch_rates`` output: rows mutations, columns tolerances."""
 
-    if rates.empty:
-        raise ValueError("rates: the table is empty")
+    _frame("rates", rates)
     data = rates.to_numpy(dtype=float)
     fig, ax = _axes(ax, (1.1 * data.shape[1] + 3, 0.45 * data.shape[0] + 2))
     im = ax.imshow(data, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")

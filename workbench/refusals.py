@@ -30,6 +30,7 @@ import enum
 from collections import Counter
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from workbench import validate
 from workbench.model import LayerConfig, Mixer, ModelConfig
 
 if TYPE_CHECKING:  # pandas for the tables only: the rules themselves need none of it
@@ -131,7 +132,13 @@ def refusals(cfg: ModelConfig, layer: int, *, kernels_enabled: bool = True) -> l
     The one body: `eligible` and the tail's launch builder both call this. Raises
     ValueError (naming ``layer`` and the allowed range) for a layer out of range.
     """
-    return _layer_refusals(cfg, cfg.layer(layer), bool(kernels_enabled))
+    _check_cfg(cfg)
+    return _layer_refusals(cfg, cfg.layer(layer), validate.flag("kernels_enabled", kernels_enabled))
+
+
+def _check_cfg(cfg: object, name: str = "cfg") -> None:
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"{name}: must be a ModelConfig (e.g. load_model('bonsai-27b')), got {validate.describe(cfg)}")
 
 
 def eligible(cfg: ModelConfig, layer: int, *, kernels_enabled: bool = True) -> bool:
@@ -141,6 +148,7 @@ def eligible(cfg: ModelConfig, layer: int, *, kernels_enabled: bool = True) -> b
 
 def tail_verdicts(cfg: ModelConfig, *, kernels_enabled: bool = True) -> dict[int, list[Refusal]]:
     """``{attention layer: its refusals}`` for every attention layer (the tails there are)."""
+    _check_cfg(cfg)
     return {l: refusals(cfg, l, kernels_enabled=kernels_enabled) for l in cfg.attention_layers()}
 
 
@@ -149,6 +157,7 @@ def refusal_table(cfg: ModelConfig, *, kernels_enabled: bool = True) -> "pd.Data
     ``reasons`` (the names, comma-separated; "" when eligible)."""
     import pandas as pd
 
+    _check_cfg(cfg)
     rows = []
     for lc in cfg.layers:
         found = refusals(cfg, lc.index, kernels_enabled=kernels_enabled)
@@ -171,6 +180,8 @@ def reason_counts(cfg: ModelConfig, *, kernels_enabled: bool = True) -> Counter[
 
 def format_reason_counts(counts: Counter[Refusal]) -> str:
     """``"NO_DENSE_FFN x12, ..."`` in the order :class:`Refusal` lists the reasons; "" for none."""
+    if not isinstance(counts, Counter):
+        raise ValueError(f"counts: must be a Counter of Refusal (from reason_counts), got {validate.describe(counts)}")
     return ", ".join(f"{r.name} x{counts[r]}" for r in Refusal if counts[r])
 
 
@@ -185,6 +196,9 @@ def model_summary(cfgs: Iterable[ModelConfig], *, kernels_enabled: bool = True) 
     """
     import pandas as pd
 
+    cfgs = validate.sequence("cfgs", cfgs, what="ModelConfigs", non_empty=False)
+    for i, cfg in enumerate(cfgs):
+        _check_cfg(cfg, f"cfgs[{i}]")
     rows = []
     for cfg in cfgs:
         verdicts = tail_verdicts(cfg, kernels_enabled=kernels_enabled)
@@ -260,7 +274,10 @@ def head_launch_refusals(
     has a bias; frink-models' clause ``q_bias.is_some() && false`` is always false, so
     it is accepted and never refuses (kept to show exactly that).
     """
+    _check_cfg(cfg)
     lc = cfg.layer(layer)
+    for name, v in (("q_kernel", q_kernel), ("k_kernel", k_kernel), ("v_kernel", v_kernel), ("q_bias", q_bias)):
+        validate.flag(name, v)
     out: list[HeadRefusal] = []
     # frink-models: `!matches!(.., Gqa) || layer.attn.q_bias.is_some() && false`.
     # `&&` binds tighter than `||`, and `x && false` is false for every x.
@@ -295,4 +312,8 @@ def _fold_fits(fold: object, width: int) -> bool:
 
 def explain(reasons: Sequence[Refusal | HeadRefusal]) -> str:
     """The reasons, one per line, each with its explanation (for printing)."""
+    reasons = validate.sequence("reasons", reasons, what="Refusal or HeadRefusal values", non_empty=False)
+    for i, r in enumerate(reasons):
+        if not isinstance(r, (Refusal, HeadRefusal)):
+            raise ValueError(f"reasons[{i}]: must be a Refusal or HeadRefusal, got {validate.describe(r)}")
     return "\n".join(f"{r.name}: {r.explanation}" for r in reasons)

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from workbench import hadamard
+from workbench import hadamard, validate
 from workbench.fold import FoldSite, HadamardFold
 from workbench.frink_case import SEED_LCG_START
 from workbench.tail import DEFAULT_EPS, TailWeights, case_recipe
@@ -36,24 +36,55 @@ CASE_BLOCK = 256
 OUTLIER_SCALE = 10.0
 
 
+#: Bytes a case of ``case_arrays`` / a sweep holds per float of its recipe: the float32
+#: draw (4), the float64 masters the truth is computed from (8), the stored weights and
+#: the batched products' temporaries (about 8 more). Used to refuse, before any work, a
+#: call that would need more than :func:`workbench.validate.memory_cap_bytes`.
+BYTES_PER_CASE_FLOAT = 20
+
+#: The largest seed: a seed picks its block (seed // CASE_BLOCK) in an int64 stream key.
+MAX_SEED = 2**62
+
+
 def check_shape(shape: Any) -> tuple[int, int, int]:
     """``shape`` as a (hidden, branch, ffn) triple of positive ints, or ``ValueError`` naming ``shapes``."""
     try:
-        h, b, f = (int(v) for v in shape)
-    except (TypeError, ValueError):
-        raise ValueError(f"shapes must hold (hidden, branch, ffn) triples of positive ints; got {shape!r}") from None
-    if min(h, b, f) <= 0 or tuple(shape) != (h, b, f):
-        raise ValueError(f"shapes must hold (hidden, branch, ffn) triples of positive ints; got {shape!r}")
+        vals = tuple(shape)
+    except TypeError:
+        vals = ()
+    if isinstance(shape, (str, bytes)) or len(vals) != 3 or not all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v > 0 for v in vals
+    ):
+        raise ValueError(f"shapes: must hold (hidden, branch, ffn) triples of positive ints, got {validate.describe(shape)}")
+    h, b, f = (int(v) for v in vals)
     return h, b, f
+
+
+def case_floats(shape: tuple[int, int, int]) -> int:
+    """Floats one case of ``shape`` draws (every tensor of ``tail.case_recipe``)."""
+    return sum(math.prod(d.shape) for d in case_recipe(*shape))
+
+
+def check_case_memory(shape: tuple[int, int, int], n_cases: int) -> None:
+    """``ValueError`` naming ``shapes`` when ``n_cases`` cases of ``shape`` at once would not fit in memory."""
+    validate.within_memory("shapes", BYTES_PER_CASE_FLOAT * n_cases * case_floats(shape),
+                           f"{n_cases} case(s) at shape {shape}")
 
 
 def check_seeds(seeds: Iterable[int]) -> np.ndarray:
     """``seeds`` as a 1-D int64 array of non-negative ints, or ``ValueError`` naming ``seeds``."""
-    s = np.asarray(list(seeds) if not isinstance(seeds, (range, np.ndarray)) else seeds)
+    allowed = f"a non-empty 1-D sequence of ints in 0..2**62 (e.g. range(1000))"
+    if isinstance(seeds, (range, np.ndarray)):
+        s = np.asarray(seeds)
+    else:
+        items = validate.sequence("seeds", seeds, what="ints", non_empty=False)
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in items):
+            raise ValueError(f"seeds: must be {allowed}, got {validate.describe(seeds)}")
+        s = np.asarray(items, dtype=object if any(abs(int(v)) > MAX_SEED for v in items) else np.int64)
     if s.ndim != 1 or s.size == 0:
-        raise ValueError("seeds must be a non-empty 1-D sequence of non-negative ints (e.g. range(1000))")
-    if not np.issubdtype(s.dtype, np.integer) or (s < 0).any():
-        raise ValueError("seeds must be non-negative ints (e.g. range(1000))")
+        raise ValueError(f"seeds: must be {allowed}, got {validate.describe(seeds)}")
+    if s.dtype == object or not np.issubdtype(s.dtype, np.integer) or (s < 0).any() or (s > MAX_SEED).any():
+        raise ValueError(f"seeds: must be {allowed}, got {validate.describe(seeds)}")
     return s.astype(np.int64)
 
 
@@ -83,12 +114,38 @@ class CaseArrays:
         return CaseArrays(*(getattr(self, k)[idx] for k in self.__dataclass_fields__))
 
 
-def draw_block(shape: tuple[int, int, int], block: int) -> CaseArrays:
-    """All CASE_BLOCK cases of one block: ONE bulk float32 draw, split per case in recipe order."""
+def _uniforms(shape: tuple[int, int, int], block: int, rows: np.ndarray, n: int) -> np.ndarray:
+    """The float32 uniforms of ``rows`` of ``block`` (``n`` a case), exactly as one bulk draw of
+    the whole block would give them, without drawing the other rows.
+
+    The block's stream is numpy's PCG64; a float32 uniform takes 32 bits, two to each 64-bit
+    step (low half first). Row ``i`` starts ``i * n`` floats in: the generator is advanced
+    (jumped, in O(log) time) past the whole steps before it, and one half is thrown away
+    when the row starts mid-step. So one case of a block costs one case's memory and time,
+    not the block's (Bonsai's shape: 1.2 GB, not 306 GB). A test holds it to the bulk draw.
+    """
+    key = [SWEEP_SALT, *shape, block]
+    if len(rows) == CASE_BLOCK and np.array_equal(rows, np.arange(CASE_BLOCK)):
+        return np.random.default_rng(key).random((CASE_BLOCK, n), dtype=np.float32)
+    out = np.empty((len(rows), n), dtype=np.float32)
+    for j, i in enumerate(rows):
+        rng = np.random.default_rng(key)
+        start = int(i) * n
+        rng.bit_generator.advance(start // 2)
+        if start % 2:
+            rng.random(1, dtype=np.float32)
+        out[j] = rng.random(n, dtype=np.float32)
+    return out
+
+
+def draw_block(shape: tuple[int, int, int], block: int, rows: Any = None) -> CaseArrays:
+    """Cases of one block (``rows``: their indices in it, ascending; ``None``: all CASE_BLOCK): ONE
+    bulk float32 draw for a whole block, split per case in recipe order; only the rows asked
+    for are drawn (:func:`_uniforms`)."""
     recipe = case_recipe(*shape)
     n = sum(math.prod(d.shape) for d in recipe)
-    rng = np.random.default_rng([SWEEP_SALT, *shape, block])
-    u = rng.random((CASE_BLOCK, n), dtype=np.float32)
+    idx = np.arange(CASE_BLOCK) if rows is None else np.asarray(rows, dtype=np.int64)
+    u = _uniforms(shape, block, idx, n)
     out: dict[str, np.ndarray] = {}
     o = 0
     for d in recipe:
@@ -104,15 +161,15 @@ def draw_block(shape: tuple[int, int, int], block: int) -> CaseArrays:
             v -= np.float32(d.half_width)
             if d.centre:
                 v += np.float32(d.centre)
-        out[d.name] = np.ascontiguousarray(v).reshape((CASE_BLOCK,) + d.shape)
-    seeds = np.arange(block * CASE_BLOCK, (block + 1) * CASE_BLOCK, dtype=np.int64)
+        out[d.name] = np.ascontiguousarray(v).reshape((len(idx),) + d.shape)
+    seeds = block * CASE_BLOCK + idx
     return CaseArrays(seeds=seeds, **out)
 
 
 def check_outliers(k: Any, branch: int) -> int:
     """``wo_outliers`` as an int in [0, branch], or ``ValueError`` naming it."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= branch:
-        raise ValueError(f"wo_outliers must be an int in [0, {branch}] (the branch width); got {k!r}")
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or not 0 <= k <= branch:
+        raise ValueError(f"wo_outliers: must be an int in [0, {branch}] (the branch width), got {validate.describe(k)}")
     return int(k)
 
 
@@ -138,10 +195,11 @@ def case_arrays(shape: Sequence[int], seeds: Iterable[int], *, wo_outliers: int 
     shp = check_shape(shape)
     s = check_seeds(seeds)
     k = check_outliers(wo_outliers, shp[1])
+    check_case_memory(shp, len(np.unique(s)))
     parts = []
     for blk in np.unique(s // CASE_BLOCK):
-        want = s[s // CASE_BLOCK == blk]
-        parts.append(draw_block(shp, int(blk)).rows(want - blk * CASE_BLOCK))
+        want = np.unique(s[s // CASE_BLOCK == blk])
+        parts.append(draw_block(shp, int(blk), want - blk * CASE_BLOCK))
     cat = CaseArrays(*(np.concatenate([getattr(p, k) for p in parts]) for k in CaseArrays.__dataclass_fields__))
     order = {int(v): i for i, v in enumerate(cat.seeds)}
     return with_outliers(cat.rows(np.array([order[int(v)] for v in s])), k)
@@ -154,14 +212,22 @@ def quant_spec(q: Any) -> tuple[str, QuantSpec | None]:
         return "none", None
     if isinstance(q, str):
         if q not in QUANT_FORMATS:
-            raise ValueError(f"quantize entries must be None, a dict of mode/bits/group_size, or one of "
-                             f"{sorted(QUANT_FORMATS)}; got {q!r}")
+            raise ValueError(f"quantize: entries must be None, a dict of mode/bits/group_size, or one of "
+                             f"{sorted(QUANT_FORMATS)}, got {q!r}")
         return str(QUANT_FORMATS[q]), QUANT_FORMATS[q]
     if not isinstance(q, Mapping) or set(q) - {"mode", "bits", "group_size"}:
-        raise ValueError(f"quantize entries must be None, a name in {sorted(QUANT_FORMATS)} or a dict of "
-                         f"mode/bits/group_size; got {q!r}")
+        raise ValueError(f"quantize: entries must be None, a name in {sorted(QUANT_FORMATS)} or a dict of "
+                         f"mode/bits/group_size, got {validate.describe(q)}")
     spec = check_quant_spec(q.get("mode", "affine"), q.get("bits", 4), q.get("group_size", 64))
     return str(spec), spec
+
+
+def check_quant_fits(spec: QuantSpec | None, shape: tuple[int, int, int]) -> None:
+    """``ValueError`` naming ``quantize`` unless every matrix's in axis (branch for wo, hidden for
+    gate/up, ffn for down) is a multiple of ``spec``'s group: ``mx.quantize`` groups along it."""
+    if spec is not None and any(n % spec.group_size for n in shape):
+        raise ValueError(f"quantize: {spec} needs hidden, branch and ffn {shape} to be multiples of its "
+                         f"group_size {spec.group_size}")
 
 
 def quantize_args(spec: QuantSpec | None) -> dict[str, Any] | None:
@@ -186,9 +252,12 @@ def check_fold(fold: Any, shape: tuple[int, int, int]) -> None:
     if isinstance(fold, HadamardFold):
         fold.check_width(b if fold.site is FoldSite.INPUT else h)
         return
-    if isinstance(fold, bool) or not isinstance(fold, (int, np.integer)):
-        raise ValueError(f"folds entries must be None, a block size (int) or a HadamardFold; got {fold!r}")
-    hadamard.factor_block(int(fold))
+    if isinstance(fold, (bool, np.bool_)) or not isinstance(fold, (int, np.integer)):
+        raise ValueError(f"folds: entries must be None, a block size (int) or a HadamardFold, got {validate.describe(fold)}")
+    try:
+        hadamard.factor_block(int(fold))
+    except ValueError as e:
+        raise ValueError(f"folds: {e}") from None
     if b % int(fold):
         raise ValueError(f"folds: block {fold} must divide the branch width {b} (a fold on wo's input)")
 
@@ -217,10 +286,12 @@ def case_weights(
     ``None``, a ``weights.QUANT_FORMATS`` name or a dict for ``WeightMatrix.quantize``.
     """
     shp = check_shape(shape)
-    if dtype not in DENSE_DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(DENSE_DTYPES)}; got {dtype!r}")
+    seed = validate.integer("seed", seed, minimum=0, maximum=MAX_SEED)
+    validate.one_of("dtype", dtype, tuple(DENSE_DTYPES))
+    eps = validate.number("eps", eps, minimum=0, exclusive_minimum=True)
     check_fold(fold, shp)
     _, spec = quant_spec(quantize)
+    check_quant_fits(spec, shp)
     c = case_arrays(shp, [seed], wo_outliers=wo_outliers)
     return case_row_weights(c, 0, dtype=dtype, fold=fold, spec=spec, eps=eps)
 

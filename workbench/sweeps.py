@@ -38,14 +38,15 @@ from typing import Any, Iterable, Sequence
 import mlx.core as mx
 import numpy as np
 
-from workbench import hadamard
-from workbench.backends import resolve_backend
+from workbench import hadamard, validate
+from workbench.backends import BACKENDS, resolve_backend
 from workbench.comparison import max_abs_error, max_rel_error, nmse, torch_ratio, ulp_distance, worst_scaled_error
 from workbench.fold import FoldSite, HadamardFold
 from workbench.sweep_cases import (
     CASE_BLOCK,
     CaseArrays,
     case_row_weights,
+    check_case_memory,
     check_fold,
     check_outliers,
     check_seeds,
@@ -233,16 +234,12 @@ def _metrics(actual: np.ndarray, truth: np.ndarray, model: np.ndarray | None) ->
 
 def _configs(dtypes: Sequence[str], folds: Sequence[Any], quantize: Sequence[Any],
              backends: Sequence[str], shape: tuple[int, int, int]) -> list[tuple[str, Any, str, QuantSpec | None, str]]:
-    if isinstance(dtypes, str) or isinstance(backends, str):
-        raise ValueError("dtypes and backends must be sequences (e.g. dtypes=('float32',)), not a bare string")
     out = []
     for d in dtypes:
-        if d not in DENSE_DTYPES:
-            raise ValueError(f"dtypes entries must be in {tuple(DENSE_DTYPES)}; got {d!r}")
+        validate.one_of("dtypes", d, tuple(DENSE_DTYPES))
     for bk in backends:
-        resolve_backend(bk)  # ValueError for a non-backend, BackendUnavailable for an absent one
-        if bk == "auto":
-            raise ValueError("backends entries must name a backend ('graph', 'metal', 'cuda'), not 'auto'")
+        validate.one_of("backends", bk, tuple(b for b in BACKENDS if b != "auto"))  # a sweep names its backends
+        resolve_backend(bk)  # BackendUnavailable, saying what is missing, for an absent one
     for f in folds:
         check_fold(f, shape)
     for d in dtypes:
@@ -252,8 +249,8 @@ def _configs(dtypes: Sequence[str], folds: Sequence[Any], quantize: Sequence[Any
                 # mx.quantize groups along each matrix's IN axis: branch (wo), hidden (gate,
                 # up) and ffn (down) must all be multiples of the group.
                 if spec is not None and any(n % spec.group_size for n in shape):
-                    raise ValueError(f"quantize {label}: hidden, branch and ffn {shape} must be multiples of "
-                                     f"group_size {spec.group_size}")
+                    raise ValueError(f"quantize: {label} needs hidden, branch and ffn {shape} to be multiples of "
+                                     f"its group_size {spec.group_size}")
                 for bk in backends:
                     out.append((d, f, label, spec, bk))
     return out
@@ -284,12 +281,18 @@ def _run(
 ):
     import pandas as pd
 
-    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be a positive finite float; got {eps!r}")
+    eps = validate.number("eps", eps, minimum=0, exclusive_minimum=True)
+    if progress is not None:
+        progress = validate.flag("progress", progress)
     seeds_arr = check_seeds(seeds)
-    shapes = [check_shape(s) for s in shapes]
-    if not shapes:
-        raise ValueError("shapes must hold at least one (hidden, branch, ffn) triple")
+    shapes = [check_shape(s) for s in validate.sequence("shapes", shapes, what="(hidden, branch, ffn) triples")]
+    dtypes = validate.sequence("dtypes", dtypes, what=f"dtypes in {tuple(DENSE_DTYPES)}")
+    folds = validate.sequence("folds", folds, what="None, block sizes or HadamardFolds")
+    quantize = validate.sequence("quantize", quantize, what="None, format names or dicts")
+    backends = validate.sequence("backends", backends, what="backend names")
+    per_block = min(CASE_BLOCK, len(np.unique(seeds_arr)))
+    for shp in shapes:
+        check_case_memory(shp, per_block)  # before any work: a block is held at once
     plan = [(shp, _configs(dtypes, folds, quantize, backends, shp)) for shp in shapes]
     ks = [check_outliers(wo_outliers, shp[1]) for shp in shapes]
     blocks = np.unique(seeds_arr // CASE_BLOCK)
@@ -299,7 +302,7 @@ def _run(
         for si, ((shp, configs), k) in enumerate(zip(plan, ks)):
             for blk in blocks:
                 want = seeds_arr[seeds_arr // CASE_BLOCK == blk]
-                c = with_outliers(draw_block(shp, int(blk)).rows(np.unique(want) - blk * CASE_BLOCK), k)
+                c = with_outliers(draw_block(shp, int(blk), np.unique(want) - blk * CASE_BLOCK), k)
                 m64 = _master64(c)
                 model = _model_truth(c, eps, m64)
                 for ci, (dtype, fold, qlabel, spec, bk) in enumerate(configs):
@@ -404,11 +407,9 @@ def mutation_sweep(
     ``model_*`` columns. ``rotation_skipped`` has rows only for folded configurations (a
     skipped rotation is invisible without a fold). Feed the result to ``calibration.catch_rates``.
     """
+    mutations = validate.sequence("mutations", mutations, what=f"mutation names in {MUTATIONS}")
     for m in mutations:
-        if m not in MUTATIONS:
-            raise ValueError(f"mutations entries must be in {MUTATIONS}; got {m!r}")
-    if not mutations:
-        raise ValueError(f"mutations must name at least one of {MUTATIONS}")
+        validate.one_of("mutations", m, MUTATIONS)
     return _run(shapes=shapes, seeds=seeds, dtypes=dtypes, folds=folds, quantize=quantize, backends=("graph",),
                 eps=eps, mutations=list(mutations), progress=progress, desc="mutations",
                 wo_outliers=wo_outliers)

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
-from workbench import backends, kernel_launch, model, refusals
+from workbench import backends, kernel_launch, model, refusals, validate
 from workbench.fold import FoldPlan, FoldSite, HadamardFold
 from workbench.moved_names import forwarder
 from workbench.weights import DENSE_DTYPES, WeightMatrix
@@ -107,6 +107,10 @@ def case_recipe(hidden: int, branch: int, ffn: int) -> tuple[Draw, ...]:
     (:meth:`Draw.draw`); ``workbench.sweeps`` draws the same distributions for a block of
     cases at once, from float32 uniforms (a different stream, the same recipe).
     """
+    hidden = validate.integer("hidden", hidden, minimum=1)
+    branch = validate.integer("branch", branch, minimum=1)
+    ffn = validate.integer("ffn", ffn, minimum=1)
+
     def mat(name: str, rows: int, cols: int) -> Draw:
         return Draw(name, (rows, cols), math.sqrt(3.0 / cols))
 
@@ -332,8 +336,16 @@ def random_inputs(w: TailWeights, *, seed: int, batch: int | tuple[int, ...] = (
 
     ``batch``: leading axes, e.g. ``batch=8`` gives ``[8, branch]`` and ``[8, hidden]``.
     """
-    lead = (batch,) if isinstance(batch, (int, np.integer)) else tuple(batch)
-    rng = np.random.default_rng(seed)
+    if not isinstance(w, TailWeights):
+        raise ValueError(f"w: must be TailWeights, got {validate.describe(w)}")
+    if isinstance(batch, (int, np.integer, bool, np.bool_)):
+        lead = (validate.integer("batch", batch, minimum=0),)
+    else:
+        lead = tuple(validate.integer("batch", b, minimum=0) for b in validate.sequence("batch", batch, what="ints",
+                                                                                             non_empty=False))
+    hidden, bdim, _ = w.shape
+    validate.within_memory("batch", 8 * math.prod(lead) * (hidden + bdim), f"a batch of {lead} inputs")
+    rng = np.random.default_rng(validate.seed("seed", seed))
     recipe = {d.name: d for d in case_recipe(*w.shape)}
     return recipe["branch"].draw(rng, lead), recipe["residual"].draw(rng, lead)
 
@@ -464,30 +476,44 @@ def check_inputs(w: TailWeights, branch: Any, residual: Any) -> tuple[Any, Any]:
     very wait it exists to save. :func:`compare` fails any NaN.
     """
     if not isinstance(w, TailWeights):
-        raise ValueError(f"w must be TailWeights; got {type(w).__name__}")
+        raise ValueError(f"w: must be TailWeights, got {validate.describe(w)}")
     hidden, bdim, _ = w.shape
 
     def arr(name: str, a: Any) -> Any:
         if isinstance(a, mx.array):
             if not mx.issubdtype(a.dtype, mx.floating):
-                raise ValueError(f"{name} must be a float array; got dtype {a.dtype}")
+                raise ValueError(f"{name}: must be a float array, got {validate.describe(a)}")
             return a
-        a = np.asarray(a)
+        try:
+            a = np.asarray(a)
+        except Exception:  # a ragged list
+            raise ValueError(f"{name}: must be a float array, got {validate.describe(a)}") from None
         if not np.issubdtype(a.dtype, np.floating):
-            raise ValueError(f"{name} must be a float array; got dtype {a.dtype}")
+            raise ValueError(f"{name}: must be a float array, got {validate.describe(a)}")
         return a
 
     branch, residual = arr("branch", branch), arr("residual", residual)
     if branch.ndim < 1 or branch.shape[-1] != bdim:
-        raise ValueError(f"branch must have last axis {bdim} (wo's in dimension); got shape {tuple(branch.shape)}")
+        raise ValueError(f"branch: must have last axis {bdim} (wo's in dimension), got shape {tuple(branch.shape)}")
     if residual.ndim < 1 or residual.shape[-1] != hidden:
-        raise ValueError(f"residual must have last axis {hidden} (hidden); got shape {tuple(residual.shape)}")
+        raise ValueError(f"residual: must have last axis {hidden} (hidden), got shape {tuple(residual.shape)}")
     if tuple(branch.shape[:-1]) != tuple(residual.shape[:-1]):
         raise ValueError(
-            f"branch and residual must have the same leading (batch) axes; got {tuple(branch.shape[:-1])} "
+            f"branch/residual: must have the same leading (batch) axes, got {tuple(branch.shape[:-1])} "
             f"and {tuple(residual.shape[:-1])}"
         )
     return branch, residual
+
+
+def _empty_batch(branch: Any, hidden: int) -> np.ndarray | None:
+    """The float32 result of a tail over an EMPTY batch (a leading axis of length 0), else None.
+
+    All three tails answer an empty batch with an empty result of shape ``(..., 0, ..., hidden)``
+    without submitting anything: MLX refuses empty arrays in ``hadamard_transform``, and
+    there is nothing to compute. ``host_tail`` gives the same shape in its dtype.
+    """
+    lead = tuple(branch.shape[:-1])
+    return np.zeros(lead + (hidden,), dtype=np.float32) if 0 in lead else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -507,15 +533,20 @@ def host_tail(w: TailWeights, branch: Any, residual: Any, *, dtype: Any = np.flo
     and unfused tails do the same; :func:`compare` reports it as a failure.
     """
     branch, residual = check_inputs(w, branch, residual)
-    dt = np.dtype(dtype)
+    dt = validate.float_dtype("dtype", dtype)
+    # An MLX input (bfloat16 included, which numpy has no type for) is read as the fused tail reads it.
+    branch, residual = validate.float_array("branch", branch), validate.float_array("residual", residual)
     wo, norm, gate, up, down = w.host_arrays(dt)
-    return tail_np(wo, w.wo.fold, norm, gate, up, down, w.eps,
-                   np.asarray(branch).astype(dt), np.asarray(residual).astype(dt))
+    return tail_np(wo, w.wo.fold, norm, gate, up, down, w.eps, branch.astype(dt), residual.astype(dt))
 
 
 def to_mx(a: Any) -> mx.array:
     """An activation as a float32 ``mx.array`` (numpy is copied in; MLX is cast, lazily)."""
-    return a.astype(mx.float32) if isinstance(a, mx.array) else mx.array(np.asarray(a, dtype=np.float32))
+    if isinstance(a, mx.array):
+        if not (mx.issubdtype(a.dtype, mx.floating) or mx.issubdtype(a.dtype, mx.integer)):
+            raise ValueError(f"a: must be an array of real numbers, got {validate.describe(a)}")
+        return a.astype(mx.float32)
+    return mx.array(validate.float_array("a", a).astype(np.float32))
 
 
 def unfused_tail(w: TailWeights, branch: Any, residual: Any) -> np.ndarray:
@@ -530,8 +561,11 @@ def unfused_tail(w: TailWeights, branch: Any, residual: Any) -> np.ndarray:
     every layer can take.
     """
     branch, residual = check_inputs(w, branch, residual)
+    empty = _empty_batch(branch, w.shape[0])
+    if empty is not None:
+        return empty
     projected = np.asarray(w.wo.apply(to_mx(branch)))  # submission 1, and its wait
-    h = np.asarray(residual, dtype=np.float32) + projected
+    h = validate.float_array("residual", residual).astype(np.float32) + projected
     normed = rms_norm_np(h, w.ffn_norm, w.eps).astype(np.float32)
     nx = mx.array(normed)
     g = w.gate.apply(nx)
@@ -585,7 +619,8 @@ def tail_launch(w: TailWeights, *, kernels_enabled: bool = True) -> TailLaunch:
     (which raises if the fold does not fit) and the FFN parts.
     """
     if not isinstance(w, TailWeights):
-        raise ValueError(f"w must be TailWeights; got {type(w).__name__}")
+        raise ValueError(f"w: must be TailWeights, got {validate.describe(w)}")
+    kernels_enabled = validate.flag("kernels_enabled", kernels_enabled)
     found = tail_refusals(w, kernels_enabled=kernels_enabled)
     if found:
         where = "a plain layer" if w.config is None else f"{getattr(w.config, 'name', 'the model')} layer {w.layer}"
@@ -624,10 +659,14 @@ def fused_tail(
     anything is built or run; ``kernels_enabled=False`` is the engine's first rule (the
     engine's dense kernels switched off), so it refuses every layer.
     """
-    name = backends.resolve_backend(backend)
+    name = backends.resolve_backend(validate.one_of("backend", backend, backends.BACKENDS))
+    return_backend = validate.flag("return_backend", return_backend)
     branch, residual = check_inputs(w, branch, residual)
     launch = tail_launch(w, kernels_enabled=kernels_enabled)
-    if name == "graph":
+    empty = _empty_batch(branch, w.shape[0])
+    if empty is not None:
+        result = empty
+    elif name == "graph":
         out = tail_graph(launch, to_mx(branch), to_mx(residual))
         mx.eval(out)  # the one submission
         result = np.asarray(out)  # already evaluated: reading it waits on nothing more

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
+from workbench import validate
 from workbench.comparison import Comparison, compare
 from workbench.frink_case import SEED_TOL
 from workbench.tail import TailWeights, check_inputs, fused_tail, host_tail, tail_launch, tail_mx, to_mx, unfused_tail
@@ -30,8 +31,7 @@ FAULTS = ("skip_fold", "bf16_normed")
 
 def faulty_fused_tail(w: TailWeights, branch: Any, residual: Any, fault: str) -> np.ndarray:
     """The graph fused tail with one deliberate ``fault`` (see :data:`FAULTS`); float32 numpy."""
-    if fault not in FAULTS:
-        raise ValueError(f"fault must be one of {FAULTS}; got {fault!r}")
+    validate.one_of("fault", fault, FAULTS)
     branch, residual = check_inputs(w, branch, residual)
     launch = tail_launch(w)
     fold = None if fault == "skip_fold" else launch.fold
@@ -53,6 +53,9 @@ VERDICTS: dict[tuple[bool, bool], str] = {
 
 def verdict(fused_vs_truth: Comparison, host_vs_truth: Comparison) -> str:
     """The conclusion :data:`VERDICTS` draws from the two comparisons against the truth."""
+    for name, c in (("fused_vs_truth", fused_vs_truth), ("host_vs_truth", host_vs_truth)):
+        if not isinstance(c, Comparison):
+            raise ValueError(f"{name}: must be a Comparison (from compare), got {validate.describe(c)}")
     return VERDICTS[(bool(fused_vs_truth.passed), bool(host_vs_truth.passed))]
 
 
@@ -81,7 +84,27 @@ def three_way(
 ) -> ThreeWay:
     """Run the fused tail (``backend``, or a :data:`FAULTS` variant), the float32 host and the
     float64 truth on the same inputs, compare all three at ``tol``, and count each one's waits
-    (the host copies of the weights are made first, so the oracles count 0)."""
+    (the host copies of the weights are made first, so the oracles count 0).
+
+    The inputs, and the truth, must be finite: with a NaN or Inf in ``branch`` or
+    ``residual`` every path's output is NaN, and a verdict would blame float32 for what the
+    input did; so a ``ValueError`` names the first non-finite input element (or, for finite
+    inputs whose truth is not finite, the weights).
+    """
+    branch, residual = check_inputs(w, branch, residual)
+    tol = validate.number("tol", tol, minimum=0, exclusive_minimum=True)
+    if fault is not None:
+        validate.one_of("fault", fault, FAULTS)
+    for name, a in (("branch", branch), ("residual", residual)):
+        host = validate.float_array(name, a)  # a study, not the hot path: one host read is fine
+        bad = ~np.isfinite(host)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"{name}: must be finite for a three-way comparison (a non-finite input makes every path "
+                f"non-finite, which says nothing about float32), got {float(host[where])!r} at index {where} "
+                f"({int(bad.sum())} non-finite in all)"
+            )
     w.host_arrays(np.float64)  # the host copies of the weights, made outside the counts
     w.host_arrays(np.float32)
     with count_waits() as n_truth:
@@ -93,6 +116,11 @@ def three_way(
                  else faulty_fused_tail(w, branch, residual, fault))
     with count_waits() as n_unfused:
         unfused_tail(w, branch, residual)
+    if not np.isfinite(truth).all():
+        raise ValueError(
+            "w: the float64 truth is not finite on these finite inputs (a weight is NaN or Inf, or the tail "
+            "overflows float64): no verdict on float32 can be drawn"
+        )
     return ThreeWay(
         compare(fused, truth, tol=tol),
         compare(host, truth, tol=tol),
@@ -116,6 +144,11 @@ def three_way_table(cases: Sequence[tuple[str, TailWeights, Any, Any]], *, tol: 
     """
     import pandas as pd  # tables only; the tail itself needs no pandas
 
+    cases = validate.sequence("cases", cases, what="(label, weights, branch, residual) tuples")
+    for i, case in enumerate(cases):
+        if not (isinstance(case, (tuple, list)) and len(case) == 4):
+            raise ValueError(f"cases[{i}]: must be a (label, weights, branch, residual) tuple, got {validate.describe(case)}")
+    figures = validate.flag("figures", figures)
     rows = []
     for label, w, br, res in cases:
         r = three_way(w, br, res, tol=tol, fault=fault)

@@ -17,19 +17,25 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["describe", "integer", "number", "one_of", "flag"]
+__all__ = ["describe", "integer", "number", "one_of", "flag", "seed", "sequence", "float_dtype", "float_array",
+           "memory_cap_bytes", "within_memory"]
 
 
 def describe(value: Any, limit: int = 60) -> str:
     """A short, unambiguous rendering of ``value`` for an error message (type shown for non-scalars)."""
     if isinstance(value, (bool, int, float, str, type(None))) or isinstance(value, numbers.Number):
         text = repr(value)
+    elif isinstance(value, type):  # a class (np.int32, list): its name, not its descriptors
+        text = f"the type {value.__module__}.{value.__qualname__}"
     else:
         shape = getattr(value, "shape", None)
         dtype = getattr(value, "dtype", None)
-        if shape is not None and dtype is not None:
-            return f"a {type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
-        text = f"{type(value).__name__} {value!r}"
+        try:
+            if shape is not None and dtype is not None:
+                return f"a {type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
+            text = f"{type(value).__name__} {value!r}"
+        except Exception:  # a repr that fails must not turn a clear error into an unclear one
+            text = f"a {type(value).__name__}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -109,3 +115,82 @@ def one_of(name: str, value: Any, allowed: Iterable[Any]) -> Any:
         listed = ", ".join(repr(o) for o in options)
         raise ValueError(f"{name}: must be one of {listed}, got {describe(value)}")
     return value
+
+
+def seed(name: str, value: Any) -> int:
+    """A random seed: an int >= 0 (numpy's generators refuse negatives with a message naming nothing)."""
+    return integer(name, value, minimum=0)
+
+
+def sequence(name: str, value: Any, *, what: str = "values", non_empty: bool = True) -> tuple:
+    """``value`` (a list, tuple, range or other iterable, but not a string or a mapping) as a tuple."""
+    if isinstance(value, (str, bytes)) or value is None or isinstance(value, dict) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name}: must be a sequence of {what} (e.g. a list or tuple), got {describe(value)}")
+    out = tuple(value)
+    if non_empty and not out:
+        raise ValueError(f"{name}: must hold at least one of {what}, got an empty {type(value).__name__}")
+    return out
+
+
+def float_dtype(name: str, value: Any) -> np.dtype:
+    """``value`` as a numpy floating dtype (``np.float64``, ``"float32"``, ...), or a ValueError naming ``name``."""
+    try:
+        dt = np.dtype(value)
+    except Exception:  # numpy raises TypeError for names it does not know
+        dt = None
+    if dt is None or not np.issubdtype(dt, np.floating):
+        raise ValueError(f"{name}: must be a numpy float dtype (np.float64, np.float32, ...), got {describe(value)}")
+    return dt
+
+
+def float_array(name: str, value: Any, *, min_ndim: int = 0) -> np.ndarray:
+    """``value`` as a numpy array of real floats (ints become float64; float dtypes are kept).
+
+    Accepts numpy arrays, Python lists and numpy scalars, and MLX arrays of any float dtype
+    (bfloat16, which numpy has no type for, is read as float32, exactly). Refuses strings,
+    objects, complex numbers and bools with a ValueError naming ``name``.
+    """
+    if type(value).__module__.startswith("mlx"):
+        import mlx.core as mx  # only here: this module is imported by everything, MLX by most
+
+        if not isinstance(value, mx.array) or not (
+            mx.issubdtype(value.dtype, mx.floating) or mx.issubdtype(value.dtype, mx.integer)
+        ):
+            raise ValueError(f"{name}: must be an array of real numbers, got {describe(value)}")
+        value = np.asarray(value.astype(mx.float32) if value.dtype == mx.bfloat16 else value)
+    try:
+        arr = np.asarray(value)
+    except Exception:  # ragged lists and the like
+        raise ValueError(f"{name}: must be an array of real numbers, got {describe(value)}") from None
+    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{name}: must be an array of real numbers, got {describe(value)}")
+    if arr.ndim < min_ndim:
+        raise ValueError(f"{name}: must have at least {min_ndim} axis(es), got {describe(value)}")
+    return arr if np.issubdtype(arr.dtype, np.floating) else arr.astype(np.float64)
+
+
+def memory_cap_bytes() -> int:
+    """The most bytes one call may allocate before it is refused: half this machine's memory.
+
+    Half, because the caller's own arrays and the interpreter share the machine; a
+    request past it is almost always a typo (10**9 layers, Bonsai's FFN as a batch of
+    256), and refusing it up front beats a MemoryError or the machine swapping.
+    """
+    import os
+
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on every platform
+        total = 16 * 2**30
+    return int(total) // 2
+
+
+def within_memory(name: str, nbytes: int, what: str) -> int:
+    """``nbytes`` unchanged, or a ValueError naming ``name`` when it exceeds :func:`memory_cap_bytes`."""
+    cap = memory_cap_bytes()
+    if nbytes > cap:
+        raise ValueError(
+            f"{name}: {what} would need {nbytes / 2**30:.3g} GiB, more than the {cap / 2**30:.3g} GiB "
+            f"allowed (half this machine's memory)"
+        )
+    return nbytes

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import mlx.core as mx
 import numpy as np
 
+from workbench import validate
 from workbench.fold import FoldSite, HadamardFold
 
 if TYPE_CHECKING:
@@ -66,13 +67,13 @@ QUANT_FORMATS: dict[str, QuantSpec] = {
 
 def check_quant_spec(mode: str, bits: int, group_size: int) -> QuantSpec:
     """Validate a quantization request; ``ValueError`` names the bad parameter and what is allowed."""
-    if mode not in QUANT_MODES:
-        raise ValueError(f"mode must be one of {sorted(QUANT_MODES)}; got {mode!r}")
+    validate.one_of("mode", mode, sorted(QUANT_MODES))
     bits_ok, groups_ok = QUANT_MODES[mode]
-    if bits not in bits_ok:
-        raise ValueError(f"bits for mode {mode!r} must be one of {bits_ok}; got {bits!r}")
-    if group_size not in groups_ok:
-        raise ValueError(f"group_size for mode {mode!r} must be one of {groups_ok}; got {group_size!r}")
+    # Integers only (numpy's too): 4.0 or True as a bit count is a computed value gone wrong.
+    if validate.integer("bits", bits) not in bits_ok:
+        raise ValueError(f"bits: for mode {mode!r} must be one of {bits_ok}, got {bits!r}")
+    if validate.integer("group_size", group_size) not in groups_ok:
+        raise ValueError(f"group_size: for mode {mode!r} must be one of {groups_ok}, got {group_size!r}")
     return QuantSpec(mode, int(bits), int(group_size))
 
 
@@ -111,19 +112,40 @@ def _as_dense_base(base: Any) -> mx.array:
     if isinstance(base, mx.array):
         arr = base
     else:
-        a = np.asarray(base)
+        try:
+            a = np.asarray(base)
+        except Exception:  # a ragged list
+            a = np.asarray(None)
         if not np.issubdtype(a.dtype, np.floating):
-            raise ValueError(f"base must be a float array (float32, float16 or bfloat16); got dtype {a.dtype}")
+            raise ValueError(f"base: must be a float array (float32, float16 or bfloat16), got {validate.describe(base)}")
         if a.dtype == np.float64:
             a = a.astype(np.float32)  # the engine's weights are at most float32
         arr = mx.array(a)
     if arr.ndim != 2:
-        raise ValueError(f"base must be 2-D [out, in]; got shape {tuple(arr.shape)}")
+        raise ValueError(f"base: must be 2-D [out, in], got shape {tuple(arr.shape)}")
     if arr.dtype not in DENSE_DTYPES.values():
-        raise ValueError(f"base dtype must be one of {sorted(DENSE_DTYPES)}; got {arr.dtype}")
+        raise ValueError(f"base: its dtype must be one of {sorted(DENSE_DTYPES)}, got {arr.dtype}")
     if 0 in arr.shape:
-        raise ValueError(f"base must not be empty; got shape {tuple(arr.shape)}")
+        raise ValueError(f"base: must not be empty, got shape {tuple(arr.shape)}")
     return arr
+
+
+def _check_finite_for_quantize(base: Any) -> None:
+    """Refuse a weight that is not finite before quantizing it.
+
+    ``mx.quantize`` silently turns a NaN or Inf weight into a finite code (and the oracle,
+    reading the same dequantized weights, agrees), so the damage would be invisible; a
+    dense matrix keeps its NaN and the tails propagate it, which is why only quantizing
+    checks.
+    """
+    finite = np.isfinite(np.array(base.astype(mx.float32)))
+    if not finite.all():
+        r, c = (int(i) for i in np.argwhere(~finite)[0])
+        bad = float(np.array(base[r, c].astype(mx.float32)))
+        raise ValueError(
+            f"w: must be finite to quantize (mx.quantize would replace it with a finite code), got "
+            f"w[{r}, {c}] = {bad!r} ({int((~finite).sum())} non-finite in all)"
+        )
 
 
 def _dtype_name(dt: mx.Dtype) -> str:
@@ -143,7 +165,7 @@ class WeightMatrix:
         self._base: mx.array | QuantizedBase = base if isinstance(base, QuantizedBase) else _as_dense_base(base)
         if fold is not None:
             if not isinstance(fold, HadamardFold):
-                raise ValueError(f"fold must be a HadamardFold or None; got {type(fold).__name__}")
+                raise ValueError(f"fold: must be a HadamardFold or None, got {validate.describe(fold)}")
             out_dim, in_dim = self.shape
             width = in_dim if fold.site is FoldSite.INPUT else out_dim
             try:
@@ -156,6 +178,13 @@ class WeightMatrix:
                 ) from None
         self._fold = fold
         self._np64: np.ndarray | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A value object: its base and fold are set once, in __init__; only the float64
+        # host copy is filled in later (read-only), so a cache can never go stale.
+        if name != "_np64" and hasattr(self, name):
+            raise AttributeError(f"WeightMatrix is immutable: {name} cannot be reassigned")
+        object.__setattr__(self, name, value)
 
     # -- construction -------------------------------------------------------------------
 
@@ -176,13 +205,15 @@ class WeightMatrix:
         grouped scales are chosen.
         """
         spec = check_quant_spec(mode, bits, group_size)
-        dense = cls(w).fold_hadamard(fold) if fold is not None else cls(w)
+        unfolded = cls(w)
+        _check_finite_for_quantize(unfolded._base)
+        dense = unfolded.fold_hadamard(fold) if fold is not None else unfolded
         base = dense._base
         assert isinstance(base, mx.array)
         out_dim, in_dim = base.shape
         if in_dim % spec.group_size != 0:
             raise ValueError(
-                f"the input dimension ({in_dim}) must be a multiple of group_size ({spec.group_size}) to quantize"
+                f"group_size: must divide the input dimension ({in_dim}) to quantize, got {spec.group_size}"
             )
         parts = mx.quantize(base, group_size=spec.group_size, bits=spec.bits, mode=spec.mode)
         wq, scales = parts[0], parts[1]
@@ -198,7 +229,7 @@ class WeightMatrix:
         (``WeightMatrix.quantize(w, fold=...)``), since re-quantizing would change the map.
         """
         if not isinstance(fold, HadamardFold):
-            raise ValueError(f"fold must be a HadamardFold; got {type(fold).__name__}")
+            raise ValueError(f"fold: must be a HadamardFold, got {validate.describe(fold)}")
         if self._fold is not None:
             raise ValueError("this matrix is already folded; fold the unfolded matrix instead")
         if isinstance(self._base, QuantizedBase):
@@ -249,6 +280,7 @@ class WeightMatrix:
 
     def dense(self, dtype: Any = np.float32) -> np.ndarray:
         """The stored base, dequantized, as numpy (float32 by default; float64 for oracles)."""
+        dtype = validate.float_dtype("dtype", dtype)
         if dtype == np.float64 and self._np64 is not None:
             return self._np64
         base = self._base.dequantize() if isinstance(self._base, QuantizedBase) else self._base
@@ -277,8 +309,10 @@ class WeightMatrix:
         """
         if isinstance(x, mx.array):
             in_dim = self.shape[1]
-            if x.shape[-1] != in_dim:
-                raise ValueError(f"x's last axis must be {in_dim} (the matrix's in dimension); got {x.shape[-1]}")
+            if not (mx.issubdtype(x.dtype, mx.floating) or mx.issubdtype(x.dtype, mx.integer)):
+                raise ValueError(f"x: must be an array of real numbers, got {validate.describe(x)}")
+            if x.ndim == 0 or x.shape[-1] != in_dim:
+                raise ValueError(f"x: its last axis must be {in_dim} (the matrix's in dimension), got shape {tuple(x.shape)}")
             if isinstance(self._base, QuantizedBase):
                 q = self._base
                 # A 1-D vector goes in as one row: MLX 0.32.4's CUDA quantized_matmul fails
@@ -290,11 +324,9 @@ class WeightMatrix:
                 )
                 return y[0] if x.ndim == 1 else y
             return x.astype(mx.float32) @ self._base.astype(mx.float32).T
-        x = np.asarray(x)
-        if not np.issubdtype(x.dtype, np.floating):
-            x = x.astype(np.float64)
-        if x.shape[-1] != self.shape[1]:
-            raise ValueError(f"x's last axis must be {self.shape[1]} (the matrix's in dimension); got {x.shape[-1]}")
+        x = validate.float_array("x", x)
+        if x.ndim == 0 or x.shape[-1] != self.shape[1]:
+            raise ValueError(f"x: its last axis must be {self.shape[1]} (the matrix's in dimension), got shape {x.shape}")
         w = self.dense(np.float64) if x.dtype == np.float64 else self.dense(np.float32).astype(x.dtype, copy=False)
         return x @ w.T
 
@@ -321,11 +353,12 @@ def outlier_matrix(out_dim: int, in_dim: int, *, n_outliers: int, outlier_scale:
     The shape of the problem the fold solves: LLM weights and activations carry a few
     outlier channels, and a quantization group that holds one spends its scale on it.
     """
-    if not 0 <= n_outliers <= in_dim:
-        raise ValueError(f"n_outliers must be in [0, {in_dim}] (in_dim); got {n_outliers}")
-    if not outlier_scale > 0:
-        raise ValueError(f"outlier_scale must be > 0; got {outlier_scale}")
-    rng = np.random.default_rng(seed)
+    out_dim = validate.integer("out_dim", out_dim, minimum=1)
+    in_dim = validate.integer("in_dim", in_dim, minimum=1)
+    n_outliers = validate.integer("n_outliers", n_outliers, minimum=0, maximum=in_dim)
+    outlier_scale = validate.number("outlier_scale", outlier_scale, minimum=0, exclusive_minimum=True)
+    validate.within_memory("out_dim", 12 * out_dim * in_dim, f"a {out_dim} x {in_dim} matrix")
+    rng = np.random.default_rng(validate.seed("seed", seed))
     w = rng.standard_normal((out_dim, in_dim))
     cols = rng.choice(in_dim, size=n_outliers, replace=False)
     w[:, cols] *= outlier_scale
@@ -364,8 +397,17 @@ def quantization_study(
     :func:`quantization_error` of each pair."""
     import pandas as pd
 
-    for label, fmt in formats:
-        if fmt not in QUANT_FORMATS:
+    if not isinstance(folds, dict) or not folds:
+        raise ValueError(f"folds: must be a non-empty dict of name -> HadamardFold or None, got {validate.describe(folds)}")
+    for name, f in folds.items():
+        if f is not None and not isinstance(f, HadamardFold):
+            raise ValueError(f"folds: entry {name!r} must be a HadamardFold or None, got {validate.describe(f)}")
+    formats = validate.sequence("formats", formats, what="(label, format name) pairs")
+    for entry in formats:
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise ValueError(f"formats: entries must be (label, format name) pairs, got {validate.describe(entry)}")
+        label, fmt = entry
+        if not isinstance(fmt, str) or fmt not in QUANT_FORMATS:
             raise ValueError(f"formats: {label!r} names {fmt!r}, which is not one of {tuple(QUANT_FORMATS)}")
     rows = {}
     for label, fmt in formats:
