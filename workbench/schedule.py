@@ -565,13 +565,30 @@ def fit_price(rows: Sequence[Mapping]) -> dict:
     return {"ms_per_wait": float(slope), "intercept_ms": float(intercept)}
 
 
-def load_records(folder: str | Any = None, pattern: str = "schedule-*.json") -> list[dict]:
-    """The schedule records in ``folder`` (default ``data/bench``), sorted by file name."""
+#: The names schedule records have had: ``bench.schedule_run``'s own, and the first ones.
+RECORD_PATTERNS = ("schedule_run-*.json", "schedule-*.json")
+
+
+def load_records(folder: str | Any = None, pattern: str | Sequence[str] = RECORD_PATTERNS) -> list[dict]:
+    """The schedule records in ``folder`` (default the project's ``data/bench``), sorted by
+    file name, each with its ``file`` name added; a file that is not a JSON object is a
+    ValueError naming it."""
     import json
     from pathlib import Path
 
     root = Path(folder) if folder is not None else Path(_waits.__file__).resolve().parent.parent / "data" / "bench"
-    return [json.loads(p.read_text()) | {"file": p.name} for p in sorted(root.glob(pattern))]
+    patterns = (pattern,) if isinstance(pattern, str) else tuple(pattern)
+    paths = sorted({p for pat in patterns for p in root.glob(pat)}, key=lambda p: p.name)
+    out = []
+    for p in paths:
+        try:
+            rec = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"folder: the schedule record {p} is not valid JSON ({err})") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"folder: the schedule record {p} is not a JSON object")
+        out.append(rec | {"file": p.name})
+    return out
 
 
 def record_tables(rec: Mapping) -> tuple[Any, Any]:
