@@ -195,10 +195,20 @@ def _gpd_level(u: float | np.ndarray, xi: Any, sigma: Any, q: float) -> Any:
 
 
 def _round_up(x: float, sig: int = 2) -> float:
+    """``x`` rounded UP to ``sig`` significant figures, never below ``x``.
+
+    The figure is built from its decimal text (``3e-05``, the float nearest 3 x 10^-5), not
+    as ``3 * 1e-05``, which lands one ulp below 3e-05 and would recommend a tolerance
+    under the largest error it was calibrated on."""
     if not math.isfinite(x) or x <= 0:
         return x
     e = math.floor(math.log10(x)) - (sig - 1)
-    return math.ceil(x / 10.0**e - 1e-9) * 10.0**e
+    m = math.ceil(x / 10.0**e - 1e-9)
+    r = float(f"{m}e{e}")
+    while r < x:
+        m += 1
+        r = float(f"{m}e{e}")
+    return r
 
 
 def calibrate_tolerance(
