@@ -241,7 +241,7 @@ def test_the_wait_price_bench(tmp_path):
     run("--n", "20", "--warmup", "2", "--device", "cpu", "--out", str(out))
     rec = json.loads(out.read_text())
     assert rec["ms"] > 0 and rec["command"].startswith("python -m bench.wait_price")
-    run("--add", str(out), "--ledger", str(ledger))
+    run("--add", str(out), "--ledger", str(ledger), "--force")  # this machine may already have an entry
     # The entry this record became, by the id the bench derives from it (the committed
     # ledger already holds other machines' CPU entries; this machine's may be one of them).
     from bench.wait_price import ledger_entry
