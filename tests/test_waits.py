@@ -273,7 +273,7 @@ def test_split_price_counts_one_wait_more_and_prices_it() -> None:
     r = measure_split_price(lambda a: a * 0.5 + 1.0, x, n=20, warmup=2)
     assert set(r) >= {"ms", "p10_ms", "p90_ms", "split_ms", "joined_ms", "n"}
     assert r["split_ms"] > 0 and r["joined_ms"] > 0 and r["p10_ms"] <= r["ms"] <= r["p90_ms"]
-    with pytest.raises(ValueError, match="n, warmup"):
+    with pytest.raises(ValueError, match="n: must be an integer >= 5"):
         measure_split_price(lambda a: a, x, n=2)
 
 

@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import backends
+from workbench.validate import describe, integer
 
 # -- counting -------------------------------------------------------------------------
 
@@ -231,8 +232,8 @@ def measure_wait_price(device=None, *, n: int = 2000, warmup: int = 200) -> dict
     ``device`` keys), the date, and the method
     in words.
     """
-    if n < 10 or warmup < 0:
-        raise ValueError(f"n, warmup: need n >= 10 and warmup >= 0, got {n}, {warmup}")
+    n = integer("n", n, minimum=10)
+    warmup = integer("warmup", warmup, minimum=0)
     dev = _as_device(device)
     times, eval_only = [], []
     with mx.stream(dev):
@@ -283,8 +284,10 @@ def measure_split_price(step, x, *, n: int = 50, warmup: int = 5) -> dict:
     first part, with a one-op submission. Returns ``ms`` (that median), ``p10_ms``,
     ``p90_ms``, ``split_ms`` and ``joined_ms`` (medians), ``n``.
     """
-    if n < 5 or warmup < 0:
-        raise ValueError(f"n, warmup: need n >= 5 and warmup >= 0, got {n}, {warmup}")
+    n = integer("n", n, minimum=5)
+    warmup = integer("warmup", warmup, minimum=0)
+    if not callable(step):
+        raise ValueError(f"step: must be a callable mapping an MLX array to one of the same shape, got {describe(step)}")
 
     def split() -> None:
         y = np.asarray(step(x))  # wait 1: evaluate, read back

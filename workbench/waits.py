@@ -221,8 +221,17 @@ def load_plan(path: str | Path | None = None) -> Plan:
     return parse_plan(_read_json(p, "plan"), str(p))
 
 
+def _plan(plan: Any) -> Plan:
+    """``plan`` itself, or the default plan for None; anything else is a ValueError."""
+    if plan is None:
+        return load_plan()
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan: must be None or a Plan (from load_plan), got {describe(plan)}")
+    return plan
+
+
 def _stage(stage: int | str | Stage, plan: Plan | None) -> Stage:
-    return (plan or load_plan()).stage(stage)
+    return _plan(plan).stage(stage)
 
 
 def _attention_indices(cfg) -> set[int]:
@@ -264,7 +273,12 @@ def submissions(
     """
     st = _stage(stage, plan)
     attn = _attention_indices(cfg)
-    ok = set(eligible_layers(cfg) if eligible is None else eligible)
+    if eligible is None:
+        ok = set(eligible_layers(cfg))
+    elif isinstance(eligible, (str, bytes)) or not isinstance(eligible, Iterable):
+        raise ValueError(f"eligible: must be layer indices (integers), got {describe(eligible)}")
+    else:
+        ok = {integer("eligible[]", l, minimum=0) for l in eligible}
     bad = ok - attn
     if bad:
         raise ValueError(f"eligible: layers {sorted(bad)} are not attention layers of {cfg.name}")
@@ -509,7 +523,7 @@ def wait_table(
     """
     import pandas as pd  # here, not at import: the device machine need not have pandas
 
-    plan = plan or load_plan()
+    plan = _plan(plan)
     if price_ms is None:
         price_ms = ledger_price(SEED_PRICE_ID, ledger)
     price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
@@ -538,11 +552,10 @@ def wait_share(waits: int, price_ms: float, weight_bytes: float, bandwidth_gbs: 
     overlap it: the device is idle while the host waits). Returns
     ``waits*price / (waits*price + weight_bytes/bandwidth)``.
     """
-    if not (waits >= 0 and price_ms >= 0 and weight_bytes >= 0 and bandwidth_gbs > 0):
-        raise ValueError(
-            "waits, price_ms, weight_bytes: must be >= 0 and bandwidth_gbs > 0; "
-            f"got {waits}, {price_ms}, {weight_bytes}, {bandwidth_gbs}"
-        )
+    waits = number("waits", waits, minimum=0)
+    price_ms = number("price_ms", price_ms, minimum=0)
+    weight_bytes = number("weight_bytes", weight_bytes, minimum=0)
+    bandwidth_gbs = number("bandwidth_gbs", bandwidth_gbs, minimum=0, exclusive_minimum=True)
     wait_ms = waits * price_ms
     stream_ms = weight_bytes / (bandwidth_gbs * 1e9) * 1e3
     total = wait_ms + stream_ms
@@ -554,7 +567,7 @@ def waits_by_model(cfgs: Iterable, *, plan: Plan | None = None):
     its waits a token at every stage (columns ``1`` .. ``6``). A ``pandas.DataFrame``."""
     import pandas as pd
 
-    plan = plan or load_plan()
+    plan = _plan(plan)
     rows = []
     for cfg in cfgs:
         attn = _attention_indices(cfg)
