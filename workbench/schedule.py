@@ -46,6 +46,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import waits as _waits
+from workbench.validate import describe, flag, integer, number, one_of
 from workbench.weights import DENSE_DTYPES
 
 
@@ -156,8 +157,11 @@ class HybridWeights:
     """
 
     def __init__(self, cfg, geom: Geometry, *, dtype: str = "float32", seed: int = 0, share: bool = False):
-        if dtype not in DENSE_DTYPES:
-            raise ValueError(f"dtype: must be one of {sorted(DENSE_DTYPES)}, got {dtype!r}")
+        one_of("dtype", dtype, sorted(DENSE_DTYPES))
+        if not isinstance(geom, Geometry):
+            raise ValueError(f"geom: must be a Geometry (geometry_of(cfg) or CPU_GEOMETRY), got {describe(geom)}")
+        seed = integer("seed", seed, minimum=0)
+        share = flag("share", share)
         self.cfg, self.geom, self.dtype, self.share = cfg, geom, dtype, share
         dt = DENSE_DTYPES[dtype]
         attn = set(cfg.attention_layers())
@@ -229,6 +233,11 @@ class DecodeState:
 
 def new_state(wts: HybridWeights, *, context: int = 32, max_new: int = 4096, seed: int = 1) -> DecodeState:
     """A fresh state: zero recurrent states, a KV cache already ``context`` tokens long."""
+    if not isinstance(wts, HybridWeights):
+        raise ValueError(f"wts: must be HybridWeights, got {describe(wts)}")
+    context = integer("context", context, minimum=1, maximum=1 << 20)
+    max_new = integer("max_new", max_new, minimum=1, maximum=1 << 20)
+    seed = integer("seed", seed, minimum=0)
     g = wts.geom
     rng = np.random.default_rng(seed)
     ssm, conv, hk, hv, dk, dv = {}, {}, {}, {}, {}, {}
@@ -383,10 +392,13 @@ class Schedule:
                  gdn: str = "fast"):
         if gdn not in ("fast", "ops"):
             raise ValueError(f"gdn: must be 'fast' (mx.fast.gated_delta_update) or 'ops' (gated_delta_ops), got {gdn!r}")
+        if not isinstance(weights, HybridWeights):
+            raise ValueError(f"weights: must be HybridWeights, got {describe(weights)}")
         self.gdn = gdn
         self.cfg, self.w, self.geom = cfg, weights, weights.geom
-        self.plan = plan or _waits.load_plan()
+        self.plan = _waits._plan(plan)
         self.eligible = tuple(_waits.eligible_layers(cfg) if eligible is None else eligible)
+        _waits.submissions(cfg, self.plan.stages[0], plan=self.plan, eligible=self.eligible)  # checks eligible
         self._subs: dict[int, list] = {}
 
     def submissions(self, stage) -> list:
@@ -476,8 +488,22 @@ def run_stages(
     consecutive stages (and each stage against stage 1), the measured saving and the
     predicted one (waits saved x ``price_ms``) with their ratio.
     """
+    if not isinstance(sched, Schedule):
+        raise ValueError(f"sched: must be a Schedule, got {describe(sched)}")
+    tokens = integer("tokens", tokens, minimum=1)
+    rounds = integer("rounds", rounds, minimum=1)
+    warmup = integer("warmup", warmup, minimum=0)
+    context = integer("context", context, minimum=1)
+    if price_ms is not None:
+        price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
+    if time_budget_s is not None:
+        time_budget_s = number("time_budget_s", time_budget_s, minimum=0)
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress: must be None or a callable (round, rounds), got {describe(progress)}")
     plan = sched.plan
-    numbers = [s.number for s in plan.stages] if stages is None else list(stages)
+    numbers = [s.number for s in plan.stages] if stages is None else [plan.stage(s).number for s in stages]
+    if not numbers or len(set(numbers)) != len(numbers):
+        raise ValueError(f"stages: must name one or more distinct stages of the plan, got {describe(stages)}")
     states = {n: new_state(sched.w, context=context, max_new=warmup + tokens * rounds + 1) for n in numbers}
     made: dict[int, set] = {n: set() for n in numbers}
     times: dict[int, list] = {n: [] for n in numbers}
