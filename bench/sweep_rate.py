@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             t = calibration.calibrate_tolerance(df.worst.to_numpy(), flake_rate=1e-6)
             row["calibrated"] = {"value": t.value, "low": t.low, "high": t.high, "recommended": t.recommended,
                                  "xi": t.xi, "threshold": t.threshold, "n_tail": t.n_tail,
-                                 "observed_max": t.observed_max, "flake_rate": t.flake_rate, "method": t.method}
+                                 "observed_max": t.observed_max, "flake_rate": t.flake_rate, "method": t.method,
+                                 "degenerate": t.degenerate}
         rows.append(row)
         print(f"{name:<12} {str(shape):<14} {len(df):>8} {dt:>8.2f} {rate:>9.0f} {1e5 / rate:>10.1f} "
               f"{row['max_worst']:>11.3g}", flush=True)
