@@ -216,3 +216,24 @@ def test_concurrent_writers_lose_no_entry(ledger: Path, tmp_path: Path) -> None:
 def test_the_file_size_limit_is_available() -> None:
     # The disk-full test depends on it; a platform without it should fail loudly, not skip.
     assert hasattr(resource, "RLIMIT_FSIZE") and hasattr(signal, "SIGXFSZ")
+
+
+def test_exclusive_create_without_hard_links(tmp_path: Path, monkeypatch) -> None:
+    # Some file systems refuse os.link; the exclusive create still holds there.
+    def no_links(src, dst):
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = tmp_path / "r.json"
+    records.write_atomic(path, "one", overwrite=False)
+    with pytest.raises(records.RecordExists):
+        records.write_atomic(path, "two", overwrite=False)
+    assert path.read_text() == "one" and _leftovers(tmp_path) == []
+
+
+def test_a_replaced_file_keeps_its_mode(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text("old")
+    path.chmod(0o600)
+    records.write_atomic(path, "new")
+    assert path.stat().st_mode & 0o777 == 0o600

@@ -72,23 +72,38 @@ def write_atomic(path: str | Path, data: str | bytes, *, overwrite: bool = True)
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a record is as readable as any file here
+        # mkstemp makes 0600; keep a replaced file's mode, else as readable as any file here.
+        os.chmod(tmp, target.stat().st_mode & 0o777 if target.exists() else 0o644)
         if overwrite:
             os.replace(tmp, target)
         else:
-            try:
-                os.link(tmp, target)  # fails if target exists: an exclusive create
-            except FileExistsError:
-                raise RecordExists(
-                    f"path: {target} exists; refusing to overwrite it (ask for overwrite to replace it)"
-                ) from None
-            tmp.unlink()
+            _create_exclusively(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
     _fsync_dir(target.parent)
     return target
+
+
+def _create_exclusively(tmp: Path, target: Path) -> None:
+    """Move the finished ``tmp`` to ``target`` only if ``target`` does not exist, atomically."""
+    exists = RecordExists(f"path: {target} exists; refusing to overwrite it (ask for overwrite to replace it)")
+    try:
+        os.link(tmp, target)  # fails if target exists: an exclusive create of the whole file
+    except FileExistsError:
+        raise exists from None
+    except OSError:
+        # A file system without hard links: claim the name exclusively, then move the
+        # finished file over the claim (a reader may see the empty claim for that moment,
+        # never a half-written record).
+        try:
+            os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            raise exists from None
+        os.replace(tmp, target)
+        return
+    tmp.unlink()
 
 
 def write_json(path: str | Path, obj: Any, *, overwrite: bool = True, default: Callable | None = None) -> Path:
