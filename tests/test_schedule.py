@@ -198,3 +198,17 @@ def test_bad_arguments_are_named(bonsai, tiny):
                       ({"stages": [1, 1]}, "stages"), ({"stages": [9]}, "stage")]:
         with pytest.raises(ValueError, match=field):
             S.run_stages(tiny, **kw)
+
+
+def test_foreign_records_and_rows_are_named():
+    for bad in ({}, [], "schedule-cpu.json", {"stages": [], "comparisons": []}):
+        with pytest.raises(ValueError, match="rec"):
+            S.record_tables(bad)
+        with pytest.raises(ValueError, match="rec"):
+            S.closeness(bad)
+    with pytest.raises(ValueError, match=r"rows\[0\]: lacks \['ms_median'\]"):
+        S.fit_price([{"waits_predicted": 3}])
+    with pytest.raises(ValueError, match="rows: must be a non-empty list"):
+        S.compare_savings([], 0.1)
+    with pytest.raises(ValueError, match="price_ms"):
+        S.compare_savings([{"stage": 1, "waits_predicted": 3, "ms_median": 1.0}], -1)

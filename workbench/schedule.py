@@ -541,6 +541,26 @@ def run_stages(
     return rec
 
 
+def _rows(name: str, rows: Any, keys: Sequence[str]) -> list[Mapping]:
+    """``rows`` as a non-empty list of mappings that each hold ``keys``, or a ValueError
+    naming ``name``, the row and the missing keys (a record from an older or foreign run)."""
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence) or not rows:
+        raise ValueError(f"{name}: must be a non-empty list of rows, got {describe(rows)}")
+    for i, r in enumerate(rows):
+        if not isinstance(r, Mapping):
+            raise ValueError(f"{name}[{i}]: must be a mapping, got {describe(r)}")
+        missing = [k for k in keys if k not in r]
+        if missing:
+            raise ValueError(f"{name}[{i}]: lacks {missing}")
+    return list(rows)
+
+
+def _record(rec: Any) -> Mapping:
+    if not isinstance(rec, Mapping) or "stages" not in rec or "comparisons" not in rec:
+        raise ValueError(f"rec: must be a schedule record (with 'stages' and 'comparisons'), got {describe(rec)}")
+    return rec
+
+
 def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
     """Measured against predicted savings: each stage against the one before, and against stage 1.
 
@@ -548,6 +568,8 @@ def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
     (the device floor) and the other on the host: there the arithmetic differs as well as
     the waits, so the pair does not test the table.
     """
+    rows = _rows("rows", rows, ("stage", "waits_predicted", "ms_median"))
+    price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
     by = {r["stage"]: r for r in rows}
     nums = sorted(by)
     plan = _waits.load_plan()
@@ -583,6 +605,7 @@ def fit_price(rows: Sequence[Mapping]) -> dict:
     wait costs the same wherever it falls; the slope is that price, fitted from all the
     stages at once (steadier than any one difference on a noisy machine).
     """
+    rows = _rows("rows", rows, ("waits_predicted", "ms_median"))
     w = np.array([r["waits_predicted"] for r in rows], dtype=float)
     t = np.array([r["ms_median"] for r in rows], dtype=float)
     if len(set(w.tolist())) < 2:
@@ -622,6 +645,9 @@ def record_tables(rec: Mapping) -> tuple[Any, Any]:
     token) and its comparisons (predicted saving, measured, paired, ratios)."""
     import pandas as pd
 
+    rec = _record(rec)
+    _rows("rec['stages']", rec["stages"], ("stage", "waits_predicted", "waits_made", "waits_match", "ms_median",
+                                           "ms_p10", "ms_p90", "tokens"))
     stages = pd.DataFrame(rec["stages"])[["stage", "waits_predicted", "waits_made", "waits_match", "ms_median",
                                            "ms_p10", "ms_p90", "tokens"]]
     comps = pd.DataFrame(rec["comparisons"])
@@ -638,8 +664,10 @@ def closeness(rec: Mapping) -> dict:
     has each token's time); ``median_ratio``: the median of that ratio over every pair
     of stages that does the same work. 1.0 is the table exactly; the goal is within 20%.
     """
+    rec = _record(rec)
+    _rows("rec['comparisons']", rec["comparisons"], ("from", "to", "ratio", "ms_saved_predicted", "ms_saved_measured"))
     plan = _waits.load_plan()
-    floor = next(s.number for s in plan.stages if s.floor and not s.attention_on_device)
+    floor = next((s.number for s in plan.stages if s.floor and not s.attention_on_device), None)
     comps = [c for c in rec["comparisons"] if c.get("same_work", True)]
 
     def ratio(c: Mapping) -> float | None:
