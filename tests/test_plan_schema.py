@@ -186,3 +186,13 @@ def test_loaded_plans_are_not_shared() -> None:
 
 def test_the_committed_plan_names_no_path_outside_the_project() -> None:
     assert "../" not in waits.PLAN_PATH.read_text()
+
+
+def test_a_bool_is_not_a_stage() -> None:
+    import numpy as np
+
+    plan = waits.load_plan()
+    assert plan.stage(np.int64(2)).key == "fused_tail"
+    for bad in (True, np.bool_(True), 2.5, None):
+        with pytest.raises(ValueError, match="stage"):
+            plan.stage(bad)

@@ -7,13 +7,17 @@ reconstructed in ``data/plans/gdn-resident-state.json``) carries those savings d
 floor. This module turns the plan into numbers for any ``ModelConfig``:
 
 - :func:`load_plan` reads the stages (name, what each changes, its grouping rules and the
-  submissions each kind of layer costs under them);
+  submissions each kind of layer costs under them), checked field by field
+  (:func:`parse_plan`) and read afresh on every call;
 - :func:`submissions` walks a model's layers and groups the GPU pieces of one token the
   way a stage groups them; :func:`waits_per_token` is the number of groups. The same
   grouping is what ``workbench.schedule`` executes, so the count and the clock check one
   thing;
 - :func:`wait_table` prices every stage from the ledger (``data/ledger/wait_prices.json``),
-  whose measured entries ``workbench.wait_measurement`` makes.
+  whose measured entries ``workbench.wait_measurement`` makes. The ledger is checked on
+  every load and add (:func:`check_ledger`, :func:`check_entry`); :func:`add_price`
+  changes it under a lock and atomically (``workbench.records``), and replaces an entry
+  only when asked.
 
 Which attention layers fuse is decided ONLY by ``workbench.refusals.eligible``.
 """
@@ -26,6 +30,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from workbench import records
 from workbench.moved_names import forwarder
@@ -81,6 +87,8 @@ class Plan:
         """A stage by number (1-based), key or itself."""
         if isinstance(which, Stage):
             return which
+        if isinstance(which, (bool, np.bool_)):
+            raise ValueError(f"stage: must be a stage number or key, got {which!r}")
         for s in self.stages:
             if which == s.number or which == s.key:
                 return s
