@@ -28,7 +28,6 @@ set, for the lent machine's copy-back). Exit status 1 if any check fails.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import math
 import sys
@@ -177,13 +176,11 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Every GPU check of the kernel tail, and its benchmark.")
+    ap = record.parser("gpu_check", __doc__)
     ap.add_argument("--quick", action="store_true", help="small checks only and a short benchmark")
     ap.add_argument("--checks-only", action="store_true", help="no benchmark")
-    ap.add_argument("--repeats", type=int, default=50, help="timed rounds per variant (default 50)")
-    ap.add_argument("--seed", type=int, default=None, help="base seed (default: from the clock; recorded)")
-    ap.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON record goes")
-    ap.add_argument("--no-record", action="store_true", help="write no JSON record")
+    ap.add_argument("--repeats", type=int, default=50, help="timed rounds per variant")
+    ap.add_argument("--seed", type=int, default=None, help="base seed (None: from the clock; recorded)")
     a = ap.parse_args(argv)
 
     dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)
@@ -224,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     rec["seconds"] = (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds()
     if not a.no_record:
         print()
-        record.write(rec, a.out_dir, f"gpu_check-{record.slug(device)}-{started.strftime('%Y%m%dT%H%M%SZ')}")
+        record.write(rec, a.out_dir, record.record_stem("gpu_check", device, started), force=a.force)
     failed = [c["case"] for c in checks if not c["passed"]]
     print(f"\nchecks: {len(checks) - len(failed)} of {len(checks)} passed" + (f"; FAILED: {failed}" if failed else ""))
     return 1 if failed else 0

@@ -415,10 +415,9 @@ def print_table(bench: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=50)
+    ap = record.parser("kernel_bench", __doc__, record_options=False,
+                       writes="prints its tables and writes no record (bench.gpu_check runs it and writes one)")
+    ap.add_argument("--repeats", type=int, default=50, help="timed rounds per variant")
     ap.add_argument("--quick", action="store_true", help="no tuning sweep")
     a = ap.parse_args(argv)
     dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)

@@ -35,7 +35,6 @@ A table on stdout, the record through ``bench.record`` to
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import math
 import os
@@ -280,16 +279,14 @@ def run(dialect: str, old_dir: Path, *, rounds: int, n_tails: int, seed: int, he
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = record.parser("kernel_bodies", __doc__)
     ap.add_argument("--old", required=True, help="a copy of an older kernels/ folder (e.g. from git archive)")
-    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per timing (default 15)")
-    ap.add_argument("--tails", type=int, default=10, help="tails (head launches) in one timed evaluation (default 10)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per timing")
+    ap.add_argument("--tails", type=int, default=10, help="tails (head launches) in one timed evaluation")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     ap.add_argument("--no-head", action="store_true", help="leave the head launch out")
     ap.add_argument("--shape", default=None, metavar="H,B,F,BLOCK",
                     help="hidden, branch, ffn and wo's fold block instead of Bonsai-27B's 5120,6144,17408,1024")
-    ap.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON record goes")
-    ap.add_argument("--no-record", action="store_true", help="write no JSON record")
     a = ap.parse_args(argv)
     try:
         old_dir = kernel_folder(a.old)
@@ -317,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rec)
     if not a.no_record:
         print()
-        record.write(rec, a.out_dir, f"kernel_bodies-{record.slug(device)}-{started.strftime('%Y%m%dT%H%M%SZ')}")
+        record.write(rec, a.out_dir, record.record_stem("kernel_bodies", device, started), force=a.force)
     failed = [c["case"] for c in rec["cases"] if not c["check"]["passed"]]
     if failed:
         print(f"\nFAILED checks (not timed): {failed}")

@@ -1,9 +1,15 @@
-"""What every benchmark record carries, and the timing helpers they share.
+"""What every benchmark record carries, where it goes, and the helpers the commands share.
 
 One place, because every record must say the same things the same way (device, date,
-MLX version, the command that produced it) and every benchmark times its variants the
-same way (interleaved rounds, so drift in a shared machine's load hits each alike); a
-second copy in each command would be a second place to keep in step.
+MLX version, the command that produced it), land in the same folder under the same kind
+of name, and never replace another record unasked; and every benchmark times its
+variants the same way (interleaved rounds, so drift in a shared machine's load hits each
+alike). A second copy in each command would be a second place to keep in step.
+
+Records go to the project's ``data/bench/`` (found from this file, not from the folder the
+command is started in), named ``<bench>-<device>-<UTC time YYYYMMDDTHHMMSSZ>.json``, and
+are written atomically and exclusively (``workbench.records``): an existing file is
+replaced only with ``--force``.
 """
 
 from __future__ import annotations
@@ -18,12 +24,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import mlx.core as mx
 import numpy as np
 
-from workbench import backends
+from workbench import backends, records
+
+#: The project's root and its folder of records, wherever a command is started from.
+ROOT = Path(__file__).resolve().parent.parent
+RECORD_DIR = ROOT / "data" / "bench"
 
 
 def slug(s: str) -> str:
@@ -31,9 +41,79 @@ def slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower() or "device"
 
 
+def device_slug(name: str | None = None) -> str:
+    """A short file-name form of a device's name (default: MLX's default device), as record
+    names carry it: ``NVIDIA H200`` -> ``nvidia-h200``, ``Intel(R) Xeon(R) Processor @ 2.00GHz``
+    -> ``intel-xeon`` (trademark signs, clock and the word "processor" dropped)."""
+    if name is None:
+        name = backends.device_description().get("device_name") or device_kind()
+    name = re.sub(r"\((R|TM|tm|r)\)", " ", name).split("@")[0]
+    name = re.sub(r"\b(processor|cpu)\b", " ", name, flags=re.I)
+    return slug(name)[:40].strip("-") or device_kind()
+
+
+def utc_stamp(when: _dt.datetime | None = None) -> str:
+    """``when`` (default now) in UTC as ``YYYYMMDDTHHMMSSZ``, the one time format of record names."""
+    when = when or _dt.datetime.now(_dt.timezone.utc)
+    return when.astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def record_stem(bench: str, device: str | None = None, when: _dt.datetime | None = None, tag: str = "") -> str:
+    """``<bench>-<device>-<UTC time>`` (and ``-<tag>`` when given): a record's file name without ``.json``."""
+    return "-".join([bench, device_slug(device), utc_stamp(when)] + ([slug(tag)] if tag else []))
+
+
 def device_kind() -> str:
     """``cuda``, ``metal`` or ``cpu``: which MLX backend this run measured (MLX's default device)."""
     return backends.device_kind()
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after every option's help (argparse's own formatter), the
+    description's layout kept; left out where they say nothing (an off switch, None) or
+    the help already says its default in words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if any(action.default is v for v in (None, False, argparse.SUPPRESS)) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def parser(bench: str, doc: str | None, *, writes: str | None = None, record_options: bool = True) -> argparse.ArgumentParser:
+    """The argument parser every bench command starts from.
+
+    ``prog`` is how the command is run (``python -m bench.<bench>``), defaults show in
+    ``--help``, the description is the first paragraph of the module's docstring and the
+    epilog says what the command writes. With ``record_options``: ``--out-dir`` (default
+    the project's ``data/bench/``), ``--no-record`` and ``--force``.
+    """
+    first = (doc or "").strip().split("\n\n")[0]
+    if writes is None:
+        writes = (f"writes a JSON record (device, date, MLX version, the command line) to "
+                  f"OUT_DIR/{bench}-<device>-<UTC time>.json; never replaces an existing file without --force; "
+                  "also copies it to $OUT when that is set")
+    p = argparse.ArgumentParser(prog=f"python -m bench.{bench}", description=first, epilog=writes,
+                                formatter_class=_HelpFormatter)
+    if record_options:
+        add_record_options(p)
+    return p
+
+
+def add_record_options(p: argparse.ArgumentParser) -> None:
+    """``--out-dir``, ``--no-record`` and ``--force``, the same in every command."""
+    p.add_argument("--out-dir", type=Path, default=RECORD_DIR,
+                   help="the folder the JSON record goes to (default: the project's data/bench/, wherever the "
+                        "command is started)")
+    p.add_argument("--no-record", action="store_true", help="print only; write no JSON record")
+    p.add_argument("--force", action="store_true", help="replace an existing record of the same name")
+
+
+def refuse_existing(p: argparse.ArgumentParser, path: Path, force: bool) -> None:
+    """The parser's usage error if ``path`` exists and ``--force`` was not given: checked
+    before any measuring, so a run is never wasted on a record it may not write."""
+    if Path(path).exists() and not force:
+        p.error(f"{path} exists; pass --force to replace it, or name another file")
 
 
 def comma_list(parser: argparse.ArgumentParser, flag: str, value: str, allowed: Iterable[str]) -> list[str]:
@@ -65,35 +145,65 @@ def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
     }
 
 
-def write(record: dict[str, Any], out_dir: str | Path, stem: str) -> Path:
+def write(record: dict[str, Any], out_dir: str | Path, stem: str, *, force: bool = False) -> Path:
     """Write ``record`` as ``out_dir/stem.json`` (pretty, newline-terminated); return the path.
 
-    When ``$OUT`` is set, the same file is also written there: the lent GPU machine brings
-    back only what a command leaves under ``$OUT``, so a record made there must land in it.
-    Values JSON has no type for (a numpy scalar, a dataclass) are written as their
-    ``str``: a GPU run's record is worth more with one field stringified than lost.
+    Atomic (``workbench.records.write_atomic``): a kill or a full disk leaves no broken
+    file. An existing file is replaced only with ``force``; otherwise, should the name be
+    taken by the time the run ends (two runs in the same second), the record goes to
+    ``stem-2.json`` (``-3``, ...) and says so: a measurement is never thrown away and never
+    replaces another. When ``$OUT`` is set, the same file is also written there: the lent
+    GPU machine brings back only what a command leaves under ``$OUT``. Values JSON has no
+    type for (a numpy scalar, a dataclass) are written as their ``str``: a GPU run's
+    record is worth more with one field stringified than lost.
     """
     text = json.dumps(record, indent=2, default=str) + "\n"
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / f"{stem}.json"
-    path.write_text(text)
+    if force:
+        records.write_atomic(path, text)
+    else:
+        for i in range(2, 1000):
+            try:
+                records.write_atomic(path, text, overwrite=False)
+                break
+            except records.RecordExists:
+                taken, path = path, out / f"{stem}-{i}.json"
+                print(f"record: {taken} exists (not replaced; --force replaces); writing {path.name}")
     print(f"record: {path}")
     if os.environ.get("OUT"):
         copy = Path(os.environ["OUT"]) / path.name
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text(text)
+        records.write_atomic(copy, text)
         print(f"record: {copy}")
     return path
 
 
-def time_rounds(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int) -> dict[str, list[float]]:
-    """Wall times (ms) of each callable, interleaved: each round runs each once, in order."""
+def progress(iterable: Iterable, total: int | None = None, desc: str = "") -> Iterator:
+    """``iterable`` with a progress bar on stderr: tqdm where installed, else a line every
+    tenth of the way (a GPU machine may have only numpy and MLX)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        n = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
+        step = max(1, (n or 10) // 10)
+        for i, item in enumerate(iterable, 1):
+            yield item
+            if i % step == 0 or i == n:
+                print(f"  {desc} {i}/{n if n is not None else '?'}", file=sys.stderr, flush=True)
+        return
+    yield from tqdm(iterable, total=total, desc=desc, leave=False, file=sys.stderr)
+
+
+def time_rounds(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int,
+                desc: str | None = None) -> dict[str, list[float]]:
+    """Wall times (ms) of each callable, interleaved: each round runs each once, in order.
+    ``desc`` shows a progress bar over the rounds (for runs longer than a few seconds)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
+    rounds: Iterable[int] = range(repeats) if desc is None else progress(range(repeats), repeats, desc)
+    for _ in rounds:
         for name, fn in fns.items():
             t0 = time.perf_counter()
             fn()

@@ -1,8 +1,7 @@
 """Run a hybrid's decode step at every stage of the resident-state plan, count and time it.
 
-    python -m bench.schedule_run --out data/bench/schedule-cpu.json           # here: scaled-down Bonsai, float32
-    PYTHONPATH=/tmp/site:. python3 -m bench.schedule_run --geometry full --dtype bfloat16 \\
-        --out data/bench/schedule-h200.json                                  # the H200: Bonsai-27B's widths
+    python -m bench.schedule_run                                  # here: scaled-down Bonsai, float32
+    PYTHONPATH=. python3 -m bench.schedule_run --geometry full --dtype bfloat16   # a GPU: Bonsai-27B's widths
 
 One process: first the price of one wait on this device (``wait_measurement.measure_wait_price``),
 then ``workbench.schedule.run_stages``: every stage decodes its own copy of the same
@@ -19,39 +18,51 @@ Weights are random; by default one layer's weights serve every layer of its kind
 layer's matrices are far larger than any cache, so a token streams the same bytes either
 way.
 
+The record goes to ``data/bench/schedule_run-<device>-<UTC time>.json`` (or ``--out``);
+``workbench.schedule.load_records`` reads these and the older ``schedule-*.json``.
+
 Needs only numpy and MLX (the workbench's pandas imports are for tables, inside them).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
+from bench import record
+
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench.schedule_run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="bonsai-27b", help="a shipped Gated DeltaNet hybrid (default bonsai-27b)")
-    p.add_argument("--geometry", choices=("cpu", "full"), default="cpu")
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
-    p.add_argument("--distinct", action="store_true", help="distinct weights for every layer (default: one set per kind)")
-    p.add_argument("--vocab", type=int, default=None, help="LM head rows (default: the model's, or the cpu geometry's)")
+    p = record.parser("schedule_run", __doc__, writes=(
+        "writes a JSON record to OUT_DIR/schedule_run-<device>-<UTC time>.json (or --out); never replaces an "
+        "existing file without --force; also copies it to $OUT when that is set"))
+    p.add_argument("--model", default="bonsai-27b", help="a shipped Gated DeltaNet hybrid")
+    p.add_argument("--geometry", choices=("cpu", "full"), default="cpu",
+                   help="cpu: Bonsai's layer pattern at about 1/20 of its widths; full: the model's own widths")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32", help="weights' dtype")
+    p.add_argument("--distinct", action="store_true", help="distinct weights for every layer (else one set per kind)")
+    p.add_argument("--vocab", type=int, default=None, help="LM head rows (None: the model's, or the cpu geometry's)")
     p.add_argument("--tokens", type=int, default=4, help="tokens a stage decodes per round")
     p.add_argument("--rounds", type=int, default=10, help="rounds, stages interleaved within each")
     p.add_argument("--warmup", type=int, default=3, help="untimed tokens per stage first")
     p.add_argument("--context", type=int, default=32, help="tokens already in each KV cache")
-    p.add_argument("--stages", default=None, help="comma-separated stage numbers (default: all)")
+    p.add_argument("--stages", default=None, help="comma-separated stage numbers (None: all)")
     p.add_argument("--price-n", type=int, default=3000, help="waits timed for the price")
     p.add_argument("--budget-s", type=float, default=360.0,
-                   help="stop the timed rounds after the first that ends past this many seconds (default 360)")
-    p.add_argument("--seed", type=int, default=0)
+                   help="stop the timed rounds after the first that ends past this many seconds")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--gdn", choices=("auto", "fast", "ops"), default="auto",
                    help="the recurrence: mx.fast.gated_delta_update (fast), plain MLX ops (ops), or fast if it "
                         "runs on this device, else ops, said in the output and the record (auto)")
-    p.add_argument("--out", help="write the JSON record here")
+    p.add_argument("--out", type=Path, default=None, help="write the JSON record to this file instead of OUT_DIR")
     args = p.parse_args(argv)
+    for flag, value, least in (("--tokens", args.tokens, 1), ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0),
+                               ("--context", args.context, 1), ("--price-n", args.price_n, 10)):
+        if value < least:
+            p.error(f"{flag} must be >= {least}; got {value}")
+    if args.out is not None and not args.no_record:
+        record.refuse_existing(p, args.out, args.force)
 
     from workbench import schedule, wait_measurement
     from workbench.model import load_model
@@ -60,7 +71,10 @@ def main(argv: list[str] | None = None) -> dict:
     geom = schedule.geometry_of(cfg, vocab=args.vocab) if args.geometry == "full" else schedule.CPU_GEOMETRY
     if args.geometry == "cpu" and args.vocab:
         geom = schedule.Geometry(**{**geom.__dict__, "vocab": args.vocab})
-    stages = None if args.stages is None else [int(s) for s in args.stages.split(",")]
+    try:
+        stages = None if args.stages is None else [int(s) for s in args.stages.split(",")]
+    except ValueError:
+        p.error(f"--stages must be comma-separated stage numbers; got {args.stages!r}")
 
     price = wait_measurement.measure_wait_price(n=args.price_n, warmup=max(100, args.price_n // 10))
     print(f"device {price['device']} ({price['backend']}, MLX {price['mlx_version']}); "
@@ -77,12 +91,25 @@ def main(argv: list[str] | None = None) -> dict:
     sched = schedule.Schedule(cfg, wts, gdn=gdn)
     print(f"weights ready in {time.perf_counter() - t0:.1f} s; eligible layers {list(sched.eligible)}", flush=True)
 
+    try:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=args.rounds, desc="rounds", leave=False, file=sys.stderr)
+    except ImportError:  # a GPU machine may have only numpy and MLX
+        bar = None
+
     def progress(r: int, n: int) -> None:
-        print(f"  round {r}/{n}", flush=True)
+        if bar is None:
+            print(f"  round {r}/{n}", flush=True)
+        else:
+            bar.total = n
+            bar.update(r - bar.n)
 
     run = schedule.run_stages(sched, stages=stages, tokens=args.tokens, rounds=args.rounds, warmup=args.warmup,
                               context=args.context, price_ms=price["ms"], progress=progress,
                               time_budget_s=args.budget_s)
+    if bar is not None:
+        bar.close()
     rows = run["stages"]
     fit = schedule.fit_price(rows)
 
@@ -132,11 +159,9 @@ def main(argv: list[str] | None = None) -> dict:
         "fit": fit,
         "all_waits_match": all(r["waits_match"] for r in rows),
     }
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rec, indent=2) + "\n")
-        print(f"record: {out}")
+    if not args.no_record:
+        out = args.out if args.out is not None else args.out_dir / (record.record_stem("schedule_run", price["device"]) + ".json")
+        record.write(rec, out.parent, out.stem, force=args.force)
     return rec
 
 

@@ -1,7 +1,7 @@
 """What a wait costs between two real submissions: the split price, beside the tiny one.
 
     python -m bench.split_price                                  # here: tiny step and a small tail
-    PYTHONPATH=/tmp/site:. python3 -m bench.split_price --bonsai # on a GPU: Bonsai-27B's tail too
+    PYTHONPATH=. python3 -m bench.split_price --bonsai       # on a GPU: Bonsai-27B's tail too
 
 The plan's table prices a wait at the smallest submission's round trip
 (``wait_measurement.measure_wait_price``). An engine's waits sit between real submissions, where the
@@ -13,12 +13,12 @@ two submissions with the host between them, against the same two steps in one. S
 * ``tail-graph``: the tail as one MLX graph, ``h -> tail(branch, residual=h)``;
 * ``tail-kernels`` (on a GPU): the same through the kernel tail (three launches).
 
-The record (device, date, MLX version, command) goes to ``data/bench/``.
+The record (device, date, MLX version, command) goes to
+``data/bench/split_price-<device>-<UTC time>.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -44,11 +44,9 @@ def tail_steps(shape: tuple[int, int, int], block: int, dtype: str, seed: int) -
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(prog="python -m bench.split_price", description=__doc__.split("\n\n")[0])
+    p = record.parser("split_price", __doc__)
     p.add_argument("--n", type=int, default=50, help="timed rounds per step")
     p.add_argument("--bonsai", action="store_true", help="also Bonsai-27B's tail (5120, 6144, 17408), bf16")
-    p.add_argument("--out-dir", default="data/bench")
-    p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)
     if args.n < 5:
         p.error("--n must be >= 5")
@@ -65,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         steps = tail_steps(shape, block, "bfloat16", seed=7)
         h = mx.random.uniform(-1, 1, (shape[0],), key=mx.random.key(8))
         mx.eval(h)
-        for name, step in steps.items():
+        for name, step in record.progress(steps.items(), len(steps), f"{label} tails"):
             rows.append({"step": name, "shape": label, **wait_measurement.measure_split_price(step, h, n=args.n)})
         del steps
 
@@ -77,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            "method": wait_measurement.measure_split_price.__doc__.split("\n\n")[1].strip(),
            "results": rows}
     if not args.no_record:
-        record.write(rec, args.out_dir, f"split_price-{record.device_kind()}")
+        record.write(rec, args.out_dir, record.record_stem("split_price"), force=args.force)
     return rec
 
 

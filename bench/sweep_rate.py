@@ -3,7 +3,8 @@
 The target: ``sweep(shapes=[(64, 96, 80)], seeds=range(100_000))`` in at most 60 s on a
 2-core machine, so a tolerance can be calibrated on 100,000 cases in a notebook's run. This command runs that sweep (or ``--seeds N`` of it, and optionally
 other weight configurations), prints cases/s and the seconds 100,000 cases would take, and
-writes a JSON record (device, date, MLX version, command line) to ``data/bench/``. Speed
+writes a JSON record (device, date, MLX version, command line) to
+``data/bench/sweep_rate-<device>-<UTC time>.json``. Speed
 is never asserted in a test; the record is the evidence.
 
     python -m bench.sweep_rate                     # 100,000 seeds, float32, no fold
@@ -41,12 +42,10 @@ CONFIGS: dict[str, tuple[tuple[int, int, int], str, Any, Any]] = {
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(prog="python -m bench.sweep_rate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, default=100_000, help="cases per configuration (default 100000)")
+    p = record.parser("sweep_rate", __doc__)
+    p.add_argument("--seeds", type=int, default=100_000, help="cases per configuration")
     p.add_argument("--configs", default="f32", help=f"comma-separated, of {sorted(CONFIGS)}")
-    p.add_argument("--out-dir", default="data/bench", help="where the JSON record goes")
-    p.add_argument("--no-record", action="store_true", help="print only; write no JSON")
-    p.add_argument("--progress", action="store_true", help="show tqdm bars")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars (tqdm)")
     p.add_argument("--calibrate", action="store_true", help="calibrate a tolerance per configuration (1e-6/case)")
     p.add_argument("--mutations", type=int, default=0, help="catch rates on this many fresh seeds (0: none)")
     p.add_argument("--tag", default="", help="appended to the record's file name")
@@ -72,7 +71,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             t = calibration.calibrate_tolerance(df.worst.to_numpy(), flake_rate=1e-6)
             row["calibrated"] = {"value": t.value, "low": t.low, "high": t.high, "recommended": t.recommended,
                                  "xi": t.xi, "threshold": t.threshold, "n_tail": t.n_tail,
-                                 "observed_max": t.observed_max, "flake_rate": t.flake_rate, "method": t.method}
+                                 "observed_max": t.observed_max, "flake_rate": t.flake_rate, "method": t.method,
+                                 "degenerate": t.degenerate}
         rows.append(row)
         print(f"{name:<12} {str(shape):<14} {len(df):>8} {dt:>8.2f} {rate:>9.0f} {1e5 / rate:>10.1f} "
               f"{row['max_worst']:>11.3g}", flush=True)
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "mutation_catch_rates": catch,
     }
     if not args.no_record:
-        record.write(rec, args.out_dir, f"sweep_rate-{record.device_kind()}{'-' + record.slug(args.tag) if args.tag else ''}")
+        record.write(rec, args.out_dir, record.record_stem("sweep_rate", tag=args.tag), force=args.force)
     return rec
 
 

@@ -2,7 +2,7 @@
 
     python -m bench.tail_bench                      # seed shape and Bonsai-27B, bf16
     python -m bench.tail_bench --shapes seed        # just frink-models' shape (seconds)
-    PYTHONPATH=/tmp/site:. python3 -m bench.tail_bench     # on the H200, no install (100 rounds)
+    PYTHONPATH=. python3 -m bench.tail_bench       # on a GPU machine without the install (100 rounds)
 
 For each shape it times, in one run and interleaved round by round (so drift in a shared
 machine's load hits every variant alike):
@@ -18,22 +18,20 @@ and prints medians, the ratio unfused / fused, the weight bytes and the bandwidt
 (weight bytes / this device's measured copy bandwidth: no tail can stream its weights
 faster). The waits each variant costs are counted with :func:`workbench.count_waits`
 outside the timed loop. A JSON record (device, date, MLX version, command) goes to
-``data/bench/`` unless ``--no-record``.
+``data/bench/tail_bench-<device>-<UTC time>.json`` unless ``--no-record``.
 
-Runs with nothing but numpy and MLX installed (the project is not installed on the H200
-machine; it runs from the checkout with ``PYTHONPATH=/tmp/site:.``).
+Runs with nothing but numpy and MLX installed (from the checkout with ``PYTHONPATH=.``
+where the project is not installed).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any, Callable
 
 import mlx.core as mx
 
 from bench import record
-from bench.record import slug
 from workbench import backends, tail
 from workbench.comparison import compare
 from workbench.frink_case import SEED_SHAPE
@@ -72,7 +70,7 @@ def bench_shape(name: str, dtype: str, repeats: int, warmup: int, seed: int, ban
         waits[k] = n.n
     agreement = compare(tail.fused_tail(w, br, res, backend="graph"), tail.unfused_tail(w, br, res))
 
-    times = record.time_rounds(fns, repeats, warmup)
+    times = record.time_rounds(fns, repeats, warmup, desc=f"{name} rounds")
     variants = {k: {**record.summarize(ts), "waits": waits[k]} for k, ts in times.items()}
     floor_ms = w.nbytes / bandwidth * 1e3
     return {
@@ -113,19 +111,17 @@ def print_table(rows: list[dict[str, Any]], bandwidth: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(prog="python -m bench.tail_bench", description=__doc__.split("\n\n")[0])
+    p = record.parser("tail_bench", __doc__)
     p.add_argument("--shapes", default="seed,bonsai27b", help=f"comma-separated, of {sorted(SHAPES)}")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"],
                    help="the weights' dtype (activations are float32 always)")
     p.add_argument("--repeats", type=int, default=100, help="timed rounds for small shapes")
     p.add_argument("--large-repeats", type=int, default=None,
-                   help="timed rounds for Bonsai-size shapes (default: 100 on a GPU, 5 on a CPU)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+                   help="timed rounds for Bonsai-size shapes (None: 100 on a GPU, 5 on a CPU)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--bandwidth-gbps", type=float, default=None,
-                   help="use this bandwidth for the floor instead of measuring a copy")
-    p.add_argument("--out-dir", default="data/bench", help="where the JSON record goes")
-    p.add_argument("--no-record", action="store_true", help="print only; write no JSON")
+                   help="use this bandwidth for the floor instead of measuring a copy (None: measure)")
     args = p.parse_args(argv)
 
     shapes = record.comma_list(p, "--shapes", args.shapes, SHAPES)
@@ -142,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in shapes:
         large = SHAPES[name][0][0] >= 1024
         reps = large_repeats if large else args.repeats
+        print(f"[{name}] building weights and inputs, then {reps} rounds", file=sys.stderr, flush=True)
         rows.append(bench_shape(name, args.dtype, reps, args.warmup, args.seed, bandwidth))
         print(f"[{name}] done", file=sys.stderr, flush=True)
     print_table(rows, bandwidth)
@@ -160,8 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "results": rows,
     }
     if not args.no_record:
-        name = slug(rec["device"].get("device_name", "device"))
-        record.write(rec, args.out_dir, f"tail_bench-{record.device_kind()}-{name}-{rec['date'][:19].replace(':', '')}")
+        record.write(rec, args.out_dir, record.record_stem("tail_bench"), force=args.force)
     return rec
 
 

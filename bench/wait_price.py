@@ -1,17 +1,19 @@
 """Measure what one wait costs on this machine's MLX device, for the price ledger.
 
-    python -m bench.wait_price --out data/bench/wait_price-cpu.json          # here (CPU)
-    PYTHONPATH=/tmp/site:. python3 -m bench.wait_price --out data/bench/wait_price-h200.json   # on the H200
-    python -m bench.wait_price --add data/bench/wait_price-h200.json         # into the ledger
+    python -m bench.wait_price                                    # a record in data/bench/
+    PYTHONPATH=. python3 -m bench.wait_price                      # on a GPU machine without the install
+    python -m bench.wait_price --add data/bench/wait_price-nvidia-h200-20261129T201349Z.json   # into the ledger
 
 A wait is the smallest submission plus its round trip to the host
 (``workbench.wait_measurement.measure_wait_price``: ``(x + 1).item()`` on a resident scalar, warmed
 up, the median of many with its spread). The record (device, date, MLX version, method,
-the command line) goes to ``--out``; ``--add`` copies a record into
-``data/ledger/wait_prices.json`` (``--ledger``) under the id ``measured-<backend>-<device>``.
-With ``--device cpu`` a machine with a GPU measures its CPU stream instead.
+the command line) goes to ``data/bench/wait_price-<device>-<UTC time>.json`` (or ``--out``);
+``--add`` copies a record into ``data/ledger/wait_prices.json`` (``--ledger``) under the id
+``measured-<backend>-<device>``, and refuses to replace an entry of that id unless
+``--force`` (then it says which entry it replaced and its price). With ``--device cpu`` a
+machine with a GPU measures its CPU stream instead.
 
-Needs only numpy and MLX (the H200 machine has no pandas, no tqdm).
+Needs only numpy and MLX (a GPU machine may have no pandas, no tqdm).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import json
 import re
 import sys
 from pathlib import Path
+
+from bench import record
 
 
 def _entry_id(rec: dict) -> str:
@@ -38,27 +42,61 @@ def ledger_entry(rec: dict) -> dict:
     return entry
 
 
+def _project_relative(path: Path) -> str:
+    """``path`` relative to the project when it lies inside it (what a record should say), else as given."""
+    try:
+        return str(path.resolve().relative_to(record.ROOT))
+    except ValueError:
+        return str(path)
+
+
+def add(p: argparse.ArgumentParser, record_path: str, ledger: str | None, force: bool) -> dict:
+    """``--add``: the record's ledger entry into the ledger, reporting a replaced entry."""
+    from workbench import waits
+
+    try:
+        rec = json.loads(Path(record_path).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        p.error(f"--add: cannot read the record {record_path}: {err}")
+    if not isinstance(rec, dict):
+        p.error(f"--add: {record_path} is not a wait_price record (a JSON object)")
+    rec.setdefault("record", _project_relative(Path(record_path)))
+    entry = ledger_entry(rec)
+    target = ledger or waits.LEDGER_PATH
+    try:
+        old = waits.add_price(entry, ledger, replace=force)
+    except ValueError as err:
+        p.error(f"--add: {err}" + ("" if force else " (--force replaces it)"))
+    print(f"added {entry['id']}: {entry['ms']:.4f} ms to {target}")
+    if old is not None:
+        print(f"replaced {old['id']}: {old['ms']:.4f} ms, measured {old.get('date')} by {old.get('command', old['source'])}")
+    return entry
+
+
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench.wait_price", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", help="write the JSON record here (e.g. data/bench/wait_price-cpu.json)")
-    p.add_argument("--n", type=int, default=5000, help="timed waits (default 5000)")
-    p.add_argument("--warmup", type=int, default=500, help="untimed waits first (default 500)")
+    p = record.parser("wait_price", __doc__, writes=(
+        "writes a JSON record to OUT_DIR/wait_price-<device>-<UTC time>.json (or --out); with --add, changes only "
+        "the ledger; never replaces a file or a ledger entry without --force"))
+    p.add_argument("--out", type=Path, default=None, help="write the JSON record to this file instead of OUT_DIR")
+    p.add_argument("--n", type=int, default=5000, help="timed waits")
+    p.add_argument("--warmup", type=int, default=500, help="untimed waits first")
     p.add_argument("--device", choices=("default", "cpu", "gpu"), default="default", help="MLX device to measure")
     p.add_argument("--add", metavar="RECORD", help="add this record to the ledger and stop (measures nothing)")
-    p.add_argument("--ledger", default=None, help="the ledger file (default data/ledger/wait_prices.json)")
+    p.add_argument("--ledger", default=None, help="the ledger file (default: the project's data/ledger/wait_prices.json)")
     args = p.parse_args(argv)
-
-    from workbench import wait_measurement, waits
+    if args.n < 10:
+        p.error(f"--n must be >= 10; got {args.n}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be >= 0; got {args.warmup}")
 
     if args.add:
-        rec = json.loads(Path(args.add).read_text())
-        rec.setdefault("record", args.add)
-        entry = ledger_entry(rec)
-        waits.add_price(entry, args.ledger)
-        print(f"added {entry['id']}: {entry['ms']:.4f} ms to {args.ledger or waits.LEDGER_PATH}")
-        return entry
+        return add(p, args.add, args.ledger, args.force)
+    if args.out is not None and not args.no_record:
+        record.refuse_existing(p, args.out, args.force)
 
     import mlx.core as mx
+
+    from workbench import wait_measurement
 
     device = None if args.device == "default" else mx.Device(getattr(mx, args.device))
     rec = wait_measurement.measure_wait_price(device, n=args.n, warmup=args.warmup)
@@ -67,12 +105,11 @@ def main(argv: list[str] | None = None) -> dict:
     for k in ("ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms"):
         print(f"{k:>12}  {rec[k]:.4f}")
     print(f"{'n':>12}  {rec['n']} (after {rec['warmup']} warm-up)")
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        rec["record"] = str(out)
-        out.write_text(json.dumps(rec, indent=2) + "\n")
-        print(f"record: {out}")
+    if not args.no_record:
+        out = args.out if args.out is not None else args.out_dir / (record.record_stem("wait_price", rec["device"]) + ".json")
+        rec["record"] = _project_relative(out)
+        path = record.write(rec, out.parent, out.stem, force=args.force)
+        rec["record"] = _project_relative(path)
     return rec
 
 

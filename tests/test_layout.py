@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "workbench"
 #: floor -> the modules on it, bottom first.
 FLOORS: dict[int, tuple[str, ...]] = {
     -1: ("validate",),  # argument checks: the one message form, usable by every module, the bottom included
-    0: ("hadamard", "kernel_source", "moved_names"),  # numbers, kernel text, old names' new homes
+    0: ("hadamard", "kernel_source", "moved_names", "records"),  # numbers, kernel text, old names' new homes, files written atomically
     1: ("backends", "fold", "model"),  # which devices exist; the rotation; real models' configs
     2: ("weights", "refusals"),  # matrices that carry a fold; the rules over a config
     3: ("kernel_launch",),  # the kernels' launches for weights

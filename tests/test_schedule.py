@@ -172,3 +172,43 @@ def test_the_schedule_bench(tmp_path):
     rec = json.loads(out.read_text())
     assert rec["all_waits_match"] and [r["waits_made"] for r in rec["stages"]] == [[97], [17]]
     assert rec["gdn"] == "mx.fast.gated_delta_update" and rec["eligible"] == list(range(3, 64, 4))
+
+
+def test_bad_arguments_are_named(bonsai, tiny):
+    with pytest.raises(ValueError, match="dtype: must be one of"):
+        S.HybridWeights(bonsai, TINY, dtype="int8")
+    with pytest.raises(ValueError, match="seed: must be an integer >= 0"):
+        S.HybridWeights(bonsai, TINY, seed=-1)
+    with pytest.raises(ValueError, match="geom: must be a Geometry"):
+        S.HybridWeights(bonsai, {"hidden": 32})
+    with pytest.raises(ValueError, match="weights: must be HybridWeights"):
+        S.Schedule(bonsai, "w")
+    with pytest.raises(ValueError, match="plan: must be None or a Plan"):
+        S.Schedule(bonsai, tiny.w, plan="gdn-resident-state")
+    with pytest.raises(ValueError, match="eligible: layers \\[0\\] are not attention layers"):
+        S.Schedule(bonsai, tiny.w, eligible=[0])
+    with pytest.raises(ValueError, match="context: must be an integer >= 1"):
+        S.new_state(tiny.w, context=0)
+    with pytest.raises(ValueError, match="wts: must be HybridWeights"):
+        S.new_state("w")
+    with pytest.raises(ValueError, match="sched: must be a Schedule"):
+        S.run_stages("s")
+    for kw, field in [({"tokens": 0}, "tokens"), ({"rounds": 2.0}, "rounds"), ({"warmup": -1}, "warmup"),
+                      ({"price_ms": float("nan")}, "price_ms"), ({"progress": 3}, "progress"),
+                      ({"stages": [1, 1]}, "stages"), ({"stages": [9]}, "stage")]:
+        with pytest.raises(ValueError, match=field):
+            S.run_stages(tiny, **kw)
+
+
+def test_foreign_records_and_rows_are_named():
+    for bad in ({}, [], "schedule-cpu.json", {"stages": [], "comparisons": []}):
+        with pytest.raises(ValueError, match="rec"):
+            S.record_tables(bad)
+        with pytest.raises(ValueError, match="rec"):
+            S.closeness(bad)
+    with pytest.raises(ValueError, match=r"rows\[0\]: lacks \['ms_median'\]"):
+        S.fit_price([{"waits_predicted": 3}])
+    with pytest.raises(ValueError, match="rows: must be a non-empty list"):
+        S.compare_savings([], 0.1)
+    with pytest.raises(ValueError, match="price_ms"):
+        S.compare_savings([{"stage": 1, "waits_predicted": 3, "ms_median": 1.0}], -1)

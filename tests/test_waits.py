@@ -165,8 +165,12 @@ def test_ledger(tmp_path):
         waits.ledger_price("nope")
     path = tmp_path / "ledger.json"
     shutil.copy(waits.LEDGER_PATH, path)
-    waits.add_price({"id": "x", "ms": 0.5, "device": "d", "method": "m"}, path)
-    waits.add_price({"id": "x", "ms": 0.25, "device": "d", "method": "m"}, path)
+    entry = {"id": "x", "kind": "published", "ms": 0.5, "device": "d", "backend": "cpu", "method": "m", "source": "s"}
+    assert waits.add_price(entry, path) is None
+    with pytest.raises(ValueError, match="already in"):  # a price is never replaced unasked
+        waits.add_price({**entry, "ms": 0.25}, path)
+    assert waits.ledger_price("x", path) == 0.5
+    assert waits.add_price({**entry, "ms": 0.25}, path, replace=True) == entry  # the replaced entry, to report
     assert waits.ledger_price("x", path) == 0.25
     assert len(json.loads(path.read_text())["prices"]) == len(entries) + 1
     with pytest.raises(ValueError, match="entry"):
@@ -237,7 +241,7 @@ def test_the_wait_price_bench(tmp_path):
     run("--n", "20", "--warmup", "2", "--device", "cpu", "--out", str(out))
     rec = json.loads(out.read_text())
     assert rec["ms"] > 0 and rec["command"].startswith("python -m bench.wait_price")
-    run("--add", str(out), "--ledger", str(ledger))
+    run("--add", str(out), "--ledger", str(ledger), "--force")  # this machine may already have an entry
     # The entry this record became, by the id the bench derives from it (the committed
     # ledger already holds other machines' CPU entries; this machine's may be one of them).
     from bench.wait_price import ledger_entry
@@ -269,7 +273,7 @@ def test_split_price_counts_one_wait_more_and_prices_it() -> None:
     r = measure_split_price(lambda a: a * 0.5 + 1.0, x, n=20, warmup=2)
     assert set(r) >= {"ms", "p10_ms", "p90_ms", "split_ms", "joined_ms", "n"}
     assert r["split_ms"] > 0 and r["joined_ms"] > 0 and r["p10_ms"] <= r["ms"] <= r["p90_ms"]
-    with pytest.raises(ValueError, match="n, warmup"):
+    with pytest.raises(ValueError, match="n: must be an integer >= 5"):
         measure_split_price(lambda a: a, x, n=2)
 
 
@@ -280,7 +284,8 @@ def test_split_price_bench_runs_small(tmp_path) -> None:
     steps = [r["step"] for r in rec["results"]]
     assert steps[:3] == ["tiny wait (measure_wait_price)", "tiny", "tail-graph"]
     assert rec["command"].startswith("python -m bench.split_price --n 5")
-    assert (tmp_path / f"split_price-{rec['device_kind']}.json").exists()
+    (path,) = tmp_path.glob("split_price-*.json")  # split_price-<device>-<UTC time>.json
+    assert json.loads(path.read_text())["command"] == rec["command"]
 
 
 def test_the_wait_clock_is_still_reachable_from_waits():

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from workbench.frink_case import SEED_TOL
+from workbench.validate import describe, integer, number
 
 #: Tolerances of trusted projects' tests, as ``name -> (metric column, limit)``: a case
 #: passes when ``column <= limit``. Sources: frink-models 0.48.0's fused-attention-tail
@@ -40,42 +41,75 @@ REFERENCE_TOLERANCES: dict[str, tuple[str, float]] = {
     "llama.cpp NMSE 5e-3": ("nmse", 5e-3),
 }
 
+#: A tail (threshold and top cases) with fewer distinct values than this is treated as
+#: discrete: no curve is fitted to it (see :func:`calibrate_tolerance`).
+MIN_DISTINCT = 10
+
 #: How calibration and pass rates group a sweep by default: one weight configuration a group.
 _GROUP = ["dtype", "fold", "quant"]
+
+
+def _checked_rates_input(name: str, frame: Any, tolerances: Any, by: Any) -> tuple[dict[str, tuple[str, float]], list[str]]:
+    """The sweep, tolerances and grouping of :func:`catch_rates` / :func:`pass_rates`, checked:
+    a non-empty DataFrame, ``name -> (column, finite limit >= 0)`` pairs over its columns,
+    ``by`` naming its columns. A NaN limit would make every comparison false: a rate of 0
+    or 1 that says nothing, so it is refused here."""
+    import pandas as pd
+
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"{name}: must be a pandas DataFrame (a sweep), got {describe(frame)}")
+    if len(frame) == 0:
+        raise ValueError(f"{name}: the sweep has no cases; a rate over none is undefined")
+    if not isinstance(tolerances, Mapping) or not tolerances:
+        raise ValueError(f"tolerances: must be a non-empty mapping name -> (metric, limit), got {describe(tolerances)}")
+    checked = {}
+    for key, pair in tolerances.items():
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise ValueError(f"tolerances[{key!r}]: must be a (metric, limit) pair, got {describe(pair)}")
+        metric, limit = pair
+        if not isinstance(metric, str) or metric not in frame.columns:
+            raise ValueError(f"tolerances[{key!r}]: metric must be a column of the sweep "
+                             f"({sorted(map(str, frame.columns))}); got {describe(metric)}")
+        checked[key] = (metric, number(f"tolerances[{key!r}]: limit", limit, minimum=0))
+    groups = [by] if isinstance(by, str) else list(by) if isinstance(by, (tuple, list)) else None
+    if not groups or any(not isinstance(b, str) or b not in frame.columns for b in groups):
+        raise ValueError(f"by: must name one or more columns of the sweep ({sorted(map(str, frame.columns))}); "
+                         f"got {describe(by)}")
+    return checked, groups
 
 
 def catch_rates(mutants, tolerances: Mapping[str, tuple[str, float]], *, by: Sequence[str] = ("mutation",)):
     """Fraction of mutant cases each tolerance CATCHES (``metric > limit``, or NaN), per group.
 
     ``tolerances``: ``name -> (metric column, limit)``, e.g. :data:`REFERENCE_TOLERANCES` plus
-    calibrated ones (:meth:`Tolerance.as_criterion`). Returns a DataFrame, one row per group
-    (``by`` columns, default per mutation), one column per tolerance.
+    calibrated ones (:meth:`Tolerance.as_criterion`); limits must be finite and >= 0.
+    Returns a DataFrame, one row per group (``by`` columns, default per mutation), one
+    column per tolerance. A NaN metric counts as caught (a wrong tail that produced NaN).
     """
     import pandas as pd
 
-    if not tolerances:
-        raise ValueError("tolerances must name at least one (metric, limit) pair")
+    checked, groups = _checked_rates_input("mutants", mutants, tolerances, by)
     cols = {}
-    for name, (metric, limit) in tolerances.items():
-        if metric not in mutants.columns:
-            raise ValueError(f"tolerances[{name!r}]: metric must be a column of the sweep; got {metric!r}")
+    for name, (metric, limit) in checked.items():
         v = mutants[metric]
         cols[name] = (v > limit) | v.isna()
     caught = pd.DataFrame(cols)
-    for b in by:
+    for b in groups:
         caught[b] = mutants[b]
-    return caught.groupby(list(by), observed=True).mean()
+    return caught.groupby(groups, observed=True).mean()
 
 
 def pass_rates(errors, tolerances: Mapping[str, tuple[str, float]], *, by: Sequence[str] = _GROUP):
-    """Fraction of CORRECT cases each tolerance passes (``metric <= limit``), per group."""
+    """Fraction of CORRECT cases each tolerance passes (``metric <= limit``), per group.
+    Limits must be finite and >= 0; a NaN metric counts as failed (it is not <= anything)."""
     import pandas as pd
 
-    cols = {name: errors[metric] <= limit for name, (metric, limit) in tolerances.items()}
+    checked, groups = _checked_rates_input("errors", errors, tolerances, by)
+    cols = {name: errors[metric] <= limit for name, (metric, limit) in checked.items()}
     ok = pd.DataFrame(cols)
-    for b in by:
+    for b in groups:
         ok[b] = errors[b]
-    return ok.groupby(list(by), observed=True).mean()
+    return ok.groupby(groups, observed=True).mean()
 
 
 # -- calibration ------------------------------------------------------------------------
@@ -107,6 +141,9 @@ class Tolerance:
     sigma: float
     observed_max: float
     method: str = field(default="")
+    #: True when the top of the sample is tied (see :func:`calibrate_tolerance`): the
+    #: tolerance is then the tied largest error, not an extrapolation.
+    degenerate: bool = False
 
     @property
     def extrapolation(self) -> float:
@@ -139,8 +176,13 @@ def _gpd_pwm(y: np.ndarray) -> tuple[float, float]:
     a0 = y.mean(axis=-1)
     a1 = ((1.0 - p) * y).mean(axis=-1)
     d = a0 - 2.0 * a1
-    k = a0 / d - 2.0
-    return -k, 2.0 * a0 * a1 / d
+    # d = mean((2p - 1) y) > 0 whenever any excess is > 0 (Chebyshev's sum inequality: both
+    # factors ascend and mean(2p - 1) = 0.3 / n > 0); d = 0 only when every excess is 0, a
+    # point mass, which is returned as xi = 0, sigma = 0 (its level is the threshold).
+    flat = d <= 0
+    safe = np.where(flat, 1.0, d)
+    xi = np.where(flat, 0.0, 2.0 - a0 / safe)  # -k
+    return xi, np.where(flat, 0.0, 2.0 * a0 * a1 / safe)
 
 
 def _gpd_level(u: float | np.ndarray, xi: Any, sigma: Any, q: float) -> Any:
@@ -153,10 +195,20 @@ def _gpd_level(u: float | np.ndarray, xi: Any, sigma: Any, q: float) -> Any:
 
 
 def _round_up(x: float, sig: int = 2) -> float:
+    """``x`` rounded UP to ``sig`` significant figures, never below ``x``.
+
+    The figure is built from its decimal text (``3e-05``, the float nearest 3 x 10^-5), not
+    as ``3 * 1e-05``, which lands one ulp below 3e-05 and would recommend a tolerance
+    under the largest error it was calibrated on."""
     if not math.isfinite(x) or x <= 0:
         return x
     e = math.floor(math.log10(x)) - (sig - 1)
-    return math.ceil(x / 10.0**e - 1e-9) * 10.0**e
+    m = math.ceil(x / 10.0**e - 1e-9)
+    r = float(f"{m}e{e}")
+    while r < x:
+        m += 1
+        r = float(f"{m}e{e}")
+    return r
 
 
 def calibrate_tolerance(
@@ -183,36 +235,53 @@ def calibrate_tolerance(
     re-choosing the threshold and refitting; ``low`` / ``high`` are the ``level`` percentile
     interval. The extrapolation from n cases to a rate of 1e-6 is long when n is small: the
     interval says how long.
+
+    Ties and discrete metrics (the defined answer, never NaN): a continuous tail cannot be
+    fitted when the threshold and the top ``k`` errors take fewer than
+    :data:`MIN_DISTINCT` distinct values: every error 0 (a bit-exact implementation), or
+    an integer metric such as a ULP count with a handful of levels. A moment fit there
+    is meaningless (all-zero excesses give 0/0; a few levels give a tail that reaches
+    far past anything seen), so the tolerance is then the largest error seen, with
+    ``degenerate`` True, ``sigma = 0`` and ``xi`` reported as 0, and the method saying
+    so: n cases give no evidence of any larger error, and no extrapolation is made. A
+    bootstrap resample that is discrete the same way counts at its own largest error.
+    Input that cannot be calibrated at all (fewer than 100 errors, a NaN, a negative
+    error) is a ValueError naming ``errors``.
     """
-    e = np.asarray(errors, dtype=np.float64).ravel()
+    try:
+        e = np.asarray(errors, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        raise ValueError(f"errors: must be an array of numbers (per-case errors), got {describe(errors)}") from None
     if e.size < 100:
-        raise ValueError(f"errors must hold at least 100 per-case errors to fit a tail; got {e.size}")
+        raise ValueError(f"errors: must hold at least 100 per-case errors to fit a tail; got {e.size}")
     if not np.isfinite(e).all() or (e < 0).any():
-        raise ValueError("errors must be finite and >= 0 (per-case worst errors of a correct tail)")
-    if not (0 < flake_rate < 1):
-        raise ValueError(f"flake_rate must be in (0, 1); got {flake_rate!r}")
-    if not (0 < tail_fraction < 0.5):
-        raise ValueError(f"tail_fraction must be in (0, 0.5); got {tail_fraction!r}")
-    if not (0 < level < 1):
-        raise ValueError(f"level must be in (0, 1); got {level!r}")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 10:
-        raise ValueError(f"n_boot must be an int >= 10; got {n_boot!r}")
+        bad = e[~(np.isfinite(e) & (e >= 0))]
+        raise ValueError(f"errors: must be finite and >= 0 (per-case worst errors of a correct tail); "
+                         f"got {bad.size} others, e.g. {bad[0]!r}")
+    flake_rate = number("flake_rate", flake_rate, minimum=0, exclusive_minimum=True, maximum=0.5)
+    tail_fraction = number("tail_fraction", tail_fraction, minimum=0, exclusive_minimum=True, maximum=0.5)
+    level = number("level", level, minimum=0, exclusive_minimum=True, maximum=0.999)
+    n_boot = integer("n_boot", n_boot, minimum=10, maximum=100_000)
+    min_tail = integer("min_tail", min_tail, minimum=MIN_DISTINCT)
+    seed = integer("seed", seed, minimum=0)
     n = e.size
     k = int(min(n - 1, max(min_tail, math.ceil(tail_fraction * n))))
 
-    def fit(sample: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Rows of samples -> (level, u, xi, sigma) per row."""
+    def fit(sample: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Rows of samples -> (level, u, xi, sigma, distinct values in the tail) per row."""
         part = np.partition(sample, n - k - 1, axis=-1)
         u = part[..., n - k - 1]
         top = part[..., n - k:]
         xi, sigma = _gpd_pwm(top - u[..., None])
+        distinct = 1 + (np.diff(np.sort(part[..., n - k - 1:], axis=-1), axis=-1) > 0).sum(axis=-1)
         if flake_rate >= k / n:
-            lvl = np.quantile(sample, 1.0 - flake_rate, axis=-1)
-        else:
-            lvl = _gpd_level(u, xi, sigma, flake_rate * n / k)
-        return lvl, u, xi, sigma
+            return np.quantile(sample, 1.0 - flake_rate, axis=-1), u, xi, sigma, np.full_like(distinct, k + 1)
+        discrete = distinct < MIN_DISTINCT
+        lvl = np.where(discrete, sample.max(axis=-1), _gpd_level(u, xi, sigma, flake_rate * n / k))
+        return lvl, u, np.where(discrete, 0.0, xi), np.where(discrete, 0.0, sigma), distinct
 
-    lvl, u, xi, sigma = fit(e[None, :])
+    lvl, u, xi, sigma, distinct = fit(e[None, :])
+    degenerate = bool(distinct[0] < MIN_DISTINCT)
     rng = np.random.default_rng(seed)
     boots = []
     for start in range(0, n_boot, 50):  # chunks keep the resample matrix small
@@ -223,10 +292,19 @@ def calibrate_tolerance(
     method = (f"peaks over threshold: generalized Pareto fitted by probability-weighted moments to the top "
               f"{k} of {n} cases; bootstrap x{n_boot} ({100 * level:.0f}% interval); recommended = upper bound "
               f"rounded up to 2 significant figures")
-    return Tolerance(value=float(lvl[0]), low=float(lo), high=float(hi), recommended=_round_up(float(hi)),
-                     flake_rate=float(flake_rate), level=float(level), n=int(n), threshold=float(u[0]),
-                     n_tail=int(k), xi=float(xi[0]), sigma=float(sigma[0]), observed_max=float(e.max()),
-                     method=method)
+    if degenerate:
+        method = (f"discrete tail: the threshold and the top {k} of {n} cases take only {int(distinct[0])} distinct "
+                  f"value(s) (fewer than {MIN_DISTINCT}), too few to fit a continuous tail; the tolerance is the "
+                  f"largest error seen (sigma = 0, xi reported as 0); bootstrap x{n_boot} "
+                  f"({100 * level:.0f}% interval)")
+    out = dict(value=float(lvl[0]), low=float(lo), high=float(hi), recommended=_round_up(float(hi)),
+               threshold=float(u[0]), xi=float(xi[0]), sigma=float(sigma[0]))
+    bad = {k: v for k, v in out.items() if not math.isfinite(v)}
+    if bad:  # cannot happen for finite errors >= 0 and the ranges above; said plainly if it ever does
+        raise ValueError(f"errors: the tail fit gave non-finite {bad}; the errors cannot be calibrated "
+                         f"(observed max {e.max():.6g})")
+    return Tolerance(**out, flake_rate=float(flake_rate), level=float(level), n=int(n), n_tail=int(k),
+                     observed_max=float(e.max()), method=method, degenerate=degenerate)
 
 
 def calibrate_by(errors, *, metric: str = "worst", by: Sequence[str] = _GROUP, flake_rate: float = 1e-6,
@@ -234,12 +312,15 @@ def calibrate_by(errors, *, metric: str = "worst", by: Sequence[str] = _GROUP, f
     """:func:`calibrate_tolerance` for each group of a sweep; a DataFrame, one row per group."""
     import pandas as pd
 
-    if metric not in errors.columns:
-        raise ValueError(f"metric must be a column of the sweep; got {metric!r}")
+    # The same checks as the rates: a non-empty sweep, the metric and the groups its columns.
+    _, by = _checked_rates_input("errors", errors, {"metric": (metric, 0.0)}, by)
     rows = []
-    for key, g in errors.groupby(list(by), observed=True):
-        t = calibrate_tolerance(g[metric].to_numpy(), flake_rate=flake_rate, **kw)
+    for key, g in errors.groupby(by, observed=True):
         key = key if isinstance(key, tuple) else (key,)
+        try:
+            t = calibrate_tolerance(g[metric].to_numpy(), flake_rate=flake_rate, **kw)
+        except ValueError as err:
+            raise ValueError(f"group {dict(zip(by, key))}: {err}") from None
         rows.append({**dict(zip(by, key)), "n": t.n, "observed_max": t.observed_max, "tolerance": t.value,
                      "low": t.low, "high": t.high, "recommended": t.recommended, "xi": t.xi})
     return pd.DataFrame(rows).set_index(list(by))

@@ -46,6 +46,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import waits as _waits
+from workbench.validate import describe, flag, integer, number, one_of
 from workbench.weights import DENSE_DTYPES
 
 
@@ -156,8 +157,11 @@ class HybridWeights:
     """
 
     def __init__(self, cfg, geom: Geometry, *, dtype: str = "float32", seed: int = 0, share: bool = False):
-        if dtype not in DENSE_DTYPES:
-            raise ValueError(f"dtype: must be one of {sorted(DENSE_DTYPES)}, got {dtype!r}")
+        one_of("dtype", dtype, sorted(DENSE_DTYPES))
+        if not isinstance(geom, Geometry):
+            raise ValueError(f"geom: must be a Geometry (geometry_of(cfg) or CPU_GEOMETRY), got {describe(geom)}")
+        seed = integer("seed", seed, minimum=0)
+        share = flag("share", share)
         self.cfg, self.geom, self.dtype, self.share = cfg, geom, dtype, share
         dt = DENSE_DTYPES[dtype]
         attn = set(cfg.attention_layers())
@@ -229,6 +233,11 @@ class DecodeState:
 
 def new_state(wts: HybridWeights, *, context: int = 32, max_new: int = 4096, seed: int = 1) -> DecodeState:
     """A fresh state: zero recurrent states, a KV cache already ``context`` tokens long."""
+    if not isinstance(wts, HybridWeights):
+        raise ValueError(f"wts: must be HybridWeights, got {describe(wts)}")
+    context = integer("context", context, minimum=1, maximum=1 << 20)
+    max_new = integer("max_new", max_new, minimum=1, maximum=1 << 20)
+    seed = integer("seed", seed, minimum=0)
     g = wts.geom
     rng = np.random.default_rng(seed)
     ssm, conv, hk, hv, dk, dv = {}, {}, {}, {}, {}, {}
@@ -383,10 +392,13 @@ class Schedule:
                  gdn: str = "fast"):
         if gdn not in ("fast", "ops"):
             raise ValueError(f"gdn: must be 'fast' (mx.fast.gated_delta_update) or 'ops' (gated_delta_ops), got {gdn!r}")
+        if not isinstance(weights, HybridWeights):
+            raise ValueError(f"weights: must be HybridWeights, got {describe(weights)}")
         self.gdn = gdn
         self.cfg, self.w, self.geom = cfg, weights, weights.geom
-        self.plan = plan or _waits.load_plan()
+        self.plan = _waits._plan(plan)
         self.eligible = tuple(_waits.eligible_layers(cfg) if eligible is None else eligible)
+        _waits.submissions(cfg, self.plan.stages[0], plan=self.plan, eligible=self.eligible)  # checks eligible
         self._subs: dict[int, list] = {}
 
     def submissions(self, stage) -> list:
@@ -476,8 +488,22 @@ def run_stages(
     consecutive stages (and each stage against stage 1), the measured saving and the
     predicted one (waits saved x ``price_ms``) with their ratio.
     """
+    if not isinstance(sched, Schedule):
+        raise ValueError(f"sched: must be a Schedule, got {describe(sched)}")
+    tokens = integer("tokens", tokens, minimum=1)
+    rounds = integer("rounds", rounds, minimum=1)
+    warmup = integer("warmup", warmup, minimum=0)
+    context = integer("context", context, minimum=1)
+    if price_ms is not None:
+        price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
+    if time_budget_s is not None:
+        time_budget_s = number("time_budget_s", time_budget_s, minimum=0)
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress: must be None or a callable (round, rounds), got {describe(progress)}")
     plan = sched.plan
-    numbers = [s.number for s in plan.stages] if stages is None else list(stages)
+    numbers = [s.number for s in plan.stages] if stages is None else [plan.stage(s).number for s in stages]
+    if not numbers or len(set(numbers)) != len(numbers):
+        raise ValueError(f"stages: must name one or more distinct stages of the plan, got {describe(stages)}")
     states = {n: new_state(sched.w, context=context, max_new=warmup + tokens * rounds + 1) for n in numbers}
     made: dict[int, set] = {n: set() for n in numbers}
     times: dict[int, list] = {n: [] for n in numbers}
@@ -515,6 +541,26 @@ def run_stages(
     return rec
 
 
+def _rows(name: str, rows: Any, keys: Sequence[str]) -> list[Mapping]:
+    """``rows`` as a non-empty list of mappings that each hold ``keys``, or a ValueError
+    naming ``name``, the row and the missing keys (a record from an older or foreign run)."""
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence) or not rows:
+        raise ValueError(f"{name}: must be a non-empty list of rows, got {describe(rows)}")
+    for i, r in enumerate(rows):
+        if not isinstance(r, Mapping):
+            raise ValueError(f"{name}[{i}]: must be a mapping, got {describe(r)}")
+        missing = [k for k in keys if k not in r]
+        if missing:
+            raise ValueError(f"{name}[{i}]: lacks {missing}")
+    return list(rows)
+
+
+def _record(rec: Any) -> Mapping:
+    if not isinstance(rec, Mapping) or "stages" not in rec or "comparisons" not in rec:
+        raise ValueError(f"rec: must be a schedule record (with 'stages' and 'comparisons'), got {describe(rec)}")
+    return rec
+
+
 def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
     """Measured against predicted savings: each stage against the one before, and against stage 1.
 
@@ -522,6 +568,8 @@ def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
     (the device floor) and the other on the host: there the arithmetic differs as well as
     the waits, so the pair does not test the table.
     """
+    rows = _rows("rows", rows, ("stage", "waits_predicted", "ms_median"))
+    price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
     by = {r["stage"]: r for r in rows}
     nums = sorted(by)
     plan = _waits.load_plan()
@@ -557,6 +605,7 @@ def fit_price(rows: Sequence[Mapping]) -> dict:
     wait costs the same wherever it falls; the slope is that price, fitted from all the
     stages at once (steadier than any one difference on a noisy machine).
     """
+    rows = _rows("rows", rows, ("waits_predicted", "ms_median"))
     w = np.array([r["waits_predicted"] for r in rows], dtype=float)
     t = np.array([r["ms_median"] for r in rows], dtype=float)
     if len(set(w.tolist())) < 2:
@@ -565,13 +614,30 @@ def fit_price(rows: Sequence[Mapping]) -> dict:
     return {"ms_per_wait": float(slope), "intercept_ms": float(intercept)}
 
 
-def load_records(folder: str | Any = None, pattern: str = "schedule-*.json") -> list[dict]:
-    """The schedule records in ``folder`` (default ``data/bench``), sorted by file name."""
+#: The names schedule records have had: ``bench.schedule_run``'s own, and the first ones.
+RECORD_PATTERNS = ("schedule_run-*.json", "schedule-*.json")
+
+
+def load_records(folder: str | Any = None, pattern: str | Sequence[str] = RECORD_PATTERNS) -> list[dict]:
+    """The schedule records in ``folder`` (default the project's ``data/bench``), sorted by
+    file name, each with its ``file`` name added; a file that is not a JSON object is a
+    ValueError naming it."""
     import json
     from pathlib import Path
 
     root = Path(folder) if folder is not None else Path(_waits.__file__).resolve().parent.parent / "data" / "bench"
-    return [json.loads(p.read_text()) | {"file": p.name} for p in sorted(root.glob(pattern))]
+    patterns = (pattern,) if isinstance(pattern, str) else tuple(pattern)
+    paths = sorted({p for pat in patterns for p in root.glob(pat)}, key=lambda p: p.name)
+    out = []
+    for p in paths:
+        try:
+            rec = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"folder: the schedule record {p} is not valid JSON ({err})") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"folder: the schedule record {p} is not a JSON object")
+        out.append(rec | {"file": p.name})
+    return out
 
 
 def record_tables(rec: Mapping) -> tuple[Any, Any]:
@@ -579,6 +645,9 @@ def record_tables(rec: Mapping) -> tuple[Any, Any]:
     token) and its comparisons (predicted saving, measured, paired, ratios)."""
     import pandas as pd
 
+    rec = _record(rec)
+    _rows("rec['stages']", rec["stages"], ("stage", "waits_predicted", "waits_made", "waits_match", "ms_median",
+                                           "ms_p10", "ms_p90", "tokens"))
     stages = pd.DataFrame(rec["stages"])[["stage", "waits_predicted", "waits_made", "waits_match", "ms_median",
                                            "ms_p10", "ms_p90", "tokens"]]
     comps = pd.DataFrame(rec["comparisons"])
@@ -595,8 +664,10 @@ def closeness(rec: Mapping) -> dict:
     has each token's time); ``median_ratio``: the median of that ratio over every pair
     of stages that does the same work. 1.0 is the table exactly; the goal is within 20%.
     """
+    rec = _record(rec)
+    _rows("rec['comparisons']", rec["comparisons"], ("from", "to", "ratio", "ms_saved_predicted", "ms_saved_measured"))
     plan = _waits.load_plan()
-    floor = next(s.number for s in plan.stages if s.floor and not s.attention_on_device)
+    floor = next((s.number for s in plan.stages if s.floor and not s.attention_on_device), None)
     comps = [c for c in rec["comparisons"] if c.get("same_work", True)]
 
     def ratio(c: Mapping) -> float | None:

@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import backends
+from workbench.validate import describe, integer
 
 # -- counting -------------------------------------------------------------------------
 
@@ -54,8 +55,16 @@ class WaitCount:
         return f"WaitCount(n={self.n}, events={self.events})"
 
 
+_ABSENT = object()  # an attribute the owner did not hold in its own namespace before patching
+
+
 class _WaitPatch:
-    """The patches :func:`count_waits` installs once, whatever the nesting depth."""
+    """The patches :func:`count_waits` installs once, whatever the nesting depth.
+
+    ``originals`` maps ``(owner, attr)`` to what the owner's OWN namespace held (its
+    ``__dict__`` entry, or ``_ABSENT``), so uninstalling restores exactly that: the very
+    same objects, and no attribute left behind where there was none.
+    """
 
     counters: list[tuple[WaitCount, list]] = []
     originals: dict[tuple[Any, str], Any] = {}
@@ -84,7 +93,7 @@ def _record(kind: str, arrays: list, is_eval: bool) -> None:
 
 def _wrap(owner: Any, attr: str, kind: str, is_eval: bool, mx_only: bool = False) -> None:
     orig = getattr(owner, attr)
-    _WaitPatch.originals[(owner, attr)] = orig
+    _WaitPatch.originals[(owner, attr)] = vars(owner).get(attr, _ABSENT)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if _WaitPatch.busy:
@@ -100,28 +109,48 @@ def _wrap(owner: Any, attr: str, kind: str, is_eval: bool, mx_only: bool = False
             arrays = [args[0]] if args else []
         _WaitPatch.busy = True
         try:
-            return orig(*args, **kwargs)
+            result = orig(*args, **kwargs)
         finally:
             _WaitPatch.busy = False
-            if not is_eval or arrays:
-                _record(kind, arrays, is_eval)
+        # Only a call that returned is a wait: one that raised (a bad argument, a failed
+        # evaluation) waited for nothing, and counting it would make counts depend on errors.
+        if not is_eval or arrays:
+            _record(kind, arrays, is_eval)
+        return result
 
     setattr(owner, attr, wrapper)
 
 
+#: What count_waits patches, as (owner, attribute): the functions that evaluate, and the
+#: host reads (MLX's and numpy's entry points); tests check each is restored by identity.
+PATCHED: tuple[tuple[Any, str], ...] = (
+    (mx, "eval"), (mx, "async_eval"),
+    *((mx.array, m) for m in ("item", "tolist", "__array__", "__float__", "__int__", "__bool__", "__index__",
+                              "__dlpack__") if hasattr(mx.array, m)),
+    *((np, f) for f in ("asarray", "array", "asanyarray", "ascontiguousarray", "copy")),
+)
+
+
 def _install() -> None:
-    _wrap(mx, "eval", "eval", is_eval=True)
-    _wrap(mx, "async_eval", "async_eval", is_eval=True)
-    for meth in ("item", "tolist", "__array__", "__float__", "__int__", "__bool__", "__index__", "__dlpack__"):
-        if hasattr(mx.array, meth):
-            _wrap(mx.array, meth, f"read:{meth.strip('_')}", is_eval=False)
-    for fn in ("asarray", "array", "asanyarray", "ascontiguousarray", "copy"):
-        _wrap(np, fn, f"read:np.{fn}", is_eval=False, mx_only=True)
+    try:
+        for owner, attr in PATCHED:
+            if owner is mx:
+                _wrap(owner, attr, attr, is_eval=True)
+            elif owner is np:
+                _wrap(owner, attr, f"read:np.{attr}", is_eval=False, mx_only=True)
+            else:
+                _wrap(owner, attr, f"read:{attr.strip('_')}", is_eval=False)
+    except BaseException:
+        _uninstall()  # half a patch set is worse than none
+        raise
 
 
 def _uninstall() -> None:
     for (owner, attr), orig in _WaitPatch.originals.items():
-        setattr(owner, attr, orig)
+        if orig is _ABSENT:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, orig)
     _WaitPatch.originals.clear()
 
 
@@ -143,8 +172,11 @@ def count_waits() -> Iterator[WaitCount]:
     Not seen: buffer-protocol reads that bypass those numpy functions (``memoryview``,
     a numpy ufunc handed an mx.array directly); an array read that was evaluated
     outside the block counts as a wait (MLX does not say whether an array is
-    evaluated). Nested blocks each count everything inside them. Not thread-safe: it
-    patches module attributes while active.
+    evaluated). Nested blocks each count everything inside them, and a block ended by an
+    exception still counts exactly what ran (a call that raised is not a wait). When the
+    outermost block ends, however it ends, every patched function is the original object
+    again and nothing is kept (see :data:`PATCHED`). Not thread-safe: it patches module
+    attributes while active.
     """
     wc = WaitCount()
     if not _WaitPatch.counters:
@@ -200,8 +232,8 @@ def measure_wait_price(device=None, *, n: int = 2000, warmup: int = 200) -> dict
     ``device`` keys), the date, and the method
     in words.
     """
-    if n < 10 or warmup < 0:
-        raise ValueError(f"n, warmup: need n >= 10 and warmup >= 0, got {n}, {warmup}")
+    n = integer("n", n, minimum=10)
+    warmup = integer("warmup", warmup, minimum=0)
     dev = _as_device(device)
     times, eval_only = [], []
     with mx.stream(dev):
@@ -252,8 +284,10 @@ def measure_split_price(step, x, *, n: int = 50, warmup: int = 5) -> dict:
     first part, with a one-op submission. Returns ``ms`` (that median), ``p10_ms``,
     ``p90_ms``, ``split_ms`` and ``joined_ms`` (medians), ``n``.
     """
-    if n < 5 or warmup < 0:
-        raise ValueError(f"n, warmup: need n >= 5 and warmup >= 0, got {n}, {warmup}")
+    n = integer("n", n, minimum=5)
+    warmup = integer("warmup", warmup, minimum=0)
+    if not callable(step):
+        raise ValueError(f"step: must be a callable mapping an MLX array to one of the same shape, got {describe(step)}")
 
     def split() -> None:
         y = np.asarray(step(x))  # wait 1: evaluate, read back

@@ -7,13 +7,17 @@ reconstructed in ``data/plans/gdn-resident-state.json``) carries those savings d
 floor. This module turns the plan into numbers for any ``ModelConfig``:
 
 - :func:`load_plan` reads the stages (name, what each changes, its grouping rules and the
-  submissions each kind of layer costs under them);
+  submissions each kind of layer costs under them), checked field by field
+  (:func:`parse_plan`) and read afresh on every call;
 - :func:`submissions` walks a model's layers and groups the GPU pieces of one token the
   way a stage groups them; :func:`waits_per_token` is the number of groups. The same
   grouping is what ``workbench.schedule`` executes, so the count and the clock check one
   thing;
 - :func:`wait_table` prices every stage from the ledger (``data/ledger/wait_prices.json``),
-  whose measured entries ``workbench.wait_measurement`` makes.
+  whose measured entries ``workbench.wait_measurement`` makes. The ledger is checked on
+  every load and add (:func:`check_ledger`, :func:`check_entry`); :func:`add_price`
+  changes it under a lock and atomically (``workbench.records``), and replaces an entry
+  only when asked.
 
 Which attention layers fuse is decided ONLY by ``workbench.refusals.eligible``.
 """
@@ -21,12 +25,18 @@ Which attention layers fuse is decided ONLY by ``workbench.refusals.eligible``.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
+from workbench import records
 from workbench.moved_names import forwarder
 from workbench.refusals import format_reason_counts, reason_counts, refusals
+from workbench.validate import describe, flag, integer, number, one_of
 
 _ROOT = Path(__file__).resolve().parent.parent
 PLAN_PATH = _ROOT / "data" / "plans" / "gdn-resident-state.json"
@@ -77,6 +87,8 @@ class Plan:
         """A stage by number (1-based), key or itself."""
         if isinstance(which, Stage):
             return which
+        if isinstance(which, (bool, np.bool_)):
+            raise ValueError(f"stage: must be a stage number or key, got {which!r}")
         for s in self.stages:
             if which == s.number or which == s.key:
                 return s
@@ -101,39 +113,133 @@ class Piece:
         return self.kind if self.layer is None else f"{self.kind}{self.layer}"
 
 
-_PLAN_CACHE: dict[Path, Plan] = {}
+# ---------------------------------------------------------------------------------------
+# Schemas: the plan and the ledger are read strictly, so a typo is an error, not a number
+
+
+def _where(source: str, *parts: str) -> str:
+    return ": ".join((source, *parts))
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """``path`` parsed, or a ValueError naming the file (missing, empty, not JSON)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"path: {what} file {path} does not exist") from None
+    except OSError as err:
+        raise ValueError(f"path: cannot read {what} file {path} ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"path: {what} file {path} is not UTF-8 text") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"path: {what} file {path} is not valid JSON ({err}); it holds {len(text)} characters") from None
+
+
+def _keys(name: str, obj: Any, required: Sequence[str], optional: Sequence[str] = ()) -> Mapping[str, Any]:
+    """``obj`` as a mapping with every required key and no unknown one, or a ValueError naming them."""
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{name}: must be a JSON object, got {describe(obj)}")
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise ValueError(f"{name}: lacks {missing}; required: {list(required)}")
+    unknown = sorted(str(k) for k in obj if k not in required and k not in optional)
+    if unknown:
+        raise ValueError(f"{name}: unknown keys {unknown}; allowed: {sorted([*required, *optional])}")
+    return obj
+
+
+def _text(name: str, value: Any, *, nullable: bool = False) -> str | None:
+    if value is None and nullable:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        allowed = "a non-empty string" + (" or null" if nullable else "")
+        raise ValueError(f"{name}: must be {allowed}, got {describe(value)}")
+    return value
+
+
+def _texts(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"{name}: must be a list of strings, got {describe(value)}")
+    return tuple(_text(f"{name}[{i}]", v) for i, v in enumerate(value))
+
+
+_PLAN_KEYS = ("name", "title", "source", "assumptions", "stages")
+_STAGE_KEYS = ("stage", "key", "name", "changes", "rules", "costs")
+
+
+def parse_plan(raw: Any, source: str = "plan") -> Plan:
+    """A :class:`Plan` from the plan's parsed JSON, checked field by field.
+
+    Refused, with a ValueError naming ``source``, the stage and the field: a missing or
+    unknown key (top level, stage, rules, costs), a rule that is not a JSON bool (the
+    string ``"false"`` is not false), a cost that is not an integer >= 0, stage numbers
+    other than 1, 2, ... in order, and a repeated key.
+    """
+    top = _keys(source, raw, _PLAN_KEYS)
+    stages_raw = top["stages"]
+    if not isinstance(stages_raw, list) or not stages_raw:
+        raise ValueError(f"{_where(source, 'stages')}: must be a non-empty list of stages, got {describe(stages_raw)}")
+    stages: list[Stage] = []
+    seen_keys: dict[str, int] = {}
+    for i, s in enumerate(stages_raw):
+        label = f"stages[{i}]"
+        if isinstance(s, Mapping) and isinstance(s.get("key"), str):
+            label += f" ({s['key']!r})"
+        here = _where(source, label)
+        _keys(here, s, _STAGE_KEYS, ("floor",))
+        number = integer(f"{here}: stage", s["stage"], minimum=1)
+        if number != i + 1:
+            raise ValueError(f"{here}: stage: stages must be numbered 1, 2, ... in order; got {number} at position {i + 1}")
+        key = _text(f"{here}: key", s["key"])
+        if key in seen_keys:
+            raise ValueError(f"{here}: key: {key!r} is already the key of stage {seen_keys[key]}; keys must be unique")
+        seen_keys[key] = number
+        rules = _keys(f"{here}: rules", s["rules"], _RULES)
+        costs = _keys(f"{here}: costs", s["costs"], _COST_KINDS)
+        stages.append(
+            Stage(
+                number=number,
+                key=key,
+                name=_text(f"{here}: name", s["name"]),
+                changes=_text(f"{here}: changes", s["changes"]),
+                costs={c: integer(f"{here}: costs: {c}", costs[c], minimum=0) for c in _COST_KINDS},
+                floor=flag(f"{here}: floor", s.get("floor", False)),
+                **{r: flag(f"{here}: rules: {r}", rules[r]) for r in _RULES},
+            )
+        )
+    return Plan(
+        _text(_where(source, "name"), top["name"]),
+        _text(_where(source, "title"), top["title"]),
+        _text(_where(source, "source"), top["source"]),
+        _texts(_where(source, "assumptions"), top["assumptions"]),
+        tuple(stages),
+    )
 
 
 def load_plan(path: str | Path | None = None) -> Plan:
-    """Read the plan's stages from JSON (default ``data/plans/gdn-resident-state.json``)."""
+    """Read the plan's stages from JSON (default ``data/plans/gdn-resident-state.json``).
+
+    Checked by :func:`parse_plan`; errors name the file. Read afresh on every call (it
+    takes well under a millisecond), so an edited file is never answered from a stale
+    copy, and every caller gets its own :class:`Plan`.
+    """
     p = Path(path) if path is not None else PLAN_PATH
-    if p in _PLAN_CACHE:
-        return _PLAN_CACHE[p]
-    raw = json.loads(p.read_text())
-    stages = []
-    for s in raw["stages"]:
-        rules = s["rules"]
-        missing = [r for r in _RULES if r not in rules] + [c for c in _COST_KINDS if c not in s["costs"]]
-        if missing:
-            raise ValueError(f"path: stage {s.get('key')!r} of {p} lacks {missing}")
-        stages.append(
-            Stage(
-                number=int(s["stage"]),
-                key=s["key"],
-                name=s["name"],
-                changes=s["changes"],
-                costs=dict(s["costs"]),
-                floor=bool(s.get("floor", False)),
-                **{r: bool(rules[r]) for r in _RULES},
-            )
-        )
-    plan = Plan(raw["name"], raw["title"], raw["source"], tuple(raw["assumptions"]), tuple(stages))
-    _PLAN_CACHE[p] = plan
+    return parse_plan(_read_json(p, "plan"), str(p))
+
+
+def _plan(plan: Any) -> Plan:
+    """``plan`` itself, or the default plan for None; anything else is a ValueError."""
+    if plan is None:
+        return load_plan()
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan: must be None or a Plan (from load_plan), got {describe(plan)}")
     return plan
 
 
 def _stage(stage: int | str | Stage, plan: Plan | None) -> Stage:
-    return (plan or load_plan()).stage(stage)
+    return _plan(plan).stage(stage)
 
 
 def _attention_indices(cfg) -> set[int]:
@@ -175,7 +281,12 @@ def submissions(
     """
     st = _stage(stage, plan)
     attn = _attention_indices(cfg)
-    ok = set(eligible_layers(cfg) if eligible is None else eligible)
+    if eligible is None:
+        ok = set(eligible_layers(cfg))
+    elif isinstance(eligible, (str, bytes)) or not isinstance(eligible, Iterable):
+        raise ValueError(f"eligible: must be layer indices (integers), got {describe(eligible)}")
+    else:
+        ok = {integer("eligible[]", l, minimum=0) for l in eligible}
     bad = ok - attn
     if bad:
         raise ValueError(f"eligible: layers {sorted(bad)} are not attention layers of {cfg.name}")
@@ -267,10 +378,88 @@ def waits_by_rule(cfg, stage: int | str | Stage, *, plan: Plan | None = None) ->
 # The ledger
 
 
+#: The ledger's entry fields: required ones, then optional ones (the spread of a measured price).
+_ENTRY_REQUIRED = ("id", "kind", "ms", "device", "backend", "method", "source")
+_ENTRY_OPTIONAL = ("date", "mlx_version", "command", "n", "warmup", "p10_ms", "p90_ms", "iqr_ms", "mean_ms",
+                   "eval_only_ms")
+#: seed: frink-models' own figure; published: someone else's, with its source; measured: made here.
+ENTRY_KINDS = ("seed", "published", "measured")
+LEDGER_BACKENDS = ("cpu", "cuda", "metal")
+_LEDGER_KEYS = ("about", "prices")
+
+
+def check_entry(entry: Any, source: str = "entry") -> dict:
+    """One ledger entry, checked: a plain dict of it, or a ValueError naming ``source`` and the field.
+
+    Types are JSON's (``"0.17"`` is not a number), ``ms`` is a finite price > 0, the spread
+    fields finite and >= 0 with ``p10_ms <= ms <= p90_ms``, ``backend`` one of
+    :data:`LEDGER_BACKENDS`, ``kind`` one of :data:`ENTRY_KINDS`; a ``measured`` entry
+    also says its ``date`` (YYYY-MM-DD), ``mlx_version`` and ``n``. Unknown keys are refused.
+    """
+    if isinstance(entry, Mapping) and isinstance(entry.get("id"), str):
+        source = f"{source} ({entry['id']!r})"
+    e = _keys(source, entry, _ENTRY_REQUIRED, _ENTRY_OPTIONAL)
+    out: dict[str, Any] = {"id": _text(f"{source}: id", e["id"]),
+                           "kind": one_of(f"{source}: kind", e["kind"], ENTRY_KINDS),
+                           "ms": number(f"{source}: ms", e["ms"], minimum=0, exclusive_minimum=True)}
+    for k in ("device", "method", "source"):
+        out[k] = _text(f"{source}: {k}", e[k])
+    out["backend"] = one_of(f"{source}: backend", e["backend"], LEDGER_BACKENDS)
+    for k in ("mlx_version", "command"):
+        if k in e:
+            out[k] = _text(f"{source}: {k}", e[k], nullable=True)
+    if "date" in e:
+        date = _text(f"{source}: date", e["date"], nullable=True)
+        if date is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
+            raise ValueError(f"{source}: date: must be a date YYYY-MM-DD or null, got {describe(date)}")
+        out["date"] = date
+    for k in ("p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms"):
+        if k in e:
+            out[k] = number(f"{source}: {k}", e[k], minimum=0)
+    if "n" in e:
+        out["n"] = integer(f"{source}: n", e["n"], minimum=1)
+    if "warmup" in e:
+        out["warmup"] = integer(f"{source}: warmup", e["warmup"], minimum=0)
+    if out.get("p10_ms", -math.inf) > out["ms"] or out.get("p90_ms", math.inf) < out["ms"]:
+        raise ValueError(f"{source}: ms: the median must lie between p10_ms and p90_ms; got "
+                         f"{out.get('p10_ms')} <= {out['ms']} <= {out.get('p90_ms')}")
+    if out["kind"] == "measured":
+        for k in ("date", "mlx_version", "n"):
+            if out.get(k) is None:
+                raise ValueError(f"{source}: {k}: a measured entry must say its {k}, got {describe(out.get(k))}")
+    # The file's own order of keys, so a rewrite changes only what changed.
+    return {k: out[k] for k in e}
+
+
+def check_ledger(raw: Any, source: str = "ledger") -> list[dict]:
+    """The ledger's parsed JSON, checked: its entries, or a ValueError naming ``source``,
+    the entry (position and id) and the field. Ids must be unique."""
+    top = _keys(source, raw, _LEDGER_KEYS)
+    _text(_where(source, "about"), top["about"])
+    prices = top["prices"]
+    if not isinstance(prices, list):
+        raise ValueError(f"{_where(source, 'prices')}: must be a list of entries, got {describe(prices)}")
+    return _check_entries(prices, source)
+
+
+def _check_entries(prices: Sequence[Any], source: str) -> list[dict]:
+    entries: list[dict] = []
+    seen: dict[str, int] = {}
+    for i, e in enumerate(prices):
+        entry = check_entry(e, _where(source, f"prices[{i}]"))
+        if entry["id"] in seen:
+            raise ValueError(f"{_where(source, f'prices[{i}]')}: id: {entry['id']!r} is already the id of "
+                             f"prices[{seen[entry['id']]}]; ids must be unique")
+        seen[entry["id"]] = i
+        entries.append(entry)
+    return entries
+
+
 def load_ledger(path: str | Path | None = None) -> list[dict]:
-    """The ledger's entries (each: id, kind, ms, device, backend, date, mlx_version, method, ...)."""
+    """The ledger's entries (each: id, kind, ms, device, backend, method, source, ...), checked
+    by :func:`check_ledger`; read afresh on every call."""
     p = Path(path) if path is not None else LEDGER_PATH
-    return list(json.loads(p.read_text())["prices"])
+    return check_ledger(_read_json(p, "ledger"), str(p))
 
 
 def ledger_price(entry_id: str, ledger: str | Path | Sequence[Mapping] | None = None) -> float:
@@ -282,21 +471,43 @@ def ledger_price(entry_id: str, ledger: str | Path | Sequence[Mapping] | None = 
     raise ValueError(f"entry_id: {entry_id!r} is not in the ledger; allowed: {[e['id'] for e in entries]}")
 
 
-def _entries(ledger) -> list[Mapping]:
+def _entries(ledger) -> list[dict]:
     if ledger is None or isinstance(ledger, (str, Path)):
         return load_ledger(ledger)
-    return list(ledger)
+    if isinstance(ledger, (Mapping, bytes)) or not isinstance(ledger, Sequence):
+        raise ValueError(f"ledger: must be None, a path or a sequence of entries, got {describe(ledger)}")
+    return _check_entries(ledger, "ledger")
 
 
-def add_price(entry: Mapping[str, Any], path: str | Path | None = None) -> None:
-    """Add (or replace, by id) one entry of the ledger file."""
+def add_price(entry: Mapping[str, Any], path: str | Path | None = None, *, replace: bool = False) -> dict | None:
+    """Add one entry to the ledger file; returns the entry it replaced, or None.
+
+    The entry is checked (:func:`check_entry`) before the file is touched. An entry whose
+    id is already in the ledger is refused unless ``replace`` (a measured price is not
+    silently lost); with ``replace`` the old entry is returned so the caller can say what
+    it replaced. The file is read, changed and written under its lock and atomically
+    (``workbench.records``): a kill, a full disk or a concurrent writer leaves the old
+    ledger or the new one, with every entry either committed.
+    """
     p = Path(path) if path is not None else LEDGER_PATH
-    raw = json.loads(p.read_text())
-    for key in ("id", "ms", "device", "method"):
-        if key not in entry:
-            raise ValueError(f"entry: needs {key!r}; got keys {sorted(entry)}")
-    raw["prices"] = [e for e in raw["prices"] if e["id"] != entry["id"]] + [dict(entry)]
-    p.write_text(json.dumps(raw, indent=2) + "\n")
+    replace = flag("replace", replace)
+    new = check_entry(entry, "entry")
+    replaced: list[dict] = []
+
+    def change(raw: Any) -> Any:
+        entries = check_ledger(raw, str(p))
+        old = [e for e in entries if e["id"] == new["id"]]
+        if old and not replace:
+            raise ValueError(f"entry: id {new['id']!r} is already in {p} (ms {old[0]['ms']}); "
+                             "pass replace=True to replace it")
+        replaced.extend(old)
+        raw["prices"] = [e for e in raw["prices"] if e["id"] != new["id"]] + [new]
+        return raw
+
+    if not p.exists():
+        raise ValueError(f"path: ledger file {p} does not exist")
+    records.update_json(p, change)
+    return replaced[0] if replaced else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,11 +531,10 @@ def wait_table(
     """
     import pandas as pd  # here, not at import: the device machine need not have pandas
 
-    plan = plan or load_plan()
+    plan = _plan(plan)
     if price_ms is None:
         price_ms = ledger_price(SEED_PRICE_ID, ledger)
-    if not price_ms > 0:
-        raise ValueError(f"price_ms: must be > 0 ms, got {price_ms!r}")
+    price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
     eligible = eligible_layers(cfg)
     rows = []
     for st in plan.stages:
@@ -350,11 +560,10 @@ def wait_share(waits: int, price_ms: float, weight_bytes: float, bandwidth_gbs: 
     overlap it: the device is idle while the host waits). Returns
     ``waits*price / (waits*price + weight_bytes/bandwidth)``.
     """
-    if not (waits >= 0 and price_ms >= 0 and weight_bytes >= 0 and bandwidth_gbs > 0):
-        raise ValueError(
-            "waits, price_ms, weight_bytes: must be >= 0 and bandwidth_gbs > 0; "
-            f"got {waits}, {price_ms}, {weight_bytes}, {bandwidth_gbs}"
-        )
+    waits = number("waits", waits, minimum=0)
+    price_ms = number("price_ms", price_ms, minimum=0)
+    weight_bytes = number("weight_bytes", weight_bytes, minimum=0)
+    bandwidth_gbs = number("bandwidth_gbs", bandwidth_gbs, minimum=0, exclusive_minimum=True)
     wait_ms = waits * price_ms
     stream_ms = weight_bytes / (bandwidth_gbs * 1e9) * 1e3
     total = wait_ms + stream_ms
@@ -366,7 +575,7 @@ def waits_by_model(cfgs: Iterable, *, plan: Plan | None = None):
     its waits a token at every stage (columns ``1`` .. ``6``). A ``pandas.DataFrame``."""
     import pandas as pd
 
-    plan = plan or load_plan()
+    plan = _plan(plan)
     rows = []
     for cfg in cfgs:
         attn = _attention_indices(cfg)

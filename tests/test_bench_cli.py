@@ -1,0 +1,190 @@
+"""The bench commands alike: ``--help`` names ``python -m bench.X``, shows defaults and what
+it writes; records go to the project's ``data/bench/`` as ``<bench>-<device>-<UTC time>.json``
+and never replace a file or a ledger entry without ``--force``.
+
+Commands run in-process (``main(argv)``) at tiny sizes, with ``--out-dir`` a temporary
+folder, so nothing lands in the project.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import record
+from workbench import schedule, waits
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHES = ("gpu_check", "kernel_bench", "kernel_bodies", "schedule_run", "split_price", "sweep_rate", "tail_bench",
+           "wait_price")
+STAMP = r"\d{8}T\d{6}Z"
+
+
+def test_every_bench_module_is_listed() -> None:
+    found = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem not in ("__init__", "record"))
+    assert found == sorted(BENCHES)
+
+
+@pytest.mark.parametrize("bench", BENCHES)
+def test_help_names_the_command_its_defaults_and_what_it_writes(bench: str, capsys) -> None:
+    main = importlib.import_module(f"bench.{bench}").main
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python -m bench.{bench} ")
+    assert "(default: " in out and "writes" in out
+    if bench != "kernel_bench":  # it prints tables for gpu_check, which writes its record
+        assert "--out-dir" in out and "--force" in out and "--no-record" in out
+        assert f"{bench}-<device>-<UTC time>.json" in out
+
+
+def test_record_names_and_folder() -> None:
+    assert record.device_slug("NVIDIA H200") == "nvidia-h200"
+    assert record.device_slug("Intel(R) Xeon(R) Processor @ 2.00GHz") == "intel-xeon"
+    assert record.device_slug("Apple M3 Max") == "apple-m3-max"
+    assert re.fullmatch(rf"tail_bench-[a-z0-9-]+-{STAMP}", record.record_stem("tail_bench"))
+    assert re.fullmatch(rf"sweep_rate-nvidia-h200-{STAMP}-my-tag", record.record_stem("sweep_rate", "NVIDIA H200", tag="My tag"))
+    assert record.RECORD_DIR == ROOT / "data" / "bench"
+    assert record.parser("x", "doc").parse_args([]).out_dir == ROOT / "data" / "bench"
+
+
+def test_the_record_folder_is_the_projects_wherever_the_command_starts(tmp_path: Path) -> None:
+    code = "from bench import record; print(record.parser('x', '').parse_args([]).out_dir)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.stdout.strip() == str(ROOT / "data" / "bench"), done.stderr
+
+
+def test_write_never_replaces_a_record_unasked(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("OUT", raising=False)
+    first = record.write({"a": 1}, tmp_path, "r")
+    second = record.write({"a": 2}, tmp_path, "r")
+    assert (first.name, second.name) == ("r.json", "r-2.json")
+    assert json.loads(first.read_text()) == {"a": 1} and json.loads(second.read_text()) == {"a": 2}
+    assert "r.json exists (not replaced" in capsys.readouterr().out
+    assert record.write({"a": 3}, tmp_path, "r", force=True) == first and json.loads(first.read_text()) == {"a": 3}
+    out = tmp_path / "out"
+    monkeypatch.setenv("OUT", str(out))
+    record.write({"a": 4}, tmp_path, "s")
+    assert json.loads((out / "s.json").read_text()) == {"a": 4}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_sweep_rate_leaves_a_record_of_the_same_name_alone(tmp_path: Path, monkeypatch) -> None:
+    """Regression: ``--seeds 8`` with the default output replaced the committed 600,000-case record."""
+    from bench import sweep_rate
+
+    monkeypatch.delenv("OUT", raising=False)
+    committed = ROOT / "data" / "bench" / "sweep_rate-cpu.json"
+    shutil.copy(committed, tmp_path / committed.name)
+    rec = sweep_rate.main(["--seeds", "8", "--out-dir", str(tmp_path), "--no-progress"])
+    assert (tmp_path / committed.name).read_bytes() == committed.read_bytes()
+    (new,) = [p for p in tmp_path.glob("sweep_rate-*.json") if p.name != committed.name]
+    assert re.fullmatch(rf"sweep_rate-[a-z0-9-]+-{STAMP}\.json", new.name)
+    assert json.loads(new.read_text())["results"][0]["cases"] == 8 == rec["results"][0]["cases"]
+
+
+def test_wait_price_writes_a_record_by_default_and_refuses_to_overwrite(tmp_path: Path, monkeypatch, capsys) -> None:
+    from bench import wait_price
+
+    monkeypatch.delenv("OUT", raising=False)
+    tiny = ["--n", "10", "--warmup", "0", "--device", "cpu"]
+    rec = wait_price.main([*tiny, "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("wait_price-*.json")
+    assert re.fullmatch(rf"wait_price-[a-z0-9-]+-{STAMP}\.json", path.name)
+    assert json.loads(path.read_text())["ms"] == rec["ms"]
+
+    out = tmp_path / "named.json"
+    wait_price.main([*tiny, "--out", str(out)])
+    before = out.read_bytes()
+    with pytest.raises(SystemExit) as done:
+        wait_price.main([*tiny, "--out", str(out)])
+    assert done.value.code == 2 and "exists; pass --force" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    wait_price.main([*tiny, "--out", str(out), "--force"])
+    assert out.read_bytes() != before
+
+
+def test_wait_price_add_reports_or_refuses_a_replaced_entry(tmp_path: Path, capsys) -> None:
+    from bench import wait_price
+
+    ledger = tmp_path / "ledger.json"
+    shutil.copy(waits.LEDGER_PATH, ledger)
+    rec = {"ms": 0.05, "p10_ms": 0.04, "p90_ms": 0.07, "n": 100, "warmup": 10, "device": "Test GPU", "backend": "cuda",
+           "date": "2026-11-30", "mlx_version": "0.32.4", "method": "m", "command": "python -m bench.wait_price"}
+    (tmp_path / "r.json").write_text(json.dumps(rec))
+    wait_price.main(["--add", str(tmp_path / "r.json"), "--ledger", str(ledger)])
+    assert waits.ledger_price("measured-cuda-test-gpu", ledger) == 0.05
+    capsys.readouterr()
+
+    (tmp_path / "r2.json").write_text(json.dumps({**rec, "ms": 0.06}))
+    with pytest.raises(SystemExit) as done:
+        wait_price.main(["--add", str(tmp_path / "r2.json"), "--ledger", str(ledger)])
+    assert done.value.code == 2
+    assert "'measured-cuda-test-gpu' is already in" in capsys.readouterr().err
+    assert waits.ledger_price("measured-cuda-test-gpu", ledger) == 0.05
+    wait_price.main(["--add", str(tmp_path / "r2.json"), "--ledger", str(ledger), "--force"])
+    assert "replaced measured-cuda-test-gpu: 0.0500 ms" in capsys.readouterr().out
+    assert waits.ledger_price("measured-cuda-test-gpu", ledger) == 0.06
+
+    before = ledger.read_bytes()
+    for content, says in [(json.dumps({**rec, "ms": "abc"}), "ms: must be a finite number > 0"),
+                          (json.dumps({**rec, "ms": float("nan")}), "ms: must be a finite number > 0"),
+                          ("", "cannot read the record"), ("[1]", "not a wait_price record")]:
+        (tmp_path / "bad.json").write_text(content)
+        with pytest.raises(SystemExit):
+            wait_price.main(["--add", str(tmp_path / "bad.json"), "--ledger", str(ledger)])
+        assert says in capsys.readouterr().err
+    assert ledger.read_bytes() == before
+
+
+@pytest.mark.parametrize("bench, argv, says", [
+    ("wait_price", ["--n", "1"], "--n must be >= 10"),
+    ("schedule_run", ["--tokens", "0"], "--tokens must be >= 1"),
+    ("schedule_run", ["--stages", "1,x", "--no-record"], "--stages must be comma-separated stage numbers"),
+    ("sweep_rate", ["--seeds", "0"], "--seeds must be >= 1"),
+    ("sweep_rate", ["--configs", "f64"], "--configs must be a comma-separated list"),
+    ("split_price", ["--n", "2"], "--n must be >= 5"),
+    ("tail_bench", ["--repeats", "0"], "--repeats must be >= 1"),
+])
+def test_bad_arguments_are_usage_errors(bench: str, argv: list[str], says: str, capsys) -> None:
+    main = importlib.import_module(f"bench.{bench}").main
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_schedule_run_refuses_an_existing_out_before_any_work(tmp_path: Path, capsys) -> None:
+    from bench import schedule_run
+
+    out = tmp_path / "taken.json"
+    out.write_text("{}")
+    with pytest.raises(SystemExit) as done:
+        schedule_run.main(["--out", str(out)])
+    assert done.value.code == 2 and "exists; pass --force" in capsys.readouterr().err
+    assert out.read_text() == "{}"
+
+
+def test_the_committed_records_stay_loadable() -> None:
+    for path in sorted((ROOT / "data" / "bench").glob("*.json")):
+        assert isinstance(json.loads(path.read_text()), dict), path.name
+    names = [r["file"] for r in schedule.load_records()]
+    assert "schedule-cpu.json" in names and "schedule-h200.json" in names
+
+
+def test_schedule_records_of_both_names_are_read(tmp_path: Path) -> None:
+    (tmp_path / "schedule-old.json").write_text('{"a": 1}')
+    (tmp_path / "schedule_run-cpu-20261130T000000Z.json").write_text('{"a": 2}')
+    (tmp_path / "tail_bench-cpu.json").write_text('{"a": 3}')
+    assert [r["a"] for r in schedule.load_records(tmp_path)] == [1, 2]
+    (tmp_path / "schedule-broken.json").write_text("")
+    with pytest.raises(ValueError, match="schedule-broken.json is not valid JSON"):
+        schedule.load_records(tmp_path)
