@@ -458,10 +458,19 @@ def _module_tensor(module: Any) -> dict[str, Tensor]:
     return out
 
 
+#: mlx-lm model classes whose FFN is SwiGLU by construction (``swiglu(gate, up)`` in their MLP).
+_MLX_LM_SWIGLU = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_next", "qwen3_5", "qwen3_5_text"})
+
+
 def _from_mlx_lm(model: Any) -> Checkpoint:
     args = model.args
     raw = dict(vars(args)) if not hasattr(args, "to_dict") else dict(args.to_dict())
     raw.setdefault("model_type", getattr(model, "model_type", None))
+    if raw["model_type"] in _MLX_LM_SWIGLU:
+        # mlx-lm's classes for these families compute silu(gate) * up whatever the
+        # config says, and their args keep no hidden_act: the class is the answer.
+        target = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
+        target.setdefault("hidden_act", "silu")
     config = ModelConfig.from_hf_config(raw, name=f"mlx-lm {raw['model_type']}")
     tensors: dict[str, Tensor] = {}
     for i, block in enumerate(model.layers):

@@ -155,6 +155,31 @@ def _layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def _layer_owner(model: nn.Module) -> nn.Module:
+    """The module whose ``.layers`` list the model's loop walks (``model.model`` in mlx-lm)."""
+    inner = getattr(model, "model", model)
+    if getattr(inner, "layers", None) is not _layers(model):
+        raise ValueError(f"model: cannot find the module holding its layers in {describe(model)}")
+    return inner
+
+
+class _BlockStandIn(nn.Module):
+    """A stand-in for one decoder block in the model's own loop; attributes the loop reads
+    (``use_sliding``, ``is_linear``, ...) are the block's."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "block" or "block" not in self:  # not set yet: nothing to forward to
+                raise
+            return getattr(self["block"], name)
+
+
 class _Tap(nn.Module):
     """Stands in for ``o_proj``: records its input, then applies it."""
 
@@ -168,49 +193,62 @@ class _Tap(nn.Module):
         return self.inner(x)
 
 
+class _BlockTap(_BlockStandIn):
+    """Records a block's input and output as the model's loop calls it."""
+
+    def __init__(self, block: nn.Module, record: list):
+        super().__init__(block)
+        self._io = record
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        out = self.block(x, *args, **kwargs)
+        self._io.append((x, out))
+        return out
+
+
 @dataclass(frozen=True)
 class LayerCapture:
-    """One layer on one prompt: ``residual`` (its input), ``branch`` (o_proj's input) and
-    ``output``, each float32 numpy ``[positions, width]``."""
+    """One layer on one prompt: ``residual`` (its input), ``branch`` (o_proj's input; ``None``
+    for a layer without softmax attention) and ``output``, each float32 numpy ``[positions, width]``."""
 
     layer: int
     residual: np.ndarray
-    branch: np.ndarray
+    branch: np.ndarray | None
     output: np.ndarray
 
 
 def capture_layers(model: nn.Module, tokens: Sequence[int]) -> list[LayerCapture]:
-    """Run ``model`` over ``tokens`` once (no cache) and capture every layer's
-    ``(residual, branch, output)`` at every position.
+    """Run ``model`` over ``tokens`` once (no cache, the model's own forward pass) and
+    capture every layer's ``(residual, branch, output)`` at every position.
 
-    The layers are mlx-lm's own; the capture wraps each ``o_proj`` (for the branch) and
-    reads each block's input and output, then puts everything back as it was.
+    Each block is wrapped (its input and output recorded as the model's loop calls it)
+    and each ``self_attn.o_proj`` too (its input is the branch); everything is put back
+    afterwards, also on an error.
     """
     ids = mx.array(np.asarray(list(tokens), dtype=np.int32))[None]
-    layers = _layers(model)
-    records: list[list] = [[] for _ in layers]
-    ios: list[tuple[mx.array, mx.array]] = []
-    saved = [(blk, blk.self_attn.o_proj) for blk in layers]
+    owner = _layer_owner(model)
+    original = list(owner.layers)
+    ios: list[list] = [[] for _ in original]
+    branches: list[list] = [[] for _ in original]
+    attns = [getattr(blk, "self_attn", None) for blk in original]
     try:
-        for blk, rec in zip(layers, records):
-            blk.self_attn.o_proj = _Tap(blk.self_attn.o_proj, rec)
-        inner = getattr(model, "model", model)
-        h = inner.embed_tokens(ids)
-        from mlx_lm.models.base import create_attention_mask
-
-        mask = create_attention_mask(h, None)
-        for blk in layers:
-            out = blk(h, mask, cache=None)
-            ios.append((h, out))
-            h = out
-        mx.eval([o for _, o in ios] + [r[0] for r in records])
+        for attn, rec in zip(attns, branches):
+            if attn is not None:
+                attn.o_proj = _Tap(attn.o_proj, rec)
+        owner.layers = [_BlockTap(blk, rec) for blk, rec in zip(original, ios)]
+        mx.eval(model(ids))
     finally:
-        for blk, o_proj in saved:
-            blk.self_attn.o_proj = o_proj
+        owner.layers = original
+        for attn in attns:
+            if attn is not None and isinstance(attn.o_proj, _Tap):
+                attn.o_proj = attn.o_proj.inner
+
+    def np32(a: mx.array) -> np.ndarray:
+        return np.asarray(a[0].astype(mx.float32))
+
     return [
-        LayerCapture(i, np.asarray(x[0], dtype=np.float32), np.asarray(rec[0][0], dtype=np.float32),
-                     np.asarray(y[0], dtype=np.float32))
-        for i, ((x, y), rec) in enumerate(zip(ios, records))
+        LayerCapture(i, np32(io[0][0]), np32(br[0]) if br else None, np32(io[0][1]))
+        for i, (io, br) in enumerate(zip(ios, branches))
     ]
 
 
@@ -219,14 +257,12 @@ def capture_layers(model: nn.Module, tokens: Sequence[int]) -> list[LayerCapture
 # ---------------------------------------------------------------------------------------
 
 
-class _FusedTailBlock(nn.Module):
+class _FusedTailBlock(_BlockStandIn):
     """A decoder block whose tail is the workbench's: mlx-lm's norm and attention up to
-    o_proj's input (the branch), then ``fused tail(branch, residual)``."""
+    o_proj's input (the branch, after any output gate), then ``fused tail(branch, residual)``."""
 
     def __init__(self, block: nn.Module, weights: TailWeights, backend: str):
-        super().__init__()
-        self.block = block
-        self.use_sliding = getattr(block, "use_sliding", False)
+        super().__init__(block)
         self._weights = weights
         self._backend = backend
         self._launch = tails.tail_launch(weights)  # the rules are asked here, once
@@ -241,30 +277,32 @@ class _FusedTailBlock(nn.Module):
             attn.o_proj = o_proj
         if self._backend == "graph":
             return tails.tail_graph(self._launch, branch, x)  # lazy: one graph with the rest
-        out = tails.fused_tail(self._weights, np.asarray(branch), np.asarray(x), backend=self._backend)
+        out = tails.fused_tail(self._weights, np.asarray(branch.astype(mx.float32)), np.asarray(x.astype(mx.float32)),
+                               backend=self._backend)
         return mx.array(out)
 
 
 @contextlib.contextmanager
-def fused_tails(model: nn.Module, weights: Sequence[TailWeights], *, backend: str = "graph") -> Iterator[nn.Module]:
-    """Within the block, every layer of ``model`` runs ``weights[i]``'s fused tail.
+def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, backend: str = "graph") -> Iterator[nn.Module]:
+    """Within the block, every layer of ``model`` with a ``TailWeights`` runs its fused tail.
 
-    ``weights``: one ``TailWeights`` a layer (``ckpt.tail_weights(i)``, or re-quantized /
-    folded variants); ``backend``: ``"graph"`` (the tail as MLX ops inside the model's
-    graph) or a kernel backend (``"cuda"``, ``"metal"``, ...: one submission a tail, its
-    result read back). A layer the rules refuse raises ``TailRefused`` before anything
-    runs. The model's own layers are put back on exit.
+    ``weights``: one entry a layer, ``ckpt.tail_weights(i)`` (or a re-quantized / folded
+    variant), or ``None`` to keep the model's own layer (a recurrent layer of a hybrid);
+    ``backend``: ``"graph"`` (the tail as MLX ops inside the model's graph) or a kernel
+    backend (``"cuda"``, ``"metal"``, ...: one submission a tail, its result read back).
+    A layer the rules refuse raises ``TailRefused`` before anything runs. The model's
+    own layers are put back on exit.
     """
-    inner = getattr(model, "model", model)
-    layers = _layers(model)
-    if len(weights) != len(layers):
-        raise ValueError(f"weights: need one TailWeights for each of the {len(layers)} layers, got {len(weights)}")
-    original = list(inner.layers)
-    inner.layers = [_FusedTailBlock(blk, w, backend) for blk, w in zip(original, weights)]
+    owner = _layer_owner(model)
+    original = list(owner.layers)
+    weights = list(weights)
+    if len(weights) != len(original):
+        raise ValueError(f"weights: need one entry for each of the {len(original)} layers, got {len(weights)}")
+    owner.layers = [blk if w is None else _FusedTailBlock(blk, w, backend) for blk, w in zip(original, weights)]
     try:
         yield model
     finally:
-        inner.layers = original
+        owner.layers = original
 
 
 # ---------------------------------------------------------------------------------------
