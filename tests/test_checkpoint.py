@@ -201,3 +201,69 @@ def test_biases_are_refused_never_dropped():
     model = llama.Model(llama.ModelArgs.from_dict(dict(LLAMA, attention_bias=True)))
     with pytest.raises(ValueError, match=r"o_proj\.bias.*O_BIAS"):
         load_checkpoint(model).tail_weights(1)
+
+
+# -- a zero-centred Qwen3.5 folder, as Hugging Face ships it -----------------------------------
+
+QWEN35_TEXT = dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_value_heads=4,
+                   linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                   linear_conv_kernel_dim=4, full_attention_interval=2, vocab_size=128, rms_norm_eps=1e-6,
+                   tie_word_embeddings=False, hidden_act="silu", attn_output_gate=True,
+                   rope_parameters={"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                    "mrope_section": [1, 1, 0]})
+_ZERO_CENTRED_KEYS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                      ".q_norm.weight", ".k_norm.weight")
+
+
+def _as_hf_qwen35(weights: dict) -> dict:
+    """mlx-lm's parameters back into a Hugging Face Qwen3.5 checkpoint: multimodal names,
+    conv1d as [out, 1, kernel], norm weights zero-centred (mlx-lm's sanitize undoes all three)."""
+    out = {}
+    for k, v in weights.items():
+        if "conv1d.weight" in k:
+            v = v.moveaxis(2, 1)
+        if any(k.endswith(s) for s in _ZERO_CENTRED_KEYS):
+            v = v - 1.0
+        out[k.replace("language_model.model.", "model.language_model.")] = v
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen35_folder(tmp_path_factory):
+    qwen35 = pytest.importorskip("mlx_lm.models.qwen3_5")
+    config = {"model_type": "qwen3_5", "text_config": QWEN35_TEXT, "tie_word_embeddings": False}
+    mx.random.seed(6)
+    model = qwen35.Model(qwen35.ModelArgs.from_dict(config))
+    _randomize_norms(model, 6)
+    return write_hf_folder(model, tmp_path_factory.mktemp("qwen35") / "hf", config, _as_hf_qwen35)
+
+
+def test_zero_centred_qwen35_folder_against_mlx_lms_conversion(qwen35_folder):
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(qwen35_folder)  # mlx-lm's own reading, which adds the 1
+    ckpt = load_checkpoint(qwen35_folder)
+    assert ckpt.norm_convention == "zero_centred"
+    assert ckpt.config.attention_layers() == [1, 3]
+    w = ckpt.tail_weights(1)
+    assert w.norm_convention == "zero_centred" and w.eps == 1e-6 and "zero-centred" in repr(w)
+    _check_tails_against_layers(ckpt, model)
+    # Read as plain weights, the same folder is far off: the convention is what makes it right.
+    plain = load_checkpoint(qwen35_folder, norm_convention="plain")
+    cap = capture_layers(model, TOKENS)[1]
+    assert not compare(host_tail(plain.tail_weights(1), cap.branch, cap.residual), cap.output, tol=TOL).passed
+    with pytest.raises(ValueError, match=r"^layer: 0 of .* is linear_attention, not attention; its attention layers are \[1, 3\]"):
+        ckpt.tail_weights(0)
+
+
+def test_mlx_lm_converted_qwen35_reads_plain(qwen35_folder):
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(qwen35_folder)
+    ckpt = load_checkpoint(model)
+    assert ckpt.norm_convention == "plain"
+    _check_tails_against_layers(ckpt, model)
+    with fused_tails(model, [ckpt.tail_weights(i) if i in (1, 3) else None for i in range(4)]):
+        fused = _logits(model)
+    assert compare(fused, _logits(model), tol=TOL).passed

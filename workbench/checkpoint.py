@@ -409,6 +409,10 @@ def _hf_name(key: str) -> str:
     return key
 
 
+#: The parts of one stored matrix (``mx.quantize``'s three arrays; ``weight`` alone when dense).
+_MATRIX_PARTS = ("weight", "scales", "biases")
+
+
 def _from_hf_folder(path: Path) -> Checkpoint:
     if not (path / "config.json").is_file():
         raise ValueError(f"source: {path} has no config.json")
@@ -422,10 +426,10 @@ def _from_hf_folder(path: Path) -> Checkpoint:
         for key, a in mx.load(str(f)).items():
             key = _hf_name(key)
             stem, part = key.rsplit(".", 1)
-            if part == "bias":
-                parts.setdefault(key, {})["weight"] = a
-            else:
+            if part in _MATRIX_PARTS:
                 parts.setdefault(stem, {})[part] = a
+            else:  # a linear bias, a recurrent layer's own parameters (A_log, dt_bias): a tensor of its own
+                parts.setdefault(key, {})["weight"] = a
     quant = raw.get("quantization") or raw.get("quantization_config")
     mode = (quant or {}).get("mode", "affine")
     tensors = {name: _tensor(name, p, {}, mode=mode, quant=quant) for name, p in parts.items()}

@@ -158,7 +158,8 @@ def _layers(model: nn.Module) -> list[nn.Module]:
 def _layer_owner(model: nn.Module) -> nn.Module:
     """The module whose ``.layers`` list the model's loop walks (``model.model`` in mlx-lm)."""
     inner = getattr(model, "model", model)
-    if getattr(inner, "layers", None) is not _layers(model):
+    held, walked = list(getattr(inner, "layers", None) or ()), list(_layers(model))
+    if len(held) != len(walked) or any(a is not b for a, b in zip(held, walked)):
         raise ValueError(f"model: cannot find the module holding its layers in {describe(model)}")
     return inner
 
