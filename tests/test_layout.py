@@ -26,9 +26,9 @@ FLOORS: dict[int, tuple[str, ...]] = {
     2: ("weights", "refusals"),  # matrices that carry a fold; the rules over a config
     3: ("kernel_launch",),  # the kernels' launches for weights
     4: ("tail",),  # the tail's weights, math, three paths and one launch builder
-    5: ("frink_case", "wait_measurement"),  # the engine's test case; counting and timing waits
-    6: ("comparison", "sweep_cases"),  # comparing a result with its reference; drawing cases
-    7: ("exact_oracle", "three_way", "sweeps", "calibration", "waits"),  # studies built on the tail
+    5: ("frink_case", "wait_measurement", "checkpoint"),  # the engine's test case; counting and timing waits; real checkpoints in
+    6: ("comparison", "sweep_cases", "reference_model"),  # comparing a result with its reference; drawing cases; mlx-lm's model with a checkpoint
+    7: ("exact_oracle", "three_way", "sweeps", "calibration", "waits", "real_model"),  # studies built on the tail; a real model end to end
     8: ("schedule",),  # a decode step executed stage by stage of the plan
     9: ("plots",),  # figures, from anything
 }

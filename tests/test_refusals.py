@@ -193,6 +193,7 @@ ONE_AT_A_TIME = {
     R.POST_ATTN_NORM: lambda c: replace_layer(c, 0, post_attn_norm=True),
     R.PARALLEL_SSM: lambda c: replace_layer(c, 0, parallel_ssm=True),
     R.NO_DENSE_FFN: lambda c: replace_layer(c, 0, ffn_kind="experts", num_experts=8),
+    R.FFN_BIAS: lambda c: replace_layer(c, 0, ffn_bias=True),
 }
 
 
@@ -224,7 +225,7 @@ def test_all_reasons_come_back_in_the_seeds_order(chosen):
     # A layer with no FFN is NO_FFN alone: it cannot also be not-SwiGLU or not-dense.
     expect = set(chosen)
     if R.NO_FFN in expect:
-        expect -= {R.NOT_ALL_SWIGLU, R.NO_DENSE_FFN}
+        expect -= {R.NOT_ALL_SWIGLU, R.NO_DENSE_FFN, R.FFN_BIAS}
     found = refusals(cfg, 0)
     assert set(found) == expect
     assert found == sorted(found, key=lambda r: r.value)
@@ -235,7 +236,7 @@ def test_refusal_members_are_the_seeds_conditions_in_its_order():
     assert [r.name for r in Refusal] == [
         "KERNELS_DISABLED", "NOT_GQA", "NO_FFN", "RESIDUAL_SCALE", "NORMED_RESIDUAL_SCALE",
         "SKIP_STREAM", "GPT_OSS", "NOT_ALL_SWIGLU", "O_SCALE", "O_BIAS", "ATTN_VALUE_SCALE",
-        "POST_ATTN_NORM", "PARALLEL_SSM", "NO_DENSE_FFN",
+        "POST_ATTN_NORM", "PARALLEL_SSM", "NO_DENSE_FFN", "FFN_BIAS",  # the last is the workbench's
     ]
 
 

@@ -259,9 +259,9 @@ def test_mismatched_shapes_raise():
 
 def test_bad_weights_raise():
     a = seed_arrays()
-    with pytest.raises(ValueError, match="gate must be 80x64"):
+    with pytest.raises(ValueError, match="gate: must be 80x64"):
         T.TailWeights.from_arrays(a.wo, a.ffn_norm, a.gate[:, :10], a.up, a.down)
-    with pytest.raises(ValueError, match="ffn_norm must have shape"):
+    with pytest.raises(ValueError, match="ffn_norm: must have shape"):
         T.TailWeights.from_arrays(a.wo, a.ffn_norm[:3], a.gate, a.up, a.down)
     with pytest.raises(ValueError, match="eps"):
         T.TailWeights.from_arrays(a.wo, a.ffn_norm, a.gate, a.up, a.down, eps=0.0)

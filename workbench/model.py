@@ -106,6 +106,7 @@ class LayerConfig:
     # Extras the host tail applies after wo, which the fused launch does not:
     o_scale: bool = False  # a scale companion on wo's output
     o_bias: bool = False  # a bias on wo's output
+    ffn_bias: bool = False  # biases on the FFN's gate/up/down (Llama's mlp_bias)
     post_attn_norm: bool = False  # a norm on the attention output (Gemma 2/3, OLMo 2)
     parallel_ssm: bool = False  # a Mamba-2 branch summed into the projection (Falcon-H1)
     attn_output_gate: bool = False  # gate before wo (Qwen3.5/Next): recorded, not refused
@@ -503,8 +504,13 @@ def _residual_scale(r: _Reader) -> float | None:
 # -- families --------------------------------------------------------------------------
 
 
-def _dense_transformer(post_attn_norm: bool, pre_norm: str = "rms", act_keys=("hidden_act",), o_bias_key: str | None = None):
-    """Llama-shaped families: every layer GQA attention + a dense GLU FFN."""
+def _dense_transformer(post_attn_norm: bool, pre_norm: str = "rms", act_keys=("hidden_act",), o_bias_key: str | None = None,
+                       ffn_bias_key: str | None = None):
+    """Llama-shaped families: every layer GQA attention + a dense GLU FFN.
+
+    ``ffn_bias_key``: the key that puts biases on gate/up/down (Llama's and Granite's
+    ``mlp_bias``), read so that the FFN_BIAS rule sees them.
+    """
 
     def build(r: _Reader, *, name: str, source: str) -> ModelConfig:
         r = r.nested("text_config")
@@ -512,10 +518,11 @@ def _dense_transformer(post_attn_norm: bool, pre_norm: str = "rms", act_keys=("h
         ffn = r.positive("intermediate_size")
         act = _glu_act(r, act_keys)
         o_bias = r.opt(o_bias_key, bool, False) if o_bias_key else False
+        ffn_bias = r.opt(ffn_bias_key, bool, False) if ffn_bias_key else False
         layers = tuple(
             LayerConfig(
                 index=i, mixer=Mixer.ATTENTION, num_q_heads=q, num_kv_heads=kv, head_dim=hd,
-                ffn_dim=ffn, ffn_kind="dense", ffn_act=act, o_bias=o_bias,
+                ffn_dim=ffn, ffn_kind="dense", ffn_act=act, o_bias=o_bias, ffn_bias=ffn_bias,
                 post_attn_norm=post_attn_norm, pre_norm=pre_norm,
             )
             for i in range(n)
@@ -546,6 +553,9 @@ def _qwen_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
         types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
     act = _glu_act(r)
     gate = r.opt("attn_output_gate", bool, True)
+    # attention_bias puts a bias on q/k/v AND o_proj in these families (transformers'
+    # Qwen3Next/Qwen3_5 attention, mlx-lm's too): the o_proj bias is O_BIAS.
+    o_bias = r.opt("attention_bias", bool, False)
     num_experts = r.count("num_experts", 0)
     mlp_only = set(r.int_list("mlp_only_layers", n))
     step = r.opt("decoder_sparse_step", int, 1)
@@ -562,7 +572,7 @@ def _qwen_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
                 mixer=Mixer.ATTENTION if attn else Mixer.LINEAR_ATTENTION,
                 num_q_heads=q if attn else 0, num_kv_heads=kv if attn else 0, head_dim=hd if attn else 0,
                 ffn_dim=ffn, ffn_kind="experts" if moe else "dense", ffn_act=act,
-                attn_output_gate=gate and attn, num_experts=num_experts if moe else 0,
+                attn_output_gate=gate and attn, num_experts=num_experts if moe else 0, o_bias=o_bias and attn,
             )
         )
     return ModelConfig(
@@ -730,11 +740,11 @@ def _gpt_oss(r: _Reader, *, name: str, source: str) -> ModelConfig:
 # model_type -> builder. Qwen2/3 and Llama put attention_bias on q/k/v (Qwen2: only
 # those); Llama's and Qwen3's attention_bias also biases o_proj, so it is read there.
 FAMILIES = {
-    "llama": _dense_transformer(False, o_bias_key="attention_bias"),
+    "llama": _dense_transformer(False, o_bias_key="attention_bias", ffn_bias_key="mlp_bias"),
     "mistral": _dense_transformer(False),
     "qwen2": _dense_transformer(False),
     "qwen3": _dense_transformer(False, o_bias_key="attention_bias"),
-    "granite": _dense_transformer(False, o_bias_key="attention_bias"),
+    "granite": _dense_transformer(False, o_bias_key="attention_bias", ffn_bias_key="mlp_bias"),
     "gemma2": _dense_transformer(True, act_keys=("hidden_activation", "hidden_act")),
     "gemma3_text": _dense_transformer(True, act_keys=("hidden_activation", "hidden_act")),
     "gemma3": _dense_transformer(True, act_keys=("hidden_activation", "hidden_act")),

@@ -91,7 +91,7 @@ def plot_refusal_map(cfgs: Sequence, *, ax=None, kernels_enabled: bool = True):
     # light grey (not attention), so a refused cell never reads as either.
     reason_colours = [
         "#4d4d4d", "#9467bd", "#1f77b4", "#d62728", "#ff9896", "#8c564b", "#e377c2",
-        "#bcbd22", "#17becf", "#aec7e8", "#c49c94", "#ff7f0e", "#c5b0d5", "#393b79",
+        "#bcbd22", "#17becf", "#aec7e8", "#c49c94", "#ff7f0e", "#c5b0d5", "#393b79", "#8c6d31",
     ]
     if len(reason_colours) < len(reasons):  # a reason added to Refusal needs a colour here
         raise ValueError(f"reasons: {len(reasons)} Refusal members, only {len(reason_colours)} colours")

