@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.tables import WIDTH, fit
+from workbench.tables import WIDTH, fit, wrap
 
 
 def _wide(n_cols: int = 9) -> pd.DataFrame:
@@ -61,3 +61,23 @@ def test_bad_width_names_the_parameter(width):
 def test_not_a_frame_is_refused():
     with pytest.raises(ValueError, match="df: must be a pandas DataFrame, got"):
         fit([[1, 2]])
+
+
+def test_wrap_breaks_only_long_lines_and_keeps_every_word():
+    long = "stage 1 -> host floor: " + " ".join(f"word{i}" for i in range(40))
+    text = "short line\n" + long + "\n  indented " + "x " * 60
+    out = wrap(text)
+    assert all(len(line) <= WIDTH for line in out.splitlines())
+    assert out.splitlines()[0] == "short line"
+    assert out.split() == text.split()  # nothing dropped, nothing cut
+    assert out.splitlines()[2].startswith("    word")  # a continuation is indented
+
+
+def test_wrap_leaves_a_word_longer_than_the_width_whole():
+    word = "y" * 130
+    assert word in wrap("a " + word)
+
+
+def test_wrap_refuses_a_non_string():
+    with pytest.raises(ValueError, match="text: must be a string, got"):
+        wrap(3)

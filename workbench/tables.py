@@ -10,6 +10,8 @@ in every block, so every header stays whole and every row keeps its label.
 
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 
 from workbench.validate import describe, integer
@@ -54,3 +56,24 @@ def fit(df: pd.DataFrame, *, width: int = WIDTH, index: bool = True, float_forma
     if current or not blocks:
         blocks.append(render(current))
     return "\n\n".join(blocks)
+
+
+def wrap(text: str, *, width: int = WIDTH, indent: str = "    ") -> str:
+    """``text`` with every line longer than ``width`` broken at spaces, continuations indented.
+
+    For the sentences a notebook prints (a rule's explanation, a record's header): lines
+    already short enough, and the line breaks ``text`` has, are kept as they are; a word
+    longer than the width is left whole rather than cut.
+    """
+    integer("width", width, minimum=20)
+    if not isinstance(text, str):
+        raise ValueError(f"text: must be a string, got {describe(text)}")
+    out: list[str] = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[: len(line) - len(line.lstrip(" "))]
+        out.append(textwrap.fill(line, width, initial_indent="", subsequent_indent=lead + indent,
+                                 break_long_words=False, break_on_hyphens=False))
+    return "\n".join(out)
