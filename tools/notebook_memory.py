@@ -17,6 +17,7 @@ summary says so.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ DEFAULT_LIMIT_GB = 4.0
 
 _peaks: dict[str, int] = {}  # notebook path -> peak bytes
 _unmeasured: set[str] = set()
+_started: dict[str, float] = {}  # notebook path -> when its first cell was set up
+_seconds: dict[str, float] = {}  # notebook path -> wall time from its first cell to its last
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,6 +59,15 @@ def _kernel_pid(item: pytest.Item) -> int | None:
     return int(pid) if pid else None
 
 
+def _notebook(item: pytest.Item) -> str:
+    return str(Path(str(item.parent.path)).relative_to(item.config.rootpath))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if type(item).__name__ == "IPyNbCell":  # nbval's cell item
+        _started.setdefault(_notebook(item), time.monotonic())
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     # tryfirst: before pytest's own teardown, which stops the notebook's kernel after its last cell.
@@ -63,7 +75,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     pid = _kernel_pid(item)
     if pid is None or not last_cell:
         return
-    notebook = str(Path(str(item.parent.path)).relative_to(item.config.rootpath))
+    notebook = _notebook(item)
+    if notebook in _started:
+        _seconds[notebook] = time.monotonic() - _started[notebook]
     peak = peak_rss_bytes(pid)
     if peak is None:
         _unmeasured.add(notebook)
@@ -79,8 +93,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if not _peaks and not _unmeasured:
         return
     limit_gb = config.getoption("--notebook-memory-limit-gb")
-    terminalreporter.section(f"notebooks' peak memory (kernel VmHWM; limit {limit_gb:g} GB)")
+    terminalreporter.section(f"notebooks' peak memory (kernel VmHWM; limit {limit_gb:g} GB) and run time")
     for notebook, peak in sorted(_peaks.items()):
-        terminalreporter.write_line(f"{notebook:<48} {peak / 1e9:6.2f} GB")
+        seconds = f"{_seconds[notebook]:6.0f} s" if notebook in _seconds else ""
+        terminalreporter.write_line(f"{notebook:<48} {peak / 1e9:6.2f} GB {seconds}")
     for notebook in sorted(_unmeasured):
         terminalreporter.write_line(f"{notebook:<48} not measured (no /proc/<pid>/status here)")
