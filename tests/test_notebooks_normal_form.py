@@ -81,3 +81,15 @@ def test_the_command_checks_and_names_the_notebook(tmp_path: Path):
     assert subprocess.run(tool + ["--check", str(a)], capture_output=True, text=True).returncode == 0
     r = subprocess.run(tool + [str(tmp_path / "missing.ipynb")], capture_output=True, text=True)
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_consecutive_stream_outputs_are_merged_as_jupyterlab_merges_them():
+    nb = json.loads(_executed_by_nbconvert())
+    nb["cells"][0]["outputs"] = [
+        {"name": "stdout", "output_type": "stream", "text": "a\n"},
+        {"name": "stdout", "output_type": "stream", "text": ["b", "\n", "c\n"]},
+        {"name": "stderr", "output_type": "stream", "text": "warn\n"},
+        {"name": "stdout", "output_type": "stream", "text": "d\n"},
+    ]
+    outs = json.loads(normal_text(json.dumps(nb)))["cells"][0]["outputs"]
+    assert [(o["name"], "".join(o["text"])) for o in outs] == [("stdout", "a\nb\nc\n"), ("stderr", "warn\n"), ("stdout", "d\n")]

@@ -12,6 +12,9 @@ after "Restart Kernel and Run All Cells", and diffing; ``tests/test_lab_browser.
 repeats that check on every run):
 
 * no ``execution`` entry in any cell's metadata (other cell metadata, e.g. tags, is kept);
+* consecutive stream outputs of the same stream (stdout, stderr) merged into one, as
+  JupyterLab's output area merges them (nbconvert keeps one per message the kernel sent,
+  so a cell that prints twice could be stored as two outputs or one);
 * the kernelspec ``{"display_name": "Python 3 (ipykernel)", "language": "python",
   "name": "python3"}`` (the one ``make`` installs into ``.venv``);
 * serialized as ``nbformat.writes`` does (one-space indent, sorted keys, UTF-8 kept),
@@ -46,7 +49,25 @@ def normal_text(text: str) -> str:
     nb.metadata["kernelspec"] = nbformat.from_dict(dict(KERNELSPEC))
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        if cell.cell_type == "code":
+            cell.outputs = _merge_streams(cell.outputs)
     return nbformat.writes(nb) + "\n"
+
+
+def _merge_streams(outputs: list) -> list:
+    """``outputs`` with each run of stream outputs of the same name joined into one."""
+    merged: list = []
+    for out in outputs:
+        if (out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
+                and merged[-1].get("name") == out.get("name")):
+            merged[-1]["text"] = _text(merged[-1]["text"]) + _text(out["text"])
+        else:
+            merged.append(out)
+    return merged
+
+
+def _text(text) -> str:
+    return text if isinstance(text, str) else "".join(text)
 
 
 def _write_atomically(path: Path, text: str) -> None:
