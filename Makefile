@@ -3,16 +3,21 @@
 #   make lab     set up, then serve notebooks/ in JupyterLab (prints the URL with its token)
 #   make test    set up, then the unit tests and strict nbval over every notebook
 #   make report  set up, then execute every notebook headless and write report/*.html
+#                (its math renders offline: MathJax is copied into report/mathjax)
+#   make normal-form  write notebooks/*.ipynb in the form JupyterLab saves (after nbconvert --execute)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8888
-NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+# The folder JupyterLab serves (tests/test_lab_browser.py serves a scratch copy of notebooks/).
+NOTEBOOKS ?= notebooks
+# tools.notebook_memory: each notebook's kernel peak memory, failed over 4 GB (what a laptop has to spare).
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p tools.notebook_memory
 # JupyterLab refuses to run as root without this flag (containers, CI runners).
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: venv lab test unit nbval report clean
+.PHONY: venv lab test unit nbval report normal-form clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,7 +33,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=notebooks $(ROOT_FLAG)
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=$(NOTEBOOKS) $(ROOT_FLAG)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests
@@ -39,9 +44,11 @@ nbval: $(STAMP)
 test: unit nbval
 
 report: $(STAMP)
-	mkdir -p report
-	$(BIN)/jupyter nbconvert --to html --execute --output-dir report notebooks/*.ipynb
-	@echo "report written to report/"
+	$(BIN)/python tools/report.py --execute --out report notebooks/*.ipynb
+	@echo "report written to report/ (open report/*.html; it needs no network)"
+
+normal-form: $(STAMP)
+	$(BIN)/python tools/normalize_notebooks.py
 
 clean:
 	rm -rf $(VENV) report .pytest_cache .hypothesis

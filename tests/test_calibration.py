@@ -152,7 +152,7 @@ def test_rates_name_bad_arguments() -> None:
 
 @pytest.fixture(scope="module")
 def calibrated() -> dict:
-    """float32 and bf16 weights, with and without a fold, at the seed's shape: 4096 cases each."""
+    """float32 and bf16 weights, with and without a fold, at frink-models' test shape: 4096 cases each."""
     df = sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(4096), dtypes=("float32", "bfloat16"), folds=(None, 16),
                       progress=False)
     return {k: calibration.calibrate_tolerance(g.worst.to_numpy(), n_boot=100)

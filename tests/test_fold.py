@@ -84,7 +84,7 @@ def test_random_is_seeded() -> None:
     b = HadamardFold.random(96, 16, seed=3, permute=True)
     c = HadamardFold.random(96, 16, seed=4, permute=True)
     assert a.same_rotation(b) and not a.same_rotation(c)
-    assert a is not b  # the head launch asks for the SAME object, as the seed's Arc::ptr_eq
+    assert a is not b  # the head launch asks for the SAME object, as frink-models' Arc::ptr_eq (pointer identity)
 
 
 def test_plan_fills_identity_parts() -> None:

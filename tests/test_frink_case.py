@@ -28,7 +28,7 @@ def test_seed_arrays_order_and_shapes():
     a = seed_arrays()
     h, b, f = SEED_SHAPE
     assert a.wo.shape == (h, b) and a.gate.shape == (f, h) and a.up.shape == (f, h) and a.down.shape == (h, f)
-    # replay the stream by hand in the seed's order
+    # replay the stream by hand in frink-models' test's order
     s = SEED_LCG_START
     chunks = {}
     for name, n, scale in [("wo", h * b, 1.0), ("gate", f * h, 1.0), ("up", f * h, 1.0), ("down", h * f, 1.0),

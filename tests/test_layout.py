@@ -30,7 +30,7 @@ FLOORS: dict[int, tuple[str, ...]] = {
     6: ("comparison", "sweep_cases", "reference_model"),  # comparing a result with its reference; drawing cases; mlx-lm's model with a checkpoint
     7: ("exact_oracle", "three_way", "sweeps", "calibration", "waits", "real_model"),  # studies built on the tail; a real model end to end
     8: ("schedule",),  # a decode step executed stage by stage of the plan
-    9: ("plots",),  # figures, from anything
+    9: ("plots", "tables"),  # figures and text tables, from anything
 }
 FLOOR_OF = {m: f for f, mods in FLOORS.items() for m in mods}
 

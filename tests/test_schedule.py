@@ -75,7 +75,7 @@ def test_a_refused_layer_is_scheduled_as_counted(bonsai):
 
 
 def test_the_schedules_tail_is_the_oracles(tiny):
-    """Stage 2's fused tail piece against tail.host_tail (float64), the seed's criterion."""
+    """Stage 2's fused tail piece against tail.host_tail (float64), frink-models' criterion."""
     lw = tiny.w.layers[3].w
     assert tiny.w.layers[3].kind == "attention"
     tw = tail.TailWeights.from_arrays(np.array(lw["wo"]), np.array(lw["ffn_norm"]), np.array(lw["gate"]),
@@ -86,7 +86,7 @@ def test_the_schedules_tail_is_the_oracles(tiny):
     x = mx.array(residual) + S._mv(lw["wo"], mx.array(branch))
     got = np.array(S._ffn(lw, x, TINY.eps))
     want = tail.host_tail(tw, branch, residual)
-    # |x - y| <= 2e-4 max(|y|, 1): float32 device against the float64 host (the seed's test).
+    # |x - y| <= 2e-4 max(|y|, 1): float32 device against the float64 host (frink-models' test).
     assert compare(got, want).passed
 
 

@@ -220,7 +220,7 @@ def test_a_layer_with_extras_is_refused_with_every_reason():
     assert "O_BIAS" in str(e.value) and "POST_ATTN_NORM" in str(e.value)
     assert isinstance(e.value, ValueError)
     assert n.n == 0  # refused before anything ran
-    # the fallback, as the seed's caller has it: the unfused tail serves every layer
+    # the fallback, as frink-models' caller has it: the unfused tail serves every layer
     assert T.unfused_tail(w, br, res).shape == (32,)
 
 

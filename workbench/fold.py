@@ -120,7 +120,7 @@ class HadamardFold:
     """A block-Hadamard rotation ``R = B P D`` and the site it is folded at.
 
     ``eq=False`` on purpose: two folds are "the same rotation" for the head launch only
-    when they are the same object, as frink-models asks ``Arc::ptr_eq``; use
+    when they are the same object, as frink-models asks with Rust's ``Arc::ptr_eq`` (pointer identity); use
     :meth:`same_rotation` for a value comparison.
     """
 

@@ -5,7 +5,7 @@ with one test, ``the_fused_attention_tail_matches_the_host_tail``: a tail of hid
 branch 96 and FFN 80 whose inputs come from a 32-bit linear congruential generator (LCG),
 ``wo`` folded with a block-16 Hadamard rotation and drawn signs, the fused Metal result
 held to the host's within ``|x - y| <= 2e-4 * max(|y|, 1)`` per element. This module
-rebuilds that case exactly (every value is the Rust test's float32 value), so the
+rebuilds that case exactly (every value is the test's own float32 value), so the
 workbench's tails can be checked on the very numbers the engine was; "the seed" in
 names here means that test and the engine change it checks.
 """
@@ -40,7 +40,7 @@ def lcg_stream(n: int, scale: float, state: int) -> tuple[np.ndarray, int]:
     """``n`` values of the test's u32 LCG, and the state after them.
 
     ``state = state * 1664525 + 1013904223 (mod 2^32)``, then the value is
-    ``((state >> 9) / 2^23 - 0.5) * scale`` computed in float32, exactly as the Rust test
+    ``((state >> 9) / 2^23 - 0.5) * scale`` computed in float32, exactly as frink-models' test
     computes it (every step is exact in float32 for power-of-two scales, so the values
     are bit-for-bit the Rust ones). Sequential on purpose: it is the order that matters.
     """
@@ -57,7 +57,7 @@ def lcg_stream(n: int, scale: float, state: int) -> tuple[np.ndarray, int]:
 
 @dataclass(frozen=True)
 class SeedArrays:
-    """The test's raw inputs, float32, in the shapes the Rust test builds."""
+    """The test's raw inputs, float32, in the shapes frink-models' test builds."""
 
     wo: np.ndarray  # [hidden, branch], BEFORE the fold (the test folds it afterwards)
     gate: np.ndarray  # [ffn, hidden]
@@ -102,10 +102,10 @@ class SeedCase:
 
 
 def seed_case() -> SeedCase:
-    """The test's inputs exactly, bit for bit the Rust test's (as float32).
+    """The test's inputs exactly, bit for bit frink-models' test's (as float32).
 
     ``wo`` is folded with block 16, the drawn signs, no permutation, site INPUT, as the
-    Rust test folds it (``wo.fold_hadamard(fold)``: the stored base becomes ``W R^T``,
+    test folds it (``wo.fold_hadamard(fold)``: the stored base becomes ``W R^T``,
     the map stays ``W``).
     """
     a = seed_arrays()

@@ -446,7 +446,7 @@ def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: WeightMatrix, k
     """Q, K, V of ``rms_norm(hidden) * attn_norm`` in ONE launch, lazily.
 
     ``q`` / ``k`` / ``v`` are WeightMatrix objects sharing one fold (the same object, as
-    frink-models asks ``Arc::ptr_eq``) at the INPUT site, or all unfolded; the kernel
+    frink-models asks with Rust's pointer-identity test ``Arc::ptr_eq``) at the INPUT site, or all unfolded; the kernel
     rotates their common input once. ``attn_norm``: numpy or MLX, [hidden].
     ``kernel_dir``: as for :func:`prepare_tail`. Raises ``ValueError`` listing every
     head refusal.

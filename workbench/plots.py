@@ -136,6 +136,8 @@ def plot_rotation(fold, dim: int | None = None):
     fig.colorbar(im, ax=a, shrink=0.8)
     im2 = b.imshow(r @ r.T, cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
     b.set_title("R R^T = I (orthogonal)")
+    b.set_xlabel("index j")
+    b.set_ylabel("index i")
     fig.colorbar(im2, ax=b, shrink=0.8)
     fig.tight_layout()
     return fig
@@ -307,9 +309,13 @@ def plot_error_histograms(df, *, metric: str = "worst", by: str = "dtype", toler
         ax.set_xscale("log")
         ax.set_ylabel("cases")
         ax.set_title(f"{by} = {k}  ({len(v)} cases)", fontsize=9)
-    axes[0, 0].legend(fontsize=7, loc="upper right")
+    # The legend goes beside the panels, not on them: inside, it hid the bf16 histogram's bars.
+    handles, names = axes[0, 0].get_legend_handles_labels()
     axes[-1, 0].set_xlabel(f"{metric} per case (log)")
     fig.tight_layout()
+    if handles:
+        fig.legend(handles, names, fontsize=8, loc="upper center", ncol=min(len(handles), 3),
+                   bbox_to_anchor=(0.5, 0.0), frameon=False)
     return fig
 
 
@@ -381,13 +387,19 @@ def plot_catch_rates(rates, *, ax=None, title: str = "fraction of wrong tails ea
 
     _frame("rates", rates)
     data = rates.to_numpy(dtype=float)
-    fig, ax = _axes(ax, (1.1 * data.shape[1] + 3, 0.45 * data.shape[0] + 2))
-    im = ax.imshow(data, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    # Large cells and large numbers: the figure is read for its numbers, so each gets room,
+    # and each is black or white, whichever stands out more against its cell's colour.
+    fig, ax = _axes(ax, (1.45 * data.shape[1] + 3.5, 0.8 * data.shape[0] + 2.5))
+    cmap = plt.get_cmap("RdYlGn")
+    im = ax.imshow(data, vmin=0, vmax=1, cmap=cmap, aspect="auto")
     labels = [" / ".join(map(str, k)) if isinstance(k, tuple) else str(k) for k in rates.index]
-    ax.set_yticks(range(len(labels)), labels, fontsize=8)
-    ax.set_xticks(range(data.shape[1]), [str(c) for c in rates.columns], rotation=35, ha="right", fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=11)
+    ax.set_xticks(range(data.shape[1]), [str(c) for c in rates.columns], rotation=30, ha="right", fontsize=10)
     for (i, j), v in np.ndenumerate(data):
-        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+        r, g, b, _ = cmap(v) if np.isfinite(v) else (1.0, 1.0, 1.0, 1.0)
+        luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=12, fontweight="bold",
+                color="black" if luminance > 0.5 else "white")
     fig.colorbar(im, ax=ax, fraction=0.03, label="caught")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()

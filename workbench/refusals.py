@@ -253,7 +253,7 @@ _HEAD_EXPLANATIONS = {
 
 
 def _same(a: object | None, b: object | None) -> bool:
-    # frink-models' Arc::ptr_eq: the same fold OBJECT, since the kernel applies one
+    # frink-models' Arc::ptr_eq (Rust's pointer identity): the same fold OBJECT, since the kernel applies one
     # rotation to the common input. Two equal-valued folds are still two objects.
     return (a is None and b is None) or (a is not None and a is b)
 

@@ -1,0 +1,53 @@
+"""What the committed notebooks print fits 100 columns and names nothing outside the project.
+
+A line wider than a notebook's text area wraps in JupyterLab and in the HTML report, and a
+wrapped table is unreadable (headers split as ``llama.cpp NM`` / ``SE 5e-3``): notebooks
+print tables through ``workbench.tables.fit`` and sentences through ``tables.wrap``. Checked
+over ``notebooks/*.ipynb``, so a new notebook is covered as soon as it is added.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from workbench.tables import WIDTH
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+#: Paths and words that only mean something on the machine the project was made on.
+OUTSIDE = re.compile(r"\.\./shared|/work/|shared/(?:reference|design|seeds|device)|prepare-mlx-cuda"
+                     r"|\bthe seed\b|\bthe seed's\b|\bRust test\b|\bits LCG\b", re.IGNORECASE)
+
+
+def _text_outputs(nb: dict):
+    for i, cell in enumerate(nb["cells"]):
+        for out in cell.get("outputs", []):
+            if out["output_type"] == "stream":
+                yield i, "".join(out["text"])
+            elif "data" in out and "text/plain" in out["data"]:
+                yield i, "".join(out["data"]["text/plain"])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_printed_line_fits_100_columns(path: Path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    wide = [(i, len(line), line[:60]) for i, text in _text_outputs(nb) for line in text.splitlines() if len(line) > WIDTH]
+    assert not wide, f"{path.name}: lines wider than {WIDTH} (cell, width, start): {wide}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_notebook_names_nothing_outside_the_project(path: Path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    found = [(i, m.group(0)) for i, cell in enumerate(nb["cells"]) for m in OUTSIDE.finditer("".join(cell["source"]))]
+    assert not found, f"{path.name}: (cell, text) {found}"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/CONVENTIONS.md", "docs/GLOSSARY.md", "docs/REFERENCE.md"])
+def test_the_documents_name_nothing_outside_the_project(doc: str):
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    found = [m.group(0) for m in OUTSIDE.finditer(text)]
+    assert not found, f"{doc}: {found}"

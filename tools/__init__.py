@@ -1,0 +1,1 @@
+"""Project tools: the notebook normalizer and the pytest plugin that measures notebooks' memory."""
