@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "workbench"
 #: floor -> the modules on it, bottom first.
 FLOORS: dict[int, tuple[str, ...]] = {
     0: ("hadamard", "kernel_source", "moved_names", "validate"),  # numbers, kernel text, old names' new homes, argument checks
-    1: ("backends", "fold", "model"),  # which devices exist; the rotation; real models' configs
+    1: ("backends", "fold", "model", "metal_emulation"),  # which devices exist; the rotation; real models' configs; Metal source on the CPU
     2: ("weights", "refusals"),  # matrices that carry a fold; the rules over a config
     3: ("kernel_launch",),  # the kernels' launches for weights
     4: ("tail",),  # the tail's weights, math, three paths and one launch builder

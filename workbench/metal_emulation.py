@@ -14,7 +14,8 @@ The two rewrites (:func:`translation_unit`), both mechanical:
 
 1. a function-scope ``threadgroup T name[N];`` (Metal's kernel-scope group memory; C++
    has no automatic variables in another address space) becomes a reference to the
-   group's array, which the emulator allocates: ``threadgroup T (&name)[N] = ...``;
+   group's array, which the emulator allocates (``typedef T A[N]; threadgroup A& name =
+   ...``);
 2. MLX's instantiation line ``template [[host_name("...")]] [[kernel]] decltype(...) ...;``
    loses its two attribute lists (C++ allows none there).
 
@@ -129,8 +130,9 @@ def _group_memory_rewrite(body: str, qualifiers: Sequence[str]) -> str:
 
     def sub(m: re.Match[str]) -> str:
         t, n, d = m.group("type"), m.group("name"), m.group("dims")
-        return (f"{m.group('indent')}threadgroup {t} (&{n}){d} = *(threadgroup {t} (*){d})"
-                f"metal_emulation_threadgroup_alloc(sizeof({t}{d}), alignof({t}), \"{n}\");")
+        a = f"metal_emulation_array_{n}"  # a typedef: `float4 (` would call float4's constructor macro
+        return (f"{m.group('indent')}typedef {t} {a}{d}; threadgroup {a}& {n} = *(threadgroup {a}*)"
+                f"metal_emulation_threadgroup_alloc(sizeof({a}), alignof({t}), \"{n}\");")
 
     return pattern.sub(sub, body)
 

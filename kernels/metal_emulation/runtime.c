@@ -41,7 +41,9 @@ typedef struct {
 typedef void (*entry_fn)(void* const* buffers, const metal_emulation_ids* ids);
 
 typedef struct {
-  ucontext_t ctx;
+  ucontext_t ctx;   // the fiber's start (makecontext); switches after that are _setjmp/_longjmp
+  jmp_buf jump;     // where the fiber resumes
+  int started;
   int state, line, column, op, arg, next_array;
   float value, result;
   metal_emulation_ids ids;
@@ -59,7 +61,8 @@ static struct {
   fiber* fibers;
   char* stacks;
   int nthreads, current;
-  ucontext_t scheduler;
+  jmp_buf scheduler;
+  ucontext_t blank;  // one getcontext, copied for every fiber's start
   entry_fn entry;
   void* const* buffers;
   tg_array arrays[MAX_ARRAYS];
@@ -159,9 +162,11 @@ void* metal_emulation_threadgroup_alloc(unsigned long bytes, unsigned long align
 
 // ---- synchronisation --------------------------------------------------------------------------
 
+// Switching is _setjmp/_longjmp (no signal-mask system call, unlike swapcontext): a
+// fiber saves where it stands and jumps to the scheduler, which jumps back later.
 static void yield_to_scheduler(void) {
   fiber* f = &E.fibers[E.current];
-  swapcontext(&f->ctx, &E.scheduler);
+  if (!_setjmp(f->jump)) _longjmp(E.scheduler, 1);
 }
 
 void metal_emulation_barrier(int line, int column) {
@@ -216,7 +221,7 @@ static void fiber_main(void) {
   fiber* f = &E.fibers[E.current];
   E.entry(E.buffers, &f->ids);
   f->state = DONE;
-  swapcontext(&f->ctx, &E.scheduler);
+  _longjmp(E.scheduler, 1);
 }
 
 // ---- faults ---------------------------------------------------------------------------------
@@ -272,7 +277,8 @@ static int run_group(unsigned g, unsigned ngroups, const int* order) {
     f->ids.simd_group = (unsigned)t / SIMD_WIDTH;
     f->state = RUNNABLE;
     f->next_array = 0;
-    getcontext(&f->ctx);
+    f->started = 0;
+    f->ctx = E.blank;
     f->ctx.uc_stack.ss_sp = E.stacks + (size_t)t * (STACK_BYTES + ps) + ps;  // a guard page below each stack
     f->ctx.uc_stack.ss_size = STACK_BYTES;
     f->ctx.uc_link = NULL;
@@ -281,9 +287,14 @@ static int run_group(unsigned g, unsigned ngroups, const int* order) {
   for (;;) {
     for (int k = 0; k < n; ++k) {
       int t = order[k];
-      if (E.fibers[t].state == RUNNABLE) {
+      fiber* f = &E.fibers[t];
+      if (f->state == RUNNABLE) {
         E.current = t;
-        swapcontext(&E.scheduler, &E.fibers[t].ctx);
+        if (!_setjmp(E.scheduler)) {
+          if (f->started) _longjmp(f->jump, 1);
+          f->started = 1;
+          setcontext(&f->ctx);
+        }
       }
     }
     int done = 0, at_barrier = 0, released = 0;
@@ -355,6 +366,7 @@ int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroup
   if (E.stacks == MAP_FAILED) return fail("no memory for %d fiber stacks", nthreads);
   for (int t = 0; t < nthreads; ++t) mprotect(E.stacks + (size_t)t * (STACK_BYTES + ps), ps, PROT_NONE);
   E.fibers = calloc((size_t)nthreads, sizeof(fiber));
+  getcontext(&E.blank);
   int* order = malloc(sizeof(int) * (size_t)nthreads);
   unsigned* gorder = malloc(sizeof(unsigned) * (ngroups ? ngroups : 1));
   unsigned long long s = seed * 6364136223846793005ull + 1442695040888963407ull;
