@@ -565,6 +565,27 @@ def _host(a: mx.array) -> np.ndarray:
     return np.array(a.view(mx.uint16)) if a.dtype == mx.bfloat16 else np.array(a)
 
 
+def launch_source(kernel: Any, inputs: list[mx.array], kw: dict[str, Any]) -> str:
+    """The Metal source MLX generates for ``kernel(inputs=inputs, **kw)`` (made once per
+    kernel, template values and input dtypes)."""
+    key = (id(kernel), tuple((n, str(v)) for n, v in kw["template"]),
+           tuple((str(a.dtype), a.size < 8) for a in inputs))
+    if key not in _EMULATED_SOURCES:
+        (src,) = generated_source(lambda *xs: kernel(inputs=list(xs), verbose=True, **kw), *inputs).values()
+        _EMULATED_SOURCES[key] = src
+    return _EMULATED_SOURCES[key]
+
+
+def emulated_tail_sources(launch: TailLaunch, tuning: KernelTuning | None = None) -> list[str]:
+    """The three Metal sources :func:`emulated_tail` compiles for ``launch`` (to compile
+    many at once: ``metal_emulation.compile_all``)."""
+    prep = prepared(launch, "metal", tuning)
+    b, r = mx.zeros((prep.branch_dim,), dtype=mx.float32), mx.zeros((prep.hidden,), dtype=mx.float32)
+    return [launch_source(prep._wo[0], [b, *prep._wo[1], r], prep._wo[2]),
+            launch_source(prep._gu[0], [r, *prep._gu[1]], prep._gu[2]),
+            launch_source(prep._dn[0], [mx.zeros((prep.ffn,), dtype=mx.float32), r, *prep._dn[1]], prep._dn[2])]
+
+
 def emulate_launch(kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, order: str = "ascending",
                    seed: int = 0) -> list[np.ndarray]:
     """One Metal launch run on the CPU: the source MLX generates for ``kernel(inputs=inputs,
@@ -574,12 +595,7 @@ def emulate_launch(kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, o
     ``MetalCompileError`` with the diagnosis."""
     from workbench import metal_emulation  # noqa: PLC0415 -- only this backend needs clang and ctypes
 
-    key = (id(kernel), tuple((n, str(v)) for n, v in kw["template"]),
-           tuple((str(a.dtype), a.size < 8) for a in inputs))
-    if key not in _EMULATED_SOURCES:
-        (src,) = generated_source(lambda *xs: kernel(inputs=list(xs), verbose=True, **kw), *inputs).values()
-        _EMULATED_SOURCES[key] = src
-    compiled = metal_emulation.compile_source(_EMULATED_SOURCES[key])
+    compiled = metal_emulation.compile_source(launch_source(kernel, inputs, kw))
     threads = int(kw["threadgroup"][0])
     groups = int(kw["grid"][0]) // threads
     return compiled.launch([_host(a) for a in inputs],

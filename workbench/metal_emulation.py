@@ -228,6 +228,23 @@ def _support_text() -> str:
 _LOCK = threading.Lock()
 
 
+def _runtime_object(cc: str, folder: Path) -> Path:
+    """The emulator's runtime compiled once (C11) for every kernel to link, cached by hash."""
+    text = (SUPPORT_DIR / "runtime.c").read_text()
+    key = hashlib.sha256("\0".join((text, _clang_version(cc))).encode()).hexdigest()[:24]
+    obj = folder / f"runtime-{key}.o"
+    if not obj.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as d:
+            out = Path(d) / "runtime.o"
+            r = subprocess.run([cc, "-x", "c", "-std=c11", "-O2", "-fPIC", "-c", "-o", str(out),
+                                str(SUPPORT_DIR / "runtime.c")], capture_output=True, text=True, check=False)
+            if r.returncode != 0:
+                raise MetalCompileError(f"the emulator's runtime does not compile:\n{r.stderr[-4000:]}")
+            os.replace(out, obj)
+    return obj
+
+
 def compile_source(source: str) -> "EmulatedKernel":
     """MLX's generated Metal ``source`` compiled for the emulator (cached by hash).
 
@@ -242,16 +259,11 @@ def compile_source(source: str) -> "EmulatedKernel":
     folder = cache_dir()
     so = folder / f"{key.hexdigest()[:24]}.so"
     if not so.exists():
-        folder.mkdir(parents=True, exist_ok=True)
+        runtime = _runtime_object(cc, folder)
         with tempfile.TemporaryDirectory(dir=folder) as d:
             cpp = Path(d) / "kernel.cpp"
             cpp.write_text(tu)
             out = Path(d) / "kernel.so"
-            runtime = Path(d) / "runtime.o"
-            r = subprocess.run([cc, "-x", "c", "-std=c11", "-O2", "-fPIC", "-c", "-o", str(runtime),
-                                str(SUPPORT_DIR / "runtime.c")], capture_output=True, text=True, check=False)
-            if r.returncode != 0:
-                raise MetalCompileError(f"the emulator's runtime does not compile:\n{r.stderr[-4000:]}")
             r = subprocess.run([cc, *CLANG_FLAGS, "-I", str(SUPPORT_DIR), "-o", str(out), str(cpp), str(runtime)],
                                capture_output=True, text=True, check=False)
             if r.returncode != 0:
@@ -259,6 +271,16 @@ def compile_source(source: str) -> "EmulatedKernel":
                                         f"stand-in <metal_stdlib>:\n{r.stderr[-6000:]}")
             os.replace(out, so)  # atomic: a concurrent compile of the same source writes the same bytes
     return _load(str(so), source)
+
+
+def compile_all(sources: Sequence[str], workers: int | None = None) -> list["EmulatedKernel"]:
+    """:func:`compile_source` for several sources at once, ``workers`` clang processes in
+    parallel (default: the CPUs this process may use): a test run compiles its kernels first."""
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    n = workers or max(1, len(os.sched_getaffinity(0)))
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(compile_source, sources))
 
 
 @lru_cache(maxsize=256)
