@@ -35,8 +35,9 @@ Q4_F32 = {"mode": "affine", "bits": 4, "group_size": 64}
 
 #: (id, hidden, branch, ffn, fold block, permute, weight dtype, quantize). Folds m = 1, 12,
 #: 20, 28 times 2^k (k = 6, 4, 3, 1, 10), with and without permutation; every format:
-#: float32, bfloat16, affine 4-bit with float32 scales (contiguous words: rows of 64-320)
-#: and with bfloat16 scales (interleaved words: rows of 1024); one layer unfolded.
+#: float32, bfloat16, affine 4-bit with float32 and bfloat16 scales, contiguous words
+#: (rows of 64-320) and interleaved (rows of 1024: wo and down, then gate/up and down);
+#: two layers unfolded.
 TAIL_CASES = [
     ("f32-m1x64-perm", 64, 128, 128, 64, True, "float32", None),
     ("f32-m12x16", 64, 384, 128, 192, False, "float32", None),
@@ -45,7 +46,8 @@ TAIL_CASES = [
     ("bf16-m12x16-perm", 64, 192, 128, 192, True, "bfloat16", None),
     ("bf16-unfolded", 64, 128, 128, None, False, "bfloat16", None),
     ("q4-f32scales-contiguous-m20x16", 64, 320, 128, 320, False, "float32", Q4_F32),
-    ("q4-bf16scales-interleaved-m1x1024-perm", 1024, 1024, 1024, 1024, True, "bfloat16", Q4_F32),
+    ("q4-bf16scales-interleaved-m1x1024-perm", 128, 1024, 1024, 1024, True, "bfloat16", Q4_F32),
+    ("q4-f32scales-interleaved-unfolded", 1024, 128, 1024, None, False, "float32", Q4_F32),
 ]
 
 
