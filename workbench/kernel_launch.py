@@ -576,10 +576,11 @@ def launch_source(kernel: Any, inputs: list[mx.array], kw: dict[str, Any]) -> st
     return _EMULATED_SOURCES[key]
 
 
-def emulated_tail_sources(launch: TailLaunch, tuning: KernelTuning | None = None) -> list[str]:
+def emulated_tail_sources(launch: TailLaunch, tuning: KernelTuning | None = None, *,
+                          kernel_dir: Path | None = None) -> list[str]:
     """The three Metal sources :func:`emulated_tail` compiles for ``launch`` (to compile
     many at once: ``metal_emulation.compile_all``)."""
-    prep = prepared(launch, "metal", tuning)
+    prep = prepared(launch, "metal", tuning, kernel_dir=kernel_dir)
     b, r = mx.zeros((prep.branch_dim,), dtype=mx.float32), mx.zeros((prep.hidden,), dtype=mx.float32)
     return [launch_source(prep._wo[0], [b, *prep._wo[1], r], prep._wo[2]),
             launch_source(prep._gu[0], [r, *prep._gu[1]], prep._gu[2]),
@@ -604,16 +605,17 @@ def emulate_launch(kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, o
 
 
 def emulated_tail(launch: TailLaunch, branch: Any, residual: Any, *, order: str = "ascending", seed: int = 0,
-                  tuning: KernelTuning | None = None) -> np.ndarray:
+                  tuning: KernelTuning | None = None, kernel_dir: Path | None = None) -> np.ndarray:
     """The fused tail's three Metal launches run on the CPU (``fused_tail(backend="metal-emulated")``).
 
     The same :class:`PreparedTail` as the ``"metal"`` backend (same refusals, template
     values, grids and constants); each launch's generated source is compiled by clang
     against the stand-in header and executed by the emulator, in thread ``order``
     (``metal_emulation.ORDERS``; ``seed`` for ``"shuffled"``). float32 numpy out, with
-    ``branch``'s leading batch axes.
+    ``branch``'s leading batch axes. ``kernel_dir``: as for :func:`prepare_tail` (the
+    mutation tests run deliberately broken copies of ``kernels/``).
     """
-    prep = prepared(launch, "metal", tuning)
+    prep = prepared(launch, "metal", tuning, kernel_dir=kernel_dir)
     b = np.asarray(_host(_as_mx32(branch)), dtype=np.float32)
     r = np.asarray(_host(_as_mx32(residual)), dtype=np.float32)
     lead = b.shape[:-1]
