@@ -28,7 +28,7 @@ FLOORS: dict[int, tuple[str, ...]] = {
     5: ("frink_case", "wait_measurement"),  # the engine's test case; counting and timing waits
     6: ("comparison", "sweep_cases"),  # comparing a result with its reference; drawing cases
     7: ("exact_oracle", "three_way", "sweeps", "calibration", "waits"),  # studies built on the tail
-    8: ("schedule",),  # a decode step executed stage by stage of the plan
+    8: ("schedule", "metal_check"),  # a decode step executed stage by stage of the plan; Metal emulated beside graph and oracle
     9: ("plots",),  # figures, from anything
 }
 FLOOR_OF = {m: f for f, mods in FLOORS.items() for m in mods}

@@ -242,3 +242,16 @@ def test_bonsai_27b_bf16_matches_the_float64_oracle():
     tol, _ = tolerance_for(w, br, res, truth)
     r = compare(T.fused_tail(w, br, res, backend="metal-emulated"), truth, tol=tol)
     assert r.passed, str(r)
+
+
+# -- what notebook 03 shows -------------------------------------------------------------------
+
+
+def test_metal_check_table():
+    from workbench.metal_check import PROVES, metal_check
+
+    df = metal_check()
+    assert list(df["path"]) == ["metal-emulated", "graph"] * 2 and len(df) == 4
+    assert df["passed"].all() and (df["tol"] == SEED_TOL).all(), df.to_string()
+    assert df.loc[df["path"] == "metal-emulated", "same bits in every thread order"].all()
+    assert "does not" in PROVES
