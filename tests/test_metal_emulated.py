@@ -255,3 +255,15 @@ def test_metal_check_table():
     assert df["passed"].all() and (df["tol"] == SEED_TOL).all(), df.to_string()
     assert df.loc[df["path"] == "metal-emulated", "same bits in every thread order"].all()
     assert "does not" in PROVES
+
+
+def test_without_clang_every_entry_says_what_to_install(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CLANG", "no-such-clang++")
+    c = seed_case()
+    with pytest.raises(B.BackendUnavailable, match="apt-get install clang"):
+        KL.emulated_tail(T.tail_launch(c.weights), c.branch, c.residual)
+    with pytest.raises(B.BackendUnavailable, match="apt-get install clang"):
+        ME.compile_source(KL.emulated_tail_sources(T.tail_launch(c.weights))[0])
+    m = WeightMatrix(np.ones((32, 64), np.float32))
+    with pytest.raises(B.BackendUnavailable, match="apt-get install clang"):
+        KL.head_launch(mx.zeros((64,)), np.ones(64, np.float32), 1e-6, m, m, m, "metal-emulated")

@@ -356,7 +356,8 @@ def prepare_tail(launch: TailLaunch, dialect: str, tuning: KernelTuning | None =
 
     Raises ``ValueError`` for what the kernels do not serve: a weight format other than
     float32 / bfloat16 / affine 4-bit, a fold on wo at its OUTPUT site (frink-models' plan
-    rotates wo's input), folds on the FFN matrices, widths over 8192 or not multiples of 8.
+    rotates wo's input), folds on the FFN matrices, widths over 8192 or not multiples of 8,
+    and for Metal a launch over Apple GPUs' 32 KB of threadgroup memory.
     """
     kernel_source._check_dialect(dialect)
     if launch.fold is not None and launch.fold.site is not FoldSite.INPUT:
@@ -615,6 +616,7 @@ def emulated_tail(launch: TailLaunch, branch: Any, residual: Any, *, order: str 
     ``branch``'s leading batch axes. ``kernel_dir``: as for :func:`prepare_tail` (the
     mutation tests run deliberately broken copies of ``kernels/``).
     """
+    backends.resolve_backend(METAL_EMULATED)  # without clang, say what to install
     prep = prepared(launch, "metal", tuning, kernel_dir=kernel_dir)
     b = np.asarray(_host(_as_mx32(branch)), dtype=np.float32)
     r = np.asarray(_host(_as_mx32(residual)), dtype=np.float32)

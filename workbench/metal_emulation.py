@@ -249,11 +249,14 @@ def compile_source(source: str) -> "EmulatedKernel":
     """MLX's generated Metal ``source`` compiled for the emulator (cached by hash).
 
     Raises :class:`MetalCompileError` with clang's diagnostics (lines numbered as in
-    ``source``) when it does not compile, and ``FileNotFoundError`` without clang.
+    ``source``) when it does not compile, and ``backends.BackendUnavailable`` without clang.
     """
     cc = clang()
     if cc is None:
-        raise FileNotFoundError("clang++ is not installed (apt-get install clang), or set $WORKBENCH_CLANG")
+        from workbench.backends import BackendUnavailable  # noqa: PLC0415 -- same floor
+
+        raise BackendUnavailable("compiling Metal source for the emulator needs clang++: apt-get install clang "
+                                 "(Debian/Ubuntu), or set $WORKBENCH_CLANG to a clang++ on the PATH")
     tu = translation_unit(source)
     key = hashlib.sha256("\0".join((tu, _support_text(), " ".join(CLANG_FLAGS), _clang_version(cc))).encode())
     folder = cache_dir()
