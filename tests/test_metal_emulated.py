@@ -267,3 +267,17 @@ def test_without_clang_every_entry_says_what_to_install(monkeypatch):
     m = WeightMatrix(np.ones((32, 64), np.float32))
     with pytest.raises(B.BackendUnavailable, match="apt-get install clang"):
         KL.head_launch(mx.zeros((64,)), np.ones(64, np.float32), 1e-6, m, m, m, "metal-emulated")
+
+
+def test_the_two_rewrites_and_the_entry():
+    src = KL.emulated_tail_sources(T.tail_launch(seed_case().weights))[1]  # gate_up: group memory, a template
+    assert "GROUP_SHARED float4 xs4[" in src and "[[host_name(" in src
+    tu = ME.translation_unit(src)
+    assert "[[host_name(" not in tu and "template decltype(" in tu
+    assert "threadgroup metal_emulation_array_xs4& xs4 = " in tu and "GROUP_SHARED float4 xs4[" not in tu
+    name, params, targs = ME.signature(src)
+    assert [p.name for p in params if p.buffer is not None] == list(KL.kernel_source.KERNELS["ffn_gate_up"].inputs +
+                                                                   KL.kernel_source.KERNELS["ffn_gate_up"].outputs)
+    assert f"{name}<{targs}>(" in tu and 'extern "C" void metal_emulation_entry' in tu
+    with pytest.raises(ME.MetalCompileError, match="no `\\[\\[kernel\\]\\] void name"):
+        ME.translation_unit("int main() {}")

@@ -15,7 +15,9 @@ device is absent), builds a :class:`workbench.tail.TailLaunch`, and calls
 :func:`run_kernel_tail` with the backend's name as the dialect; that prepares the
 launch once per weights object (:func:`prepared`) and evaluates the three launches.
 Both kernel backends (:data:`KERNEL_BACKENDS`) always exist in code; only the device
-decides whether one can run.
+decides whether one can run. ``fused_tail(backend="metal-emulated")`` prepares the same
+Metal launches and runs them on the CPU (:func:`emulated_tail`: MLX's generated source
+compiled by clang, executed by :mod:`workbench.metal_emulation`).
 """
 
 from __future__ import annotations

@@ -165,13 +165,15 @@ def signature(source: str) -> tuple[str, list[Param], str]:
 
 
 def _split_params(text: str) -> list[str]:
-    out, depth, cur = [], 0, []
+    """The signature's parameters: split at the commas outside brackets."""
+    out: list[str] = []
+    depth, cur = 0, []
     for ch in text:
         if ch == "," and depth == 0:
             out.append("".join(cur))
             cur = []
             continue
-        depth += ch in "<([" 
+        depth += ch in "<(["
         depth -= ch in ">)]"
         cur.append(ch)
     if "".join(cur).strip():
@@ -190,9 +192,12 @@ def _entry(name: str, params: list[Param], targs: str) -> str:
                 args.append(f"({p.type})b[{p.buffer}]")
         elif p.attribute in _ATTRIBUTES:
             x, y, z = _ATTRIBUTES[p.attribute]
-            vector = p.type.strip().endswith(("2", "3", "4"))
-            args.append(f"{p.type}({x}, {y}, {z})" if p.type.strip().endswith("3") else
-                        f"({p.type})({x})" if not vector else f"{p.type}({x}, {y})")
+            if p.type.endswith("3"):
+                args.append(f"{p.type}({x}, {y}, {z})")
+            elif p.type.endswith("2"):
+                args.append(f"{p.type}({x}, {y})")
+            else:
+                args.append(f"({p.type})({x})")
         else:
             raise MetalCompileError(f"the kernel parameter attribute [[{p.attribute}]] is not emulated")
     call = f"{name}<{targs}>" if targs else name
