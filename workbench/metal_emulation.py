@@ -38,6 +38,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -66,9 +67,11 @@ ORDERS: tuple[str, ...] = ("ascending", "descending", "shuffled")
 #: clang's flags: C++17; no floating-point contraction beyond the source's own fma calls
 #: (so results do not depend on the optimiser); float promoted to double is an error as
 #: Metal has no double; unknown Metal attributes ([[kernel]], [[buffer(i)]]) ignored.
+#: On Linux, -Bsymbolic binds each kernel's calls into the runtime to its own copy (every
+#: kernel's shared object carries the runtime; ctypes loads them side by side).
 CLANG_FLAGS: tuple[str, ...] = ("-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
                                 "-fno-strict-aliasing", "-Wno-unknown-attributes", "-Werror=double-promotion",
-                                "-Wl,-Bsymbolic")
+                                *(("-Wl,-Bsymbolic",) if sys.platform.startswith("linux") else ()))
 
 #: MLX's thread attributes -> the C expression of the emulator's per-thread ids.
 _ATTRIBUTES: dict[str, tuple[str, str, str]] = {
@@ -286,7 +289,7 @@ def compile_all(sources: Sequence[str], workers: int | None = None) -> list["Emu
     parallel (default: the CPUs this process may use): a test run compiles its kernels first."""
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
-    n = workers or max(1, len(os.sched_getaffinity(0)))
+    n = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     with ThreadPoolExecutor(n) as pool:
         return list(pool.map(compile_source, sources))
 
