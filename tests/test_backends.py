@@ -62,7 +62,8 @@ def test_fused_tail_runs_a_kernel_backend_through_the_one_launch(monkeypatch):
 
 
 def test_the_kernel_backends_are_the_source_dialects():
-    assert set(KL.KERNEL_BACKENDS) == set(B.BACKENDS) - {"auto", "graph"}
+    # "metal-emulated" runs the Metal dialect's kernels on the CPU: a backend, not a dialect.
+    assert set(KL.KERNEL_BACKENDS) == set(B.BACKENDS) - {"auto", "graph", KL.METAL_EMULATED}
     assert KL.KERNEL_BACKENDS == ks.DIALECTS
 
 
@@ -73,7 +74,7 @@ def test_backend_unavailable_is_a_runtime_error():
 def test_bad_names():
     with pytest.raises(ValueError, match="backend must be one of"):
         B.resolve_backend("opencl")
-    with pytest.raises(ValueError, match=r"dialect must be one of \('metal', 'cuda'\).*got 'graph'"):
+    with pytest.raises(ValueError, match=r"dialect must be one of \('metal', 'cuda', 'metal-emulated'\).*got 'graph'"):
         KL.run_kernel_tail("graph", None, None, None)
 
 

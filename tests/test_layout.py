@@ -22,14 +22,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "workbench"
 FLOORS: dict[int, tuple[str, ...]] = {
     -1: ("validate",),  # argument checks: the one message form, usable by every module, the bottom included
     0: ("hadamard", "kernel_source", "moved_names", "records"),  # numbers, kernel text, old names' new homes, files written atomically
-    1: ("backends", "fold", "model"),  # which devices exist; the rotation; real models' configs
+    1: ("backends", "fold", "model", "metal_emulation"),  # which devices exist; the rotation; real models' configs; Metal source on the CPU
     2: ("weights", "refusals"),  # matrices that carry a fold; the rules over a config
     3: ("kernel_launch",),  # the kernels' launches for weights
     4: ("tail",),  # the tail's weights, math, three paths and one launch builder
     5: ("frink_case", "wait_measurement", "checkpoint"),  # the engine's test case; counting and timing waits; real checkpoints in
     6: ("comparison", "sweep_cases", "reference_model"),  # comparing a result with its reference; drawing cases; mlx-lm's model with a checkpoint
     7: ("exact_oracle", "three_way", "sweeps", "calibration", "waits", "real_model"),  # studies built on the tail; a real model end to end
-    8: ("schedule",),  # a decode step executed stage by stage of the plan
+    8: ("schedule", "metal_check"),  # a decode step executed stage by stage of the plan; Metal emulated beside graph and oracle
     9: ("plots", "tables"),  # figures and text tables, from anything
 }
 FLOOR_OF = {m: f for f, mods in FLOORS.items() for m in mods}

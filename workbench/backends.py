@@ -8,6 +8,10 @@ Backends of :func:`workbench.tail.fused_tail`:
   with MLX's Metal back-end.
 * ``"cuda"``: their twin through ``mx.fast.cuda_kernel``; needs an NVIDIA GPU with
   MLX's CUDA back-end (``mlx[cuda13]``).
+* ``"metal-emulated"``: the Metal kernels compiled by clang against the project's
+  stand-in ``<metal_stdlib>`` and executed on the CPU by its emulator
+  (:mod:`workbench.metal_emulation`); needs clang. A checking tool, slow, and never
+  picked by ``"auto"``: it is asked for by name.
 * ``"auto"``: the first available of cuda, metal, graph.
 
 The kernels themselves and their launches live in :mod:`workbench.kernel_launch`; both
@@ -28,7 +32,7 @@ import mlx.core as mx
 from workbench.moved_names import forwarder
 
 #: Every name :func:`resolve_backend` accepts.
-BACKENDS: tuple[str, ...] = ("auto", "graph", "metal", "cuda")
+BACKENDS: tuple[str, ...] = ("auto", "graph", "metal", "cuda", "metal-emulated")
 
 #: The order ``"auto"`` tries, best first.
 _PREFERENCE: tuple[str, ...] = ("cuda", "metal", "graph")
@@ -55,6 +59,14 @@ def cuda_available() -> bool:
         return False
 
 
+def clang_available() -> bool:
+    """Whether a clang++ is here for the ``"metal-emulated"`` backend (``$WORKBENCH_CLANG``
+    names another): ``metal_emulation.clang``'s search."""
+    from workbench.metal_emulation import clang  # noqa: PLC0415 -- same floor; asked only for this backend
+
+    return clang() is not None
+
+
 def _missing(name: str) -> str | None:
     """Why ``name`` cannot run here, or ``None`` when it can."""
     if name == "metal" and not metal_available():
@@ -67,6 +79,10 @@ def _missing(name: str) -> str | None:
             "backend 'cuda' needs an NVIDIA GPU with MLX's CUDA back-end (pip install 'mlx[cuda13]'): "
             f"mx.cuda.is_available() is False on this machine (MLX {mx.__version__})"
         )
+    if name == "metal-emulated" and not clang_available():
+        return ("backend 'metal-emulated' needs clang++ (C++17) to compile the Metal kernels against the "
+                "stand-in <metal_stdlib>: apt-get install clang (Debian/Ubuntu), or set $WORKBENCH_CLANG to a "
+                "clang++ on the PATH")
     return None
 
 

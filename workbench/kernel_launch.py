@@ -15,7 +15,9 @@ device is absent), builds a :class:`workbench.tail.TailLaunch`, and calls
 :func:`run_kernel_tail` with the backend's name as the dialect; that prepares the
 launch once per weights object (:func:`prepared`) and evaluates the three launches.
 Both kernel backends (:data:`KERNEL_BACKENDS`) always exist in code; only the device
-decides whether one can run.
+decides whether one can run. ``fused_tail(backend="metal-emulated")`` prepares the same
+Metal launches and runs them on the CPU (:func:`emulated_tail`: MLX's generated source
+compiled by clang, executed by :mod:`workbench.metal_emulation`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ MAX_GROUP_THREADS = 1024
 #: The most 16-byte units a lane may load before using any (``KernelTuning.u_*``): the
 #: loads are held in registers, and the tuning sweep never went past 16.
 MAX_UNITS = 64
+
+#: Apple GPUs' threadgroup memory a group, in bytes: every Metal launch is checked
+#: against it (:func:`threadgroup_bytes`), since a pipeline over it fails to build.
+METAL_THREADGROUP_LIMIT = 32768
+
+#: The backend that compiles the Metal kernels with clang and runs them on the CPU
+#: (:mod:`workbench.metal_emulation`): the same launches as ``"metal"``, emulated.
+METAL_EMULATED = "metal-emulated"
 
 
 @dataclass(frozen=True)
@@ -210,6 +220,34 @@ def _check_width(name: str, width: int) -> None:
                          "(the kernels stage it in 32 KB of group memory)")
 
 
+def threadgroup_bytes(kernel: str, template: dict[str, Any]) -> int:
+    """The threadgroup memory one group of ``kernel`` declares with these template values,
+    as its body lays it out (each array rounded up to 16 bytes, as Metal allocates)."""
+    def r16(n: int) -> int:
+        return -(-n // 16) * 16
+
+    red = r16(4 * (template["NT"] // 32))  # a group reduction's scratch: a float a SIMD-group
+    if kernel == "wo_residual":
+        return r16(4 * template["WIDTH"])
+    if kernel == "ffn_gate_up":  # the scratch beside n when both fit, else inside n (kernels/ffn_gate_up.body)
+        both = r16(4 * template["HID"]) + red
+        return both if both <= METAL_THREADGROUP_LIMIT else r16(4 * template["HID"])
+    if kernel == "ffn_down":
+        return red
+    if kernel == "head_qkv":  # the scratch inside n' (kernels/head_qkv.body)
+        return r16(4 * template["HID"])
+    raise ValueError(f"kernel must be one of {tuple(kernel_source.KERNELS)}; got {kernel!r}")
+
+
+def _check_threadgroup_memory(kernel: str, template: list[tuple[str, Any]], width: str) -> None:
+    """ValueError when a Metal launch of ``kernel`` would declare more than Apple GPUs'
+    32 KB of threadgroup memory (``width``: which dimension sets it, for the message)."""
+    used = threadgroup_bytes(kernel, dict(template))
+    if used > METAL_THREADGROUP_LIMIT:
+        raise ValueError(f"{width}: {kernel} would declare {used} bytes of threadgroup memory, more than Apple "
+                         f"GPUs' {METAL_THREADGROUP_LIMIT}; the Metal launch refuses it")
+
+
 def _rotation(plan: FoldPlan | None, width: int) -> dict[str, Any]:
     """The fold plan's arrays and template values (identity ones without a fold)."""
     if plan is None:
@@ -346,7 +384,8 @@ def prepare_tail(launch: TailLaunch, dialect: str, tuning: KernelTuning | None =
 
     Raises ``ValueError`` for what the kernels do not serve: a weight format other than
     float32 / bfloat16 / affine 4-bit, a fold on wo at its OUTPUT site (frink-models' plan
-    rotates wo's input), folds on the FFN matrices, widths over 8192 or not multiples of 8.
+    rotates wo's input), folds on the FFN matrices, widths over 8192 or not multiples of 8,
+    and for Metal a launch over Apple GPUs' 32 KB of threadgroup memory.
     """
     kernel_source._check_dialect(dialect)
     if launch.fold is not None and launch.fold.site is not FoldSite.INPUT:
@@ -362,9 +401,14 @@ def prepare_tail(launch: TailLaunch, dialect: str, tuning: KernelTuning | None =
     if (gate.fmt, gate.sfmt, gate.gs, gate.qi) != (up.fmt, up.sfmt, up.gs, up.qi):
         raise ValueError("gate and up must have the same format (one launch reads both)")
     rot = _rotation(launch.fold_plan, branch_dim)
-    return PreparedTail(dialect, hidden, branch_dim, ffn, wo, gate, up, down, rot,
+    prep = PreparedTail(dialect, hidden, branch_dim, ffn, wo, gate, up, down, rot,
                         launch.ffn_norm.astype(mx.float32), _params(launch.eps, rot["scale"]),
                         tuning or DEFAULT_TUNING, None if kernel_dir is None else Path(kernel_dir))
+    if dialect == "metal":
+        for kernel, width in (("wo_residual", f"branch ({branch_dim})"), ("ffn_gate_up", f"hidden ({hidden})"),
+                              ("ffn_down", f"hidden ({hidden})")):
+            _check_threadgroup_memory(kernel, prep.templates()[kernel], width)
+    return prep
 
 
 #: Prepared tails per weights object, held weakly: they live as long as the weights do.
@@ -410,10 +454,12 @@ def run_kernel_tail(dialect: str, launch: TailLaunch, branch: Any, residual: Any
     ``ValueError`` for a dialect that is not a kernel backend and
     :class:`workbench.backends.BackendUnavailable` when its device is absent here.
     """
-    if dialect not in KERNEL_BACKENDS:
-        raise ValueError(f"dialect must be one of {KERNEL_BACKENDS} (the kernel backends; 'graph' runs as "
-                         f"workbench.tail.tail_graph); got {dialect!r}")
+    if dialect not in KERNEL_BACKENDS + (METAL_EMULATED,):
+        raise ValueError(f"dialect must be one of {KERNEL_BACKENDS + (METAL_EMULATED,)} (the kernel backends; "
+                         f"'graph' runs as workbench.tail.tail_graph); got {dialect!r}")
     backends.resolve_backend(dialect)  # a kernel asked for on a machine without its device says so
+    if dialect == METAL_EMULATED:
+        return emulated_tail(launch, branch, residual)
     out = kernel_tail(launch, _as_mx32(branch), _as_mx32(residual), dialect)
     mx.eval(out)  # the ONE submission: all launches of the tail
     return np.array(out)
@@ -451,7 +497,10 @@ def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: WeightMatrix, k
     ``kernel_dir``: as for :func:`prepare_tail`. Raises ``ValueError`` listing every
     head refusal.
     """
-    kernel_source._check_dialect(dialect)
+    emulated = dialect == METAL_EMULATED
+    if emulated:
+        backends.resolve_backend(dialect)  # without clang, say so before building anything
+    kernel_source._check_dialect("metal" if emulated else dialect)
     found = head_refusals(q, k, v)
     if found:
         raise ValueError("the head launch refuses these projections: " + ", ".join(r.name for r in found))
@@ -472,13 +521,18 @@ def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: WeightMatrix, k
                 ("LOGP", rot["LOGP"]), ("U", _units(m0.fmt, t.u_head)), ("PRE", bool(t.pre_head))]
     norm = attn_norm.astype(mx.float32) if isinstance(attn_norm, mx.array) else mx.array(
         np.asarray(attn_norm, dtype=np.float32))
+    if dialect != "cuda":
+        _check_threadgroup_memory("head_qkv", template, f"hidden ({hid})")
     inputs = [hidden.astype(mx.float32), norm, _params(eps, rot["scale"]), rot["sdest"], rot["table"]]
     for m in mats:
         inputs += [m.w, m.s, m.b]
-    outs = _kernel(dialect, "head_qkv", None if kernel_dir is None else Path(kernel_dir))(
-        inputs=inputs, template=template, grid=(_grid(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
-        threadgroup=(t.head_nt, 1, 1), output_shapes=[(nq,), (nk,), (nv,)],
-        output_dtypes=[mx.float32] * 3, verbose=verbose)
+    kernel = _kernel("metal" if emulated else dialect, "head_qkv", None if kernel_dir is None else Path(kernel_dir))
+    kw = dict(template=template, grid=(_grid(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
+              threadgroup=(t.head_nt, 1, 1), output_shapes=[(nq,), (nk,), (nv,)], output_dtypes=[mx.float32] * 3)
+    if emulated:
+        q_out, k_out, v_out = (mx.array(o) for o in emulate_launch(kernel, inputs, kw))
+        return q_out, k_out, v_out
+    outs = kernel(inputs=inputs, verbose=verbose, **kw)
     return outs[0], outs[1], outs[2]
 
 
@@ -526,3 +580,83 @@ def metal_tail_source(launch: TailLaunch, tuning: KernelTuning | None = None) ->
     prep = prepare_tail(launch, "metal", tuning)
     return generated_source(lambda b, r: prep(b, r, verbose=True),
                             mx.zeros((prep.branch_dim,), dtype=mx.float32), mx.zeros((prep.hidden,), dtype=mx.float32))
+
+
+# -- the Metal kernels on the CPU (backend "metal-emulated") ------------------------------
+
+#: Generated Metal sources, by kernel name, template values and input dtypes (all the
+#: generated text depends on).
+_EMULATED_SOURCES: dict[tuple, str] = {}
+
+
+def _host(a: mx.array) -> np.ndarray:
+    """``a``'s bytes as numpy (bfloat16 as its 16-bit patterns: numpy has no bfloat16)."""
+    return np.array(a.view(mx.uint16)) if a.dtype == mx.bfloat16 else np.array(a)
+
+
+def launch_source(kernel: Any, inputs: list[mx.array], kw: dict[str, Any]) -> str:
+    """The Metal source MLX generates for ``kernel(inputs=inputs, **kw)`` (made once per
+    kernel, template values and input dtypes)."""
+    key = (id(kernel), tuple((n, str(v)) for n, v in kw["template"]),
+           tuple((str(a.dtype), a.size < 8) for a in inputs))
+    if key not in _EMULATED_SOURCES:
+        (src,) = generated_source(lambda *xs: kernel(inputs=list(xs), verbose=True, **kw), *inputs).values()
+        _EMULATED_SOURCES[key] = src
+    return _EMULATED_SOURCES[key]
+
+
+def emulated_tail_sources(launch: TailLaunch, tuning: KernelTuning | None = None, *,
+                          kernel_dir: Path | None = None) -> list[str]:
+    """The three Metal sources :func:`emulated_tail` compiles for ``launch`` (to compile
+    many at once: ``metal_emulation.compile_all``)."""
+    prep = prepared(launch, "metal", tuning, kernel_dir=kernel_dir)
+    b, r = mx.zeros((prep.branch_dim,), dtype=mx.float32), mx.zeros((prep.hidden,), dtype=mx.float32)
+    return [launch_source(prep._wo[0], [b, *prep._wo[1], r], prep._wo[2]),
+            launch_source(prep._gu[0], [r, *prep._gu[1]], prep._gu[2]),
+            launch_source(prep._dn[0], [mx.zeros((prep.ffn,), dtype=mx.float32), r, *prep._dn[1]], prep._dn[2])]
+
+
+def emulate_launch(kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, order: str = "ascending",
+                   seed: int = 0) -> list[np.ndarray]:
+    """One Metal launch run on the CPU: the source MLX generates for ``kernel(inputs=inputs,
+    **kw)`` (``kw``: template, grid, threadgroup, output shapes and dtypes, as a launch
+    passes them), compiled by clang and executed by :mod:`workbench.metal_emulation` in
+    the thread ``order`` given. Raises ``metal_emulation.EmulationError`` /
+    ``MetalCompileError`` with the diagnosis."""
+    from workbench import metal_emulation  # noqa: PLC0415 -- only this backend needs clang and ctypes
+
+    compiled = metal_emulation.compile_source(launch_source(kernel, inputs, kw))
+    threads = int(kw["threadgroup"][0])
+    groups = int(kw["grid"][0]) // threads
+    return compiled.launch([_host(a) for a in inputs],
+                           [(tuple(s), np.float32) for s in kw["output_shapes"]], groups=groups, threads=threads,
+                           order=order, seed=seed)
+
+
+def emulated_tail(launch: TailLaunch, branch: Any, residual: Any, *, order: str = "ascending", seed: int = 0,
+                  tuning: KernelTuning | None = None, kernel_dir: Path | None = None) -> np.ndarray:
+    """The fused tail's three Metal launches run on the CPU (``fused_tail(backend="metal-emulated")``).
+
+    The same :class:`PreparedTail` as the ``"metal"`` backend (same refusals, template
+    values, grids and constants); each launch's generated source is compiled by clang
+    against the stand-in header and executed by the emulator, in thread ``order``
+    (``metal_emulation.ORDERS``; ``seed`` for ``"shuffled"``). float32 numpy out, with
+    ``branch``'s leading batch axes. ``kernel_dir``: as for :func:`prepare_tail` (the
+    mutation tests run deliberately broken copies of ``kernels/``).
+    """
+    backends.resolve_backend(METAL_EMULATED)  # without clang, say what to install
+    prep = prepared(launch, "metal", tuning, kernel_dir=kernel_dir)
+    b = np.asarray(_host(_as_mx32(branch)), dtype=np.float32)
+    r = np.asarray(_host(_as_mx32(residual)), dtype=np.float32)
+    lead = b.shape[:-1]
+    bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
+    rows = []
+    for i in range(bf.shape[0]):
+        k, consts, kw = prep._wo
+        (h,) = emulate_launch(k, [mx.array(bf[i]), *consts, mx.array(rf[i])], kw, order=order, seed=seed)
+        k, consts, kw = prep._gu
+        (act,) = emulate_launch(k, [mx.array(h), *consts], kw, order=order, seed=seed)
+        k, consts, kw = prep._dn
+        (out,) = emulate_launch(k, [mx.array(act), mx.array(h), *consts], kw, order=order, seed=seed)
+        rows.append(out)
+    return np.stack(rows).reshape(*lead, prep.hidden)

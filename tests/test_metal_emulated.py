@@ -1,0 +1,283 @@
+"""The Metal kernels compiled by clang and executed on the CPU (backend "metal-emulated").
+
+Every case: MLX's generated Metal source for the launch, compiled against the stand-in
+``<metal_stdlib>``, run by the emulator with the threads (and groups) in ascending,
+descending and shuffled order; the three results must be the same bits (a race between
+barriers would differ) and match the float64 oracle (``exact_oracle.host_tail_exact``,
+4-bit codes unpacked in numpy) at the tolerance the H200 check uses
+(``exact_oracle.tolerance_for``: max(2e-4, 2 x the float32 oracle's own error)),
+frink-models' case at its 2e-4. The kernels are compiled first, all at once, two clang
+processes at a time (the compile is most of the cost).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from workbench import backends as B
+from workbench import kernel_launch as KL
+from workbench import metal_emulation as ME
+from workbench import model
+from workbench import tail as T
+from workbench.comparison import compare
+from workbench.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
+from workbench.fold import HadamardFold
+from workbench.frink_case import SEED_TOL, seed_case
+from workbench.weights import WeightMatrix
+
+pytestmark = pytest.mark.skipif(ME.clang() is None, reason="clang++ is not installed (apt-get install clang)")
+
+Q4_F32 = {"mode": "affine", "bits": 4, "group_size": 64}
+
+#: (id, hidden, branch, ffn, fold block, permute, weight dtype, quantize). Folds m = 1, 12,
+#: 20, 28 times 2^k (k = 6, 4, 3, 1, 10), with and without permutation; every format:
+#: float32, bfloat16, affine 4-bit with float32 and bfloat16 scales, contiguous words
+#: (rows of 64-320) and interleaved (rows of 1024: wo and down, then gate/up and down);
+#: two layers unfolded.
+TAIL_CASES = [
+    ("f32-m1x64-perm", 64, 128, 128, 64, True, "float32", None),
+    ("f32-m12x16", 64, 384, 128, 192, False, "float32", None),
+    ("f32-m20x8-perm", 64, 320, 128, 160, True, "float32", None),
+    ("f32-m28x2-perm", 64, 448, 128, 56, True, "float32", None),
+    ("bf16-m12x16-perm", 64, 192, 128, 192, True, "bfloat16", None),
+    ("bf16-unfolded", 64, 128, 128, None, False, "bfloat16", None),
+    ("q4-f32scales-contiguous-m20x16", 64, 320, 128, 320, False, "float32", Q4_F32),
+    ("q4-bf16scales-interleaved-m1x1024-perm", 128, 1024, 1024, 1024, True, "bfloat16", Q4_F32),
+    ("q4-f32scales-interleaved-unfolded", 1024, 128, 1024, None, False, "float32", Q4_F32),
+]
+
+
+def _weights(case) -> T.TailWeights:
+    _, hidden, branch, ffn, block, permute, dtype, quant = case
+    return T.TailWeights.random(hidden, branch, ffn, seed=hidden + branch + ffn, fold_block=block,
+                                fold_permute=permute, dtype=dtype, quantize=quant)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_first():
+    """Every kernel this module runs, compiled in parallel before the first case."""
+    sources = [s for case in TAIL_CASES for s in KL.emulated_tail_sources(T.tail_launch(_weights(case)))]
+    sources += KL.emulated_tail_sources(T.tail_launch(seed_case().weights))
+    ME.compile_all(sources)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def _all_orders(run) -> np.ndarray:
+    """``run(order, seed)`` in every order; asserts the same bits from each; returns one."""
+    outs = {o: run(o, 7) for o in ME.ORDERS}
+    first = outs[ME.ORDERS[0]]
+    for o, out in outs.items():
+        assert np.array_equal(_bits(out), _bits(first)), f"{o} order differs from ascending: a race"
+    return first
+
+
+# -- the backend ----------------------------------------------------------------------------
+
+
+def test_the_backend_is_asked_for_by_name_only(monkeypatch):
+    assert "metal-emulated" in B.BACKENDS
+    assert B.resolve_backend("metal-emulated") == "metal-emulated"
+    assert "metal-emulated" not in B.available_backends()  # "auto" never picks it
+    assert B.resolve_backend("auto") != "metal-emulated"
+    monkeypatch.setenv("WORKBENCH_CLANG", "no-such-clang++")
+    with pytest.raises(B.BackendUnavailable, match="apt-get install clang"):
+        B.resolve_backend("metal-emulated")
+    c = seed_case()
+    with pytest.raises(B.BackendUnavailable, match="needs clang"):
+        T.fused_tail(c.weights, c.branch, c.residual, backend="metal-emulated")
+
+
+def test_bad_arguments_name_the_parameter():
+    kernel = ME.compile_source(KL.emulated_tail_sources(T.tail_launch(seed_case().weights))[2])
+    with pytest.raises(ValueError, match="order: must be one of"):
+        kernel.launch([], [], groups=1, threads=32, order="random")
+    with pytest.raises(ValueError, match="threads"):
+        kernel.launch([], [], groups=1, threads=0)
+    with pytest.raises(ValueError, match="takes 6 buffers"):
+        kernel.launch([np.zeros(8, np.float32)], [((64,), np.float32)], groups=64, threads=64)
+
+
+def test_the_refusal_rules_apply_as_for_every_backend():
+    w = T.TailWeights.random(64, 96, 96, seed=0, quantize={"mode": "affine", "bits": 8, "group_size": 32})
+    with pytest.raises(ValueError, match="affine 4-bit"):
+        T.fused_tail(w, *T.random_inputs(w, seed=0), backend="metal-emulated")
+    w = T.TailWeights.random(64, 8200, 80, seed=0)
+    with pytest.raises(ValueError, match="at most 8192"):
+        T.fused_tail(w, *T.random_inputs(w, seed=0), backend="metal-emulated")
+
+
+# -- the tail against the float64 oracle ------------------------------------------------------
+
+
+def test_frink_models_case_at_2e_4():
+    c = seed_case()
+    out = _all_orders(lambda o, s: KL.emulated_tail(T.tail_launch(c.weights), c.branch, c.residual, order=o, seed=s))
+    r = compare(out, host_tail_exact(c.weights, c.branch, c.residual), tol=SEED_TOL)
+    assert r.passed, str(r)
+    np.testing.assert_array_equal(T.fused_tail(c.weights, c.branch, c.residual, backend="metal-emulated"), out)
+
+
+@pytest.mark.parametrize("case", TAIL_CASES, ids=[c[0] for c in TAIL_CASES])
+def test_tail_matches_the_float64_oracle_in_every_thread_order(case):
+    w = _weights(case)
+    br, res = T.random_inputs(w, seed=3)
+    out = _all_orders(lambda o, s: KL.emulated_tail(T.tail_launch(w), br, res, order=o, seed=s))
+    truth = host_tail_exact(w, br, res)
+    tol, _ = tolerance_for(w, br, res, truth)
+    r = compare(out, truth, tol=tol)
+    assert r.passed, str(r)
+
+
+def test_a_batch_is_each_row_its_launches():
+    w = _weights(TAIL_CASES[0])
+    br, res = T.random_inputs(w, seed=4, batch=3)
+    out = T.fused_tail(w, br, res, backend="metal-emulated")
+    assert out.shape == (3, 64)
+    for i in range(3):
+        np.testing.assert_array_equal(out[i], KL.emulated_tail(T.tail_launch(w), br[i], res[i]))
+    r = compare(out, host_tail_exact(w, br, res))
+    assert r.passed, str(r)
+
+
+# -- the head launch ----------------------------------------------------------------------------
+
+#: (id, hidden, q/k/v rows, fold block, weight dtype, quantize)
+HEAD_CASES = [
+    ("f32-m20x4-perm", 320, (64, 32, 32), 80, "float32", None),
+    ("bf16-m12x16", 192, (64, 32, 32), 192, "bfloat16", None),
+    ("q4-f32scales-m28x4", 448, (64, 32, 32), 112, "float32", Q4_F32),
+    ("q4-bf16scales-interleaved-unfolded", 1024, (64, 32, 32), None, "bfloat16", Q4_F32),
+]
+
+
+@pytest.mark.parametrize("case", HEAD_CASES, ids=[c[0] for c in HEAD_CASES])
+def test_head_launch_matches_the_float64_oracle(case):
+    _, hidden, rows, block, dtype, quant = case
+    rng = np.random.default_rng(hidden)
+    fold = HadamardFold.random(hidden, block, seed=hidden, permute=True) if block else None
+    a = math.sqrt(3.0 / hidden)
+
+    def mat(n: int) -> WeightMatrix:
+        w = rng.uniform(-a, a, (n, hidden)).astype(np.float32)
+        if quant is not None:
+            return WeightMatrix.quantize(mx.array(w).astype(getattr(mx, dtype)), fold=fold, **quant)
+        m = WeightMatrix(mx.array(w).astype(getattr(mx, dtype)))
+        return m.fold_hadamard(fold) if fold is not None else m
+
+    q, k, v = (mat(n) for n in rows)
+    x = rng.uniform(-1, 1, hidden).astype(np.float32)
+    nw = (1 + rng.uniform(-0.25, 0.25, hidden)).astype(np.float32)
+
+    def oracle(dt) -> np.ndarray:
+        n = T.rms_norm_np(x.astype(dt), nw.astype(dt), 1e-6)
+        return np.concatenate([m.apply(n) for m in (q, k, v)])
+
+    truth = oracle(np.float64)
+    tol = oracle_tolerance(compare(oracle(np.float32), truth).worst)
+    got = [np.concatenate([np.array(o) for o in KL.head_launch(mx.array(x), nw, 1e-6, q, k, v, "metal-emulated")])]
+    assert [g.shape for g in got] == [(sum(rows),)]
+    r = compare(got[0], truth, tol=tol)
+    assert r.passed, str(r)
+
+
+# -- Apple GPUs' 32 KB of threadgroup memory -------------------------------------------------
+
+
+def test_hidden_8192_fits_32_kb_and_runs():
+    """The boundary: n alone is 32,768 bytes at hidden 8192, so gate_up's reduction scratch
+    lives inside it (it was 32,768 + 32 bytes) and the head launch's likewise."""
+    w = T.TailWeights.random(8192, 64, 64, seed=9)
+    prep = KL.prepare_tail(T.tail_launch(w), "metal")
+    assert KL.threadgroup_bytes("ffn_gate_up", dict(prep.templates()["ffn_gate_up"])) == KL.METAL_THREADGROUP_LIMIT
+    br, res = T.random_inputs(w, seed=9)
+    r = compare(T.fused_tail(w, br, res, backend="metal-emulated"), host_tail_exact(w, br, res))
+    assert r.passed, str(r)
+    rng = np.random.default_rng(1)
+    m = WeightMatrix(rng.uniform(-0.02, 0.02, (32, 8192)).astype(np.float32))
+    x = rng.uniform(-1, 1, 8192).astype(np.float32)
+    got = np.array(KL.head_launch(mx.array(x), np.ones(8192, np.float32), 1e-6, m, m, m, "metal-emulated")[0])
+    truth = m.apply(T.rms_norm_np(x.astype(np.float64), np.ones(8192), 1e-6))
+    assert compare(got, truth).passed
+
+
+def test_a_launch_over_32_kb_is_refused_naming_the_width():
+    t = dict(NT=256, HID=8192, WIDTH=8192)
+    assert KL.threadgroup_bytes("wo_residual", t) == 32768
+    assert KL.threadgroup_bytes("ffn_gate_up", dict(t, HID=8064)) == 8064 * 4 + 32  # both fit: scratch beside n
+    with pytest.raises(ValueError, match=r"branch \(8196\): wo_residual would declare 32784 bytes"):
+        KL._check_threadgroup_memory("wo_residual", [("NT", 512), ("WIDTH", 8196)], "branch (8196)")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        KL.threadgroup_bytes("attention", t)
+
+
+@pytest.mark.parametrize("name", model.list_models())
+def test_every_shipped_models_widths_launch_on_apple_gpus(name):
+    cfg = model.load_model(name)
+    t = KL.DEFAULT_TUNING
+    for layer in cfg.attention_layers():
+        lc = cfg.layer(layer)
+        branch, ffn = lc.num_q_heads * lc.head_dim, lc.ffn_dim or cfg.hidden_size
+        templates = {"wo_residual": dict(NT=t.wo_nt, WIDTH=branch), "ffn_gate_up": dict(NT=t.rows_nt, HID=cfg.hidden_size),
+                     "ffn_down": dict(NT=t.down_nt), "head_qkv": dict(NT=t.head_nt, HID=cfg.hidden_size)}
+        for kernel, tp in templates.items():
+            assert KL.threadgroup_bytes(kernel, tp) <= KL.METAL_THREADGROUP_LIMIT, (name, layer, kernel, ffn)
+
+
+# -- Bonsai-27B's shape -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bonsai_27b_bf16_matches_the_float64_oracle():
+    h, b, f = model.BONSAI_SHAPE
+    w = T.TailWeights.random(h, b, f, seed=5, fold_block=1024, dtype="bfloat16")
+    br, res = T.random_inputs(w, seed=6)
+    truth = host_tail_exact(w, br, res)
+    tol, _ = tolerance_for(w, br, res, truth)
+    r = compare(T.fused_tail(w, br, res, backend="metal-emulated"), truth, tol=tol)
+    assert r.passed, str(r)
+
+
+# -- what notebook 03 shows -------------------------------------------------------------------
+
+
+def test_metal_check_table():
+    from workbench.metal_check import PROVES, metal_check
+
+    df = metal_check()
+    assert list(df["path"]) == ["metal-emulated", "graph"] * 2 and len(df) == 4
+    assert df["passed"].all() and (df["tol"] == SEED_TOL).all(), df.to_string()
+    assert df.loc[df["path"] == "metal-emulated", "same bits in every thread order"].all()
+    assert "does not" in PROVES
+
+
+def test_without_clang_every_entry_says_what_to_install(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CLANG", "no-such-clang++")
+    c = seed_case()
+    with pytest.raises(B.BackendUnavailable, match="apt-get install clang"):
+        KL.emulated_tail(T.tail_launch(c.weights), c.branch, c.residual)
+    with pytest.raises(B.BackendUnavailable, match="apt-get install clang"):
+        ME.compile_source(KL.emulated_tail_sources(T.tail_launch(c.weights))[0])
+    m = WeightMatrix(np.ones((32, 64), np.float32))
+    with pytest.raises(B.BackendUnavailable, match="apt-get install clang"):
+        KL.head_launch(mx.zeros((64,)), np.ones(64, np.float32), 1e-6, m, m, m, "metal-emulated")
+
+
+def test_the_two_rewrites_and_the_entry():
+    src = KL.emulated_tail_sources(T.tail_launch(seed_case().weights))[1]  # gate_up: group memory, a template
+    assert "GROUP_SHARED float4 xs4[" in src and "[[host_name(" in src
+    tu = ME.translation_unit(src)
+    assert "[[host_name(" not in tu and "template decltype(" in tu
+    assert "threadgroup metal_emulation_array_xs4& xs4 = " in tu and "GROUP_SHARED float4 xs4[" not in tu
+    name, params, targs = ME.signature(src)
+    assert [p.name for p in params if p.buffer is not None] == list(KL.kernel_source.KERNELS["ffn_gate_up"].inputs +
+                                                                   KL.kernel_source.KERNELS["ffn_gate_up"].outputs)
+    assert f"{name}<{targs}>(" in tu and 'extern "C" void metal_emulation_entry' in tu
+    with pytest.raises(ME.MetalCompileError, match="no `\\[\\[kernel\\]\\] void name"):
+        ME.translation_unit("int main() {}")

@@ -1,0 +1,160 @@
+"""The checker checked: deliberately broken copies of ``kernels/``, each of which the
+Metal-on-CPU check must catch.
+
+Each mutant edits the text of one file of a copy of ``kernels/`` (the text it replaces
+must be there exactly as often as stated, so a mutant cannot silently stop mutating when
+the kernels change) and names how it must be caught: ``compile`` (clang against the
+stand-in header refuses it, as Metal's compiler would), ``emulator`` (the emulator stops
+the launch: divergent barrier, guard-page fault, threadgroup memory over 32 KB), or
+``result`` (the three thread orders give different bits, or the result misses the
+float64 oracle). An unmutated copy passes, so a catch is the mutant's doing.
+"""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workbench import kernel_launch as KL
+from workbench import kernel_source as ks
+from workbench import metal_emulation as ME
+from workbench import tail as T
+from workbench.comparison import compare
+from workbench.exact_oracle import host_tail_exact
+
+pytestmark = pytest.mark.skipif(ME.clang() is None, reason="clang++ is not installed (apt-get install clang)")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str
+    edits: tuple[tuple[str, str], ...]  # (old text, new text), each old text found exactly once
+    caught: str  # "compile" | "emulator" | "result"
+    match: str = ""  # what the compile or emulator message must say
+    wide: bool = False  # run at hidden 8192 (the 32 KB boundary) instead of the small folded case
+
+
+_SCATTER = tuple((f"xs[d.{c} >> 1] =", f"xs[(d.{c} >> 1) + 1] =") for c in "xyzw")
+
+MUTANTS = [
+    Mutant("dropped-barrier-after-scatter", "common.h",
+           (("        xs4[i4] = v;\n      }\n    }\n  }\n  GROUP_BARRIER();\n}", "        xs4[i4] = v;\n      }\n    }\n  }\n}"),),
+           "result"),
+    Mutant("dropped-barrier-in-butterflies", "common.h",
+           (("      x[i + h] = a - b;\n    }\n    GROUP_BARRIER();", "      x[i + h] = a - b;\n    }"),), "result"),
+    Mutant("barrier-inside-if-lane-0", "common.h",
+           (("  if (lane == 0) {\n    red[warp] = v;\n  }\n  GROUP_BARRIER();",
+             "  if (lane == 0) {\n    red[warp] = v;\n    GROUP_BARRIER();\n  }"),), "emulator", "divergent barrier"),
+    Mutant("early-exit-before-group-sum", "ffn_down.body",
+           (("  const float acc = group_sum<NT>(", "  if (lid >= 32) return;\n  const float acc = group_sum<NT>("),),
+           "emulator", "divergent barrier.*finished"),
+    Mutant("scatter-one-past-the-end", "common.h", _SCATTER, "emulator",
+           "memory fault.*past the end of threadgroup array 'xs4'"),
+    Mutant("threadgroup-pointer-passed-as-device", "wo_residual.body",
+           (("DevVec((const DEV float4*)x)", "DevVec(xs4)"),), "compile", "DevVec"),
+    Mutant("device-pointer-passed-as-threadgroup", "ffn_down.body",
+           (("group_sum<NT>(part, red, lane, warp)", "group_sum<NT>(part, out, lane, warp)"),), "compile",
+           "address space"),
+    Mutant("as-type-of-the-wrong-size", "prelude_metal.h",
+           (("#define BITS_F32(u) as_type<float>(u)", "#define BITS_F32(u) as_type<float>((u16)(u))"),), "compile",
+           "same size"),
+    Mutant("three-component-uint4", "prelude_metal.h",
+           (("uint4((a), (b), (c), (d))", "uint4((a), (b), (c))"),), "compile", "exactly as many components"),
+    Mutant("double-accumulator", "common.h",
+           (("  float t = 0.0f;\n  for (int i = 0; i < NT / 32; ++i) {", "  double t = 0.0;\n  for (int i = 0; i < NT / 32; ++i) {"),),
+           "compile", "metal_has_no_double_type"),
+    Mutant("last-row-never-written", "wo_residual.body",
+           (("for (; r < ROWS; r += ngroups * NW)", "for (; r < ROWS - 1; r += ngroups * NW)"),), "result"),
+    Mutant("norm-read-before-staged", "common.h",
+           (("const float inv = rms_inv<W, NT, true>(", "const float inv = rms_inv<W, NT, false>("),), "result"),
+    Mutant("wrong-simd-lane", "prelude_metal.h",
+           (("const int lane = (int)thread_index_in_simdgroup;", "const int lane = (int)thread_index_in_simdgroup & 15;"),),
+           "result"),
+    Mutant("gate-up-scratch-beside-n-at-8192", "ffn_gate_up.body",  # the layout before the 32 KB fix
+           (("  GROUP_SHARED float4 xs4[HID / 4 + (STAGE ? RED4 : 0)];\n  GRP float* red = (GRP float*)(STAGE ? xs4 + HID / 4 : xs4);",
+             "  GROUP_SHARED float4 xs4[HID / 4];\n  GROUP_SHARED float red[NT / 32];"),), "emulator",
+           "over Apple GPUs' limit.*32800", wide=True),
+]
+
+
+def _case(wide: bool) -> tuple[T.TailWeights, np.ndarray, np.ndarray]:
+    # m = 12 x 2^4 with a permutation: the scatter, the butterflies and the table mix all run.
+    w = (T.TailWeights.random(8192, 64, 64, seed=9) if wide else
+         T.TailWeights.random(64, 192, 128, seed=2, fold_block=192, fold_permute=True))
+    br, res = T.random_inputs(w, seed=2)
+    return w, br, res
+
+
+def _mutate(root: Path, m: Mutant) -> Path:
+    d = root / m.id
+    shutil.copytree(ks.KERNEL_DIR, d, ignore=shutil.ignore_patterns("metal_emulation"))
+    path = d / m.file
+    text = path.read_text()
+    for old, new in m.edits:
+        assert text.count(old) == 1, f"{m.id}: {old!r} is in {m.file} {text.count(old)} times, not once"
+        text = text.replace(old, new)
+    path.write_text(text)
+    return d
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Every mutant's copy of kernels/ (and an unmutated one), their kernels compiled two at a time."""
+    root = tmp_path_factory.mktemp("mutants")
+    out = {m.id: _mutate(root, m) for m in MUTANTS}
+    out["unmutated"] = _mutate(root, Mutant("unmutated", "common.h", (), "result"))
+    sources = []
+    for m in MUTANTS:
+        sources += KL.emulated_tail_sources(T.tail_launch(_case(m.wide)[0]), kernel_dir=out[m.id])
+    sources += KL.emulated_tail_sources(T.tail_launch(_case(False)[0]), kernel_dir=out["unmutated"])
+
+    def attempt(src: str) -> None:
+        try:
+            ME.compile_source(src)
+        except ME.MetalCompileError:
+            pass  # the test asserts it
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(attempt, sources))
+    return out
+
+
+def _orders(w, br, res, d) -> dict[str, np.ndarray]:
+    return {o: KL.emulated_tail(T.tail_launch(w), br, res, order=o, seed=11, kernel_dir=d) for o in ME.ORDERS}
+
+
+def test_the_unmutated_copy_passes(folders):
+    w, br, res = _case(False)
+    outs = _orders(w, br, res, folders["unmutated"])
+    assert len({o.tobytes() for o in outs.values()}) == 1
+    assert compare(outs["ascending"], host_tail_exact(w, br, res)).passed
+
+
+def test_there_are_at_least_ten_mutants_of_bodies_and_prelude():
+    assert len(MUTANTS) >= 10 and len({m.id for m in MUTANTS}) == len(MUTANTS)
+    files = {m.file for m in MUTANTS}
+    assert "prelude_metal.h" in files and "common.h" in files and files & {s.body for s in ks.KERNELS.values()}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.id for m in MUTANTS])
+def test_the_mutant_is_caught(folders, mutant: Mutant):
+    w, br, res = _case(mutant.wide)
+    d = folders[mutant.id]
+    if mutant.caught == "compile":
+        with pytest.raises(ME.MetalCompileError, match=mutant.match):
+            KL.emulated_tail(T.tail_launch(w), br, res, kernel_dir=d)
+    elif mutant.caught == "emulator":
+        with pytest.raises(ME.EmulationError, match=mutant.match):
+            for o in ME.ORDERS:
+                KL.emulated_tail(T.tail_launch(w), br, res, order=o, seed=11, kernel_dir=d)
+    else:
+        outs = _orders(w, br, res, d)
+        races = len({o.tobytes() for o in outs.values()}) > 1
+        wrong = not compare(outs["ascending"], host_tail_exact(w, br, res)).passed
+        assert races or wrong, f"{mutant.id} was not caught: same bits in every order and within tolerance"
