@@ -1,6 +1,6 @@
 """The kernel tail's benchmark: kernels against the MLX graph, the unfused tail and PyTorch.
 
-    python -m bench.kernel_bench                 # Bonsai-27B, bf16 and 4-bit, on this GPU
+    python -m bench.kernel_bench                 # Bonsai-27B, bf16 and every quantized format, on this GPU
     python -m bench.gpu_check                    # the checks AND this benchmark, one record
 
 At Bonsai-27B's tail (hidden 5120, branch 6144, ffn 17408; wo folded with block 1024),
@@ -30,9 +30,11 @@ Every function here takes the dialect (``cuda`` / ``metal``); ``gpu_check`` call
 
 from __future__ import annotations
 
+import datetime as _dt
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -441,12 +443,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="no tuning sweep")
+    ap.add_argument("--formats", default=",".join(BENCH_FORMATS),
+                    help=f"comma list of quantized formats after bf16 (default {','.join(BENCH_FORMATS)})")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent.parent / "data" / "bench"),
+                    help="where the JSON record goes")
     a = ap.parse_args(argv)
+    formats = tuple(record.comma_list(ap, "--formats", a.formats, BENCH_FORMATS))
     dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)
     if dialect is None:
         print("no GPU: the kernel benchmark needs MLX's CUDA or Metal back-end")
         return 2
-    print_table(run(dialect, repeats=a.repeats, quick=a.quick))
+    prov = record.provenance("kernel_bench", argv)
+    started = _dt.datetime.fromisoformat(prov["date"])
+    bench = run(dialect, repeats=a.repeats, seed=a.seed, quick=a.quick, formats=formats)
+    print_table(bench)
+    device = prov["device"].get("device_name", f"{dialect} GPU")
+    record.write({"what": "kernel tail benchmark: every weight format against its floor", **prov, "dialect": dialect,
+                  "bench": bench}, a.out_dir, f"kernel_bench-{record.slug(device)}-{started.strftime('%Y%m%dT%H%M%SZ')}")
     return 0
 
 

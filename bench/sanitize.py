@@ -11,8 +11,9 @@ evaluates, for every weight format the kernels read (float32, bfloat16, affine 4
 8-bit, mxfp4, nvfp4), the tail's three launches and the head launch at a small shape
 (hidden 256, branch 1024, ffn 2048, wo folded with block 256; head 1024 -> 1024 + 256 +
 256) and at Bonsai-27B's (5120, 6144, 17408, block 1024; head 5120 -> 12288 + 1024 +
-1024), and checks each tail against the float64 oracle at the tolerance ``bench.gpu_check``
-uses (a sanitizer that changed results would show). A tool passes when its summary reports
+1024), and checks each small tail against the float64 oracle at the tolerance
+``bench.gpu_check`` uses (a sanitizer that changed results would show; at Bonsai's shape,
+that every output is finite: its oracle is gpu_check's). A tool passes when its summary reports
 no error (racecheck: no hazard) and the child exits 0.
 
 The record (``data/bench/sanitize-<device>-<date>.json``) holds, per tool, the command,
@@ -71,11 +72,16 @@ def _child(shapes: list[str], formats: list[str]) -> int:
             w = tail.TailWeights.random(hidden, branch, ffn, seed=7 + i, fold_block=block, dtype=dtype, quantize=spec)
             br, res = tail.random_inputs(w, seed=8 + i)
             out = tail.fused_tail(w, br, res, backend="cuda")
-            truth = host_tail_exact(w, br, res)
-            tol, _ = tolerance_for(w, br, res, truth)
-            c = compare(out, truth, tol=tol)
-            bad += not c.passed
-            print(f"tail {sname} {fmt}: {c}", flush=True)
+            if sname == "small":  # the float64 oracle at Bonsai's shape is bench.gpu_check's (minutes of CPU)
+                truth = host_tail_exact(w, br, res)
+                tol, _ = tolerance_for(w, br, res, truth)
+                c = compare(out, truth, tol=tol)
+                bad += not c.passed
+                print(f"tail {sname} {fmt}: {c}", flush=True)
+            else:
+                finite = bool(np.isfinite(out).all())
+                bad += not finite
+                print(f"tail {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
             del w
             fold = HadamardFold.random(hidden, block, seed=9 + i, permute=True)
             rng = np.random.default_rng(10 + i)
@@ -133,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
              "--formats", ",".join(formats)]
     runs: dict[str, Any] = {}
     for tool in tools:
-        cmd = [exe, "--tool", tool, "--kernel-name", "kns=fat_", "--print-limit", "20", *child]
+        # initcheck also checks host API copies by default, and MLX's allocator copies whole
+        # buffers (slack beyond an array's end included) when numpy reads an array: those
+        # reports are MLX's, not the kernels', so initcheck checks device accesses only.
+        api = ["--check-api-memory-access", "no"] if tool == "initcheck" else []
+        cmd = [exe, "--tool", tool, *api, "--kernel-name", "kns=fat_", "--print-limit", "20", *child]
         t0 = time.perf_counter()
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT,
