@@ -11,7 +11,7 @@ evaluates, for every weight format the kernels read (float32, bfloat16, affine 4
 8-bit, mxfp4, nvfp4), the tail's three launches and the head launch at a small shape
 (hidden 256, branch 1024, ffn 2048, wo folded with block 256; head 1024 -> 1024 + 256 +
 256) and at Bonsai-27B's (5120, 6144, 17408, block 1024; head 5120 -> 12288 + 1024 +
-1024), and checks each small tail against the float64 oracle at the tolerance
+1024, bf16 only: folding its three matrices in float64 costs minutes of CPU a format), and checks each small tail against the float64 oracle at the tolerance
 ``bench.gpu_check`` uses (a sanitizer that changed results would show; at Bonsai's shape,
 that every output is finite: its oracle is gpu_check's). A tool passes when its summary reports
 no error (racecheck: no hazard) and the child exits 0.
@@ -83,6 +83,8 @@ def _child(shapes: list[str], formats: list[str]) -> int:
                 bad += not finite
                 print(f"tail {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
             del w
+            if sname != "small" and fmt != "bfloat16":
+                continue  # at Bonsai's shape the head launch runs in bf16 only (its folds cost CPU minutes)
             fold = HadamardFold.random(hidden, block, seed=9 + i, permute=True)
             rng = np.random.default_rng(10 + i)
             a = math.sqrt(3.0 / hidden)
