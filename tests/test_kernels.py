@@ -73,7 +73,8 @@ def test_the_two_preludes_define_the_same_names():
 #: products (the row dot's tuned load pattern lives in lane_dot alone), the sign-bit test
 #: of the signed scatter, the rms scale.
 _PRIMITIVE_INTERNALS = ("LOAD_STREAM", "LOAD_UNIT(", "UNIT_DOT(", "load_unit", "unit_dot", "q4_word_dot",
-                        "dot_bf16x8", "dot_f32x4", "dot_q4x8", "Q4_WORD", "& 1)", "RSQRTF", "sumsq4")
+                        "q8_word_dot", "fp4_word_dot", "dot_bf16x8", "dot_f32x4", "dot_q4x8", "dot_q8x4",
+                        "dot_fp4x8", "byte_perm", "Q_WORD", "& 1)", "RSQRTF", "sumsq4")
 
 
 @pytest.mark.parametrize("kernel", list(ks.KERNELS))
@@ -313,7 +314,7 @@ def test_the_kernels_rotation_is_the_folds(block, width, permute):
 
 
 def test_interleaved_4bit_words_cover_each_word_once():
-    """Q4_WORD with QI: units 32c..32c+31 take words 128c + lane + 32k; a bijection per row."""
+    """Q_WORD with QI: units 32c..32c+31 take words 128c + lane + 32k; a bijection per row."""
     for units in (32, 64, 160, 544):
         u = np.arange(units)
         words = np.stack([((u >> 5) << 7) + (u & 31) + 32 * k for k in range(4)], 1)
