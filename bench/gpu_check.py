@@ -25,7 +25,8 @@ with float64 by frink-models' criterion ``|x - y| <= tol * max(|y|, 1)``, and th
 must meet ``max(2e-4, 2 x that error)`` -- frink-models' 2e-4 wherever float32 itself is
 inside it. Both numbers are recorded.
 
-Then ``bench.kernel_bench.run`` (Bonsai-27B, bf16 and 4-bit). The record goes through
+Then ``bench.kernel_bench.run`` (Bonsai-27B, bf16 and every quantized format the kernels
+read; about 7 minutes in all on the H200). The record goes through
 ``bench.record`` to ``data/bench/gpu_check-<device>-<date>.json`` (and to ``$OUT`` when
 set, for the lent machine's copy-back). Exit status 1 if any check fails.
 """
