@@ -10,9 +10,13 @@ Metal ones. Checks, each against the float64 oracle (``workbench.exact_oracle``,
 * frink-models' test case (hidden 64, branch 96, ffn 80, wo folded with block 16 and its signs);
 * random shapes and folds: blocks 12 x 2^k, 20 x 2^k, 28 x 2^k and 2^k, with and without
   a permutation, float32 and bfloat16 weights, a tail without a fold, a batch of three;
+* the quantized formats the kernels read (affine 8-bit, mxfp4, nvfp4 beside affine 4-bit),
+  rows interleaved and not;
 * Bonsai-27B's (5120, 6144, 17408), wo folded with block 1024, in float32 and bfloat16
-  weights, and in 4-bit affine weights (the oracle dequantizes the same codes);
-* the head launch (Q, K, V with one shared rotation) at a small shape and Bonsai's;
+  weights, and in affine 4- and 8-bit, mxfp4 and nvfp4 weights (the oracle dequantizes the
+  same codes exactly, in numpy);
+* the head launch (Q, K, V with one shared rotation) at a small shape and Bonsai's, and
+  in each of the new quantized formats;
 * determinism: the same inputs twice give the same bits (a race would not).
 
 The tolerance of each case is the one the float32 oracle itself needs there
@@ -21,7 +25,8 @@ with float64 by frink-models' criterion ``|x - y| <= tol * max(|y|, 1)``, and th
 must meet ``max(2e-4, 2 x that error)`` -- frink-models' 2e-4 wherever float32 itself is
 inside it. Both numbers are recorded.
 
-Then ``bench.kernel_bench.run`` (Bonsai-27B, bf16 and 4-bit). The record goes through
+Then ``bench.kernel_bench.run`` (Bonsai-27B, bf16 and every quantized format the kernels
+read; about 7 minutes in all on the H200). The record goes through
 ``bench.record`` to ``data/bench/gpu_check-<device>-<date>.json`` (and to ``$OUT`` when
 set, for the lent machine's copy-back). Exit status 1 if any check fails.
 """
@@ -41,10 +46,10 @@ import numpy as np
 from bench import kernel_bench, record
 from workbench import backends, kernel_launch, tail
 from workbench.comparison import compare
-from workbench.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
+from workbench.exact_oracle import dequantize_exact, host_tail_exact, oracle_tolerance, tolerance_for
 from workbench.fold import HadamardFold
 from workbench.frink_case import seed_case
-from workbench.weights import WeightMatrix
+from workbench.weights import QUANT_FORMATS, WeightMatrix
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,15 +76,26 @@ def _tail_case(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, 
 
 
 def _head_case(name: str, hidden: int, nq: int, nk: int, nv: int, block: int | None, dtype: str, seed: int,
-               dialect: str) -> dict[str, Any]:
+               dialect: str, quant: str | None = None) -> dict[str, Any]:
+    """The head launch against float64; ``quant`` (a name in ``QUANT_FORMATS``): the three
+    matrices folded, then quantized (the oracle dequantizes their codes exactly)."""
     rng = np.random.default_rng(seed)
     fold = HadamardFold.random(hidden, block, seed=seed + 1, permute=True) if block else None
     mdt = {"float32": mx.float32, "bfloat16": mx.bfloat16}[dtype]
 
     def mat(rows: int) -> WeightMatrix:
         a = math.sqrt(3.0 / hidden)
-        m = WeightMatrix(mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(mdt))
+        dense = mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(mdt)
+        if quant is not None:
+            q = QUANT_FORMATS[quant]
+            return WeightMatrix.quantize(dense, mode=q.mode, bits=q.bits, group_size=q.group_size, fold=fold)
+        m = WeightMatrix(dense)
         return m.fold_hadamard(fold) if fold is not None else m
+
+    def apply(m: WeightMatrix, n: np.ndarray) -> np.ndarray:
+        """m's map on n in n's dtype, the stored base from its codes (dequantize_exact)."""
+        xr = m.fold.rotate(n) if m.fold is not None else n
+        return xr @ dequantize_exact(m, n.dtype).T
 
     q, k, v = mat(nq), mat(nk), mat(nv)
     x = rng.uniform(-1, 1, hidden).astype(np.float32)
@@ -89,7 +105,7 @@ def _head_case(name: str, hidden: int, nq: int, nk: int, nv: int, block: int | N
     def oracle(dt: Any) -> list[np.ndarray]:
         xd = x.astype(dt)
         n = tail.rms_norm_np(xd, nw.astype(dt), eps)
-        return [m.apply(n) for m in (q, k, v)]  # numpy in: computed in n's dtype
+        return [apply(m, n) for m in (q, k, v)]  # computed in n's dtype
 
     truth = oracle(np.float64)
     f32 = oracle(np.float32)
@@ -99,7 +115,7 @@ def _head_case(name: str, hidden: int, nq: int, nk: int, nv: int, block: int | N
     worst32 = compare(np.concatenate(f32), t).worst
     tol = oracle_tolerance(worst32)
     c = compare(np.concatenate([np.array(g) for g in got]), t, tol=tol)
-    return {"case": name, "shape": [hidden, nq, nk, nv], "weights": dtype, "fold": repr(fold), "tol": tol,
+    return {"case": name, "shape": [hidden, nq, nk, nv], "weights": q.dtype, "fold": repr(fold), "tol": tol,
             "f32_oracle_worst": worst32, "worst": c.worst, "nmse": c.nmse, "max_abs": c.max_abs,
             "passed": bool(c.passed), "result": str(c)}
 
@@ -156,17 +172,32 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
                                  quantize={"mode": "affine", "bits": 4, "group_size": 32})
     br, res = tail.random_inputs(wq, seed=seed + 43)  # wo and down rows interleave their words (Q4_WORD)
     add(_guarded("tail", _tail_case, "random (256, 1024, 2048) affine4 g32", wq, br, res, dialect))
+    # The other quantized formats the kernels read: rows interleaved (128 words a row or a
+    # multiple) and not, every scale format, group sizes 16 to 64.
+    for i, (name, shape, blk) in enumerate((("affine8", (256, 512, 768), 128), ("affine8", (256, 1024, 2048), 256),
+                                            ("mxfp4", (256, 512, 768), 128), ("mxfp4", (256, 1024, 2048), 256),
+                                            ("nvfp4", (256, 512, 768), 128), ("nvfp4", (256, 1024, 2048), 256))):
+        q = QUANT_FORMATS[name]
+        wq = tail.TailWeights.random(*shape, seed=seed + 80 + i, fold_block=blk, dtype="bfloat16",
+                                     quantize={"mode": q.mode, "bits": q.bits, "group_size": q.group_size})
+        br, res = tail.random_inputs(wq, seed=seed + 90 + i)
+        add(_guarded("tail", _tail_case, f"random {shape} {name} g{q.group_size}", wq, br, res, dialect))
     add(_guarded("head", _head_case, "head (1280; 2048, 256, 256) block 20x64", 1280, 2048, 256, 256, 1280, "float32", seed + 50,
                    dialect))
+    for i, name in enumerate(("affine8", "mxfp4", "nvfp4")):
+        add(_guarded("head", _head_case, f"head (1024; 1024, 256, 256) block 1024 {name}", 1024, 1024, 256, 256, 1024,
+                     "bfloat16", seed + 52 + i, dialect, quant=name))
     add(_guarded("head", _head_case, "head (512; 512, 128, 128) no fold bf16", 512, 512, 128, 128, None, "bfloat16", seed + 51,
                    dialect))
     if not quick:
         (hidden, branch, ffn), block = kernel_bench.BONSAI
-        for dt, q in (("float32", None), ("bfloat16", None),
-                      ("bfloat16", {"mode": "affine", "bits": 4, "group_size": 64})):
+        for dt, qname in (("float32", None), ("bfloat16", None), ("bfloat16", "affine4"), ("bfloat16", "affine8"),
+                          ("bfloat16", "mxfp4"), ("bfloat16", "nvfp4")):
+            qs = QUANT_FORMATS[qname] if qname else None
+            q = {"mode": qs.mode, "bits": qs.bits, "group_size": qs.group_size} if qs else None
             w = tail.TailWeights.random(hidden, branch, ffn, seed=seed + 60, fold_block=block, dtype=dt, quantize=q)
             br, res = tail.random_inputs(w, seed=seed + 61)
-            label = f"Bonsai-27B {'affine4' if q else dt}"
+            label = f"Bonsai-27B {qname or dt}"
             add(_guarded("tail", _tail_case, label, w, br, res, dialect, twice=True))
             del w
         # Bonsai's head: q_proj 24 heads x 256 x 2 (the output gate), k and v 4 x 256.

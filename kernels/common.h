@@ -7,12 +7,21 @@
 // the pointer's type is a template parameter.
 
 // Weight formats (template value FMT). A "unit" is the 16 bytes one thread loads at a
-// time: 4 float32 weights, 8 bfloat16 weights, or 32 4-bit weights (MLX's affine
-// layout: uint32 words along the row, low nibble first; scales and biases per group;
-// see Q4_WORD for which words a unit holds).
+// time: 4 float32 weights, 8 bfloat16 weights, 32 4-bit or 16 8-bit codes (MLX's
+// quantized layouts: uint32 words along the row, lowest bits first; one scale a group,
+// and for affine one bias; see Q_WORD for which words a unit holds).
 #define WF_F32 0
 #define WF_BF16 1
-#define WF_Q4 2
+#define WF_Q4 2   // affine 4-bit: w = scale * q + bias
+#define WF_Q8 3   // affine 8-bit: w = scale * q + bias
+#define WF_FP4 4  // E2M1 codes (mxfp4, nvfp4): w = scale * e2m1(code); SFMT says the scale's format
+
+// Scale formats (template value SFMT): 0 float32 and 1 bfloat16 (affine scales and
+// biases), 2 E8M0 (mxfp4: 2^(s - 127)), 3 E4M3 (nvfp4: an fp8 with 4 exponent bits).
+#define SF_F32 0
+#define SF_BF16 1
+#define SF_E8M0 2
+#define SF_E4M3 3
 
 // bfloat16 -> float: the bf16 bits are the high half of the float's.
 KFN float bf16_lo(u32 v) { return BITS_F32(v << 16); }
@@ -66,15 +75,82 @@ KFN float dot_q4x8(u32 v, float4 a, float4 b, float acc) {
 
 KFN float sum8(float4 a, float4 b) { return ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w)); }
 
-// Weight elements per unit.
-#define UNIT_ELEMS(FMT) ((FMT) == WF_F32 ? 4 : ((FMT) == WF_BF16 ? 8 : 32))
+// 8-bit codes, one at a time: the byte in the top eight mantissa bits of a float32 is
+// 1 + q/256, exactly (the "1 +" taken out per word with the sum of x, as for 4-bit).
+#define Q8_MASK 0x007F8000u
+#define F32_ONE 0x3F800000u
 
-// Which uint32 word of a 4-bit row holds the k-th word of unit u. Contiguous (QI false):
-// 4u + k. Interleaved (QI true, rows of a multiple of 128 words): the 32 lanes that load
-// units 32c .. 32c + 31 together read words 128c + lane + 32k, so each of the four loads
-// is one contiguous 128-byte line per warp and each lane's x (8 floats a word) sits 32
-// bytes from its neighbour's -- not 128, which made every x read an 8-way conflict.
-#define Q4_WORD(QI, u, k) ((QI) ? ((((u) >> 5) << 7) + ((u) & 31) + 32 * (k)) : (4 * (u) + (k)))
+// acc + sum over the 4 codes of v of (1 + q/256) * x, x = a in element order.
+KFN float dot_q8x4(u32 v, float4 a, float acc) {
+  acc = FMAF(BITS_F32(((v << 15) & Q8_MASK) | F32_ONE), a.x, acc);
+  acc = FMAF(BITS_F32(((v << 7) & Q8_MASK) | F32_ONE), a.y, acc);
+  acc = FMAF(BITS_F32(((v >> 1) & Q8_MASK) | F32_ONE), a.z, acc);
+  acc = FMAF(BITS_F32(((v >> 9) & Q8_MASK) | F32_ONE), a.w, acc);
+  return acc;
+}
+
+// E2M1 codes (sign, 2 exponent bits, 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and
+// their negatives), four at a time, by table: byte n of the result is b = 12 + 2 e2m1(code
+// n), in [0, 24] (a whole number: the value in halves, moved off zero so that the sign
+// needs no per-weight test). Two 8-entry byte tables (codes 0-7 and 8-15) looked up with
+// the code's low three bits, then the sign bit picks between them: three byte_perms for
+// four codes. b then becomes the bfloat16 1 + b/128 exactly (five bits of mantissa), so
+// e2m1 = (b - 12) / 2 = 64 t - 70 with t that bfloat16.
+#define FP4_POS_LO 0x0F0E0D0Cu  // codes 0-3 (0, 0.5, 1, 1.5): 12 13 14 15
+#define FP4_POS_HI 0x18141210u  // codes 4-7 (2, 3, 4, 6): 16 18 20 24
+#define FP4_NEG_LO 0x090A0B0Cu  // codes 8-11 (-0, -0.5, -1, -1.5): 12 11 10 9
+#define FP4_NEG_HI 0x00040608u  // codes 12-15 (-2, -3, -4, -6): 8 6 4 0
+#define BF16_PAIR_ONE 0x3F803F80u
+
+// The biased bytes b of the four codes in c's low 16 bits (code n in nibble n).
+KFN u32 fp4_bytes(u32 c) {
+  const u32 idx = c & 0x7777u;
+  const u32 pos = byte_perm(FP4_POS_LO, FP4_POS_HI, idx);
+  const u32 neg = byte_perm(FP4_NEG_LO, FP4_NEG_HI, idx);
+  return byte_perm(pos, neg, 0x3210u | ((c >> 1) & 0x4444u));  // nibble n: byte n, + 4 if negative
+}
+
+// acc + sum over the 8 codes of v of t * x, t = 1 + b/128, x = (a, b) in element order.
+KFN float dot_fp4x8(u32 v, float4 a, float4 b, float acc) {
+  const u32 lo = fp4_bytes(v);        // elements 0-3
+  const u32 hi = fp4_bytes(v >> 16);  // elements 4-7
+  const u32 p0 = (lo & 0x00FF00FFu) | BF16_PAIR_ONE;         // elements 0 and 2
+  const u32 p1 = ((lo >> 8) & 0x00FF00FFu) | BF16_PAIR_ONE;  // 1 and 3
+  const u32 p2 = (hi & 0x00FF00FFu) | BF16_PAIR_ONE;         // 4 and 6
+  const u32 p3 = ((hi >> 8) & 0x00FF00FFu) | BF16_PAIR_ONE;  // 5 and 7
+  acc = FMAF(bf16_lo(p0), a.x, acc);
+  acc = FMAF(bf16_lo(p1), a.y, acc);
+  acc = FMAF(bf16_hi(p0), a.z, acc);
+  acc = FMAF(bf16_hi(p1), a.w, acc);
+  acc = FMAF(bf16_lo(p2), b.x, acc);
+  acc = FMAF(bf16_lo(p3), b.y, acc);
+  acc = FMAF(bf16_hi(p2), b.z, acc);
+  acc = FMAF(bf16_hi(p3), b.w, acc);
+  return acc;
+}
+
+// E8M0 (mxfp4's scale): 2^(s - 127), the byte as a float's exponent (s = 0: 2^-127).
+KFN float e8m0_float(u32 s) { return s ? BITS_F32(s << 23) : BITS_F32(0x00400000u); }
+
+// E4M3 (nvfp4's scale): sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is
+// subnormal (m / 8 * 2^-6), computed as m * 2^-9 rather than as a float32 subnormal.
+KFN float e4m3_float(u32 v) {
+  const u32 e = (v >> 3) & 15u;
+  const u32 m = v & 7u;
+  const float mag = e ? BITS_F32(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
+  return (v & 0x80u) ? -mag : mag;
+}
+
+// Weight elements per unit (16 bytes).
+#define UNIT_ELEMS(FMT) ((FMT) == WF_F32 ? 4 : ((FMT) == WF_BF16 ? 8 : ((FMT) == WF_Q8 ? 16 : 32)))
+
+// Which uint32 word of a quantized row holds the k-th word of unit u (four words a unit in
+// every quantized format). Contiguous (QI false): 4u + k. Interleaved (QI true, rows of a
+// multiple of 128 words): the 32 lanes that load units 32c .. 32c + 31 together read words
+// 128c + lane + 32k, so each of the four loads is one contiguous 128-byte line per warp and
+// each lane's x (8 floats a 4-bit word, 4 an 8-bit one) sits 32 (16) bytes from its
+// neighbour's -- not 128 (64), which made every x read a many-way bank conflict.
+#define Q_WORD(QI, u, k) ((QI) ? ((((u) >> 5) << 7) + ((u) & 31) + 32 * (k)) : (4 * (u) + (k)))
 
 // ---- the primitives the bodies are written in -----------------------------------------
 //
@@ -101,28 +177,54 @@ struct WFormat {
   };
 };
 
-// The storage of one 4-bit scale or bias: SFMT 0 float32, 1 bfloat16 (its 16 bits).
+// The storage of one scale or bias (SFMT): float32, bfloat16 (its 16 bits), or a byte
+// (E8M0, E4M3).
 template <int SFMT>
 struct SBElem {
   typedef float T;
 };
 template <>
-struct SBElem<1> {
+struct SBElem<SF_BF16> {
   typedef u16 T;
 };
-KFN float sb_float(float v) { return v; }
-KFN float sb_float(u16 v) { return BITS_F32(((u32)v) << 16); }
+template <>
+struct SBElem<SF_E8M0> {
+  typedef u8 T;
+};
+template <>
+struct SBElem<SF_E4M3> {
+  typedef u8 T;
+};
+// A stored scale's bits, widened to 32 (one overload a storage type, so none is ambiguous).
+KFN u32 sb_bits(float v) { return F32_BITS(v); }
+KFN u32 sb_bits(u16 v) { return (u32)v; }
+KFN u32 sb_bits(u8 v) { return (u32)v; }
+// Those bits as the float they code.
+template <int SFMT>
+KFN float sb_float(u32 v) {
+  if (SFMT == SF_BF16) {
+    return BITS_F32(v << 16);
+  }
+  if (SFMT == SF_E8M0) {
+    return e8m0_float(v);
+  }
+  if (SFMT == SF_E4M3) {
+    return e4m3_float(v);
+  }
+  return BITS_F32(v);
+}
 
-// A row view of a 4-bit matrix's scales and biases (one of each per GS weights): w =
-// scale * q + bias. One typed pointer pair instead of a float32 and a bfloat16 view of
-// each buffer; dense formats carry one too (pointing at an unused dummy), never read.
+// A row view of a quantized matrix's scales and biases (one of each per GS weights; the
+// fp4 formats have no bias, and their view's b is never read). One typed pointer pair
+// instead of one view a storage type; dense formats carry one too (pointing at an unused
+// dummy), never read.
 template <int SFMT>
 struct SBRow {
   typedef typename SBElem<SFMT>::T T;
   const DEV T* s;
   const DEV T* b;
-  KFN float scale(int g) const { return sb_float(s[g]); }
-  KFN float bias(int g) const { return sb_float(b[g]); }
+  KFN float scale(int g) const { return sb_float<SFMT>(sb_bits(s[g])); }
+  KFN float bias(int g) const { return sb_float<SFMT>(sb_bits(b[g])); }
 };
 
 // NR weight rows that one lane walks side by side (gate_up reads row r of gate AND of up
@@ -133,9 +235,10 @@ struct WRows {
   SBRow<F::SFMT> sb[NR];
 };
 
-// Row r of the matrix whose weights / scales / biases are the kernel inputs w / s / b.
-template <typename F, typename WP, typename SP>
-KFN WRows<F, 1> weight_row(WP w, SP s, SP b, int r) {
+// Row r of the matrix whose weights / scales / biases are the kernel inputs w / s / b (b
+// may be typed differently: the fp4 formats pass a float32 dummy for their absent biases).
+template <typename F, typename WP, typename SP, typename BP>
+KFN WRows<F, 1> weight_row(WP w, SP s, BP b, int r) {
   typedef typename SBElem<F::SFMT>::T T;
   WRows<F, 1> row;
   row.w[0] = (const DEV uint4*)w + r * F::UR;
@@ -173,14 +276,14 @@ struct RowSums {
   float v[NR];
 };
 
-// Unit u of the row at wr: its 16 bytes, or for interleaved 4-bit rows its four words
-// gathered (Q4_WORD).
+// Unit u of the row at wr: its 16 bytes, or for interleaved quantized rows its four words
+// gathered (Q_WORD).
 template <typename F>
 KFN uint4 load_unit(const DEV uint4* wr, int u) {
-  if (F::FMT == WF_Q4 && F::QI) {
+  if (F::FMT >= WF_Q4 && F::QI) {
     const DEV u32* w32 = (const DEV u32*)wr;
-    return UINT4(LOAD_STREAM(w32 + Q4_WORD(true, u, 0)), LOAD_STREAM(w32 + Q4_WORD(true, u, 1)),
-                 LOAD_STREAM(w32 + Q4_WORD(true, u, 2)), LOAD_STREAM(w32 + Q4_WORD(true, u, 3)));
+    return UINT4(LOAD_STREAM(w32 + Q_WORD(true, u, 0)), LOAD_STREAM(w32 + Q_WORD(true, u, 1)),
+                 LOAD_STREAM(w32 + Q_WORD(true, u, 2)), LOAD_STREAM(w32 + Q_WORD(true, u, 3)));
   }
   return LOAD_STREAM(wr + u);
 }
@@ -214,6 +317,27 @@ KFN float q4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
   return FMAF(16.0f * sb.scale(g), d, FMAF(sb.bias(g), sx, acc));
 }
 
+// One 8-bit word (4 codes, elements 4 wi ..) into acc: scale * (q . x) + bias * sum(x).
+template <int SFMT, int GS, typename XP>
+KFN float q8_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
+  const float4 xa = x4[wi];
+  const float sx = (xa.x + xa.y) + (xa.z + xa.w);
+  const float d = dot_q8x4(v, xa, 0.0f) - sx;  // sum (q/256) x
+  const int g = (4 * wi) / GS;
+  return FMAF(256.0f * sb.scale(g), d, FMAF(sb.bias(g), sx, acc));
+}
+
+// One E2M1 word (8 codes, elements 8 wi ..) into acc: scale * (e2m1 . x), with
+// e2m1 = 64 t - 70 (dot_fp4x8's t): scale * (64 (t . x) - 70 sum(x)).
+template <int SFMT, int GS, typename XP>
+KFN float fp4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
+  const float4 xa = x4[2 * wi], xb = x4[2 * wi + 1];
+  const float sx = sum8(xa, xb);
+  const float d = dot_fp4x8(v, xa, xb, 0.0f);
+  const float s = sb.scale((8 * wi) / GS);
+  return FMAF(64.0f * s, d, FMAF(-70.0f * s, sx, acc));
+}
+
 // acc + (unit u of a row, its 16 bytes already loaded into w) . x, where x4 indexes x as
 // float4 (a GRP or DEV pointer: group memory in wo / gate_up / head, device memory in
 // down, whose 17408-long input does not fit 32 KB of Metal threadgroup memory).
@@ -225,10 +349,22 @@ KFN float unit_dot(uint4 w, XP x4, int u, float acc, SBRow<F::SFMT> sb) {
   if (F::FMT == WF_F32) {
     return dot_f32x4(w, x4[u], acc);
   }
-  acc = q4_word_dot<F::SFMT, F::GS>(w.x, x4, Q4_WORD(F::QI, u, 0), acc, sb);
-  acc = q4_word_dot<F::SFMT, F::GS>(w.y, x4, Q4_WORD(F::QI, u, 1), acc, sb);
-  acc = q4_word_dot<F::SFMT, F::GS>(w.z, x4, Q4_WORD(F::QI, u, 2), acc, sb);
-  acc = q4_word_dot<F::SFMT, F::GS>(w.w, x4, Q4_WORD(F::QI, u, 3), acc, sb);
+  if (F::FMT == WF_Q8) {
+    acc = q8_word_dot<F::SFMT, F::GS>(w.x, x4, Q_WORD(F::QI, u, 0), acc, sb);
+    acc = q8_word_dot<F::SFMT, F::GS>(w.y, x4, Q_WORD(F::QI, u, 1), acc, sb);
+    acc = q8_word_dot<F::SFMT, F::GS>(w.z, x4, Q_WORD(F::QI, u, 2), acc, sb);
+    return q8_word_dot<F::SFMT, F::GS>(w.w, x4, Q_WORD(F::QI, u, 3), acc, sb);
+  }
+  if (F::FMT == WF_FP4) {
+    acc = fp4_word_dot<F::SFMT, F::GS>(w.x, x4, Q_WORD(F::QI, u, 0), acc, sb);
+    acc = fp4_word_dot<F::SFMT, F::GS>(w.y, x4, Q_WORD(F::QI, u, 1), acc, sb);
+    acc = fp4_word_dot<F::SFMT, F::GS>(w.z, x4, Q_WORD(F::QI, u, 2), acc, sb);
+    return fp4_word_dot<F::SFMT, F::GS>(w.w, x4, Q_WORD(F::QI, u, 3), acc, sb);
+  }
+  acc = q4_word_dot<F::SFMT, F::GS>(w.x, x4, Q_WORD(F::QI, u, 0), acc, sb);
+  acc = q4_word_dot<F::SFMT, F::GS>(w.y, x4, Q_WORD(F::QI, u, 1), acc, sb);
+  acc = q4_word_dot<F::SFMT, F::GS>(w.z, x4, Q_WORD(F::QI, u, 2), acc, sb);
+  acc = q4_word_dot<F::SFMT, F::GS>(w.w, x4, Q_WORD(F::QI, u, 3), acc, sb);
   return acc;
 }
 

@@ -23,6 +23,8 @@
 #define UNROLL _Pragma("unroll")
 // Reinterpret 32 bits as a float.
 #define BITS_F32(u) __uint_as_float(u)
+// A float's 32 bits.
+#define F32_BITS(f) __float_as_uint(f)
 // A 16-byte weight load that streams past the caches (weights are read once a tail).
 #define LOAD_STREAM(p) __ldcs(p)
 // A uint4 from four words.
@@ -33,6 +35,11 @@
 
 typedef unsigned int u32;
 typedef unsigned short u16;
+typedef unsigned char u8;
+
+// Byte n of the result is byte (s >> 4n) & 7 of the pair (x, y), y's bytes numbered 4-7
+// (the selectors passed never set a nibble's top bit): one PRMT instruction.
+KFN u32 byte_perm(u32 x, u32 y, u32 s) { return __byte_perm(x, y, s); }
 
 // The sum of v over the 32 lanes of a warp, in every lane.
 KFN float warp_sum(float v) {

@@ -23,6 +23,8 @@
 #define UNROLL
 // Reinterpret 32 bits as a float (as_type is unqualified in MSL).
 #define BITS_F32(u) as_type<float>(u)
+// A float's 32 bits.
+#define F32_BITS(f) as_type<uint>(f)
 // A plain 16-byte weight load.
 #define LOAD_STREAM(p) (*(p))
 // A uint4 from four words.
@@ -33,6 +35,18 @@
 
 typedef uint u32;
 typedef ushort u16;
+typedef uchar u8;
+
+// Byte n of the result is byte (s >> 4n) & 7 of the pair (x, y), y's bytes numbered 4-7:
+// CUDA's __byte_perm (one instruction there), spelled out (Metal has no byte permute).
+KFN u32 byte_perm(u32 x, u32 y, u32 s) {
+  const ulong v = ((ulong)y << 32) | (ulong)x;
+  u32 r = 0;
+  for (int n = 0; n < 4; ++n) {
+    r |= (u32)((v >> (8 * ((s >> (4 * n)) & 7u))) & 0xFFu) << (8 * n);
+  }
+  return r;
+}
 
 // The sum of v over the 32 lanes of a SIMD-group, in every lane.
 KFN float warp_sum(float v) {

@@ -24,10 +24,14 @@ def test_a_dense_matrix_is_its_own_weights():
     np.testing.assert_array_equal(dequantize_exact(WeightMatrix(a)), a.astype(np.float64))
 
 
-def test_a_non_affine_quantization_is_refused_by_name():
-    w = WeightMatrix.quantize(np.ones((8, 64), np.float32), mode="mxfp4", bits=4, group_size=32)
-    with pytest.raises(ValueError, match=r"quantization mode must be 'affine'.*got 'mxfp4'"):
-        dequantize_exact(w)
+def test_every_mlx_quantization_mode_is_unpacked():
+    """mxfp4 / nvfp4 / mxfp8 as well as affine (tests/test_kernel_formats.py checks each against
+    mx.dequantize bit for bit): a matrix of -1.5 and 3 comes back exactly in each microscaling
+    format (both are codes times a power of two; affine's scale 4.5/255 is not exact)."""
+    a = np.tile(np.array([-1.5, 3.0], np.float32), (8, 32))
+    for mode, bits, gs in (("mxfp4", 4, 32), ("nvfp4", 4, 16), ("mxfp8", 8, 32)):
+        w = WeightMatrix.quantize(a, mode=mode, bits=bits, group_size=gs)
+        np.testing.assert_array_equal(dequantize_exact(w), a.astype(np.float64), err_msg=mode)
 
 
 def test_the_seed_case_is_held_to_2e_4():

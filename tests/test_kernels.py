@@ -73,7 +73,8 @@ def test_the_two_preludes_define_the_same_names():
 #: products (the row dot's tuned load pattern lives in lane_dot alone), the sign-bit test
 #: of the signed scatter, the rms scale.
 _PRIMITIVE_INTERNALS = ("LOAD_STREAM", "LOAD_UNIT(", "UNIT_DOT(", "load_unit", "unit_dot", "q4_word_dot",
-                        "dot_bf16x8", "dot_f32x4", "dot_q4x8", "Q4_WORD", "& 1)", "RSQRTF", "sumsq4")
+                        "q8_word_dot", "fp4_word_dot", "dot_bf16x8", "dot_f32x4", "dot_q4x8", "dot_q8x4",
+                        "dot_fp4x8", "byte_perm", "Q_WORD", "& 1)", "RSQRTF", "sumsq4")
 
 
 @pytest.mark.parametrize("kernel", list(ks.KERNELS))
@@ -214,13 +215,17 @@ def test_metal_head_launch_source():
 
 
 def _dtypes(kernel: str, fmt: int, sfmt: int = 1) -> dict[str, str]:
-    weight = {ks.WF_F32: "float32", ks.WF_BF16: "bfloat16", ks.WF_Q4: "uint32"}[fmt]
+    weight = {ks.WF_F32: "float32", ks.WF_BF16: "bfloat16"}.get(fmt, "uint32")
+    quantized = fmt in (ks.WF_Q4, ks.WF_Q8, ks.WF_FP4)
+    scale = {ks.SF_F32: "float32", ks.SF_BF16: "bfloat16", ks.SF_E8M0: "uint8", ks.SF_E4M3: "uint8"}[sfmt]
     out = {}
     for n in ks.KERNELS[kernel].inputs:
         if n in ("w", "wg", "wu", "wd", "q_w", "k_w", "v_w"):
             out[n] = weight
-        elif n in ("ws", "wb", "wgs", "wgb", "wus", "wub", "wds", "wdb") or re.fullmatch(r"[qkv]_[sb]", n):
-            out[n] = "bfloat16" if fmt == ks.WF_Q4 and sfmt == 1 else "float32"
+        elif n in ("ws", "wgs", "wus", "wds") or re.fullmatch(r"[qkv]_s", n):
+            out[n] = scale if quantized else "float32"
+        elif n in ("wb", "wgb", "wub", "wdb") or re.fullmatch(r"[qkv]_b", n):
+            out[n] = scale if quantized and fmt != ks.WF_FP4 else "float32"
         elif n == "sdest":
             out[n] = "int32"
         elif n == "table":
@@ -238,22 +243,22 @@ _BONSAI_T = {
 }
 
 
-#: (FMT, SFMT, QI, PRE) compiled for every kernel: each weight format, both scale formats
-#: and both 4-bit word orders, and a first batch loaded early or not (the row dot's two
-#: forms), so every branch of common.h's templates is instantiated somewhere.
-_FORMATS = [(ks.WF_F32, 0, False, True), (ks.WF_BF16, 0, False, True), (ks.WF_Q4, 1, True, True),
-            (ks.WF_Q4, 0, False, False)]
+#: (FMT, SFMT, GS, QI, PRE) compiled for every kernel: each weight format, every scale
+#: format and both quantized word orders, and a first batch loaded early or not (the row
+#: dot's two forms), so every branch of common.h's templates is instantiated somewhere.
+_FORMATS = [(ks.WF_F32, 0, 32, False, True), (ks.WF_BF16, 0, 32, False, True), (ks.WF_Q4, 1, 64, True, True),
+            (ks.WF_Q4, 0, 64, False, False), (ks.WF_Q8, 1, 64, True, True), (ks.WF_Q8, 0, 32, False, False),
+            (ks.WF_FP4, ks.SF_E8M0, 32, True, True), (ks.WF_FP4, ks.SF_E4M3, 16, True, False)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
-@pytest.mark.parametrize("fmt,sfmt,qi,pre", _FORMATS)
+@pytest.mark.parametrize("fmt,sfmt,gs,qi,pre", _FORMATS)
 @pytest.mark.parametrize("kernel", list(ks.KERNELS))
-def test_cuda_translation_unit_compiles_without_spills(tmp_path, kernel, fmt, sfmt, qi, pre):
-    t = dict(NT=64 if kernel == "ffn_down" else 256, FMT=fmt, SFMT=sfmt, GS=64, QI=qi, **_BONSAI_T[kernel])
+def test_cuda_translation_unit_compiles_without_spills(tmp_path, kernel, fmt, sfmt, gs, qi, pre):
+    t = dict(NT=64 if kernel == "ffn_down" else 256, FMT=fmt, SFMT=sfmt, GS=gs, QI=qi, **_BONSAI_T[kernel])
     if "PRE" in t:
         t["PRE"] = pre
-    if fmt == ks.WF_Q4:
-        t["U"] = max(1, t["U"] // 4)
+    t["U"] = KL._units(fmt, t["U"])
     src = tmp_path / f"{kernel}.cu"
     src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt, sfmt), t))
     r = subprocess.run(["nvcc", "-arch=sm_90", "-c", "-o", str(tmp_path / "k.o"), "-Xptxas", "-v", str(src)],
@@ -309,7 +314,7 @@ def test_the_kernels_rotation_is_the_folds(block, width, permute):
 
 
 def test_interleaved_4bit_words_cover_each_word_once():
-    """Q4_WORD with QI: units 32c..32c+31 take words 128c + lane + 32k; a bijection per row."""
+    """Q_WORD with QI: units 32c..32c+31 take words 128c + lane + 32k; a bijection per row."""
     for units in (32, 64, 160, 544):
         u = np.arange(units)
         words = np.stack([((u >> 5) << 7) + (u & 31) + 32 * k for k in range(4)], 1)
@@ -346,7 +351,7 @@ def test_mlx_affine_layout_is_low_nibble_first():
 
 def test_unserved_formats_and_shapes_raise():
     w = T.TailWeights.random(64, 96, 80, seed=0, dtype="float16")
-    with pytest.raises(ValueError, match="float32, bfloat16 and affine 4-bit"):
+    with pytest.raises(ValueError, match="the kernels serve float32, bfloat16, affine 4- and 8-bit"):
         KL.prepare_tail(T.tail_launch(w), "metal")
     w = T.TailWeights.random(64, 96, 80, seed=0, fold_block=16, fold_site=FoldSite.OUTPUT)
     with pytest.raises(ValueError, match="INPUT site"):
@@ -354,8 +359,8 @@ def test_unserved_formats_and_shapes_raise():
     w = T.TailWeights.random(64, 8200, 80, seed=0)
     with pytest.raises(ValueError, match="at most 8192"):
         KL.prepare_tail(T.tail_launch(w), "metal")
-    w = T.TailWeights.random(64, 96, 96, seed=0, quantize={"mode": "affine", "bits": 8, "group_size": 32})
-    with pytest.raises(ValueError, match="affine 4-bit"):
+    w = T.TailWeights.random(64, 96, 96, seed=0, quantize={"mode": "mxfp8", "bits": 8, "group_size": 32})
+    with pytest.raises(ValueError, match="mxfp4 and nvfp4 weights; got mxfp8-g32"):
         KL.prepare_tail(T.tail_launch(w), "metal")
     with pytest.raises(ValueError, match="dialect must be one of"):
         KL.prepare_tail(T.tail_launch(seed_case().weights), "vulkan")

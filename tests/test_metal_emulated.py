@@ -32,12 +32,15 @@ from workbench.weights import WeightMatrix
 pytestmark = pytest.mark.skipif(ME.clang() is None, reason="clang++ is not installed (apt-get install clang)")
 
 Q4_F32 = {"mode": "affine", "bits": 4, "group_size": 64}
+Q8 = {"mode": "affine", "bits": 8, "group_size": 32}
+MXFP4 = {"mode": "mxfp4", "bits": 4, "group_size": 32}
+NVFP4 = {"mode": "nvfp4", "bits": 4, "group_size": 16}
 
 #: (id, hidden, branch, ffn, fold block, permute, weight dtype, quantize). Folds m = 1, 12,
 #: 20, 28 times 2^k (k = 6, 4, 3, 1, 10), with and without permutation; every format:
-#: float32, bfloat16, affine 4-bit with float32 and bfloat16 scales, contiguous words
-#: (rows of 64-320) and interleaved (rows of 1024: wo and down, then gate/up and down);
-#: two layers unfolded.
+#: float32, bfloat16, affine 4-bit with float32 and bfloat16 scales, affine 8-bit, mxfp4
+#: and nvfp4, contiguous words (rows of 64-320) and interleaved (rows of 1024: wo and
+#: down, then gate/up and down); some layers unfolded.
 TAIL_CASES = [
     ("f32-m1x64-perm", 64, 128, 128, 64, True, "float32", None),
     ("f32-m12x16", 64, 384, 128, 192, False, "float32", None),
@@ -48,6 +51,12 @@ TAIL_CASES = [
     ("q4-f32scales-contiguous-m20x16", 64, 320, 128, 320, False, "float32", Q4_F32),
     ("q4-bf16scales-interleaved-m1x1024-perm", 128, 1024, 1024, 1024, True, "bfloat16", Q4_F32),
     ("q4-f32scales-interleaved-unfolded", 1024, 128, 1024, None, False, "float32", Q4_F32),
+    ("q8-bf16scales-contiguous-m12x16", 64, 192, 128, 192, False, "bfloat16", Q8),
+    ("q8-f32scales-interleaved-unfolded", 1024, 128, 1024, None, False, "float32", Q8),
+    ("mxfp4-contiguous-m20x16-perm", 64, 320, 128, 320, True, "bfloat16", MXFP4),
+    ("mxfp4-interleaved-unfolded", 1024, 128, 1024, None, False, "bfloat16", MXFP4),
+    ("nvfp4-contiguous-m12x16", 64, 192, 128, 192, False, "bfloat16", NVFP4),
+    ("nvfp4-interleaved-m1x1024-perm", 128, 1024, 1024, 1024, True, "bfloat16", NVFP4),
 ]
 
 
@@ -105,8 +114,8 @@ def test_bad_arguments_name_the_parameter():
 
 
 def test_the_refusal_rules_apply_as_for_every_backend():
-    w = T.TailWeights.random(64, 96, 96, seed=0, quantize={"mode": "affine", "bits": 8, "group_size": 32})
-    with pytest.raises(ValueError, match="affine 4-bit"):
+    w = T.TailWeights.random(64, 96, 96, seed=0, quantize={"mode": "mxfp8", "bits": 8, "group_size": 32})
+    with pytest.raises(ValueError, match="mxfp4 and nvfp4"):
         T.fused_tail(w, *T.random_inputs(w, seed=0), backend="metal-emulated")
     w = T.TailWeights.random(64, 8200, 80, seed=0)
     with pytest.raises(ValueError, match="at most 8192"):
@@ -154,6 +163,9 @@ HEAD_CASES = [
     ("bf16-m12x16", 192, (64, 32, 32), 192, "bfloat16", None),
     ("q4-f32scales-m28x4", 448, (64, 32, 32), 112, "float32", Q4_F32),
     ("q4-bf16scales-interleaved-unfolded", 1024, (64, 32, 32), None, "bfloat16", Q4_F32),
+    ("q8-m12x16", 192, (64, 32, 32), 192, "bfloat16", Q8),
+    ("mxfp4-m20x4-perm", 320, (64, 32, 32), 80, "bfloat16", MXFP4),
+    ("nvfp4-interleaved-unfolded", 1024, (64, 32, 32), None, "bfloat16", NVFP4),
 ]
 
 

@@ -1,6 +1,6 @@
 """The exact oracle the GPU kernels are held to, and the tolerance it implies.
 
-The kernels read quantized weights in MLX's affine layout themselves, so an oracle that
+The kernels read quantized weights in MLX's layouts themselves, so an oracle that
 dequantized through ``mx.dequantize`` would trust the very library whose layout is under
 test. Here the codes are unpacked in numpy (:func:`dequantize_exact`) and the float64
 host tail runs on them (:func:`host_tail_exact`): the truth for every kernel check.
@@ -45,15 +45,41 @@ def nice_ceil(x: float) -> float:
     return float(10 ** (e + 1))
 
 
-def dequantize_exact(wm: WeightMatrix, dtype: Any = np.float64) -> np.ndarray:
-    """A quantized matrix's weights ``scale * q + bias`` computed in ``dtype`` (dense: its base).
+#: E2M1 (mxfp4 / nvfp4 codes): sign, two exponent bits (bias 1), one mantissa bit.
+E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 
-    Unpacks MLX's affine layout (little-endian codes in uint32 words, one scale and bias a
-    group) in numpy, independently of ``mx.dequantize``, so the oracle does not trust the
-    library whose layout the kernels read. (``WeightMatrix.dense`` agrees with it since
-    ``QuantizedBase.dequantize`` casts the scales to float32 first; before that it rounded
-    every weight to bf16 and moved the Bonsai tail ~5e-3 off.) Raises ``ValueError`` for a
-    quantization mode other than affine (the other modes code their values differently).
+
+def e8m0_values(s: np.ndarray) -> np.ndarray:
+    """mxfp4's / mxfp8's scales: 2^(s - 127) (the OCP microscaling E8M0 byte), float64."""
+    return np.ldexp(1.0, np.asarray(s).astype(np.int64) - 127)
+
+
+def e4m3_values(b: np.ndarray) -> np.ndarray:
+    """FP8 E4M3 bytes as float64: sign, 4 exponent bits (bias 7), 3 mantissa bits, exponent
+    0 subnormal (m/8 * 2^-6); nvfp4's scales and mxfp8's codes (0x7f / 0xff, NaN, not decoded)."""
+    b = np.asarray(b).astype(np.int64)
+    e, m = (b >> 3) & 15, b & 7
+    mag = np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * np.ldexp(1.0, e - 7))
+    return np.where(b & 0x80, -mag, mag)
+
+
+def _codes(words: np.ndarray, bits: int) -> np.ndarray:
+    """The codes of uint32 words (rows of them), lowest bits first: [rows, words * 32 / bits]."""
+    per = 32 // bits
+    return np.stack([(words >> (bits * i)) & ((1 << bits) - 1) for i in range(per)], -1).reshape(words.shape[0], -1)
+
+
+def dequantize_exact(wm: WeightMatrix, dtype: Any = np.float64) -> np.ndarray:
+    """A quantized matrix's weights computed in ``dtype`` (dense: its base), from its codes.
+
+    Unpacks MLX's layouts in numpy (codes little-endian in uint32 words, one scale a group),
+    independently of ``mx.dequantize``, so the oracle does not trust the library whose
+    layout the kernels read: affine ``scale * q + bias`` (4 and 8 bits; float32 or bf16
+    scales and biases); mxfp4 ``2^(s-127) * e2m1(q)``; nvfp4 ``e4m3(s) * e2m1(q)`` (no global
+    scale: ``mx.quantize`` makes none); mxfp8 ``2^(s-127) * e4m3(q)``. Every product is
+    exact in float64. (``WeightMatrix.dense`` agrees with it since ``QuantizedBase.dequantize``
+    casts the affine scales to float32 first; before that it rounded every weight to bf16
+    and moved the Bonsai tail ~5e-3 off.)
     """
     if not isinstance(wm, WeightMatrix):
         raise ValueError(f"wm: must be a WeightMatrix, got {validate.describe(wm)}")
@@ -61,16 +87,16 @@ def dequantize_exact(wm: WeightMatrix, dtype: Any = np.float64) -> np.ndarray:
     base, _ = wm.launch_parts()
     if not isinstance(base, QuantizedBase):
         return wm.dense(dtype)
-    if base.spec.mode != "affine":
-        raise ValueError(f"wm's quantization mode must be 'affine' (the layout dequantize_exact unpacks); "
-                         f"got {base.spec.mode!r} ({base.spec})")
-    bits, gs = base.spec.bits, base.spec.group_size
-    words = np.array(base.w).view(np.uint32)
-    per = 32 // bits
-    codes = np.stack([(words >> (bits * i)) & ((1 << bits) - 1) for i in range(per)], -1).reshape(words.shape[0], -1)
-    sc = np.array(base.scales.astype(mx.float32)).astype(dtype).repeat(gs, axis=1)
-    bi = np.array(base.biases.astype(mx.float32)).astype(dtype).repeat(gs, axis=1)
-    return sc * codes.astype(dtype) + bi
+    mode, bits, gs = base.spec.mode, base.spec.bits, base.spec.group_size
+    codes = _codes(np.array(base.w).view(np.uint32), bits)
+    if mode == "affine":
+        sc = np.array(base.scales.astype(mx.float32)).astype(dtype).repeat(gs, axis=1)
+        bi = np.array(base.biases.astype(mx.float32)).astype(dtype).repeat(gs, axis=1)
+        return sc * codes.astype(dtype) + bi
+    raw = np.array(base.scales)
+    scale = (e4m3_values(raw) if mode == "nvfp4" else e8m0_values(raw)).repeat(gs, axis=1)
+    values = e4m3_values(codes) if mode == "mxfp8" else E2M1_VALUES[codes]
+    return (scale * values).astype(dtype)
 
 
 def host_tail_exact(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, dtype: Any = np.float64) -> np.ndarray:

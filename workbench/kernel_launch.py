@@ -170,12 +170,20 @@ class _Matrix:
     b: mx.array
     rows: int
     cols: int
+    nbytes: int  # what the kernel streams: weights, and scales and biases where quantized
 
 
 def _units(fmt: int, u: int) -> int:
     """Units a lane loads per batch: a 4-bit unit is 32 weights (4 x the work of a bf16
-    one, and its dot products unroll into registers), so a quarter as many."""
-    return max(1, u // 4) if fmt == kernel_source.WF_Q4 else u
+    one, and its dot products unroll into registers), so a quarter as many; an 8-bit unit
+    16 weights, so half as many."""
+    if fmt in (kernel_source.WF_Q4, kernel_source.WF_FP4):
+        return max(1, u // 4)
+    return max(1, u // 2) if fmt == kernel_source.WF_Q8 else u
+
+
+#: What the kernels serve, for error messages.
+SERVED = "float32, bfloat16, affine 4- and 8-bit, mxfp4 and nvfp4 weights"
 
 
 def _dummy() -> mx.array:
@@ -191,26 +199,32 @@ def _matrix(name: str, wm: WeightMatrix) -> _Matrix:
     rows, cols = wm.shape
     if isinstance(base, QuantizedBase):
         spec = base.spec
-        if spec.mode != "affine" or spec.bits != 4:
-            raise ValueError(f"{name}: the kernels serve float32, bfloat16 and affine 4-bit weights; got {spec}")
-        if base.scales.dtype not in (mx.float32, mx.bfloat16):
-            raise ValueError(f"{name}: 4-bit scales must be float32 or bfloat16; got {base.scales.dtype}")
-        sfmt = 1 if base.scales.dtype == mx.bfloat16 else 0
-        if cols % 32:
-            raise ValueError(f"{name}: its in dimension ({cols}) must be a multiple of 32 for 4-bit units")
-        # Interleaved words (kernels/common.h, Q4_WORD) need rows of a multiple of 128 words.
-        qi = (cols // 8) % 128 == 0
-        return _Matrix(kernel_source.WF_Q4, sfmt, spec.group_size, qi, base.w, base.scales, base.biases, rows, cols)
+        fmt = kernel_source.KERNEL_QUANT.get((spec.mode, spec.bits))
+        if fmt is None:
+            raise ValueError(f"{name}: the kernels serve {SERVED}; got {spec}")
+        if spec.mode == "affine":
+            if base.scales.dtype not in (mx.float32, mx.bfloat16):
+                raise ValueError(f"{name}: affine scales must be float32 or bfloat16; got {base.scales.dtype}")
+            sfmt = kernel_source.SF_BF16 if base.scales.dtype == mx.bfloat16 else kernel_source.SF_F32
+        else:
+            sfmt = kernel_source.SF_E8M0 if spec.mode == "mxfp4" else kernel_source.SF_E4M3
+        unit = 128 // spec.bits  # weights in a 16-byte unit
+        if cols % unit:
+            raise ValueError(f"{name}: its in dimension ({cols}) must be a multiple of {unit} for {spec} units")
+        # Interleaved words (kernels/common.h, Q_WORD) need rows of a multiple of 128 words.
+        qi = (cols // (32 // spec.bits)) % 128 == 0
+        biases = base.biases if base.biases is not None else _dummy()  # fp4 formats: none, never read
+        return _Matrix(fmt, sfmt, spec.group_size, qi, base.w, base.scales, biases, rows, cols, base.nbytes)
     if base.dtype == mx.float32:
         fmt = kernel_source.WF_F32
     elif base.dtype == mx.bfloat16:
         fmt = kernel_source.WF_BF16
     else:
-        raise ValueError(f"{name}: the kernels serve float32, bfloat16 and affine 4-bit weights; got {base.dtype}")
+        raise ValueError(f"{name}: the kernels serve {SERVED}; got {base.dtype}")
     per = 4 if fmt == kernel_source.WF_F32 else 8
     if cols % per:
         raise ValueError(f"{name}: its in dimension ({cols}) must be a multiple of {per} for 16-byte loads")
-    return _Matrix(fmt, 0, 32, False, base, _dummy(), _dummy(), rows, cols)
+    return _Matrix(fmt, 0, 32, False, base, _dummy(), _dummy(), rows, cols, int(base.nbytes))
 
 
 def _check_width(name: str, width: int) -> None:
@@ -309,9 +323,8 @@ class PreparedTail:
     kernel_dir: Path | None = None
 
     def weight_bytes(self) -> int:
-        """Bytes of every weight the three launches read (codes, scales and biases for 4-bit)."""
-        return int(sum(m.w.nbytes + (m.s.nbytes + m.b.nbytes if m.fmt == kernel_source.WF_Q4 else 0)
-                       for m in (self.wo, self.gate, self.up, self.down)) + self.norm.nbytes)
+        """Bytes of every weight the three launches read (codes, scales and biases where quantized)."""
+        return int(sum(m.nbytes for m in (self.wo, self.gate, self.up, self.down)) + self.norm.nbytes)
 
     def templates(self) -> dict[str, list[tuple[str, Any]]]:
         """The template values of the three launches (what the generated source is checked for)."""
@@ -383,9 +396,10 @@ def prepare_tail(launch: TailLaunch, dialect: str, tuning: KernelTuning | None =
     in one run.
 
     Raises ``ValueError`` for what the kernels do not serve: a weight format other than
-    float32 / bfloat16 / affine 4-bit, a fold on wo at its OUTPUT site (frink-models' plan
-    rotates wo's input), folds on the FFN matrices, widths over 8192 or not multiples of 8,
-    and for Metal a launch over Apple GPUs' 32 KB of threadgroup memory.
+    float32 / bfloat16 / affine 4- or 8-bit / mxfp4 / nvfp4, a fold on wo at its OUTPUT
+    site (frink-models' plan rotates wo's input), folds on the FFN matrices, widths over
+    8192 or not multiples of 8, and for Metal a launch over Apple GPUs' 32 KB of
+    threadgroup memory.
     """
     kernel_source._check_dialect(dialect)
     if launch.fold is not None and launch.fold.site is not FoldSite.INPUT:

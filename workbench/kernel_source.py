@@ -33,8 +33,17 @@ DIALECTS: tuple[str, ...] = ("metal", "cuda")
 #: The line that splits a prelude into its header part and its body part.
 BODY_MARK = "//== body =="
 
-#: Weight formats (the template value ``FMT``), as kernels/common.h numbers them.
-WF_F32, WF_BF16, WF_Q4 = 0, 1, 2
+#: Weight formats (the template value ``FMT``), as kernels/common.h numbers them: dense
+#: float32 / bfloat16, affine 4- and 8-bit, E2M1 codes (mxfp4 and nvfp4).
+WF_F32, WF_BF16, WF_Q4, WF_Q8, WF_FP4 = 0, 1, 2, 3, 4
+
+#: Scale formats (the template value ``SFMT``): affine scales and biases in float32 or
+#: bfloat16, mxfp4's E8M0 and nvfp4's E4M3 bytes.
+SF_F32, SF_BF16, SF_E8M0, SF_E4M3 = 0, 1, 2, 3
+
+#: The quantized formats the kernels read, by ``(mode, bits)`` of ``mx.quantize``.
+KERNEL_QUANT: dict[tuple[str, int], int] = {("affine", 4): WF_Q4, ("affine", 8): WF_Q8,
+                                           ("mxfp4", 4): WF_FP4, ("nvfp4", 4): WF_FP4}
 
 
 @dataclass(frozen=True)
@@ -172,6 +181,7 @@ CUDA_TYPES: dict[str, str] = {
     "bfloat16": "__nv_bfloat16",
     "float16": "__half",
     "int8": "int8_t",
+    "uint8": "uint8_t",
     "int32": "int32_t",
     "uint32": "uint32_t",
 }

@@ -1,0 +1,129 @@
+"""Each launch of the kernel tail under Nsight Compute: its own device time and DRAM traffic.
+
+    python -m bench.launch_profile                   # Bonsai-27B, bf16 and every quantized format
+
+Runs ``python -m bench.launch_profile --child`` under ``ncu --kernel-name regex:^fat_``
+(only the workbench's kernels, whose MLX names start ``fat_``). The child evaluates each
+format's tail twice (a warm-up, then the measured one), one evaluation each, as a decoder
+does: so ncu's figures are a launch run ONCE, caches flushed before it (ncu's default
+``--cache-control all``), its ramp-up and last partial wave included -- the single-shot
+cost that the amortized device time (``bench.kernel_bench``: ten tails in one evaluation)
+hides. Per launch: ``gpu__time_duration.sum`` (ns), DRAM bytes read, DRAM throughput and
+SM throughput as % of peak, achieved occupancy, registers a thread, grid.
+
+Record: ``data/bench/launch_profile-<device>-<date>.json`` with the command and ncu's
+rows, and a table: per format and launch, ms, TB/s read and % of peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import io
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FORMATS: tuple[str, ...] = ("bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
+
+METRICS: tuple[str, ...] = (
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "launch__registers_per_thread",
+    "launch__grid_size",
+    "launch__block_size",
+)
+
+
+def _child(formats: list[str]) -> int:
+    import mlx.core as mx
+
+    from bench.kernel_bench import BONSAI
+    from workbench import kernel_launch, tail
+    from workbench.weights import QUANT_FORMATS
+
+    (hidden, branch, ffn), block = BONSAI
+    for i, fmt in enumerate(formats):
+        q = QUANT_FORMATS.get(fmt)
+        spec = {"mode": q.mode, "bits": q.bits, "group_size": q.group_size} if q else None
+        w = tail.TailWeights.random(hidden, branch, ffn, seed=3 + i, fold_block=block, dtype="bfloat16", quantize=spec)
+        b, r = (mx.array(a) for a in tail.random_inputs(w, seed=4 + i))
+        prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
+        for _ in range(2):  # warm-up, then the measured one: one evaluation each
+            mx.eval(prep(b, r))
+        print(f"profiled {fmt}", flush=True)
+        del w, prep
+    return 0
+
+
+def _rows(text: str) -> list[dict[str, str]]:
+    start = text.find('"ID"')
+    return list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench import record
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON record goes")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
+    if a.child:
+        return _child(formats)
+    exe = shutil.which("ncu")
+    if exe is None:
+        print("ncu (Nsight Compute) is not on PATH")
+        return 2
+    prov = record.provenance("launch_profile", argv)
+    started = _dt.datetime.fromisoformat(prov["date"])
+    cmd = [exe, "--kernel-name", "regex:^fat_", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
+           sys.executable, "-m", "bench.launch_profile", "--child", "--formats", ",".join(formats)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
+    rows = _rows(p.stdout)
+    per: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        e = per.setdefault(int(row["ID"]), {"kernel": row["Kernel Name"].split("(")[0]})
+        try:
+            e[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
+        except ValueError:
+            e[row["Metric Name"]] = row["Metric Value"]
+    launches = [per[k] for k in sorted(per)]
+    table = []
+    # Six launches a format (a warm-up tail, then the measured tail), in the child's order.
+    for i, fmt in enumerate(formats):
+        for e in launches[6 * i + 3: 6 * i + 6]:
+            ns = e.get("gpu__time_duration.sum", float("nan"))
+            rd = e.get("dram__bytes_read.sum", float("nan"))
+            table.append({"format": fmt, "kernel": e["kernel"], "ms": ns / 1e6, "dram_read_MB": rd / 1e6,
+                          "read_TBps": rd / ns / 1e3 if ns else None,
+                          "dram_pct_peak": e.get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+                          "sm_pct_peak": e.get("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+                          "occupancy_pct": e.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
+                          "registers": e.get("launch__registers_per_thread"), "grid": e.get("launch__grid_size"),
+                          "block": e.get("launch__block_size")})
+    print(f"{'format':<10}{'kernel':<34}{'ms':>8}{'MB read':>9}{'TB/s':>7}{'DRAM%':>7}{'SM%':>6}{'occ%':>6}{'regs':>6}")
+    for t in table:
+        print(f"{t['format']:<10}{t['kernel'][:33]:<34}{t['ms']:>8.4f}{t['dram_read_MB']:>9.1f}"
+              f"{(t['read_TBps'] or 0):>7.2f}{(t['dram_pct_peak'] or 0):>7.1f}{(t['sm_pct_peak'] or 0):>6.1f}"
+              f"{(t['occupancy_pct'] or 0):>6.1f}{(t['registers'] or 0):>6.0f}")
+    rec = {"what": "each tail launch once under Nsight Compute (single shot, caches flushed)", **prov,
+           "ncu_command": " ".join(cmd), "returncode": p.returncode, "table": table, "launches": launches,
+           "output_tail": (p.stdout + p.stderr)[-3000:] if not table else p.stderr[-1500:]}
+    device = prov["device"].get("device_name", "gpu")
+    record.write(rec, a.out_dir, f"launch_profile-{record.slug(device)}-{started.strftime('%Y%m%dT%H%M%SZ')}")
+    return 0 if table else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

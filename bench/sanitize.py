@@ -1,0 +1,172 @@
+"""Every kernel and weight format under NVIDIA's compute-sanitizer, one record.
+
+    python -m bench.sanitize                      # memcheck, racecheck, synccheck, initcheck
+    python -m bench.sanitize --tools memcheck     # one tool
+    python -m bench.sanitize --shapes small       # the small shape only
+
+Each tool runs ``python -m bench.sanitize --child`` in a process of its own under
+``compute-sanitizer --tool T --kernel-name kns=fat_`` (only the workbench's kernels, whose
+MLX names start ``fat_``, are instrumented; MLX's own kernels run as they are). The child
+evaluates, for every weight format the kernels read (float32, bfloat16, affine 4- and
+8-bit, mxfp4, nvfp4), the tail's three launches and the head launch at a small shape
+(hidden 256, branch 1024, ffn 2048, wo folded with block 256; head 1024 -> 1024 + 256 +
+256) and at Bonsai-27B's (5120, 6144, 17408, block 1024; head 5120 -> 12288 + 1024 +
+1024, bf16 only: folding its three matrices in float64 costs minutes of CPU a format), and checks each small tail against the float64 oracle at the tolerance
+``bench.gpu_check`` uses (a sanitizer that changed results would show; at Bonsai's shape,
+that every output is finite: its oracle is gpu_check's). A tool passes when its summary reports
+no error (racecheck: no hazard) and the child exits 0.
+
+The record (``data/bench/sanitize-<device>-<date>.json``) holds, per tool, the command,
+exit status, the summary lines, the seconds it took and the output's tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import record
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "synccheck", "initcheck")
+
+#: (hidden, branch, ffn), wo's fold block, head rows (q, k, v).
+SHAPES: dict[str, tuple[tuple[int, int, int], int, tuple[int, int, int]]] = {
+    "small": ((256, 1024, 2048), 256, (1024, 256, 256)),
+    "bonsai": ((5120, 6144, 17408), 1024, (12288, 1024, 1024)),
+}
+
+#: Weight formats: None = dense float32 / bfloat16, else a name in QUANT_FORMATS.
+FORMATS: tuple[str, ...] = ("float32", "bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
+
+
+def _child(shapes: list[str], formats: list[str]) -> int:
+    """Run every kernel once per (shape, format); 1 if an output misses the oracle."""
+    import mlx.core as mx
+
+    from workbench import kernel_launch, tail
+    from workbench.comparison import compare
+    from workbench.exact_oracle import host_tail_exact, tolerance_for
+    from workbench.fold import HadamardFold
+    from workbench.weights import QUANT_FORMATS, WeightMatrix
+
+    bad = 0
+    for sname in shapes:
+        (hidden, branch, ffn), block, (nq, nk, nv) = SHAPES[sname]
+        for i, fmt in enumerate(formats):
+            q = QUANT_FORMATS.get(fmt)
+            spec = {"mode": q.mode, "bits": q.bits, "group_size": q.group_size} if q else None
+            dtype = fmt if q is None else "bfloat16"
+            w = tail.TailWeights.random(hidden, branch, ffn, seed=7 + i, fold_block=block, dtype=dtype, quantize=spec)
+            br, res = tail.random_inputs(w, seed=8 + i)
+            out = tail.fused_tail(w, br, res, backend="cuda")
+            if sname == "small":  # the float64 oracle at Bonsai's shape is bench.gpu_check's (minutes of CPU)
+                truth = host_tail_exact(w, br, res)
+                tol, _ = tolerance_for(w, br, res, truth)
+                c = compare(out, truth, tol=tol)
+                bad += not c.passed
+                print(f"tail {sname} {fmt}: {c}", flush=True)
+            else:
+                finite = bool(np.isfinite(out).all())
+                bad += not finite
+                print(f"tail {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
+            del w
+            if sname != "small" and fmt != "bfloat16":
+                continue  # at Bonsai's shape the head launch runs in bf16 only (its folds cost CPU minutes)
+            fold = HadamardFold.random(hidden, block, seed=9 + i, permute=True)
+            rng = np.random.default_rng(10 + i)
+            a = math.sqrt(3.0 / hidden)
+            mats = []
+            for rows in (nq, nk, nv):
+                dense = mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(
+                    mx.float32 if fmt == "float32" else mx.bfloat16)
+                mats.append(WeightMatrix.quantize(dense, mode=q.mode, bits=q.bits, group_size=q.group_size, fold=fold)
+                            if q else WeightMatrix(dense).fold_hadamard(fold))
+            x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
+            got = kernel_launch.head_launch(x, np.ones(hidden, np.float32), 1e-6, *mats, "cuda")
+            mx.eval(*got)
+            finite = all(bool(mx.all(mx.isfinite(g)).item()) for g in got)
+            bad += not finite
+            print(f"head {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
+            del mats, got
+    return 1 if bad else 0
+
+
+_SUMMARY = re.compile(r"^=+ (ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY).*$", re.M)
+
+
+def _errors(tool: str, text: str) -> int | None:
+    """Errors (racecheck: hazards) in the sanitizer's summary, or None if it printed none."""
+    m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    if tool == "racecheck":
+        r = re.search(r"RACECHECK SUMMARY: (\d+) hazard", text)
+        if r:
+            return int(r.group(1)) + (int(m.group(1)) if m else 0)
+    return int(m.group(1)) if m else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tools", default=",".join(TOOLS), help=f"comma list of {TOOLS}")
+    ap.add_argument("--shapes", default="small,bonsai", help=f"comma list of {tuple(SHAPES)}")
+    ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds allowed each tool (default 240)")
+    ap.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON record goes")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    tools = record.comma_list(ap, "--tools", a.tools, TOOLS)
+    shapes = record.comma_list(ap, "--shapes", a.shapes, SHAPES)
+    formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
+    if a.child:
+        return _child(shapes, formats)
+    exe = shutil.which("compute-sanitizer")
+    if exe is None:
+        print("compute-sanitizer is not on PATH: it comes with the CUDA toolkit")
+        return 2
+    prov = record.provenance("sanitize", argv)
+    started = _dt.datetime.fromisoformat(prov["date"])
+    child = [sys.executable, "-m", "bench.sanitize", "--child", "--shapes", ",".join(shapes),
+             "--formats", ",".join(formats)]
+    runs: dict[str, Any] = {}
+    for tool in tools:
+        # initcheck also checks host API copies by default, and MLX's allocator copies whole
+        # buffers (slack beyond an array's end included) when numpy reads an array: those
+        # reports are MLX's, not the kernels', so initcheck checks device accesses only.
+        api = ["--check-api-memory-access", "no"] if tool == "initcheck" else []
+        cmd = [exe, "--tool", tool, *api, "--kernel-name", "kns=fat_", "--print-limit", "20", *child]
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            text, rc = p.stdout + p.stderr, p.returncode
+        except subprocess.TimeoutExpired as e:
+            text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            rc = None
+        errors = _errors(tool, text)
+        runs[tool] = {"command": " ".join(cmd), "returncode": rc, "seconds": time.perf_counter() - t0,
+                      "errors": errors, "summary": [m.group(0) for m in _SUMMARY.finditer(text)],
+                      "cases": [ln for ln in text.splitlines() if ln.startswith(("tail ", "head "))],
+                      "passed": rc == 0 and errors == 0, "output_tail": text[-4000:]}
+        print(f"{tool:<10} {'clean' if runs[tool]['passed'] else 'NOT CLEAN'}: errors {errors}, exit {rc}, "
+              f"{runs[tool]['seconds']:.0f} s", flush=True)
+    rec = {"what": "compute-sanitizer on every kernel and weight format", **prov, "shapes": {s: SHAPES[s] for s in shapes},
+           "formats": formats, "tools": runs, "all_clean": all(r["passed"] for r in runs.values())}
+    device = prov["device"].get("device_name", "gpu")
+    record.write(rec, a.out_dir, f"sanitize-{record.slug(device)}-{started.strftime('%Y%m%dT%H%M%SZ')}")
+    return 0 if rec["all_clean"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
