@@ -140,9 +140,9 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
     def add(e: dict[str, Any]) -> None:
         results.append(e)
         if "error" in e:
-            log(f"  FAIL {e['case']:<44} {e['error']}")
+            log(f"  FAIL {e['case']:<50} {e['error']}")
             return
-        log(f"  {'ok  ' if e['passed'] else 'FAIL'} {e['case']:<44} tol {e['tol']:.0e} "
+        log(f"  {'ok  ' if e['passed'] else 'FAIL'} {e['case']:<50} tol {e['tol']:.0e} "
             f"worst {e['worst']:.3g} (f32 oracle {e['f32_oracle_worst']:.3g})")
 
     c = seed_case()
@@ -160,7 +160,7 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
     for i, (h, b, f, blk, perm, dt) in enumerate(small):
         w = tail.TailWeights.random(h, b, f, seed=seed + 10 + i, fold_block=blk, fold_permute=perm, dtype=dt)
         br, res = tail.random_inputs(w, seed=seed + 100 + i)
-        add(_guarded("tail", _tail_case, f"random ({h}, {b}, {f}) block {blk}{' perm' if perm else ''} {dt[:4]}", w, br, res, dialect))
+        add(_guarded("tail", _tail_case, f"random ({h}, {b}, {f}) block {blk}{' perm' if perm else ''} {dt}", w, br, res, dialect))
     w = tail.TailWeights.random(128, 256, 384, seed=seed + 30, fold_block=64, dtype="float32")
     br, res = tail.random_inputs(w, seed=seed + 31, batch=3)
     add(_guarded("tail", _tail_case, "batch of 3 (128, 256, 384) block 64", w, br, res, dialect))

@@ -24,6 +24,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from bench import record  # noqa: E402
+
 #: (label, how to read the ms from a case entry) for each bar of a format.
 SERIES: tuple[tuple[str, Any], ...] = (
     ("floor", lambda c: c["floor_ms"]),
@@ -64,7 +66,9 @@ def plot(rec: dict[str, Any], path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = record.parser("kernel_plot", __doc__, record_options=False,
+                       writes="writes RECORD's figure beside it, as RECORD with .png for .json; never replaces "
+                              "an existing PNG without --force")
     ap.add_argument("record", help="a kernel_bench (or gpu_check) JSON record")
     ap.add_argument("--force", action="store_true", help="replace the PNG if it exists")
     a = ap.parse_args(argv)

@@ -72,10 +72,9 @@ def _rows(text: str) -> list[dict[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     from bench import record
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = record.parser("launch_profile", __doc__)
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
-    ap.add_argument("--timeout", type=float, default=300.0)
-    ap.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON record goes")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds allowed the whole ncu run")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
@@ -120,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     rec = {"what": "each tail launch once under Nsight Compute (single shot, caches flushed)", **prov,
            "ncu_command": " ".join(cmd), "returncode": p.returncode, "table": table, "launches": launches,
            "output_tail": (p.stdout + p.stderr)[-3000:] if not table else p.stderr[-1500:]}
-    device = prov["device"].get("device_name", "gpu")
-    record.write(rec, a.out_dir, f"launch_profile-{record.slug(device)}-{started.strftime('%Y%m%dT%H%M%SZ')}")
+    if not a.no_record:
+        device = prov["device"].get("device_name", "gpu")
+        record.write(rec, a.out_dir, record.record_stem("launch_profile", device, started), force=a.force)
     return 0 if table else 1
 
 

@@ -103,7 +103,7 @@ def bench_tail(rm: Any, layer: int, names: list[str], repeats: int, warmup: int,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(prog="python -m bench.real_model", description=__doc__.split("\n\n")[0])
+    p = record.parser("real_model", __doc__)
     kernel_names = [b for b in backends.BACKENDS if b not in ("auto",)]
     p.add_argument("--backends", default=",".join(backends.available_backends()),
                    help="fused backends to run, comma-separated (default: every one this machine has)")
@@ -111,8 +111,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rounds", type=int, default=3, help="decode rounds per variant (default 3)")
     p.add_argument("--repeats", type=int, default=50, help="timed tail runs per variant (default 50)")
     p.add_argument("--layer", type=int, default=15, help="the layer whose tail is timed (default 15)")
-    p.add_argument("--out-dir", default="data/bench")
-    p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)
     names = record.comma_list(p, "--backends", args.backends, kernel_names)
     for flag, v in (("--tokens", args.tokens), ("--rounds", args.rounds), ("--repeats", args.repeats)):
@@ -153,7 +151,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "tail": tail_result,
     }
     if not args.no_record:
-        record.write(rec, args.out_dir, f"real_model-{record.device_kind()}-{rec['date'][:19].replace(':', '')}")
+        record.write(rec, args.out_dir, record.record_stem("real_model", rec["device"].get("device_name")),
+                     force=args.force)
     return rec
 
 

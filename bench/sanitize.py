@@ -118,12 +118,11 @@ def _errors(tool: str, text: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = record.parser("sanitize", __doc__)
     ap.add_argument("--tools", default=",".join(TOOLS), help=f"comma list of {TOOLS}")
     ap.add_argument("--shapes", default="small,bonsai", help=f"comma list of {tuple(SHAPES)}")
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds allowed each tool (default 240)")
-    ap.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON record goes")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds allowed each tool")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     tools = record.comma_list(ap, "--tools", a.tools, TOOLS)
@@ -163,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{runs[tool]['seconds']:.0f} s", flush=True)
     rec = {"what": "compute-sanitizer on every kernel and weight format", **prov, "shapes": {s: SHAPES[s] for s in shapes},
            "formats": formats, "tools": runs, "all_clean": all(r["passed"] for r in runs.values())}
-    device = prov["device"].get("device_name", "gpu")
-    record.write(rec, a.out_dir, f"sanitize-{record.slug(device)}-{started.strftime('%Y%m%dT%H%M%SZ')}")
+    if not a.no_record:
+        device = prov["device"].get("device_name", "gpu")
+        record.write(rec, a.out_dir, record.record_stem("sanitize", device, started), force=a.force)
     return 0 if rec["all_clean"] else 1
 
 
