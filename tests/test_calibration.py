@@ -216,5 +216,5 @@ def test_sweep_rate_bench_runs_small(tmp_path, capsys) -> None:
     (path,) = tmp_path.glob("sweep_rate-*-t.json")  # sweep_rate-<device>-<UTC time>-<tag>.json
     row = rec["results"][0]
     assert row["cases"] == 128 and row["calibrated"]["recommended"] >= row["max_worst"]
-    assert rec["mutation_catch_rates"]["rates"]["wrong_eps"]["seed 2e-4"] == 0.0
+    assert rec["mutation_catch_rates"]["rates"]["wrong_eps"]["frink-models 2e-4"] == 0.0
     assert "cases/s" in capsys.readouterr().out

@@ -179,9 +179,15 @@ def _run_in_lab(page, base: str, token: str, name: str) -> list[str]:
     page.locator(".lm-Menu-itemLabel", has_text="Restart Kernel and Run All Cells").click()
     page.locator(".jp-Dialog button.jp-mod-accept").click()
     # Every code cell has run when each input prompt shows a number: "[*]" is queued or running.
+    # An error stops "Run All" (the cells after it keep an empty prompt), so an error output
+    # ends the wait too: the failure is then reported at once, naming the cell's error,
+    # instead of after the whole timeout.
     page.wait_for_function(
         """() => {
             const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+            if (panel.querySelector(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")) {
+                return true;
+            }
             const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent);
             return prompts.length > 0 && prompts.every(t => /\\[\\d+\\]/.test(t));
         }""",

@@ -57,6 +57,8 @@ TAIL_CASES = [
     ("mxfp4-interleaved-unfolded", 1024, 128, 1024, None, False, "bfloat16", MXFP4),
     ("nvfp4-contiguous-m12x16", 64, 192, 128, 192, False, "bfloat16", NVFP4),
     ("nvfp4-interleaved-m1x1024-perm", 128, 1024, 1024, 1024, True, "bfloat16", NVFP4),
+    # float16 scales (GGUF checkpoints): widened exactly to float32 by the launch builder
+    ("q4-f16scales-contiguous-m12x16", 64, 192, 128, 192, False, "float16", Q4_F32),
 ]
 
 

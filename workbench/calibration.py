@@ -27,9 +27,8 @@ from workbench.validate import describe, integer, number
 #: test; PyTorch's ``torch.testing.assert_close`` documentation (default rtol/atol by
 #: dtype); MLX's ``python/tests/test_fast.py``; llama.cpp's ``tests/test-backend-ops.cpp``.
 REFERENCE_TOLERANCES: dict[str, tuple[str, float]] = {
-    # frink-models' test: |x - y| <= 2e-4 max(|y|, 1) per element (the label predates the
-    # name; tables and notebooks print it)
-    "seed 2e-4": ("worst", SEED_TOL),
+    # frink-models' test: |x - y| <= 2e-4 max(|y|, 1) per element
+    "frink-models 2e-4": ("worst", SEED_TOL),
     # torch.testing.assert_close float32 defaults: |x - y| <= 1e-5 + 1.3e-6 |y|
     "torch f32 defaults": ("torch_ratio", 1.0),
     # MLX python/tests/test_fast.py: rms_norm max abs error vs an fp32 reference, fp32 / bf16

@@ -202,10 +202,17 @@ def _matrix(name: str, wm: WeightMatrix) -> _Matrix:
         fmt = kernel_source.KERNEL_QUANT.get((spec.mode, spec.bits))
         if fmt is None:
             raise ValueError(f"{name}: the kernels serve {SERVED}; got {spec}")
+        scales, biases = base.scales, base.biases
         if spec.mode == "affine":
-            if base.scales.dtype not in (mx.float32, mx.bfloat16):
-                raise ValueError(f"{name}: affine scales must be float32 or bfloat16; got {base.scales.dtype}")
-            sfmt = kernel_source.SF_BF16 if base.scales.dtype == mx.bfloat16 else kernel_source.SF_F32
+            if scales.dtype == mx.float16:
+                # The kernels decode float32 and bfloat16 scales. float16 scales (GGUF
+                # checkpoints: llama.cpp's Q4_0/Q4_1/Q8_0 as MLX reads them) are widened to
+                # float32 here: exact (every float16 is a float32), so the kernel computes
+                # the stored map itself; it streams twice the scale bytes (``nbytes`` says so).
+                scales, biases = scales.astype(mx.float32), biases.astype(mx.float32)
+            if scales.dtype not in (mx.float32, mx.bfloat16):
+                raise ValueError(f"{name}: affine scales must be float32, bfloat16 or float16; got {scales.dtype}")
+            sfmt = kernel_source.SF_BF16 if scales.dtype == mx.bfloat16 else kernel_source.SF_F32
         else:
             sfmt = kernel_source.SF_E8M0 if spec.mode == "mxfp4" else kernel_source.SF_E4M3
         unit = 128 // spec.bits  # weights in a 16-byte unit
@@ -213,8 +220,9 @@ def _matrix(name: str, wm: WeightMatrix) -> _Matrix:
             raise ValueError(f"{name}: its in dimension ({cols}) must be a multiple of {unit} for {spec} units")
         # Interleaved words (kernels/common.h, Q_WORD) need rows of a multiple of 128 words.
         qi = (cols // (32 // spec.bits)) % 128 == 0
-        biases = base.biases if base.biases is not None else _dummy()  # fp4 formats: none, never read
-        return _Matrix(fmt, sfmt, spec.group_size, qi, base.w, base.scales, biases, rows, cols, base.nbytes)
+        nbytes = int(base.w.nbytes + scales.nbytes + (biases.nbytes if biases is not None else 0))
+        biases = biases if biases is not None else _dummy()  # fp4 formats: none, never read
+        return _Matrix(fmt, sfmt, spec.group_size, qi, base.w, scales, biases, rows, cols, nbytes)
     if base.dtype == mx.float32:
         fmt = kernel_source.WF_F32
     elif base.dtype == mx.bfloat16:

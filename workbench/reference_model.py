@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -57,6 +58,29 @@ def _dense_for_model(t: Tensor) -> mx.array:
     return t.weight.astype(mx.float32)
 
 
+@contextlib.contextmanager
+def _without_transformers_advice() -> Iterator[None]:
+    """Import mlx-lm / transformers without transformers' import-time advice.
+
+    Without PyTorch, ``import transformers`` logs "PyTorch was not found. Models won't be
+    available..." to stderr: true, and beside the point here (the workbench uses only its
+    tokenizers; mlx-lm runs the models), yet a notebook would show it as an error-coloured
+    output. transformers skips its advisory messages while ``TRANSFORMERS_NO_ADVISORY_WARNINGS``
+    is set; it is set for the import only and put back after, so the caller's environment
+    and transformers' later warnings are untouched.
+    """
+    key = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
 def reference_model(ckpt: Checkpoint) -> nn.Module:
     """mlx-lm's model for ``ckpt``'s family with ``ckpt``'s tensors loaded (strictly: every
     parameter the model has must be in the checkpoint, and nothing may be left over).
@@ -69,7 +93,8 @@ def reference_model(ckpt: Checkpoint) -> nn.Module:
         raise ValueError(f"ckpt: must be a Checkpoint (load_checkpoint(...)), got {describe(ckpt)}")
     model_type = ckpt.config.raw.get("model_type")
     try:
-        module = importlib.import_module(f"mlx_lm.models.{model_type}")
+        with _without_transformers_advice():
+            module = importlib.import_module(f"mlx_lm.models.{model_type}")
     except ImportError:
         raise ValueError(f"ckpt: mlx-lm has no model class for model_type {model_type!r}") from None
     raw = {k: v for k, v in ckpt.config.raw.items() if not k.startswith("_")}
@@ -114,7 +139,9 @@ def gguf_tokenizer(metadata: Mapping[str, Any]) -> Any:
     Control tokens (type 3) are special tokens; the chat template is the file's.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+
+    with _without_transformers_advice():
+        from transformers import PreTrainedTokenizerFast
 
     kind = metadata.get("tokenizer.ggml.model")
     if kind != "gpt2":
@@ -343,7 +370,8 @@ class Generation:
 
 def greedy(model: nn.Module, prompt: Sequence[int], n: int) -> Generation:
     """``n`` greedy tokens after ``prompt``, through mlx-lm's KV cache (the prompt in one pass)."""
-    from mlx_lm.models.cache import make_prompt_cache
+    with _without_transformers_advice():
+        from mlx_lm.models.cache import make_prompt_cache
 
     n = integer("n", n, minimum=1)
     cache = make_prompt_cache(model)
