@@ -322,6 +322,35 @@ def test_interleaved_4bit_words_cover_each_word_once():
         assert (np.diff(words[:32, 0]) == 1).all()  # one warp's k-th load: 32 consecutive words
 
 
+def _xswz(f):
+    """common.h's XSWZ: float4 f of x at this slot of group memory (within its 128-byte line)."""
+    return f ^ ((f >> 3) & 7)
+
+
+@pytest.mark.parametrize("unit_float4s", [8, 4], ids=["4-bit units", "8-bit units"])
+@pytest.mark.parametrize("stride", [32, 64, 256])
+def test_tiled_x_reads_what_tile_x_wrote_without_bank_conflicts(unit_float4s, stride):
+    """XReader<TiledX> reads unit u's float4 j at line + ((lo + j) ^ m), lo and m taken from
+    the lane's first unit: that is XSWZ(f) for every unit the lane visits (units 16 apart or
+    a multiple), XSWZ is a bijection on each line, and each quarter-warp's 16-byte reads
+    (8 lanes, neighbouring units) hit 8 different 16-byte bank groups: no conflict, where
+    the same reads unswizzled collide 8-way (4-bit) or 4-way (8-bit)."""
+    f = np.arange(4096)
+    assert sorted(_xswz(f).tolist()) == f.tolist() and (_xswz(f) >> 3 == f >> 3).all()
+    for first in range(stride):
+        lo, m = (first * unit_float4s) & 7, ((first * unit_float4s) >> 3) & 7
+        for u in first + stride * np.arange(8):
+            for j in range(unit_float4s):
+                assert ((u * unit_float4s) & ~7) + ((lo + j) ^ m) == _xswz(u * unit_float4s + j)
+    for c in range(4):
+        for q in range(4):
+            units = 32 * c + 8 * q + np.arange(8)  # a quarter-warp of lane_dot<32>
+            for j in range(unit_float4s):
+                f = units * unit_float4s + j
+                assert len(set((_xswz(f) & 7).tolist())) == 8
+                assert len(set((f & 7).tolist())) == 8 // unit_float4s  # the conflict the swizzle removes
+
+
 def test_the_two_nibble_dequant_is_exact():
     """dot_q4x8's trick: nibbles n and n + 4 -> the bf16 pair 1 + q/16, exactly."""
     rng = np.random.default_rng(0)

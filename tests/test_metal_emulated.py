@@ -20,6 +20,7 @@ import pytest
 
 from workbench import backends as B
 from workbench import kernel_launch as KL
+from workbench import kernel_source as ks
 from workbench import metal_emulation as ME
 from workbench import model
 from workbench import tail as T
@@ -219,12 +220,43 @@ def test_hidden_8192_fits_32_kb_and_runs():
     assert compare(got, truth).passed
 
 
+def test_quantized_rows_keep_their_x_sums_in_group_memory_only_where_they_fit():
+    """x in whole 128-byte lines, then a float a unit (a scale group for nvfp4) of sums;
+    at 8192 x alone fills 32 KB and the lanes add up their units' x themselves."""
+    q4 = dict(NT=256, FMT=ks.WF_Q4, GS=64)
+    assert KL.threadgroup_bytes("wo_residual", dict(q4, WIDTH=6144)) == 6144 * 4 + 6144 // 32 * 4
+    assert KL.threadgroup_bytes("head_qkv", dict(q4, HID=8192)) == 32768
+    assert KL.threadgroup_bytes("ffn_gate_up", dict(q4, HID=5120)) == 5120 * 4 + 32 + 5120 // 32 * 4
+    assert KL.threadgroup_bytes("ffn_gate_up", dict(q4, HID=8064)) == 8064 * 4 + 32  # sums do not fit too
+    nv = dict(NT=256, FMT=ks.WF_FP4, GS=16)
+    assert KL.threadgroup_bytes("wo_residual", dict(nv, WIDTH=1024)) == 1024 * 4 + 1024 // 16 * 4
+    q8 = dict(NT=256, FMT=ks.WF_Q8, GS=32)  # 8-bit units of 16: a sum a unit
+    assert KL.threadgroup_bytes("wo_residual", dict(q8, WIDTH=1024)) == 1024 * 4 + 1024 // 16 * 4
+
+
+@pytest.mark.parametrize("quant", [Q4_F32, Q8, NVFP4], ids=["q4", "q8", "nvfp4"])
+def test_quantized_rows_at_hidden_8192_add_up_their_own_x_sums(quant):
+    """The widths where the sums do not fit (x alone fills 32 KB): the lanes' own sums."""
+    w = T.TailWeights.random(8192, 64, 64, seed=9, dtype="bfloat16", quantize=quant)
+    br, res = T.random_inputs(w, seed=9)
+    r = compare(T.fused_tail(w, br, res, backend="metal-emulated"), host_tail_exact(w, br, res))
+    assert r.passed, str(r)
+    rng = np.random.default_rng(1)
+    m = WeightMatrix.quantize(mx.array(rng.uniform(-0.02, 0.02, (32, 8192)).astype(np.float32)).astype(mx.bfloat16),
+                              **quant)
+    x = rng.uniform(-1, 1, 8192).astype(np.float32)
+    got = np.array(KL.head_launch(mx.array(x), np.ones(8192, np.float32), 1e-6, m, m, m, "metal-emulated")[0])
+    truth = m.apply(T.rms_norm_np(x.astype(np.float64), np.ones(8192), 1e-6))
+    assert compare(got, truth).passed
+
+
 def test_a_launch_over_32_kb_is_refused_naming_the_width():
-    t = dict(NT=256, HID=8192, WIDTH=8192)
+    t = dict(NT=256, HID=8192, WIDTH=8192, FMT=ks.WF_BF16, GS=32)
     assert KL.threadgroup_bytes("wo_residual", t) == 32768
     assert KL.threadgroup_bytes("ffn_gate_up", dict(t, HID=8064)) == 8064 * 4 + 32  # both fit: scratch beside n
     with pytest.raises(ValueError, match=r"branch \(8196\): wo_residual would declare 32784 bytes"):
-        KL._check_threadgroup_memory("wo_residual", [("NT", 512), ("WIDTH", 8196)], "branch (8196)")
+        KL._check_threadgroup_memory("wo_residual", [("NT", 512), ("WIDTH", 8196), ("FMT", ks.WF_F32), ("GS", 32)],
+                                     "branch (8196)")
     with pytest.raises(ValueError, match="kernel must be one of"):
         KL.threadgroup_bytes("attention", t)
 
