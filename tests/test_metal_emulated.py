@@ -270,8 +270,10 @@ def test_every_shipped_models_widths_launch_on_apple_gpus(name):
         branch, ffn = lc.num_q_heads * lc.head_dim, lc.ffn_dim or cfg.hidden_size
         templates = {"wo_residual": dict(NT=t.wo_nt, WIDTH=branch), "ffn_gate_up": dict(NT=t.rows_nt, HID=cfg.hidden_size),
                      "ffn_down": dict(NT=t.down_nt), "head_qkv": dict(NT=t.head_nt, HID=cfg.hidden_size)}
-        for kernel, tp in templates.items():
-            assert KL.threadgroup_bytes(kernel, tp) <= KL.METAL_THREADGROUP_LIMIT, (name, layer, kernel, ffn)
+        for fmt, gs in ((ks.WF_BF16, 32), (ks.WF_Q4, 64), (ks.WF_Q8, 64), (ks.WF_FP4, 32), (ks.WF_FP4, 16)):
+            for kernel, tp in templates.items():
+                assert KL.threadgroup_bytes(kernel, dict(tp, FMT=fmt, GS=gs)) <= KL.METAL_THREADGROUP_LIMIT, (
+                    name, layer, kernel, ffn, fmt)
 
 
 # -- Bonsai-27B's shape -----------------------------------------------------------------------

@@ -87,8 +87,8 @@ MUTANTS = [
              "      xs4[8 * line + (j ^ (line & 7))] = v[j];\n    }\n  }\n}"),), "result", quantized=True),
     Mutant("tiled-x-read-unswizzled", "common.h",
            (("      xu.v[j] = line[(lo + j) ^ m];", "      xu.v[j] = line[lo + j];"),), "result", quantized=True),
-    Mutant("x-sum-of-the-neighbouring-unit", "common.h",
-           (("          xsum[i] = block_sum<F::SB>(", "          xsum[i ^ 1] = block_sum<F::SB>("),), "result",
+    Mutant("x-sum-over-half-the-unit", "common.h",
+           (("          xsum[i] = block_sum<F::SB>(", "          xsum[i] = block_sum<F::SB / 2>("),), "result",
            quantized=True),
 ]
 
