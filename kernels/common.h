@@ -161,29 +161,40 @@ KFN float e4m3_float(u32 v) {
 // spell out; group memory stays declared in the bodies (Metal allows threadgroup
 // declarations only at kernel scope) and is passed in as GRP pointers.
 
+// The quantized formats whose rows read x tiled (TiledX, below) where x is in group
+// memory (wo, gate_up, the head launch); the others keep the per-word form. Measured on
+// the H200 (kernels/README.md, "The quantized inner loop"): tiled, affine 8-bit's gate_up
+// ran 0.62x its per-word time; the 4-bit formats gained at most 4% and mxfp4's wo lost
+// 24%: a tiled unit holds its 32 floats of x in registers, 56-80 a thread where the
+// per-word form needs 32-56, and mxfp4's wo (68) no longer fits two 512-thread groups an
+// SM. workbench/kernel_launch.py (TILED_X_FORMATS) mirrors this line.
+#define TILED_X(FMT) ((FMT) == WF_Q8)
+
 // A weight matrix's format and row length, fixed at compile time: FMT / SFMT / GS / QI
-// as the launch's template values, COLS the row's length in weights. Enumerators rather
-// than static members, which every dialect accepts in a struct.
-template <int FMT_, int SFMT_, int GS_, bool QI_, int COLS_>
+// as the launch's template values, COLS the row's length in weights; XGROUP: the row dot
+// reads x from group memory (so a TILED_X format reads it tiled, and contiguous units:
+// QI is then false). Enumerators rather than static members, which every dialect accepts
+// in a struct.
+template <int FMT_, int SFMT_, int GS_, bool QI_, int COLS_, bool XGROUP_ = false>
 struct WFormat {
   enum {
     FMT = FMT_,
     SFMT = SFMT_,
     GS = GS_,
-    QI = QI_,
     COLS = COLS_,
     UR = COLS_ / UNIT_ELEMS(FMT_),  // 16-byte units a row
     KG = COLS_ / GS_,               // quantization groups a row
-    QUANT = FMT_ >= WF_Q4,          // codes with a scale a group
     UE = UNIT_ELEMS(FMT_),          // weights a unit
-    // A quantized row against x in group memory (TiledX): the sum of x over each SB
-    // weights (a unit, or a scale group when a unit holds two: nvfp4), NSB of them a unit.
-    SB = (QUANT && GS_ < UNIT_ELEMS(FMT_)) ? GS_ : UNIT_ELEMS(FMT_),
-    NSB = UNIT_ELEMS(FMT_) / ((QUANT && GS_ < UNIT_ELEMS(FMT_)) ? GS_ : UNIT_ELEMS(FMT_)),
-    // float4s of group memory x takes (whole 128-byte lines when quantized: the swizzle
-    // permutes within a line) and the SB-sums after it (0 for dense formats).
-    XL4 = QUANT ? ((COLS_ / 4 + 7) / 8) * 8 : COLS_ / 4,
-    SUM4 = QUANT ? (COLS_ / ((QUANT && GS_ < UNIT_ELEMS(FMT_)) ? GS_ : UNIT_ELEMS(FMT_)) + 3) / 4 : 0
+    TILED = FMT_ >= WF_Q4 && XGROUP_ && TILED_X(FMT_),  // x read as TiledX
+    QI = QI_ && !TILED,
+    // A tiled row: the sum of x over each SB weights (a unit, or a scale group when a
+    // unit holds two: nvfp4), NSB of them a unit.
+    SB = GS_ < UE ? GS_ : UE,
+    NSB = UE / SB,
+    // float4s x takes in group memory (whole 128-byte lines when tiled: the swizzle
+    // permutes within a line) and the SB-sums after it (none unless tiled).
+    XL4 = TILED ? ((COLS_ / 4 + 7) / 8) * 8 : COLS_ / 4,
+    SUM4 = TILED ? (COLS_ / SB + 3) / 4 : 0
   };
 };
 
@@ -411,10 +422,10 @@ KFN float block_sum(const THR float4* v) {
 // SB-sums to xsum when SUMS, and puts float4 8 line + j at slot j ^ (line & 7). (Every
 // served quantized row is a multiple of 32 weights: 4-bit units, 8-bit groups. A last
 // half line would be carried along with the array's padding, F::XL4, and never read.)
-// Dense formats read x as it is: nothing to do.
+// Other formats read x as it is: nothing to do.
 template <typename F, int W, int NT, bool SUMS>
 KFN void tile_x(GRP float4* xs4, GRP float* xsum, int lid) {
-  if (!F::QUANT) {
+  if (!F::TILED) {
     return;
   }
   for (int line = lid; line < F::XL4 / 8; line += NT) {
@@ -445,9 +456,9 @@ struct TiledX {
   const GRP float* sums;
 };
 
-// What a body passes its row dots as x: TiledX for a quantized F, for a dense one the
-// group-memory array as it is (the row dot then compiles to the per-unit form above).
-template <typename F, bool SUMS, bool Q = (F::QUANT != 0)>
+// What a body passes its row dots as x: TiledX for a tiled F, else the group-memory array
+// as it is (the row dot then compiles to the per-unit / per-word form above).
+template <typename F, bool SUMS, bool Q = (F::TILED != 0)>
 struct XView {
   typedef const GRP float4* T;
   static KFN T make(GRP float4* x4, GRP float* sums) { return x4; }

@@ -38,7 +38,7 @@ class Mutant:
     caught: str  # "compile" | "emulator" | "result"
     match: str = ""  # what the compile or emulator message must say
     wide: bool = False  # run at hidden 8192 (the 32 KB boundary) instead of the small folded case
-    quantized: bool = False  # the small folded case in affine 4-bit weights (x tiled: common.h, tile_x)
+    quantized: bool = False  # the small folded case in affine 8-bit weights (x tiled: common.h, tile_x)
 
 
 _SCATTER = tuple((f"xs[d.{c} >> 1] =", f"xs[(d.{c} >> 1) + 1] =") for c in "xyzw")
@@ -87,15 +87,15 @@ MUTANTS = [
              "      xs4[8 * line + (j ^ (line & 7))] = v[j];\n    }\n  }\n}"),), "result", quantized=True),
     Mutant("tiled-x-read-unswizzled", "common.h",
            (("      xu.v[j] = line[(lo + j) ^ m];", "      xu.v[j] = line[lo + j];"),), "result", quantized=True),
-    Mutant("x-sum-over-half-the-unit", "common.h",
-           (("          xsum[i] = block_sum<F::SB>(", "          xsum[i] = block_sum<F::SB / 2>("),), "result",
-           quantized=True),
+    Mutant("x-sums-of-a-line-all-its-first", "common.h",
+           (("          xsum[i] = block_sum<F::SB>(v + b * (F::SB / 4));", "          xsum[i] = block_sum<F::SB>(v);"),),
+           "result", quantized=True),
 ]
 
 
 def _case(wide: bool, quantized: bool = False) -> tuple[T.TailWeights, np.ndarray, np.ndarray]:
     # m = 12 x 2^4 with a permutation: the scatter, the butterflies and the table mix all run.
-    quant = {"mode": "affine", "bits": 4, "group_size": 64} if quantized else None
+    quant = {"mode": "affine", "bits": 8, "group_size": 64} if quantized else None
     w = (T.TailWeights.random(8192, 64, 64, seed=9) if wide else
          T.TailWeights.random(64, 192, 128, seed=2, fold_block=192, fold_permute=True,
                               dtype="bfloat16" if quantized else "float32", quantize=quant))

@@ -253,13 +253,18 @@ def threadgroup_bytes(kernel: str, template: dict[str, Any]) -> int:
     return x + sums if x + sums <= METAL_THREADGROUP_LIMIT else x
 
 
+#: The weight formats whose rows read x tiled in group memory (``kernels/common.h``,
+#: ``TILED_X``, which this mirrors; kernels/README.md says why only these).
+TILED_X_FORMATS: tuple[int, ...] = (kernel_source.WF_Q8,)
+
+
 def tiled_x_bytes(fmt: int, gs: int, width: int) -> tuple[int, int]:
     """The group memory a launch's input vector of ``width`` floats takes, as
     ``kernels/common.h`` (``WFormat``'s ``XL4`` and ``SUM4``) lays it out: x itself (whole
-    128-byte lines for quantized rows, which ``tile_x`` swizzles within a line) and the
-    sums of x over each unit (each scale group when a unit holds two) that quantized rows
-    read; 0 sums bytes for dense formats."""
-    if fmt not in kernel_source.KERNEL_QUANT.values():
+    128-byte lines for a :data:`TILED_X_FORMATS` format, which ``tile_x`` swizzles within a
+    line) and the sums of x over each unit (each scale group when a unit holds two) that
+    tiled rows read; no sums for the other formats."""
+    if fmt not in TILED_X_FORMATS:
         return -(-4 * width // 16) * 16, 0
     unit = {kernel_source.WF_Q8: 16}.get(fmt, 32)
     block = min(gs, unit)
