@@ -7,7 +7,8 @@ For instance, the bodies before a rewrite, beside the rewrite:
     git archive HEAD~1 kernels | tar -x -C /tmp/old && python -m bench.kernel_bodies --old /tmp/old/kernels
 
 At Bonsai-27B's tail (hidden 5120, branch 6144, ffn 17408; wo folded with block 1024), in
-bfloat16 and in 4-bit affine weights (group 64), each tail is prepared twice from the same
+bfloat16 and in every quantized format the kernels read (affine 4- and 8-bit g64, mxfp4,
+nvfp4: ``--formats`` picks), each tail is prepared twice from the same
 weights and tuning: its kernels composed from DIR ("old") and from the repository's
 ``kernels/`` ("new") (``kernel_launch.prepare_tail(..., kernel_dir=...)``, which names
 another folder's kernels apart, ``kernel_source.mlx_name``: MLX caches compiled kernels
@@ -52,15 +53,19 @@ from workbench import backends, kernel_launch, kernel_source, tail
 from workbench.comparison import compare
 from workbench.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
 from workbench.fold import HadamardFold
-from workbench.weights import WeightMatrix
+from workbench.weights import QUANT_FORMATS, WeightMatrix
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: The two sources compared, in the order the tables print them.
 SIDES: tuple[str, ...] = ("old", "new")
 
-#: Weight formats benchmarked: label -> TailWeights.random's ``quantize`` (None: dense bf16).
-FORMATS: dict[str, dict[str, Any] | None] = {"bf16": None, "affine4-g64": kernel_bench.Q4}
+#: Weight formats benchmarked: label -> TailWeights.random's ``quantize`` (None: dense bf16);
+#: the quantized ones are ``kernel_bench.BENCH_FORMATS``, labelled as kernel_bench labels them.
+FORMATS: dict[str, dict[str, Any] | None] = {"bf16": None, **{
+    f"{n}-g{QUANT_FORMATS[n].group_size}": {"mode": QUANT_FORMATS[n].mode, "bits": QUANT_FORMATS[n].bits,
+                                            "group_size": QUANT_FORMATS[n].group_size}
+    for n in kernel_bench.BENCH_FORMATS}}
 
 
 def gpu_dialect() -> str | None:
@@ -242,7 +247,7 @@ def print_table(rec: dict[str, Any]) -> None:
 
 
 def run(dialect: str, old_dir: Path, *, rounds: int, n_tails: int, seed: int, head: bool,
-        shape: tuple[tuple[int, int, int], int] = kernel_bench.BONSAI,
+        shape: tuple[tuple[int, int, int], int] = kernel_bench.BONSAI, formats: tuple[str, ...] = tuple(FORMATS),
         log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every case; returns the record's body (without the provenance)."""
     (hidden, branch, ffn), block = shape
@@ -263,6 +268,8 @@ def run(dialect: str, old_dir: Path, *, rounds: int, n_tails: int, seed: int, he
     log(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s; kernels whose text differs: "
         + (", ".join(k for k, same in out["same_text"].items() if not same) or "none"))
     for i, (label, q) in enumerate(FORMATS.items()):
+        if label not in formats:
+            continue
         w = tail.TailWeights.random(hidden, branch, ffn, seed=seed + 10 * i, fold_block=block, dtype="bfloat16",
                                     quantize=q)
         log(f"tail {label} ...")
@@ -285,9 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tails", type=int, default=10, help="tails (head launches) in one timed evaluation")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     ap.add_argument("--no-head", action="store_true", help="leave the head launch out")
+    ap.add_argument("--formats", default=",".join(FORMATS),
+                    help=f"comma list of the tails' weight formats (default {','.join(FORMATS)})")
     ap.add_argument("--shape", default=None, metavar="H,B,F,BLOCK",
                     help="hidden, branch, ffn and wo's fold block instead of Bonsai-27B's 5120,6144,17408,1024")
     a = ap.parse_args(argv)
+    formats = tuple(record.comma_list(ap, "--formats", a.formats, tuple(FORMATS)))
     try:
         old_dir = kernel_folder(a.old)
         shape = kernel_bench.BONSAI
@@ -308,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     info = prov["device"]
     device = info.get("device_name", f"{dialect} GPU")
     print(f"{dialect} kernels on {device}, MLX {mx.__version__}: {old_dir} (old) against kernels/ (new)")
-    body = run(dialect, old_dir, rounds=a.rounds, n_tails=a.tails, seed=a.seed, head=not a.no_head, shape=shape)
+    body = run(dialect, old_dir, rounds=a.rounds, n_tails=a.tails, seed=a.seed, head=not a.no_head, shape=shape,
+               formats=formats)
     rec = {"what": "older kernel sources against the current ones: checks, then device time", **prov,
            "device": device, "device_info": info, "dialect": dialect, "mlx_ptx_cache_dir": ptx, **body}
     print_table(rec)

@@ -161,19 +161,40 @@ KFN float e4m3_float(u32 v) {
 // spell out; group memory stays declared in the bodies (Metal allows threadgroup
 // declarations only at kernel scope) and is passed in as GRP pointers.
 
+// The quantized formats whose rows read x tiled (TiledX, below) where x is in group
+// memory (wo, gate_up, the head launch); the others keep the per-word form. Measured on
+// the H200 (kernels/README.md, "The quantized inner loop"): tiled, affine 8-bit's gate_up
+// ran 0.62x its per-word time; the 4-bit formats gained at most 4% and mxfp4's wo lost
+// 24%: a tiled unit holds its 32 floats of x in registers, 56-80 a thread where the
+// per-word form needs 32-56, and mxfp4's wo (68) no longer fits two 512-thread groups an
+// SM. workbench/kernel_launch.py (TILED_X_FORMATS) mirrors this line.
+#define TILED_X(FMT) ((FMT) == WF_Q8)
+
 // A weight matrix's format and row length, fixed at compile time: FMT / SFMT / GS / QI
-// as the launch's template values, COLS the row's length in weights. Enumerators rather
-// than static members, which every dialect accepts in a struct.
-template <int FMT_, int SFMT_, int GS_, bool QI_, int COLS_>
+// as the launch's template values, COLS the row's length in weights; XGROUP: the row dot
+// reads x from group memory (so a TILED_X format reads it tiled, and contiguous units:
+// QI is then false). Enumerators rather than static members, which every dialect accepts
+// in a struct.
+template <int FMT_, int SFMT_, int GS_, bool QI_, int COLS_, bool XGROUP_ = false>
 struct WFormat {
   enum {
     FMT = FMT_,
     SFMT = SFMT_,
     GS = GS_,
-    QI = QI_,
     COLS = COLS_,
     UR = COLS_ / UNIT_ELEMS(FMT_),  // 16-byte units a row
-    KG = COLS_ / GS_                // quantization groups a row
+    KG = COLS_ / GS_,               // quantization groups a row
+    UE = UNIT_ELEMS(FMT_),          // weights a unit
+    TILED = FMT_ >= WF_Q4 && XGROUP_ && TILED_X(FMT_),  // x read as TiledX
+    QI = QI_ && !TILED,
+    // A tiled row: the sum of x over each SB weights (a unit, or a scale group when a
+    // unit holds two: nvfp4), NSB of them a unit.
+    SB = GS_ < UE ? GS_ : UE,
+    NSB = UE / SB,
+    // float4s x takes in group memory (whole 128-byte lines when tiled: the swizzle
+    // permutes within a line) and the SB-sums after it (none unless tiled).
+    XL4 = TILED ? ((COLS_ / 4 + 7) / 8) * 8 : COLS_ / 4,
+    SUM4 = TILED ? (COLS_ / SB + 3) / 4 : 0
   };
 };
 
@@ -368,6 +389,186 @@ KFN float unit_dot(uint4 w, XP x4, int u, float acc, SBRow<F::SFMT> sb) {
   return acc;
 }
 
+// ---- quantized rows against x in group memory (wo, gate_up, the head launch) -----------
+//
+// The per-word form above pays, for every 32-bit word, the word's sum of x (7 adds for 8
+// codes), its correction and a scale (and bias) decode, and 4-byte loads. Against x in
+// group memory a lane instead takes whole 16-byte units: one load, every word of a unit
+// in one scale group (two for nvfp4's groups of 16), so a unit costs one FMA a weight
+// plus, once a unit, a scale decode and the correction with the unit's sum of x, read
+// from SB-sums that each group computes once (tile_x) rather than added up per word.
+// A lane's unit reads 32 (4-bit) or 16 (8-bit) contiguous floats of x, so neighbouring
+// lanes' x sit 128 (64) bytes apart: every 16-byte read an 8-way (4-way) bank conflict.
+// tile_x therefore also swizzles x within each 128-byte line, float4 f to slot XSWZ(f):
+// the 8 lanes of each quarter-warp read (units u .. u + 7) then hit 8 different 16-byte
+// bank groups.
+#define XSWZ(f) ((f) ^ (((f) >> 3) & 7))
+
+// The four floats of v summed, one fixed order.
+KFN float hsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
+
+// The sum of SB (32 or 16) consecutive floats, v[0 .. SB/4 - 1], one fixed order.
+template <int SB>
+KFN float block_sum(const THR float4* v) {
+  const float lo = (hsum4(v[0]) + hsum4(v[1])) + (hsum4(v[2]) + hsum4(v[3]));
+  if (SB == 16) {
+    return lo;
+  }
+  return lo + ((hsum4(v[4]) + hsum4(v[5])) + (hsum4(v[6]) + hsum4(v[7])));
+}
+
+// x in group memory made ready for F's quantized rows; every thread calls it after the
+// prologue's closing barrier. Each thread takes whole 128-byte lines, writes their
+// SB-sums to xsum when SUMS, and puts float4 8 line + j at slot j ^ (line & 7). (Every
+// served quantized row is a multiple of 32 weights: 4-bit units, 8-bit groups. A last
+// half line would be carried along with the array's padding, F::XL4, and never read.)
+// Other formats read x as it is: nothing to do.
+template <typename F, int W, int NT, bool SUMS>
+KFN void tile_x(GRP float4* xs4, GRP float* xsum, int lid) {
+  if (!F::TILED) {
+    return;
+  }
+  for (int line = lid; line < F::XL4 / 8; line += NT) {
+    float4 v[8];
+    UNROLL for (int j = 0; j < 8; ++j) {
+      v[j] = xs4[8 * line + j];
+    }
+    if (SUMS) {
+      UNROLL for (int b = 0; b < 32 / F::SB; ++b) {
+        const int i = line * (32 / F::SB) + b;
+        if (i < W / F::SB) {
+          xsum[i] = block_sum<F::SB>(v + b * (F::SB / 4));
+        }
+      }
+    }
+    UNROLL for (int j = 0; j < 8; ++j) {
+      xs4[8 * line + (j ^ (line & 7))] = v[j];
+    }
+  }
+  GROUP_BARRIER();
+}
+
+// x as tile_x left it: the swizzled lines, and the SB-sums when they fit (SUMS; else
+// each lane adds up its unit's x, at widths where x alone fills Metal's 32 KB).
+template <bool SUMS>
+struct TiledX {
+  const GRP float4* x4;
+  const GRP float* sums;
+};
+
+// What a body passes its row dots as x: TiledX for a tiled F, else the group-memory array
+// as it is (the row dot then compiles to the per-unit / per-word form above).
+template <typename F, bool SUMS, bool Q = (F::TILED != 0)>
+struct XView {
+  typedef const GRP float4* T;
+  static KFN T make(GRP float4* x4, GRP float* sums) { return x4; }
+};
+template <typename F, bool SUMS>
+struct XView<F, SUMS, true> {
+  typedef TiledX<SUMS> T;
+  static KFN T make(GRP float4* x4, GRP float* sums) {
+    T t;
+    t.x4 = x4;
+    t.sums = sums;
+    return t;
+  }
+};
+
+// One unit's x in registers: its floats in element order (4-bit: v[0..7], 8-bit: v[0..3])
+// and its SB-sums (s[0], and s[1] when a unit holds two scale groups).
+struct XUnit {
+  float4 v[8];
+  float s[2];
+};
+
+// acc + (unit u of a quantized row, its 16 bytes in w) . x, x the unit's XUnit: each
+// word's code dot on its own (four independent chains), then per sum block the scale
+// decoded once and the correction made once: affine k s (t - sum x) + bias sum x (k = 16
+// for 4-bit, 256 for 8-bit: the "1 +" taken out), fp4 s (64 t - 70 sum x).
+template <typename F>
+KFN float tiled_unit_dot(uint4 w, XUnit xu, int u, float acc, SBRow<F::SFMT> sb) {
+  float d[4];
+  if (F::FMT == WF_Q8) {
+    d[0] = dot_q8x4(w.x, xu.v[0], 0.0f);
+    d[1] = dot_q8x4(w.y, xu.v[1], 0.0f);
+    d[2] = dot_q8x4(w.z, xu.v[2], 0.0f);
+    d[3] = dot_q8x4(w.w, xu.v[3], 0.0f);
+  } else if (F::FMT == WF_FP4) {
+    d[0] = dot_fp4x8(w.x, xu.v[0], xu.v[1], 0.0f);
+    d[1] = dot_fp4x8(w.y, xu.v[2], xu.v[3], 0.0f);
+    d[2] = dot_fp4x8(w.z, xu.v[4], xu.v[5], 0.0f);
+    d[3] = dot_fp4x8(w.w, xu.v[6], xu.v[7], 0.0f);
+  } else {
+    d[0] = dot_q4x8(w.x, xu.v[0], xu.v[1], 0.0f);
+    d[1] = dot_q4x8(w.y, xu.v[2], xu.v[3], 0.0f);
+    d[2] = dot_q4x8(w.z, xu.v[4], xu.v[5], 0.0f);
+    d[3] = dot_q4x8(w.w, xu.v[6], xu.v[7], 0.0f);
+  }
+  float t[2];
+  if (F::NSB == 1) {
+    t[0] = (d[0] + d[1]) + (d[2] + d[3]);
+  } else {
+    t[0] = d[0] + d[1];
+    t[1] = d[2] + d[3];
+  }
+  UNROLL for (int b = 0; b < F::NSB; ++b) {
+    const int g = (u * F::UE + b * F::SB) / F::GS;
+    const float s = sb.scale(g);
+    const float sx = xu.s[b];
+    if (F::FMT == WF_FP4) {
+      acc = FMAF(64.0f * s, t[b], FMAF(-70.0f * s, sx, acc));
+    } else {
+      const float k = F::FMT == WF_Q8 ? 256.0f : 16.0f;
+      acc = FMAF(k * s, t[b] - sx, FMAF(sb.bias(g), sx, acc));
+    }
+  }
+  return acc;
+}
+
+// How a row dot reads x, one unit at a time: `unit(u)` fetches what unit u needs, `dot`
+// adds the unit's product. Plain float4 arrays (dense formats; down's x in device
+// memory): the array itself, unit_dot reading from it.
+template <typename F, typename XP>
+struct XReader {
+  typedef XP Unit;
+  XP x;
+  KFN XReader(XP x_, int first) : x(x_) { (void)first; }
+  KFN Unit unit(int u) const {
+    (void)u;
+    return x;
+  }
+  KFN float dot(uint4 w, Unit xu, int u, float acc, SBRow<F::SFMT> sb) const {
+    return unit_dot<F>(w, xu, u, acc, sb);
+  }
+};
+
+// TiledX: the unit's x from its swizzled line. A lane's units are first + a multiple of
+// the row dot's STRIDE (a multiple of 16), so the unit's place in its 128-byte line and
+// the line's swizzle key are the same for all of them: lo and m, computed once.
+template <typename F, bool SUMS>
+struct XReader<F, TiledX<SUMS> > {
+  typedef XUnit Unit;
+  TiledX<SUMS> x;
+  int lo;  // the unit's first float4 within its line
+  int m;   // the line's swizzle key (line & 7)
+  KFN XReader(TiledX<SUMS> x_, int first)
+      : x(x_), lo((first * (F::UE / 4)) & 7), m(((first * (F::UE / 4)) >> 3) & 7) {}
+  KFN Unit unit(int u) const {
+    XUnit xu;
+    const GRP float4* line = x.x4 + ((u * (F::UE / 4)) & ~7);
+    UNROLL for (int j = 0; j < F::UE / 4; ++j) {
+      xu.v[j] = line[(lo + j) ^ m];
+    }
+    UNROLL for (int b = 0; b < F::NSB; ++b) {
+      xu.s[b] = SUMS ? x.sums[u * F::NSB + b] : block_sum<F::SB>(xu.v + b * (F::SB / 4));
+    }
+    return xu;
+  }
+  KFN float dot(uint4 w, Unit xu, int u, float acc, SBRow<F::SFMT> sb) const {
+    return tiled_unit_dot<F>(w, xu, u, acc, sb);
+  }
+};
+
 // THE ROW DOT: this thread's part of (each of the NR rows) . x, the thread taking units
 // first, first + STRIDE, ... of every row. Full batches first: U units of each row loaded
 // before any is used (the loads are what keep device memory busy), or taken from `batch`
@@ -376,6 +577,8 @@ KFN float unit_dot(uint4 w, XP x4, int u, float acc, SBRow<F::SFMT> sb) {
 // (warp_dot: a warp a row; ffn_down: group_sum, a group a row).
 template <int STRIDE, typename F, int NR, int U, bool EARLY, typename XP>
 KFN RowSums<NR> lane_dot(WRows<F, NR> rows, XP x4, int first, THR WBatch<NR, U, EARLY>& batch) {
+  static_assert(STRIDE % 16 == 0, "XReader<TiledX> needs a lane's units 16 apart or a multiple of that");
+  const XReader<F, XP> xr(x4, first);
   RowSums<NR> acc;
   UNROLL for (int k = 0; k < NR; ++k) {
     acc.v[k] = 0.0f;
@@ -392,16 +595,18 @@ KFN RowSums<NR> lane_dot(WRows<F, NR> rows, XP x4, int first, THR WBatch<NR, U, 
     }
     pre = false;
     UNROLL for (int j = 0; j < U; ++j) {
+      const typename XReader<F, XP>::Unit xu = xr.unit(u0 + STRIDE * j);  // one x read for all NR rows
       UNROLL for (int k = 0; k < NR; ++k) {
-        acc.v[k] = unit_dot<F>(batch.v[k][j], x4, u0 + STRIDE * j, acc.v[k], rows.sb[k]);
+        acc.v[k] = xr.dot(batch.v[k][j], xu, u0 + STRIDE * j, acc.v[k], rows.sb[k]);
       }
     }
   }
   for (; u0 < F::UR; u0 += STRIDE) {
     WBatch<NR, 1, false> one;
     load_batch<1, STRIDE>(one, rows, u0);
+    const typename XReader<F, XP>::Unit xu = xr.unit(u0);
     UNROLL for (int k = 0; k < NR; ++k) {
-      acc.v[k] = unit_dot<F>(one.v[k][0], x4, u0, acc.v[k], rows.sb[k]);
+      acc.v[k] = xr.dot(one.v[k][0], xu, u0, acc.v[k], rows.sb[k]);
     }
   }
   batch.loaded = false;  // an early batch belongs to this row only

@@ -38,6 +38,7 @@ class Mutant:
     caught: str  # "compile" | "emulator" | "result"
     match: str = ""  # what the compile or emulator message must say
     wide: bool = False  # run at hidden 8192 (the 32 KB boundary) instead of the small folded case
+    quantized: bool = False  # the small folded case in affine 8-bit weights (x tiled: common.h, tile_x)
 
 
 _SCATTER = tuple((f"xs[d.{c} >> 1] =", f"xs[(d.{c} >> 1) + 1] =") for c in "xyzw")
@@ -77,16 +78,27 @@ MUTANTS = [
            (("const int lane = (int)thread_index_in_simdgroup;", "const int lane = (int)thread_index_in_simdgroup & 15;"),),
            "result"),
     Mutant("gate-up-scratch-beside-n-at-8192", "ffn_gate_up.body",  # the layout before the 32 KB fix
-           (("  GROUP_SHARED float4 xs4[HID / 4 + (STAGE ? RED4 : 0)];\n  GRP float* red = (GRP float*)(STAGE ? xs4 + HID / 4 : xs4);",
-             "  GROUP_SHARED float4 xs4[HID / 4];\n  GROUP_SHARED float red[NT / 32];"),), "emulator",
-           "over Apple GPUs' limit.*32800", wide=True),
+           (("  GROUP_SHARED float4 xs4[F::XL4 + (STAGE ? RED4 : 0) + (SUMS ? F::SUM4 : 0)];\n"
+             "  GRP float* red = (GRP float*)(STAGE ? xs4 + F::XL4 : xs4);",
+             "  GROUP_SHARED float4 xs4[F::XL4 + (SUMS ? F::SUM4 : 0)];\n  GROUP_SHARED float red[NT / 32];"),),
+           "emulator", "over Apple GPUs' limit.*32800", wide=True),
+    Mutant("dropped-barrier-after-tile-x", "common.h",
+           (("      xs4[8 * line + (j ^ (line & 7))] = v[j];\n    }\n  }\n  GROUP_BARRIER();\n}",
+             "      xs4[8 * line + (j ^ (line & 7))] = v[j];\n    }\n  }\n}"),), "result", quantized=True),
+    Mutant("tiled-x-read-unswizzled", "common.h",
+           (("      xu.v[j] = line[(lo + j) ^ m];", "      xu.v[j] = line[lo + j];"),), "result", quantized=True),
+    Mutant("x-sums-of-a-line-all-its-first", "common.h",
+           (("          xsum[i] = block_sum<F::SB>(v + b * (F::SB / 4));", "          xsum[i] = block_sum<F::SB>(v);"),),
+           "result", quantized=True),
 ]
 
 
-def _case(wide: bool) -> tuple[T.TailWeights, np.ndarray, np.ndarray]:
+def _case(wide: bool, quantized: bool = False) -> tuple[T.TailWeights, np.ndarray, np.ndarray]:
     # m = 12 x 2^4 with a permutation: the scatter, the butterflies and the table mix all run.
+    quant = {"mode": "affine", "bits": 8, "group_size": 64} if quantized else None
     w = (T.TailWeights.random(8192, 64, 64, seed=9) if wide else
-         T.TailWeights.random(64, 192, 128, seed=2, fold_block=192, fold_permute=True))
+         T.TailWeights.random(64, 192, 128, seed=2, fold_block=192, fold_permute=True,
+                              dtype="bfloat16" if quantized else "float32", quantize=quant))
     br, res = T.random_inputs(w, seed=2)
     return w, br, res
 
@@ -111,7 +123,7 @@ def folders(tmp_path_factory):
     out["unmutated"] = _mutate(root, Mutant("unmutated", "common.h", (), "result"))
     sources = []
     for m in MUTANTS:
-        sources += KL.emulated_tail_sources(T.tail_launch(_case(m.wide)[0]), kernel_dir=out[m.id])
+        sources += KL.emulated_tail_sources(T.tail_launch(_case(m.wide, m.quantized)[0]), kernel_dir=out[m.id])
     sources += KL.emulated_tail_sources(T.tail_launch(_case(False)[0]), kernel_dir=out["unmutated"])
 
     def attempt(src: str) -> None:
@@ -144,7 +156,7 @@ def test_there_are_at_least_ten_mutants_of_bodies_and_prelude():
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.id for m in MUTANTS])
 def test_the_mutant_is_caught(folders, mutant: Mutant):
-    w, br, res = _case(mutant.wide)
+    w, br, res = _case(mutant.wide, mutant.quantized)
     d = folders[mutant.id]
     if mutant.caught == "compile":
         with pytest.raises(ME.MetalCompileError, match=mutant.match):

@@ -248,17 +248,35 @@ def threadgroup_bytes(kernel: str, template: dict[str, Any]) -> int:
     def r16(n: int) -> int:
         return -(-n // 16) * 16
 
+    if kernel not in kernel_source.KERNELS:
+        raise ValueError(f"kernel must be one of {tuple(kernel_source.KERNELS)}; got {kernel!r}")
     red = r16(4 * (template["NT"] // 32))  # a group reduction's scratch: a float a SIMD-group
-    if kernel == "wo_residual":
-        return r16(4 * template["WIDTH"])
-    if kernel == "ffn_gate_up":  # the scratch beside n when both fit, else inside n (kernels/ffn_gate_up.body)
-        both = r16(4 * template["HID"]) + red
-        return both if both <= METAL_THREADGROUP_LIMIT else r16(4 * template["HID"])
     if kernel == "ffn_down":
         return red
-    if kernel == "head_qkv":  # the scratch inside n' (kernels/head_qkv.body)
-        return r16(4 * template["HID"])
-    raise ValueError(f"kernel must be one of {tuple(kernel_source.KERNELS)}; got {kernel!r}")
+    width = template["WIDTH" if kernel == "wo_residual" else "HID"]
+    x, sums = tiled_x_bytes(template["FMT"], template["GS"], width)
+    if kernel == "ffn_gate_up":  # the scratch beside n when both fit, else inside n (kernels/ffn_gate_up.body)
+        x = x + red if x + red <= METAL_THREADGROUP_LIMIT else x
+    # wo and the head: the scratch (head) inside x; then the SB-sums after both when they fit.
+    return x + sums if x + sums <= METAL_THREADGROUP_LIMIT else x
+
+
+#: The weight formats whose rows read x tiled in group memory (``kernels/common.h``,
+#: ``TILED_X``, which this mirrors; kernels/README.md says why only these).
+TILED_X_FORMATS: tuple[int, ...] = (kernel_source.WF_Q8,)
+
+
+def tiled_x_bytes(fmt: int, gs: int, width: int) -> tuple[int, int]:
+    """The group memory a launch's input vector of ``width`` floats takes, as
+    ``kernels/common.h`` (``WFormat``'s ``XL4`` and ``SUM4``) lays it out: x itself (whole
+    128-byte lines for a :data:`TILED_X_FORMATS` format, which ``tile_x`` swizzles within a
+    line) and the sums of x over each unit (each scale group when a unit holds two) that
+    tiled rows read; no sums for the other formats."""
+    if fmt not in TILED_X_FORMATS:
+        return -(-4 * width // 16) * 16, 0
+    unit = {kernel_source.WF_Q8: 16}.get(fmt, 32)
+    block = min(gs, unit)
+    return -(-width // 32) * 128, -(-(width // block) // 4) * 16
 
 
 def _check_threadgroup_memory(kernel: str, template: list[tuple[str, Any]], width: str) -> None:
