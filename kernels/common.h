@@ -51,41 +51,46 @@ KFN float dot_f32x4(uint4 w, float4 a, float acc) {
 
 // 4-bit codes, two at a time: the nibbles n and n + 4 of v become the bfloat16 pair
 // (1 + q/16) in one word (the code in the top four mantissa bits, exactly), so a shift
-// and a mask make two values that bf16_lo / bf16_hi then widen. The "1 +" is taken out
-// again per word with the sum of x: sum (q/16) x = sum (1 + q/16) x - sum x.
+// and a mask make two values that bf16_lo / bf16_hi then widen. The "1 +" is taken off
+// each value before its FMA (exact: 1 + q/16 - 1 = q/16 in float32). Taking it off once
+// a word with the word's sum of x instead (sum (1 + q/16) x - sum x) saves that subtract
+// but rounds sums about twice as large as the dot and then cancels them: ~4.6x the
+// float32 error, enough to fail frink-models' 2e-4 on SmolLM2-135M's last layers, where
+// a massive activation makes the output a small difference of large terms
+// (tests/test_real_model.py).
 #define Q4_MASK 0x00780078u
 #define Q4_ONE 0x3F803F80u
 
-// acc + sum over the 8 codes of v of (1 + q/16) * x, x = (a, b) in element order.
+// acc + sum over the 8 codes of v of (q/16) * x, x = (a, b) in element order.
 KFN float dot_q4x8(u32 v, float4 a, float4 b, float acc) {
   const u32 p0 = ((v << 3) & Q4_MASK) | Q4_ONE;  // elements 0 and 4
   const u32 p1 = ((v >> 1) & Q4_MASK) | Q4_ONE;  // 1 and 5
   const u32 p2 = ((v >> 5) & Q4_MASK) | Q4_ONE;  // 2 and 6
   const u32 p3 = ((v >> 9) & Q4_MASK) | Q4_ONE;  // 3 and 7
-  acc = FMAF(bf16_lo(p0), a.x, acc);
-  acc = FMAF(bf16_hi(p0), b.x, acc);
-  acc = FMAF(bf16_lo(p1), a.y, acc);
-  acc = FMAF(bf16_hi(p1), b.y, acc);
-  acc = FMAF(bf16_lo(p2), a.z, acc);
-  acc = FMAF(bf16_hi(p2), b.z, acc);
-  acc = FMAF(bf16_lo(p3), a.w, acc);
-  acc = FMAF(bf16_hi(p3), b.w, acc);
+  acc = FMAF(bf16_lo(p0) - 1.0f, a.x, acc);
+  acc = FMAF(bf16_hi(p0) - 1.0f, b.x, acc);
+  acc = FMAF(bf16_lo(p1) - 1.0f, a.y, acc);
+  acc = FMAF(bf16_hi(p1) - 1.0f, b.y, acc);
+  acc = FMAF(bf16_lo(p2) - 1.0f, a.z, acc);
+  acc = FMAF(bf16_hi(p2) - 1.0f, b.z, acc);
+  acc = FMAF(bf16_lo(p3) - 1.0f, a.w, acc);
+  acc = FMAF(bf16_hi(p3) - 1.0f, b.w, acc);
   return acc;
 }
 
 KFN float sum8(float4 a, float4 b) { return ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w)); }
 
 // 8-bit codes, one at a time: the byte in the top eight mantissa bits of a float32 is
-// 1 + q/256, exactly (the "1 +" taken out per word with the sum of x, as for 4-bit).
+// 1 + q/256, exactly; the "1 +" is taken off each value before its FMA, as for 4-bit.
 #define Q8_MASK 0x007F8000u
 #define F32_ONE 0x3F800000u
 
-// acc + sum over the 4 codes of v of (1 + q/256) * x, x = a in element order.
+// acc + sum over the 4 codes of v of (q/256) * x, x = a in element order.
 KFN float dot_q8x4(u32 v, float4 a, float acc) {
-  acc = FMAF(BITS_F32(((v << 15) & Q8_MASK) | F32_ONE), a.x, acc);
-  acc = FMAF(BITS_F32(((v << 7) & Q8_MASK) | F32_ONE), a.y, acc);
-  acc = FMAF(BITS_F32(((v >> 1) & Q8_MASK) | F32_ONE), a.z, acc);
-  acc = FMAF(BITS_F32(((v >> 9) & Q8_MASK) | F32_ONE), a.w, acc);
+  acc = FMAF(BITS_F32(((v << 15) & Q8_MASK) | F32_ONE) - 1.0f, a.x, acc);
+  acc = FMAF(BITS_F32(((v << 7) & Q8_MASK) | F32_ONE) - 1.0f, a.y, acc);
+  acc = FMAF(BITS_F32(((v >> 1) & Q8_MASK) | F32_ONE) - 1.0f, a.z, acc);
+  acc = FMAF(BITS_F32(((v >> 9) & Q8_MASK) | F32_ONE) - 1.0f, a.w, acc);
   return acc;
 }
 
@@ -94,8 +99,9 @@ KFN float dot_q8x4(u32 v, float4 a, float acc) {
 // n), in [0, 24] (a whole number: the value in halves, moved off zero so that the sign
 // needs no per-weight test). Two 8-entry byte tables (codes 0-7 and 8-15) looked up with
 // the code's low three bits, then the sign bit picks between them: three byte_perms for
-// four codes. b then becomes the bfloat16 1 + b/128 exactly (five bits of mantissa), so
-// e2m1 = (b - 12) / 2 = 64 t - 70 with t that bfloat16.
+// four codes. b then becomes the bfloat16 t = 1 + b/128 exactly (five bits of mantissa),
+// and t - 1.09375 = (b - 12) / 128 = e2m1 / 64, exactly (Sterbenz: t is within a factor
+// two of 1.09375), taken before each FMA for the reason given at dot_q4x8.
 #define FP4_POS_LO 0x0F0E0D0Cu  // codes 0-3 (0, 0.5, 1, 1.5): 12 13 14 15
 #define FP4_POS_HI 0x18141210u  // codes 4-7 (2, 3, 4, 6): 16 18 20 24
 #define FP4_NEG_LO 0x090A0B0Cu  // codes 8-11 (-0, -0.5, -1, -1.5): 12 11 10 9
@@ -110,7 +116,9 @@ KFN u32 fp4_bytes(u32 c) {
   return byte_perm(pos, neg, 0x3210u | ((c >> 1) & 0x4444u));  // nibble n: byte n, + 4 if negative
 }
 
-// acc + sum over the 8 codes of v of t * x, t = 1 + b/128, x = (a, b) in element order.
+#define FP4_T_OFFSET 1.09375f  // 1 + 12/128: t at e2m1 = 0
+
+// acc + sum over the 8 codes of v of (e2m1 / 64) * x, x = (a, b) in element order.
 KFN float dot_fp4x8(u32 v, float4 a, float4 b, float acc) {
   const u32 lo = fp4_bytes(v);        // elements 0-3
   const u32 hi = fp4_bytes(v >> 16);  // elements 4-7
@@ -118,14 +126,14 @@ KFN float dot_fp4x8(u32 v, float4 a, float4 b, float acc) {
   const u32 p1 = ((lo >> 8) & 0x00FF00FFu) | BF16_PAIR_ONE;  // 1 and 3
   const u32 p2 = (hi & 0x00FF00FFu) | BF16_PAIR_ONE;         // 4 and 6
   const u32 p3 = ((hi >> 8) & 0x00FF00FFu) | BF16_PAIR_ONE;  // 5 and 7
-  acc = FMAF(bf16_lo(p0), a.x, acc);
-  acc = FMAF(bf16_lo(p1), a.y, acc);
-  acc = FMAF(bf16_hi(p0), a.z, acc);
-  acc = FMAF(bf16_hi(p1), a.w, acc);
-  acc = FMAF(bf16_lo(p2), b.x, acc);
-  acc = FMAF(bf16_lo(p3), b.y, acc);
-  acc = FMAF(bf16_hi(p2), b.z, acc);
-  acc = FMAF(bf16_hi(p3), b.w, acc);
+  acc = FMAF(bf16_lo(p0) - FP4_T_OFFSET, a.x, acc);
+  acc = FMAF(bf16_lo(p1) - FP4_T_OFFSET, a.y, acc);
+  acc = FMAF(bf16_hi(p0) - FP4_T_OFFSET, a.z, acc);
+  acc = FMAF(bf16_hi(p1) - FP4_T_OFFSET, a.w, acc);
+  acc = FMAF(bf16_lo(p2) - FP4_T_OFFSET, b.x, acc);
+  acc = FMAF(bf16_lo(p3) - FP4_T_OFFSET, b.y, acc);
+  acc = FMAF(bf16_hi(p2) - FP4_T_OFFSET, b.z, acc);
+  acc = FMAF(bf16_hi(p3) - FP4_T_OFFSET, b.w, acc);
   return acc;
 }
 
@@ -333,7 +341,7 @@ template <int SFMT, int GS, typename XP>
 KFN float q4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
   const float4 xa = x4[2 * wi], xb = x4[2 * wi + 1];
   const float sx = sum8(xa, xb);
-  const float d = dot_q4x8(v, xa, xb, 0.0f) - sx;  // sum (q/16) x
+  const float d = dot_q4x8(v, xa, xb, 0.0f);  // sum (q/16) x
   const int g = (8 * wi) / GS;
   return FMAF(16.0f * sb.scale(g), d, FMAF(sb.bias(g), sx, acc));
 }
@@ -343,20 +351,19 @@ template <int SFMT, int GS, typename XP>
 KFN float q8_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
   const float4 xa = x4[wi];
   const float sx = (xa.x + xa.y) + (xa.z + xa.w);
-  const float d = dot_q8x4(v, xa, 0.0f) - sx;  // sum (q/256) x
+  const float d = dot_q8x4(v, xa, 0.0f);  // sum (q/256) x
   const int g = (4 * wi) / GS;
   return FMAF(256.0f * sb.scale(g), d, FMAF(sb.bias(g), sx, acc));
 }
 
-// One E2M1 word (8 codes, elements 8 wi ..) into acc: scale * (e2m1 . x), with
-// e2m1 = 64 t - 70 (dot_fp4x8's t): scale * (64 (t . x) - 70 sum(x)).
+// One E2M1 word (8 codes, elements 8 wi ..) into acc: scale * (e2m1 . x) =
+// 64 scale * ((e2m1 / 64) . x), dot_fp4x8's sum. (No sum of x: fp4 has no bias.)
 template <int SFMT, int GS, typename XP>
 KFN float fp4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
   const float4 xa = x4[2 * wi], xb = x4[2 * wi + 1];
-  const float sx = sum8(xa, xb);
   const float d = dot_fp4x8(v, xa, xb, 0.0f);
   const float s = sb.scale((8 * wi) / GS);
-  return FMAF(64.0f * s, d, FMAF(-70.0f * s, sx, acc));
+  return FMAF(64.0f * s, d, acc);
 }
 
 // acc + (unit u of a row, its 16 bytes already loaded into w) . x, where x4 indexes x as
@@ -392,10 +399,10 @@ KFN float unit_dot(uint4 w, XP x4, int u, float acc, SBRow<F::SFMT> sb) {
 // ---- quantized rows against x in group memory (wo, gate_up, the head launch) -----------
 //
 // The per-word form above pays, for every 32-bit word, the word's sum of x (7 adds for 8
-// codes), its correction and a scale (and bias) decode, and 4-byte loads. Against x in
+// codes, for the bias) and a scale (and bias) decode, and 4-byte loads. Against x in
 // group memory a lane instead takes whole 16-byte units: one load, every word of a unit
 // in one scale group (two for nvfp4's groups of 16), so a unit costs one FMA a weight
-// plus, once a unit, a scale decode and the correction with the unit's sum of x, read
+// plus, once a unit, a scale decode and the bias times the unit's sum of x, read
 // from SB-sums that each group computes once (tile_x) rather than added up per word.
 // A lane's unit reads 32 (4-bit) or 16 (8-bit) contiguous floats of x, so neighbouring
 // lanes' x sit 128 (64) bytes apart: every 16-byte read an 8-way (4-way) bank conflict.
@@ -483,8 +490,8 @@ struct XUnit {
 
 // acc + (unit u of a quantized row, its 16 bytes in w) . x, x the unit's XUnit: each
 // word's code dot on its own (four independent chains), then per sum block the scale
-// decoded once and the correction made once: affine k s (t - sum x) + bias sum x (k = 16
-// for 4-bit, 256 for 8-bit: the "1 +" taken out), fp4 s (64 t - 70 sum x).
+// decoded once: affine k s t + bias sum x (k = 16 for 4-bit, 256 for 8-bit; t = sum
+// (q/k) x), fp4 64 s t (t = sum (e2m1/64) x).
 template <typename F>
 KFN float tiled_unit_dot(uint4 w, XUnit xu, int u, float acc, SBRow<F::SFMT> sb) {
   float d[4];
@@ -516,10 +523,10 @@ KFN float tiled_unit_dot(uint4 w, XUnit xu, int u, float acc, SBRow<F::SFMT> sb)
     const float s = sb.scale(g);
     const float sx = xu.s[b];
     if (F::FMT == WF_FP4) {
-      acc = FMAF(64.0f * s, t[b], FMAF(-70.0f * s, sx, acc));
+      acc = FMAF(64.0f * s, t[b], acc);
     } else {
       const float k = F::FMT == WF_Q8 ? 256.0f : 16.0f;
-      acc = FMAF(k * s, t[b] - sx, FMAF(sb.bias(g), sx, acc));
+      acc = FMAF(k * s, t[b], FMAF(sb.bias(g), sx, acc));
     }
   }
   return acc;

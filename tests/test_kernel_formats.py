@@ -32,7 +32,8 @@ def _byte_perm(x: int, y: int, s: np.ndarray) -> np.ndarray:
 
 
 def test_fp4_bytes_and_bf16_pairs_decode_every_e2m1_code():
-    """common.h's fp4_bytes + dot_fp4x8's pairs: every code in every nibble -> 64 t - 70 = e2m1(code)."""
+    """common.h's fp4_bytes + dot_fp4x8's pairs: every code in every nibble -> t - 1.09375 = e2m1(code) / 64,
+    exactly in float32 (the subtraction dot_fp4x8 makes before each FMA)."""
     pos_lo, pos_hi, neg_lo, neg_hi = 0x0F0E0D0C, 0x18141210, 0x090A0B0C, 0x00040608
     rng = np.random.default_rng(0)
     v = np.concatenate([rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32),
@@ -59,6 +60,8 @@ def test_fp4_bytes_and_bf16_pairs_decode_every_e2m1_code():
     t = np.stack([bf_lo(p[0]), bf_lo(p[1]), bf_hi(p[0]), bf_hi(p[1]),
                   bf_lo(p[2]), bf_lo(p[3]), bf_hi(p[2]), bf_hi(p[3])], 1)  # elements 0..7
     np.testing.assert_array_equal(64 * t - 70, E2M1_VALUES[codes])
+    exact = (t.astype(np.float32) - np.float32(1.09375)).astype(np.float32)
+    np.testing.assert_array_equal(exact.astype(np.float64) * 64, E2M1_VALUES[codes])
 
 
 def test_q8_codes_widen_to_one_plus_q_over_256_exactly():
@@ -69,6 +72,7 @@ def test_q8_codes_widen_to_one_plus_q_over_256_exactly():
     shifted = [v << np.uint32(15), v << np.uint32(7), v >> np.uint32(1), v >> np.uint32(9)]
     got = np.stack([_as_f32((s & mask) | one) for s in shifted], 1)
     np.testing.assert_array_equal(got, 1 + q / 256)
+    np.testing.assert_array_equal((got - np.float32(1)).astype(np.float32), q / 256)  # the subtract, exact
 
 
 def test_scale_bytes_decode_as_the_oracle_does():
