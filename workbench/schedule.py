@@ -45,9 +45,10 @@ from typing import Any, Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
+from workbench import decode_matvec as _dm
 from workbench import waits as _waits
 from workbench.validate import describe, flag, integer, number, one_of
-from workbench.weights import DENSE_DTYPES
+from workbench.weights import DENSE_DTYPES, QUANT_FORMATS, QuantizedBase, WeightMatrix
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,19 @@ class HybridWeights:
     full Bonsai geometry is ~50 GB of bf16 otherwise). A token still streams every layer's
     matrices from memory (one layer's are far larger than any cache), so the time a token
     takes is that of distinct weights; the record says which was used.
+
+    ``quant``: None (dense ``dtype`` weights), or a name of ``weights.QUANT_FORMATS``
+    (``"affine4"``: affine 4-bit, groups of 64): every projection matrix, the LM head
+    included, quantized from its ``dtype`` draw by ``mx.quantize`` and stored as a
+    ``weights.QuantizedBase``; the short convolution and the norms stay float32.
     """
 
-    def __init__(self, cfg, geom: Geometry, *, dtype: str = "float32", seed: int = 0, share: bool = False):
+    def __init__(self, cfg, geom: Geometry, *, dtype: str = "float32", seed: int = 0, share: bool = False,
+                 quant: str | None = None):
         one_of("dtype", dtype, sorted(DENSE_DTYPES))
+        if quant is not None:
+            one_of("quant", quant, sorted(QUANT_FORMATS))
+        self.quant = quant
         if not isinstance(geom, Geometry):
             raise ValueError(f"geom: must be a Geometry (geometry_of(cfg) or CPU_GEOMETRY), got {describe(geom)}")
         seed = integer("seed", seed, minimum=0)
@@ -181,10 +191,28 @@ class HybridWeights:
         g = geom
         key, k1, k2 = mx.random.split(key, 3)
         self.final_norm = mx.ones((g.hidden,), dtype=mx.float32)
-        self.lm_head = _uniform(k1, (g.vocab, g.hidden), g.hidden, dt)
+        self.lm_head = self._quantized(_uniform(k1, (g.vocab, g.hidden), g.hidden, dt))
         # The embedding lookup is host work: a small host table, indexed by argmax % rows.
         self.embed = np.random.default_rng(seed).uniform(-1, 1, size=(64, g.hidden)).astype(np.float32)
-        mx.eval(self.lm_head)
+        mx.eval(self.lm_head.w if isinstance(self.lm_head, QuantizedBase) else self.lm_head)
+
+    def _quantized(self, w: mx.array) -> mx.array | QuantizedBase:
+        """``w`` as stored: itself, or quantized to ``self.quant``."""
+        if self.quant is None:
+            return w
+        spec = QUANT_FORMATS[self.quant]
+        base = WeightMatrix.quantize(w, mode=spec.mode, bits=spec.bits, group_size=spec.group_size).launch_parts()[0]
+        assert isinstance(base, QuantizedBase)
+        return base
+
+    def bytes_per_token(self) -> int:
+        """Bytes of weights one token streams: every layer's arrays (a shared set counted
+        once per layer that reads it), the final norm and the LM head. The recurrent
+        states and KV caches a token also reads and writes are not included."""
+        total = int(self.lm_head.nbytes + self.final_norm.nbytes)
+        for layer in self.layers:
+            total += sum(int(a.nbytes) for a in layer.w.values())
+        return total
 
     def _make(self, kind: str, key: mx.array, dt) -> dict[str, mx.array]:
         g = self.geom
@@ -202,6 +230,8 @@ class HybridWeights:
             kv = g.n_kv * g.head_dim
             w.update(wq=_uniform(next(ks), (q, h), h, dt), wk=_uniform(next(ks), (kv, h), h, dt),
                      wv=_uniform(next(ks), (kv, h), h, dt), wo=_uniform(next(ks), (h, g.branch), g.branch, dt))
+            for name in ("wq", "wk", "wv", "wo"):
+                w[name] = self._quantized(w[name])
         else:
             kd, vd = g.gdn_k_heads * g.gdn_k_dim, g.gdn_v_heads * g.gdn_v_dim
             conv_c = 2 * kd + vd
@@ -214,6 +244,10 @@ class HybridWeights:
                 o_norm=1.0 + mx.random.uniform(-0.25, 0.25, (g.gdn_v_dim,), key=next(ks)),
                 out=_uniform(next(ks), (h, vd), vd, dt),
             )
+            for name in ("in_qkvz", "in_ba", "out"):
+                w[name] = self._quantized(w[name])
+        for name in ("gate", "up", "down"):
+            w[name] = self._quantized(w[name])
         return w
 
 
@@ -262,19 +296,7 @@ def new_state(wts: HybridWeights, *, context: int = 32, max_new: int = 4096, see
 # The pieces, as lazy MLX ops
 
 
-def _rms(x: mx.array, w: mx.array, eps: float) -> mx.array:
-    return x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps) * w
-
-
-def _mv(w: mx.array, x: mx.array) -> mx.array:
-    """``w @ x`` with x in the weights' dtype (as an engine's matvec reads it), out float32."""
-    return (x.astype(w.dtype) @ w.T).astype(mx.float32)
-
-
-def _ffn(w: Mapping[str, mx.array], x: mx.array, eps: float) -> mx.array:
-    n = _rms(x, w["ffn_norm"], eps)
-    g = _mv(w["gate"], n)
-    return x + _mv(w["down"], (g * mx.sigmoid(g)) * _mv(w["up"], n))
+_rms = _dm.rms
 
 
 def gated_delta_ops(q, k, v, gamma, beta, state) -> tuple[mx.array, mx.array]:
@@ -308,13 +330,10 @@ def fast_gdn_available() -> tuple[bool, str]:
 
 
 def _recurrent(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: DecodeState, l: int,
-               gdn: str = "fast") -> mx.array:
+               gdn: str, mv) -> mx.array:
     g = geom
     kd, vd = g.gdn_k_heads * g.gdn_k_dim, g.gdn_v_heads * g.gdn_v_dim
-    h = _rms(x, w["norm"], g.eps)
-    qkvz = _mv(w["in_qkvz"], h)
-    ba = _mv(w["in_ba"], h)
-    mixed, z = qkvz[: 2 * kd + vd], qkvz[2 * kd + vd:]
+    mixed, z, ba = mv.gdn_in(w, x, 2 * kd + vd)
     window = mx.concatenate([st.conv[l], mixed[None]], axis=0)  # [K, C]: the short convolution
     st.conv[l] = window[1:]
     c = (window * w["conv"]).sum(axis=0)
@@ -334,13 +353,8 @@ def _recurrent(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: Decod
     o = _rms(o.reshape(g.gdn_v_heads, g.gdn_v_dim), w["o_norm"], g.eps)
     zz = z.reshape(g.gdn_v_heads, g.gdn_v_dim)
     o = (o * (zz * mx.sigmoid(zz))).reshape(vd)
-    x = x + _mv(w["out"], o)
-    return _ffn(w, x, g.eps)
-
-
-def _qkv(geom: Geometry, w: Mapping[str, mx.array], x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-    h = _rms(x, w["norm"], geom.eps)
-    return _mv(w["wq"], h), _mv(w["wk"], h), _mv(w["wv"], h)
+    x = mv.out_add(w, "out", o, x)
+    return mv.ffn(w, x)
 
 
 def _attend_np(geom: Geometry, q: np.ndarray, kc: np.ndarray, vc: np.ndarray) -> np.ndarray:
@@ -386,16 +400,24 @@ class Schedule:
     ``eligible``: the attention layers whose tail fuses; default ``waits.eligible_layers``
     (``workbench.refusals``). ``gdn``: ``"fast"`` runs the recurrence through
     ``mx.fast.gated_delta_update``, ``"ops"`` through :func:`gated_delta_ops`.
+    ``matvec``: every weight's product as MLX ops (``"mlx"``) or through the project's
+    kernels (``"kernels"``: ``BackendUnavailable`` where no kernel backend exists); see
+    :mod:`workbench.decode_matvec`. ``activations``: the ``"mlx"`` path's (``"weights"``:
+    x cast to the weights' dtype, as the schedule always ran; ``"float32"``: the kernels'
+    arithmetic, for checking them).
     """
 
     def __init__(self, cfg, weights: HybridWeights, *, eligible: Sequence[int] | None = None, plan=None,
-                 gdn: str = "fast"):
+                 gdn: str = "fast", matvec: str = "mlx", activations: str = "weights", tuning=None):
+        one_of("activations", activations, _dm.ACTIVATIONS)
         if gdn not in ("fast", "ops"):
             raise ValueError(f"gdn: must be 'fast' (mx.fast.gated_delta_update) or 'ops' (gated_delta_ops), got {gdn!r}")
         if not isinstance(weights, HybridWeights):
             raise ValueError(f"weights: must be HybridWeights, got {describe(weights)}")
         self.gdn = gdn
         self.cfg, self.w, self.geom = cfg, weights, weights.geom
+        self.mv = _dm.make_matvecs(matvec, weights.geom.eps, activations=activations, tuning=tuning)
+        self.matvec = self.mv.path
         self.plan = _waits._plan(plan)
         self.eligible = tuple(_waits.eligible_layers(cfg) if eligible is None else eligible)
         _waits.submissions(cfg, self.plan.stages[0], plan=self.plan, eligible=self.eligible)  # checks eligible
@@ -423,10 +445,10 @@ class Schedule:
             for piece in sub:
                 l = piece.layer
                 if piece.kind == "layer":
-                    x = _recurrent(g, layers[l].w, x, state, l, self.gdn)
+                    x = _recurrent(g, layers[l].w, x, state, l, self.gdn, self.mv)
                     outs += [state.ssm[l], state.conv[l]]
                 elif piece.kind == "qkv":
-                    qkv[l] = _qkv(g, layers[l].w, x)
+                    qkv[l] = self.mv.attn_qkv(layers[l].w, x)
                     outs += list(qkv[l])
                 elif piece.kind == "attention":  # the device floor: cache and softmax on the device
                     q, k, v = qkv.pop(l)
@@ -435,13 +457,13 @@ class Schedule:
                     branch[l] = _attend_mx(g, q, state.dev_k[l], state.dev_v[l])
                     outs += [state.dev_k[l], state.dev_v[l]]
                 elif piece.kind in ("tail", "wo"):
-                    x = x + _mv(layers[l].w["wo"], branch[l])
+                    x = self.mv.out_add(layers[l].w, "wo", branch[l], x)
                     if piece.kind == "tail":
-                        x = _ffn(layers[l].w, x, g.eps)
+                        x = self.mv.ffn(layers[l].w, x)
                 elif piece.kind == "ffn":
-                    x = _ffn(layers[l].w, x, g.eps)
+                    x = self.mv.ffn(layers[l].w, x)
                 elif piece.kind == "logits":
-                    logits = _mv(self.w.lm_head, _rms(x, self.w.final_norm, g.eps))
+                    logits = self.mv.logits(self.w.lm_head, self.w.final_norm, x)
                     outs.append(logits)
             mx.eval(x, *outs)  # the submission, and its one wait
             n_waits += 1
