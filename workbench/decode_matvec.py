@@ -250,17 +250,17 @@ class KernelMatvecs:
             per[what] = make()
         return per[what]
 
-    def launches(self, lw: Mapping[str, Any], what: str) -> Any:
-        """The prepared launch(es) of product ``what`` for layer weights ``lw`` (for tests and benches)."""
-        return self._prepared[id(lw)][what]
+    # The launches, prepared on first use (public so that a test can run each one alone,
+    # e.g. emulated on the CPU, and a bench can time it).
 
-    def attn_qkv(self, lw: Mapping[str, Any], x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        ln = self._for(lw, "attn_qkv", lambda: _head_launch(
+    def qkv_launch(self, lw: Mapping[str, Any]) -> Launch:
+        """The attention layer's head launch: q, k, v of ``rms_norm(x) * norm``; input x."""
+        return self._for(lw, "attn_qkv", lambda: _head_launch(
             self.dialect, lw["norm"], self.eps, [("wq", lw["wq"]), ("wk", lw["wk"]), ("wv", lw["wv"])], self.tuning))
-        q, k, v = ln(x)
-        return q, k, v
 
-    def gdn_in(self, lw: Mapping[str, Any], x: mx.array, mixed: int) -> tuple[mx.array, mx.array, mx.array]:
+    def gdn_in_launch(self, lw: Mapping[str, Any], mixed: int) -> Launch:
+        """The Gated DeltaNet input projection as one head launch: rows ``:mixed`` of
+        in_qkvz (q, k, v before the convolution), the rest (z), and in_ba; input x."""
         def make() -> Launch:
             w = lw["in_qkvz"]
             rows = w.shape[0]
@@ -268,10 +268,30 @@ class KernelMatvecs:
                                 [("in_qkvz[:mixed]", _rows(w, 0, mixed)), ("in_qkvz[mixed:]", _rows(w, mixed, rows)),
                                  ("in_ba", lw["in_ba"])], self.tuning)
 
-        a, z, ba = self._for(lw, "gdn_in", make)(x)
+        return self._for(lw, f"gdn_in:{mixed}", make)
+
+    def logits_launch(self, lm_head) -> tuple[Launch, mx.array]:
+        """lm_head through ``wo_residual`` and the resident zero residual it adds; inputs
+        the normed x and that zero vector."""
+        def make() -> tuple[Launch, mx.array]:
+            ln = _matvec_launch(self.dialect, lm_head, self.tuning, "lm_head")
+            zeros = mx.zeros((ln.kw["output_shapes"][0][0],), dtype=mx.float32)
+            mx.eval(zeros)
+            return ln, zeros
+
+        return self._for(self._head_key(lm_head), "logits", make)
+
+    def attn_qkv(self, lw: Mapping[str, Any], x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        q, k, v = self.qkv_launch(lw)(x)
+        return q, k, v
+
+    def gdn_in(self, lw: Mapping[str, Any], x: mx.array, mixed: int) -> tuple[mx.array, mx.array, mx.array]:
+        a, z, ba = self.gdn_in_launch(lw, mixed)(x)
         return a, z, ba
 
-    def _tail(self, lw: Mapping[str, Any], name: str) -> kernel_launch.PreparedTail:
+    def tail(self, lw: Mapping[str, Any], name: str) -> kernel_launch.PreparedTail:
+        """The layer's ``x + W v`` (``name``: ``"wo"`` or ``"out"``) and its FFN, as a
+        ``kernel_launch.PreparedTail`` (its ``launch_wo``, ``launch_gate_up``, ``launch_down``)."""
         def make() -> kernel_launch.PreparedTail:
             launch = TailLaunch(None, WeightMatrix(lw[name]), None, None, lw["ffn_norm"].astype(mx.float32),
                                 self.eps, WeightMatrix(lw["gate"]), WeightMatrix(lw["up"]), WeightMatrix(lw["down"]))
@@ -280,24 +300,18 @@ class KernelMatvecs:
         return self._for(lw, f"tail:{name}", make)
 
     def out_add(self, lw: Mapping[str, Any], name: str, v: mx.array, x: mx.array) -> mx.array:
-        return self._tail(lw, name).launch_wo(v, x)
+        return self.tail(lw, name).launch_wo(v, x)
 
     def ffn(self, lw: Mapping[str, Any], x: mx.array) -> mx.array:
         # Any of the layer's tails carries the same FFN launches; take the one prepared.
         name = "wo" if "wo" in lw else "out"
-        t = self._tail(lw, name)
+        t = self.tail(lw, name)
         return t.launch_down(t.launch_gate_up(x), x)
 
     def logits(self, lm_head, final_norm: mx.array, x: mx.array) -> mx.array:
         # The final norm as MLX ops (a few tiny launches), then lm_head through wo_residual
         # with a resident zero residual.
-        def make() -> tuple[Launch, mx.array]:
-            ln = _matvec_launch(self.dialect, lm_head, self.tuning, "lm_head")
-            zeros = mx.zeros((ln.kw["output_shapes"][0][0],), dtype=mx.float32)
-            mx.eval(zeros)
-            return ln, zeros
-
-        launch, zeros = self._for(self._head_key(lm_head), "logits", make)
+        launch, zeros = self.logits_launch(lm_head)
         return launch(rms(x, final_norm, self.eps), zeros)[0]
 
     def _head_key(self, lm_head) -> dict:
