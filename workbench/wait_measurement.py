@@ -310,3 +310,68 @@ def measure_split_price(step, x, *, n: int = 50, warmup: int = 5) -> dict:
     q = statistics.quantiles(sorted(diffs), n=10)
     return {"ms": statistics.median(diffs), "p10_ms": q[0], "p90_ms": q[8],
             "split_ms": statistics.median(ss), "joined_ms": statistics.median(js), "n": n, "warmup": warmup}
+
+
+SPLIT_BETWEEN_METHOD = (
+    "The price of one split between two real submissions A then B (as a decode step makes them): "
+    "per round, split = A built and evaluated (mx.eval), its output read by the host (np.asarray), "
+    "then B built on that output and evaluated and read (two waits); joined = B(A(x)) built at once, "
+    "evaluated and read (one wait); the two interleaved, after {warmup} warm-up rounds. The price is "
+    "the median over {n} rounds of split - joined: the round trip plus the device's idle time while "
+    "the host reads back, builds, encodes and submits B; spread: 10th-90th percentile."
+)
+
+
+def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3) -> dict:
+    """What one wait costs between submission ``first`` and submission ``second``.
+
+    ``first`` maps ``x`` to an MLX array (or a tuple/list of them); ``second`` maps that
+    output to the next one. Each round times both, interleaved:
+
+    * split (two waits): ``a = first(x)``, ``mx.eval(a)``, the host reads ``a``; then
+      ``b = second(a)``, ``mx.eval(b)``, the host reads ``b``: a decode step whose plan
+      puts a wait between the two;
+    * joined (one wait): ``second(first(x))`` built at once, evaluated and read.
+
+    Returns ``ms`` (median of ``split - joined``), ``p10_ms``, ``p90_ms``, ``split_ms`` and
+    ``joined_ms`` (medians), ``n``, ``warmup`` and ``method``. :func:`measure_split_price`
+    is the same with one step on both sides and the host re-uploading between them.
+    """
+    n = integer("n", n, minimum=5)
+    warmup = integer("warmup", warmup, minimum=0)
+    for name, fn in (("first", first), ("second", second)):
+        if not callable(fn):
+            raise ValueError(f"{name}: must be a callable building one submission's MLX arrays, got {describe(fn)}")
+
+    def read(out) -> None:
+        for a in (out if isinstance(out, (tuple, list)) else (out,)):
+            np.asarray(a)
+
+    def split() -> None:
+        a = first(x)
+        mx.eval(a)
+        read(a)
+        b = second(a)
+        mx.eval(b)
+        read(b)
+
+    def joined() -> None:
+        b = second(first(x))
+        mx.eval(b)
+        read(b)
+
+    diffs, ss, js = [], [], []
+    for i in range(warmup + n):
+        t0 = time.perf_counter_ns()
+        split()
+        t1 = time.perf_counter_ns()
+        joined()
+        t2 = time.perf_counter_ns()
+        if i >= warmup:
+            ss.append((t1 - t0) / 1e6)
+            js.append((t2 - t1) / 1e6)
+            diffs.append(ss[-1] - js[-1])
+    q = statistics.quantiles(sorted(diffs), n=10)
+    return {"ms": statistics.median(diffs), "p10_ms": q[0], "p90_ms": q[8], "split_ms": statistics.median(ss),
+            "joined_ms": statistics.median(js), "n": n, "warmup": warmup,
+            "method": SPLIT_BETWEEN_METHOD.format(n=n, warmup=warmup)}
