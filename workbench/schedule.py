@@ -46,6 +46,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import decode_matvec as _dm
+from workbench import wait_measurement as _wm
 from workbench import waits as _waits
 from workbench.validate import describe, flag, integer, number, one_of
 from workbench.weights import DENSE_DTYPES, QUANT_FORMATS, QuantizedBase, WeightMatrix
@@ -486,6 +487,116 @@ class Schedule:
 
 
 # ---------------------------------------------------------------------------------------
+# The kernels checked against MLX ops, and the price of a wait by its kind
+
+#: The check of a step against the reference step: ``decode_matvec.worst_scaled_error`` of
+#: the logits (max |difference| / max(max |reference logit|, 1)) at most this. Both compute
+#: every product in float32 from the same stored weights, in another summation order; over
+#: 64 layers that stays within float32 rounding (the MLX attention on the device against the
+#: host's numpy is held to the same bound in tests/test_schedule.py).
+CHECK_TOL = 1e-4
+
+
+def check_step(sched: Schedule, ref: Schedule, *, stages: Sequence[int] = (5, 6), context: int = 32,
+               tol: float = CHECK_TOL) -> dict:
+    """One token of ``sched`` against one of ``ref`` (same weights, same start, same token)
+    at each of ``stages``: the logits' worst scaled error and whether it is within ``tol``."""
+    for name, v in (("sched", sched), ("ref", ref)):
+        if not isinstance(v, Schedule):
+            raise ValueError(f"{name}: must be a Schedule, got {describe(v)}")
+    if ref.w is not sched.w:
+        raise ValueError("ref: must decode the same HybridWeights object as sched")
+    tol = number("tol", tol, minimum=0, exclusive_minimum=True)
+    rows = []
+    for n in stages:
+        a = sched.step(new_state(sched.w, context=context, max_new=2), n)
+        b = ref.step(new_state(ref.w, context=context, max_new=2), n)
+        err = _dm.worst_scaled_error(a.logits, b.logits)
+        rows.append({"stage": int(n), "worst_scaled_error": err, "same_next_token": a.next_token == b.next_token,
+                     "passed": bool(err <= tol)})
+    return {"metric": "max |logits - reference logits| / max(max |reference logits|, 1), one token",
+            "tol": tol, "matvec": sched.mv.describe(), "reference": ref.mv.describe(), "stages": rows,
+            "passed": all(r["passed"] for r in rows)}
+
+
+#: The split kinds a same-work pair of the plan's stages removes (``waits.model_saving``),
+#: which ``split_pieces`` can build on either side.
+MEASURED_SPLITS: tuple[str, ...] = ("wo|ffn", "layer|qkv", "ffn|layer", "ffn|logits", "layer|layer")
+
+
+def split_pieces(sched: Schedule, state: DecodeState) -> dict[str, Any]:
+    """The step's submissions as callables ``x -> outputs`` (a tuple, the hidden first),
+    built on ``sched``'s weights and matvecs, for timing splits between them:
+    ``layer`` (a recurrent layer; its state advances), ``layer2`` (the next one), ``qkv``,
+    ``wo`` (with a fixed attention branch), ``ffn`` and ``logits``."""
+    g, layers = sched.geom, sched.w.layers
+    rec = [i for i, lay in enumerate(layers) if lay.kind == "recurrent"][:2]
+    att = next(i for i, lay in enumerate(layers) if lay.kind == "attention")
+    branch = mx.array(np.random.default_rng(5).uniform(-1, 1, g.branch).astype(np.float32))
+    mx.eval(branch)
+
+    def layer(i: int):
+        return lambda x: (_recurrent(g, layers[i].w, x, state, i, sched.gdn, sched.mv), state.ssm[i], state.conv[i])
+
+    return {
+        "layer": layer(rec[0]),
+        "layer2": layer(rec[1]),
+        "qkv": lambda x: (x, *sched.mv.attn_qkv(layers[att].w, x)),
+        "wo": lambda x: (sched.mv.out_add(layers[att].w, "wo", branch, x),),
+        "ffn": lambda x: (sched.mv.ffn(layers[att].w, x),),
+        "logits": lambda x: (x, sched.mv.logits(sched.w.lm_head, sched.w.final_norm, x)),
+    }
+
+
+def piece_device_ms(piece, x: mx.array, *, k: int = 8, n: int = 5) -> float:
+    """The device time of one submission ``piece`` (a callable of :func:`split_pieces`):
+    ``k`` copies chained in ONE evaluation against one copy, ``(t_k - t_1) / (k - 1)``,
+    the median of ``n`` (what one wait and the host's work add is the same in both, so
+    it drops out)."""
+    k = integer("k", k, minimum=2)
+    n = integer("n", n, minimum=1)
+
+    def run(m: int) -> float:
+        y, outs = x, []
+        t0 = time.perf_counter()
+        for _ in range(m):
+            o = piece(y)
+            y, outs = o[0], outs + list(o[1:])
+        mx.eval(y, *outs)
+        return time.perf_counter() - t0
+
+    run(k)  # warm
+    diffs = sorted((run(k) - run(1)) / (k - 1) * 1e3 for _ in range(n))
+    return float(diffs[len(diffs) // 2])
+
+
+def measure_splits(sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n: int = 30, warmup: int = 3,
+                   context: int = 32) -> list[dict]:
+    """The price of a wait of each kind in ``kinds``, measured between the step's own
+    submissions (``wait_measurement.measure_split_between``): ``"wo|ffn"`` times wo then
+    the FFN split against joined, ``"layer|layer"`` two recurrent layers, and so on."""
+    state = new_state(sched.w, context=context, max_new=2)
+    pieces = split_pieces(sched, state)
+    x = mx.array(sched.w.embed[0])
+    mx.eval(x)
+    out = []
+    for kind in kinds:
+        _waits.check_split_kind("kinds[]", kind)
+        a, b = kind.split("|")
+        if a not in pieces or b not in pieces or kind == _waits.FINAL_SPLIT:
+            raise ValueError(f"kinds: {kind!r} cannot be built from the step's pieces; allowed: {MEASURED_SPLITS}")
+        first = pieces[a]
+        second_piece = pieces["layer2" if (a, b) == ("layer", "layer") else b]
+        res = _wm.measure_split_between(first, lambda t, f=second_piece: f(t[0]), x, n=n, warmup=warmup)
+        dev = {"first": piece_device_ms(first, x), "second": piece_device_ms(second_piece, x)}
+        # The device's idle time in the split round: its wall time less the two submissions' work.
+        out.append({"split": kind, **res, "device_ms": dev,
+                    "split_idle_ms": res["split_ms"] - dev["first"] - dev["second"],
+                    "joined_idle_ms": res["joined_ms"] - dev["first"] - dev["second"]})
+    return out
+
+
+# ---------------------------------------------------------------------------------------
 # Stages against the table
 
 
@@ -500,6 +611,7 @@ def run_stages(
     price_ms: float | None = None,
     progress=None,
     time_budget_s: float | None = None,
+    split_prices: Mapping[str, float] | None = None,
 ) -> dict:
     """Time ``tokens`` tokens per round at every stage, rounds interleaved; compare with the table.
 
@@ -559,7 +671,8 @@ def run_stages(
         })
     rec: dict[str, Any] = {"stages": rows, "rounds_run": done}
     if price_ms is not None:
-        rec["comparisons"] = compare_savings(rows, price_ms)
+        rec["comparisons"] = compare_savings(rows, price_ms, split_prices=split_prices, cfg=sched.cfg,
+                                             eligible=sched.eligible)
     return rec
 
 
@@ -583,12 +696,18 @@ def _record(rec: Any) -> Mapping:
     return rec
 
 
-def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
+def compare_savings(rows: Sequence[Mapping], price_ms: float, *, split_prices: Mapping[str, float] | None = None,
+                    cfg=None, eligible: Sequence[int] | None = None) -> list[dict]:
     """Measured against predicted savings: each stage against the one before, and against stage 1.
 
     ``same_work`` is False for a pair of which one stage runs the attention on the device
     (the device floor) and the other on the host: there the arithmetic differs as well as
     the waits, so the pair does not test the table.
+
+    With ``split_prices`` (and ``cfg``, the model decoded) each pair also carries the price
+    model's prediction (``waits.model_saving``): ``ms_saved_model``, ``model_priced``
+    (every split kind the pair removes has a measured price), ``ratio_model`` and, when
+    paired times exist, ``ratio_model_paired``.
     """
     rows = _rows("rows", rows, ("stage", "waits_predicted", "ms_median"))
     price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
@@ -616,6 +735,15 @@ def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
             paired = float(np.median(np.asarray(ea) - np.asarray(eb)))
             row["ms_saved_paired"] = paired
             row["ratio_paired"] = paired / predicted if predicted else None
+        if split_prices is not None:
+            if cfg is None:
+                raise ValueError("cfg: the price model needs the model decoded (cfg) beside split_prices")
+            m = _waits.model_saving(cfg, a, b, split_prices, price_ms, plan=plan, eligible=eligible)
+            row["ms_saved_model"] = m["ms"]
+            row["model_priced"] = m["priced"]
+            row["ratio_model"] = measured / m["ms"] if m["ms"] else None
+            if "ms_saved_paired" in row:
+                row["ratio_model_paired"] = row["ms_saved_paired"] / m["ms"] if m["ms"] else None
         out.append(row)
     return out
 

@@ -347,31 +347,55 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3) -> 
         for a in (out if isinstance(out, (tuple, list)) else (out,)):
             np.asarray(a)
 
-    def split() -> None:
+    def split() -> list[int]:
+        t = [time.perf_counter_ns()]
         a = first(x)
+        t.append(time.perf_counter_ns())
         mx.eval(a)
+        t.append(time.perf_counter_ns())
         read(a)
+        t.append(time.perf_counter_ns())
         b = second(a)
+        t.append(time.perf_counter_ns())
         mx.eval(b)
+        t.append(time.perf_counter_ns())
         read(b)
+        t.append(time.perf_counter_ns())
+        return t
 
-    def joined() -> None:
+    def joined() -> list[int]:
+        t = [time.perf_counter_ns()]
         b = second(first(x))
+        t.append(time.perf_counter_ns())
         mx.eval(b)
+        t.append(time.perf_counter_ns())
         read(b)
+        t.append(time.perf_counter_ns())
+        return t
 
     diffs, ss, js = [], [], []
+    phases: dict[str, list[float]] = {k: [] for k in SPLIT_PHASES + JOINED_PHASES}
     for i in range(warmup + n):
-        t0 = time.perf_counter_ns()
-        split()
-        t1 = time.perf_counter_ns()
-        joined()
-        t2 = time.perf_counter_ns()
+        ts = split()
+        tj = joined()
         if i >= warmup:
-            ss.append((t1 - t0) / 1e6)
-            js.append((t2 - t1) / 1e6)
+            ss.append((ts[-1] - ts[0]) / 1e6)
+            js.append((tj[-1] - tj[0]) / 1e6)
             diffs.append(ss[-1] - js[-1])
+            for names, t in ((SPLIT_PHASES, ts), (JOINED_PHASES, tj)):
+                for k, a, b in zip(names, t, t[1:]):
+                    phases[k].append((b - a) / 1e6)
     q = statistics.quantiles(sorted(diffs), n=10)
     return {"ms": statistics.median(diffs), "p10_ms": q[0], "p90_ms": q[8], "split_ms": statistics.median(ss),
             "joined_ms": statistics.median(js), "n": n, "warmup": warmup,
+            "phases_ms": {k: statistics.median(v) for k, v in phases.items()},
             "method": SPLIT_BETWEEN_METHOD.format(n=n, warmup=warmup)}
+
+
+#: The host's steps in a split round and in a joined one, as ``measure_split_between``
+#: times them (``phases_ms``: the median of each): building a submission's lazy graph
+#: (Python and MLX's graph, the device idle unless it still runs earlier work), its
+#: evaluation (encoding, submitting, and waiting for the device), the host's read.
+SPLIT_PHASES = ("split.build_first", "split.eval_first", "split.read_first", "split.build_second",
+                "split.eval_second", "split.read_second")
+JOINED_PHASES = ("joined.build", "joined.eval", "joined.read")
