@@ -86,7 +86,12 @@ def main(argv: list[str] | None = None) -> dict:
     from workbench import decode_matvec, schedule, wait_measurement, waits
     from workbench.model import load_model
 
-    decode_matvec.resolve_matvec(args.matvec)  # kernels without a kernel backend: BackendUnavailable, said now
+    from workbench.backends import BackendUnavailable
+
+    try:  # kernels without a kernel backend: said now, never a fall back to MLX ops
+        decode_matvec.resolve_matvec(args.matvec)
+    except BackendUnavailable as err:
+        p.error(f"--matvec kernels: {err}")
 
     cfg = load_model(args.model)
     geom = schedule.geometry_of(cfg, vocab=args.vocab) if args.geometry == "full" else schedule.CPU_GEOMETRY
