@@ -393,6 +393,7 @@ class TokenResult:
     waits: int
     seconds: float
     next_token: int
+    eval_seconds: float = 0.0  # of ``seconds``, inside mx.eval (encoding, submitting, waiting)
 
 
 class Schedule:
@@ -405,11 +406,15 @@ class Schedule:
     kernels (``"kernels"``: ``BackendUnavailable`` where no kernel backend exists); see
     :mod:`workbench.decode_matvec`. ``activations``: the ``"mlx"`` path's (``"weights"``:
     x cast to the weights' dtype, as the schedule always ran; ``"float32"``: the kernels'
-    arithmetic, for checking them).
+    arithmetic, for checking them). ``compiled``: each recurrent layer traced once per
+    layer weights by ``mx.compile`` (MLX fuses its elementwise ops, and a token's graph is
+    built with one call a layer instead of ~30 ops: Python's graph building is work the
+    device waits for, on every path); the waits are the same.
     """
 
     def __init__(self, cfg, weights: HybridWeights, *, eligible: Sequence[int] | None = None, plan=None,
-                 gdn: str = "fast", matvec: str = "mlx", activations: str = "weights", tuning=None):
+                 gdn: str = "fast", matvec: str = "mlx", activations: str = "weights", tuning=None,
+                 compiled: bool = False):
         one_of("activations", activations, _dm.ACTIVATIONS)
         if gdn not in ("fast", "ops"):
             raise ValueError(f"gdn: must be 'fast' (mx.fast.gated_delta_update) or 'ops' (gated_delta_ops), got {gdn!r}")
@@ -419,6 +424,9 @@ class Schedule:
         self.cfg, self.w, self.geom = cfg, weights, weights.geom
         self.mv = _dm.make_matvecs(matvec, weights.geom.eps, activations=activations, tuning=tuning)
         self.matvec = self.mv.path
+        self.compiled = flag("compiled", compiled)
+        self._layer_fns: dict[int, Any] = {}
+        self._layer_keep: list = []  # the weight dicts keyed by id in _layer_fns, kept alive
         self.plan = _waits._plan(plan)
         self.eligible = tuple(_waits.eligible_layers(cfg) if eligible is None else eligible)
         _waits.submissions(cfg, self.plan.stages[0], plan=self.plan, eligible=self.eligible)  # checks eligible
@@ -430,6 +438,23 @@ class Schedule:
             self._subs[st.number] = _waits.submissions(self.cfg, st, plan=self.plan, eligible=self.eligible)
         return self._subs[st.number]
 
+    def _recurrent_fn(self, lw: Mapping[str, Any]):
+        """``(x, conv, ssm) -> (x, conv, ssm)`` for one recurrent layer's weights (traced
+        once per weights by ``mx.compile`` with ``compiled``)."""
+        fn = self._layer_fns.get(id(lw))
+        if fn is None:
+            g, gdn, mv = self.geom, self.gdn, self.mv
+
+            def layer(x, conv, ssm):
+                st = DecodeState({0: ssm}, {0: conv}, {}, {}, {}, {}, 0)
+                y = _recurrent(g, lw, x, st, 0, gdn, mv)
+                return y, st.conv[0], st.ssm[0]
+
+            fn = mx.compile(layer) if self.compiled else layer
+            self._layer_fns[id(lw)] = fn
+            self._layer_keep.append(lw)
+        return fn
+
     def step(self, state: DecodeState, stage) -> TokenResult:
         """Decode one token at ``stage``: build each submission lazily, evaluate it once."""
         g, layers = self.geom, self.w.layers
@@ -438,6 +463,7 @@ class Schedule:
         x = mx.array(self.w.embed[state.token % self.w.embed.shape[0]])
         pos = state.length
         n_waits = 0
+        t_eval = 0.0
         qkv: dict[int, tuple] = {}
         branch: dict[int, mx.array] = {}
         logits = None
@@ -446,7 +472,7 @@ class Schedule:
             for piece in sub:
                 l = piece.layer
                 if piece.kind == "layer":
-                    x = _recurrent(g, layers[l].w, x, state, l, self.gdn, self.mv)
+                    x, state.conv[l], state.ssm[l] = self._recurrent_fn(layers[l].w)(x, state.conv[l], state.ssm[l])
                     outs += [state.ssm[l], state.conv[l]]
                 elif piece.kind == "qkv":
                     qkv[l] = self.mv.attn_qkv(layers[l].w, x)
@@ -466,7 +492,9 @@ class Schedule:
                 elif piece.kind == "logits":
                     logits = self.mv.logits(self.w.lm_head, self.w.final_norm, x)
                     outs.append(logits)
+            te = time.perf_counter()
             mx.eval(x, *outs)  # the submission, and its one wait
+            t_eval += time.perf_counter() - te
             n_waits += 1
             last = sub[-1]
             if last.kind in ("wo", "ffn"):  # unfused or refused: the host takes the result back
@@ -483,7 +511,7 @@ class Schedule:
         seconds = time.perf_counter() - t0
         state.length = pos + 1
         state.token = nxt
-        return TokenResult(out, n_waits, seconds, nxt)
+        return TokenResult(out, n_waits, seconds, nxt, t_eval)
 
 
 # ---------------------------------------------------------------------------------------
@@ -546,6 +574,18 @@ def split_pieces(sched: Schedule, state: DecodeState) -> dict[str, Any]:
         "ffn": lambda x: (sched.mv.ffn(layers[att].w, x),),
         "logits": lambda x: (x, sched.mv.logits(sched.w.lm_head, sched.w.final_norm, x)),
     }
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, *, k: int = 8, n: int = 5) -> float:
+    """The device's streaming bandwidth (bytes/s): ``k`` chained ``y + 1`` over ``nbytes``
+    of float32 in ONE evaluation against one, each op a read and a write of ``nbytes``;
+    the marginal time, so the wait and the allocation drop out (one ``x + 1`` with its
+    wait read 2.8 TB/s on the H200 where the kernels stream at 4 TB/s)."""
+    x = mx.zeros((integer("nbytes", nbytes, minimum=1024) // 4,), dtype=mx.float32)
+    mx.eval(x)
+    ms = piece_device_ms(lambda y: (y + 1.0,), x, k=k, n=n)
+    del x
+    return 2 * nbytes / (ms / 1e3)
 
 
 def piece_device_ms(piece, x: mx.array, *, k: int = 8, n: int = 5) -> float:
@@ -641,6 +681,7 @@ def run_stages(
     states = {n: new_state(sched.w, context=context, max_new=warmup + tokens * rounds + 1) for n in numbers}
     made: dict[int, set] = {n: set() for n in numbers}
     times: dict[int, list] = {n: [] for n in numbers}
+    evals: dict[int, list] = {n: [] for n in numbers}
     for n in numbers:  # warm-up: compile kernels, fault in the weights
         for _ in range(warmup):
             made[n].add(sched.step(states[n], n).waits)
@@ -652,6 +693,7 @@ def run_stages(
                 res = sched.step(states[n], n)
                 made[n].add(res.waits)
                 times[n].append(res.seconds * 1e3)
+                evals[n].append(res.eval_seconds * 1e3)
         done = r + 1
         if progress is not None:
             progress(done, rounds)
@@ -667,6 +709,9 @@ def run_stages(
             "waits_match": made[n] == {predicted},
             "ms_median": float(np.median(t)), "ms_p10": float(np.percentile(t, 10)),
             "ms_p90": float(np.percentile(t, 90)), "tokens": int(t.size),
+            # Inside mx.eval (encoding, submitting, waiting) against outside (building the
+            # lazy graphs in Python, the host's attention, reads): the device idles for the latter.
+            "ms_eval_median": float(np.median(evals[n])), "ms_host_median": float(np.median(t - np.asarray(evals[n]))),
             "ms_each": [round(float(v), 4) for v in t],  # in time order, round by round
         })
     rec: dict[str, Any] = {"stages": rows, "rounds_run": done}
