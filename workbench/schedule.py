@@ -876,3 +876,70 @@ def closeness(rec: Mapping) -> dict:
         "ms_saved_measured_1_to_floor": None if main is None else main.get("ms_saved_paired", main["ms_saved_measured"]),
         "median_ratio": float(np.median(ratios)) if ratios else None,
     }
+
+
+# ---------------------------------------------------------------------------------------
+# A kernels record as tables (notebook 05)
+
+
+def kernel_records(records: Sequence[Mapping]) -> list[Mapping]:
+    """The records of ``records`` whose step ran on the project's kernels and was checked."""
+    return [r for r in records if r.get("matvec") == "kernels" and r.get("check") is not None]
+
+
+def clock_table(rec: Mapping):
+    """A record's stages against its floor: ms a token (median), the floor (weight bytes a
+    token / the copy bandwidth of the same run), their ratio, what the price model says
+    the waits cost and that cost's share of the token, and the time inside ``mx.eval``
+    against the host's (graph building, attention, reads). A ``pandas.DataFrame``."""
+    import pandas as pd
+
+    if not isinstance(rec, Mapping) or "floor_ms" not in rec:
+        raise ValueError(f"rec: must be a schedule record with a floor (bench.schedule_run's own), got {describe(rec)}")
+    rows = _rows("rec['stages']", rec["stages"], ("stage", "waits_predicted", "ms_median"))
+    df = pd.DataFrame([{
+        "stage": r["stage"], "waits": r["waits_predicted"], "ms": r["ms_median"], "floor_ms": rec["floor_ms"],
+        "x_floor": r["ms_median"] / rec["floor_ms"], "waits_ms_model": r.get("ms_waits_model"),
+        "wait_share": r.get("wait_share_model"), "in_eval_ms": r.get("ms_eval_median"),
+        "host_ms": r.get("ms_host_median"),
+    } for r in rows])
+    return df
+
+
+def pair_table(rec: Mapping, *, within: float = 0.2):
+    """A record's stage pairs: waits saved, the saving the flat tiny price predicts, the
+    price model's, the measured one (paired by round when the record has it), the two
+    ratios and whether the model's is within ``within`` (20%)."""
+    import pandas as pd
+
+    rec = _record(rec)
+    comps = _rows("rec['comparisons']", rec["comparisons"], ("from", "to", "waits_saved", "ms_saved_predicted",
+                                                             "ms_saved_measured", "same_work"))
+    out = []
+    for c in comps:
+        measured = c.get("ms_saved_paired", c["ms_saved_measured"])
+        model = c.get("ms_saved_model")
+        ratio = measured / model if model else None
+        out.append({"from": c["from"], "to": c["to"], "waits_saved": c["waits_saved"], "same_work": c["same_work"],
+                    "tiny_ms": c["ms_saved_predicted"], "model_ms": model, "measured_ms": measured,
+                    "ratio_tiny": measured / c["ms_saved_predicted"] if c["ms_saved_predicted"] else None,
+                    "ratio_model": ratio, "model_within": None if ratio is None else abs(ratio - 1) <= within})
+    return pd.DataFrame(out)
+
+
+def split_table(rec: Mapping):
+    """A record's split prices by kind: the price (median split - joined) and its spread,
+    the split and joined rounds, each side's device time and the device's idle time in
+    each round (wall time less the two submissions' device time)."""
+    import pandas as pd
+
+    if not isinstance(rec, Mapping) or not rec.get("splits"):
+        raise ValueError(f"rec: must be a schedule record with split prices ('splits'), got {describe(rec)}")
+    rows = _rows("rec['splits']", rec["splits"], ("split", "ms", "p10_ms", "p90_ms", "split_ms", "joined_ms"))
+    return pd.DataFrame([{
+        "split": r["split"], "price_ms": r["ms"], "p10_ms": r["p10_ms"], "p90_ms": r["p90_ms"],
+        "split_ms": r["split_ms"], "joined_ms": r["joined_ms"],
+        # The first records did not time each side's device work.
+        "device_first_ms": r.get("device_ms", {}).get("first"), "device_second_ms": r.get("device_ms", {}).get("second"),
+        "idle_split_ms": r.get("split_idle_ms"), "idle_joined_ms": r.get("joined_idle_ms"),
+    } for r in rows])
