@@ -37,6 +37,7 @@ schedule's tail against ``tail.host_tail``, the oracle.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass
@@ -610,6 +611,15 @@ def piece_device_ms(piece, x: mx.array, *, k: int = 8, n: int = 5) -> float:
     return float(diffs[len(diffs) // 2])
 
 
+#: What the step's host reads after each piece when a wait follows it (``Schedule.step``):
+#: nothing after a recurrent layer, x after wo or the FFN (the unfused tail), Q/K/V
+#: (attention on the host), the logits.
+HOST_READS: dict[str, Any] = {
+    "layer": lambda out: (), "wo": lambda out: out[:1], "ffn": lambda out: out[:1], "qkv": lambda out: out[1:],
+    "logits": lambda out: out[1:],
+}
+
+
 def measure_splits(sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n: int = 30, warmup: int = 3,
                    context: int = 32) -> list[dict]:
     """The price of a wait of each kind in ``kinds``, measured between the step's own
@@ -627,7 +637,8 @@ def measure_splits(sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n
             raise ValueError(f"kinds: {kind!r} cannot be built from the step's pieces; allowed: {MEASURED_SPLITS}")
         first = pieces[a]
         second_piece = pieces["layer2" if (a, b) == ("layer", "layer") else b]
-        res = _wm.measure_split_between(first, lambda t, f=second_piece: f(t[0]), x, n=n, warmup=warmup)
+        res = _wm.measure_split_between(first, lambda t, f=second_piece: f(t[0]), x, n=n, warmup=warmup,
+                                        read_first=HOST_READS[a], read_second=HOST_READS[b])
         dev = {"first": piece_device_ms(first, x), "second": piece_device_ms(second_piece, x)}
         # The device's idle time in the split round: its wall time less the two submissions' work.
         out.append({"split": kind, **res, "device_ms": dev,
@@ -687,18 +698,25 @@ def run_stages(
             made[n].add(sched.step(states[n], n).waits)
     start = time.perf_counter()
     done = 0
-    for r in range(rounds):
-        for n in numbers:
-            for _ in range(tokens):
-                res = sched.step(states[n], n)
-                made[n].add(res.waits)
-                times[n].append(res.seconds * 1e3)
-                evals[n].append(res.eval_seconds * 1e3)
-        done = r + 1
-        if progress is not None:
-            progress(done, rounds)
-        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
-            break
+    gc_was = gc.isenabled()
+    gc.disable()  # a collection inside a token is noise of a millisecond and more: collect between rounds
+    try:
+        for r in range(rounds):
+            gc.collect()
+            for n in numbers:
+                for _ in range(tokens):
+                    res = sched.step(states[n], n)
+                    made[n].add(res.waits)
+                    times[n].append(res.seconds * 1e3)
+                    evals[n].append(res.eval_seconds * 1e3)
+            done = r + 1
+            if progress is not None:
+                progress(done, rounds)
+            if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+                break
+    finally:
+        if gc_was:
+            gc.enable()
     rows = []
     for n in numbers:
         st = plan.stage(n)

@@ -312,9 +312,24 @@ def measure_split_price(step, x, *, n: int = 50, warmup: int = 5) -> dict:
             "split_ms": statistics.median(ss), "joined_ms": statistics.median(js), "n": n, "warmup": warmup}
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's garbage collector off while the block runs (collected first), as it was after."""
+    import gc
+
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 SPLIT_BETWEEN_METHOD = (
     "The price of one split between two real submissions A then B (as a decode step makes them): "
-    "per round, split = A built and evaluated (mx.eval), its output read by the host (np.asarray), "
+    "per round, split = A built and evaluated (mx.eval), what the host needs of it read (np.asarray), "
     "then B built on that output and evaluated and read (two waits); joined = B(A(x)) built at once, "
     "evaluated and read (one wait); the two interleaved, after {warmup} warm-up rounds. The price is "
     "the median over {n} rounds of split - joined: the round trip plus the device's idle time while "
@@ -322,7 +337,8 @@ SPLIT_BETWEEN_METHOD = (
 )
 
 
-def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3) -> dict:
+def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3, read_first=None,
+                          read_second=None) -> dict:
     """What one wait costs between submission ``first`` and submission ``second``.
 
     ``first`` maps ``x`` to an MLX array (or a tuple/list of them); ``second`` maps that
@@ -332,6 +348,13 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3) -> 
       ``b = second(a)``, ``mx.eval(b)``, the host reads ``b``: a decode step whose plan
       puts a wait between the two;
     * joined (one wait): ``second(first(x))`` built at once, evaluated and read.
+
+    ``read_first`` / ``read_second``: what the host reads of each side's output (a
+    callable returning the arrays; default all of them): a step reads only what it
+    needs (after a recurrent layer, nothing; after Q/K/V, the three), and reading a
+    megabyte of recurrent state it does not need would be priced as the wait's.
+    Python's garbage collector is paused while the rounds run (a collection inside one
+    round is noise of a millisecond and more).
 
     Returns ``ms`` (median of ``split - joined``), ``p10_ms``, ``p90_ms``, ``split_ms`` and
     ``joined_ms`` (medians), ``n``, ``warmup`` and ``method``. :func:`measure_split_price`
@@ -343,8 +366,14 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3) -> 
         if not callable(fn):
             raise ValueError(f"{name}: must be a callable building one submission's MLX arrays, got {describe(fn)}")
 
-    def read(out) -> None:
-        for a in (out if isinstance(out, (tuple, list)) else (out,)):
+    def everything(out):
+        return out if isinstance(out, (tuple, list)) else (out,)
+
+    pick_first = everything if read_first is None else read_first
+    pick_second = everything if read_second is None else read_second
+
+    def read(arrays) -> None:
+        for a in arrays:
             np.asarray(a)
 
     def split() -> list[int]:
@@ -353,13 +382,13 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3) -> 
         t.append(time.perf_counter_ns())
         mx.eval(a)
         t.append(time.perf_counter_ns())
-        read(a)
+        read(pick_first(a))
         t.append(time.perf_counter_ns())
         b = second(a)
         t.append(time.perf_counter_ns())
         mx.eval(b)
         t.append(time.perf_counter_ns())
-        read(b)
+        read(pick_second(b))
         t.append(time.perf_counter_ns())
         return t
 
@@ -369,15 +398,15 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3) -> 
         t.append(time.perf_counter_ns())
         mx.eval(b)
         t.append(time.perf_counter_ns())
-        read(b)
+        read(pick_second(b))
         t.append(time.perf_counter_ns())
         return t
 
     diffs, ss, js = [], [], []
     phases: dict[str, list[float]] = {k: [] for k in SPLIT_PHASES + JOINED_PHASES}
-    for i in range(warmup + n):
-        ts = split()
-        tj = joined()
+    with _gc_paused():
+        rounds = [(split(), joined()) for _ in range(warmup + n)]
+    for i, (ts, tj) in enumerate(rounds):
         if i >= warmup:
             ss.append((ts[-1] - ts[0]) / 1e6)
             js.append((tj[-1] - tj[0]) / 1e6)
