@@ -550,7 +550,8 @@ def check_step(sched: Schedule, ref: Schedule, *, stages: Sequence[int] = (5, 6)
 
 #: The split kinds a same-work pair of the plan's stages removes (``waits.model_saving``),
 #: which ``split_pieces`` can build on either side.
-MEASURED_SPLITS: tuple[str, ...] = ("wo|ffn", "layer|qkv", "ffn|layer", "ffn|logits", "layer|layer")
+MEASURED_SPLITS: tuple[str, ...] = ("wo>host|ffn", "ffn>host|layer", "ffn>host|logits", "layer|qkv", "ffn|layer",
+                                    "ffn|logits", "layer|layer")
 
 
 def split_pieces(sched: Schedule, state: DecodeState) -> dict[str, Any]:
@@ -620,10 +621,14 @@ HOST_READS: dict[str, Any] = {
 }
 
 
+def _NOTHING(out) -> tuple:  # noqa: N802 -- a constant's role: the host reads nothing
+    return ()
+
+
 def measure_splits(sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n: int = 30, warmup: int = 3,
                    context: int = 32) -> list[dict]:
     """The price of a wait of each kind in ``kinds``, measured between the step's own
-    submissions (``wait_measurement.measure_split_between``): ``"wo|ffn"`` times wo then
+    submissions (``wait_measurement.measure_split_between``): ``"wo>host|ffn"`` times wo then
     the FFN split against joined, ``"layer|layer"`` two recurrent layers, and so on."""
     state = new_state(sched.w, context=context, max_new=2)
     pieces = split_pieces(sched, state)
@@ -633,12 +638,14 @@ def measure_splits(sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n
     for kind in kinds:
         _waits.check_split_kind("kinds[]", kind)
         a, b = kind.split("|")
+        reads = a.endswith(_waits.HOST_READ)
+        a = a[: -len(_waits.HOST_READ)] if reads else a
         if a not in pieces or b not in pieces or kind == _waits.FINAL_SPLIT:
             raise ValueError(f"kinds: {kind!r} cannot be built from the step's pieces; allowed: {MEASURED_SPLITS}")
         first = pieces[a]
         second_piece = pieces["layer2" if (a, b) == ("layer", "layer") else b]
         res = _wm.measure_split_between(first, lambda t, f=second_piece: f(t[0]), x, n=n, warmup=warmup,
-                                        read_first=HOST_READS[a], read_second=HOST_READS[b])
+                                        read_first=HOST_READS[a] if reads else _NOTHING, read_second=HOST_READS[b])
         dev = {"first": piece_device_ms(first, x), "second": piece_device_ms(second_piece, x)}
         # The device's idle time in the split round: its wall time less the two submissions' work.
         out.append({"split": kind, **res, "device_ms": dev,

@@ -357,25 +357,34 @@ def waits_per_token(cfg, stage: int | str | Stage, *, plan: Plan | None = None, 
 #: The kind of the token's last wait (the host reads the logits and picks the next token).
 FINAL_SPLIT = "logits|host"
 
-_SPLIT_ENDS = {"tail": "ffn"}  # a fused tail ends with the FFN's launches ...
-_SPLIT_STARTS = {"tail": "wo"}  # ... and starts with wo's
+_SPLIT_ENDS = {"tail": "ffn", "wo": "wo>host", "ffn": "ffn>host", "qkv": "qkv>host"}
+_SPLIT_STARTS = {"tail": "wo"}
 SPLIT_PIECES = ("layer", "qkv", "attention", "wo", "ffn", "logits")
+#: The marker of a split after which the host reads the result (the unfused or refused
+#: tail's x after wo and after the FFN; Q/K/V for the host's attention).
+HOST_READ = ">host"
 
 
 def split_kind(before: Piece, after: Piece) -> str:
     """The kind of the wait between a submission ending with ``before`` and one starting
-    with ``after``: ``"<end>|<start>"``, a fused tail counting as ``ffn`` at its end and
-    ``wo`` at its start (its first and last launches), e.g. ``"layer|layer"``, ``"wo|ffn"``
-    (the unfused tail's own wait), ``"qkv|wo"`` (the host attends between)."""
+    with ``after``: ``"<end>|<start>"``. A fused tail counts as ``ffn`` at its end and
+    ``wo`` at its start (its last and first launches); an end the host reads back is
+    marked ``>host`` (an unfused tail's wo and FFN, whose x the host takes back, and
+    Q/K/V, which the host attends with). E.g. ``"layer|layer"``, ``"wo>host|ffn"`` (the
+    unfused tail's own wait), ``"ffn>host|layer"`` (its second), ``"ffn|layer"`` (after a
+    fused tail), ``"qkv>host|wo"`` (the host attends between)."""
     return f"{_SPLIT_ENDS.get(before.kind, before.kind)}|{_SPLIT_STARTS.get(after.kind, after.kind)}"
 
 
 def check_split_kind(name: str, kind: Any) -> str:
-    """``kind`` if it is a split kind (``"<piece>|<piece>"`` or :data:`FINAL_SPLIT`), else a ValueError naming ``name``."""
-    if isinstance(kind, str) and (kind == FINAL_SPLIT or (
-            kind.count("|") == 1 and all(p in SPLIT_PIECES for p in kind.split("|")))):
-        return kind
-    raise ValueError(f"{name}: must be a split kind '<end>|<start>' with pieces in {SPLIT_PIECES}, "
+    """``kind`` if it is a split kind (``"<piece>[>host]|<piece>"`` or :data:`FINAL_SPLIT`),
+    else a ValueError naming ``name``."""
+    if isinstance(kind, str) and (kind == FINAL_SPLIT or kind.count("|") == 1):
+        end, start = kind.split("|")
+        end = end[: -len(HOST_READ)] if end.endswith(HOST_READ) else end
+        if kind == FINAL_SPLIT or (end in SPLIT_PIECES and start in SPLIT_PIECES):
+            return kind
+    raise ValueError(f"{name}: must be a split kind '<end>[{HOST_READ}]|<start>' with pieces in {SPLIT_PIECES}, "
                      f"or {FINAL_SPLIT!r}; got {describe(kind)}")
 
 
