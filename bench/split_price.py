@@ -75,7 +75,7 @@ def split_entries(rec: dict, source: str) -> list[dict]:
             "id": f"split-{rec['backend']}-{dev}-{rec['matvec']}-{dtype}-{r['split']}", "kind": "measured",
             "ms": r["ms"], "p90_ms": r["p90_ms"], "n": r["n"],
             "warmup": r["warmup"], "device": rec["device"], "backend": rec["backend"], "date": rec["date"][:10],
-            "mlx_version": rec["mlx_version"], "command": rec["command"], "split": r["split"],
+            "mlx_version": rec["mlx_version"], "command": _without_out(rec["command"]), "split": r["split"],
             "matvec": rec["matvec"], "dtype": dtype,
             "method": r["method"] + f" Submissions: the {rec['model']} decode step's own ({rec['geometry']} geometry, "
                       f"{rec.get('matvec_detail', rec['matvec'])}).",
@@ -87,6 +87,12 @@ def split_entries(rec: dict, source: str) -> list[dict]:
             out[-1]["method"] += (f" Its 10th percentile, {r['p10_ms']:.4f} ms, is below zero (in some rounds the split "
                                   "ran faster than the joined), so only the 90th is entered; the record has both.")
     return out
+
+
+def _without_out(command: str) -> str:
+    """``command`` without its ``--out-dir`` / ``--out`` argument: where a device wrote its
+    record is no part of how it measured, and the ledger names no path outside the project."""
+    return re.sub(r"\s--out(-dir)?(=|\s+)\S+", "", command)
 
 
 def add(p, record_path: str, ledger: str | None, force: bool) -> list[dict]:
