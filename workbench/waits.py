@@ -431,10 +431,10 @@ def model_saving(cfg, a: int | str | Stage, b: int | str | Stage, split_prices: 
     prediction leans on ``default_ms`` for some)."""
     pa = priced_waits(cfg, a, split_prices, default_ms, plan=plan, eligible=eligible)
     pb = priced_waits(cfg, b, split_prices, default_ms, plan=plan, eligible=eligible)
-    kinds = set(pa["by_kind"]) | set(pb["by_kind"])
+    kinds = list(pa["by_kind"]) + [k for k in pb["by_kind"] if k not in pa["by_kind"]]  # token order: stable output
     diff = {k: pa["by_kind"].get(k, (0, 0))[0] - pb["by_kind"].get(k, (0, 0))[0] for k in kinds}
     prices = _split_prices(split_prices)
-    moved = sorted(k for k, d in diff.items() if d)
+    moved = [k for k, d in diff.items() if d]
     return {"ms": pa["ms"] - pb["ms"], "removed": {k: d for k, d in diff.items() if d > 0},
             "added": {k: -d for k, d in diff.items() if d < 0}, "priced": all(k in prices for k in moved)}
 
