@@ -224,3 +224,29 @@ def test_compiled_layers_decode_the_same_tokens(tiny, decoded):
     for a, b in zip(res, decoded[5]):  # fused elementwise ops round differently: float32 rounding apart
         assert np.abs(a.logits - b.logits).max() <= 1e-4 * max(1.0, np.abs(b.logits).max())
         assert 0 < a.eval_seconds <= a.seconds
+
+
+def test_the_schedule_bench_prices_each_kind(tmp_path):
+    """At 4-bit with compiled layers: the floor, the split prices by kind, the model beside the tiny price."""
+    import json
+    import subprocess
+    import sys
+
+    root = waits.LEDGER_PATH.parent.parent.parent
+    out = tmp_path / "rec.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.schedule_run", "--stages", "1,2,5", "--tokens", "1", "--rounds", "1",
+         "--warmup", "0", "--price-n", "50", "--vocab", "256", "--quant", "affine4", "--compiled", "--split-n", "5",
+         "--out", str(out)],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rec = json.loads(out.read_text())
+    assert rec["quant"] == "affine4" and rec["compiled"] and rec["matvec"] == "mlx" and rec["check"] is None
+    assert rec["floor_ms"] == pytest.approx(rec["weight_bytes_per_token"] / rec["copy_bandwidth_gbs"] / 1e6)
+    assert [s["split"] for s in rec["splits"]] == list(S.MEASURED_SPLITS)
+    comps = {(c["from"], c["to"]): c for c in rec["comparisons"]}
+    prices = {s["split"]: s["ms"] for s in rec["splits"]}
+    want = waits.model_saving(load_model("bonsai-27b"), 1, 2, prices, rec["price"]["ms"])["ms"]
+    assert comps[(1, 2)]["ms_saved_model"] == pytest.approx(want)
+    assert all("ms_eval_median" in r and "x_floor" in r for r in rec["stages"])
