@@ -2,7 +2,8 @@
 
     python -m bench.schedule_run                                  # here: scaled-down Bonsai, float32
     PYTHONPATH=. python3 -m bench.schedule_run --geometry full --dtype bfloat16   # a GPU: Bonsai-27B's widths
-    PYTHONPATH=. python3 -m bench.schedule_run --geometry full --dtype bfloat16 --matvec kernels [--quant affine4]
+    PYTHONPATH=. python3 -m bench.schedule_run --geometry full --dtype bfloat16 --matvec kernels --compiled \
+        [--quant affine4]                                         # the step on the project's kernels
 
 One process: first the price of one wait on this device (``wait_measurement.measure_wait_price``)
 and its copy bandwidth (the floor: the weight bytes a token streams / that bandwidth);

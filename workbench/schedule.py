@@ -27,12 +27,14 @@ input is a row of a small host table picked by the argmax of the logits (the emb
 lookup is host work), and the KV cache starts ``context`` tokens long (random keys and
 values) so the attention's cost is that of a short chat, not of an empty cache.
 
-The tail's ops are written here rather than called from ``workbench.tail.tail_mx``
-because a stage has to split them (wo and the FFN in two submissions at stage 1) or join
-them to the next recurrent run (stage 4 and the floor), and because ``tail_mx`` promotes a
-bf16 weight to float32 on every call (a full copy of each matrix a token), which would
-triple the bytes a token streams on the H200. ``tests/test_schedule.py`` checks the
-schedule's tail against ``tail.host_tail``, the oracle.
+Every weight's product goes through ``workbench.decode_matvec``: MLX ops (``matvec="mlx"``)
+or the project's kernels (``matvec="kernels"``, weights read in their stored format,
+float32 activations), so a stage can split the tail (wo and the FFN in two submissions at
+stage 1) or join it to the next recurrent run (stage 4 and the floor) on either path.
+``tests/test_schedule.py`` checks the schedule's tail against ``tail.host_tail``, the
+oracle; ``check_step`` checks the kernels' token against the MLX-ops one. Beside the
+clock: :func:`measure_splits` prices a wait by its kind (``waits.split_kinds``), between
+the step's own submissions, for the price model of ``waits.model_saving``.
 """
 
 from __future__ import annotations
