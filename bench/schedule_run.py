@@ -2,13 +2,22 @@
 
     python -m bench.schedule_run                                  # here: scaled-down Bonsai, float32
     PYTHONPATH=. python3 -m bench.schedule_run --geometry full --dtype bfloat16   # a GPU: Bonsai-27B's widths
+    PYTHONPATH=. python3 -m bench.schedule_run --geometry full --dtype bfloat16 --matvec kernels --compiled \
+        [--quant affine4]                                         # the step on the project's kernels
 
-One process: first the price of one wait on this device (``wait_measurement.measure_wait_price``),
-then ``workbench.schedule.run_stages``: every stage decodes its own copy of the same
+One process: first the price of one wait on this device (``wait_measurement.measure_wait_price``)
+and its copy bandwidth (the floor: the weight bytes a token streams / that bandwidth);
+with ``--matvec kernels`` (the project's kernels for every weight; ``BackendUnavailable``
+where no kernel backend exists) one token at stages 5 and 6 checked against the MLX-ops
+step with float32 activations (``schedule.check_step``; the timing is skipped when it
+fails); the price of a wait of each kind the plan's stage pairs remove, measured between
+the step's own submissions (``schedule.measure_splits``, ``--split-n``); then
+``workbench.schedule.run_stages``: every stage decodes its own copy of the same
 tokens, rounds interleaved (so drift in a shared machine's load hits every stage alike),
 the executor counting the waits it made (they must equal ``waits.waits_per_token``) and
 the clock giving ms a token. Then, for each pair of stages, the measured saving against
-the table's prediction (waits saved x the price just measured), and the price a least-
+the table's prediction (waits saved x the price just measured) and the price model's
+(each removed wait priced by its kind, ``waits.model_saving``), and the price a least-
 squares line through (waits, ms a token) implies.
 
 ``--geometry cpu`` is ``schedule.CPU_GEOMETRY`` (Bonsai's 64-layer pattern at about 1/20
@@ -55,17 +64,37 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--gdn", choices=("auto", "fast", "ops"), default="auto",
                    help="the recurrence: mx.fast.gated_delta_update (fast), plain MLX ops (ops), or fast if it "
                         "runs on this device, else ops, said in the output and the record (auto)")
+    p.add_argument("--matvec", choices=("mlx", "kernels"), default="mlx",
+                   help="every weight's product as MLX ops, or through the project's kernels (CUDA / Metal only: "
+                        "elsewhere it stops with BackendUnavailable, never falling back)")
+    p.add_argument("--quant", choices=("none", "affine4", "affine8"), default="none",
+                   help="store every projection quantized (affine4: 4-bit, groups of 64, bf16 scales from --dtype)")
+    p.add_argument("--activations", choices=("weights", "float32"), default="weights",
+                   help="the mlx path's activations: cast to the weights' dtype, or float32 (the kernels' arithmetic)")
+    p.add_argument("--check-tol", type=float, default=None,
+                   help="the kernels path's check against the MLX-ops step (None: schedule.CHECK_TOL)")
+    p.add_argument("--compiled", action="store_true",
+                   help="each recurrent layer traced once by mx.compile (fewer kernels, less Python a token)")
+    p.add_argument("--split-n", type=int, default=20, help="rounds a split kind's price is measured over (0: none)")
     p.add_argument("--out", type=Path, default=None, help="write the JSON record to this file instead of OUT_DIR")
     args = p.parse_args(argv)
     for flag, value, least in (("--tokens", args.tokens, 1), ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0),
-                               ("--context", args.context, 1), ("--price-n", args.price_n, 10)):
+                               ("--context", args.context, 1), ("--price-n", args.price_n, 10),
+                               ("--split-n", args.split_n, 0)):
         if value < least:
             p.error(f"{flag} must be >= {least}; got {value}")
     if args.out is not None and not args.no_record:
         record.refuse_existing(p, args.out, args.force)
 
-    from workbench import schedule, wait_measurement
+    from workbench import decode_matvec, schedule, wait_measurement, waits
     from workbench.model import load_model
+
+    from workbench.backends import BackendUnavailable
+
+    try:  # kernels without a kernel backend: said now, never a fall back to MLX ops
+        decode_matvec.resolve_matvec(args.matvec)
+    except BackendUnavailable as err:
+        p.error(f"--matvec kernels: {err}")
 
     cfg = load_model(args.model)
     geom = schedule.geometry_of(cfg, vocab=args.vocab) if args.geometry == "full" else schedule.CPU_GEOMETRY
@@ -80,16 +109,44 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"device {price['device']} ({price['backend']}, MLX {price['mlx_version']}); "
           f"one wait {price['ms']:.4f} ms (p10 {price['p10_ms']:.4f}, p90 {price['p90_ms']:.4f})", flush=True)
 
+    bandwidth = schedule.copy_bandwidth(nbytes=1 << 30 if price["backend"] != "cpu" else 1 << 26)
+    print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s (chained x + 1 over float32, read + write, marginal)", flush=True)
+
     t0 = time.perf_counter()
-    wts = schedule.HybridWeights(cfg, geom, dtype=args.dtype, seed=args.seed, share=not args.distinct)
+    quant = None if args.quant == "none" else args.quant
+    wts = schedule.HybridWeights(cfg, geom, dtype=args.dtype, seed=args.seed, share=not args.distinct, quant=quant)
     gdn, why = args.gdn, ""
     if gdn == "auto":
         ok, why = schedule.fast_gdn_available()
         gdn = "fast" if ok else "ops"
         if not ok:
             print(f"mx.fast.gated_delta_update does not run here ({why}); the recurrence runs as plain MLX ops")
-    sched = schedule.Schedule(cfg, wts, gdn=gdn)
+    sched = schedule.Schedule(cfg, wts, gdn=gdn, matvec=args.matvec, activations=args.activations,
+                              compiled=args.compiled)
+    weight_bytes = wts.bytes_per_token()
+    floor_ms = weight_bytes / bandwidth * 1e3
     print(f"weights ready in {time.perf_counter() - t0:.1f} s; eligible layers {list(sched.eligible)}", flush=True)
+    print(f"matvecs: {sched.mv.describe()}; {weight_bytes / 1e9:.2f} GB of weights a token, floor {floor_ms:.3f} ms",
+          flush=True)
+
+    check = None
+    if args.matvec == "kernels":
+        ref = schedule.Schedule(cfg, wts, gdn=gdn, matvec="mlx", activations="float32")
+        check = schedule.check_step(sched, ref, context=args.context,
+                                    tol=args.check_tol if args.check_tol is not None else schedule.CHECK_TOL)
+        for r in check["stages"]:
+            print(f"check stage {r['stage']}: worst scaled error {r['worst_scaled_error']:.2e} "
+                  f"(tol {check['tol']:.0e}) {'PASS' if r['passed'] else 'FAIL'}", flush=True)
+        del ref
+
+    splits: list = []
+    if args.split_n and (check is None or check["passed"]):
+        splits = schedule.measure_splits(sched, n=args.split_n, context=args.context)
+        print(f"\n{'split':<12} {'price ms':>9} {'p10':>8} {'p90':>8} {'split ms':>9} {'joined ms':>10}")
+        for r in splits:
+            print(f"{r['split']:<12} {r['ms']:>9.4f} {r['p10_ms']:>8.4f} {r['p90_ms']:>8.4f} {r['split_ms']:>9.4f} "
+                  f"{r['joined_ms']:>10.4f}", flush=True)
+    split_prices = {r["split"]: r["ms"] for r in splits} or None
 
     try:
         from tqdm.auto import tqdm
@@ -105,34 +162,43 @@ def main(argv: list[str] | None = None) -> dict:
             bar.total = n
             bar.update(r - bar.n)
 
-    run = schedule.run_stages(sched, stages=stages, tokens=args.tokens, rounds=args.rounds, warmup=args.warmup,
-                              context=args.context, price_ms=price["ms"], progress=progress,
-                              time_budget_s=args.budget_s)
+    timed = check is None or check["passed"]
+    if not timed:
+        print("the check failed: nothing is timed", flush=True)
+        run = {"stages": [], "rounds_run": 0, "comparisons": []}
+    else:
+        run = schedule.run_stages(sched, stages=stages, tokens=args.tokens, rounds=args.rounds, warmup=args.warmup,
+                                  context=args.context, price_ms=price["ms"], progress=progress,
+                                  time_budget_s=args.budget_s, split_prices=split_prices)
     if bar is not None:
         bar.close()
     rows = run["stages"]
-    fit = schedule.fit_price(rows)
+    fit = schedule.fit_price(rows) if len({r["waits_predicted"] for r in rows}) > 1 else None
+    for r in rows:
+        r["x_floor"] = r["ms_median"] / floor_ms
+        if split_prices is not None:
+            model = waits.priced_waits(cfg, r["stage"], split_prices, price["ms"], eligible=sched.eligible)
+            r["ms_waits_model"] = model["ms"]
+            r["wait_share_model"] = min(1.0, model["ms"] / r["ms_median"])
 
-    bytes_per = {"float32": 4, "float16": 2, "bfloat16": 2}[args.dtype]
-    attn = set(cfg.attention_layers())
-    weight_bytes = bytes_per * (
-        sum(geom.layer_params("attention" if l.index in attn else "recurrent") for l in cfg.layers)
-        + geom.vocab * geom.hidden
-    )
-
-    print(f"\n{'stage':>5} {'waits':>6} {'made':>6} {'ms/token':>9} {'p10':>8} {'p90':>8}  name")
+    print(f"\n{'stage':>5} {'waits':>6} {'made':>6} {'ms/token':>9} {'p10':>8} {'p90':>8} {'x floor':>8} "
+          f"{'waits ms':>9} {'in eval':>8} {'host':>7}  name")
     for r in rows:
         print(f"{r['stage']:>5} {r['waits_predicted']:>6} {str(r['waits_made']):>6} {r['ms_median']:>9.3f} "
-              f"{r['ms_p10']:>8.3f} {r['ms_p90']:>8.3f}  {r['name']}")
-    print(f"\n{'from':>4} {'to':>3} {'saved':>6} {'predicted ms':>13} {'measured ms':>12} {'ratio':>6} "
-          f"{'paired ms':>10} {'ratio':>6}")
+              f"{r['ms_p10']:>8.3f} {r['ms_p90']:>8.3f} {r['x_floor']:>8.2f} {r.get('ms_waits_model', float('nan')):>9.3f}"
+              f" {r['ms_eval_median']:>8.3f} {r['ms_host_median']:>7.3f}  {r['name']}")
+    print(f"floor {floor_ms:.3f} ms ({weight_bytes / 1e9:.2f} GB at {bandwidth / 1e9:.0f} GB/s)")
+    print(f"\n{'from':>4} {'to':>3} {'saved':>6} {'predicted ms':>13} {'model ms':>9} {'measured ms':>12} {'ratio':>6} "
+          f"{'paired ms':>10} {'ratio':>6} {'model':>6}")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for c in run["comparisons"]:
         print(f"{c['from']:>4} {c['to']:>3} {c['waits_saved']:>6} {c['ms_saved_predicted']:>13.3f} "
-              f"{c['ms_saved_measured']:>12.3f} {fmt(c['ratio']):>6} {c.get('ms_saved_paired', float('nan')):>10.3f} "
-              f"{fmt(c.get('ratio_paired')):>6}")
-    print(f"\nprice a wait: measured {price['ms']:.4f} ms; fitted from the stages {fit['ms_per_wait']:.4f} ms "
-          f"(intercept {fit['intercept_ms']:.3f} ms a token)")
+              f"{c.get('ms_saved_model', float('nan')):>9.3f} {c['ms_saved_measured']:>12.3f} {fmt(c['ratio']):>6} "
+              f"{c.get('ms_saved_paired', float('nan')):>10.3f} {fmt(c.get('ratio_paired')):>6} "
+              f"{fmt(c.get('ratio_model_paired', c.get('ratio_model'))):>6}")
+    if fit is not None:
+        print(f"\nprice a wait: measured {price['ms']:.4f} ms; fitted from the stages {fit['ms_per_wait']:.4f} ms "
+              f"(intercept {fit['intercept_ms']:.3f} ms a token)")
 
     rec = {
         "bench": "schedule_run",
@@ -145,8 +211,18 @@ def main(argv: list[str] | None = None) -> dict:
         "geometry": args.geometry,
         "geometry_values": dict(geom.__dict__),
         "dtype": args.dtype,
+        "quant": quant,
+        "matvec": sched.matvec,
+        "matvec_detail": sched.mv.describe(),
+        "compiled": sched.compiled,
+        "copy_bandwidth_gbs": bandwidth / 1e9,
+        "floor_ms": floor_ms,
+        "check": check,
+        "splits": splits,
         "weights": "distinct per layer" if args.distinct else "one set per layer kind, reused by every layer of that kind",
         "weight_bytes_per_token": int(weight_bytes),
+        "weight_bytes_note": "every layer's stored arrays (codes, scales and biases where quantized), the final norm "
+                             "and the LM head; recurrent states and KV caches not included",
         "eligible": list(sched.eligible),
         "gdn": "mx.fast.gated_delta_update" if gdn == "fast" else f"schedule.gated_delta_ops (plain MLX ops){'; fast op: ' + why if why else ''}",
         "tokens_per_round": args.tokens,
@@ -157,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
         "stages": rows,
         "comparisons": run["comparisons"],
         "fit": fit,
-        "all_waits_match": all(r["waits_match"] for r in rows),
+        "all_waits_match": bool(rows) and all(r["waits_match"] for r in rows),
     }
     if not args.no_record:
         out = args.out if args.out is not None else args.out_dir / (record.record_stem("schedule_run", price["device"]) + ".json")

@@ -15,10 +15,22 @@ two submissions with the host between them, against the same two steps in one. S
 
 The record (device, date, MLX version, command) goes to
 ``data/bench/split_price-<device>-<UTC time>.json``.
+
+The split prices BY KIND (the wait between two given kinds of the decode step's
+submissions, ``workbench.schedule.measure_splits``) are measured by ``bench.schedule_run``
+in the run they price; ``--add RECORD`` puts a schedule_run record's split prices into the
+ledger (``data/ledger/wait_prices.json``, under a lock, one entry a kind, id
+``split-<backend>-<device>-<matvec>-<dtype>-<kind>``; an entry of that id is replaced only
+with ``--force``, which says what it replaced):
+
+    python -m bench.split_price --add data/bench/schedule_run-nvidia-h200-<UTC time>.json
 """
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -43,11 +55,88 @@ def tail_steps(shape: tuple[int, int, int], block: int, dtype: str, seed: int) -
     return steps
 
 
+def split_entries(rec: dict, source: str) -> list[dict]:
+    """The ledger entries for a ``bench.schedule_run`` record's split prices (one a kind).
+
+    A price is the median of ``split - joined``; where that is not above zero (the joined
+    run was no faster: the split costs nothing measurable), there is no price to enter
+    and a ValueError says so, naming the kind.
+    """
+    if not isinstance(rec, dict) or rec.get("bench") != "schedule_run" or not rec.get("splits"):
+        raise ValueError("the record must be a bench.schedule_run record with split prices ('splits')")
+    dev = re.sub(r"[^a-z0-9]+", "-", str(rec["device"]).lower()).strip("-")[:40]
+    dtype = rec["dtype"] + (f"-{rec['quant']}" if rec.get("quant") else "")
+    out = []
+    for r in rec["splits"]:
+        if not r["ms"] > 0:
+            raise ValueError(f"split {r['split']!r}: its measured price is {r['ms']:.4f} ms (split no slower than "
+                             "joined), which is no price; not entered")
+        out.append({
+            "id": f"split-{rec['backend']}-{dev}-{rec['matvec']}-{dtype}-{r['split']}", "kind": "measured",
+            "ms": r["ms"], "p90_ms": r["p90_ms"], "n": r["n"],
+            "warmup": r["warmup"], "device": rec["device"], "backend": rec["backend"], "date": rec["date"][:10],
+            "mlx_version": rec["mlx_version"], "command": _without_out(rec["command"]), "split": r["split"],
+            "matvec": rec["matvec"], "dtype": dtype,
+            "method": r["method"] + f" Submissions: the {rec['model']} decode step's own ({rec['geometry']} geometry, "
+                      f"{rec.get('matvec_detail', rec['matvec'])}).",
+            "source": source,
+        })
+        if r["p10_ms"] >= 0:
+            out[-1]["p10_ms"] = r["p10_ms"]
+        else:  # a spread below zero is no price: said, not clipped
+            out[-1]["method"] += (f" Its 10th percentile, {r['p10_ms']:.4f} ms, is below zero (in some rounds the split "
+                                  "ran faster than the joined), so only the 90th is entered; the record has both.")
+    return out
+
+
+def _without_out(command: str) -> str:
+    """``command`` without its ``--out-dir`` / ``--out`` argument: where a device wrote its
+    record is no part of how it measured, and the ledger names no path outside the project."""
+    return re.sub(r"\s--out(-dir)?(=|\s+)\S+", "", command)
+
+
+def add(p, record_path: str, ledger: str | None, force: bool) -> list[dict]:
+    """``--add``: a schedule_run record's split prices into the ledger, one entry a kind."""
+    from workbench import waits
+
+    try:
+        rec = json.loads(Path(record_path).read_text())
+        entries = split_entries(rec, _project_relative(Path(record_path)))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, ValueError) as err:
+        p.error(f"--add: {record_path}: {err}")
+    for e in entries:  # every entry checked before the first is written
+        try:
+            waits.check_entry(e)
+        except ValueError as err:
+            p.error(f"--add: {err}")
+    for e in entries:
+        try:
+            old = waits.add_price(e, ledger, replace=force)
+        except ValueError as err:
+            p.error(f"--add: {err}" + ("" if force else " (--force replaces it)"))
+        print(f"added {e['id']}: {e['ms']:.4f} ms")
+        if old is not None:
+            print(f"replaced {old['id']}: {old['ms']:.4f} ms, measured {old.get('date')} by {old.get('command')}")
+    return entries
+
+
+def _project_relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(record.ROOT))
+    except ValueError:
+        return str(path)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = record.parser("split_price", __doc__)
     p.add_argument("--n", type=int, default=50, help="timed rounds per step")
     p.add_argument("--bonsai", action="store_true", help="also Bonsai-27B's tail (5120, 6144, 17408), bf16")
+    p.add_argument("--add", metavar="RECORD", help="put a bench.schedule_run record's split prices into the ledger "
+                                                   "and stop (measures nothing)")
+    p.add_argument("--ledger", default=None, help="the ledger file (default: the project's data/ledger/wait_prices.json)")
     args = p.parse_args(argv)
+    if args.add:
+        return {"added": add(p, args.add, args.ledger, args.force)}
     if args.n < 5:
         p.error("--n must be >= 5")
 

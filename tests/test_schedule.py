@@ -83,8 +83,8 @@ def test_the_schedules_tail_is_the_oracles(tiny):
     rng = np.random.default_rng(0)
     branch = rng.uniform(-1, 1, TINY.branch).astype(np.float32)
     residual = rng.uniform(-1, 1, TINY.hidden).astype(np.float32)
-    x = mx.array(residual) + S._mv(lw["wo"], mx.array(branch))
-    got = np.array(S._ffn(lw, x, TINY.eps))
+    x = tiny.mv.out_add(lw, "wo", mx.array(branch), mx.array(residual))
+    got = np.array(tiny.mv.ffn(lw, x))
     want = tail.host_tail(tw, branch, residual)
     # |x - y| <= 2e-4 max(|y|, 1): float32 device against the float64 host (frink-models' test).
     assert compare(got, want).passed
@@ -212,3 +212,41 @@ def test_foreign_records_and_rows_are_named():
         S.compare_savings([], 0.1)
     with pytest.raises(ValueError, match="price_ms"):
         S.compare_savings([{"stage": 1, "waits_predicted": 3, "ms_median": 1.0}], -1)
+
+
+def test_compiled_layers_decode_the_same_tokens(tiny, decoded):
+    """mx.compile changes how the graph is built (and may fuse float ops), not the waits or the token."""
+    comp = S.Schedule(tiny.cfg, tiny.w, compiled=True)
+    st = S.new_state(tiny.w, context=4, max_new=8)
+    res = [comp.step(st, 5) for _ in range(3)]
+    assert [r.waits for r in res] == [waits.waits_per_token(tiny.cfg, 5)] * 3
+    assert [r.next_token for r in res] == [r.next_token for r in decoded[5]]
+    for a, b in zip(res, decoded[5]):  # fused elementwise ops round differently: float32 rounding apart
+        assert np.abs(a.logits - b.logits).max() <= 1e-4 * max(1.0, np.abs(b.logits).max())
+        assert 0 < a.eval_seconds <= a.seconds
+
+
+def test_the_schedule_bench_prices_each_kind(tmp_path):
+    """At 4-bit with compiled layers: the floor, the split prices by kind, the model beside the tiny price."""
+    import json
+    import subprocess
+    import sys
+
+    root = waits.LEDGER_PATH.parent.parent.parent
+    out = tmp_path / "rec.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.schedule_run", "--stages", "1,2,5", "--tokens", "1", "--rounds", "1",
+         "--warmup", "0", "--price-n", "50", "--vocab", "256", "--quant", "affine4", "--compiled", "--split-n", "5",
+         "--out", str(out)],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rec = json.loads(out.read_text())
+    assert rec["quant"] == "affine4" and rec["compiled"] and rec["matvec"] == "mlx" and rec["check"] is None
+    assert rec["floor_ms"] == pytest.approx(rec["weight_bytes_per_token"] / rec["copy_bandwidth_gbs"] / 1e6)
+    assert [s["split"] for s in rec["splits"]] == list(S.MEASURED_SPLITS)
+    comps = {(c["from"], c["to"]): c for c in rec["comparisons"]}
+    prices = {s["split"]: s["ms"] for s in rec["splits"]}
+    want = waits.model_saving(load_model("bonsai-27b"), 1, 2, prices, rec["price"]["ms"])["ms"]
+    assert comps[(1, 2)]["ms_saved_model"] == pytest.approx(want)
+    assert all("ms_eval_median" in r and "x_floor" in r for r in rec["stages"])

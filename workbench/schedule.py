@@ -27,16 +27,19 @@ input is a row of a small host table picked by the argmax of the logits (the emb
 lookup is host work), and the KV cache starts ``context`` tokens long (random keys and
 values) so the attention's cost is that of a short chat, not of an empty cache.
 
-The tail's ops are written here rather than called from ``workbench.tail.tail_mx``
-because a stage has to split them (wo and the FFN in two submissions at stage 1) or join
-them to the next recurrent run (stage 4 and the floor), and because ``tail_mx`` promotes a
-bf16 weight to float32 on every call (a full copy of each matrix a token), which would
-triple the bytes a token streams on the H200. ``tests/test_schedule.py`` checks the
-schedule's tail against ``tail.host_tail``, the oracle.
+Every weight's product goes through ``workbench.decode_matvec``: MLX ops (``matvec="mlx"``)
+or the project's kernels (``matvec="kernels"``, weights read in their stored format,
+float32 activations), so a stage can split the tail (wo and the FFN in two submissions at
+stage 1) or join it to the next recurrent run (stage 4 and the floor) on either path.
+``tests/test_schedule.py`` checks the schedule's tail against ``tail.host_tail``, the
+oracle; ``check_step`` checks the kernels' token against the MLX-ops one. Beside the
+clock: :func:`measure_splits` prices a wait by its kind (``waits.split_kinds``), between
+the step's own submissions, for the price model of ``waits.model_saving``.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass
@@ -45,9 +48,11 @@ from typing import Any, Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
+from workbench import decode_matvec as _dm
+from workbench import wait_measurement as _wm
 from workbench import waits as _waits
 from workbench.validate import describe, flag, integer, number, one_of
-from workbench.weights import DENSE_DTYPES
+from workbench.weights import DENSE_DTYPES, QUANT_FORMATS, QuantizedBase, WeightMatrix
 
 
 @dataclass(frozen=True)
@@ -154,10 +159,19 @@ class HybridWeights:
     full Bonsai geometry is ~50 GB of bf16 otherwise). A token still streams every layer's
     matrices from memory (one layer's are far larger than any cache), so the time a token
     takes is that of distinct weights; the record says which was used.
+
+    ``quant``: None (dense ``dtype`` weights), or a name of ``weights.QUANT_FORMATS``
+    (``"affine4"``: affine 4-bit, groups of 64): every projection matrix, the LM head
+    included, quantized from its ``dtype`` draw by ``mx.quantize`` and stored as a
+    ``weights.QuantizedBase``; the short convolution and the norms stay float32.
     """
 
-    def __init__(self, cfg, geom: Geometry, *, dtype: str = "float32", seed: int = 0, share: bool = False):
+    def __init__(self, cfg, geom: Geometry, *, dtype: str = "float32", seed: int = 0, share: bool = False,
+                 quant: str | None = None):
         one_of("dtype", dtype, sorted(DENSE_DTYPES))
+        if quant is not None:
+            one_of("quant", quant, sorted(QUANT_FORMATS))
+        self.quant = quant
         if not isinstance(geom, Geometry):
             raise ValueError(f"geom: must be a Geometry (geometry_of(cfg) or CPU_GEOMETRY), got {describe(geom)}")
         seed = integer("seed", seed, minimum=0)
@@ -181,10 +195,28 @@ class HybridWeights:
         g = geom
         key, k1, k2 = mx.random.split(key, 3)
         self.final_norm = mx.ones((g.hidden,), dtype=mx.float32)
-        self.lm_head = _uniform(k1, (g.vocab, g.hidden), g.hidden, dt)
+        self.lm_head = self._quantized(_uniform(k1, (g.vocab, g.hidden), g.hidden, dt))
         # The embedding lookup is host work: a small host table, indexed by argmax % rows.
         self.embed = np.random.default_rng(seed).uniform(-1, 1, size=(64, g.hidden)).astype(np.float32)
-        mx.eval(self.lm_head)
+        mx.eval(self.lm_head.w if isinstance(self.lm_head, QuantizedBase) else self.lm_head)
+
+    def _quantized(self, w: mx.array) -> mx.array | QuantizedBase:
+        """``w`` as stored: itself, or quantized to ``self.quant``."""
+        if self.quant is None:
+            return w
+        spec = QUANT_FORMATS[self.quant]
+        base = WeightMatrix.quantize(w, mode=spec.mode, bits=spec.bits, group_size=spec.group_size).launch_parts()[0]
+        assert isinstance(base, QuantizedBase)
+        return base
+
+    def bytes_per_token(self) -> int:
+        """Bytes of weights one token streams: every layer's arrays (a shared set counted
+        once per layer that reads it), the final norm and the LM head. The recurrent
+        states and KV caches a token also reads and writes are not included."""
+        total = int(self.lm_head.nbytes + self.final_norm.nbytes)
+        for layer in self.layers:
+            total += sum(int(a.nbytes) for a in layer.w.values())
+        return total
 
     def _make(self, kind: str, key: mx.array, dt) -> dict[str, mx.array]:
         g = self.geom
@@ -202,6 +234,8 @@ class HybridWeights:
             kv = g.n_kv * g.head_dim
             w.update(wq=_uniform(next(ks), (q, h), h, dt), wk=_uniform(next(ks), (kv, h), h, dt),
                      wv=_uniform(next(ks), (kv, h), h, dt), wo=_uniform(next(ks), (h, g.branch), g.branch, dt))
+            for name in ("wq", "wk", "wv", "wo"):
+                w[name] = self._quantized(w[name])
         else:
             kd, vd = g.gdn_k_heads * g.gdn_k_dim, g.gdn_v_heads * g.gdn_v_dim
             conv_c = 2 * kd + vd
@@ -214,6 +248,10 @@ class HybridWeights:
                 o_norm=1.0 + mx.random.uniform(-0.25, 0.25, (g.gdn_v_dim,), key=next(ks)),
                 out=_uniform(next(ks), (h, vd), vd, dt),
             )
+            for name in ("in_qkvz", "in_ba", "out"):
+                w[name] = self._quantized(w[name])
+        for name in ("gate", "up", "down"):
+            w[name] = self._quantized(w[name])
         return w
 
 
@@ -262,19 +300,7 @@ def new_state(wts: HybridWeights, *, context: int = 32, max_new: int = 4096, see
 # The pieces, as lazy MLX ops
 
 
-def _rms(x: mx.array, w: mx.array, eps: float) -> mx.array:
-    return x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps) * w
-
-
-def _mv(w: mx.array, x: mx.array) -> mx.array:
-    """``w @ x`` with x in the weights' dtype (as an engine's matvec reads it), out float32."""
-    return (x.astype(w.dtype) @ w.T).astype(mx.float32)
-
-
-def _ffn(w: Mapping[str, mx.array], x: mx.array, eps: float) -> mx.array:
-    n = _rms(x, w["ffn_norm"], eps)
-    g = _mv(w["gate"], n)
-    return x + _mv(w["down"], (g * mx.sigmoid(g)) * _mv(w["up"], n))
+_rms = _dm.rms
 
 
 def gated_delta_ops(q, k, v, gamma, beta, state) -> tuple[mx.array, mx.array]:
@@ -308,13 +334,10 @@ def fast_gdn_available() -> tuple[bool, str]:
 
 
 def _recurrent(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: DecodeState, l: int,
-               gdn: str = "fast") -> mx.array:
+               gdn: str, mv) -> mx.array:
     g = geom
     kd, vd = g.gdn_k_heads * g.gdn_k_dim, g.gdn_v_heads * g.gdn_v_dim
-    h = _rms(x, w["norm"], g.eps)
-    qkvz = _mv(w["in_qkvz"], h)
-    ba = _mv(w["in_ba"], h)
-    mixed, z = qkvz[: 2 * kd + vd], qkvz[2 * kd + vd:]
+    mixed, z, ba = mv.gdn_in(w, x, 2 * kd + vd)
     window = mx.concatenate([st.conv[l], mixed[None]], axis=0)  # [K, C]: the short convolution
     st.conv[l] = window[1:]
     c = (window * w["conv"]).sum(axis=0)
@@ -334,13 +357,8 @@ def _recurrent(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: Decod
     o = _rms(o.reshape(g.gdn_v_heads, g.gdn_v_dim), w["o_norm"], g.eps)
     zz = z.reshape(g.gdn_v_heads, g.gdn_v_dim)
     o = (o * (zz * mx.sigmoid(zz))).reshape(vd)
-    x = x + _mv(w["out"], o)
-    return _ffn(w, x, g.eps)
-
-
-def _qkv(geom: Geometry, w: Mapping[str, mx.array], x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-    h = _rms(x, w["norm"], geom.eps)
-    return _mv(w["wq"], h), _mv(w["wk"], h), _mv(w["wv"], h)
+    x = mv.out_add(w, "out", o, x)
+    return mv.ffn(w, x)
 
 
 def _attend_np(geom: Geometry, q: np.ndarray, kc: np.ndarray, vc: np.ndarray) -> np.ndarray:
@@ -378,6 +396,7 @@ class TokenResult:
     waits: int
     seconds: float
     next_token: int
+    eval_seconds: float = 0.0  # of ``seconds``, inside mx.eval (encoding, submitting, waiting)
 
 
 class Schedule:
@@ -386,16 +405,31 @@ class Schedule:
     ``eligible``: the attention layers whose tail fuses; default ``waits.eligible_layers``
     (``workbench.refusals``). ``gdn``: ``"fast"`` runs the recurrence through
     ``mx.fast.gated_delta_update``, ``"ops"`` through :func:`gated_delta_ops`.
+    ``matvec``: every weight's product as MLX ops (``"mlx"``) or through the project's
+    kernels (``"kernels"``: ``BackendUnavailable`` where no kernel backend exists); see
+    :mod:`workbench.decode_matvec`. ``activations``: the ``"mlx"`` path's (``"weights"``:
+    x cast to the weights' dtype, as the schedule always ran; ``"float32"``: the kernels'
+    arithmetic, for checking them). ``compiled``: each recurrent layer traced once per
+    layer weights by ``mx.compile`` (MLX fuses its elementwise ops, and a token's graph is
+    built with one call a layer instead of ~30 ops: Python's graph building is work the
+    device waits for, on every path); the waits are the same.
     """
 
     def __init__(self, cfg, weights: HybridWeights, *, eligible: Sequence[int] | None = None, plan=None,
-                 gdn: str = "fast"):
+                 gdn: str = "fast", matvec: str = "mlx", activations: str = "weights", tuning=None,
+                 compiled: bool = False):
+        one_of("activations", activations, _dm.ACTIVATIONS)
         if gdn not in ("fast", "ops"):
             raise ValueError(f"gdn: must be 'fast' (mx.fast.gated_delta_update) or 'ops' (gated_delta_ops), got {gdn!r}")
         if not isinstance(weights, HybridWeights):
             raise ValueError(f"weights: must be HybridWeights, got {describe(weights)}")
         self.gdn = gdn
         self.cfg, self.w, self.geom = cfg, weights, weights.geom
+        self.mv = _dm.make_matvecs(matvec, weights.geom.eps, activations=activations, tuning=tuning)
+        self.matvec = self.mv.path
+        self.compiled = flag("compiled", compiled)
+        self._layer_fns: dict[int, Any] = {}
+        self._layer_keep: list = []  # the weight dicts keyed by id in _layer_fns, kept alive
         self.plan = _waits._plan(plan)
         self.eligible = tuple(_waits.eligible_layers(cfg) if eligible is None else eligible)
         _waits.submissions(cfg, self.plan.stages[0], plan=self.plan, eligible=self.eligible)  # checks eligible
@@ -407,6 +441,23 @@ class Schedule:
             self._subs[st.number] = _waits.submissions(self.cfg, st, plan=self.plan, eligible=self.eligible)
         return self._subs[st.number]
 
+    def _recurrent_fn(self, lw: Mapping[str, Any]):
+        """``(x, conv, ssm) -> (x, conv, ssm)`` for one recurrent layer's weights (traced
+        once per weights by ``mx.compile`` with ``compiled``)."""
+        fn = self._layer_fns.get(id(lw))
+        if fn is None:
+            g, gdn, mv = self.geom, self.gdn, self.mv
+
+            def layer(x, conv, ssm):
+                st = DecodeState({0: ssm}, {0: conv}, {}, {}, {}, {}, 0)
+                y = _recurrent(g, lw, x, st, 0, gdn, mv)
+                return y, st.conv[0], st.ssm[0]
+
+            fn = mx.compile(layer) if self.compiled else layer
+            self._layer_fns[id(lw)] = fn
+            self._layer_keep.append(lw)
+        return fn
+
     def step(self, state: DecodeState, stage) -> TokenResult:
         """Decode one token at ``stage``: build each submission lazily, evaluate it once."""
         g, layers = self.geom, self.w.layers
@@ -415,6 +466,7 @@ class Schedule:
         x = mx.array(self.w.embed[state.token % self.w.embed.shape[0]])
         pos = state.length
         n_waits = 0
+        t_eval = 0.0
         qkv: dict[int, tuple] = {}
         branch: dict[int, mx.array] = {}
         logits = None
@@ -423,10 +475,10 @@ class Schedule:
             for piece in sub:
                 l = piece.layer
                 if piece.kind == "layer":
-                    x = _recurrent(g, layers[l].w, x, state, l, self.gdn)
+                    x, state.conv[l], state.ssm[l] = self._recurrent_fn(layers[l].w)(x, state.conv[l], state.ssm[l])
                     outs += [state.ssm[l], state.conv[l]]
                 elif piece.kind == "qkv":
-                    qkv[l] = _qkv(g, layers[l].w, x)
+                    qkv[l] = self.mv.attn_qkv(layers[l].w, x)
                     outs += list(qkv[l])
                 elif piece.kind == "attention":  # the device floor: cache and softmax on the device
                     q, k, v = qkv.pop(l)
@@ -435,15 +487,17 @@ class Schedule:
                     branch[l] = _attend_mx(g, q, state.dev_k[l], state.dev_v[l])
                     outs += [state.dev_k[l], state.dev_v[l]]
                 elif piece.kind in ("tail", "wo"):
-                    x = x + _mv(layers[l].w["wo"], branch[l])
+                    x = self.mv.out_add(layers[l].w, "wo", branch[l], x)
                     if piece.kind == "tail":
-                        x = _ffn(layers[l].w, x, g.eps)
+                        x = self.mv.ffn(layers[l].w, x)
                 elif piece.kind == "ffn":
-                    x = _ffn(layers[l].w, x, g.eps)
+                    x = self.mv.ffn(layers[l].w, x)
                 elif piece.kind == "logits":
-                    logits = _mv(self.w.lm_head, _rms(x, self.w.final_norm, g.eps))
+                    logits = self.mv.logits(self.w.lm_head, self.w.final_norm, x)
                     outs.append(logits)
+            te = time.perf_counter()
             mx.eval(x, *outs)  # the submission, and its one wait
+            t_eval += time.perf_counter() - te
             n_waits += 1
             last = sub[-1]
             if last.kind in ("wo", "ffn"):  # unfused or refused: the host takes the result back
@@ -460,7 +514,147 @@ class Schedule:
         seconds = time.perf_counter() - t0
         state.length = pos + 1
         state.token = nxt
-        return TokenResult(out, n_waits, seconds, nxt)
+        return TokenResult(out, n_waits, seconds, nxt, t_eval)
+
+
+# ---------------------------------------------------------------------------------------
+# The kernels checked against MLX ops, and the price of a wait by its kind
+
+#: The check of a step against the reference step: ``decode_matvec.worst_scaled_error`` of
+#: the logits (max |difference| / max(max |reference logit|, 1)) at most this. Both compute
+#: every product in float32 from the same stored weights, in another summation order; over
+#: 64 layers that stays within float32 rounding (the MLX attention on the device against the
+#: host's numpy is held to the same bound in tests/test_schedule.py).
+CHECK_TOL = 1e-4
+
+
+def check_step(sched: Schedule, ref: Schedule, *, stages: Sequence[int] = (5, 6), context: int = 32,
+               tol: float = CHECK_TOL) -> dict:
+    """One token of ``sched`` against one of ``ref`` (same weights, same start, same token)
+    at each of ``stages``: the logits' worst scaled error and whether it is within ``tol``."""
+    for name, v in (("sched", sched), ("ref", ref)):
+        if not isinstance(v, Schedule):
+            raise ValueError(f"{name}: must be a Schedule, got {describe(v)}")
+    if ref.w is not sched.w:
+        raise ValueError("ref: must decode the same HybridWeights object as sched")
+    tol = number("tol", tol, minimum=0, exclusive_minimum=True)
+    rows = []
+    for n in stages:
+        a = sched.step(new_state(sched.w, context=context, max_new=2), n)
+        b = ref.step(new_state(ref.w, context=context, max_new=2), n)
+        err = _dm.worst_scaled_error(a.logits, b.logits)
+        rows.append({"stage": int(n), "worst_scaled_error": err, "same_next_token": a.next_token == b.next_token,
+                     "passed": bool(err <= tol)})
+    return {"metric": "max |logits - reference logits| / max(max |reference logits|, 1), one token",
+            "tol": tol, "matvec": sched.mv.describe(), "reference": ref.mv.describe(), "stages": rows,
+            "passed": all(r["passed"] for r in rows)}
+
+
+#: The split kinds a same-work pair of the plan's stages removes (``waits.model_saving``),
+#: which ``split_pieces`` can build on either side.
+MEASURED_SPLITS: tuple[str, ...] = ("wo>host|ffn", "ffn>host|layer", "ffn>host|logits", "layer|qkv", "ffn|layer",
+                                    "ffn|logits", "layer|layer")
+
+
+def split_pieces(sched: Schedule, state: DecodeState) -> dict[str, Any]:
+    """The step's submissions as callables ``x -> outputs`` (a tuple, the hidden first),
+    built on ``sched``'s weights and matvecs, for timing splits between them:
+    ``layer`` (a recurrent layer; its state advances), ``layer2`` (the next one), ``qkv``,
+    ``wo`` (with a fixed attention branch), ``ffn`` and ``logits``."""
+    g, layers = sched.geom, sched.w.layers
+    rec = [i for i, lay in enumerate(layers) if lay.kind == "recurrent"][:2]
+    att = next(i for i, lay in enumerate(layers) if lay.kind == "attention")
+    branch = mx.array(np.random.default_rng(5).uniform(-1, 1, g.branch).astype(np.float32))
+    mx.eval(branch)
+
+    def layer(i: int):
+        return lambda x: (_recurrent(g, layers[i].w, x, state, i, sched.gdn, sched.mv), state.ssm[i], state.conv[i])
+
+    return {
+        "layer": layer(rec[0]),
+        "layer2": layer(rec[1]),
+        "qkv": lambda x: (x, *sched.mv.attn_qkv(layers[att].w, x)),
+        "wo": lambda x: (sched.mv.out_add(layers[att].w, "wo", branch, x),),
+        "ffn": lambda x: (sched.mv.ffn(layers[att].w, x),),
+        "logits": lambda x: (x, sched.mv.logits(sched.w.lm_head, sched.w.final_norm, x)),
+    }
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, *, k: int = 8, n: int = 5) -> float:
+    """The device's streaming bandwidth (bytes/s): ``k`` chained ``y + 1`` over ``nbytes``
+    of float32 in ONE evaluation against one, each op a read and a write of ``nbytes``;
+    the marginal time, so the wait and the allocation drop out (one ``x + 1`` with its
+    wait read 2.8 TB/s on the H200 where the kernels stream at 4 TB/s)."""
+    x = mx.zeros((integer("nbytes", nbytes, minimum=1024) // 4,), dtype=mx.float32)
+    mx.eval(x)
+    ms = piece_device_ms(lambda y: (y + 1.0,), x, k=k, n=n)
+    del x
+    return 2 * nbytes / (ms / 1e3)
+
+
+def piece_device_ms(piece, x: mx.array, *, k: int = 8, n: int = 5) -> float:
+    """What one more copy of submission ``piece`` (a callable of :func:`split_pieces`) adds
+    to ONE evaluation: ``k`` copies chained against one, ``(t_k - t_1) / (k - 1)``, the
+    median of ``n`` (the wait and the fixed costs are in both, so they drop out). That is
+    the device's time for it, or MLX's time to encode and launch it where that is longer
+    (a recurrent layer's ~20 launches on the H200: the same in bf16 and 4-bit)."""
+    k = integer("k", k, minimum=2)
+    n = integer("n", n, minimum=1)
+
+    def run(m: int) -> float:
+        y, outs = x, []
+        t0 = time.perf_counter()
+        for _ in range(m):
+            o = piece(y)
+            y, outs = o[0], outs + list(o[1:])
+        mx.eval(y, *outs)
+        return time.perf_counter() - t0
+
+    run(k)  # warm
+    diffs = sorted((run(k) - run(1)) / (k - 1) * 1e3 for _ in range(n))
+    return float(diffs[len(diffs) // 2])
+
+
+#: What the step's host reads after each piece when a wait follows it (``Schedule.step``):
+#: nothing after a recurrent layer, x after wo or the FFN (the unfused tail), Q/K/V
+#: (attention on the host), the logits.
+HOST_READS: dict[str, Any] = {
+    "layer": lambda out: (), "wo": lambda out: out[:1], "ffn": lambda out: out[:1], "qkv": lambda out: out[1:],
+    "logits": lambda out: out[1:],
+}
+
+
+def _NOTHING(out) -> tuple:  # noqa: N802 -- a constant's role: the host reads nothing
+    return ()
+
+
+def measure_splits(sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n: int = 30, warmup: int = 3,
+                   context: int = 32) -> list[dict]:
+    """The price of a wait of each kind in ``kinds``, measured between the step's own
+    submissions (``wait_measurement.measure_split_between``): ``"wo>host|ffn"`` times wo then
+    the FFN split against joined, ``"layer|layer"`` two recurrent layers, and so on."""
+    state = new_state(sched.w, context=context, max_new=2)
+    pieces = split_pieces(sched, state)
+    x = mx.array(sched.w.embed[0])
+    mx.eval(x)
+    out = []
+    for kind in kinds:
+        _waits.check_split_kind("kinds[]", kind)
+        a, b = kind.split("|")
+        reads = a.endswith(_waits.HOST_READ)
+        a = a[: -len(_waits.HOST_READ)] if reads else a
+        if kind not in MEASURED_SPLITS:  # qkv>host|wo needs the host's attention between: not built here
+            raise ValueError(f"kinds: {kind!r} cannot be built from the step's pieces; allowed: {MEASURED_SPLITS}")
+        first = pieces[a]
+        second_piece = pieces["layer2" if (a, b) == ("layer", "layer") else b]
+        res = _wm.measure_split_between(first, lambda t, f=second_piece: f(t[0]), x, n=n, warmup=warmup,
+                                        read_first=HOST_READS[a] if reads else _NOTHING, read_second=HOST_READS[b])
+        dev = {"first": piece_device_ms(first, x), "second": piece_device_ms(second_piece, x)}
+        # The device's idle time in the split round: its wall time less the two submissions' work.
+        out.append({"split": kind, **res, "device_ms": dev,
+                    "split_idle_ms": res["split_ms"] - dev["first"] - dev["second"],
+                    "joined_idle_ms": res["joined_ms"] - dev["first"] - dev["second"]})
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -478,6 +672,7 @@ def run_stages(
     price_ms: float | None = None,
     progress=None,
     time_budget_s: float | None = None,
+    split_prices: Mapping[str, float] | None = None,
 ) -> dict:
     """Time ``tokens`` tokens per round at every stage, rounds interleaved; compare with the table.
 
@@ -507,22 +702,31 @@ def run_stages(
     states = {n: new_state(sched.w, context=context, max_new=warmup + tokens * rounds + 1) for n in numbers}
     made: dict[int, set] = {n: set() for n in numbers}
     times: dict[int, list] = {n: [] for n in numbers}
+    evals: dict[int, list] = {n: [] for n in numbers}
     for n in numbers:  # warm-up: compile kernels, fault in the weights
         for _ in range(warmup):
             made[n].add(sched.step(states[n], n).waits)
     start = time.perf_counter()
     done = 0
-    for r in range(rounds):
-        for n in numbers:
-            for _ in range(tokens):
-                res = sched.step(states[n], n)
-                made[n].add(res.waits)
-                times[n].append(res.seconds * 1e3)
-        done = r + 1
-        if progress is not None:
-            progress(done, rounds)
-        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
-            break
+    gc_was = gc.isenabled()
+    gc.disable()  # a collection inside a token is noise of a millisecond and more: collect between rounds
+    try:
+        for r in range(rounds):
+            gc.collect()
+            for n in numbers:
+                for _ in range(tokens):
+                    res = sched.step(states[n], n)
+                    made[n].add(res.waits)
+                    times[n].append(res.seconds * 1e3)
+                    evals[n].append(res.eval_seconds * 1e3)
+            done = r + 1
+            if progress is not None:
+                progress(done, rounds)
+            if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+                break
+    finally:
+        if gc_was:
+            gc.enable()
     rows = []
     for n in numbers:
         st = plan.stage(n)
@@ -533,11 +737,15 @@ def run_stages(
             "waits_match": made[n] == {predicted},
             "ms_median": float(np.median(t)), "ms_p10": float(np.percentile(t, 10)),
             "ms_p90": float(np.percentile(t, 90)), "tokens": int(t.size),
+            # Inside mx.eval (encoding, submitting, waiting) against outside (building the
+            # lazy graphs in Python, the host's attention, reads): the device idles for the latter.
+            "ms_eval_median": float(np.median(evals[n])), "ms_host_median": float(np.median(t - np.asarray(evals[n]))),
             "ms_each": [round(float(v), 4) for v in t],  # in time order, round by round
         })
     rec: dict[str, Any] = {"stages": rows, "rounds_run": done}
     if price_ms is not None:
-        rec["comparisons"] = compare_savings(rows, price_ms)
+        rec["comparisons"] = compare_savings(rows, price_ms, split_prices=split_prices, cfg=sched.cfg,
+                                             eligible=sched.eligible)
     return rec
 
 
@@ -561,12 +769,18 @@ def _record(rec: Any) -> Mapping:
     return rec
 
 
-def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
+def compare_savings(rows: Sequence[Mapping], price_ms: float, *, split_prices: Mapping[str, float] | None = None,
+                    cfg=None, eligible: Sequence[int] | None = None) -> list[dict]:
     """Measured against predicted savings: each stage against the one before, and against stage 1.
 
     ``same_work`` is False for a pair of which one stage runs the attention on the device
     (the device floor) and the other on the host: there the arithmetic differs as well as
     the waits, so the pair does not test the table.
+
+    With ``split_prices`` (and ``cfg``, the model decoded) each pair also carries the price
+    model's prediction (``waits.model_saving``): ``ms_saved_model``, ``model_priced``
+    (every split kind the pair removes has a measured price), ``ratio_model`` and, when
+    paired times exist, ``ratio_model_paired``.
     """
     rows = _rows("rows", rows, ("stage", "waits_predicted", "ms_median"))
     price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
@@ -594,6 +808,15 @@ def compare_savings(rows: Sequence[Mapping], price_ms: float) -> list[dict]:
             paired = float(np.median(np.asarray(ea) - np.asarray(eb)))
             row["ms_saved_paired"] = paired
             row["ratio_paired"] = paired / predicted if predicted else None
+        if split_prices is not None:
+            if cfg is None:
+                raise ValueError("cfg: the price model needs the model decoded (cfg) beside split_prices")
+            m = _waits.model_saving(cfg, a, b, split_prices, price_ms, plan=plan, eligible=eligible)
+            row["ms_saved_model"] = m["ms"]
+            row["model_priced"] = m["priced"]
+            row["ratio_model"] = measured / m["ms"] if m["ms"] else None
+            if "ms_saved_paired" in row:
+                row["ratio_model_paired"] = row["ms_saved_paired"] / m["ms"] if m["ms"] else None
         out.append(row)
     return out
 
@@ -681,3 +904,70 @@ def closeness(rec: Mapping) -> dict:
         "ms_saved_measured_1_to_floor": None if main is None else main.get("ms_saved_paired", main["ms_saved_measured"]),
         "median_ratio": float(np.median(ratios)) if ratios else None,
     }
+
+
+# ---------------------------------------------------------------------------------------
+# A kernels record as tables (notebook 05)
+
+
+def kernel_records(records: Sequence[Mapping]) -> list[Mapping]:
+    """The records of ``records`` whose step ran on the project's kernels and was checked."""
+    return [r for r in records if r.get("matvec") == "kernels" and r.get("check") is not None]
+
+
+def clock_table(rec: Mapping):
+    """A record's stages against its floor: ms a token (median), the floor (weight bytes a
+    token / the copy bandwidth of the same run), their ratio, what the price model says
+    the waits cost and that cost's share of the token, and the time inside ``mx.eval``
+    against the host's (graph building, attention, reads). A ``pandas.DataFrame``."""
+    import pandas as pd
+
+    if not isinstance(rec, Mapping) or "floor_ms" not in rec:
+        raise ValueError(f"rec: must be a schedule record with a floor (bench.schedule_run's own), got {describe(rec)}")
+    rows = _rows("rec['stages']", rec["stages"], ("stage", "waits_predicted", "ms_median"))
+    df = pd.DataFrame([{
+        "stage": r["stage"], "waits": r["waits_predicted"], "ms": r["ms_median"], "floor_ms": rec["floor_ms"],
+        "x_floor": r["ms_median"] / rec["floor_ms"], "waits_ms_model": r.get("ms_waits_model"),
+        "wait_share": r.get("wait_share_model"), "in_eval_ms": r.get("ms_eval_median"),
+        "host_ms": r.get("ms_host_median"),
+    } for r in rows])
+    return df
+
+
+def pair_table(rec: Mapping, *, within: float = 0.2):
+    """A record's stage pairs: waits saved, the saving the flat tiny price predicts, the
+    price model's, the measured one (paired by round when the record has it), the two
+    ratios and whether the model's is within ``within`` (20%)."""
+    import pandas as pd
+
+    rec = _record(rec)
+    comps = _rows("rec['comparisons']", rec["comparisons"], ("from", "to", "waits_saved", "ms_saved_predicted",
+                                                             "ms_saved_measured", "same_work"))
+    out = []
+    for c in comps:
+        measured = c.get("ms_saved_paired", c["ms_saved_measured"])
+        model = c.get("ms_saved_model")
+        ratio = measured / model if model else None
+        out.append({"from": c["from"], "to": c["to"], "waits_saved": c["waits_saved"], "same_work": c["same_work"],
+                    "tiny_ms": c["ms_saved_predicted"], "model_ms": model, "measured_ms": measured,
+                    "ratio_tiny": measured / c["ms_saved_predicted"] if c["ms_saved_predicted"] else None,
+                    "ratio_model": ratio, "model_within": None if ratio is None else abs(ratio - 1) <= within})
+    return pd.DataFrame(out)
+
+
+def split_table(rec: Mapping):
+    """A record's split prices by kind: the price (median split - joined) and its spread,
+    the split and joined rounds, each side's device time and the device's idle time in
+    each round (wall time less the two submissions' device time)."""
+    import pandas as pd
+
+    if not isinstance(rec, Mapping) or not rec.get("splits"):
+        raise ValueError(f"rec: must be a schedule record with split prices ('splits'), got {describe(rec)}")
+    rows = _rows("rec['splits']", rec["splits"], ("split", "ms", "p10_ms", "p90_ms", "split_ms", "joined_ms"))
+    return pd.DataFrame([{
+        "split": r["split"], "price_ms": r["ms"], "p10_ms": r["p10_ms"], "p90_ms": r["p90_ms"],
+        "split_ms": r["split_ms"], "joined_ms": r["joined_ms"],
+        # The first records did not time each side's device work.
+        "device_first_ms": r.get("device_ms", {}).get("first"), "device_second_ms": r.get("device_ms", {}).get("second"),
+        "idle_split_ms": r.get("split_idle_ms"), "idle_joined_ms": r.get("joined_idle_ms"),
+    } for r in rows])

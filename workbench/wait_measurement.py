@@ -310,3 +310,121 @@ def measure_split_price(step, x, *, n: int = 50, warmup: int = 5) -> dict:
     q = statistics.quantiles(sorted(diffs), n=10)
     return {"ms": statistics.median(diffs), "p10_ms": q[0], "p90_ms": q[8],
             "split_ms": statistics.median(ss), "joined_ms": statistics.median(js), "n": n, "warmup": warmup}
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's garbage collector off while the block runs (collected first), as it was after."""
+    import gc
+
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+SPLIT_BETWEEN_METHOD = (
+    "The price of one split between two real submissions A then B (as a decode step makes them): "
+    "per round, split = A built and evaluated (mx.eval), what the host needs of it read (np.asarray), "
+    "then B built on that output and evaluated and read (two waits); joined = B(A(x)) built at once, "
+    "evaluated and read (one wait); the two interleaved, after {warmup} warm-up rounds. The price is "
+    "the median over {n} rounds of split - joined: the round trip plus the device's idle time while "
+    "the host reads back, builds, encodes and submits B; spread: 10th-90th percentile."
+)
+
+
+def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3, read_first=None,
+                          read_second=None) -> dict:
+    """What one wait costs between submission ``first`` and submission ``second``.
+
+    ``first`` maps ``x`` to an MLX array (or a tuple/list of them); ``second`` maps that
+    output to the next one. Each round times both, interleaved:
+
+    * split (two waits): ``a = first(x)``, ``mx.eval(a)``, the host reads ``a``; then
+      ``b = second(a)``, ``mx.eval(b)``, the host reads ``b``: a decode step whose plan
+      puts a wait between the two;
+    * joined (one wait): ``second(first(x))`` built at once, evaluated and read.
+
+    ``read_first`` / ``read_second``: what the host reads of each side's output (a
+    callable returning the arrays; default all of them): a step reads only what it
+    needs (after a recurrent layer, nothing; after Q/K/V, the three), and reading a
+    megabyte of recurrent state it does not need would be priced as the wait's.
+    Python's garbage collector is paused while the rounds run (a collection inside one
+    round is noise of a millisecond and more).
+
+    Returns ``ms`` (median of ``split - joined``), ``p10_ms``, ``p90_ms``, ``split_ms`` and
+    ``joined_ms`` (medians), ``n``, ``warmup`` and ``method``. :func:`measure_split_price`
+    is the same with one step on both sides and the host re-uploading between them.
+    """
+    n = integer("n", n, minimum=5)
+    warmup = integer("warmup", warmup, minimum=0)
+    for name, fn in (("first", first), ("second", second)):
+        if not callable(fn):
+            raise ValueError(f"{name}: must be a callable building one submission's MLX arrays, got {describe(fn)}")
+
+    def everything(out):
+        return out if isinstance(out, (tuple, list)) else (out,)
+
+    pick_first = everything if read_first is None else read_first
+    pick_second = everything if read_second is None else read_second
+
+    def read(arrays) -> None:
+        for a in arrays:
+            np.asarray(a)
+
+    def split() -> list[int]:
+        t = [time.perf_counter_ns()]
+        a = first(x)
+        t.append(time.perf_counter_ns())
+        mx.eval(a)
+        t.append(time.perf_counter_ns())
+        read(pick_first(a))
+        t.append(time.perf_counter_ns())
+        b = second(a)
+        t.append(time.perf_counter_ns())
+        mx.eval(b)
+        t.append(time.perf_counter_ns())
+        read(pick_second(b))
+        t.append(time.perf_counter_ns())
+        return t
+
+    def joined() -> list[int]:
+        t = [time.perf_counter_ns()]
+        b = second(first(x))
+        t.append(time.perf_counter_ns())
+        mx.eval(b)
+        t.append(time.perf_counter_ns())
+        read(pick_second(b))
+        t.append(time.perf_counter_ns())
+        return t
+
+    diffs, ss, js = [], [], []
+    phases: dict[str, list[float]] = {k: [] for k in SPLIT_PHASES + JOINED_PHASES}
+    with _gc_paused():
+        rounds = [(split(), joined()) for _ in range(warmup + n)]
+    for i, (ts, tj) in enumerate(rounds):
+        if i >= warmup:
+            ss.append((ts[-1] - ts[0]) / 1e6)
+            js.append((tj[-1] - tj[0]) / 1e6)
+            diffs.append(ss[-1] - js[-1])
+            for names, t in ((SPLIT_PHASES, ts), (JOINED_PHASES, tj)):
+                for k, a, b in zip(names, t, t[1:]):
+                    phases[k].append((b - a) / 1e6)
+    q = statistics.quantiles(sorted(diffs), n=10)
+    return {"ms": statistics.median(diffs), "p10_ms": q[0], "p90_ms": q[8], "split_ms": statistics.median(ss),
+            "joined_ms": statistics.median(js), "n": n, "warmup": warmup,
+            "phases_ms": {k: statistics.median(v) for k, v in phases.items()},
+            "method": SPLIT_BETWEEN_METHOD.format(n=n, warmup=warmup)}
+
+
+#: The host's steps in a split round and in a joined one, as ``measure_split_between``
+#: times them (``phases_ms``: the median of each): building a submission's lazy graph
+#: (Python and MLX's graph, the device idle unless it still runs earlier work), its
+#: evaluation (encoding, submitting, and waiting for the device), the host's read.
+SPLIT_PHASES = ("split.build_first", "split.eval_first", "split.read_first", "split.build_second",
+                "split.eval_second", "split.read_second")
+JOINED_PHASES = ("joined.build", "joined.eval", "joined.read")

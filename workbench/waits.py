@@ -354,6 +354,91 @@ def waits_per_token(cfg, stage: int | str | Stage, *, plan: Plan | None = None, 
     return len(submissions(cfg, stage, plan=plan, eligible=eligible))
 
 
+#: The kind of the token's last wait (the host reads the logits and picks the next token).
+FINAL_SPLIT = "logits|host"
+
+_SPLIT_ENDS = {"tail": "ffn", "wo": "wo>host", "ffn": "ffn>host", "qkv": "qkv>host"}
+_SPLIT_STARTS = {"tail": "wo"}
+SPLIT_PIECES = ("layer", "qkv", "attention", "wo", "ffn", "logits")
+#: The marker of a split after which the host reads the result (the unfused or refused
+#: tail's x after wo and after the FFN; Q/K/V for the host's attention).
+HOST_READ = ">host"
+
+
+def split_kind(before: Piece, after: Piece) -> str:
+    """The kind of the wait between a submission ending with ``before`` and one starting
+    with ``after``: ``"<end>|<start>"``. A fused tail counts as ``ffn`` at its end and
+    ``wo`` at its start (its last and first launches); an end the host reads back is
+    marked ``>host`` (an unfused tail's wo and FFN, whose x the host takes back, and
+    Q/K/V, which the host attends with). E.g. ``"layer|layer"``, ``"wo>host|ffn"`` (the
+    unfused tail's own wait), ``"ffn>host|layer"`` (its second), ``"ffn|layer"`` (after a
+    fused tail), ``"qkv>host|wo"`` (the host attends between)."""
+    return f"{_SPLIT_ENDS.get(before.kind, before.kind)}|{_SPLIT_STARTS.get(after.kind, after.kind)}"
+
+
+def check_split_kind(name: str, kind: Any) -> str:
+    """``kind`` if it is a split kind (``"<piece>[>host]|<piece>"`` or :data:`FINAL_SPLIT`),
+    else a ValueError naming ``name``."""
+    if isinstance(kind, str) and (kind == FINAL_SPLIT or kind.count("|") == 1):
+        end, start = kind.split("|")
+        end = end[: -len(HOST_READ)] if end.endswith(HOST_READ) else end
+        if kind == FINAL_SPLIT or (end in SPLIT_PIECES and start in SPLIT_PIECES):
+            return kind
+    raise ValueError(f"{name}: must be a split kind '<end>[{HOST_READ}]|<start>' with pieces in {SPLIT_PIECES}, "
+                     f"or {FINAL_SPLIT!r}; got {describe(kind)}")
+
+
+def split_kinds(cfg, stage: int | str | Stage, *, plan: Plan | None = None, eligible=None) -> dict[str, int]:
+    """How many waits of each kind (:func:`split_kind`) one token makes under ``stage``;
+    the counts sum to :func:`waits_per_token` (the last wait is :data:`FINAL_SPLIT`)."""
+    subs = submissions(cfg, stage, plan=plan, eligible=eligible)
+    out: dict[str, int] = {}
+    for a, b in zip(subs, subs[1:]):
+        k = split_kind(a[-1], b[0])
+        out[k] = out.get(k, 0) + 1
+    out[FINAL_SPLIT] = 1
+    return out
+
+
+def _split_prices(split_prices: Any) -> dict[str, float]:
+    if not isinstance(split_prices, Mapping):
+        raise ValueError(f"split_prices: must be a mapping of split kind to ms, got {describe(split_prices)}")
+    return {check_split_kind("split_prices", k): number(f"split_prices[{k!r}]", v)
+            for k, v in split_prices.items()}
+
+
+def priced_waits(cfg, stage: int | str | Stage, split_prices: Mapping[str, float], default_ms: float, *,
+                 plan: Plan | None = None, eligible=None) -> dict:
+    """The price model: a token's waits at ``stage``, each priced by its kind.
+
+    ``split_prices`` maps a split kind to its measured price (ms); a kind it lacks is
+    priced at ``default_ms`` (the tiny round trip) and listed in ``unpriced``. Returns
+    ``ms`` (the sum), ``by_kind`` ({kind: (count, ms each)}) and ``unpriced``.
+    """
+    prices = _split_prices(split_prices)
+    default_ms = number("default_ms", default_ms, minimum=0)
+    kinds = split_kinds(cfg, stage, plan=plan, eligible=eligible)
+    by = {k: (c, prices.get(k, default_ms)) for k, c in kinds.items()}
+    return {"ms": float(sum(c * p for c, p in by.values())), "by_kind": by,
+            "unpriced": sorted(k for k in kinds if k not in prices)}
+
+
+def model_saving(cfg, a: int | str | Stage, b: int | str | Stage, split_prices: Mapping[str, float],
+                 default_ms: float, *, plan: Plan | None = None, eligible=None) -> dict:
+    """The price model's saving from stage ``a`` to stage ``b``: the waits each makes,
+    kind by kind, priced (:func:`priced_waits`). ``removed`` / ``added``: the kinds whose
+    counts differ; ``priced``: whether every one of those has a measured price (else the
+    prediction leans on ``default_ms`` for some)."""
+    pa = priced_waits(cfg, a, split_prices, default_ms, plan=plan, eligible=eligible)
+    pb = priced_waits(cfg, b, split_prices, default_ms, plan=plan, eligible=eligible)
+    kinds = list(pa["by_kind"]) + [k for k in pb["by_kind"] if k not in pa["by_kind"]]  # token order: stable output
+    diff = {k: pa["by_kind"].get(k, (0, 0))[0] - pb["by_kind"].get(k, (0, 0))[0] for k in kinds}
+    prices = _split_prices(split_prices)
+    moved = [k for k, d in diff.items() if d]
+    return {"ms": pa["ms"] - pb["ms"], "removed": {k: d for k, d in diff.items() if d > 0},
+            "added": {k: -d for k, d in diff.items() if d < 0}, "priced": all(k in prices for k in moved)}
+
+
 def waits_by_rule(cfg, stage: int | str | Stage, *, plan: Plan | None = None) -> int:
     """The plan's per-kind rule summed over the layers: the count as the plan states it.
 
@@ -381,7 +466,7 @@ def waits_by_rule(cfg, stage: int | str | Stage, *, plan: Plan | None = None) ->
 #: The ledger's entry fields: required ones, then optional ones (the spread of a measured price).
 _ENTRY_REQUIRED = ("id", "kind", "ms", "device", "backend", "method", "source")
 _ENTRY_OPTIONAL = ("date", "mlx_version", "command", "n", "warmup", "p10_ms", "p90_ms", "iqr_ms", "mean_ms",
-                   "eval_only_ms")
+                   "eval_only_ms", "split", "matvec", "dtype")
 #: seed: frink-models' own figure; published: someone else's, with its source; measured: made here.
 ENTRY_KINDS = ("seed", "published", "measured")
 LEDGER_BACKENDS = ("cpu", "cuda", "metal")
@@ -405,9 +490,11 @@ def check_entry(entry: Any, source: str = "entry") -> dict:
     for k in ("device", "method", "source"):
         out[k] = _text(f"{source}: {k}", e[k])
     out["backend"] = one_of(f"{source}: backend", e["backend"], LEDGER_BACKENDS)
-    for k in ("mlx_version", "command"):
+    for k in ("mlx_version", "command", "matvec", "dtype"):
         if k in e:
             out[k] = _text(f"{source}: {k}", e[k], nullable=True)
+    if "split" in e:  # a split price: the wait between two given kinds of submission
+        out["split"] = check_split_kind(f"{source}: split", e["split"])
     if "date" in e:
         date = _text(f"{source}: date", e["date"], nullable=True)
         if date is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
@@ -453,6 +540,20 @@ def _check_entries(prices: Sequence[Any], source: str) -> list[dict]:
         seen[entry["id"]] = i
         entries.append(entry)
     return entries
+
+
+def ledger_split_prices(device: str, backend: str, ledger: str | Path | Sequence[Mapping] | None = None, *,
+                        matvec: str | None = None, dtype: str | None = None) -> dict[str, float]:
+    """The split prices (kind -> ms) the ledger holds for ``device`` on ``backend``
+    (and, when given, that ``matvec`` path and ``dtype``), for :func:`priced_waits`."""
+    out = {}
+    for e in _entries(ledger):
+        if "split" not in e or e["device"] != device or e["backend"] != backend:
+            continue
+        if (matvec is not None and e.get("matvec") != matvec) or (dtype is not None and e.get("dtype") != dtype):
+            continue
+        out[e["split"]] = float(e["ms"])
+    return out
 
 
 def load_ledger(path: str | Path | None = None) -> list[dict]:
@@ -520,6 +621,7 @@ def wait_table(
     price_ms: float | None = None,
     ledger: str | Path | Sequence[Mapping] | None = None,
     plan: Plan | None = None,
+    split_prices: Mapping[str, float] | None = None,
 ):
     """One row per stage of the plan: waits a token, ms a token, and what each stage saves.
 
@@ -527,7 +629,10 @@ def wait_table(
     ``saved_total`` (against stage 1), ``ms`` (waits x price), ``ms_saved``,
     ``ms_saved_total``, ``floor``. The price is ``price_ms`` if given, else frink-models'
     entry of the ledger (``SEED_PRICE_ID``). When ``ledger`` is given, one more column ``ms@<id>`` for each of
-    its entries prices the same waits at that entry.
+    its entries (split prices aside) prices the same waits at that entry. With
+    ``split_prices`` (kind -> ms, e.g. from :func:`ledger_split_prices`), the price model's
+    columns beside the flat price: ``ms_split`` (each wait priced by its kind,
+    :func:`priced_waits`; kinds without a price at ``price_ms``) and ``ms_saved_split``.
     """
     import pandas as pd  # here, not at import: the device machine need not have pandas
 
@@ -545,9 +650,14 @@ def wait_table(
     df["ms"] = df["waits"] * price_ms
     df["ms_saved"] = df["saved"] * price_ms
     df["ms_saved_total"] = df["saved_total"] * price_ms
+    if split_prices is not None:
+        df["ms_split"] = [priced_waits(cfg, st, split_prices, price_ms, plan=plan, eligible=eligible)["ms"]
+                          for st in plan.stages]
+        df["ms_saved_split"] = (-df["ms_split"].diff()).fillna(0.0)
     if ledger is not None:
         for e in _entries(ledger):
-            df[f"ms@{e['id']}"] = df["waits"] * float(e["ms"])
+            if "split" not in e:
+                df[f"ms@{e['id']}"] = df["waits"] * float(e["ms"])
     cols = ["stage", "name", "waits", "saved", "saved_total", "ms", "ms_saved", "ms_saved_total", "floor"]
     return df[cols + [c for c in df.columns if c not in cols]]
 

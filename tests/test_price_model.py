@@ -1,0 +1,159 @@
+"""The price model: waits named by their kind, priced by kind, checked against the records."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from bench import split_price
+from workbench import schedule, waits
+from workbench.model import load_model, replace_layer
+from workbench.wait_measurement import measure_split_between
+
+BENCH = Path(waits.__file__).resolve().parent.parent / "data" / "bench"
+#: The H200 records of the kernels step with compiled layers and split prices marked by read-back.
+BF16 = BENCH / "schedule_run-nvidia-h200-20261201T030402Z.json"
+Q4 = BENCH / "schedule_run-nvidia-h200-20261201T030500Z.json"
+
+
+@pytest.fixture(scope="module")
+def bonsai():
+    return load_model("bonsai-27b")
+
+
+def test_the_kinds_of_a_token_sum_to_its_waits(bonsai):
+    for name in ("bonsai-27b", "qwen3.5-9b", "qwen3-next-80b-a3b", "nemotron-h-8b"):
+        cfg = load_model(name)
+        for st in waits.load_plan().stages:
+            kinds = waits.split_kinds(cfg, st)
+            assert sum(kinds.values()) == waits.waits_per_token(cfg, st)
+            assert kinds[waits.FINAL_SPLIT] == 1
+            for k in kinds:
+                assert waits.check_split_kind("k", k) == k
+
+
+def test_each_pair_removes_the_kinds_the_plan_says(bonsai):
+    s = lambda a, b: waits.model_saving(bonsai, a, b, {}, 1.0)  # noqa: E731
+    # The fusion: the unfused tail's own wait, and the host's read of x after its FFN.
+    assert s(1, 2)["removed"] == {"wo>host|ffn": 16, "ffn>host|layer": 15, "ffn>host|logits": 1}
+    assert s(1, 2)["added"] == {"ffn|layer": 15, "ffn|logits": 1}
+    assert s(2, 3)["removed"] == {"layer|qkv": 16} and not s(2, 3)["added"]
+    assert s(3, 4)["removed"] == {"ffn|layer": 15, "ffn|logits": 1}
+    assert s(4, 5)["removed"] == {"layer|layer": 32}
+    assert s(5, 6)["removed"] == {"qkv>host|wo": 16}
+    # With every kind at one price the model is the flat table: waits saved x price.
+    for a, b in ((1, 2), (2, 3), (1, 5)):
+        assert s(a, b)["ms"] == pytest.approx(waits.waits_per_token(bonsai, a) - waits.waits_per_token(bonsai, b))
+
+
+def test_a_refused_layer_keeps_its_kinds():
+    cfg = replace_layer(load_model("bonsai-27b"), 7, o_bias=True)
+    kinds = waits.split_kinds(cfg, 2)
+    assert kinds["wo>host|ffn"] == 1 and sum(kinds.values()) == waits.waits_per_token(cfg, 2)
+
+
+def test_priced_waits_and_the_table_column(bonsai):
+    prices = {"layer|layer": 0.3, "wo>host|ffn": 0.1}
+    p = waits.priced_waits(bonsai, 1, prices, 0.02)
+    assert p["by_kind"]["layer|layer"] == (32, 0.3) and p["by_kind"]["layer|qkv"] == (16, 0.02)
+    assert "layer|qkv" in p["unpriced"] and "layer|layer" not in p["unpriced"]
+    assert p["ms"] == pytest.approx(32 * 0.3 + 16 * 0.1 + (97 - 48) * 0.02)
+    table = waits.wait_table(bonsai, price_ms=0.02, split_prices=prices)
+    assert table["ms_split"].iloc[0] == pytest.approx(p["ms"])
+    assert table["ms_saved_split"].iloc[4] == pytest.approx(32 * 0.3)  # 4 -> 5 removes the layer|layer waits
+    assert table["ms"].tolist() == pytest.approx([w * 0.02 for w in (97, 81, 65, 49, 17, 1)])  # beside, unchanged
+    assert "ms_split" not in waits.wait_table(bonsai).columns
+
+
+def test_bad_split_kinds_and_prices(bonsai):
+    for bad in ("wo", "wo|", "tail|layer", "layer>gpu|qkv", 3, None):
+        with pytest.raises(ValueError, match="must be a split kind"):
+            waits.check_split_kind("kind", bad)
+    with pytest.raises(ValueError, match=r"split_prices\['layer\|layer'\]"):
+        waits.priced_waits(bonsai, 1, {"layer|layer": "0.3"}, 0.02)
+    with pytest.raises(ValueError, match="split_prices: must be a mapping"):
+        waits.priced_waits(bonsai, 1, [0.3], 0.02)
+    entry = dict(waits.load_ledger()[0], split="nope")
+    with pytest.raises(ValueError, match="split: must be a split kind"):
+        waits.check_entry(entry)
+
+
+def test_the_ledger_holds_the_h200_split_prices():
+    for dtype in ("bfloat16", "bfloat16-affine4"):
+        prices = waits.ledger_split_prices("NVIDIA H200", "cuda", matvec="kernels", dtype=dtype)
+        assert sorted(prices) == sorted(schedule.MEASURED_SPLITS)
+        assert all(0 < v < 1 for v in prices.values())
+    assert waits.ledger_split_prices("NVIDIA H200", "cuda", matvec="mlx") == {}
+
+
+def test_split_entries_from_a_record(tmp_path):
+    rec = json.loads(BF16.read_text())
+    entries = split_price.split_entries(rec, "data/bench/x.json")
+    assert [e["split"] for e in entries] == list(schedule.MEASURED_SPLITS)
+    for e in entries:
+        waits.check_entry(e)
+        assert "--out" not in e["command"] and e["id"].startswith("split-cuda-nvidia-h200-kernels-bfloat16-")
+    bad = json.loads(BF16.read_text())
+    bad["splits"][0]["ms"] = -0.01
+    with pytest.raises(ValueError, match="'wo>host|ffn': its measured price is -0.0100 ms"):
+        split_price.split_entries(bad, "x")
+    with pytest.raises(ValueError, match="bench.schedule_run record"):
+        split_price.split_entries({"bench": "wait_price"}, "x")
+    # --add into a copy: every kind, then refused again without --force.
+    ledger = tmp_path / "ledger.json"
+    shutil.copy(waits.LEDGER_PATH, ledger)
+    raw = json.loads(ledger.read_text())
+    raw["prices"] = [e for e in raw["prices"] if "split" not in e]
+    ledger.write_text(json.dumps(raw))
+    split_price.main(["--add", str(Q4), "--ledger", str(ledger)])
+    assert len(waits.ledger_split_prices("NVIDIA H200", "cuda", ledger, dtype="bfloat16-affine4")) == 7
+    with pytest.raises(SystemExit):
+        split_price.main(["--add", str(Q4), "--ledger", str(ledger)])
+
+
+def test_measure_split_between_on_the_cpu():
+    x = mx.ones((64,))
+    mx.eval(x)
+    r = measure_split_between(lambda a: (a * 2.0, a + 1), lambda t: t[0] - 1.0, x, n=6, warmup=1,
+                              read_first=lambda out: out[:1])
+    assert set(r["phases_ms"]) == set(schedule._wm.SPLIT_PHASES + schedule._wm.JOINED_PHASES)
+    assert r["split_ms"] > 0 and r["joined_ms"] > 0 and r["n"] == 6 and "median over 6 rounds" in r["method"]
+    with pytest.raises(ValueError, match="second: must be a callable"):
+        measure_split_between(lambda a: a, None, x)
+    with pytest.raises(ValueError, match="n: must be"):
+        measure_split_between(lambda a: a, lambda a: a, x, n=2)
+
+
+def test_the_kernels_records_as_tables():
+    recs = schedule.kernel_records(schedule.load_records())
+    assert len(recs) >= 2 and all(r["check"]["passed"] and r["all_waits_match"] for r in recs)
+    rec = json.loads(BF16.read_text()) | {"file": BF16.name}
+    clock = schedule.clock_table(rec)
+    assert clock["waits"].tolist() == [97, 81, 65, 49, 17, 1]
+    assert (clock["x_floor"] == clock["ms"] / rec["floor_ms"]).all()
+    assert (clock["in_eval_ms"] + clock["host_ms"] > 0).all()
+    pairs = schedule.pair_table(rec)
+    same = pairs[pairs["same_work"]]
+    assert len(same) == 7 and same["model_ms"].notna().all()
+    splits = schedule.split_table(rec)
+    assert splits["split"].tolist() == list(schedule.MEASURED_SPLITS)
+    with pytest.raises(ValueError, match="with a floor"):
+        schedule.clock_table({"stages": []})
+    with pytest.raises(ValueError, match="with split prices"):
+        schedule.split_table({"stages": []})
+
+
+def test_measure_splits_on_a_small_step(bonsai):
+    geom = schedule.Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True, gdn_k_heads=2,
+                             gdn_v_heads=4, gdn_k_dim=8, gdn_v_dim=8, conv_kernel=4, vocab=64)
+    sched = schedule.Schedule(bonsai, schedule.HybridWeights(bonsai, geom, seed=3, share=True))
+    rows = schedule.measure_splits(sched, n=5, warmup=1, context=4)
+    assert [r["split"] for r in rows] == list(schedule.MEASURED_SPLITS)
+    assert all(r["device_ms"]["first"] is not None and "phases_ms" in r for r in rows)
+    with pytest.raises(ValueError, match="cannot be built"):
+        schedule.measure_splits(sched, ["qkv>host|wo"], n=5)
+    assert schedule.copy_bandwidth(1 << 20, k=2, n=1) > 0
