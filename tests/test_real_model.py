@@ -126,3 +126,16 @@ def test_the_kernels_keep_the_criterion_where_the_stream_carries_a_massive_activ
     out = emulated_tail(tail_launch(w), cap.branch[0], cap.residual[0])
     r = compare(out, host_tail(w, cap.branch[:1], cap.residual[:1])[0], tol=SEED_TOL)
     assert r.passed, str(r)
+
+
+@pytest.mark.skipif(__import__("shutil").which("clang++") is None, reason="clang++ is not installed (apt-get install clang)")
+def test_kernel_errors_checks_the_asked_positions_against_the_truth(rm, captures):
+    from workbench.real_model import kernel_errors
+
+    errs = kernel_errors(rm.checkpoint, captures[:2], backend="metal-emulated", positions=(0, -1))
+    assert list(errs.layer) == [0, 1] and errs.passed.all() and set(errs.pos) <= {0, 7}
+    assert (errs.worst < SEED_TOL).all() and (errs.vs_layer_worst < 2 * SEED_TOL).all()
+    with pytest.raises(ValueError, match="positions"):
+        kernel_errors(rm.checkpoint, captures[:1], backend="metal-emulated", positions=(8,))
+    with pytest.raises(ValueError, match="backends"):
+        kernel_errors(rm.checkpoint, captures[:1], backend="tpu")

@@ -137,6 +137,43 @@ def layer_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backends
     return pd.DataFrame(rows)
 
 
+def kernel_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backend: str,
+                  positions: Sequence[int] = (0, -1), tol: float = SEED_TOL) -> "pd.DataFrame":
+    """One row per layer: a kernel backend's tail at a few positions against the float64
+    truth of the stored weights (the host tail) and against mlx-lm's layer output.
+
+    Kernel backends run one position a launch, and the emulated Metal kernels
+    (``"metal-emulated"``) take a fraction of a second a tail on a CPU, so a few positions
+    are checked rather than the whole prompt: by default the first (where the residual
+    carries the massive activation) and the last (the one a decode step continues from).
+    Columns: ``layer``, then ``worst`` / ``margin`` / ``nmse`` against the truth, ``pos`` (the
+    position of the worst element), ``passed`` (frink-models' criterion at ``tol``), and
+    ``vs_layer_worst`` against mlx-lm's output (itself float32, so up to the sum of the two
+    float32 errors). A backend this machine lacks raises ``BackendUnavailable``.
+    """
+    import pandas as pd
+
+    (name,) = _check_backends([backend])
+    rows = []
+    for cap in captures:
+        if cap.branch is None:
+            continue
+        n = cap.residual.shape[0]
+        picked = []
+        for p in positions:
+            i = integer("positions", p, minimum=-n, maximum=n - 1)
+            picked.append(i % n)
+        picked = sorted(set(picked))
+        w = ckpt.tail_weights(cap.layer)
+        br, res = cap.branch[picked], cap.residual[picked]
+        out = fused_tail(w, br, res, backend=name)
+        truth = compare(out, host_tail(w, br, res), tol=tol)
+        layer = compare(out, cap.output[picked], tol=tol)
+        rows.append({"layer": cap.layer, "worst": truth.worst, "margin": truth.margin, "nmse": truth.nmse,
+                     "pos": picked[int(truth.where[0])], "passed": bool(truth.passed), "vs_layer_worst": layer.worst})
+    return pd.DataFrame(rows)
+
+
 # ---------------------------------------------------------------------------------------
 # The same tokens
 # ---------------------------------------------------------------------------------------
