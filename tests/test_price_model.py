@@ -156,4 +156,4 @@ def test_measure_splits_on_a_small_step(bonsai):
     assert all(r["device_ms"]["first"] is not None and "phases_ms" in r for r in rows)
     with pytest.raises(ValueError, match="cannot be built"):
         schedule.measure_splits(sched, ["qkv>host|wo"], n=5)
-    assert schedule.copy_bandwidth(1 << 20, k=2, n=1) > 0
+    assert schedule.copy_bandwidth(1 << 24, k=4, n=3) > 0  # 16 MB: each copy well above a loaded clock's noise

@@ -589,6 +589,11 @@ def copy_bandwidth(nbytes: int = 1 << 30, *, k: int = 8, n: int = 5) -> float:
     mx.eval(x)
     ms = piece_device_ms(lambda y: (y + 1.0,), x, k=k, n=n)
     del x
+    if ms <= 0:
+        # k copies measured no slower than one: the clock's noise is larger than the copy
+        # (a loaded host, or nbytes too small for this device). A bandwidth would be a lie.
+        raise RuntimeError(f"copy_bandwidth: {k} chained copies of {nbytes} bytes took no longer than one "
+                           f"(marginal {ms:.4f} ms): the clock is noisier than the copy; use more nbytes or n")
     return 2 * nbytes / (ms / 1e3)
 
 
