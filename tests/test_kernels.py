@@ -13,9 +13,12 @@ the full set and the benchmark.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -251,42 +254,70 @@ _FORMATS = [(ks.WF_F32, 0, 32, False, True), (ks.WF_BF16, 0, 32, False, True), (
             (ks.WF_FP4, ks.SF_E8M0, 32, True, True), (ks.WF_FP4, ks.SF_E4M3, 16, True, False)]
 
 
+#: The tiled rows' variants compiled too: the formats TILED_X leaves out, in a copy of
+#: kernels/ that tiles them (measured, not kept: the kernels README), so the next
+#: measurement can compare that copy with kernels/ (bench.kernel_bodies --old).
+_TILED = [(k, f, s, g) for f, s, g in [(ks.WF_Q4, 1, 64), (ks.WF_FP4, ks.SF_E4M3, 16)]
+          for k in ("wo_residual", "ffn_gate_up", "head_qkv")]
+_TILED_IDS = [f"{k}-{'affine4' if f == ks.WF_Q4 else 'nvfp4'}" for k, f, _, _ in _TILED]
+
+
+def _nvcc(src: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["nvcc", "-arch=sm_90", "-c", "-o", str(src.with_suffix(".o")), "-Xptxas", "-v", str(src)],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def nvcc_results(tmp_path_factory) -> dict:
+    """Every translation unit below, compiled once, as many at a time as the machine has
+    cores (nvcc takes ~8 s a unit and uses one core: 38 units one after another were
+    ~5 minutes of CI); each test then checks its own unit's result."""
+    root = tmp_path_factory.mktemp("nvcc")
+    tiled_dir = root / "kernels-tiled"
+    shutil.copytree(ks.KERNEL_DIR, tiled_dir, ignore=shutil.ignore_patterns("metal_emulation"))
+    text = (tiled_dir / "common.h").read_text()
+    assert text.count("#define TILED_X(FMT) ((FMT) == WF_Q8)") == 1
+    (tiled_dir / "common.h").write_text(
+        text.replace("#define TILED_X(FMT) ((FMT) == WF_Q8)", "#define TILED_X(FMT) ((FMT) >= WF_Q4)"))
+    sources = {}
+    for kernel in ks.KERNELS:
+        for fmt, sfmt, gs, qi, pre in _FORMATS:
+            t = dict(NT=64 if kernel == "ffn_down" else 256, FMT=fmt, SFMT=sfmt, GS=gs, QI=qi, **_BONSAI_T[kernel])
+            if "PRE" in t:
+                t["PRE"] = pre
+            t["U"] = KL._units(fmt, t["U"])
+            src = root / f"{kernel}-{fmt}-{sfmt}-{gs}-{int(qi)}-{int(pre)}.cu"
+            src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt, sfmt), t))
+            sources[("plain", kernel, fmt, sfmt, gs, qi, pre)] = src
+    for kernel, fmt, sfmt, gs in _TILED:
+        t = dict(NT=256, FMT=fmt, SFMT=sfmt, GS=gs, QI=True, **_BONSAI_T[kernel])
+        t["U"] = KL._units(fmt, t["U"])
+        src = root / f"tiled-{kernel}-{fmt}-{sfmt}-{gs}.cu"
+        src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt, sfmt), t, kernel_dir=tiled_dir))
+        sources[("tiled", kernel, fmt, sfmt, gs)] = src
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        done = dict(zip(sources, pool.map(_nvcc, sources.values())))
+    return done
+
+
+def _compiled_without_spills(r: subprocess.CompletedProcess) -> None:
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "0 bytes spill stores" in r.stderr and "error" not in r.stderr.lower(), r.stderr[-2000:]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
 @pytest.mark.parametrize("fmt,sfmt,gs,qi,pre", _FORMATS)
 @pytest.mark.parametrize("kernel", list(ks.KERNELS))
-def test_cuda_translation_unit_compiles_without_spills(tmp_path, kernel, fmt, sfmt, gs, qi, pre):
-    t = dict(NT=64 if kernel == "ffn_down" else 256, FMT=fmt, SFMT=sfmt, GS=gs, QI=qi, **_BONSAI_T[kernel])
-    if "PRE" in t:
-        t["PRE"] = pre
-    t["U"] = KL._units(fmt, t["U"])
-    src = tmp_path / f"{kernel}.cu"
-    src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt, sfmt), t))
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-c", "-o", str(tmp_path / "k.o"), "-Xptxas", "-v", str(src)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "0 bytes spill stores" in r.stderr and "error" not in r.stderr.lower(), r.stderr[-2000:]
+def test_cuda_translation_unit_compiles_without_spills(nvcc_results, kernel, fmt, sfmt, gs, qi, pre):
+    _compiled_without_spills(nvcc_results[("plain", kernel, fmt, sfmt, gs, qi, pre)])
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
-@pytest.mark.parametrize("fmt,sfmt,gs", [(ks.WF_Q4, 1, 64), (ks.WF_FP4, ks.SF_E4M3, 16)], ids=["affine4", "nvfp4"])
-@pytest.mark.parametrize("kernel", ["wo_residual", "ffn_gate_up", "head_qkv"])
-def test_4bit_rows_read_tiled_compile_without_spills(tmp_path, kernel, fmt, sfmt, gs):
-    """common.h's tiled rows for the formats TILED_X leaves out (measured, not kept: the
-    kernels README), in a copy of kernels/ that tiles them, so the next measurement
-    can compare that copy with kernels/ (bench.kernel_bodies --old)."""
-    d = tmp_path / "kernels"
-    shutil.copytree(ks.KERNEL_DIR, d, ignore=shutil.ignore_patterns("metal_emulation"))
-    text = (d / "common.h").read_text()
-    assert text.count("#define TILED_X(FMT) ((FMT) == WF_Q8)") == 1
-    (d / "common.h").write_text(text.replace("#define TILED_X(FMT) ((FMT) == WF_Q8)", "#define TILED_X(FMT) ((FMT) >= WF_Q4)"))
-    t = dict(NT=256, FMT=fmt, SFMT=sfmt, GS=gs, QI=True, **_BONSAI_T[kernel])
-    t["U"] = KL._units(fmt, t["U"])
-    src = tmp_path / f"{kernel}.cu"
-    src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt, sfmt), t, kernel_dir=d))
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-c", "-o", str(tmp_path / "k.o"), "-Xptxas", "-v", str(src)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "0 bytes spill stores" in r.stderr and "error" not in r.stderr.lower(), r.stderr[-2000:]
+@pytest.mark.parametrize("kernel,fmt,sfmt,gs", _TILED, ids=_TILED_IDS)
+def test_4bit_rows_read_tiled_compile_without_spills(nvcc_results, kernel, fmt, sfmt, gs):
+    """common.h's tiled rows for the formats TILED_X leaves out, compiled from a copy of
+    kernels/ that tiles them (see _TILED)."""
+    _compiled_without_spills(nvcc_results[("tiled", kernel, fmt, sfmt, gs)])
 
 
 def test_cuda_translation_unit_writes_mlx_signature():
