@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 import mlx.core as mx
 import numpy as np
 
-from workbench import backends, records
+from workbench import backends, records, waits
 
 #: The project's root and its folder of records, wherever a command is started from.
 ROOT = Path(__file__).resolve().parent.parent
@@ -230,3 +230,28 @@ def copy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
         if i:
             times.append(time.perf_counter() - t0)
     return 2 * nbytes / statistics.median(times)
+
+
+def project_relative(path: str | Path) -> str:
+    """``path`` relative to the project when it lies inside it (what a record or a ledger
+    entry should say: the project speaks for itself), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def add_to_ledger(p: argparse.ArgumentParser, entry: dict[str, Any], ledger: str | Path | None,
+                  force: bool) -> dict[str, Any] | None:
+    """Put ``entry`` into the wait-price ledger (``waits.add_price``: checked, under a lock),
+    say so, and say what it replaced; a refusal is ``p``'s usage error naming ``--add``.
+    The one way every bench files a price, so each says it the same way."""
+    try:
+        old = waits.add_price(entry, ledger, replace=force)
+    except ValueError as err:
+        p.error(f"--add: {err}" + ("" if force else " (--force replaces it)"))
+    print(f"added {entry['id']}: {entry['ms']:.4f} ms to {ledger or waits.LEDGER_PATH}")
+    if old is not None:
+        print(f"replaced {old['id']}: {old['ms']:.4f} ms, measured {old.get('date')} "
+              f"by {old.get('command', old.get('source'))}")
+    return old

@@ -101,7 +101,7 @@ def add(p, record_path: str, ledger: str | None, force: bool) -> list[dict]:
 
     try:
         rec = json.loads(Path(record_path).read_text())
-        entries = split_entries(rec, _project_relative(Path(record_path)))
+        entries = split_entries(rec, record.project_relative(record_path))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, ValueError) as err:
         p.error(f"--add: {record_path}: {err}")
     for e in entries:  # every entry checked before the first is written
@@ -110,21 +110,8 @@ def add(p, record_path: str, ledger: str | None, force: bool) -> list[dict]:
         except ValueError as err:
             p.error(f"--add: {err}")
     for e in entries:
-        try:
-            old = waits.add_price(e, ledger, replace=force)
-        except ValueError as err:
-            p.error(f"--add: {err}" + ("" if force else " (--force replaces it)"))
-        print(f"added {e['id']}: {e['ms']:.4f} ms")
-        if old is not None:
-            print(f"replaced {old['id']}: {old['ms']:.4f} ms, measured {old.get('date')} by {old.get('command')}")
+        record.add_to_ledger(p, e, ledger, force)
     return entries
-
-
-def _project_relative(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(record.ROOT))
-    except ValueError:
-        return str(path)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

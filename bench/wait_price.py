@@ -42,14 +42,6 @@ def ledger_entry(rec: dict) -> dict:
     return entry
 
 
-def _project_relative(path: Path) -> str:
-    """``path`` relative to the project when it lies inside it (what a record should say), else as given."""
-    try:
-        return str(path.resolve().relative_to(record.ROOT))
-    except ValueError:
-        return str(path)
-
-
 def add(p: argparse.ArgumentParser, record_path: str, ledger: str | None, force: bool) -> dict:
     """``--add``: the record's ledger entry into the ledger, reporting a replaced entry."""
     from workbench import waits
@@ -60,16 +52,9 @@ def add(p: argparse.ArgumentParser, record_path: str, ledger: str | None, force:
         p.error(f"--add: cannot read the record {record_path}: {err}")
     if not isinstance(rec, dict):
         p.error(f"--add: {record_path} is not a wait_price record (a JSON object)")
-    rec.setdefault("record", _project_relative(Path(record_path)))
+    rec.setdefault("record", record.project_relative(record_path))
     entry = ledger_entry(rec)
-    target = ledger or waits.LEDGER_PATH
-    try:
-        old = waits.add_price(entry, ledger, replace=force)
-    except ValueError as err:
-        p.error(f"--add: {err}" + ("" if force else " (--force replaces it)"))
-    print(f"added {entry['id']}: {entry['ms']:.4f} ms to {target}")
-    if old is not None:
-        print(f"replaced {old['id']}: {old['ms']:.4f} ms, measured {old.get('date')} by {old.get('command', old['source'])}")
+    record.add_to_ledger(p, entry, ledger, force)
     return entry
 
 
@@ -107,9 +92,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'n':>12}  {rec['n']} (after {rec['warmup']} warm-up)")
     if not args.no_record:
         out = args.out if args.out is not None else args.out_dir / (record.record_stem("wait_price", rec["device"]) + ".json")
-        rec["record"] = _project_relative(out)
+        rec["record"] = record.project_relative(out)
         path = record.write(rec, out.parent, out.stem, force=args.force)
-        rec["record"] = _project_relative(path)
+        rec["record"] = record.project_relative(path)
     return rec
 
 
