@@ -652,22 +652,116 @@ KFN float group_sum(float v, GRP float* red, int lane, int warp) {
 // x <- blockdiag(H_b) x in group memory, unnormalised (the caller scales by
 // 1/sqrt(b)), for b = M * 2^LOGP: H_b = kron(H_M, H_{2^LOGP}) applied as y = H_b x
 // (MLX's mx.hadamard_transform). Viewing each block as an M x 2^LOGP row-major array X,
-// that is H_M X H_{2^LOGP}: a Walsh-Hadamard butterfly along the rows, then the M x M
-// table (row-major +-1, `table`) mixing the rows. Every thread of the group calls this.
+// that is H_M X H_{2^LOGP}: a Walsh-Hadamard butterfly along the rows (LOGP stages, pair
+// distance h = 1, 2, .., 2^LOGP / 2: every aligned run of 2^LOGP elements), then the
+// M x M table (row-major +-1, `table`) mixing the rows. Every thread of the group calls this.
+//
+// The butterfly stages run in order h = 1, 2, 4, ..., each pair (a, b) becoming (a + b,
+// a - b), so the result has the same bits as one pass through group memory a stage; but
+// most stages never touch group memory (measured on the H200: ten such passes, each with
+// its barrier, kept Bonsai's wo launch at ~2 TB/s):
+//  1. warp_butterflies: a warp reads a chunk of 32 C contiguous elements (lane l holding
+//     elements l + 32 c, c < C: coalesced, no bank conflict), does the stages h < 32 by
+//     lane shuffles and h = 32 .. 16 C in registers, and writes the chunk back;
+//  2. radix_butterflies: the stages left (h >= 32 C, when a run is longer than a chunk)
+//     in passes of up to three, each thread taking the 2^S elements a pass mixes
+//     (base + k h0), so a pass reads and writes group memory once and ends in a barrier.
+// Bonsai-27B (LOGP = 10): eight stages in the warps, two in one radix-4 pass; two
+// barriers instead of ten.
+
+// log2 of the elements a lane holds in warp_butterflies: 8 (a chunk of 256) or fewer
+// when a run is shorter (a chunk then holds whole runs).
+#define WARP_LOGC(LOGP) ((LOGP) >= 8 ? 3 : ((LOGP) > 5 ? (LOGP) - 5 : 0))
+
+// Stages h = 1 .. min(2^LOGP, 32 C) / 2 of every run, a warp a chunk of 32 C elements.
+// WIDTH is a multiple of 2^LOGP; a last chunk past WIDTH holds whole runs (its lanes past
+// the end carry zeros through the shuffles and store nothing).
+template <int WIDTH, int LOGP, int NT>
+KFN void warp_butterflies(GRP float* x, int lid) {
+  const int LC = WARP_LOGC(LOGP);
+  const int C = 1 << LC;
+  const int CH = 32 * C;
+  const int LANE_STAGES = LOGP < 5 ? LOGP : 5;  // h = 1 .. 16 (fewer when a run is shorter)
+  const int lane = lid & 31;
+  for (int ch = lid >> 5; ch < (WIDTH + CH - 1) / CH; ch += NT / 32) {  // warp-uniform
+    float v[C];
+    UNROLL for (int c = 0; c < C; ++c) {
+      const int i = ch * CH + 32 * c + lane;
+      v[c] = i < WIDTH ? x[i] : 0.0f;
+    }
+    UNROLL for (int t = 0; t < LANE_STAGES; ++t) {  // the partner is in lane ^ h
+      const int h = 1 << t;
+      UNROLL for (int c = 0; c < C; ++c) {
+        const float p = lane_xor(v[c], h);
+        v[c] = (lane & h) ? p - v[c] : v[c] + p;  // upper: a - b (p = a); lower: a + b
+      }
+    }
+    UNROLL for (int t = 0; t < LC; ++t) {  // h = 32 << t: the partner is in register c + 2^t
+      UNROLL for (int c = 0; c < C; ++c) {
+        if ((c & (1 << t)) == 0) {
+          const float a = v[c], b = v[c + (1 << t)];
+          v[c] = a + b;
+          v[c + (1 << t)] = a - b;
+        }
+      }
+    }
+    UNROLL for (int c = 0; c < C; ++c) {
+      const int i = ch * CH + 32 * c + lane;
+      if (i < WIDTH) {
+        x[i] = v[c];
+      }
+    }
+  }
+  GROUP_BARRIER();
+}
+
+// Stages h0, 2 h0, .., 2^(S-1) h0 (h0 >= 32: consecutive threads take consecutive bases,
+// so no bank conflict), a thread at a time taking the 2^S elements base + k h0 they mix.
+template <int WIDTH, int S, int NT>
+KFN void radix_butterflies(GRP float* x, int h0, int lid) {
+  const int R = 1 << S;
+  for (int g = lid; g < WIDTH / R; g += NT) {
+    const int base = ((g & ~(h0 - 1)) << S) | (g & (h0 - 1));
+    float v[R];
+    UNROLL for (int k = 0; k < R; ++k) {
+      v[k] = x[base + k * h0];
+    }
+    UNROLL for (int t = 0; t < S; ++t) {
+      UNROLL for (int k = 0; k < R; ++k) {
+        if ((k & (1 << t)) == 0) {
+          const float a = v[k], b = v[k + (1 << t)];
+          v[k] = a + b;
+          v[k + (1 << t)] = a - b;
+        }
+      }
+    }
+    UNROLL for (int k = 0; k < R; ++k) {
+      x[base + k * h0] = v[k];
+    }
+  }
+  GROUP_BARRIER();
+}
+
 template <int WIDTH, int M, int LOGP, int NT>
 KFN void group_hadamard(GRP float* x, const DEV int8_t* table, int lid) {
-  const int P = 1 << LOGP;
-  for (int h = 1; h < P; h <<= 1) {
-    for (int j = lid; j < WIDTH / 2; j += NT) {
-      const int i = ((j & ~(h - 1)) << 1) | (j & (h - 1));
-      const float a = x[i];
-      const float b = x[i + h];
-      x[i] = a + b;
-      x[i + h] = a - b;
+  if (LOGP > 0) {
+    warp_butterflies<WIDTH, LOGP, NT>(x, lid);
+    // The stages a chunk does not reach, in passes of three (the last of one or two).
+    const int DONE = 5 + WARP_LOGC(LOGP);
+    int h0 = 1 << DONE;
+    UNROLL for (int left = LOGP - DONE; left > 0; left -= 3) {
+      if (left >= 3) {
+        radix_butterflies<WIDTH, 3, NT>(x, h0, lid);
+        h0 <<= 3;
+      } else if (left == 2) {
+        radix_butterflies<WIDTH, 2, NT>(x, h0, lid);
+      } else {
+        radix_butterflies<WIDTH, 1, NT>(x, h0, lid);
+      }
     }
-    GROUP_BARRIER();
   }
   if (M > 1) {
+    const int P = 1 << LOGP;
     // One (block, column) per thread: read the M values of the column, write M sums.
     for (int c = lid; c < WIDTH / M; c += NT) {
       const int base = (c >> LOGP) * (M * P) + (c & (P - 1));

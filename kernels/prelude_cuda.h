@@ -51,6 +51,9 @@ KFN float warp_sum(float v) {
   return v;
 }
 
+// v from the lane whose index is this lane's XOR m (every lane of the warp must call it).
+KFN float lane_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+
 //== body ==
   // Thread and group indices (1-D launches), the names the bodies use.
   const int lid = (int)threadIdx.x;        // thread in its group

@@ -53,6 +53,11 @@ KFN float warp_sum(float v) {
   return metal::simd_sum(v);
 }
 
+// v from the lane whose index is this lane's XOR m (every lane of the SIMD-group must call it).
+KFN float lane_xor(float v, int m) {
+  return metal::simd_shuffle_xor(v, (ushort)m);
+}
+
 //== body ==
   // Thread and group indices (1-D launches), the names the bodies use.
   const int lid = (int)thread_position_in_threadgroup.x;   // thread in its group

@@ -357,6 +357,74 @@ def _kernel_rotation(plan, x: np.ndarray) -> np.ndarray:
     return xs * plan.scale
 
 
+def _butterflies_stage_by_stage(xs: np.ndarray, logp: int) -> np.ndarray:
+    """Every run of 2^logp elements through the butterflies, one stage (h = 1, 2, ..) at a time."""
+    xs = xs.copy()
+    for s in range(logp):
+        h = 1 << s
+        j = np.arange(xs.size // 2)
+        i = ((j & ~(h - 1)) << 1) | (j & (h - 1))
+        a, b = xs[i].copy(), xs[i + h].copy()
+        xs[i], xs[i + h] = a + b, a - b
+    return xs
+
+
+def _butterflies_as_group_hadamard(xs: np.ndarray, logp: int) -> np.ndarray:
+    """The same stages as common.h's group_hadamard schedules them: warp_butterflies (a warp
+    a chunk of 32 C elements, lane l holding l + 32 c: stages h < 32 between lanes, then
+    h = 32 .. 16 C between registers), then radix_butterflies passes of up to three stages,
+    each thread's set base + k h0."""
+    xs = xs.copy()
+    width = xs.size
+    lc = 3 if logp >= 8 else (logp - 5 if logp > 5 else 0)
+    ch = 32 << lc
+    n_chunks = -(-width // ch)
+    v = np.zeros(n_chunks * ch, xs.dtype)
+    v[:width] = xs
+    v = v.reshape(n_chunks, 1 << lc, 32)  # [chunk, c, lane]
+    lane = np.arange(32)
+    for t in range(min(logp, 5)):  # lane_xor(v, h): the partner's value
+        h = 1 << t
+        p = v[:, :, lane ^ h]
+        v = np.where((lane & h) != 0, p - v, v + p)
+    for t in range(lc):
+        k = 1 << t
+        c = np.array([c for c in range(1 << lc) if not c & k], dtype=int)
+        a, b = v[:, c].copy(), v[:, c + k].copy()
+        v[:, c], v[:, c + k] = a + b, a - b
+    xs = v.reshape(-1)[:width].copy()
+    done, h0 = 5 + lc, 1 << (5 + lc)
+    left = logp - done
+    while left > 0:
+        s = min(3, left)
+        g = np.arange(width >> s)
+        base = ((g & ~(h0 - 1)) << s) | (g & (h0 - 1))
+        idx = base[:, None] + h0 * np.arange(1 << s)[None, :]
+        r = xs[idx]
+        for t in range(s):
+            k = 1 << t
+            c = np.array([c for c in range(1 << s) if not c & k], dtype=int)
+            a, b = r[:, c].copy(), r[:, c + k].copy()
+            r[:, c], r[:, c + k] = a + b, a - b
+        xs[idx] = r
+        h0 <<= s
+        left -= s
+    return xs
+
+
+@pytest.mark.parametrize("logp", range(14))
+@pytest.mark.parametrize("runs", [1, 3])
+def test_group_hadamards_schedule_gives_the_stage_by_stage_bits(logp, runs):
+    """group_hadamard does most stages in registers (warp_butterflies) and the rest in radix
+    passes; each pair still becomes (a + b, a - b) in stage order, so in float32 the result
+    has exactly the bits of one pass a stage (which the kernels did before), at every run
+    length up to 8192 and with a partial last chunk (three runs of 2^logp)."""
+    x = np.random.default_rng(logp).standard_normal(runs << logp).astype(np.float32)
+    want = _butterflies_stage_by_stage(x, logp)
+    got = _butterflies_as_group_hadamard(x, logp)
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("block,width,permute", [(16, 96, False), (12, 48, True), (192, 384, True),
                                                  (20, 40, True), (320, 640, False), (28, 56, True),
                                                  (448, 896, True), (1024, 2048, True), (1, 8, True)])

@@ -172,6 +172,9 @@ HEAD_CASES = [
     ("q8-m12x16", 192, (64, 32, 32), 192, "bfloat16", Q8),
     ("mxfp4-m20x4-perm", 320, (64, 32, 32), 80, "bfloat16", MXFP4),
     ("nvfp4-interleaved-unfolded", 1024, (64, 32, 32), None, "bfloat16", NVFP4),
+    # runs of 2^7 (a warp chunk of 128) and 2^12 (a chunk of 256, then radix-8 and radix-2 passes)
+    ("bf16-m1x128-perm", 256, (64, 32, 32), 128, "bfloat16", None),
+    ("f32-m1x4096-perm", 4096, (64, 32, 32), 4096, "float32", None),
 ]
 
 
