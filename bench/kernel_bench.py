@@ -30,6 +30,7 @@ Every function here takes the dialect (``cuda`` / ``metal``); ``gpu_check`` call
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import statistics
 import sys
@@ -351,6 +352,37 @@ TUNINGS: dict[str, kernel_launch.KernelTuning] = {
 }
 
 
+#: Tunings tried on each quantized tail before its row of the table, as changes to the bf16
+#: sweep's choice (the best device time a tail is used). A quantized lane loads U =
+#: u / 4 units a batch for 4-bit rows (u / 2 for 8-bit: ``kernel_launch._units``), so the
+#: bf16 defaults leave a 4-bit row 16 bytes in flight a lane; these try 2 and 4 units
+#: (the memory-level parallelism a 4.2 TB/s stream needs), with and without an early batch.
+QUANT_TUNINGS: dict[str, dict[str, Any]] = {
+    "as_bf16": {},
+    "u2": {"u_wo": 8, "u_gate_up": 8, "u_head": 8},
+    "u4": {"u_wo": 16, "u_gate_up": 16, "u_head": 16},
+    "u2_gu_pre": {"u_wo": 8, "u_gate_up": 8, "u_head": 8, "pre_gate_up": True},
+    "u4_down8": {"u_wo": 16, "u_gate_up": 16, "u_head": 16, "u_down": 32},
+    "u2_gu512": {"u_wo": 8, "u_gate_up": 8, "u_head": 8, "rows_nt": 512},
+}
+
+
+def quant_sweep(w: tail.TailWeights, dialect: str, base: kernel_launch.KernelTuning, b: mx.array, r: mx.array,
+                log: Callable[[str], None] = print) -> tuple[str, dict[str, float]]:
+    """Device time a tail (``batched_ms``) under each of :data:`QUANT_TUNINGS`; the best's
+    name and every time (a tuning that fails to build or launch is left out, said why)."""
+    launch = tail.tail_launch(w)
+    times: dict[str, float] = {}
+    for name, change in QUANT_TUNINGS.items():
+        try:
+            p = kernel_launch.prepared(launch, dialect, dataclasses.replace(base, **change))
+            times[name] = batched_ms(lambda p=p: p(b, r))
+        except Exception as e:  # noqa: BLE001 -- registers or group memory over a limit: recorded, not fatal
+            log(f"  quantized tuning {name} failed: {type(e).__name__}: {e}")
+    best = min(times, key=times.__getitem__) if times else "as_bf16"
+    return best, times
+
+
 #: The quantized formats benchmarked after bf16 (names in ``workbench.weights.QUANT_FORMATS``).
 BENCH_FORMATS: tuple[str, ...] = ("affine4", "affine8", "mxfp4", "nvfp4")
 
@@ -395,12 +427,25 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
 
     def case(label: str, make: Callable[[], tail.TailWeights], s: int) -> None:
         try:
-            out["cases"].append(bench_case(label, make(), dialect, tuning, bandwidth, repeats, s))
+            w = make()
+            t = tuning
+            if w.wo.quantization is not None and not quick:
+                b, r = (mx.array(a) for a in tail.random_inputs(w, seed=s))
+                best_q, times = quant_sweep(w, dialect, tuning, b, r, log)
+                out.setdefault("quant_tuning_sweep_device_ms", {})[label] = times
+                out.setdefault("quant_tuning_chosen", {})[label] = best_q
+                log(f"{label} tuning sweep (device ms a tail): "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in times.items()) + f" -> {best_q}")
+                t = dataclasses.replace(tuning, **QUANT_TUNINGS[best_q])
+            kernel_launch.set_default_tuning(t)  # fused_tail(backend=...) in the case uses it too
+            out["cases"].append(bench_case(label, w, dialect, t, bandwidth, repeats, s))
         except Exception as e:  # noqa: BLE001 -- record it and go on to the next case
             import traceback
 
             traceback.print_exc()
             out.setdefault("errors", {})[label] = f"{type(e).__name__}: {e}"
+        finally:
+            kernel_launch.set_default_tuning(tuning)
 
     case("bonsai27b-bf16", lambda: w16, seed + 2)
     del w16
@@ -416,6 +461,9 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
 def print_table(bench: dict[str, Any]) -> None:
     bw = bench["copy_bandwidth_Bps"]["used_for_floor"]
     print(f"\nfloor = weight bytes / {bw / 1e12:.2f} TB/s (device copy, this run)")
+    for label, times in bench.get("quant_tuning_sweep_device_ms", {}).items():
+        print(f"{label}: tuning sweep, device ms a tail: " + ", ".join(f"{k} {v:.3f}" for k, v in times.items())
+              + f" -> {bench['quant_tuning_chosen'][label]}")
     for c in bench["cases"]:
         print(f"\n{c['case']}: {c['weight_bytes'] / 1e6:.1f} MB, floor {c['floor_ms']:.3f} ms, "
               f"target {c['target_ms']:.3f} ms; kernels' device time {c['device_ms_per_tail']['kernels']:.3f} ms "

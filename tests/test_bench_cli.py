@@ -193,3 +193,31 @@ def test_schedule_records_of_both_names_are_read(tmp_path: Path) -> None:
     (tmp_path / "schedule-broken.json").write_text("")
     with pytest.raises(ValueError, match="schedule-broken.json is not valid JSON"):
         schedule.load_records(tmp_path)
+
+
+def test_quant_sweep_takes_the_fastest_tuning_and_records_one_that_fails(monkeypatch, capsys):
+    """kernel_bench.quant_sweep times every QUANT_TUNINGS entry (as changes to the bf16
+    choice), keeps going past a tuning that cannot be built, and names the fastest."""
+    import mlx.core as mx
+
+    from bench import kernel_bench as kb
+    from workbench import kernel_launch, tail
+
+    built = []
+
+    def fake_prepared(launch, dialect, t):
+        built.append(t)
+        if t.rows_nt == 512:
+            raise RuntimeError("too many registers")
+        return lambda b, r: t
+
+    # device time falls with the units a 4-bit lane loads, and the early batch costs a little
+    monkeypatch.setattr(kernel_launch, "prepared", fake_prepared)
+    monkeypatch.setattr(kb, "batched_ms", lambda make: 1.0 / make().u_gate_up + 0.01 * make().pre_gate_up
+                        + 0.001 * make().u_down)
+    w = tail.TailWeights.random(64, 128, 128, seed=1, fold_block=64, dtype="bfloat16", quantize=kb.Q4)
+    base = kernel_launch.KernelTuning(wo_nt=256)
+    best, times = kb.quant_sweep(w, "cuda", base, mx.zeros(128), mx.zeros(64))
+    assert best == "u4" and set(times) == set(kb.QUANT_TUNINGS) - {"u2_gu512"}
+    assert all(t.wo_nt == 256 for t in built)  # changes to the base, not to the defaults
+    assert "u2_gu512 failed: RuntimeError: too many registers" in capsys.readouterr().out
