@@ -237,3 +237,14 @@ def test_a_replaced_file_keeps_its_mode(tmp_path: Path) -> None:
     path.chmod(0o600)
     records.write_atomic(path, "new")
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_command_shown_drops_only_the_out_dir():
+    from workbench.records import command_shown
+
+    assert command_shown("python -m bench.gpu_check --checks-only --out-dir /root/out/bench") == \
+        "python -m bench.gpu_check --checks-only"
+    assert command_shown("python -m bench.x --out-dir=/tmp/o --rounds 8") == "python -m bench.x --rounds 8"
+    assert command_shown("python -m bench.kernel_bench") == "python -m bench.kernel_bench"
+    with pytest.raises(ValueError, match="command must be a str"):
+        command_shown(None)

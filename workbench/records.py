@@ -162,3 +162,29 @@ def update_json(path: str | Path, change: Callable[[Any], Any], *, timeout: floa
         new = change(old)
         write_json(p, new)
     return new
+
+
+def command_shown(command: str) -> str:
+    """A record's command line as a reader reruns it: without ``--out-dir FOLDER``.
+
+    The bench commands write to the project's ``data/bench/`` unless told otherwise; on a
+    lent GPU machine they were told to write into a transfer folder of that machine, which
+    says where the file went then, not what was measured (the record is in ``data/bench/``
+    now). Everything else is kept as run.
+    """
+    if not isinstance(command, str):
+        raise ValueError(f"command must be a str (a record's 'command'); got {type(command).__name__}")
+    words = command.split()
+    kept: list[str] = []
+    skip = False
+    for w in words:
+        if skip:
+            skip = False
+            continue
+        if w == "--out-dir":
+            skip = True
+            continue
+        if w.startswith("--out-dir="):
+            continue
+        kept.append(w)
+    return " ".join(kept)
