@@ -34,6 +34,7 @@ FORMATS: tuple[str, ...] = ("bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
 METRICS: tuple[str, ...] = (
     "gpu__time_duration.sum",
     "dram__bytes_read.sum",
+    "lts__t_bytes.sum",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "sm__warps_active.avg.pct_of_peak_sustained_active",
@@ -43,13 +44,39 @@ METRICS: tuple[str, ...] = (
 )
 
 
-def _child(formats: list[str]) -> int:
+def tuning_of(text: str) -> Any:
+    """``KernelTuning`` from ``"name=value,..."`` (integers, or true/false for the ``pre_*``
+    flags); ValueError naming what is wrong."""
+    from workbench.kernel_launch import KernelTuning
+
+    fields = KernelTuning.__dataclass_fields__
+    kw: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or name not in fields:
+            raise ValueError(f"--tuning: each item must be name=value with name one of {sorted(fields)}; got {item!r}")
+        low = value.strip().lower()
+        if low in ("true", "false"):
+            kw[name] = low == "true"
+        elif low.isdigit():
+            kw[name] = int(low)
+        else:
+            raise ValueError(f"--tuning: {name} must be an integer or true/false; got {value!r}")
+    return KernelTuning(**kw)
+
+
+def _child(formats: list[str], tuning_text: str, head: bool) -> int:
+    import math
+
     import mlx.core as mx
+    import numpy as np
 
     from bench.kernel_bench import BONSAI
     from workbench import kernel_launch, tail
-    from workbench.weights import QUANT_FORMATS
+    from workbench.fold import HadamardFold
+    from workbench.weights import QUANT_FORMATS, WeightMatrix
 
+    kernel_launch.set_default_tuning(tuning_of(tuning_text))
     (hidden, branch, ffn), block = BONSAI
     for i, fmt in enumerate(formats):
         q = QUANT_FORMATS.get(fmt)
@@ -61,6 +88,17 @@ def _child(formats: list[str]) -> int:
             mx.eval(prep(b, r))
         print(f"profiled {fmt}", flush=True)
         del w, prep
+    if head:  # Bonsai's attention head launch (q_proj with its gate, k, v), bf16, hidden's fold
+        rng = np.random.default_rng(5)
+        fold = HadamardFold.random(hidden, hidden, seed=6, permute=True)
+        a = math.sqrt(3.0 / hidden)
+        q, k, v = (WeightMatrix(mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(mx.bfloat16))
+                   .fold_hadamard(fold) for rows in (2 * branch, 1024, 1024))
+        x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
+        nw = (1 + rng.uniform(-0.25, 0.25, hidden)).astype(np.float32)
+        for _ in range(2):
+            mx.eval(*kernel_launch.head_launch(x, nw, 1e-6, q, k, v, "cuda"))
+        print("profiled head", flush=True)
     return 0
 
 
@@ -75,11 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = record.parser("launch_profile", __doc__)
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds allowed the whole ncu run")
+    ap.add_argument("--tuning", default="", help="KernelTuning fields as name=value,... (default: its defaults)")
+    ap.add_argument("--head", action="store_true", help="also Bonsai-27B's head launch (bf16)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
+    try:
+        tuning_of(a.tuning)
+    except ValueError as e:
+        ap.error(str(e))
     if a.child:
-        return _child(formats)
+        return _child(formats, a.tuning, a.head)
     exe = shutil.which("ncu")
     if exe is None:
         print("ncu (Nsight Compute) is not on PATH")
@@ -87,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     prov = record.provenance("launch_profile", argv)
     started = _dt.datetime.fromisoformat(prov["date"])
     cmd = [exe, "--kernel-name", "regex:^fat_", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
-           sys.executable, "-m", "bench.launch_profile", "--child", "--formats", ",".join(formats)]
+           sys.executable, "-m", "bench.launch_profile", "--child", "--formats", ",".join(formats),
+           "--tuning", a.tuning] + (["--head"] if a.head else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
     rows = _rows(p.stdout)
     per: dict[int, dict[str, Any]] = {}
@@ -99,21 +144,27 @@ def main(argv: list[str] | None = None) -> int:
             e[row["Metric Name"]] = row["Metric Value"]
     launches = [per[k] for k in sorted(per)]
     table = []
-    # Six launches a format (a warm-up tail, then the measured tail), in the child's order.
-    for i, fmt in enumerate(formats):
-        for e in launches[6 * i + 3: 6 * i + 6]:
+    # Six launches a format (a warm-up tail, then the measured tail), in the child's order;
+    # then two head launches (warm-up, measured) with --head.
+    picks = [(fmt, launches[6 * i + 3: 6 * i + 6]) for i, fmt in enumerate(formats)]
+    if a.head:
+        picks.append(("bfloat16", launches[6 * len(formats) + 1: 6 * len(formats) + 2]))
+    for fmt, chosen in picks:
+        for e in chosen:
             ns = e.get("gpu__time_duration.sum", float("nan"))
             rd = e.get("dram__bytes_read.sum", float("nan"))
             table.append({"format": fmt, "kernel": e["kernel"], "ms": ns / 1e6, "dram_read_MB": rd / 1e6,
+                          "l2_MB": e.get("lts__t_bytes.sum", float("nan")) / 1e6,
                           "read_TBps": rd / ns / 1e3 if ns else None,
                           "dram_pct_peak": e.get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
                           "sm_pct_peak": e.get("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
                           "occupancy_pct": e.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
                           "registers": e.get("launch__registers_per_thread"), "grid": e.get("launch__grid_size"),
                           "block": e.get("launch__block_size")})
-    print(f"{'format':<10}{'kernel':<34}{'ms':>8}{'MB read':>9}{'TB/s':>7}{'DRAM%':>7}{'SM%':>6}{'occ%':>6}{'regs':>6}")
+    print(f"{'format':<10}{'kernel':<34}{'ms':>8}{'MB read':>9}{'L2 MB':>8}{'TB/s':>7}{'DRAM%':>7}{'SM%':>6}"
+          f"{'occ%':>6}{'regs':>6}")
     for t in table:
-        print(f"{t['format']:<10}{t['kernel'][:33]:<34}{t['ms']:>8.4f}{t['dram_read_MB']:>9.1f}"
+        print(f"{t['format']:<10}{t['kernel'][:33]:<34}{t['ms']:>8.4f}{t['dram_read_MB']:>9.1f}{t['l2_MB']:>8.1f}"
               f"{(t['read_TBps'] or 0):>7.2f}{(t['dram_pct_peak'] or 0):>7.1f}{(t['sm_pct_peak'] or 0):>6.1f}"
               f"{(t['occupancy_pct'] or 0):>6.1f}{(t['registers'] or 0):>6.0f}")
     rec = {"what": "each tail launch once under Nsight Compute (single shot, caches flushed)", **prov,

@@ -276,6 +276,19 @@ KFN WRows<F, 1> weight_row(WP w, SP s, BP b, int r) {
   return row;
 }
 
+// Rows r0 .. r0 + NR - 1 of the matrix, walked together (ffn_down's rows of a group).
+template <typename F, int NR, typename WP, typename SP, typename BP>
+KFN WRows<F, NR> weight_rows(WP w, SP s, BP b, int r0) {
+  typedef typename SBElem<F::SFMT>::T T;
+  WRows<F, NR> rows;
+  UNROLL for (int k = 0; k < NR; ++k) {
+    rows.w[k] = (const DEV uint4*)w + (r0 + k) * F::UR;
+    rows.sb[k].s = (const DEV T*)s + (r0 + k) * F::KG;
+    rows.sb[k].b = (const DEV T*)b + (r0 + k) * F::KG;
+  }
+  return rows;
+}
+
 // Two rows walked together (a's units first in every batch, then b's).
 template <typename F>
 KFN WRows<F, 2> row_pair(WRows<F, 1> a, WRows<F, 1> b) {
@@ -644,6 +657,29 @@ KFN float group_sum(float v, GRP float* red, int lane, int warp) {
   float t = 0.0f;
   for (int i = 0; i < NT / 32; ++i) {
     t += red[i];
+  }
+  GROUP_BARRIER();
+  return t;
+}
+
+// group_sum for NR values at once (the same fixed order for each, so the same bits as NR
+// group_sums), with two barriers instead of 2 NR. red holds NR * NT/32 floats; the result
+// is in every thread.
+template <int NT, int NR>
+KFN RowSums<NR> group_sums(RowSums<NR> v, GRP float* red, int lane, int warp) {
+  UNROLL for (int k = 0; k < NR; ++k) {
+    const float s = warp_sum(v.v[k]);
+    if (lane == 0) {
+      red[k * (NT / 32) + warp] = s;
+    }
+  }
+  GROUP_BARRIER();
+  RowSums<NR> t;
+  UNROLL for (int k = 0; k < NR; ++k) {
+    t.v[k] = 0.0f;
+    for (int i = 0; i < NT / 32; ++i) {
+      t.v[k] += red[k * (NT / 32) + i];
+    }
   }
   GROUP_BARRIER();
   return t;

@@ -241,7 +241,7 @@ def _dtypes(kernel: str, fmt: int, sfmt: int = 1) -> dict[str, str]:
 _BONSAI_T = {
     "wo_residual": dict(WIDTH=6144, ROWS=5120, ROT=True, M=1, LOGP=10, U=8, PRE=True),
     "ffn_gate_up": dict(HID=5120, FFN=17408, U=4, PRE=True),
-    "ffn_down": dict(HID=5120, FFN=17408, U=16),
+    "ffn_down": dict(HID=5120, FFN=17408, U=16, DR=4),
     "head_qkv": dict(HID=5120, NQ=12288, NK=1024, NV=1024, ROT=True, M=20, LOGP=8, U=8, PRE=True),
 }
 
@@ -285,7 +285,7 @@ def nvcc_results(tmp_path_factory) -> dict:
             t = dict(NT=64 if kernel == "ffn_down" else 256, FMT=fmt, SFMT=sfmt, GS=gs, QI=qi, **_BONSAI_T[kernel])
             if "PRE" in t:
                 t["PRE"] = pre
-            t["U"] = KL._units(fmt, t["U"])
+            t["U"] = max(1, KL._units(fmt, t["U"]) // t.get("DR", 1))  # as PreparedTail.templates
             src = root / f"{kernel}-{fmt}-{sfmt}-{gs}-{int(qi)}-{int(pre)}.cu"
             src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt, sfmt), t))
             sources[("plain", kernel, fmt, sfmt, gs, qi, pre)] = src
@@ -322,7 +322,7 @@ def test_4bit_rows_read_tiled_compile_without_spills(nvcc_results, kernel, fmt, 
 
 def test_cuda_translation_unit_writes_mlx_signature():
     tu = ks.cuda_translation_unit("ffn_down", _dtypes("ffn_down", ks.WF_BF16), dict(NT=64, FMT=1, SFMT=0, GS=32,
-                                                                                    QI=False, HID=64, FFN=80, U=16))
+                                                                                    QI=False, HID=64, FFN=80, U=16, DR=1))
     assert "__global__ void custom_kernel_fat_ffn_down(" in tu
     assert "const __nv_bfloat16* wd" in tu and "float* out) {" in tu
     assert "constexpr int FFN = 80;" in tu and "constexpr bool QI = false;" in tu

@@ -150,6 +150,25 @@ def test_tail_matches_the_float64_oracle_in_every_thread_order(case):
     assert r.passed, str(r)
 
 
+@pytest.mark.parametrize("quant", [None, Q4_F32, NVFP4], ids=["bf16", "affine4", "nvfp4"])
+def test_ffn_down_rows_a_group_change_no_bit(quant):
+    """ffn_down with 2, 4 and 8 rows a group (act read once for all of them; fewer units in
+    flight a row) sums each row in the same order as one row a group: the same bits, in
+    every thread order, and inside the float64 oracle's tolerance."""
+    w = T.TailWeights.random(64, 128, 1024, seed=11, fold_block=64, dtype="bfloat16", quantize=quant)
+    br, res = T.random_inputs(w, seed=12)
+    launch = T.tail_launch(w)
+    one = KL.emulated_tail(launch, br, res, tuning=KL.KernelTuning(down_rows=1))
+    truth = host_tail_exact(w, br, res)
+    tol, _ = tolerance_for(w, br, res, truth)
+    assert compare(one, truth, tol=tol).passed
+    for rows in (2, 4, 8):
+        for order in ("ascending", "shuffled"):
+            got = KL.emulated_tail(launch, br, res, order=order, seed=rows,
+                                   tuning=KL.KernelTuning(down_rows=rows, u_down=8))
+            assert np.array_equal(got.view(np.uint32), one.view(np.uint32)), (rows, order)
+
+
 def test_a_batch_is_each_row_its_launches():
     w = _weights(TAIL_CASES[0])
     br, res = T.random_inputs(w, seed=4, batch=3)

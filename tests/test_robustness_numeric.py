@@ -304,6 +304,8 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("u_wo 0", lambda: KL.KernelTuning(u_wo=0), "u_wo"),
     ("wo_groups_per_sm -1", lambda: KL.KernelTuning(wo_groups_per_sm=-1), "wo_groups_per_sm"),
     ("sm_count 0", lambda: KL.KernelTuning(sm_count=0), "sm_count"),
+    ("down_rows 3", lambda: KL.KernelTuning(down_rows=3), "down_rows"),
+    ("down_rows 16", lambda: KL.KernelTuning(down_rows=16), "down_rows"),
     ("pre_wo 'yes'", lambda: KL.KernelTuning(pre_wo="yes"), "pre_wo"),
     ("lcg_stream n -1", lambda: FC.lcg_stream(-1, 1.0, 0), "n"),
     ("lcg_stream n 'a'", lambda: FC.lcg_stream("a", 1.0, 0), "n"),

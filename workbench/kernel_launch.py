@@ -79,7 +79,9 @@ class KernelTuning:
     Their grids: ``*_groups_per_sm`` x ``sm_count`` groups at most, each staging its input
     vector once and its warps striding over the rows; 0 means no cap (one row a warp,
     the hardware scheduling the groups). ``u_*`` the 16-byte units each lane loads before
-    using any; ``down_nt`` threads a group of down (one group a row). ``pre_*``: load the
+    using any; ``down_nt`` threads a group of down, ``down_rows`` rows a group (each
+    thread's reads of act then serve them all; its ``u_down`` units in flight are shared
+    among them, ``u_down / down_rows`` a row). ``pre_*``: load the
     first batch before the prologue, so device memory is busy while every group builds
     its input vector (costs registers held across the prologue).
     """
@@ -96,6 +98,7 @@ class KernelTuning:
     u_head: int = 4
     down_nt: int = 64
     u_down: int = 16
+    down_rows: int = 1
     pre_wo: bool = True
     pre_gate_up: bool = False
     pre_head: bool = True
@@ -112,6 +115,12 @@ class KernelTuning:
             object.__setattr__(self, name, validate.integer(name, getattr(self, name), minimum=0))
         for name in ("u_wo", "u_gate_up", "u_head", "u_down"):
             object.__setattr__(self, name, validate.integer(name, getattr(self, name), minimum=1, maximum=MAX_UNITS))
+        # Rows a group of down: a power of two up to 8 (every hidden size the kernels take is a
+        # multiple of 8, so the grid is always whole groups).
+        rows = validate.integer("down_rows", self.down_rows, minimum=1, maximum=8)
+        if rows & (rows - 1):
+            raise ValueError(f"down_rows: must be 1, 2, 4 or 8 (rows a group of ffn_down); got {rows}")
+        object.__setattr__(self, "down_rows", rows)
         for name in ("pre_wo", "pre_gate_up", "pre_head"):
             object.__setattr__(self, name, validate.flag(name, getattr(self, name)))
         if self.sm_count is not None:
@@ -251,8 +260,8 @@ def threadgroup_bytes(kernel: str, template: dict[str, Any]) -> int:
     if kernel not in kernel_source.KERNELS:
         raise ValueError(f"kernel must be one of {tuple(kernel_source.KERNELS)}; got {kernel!r}")
     red = r16(4 * (template["NT"] // 32))  # a group reduction's scratch: a float a SIMD-group
-    if kernel == "ffn_down":
-        return red
+    if kernel == "ffn_down":  # one float a SIMD-group for each of its DR rows
+        return r16(4 * (template["NT"] // 32) * template.get("DR", 1))
     width = template["WIDTH" if kernel == "wo_residual" else "HID"]
     x, sums = tiled_x_bytes(template["FMT"], template["GS"], width)
     if kernel == "ffn_gate_up":  # the scratch beside n when both fit, else inside n (kernels/ffn_gate_up.body)
@@ -364,7 +373,8 @@ class PreparedTail:
                             ("HID", self.hidden), ("FFN", self.ffn), ("U", _units(g.fmt, t.u_gate_up)),
                             ("PRE", bool(t.pre_gate_up))],
             "ffn_down": [("NT", t.down_nt), ("FMT", d.fmt), ("SFMT", d.sfmt), ("GS", d.gs), ("QI", d.qi),
-                         ("HID", self.hidden), ("FFN", self.ffn), ("U", _units(d.fmt, t.u_down))],
+                         ("HID", self.hidden), ("FFN", self.ffn), ("U", max(1, _units(d.fmt, t.u_down) // t.down_rows)),
+                         ("DR", t.down_rows)],
         }
 
     def __post_init__(self) -> None:
@@ -381,7 +391,7 @@ class PreparedTail:
                     dict(template=tp["ffn_gate_up"], grid=(_grid(self.ffn, t.rows_nt, t, t.gu_groups_per_sm), 1, 1),
                          threadgroup=(t.rows_nt, 1, 1), output_shapes=[(self.ffn,)], output_dtypes=[mx.float32]))
         self._dn = (_kernel(self.dialect, "ffn_down", self.kernel_dir), [d.w, d.s, d.b],
-                    dict(template=tp["ffn_down"], grid=(self.hidden * t.down_nt, 1, 1),
+                    dict(template=tp["ffn_down"], grid=(self.hidden // t.down_rows * t.down_nt, 1, 1),
                          threadgroup=(t.down_nt, 1, 1), output_shapes=[(self.hidden,)], output_dtypes=[mx.float32]))
 
     def launch_wo(self, branch: mx.array, residual: mx.array, *, verbose: bool = False) -> mx.array:

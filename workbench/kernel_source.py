@@ -83,8 +83,8 @@ KERNELS: dict[str, KernelSpec] = {
         "ffn_down.body",
         ("act", "hin", "wd", "wds", "wdb"),
         ("out",),
-        _DENSE_OR_Q4 + ("HID", "FFN", "U"),
-        "out = h + down act: the second residual add",
+        _DENSE_OR_Q4 + ("HID", "FFN", "U", "DR"),
+        "out = h + down act: the second residual add (DR rows a group)",
     ),
     "head_qkv": KernelSpec(
         "fat_head_qkv",
