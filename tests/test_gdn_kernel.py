@@ -40,7 +40,8 @@ from workbench import schedule as S
 from workbench import waits
 from workbench.model import load_model
 
-needs_clang = pytest.mark.skipif(not B.clang_available(), reason="the Metal emulation needs clang (apt-get install clang)")
+needs_clang = pytest.mark.skipif(not B.clang_available(),
+                                 reason="the Metal emulation needs clang (apt-get install clang)")
 
 #: See the module's docstring.
 TOL = 1e-5
@@ -252,6 +253,7 @@ def test_one_group_a_value_head():
         step = G.prepare(**_consts(shape), eps=EPS, k_heads=shape.hk, backend="metal-emulated")
         assert step.kw["grid"][0] == shape.hv * step.threads and step.kw["threadgroup"][0] == step.threads
         assert step.threads == min(512, 32 * shape.dv)
+        assert G.lane_floats(shape, step.threads) <= G.MAX_LANE_FLOATS
 
 
 # -- bad input --------------------------------------------------------------------------------
@@ -294,6 +296,9 @@ def test_bad_arguments_name_the_parameter():
         G.check_shape(G.GdnShape(1, 1, 32, 32, 1), 64)
     with pytest.raises(ValueError, match="32768"):  # Metal's 32 KB of group memory
         G.check_shape(G.GdnShape(1, 1, 512, 8192, 4), 1024)
+    with pytest.raises(ValueError, match="threads: 64 leave each lane 128 floats"):  # 32 rows a warp x 128 / 32
+        G.check_shape(G.GdnShape(1, 1, 128, 64, 4), 64)
+    assert G.default_threads(G.GdnShape(1, 1, 512, 128, 4)) == 1024  # 4 rows a warp x 16 floats
     with pytest.raises(ValueError, match="order: must be one of"):
         G.gdn_step(**c, **ok, order="random")
 

@@ -52,6 +52,10 @@ DEFAULT_THREADS = 512
 #: A lane holds DK / 32 floats of a state row in registers; past 16 (DK = 512) they would spill.
 MAX_DK = 512
 
+#: A lane holds all its warp's rows at once (rows a warp x DK / 32 floats, loaded before
+#: any is used, so the loads are in flight together); at most this many floats.
+MAX_LANE_FLOATS = 64
+
 #: Apple GPUs' threadgroup memory a group (the same algorithm runs on CUDA, so the same limit holds).
 GROUP_LIMIT = kernel_launch.METAL_THREADGROUP_LIMIT
 
@@ -102,11 +106,26 @@ def check_shape(shape: GdnShape, threads: int) -> None:
     if used > GROUP_LIMIT:
         raise ValueError(f"head dims ({shape.dk}, {shape.dv}): gdn_step would declare {used} bytes of group memory, "
                          f"more than Apple GPUs' {GROUP_LIMIT}")
+    held = lane_floats(shape, threads)
+    if held > MAX_LANE_FLOATS:
+        raise ValueError(f"threads: {threads} leave each lane {held} floats of the state to hold (rows a warp x Dk / 32), "
+                         f"more than {MAX_LANE_FLOATS}; give more threads (whole warps, at most "
+                         f"{kernel_launch.MAX_GROUP_THREADS})")
+
+
+def lane_floats(shape: GdnShape, threads: int) -> int:
+    """The state floats one lane holds in registers: its warp's rows times Dk / 32."""
+    warps = threads // 32
+    return -(-shape.dv // warps) * (shape.dk // 32)
 
 
 def default_threads(shape: GdnShape) -> int:
-    """:data:`DEFAULT_THREADS`, or fewer where the head has fewer rows than warps (a warp a row)."""
-    return min(DEFAULT_THREADS, 32 * shape.dv, kernel_launch.MAX_GROUP_THREADS)
+    """:data:`DEFAULT_THREADS`, or fewer where the head has fewer rows than warps (a warp a
+    row), or more where a lane would hold over :data:`MAX_LANE_FLOATS` of the state."""
+    threads = min(DEFAULT_THREADS, 32 * shape.dv)
+    while threads < kernel_launch.MAX_GROUP_THREADS and lane_floats(shape, threads) > MAX_LANE_FLOATS:
+        threads += 32
+    return threads
 
 
 def template(shape: GdnShape, threads: int) -> list[tuple[str, Any]]:
