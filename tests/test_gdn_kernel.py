@@ -4,10 +4,11 @@ Checked here, on the CPU: the Metal source MLX generates for the launch, compile
 and executed by the emulator (backend ``"metal-emulated"``) in every thread order (the
 same bits required), against the float64 oracle (``gdn_kernel.recurrent_step_exact``,
 written from the formulas) and against ``schedule._recurrent``'s own MLX ops (the float32
-reference, ``gdn="ops"`` and ``"fast"``), at a small geometry and at Bonsai-27B's head dims
-(Dk = Dv = 128, Hv / Hk = 3), one step and several in a row with the states carried; the
-CUDA translation unit compiled by nvcc; bad input; and a hybrid's decode through
-``Schedule`` with the recurrent step on the emulated kernel.
+reference, ``gdn="ops"`` and ``"fast"``), at small geometries and at Bonsai-27B's head dims
+(Dk = Dv = 128, Hv / Hk = 3), one step and several in a row with the states carried, and
+Bonsai-27B's whole layer (48 value heads), which also runs on a GPU where there is one
+(``cuda`` / ``metal`` marks); the CUDA translation unit compiled by nvcc; bad input; and a
+hybrid's decode through ``Schedule`` with the recurrent step on the emulated kernel.
 
 Metric: ``decode_matvec.worst_scaled_error``, max |kernel - reference| / max(max |reference|, 1),
 per output (o, the conv state, the recurrent state). Tolerance :data:`TOL` = 1e-5: the kernel
@@ -209,6 +210,44 @@ def test_a_wrong_formula_is_caught():
     errs["RMS eps ignored"] = D.worst_scaled_error(big[0], oracle(eps=1e-30)[0])
     for what, e in errs.items():
         assert e > 100 * TOL, f"{what}: only {e:.2e} from the kernel"
+
+
+# -- Bonsai-27B's whole layer: on a GPU (skipped here, saying why) and emulated ------------------
+
+_GPU = [
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not B.cuda_available(), reason="needs an NVIDIA GPU with MLX's CUDA back-end (mlx[cuda13])")]),
+    pytest.param("metal", marks=[pytest.mark.metal, pytest.mark.skipif(
+        not B.metal_available(), reason="needs an Apple GPU with MLX's Metal back-end")]),
+    pytest.param("metal-emulated", marks=needs_clang),  # here too: ~3 s on the CPU
+]
+
+
+@pytest.mark.parametrize("dialect", _GPU)
+def test_bonsai_layer_matches_float64_and_steps_in_a_row(dialect: str):
+    """Bonsai-27B's whole layer (16 key heads, 48 value heads of 128, conv 4) on the
+    device (and emulated): one step, then four in a row with the states carried in the
+    schedule's [1, Hv, Dv, Dk], each within TOL of float64; the same inputs twice give
+    the same bits."""
+    shape = G.GdnShape(16, 48, 128, 128, 4)
+    c = _case(shape, seed=6)
+    step = G.prepare(c["conv_w"], c["a_log"], c["dt_bias"], c["o_norm"], EPS, k_heads=shape.hk, backend=dialect)
+    exact = {k: v.astype(np.float64) for k, v in c.items()}
+    conv, st = mx.array(c["conv_state"]), mx.array(c["state"])[None]  # the schedule's [1, Hv, Dv, Dk]
+    for t in range(4):
+        fresh = _case(shape, seed=200 + t)
+        o, conv, st = step(fresh["mixed"], fresh["z"], fresh["ba"], conv, st)
+        mx.eval(o, conv, st)
+        if t == 0:
+            again = step(fresh["mixed"], fresh["z"], fresh["ba"], mx.array(c["conv_state"]), mx.array(c["state"])[None])
+            assert all(np.array_equal(_bits(np.array(a)), _bits(np.array(b))) for a, b in zip(again, (o, conv, st)))
+        for k in ("mixed", "z", "ba"):
+            exact[k] = fresh[k].astype(np.float64)
+        eo, ec, es = G.recurrent_step_exact(**exact, k_heads=shape.hk, eps=EPS)
+        assert tuple(st.shape) == (1, shape.hv, shape.dv, shape.dk)
+        errs = _errors([np.array(o), np.array(conv), np.array(st)[0]], [eo, ec, es])
+        assert max(errs) <= TOL, f"step {t}: {errs}"
+        exact["conv_state"], exact["state"] = ec, es
 
 
 # -- the CUDA translation unit ---------------------------------------------------------------
