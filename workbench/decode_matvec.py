@@ -25,6 +25,10 @@ product                   what                                 kernel
 ``logits``                ``lm_head (rms_norm(x) * norm)``     ``wo_residual``, residual 0
 ========================  ===================================  ===========================
 
+With ``Schedule(gdn="kernel")`` the kernels path also runs a recurrent layer's step
+between ``gdn_in`` and ``out_add`` (conv, norms, gates, gated delta rule, RMS norm, z gate)
+as one launch: :meth:`KernelMatvecs.gdn_step` (``workbench.gdn_kernel``, ``gdn_step.body``).
+
 The existing bodies serve all five: the head launch computes any three projections of
 one RMS-normed vector (the Gated DeltaNet input projection is one: mixed q/k/v, z and
 b/a), and ``wo_residual`` without a fold is ``residual + W x``. Launches are prepared once
