@@ -77,11 +77,16 @@ def gpu_dialect() -> str | None:
     return None
 
 
+#: The kernels compared (the tail's and the head launch); an older folder need not hold
+#: the bodies added since (gdn_step).
+COMPARED: tuple[str, ...] = kernel_source.TAIL_KERNELS + ("head_qkv",)
+
+
 def kernel_folder(path: str | Path) -> Path:
     """``path`` resolved, once it holds every file the kernels are composed from."""
     folder = Path(path).resolve()
     needed = ["common.h"] + [f"prelude_{d}.h" for d in kernel_source.DIALECTS]
-    needed += sorted({s.body for s in kernel_source.KERNELS.values()})
+    needed += sorted({kernel_source.KERNELS[k].body for k in COMPARED})
     missing = [n for n in needed if not (folder / n).is_file()]
     if missing:
         raise ValueError(f"--old must be a kernels folder (with {', '.join(needed)}); {folder} lacks {missing}")
@@ -258,9 +263,9 @@ def run(dialect: str, old_dir: Path, *, rounds: int, n_tails: int, seed: int, he
     out: dict[str, Any] = {
         "old_dir": str(old_dir),
         "mlx_names": {k: {"old": kernel_source.mlx_name(k, kernel_dir=old_dir), "new": kernel_source.mlx_name(k)}
-                      for k in kernel_source.KERNELS},
+                      for k in COMPARED},
         "same_text": {k: kernel_source.compose(dialect, k, kernel_dir=old_dir) == kernel_source.compose(dialect, k)
-                      for k in kernel_source.KERNELS},
+                      for k in COMPARED},
         "copy_bandwidth_Bps": {"torch_copy": bw_torch, "mlx_x_plus_1": bw_mlx, "used_for_floor": bandwidth},
         "tuning": {f: getattr(tuning, f) for f in tuning.__dataclass_fields__},
         "shape": [hidden, branch, ffn], "fold_block": block, "rounds": rounds, "seed": seed, "cases": [],

@@ -4,6 +4,7 @@
     PYTHONPATH=. python3 -m bench.schedule_run --geometry full --dtype bfloat16   # a GPU: Bonsai-27B's widths
     PYTHONPATH=. python3 -m bench.schedule_run --geometry full --dtype bfloat16 --matvec kernels --compiled \
         [--quant affine4]                                         # the step on the project's kernels
+    ... --matvec kernels --compiled --gdn kernel                  # and each recurrent step as one launch
 
 One process: first the price of one wait on this device (``wait_measurement.measure_wait_price``)
 and its copy bandwidth (the floor: the weight bytes a token streams / that bandwidth);
@@ -61,9 +62,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--budget-s", type=float, default=360.0,
                    help="stop the timed rounds after the first that ends past this many seconds")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    p.add_argument("--gdn", choices=("auto", "fast", "ops"), default="auto",
+    p.add_argument("--gdn", choices=("auto", "fast", "ops", "kernel"), default="auto",
                    help="the recurrence: mx.fast.gated_delta_update (fast), plain MLX ops (ops), or fast if it "
-                        "runs on this device, else ops, said in the output and the record (auto)")
+                        "runs on this device, else ops, said in the output and the record (auto); kernel: the "
+                        "whole recurrent step (conv, norms, gates, delta rule, z gate) as ONE launch of the "
+                        "project's gdn_step kernel (with --matvec kernels only)")
     p.add_argument("--matvec", choices=("mlx", "kernels"), default="mlx",
                    help="every weight's product as MLX ops, or through the project's kernels (CUDA / Metal only: "
                         "elsewhere it stops with BackendUnavailable, never falling back)")
@@ -95,6 +98,9 @@ def main(argv: list[str] | None = None) -> dict:
         decode_matvec.resolve_matvec(args.matvec)
     except BackendUnavailable as err:
         p.error(f"--matvec kernels: {err}")
+    if args.gdn == "kernel" and args.matvec != "kernels":
+        p.error(f"--gdn kernel: the gdn_step kernel runs with the project's kernels only (--matvec kernels); "
+                f"got --matvec {args.matvec}")
 
     cfg = load_model(args.model)
     geom = schedule.geometry_of(cfg, vocab=args.vocab) if args.geometry == "full" else schedule.CPU_GEOMETRY
@@ -116,9 +122,12 @@ def main(argv: list[str] | None = None) -> dict:
     quant = None if args.quant == "none" else args.quant
     wts = schedule.HybridWeights(cfg, geom, dtype=args.dtype, seed=args.seed, share=not args.distinct, quant=quant)
     gdn, why = args.gdn, ""
+    # The MLX-ops recurrence: the run's own when asked for by "auto", and the check's
+    # reference when the run's is the gdn_step kernel.
+    ok, why = schedule.fast_gdn_available() if gdn in ("auto", "kernel") else (gdn == "fast", "")
+    ref_gdn = gdn if gdn in ("fast", "ops") else ("fast" if ok else "ops")
     if gdn == "auto":
-        ok, why = schedule.fast_gdn_available()
-        gdn = "fast" if ok else "ops"
+        gdn = ref_gdn
         if not ok:
             print(f"mx.fast.gated_delta_update does not run here ({why}); the recurrence runs as plain MLX ops")
     sched = schedule.Schedule(cfg, wts, gdn=gdn, matvec=args.matvec, activations=args.activations,
@@ -131,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     check = None
     if args.matvec == "kernels":
-        ref = schedule.Schedule(cfg, wts, gdn=gdn, matvec="mlx", activations="float32")
+        ref = schedule.Schedule(cfg, wts, gdn=ref_gdn, matvec="mlx", activations="float32")
         check = schedule.check_step(sched, ref, context=args.context,
                                     tol=args.check_tol if args.check_tol is not None else schedule.CHECK_TOL)
         for r in check["stages"]:
@@ -224,7 +233,10 @@ def main(argv: list[str] | None = None) -> dict:
         "weight_bytes_note": "every layer's stored arrays (codes, scales and biases where quantized), the final norm "
                              "and the LM head; recurrent states and KV caches not included",
         "eligible": list(sched.eligible),
-        "gdn": "mx.fast.gated_delta_update" if gdn == "fast" else f"schedule.gated_delta_ops (plain MLX ops){'; fast op: ' + why if why else ''}",
+        "gdn": {"fast": "mx.fast.gated_delta_update",
+                "kernel": "the gdn_step kernel (workbench.gdn_kernel): the recurrent step as one launch; checked "
+                          f"against {'mx.fast.gated_delta_update' if ref_gdn == 'fast' else 'schedule.gated_delta_ops'}"
+                }.get(gdn, f"schedule.gated_delta_ops (plain MLX ops){'; fast op: ' + why if why else ''}"),
         "tokens_per_round": args.tokens,
         "rounds": run["rounds_run"],
         "warmup": args.warmup,

@@ -30,6 +30,7 @@
 // A uint4 from four words.
 #define UINT4(a, b, c, d) make_uint4((a), (b), (c), (d))
 #define EXPF(x) expf(x)
+#define LOGF(x) logf(x)
 #define RSQRTF(x) rsqrtf(x)
 #define FMAF(a, b, c) fmaf((a), (b), (c))
 

@@ -30,6 +30,7 @@
 // A uint4 from four words.
 #define UINT4(a, b, c, d) uint4((a), (b), (c), (d))
 #define EXPF(x) metal::exp(x)
+#define LOGF(x) metal::log(x)
 #define RSQRTF(x) metal::rsqrt(x)
 #define FMAF(a, b, c) metal::fma((a), (b), (c))
 

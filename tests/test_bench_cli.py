@@ -155,6 +155,8 @@ def test_wait_price_add_reports_or_refuses_a_replaced_entry(tmp_path: Path, caps
     ("wait_price", ["--n", "1"], "--n must be >= 10"),
     ("schedule_run", ["--tokens", "0"], "--tokens must be >= 1"),
     ("schedule_run", ["--stages", "1,x", "--no-record"], "--stages must be comma-separated stage numbers"),
+    ("schedule_run", ["--gdn", "kernel", "--no-record"], "--gdn kernel: the gdn_step kernel runs with the project's "
+                                                         "kernels only (--matvec kernels); got --matvec mlx"),
     ("sweep_rate", ["--seeds", "0"], "--seeds must be >= 1"),
     ("sweep_rate", ["--configs", "f64"], "--configs must be a comma-separated list"),
     ("split_price", ["--n", "2"], "--n must be >= 5"),

@@ -25,6 +25,10 @@ product                   what                                 kernel
 ``logits``                ``lm_head (rms_norm(x) * norm)``     ``wo_residual``, residual 0
 ========================  ===================================  ===========================
 
+With ``Schedule(gdn="kernel")`` the kernels path also runs a recurrent layer's step
+between ``gdn_in`` and ``out_add`` (conv, norms, gates, gated delta rule, RMS norm, z gate)
+as one launch: :meth:`KernelMatvecs.gdn_step` (``workbench.gdn_kernel``, ``gdn_step.body``).
+
 The existing bodies serve all five: the head launch computes any three projections of
 one RMS-normed vector (the Gated DeltaNet input projection is one: mixed q/k/v, z and
 b/a), and ``wo_residual`` without a fold is ``residual + W x``. Launches are prepared once
@@ -41,7 +45,7 @@ from typing import Any, Mapping
 import mlx.core as mx
 import numpy as np
 
-from workbench import backends, kernel_launch
+from workbench import backends, gdn_kernel, kernel_launch
 from workbench.kernel_launch import KernelTuning
 from workbench.tail import TailLaunch
 from workbench.validate import one_of
@@ -269,6 +273,17 @@ class KernelMatvecs:
                                  ("in_ba", lw["in_ba"])], self.tuning)
 
         return self._for(lw, f"gdn_in:{mixed}", make)
+
+    def gdn_step_launch(self, lw: Mapping[str, Any], k_heads: int) -> gdn_kernel.GdnStep:
+        """The Gated DeltaNet layer's recurrent step as ONE launch (``kernels/gdn_step.body``):
+        inputs mixed, z, ba (gdn_in's outputs), the conv state and the recurrent state."""
+        return self._for(lw, f"gdn_step:{k_heads}", lambda: gdn_kernel.prepare(
+            lw["conv"], lw["a_log"], lw["dt_bias"], lw["o_norm"], self.eps, k_heads=k_heads, backend=self.dialect))
+
+    def gdn_step(self, lw: Mapping[str, Any], k_heads: int, mixed: mx.array, z: mx.array, ba: mx.array,
+                 conv: mx.array, ssm: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """``(o, conv', ssm')``: what ``schedule._recurrent`` passes to ``out_add`` and keeps."""
+        return self.gdn_step_launch(lw, k_heads)(mixed, z, ba, conv, ssm)
 
     def logits_launch(self, lm_head) -> tuple[Launch, mx.array]:
         """lm_head through ``wo_residual`` and the resident zero residual it adds; inputs

@@ -95,6 +95,15 @@ KERNELS: dict[str, KernelSpec] = {
         _DENSE_OR_Q4 + ("HID", "NQ", "NK", "NV", "ROT", "M", "LOGP", "U", "PRE"),
         "q, k, v from R (rms_norm(hidden) * attn_norm): the one shared rotation applied once",
     ),
+    "gdn_step": KernelSpec(
+        "fat_gdn_step",
+        "gdn_step.body",
+        ("mixed", "z", "ba", "conv_state", "state", "conv_w", "a_log", "dt_bias", "o_norm", "params"),
+        ("out", "conv_out", "state_out"),
+        ("NT", "HK", "HV", "DK", "DV", "KW"),
+        "a Gated DeltaNet layer's recurrent step (conv, silu, L2 norms, gates, gated delta rule, RMS norm, "
+        "z gate): one group a value head",
+    ),
 }
 
 #: The tail's launches, in the order one tail encodes them.

@@ -3,8 +3,9 @@
 ``workbench.waits`` COUNTS the waits a token costs at each stage of the plan; this module
 RUNS one token that way and times it, so the table can be checked against a clock:
 
-- recurrent layers (Gated DeltaNet) through ``mx.fast.gated_delta_update``, their state
-  (and the short convolution's) kept between tokens;
+- recurrent layers (Gated DeltaNet) through ``mx.fast.gated_delta_update`` (or plain MLX
+  ops, or with the project's kernels the whole recurrent step as one launch,
+  ``workbench.gdn_kernel``), their state (and the short convolution's) kept between tokens;
 - attention on the host: numpy, with a KV cache, as frink-models' engine runs it (or, at the
   device floor, as MLX ops with the cache on the device);
 - the attention tail as two pieces (wo; FFN) or fused (one), on the device;
@@ -333,11 +334,19 @@ def fast_gdn_available() -> tuple[bool, str]:
         return False, f"{type(e).__name__}: {e}"
 
 
+#: How a recurrent layer's recurrence runs (``Schedule``'s ``gdn``).
+GDN_PATHS: tuple[str, ...] = ("fast", "ops", "kernel")
+
+
 def _recurrent(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: DecodeState, l: int,
                gdn: str, mv) -> mx.array:
     g = geom
     kd, vd = g.gdn_k_heads * g.gdn_k_dim, g.gdn_v_heads * g.gdn_v_dim
     mixed, z, ba = mv.gdn_in(w, x, 2 * kd + vd)
+    if gdn == "kernel":  # everything below, to the z gate, in ONE launch (workbench.gdn_kernel)
+        o, st.conv[l], st.ssm[l] = mv.gdn_step(w, g.gdn_k_heads, mixed, z, ba, st.conv[l], st.ssm[l])
+        x = mv.out_add(w, "out", o, x)
+        return mv.ffn(w, x)
     window = mx.concatenate([st.conv[l], mixed[None]], axis=0)  # [K, C]: the short convolution
     st.conv[l] = window[1:]
     c = (window * w["conv"]).sum(axis=0)
@@ -404,7 +413,11 @@ class Schedule:
 
     ``eligible``: the attention layers whose tail fuses; default ``waits.eligible_layers``
     (``workbench.refusals``). ``gdn``: ``"fast"`` runs the recurrence through
-    ``mx.fast.gated_delta_update``, ``"ops"`` through :func:`gated_delta_ops`.
+    ``mx.fast.gated_delta_update``, ``"ops"`` through :func:`gated_delta_ops`, each with
+    the conv, norms, gates and z gate as MLX ops around it; ``"kernel"`` runs all of that
+    as ONE launch (``workbench.gdn_kernel``, ``kernels/gdn_step.body``), so a recurrent
+    layer is four launches: gdn_in, gdn_step, out_add, the FFN's two (only with
+    ``matvec="kernels"``: it is one of the project's kernels).
     ``matvec``: every weight's product as MLX ops (``"mlx"``) or through the project's
     kernels (``"kernels"``: ``BackendUnavailable`` where no kernel backend exists); see
     :mod:`workbench.decode_matvec`. ``activations``: the ``"mlx"`` path's (``"weights"``:
@@ -419,8 +432,14 @@ class Schedule:
                  gdn: str = "fast", matvec: str = "mlx", activations: str = "weights", tuning=None,
                  compiled: bool = False):
         one_of("activations", activations, _dm.ACTIVATIONS)
-        if gdn not in ("fast", "ops"):
-            raise ValueError(f"gdn: must be 'fast' (mx.fast.gated_delta_update) or 'ops' (gated_delta_ops), got {gdn!r}")
+        if gdn not in GDN_PATHS:
+            raise ValueError(f"gdn: must be 'fast' (mx.fast.gated_delta_update), 'ops' (gated_delta_ops) or 'kernel' "
+                             f"(the gdn_step kernel, with matvec='kernels'), got {gdn!r}")
+        if gdn == "kernel":
+            one_of("matvec", matvec, _dm.MATVEC_PATHS)
+            if matvec != "kernels":
+                raise ValueError(f"gdn: 'kernel' (the gdn_step kernel) runs with the project's kernels only "
+                                 f"(matvec='kernels'), got matvec={matvec!r}; use gdn='fast' or 'ops' with MLX ops")
         if not isinstance(weights, HybridWeights):
             raise ValueError(f"weights: must be HybridWeights, got {describe(weights)}")
         self.gdn = gdn
