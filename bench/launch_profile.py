@@ -2,8 +2,9 @@
 
     python -m bench.launch_profile                   # Bonsai-27B, bf16 and every quantized format
 
-Runs ``python -m bench.launch_profile --child`` under ``ncu --kernel-name regex:^fat_``
-(only the workbench's kernels, whose MLX names start ``fat_``). The child evaluates each
+Runs ``python -m bench.launch_profile --child`` under ``ncu --kernel-name regex:fat_``
+(only the workbench's kernels: MLX's CUDA back-end names them ``custom_kernel_fat_...``,
+so the pattern is not anchored; anchored, it matched nothing and ncu profiled nothing). The child evaluates each
 format's tail twice (a warm-up, then the measured one), one evaluation each, as a decoder
 does: so ncu's figures are a launch run ONCE, caches flushed before it (ncu's default
 ``--cache-control all``), its ramp-up and last partial wave included -- the single-shot
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     prov = record.provenance("launch_profile", argv)
     started = _dt.datetime.fromisoformat(prov["date"])
-    cmd = [exe, "--kernel-name", "regex:^fat_", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
+    cmd = [exe, "--kernel-name", "regex:fat_", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
            sys.executable, "-m", "bench.launch_profile", "--child", "--formats", ",".join(formats),
            "--tuning", a.tuning] + (["--head"] if a.head else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
