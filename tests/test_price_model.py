@@ -85,15 +85,16 @@ def test_bad_split_kinds_and_prices(bonsai):
 def test_the_ledger_holds_the_h200_split_prices():
     for dtype in ("bfloat16", "bfloat16-affine4"):
         prices = waits.ledger_split_prices("NVIDIA H200", "cuda", matvec="kernels", dtype=dtype)
-        assert sorted(prices) == sorted(schedule.MEASURED_SPLITS)
-        assert all(0 < v < 1 for v in prices.values())
+        # every kind measured then (records before "qkv>host|wo" was measurable lack it)
+        assert set(schedule.MEASURED_SPLITS) - {"qkv>host|wo"} <= set(prices) <= set(schedule.MEASURED_SPLITS)
+        assert all(0 < v < 5 for v in prices.values())
     assert waits.ledger_split_prices("NVIDIA H200", "cuda", matvec="mlx") == {}
 
 
 def test_split_entries_from_a_record(tmp_path):
     rec = json.loads(BF16.read_text())
     entries = split_price.split_entries(rec, "data/bench/x.json")
-    assert [e["split"] for e in entries] == list(schedule.MEASURED_SPLITS)
+    assert [e["split"] for e in entries] == [s["split"] for s in rec["splits"]]
     for e in entries:
         waits.check_entry(e)
         assert "--out" not in e["command"] and e["id"].startswith("split-cuda-nvidia-h200-kernels-bfloat16-")
@@ -140,7 +141,7 @@ def test_the_kernels_records_as_tables():
     same = pairs[pairs["same_work"]]
     assert len(same) == 7 and same["model_ms"].notna().all()
     splits = schedule.split_table(rec)
-    assert splits["split"].tolist() == list(schedule.MEASURED_SPLITS)
+    assert splits["split"].tolist() == [s["split"] for s in rec["splits"]]
     with pytest.raises(ValueError, match="with a floor"):
         schedule.clock_table({"stages": []})
     with pytest.raises(ValueError, match="with split prices"):
@@ -155,5 +156,5 @@ def test_measure_splits_on_a_small_step(bonsai):
     assert [r["split"] for r in rows] == list(schedule.MEASURED_SPLITS)
     assert all(r["device_ms"]["first"] is not None and "phases_ms" in r for r in rows)
     with pytest.raises(ValueError, match="cannot be built"):
-        schedule.measure_splits(sched, ["qkv>host|wo"], n=5)
+        schedule.measure_splits(sched, ["qkv>host|layer"], n=5)
     assert schedule.copy_bandwidth(1 << 24, k=4, n=3) > 0  # 16 MB: each copy well above a loaded clock's noise

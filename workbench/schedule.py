@@ -572,14 +572,17 @@ def check_step(sched: Schedule, ref: Schedule, *, stages: Sequence[int] = (5, 6)
 #: The split kinds a same-work pair of the plan's stages removes (``waits.model_saving``),
 #: which ``split_pieces`` can build on either side.
 MEASURED_SPLITS: tuple[str, ...] = ("wo>host|ffn", "ffn>host|layer", "ffn>host|logits", "layer|qkv", "ffn|layer",
-                                    "ffn|logits", "layer|layer")
+                                    "ffn|logits", "layer|layer", "qkv>host|wo")
 
 
 def split_pieces(sched: Schedule, state: DecodeState) -> dict[str, Any]:
     """The step's submissions as callables ``x -> outputs`` (a tuple, the hidden first),
     built on ``sched``'s weights and matvecs, for timing splits between them:
     ``layer`` (a recurrent layer; its state advances), ``layer2`` (the next one), ``qkv``,
-    ``wo`` (with a fixed attention branch), ``ffn`` and ``logits``."""
+    ``wo`` (with a fixed attention branch), ``ffn`` and ``logits``; and, taking ``qkv``'s
+    output, ``attend_wo`` (the cache and softmax on the device, then wo: stage 6's way)
+    and ``host_attend_wo`` (Q/K/V read back, attention in numpy, the branch uploaded, then
+    wo: stage 5's way), both against a copy of the KV cache ``state`` holds."""
     g, layers = sched.geom, sched.w.layers
     rec = [i for i, lay in enumerate(layers) if lay.kind == "recurrent"][:2]
     att = next(i for i, lay in enumerate(layers) if lay.kind == "attention")
@@ -589,7 +592,24 @@ def split_pieces(sched: Schedule, state: DecodeState) -> dict[str, Any]:
     def layer(i: int):
         return lambda x: (_recurrent(g, layers[i].w, x, state, i, sched.gdn, sched.mv), state.ssm[i], state.conv[i])
 
+    pos = state.length
+
+    def attend_wo(t):
+        x, q, k, v = t
+        kc = mx.concatenate([state.dev_k[att], k.reshape(1, g.n_kv, g.head_dim)])
+        vc = mx.concatenate([state.dev_v[att], v.reshape(1, g.n_kv, g.head_dim)])
+        return (sched.mv.out_add(layers[att].w, "wo", _attend_mx(g, q, kc, vc), x),)
+
+    def host_attend_wo(t):
+        x, q, k, v = t
+        kc = np.concatenate([state.host_k[att][:pos], np.asarray(k).reshape(1, g.n_kv, g.head_dim)])
+        vc = np.concatenate([state.host_v[att][:pos], np.asarray(v).reshape(1, g.n_kv, g.head_dim)])
+        b = mx.array(_attend_np(g, np.asarray(q), kc, vc))
+        return (sched.mv.out_add(layers[att].w, "wo", b, x),)
+
     return {
+        "attend_wo": attend_wo,
+        "host_attend_wo": host_attend_wo,
         "layer": layer(rec[0]),
         "layer2": layer(rec[1]),
         "qkv": lambda x: (x, *sched.mv.attn_qkv(layers[att].w, x)),
@@ -667,13 +687,25 @@ def measure_splits(sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n
         a, b = kind.split("|")
         reads = a.endswith(_waits.HOST_READ)
         a = a[: -len(_waits.HOST_READ)] if reads else a
-        if kind not in MEASURED_SPLITS:  # qkv>host|wo needs the host's attention between: not built here
+        if kind not in MEASURED_SPLITS:
             raise ValueError(f"kinds: {kind!r} cannot be built from the step's pieces; allowed: {MEASURED_SPLITS}")
         first = pieces[a]
-        second_piece = pieces["layer2" if (a, b) == ("layer", "layer") else b]
-        res = _wm.measure_split_between(first, lambda t, f=second_piece: f(t[0]), x, n=n, warmup=warmup,
-                                        read_first=HOST_READS[a] if reads else _NOTHING, read_second=HOST_READS[b])
-        dev = {"first": piece_device_ms(first, x), "second": piece_device_ms(second_piece, x)}
+        if kind == "qkv>host|wo":
+            # Stage 5 against stage 6 at one attention layer: split, the host reads Q/K/V,
+            # attends in numpy and uploads the branch; joined, the device attends. The
+            # difference is what one such wait costs the step, the host's attention and
+            # the device's idle time while it runs included.
+            res = _wm.measure_split_between(first, pieces["attend_wo"], x, n=n, warmup=warmup,
+                                            read_first=HOST_READS["qkv"], read_second=HOST_READS["wo"],
+                                            second_split=pieces["host_attend_wo"])
+            dev = {"first": piece_device_ms(first, x),
+                   "second": piece_device_ms(lambda y: pieces["attend_wo"](first(y)), x) - piece_device_ms(first, x)}
+        else:
+            second_piece = pieces["layer2" if (a, b) == ("layer", "layer") else b]
+            res = _wm.measure_split_between(first, lambda t, f=second_piece: f(t[0]), x, n=n, warmup=warmup,
+                                            read_first=HOST_READS[a] if reads else _NOTHING,
+                                            read_second=HOST_READS[b])
+            dev = {"first": piece_device_ms(first, x), "second": piece_device_ms(second_piece, x)}
         # The device's idle time in the split round: its wall time less the two submissions' work.
         out.append({"split": kind, **res, "device_ms": dev,
                     "split_idle_ms": res["split_ms"] - dev["first"] - dev["second"],

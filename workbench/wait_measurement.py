@@ -338,7 +338,7 @@ SPLIT_BETWEEN_METHOD = (
 
 
 def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3, read_first=None,
-                          read_second=None) -> dict:
+                          read_second=None, second_split=None) -> dict:
     """What one wait costs between submission ``first`` and submission ``second``.
 
     ``first`` maps ``x`` to an MLX array (or a tuple/list of them); ``second`` maps that
@@ -348,6 +348,11 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3, rea
       ``b = second(a)``, ``mx.eval(b)``, the host reads ``b``: a decode step whose plan
       puts a wait between the two;
     * joined (one wait): ``second(first(x))`` built at once, evaluated and read.
+
+    ``second_split``: the second submission where a split puts it after the host's work,
+    if that differs from the joined one (default ``second``): after Q/K/V read back, the
+    host attends and uploads the branch, where the joined submission attends on the
+    device; the difference is then the whole price of the round trip, host work included.
 
     ``read_first`` / ``read_second``: what the host reads of each side's output (a
     callable returning the arrays; default all of them): a step reads only what it
@@ -362,7 +367,8 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3, rea
     """
     n = integer("n", n, minimum=5)
     warmup = integer("warmup", warmup, minimum=0)
-    for name, fn in (("first", first), ("second", second)):
+    second_split = second if second_split is None else second_split
+    for name, fn in (("first", first), ("second", second), ("second_split", second_split)):
         if not callable(fn):
             raise ValueError(f"{name}: must be a callable building one submission's MLX arrays, got {describe(fn)}")
 
@@ -384,7 +390,7 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3, rea
         t.append(time.perf_counter_ns())
         read(pick_first(a))
         t.append(time.perf_counter_ns())
-        b = second(a)
+        b = second_split(a)
         t.append(time.perf_counter_ns())
         mx.eval(b)
         t.append(time.perf_counter_ns())
