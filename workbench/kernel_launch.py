@@ -72,9 +72,9 @@ class KernelTuning:
 
     ``rows_nt`` threads a group of gate/up, ``wo_nt`` / ``head_nt`` of wo and the head
     launch (one warp a row in all three). wo and the head rotate their input in group
-    memory first, ten butterfly passes over 24 KB for Bonsai: done by every one of 640
-    small groups that cost ~40 us of shared-memory traffic (measured), so they run two
-    512-thread groups an SM instead (1024 threads would cap registers at 64 a thread,
+    memory first (24 KB for Bonsai): done by every group, so they run two 512-thread
+    groups an SM (640 small groups cost ~40 us of shared-memory traffic when the rotation
+    was ten passes through group memory; 1024 threads would cap registers at 64 a thread,
     which the m = 28 mixing reaches).
     Their grids: ``*_groups_per_sm`` x ``sm_count`` groups at most, each staging its input
     vector once and its warps striding over the rows; 0 means no cap (one row a warp,
