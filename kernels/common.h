@@ -709,6 +709,22 @@ KFN RowSums<NR> group_sums(RowSums<NR> v, GRP float* red, int lane, int warp) {
 // when a run is shorter (a chunk then holds whole runs).
 #define WARP_LOGC(LOGP) ((LOGP) >= 8 ? 3 : ((LOGP) > 5 ? (LOGP) - 5 : 0))
 
+// The butterfly stages of a thread's own 2^S values, t = 0 .. S - 1 in order, pairs (k,
+// k + 2^t), each pair (a, b) becoming (a + b, a - b). v is the caller's register array
+// (the call is inlined, so it stays in registers).
+template <int S>
+KFN void register_butterflies(THR float* v) {
+  UNROLL for (int t = 0; t < S; ++t) {
+    UNROLL for (int k = 0; k < (1 << S); ++k) {
+      if ((k & (1 << t)) == 0) {
+        const float a = v[k], b = v[k + (1 << t)];
+        v[k] = a + b;
+        v[k + (1 << t)] = a - b;
+      }
+    }
+  }
+}
+
 // Stages h = 1 .. min(2^LOGP, 32 C) / 2 of every run, a warp a chunk of 32 C elements.
 // WIDTH is a multiple of 2^LOGP; a last chunk past WIDTH holds whole runs (its lanes past
 // the end carry zeros through the shuffles and store nothing).
@@ -732,15 +748,7 @@ KFN void warp_butterflies(GRP float* x, int lid) {
         v[c] = (lane & h) ? p - v[c] : v[c] + p;  // upper: a - b (p = a); lower: a + b
       }
     }
-    UNROLL for (int t = 0; t < LC; ++t) {  // h = 32 << t: the partner is in register c + 2^t
-      UNROLL for (int c = 0; c < C; ++c) {
-        if ((c & (1 << t)) == 0) {
-          const float a = v[c], b = v[c + (1 << t)];
-          v[c] = a + b;
-          v[c + (1 << t)] = a - b;
-        }
-      }
-    }
+    register_butterflies<LC>(v);  // h = 32 << t: the partner is in register c + 2^t
     UNROLL for (int c = 0; c < C; ++c) {
       const int i = ch * CH + 32 * c + lane;
       if (i < WIDTH) {
@@ -762,15 +770,7 @@ KFN void radix_butterflies(GRP float* x, int h0, int lid) {
     UNROLL for (int k = 0; k < R; ++k) {
       v[k] = x[base + k * h0];
     }
-    UNROLL for (int t = 0; t < S; ++t) {
-      UNROLL for (int k = 0; k < R; ++k) {
-        if ((k & (1 << t)) == 0) {
-          const float a = v[k], b = v[k + (1 << t)];
-          v[k] = a + b;
-          v[k + (1 << t)] = a - b;
-        }
-      }
-    }
+    register_butterflies<S>(v);  // h = h0 << t: the partner is in register k + 2^t
     UNROLL for (int k = 0; k < R; ++k) {
       x[base + k * h0] = v[k];
     }
