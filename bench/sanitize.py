@@ -8,7 +8,8 @@ Each tool runs ``python -m bench.sanitize --child`` in a process of its own unde
 ``compute-sanitizer --tool T --kernel-name kns=fat_`` (only the workbench's kernels, whose
 MLX names start ``fat_``, are instrumented; MLX's own kernels run as they are). The child
 evaluates, for every weight format the kernels read (float32, bfloat16, affine 4- and
-8-bit, mxfp4, nvfp4), the tail's three launches and the head launch at a small shape
+8-bit, mxfp4, nvfp4), the tail's three launches, the same tail as one launch
+(``workbench.one_launch``, checked against the three) and the head launch at a small shape
 (hidden 256, branch 1024, ffn 2048, wo folded with block 256; head 1024 -> 1024 + 256 +
 256) and at Bonsai-27B's (5120, 6144, 17408, block 1024; head 5120 -> 12288 + 1024 +
 1024, bf16 only: folding its three matrices in float64 costs minutes of CPU a format), and checks each small tail against the float64 oracle at the tolerance
@@ -56,7 +57,7 @@ def _child(shapes: list[str], formats: list[str]) -> int:
     """Run every kernel once per (shape, format); 1 if an output misses the oracle."""
     import mlx.core as mx
 
-    from workbench import kernel_launch, tail
+    from workbench import kernel_launch, one_launch, tail
     from workbench.comparison import compare
     from workbench.exact_oracle import host_tail_exact, tolerance_for
     from workbench.fold import HadamardFold
@@ -82,7 +83,15 @@ def _child(shapes: list[str], formats: list[str]) -> int:
                 finite = bool(np.isfinite(out).all())
                 bad += not finite
                 print(f"tail {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
-            del w
+            # The same tail as ONE launch (workbench.one_launch: the phases between grid
+            # barriers), checked against the three launches' output.
+            prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
+            one = one_launch.OneLaunchTail(prep).run(br, res)
+            worst = float(np.max(np.abs(one - out)) / max(float(np.max(np.abs(out))), 1.0))
+            bad += not (worst <= 2e-4)
+            print(f"one-launch {sname} {fmt}: {'agrees' if worst <= 2e-4 else 'DISAGREES'} with the three launches "
+                  f"(worst scaled {worst:.3g})", flush=True)
+            del w, prep
             if sname != "small" and fmt != "bfloat16":
                 continue  # at Bonsai's shape the head launch runs in bf16 only (its folds cost CPU minutes)
             fold = HadamardFold.random(hidden, block, seed=9 + i, permute=True)
@@ -156,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         errors = _errors(tool, text)
         runs[tool] = {"command": " ".join(cmd), "returncode": rc, "seconds": time.perf_counter() - t0,
                       "errors": errors, "summary": [m.group(0) for m in _SUMMARY.finditer(text)],
-                      "cases": [ln for ln in text.splitlines() if ln.startswith(("tail ", "head "))],
+                      "cases": [ln for ln in text.splitlines() if ln.startswith(("tail ", "head ", "one-launch "))],
                       "passed": rc == 0 and errors == 0, "output_tail": text[-4000:]}
         print(f"{tool:<10} {'clean' if runs[tool]['passed'] else 'NOT CLEAN'}: errors {errors}, exit {rc}, "
               f"{runs[tool]['seconds']:.0f} s", flush=True)

@@ -55,6 +55,54 @@ KFN float warp_sum(float v) {
 // v from the lane whose index is this lane's XOR m (every lane of the warp must call it).
 KFN float lane_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 
+
+// -- one launch, several phases (CUDA only: kernels/tail_one_launch.body) -------------
+// Metal has no counterpart: it promises no forward progress between threadgroups, so a
+// group spinning on a counter may wait forever for a group that never starts.
+
+// The GPU's global timer, in nanoseconds.
+KFN unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// *p, read with acquire semantics at GPU scope: what other groups wrote before their
+// release (the atomicAdd after __threadfence in grid_barrier) is visible after it.
+KFN u32 load_acquire(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Every group of the grid waits here until `target` arrivals have been counted in
+// *count (the n-th barrier of a launch of G groups waits for n G): one thread a group
+// publishes its group's writes (__threadfence), arrives (atomicAdd) and polls the counter;
+// the group's other threads wait at the group barrier. Safe only while every group of the
+// grid is resident at once (tail_one_launch launches one group an SM, which always fits).
+// A wait longer than limit_ns returns false instead of hanging: the caller poisons its
+// outputs and raises a flag, so a grid that was not resident shows as NaN, never as a hang
+// or as plausible numbers.
+KFN bool grid_barrier(u32* count, u32 target, unsigned long long limit_ns, int lid) {
+  __shared__ int arrived_in_time;
+  __syncthreads();  // the group's writes are done
+  if (lid == 0) {
+    __threadfence();  // ... and visible at GPU scope before this group is counted
+    atomicAdd(count, 1u);
+    const unsigned long long t0 = global_ns();
+    int ok = 1;
+    while (load_acquire(count) < target) {
+      if (global_ns() - t0 > limit_ns) {
+        ok = 0;
+        break;
+      }
+    }
+    arrived_in_time = ok;
+  }
+  __syncthreads();  // the group's threads read after every group's writes
+  return arrived_in_time != 0;
+}
+
 //== body ==
   // Thread and group indices (1-D launches), the names the bodies use.
   const int lid = (int)threadIdx.x;        // thread in its group

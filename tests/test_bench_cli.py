@@ -22,7 +22,7 @@ from bench import record
 from workbench import schedule, waits
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("gpu_check", "kernel_bench", "kernel_bodies", "kernel_plot", "launch_profile", "real_model", "sanitize",
+BENCHES = ("gpu_check", "kernel_bench", "kernel_bodies", "kernel_plot", "launch_profile", "one_launch", "real_model", "sanitize",
            "schedule_run", "split_price", "sweep_rate", "tail_bench", "wait_price")
 #: Commands that write no JSON record of their own: kernel_bench prints tables for
 #: gpu_check, which writes its record; kernel_plot draws a record's figure beside it.
@@ -161,6 +161,7 @@ def test_wait_price_add_reports_or_refuses_a_replaced_entry(tmp_path: Path, caps
     ("sweep_rate", ["--configs", "f64"], "--configs must be a comma-separated list"),
     ("split_price", ["--n", "2"], "--n must be >= 5"),
     ("tail_bench", ["--repeats", "0"], "--repeats must be >= 1"),
+    ("one_launch", ["--repeats", "0"], "--repeats must be >= 1"),
 ])
 def test_bad_arguments_are_usage_errors(bench: str, argv: list[str], says: str, capsys) -> None:
     main = importlib.import_module(f"bench.{bench}").main

@@ -204,6 +204,112 @@ def _template_line(name: str, value: object) -> str:
     return f"  using {name} = {CUDA_TYPES[str(value)]};\n"
 
 
+# -- the tail in one launch (CUDA only) -----------------------------------------------
+
+
+#: The one-launch tail's body: the three tail phases between grid-wide barriers.
+ONE_LAUNCH_BODY = "tail_one_launch.body"
+
+#: MLX's name for the one-launch tail.
+ONE_LAUNCH_NAME = "fat_tail_one_launch"
+
+#: Each phase of the one-launch tail: its launch, and the prefix its template values take
+#: in the one launch (``WO_FMT`` is wo's ``FMT``; inside the phase it is bound to ``FMT``).
+ONE_LAUNCH_PHASES: tuple[tuple[str, str], ...] = (("wo_residual", "WO_"), ("ffn_gate_up", "GU_"),
+                                                  ("ffn_down", "DN_"))
+
+#: What the phases pass each other through the launch's own memory (``work``), not as
+#: inputs or outputs: h (wo's output, read by gate_up and down as ``hin``) and act.
+_ONE_LAUNCH_INTERNAL = frozenset({"h", "hin", "act"})
+
+
+def one_launch_inputs() -> tuple[str, ...]:
+    """The one-launch tail's inputs, in the order its launch passes them: the three
+    launches' inputs (each once, h and act left out: they live in ``work``), then ``work``
+    and ``after``."""
+    names: list[str] = []
+    for kernel, _ in ONE_LAUNCH_PHASES:
+        names += [n for n in KERNELS[kernel].inputs if n not in _ONE_LAUNCH_INTERNAL and n not in names]
+    return (*names, "work", "after")
+
+
+def one_launch_template() -> tuple[str, ...]:
+    """The one-launch tail's template names: NT, HID, FFN, SYNC_AT, then every phase's own
+    template values (NT aside) under its prefix."""
+    names = ["NT", "HID", "FFN", "SYNC_AT"]
+    for kernel, prefix in ONE_LAUNCH_PHASES:
+        names += [prefix + t for t in KERNELS[kernel].template if t != "NT"]
+    return tuple(names)
+
+
+def _phase(kernel: str, prefix: str, kernel_dir: str | Path | None) -> str:
+    """One phase of the one-launch tail: the launch's body in a scope of its own, its
+    template values bound to the names the body uses, h read as ``hin``; ffn_down's body
+    (one group's DR rows) in a loop over the row groups this group takes."""
+    spec = KERNELS[kernel]
+    binds = "".join(f"  constexpr auto {t} = {prefix}{t};\n" for t in spec.template if t != "NT")
+    body = read(spec.body, kernel_dir=kernel_dir)
+    hin = "  const float* hin = h;\n" if "hin" in spec.inputs else ""
+    if kernel == "ffn_down":
+        body = ("  for (int row_group = gid; row_group < HID / DR; row_group += ngroups) {\n"
+                "  const int gid = row_group;  // the body's group index: the row group it takes\n"
+                f"{body}  }}\n")
+    return f"  {{  // ---- phase: {spec.body} ----\n{hin}{binds}{body}  }}\n"
+
+
+def compose_one_launch(*, kernel_dir: str | Path | None = None) -> tuple[str, str]:
+    """``(header, source)`` of the one-launch tail for ``mx.fast.cuda_kernel``: CUDA's
+    prelude and common.h as for the three launches; the body is ``tail_one_launch.body``
+    with each ``//== phase NAME ==`` line replaced by that launch's body (:func:`_phase`).
+    CUDA only: Metal promises no forward progress between threadgroups, so a grid barrier
+    could wait forever there (kernels/README.md)."""
+    head, body_part = prelude("cuda", kernel_dir=kernel_dir)
+    common = read("common.h", kernel_dir=kernel_dir)
+    header = f"// ---- prelude (cuda) ----\n{head}\n// ---- common.h ----\n{common}\n"
+    lines = []
+    for line in read(ONE_LAUNCH_BODY, kernel_dir=kernel_dir).splitlines(keepends=True):
+        m = line.strip()
+        if m.startswith("//== phase ") and m.endswith(" =="):
+            kernel = m[len("//== phase "):-3].strip()
+            prefix = dict(ONE_LAUNCH_PHASES).get(kernel)
+            if prefix is None:
+                raise ValueError(f"{ONE_LAUNCH_BODY}: unknown phase {kernel!r}; the phases are "
+                                 f"{[k for k, _ in ONE_LAUNCH_PHASES]}")
+            lines.append(_phase(kernel, prefix, kernel_dir))
+        else:
+            lines.append(line)
+    return header, f"{body_part}\n  // ---- {ONE_LAUNCH_BODY} ----\n{''.join(lines)}"
+
+
+def _translation_unit(name: str, header: str, source: str, inputs: tuple[str, ...], outputs: tuple[str, ...],
+                      input_dtypes: dict[str, str], template_names: tuple[str, ...],
+                      template: dict[str, object]) -> str:
+    missing = [n for n in inputs if n not in input_dtypes]
+    if missing:
+        raise ValueError(f"input_dtypes must name every input of {name}; missing {missing}")
+    absent = [t for t in template_names if t not in template]
+    if absent:
+        raise ValueError(f"template must give every template value of {name}; missing {absent}")
+    args = [f"    const {CUDA_TYPES[input_dtypes[n]]}* {n}" for n in inputs]
+    args += [f"    float* {n}" for n in outputs]
+    consts = "".join(_template_line(k, template[k]) for k in template_names)
+    return (
+        "#include <cstdint>\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cooperative_groups.h>\n"
+        f"{header}namespace mlx::core::cu {{\n\nnamespace cg = cooperative_groups;\n\n"
+        f"__global__ void custom_kernel_{name}(\n" + ",\n".join(args) + ") {\n"
+        f"{consts}\n{source}\n}}\n\n}} // namespace mlx::core::cu\n"
+    )
+
+
+def one_launch_translation_unit(input_dtypes: dict[str, str], template: dict[str, object], *,
+                                kernel_dir: str | Path | None = None) -> str:
+    """The CUDA file MLX would compile for the one-launch tail, standalone (for ``nvcc -c``):
+    as :func:`cuda_translation_unit` for the three launches."""
+    header, source = compose_one_launch(kernel_dir=kernel_dir)
+    return _translation_unit(ONE_LAUNCH_NAME, header, source, one_launch_inputs(), ("out",), input_dtypes,
+                             one_launch_template(), template)
+
+
 def cuda_translation_unit(kernel: str, input_dtypes: dict[str, str], template: dict[str, object], *,
                           kernel_dir: str | Path | None = None) -> str:
     """The CUDA file MLX would compile for ``kernel``, standalone (for ``nvcc -c``).
@@ -216,16 +322,6 @@ def cuda_translation_unit(kernel: str, input_dtypes: dict[str, str], template: d
     :func:`compose`.
     """
     spec = _check_kernel(kernel)
-    missing = [n for n in spec.inputs if n not in input_dtypes]
-    if missing:
-        raise ValueError(f"input_dtypes must name every input of {kernel}; missing {missing}")
     header, source = compose("cuda", kernel, kernel_dir=kernel_dir)
-    args = [f"    const {CUDA_TYPES[input_dtypes[n]]}* {n}" for n in spec.inputs]
-    args += [f"    float* {n}" for n in spec.outputs]
-    consts = "".join(_template_line(k, template[k]) for k in spec.template)
-    return (
-        "#include <cstdint>\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cooperative_groups.h>\n"
-        f"{header}namespace mlx::core::cu {{\n\nnamespace cg = cooperative_groups;\n\n"
-        f"__global__ void custom_kernel_{spec.name}(\n" + ",\n".join(args) + ") {\n"
-        f"{consts}\n{source}\n}}\n\n}} // namespace mlx::core::cu\n"
-    )
+    return _translation_unit(spec.name, header, source, spec.inputs, spec.outputs, input_dtypes, spec.template,
+                             template)

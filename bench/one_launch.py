@@ -1,0 +1,331 @@
+"""The tail as ONE CUDA launch against its three launches: checked, then timed, one record.
+
+    python -m bench.one_launch                         # checks, the bf16 sweep, every format
+    python -m bench.one_launch --formats bfloat16      # bf16 only
+    python -m bench.one_launch --no-timeout-check      # skip the 8-second barrier-timeout check
+
+What it answers: where a tail's one evaluation spends the time beyond its device time
+(MLX's cost per custom kernel evaluated, measured at frink-models' test size where
+nothing is streamed), and whether the one-launch tail (``workbench.one_launch``: the three
+bodies as phases between grid barriers) removes it, with the same inputs, in one run:
+
+1. **Checks first** (nothing is timed that has not passed):
+   * frink-models' test case and a small folded tail (256, 1024, 2048; block 256) in every
+     weight format, against the float64 oracle at ``bench.gpu_check``'s tolerance rule
+     (``exact_oracle.tolerance_for``: max(2e-4, twice the float32 oracle's own error));
+   * Bonsai-27B's tail (5120, 6144, 17408; block 1024) in every format against the
+     three launches (which ``bench.gpu_check`` checks against float64), and in bf16
+     against the float64 oracle too; the same inputs twice give the same bits;
+   * the safety net: the grid sized for twice the SMs there are (so half its groups
+     cannot be resident) must raise ``GridBarrierTimeout`` after its barriers give up,
+     and the next launch must be right again.
+2. **A sweep** of the one launch's shape and loads on the bf16 tail (device time a tail,
+   ten chained launches in one evaluation); the best is used below.
+3. **Per format**, interleaved round by round: one evaluation with its wait, resident
+   inputs, for the three launches (plain and ``mx.compile``d), the one launch (plain and
+   compiled), PyTorch's CUDA-graph replay (bf16) and one tiny evaluation; device time a
+   tail; the floor (weight bytes over the device's copy bandwidth).
+
+The record goes to ``data/bench/one_launch-<device>-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import mlx.core as mx
+import numpy as np
+
+from bench import kernel_bench, record
+from workbench import backends, kernel_launch, one_launch, tail
+from workbench.comparison import compare
+from workbench.exact_oracle import host_tail_exact, tolerance_for
+from workbench.frink_case import seed_case
+from workbench.weights import QUANT_FORMATS
+
+#: Weight formats: bfloat16 and the quantized ones the kernels read.
+FORMATS: tuple[str, ...] = ("bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
+
+#: The one launch's variants tried on the bf16 tail: (changes to the three launches'
+#: tuning, which set each phase's loads; the one launch's shape). At one group an SM the
+#: registers a thread may use go up to 128, so more loads in flight cost no occupancy.
+VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
+    "default": ({}, one_launch.OneLaunchShape()),
+    "u8": ({"u_wo": 8, "u_gate_up": 8}, one_launch.OneLaunchShape()),
+    "u8_down_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32}, one_launch.OneLaunchShape()),
+    "down_r2": ({}, one_launch.OneLaunchShape(down_rows=2)),
+    "down_r8_u32": ({"u_down": 32}, one_launch.OneLaunchShape(down_rows=8)),
+    "gu_pre": ({"pre_gate_up": True}, one_launch.OneLaunchShape()),
+    "nt1024": ({}, one_launch.OneLaunchShape(nt=1024)),
+}
+
+
+def _weights(fmt: str, shape: tuple[int, int, int], block: int, seed: int) -> tail.TailWeights:
+    q = QUANT_FORMATS.get(fmt)
+    spec = {"mode": q.mode, "bits": q.bits, "group_size": q.group_size} if q else None
+    return tail.TailWeights.random(*shape, seed=seed, fold_block=block, dtype=fmt if q is None else "bfloat16",
+                                   quantize=spec)
+
+
+def _one(w: tail.TailWeights, tuning: kernel_launch.KernelTuning | None = None,
+         shape: one_launch.OneLaunchShape | None = None) -> tuple[kernel_launch.PreparedTail, one_launch.OneLaunchTail]:
+    prep = kernel_launch.prepared(tail.tail_launch(w), "cuda", tuning)
+    return prep, one_launch.OneLaunchTail(prep, shape)
+
+
+def _check(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, oracle: bool,
+           tuning: kernel_launch.KernelTuning | None = None,
+           shape: one_launch.OneLaunchShape | None = None) -> dict[str, Any]:
+    """One case: the one launch against the three and (``oracle``) the float64 oracle."""
+    prep, one = _one(w, tuning, shape)
+    got = one.run(br, res)
+    again = one.run(br, res)
+    three = np.array(prep(mx.array(br), mx.array(res)))
+    scale = max(float(np.max(np.abs(three))), 1.0)
+    entry: dict[str, Any] = {
+        "case": name, "shape": list(w.shape), "format": w.wo.dtype if w.wo.quantization is None else
+        str(w.wo.quantization), "groups": one.groups, "nt": one.shape.nt,
+        "vs_three_launches_worst_scaled": float(np.max(np.abs(got - three)) / scale),
+        "bits_equal_three_launches": int(np.sum(got.view(np.uint32) == three.view(np.uint32))),
+        "outputs": int(got.size), "deterministic": bool(np.array_equal(got.view(np.uint32), again.view(np.uint32))),
+        "finite": bool(np.isfinite(got).all()),
+    }
+    passed = entry["deterministic"] and entry["finite"]
+    if oracle:
+        truth = host_tail_exact(w, br, res)
+        tol, f32 = tolerance_for(w, br, res, truth)
+        c = compare(got, truth, tol=tol)
+        entry.update(tolerance=tol, float32_oracle_worst=f32, vs_float64=str(c), worst=c.worst)
+        passed = passed and c.passed
+    else:  # the three launches are checked against float64 by bench.gpu_check: here, agreement with them
+        entry["tolerance_vs_three"] = 2e-4
+        passed = passed and entry["vs_three_launches_worst_scaled"] <= 2e-4
+    entry["passed"] = bool(passed)
+    print(f"check {name}: {'PASS' if passed else 'FAIL'}; " + (f"{entry['vs_float64']}; " if oracle else "")
+          + f"vs three launches {entry['vs_three_launches_worst_scaled']:.3g} scaled, bits equal "
+          f"{entry['bits_equal_three_launches']}/{entry['outputs']}, deterministic {entry['deterministic']}",
+          flush=True)
+    return entry
+
+
+def timeout_check(w: tail.TailWeights, br: np.ndarray, res: np.ndarray) -> dict[str, Any]:
+    """The grid sized for twice the SMs (half its groups cannot be resident): the launch
+    must raise GridBarrierTimeout, not hang and not return numbers; the next launch of a
+    correctly sized grid must be right."""
+    from workbench import cuda_device
+
+    sms = cuda_device.multiprocessor_count()
+    prep, bad = _one(w, shape=one_launch.OneLaunchShape(sm_count=2 * sms))
+    t0 = time.perf_counter()
+    try:
+        bad.run(br, res)
+        raised = None
+    except one_launch.GridBarrierTimeout as e:
+        raised = str(e)
+    seconds = time.perf_counter() - t0
+    good = one_launch.OneLaunchTail(prep).run(br, res)
+    three = np.array(prep(mx.array(br), mx.array(res)))
+    ok_after = bool(np.array_equal(good.view(np.uint32), three.view(np.uint32))) or bool(
+        np.max(np.abs(good - three)) <= 2e-4 * max(float(np.max(np.abs(three))), 1.0))
+    out = {"sm_count": sms, "groups_launched": 2 * sms, "raised": raised, "seconds": seconds,
+           "right_after": ok_after, "passed": raised is not None and ok_after}
+    print(f"check barrier timeout: {'PASS' if out['passed'] else 'FAIL'}: raised after {seconds:.1f} s: {raised}; "
+          f"the next launch right: {ok_after}", flush=True)
+    return out
+
+
+def chained_ms(one: one_launch.OneLaunchTail, b: mx.array, r: mx.array, n: int = 10, repeats: int = 5) -> float:
+    """Device time a tail of the one launch: ``n`` launches chained in one evaluation."""
+    return kernel_batched(lambda: one(b, r), n, repeats)
+
+
+def kernel_batched(make: Callable[[], Any], n: int = 10, repeats: int = 5) -> float:
+    """``kernel_bench.batched_ms``: per-tail time of ``n`` tails in one evaluation."""
+    return kernel_bench.batched_ms(make, n, repeats)
+
+
+def sweep(w: tail.TailWeights, b: mx.array, r: mx.array, br: np.ndarray, res: np.ndarray) -> dict[str, Any]:
+    """Device time a tail of each variant (a variant that fails to launch is recorded, not fatal)."""
+    out: dict[str, Any] = {}
+    base = kernel_launch.DEFAULT_TUNING
+    ref = None
+    for name, (changes, shape) in VARIANTS.items():
+        try:
+            prep, one = _one(w, dataclasses.replace(base, **changes), shape)
+            got = one.run(br, res)
+            ref = got if ref is None else ref
+            agree = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1.0))
+            out[name] = {"device_ms": chained_ms(one, b, r), "vs_default_worst_scaled": agree,
+                         "changes": changes, "shape": dataclasses.asdict(shape)}
+            print(f"variant {name}: {out[name]['device_ms']:.4f} ms a tail (agrees with default to {agree:.2g})",
+                  flush=True)
+        except Exception as e:  # noqa: BLE001 -- a variant the device cannot launch: say why, go on
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"variant {name} failed: {out[name]['error']}", flush=True)
+    return out
+
+
+def time_case(label: str, w: tail.TailWeights, tuning: kernel_launch.KernelTuning, shape: one_launch.OneLaunchShape,
+              bandwidth: float, repeats: int, seed: int) -> dict[str, Any]:
+    br, res = tail.random_inputs(w, seed=seed)
+    b, r = mx.array(br), mx.array(res)
+    mx.eval(b, r)
+    prep, one = _one(w, tuning, shape)
+    compiled3 = prep.compiled()
+    compiled1 = one.compiled()
+    tiny = mx.array(np.ones(8, np.float32))
+    fns: dict[str, Callable[[], Any]] = {
+        "three_launches": lambda: mx.eval(prep(b, r)),
+        "three_launches_compiled": lambda: mx.eval(compiled3(b, r)),
+        "one_launch": lambda: mx.eval(one(b, r)),
+        "one_launch_compiled": lambda: mx.eval(compiled1(b, r)),
+        "one_tiny_eval": lambda: mx.eval(tiny + 1),
+    }
+    peer = kernel_bench.torch_peer(w, br, res)
+    if peer is not None:
+        fns["torch_cuda_graph"] = peer["graph"]
+        fns["torch_eager"] = peer["eager"]
+    resident = kernel_bench.time_rounds(fns, repeats)
+    device = {"three_launches": kernel_batched(lambda: prep(b, r)), "one_launch": chained_ms(one, b, r)}
+    if peer is not None:
+        device["torch_cuda_graph"] = peer["graph_device_ms"]()
+    split = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        o = one(b, r)
+        t1 = time.perf_counter()
+        mx.eval(o)
+        split.append(((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3))
+    if one.barrier_failed():
+        raise one_launch.GridBarrierTimeout(f"{label}: a barrier timed out during the timing")
+    floor = prep.weight_bytes() / bandwidth * 1e3
+    med = {k: v["median_ms"] for k, v in resident.items()}
+    entry = {
+        "case": label, "weight_bytes": prep.weight_bytes(), "floor_ms": floor, "resident_ms": resident,
+        "device_ms_per_tail": device,
+        "one_launch_split_ms": {"build_graph": statistics.median(p[0] for p in split),
+                                "eval_and_wait": statistics.median(p[1] for p in split)},
+        "one_launch_compiled_over_three_compiled": med["one_launch_compiled"] / med["three_launches_compiled"],
+        "device_one_over_three": device["one_launch"] / device["three_launches"],
+        "device_over_floor": {k: v / floor for k, v in device.items()},
+        "groups": one.groups, "nt": one.shape.nt,
+    }
+    if peer is not None:
+        entry["one_launch_compiled_over_torch_graph"] = med["one_launch_compiled"] / med["torch_cuda_graph"]
+    return entry
+
+
+def fixed_cost(repeats: int) -> dict[str, float]:
+    """One evaluation with its wait at frink-models' test size (nothing to stream): the
+    three launches, the one launch (each plain and compiled), one tiny evaluation."""
+    c = seed_case()
+    prep, one = _one(c.weights, shape=one_launch.OneLaunchShape())
+    b, r = mx.array(c.branch), mx.array(c.residual)
+    c3, c1 = prep.compiled(), one.compiled()
+    tiny = mx.array(np.ones(8, np.float32))
+    t = kernel_bench.time_rounds({"three_launches": lambda: mx.eval(prep(b, r)),
+                                  "three_launches_compiled": lambda: mx.eval(c3(b, r)),
+                                  "one_launch": lambda: mx.eval(one(b, r)),
+                                  "one_launch_compiled": lambda: mx.eval(c1(b, r)),
+                                  "one_tiny_eval": lambda: mx.eval(tiny + 1)}, repeats)
+    return {k: v["median_ms"] for k, v in t.items()}
+
+
+def run(formats: list[str], repeats: int, seed: int, timeout: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"checks": [], "formats": formats}
+    small = ((256, 1024, 2048), 256)
+    c = seed_case()
+    out["checks"].append(_check("frink-models test case", c.weights, c.branch, c.residual, oracle=True))
+    for i, fmt in enumerate(formats):
+        w = _weights(fmt, small[0], small[1], seed + i)
+        br, res = tail.random_inputs(w, seed=seed + 50 + i)
+        out["checks"].append(_check(f"small {fmt}", w, br, res, oracle=True))
+    (hidden, branch, ffn), block = kernel_bench.BONSAI
+    bonsai: dict[str, tail.TailWeights] = {}
+    for i, fmt in enumerate(formats):
+        w = _weights(fmt, (hidden, branch, ffn), block, seed + 100 + i)
+        br, res = tail.random_inputs(w, seed=seed + 150 + i)
+        out["checks"].append(_check(f"bonsai27b {fmt}", w, br, res, oracle=fmt == "bfloat16"))
+        bonsai[fmt] = w
+    first = bonsai[formats[0]]
+    if timeout:
+        br, res = tail.random_inputs(first, seed=seed + 200)
+        out["timeout_check"] = timeout_check(first, br, res)
+    out["all_checks_passed"] = all(e["passed"] for e in out["checks"]) and (
+        not timeout or out["timeout_check"]["passed"])
+    if not out["all_checks_passed"]:
+        print("a check failed: nothing is timed")
+        return out
+
+    bw_torch = kernel_bench.copy_bandwidth_torch()
+    bw_mlx = record.copy_bandwidth(1 << 30, repeats=10)
+    bandwidth = bw_torch or bw_mlx
+    out["copy_bandwidth_Bps"] = {"torch_copy": bw_torch, "mlx_x_plus_1": bw_mlx, "used_for_floor": bandwidth}
+    out["seed_size_resident_ms"] = fixed_cost(repeats)
+    print("one evaluation at frink-models' test size (median ms): "
+          + ", ".join(f"{k} {v:.4f}" for k, v in out["seed_size_resident_ms"].items()), flush=True)
+
+    b, r = (mx.array(a) for a in tail.random_inputs(first, seed=seed + 300))
+    br, res = tail.random_inputs(first, seed=seed + 300)
+    out["sweep"] = sweep(first, b, r, br, res)
+    ok = {k: v for k, v in out["sweep"].items() if "device_ms" in v}
+    best = min(ok, key=lambda k: ok[k]["device_ms"]) if ok else "default"
+    out["variant_chosen"] = best
+    changes, shape = VARIANTS[best]
+    tuning = dataclasses.replace(kernel_launch.DEFAULT_TUNING, **changes)
+    out["cases"] = []
+    for i, fmt in enumerate(formats):
+        try:
+            out["cases"].append(time_case(f"bonsai27b-{fmt}", bonsai[fmt], tuning, shape, bandwidth, repeats,
+                                          seed + 400 + i))
+            print_case(out["cases"][-1])
+        except Exception as e:  # noqa: BLE001 -- record it and go on to the next format
+            out.setdefault("errors", {})[fmt] = f"{type(e).__name__}: {e}"
+            print(f"{fmt}: {out['errors'][fmt]}", flush=True)
+    return out
+
+
+def print_case(c: dict[str, Any]) -> None:
+    print(f"\n{c['case']}: {c['weight_bytes'] / 1e6:.1f} MB, floor {c['floor_ms']:.3f} ms; grid {c['groups']} x {c['nt']}")
+    print(f"  {'one evaluation, resident':<28}{'median ms':>10}{'x floor':>9}")
+    for name, v in c["resident_ms"].items():
+        print(f"  {name:<28}{v['median_ms']:>10.3f}{v['median_ms'] / c['floor_ms']:>9.2f}")
+    print("  device ms a tail: " + ", ".join(f"{k} {v:.3f} ({c['device_over_floor'][k]:.2f}x floor)"
+                                              for k, v in c["device_ms_per_tail"].items()))
+    line = f"  one launch compiled / three compiled: {c['one_launch_compiled_over_three_compiled']:.2f}"
+    if "one_launch_compiled_over_torch_graph" in c:
+        line += f"; / PyTorch CUDA graph: {c['one_launch_compiled_over_torch_graph']:.2f}"
+    print(line + f"; one launch's build / eval+wait: {c['one_launch_split_ms']['build_graph']:.3f} / "
+          f"{c['one_launch_split_ms']['eval_and_wait']:.3f} ms", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = record.parser("one_launch", __doc__)
+    ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
+    ap.add_argument("--repeats", type=int, default=40, help="timed rounds a variant")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-timeout-check", action="store_true", help="skip the barrier-timeout check (8 s)")
+    a = ap.parse_args(argv)
+    formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
+    if a.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    if not backends.cuda_available():
+        print("no NVIDIA GPU here: the one-launch tail is CUDA only (MLX's CUDA back-end)")
+        return 2
+    prov = record.provenance("one_launch", argv)
+    started = _dt.datetime.fromisoformat(prov["date"])
+    out = run(formats, a.repeats, a.seed, not a.no_timeout_check)
+    rec = {"what": "the tail as one CUDA launch against its three launches", **prov, **out}
+    if not a.no_record:
+        device = prov["device"].get("device_name", "gpu")
+        record.write(rec, a.out_dir, record.record_stem("one_launch", device, started), force=a.force)
+    return 0 if out["all_checks_passed"] and not out.get("errors") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

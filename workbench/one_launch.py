@@ -1,0 +1,223 @@
+"""The fused tail as ONE CUDA launch: the three tail kernels' phases between grid barriers.
+
+``kernel_launch.PreparedTail`` encodes a tail as three launches (wo_residual,
+ffn_gate_up, ffn_down) in one evaluation. On the H200, MLX's cost of evaluating those
+three custom kernels and waiting was ~0.1 ms at frink-models' test size (nothing
+streamed), against ~0.03 ms for one tiny evaluation (kernels/README.md). This module
+runs the same three bodies as the phases of ONE kernel (``kernels/tail_one_launch.body``,
+composed by ``kernel_source.compose_one_launch``): every group does its share of wo, waits
+at a grid-wide barrier until all of h exists, does its share of gate/up, waits again,
+then its rows of down.
+
+What makes a grid barrier safe, and how it is enforced here:
+
+* **Every group resident at once.** A group spinning at the barrier holds its SM; if a
+  group of the grid has not started, it never will. The grid is exactly
+  ``groups_per_sm`` x the GPU's SM count, the count read from the NVIDIA driver
+  (:func:`workbench.cuda_device.multiprocessor_count`), never a default. One group an SM
+  always fits (a group that fits no SM alone cannot be launched at all); two fit only
+  when their registers and shared memory do, which is why 1 is the default.
+* **No second grid at the same time.** MLX runs graph nodes with no data dependency
+  between them concurrently, and two barrier grids sharing the SMs could each wait for
+  the other's SMs. Every launch therefore names the previous one's output as ``after``
+  (:meth:`OneLaunchTail.__call__` does this itself), which orders them; a tail whose
+  input is another's output is ordered anyway.
+* **A hang becomes an error.** A barrier that waits over 4 s gives up: the group writes
+  NaN into its rows of ``out`` and raises a flag in the launch's memory, which
+  :meth:`OneLaunchTail.run` reads after the wait and raises :class:`GridBarrierTimeout`
+  (zeroing the memory again for the next launch).
+
+The launch's own memory (``work``: h, act, the barrier counter, the flag) is made once
+and kept, as an engine keeps scratch buffers; the counter returns to 0 at the end of
+every launch. Metal has no forward-progress promise between threadgroups, so there is
+no Metal one-launch tail: the Metal path keeps its three dispatches in one submission,
+as frink-models does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import cuda_device, kernel_launch, kernel_source, validate
+
+#: CUDA's limit on a kernel's static shared memory; the three phases' group memory is
+#: declared side by side (each phase's arrays in its own scope), so their sum must fit.
+STATIC_SHARED_LIMIT = 48 * 1024
+
+#: Threads a group of the one launch, by default (every phase runs with the same groups).
+DEFAULT_NT = 512
+
+
+class GridBarrierTimeout(RuntimeError):
+    """A one-launch tail's grid barrier waited too long: not every group was resident."""
+
+
+@lru_cache(maxsize=None)
+def _kernel() -> Any:
+    header, source = kernel_source.compose_one_launch()
+    return mx.fast.cuda_kernel(name=kernel_source.ONE_LAUNCH_NAME, input_names=list(kernel_source.one_launch_inputs()),
+                               output_names=["out"], source=source, header=header, ensure_row_contiguous=True)
+
+
+@dataclass(frozen=True)
+class OneLaunchShape:
+    """Group size and grid of the one launch: ``nt`` threads a group, ``groups_per_sm``
+    groups an SM (1 is always resident; see the module's doc), ``down_rows`` rows of
+    down a group at a time (its reads of act shared by them), ``sm_count`` (None: the
+    driver's)."""
+
+    nt: int = DEFAULT_NT
+    groups_per_sm: int = 1
+    down_rows: int = 4
+    sm_count: int | None = None
+
+    def __post_init__(self) -> None:
+        nt = validate.integer("nt", self.nt, minimum=32, maximum=kernel_launch.MAX_GROUP_THREADS)
+        if nt % 32:
+            raise ValueError(f"nt: must be a multiple of 32 (whole warps) in 32..1024, got {nt}")
+        validate.integer("groups_per_sm", self.groups_per_sm, minimum=1, maximum=4)
+        rows = validate.integer("down_rows", self.down_rows, minimum=1, maximum=8)
+        if rows & (rows - 1):
+            raise ValueError(f"down_rows: must be 1, 2, 4 or 8 (rows of down a group takes at a time); got {rows}")
+        if self.sm_count is not None:
+            validate.integer("sm_count", self.sm_count, minimum=1)
+
+
+def static_shared_bytes(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> int:
+    """The one launch's static shared memory: the three phases' group memory side by side
+    (as ``kernel_launch.threadgroup_bytes`` lays out each) and the barrier's one word."""
+    tp = {k: dict(v) for k, v in prep.templates().items()}
+    tp["ffn_down"].update(NT=shape.nt, DR=shape.down_rows)
+    for k in ("wo_residual", "ffn_gate_up"):
+        tp[k]["NT"] = shape.nt
+    return sum(kernel_launch.threadgroup_bytes(k, tp[k]) for k in kernel_source.TAIL_KERNELS) + 16
+
+
+def sync_at(prep: kernel_launch.PreparedTail) -> int:
+    """Where the barrier counter sits in ``work`` (floats): after h and act, on a 128-byte
+    line of its own (the failure flag 32 words on, on the next)."""
+    return -(-(prep.hidden + prep.ffn) // 32) * 32
+
+
+def launch_template(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> list[tuple[str, Any]]:
+    """The one launch's template values (``kernel_source.one_launch_template``'s names):
+    each phase's values as its own launch would take them (``prep.templates()``), down's
+    rows a group from ``shape``, NT = ``shape.nt`` for every phase. Dialect-free, so it can
+    be computed (and the CUDA text compiled with nvcc) from any prepared tail."""
+    tp = prep.templates()
+    down = dict(tp["ffn_down"])
+    # down's units in flight a thread, u_down, shared by its DR rows (as PreparedTail.templates)
+    down.update(DR=shape.down_rows,
+                U=max(1, kernel_launch._units(prep.down.fmt, prep.tuning.u_down) // shape.down_rows))
+    phases = {"wo_residual": dict(tp["wo_residual"]), "ffn_gate_up": dict(tp["ffn_gate_up"]), "ffn_down": down}
+    template: list[tuple[str, Any]] = [("NT", shape.nt), ("HID", prep.hidden), ("FFN", prep.ffn),
+                                       ("SYNC_AT", sync_at(prep))]
+    for kernel, prefix in kernel_source.ONE_LAUNCH_PHASES:
+        template += [(prefix + k, v) for k, v in phases[kernel].items() if k != "NT"]
+    return template
+
+
+class OneLaunchTail:
+    """A prepared tail's three phases as one CUDA launch (see the module's doc).
+
+    Built from a ``kernel_launch.PreparedTail`` for the ``"cuda"`` dialect: the same
+    weights, fold plan, template values (each phase's ``U`` and ``PRE``) and constants.
+    Call it with ``branch`` [branch] and ``residual`` [hidden] (float32 ``mx.array``) for
+    the lazy output; :meth:`run` evaluates, checks the barrier flag and returns numpy.
+    """
+
+    def __init__(self, prep: kernel_launch.PreparedTail, shape: OneLaunchShape | None = None) -> None:
+        if not isinstance(prep, kernel_launch.PreparedTail):
+            raise ValueError(f"prep must be a kernel_launch.PreparedTail; got {type(prep).__name__}")
+        if prep.dialect != "cuda":
+            raise ValueError(f"the one-launch tail is CUDA only (got a {prep.dialect!r} tail): Metal promises no "
+                             "forward progress between threadgroups, so its tail keeps three dispatches in one "
+                             "submission")
+        shape = shape or OneLaunchShape()
+        if not isinstance(shape, OneLaunchShape):
+            raise ValueError(f"shape must be a OneLaunchShape; got {type(shape).__name__}")
+        used = static_shared_bytes(prep, shape)
+        if used > STATIC_SHARED_LIMIT:
+            raise ValueError(f"hidden ({prep.hidden}) / branch ({prep.branch_dim}): the one launch would declare {used} "
+                             f"bytes of shared memory, over CUDA's {STATIC_SHARED_LIMIT} for static shared memory; "
+                             "use the three launches (kernel_launch.PreparedTail)")
+        self.prep, self.shape = prep, shape
+        self.sms = shape.sm_count if shape.sm_count is not None else cuda_device.multiprocessor_count()
+        self.groups = self.sms * shape.groups_per_sm
+        self.sync_at = sync_at(prep)
+        self.work = mx.zeros((self.sync_at + 64,), dtype=mx.float32)
+        mx.eval(self.work)
+        self._last: mx.array | None = None
+        self.template = launch_template(prep, shape)
+        wo, g, u, d, rot = prep.wo, prep.gate, prep.up, prep.down, prep.rot
+        self._consts = {"sdest": rot["sdest"], "table": rot["table"], "params": prep.params,
+                        "w": wo.w, "ws": wo.s, "wb": wo.b, "nw": prep.norm,
+                        "wg": g.w, "wgs": g.s, "wgb": g.b, "wu": u.w, "wus": u.s, "wub": u.b,
+                        "wd": d.w, "wds": d.s, "wdb": d.b}
+        self._none = mx.zeros((prep.hidden,), dtype=mx.float32)  # `after` for the first launch
+        self._compiled: Any = None
+
+    def _launch(self, branch: mx.array, residual: mx.array, after: mx.array, verbose: bool = False) -> mx.array:
+        inputs = [branch, *(self._consts[n] for n in ("sdest", "table", "params", "w", "ws", "wb")), residual,
+                  *(self._consts[n] for n in ("nw", "wg", "wgs", "wgb", "wu", "wus", "wub", "wd", "wds", "wdb")),
+                  self.work, after]
+        return _kernel()(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),
+                         threadgroup=(self.shape.nt, 1, 1), output_shapes=[(self.prep.hidden,)],
+                         output_dtypes=[mx.float32], verbose=verbose)[0]
+
+    def __call__(self, branch: mx.array, residual: mx.array, *, after: mx.array | None = None,
+                 verbose: bool = False) -> mx.array:
+        """The tail's one launch, lazily. It names the previous call's output (or
+        ``after``, when given) as an input it never reads, so MLX orders the two launches
+        (module doc: no two barrier grids at once). A call whose output is never evaluated
+        is evaluated with the next call's, since the next one names it."""
+        after = after if after is not None else (self._last if self._last is not None else self._none)
+        out = self._launch(branch, residual, after, verbose)
+        self._last = out
+        return out
+
+    def compiled(self) -> Any:
+        """:meth:`__call__` with the launch traced once by ``mx.compile`` (less Python a call)."""
+        if self._compiled is None:
+            traced = mx.compile(lambda b, r, a: self._launch(b, r, a))
+
+            def call(branch: mx.array, residual: mx.array) -> mx.array:
+                out = traced(branch, residual, self._last if self._last is not None else self._none)
+                self._last = out
+                return out
+
+            self._compiled = call
+        return self._compiled
+
+    def barrier_failed(self) -> bool:
+        """Whether a launch since the last reset found a barrier that waited too long
+        (reads the flag: call after evaluating)."""
+        return bool(np.array(self.work[self.sync_at + 32 : self.sync_at + 33]).view(np.uint32)[0] != 0)
+
+    def reset(self) -> None:
+        """The launch's memory zeroed again (counter and flag), for a fresh start."""
+        self.work = mx.zeros(self.work.shape, dtype=mx.float32)
+        mx.eval(self.work)
+        self._last = None
+
+    def run(self, branch: Any, residual: Any) -> np.ndarray:
+        """One evaluation of the tail, float32 numpy out; :class:`GridBarrierTimeout`
+        (after zeroing the launch's memory) if a barrier gave up."""
+        b = kernel_launch._as_mx32(branch)
+        r = kernel_launch._as_mx32(residual)
+        for name, a, n in (("branch", b, self.prep.branch_dim), ("residual", r, self.prep.hidden)):
+            if a.shape != (n,):
+                raise ValueError(f"{name} must have shape ({n},) for this tail; got {tuple(a.shape)}")
+        out = self(b, r)
+        mx.eval(out)
+        if self.barrier_failed():
+            self.reset()
+            raise GridBarrierTimeout(f"a grid barrier of the one-launch tail waited over 4 s: not every one of its "
+                                     f"{self.groups} groups ({self.shape.groups_per_sm} an SM x {self.sms} SMs) was "
+                                     "resident; its output was NaN")
+        return np.array(out)
