@@ -23,9 +23,9 @@ FLOORS: dict[int, tuple[str, ...]] = {
     -1: ("validate",),  # argument checks: the one message form, usable by every module, the bottom included
     0: ("hadamard", "kernel_source", "moved_names", "records"),  # numbers, kernel text, old names' new homes, files written atomically
     1: ("backends", "fold", "model", "metal_emulation"),  # which devices exist; the rotation; real models' configs; Metal source on the CPU
-    2: ("weights", "refusals"),  # matrices that carry a fold; the rules over a config
+    2: ("weights", "refusals", "cuda_device"),  # matrices that carry a fold; the rules over a config; the GPU's SM count
     3: ("kernel_launch",),  # the kernels' launches for weights
-    4: ("tail", "gdn_kernel"),  # the tail's weights, math, three paths and one launch builder; a Gated DeltaNet step as one launch
+    4: ("tail", "gdn_kernel", "one_launch"),  # the tail's weights, math, three paths and one launch builder; a Gated DeltaNet step as one launch; the tail as one CUDA launch
     5: ("frink_case", "wait_measurement", "checkpoint", "decode_matvec"),  # the engine's test case; counting and timing waits; real checkpoints in; a decode step's matvecs, MLX ops or kernels
     6: ("comparison", "sweep_cases", "reference_model"),  # comparing a result with its reference; drawing cases; mlx-lm's model with a checkpoint
     7: ("exact_oracle", "three_way", "sweeps", "calibration", "waits", "real_model"),  # studies built on the tail; a real model end to end

@@ -218,6 +218,6 @@ class OneLaunchTail:
         if self.barrier_failed():
             self.reset()
             raise GridBarrierTimeout(f"a grid barrier of the one-launch tail waited over 4 s: not every one of its "
-                                     f"{self.groups} groups ({self.shape.groups_per_sm} an SM x {self.sms} SMs) was "
-                                     "resident; its output was NaN")
+                                     f"{self.groups} groups ({self.shape.groups_per_sm} an SM x {self.sms} SMs "
+                                     "assumed) was resident at once; its output was NaN")
         return np.array(out)

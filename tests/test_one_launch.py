@@ -1,0 +1,184 @@
+"""The tail as one CUDA launch (``workbench.one_launch``, ``kernels/tail_one_launch.body``).
+
+Its numbers are checked on an NVIDIA GPU (``python -m bench.one_launch``: against the
+float64 oracle and the three launches, and the barrier's timeout); a grid barrier cannot
+run in the CPU emulator, which runs groups one after another. Here: the composition (each
+phase is its launch's body, verbatim, with its own template values), the CUDA text
+compiled by nvcc with the template values a launch would pass (no spills, one 512-thread
+group an SM, shared memory as :func:`one_launch.static_shared_bytes` says and under CUDA's
+static limit), and every refusal.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from workbench import backends, cuda_device, kernel_launch, kernel_source as ks, one_launch, tail
+
+
+def test_each_phase_is_its_launch_body_verbatim_in_order():
+    header, source = ks.compose_one_launch()
+    assert "//== phase" not in source
+    at = [source.index(ks.read(ks.KERNELS[k].body)) for k, _ in ks.ONE_LAUNCH_PHASES]
+    assert at == sorted(at)
+    # two grid barriers, between the phases
+    bars = [m.start() for m in re.finditer(r"grid_barrier\(count", source)]
+    assert len(bars) == 2 and at[0] < bars[0] < at[1] < bars[1] < at[2]
+    assert "grid_barrier" in header and "ld.acquire.gpu" in header
+
+
+def test_inputs_leave_h_and_act_to_the_launch_memory():
+    names = ks.one_launch_inputs()
+    assert names[-2:] == ("work", "after") and len(set(names)) == len(names)
+    assert not {"h", "hin", "act"} & set(names)
+    for k, _ in ks.ONE_LAUNCH_PHASES:
+        assert set(ks.KERNELS[k].inputs) - {"hin", "act"} <= set(names)
+
+
+def test_each_phase_binds_its_own_template_values():
+    _, source = ks.compose_one_launch()
+    for kernel, prefix in ks.ONE_LAUNCH_PHASES:
+        for t in ks.KERNELS[kernel].template:
+            if t != "NT":
+                assert f"constexpr auto {t} = {prefix}{t};" in source
+    names = ks.one_launch_template()
+    assert len(set(names)) == len(names) and names[:4] == ("NT", "HID", "FFN", "SYNC_AT")
+
+
+def test_an_unknown_phase_line_is_refused(tmp_path: Path):
+    copy = tmp_path / "kernels"
+    shutil.copytree(ks.KERNEL_DIR, copy, ignore=shutil.ignore_patterns("metal_emulation"))
+    body = copy / ks.ONE_LAUNCH_BODY
+    body.write_text(body.read_text().replace("//== phase ffn_down ==", "//== phase ffn_sideways =="))
+    with pytest.raises(ValueError, match="unknown phase 'ffn_sideways'"):
+        ks.compose_one_launch(kernel_dir=copy)
+
+
+def _small_prep(dtype: str = "bfloat16", quantize: dict | None = None) -> kernel_launch.PreparedTail:
+    w = tail.TailWeights.random(256, 1024, 2048, seed=3, fold_block=256, dtype=dtype, quantize=quantize)
+    # the template values are dialect-free; a Metal prepared tail can be made without a GPU
+    return kernel_launch.prepare_tail(tail.tail_launch(w), "metal")
+
+
+def test_the_launch_template_is_each_launchs_own_with_downs_rows_from_the_shape():
+    prep = _small_prep()
+    shape = one_launch.OneLaunchShape(down_rows=4)
+    t = dict(one_launch.launch_template(prep, shape))
+    assert tuple(t) == ks.one_launch_template()
+    for kernel, prefix in ks.ONE_LAUNCH_PHASES:
+        own = {"NT", "DR", "U"} if kernel == "ffn_down" else {"NT"}  # what the one launch sets itself
+        for name, value in prep.templates()[kernel]:
+            if name not in own:
+                assert t[prefix + name] == value, (kernel, name)
+    assert t["NT"] == shape.nt and t["DN_DR"] == 4
+    assert t["DN_U"] == kernel_launch._units(prep.down.fmt, prep.tuning.u_down) // 4
+    assert t["SYNC_AT"] % 32 == 0 and t["SYNC_AT"] >= prep.hidden + prep.ffn
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(nt=48), "nt: must be a multiple of 32"),
+    (dict(nt=2048), "nt"),
+    (dict(down_rows=3), "down_rows: must be 1, 2, 4 or 8"),
+    (dict(groups_per_sm=0), "groups_per_sm"),
+    (dict(sm_count=0), "sm_count"),
+])
+def test_bad_shapes_are_refused_by_name(kw, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        one_launch.OneLaunchShape(**kw)
+
+
+def test_metal_has_no_one_launch_tail():
+    with pytest.raises(ValueError, match="CUDA only.*no forward progress"):
+        one_launch.OneLaunchTail(_small_prep())
+    with pytest.raises(ValueError, match="prep must be a kernel_launch.PreparedTail"):
+        one_launch.OneLaunchTail("a tail")
+
+
+def test_the_sm_count_comes_from_the_driver_or_raises():
+    with pytest.raises(ValueError, match="device must be a non-negative integer"):
+        cuda_device.multiprocessor_count(-1)
+    if backends.cuda_available():
+        assert cuda_device.multiprocessor_count() > 0
+    else:
+        try:
+            n = cuda_device.multiprocessor_count()
+        except backends.BackendUnavailable as e:
+            assert "CUDA driver" in str(e)
+        else:  # a driver without MLX's CUDA back-end: still a real count
+            assert n > 0
+
+
+# -- the CUDA text, compiled here when nvcc is -------------------------------------------
+
+
+def _dtypes(fmt: int, sfmt: int) -> dict[str, str]:
+    weight = {ks.WF_F32: "float32", ks.WF_BF16: "bfloat16"}.get(fmt, "uint32")
+    quantized = fmt in (ks.WF_Q4, ks.WF_Q8, ks.WF_FP4)
+    scale = {ks.SF_F32: "float32", ks.SF_BF16: "bfloat16", ks.SF_E8M0: "uint8", ks.SF_E4M3: "uint8"}[sfmt]
+    out = {}
+    for n in ks.one_launch_inputs():
+        if n in ("w", "wg", "wu", "wd"):
+            out[n] = weight
+        elif n in ("ws", "wgs", "wus", "wds"):
+            out[n] = scale if quantized else "float32"
+        elif n in ("wb", "wgb", "wub", "wdb"):
+            out[n] = scale if quantized and fmt != ks.WF_FP4 else "float32"
+        else:
+            out[n] = {"sdest": "int32", "table": "int8"}.get(n, "float32")
+    return out
+
+
+def _bonsai_template(fmt: int, sfmt: int, gs: int) -> dict[str, object]:
+    """The template values a launch passes at Bonsai-27B's shape (its defaults), written out:
+    making Bonsai's weights here would take minutes of CPU."""
+    base = dict(FMT=fmt, SFMT=sfmt, GS=gs, QI=fmt >= ks.WF_Q4)
+    t: dict[str, object] = dict(NT=512, HID=5120, FFN=17408, SYNC_AT=22528)
+    u = kernel_launch._units
+    phases = {"WO_": dict(base, WIDTH=6144, ROWS=5120, ROT=True, M=1, LOGP=10, U=u(fmt, 4), PRE=True),
+              "GU_": dict(base, HID=5120, FFN=17408, U=u(fmt, 4), PRE=False),
+              "DN_": dict(base, HID=5120, FFN=17408, U=max(1, u(fmt, 16) // 4), DR=4)}
+    for prefix, values in phases.items():
+        t.update({prefix + k: v for k, v in values.items()})
+    return t
+
+
+def _ptxas(src: Path) -> tuple[int, int, str]:
+    r = subprocess.run(["nvcc", "-arch=sm_90", "-c", "-o", str(src.with_suffix(".o")), "-Xptxas", "-v", str(src)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "0 bytes spill stores" in r.stderr, r.stderr[-2000:]
+    m = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", r.stderr)
+    assert m, r.stderr[-2000:]
+    return int(m.group(1)), int(m.group(2)), r.stderr
+
+
+#: bf16; affine 8-bit (the most shared memory: x tiled with its sums in two phases);
+#: nvfp4 (the most registers).
+_BONSAI_FORMATS = [(ks.WF_BF16, 0, 32), (ks.WF_Q8, ks.SF_BF16, 64), (ks.WF_FP4, ks.SF_E4M3, 16)]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
+@pytest.mark.parametrize("fmt,sfmt,gs", _BONSAI_FORMATS, ids=["bf16", "affine8", "nvfp4"])
+def test_bonsai_one_launch_compiles_to_one_group_an_sm(tmp_path: Path, fmt, sfmt, gs):
+    src = tmp_path / "one.cu"
+    src.write_text(ks.one_launch_translation_unit(_dtypes(fmt, sfmt), _bonsai_template(fmt, sfmt, gs)))
+    regs, smem, _ = _ptxas(src)
+    assert regs * 512 <= 65536, "a 512-thread group must fit an SM alone (the grid barrier needs every group resident)"
+    assert smem <= one_launch.STATIC_SHARED_LIMIT
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
+def test_the_shared_memory_estimate_is_what_nvcc_allocates(tmp_path: Path):
+    prep = _small_prep()
+    shape = one_launch.OneLaunchShape()
+    dtypes = _dtypes(prep.wo.fmt, prep.wo.sfmt)
+    src = tmp_path / "small.cu"
+    src.write_text(ks.one_launch_translation_unit(dtypes, dict(one_launch.launch_template(prep, shape))))
+    _, smem, _ = _ptxas(src)
+    est = one_launch.static_shared_bytes(prep, shape)
+    assert est - 16 <= smem <= est
