@@ -182,3 +182,22 @@ def test_the_shared_memory_estimate_is_what_nvcc_allocates(tmp_path: Path):
     _, smem, _ = _ptxas(src)
     est = one_launch.static_shared_bytes(prep, shape)
     assert est - 16 <= smem <= est
+
+
+def test_the_committed_record_reads_into_its_tables():
+    import json
+
+    path = sorted((ks.KERNEL_DIR.parent / "data" / "bench").glob("one_launch-*.json"))[0]
+    rec = json.loads(path.read_text())
+    checks, timing = one_launch.record_tables(rec)
+    assert len(checks) == len(rec["checks"]) and checks["pass"].all() == rec["all_checks_passed"]
+    bf16 = timing["bfloat16"]
+    case = rec["cases"][0]
+    assert bf16["one wait: one launch compiled"] == case["resident_ms"]["one_launch_compiled"]["median_ms"]
+    assert bf16["one launch / three (one wait)"] == pytest.approx(case["one_launch_compiled_over_three_compiled"])
+
+
+@pytest.mark.parametrize("bad", [None, {"bench": "kernel_bench"}, {"bench": "one_launch"}])
+def test_record_tables_refuses_what_is_not_its_record(bad):
+    with pytest.raises(ValueError, match="record must be a bench.one_launch record"):
+        one_launch.record_tables(bad)

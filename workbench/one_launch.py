@@ -221,3 +221,45 @@ class OneLaunchTail:
                                      f"{self.groups} groups ({self.shape.groups_per_sm} an SM x {self.sms} SMs "
                                      "assumed) was resident at once; its output was NaN")
         return np.array(out)
+
+
+# -- what a bench.one_launch record says ---------------------------------------------------
+
+
+def record_tables(record: dict[str, Any]) -> tuple[Any, Any]:
+    """``(checks, timing)`` tables (pandas) of a ``python -m bench.one_launch`` record.
+
+    ``checks``: one row a check (case; worst scaled error against the float64 oracle and
+    its tolerance, where checked; against the three launches; how many outputs have their
+    bits; the same bits twice; pass). ``timing``: one column a weight format, rows of ms a
+    tail: the floor, one evaluation with its wait (three launches and one, each compiled;
+    PyTorch's CUDA-graph replay where the record has it), device time a tail (three and
+    one), and the ratios the kernel issue's targets are about. Raises ``ValueError`` for a
+    dict that is not such a record.
+    """
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    if not isinstance(record, dict) or record.get("bench") != "one_launch" or "checks" not in record:
+        raise ValueError(f"record must be a bench.one_launch record (a dict with bench 'one_launch' and its checks); "
+                         f"got {validate.describe(record)}")
+    checks = pd.DataFrame([{
+        "case": c["case"], "vs float64": f"{c['worst']:.1e}" if "worst" in c else "-",
+        "tol": f"{c['tolerance']:.0e}" if "worst" in c else "-",
+        "vs 3 launches": f"{c['vs_three_launches_worst_scaled']:.1e}",
+        "bits = 3 launches": f"{c['bits_equal_three_launches']}/{c['outputs']}",
+        "same bits twice": c["deterministic"], "pass": c["passed"]} for c in record["checks"]])
+    rows: dict[str, dict[str, float]] = {}
+    for c in record.get("cases", []):
+        res = {k: v["median_ms"] for k, v in c["resident_ms"].items()}
+        col = {"floor": c["floor_ms"],
+               "one wait: three launches compiled": res["three_launches_compiled"],
+               "one wait: one launch compiled": res["one_launch_compiled"],
+               "device: three launches": c["device_ms_per_tail"]["three_launches"],
+               "device: one launch": c["device_ms_per_tail"]["one_launch"],
+               "one launch / three (one wait)": res["one_launch_compiled"] / res["three_launches_compiled"],
+               "one launch device / floor": c["device_ms_per_tail"]["one_launch"] / c["floor_ms"]}
+        if "torch_cuda_graph" in res:
+            col["one wait: PyTorch CUDA graph"] = res["torch_cuda_graph"]
+            col["one launch / PyTorch graph (one wait)"] = res["one_launch_compiled"] / res["torch_cuda_graph"]
+        rows[c["case"].replace("bonsai27b-", "")] = col
+    return checks, pd.DataFrame(rows)
