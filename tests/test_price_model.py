@@ -158,3 +158,19 @@ def test_measure_splits_on_a_small_step(bonsai):
     with pytest.raises(ValueError, match="cannot be built"):
         schedule.measure_splits(sched, ["qkv>host|layer"], n=5)
     assert schedule.copy_bandwidth(1 << 24, k=4, n=3) > 0  # 16 MB: each copy well above a loaded clock's noise
+
+
+def test_one_stage_of_several_records_side_by_side():
+    rec = json.loads(BF16.read_text())
+    other = json.loads(BF16.read_text())
+    other["stages"] = [dict(s, ms_median=2 * s["ms_median"]) for s in other["stages"]]
+    table = schedule.stage_comparison({"as run": rec, "twice as slow": other}, stage=6)
+    assert table["run"].tolist() == ["as run", "twice as slow"]
+    six = schedule.clock_table(rec).set_index("stage").loc[6]
+    assert table["stage 6 ms"].tolist() == [six["ms"], 2 * six["ms"]]
+    assert table["check"][0] == max(c["worst_scaled_error"] for c in rec["check"]["stages"])
+    assert table["passed"].all()
+    with pytest.raises(ValueError, match="has no stage 7"):
+        schedule.stage_comparison({"as run": rec}, stage=7)
+    with pytest.raises(ValueError, match="runs: must be a non-empty mapping"):
+        schedule.stage_comparison({})

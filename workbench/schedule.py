@@ -990,6 +990,32 @@ def clock_table(rec: Mapping):
     return df
 
 
+def stage_comparison(runs: Mapping[str, Mapping], stage: int = 6):
+    """One stage of several schedule records side by side, one row a record (``runs``:
+    label -> record, e.g. the same command with and without ``--gdn kernel``): ms a token,
+    its ratio to the floor, the time inside ``mx.eval`` and on the host, the worst scaled
+    error of the record's check against its reference step, and whether the check passed
+    and every stage made its predicted waits. A ``pandas.DataFrame``; ``ValueError`` for a
+    record without that stage."""
+    import pandas as pd
+
+    if not isinstance(runs, Mapping) or not runs:
+        raise ValueError(f"runs: must be a non-empty mapping of label -> schedule record, got {describe(runs)}")
+    stage = integer("stage", stage, minimum=1)
+    rows = []
+    for label, rec in runs.items():
+        clock = clock_table(rec).set_index("stage")
+        if stage not in clock.index:
+            raise ValueError(f"runs[{label!r}]: has no stage {stage} (its stages: {list(clock.index)})")
+        s = clock.loc[stage]
+        checks = rec.get("check", {}).get("stages", [])
+        rows.append({"run": label, f"stage {stage} ms": s["ms"], "x floor": s["x_floor"], "in eval ms": s["in_eval_ms"],
+                     "host ms": s["host_ms"],
+                     "check": max((c["worst_scaled_error"] for c in checks), default=float("nan")),
+                     "passed": bool(rec.get("check", {}).get("passed")) and bool(rec.get("all_waits_match"))})
+    return pd.DataFrame(rows)
+
+
 def pair_table(rec: Mapping, *, within: float = 0.2):
     """A record's stage pairs: waits saved, the saving the flat tiny price predicts, the
     price model's, the measured one (paired by round when the record has it), the two
