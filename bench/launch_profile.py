@@ -1,6 +1,7 @@
 """Each launch of the kernel tail under Nsight Compute: its own device time and DRAM traffic.
 
     python -m bench.launch_profile                   # Bonsai-27B, bf16 and every quantized format
+    python -m bench.launch_profile --one-launch      # and each tail as one launch, beside its three
 
 Runs ``python -m bench.launch_profile --child`` under ``ncu --kernel-name regex:fat_``
 (only the workbench's kernels: MLX's CUDA back-end names them ``custom_kernel_fat_...``,
@@ -66,14 +67,14 @@ def tuning_of(text: str) -> Any:
     return KernelTuning(**kw)
 
 
-def _child(formats: list[str], tuning_text: str, head: bool) -> int:
+def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) -> int:
     import math
 
     import mlx.core as mx
     import numpy as np
 
     from bench.kernel_bench import BONSAI
-    from workbench import kernel_launch, tail
+    from workbench import kernel_launch, one_launch, tail
     from workbench.fold import HadamardFold
     from workbench.weights import QUANT_FORMATS, WeightMatrix
 
@@ -87,6 +88,10 @@ def _child(formats: list[str], tuning_text: str, head: bool) -> int:
         prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
         for _ in range(2):  # warm-up, then the measured one: one evaluation each
             mx.eval(prep(b, r))
+        if one:  # the same tail as one launch (workbench.one_launch), warm-up then measured
+            tail_one = one_launch.OneLaunchTail(prep)
+            for _ in range(2):
+                mx.eval(tail_one(b, r))
         print(f"profiled {fmt}", flush=True)
         del w, prep
     if head:  # Bonsai's attention head launch (q_proj with its gate, k, v), bf16, hidden's fold
@@ -116,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds allowed the whole ncu run")
     ap.add_argument("--tuning", default="", help="KernelTuning fields as name=value,... (default: its defaults)")
     ap.add_argument("--head", action="store_true", help="also Bonsai-27B's head launch (bf16)")
+    ap.add_argument("--one-launch", action="store_true",
+                    help="also each format's tail as one launch (workbench.one_launch): its single-shot time")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
@@ -124,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     if a.child:
-        return _child(formats, a.tuning, a.head)
+        return _child(formats, a.tuning, a.head, a.one_launch)
     exe = shutil.which("ncu")
     if exe is None:
         print("ncu (Nsight Compute) is not on PATH")
@@ -133,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     started = _dt.datetime.fromisoformat(prov["date"])
     cmd = [exe, "--kernel-name", "regex:fat_", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
            sys.executable, "-m", "bench.launch_profile", "--child", "--formats", ",".join(formats),
-           "--tuning", a.tuning] + (["--head"] if a.head else [])
+           "--tuning", a.tuning] + (["--head"] if a.head else []) + (["--one-launch"] if a.one_launch else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
     rows = _rows(p.stdout)
     per: dict[int, dict[str, Any]] = {}
@@ -145,11 +152,15 @@ def main(argv: list[str] | None = None) -> int:
             e[row["Metric Name"]] = row["Metric Value"]
     launches = [per[k] for k in sorted(per)]
     table = []
-    # Six launches a format (a warm-up tail, then the measured tail), in the child's order;
-    # then two head launches (warm-up, measured) with --head.
-    picks = [(fmt, launches[6 * i + 3: 6 * i + 6]) for i, fmt in enumerate(formats)]
+    # Six launches a format (a warm-up tail, then the measured tail), in the child's order,
+    # eight with --one-launch (then its warm-up and measured launch); then two head
+    # launches (warm-up, measured) with --head.
+    per_format = 8 if a.one_launch else 6
+    picks = [(fmt, launches[per_format * i + 3: per_format * i + (8 if a.one_launch else 6)]) for i, fmt in
+             enumerate(formats)]
+    picks = [(fmt, chosen[:3] + chosen[4:]) for fmt, chosen in picks]  # the one launch's warm-up left out
     if a.head:
-        picks.append(("bfloat16", launches[6 * len(formats) + 1: 6 * len(formats) + 2]))
+        picks.append(("bfloat16", launches[per_format * len(formats) + 1: per_format * len(formats) + 2]))
     for fmt, chosen in picks:
         for e in chosen:
             ns = e.get("gpu__time_duration.sum", float("nan"))

@@ -201,3 +201,17 @@ def test_the_committed_record_reads_into_its_tables():
 def test_record_tables_refuses_what_is_not_its_record(bad):
     with pytest.raises(ValueError, match="record must be a bench.one_launch record"):
         one_launch.record_tables(bad)
+
+
+@pytest.mark.skipif(not backends.clang_available(), reason="clang++ is not installed here (the Metal emulator)")
+def test_the_bodies_at_the_group_sizes_the_one_launch_sweeps_match_float64():
+    """bench.one_launch tries 640 and 768 threads a group (not powers of two): the three
+    bodies at 768, run by the Metal emulator, against the float64 oracle."""
+    from workbench.comparison import compare
+    from workbench.exact_oracle import host_tail_exact
+
+    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
+    br, res = tail.random_inputs(w, seed=6)
+    t = kernel_launch.KernelTuning(wo_nt=768, rows_nt=768, down_nt=768, down_rows=4, u_down=16)
+    out = kernel_launch.emulated_tail(tail.tail_launch(w), br, res, tuning=t)
+    assert compare(out, host_tail_exact(w, br, res)).passed
