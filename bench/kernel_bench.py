@@ -188,6 +188,20 @@ def per_launch_ms(prep: kernel_launch.PreparedTail, b: mx.array, r: mx.array, n:
     return out
 
 
+def build_eval_split(make: Callable[[], Any], repeats: int) -> dict[str, float]:
+    """Where a resident call's time goes (median ms): building the lazy graph (``make()``:
+    Python and MLX's primitives) versus evaluating it (MLX's encoding, the launches, the wait)."""
+    split: list[tuple[float, float]] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        o = make()
+        t1 = time.perf_counter()
+        mx.eval(o)
+        split.append(((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3))
+    return {"build_graph": statistics.median(p[0] for p in split),
+            "eval_and_wait": statistics.median(p[1] for p in split)}
+
+
 def batched_ms(make: Callable[[], Any], n: int = 10, repeats: int = 5) -> float:
     """Per-tail time of ``n`` tails encoded in one evaluation (the per-wait cost amortised)."""
     mx.eval(make())
@@ -283,17 +297,7 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_lau
     t_e2e = time_rounds(e2e, max(10, repeats // 2))
     parts = parts[-max(10, repeats // 2):]
     e2e_split = {k: statistics.median(p[i] for p in parts) for i, k in enumerate(("make_inputs", "eval", "read_back"))}
-    # Where a resident call's time goes: building the lazy graph (Python and MLX's
-    # primitives) versus evaluating it (MLX's encoding, the launches, the wait).
-    split: list[tuple[float, float]] = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        o = prep(b, r)
-        t1 = time.perf_counter()
-        mx.eval(o)
-        split.append(((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3))
-    resident_split = {"build_graph": statistics.median(p[0] for p in split),
-                      "eval_and_wait": statistics.median(p[1] for p in split)}
+    resident_split = build_eval_split(lambda: prep(b, r), repeats)
     tiny = mx.array(np.ones(8, np.float32))
     t_wait = time_rounds({"tiny_eval": lambda: mx.eval(tiny + 1)}, repeats)["tiny_eval"]
 

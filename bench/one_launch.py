@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import statistics
 import sys
 import time
 from typing import Any, Callable
@@ -198,13 +197,7 @@ def time_case(label: str, w: tail.TailWeights, tuning: kernel_launch.KernelTunin
     device = {"three_launches": kernel_batched(lambda: prep(b, r)), "one_launch": chained_ms(one, b, r)}
     if peer is not None:
         device["torch_cuda_graph"] = peer["graph_device_ms"]()
-    split = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        o = one(b, r)
-        t1 = time.perf_counter()
-        mx.eval(o)
-        split.append(((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3))
+    split = kernel_bench.build_eval_split(lambda: one(b, r), repeats)
     if one.barrier_failed():
         raise one_launch.GridBarrierTimeout(f"{label}: a barrier timed out during the timing")
     floor = prep.weight_bytes() / bandwidth * 1e3
@@ -212,8 +205,7 @@ def time_case(label: str, w: tail.TailWeights, tuning: kernel_launch.KernelTunin
     entry = {
         "case": label, "weight_bytes": prep.weight_bytes(), "floor_ms": floor, "resident_ms": resident,
         "device_ms_per_tail": device,
-        "one_launch_split_ms": {"build_graph": statistics.median(p[0] for p in split),
-                                "eval_and_wait": statistics.median(p[1] for p in split)},
+        "one_launch_split_ms": split,
         "one_launch_compiled_over_three_compiled": med["one_launch_compiled"] / med["three_launches_compiled"],
         "device_one_over_three": device["one_launch"] / device["three_launches"],
         "device_over_floor": {k: v / floor for k, v in device.items()},
