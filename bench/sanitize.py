@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="small,bonsai", help=f"comma list of {tuple(SHAPES)}")
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
     ap.add_argument("--parts", default=",".join(PARTS),
-                    help=f"comma list of {PARTS}, run beside the tail's three launches: at Bonsai's shape the head's weights take minutes of CPU to fold, "
-                         "so a tool run on the tail alone finishes sooner")
+                    help=f"comma list of {PARTS}, run beside the tail's three launches (at Bonsai's shape the "
+                         "head's weights take minutes of CPU to fold: --parts one-launch finishes sooner)")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds allowed each tool")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
