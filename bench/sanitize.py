@@ -58,8 +58,37 @@ FORMATS: tuple[str, ...] = ("float32", "bfloat16", "affine4", "affine8", "mxfp4"
 PARTS: tuple[str, ...] = ("one-launch", "head")
 
 
-def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None) -> int:
-    """Run every kernel of ``parts`` once per (shape, format); 1 if an output misses its check."""
+def device_written(prep: Any) -> Any:
+    """A copy of the prepared tail ``prep`` whose every array was last written by a GPU
+    kernel (``a * 1``, evaluated): the same values, so the same launches and results.
+
+    Why: initcheck reported uninitialized reads of the weights at the small shape
+    (2026-11-30, ``sanitize-…232850Z``). Arrays made from numpy are written by the host,
+    which initcheck may not see as initializing device memory; run with
+    ``--device-written``, initcheck tells that apart from a real uninitialized read.
+    """
+    import dataclasses
+
+    import mlx.core as mx
+
+    def dev(a: Any) -> Any:
+        return a * 1  # dtype kept: MLX's Python scalars are weakly typed
+
+    def mat(m: Any) -> Any:
+        return dataclasses.replace(m, w=dev(m.w), s=dev(m.s), b=dev(m.b))
+
+    rot = dict(prep.rot, sdest=dev(prep.rot["sdest"]), table=dev(prep.rot["table"]))
+    copy = dataclasses.replace(prep, wo=mat(prep.wo), gate=mat(prep.gate), up=mat(prep.up), down=mat(prep.down),
+                               rot=rot, norm=dev(prep.norm), params=dev(prep.params))
+    mx.eval([copy.norm, copy.params, rot["sdest"], rot["table"],
+             *[a for m in (copy.wo, copy.gate, copy.up, copy.down) for a in (m.w, m.s, m.b)]])
+    return copy
+
+
+def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None,
+           device_inputs: bool = False) -> int:
+    """Run every kernel of ``parts`` once per (shape, format); 1 if an output misses its check.
+    ``device_inputs``: the tail's arrays and inputs written by GPU kernels (:func:`device_written`)."""
     parts = list(PARTS) if parts is None else parts
     import mlx.core as mx
 
@@ -78,7 +107,15 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
             dtype = fmt if q is None else "bfloat16"
             w = tail.TailWeights.random(hidden, branch, ffn, seed=7 + i, fold_block=block, dtype=dtype, quantize=spec)
             br, res = tail.random_inputs(w, seed=8 + i)
-            out = tail.fused_tail(w, br, res, backend="cuda")
+            prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
+            if device_inputs:
+                prep = device_written(prep)
+                b_in, r_in = mx.array(br) * 1, mx.array(res) * 1
+                mx.eval(b_in, r_in)
+                out = np.array(prep(b_in, r_in))
+            else:
+                b_in, r_in = br, res
+                out = tail.fused_tail(w, br, res, backend="cuda")
             if sname == "small":  # the float64 oracle at Bonsai's shape is bench.gpu_check's (minutes of CPU)
                 truth = host_tail_exact(w, br, res)
                 tol, _ = tolerance_for(w, br, res, truth)
@@ -92,14 +129,12 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
             # The same tail as ONE launch (workbench.one_launch: the phases between grid
             # barriers), checked against the three launches' output.
             if "one-launch" in parts:
-                prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
-                one = one_launch.OneLaunchTail(prep).run(br, res)
+                one = one_launch.OneLaunchTail(prep).run(b_in, r_in)
                 worst = float(np.max(np.abs(one - out)) / max(float(np.max(np.abs(out))), 1.0))
                 bad += not (worst <= 2e-4)
                 print(f"one-launch {sname} {fmt}: {'agrees' if worst <= 2e-4 else 'DISAGREES'} with the three "
                       f"launches (worst scaled {worst:.3g})", flush=True)
-                del prep
-            del w
+            del w, prep
             if "head" not in parts:
                 continue
             if sname != "small" and fmt != "bfloat16":
@@ -144,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default=",".join(PARTS),
                     help=f"comma list of {PARTS}, run beside the tail's three launches (at Bonsai's shape the "
                          "head's weights take minutes of CPU to fold: --parts one-launch finishes sooner)")
+    ap.add_argument("--device-written", action="store_true",
+                    help="the tail's weights and inputs copied by a GPU kernel first (initcheck: tells host-written "
+                         "memory apart from a real uninitialized read)")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds allowed each tool")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -152,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
     parts = record.comma_list(ap, "--parts", a.parts, PARTS)
     if a.child:
-        return _child(shapes, formats, parts)
+        return _child(shapes, formats, parts, a.device_written)
     exe = shutil.which("compute-sanitizer")
     if exe is None:
         print("compute-sanitizer is not on PATH: it comes with the CUDA toolkit")
@@ -161,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     started = _dt.datetime.fromisoformat(prov["date"])
     child = [sys.executable, "-m", "bench.sanitize", "--child", "--shapes", ",".join(shapes),
              "--formats", ",".join(formats), "--parts", ",".join(parts)]
+    child += ["--device-written"] if a.device_written else []
     runs: dict[str, Any] = {}
     for tool in tools:
         # initcheck also checks host API copies by default, and MLX's allocator copies whole
@@ -184,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{tool:<10} {'clean' if runs[tool]['passed'] else 'NOT CLEAN'}: errors {errors}, exit {rc}, "
               f"{runs[tool]['seconds']:.0f} s", flush=True)
     rec = {"what": "compute-sanitizer on every kernel and weight format", **prov, "shapes": {s: SHAPES[s] for s in shapes},
-           "formats": formats, "parts": parts, "tools": runs, "all_clean": all(r["passed"] for r in runs.values())}
+           "formats": formats, "parts": parts, "device_written": a.device_written, "tools": runs,
+           "all_clean": all(r["passed"] for r in runs.values())}
     if not a.no_record:
         device = prov["device"].get("device_name", "gpu")
         record.write(rec, a.out_dir, record.record_stem("sanitize", device, started), force=a.force)

@@ -224,3 +224,26 @@ def test_quant_sweep_takes_the_fastest_tuning_and_records_one_that_fails(monkeyp
     assert best == "u4" and set(times) == set(kb.QUANT_TUNINGS) - {"u2_gu512"}
     assert all(t.wo_nt == 256 for t in built)  # changes to the base, not to the defaults
     assert "u2_gu512 failed: RuntimeError: too many registers" in capsys.readouterr().out
+
+
+def test_sanitize_device_written_copies_keep_every_value() -> None:
+    """bench.sanitize --device-written: the tail's arrays re-made by a GPU kernel (``a * 1``)
+    must be the same values in the same dtypes, so the launches and results are the same."""
+    import mlx.core as mx
+
+    from bench.sanitize import device_written
+    from workbench import kernel_launch, tail
+    from workbench.weights import QUANT_FORMATS
+
+    q = QUANT_FORMATS["affine4"]
+    w = tail.TailWeights.random(128, 512, 1024, seed=1, fold_block=256, dtype="bfloat16",
+                                quantize={"mode": q.mode, "bits": q.bits, "group_size": q.group_size})
+    prep = kernel_launch.prepare_tail(tail.tail_launch(w), "metal")
+    copy = device_written(prep)
+    assert copy.templates() == prep.templates()
+    pairs = [(prep.norm, copy.norm), (prep.params, copy.params), (prep.rot["sdest"], copy.rot["sdest"]),
+             (prep.rot["table"], copy.rot["table"])]
+    pairs += [(getattr(prep, m).__dict__[k], getattr(copy, m).__dict__[k]) for m in ("wo", "gate", "up", "down")
+              for k in ("w", "s", "b")]
+    for old, new in pairs:
+        assert old is not new and old.dtype == new.dtype and bool(mx.array_equal(old, new))
