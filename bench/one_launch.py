@@ -143,13 +143,10 @@ def timeout_check(w: tail.TailWeights, br: np.ndarray, res: np.ndarray) -> dict[
 
 
 def chained_ms(one: one_launch.OneLaunchTail, b: mx.array, r: mx.array, n: int = 10, repeats: int = 5) -> float:
-    """Device time a tail of the one launch: ``n`` launches chained in one evaluation."""
-    return kernel_batched(lambda: one(b, r), n, repeats)
-
-
-def kernel_batched(make: Callable[[], Any], n: int = 10, repeats: int = 5) -> float:
-    """``kernel_bench.batched_ms``: per-tail time of ``n`` tails in one evaluation."""
-    return kernel_bench.batched_ms(make, n, repeats)
+    """Device time a tail of the one launch: ``n`` launches in one evaluation
+    (``kernel_bench.batched_ms``), each naming the previous one's output (``after``), so
+    they run one after the other as a decoder's layers would."""
+    return kernel_bench.batched_ms(lambda: one(b, r), n, repeats)
 
 
 def sweep(w: tail.TailWeights, b: mx.array, r: mx.array, br: np.ndarray, res: np.ndarray) -> dict[str, Any]:
@@ -194,7 +191,7 @@ def time_case(label: str, w: tail.TailWeights, tuning: kernel_launch.KernelTunin
         fns["torch_cuda_graph"] = peer["graph"]
         fns["torch_eager"] = peer["eager"]
     resident = kernel_bench.time_rounds(fns, repeats)
-    device = {"three_launches": kernel_batched(lambda: prep(b, r)), "one_launch": chained_ms(one, b, r)}
+    device = {"three_launches": kernel_bench.batched_ms(lambda: prep(b, r)), "one_launch": chained_ms(one, b, r)}
     if peer is not None:
         device["torch_cuda_graph"] = peer["graph_device_ms"]()
     split = kernel_bench.build_eval_split(lambda: one(b, r), repeats)

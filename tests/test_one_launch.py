@@ -215,3 +215,36 @@ def test_the_bodies_at_the_group_sizes_the_one_launch_sweeps_match_float64():
     t = kernel_launch.KernelTuning(wo_nt=768, rows_nt=768, down_nt=768, down_rows=4, u_down=16)
     out = kernel_launch.emulated_tail(tail.tail_launch(w), br, res, tuning=t)
     assert compare(out, host_tail_exact(w, br, res)).passed
+
+
+def test_each_launch_passes_its_inputs_by_name_and_names_the_previous_output(monkeypatch):
+    """The Python side of a launch, without a GPU: MLX's CUDA kernel objects replaced by a
+    recorder. Inputs in the kernel's order, the grid one group an SM, and each launch's
+    ``after`` the previous launch's output (what orders them in MLX's graph)."""
+    import mlx.core as mx
+
+    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())  # the three launches' kernels
+    calls = []
+
+    def recorder(**kw):
+        calls.append(kw)
+        return [mx.full((kw["output_shapes"][0][0],), float(len(calls)))]
+
+    monkeypatch.setattr(one_launch, "_kernel", lambda: recorder)
+    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
+    prep = kernel_launch.prepare_tail(tail.tail_launch(w), "cuda")
+    one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4))
+    b, r = mx.ones((512,)), mx.zeros((128,))
+    first = one(b, r)
+    second = one(b, r)
+    names = ks.one_launch_inputs()
+    for kw in calls:
+        assert len(kw["inputs"]) == len(names)
+        got = dict(zip(names, kw["inputs"]))
+        assert got["x"] is b and got["residual"] is r and got["work"] is one.work and got["w"] is prep.wo.w
+        assert got["wd"] is prep.down.w and got["nw"] is prep.norm and got["sdest"] is prep.rot["sdest"]
+        assert kw["grid"] == (4 * 512, 1, 1) and kw["threadgroup"] == (512, 1, 1)
+        assert kw["template"] == one_launch.launch_template(prep, one.shape)
+    assert dict(zip(names, calls[0]["inputs"]))["after"] is one._none
+    assert dict(zip(names, calls[1]["inputs"]))["after"] is first
+    assert one(b, r, after=second) is not None and dict(zip(names, calls[2]["inputs"]))["after"] is second

@@ -88,14 +88,21 @@ class OneLaunchShape:
             validate.integer("sm_count", self.sm_count, minimum=1)
 
 
+def _phase_templates(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> dict[str, dict[str, Any]]:
+    """Each phase's template values as its own launch would take them (``prep.templates()``),
+    with the one launch's group size (NT) and down's rows a group from ``shape``."""
+    phases = {k: dict(v, NT=shape.nt) for k, v in prep.templates().items()}
+    # down's units in flight a thread, u_down, shared by its DR rows (as PreparedTail.templates)
+    phases["ffn_down"].update(DR=shape.down_rows,
+                              U=max(1, kernel_launch._units(prep.down.fmt, prep.tuning.u_down) // shape.down_rows))
+    return phases
+
+
 def static_shared_bytes(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> int:
     """The one launch's static shared memory: the three phases' group memory side by side
     (as ``kernel_launch.threadgroup_bytes`` lays out each) and the barrier's one word."""
-    tp = {k: dict(v) for k, v in prep.templates().items()}
-    tp["ffn_down"].update(NT=shape.nt, DR=shape.down_rows)
-    for k in ("wo_residual", "ffn_gate_up"):
-        tp[k]["NT"] = shape.nt
-    return sum(kernel_launch.threadgroup_bytes(k, tp[k]) for k in kernel_source.TAIL_KERNELS) + 16
+    phases = _phase_templates(prep, shape)
+    return sum(kernel_launch.threadgroup_bytes(k, phases[k]) for k in kernel_source.TAIL_KERNELS) + 16
 
 
 def sync_at(prep: kernel_launch.PreparedTail) -> int:
@@ -109,12 +116,7 @@ def launch_template(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> 
     each phase's values as its own launch would take them (``prep.templates()``), down's
     rows a group from ``shape``, NT = ``shape.nt`` for every phase. Dialect-free, so it can
     be computed (and the CUDA text compiled with nvcc) from any prepared tail."""
-    tp = prep.templates()
-    down = dict(tp["ffn_down"])
-    # down's units in flight a thread, u_down, shared by its DR rows (as PreparedTail.templates)
-    down.update(DR=shape.down_rows,
-                U=max(1, kernel_launch._units(prep.down.fmt, prep.tuning.u_down) // shape.down_rows))
-    phases = {"wo_residual": dict(tp["wo_residual"]), "ffn_gate_up": dict(tp["ffn_gate_up"]), "ffn_down": down}
+    phases = _phase_templates(prep, shape)
     template: list[tuple[str, Any]] = [("NT", shape.nt), ("HID", prep.hidden), ("FFN", prep.ffn),
                                        ("SYNC_AT", sync_at(prep))]
     for kernel, prefix in kernel_source.ONE_LAUNCH_PHASES:
@@ -155,6 +157,8 @@ class OneLaunchTail:
         self._last: mx.array | None = None
         self.template = launch_template(prep, shape)
         wo, g, u, d, rot = prep.wo, prep.gate, prep.up, prep.down, prep.rot
+        # every input but the activations, by the kernel's input names (their order is
+        # kernel_source.one_launch_inputs()'s, in one place)
         self._consts = {"sdest": rot["sdest"], "table": rot["table"], "params": prep.params,
                         "w": wo.w, "ws": wo.s, "wb": wo.b, "nw": prep.norm,
                         "wg": g.w, "wgs": g.s, "wgb": g.b, "wu": u.w, "wus": u.s, "wub": u.b,
@@ -163,9 +167,8 @@ class OneLaunchTail:
         self._compiled: Any = None
 
     def _launch(self, branch: mx.array, residual: mx.array, after: mx.array, verbose: bool = False) -> mx.array:
-        inputs = [branch, *(self._consts[n] for n in ("sdest", "table", "params", "w", "ws", "wb")), residual,
-                  *(self._consts[n] for n in ("nw", "wg", "wgs", "wgb", "wu", "wus", "wub", "wd", "wds", "wdb")),
-                  self.work, after]
+        arrays = {**self._consts, "x": branch, "residual": residual, "work": self.work, "after": after}
+        inputs = [arrays[n] for n in kernel_source.one_launch_inputs()]
         return _kernel()(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),
                          threadgroup=(self.shape.nt, 1, 1), output_shapes=[(self.prep.hidden,)],
                          output_dtypes=[mx.float32], verbose=verbose)[0]
