@@ -14,7 +14,8 @@ attributes reach the kernel only when the body names them).
 values, in the order the launches pass them. :func:`cuda_translation_unit` rebuilds the
 CUDA file MLX would hand NVRTC (its generated signature, as MLX 0.32's
 ``build_kernel`` writes it), so the CUDA text can be compiled with ``nvcc`` on a machine
-without a GPU.
+without a GPU. :func:`compose_one_launch` composes the CUDA-only tail in one launch
+(``kernels/tail_one_launch.body``): the three tail bodies, verbatim, as its phases.
 """
 
 from __future__ import annotations
