@@ -62,7 +62,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
     "gu_pre": ({"pre_gate_up": True}, one_launch.OneLaunchShape()),
     "nt1024": ({}, one_launch.OneLaunchShape(nt=1024)),
     # 24 and 20 warps an SM instead of 16: 70-80 registers a thread still fit one group an
-    # SM (the bodies at these group sizes: checked by the Metal emulator against float64)
+    # SM (the bodies at 768 threads a group: tests/test_one_launch.py, emulated, against float64)
     "nt768": ({}, one_launch.OneLaunchShape(nt=768)),
     "nt640": ({}, one_launch.OneLaunchShape(nt=640)),
 }
