@@ -43,6 +43,7 @@ import numpy as np
 from bench import kernel_bench, record
 from workbench import backends, kernel_launch, one_launch, tail
 from workbench.comparison import compare
+from workbench.decode_matvec import worst_scaled_error
 from workbench.exact_oracle import host_tail_exact, tolerance_for
 from workbench.frink_case import seed_case
 from workbench.weights import QUANT_FORMATS
@@ -89,11 +90,10 @@ def _check(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, orac
     got = one.run(br, res)
     again = one.run(br, res)
     three = np.array(prep(mx.array(br), mx.array(res)))
-    scale = max(float(np.max(np.abs(three))), 1.0)
     entry: dict[str, Any] = {
         "case": name, "shape": list(w.shape), "format": w.wo.dtype if w.wo.quantization is None else
         str(w.wo.quantization), "groups": one.groups, "nt": one.shape.nt,
-        "vs_three_launches_worst_scaled": float(np.max(np.abs(got - three)) / scale),
+        "vs_three_launches_worst_scaled": worst_scaled_error(got, three),
         "bits_equal_three_launches": int(np.sum(got.view(np.uint32) == three.view(np.uint32))),
         "outputs": int(got.size), "deterministic": bool(np.array_equal(got.view(np.uint32), again.view(np.uint32))),
         "finite": bool(np.isfinite(got).all()),
@@ -133,8 +133,7 @@ def timeout_check(w: tail.TailWeights, br: np.ndarray, res: np.ndarray) -> dict[
     seconds = time.perf_counter() - t0
     good = one_launch.OneLaunchTail(prep).run(br, res)
     three = np.array(prep(mx.array(br), mx.array(res)))
-    ok_after = bool(np.array_equal(good.view(np.uint32), three.view(np.uint32))) or bool(
-        np.max(np.abs(good - three)) <= 2e-4 * max(float(np.max(np.abs(three))), 1.0))
+    ok_after = worst_scaled_error(good, three) <= 2e-4
     out = {"sm_count": sms, "groups_launched": 2 * sms, "raised": raised, "seconds": seconds,
            "right_after": ok_after, "passed": raised is not None and ok_after}
     print(f"check barrier timeout: {'PASS' if out['passed'] else 'FAIL'}: raised after {seconds:.1f} s: {raised}; "
@@ -159,7 +158,7 @@ def sweep(w: tail.TailWeights, b: mx.array, r: mx.array, br: np.ndarray, res: np
             prep, one = _one(w, dataclasses.replace(base, **changes), shape)
             got = one.run(br, res)
             ref = got if ref is None else ref
-            agree = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1.0))
+            agree = worst_scaled_error(got, ref)
             out[name] = {"device_ms": chained_ms(one, b, r), "vs_default_worst_scaled": agree,
                          "changes": changes, "shape": dataclasses.asdict(shape)}
             print(f"variant {name}: {out[name]['device_ms']:.4f} ms a tail (agrees with default to {agree:.2g})",

@@ -94,6 +94,7 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
 
     from workbench import kernel_launch, one_launch, tail
     from workbench.comparison import compare
+    from workbench.decode_matvec import worst_scaled_error
     from workbench.exact_oracle import host_tail_exact, tolerance_for
     from workbench.fold import HadamardFold
     from workbench.weights import QUANT_FORMATS, WeightMatrix
@@ -130,7 +131,7 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
             # barriers), checked against the three launches' output.
             if "one-launch" in parts:
                 one = one_launch.OneLaunchTail(prep).run(b_in, r_in)
-                worst = float(np.max(np.abs(one - out)) / max(float(np.max(np.abs(out))), 1.0))
+                worst = worst_scaled_error(one, out)
                 bad += not (worst <= 2e-4)
                 print(f"one-launch {sname} {fmt}: {'agrees' if worst <= 2e-4 else 'DISAGREES'} with the three "
                       f"launches (worst scaled {worst:.3g})", flush=True)

@@ -47,7 +47,7 @@ def test_each_phase_binds_its_own_template_values():
             if t != "NT":
                 assert f"constexpr auto {t} = {prefix}{t};" in source
     names = ks.one_launch_template()
-    assert len(set(names)) == len(names) and names[:4] == ("NT", "HID", "FFN", "SYNC_AT")
+    assert len(set(names)) == len(names) and names[:5] == ("NT", "HID", "FFN", "SYNC_AT", "BARRIER_LIMIT_MS")
 
 
 def test_an_unknown_phase_line_is_refused(tmp_path: Path):
@@ -137,7 +137,8 @@ def _bonsai_template(fmt: int, sfmt: int, gs: int) -> dict[str, object]:
     """The template values a launch passes at Bonsai-27B's shape (its defaults), written out:
     making Bonsai's weights here would take minutes of CPU."""
     base = dict(FMT=fmt, SFMT=sfmt, GS=gs, QI=fmt >= ks.WF_Q4)
-    t: dict[str, object] = dict(NT=512, HID=5120, FFN=17408, SYNC_AT=22528)
+    t: dict[str, object] = dict(NT=512, HID=5120, FFN=17408, SYNC_AT=22528,
+                                BARRIER_LIMIT_MS=one_launch.BARRIER_LIMIT_MS)
     u = kernel_launch._units
     phases = {"WO_": dict(base, WIDTH=6144, ROWS=5120, ROT=True, M=1, LOGP=10, U=u(fmt, 4), PRE=True),
               "GU_": dict(base, HID=5120, FFN=17408, U=u(fmt, 4), PRE=False),
@@ -248,3 +249,19 @@ def test_each_launch_passes_its_inputs_by_name_and_names_the_previous_output(mon
     assert dict(zip(names, calls[0]["inputs"]))["after"] is one._none
     assert dict(zip(names, calls[1]["inputs"]))["after"] is first
     assert one(b, r, after=second) is not None and dict(zip(names, calls[2]["inputs"]))["after"] is second
+
+
+def test_a_reset_retraces_the_compiled_launch_with_the_new_memory(monkeypatch):
+    """After a barrier timeout, run() zeroes the launch's memory by making a new array;
+    the compiled form traced the old one in, so it must be traced again."""
+    import mlx.core as mx
+
+    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    monkeypatch.setattr(one_launch, "_kernel", lambda: lambda **kw: [kw["inputs"][-2][: kw["output_shapes"][0][0]] + 0])
+    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
+    one = one_launch.OneLaunchTail(kernel_launch.prepare_tail(tail.tail_launch(w), "cuda"),
+                                   one_launch.OneLaunchShape(sm_count=4))
+    first = one.compiled()
+    old = one.work
+    one.reset()
+    assert one.work is not old and one.compiled() is not first

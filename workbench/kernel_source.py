@@ -235,9 +235,9 @@ def one_launch_inputs() -> tuple[str, ...]:
 
 
 def one_launch_template() -> tuple[str, ...]:
-    """The one-launch tail's template names: NT, HID, FFN, SYNC_AT, then every phase's own
-    template values (NT aside) under its prefix."""
-    names = ["NT", "HID", "FFN", "SYNC_AT"]
+    """The one-launch tail's template names: NT, HID, FFN, SYNC_AT, BARRIER_LIMIT_MS, then
+    every phase's own template values (NT aside) under its prefix."""
+    names = ["NT", "HID", "FFN", "SYNC_AT", "BARRIER_LIMIT_MS"]
     for kernel, prefix in ONE_LAUNCH_PHASES:
         names += [prefix + t for t in KERNELS[kernel].template if t != "NT"]
     return tuple(names)

@@ -22,8 +22,8 @@ What makes a grid barrier safe, and how it is enforced here:
   the other's SMs. Every launch therefore names the previous one's output as ``after``
   (:meth:`OneLaunchTail.__call__` does this itself), which orders them; a tail whose
   input is another's output is ordered anyway.
-* **A hang becomes an error.** A barrier that waits over 4 s gives up: the group writes
-  NaN into its rows of ``out`` and raises a flag in the launch's memory, which
+* **A hang becomes an error.** A barrier that waits over ``BARRIER_LIMIT_MS`` (4 s) gives
+  up: the group writes NaN into its rows of ``out`` and raises a flag in the launch's memory, which
   :meth:`OneLaunchTail.run` reads after the wait and raises :class:`GridBarrierTimeout`
   (zeroing the memory again for the next launch).
 
@@ -51,6 +51,11 @@ STATIC_SHARED_LIMIT = 48 * 1024
 
 #: Threads a group of the one launch, by default (every phase runs with the same groups).
 DEFAULT_NT = 512
+
+#: How long a grid barrier waits before it gives up (ms): no barrier legitimately waits
+#: this long (a phase takes well under a millisecond at Bonsai-27B's size, and a
+#: sanitizer's slow-down stays far below it).
+BARRIER_LIMIT_MS = 4000
 
 
 class GridBarrierTimeout(RuntimeError):
@@ -118,7 +123,7 @@ def launch_template(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> 
     be computed (and the CUDA text compiled with nvcc) from any prepared tail."""
     phases = _phase_templates(prep, shape)
     template: list[tuple[str, Any]] = [("NT", shape.nt), ("HID", prep.hidden), ("FFN", prep.ffn),
-                                       ("SYNC_AT", sync_at(prep))]
+                                       ("SYNC_AT", sync_at(prep)), ("BARRIER_LIMIT_MS", BARRIER_LIMIT_MS)]
     for kernel, prefix in kernel_source.ONE_LAUNCH_PHASES:
         template += [(prefix + k, v) for k, v in phases[kernel].items() if k != "NT"]
     return template
@@ -203,10 +208,12 @@ class OneLaunchTail:
         return bool(np.array(self.work[self.sync_at + 32 : self.sync_at + 33]).view(np.uint32)[0] != 0)
 
     def reset(self) -> None:
-        """The launch's memory zeroed again (counter and flag), for a fresh start."""
+        """The launch's memory zeroed again (counter and flag), for a fresh start. The
+        compiled form traced the old memory in, so it is traced again on next use."""
         self.work = mx.zeros(self.work.shape, dtype=mx.float32)
         mx.eval(self.work)
         self._last = None
+        self._compiled = None
 
     def run(self, branch: Any, residual: Any) -> np.ndarray:
         """One evaluation of the tail, float32 numpy out; :class:`GridBarrierTimeout`
@@ -220,7 +227,8 @@ class OneLaunchTail:
         mx.eval(out)
         if self.barrier_failed():
             self.reset()
-            raise GridBarrierTimeout(f"a grid barrier of the one-launch tail waited over 4 s: not every one of its "
+            raise GridBarrierTimeout(f"a grid barrier of the one-launch tail waited over {BARRIER_LIMIT_MS / 1000:g} s: "
+                                     f"not every one of its "
                                      f"{self.groups} groups ({self.shape.groups_per_sm} an SM x {self.sms} SMs "
                                      "assumed) was resident at once; its output was NaN")
         return np.array(out)
