@@ -18,7 +18,9 @@ that every output is finite: its oracle is gpu_check's). A tool passes when its 
 no error (racecheck: no hazard) and the child exits 0.
 
 The record (``data/bench/sanitize-<device>-<date>.json``) holds, per tool, the command,
-exit status, the summary lines, the seconds it took and the output's tail.
+exit status, the summary lines, the seconds it took, its reports counted by kernel (the
+sanitizer writes every report, backtraces off, to a log file read a line at a time), the
+first reports whole and the output's tail.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -58,28 +62,55 @@ FORMATS: tuple[str, ...] = ("float32", "bfloat16", "affine4", "affine8", "mxfp4"
 PARTS: tuple[str, ...] = ("one-launch", "head")
 
 
+#: The copy kernel of ``--device-written``: its name starts ``fat_`` so that the sanitizer
+#: instruments it (``--kernel-name kns=fat_``) and so sees its writes as initializing.
+DEVICE_COPY_NAME = "fat_device_copy"
+
+
+@lru_cache(maxsize=1)
+def _device_copy_kernel() -> Any:
+    import mlx.core as mx
+
+    return mx.fast.cuda_kernel(name=DEVICE_COPY_NAME, input_names=["src"], output_names=["dst"],
+                               source="const unsigned long i = blockIdx.x * (unsigned long)blockDim.x + threadIdx.x;\n"
+                                      "if (i < N) dst[i] = src[i];\n")
+
+
+def device_copy(a: Any) -> Any:
+    """``a`` (an ``mx.array``, any dtype) copied by :data:`DEVICE_COPY_NAME`, a kernel the
+    sanitizer instruments: the same values, last written by a GPU kernel it watched."""
+    import mlx.core as mx
+
+    if a.size == 0:
+        return a
+    nt = 256
+    return _device_copy_kernel()(inputs=[a], template=[("N", a.size)], grid=(-(-a.size // nt) * nt, 1, 1),
+                                 threadgroup=(nt, 1, 1), output_shapes=[a.shape], output_dtypes=[a.dtype])[0]
+
+
 def device_written(prep: Any) -> Any:
-    """A copy of the prepared tail ``prep`` whose every array was last written by a GPU
-    kernel (``a * 1``, evaluated): the same values, so the same launches and results.
+    """A copy of the prepared tail ``prep`` whose every array was last written by
+    :func:`device_copy`: the same values, so the same launches and results.
 
     Why: initcheck reported uninitialized reads of the weights at the small shape
-    (2026-11-30, ``sanitize-…232850Z``). Arrays made from numpy are written by the host,
-    which initcheck may not see as initializing device memory; run with
-    ``--device-written``, initcheck tells that apart from a real uninitialized read.
+    (2026-11-30, ``sanitize-…232850Z``). Arrays made from numpy are written by the host
+    (MLX's CUDA memory is managed memory, which the host writes through a pointer, no copy
+    call), and arrays made by MLX's own kernels are written by kernels the sanitizer does
+    not instrument (``kns=fat_``): initcheck sees neither as initializing. With
+    ``--device-written`` every array the tail kernels read was written by an instrumented
+    kernel, so a report inside a tail kernel is a real uninitialized read, and the copies'
+    own reports (of memory written the other two ways) are counted apart, by kernel.
     """
     import dataclasses
 
     import mlx.core as mx
 
-    def dev(a: Any) -> Any:
-        return a * 1  # dtype kept: MLX's Python scalars are weakly typed
-
     def mat(m: Any) -> Any:
-        return dataclasses.replace(m, w=dev(m.w), s=dev(m.s), b=dev(m.b))
+        return dataclasses.replace(m, w=device_copy(m.w), s=device_copy(m.s), b=device_copy(m.b))
 
-    rot = dict(prep.rot, sdest=dev(prep.rot["sdest"]), table=dev(prep.rot["table"]))
+    rot = dict(prep.rot, sdest=device_copy(prep.rot["sdest"]), table=device_copy(prep.rot["table"]))
     copy = dataclasses.replace(prep, wo=mat(prep.wo), gate=mat(prep.gate), up=mat(prep.up), down=mat(prep.down),
-                               rot=rot, norm=dev(prep.norm), params=dev(prep.params))
+                               rot=rot, norm=device_copy(prep.norm), params=device_copy(prep.params))
     mx.eval([copy.norm, copy.params, rot["sdest"], rot["table"],
              *[a for m in (copy.wo, copy.gate, copy.up, copy.down) for a in (m.w, m.s, m.b)]])
     return copy
@@ -111,7 +142,7 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
             prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
             if device_inputs:
                 prep = device_written(prep)
-                b_in, r_in = mx.array(br) * 1, mx.array(res) * 1
+                b_in, r_in = device_copy(mx.array(br)), device_copy(mx.array(res))
                 mx.eval(b_in, r_in)
                 out = np.array(prep(b_in, r_in))
             else:
@@ -130,7 +161,13 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
             # The same tail as ONE launch (workbench.one_launch: the phases between grid
             # barriers), checked against the three launches' output.
             if "one-launch" in parts:
-                one = one_launch.OneLaunchTail(prep).run(b_in, r_in)
+                # instrumented groups run many times slower: a barrier's default 4 s limit
+                # was exceeded under initcheck (one_launch.SANITIZER_BARRIER_LIMIT_MS)
+                tail1 = one_launch.OneLaunchTail(prep, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
+                if device_inputs:
+                    tail1.work = device_copy(tail1.work)  # its zeros were written by MLX's own kernel
+                    mx.eval(tail1.work)
+                one = tail1.run(b_in, r_in)
                 worst = worst_scaled_error(one, out)
                 bad += not (worst <= 2e-4)
                 print(f"one-launch {sname} {fmt}: {'agrees' if worst <= 2e-4 else 'DISAGREES'} with the three "
@@ -161,6 +198,19 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
 
 _SUMMARY = re.compile(r"^=+ (ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY).*$", re.M)
 
+#: A report's "at" line names the kernel: ``at mlx::core::cu::custom_kernel_fat_<name>_<template values>(...)+0x..``.
+_AT_KERNEL = re.compile(r"^=+\s+at (?:[\w:]*::)?(?:custom_kernel_)?(\w+?)(?:_\d\w*)?\(")
+
+_HEADER = re.compile(r"^=+ \S")
+_BANNER = re.compile(r"^=+ COMPUTE-SANITIZER")
+
+#: How many reports the sanitizer prints (to its log file, backtraces off): all of them,
+#: so they can be counted by kernel (initcheck made 681,235 at the small shape).
+PRINT_LIMIT = 10_000_000
+
+#: The first reports kept whole in the record.
+KEPT_REPORTS = 12
+
 
 def _errors(tool: str, text: str) -> int | None:
     """Errors (racecheck: hazards) in the sanitizer's summary, or None if it printed none."""
@@ -170,6 +220,44 @@ def _errors(tool: str, text: str) -> int | None:
         if r:
             return int(r.group(1)) + (int(m.group(1)) if m else 0)
     return int(m.group(1)) if m else None
+
+
+def read_log(path: Path) -> tuple[dict[str, int], list[str], list[str]]:
+    """The sanitizer's log file, read a line at a time (it can hold hundreds of MB):
+    ``(reports a kernel, the first KEPT_REPORTS reports whole, the summary lines)``. A
+    report starts at an unindented line ``========= <what>`` (its details are indented); its
+    kernel is its first ``at`` line's (MLX's ``custom_kernel_`` prefix and the template
+    values' suffix dropped: ``fat_wo_residual``)."""
+    by_kernel: dict[str, int] = {}
+    kept: list[str] = []
+    summary: list[str] = []
+    current: list[str] = []
+    counted = False
+
+    def close() -> None:
+        if current and len(kept) < KEPT_REPORTS:
+            kept.append("\n".join(current))
+        current.clear()
+
+    with open(path, errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if _SUMMARY.match(line):
+                summary.append(line)
+            elif line.strip("= ") == "" or _BANNER.match(line):  # a report's end, or the tool's banner
+                close()
+            elif _HEADER.match(line):  # a report's first line (its detail lines are indented)
+                close()
+                current.append(line)
+                counted = False
+            elif current:
+                current.append(line)
+                m = _AT_KERNEL.match(line)
+                if m and not counted:
+                    by_kernel[m.group(1)] = by_kernel.get(m.group(1), 0) + 1
+                    counted = True
+    close()
+    return by_kernel, kept, summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         # buffers (slack beyond an array's end included) when numpy reads an array: those
         # reports are MLX's, not the kernels', so initcheck checks device accesses only.
         api = ["--check-api-memory-access", "no"] if tool == "initcheck" else []
-        cmd = [exe, "--tool", tool, *api, "--kernel-name", "kns=fat_", "--print-limit", "20", *child]
+        log = Path(tempfile.mkdtemp(prefix="sanitize-")) / f"{tool}.log"
+        cmd = [exe, "--tool", tool, *api, "--kernel-name", "kns=fat_", "--print-limit", str(PRINT_LIMIT),
+               "--show-backtrace", "no", "--log-file", str(log), *child]
         t0 = time.perf_counter()
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT,
@@ -216,13 +306,16 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired as e:
             text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
             rc = None
-        errors = _errors(tool, text)
-        runs[tool] = {"command": " ".join(cmd), "returncode": rc, "seconds": time.perf_counter() - t0,
-                      "errors": errors, "summary": [m.group(0) for m in _SUMMARY.finditer(text)],
+        by_kernel, first, summary = read_log(log) if log.exists() else ({}, [], [])
+        shutil.rmtree(log.parent, ignore_errors=True)
+        errors = _errors(tool, "\n".join(summary))
+        runs[tool] = {"command": " ".join(cmd[:cmd.index("--log-file")] + cmd[cmd.index("--log-file") + 2:]),
+                      "returncode": rc, "seconds": time.perf_counter() - t0,
+                      "errors": errors, "summary": summary, "reports_by_kernel": by_kernel, "first_reports": first,
                       "cases": [ln for ln in text.splitlines() if ln.startswith(("tail ", "head ", "one-launch "))],
                       "passed": rc == 0 and errors == 0, "output_tail": text[-4000:]}
         print(f"{tool:<10} {'clean' if runs[tool]['passed'] else 'NOT CLEAN'}: errors {errors}, exit {rc}, "
-              f"{runs[tool]['seconds']:.0f} s", flush=True)
+              f"{runs[tool]['seconds']:.0f} s; reports by kernel {by_kernel or 'none'}", flush=True)
     rec = {"what": "compute-sanitizer on every kernel and weight format", **prov, "shapes": {s: SHAPES[s] for s in shapes},
            "formats": formats, "parts": parts, "device_written": a.device_written, "tools": runs,
            "all_clean": all(r["passed"] for r in runs.values())}

@@ -226,24 +226,56 @@ def test_quant_sweep_takes_the_fastest_tuning_and_records_one_that_fails(monkeyp
     assert "u2_gu512 failed: RuntimeError: too many registers" in capsys.readouterr().out
 
 
-def test_sanitize_device_written_copies_keep_every_value() -> None:
-    """bench.sanitize --device-written: the tail's arrays re-made by a GPU kernel (``a * 1``)
-    must be the same values in the same dtypes, so the launches and results are the same."""
+def test_sanitize_device_written_copies_keep_every_value(monkeypatch) -> None:
+    """bench.sanitize --device-written: every array of the tail re-made by the copy kernel
+    (here a CPU stand-in for the CUDA copy), the same values in the same dtypes, so the
+    launches and results are the same."""
     import mlx.core as mx
 
-    from bench.sanitize import device_written
+    from bench import sanitize
     from workbench import kernel_launch, tail
     from workbench.weights import QUANT_FORMATS
 
+    copied: list[int] = []
+
+    def stand_in(a):
+        copied.append(id(a))
+        return a * 1
+
+    monkeypatch.setattr(sanitize, "device_copy", stand_in)
     q = QUANT_FORMATS["affine4"]
     w = tail.TailWeights.random(128, 512, 1024, seed=1, fold_block=256, dtype="bfloat16",
                                 quantize={"mode": q.mode, "bits": q.bits, "group_size": q.group_size})
     prep = kernel_launch.prepare_tail(tail.tail_launch(w), "metal")
-    copy = device_written(prep)
+    copy = sanitize.device_written(prep)
     assert copy.templates() == prep.templates()
     pairs = [(prep.norm, copy.norm), (prep.params, copy.params), (prep.rot["sdest"], copy.rot["sdest"]),
              (prep.rot["table"], copy.rot["table"])]
     pairs += [(getattr(prep, m).__dict__[k], getattr(copy, m).__dict__[k]) for m in ("wo", "gate", "up", "down")
               for k in ("w", "s", "b")]
+    assert len(copied) == len(pairs) and set(copied) == {id(old) for old, _ in pairs}
     for old, new in pairs:
         assert old is not new and old.dtype == new.dtype and bool(mx.array_equal(old, new))
+
+
+def test_sanitize_counts_reports_by_kernel(tmp_path) -> None:
+    """bench.sanitize reads the sanitizer's log (backtraces off) a line at a time: reports
+    counted by kernel (MLX's prefix and the template suffix dropped), the first kept whole,
+    the summary lines found."""
+    from bench import sanitize
+
+    def report(kernel: str, size: int) -> str:
+        return (f"========= Uninitialized __global__ memory read of size {size} bytes\n"
+                f"=========     at mlx::core::cu::custom_kernel_{kernel}(const float *, float *)+0xf0\n"
+                "=========     by thread (19,0,0) in block (12,0,0)\n"
+                "=========     Address 0x48ea0e4530\n=========\n")
+
+    log = tmp_path / "initcheck.log"
+    log.write_text("========= COMPUTE-SANITIZER\n" + report("fat_device_copy_4096", 2) * 3
+                   + report("fat_wo_residual_512_1_0_32_f_1024_256_t_1_8_4_t", 16)
+                   + report("fat_tail_one_launch", 4) * 2 + "========= ERROR SUMMARY: 6 errors\n")
+    by_kernel, first, summary = sanitize.read_log(log)
+    assert by_kernel == {"fat_device_copy": 3, "fat_wo_residual": 1, "fat_tail_one_launch": 2}
+    assert summary == ["========= ERROR SUMMARY: 6 errors"] and sanitize._errors("initcheck", summary[0]) == 6
+    assert len(first) == 6 and "size 16 bytes" in first[3] and "block (12,0,0)" in first[3]
+    assert all(r.startswith("========= Uninitialized") and r.count("\n") == 3 for r in first)

@@ -265,3 +265,39 @@ def test_a_reset_retraces_the_compiled_launch_with_the_new_memory(monkeypatch):
     old = one.work
     one.reset()
     assert one.work is not old and one.compiled() is not first
+
+
+@pytest.mark.parametrize("limit", [0, -5, 1.5, True, "4000", one_launch.MAX_BARRIER_LIMIT_MS + 1])
+def test_a_bad_barrier_limit_is_refused_by_name(limit, monkeypatch):
+    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    prep = kernel_launch.prepare_tail(tail.tail_launch(
+        tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")), "cuda")
+    with pytest.raises(ValueError, match="barrier_limit_ms must be an integer from 1 to 3600000"):
+        one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4), barrier_limit_ms=limit)
+    with pytest.raises(ValueError, match="barrier_limit_ms"):
+        one_launch.launch_template(prep, one_launch.OneLaunchShape(), limit)
+
+
+def test_the_barrier_limit_reaches_the_kernel_and_the_timeout_message(monkeypatch):
+    """A sanitizer run raises the limit (instrumented groups are slow); the launch's
+    template carries it, and a timeout names the limit that was in force."""
+    import mlx.core as mx
+
+    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    seen = []
+
+    def flagged(**kw):  # a launch that raises the barrier's failure flag
+        seen.append(dict(kw["template"])["BARRIER_LIMIT_MS"])
+        work = kw["inputs"][ks.one_launch_inputs().index("work")]
+        work[one_launch.sync_at(prep) + 32] = mx.array(1, dtype=mx.uint32).view(mx.float32)
+        return [mx.full((kw["output_shapes"][0][0],), float("nan"))]
+
+    monkeypatch.setattr(one_launch, "_kernel", lambda: flagged)
+    prep = kernel_launch.prepare_tail(tail.tail_launch(
+        tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")), "cuda")
+    one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4),
+                                   barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
+    with pytest.raises(one_launch.GridBarrierTimeout, match="waited over 600 s"):
+        one.run([1.0] * 512, [0.0] * 128)
+    assert seen == [one_launch.SANITIZER_BARRIER_LIMIT_MS]
+    assert not one.barrier_failed()  # run() zeroed the memory for the next launch

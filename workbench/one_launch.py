@@ -22,8 +22,9 @@ What makes a grid barrier safe, and how it is enforced here:
   the other's SMs. Every launch therefore names the previous one's output as ``after``
   (:meth:`OneLaunchTail.__call__` does this itself), which orders them; a tail whose
   input is another's output is ordered anyway.
-* **A hang becomes an error.** A barrier that waits over ``BARRIER_LIMIT_MS`` (4 s) gives
-  up: the group writes NaN into its rows of ``out`` and raises a flag in the launch's memory, which
+* **A hang becomes an error.** A barrier that waits over ``BARRIER_LIMIT_MS`` (4 s; a
+  ``barrier_limit_ms`` of the launch's own under a sanitizer) gives up: the group writes
+  NaN into its rows of ``out`` and raises a flag in the launch's memory, which
   :meth:`OneLaunchTail.run` reads after the wait and raises :class:`GridBarrierTimeout`
   (zeroing the memory again for the next launch).
 
@@ -52,10 +53,20 @@ STATIC_SHARED_LIMIT = 48 * 1024
 #: Threads a group of the one launch, by default (every phase runs with the same groups).
 DEFAULT_NT = 512
 
-#: How long a grid barrier waits before it gives up (ms): no barrier legitimately waits
-#: this long (a phase takes well under a millisecond at Bonsai-27B's size, and a
-#: sanitizer's slow-down stays far below it).
+#: How long a grid barrier waits before it gives up (ms), by default: no barrier of an
+#: uninstrumented launch legitimately waits this long (a phase takes well under a
+#: millisecond at Bonsai-27B's size). Instrumented launches are another matter: under
+#: compute-sanitizer's initcheck a barrier at the small shape waited over 4 s
+#: (``sanitize-nvidia-h200-20261201T112956Z``), so ``bench.sanitize`` passes
+#: :data:`SANITIZER_BARRIER_LIMIT_MS` through ``OneLaunchTail(barrier_limit_ms=...)``.
 BARRIER_LIMIT_MS = 4000
+
+#: The barrier limit for launches under compute-sanitizer (ten minutes: any real hang
+#: still ends, as an error, within the sanitizer run's own time limit's order).
+SANITIZER_BARRIER_LIMIT_MS = 600_000
+
+#: The largest barrier limit a template value can carry here (one hour, in ms).
+MAX_BARRIER_LIMIT_MS = 3_600_000
 
 
 class GridBarrierTimeout(RuntimeError):
@@ -116,17 +127,27 @@ def sync_at(prep: kernel_launch.PreparedTail) -> int:
     return -(-(prep.hidden + prep.ffn) // 32) * 32
 
 
-def launch_template(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> list[tuple[str, Any]]:
+def launch_template(prep: kernel_launch.PreparedTail, shape: OneLaunchShape,
+                    barrier_limit_ms: int = BARRIER_LIMIT_MS) -> list[tuple[str, Any]]:
     """The one launch's template values (``kernel_source.one_launch_template``'s names):
     each phase's values as its own launch would take them (``prep.templates()``), down's
-    rows a group from ``shape``, NT = ``shape.nt`` for every phase. Dialect-free, so it can
-    be computed (and the CUDA text compiled with nvcc) from any prepared tail."""
+    rows a group from ``shape``, NT = ``shape.nt`` for every phase, and how long a barrier
+    waits (``barrier_limit_ms``). Dialect-free, so it can be computed (and the CUDA text
+    compiled with nvcc) from any prepared tail."""
+    _check_barrier_limit(barrier_limit_ms)
     phases = _phase_templates(prep, shape)
     template: list[tuple[str, Any]] = [("NT", shape.nt), ("HID", prep.hidden), ("FFN", prep.ffn),
-                                       ("SYNC_AT", sync_at(prep)), ("BARRIER_LIMIT_MS", BARRIER_LIMIT_MS)]
+                                       ("SYNC_AT", sync_at(prep)), ("BARRIER_LIMIT_MS", int(barrier_limit_ms))]
     for kernel, prefix in kernel_source.ONE_LAUNCH_PHASES:
         template += [(prefix + k, v) for k, v in phases[kernel].items() if k != "NT"]
     return template
+
+
+def _check_barrier_limit(barrier_limit_ms: Any) -> None:
+    if (isinstance(barrier_limit_ms, bool) or not isinstance(barrier_limit_ms, (int, np.integer))
+            or not 1 <= barrier_limit_ms <= MAX_BARRIER_LIMIT_MS):
+        raise ValueError(f"barrier_limit_ms must be an integer from 1 to {MAX_BARRIER_LIMIT_MS} (ms); "
+                         f"got {validate.describe(barrier_limit_ms)}")
 
 
 class OneLaunchTail:
@@ -136,9 +157,12 @@ class OneLaunchTail:
     weights, fold plan, template values (each phase's ``U`` and ``PRE``) and constants.
     Call it with ``branch`` [branch] and ``residual`` [hidden] (float32 ``mx.array``) for
     the lazy output; :meth:`run` evaluates, checks the barrier flag and returns numpy.
+    ``barrier_limit_ms``: how long a grid barrier waits before it gives up (raise it only
+    for instrumented runs: :data:`SANITIZER_BARRIER_LIMIT_MS`).
     """
 
-    def __init__(self, prep: kernel_launch.PreparedTail, shape: OneLaunchShape | None = None) -> None:
+    def __init__(self, prep: kernel_launch.PreparedTail, shape: OneLaunchShape | None = None, *,
+                 barrier_limit_ms: int = BARRIER_LIMIT_MS) -> None:
         if not isinstance(prep, kernel_launch.PreparedTail):
             raise ValueError(f"prep must be a kernel_launch.PreparedTail; got {type(prep).__name__}")
         if prep.dialect != "cuda":
@@ -153,14 +177,15 @@ class OneLaunchTail:
             raise ValueError(f"hidden ({prep.hidden}) / branch ({prep.branch_dim}): the one launch would declare {used} "
                              f"bytes of shared memory, over CUDA's {STATIC_SHARED_LIMIT} for static shared memory; "
                              "use the three launches (kernel_launch.PreparedTail)")
-        self.prep, self.shape = prep, shape
+        _check_barrier_limit(barrier_limit_ms)
+        self.prep, self.shape, self.barrier_limit_ms = prep, shape, int(barrier_limit_ms)
         self.sms = shape.sm_count if shape.sm_count is not None else cuda_device.multiprocessor_count()
         self.groups = self.sms * shape.groups_per_sm
         self.sync_at = sync_at(prep)
         self.work = mx.zeros((self.sync_at + 64,), dtype=mx.float32)
         mx.eval(self.work)
         self._last: mx.array | None = None
-        self.template = launch_template(prep, shape)
+        self.template = launch_template(prep, shape, self.barrier_limit_ms)
         wo, g, u, d, rot = prep.wo, prep.gate, prep.up, prep.down, prep.rot
         # every input but the activations, by the kernel's input names (their order is
         # kernel_source.one_launch_inputs()'s, in one place)
@@ -227,7 +252,7 @@ class OneLaunchTail:
         mx.eval(out)
         if self.barrier_failed():
             self.reset()
-            raise GridBarrierTimeout(f"a grid barrier of the one-launch tail waited over {BARRIER_LIMIT_MS / 1000:g} s: "
+            raise GridBarrierTimeout(f"a grid barrier of the one-launch tail waited over {self.barrier_limit_ms / 1000:g} s: "
                                      f"not every one of its "
                                      f"{self.groups} groups ({self.shape.groups_per_sm} an SM x {self.sms} SMs "
                                      "assumed) was resident at once; its output was NaN")
