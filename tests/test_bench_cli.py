@@ -279,3 +279,19 @@ def test_sanitize_counts_reports_by_kernel(tmp_path) -> None:
     assert summary == ["========= ERROR SUMMARY: 6 errors"] and sanitize._errors("initcheck", summary[0]) == 6
     assert len(first) == 6 and "size 16 bytes" in first[3] and "block (12,0,0)" in first[3]
     assert all(r.startswith("========= Uninitialized") and r.count("\n") == 3 for r in first)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
+@pytest.mark.parametrize("ctype", ["float", "__nv_bfloat16", "unsigned char", "unsigned int"])
+def test_sanitize_device_copy_source_compiles_for_every_dtype(tmp_path, ctype) -> None:
+    """The --device-written copy kernel's body, in the signature MLX gives it (the output
+    typed as the input), compiles for the dtypes a tail's arrays have."""
+    from bench import sanitize
+
+    src = tmp_path / "copy.cu"
+    src.write_text("#include <cuda_bf16.h>\ntemplate <int NBYTES>\n"
+                   f"__global__ void copy(const {ctype}* src, {ctype}* dst) {{\n{sanitize._DEVICE_COPY_SOURCE}}}\n"
+                   f"template __global__ void copy<4098>(const {ctype}*, {ctype}*);\n")
+    r = subprocess.run(["nvcc", "-arch=sm_90", "-c", "-o", str(tmp_path / "copy.o"), str(src)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
