@@ -301,3 +301,33 @@ def test_the_barrier_limit_reaches_the_kernel_and_the_timeout_message(monkeypatc
         one.run([1.0] * 512, [0.0] * 128)
     assert seen == [one_launch.SANITIZER_BARRIER_LIMIT_MS]
     assert not one.barrier_failed()  # run() zeroed the memory for the next launch
+
+
+def test_the_wait_breakdown_reads_both_committed_records():
+    """notebook 03's breakdown of the one launch's wait: the kernel run once (ncu) beside
+    its evaluation, from the committed records; the arithmetic checked row by row."""
+    import json
+
+    bench_dir = ks.KERNEL_DIR.parent / "data" / "bench"
+    rec = json.loads((bench_dir / "one_launch-nvidia-h200-20261201T112516Z.json").read_text())
+    prof = json.loads((bench_dir / "launch_profile-nvidia-h200-20261201T112816Z.json").read_text())
+    t = one_launch.wait_breakdown(rec, prof)
+    assert list(t.columns) == ["bfloat16", "affine4", "nvfp4"]  # the formats both records have
+    bf = t["bfloat16"]
+    assert bf["MLX around the kernel, at least"] == pytest.approx(bf["evaluation and wait"] - bf["kernel run once (ncu)"])
+    case = next(c for c in rec["cases"] if c["case"] == "bonsai27b-bfloat16")
+    torch_wait = case["resident_ms"]["torch_cuda_graph"]["median_ms"]
+    assert bf["kernel for one wait = PyTorch graph, at most"] == pytest.approx(
+        torch_wait - bf["MLX around the kernel, at least"])
+    assert bf["floor"] == pytest.approx(case["floor_ms"])
+    assert t["affine4"].isna()["floor"]  # PyTorch ran bf16 only
+
+
+@pytest.mark.parametrize("rec, prof, says", [
+    ({"bench": "kernel_bench"}, {"bench": "launch_profile", "table": []}, "record must be a bench.one_launch"),
+    ({"bench": "one_launch", "cases": []}, {"bench": "one_launch"}, "profile must be a bench.launch_profile"),
+    ({"bench": "one_launch", "cases": []}, {"bench": "launch_profile", "table": []}, "share no weight format"),
+])
+def test_the_wait_breakdown_refuses_other_records(rec, prof, says):
+    with pytest.raises(ValueError, match=says):
+        one_launch.wait_breakdown(rec, prof)

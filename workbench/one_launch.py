@@ -299,3 +299,49 @@ def record_tables(record: dict[str, Any]) -> tuple[Any, Any]:
             col["one launch / PyTorch graph (one wait)"] = res["one_launch_compiled"] / res["torch_cuda_graph"]
         rows[c["case"].replace("bonsai27b-", "")] = col
     return checks, pd.DataFrame(rows)
+
+
+def wait_breakdown(record: dict[str, Any], profile: dict[str, Any]) -> Any:
+    """Where the one launch's wait goes, one column a weight format in both records (pandas).
+
+    ``record``: a ``python -m bench.one_launch`` record; ``profile``: a ``python -m
+    bench.launch_profile --one-launch`` record (Nsight Compute: each kernel run once,
+    caches flushed). Rows, ms: the kernel run once (ncu) and its device time chained (ten
+    tails in one evaluation, over ten); the one launch's evaluation and wait with the graph
+    already built; what MLX adds around the kernel (the evaluation minus the kernel run
+    once) beside one tiny evaluation (MLX's least); and, where the record has PyTorch's
+    CUDA-graph replay, what it adds (its one wait minus its device time) and the kernel
+    time the one launch would need to wait no longer than it (its wait minus MLX's
+    addition), beside the floor. Why both: a single-shot kernel slower than its chained
+    time would mean the wait pays a ramp; the rest of the wait is the framework's.
+    Raises ``ValueError`` for records that are not these, or that share no format.
+    """
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    if not isinstance(record, dict) or record.get("bench") != "one_launch" or "cases" not in record:
+        raise ValueError(f"record must be a bench.one_launch record with timed cases; got {validate.describe(record)}")
+    if not isinstance(profile, dict) or profile.get("bench") != "launch_profile" or "table" not in profile:
+        raise ValueError(f"profile must be a bench.launch_profile record; got {validate.describe(profile)}")
+    single = {row["format"]: row["ms"] for row in profile["table"] if "tail_one_launch" in row["kernel"]}
+    cols: dict[str, dict[str, float]] = {}
+    for c in record["cases"]:
+        fmt = c["case"].replace("bonsai27b-", "")
+        if fmt not in single:
+            continue
+        res = {k: v["median_ms"] for k, v in c["resident_ms"].items()}
+        wait = c["one_launch_split_ms"]["eval_and_wait"]
+        col = {"kernel run once (ncu)": single[fmt],
+               "kernel chained (device time a tail)": c["device_ms_per_tail"]["one_launch"],
+               "evaluation and wait": wait,
+               "MLX around the kernel, at least": wait - single[fmt],
+               "one tiny evaluation": res["one_tiny_eval"]}
+        if "torch_cuda_graph" in res:
+            torch_adds = res["torch_cuda_graph"] - c["device_ms_per_tail"]["torch_cuda_graph"]
+            col["PyTorch graph around its kernels"] = torch_adds
+            col["kernel for one wait = PyTorch graph, at most"] = res["torch_cuda_graph"] - (wait - single[fmt])
+            col["floor"] = c["floor_ms"]
+        cols[fmt] = col
+    if not cols:
+        raise ValueError(f"the records share no weight format: the one-launch record times "
+                         f"{[c['case'] for c in record['cases']]}, the profile ran the one launch in {sorted(single)}")
+    return pd.DataFrame(cols)
