@@ -179,7 +179,7 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
                                             ("nvfp4", (256, 512, 768), 128), ("nvfp4", (256, 1024, 2048), 256))):
         q = QUANT_FORMATS[name]
         wq = tail.TailWeights.random(*shape, seed=seed + 80 + i, fold_block=blk, dtype="bfloat16",
-                                     quantize={"mode": q.mode, "bits": q.bits, "group_size": q.group_size})
+                                     quantize=q.as_quantize())
         br, res = tail.random_inputs(wq, seed=seed + 90 + i)
         add(_guarded("tail", _tail_case, f"random {shape} {name} g{q.group_size}", wq, br, res, dialect))
     add(_guarded("head", _head_case, "head (1280; 2048, 256, 256) block 20x64", 1280, 2048, 256, 256, 1280, "float32", seed + 50,

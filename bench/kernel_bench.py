@@ -478,7 +478,7 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
     del w16
     for i, name in enumerate(formats):
         q = QUANT_FORMATS[name]
-        spec = {"mode": q.mode, "bits": q.bits, "group_size": q.group_size}
+        spec = q.as_quantize()
         case(f"bonsai27b-{name}-g{q.group_size}", lambda spec=spec, i=i: tail.TailWeights.random(
             hidden, branch, ffn, seed=seed + 3 + 2 * i, fold_block=block, dtype="bfloat16", quantize=spec),
             seed + 4 + 2 * i)

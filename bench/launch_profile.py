@@ -82,7 +82,7 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
     (hidden, branch, ffn), block = BONSAI
     for i, fmt in enumerate(formats):
         q = QUANT_FORMATS.get(fmt)
-        spec = {"mode": q.mode, "bits": q.bits, "group_size": q.group_size} if q else None
+        spec = q.as_quantize() if q else None
         w = tail.TailWeights.random(hidden, branch, ffn, seed=3 + i, fold_block=block, dtype="bfloat16", quantize=spec)
         b, r = (mx.array(a) for a in tail.random_inputs(w, seed=4 + i))
         prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")

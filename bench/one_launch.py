@@ -3,6 +3,7 @@
     python -m bench.one_launch                         # checks, the bf16 sweep, every format
     python -m bench.one_launch --formats bfloat16      # bf16 only
     python -m bench.one_launch --no-timeout-check      # skip the 8-second barrier-timeout check
+    python -m bench.one_launch --sweep-formats bfloat16,mxfp4,nvfp4   # a sweep of their own
 
 What it answers: where a tail's one evaluation spends the time beyond its device time
 (MLX's cost per custom kernel evaluated, measured at frink-models' test size where
@@ -19,8 +20,10 @@ bodies as phases between grid barriers) removes it, with the same inputs, in one
    * the safety net: the grid sized for twice the SMs there are (so half its groups
      cannot be resident) must raise ``GridBarrierTimeout`` after its barriers give up,
      and the next launch must be right again.
-2. **A sweep** of the one launch's shape and loads on the bf16 tail (device time a tail,
-   ten chained launches in one evaluation); the best is used below.
+2. **A sweep** of the one launch's shape and loads (``VARIANTS``; device time a tail, ten
+   chained launches in one evaluation) on the first format's tail, or on each of
+   ``--sweep-formats``; each format is timed below with its own sweep's fastest variant,
+   or the first swept format's.
 3. **Per format**, interleaved round by round: one evaluation with its wait, resident
    inputs, for the three launches (plain and ``mx.compile``d), the one launch (plain and
    compiled), PyTorch's CUDA-graph replay (bf16) and one tiny evaluation; device time a
@@ -51,7 +54,7 @@ from workbench.weights import QUANT_FORMATS
 #: Weight formats: bfloat16 and the quantized ones the kernels read.
 FORMATS: tuple[str, ...] = ("bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
 
-#: The one launch's variants tried on the bf16 tail: (changes to the three launches'
+#: The one launch's variants tried by the sweep: (changes to the three launches'
 #: tuning, which set each phase's loads; the one launch's shape). At one group an SM the
 #: registers a thread may use go up to 128, so more loads in flight cost no occupancy.
 VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
@@ -66,12 +69,34 @@ VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
     # SM (the bodies at 768 threads a group: tests/test_one_launch.py, emulated, against float64)
     "nt768": ({}, one_launch.OneLaunchShape(nt=768)),
     "nt640": ({}, one_launch.OneLaunchShape(nt=640)),
+    # the quantized formats are bound by instructions, not bytes (kernels/README.md): more
+    # 4-bit units in flight a lane (u / 4: 4 units at u 16) and more warps an SM
+    "u16": ({"u_wo": 16, "u_gate_up": 16}, one_launch.OneLaunchShape()),
+    "u8_nt640": ({"u_wo": 8, "u_gate_up": 8}, one_launch.OneLaunchShape(nt=640)),
 }
+
+
+#: How far a variant's output may be from the default variant's (worst scaled error, as
+#: ``decode_matvec.worst_scaled_error``): the oracle checks' tolerance, since both are
+#: float32 evaluations of one tail whose sums only run in another order.
+AGREE_TOL = 2e-4
+
+
+def chosen_variants(formats: list[str], sweeps: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The variant each format is timed with: the fastest of its own sweep (device time a
+    tail) where it was swept, else the fastest of the first swept format's; ``"default"``
+    where no variant of a sweep launched. Pure, so testable without a GPU."""
+    def fastest(results: dict[str, Any]) -> str:
+        ok = {k: v["device_ms"] for k, v in results.items() if "device_ms" in v}
+        return min(ok, key=ok.__getitem__) if ok else "default"
+
+    first = fastest(next(iter(sweeps.values()))) if sweeps else "default"
+    return {fmt: fastest(sweeps[fmt]) if fmt in sweeps else first for fmt in formats}
 
 
 def _weights(fmt: str, shape: tuple[int, int, int], block: int, seed: int) -> tail.TailWeights:
     q = QUANT_FORMATS.get(fmt)
-    spec = {"mode": q.mode, "bits": q.bits, "group_size": q.group_size} if q else None
+    spec = q.as_quantize() if q else None
     return tail.TailWeights.random(*shape, seed=seed, fold_block=block, dtype=fmt if q is None else "bfloat16",
                                    quantize=spec)
 
@@ -159,6 +184,11 @@ def sweep(w: tail.TailWeights, b: mx.array, r: mx.array, br: np.ndarray, res: np
             got = one.run(br, res)
             ref = got if ref is None else ref
             agree = worst_scaled_error(got, ref)
+            if not agree <= AGREE_TOL:  # a variant that computes another tail is never chosen
+                out[name] = {"error": f"disagrees with the default variant: worst scaled {agree:.3g} > {AGREE_TOL:g}",
+                             "vs_default_worst_scaled": agree}
+                print(f"variant {name} failed: {out[name]['error']}", flush=True)
+                continue
             out[name] = {"device_ms": chained_ms(one, b, r), "vs_default_worst_scaled": agree,
                          "changes": changes, "shape": dataclasses.asdict(shape)}
             print(f"variant {name}: {out[name]['device_ms']:.4f} ms a tail (agrees with default to {agree:.2g})",
@@ -228,7 +258,8 @@ def fixed_cost(repeats: int) -> dict[str, float]:
     return {k: v["median_ms"] for k, v in t.items()}
 
 
-def run(formats: list[str], repeats: int, seed: int, timeout: bool) -> dict[str, Any]:
+def run(formats: list[str], repeats: int, seed: int, timeout: bool,
+        sweep_formats: list[str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"checks": [], "formats": formats}
     small = ((256, 1024, 2048), 256)
     c = seed_case()
@@ -262,19 +293,24 @@ def run(formats: list[str], repeats: int, seed: int, timeout: bool) -> dict[str,
     print("one evaluation at frink-models' test size (median ms): "
           + ", ".join(f"{k} {v:.4f}" for k, v in out["seed_size_resident_ms"].items()), flush=True)
 
-    b, r = (mx.array(a) for a in tail.random_inputs(first, seed=seed + 300))
-    br, res = tail.random_inputs(first, seed=seed + 300)
-    out["sweep"] = sweep(first, b, r, br, res)
-    ok = {k: v for k, v in out["sweep"].items() if "device_ms" in v}
-    best = min(ok, key=lambda k: ok[k]["device_ms"]) if ok else "default"
-    out["variant_chosen"] = best
-    changes, shape = VARIANTS[best]
-    tuning = dataclasses.replace(kernel_launch.DEFAULT_TUNING, **changes)
+    # the sweep on each of sweep_formats (bf16 alone by default), each format timed with its
+    # own sweep's fastest variant (or the first swept format's)
+    out["sweeps"] = {}
+    for fmt in sweep_formats or [formats[0]]:
+        br, res = tail.random_inputs(bonsai[fmt], seed=seed + 300)
+        b, r = mx.array(br), mx.array(res)
+        print(f"sweep, {fmt}:", flush=True)
+        out["sweeps"][fmt] = sweep(bonsai[fmt], b, r, br, res)
+    out["sweep"] = next(iter(out["sweeps"].values()))  # the first swept format's, as records before it had
+    out["variant_chosen"] = chosen_variants(formats, out["sweeps"])
     out["cases"] = []
     for i, fmt in enumerate(formats):
+        changes, shape = VARIANTS[out["variant_chosen"][fmt]]
+        tuning = dataclasses.replace(kernel_launch.DEFAULT_TUNING, **changes)
         try:
             out["cases"].append(time_case(f"bonsai27b-{fmt}", bonsai[fmt], tuning, shape, bandwidth, repeats,
                                           seed + 400 + i))
+            out["cases"][-1]["variant"] = out["variant_chosen"][fmt]
             print_case(out["cases"][-1])
         except Exception as e:  # noqa: BLE001 -- record it and go on to the next format
             out.setdefault("errors", {})[fmt] = f"{type(e).__name__}: {e}"
@@ -302,8 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=40, help="timed rounds a variant")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-timeout-check", action="store_true", help="skip the barrier-timeout check (8 s)")
+    ap.add_argument("--sweep-formats", default=None,
+                    help="comma list of the formats whose own sweep of the variants chooses their timing's "
+                         "variant (default: the first of --formats; the others take its choice)")
     a = ap.parse_args(argv)
     formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
+    sweep_formats = (record.comma_list(ap, "--sweep-formats", a.sweep_formats, formats)
+                     if a.sweep_formats is not None else None)
     if a.repeats < 1:
         ap.error("--repeats must be >= 1")
     if not backends.cuda_available():
@@ -311,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     prov = record.provenance("one_launch", argv)
     started = _dt.datetime.fromisoformat(prov["date"])
-    out = run(formats, a.repeats, a.seed, not a.no_timeout_check)
+    out = run(formats, a.repeats, a.seed, not a.no_timeout_check, sweep_formats)
     rec = {"what": "the tail as one CUDA launch against its three launches", **prov, **out}
     if not a.no_record:
         device = prov["device"].get("device_name", "gpu")

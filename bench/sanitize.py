@@ -148,7 +148,7 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
         (hidden, branch, ffn), block, (nq, nk, nv) = SHAPES[sname]
         for i, fmt in enumerate(formats):
             q = QUANT_FORMATS.get(fmt)
-            spec = {"mode": q.mode, "bits": q.bits, "group_size": q.group_size} if q else None
+            spec = q.as_quantize() if q else None
             dtype = fmt if q is None else "bfloat16"
             w = tail.TailWeights.random(hidden, branch, ffn, seed=7 + i, fold_block=block, dtype=dtype, quantize=spec)
             br, res = tail.random_inputs(w, seed=8 + i)

@@ -245,7 +245,7 @@ def test_sanitize_device_written_copies_keep_every_value(monkeypatch) -> None:
     monkeypatch.setattr(sanitize, "device_copy", stand_in)
     q = QUANT_FORMATS["affine4"]
     w = tail.TailWeights.random(128, 512, 1024, seed=1, fold_block=256, dtype="bfloat16",
-                                quantize={"mode": q.mode, "bits": q.bits, "group_size": q.group_size})
+                                quantize=q.as_quantize())
     prep = kernel_launch.prepare_tail(tail.tail_launch(w), "metal")
     copy = sanitize.device_written(prep)
     assert copy.templates() == prep.templates()

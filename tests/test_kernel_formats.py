@@ -122,7 +122,7 @@ def test_dequantize_exact_matches_mlx_bit_for_bit(name, dtype):
 def test_launch_builder_takes_each_format(name, fmt, sfmt, gs):
     q = QUANT_FORMATS[name]
     w = T.TailWeights.random(128, 1024, 512, seed=3, fold_block=256, dtype="bfloat16",
-                             quantize={"mode": q.mode, "bits": q.bits, "group_size": q.group_size})
+                             quantize=q.as_quantize())
     prep = KL.prepare_tail(T.tail_launch(w), "metal")
     wo = dict(prep.templates()["wo_residual"])
     assert (wo["FMT"], wo["SFMT"], wo["GS"]) == (fmt, sfmt, gs)

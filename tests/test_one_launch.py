@@ -205,15 +205,19 @@ def test_record_tables_refuses_what_is_not_its_record(bad):
 
 
 @pytest.mark.skipif(not backends.clang_available(), reason="clang++ is not installed here (the Metal emulator)")
-def test_the_bodies_at_the_group_sizes_the_one_launch_sweeps_match_float64():
-    """bench.one_launch tries 640 and 768 threads a group (not powers of two): the three
-    bodies at 768, run by the Metal emulator, against the float64 oracle."""
+@pytest.mark.parametrize("nt, fmt, u", [(768, None, 4), (640, "nvfp4", 8), (640, "affine4", 8)])
+def test_the_bodies_at_the_group_sizes_the_one_launch_sweeps_match_float64(nt, fmt, u):
+    """bench.one_launch tries 640 and 768 threads a group (not powers of two), the
+    quantized formats with more units in flight: the three bodies at those sizes, run by
+    the Metal emulator, against the float64 oracle."""
     from workbench.comparison import compare
     from workbench.exact_oracle import host_tail_exact
+    from workbench.weights import QUANT_FORMATS
 
-    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
+    quant = QUANT_FORMATS[fmt].as_quantize() if fmt else None
+    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16", quantize=quant)
     br, res = tail.random_inputs(w, seed=6)
-    t = kernel_launch.KernelTuning(wo_nt=768, rows_nt=768, down_nt=768, down_rows=4, u_down=16)
+    t = kernel_launch.KernelTuning(wo_nt=nt, rows_nt=nt, down_nt=nt, down_rows=4, u_down=16, u_wo=u, u_gate_up=u)
     out = kernel_launch.emulated_tail(tail.tail_launch(w), br, res, tuning=t)
     assert compare(out, host_tail_exact(w, br, res)).passed
 
@@ -331,3 +335,24 @@ def test_the_wait_breakdown_reads_both_committed_records():
 def test_the_wait_breakdown_refuses_other_records(rec, prof, says):
     with pytest.raises(ValueError, match=says):
         one_launch.wait_breakdown(rec, prof)
+
+
+def test_each_format_is_timed_with_its_own_sweeps_fastest_variant():
+    """bench.one_launch: a swept format takes its own fastest variant (one that failed or
+    disagreed has no time and is never chosen); an unswept one the first swept format's."""
+    from bench.one_launch import chosen_variants
+
+    sweeps = {"bfloat16": {"default": {"device_ms": 0.18}, "u8": {"device_ms": 0.17}, "nt1024": {"error": "x"}},
+              "nvfp4": {"default": {"device_ms": 0.22}, "u16": {"device_ms": 0.30},
+                        "nt640": {"error": "disagrees", "vs_default_worst_scaled": 1.0}}}
+    got = chosen_variants(["bfloat16", "affine4", "nvfp4"], sweeps)
+    assert got == {"bfloat16": "u8", "affine4": "u8", "nvfp4": "default"}
+    assert chosen_variants(["affine4"], {"affine4": {"nt1024": {"error": "x"}}}) == {"affine4": "default"}
+
+
+def test_sweep_formats_must_be_among_the_formats(capsys):
+    from bench import one_launch as bench_one_launch
+
+    with pytest.raises(SystemExit):
+        bench_one_launch.main(["--formats", "bfloat16", "--sweep-formats", "nvfp4", "--no-record"])
+    assert "--sweep-formats must be a comma-separated list of ['bfloat16']" in capsys.readouterr().err

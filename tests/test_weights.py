@@ -198,3 +198,15 @@ def test_bf16_quantized_host_map_is_what_quantized_matmul_computes() -> None:
     got = np.array(q.apply(mx.array(x)))
     want = q.apply(x.astype(np.float64))
     assert np.max(np.abs(got - want)) <= 2e-5 * max(1.0, float(np.abs(want).max()))
+
+
+def test_each_named_format_makes_itself_through_as_quantize():
+    """QuantSpec.as_quantize() is the ``quantize=`` argument the benches pass: it must make
+    weights of the very format it names."""
+    from workbench import tail
+    from workbench.weights import QUANT_FORMATS
+
+    for name, spec in QUANT_FORMATS.items():
+        assert spec.as_quantize() == {"mode": spec.mode, "bits": spec.bits, "group_size": spec.group_size}
+        w = tail.TailWeights.random(64, 128, 128, seed=0, dtype="bfloat16", quantize=spec.as_quantize())
+        assert w.wo.quantization == spec, name

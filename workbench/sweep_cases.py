@@ -232,7 +232,7 @@ def check_quant_fits(spec: QuantSpec | None, shape: tuple[int, int, int]) -> Non
 
 def quantize_args(spec: QuantSpec | None) -> dict[str, Any] | None:
     """``spec`` as the keyword arguments of ``WeightMatrix.quantize`` (``TailWeights``' ``quantize``)."""
-    return None if spec is None else {"mode": spec.mode, "bits": spec.bits, "group_size": spec.group_size}
+    return None if spec is None else spec.as_quantize()
 
 
 def fold_label(fold: Any) -> str:

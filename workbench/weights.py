@@ -51,6 +51,11 @@ class QuantSpec:
     def __str__(self) -> str:
         return f"{self.mode}{self.bits}-g{self.group_size}" if self.mode == "affine" else f"{self.mode}-g{self.group_size}"
 
+    def as_quantize(self) -> dict[str, Any]:
+        """The ``quantize=`` argument that makes this format (``TailWeights.random``,
+        ``mx.quantize``'s keyword arguments): ``{"mode", "bits", "group_size"}``."""
+        return {"mode": self.mode, "bits": self.bits, "group_size": self.group_size}
+
 
 #: The quantization formats the workbench studies, by name, as ``mx.quantize`` makes them:
 #: the packs users run (mlx-lm's affine 4- and 8-bit; gpt-oss's mxfp4; nvfp4; mxfp8). The
