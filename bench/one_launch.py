@@ -73,9 +73,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
     # 4-bit units in flight a lane (u / 4: 4 units at u 16) and more warps an SM
     "u16": ({"u_wo": 16, "u_gate_up": 16}, one_launch.OneLaunchShape()),
     "u8_nt640": ({"u_wo": 8, "u_gate_up": 8}, one_launch.OneLaunchShape(nt=640)),
-    # two 512-thread groups an SM (32 warps, as many as the three launches' gate_up runs
-    # with): only where a thread needs at most 64 registers (nvcc, Bonsai's shape: affine4
-    # 44, affine8 56, mxfp4 64; bf16 70 and nvfp4 80 do not fit). Where they do not, half
+    # two 512-thread groups an SM (32 warps, twice the default's 16): only where a thread
+    # needs at most 64 registers (nvcc, Bonsai's shape: affine4 44, affine8 56, mxfp4 64;
+    # bf16 70 and nvfp4 80 do not fit). Where they do not, half
     # the groups cannot be resident: the barriers give up after their limit and the
     # variant is recorded as failed (GridBarrierTimeout), as the safety-net check shows.
     "gps2": ({}, one_launch.OneLaunchShape(groups_per_sm=2)),

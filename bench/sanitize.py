@@ -35,8 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,8 +68,8 @@ DEVICE_COPY_NAME = "fat_device_copy"
 
 
 #: 16 bytes a thread where both ends are 16-byte aligned (MLX's buffers are), else a byte
-#: a thread: every read is one initcheck report when the source was written unseen, so
-#: wide reads keep the log small (a million reports at the small shape, not eight).
+#: a thread: initcheck reports each read of memory it saw no write to, so wide reads keep
+#: any such count (and the log) a sixteenth of a byte-wise copy's.
 _DEVICE_COPY_SOURCE = """
 const unsigned long i = blockIdx.x * (unsigned long)blockDim.x + threadIdx.x;
 const unsigned long threads = gridDim.x * (unsigned long)blockDim.x;
@@ -106,13 +106,13 @@ def device_written(prep: Any) -> Any:
     :func:`device_copy`: the same values, so the same launches and results.
 
     Why: initcheck reported uninitialized reads of the weights at the small shape
-    (2026-11-30, ``sanitize-…232850Z``). Arrays made from numpy are written by the host
-    (MLX's CUDA memory is managed memory, which the host writes through a pointer, no copy
-    call), and arrays made by MLX's own kernels are written by kernels the sanitizer does
-    not instrument (``kns=fat_``): initcheck sees neither as initializing. With
-    ``--device-written`` every array the tail kernels read was written by an instrumented
-    kernel, so a report inside a tail kernel is a real uninitialized read, and the copies'
-    own reports (of memory written the other two ways) are counted apart, by kernel.
+    (2026-11-30, ``sanitize-…232850Z``), and 681,235 of them when every array had just
+    been re-made by MLX's own multiply kernel (``…112956Z``), which ``kns=fat_`` leaves
+    uninstrumented. Re-made by :func:`device_copy` instead, every array the tail kernels
+    read was last written by a kernel initcheck watches, so a report inside a tail kernel
+    is a real uninitialized read; reports inside the copy itself (of memory written where
+    initcheck does not look) are counted apart, by kernel. Measured (2026-12-01,
+    ``…115053Z``, ``…115323Z``): none of either, at both shapes.
     """
     import dataclasses
 

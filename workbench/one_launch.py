@@ -61,8 +61,8 @@ DEFAULT_NT = 512
 #: :data:`SANITIZER_BARRIER_LIMIT_MS` through ``OneLaunchTail(barrier_limit_ms=...)``.
 BARRIER_LIMIT_MS = 4000
 
-#: The barrier limit for launches under compute-sanitizer (ten minutes: any real hang
-#: still ends, as an error, within the sanitizer run's own time limit's order).
+#: The barrier limit for launches under compute-sanitizer: ten minutes, far above any
+#: instrumented phase seen (seconds), yet a real hang still ends as an error, not a stuck run.
 SANITIZER_BARRIER_LIMIT_MS = 600_000
 
 #: The largest barrier limit a template value can carry here (one hour, in ms).
@@ -252,8 +252,8 @@ class OneLaunchTail:
         mx.eval(out)
         if self.barrier_failed():
             self.reset()
-            raise GridBarrierTimeout(f"a grid barrier of the one-launch tail waited over {self.barrier_limit_ms / 1000:g} s: "
-                                     f"not every one of its "
+            raise GridBarrierTimeout(f"a grid barrier of the one-launch tail waited over "
+                                     f"{self.barrier_limit_ms / 1000:g} s: not every one of its "
                                      f"{self.groups} groups ({self.shape.groups_per_sm} an SM x {self.sms} SMs "
                                      "assumed) was resident at once; its output was NaN")
         return np.array(out)
