@@ -17,7 +17,9 @@ evaluates, for every weight format the kernels read (float32, bfloat16, affine 4
 that every output is finite: its oracle is gpu_check's). A tool passes when its summary reports
 no error (racecheck: no hazard) and the child exits 0.
 
-The record (``data/bench/sanitize-<device>-<date>.json``) holds, per tool, the command,
+With ``--jobs N`` the runs are one a tool, shape and format, N at a time. The record
+(``data/bench/sanitize-<device>-<date>.json``) holds, per run (``runs``; records before
+``--jobs`` hold one a tool under ``tools``), the tool, shapes and formats, the command,
 exit status, the summary lines, the seconds it took, its reports counted by kernel (the
 sanitizer writes every report, backtraces off, to a log file read a line at a time), the
 first reports whole and the output's tail.
@@ -35,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -42,10 +45,11 @@ from typing import Any
 import numpy as np
 
 from bench import record
+from workbench import sanitizer_coverage
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "synccheck", "initcheck")
+TOOLS = sanitizer_coverage.TOOLS
 
 #: (hidden, branch, ffn), wo's fold block, head rows (q, k, v).
 SHAPES: dict[str, tuple[tuple[int, int, int], int, tuple[int, int, int]]] = {
@@ -53,8 +57,8 @@ SHAPES: dict[str, tuple[tuple[int, int, int], int, tuple[int, int, int]]] = {
     "bonsai": ((5120, 6144, 17408), 1024, (12288, 1024, 1024)),
 }
 
-#: Weight formats: None = dense float32 / bfloat16, else a name in QUANT_FORMATS.
-FORMATS: tuple[str, ...] = ("float32", "bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
+#: Weight formats: float32 / bfloat16 dense, else a name in QUANT_FORMATS.
+FORMATS = sanitizer_coverage.FORMATS
 
 
 #: What the child runs beside the tail's three launches (which always run: they are the
@@ -284,13 +288,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device-written", action="store_true",
                     help="the tail's weights and inputs copied by a GPU kernel first (initcheck: tells host-written "
                          "memory apart from a real uninitialized read)")
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds allowed each tool")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds allowed each sanitizer run")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="sanitizer runs at once: 1 runs one a tool over every shape and format; N > 1 runs one a "
+                         "tool, shape and format, N at a time (one record either way)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     tools = record.comma_list(ap, "--tools", a.tools, TOOLS)
     shapes = record.comma_list(ap, "--shapes", a.shapes, SHAPES)
     formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
     parts = record.comma_list(ap, "--parts", a.parts, PARTS)
+    if a.jobs < 1:
+        ap.error(f"--jobs must be >= 1; got {a.jobs}")
     if a.child:
         return _child(shapes, formats, parts, a.device_written)
     exe = shutil.which("compute-sanitizer")
@@ -299,43 +308,55 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     prov = record.provenance("sanitize", argv)
     started = _dt.datetime.fromisoformat(prov["date"])
-    child = [sys.executable, "-m", "bench.sanitize", "--child", "--shapes", ",".join(shapes),
-             "--formats", ",".join(formats), "--parts", ",".join(parts)]
-    child += ["--device-written"] if a.device_written else []
-    runs: dict[str, Any] = {}
-    for tool in tools:
-        # initcheck also checks host API copies by default, and MLX's allocator copies whole
-        # buffers (slack beyond an array's end included) when numpy reads an array: those
-        # reports are MLX's, not the kernels', so initcheck checks device accesses only.
-        api = ["--check-api-memory-access", "no"] if tool == "initcheck" else []
-        log = Path(tempfile.mkdtemp(prefix="sanitize-")) / f"{tool}.log"
-        cmd = [exe, "--tool", tool, *api, "--kernel-name", "kns=fat_", "--print-limit", str(PRINT_LIMIT),
-               "--show-backtrace", "no", "--log-file", str(log), *child]
-        t0 = time.perf_counter()
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            text, rc = p.stdout + p.stderr, p.returncode
-        except subprocess.TimeoutExpired as e:
-            text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-            rc = None
-        by_kernel, first, summary = read_log(log) if log.exists() else ({}, [], [])
-        shutil.rmtree(log.parent, ignore_errors=True)
-        errors = _errors(tool, "\n".join(summary))
-        runs[tool] = {"command": " ".join(cmd[:cmd.index("--log-file")] + cmd[cmd.index("--log-file") + 2:]),
-                      "returncode": rc, "seconds": time.perf_counter() - t0,
-                      "errors": errors, "summary": summary, "reports_by_kernel": by_kernel, "first_reports": first,
-                      "cases": [ln for ln in text.splitlines() if ln.startswith(("tail ", "head ", "one-launch "))],
-                      "passed": rc == 0 and errors == 0, "output_tail": text[-4000:]}
-        print(f"{tool:<10} {'clean' if runs[tool]['passed'] else 'NOT CLEAN'}: errors {errors}, exit {rc}, "
-              f"{runs[tool]['seconds']:.0f} s; reports by kernel {by_kernel or 'none'}", flush=True)
+    # one child a tool over every shape and format, or (--jobs N > 1) one a tool, shape and
+    # format, N at a time: the GPU is shared, so each runs slower, but the host's folding
+    # and the sanitizer's own CPU work run side by side
+    units = ([(tool, shapes, formats) for tool in tools] if a.jobs == 1 else
+             [(tool, [s], [f]) for tool in tools for s in shapes for f in formats])
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        runs = list(pool.map(lambda u: sanitize_run(exe, u[0], u[1], u[2], parts, a.device_written, a.timeout), units))
     rec = {"what": "compute-sanitizer on every kernel and weight format", **prov, "shapes": {s: SHAPES[s] for s in shapes},
-           "formats": formats, "parts": parts, "device_written": a.device_written, "tools": runs,
-           "all_clean": all(r["passed"] for r in runs.values())}
+           "formats": formats, "parts": parts, "device_written": a.device_written, "jobs": a.jobs, "runs": runs,
+           "all_clean": all(r["passed"] for r in runs)}
     if not a.no_record:
         device = prov["device"].get("device_name", "gpu")
         record.write(rec, a.out_dir, record.record_stem("sanitize", device, started), force=a.force)
     return 0 if rec["all_clean"] else 1
+
+
+def sanitize_run(exe: str, tool: str, shapes: list[str], formats: list[str], parts: list[str], device_written: bool,
+                 timeout: float) -> dict[str, Any]:
+    """One child (``--child``: every kernel of ``parts`` at ``shapes`` x ``formats``) under
+    ``compute-sanitizer --tool TOOL``: the record's entry for it, also printed as one line."""
+    child = [sys.executable, "-m", "bench.sanitize", "--child", "--shapes", ",".join(shapes),
+             "--formats", ",".join(formats), "--parts", ",".join(parts)]
+    child += ["--device-written"] if device_written else []
+    # initcheck also checks host API copies by default, and MLX's allocator copies whole
+    # buffers (slack beyond an array's end included) when numpy reads an array: those
+    # reports are MLX's, not the kernels', so initcheck checks device accesses only.
+    api = ["--check-api-memory-access", "no"] if tool == "initcheck" else []
+    log = Path(tempfile.mkdtemp(prefix="sanitize-")) / f"{tool}.log"
+    head = [exe, "--tool", tool, *api, "--kernel-name", "kns=fat_", "--print-limit", str(PRINT_LIMIT),
+            "--show-backtrace", "no"]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([*head, "--log-file", str(log), *child], capture_output=True, text=True, timeout=timeout,
+                           cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        text, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        rc = None
+    by_kernel, first, summary = read_log(log) if log.exists() else ({}, [], [])
+    shutil.rmtree(log.parent, ignore_errors=True)
+    errors = _errors(tool, "\n".join(summary))
+    run = {"tool": tool, "shapes": shapes, "formats": formats, "command": " ".join(head + child), "returncode": rc,
+           "seconds": time.perf_counter() - t0, "errors": errors, "summary": summary,
+           "reports_by_kernel": by_kernel, "first_reports": first,
+           "cases": [ln for ln in text.splitlines() if ln.split(" ", 1)[0] in sanitizer_coverage.PART_LETTERS],
+           "passed": rc == 0 and errors == 0, "output_tail": text[-4000:]}
+    print(f"{tool:<10} {','.join(shapes)} {','.join(formats)}: {'clean' if run['passed'] else 'NOT CLEAN'}: "
+          f"errors {errors}, exit {rc}, {run['seconds']:.0f} s; reports by kernel {by_kernel or 'none'}", flush=True)
+    return run
 
 
 if __name__ == "__main__":

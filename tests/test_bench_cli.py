@@ -295,3 +295,49 @@ def test_sanitize_device_copy_source_compiles_for_every_dtype(tmp_path, ctype) -
     r = subprocess.run(["nvcc", "-arch=sm_90", "-c", "-o", str(tmp_path / "copy.o"), str(src)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_sanitize_jobs_run_one_child_a_tool_shape_and_format(tmp_path, monkeypatch, capsys) -> None:
+    """bench.sanitize --jobs 2, without a GPU: compute-sanitizer replaced by a stand-in that
+    writes the log a real run writes; one run a (tool, shape, format), one record, a run
+    with an error or a bad exit not clean."""
+    from bench import sanitize
+
+    monkeypatch.setattr(sanitize.shutil, "which", lambda name: "/usr/bin/compute-sanitizer")
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        log = Path(cmd[cmd.index("--log-file") + 1])
+        shape, fmt = cmd[cmd.index("--shapes") + 1], cmd[cmd.index("--formats") + 1]
+        bad = cmd[cmd.index("--tool") + 1] == "racecheck" and fmt == "nvfp4"
+        log.write_text("========= COMPUTE-SANITIZER\n"
+                       + (f"========= RACECHECK SUMMARY: {int(bad)} hazards displayed\n" if "racecheck" in cmd else "")
+                       + "========= ERROR SUMMARY: 0 errors\n")
+        out = f"tail {shape} {fmt}: PASS\none-launch {shape} {fmt}: agrees\n"
+        return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
+
+    monkeypatch.setattr(sanitize.subprocess, "run", fake_run)
+    rc = sanitize.main(["--tools", "memcheck,racecheck", "--shapes", "small", "--formats", "bfloat16,nvfp4",
+                        "--parts", "one-launch", "--jobs", "2", "--out-dir", str(tmp_path)])
+    assert rc == 1 and len(calls) == 4
+    (path,) = tmp_path.glob("sanitize-*.json")
+    rec = json.loads(path.read_text())
+    assert rec["jobs"] == 2 and not rec["all_clean"]
+    got = {(r["tool"], r["formats"][0]): r["passed"] for r in rec["runs"]}
+    assert got == {("memcheck", "bfloat16"): True, ("memcheck", "nvfp4"): True,
+                   ("racecheck", "bfloat16"): True, ("racecheck", "nvfp4"): False}
+    assert all("--log-file" not in r["command"] for r in rec["runs"])  # a temporary path, not the record's
+    from workbench.sanitizer_coverage import coverage
+
+    cov = coverage([rec])
+    assert cov.loc[("small", "bfloat16"), "racecheck"] == "T1" and cov.loc[("small", "nvfp4"), "racecheck"] == "-"
+    assert cov.loc[("small", "nvfp4"), "initcheck"] == "-"
+
+
+def test_sanitize_refuses_no_jobs(capsys) -> None:
+    from bench import sanitize
+
+    with pytest.raises(SystemExit):
+        sanitize.main(["--jobs", "0"])
+    assert "--jobs must be >= 1; got 0" in capsys.readouterr().err

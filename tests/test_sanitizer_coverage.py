@@ -1,0 +1,52 @@
+"""workbench.sanitizer_coverage: the table of what compute-sanitizer found clean, from the
+committed ``bench.sanitize`` records and from records made up here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench import sanitizer_coverage as sc
+
+BENCH = Path(__file__).resolve().parent.parent / "data" / "bench"
+
+
+def _rec(runs: list[dict] | None = None, tools: dict | None = None) -> dict:
+    rec: dict = {"bench": "sanitize"}
+    if runs is not None:
+        rec["runs"] = runs
+    if tools is not None:
+        rec["tools"] = tools
+    return rec
+
+
+def test_the_committed_records():
+    """Every tool clean at the small shape for every part and format; at Bonsai's, what the
+    records show (notebook 03 prints this table). The bench's names and orders are the table's."""
+    from bench import sanitize
+
+    assert tuple(sanitize.SHAPES) == sc.SHAPES and sanitize.FORMATS == sc.FORMATS and sanitize.TOOLS == sc.TOOLS
+    cov = sc.coverage([json.loads(p.read_text()) for p in sorted(BENCH.glob("sanitize-*.json"))])
+    assert list(cov.columns) == list(sc.TOOLS)
+    assert (cov.loc["small"] == "T1H").all().all()
+    assert cov.loc[("bonsai", "bfloat16")].tolist() == ["TH", "T1", "T1", "T1"]
+
+
+def test_only_passed_runs_count_and_both_record_layouts_are_read():
+    cases = ["tail small bfloat16: PASS", "one-launch small bfloat16: agrees", "head small bfloat16: outputs finite"]
+    old = _rec(tools={"memcheck": {"passed": True, "cases": cases},
+                      "racecheck": {"passed": False, "cases": cases}})  # stopped at its time limit
+    new = _rec(runs=[{"tool": "synccheck", "passed": True, "cases": cases[:2]},
+                     {"tool": "initcheck", "passed": True, "cases": ["tail bonsai nvfp4: outputs finite"]}])
+    cov = sc.coverage([old, new])
+    assert cov.loc[("small", "bfloat16")].tolist() == ["T1H", "-", "T1", "-"]
+    assert cov.loc[("bonsai", "nvfp4")].tolist() == ["-", "-", "-", "T"]
+    assert list(cov.index) == [("small", "bfloat16"), ("bonsai", "nvfp4")]  # the bench's order
+
+
+@pytest.mark.parametrize("bad", [{"bench": "one_launch"}, "sanitize", None])
+def test_what_is_not_a_sanitize_record_is_refused(bad):
+    with pytest.raises(ValueError, match="records must be bench.sanitize records"):
+        sc.coverage([bad])

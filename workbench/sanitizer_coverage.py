@@ -1,0 +1,67 @@
+"""What compute-sanitizer has found clean, read from ``python -m bench.sanitize`` records.
+
+A sanitizer run (``bench.sanitize``) runs a child that evaluates the kernels of a tail
+(its three launches, the same tail as one launch, the head launch) at some shapes and
+weight formats, and prints one line a case (``tail small bfloat16: PASS ...``). A run
+passes only when the sanitizer printed its summary with no error (racecheck: no hazard)
+and the child exited 0; a run stopped at its time limit proves nothing about the cases it
+reached. :func:`coverage` folds every record into one table: for each shape and format,
+which parts ran clean under each tool. It lives here, not in the bench, so notebooks can
+show it (the bench needs a GPU; reading its records does not).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench import validate
+
+#: compute-sanitizer's tools, in the order the bench runs them.
+TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "synccheck", "initcheck")
+
+#: The weight formats the bench runs, in its order (dense float32 / bf16, then the
+#: quantized formats the kernels read).
+FORMATS: tuple[str, ...] = ("float32", "bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
+
+#: The bench's shapes, in its order.
+SHAPES: tuple[str, ...] = ("small", "bonsai")
+
+#: What a case line starts with, and its letter in :func:`coverage`'s cells: T the tail's
+#: three launches, 1 the tail as one launch, H the head launch.
+PART_LETTERS: dict[str, str] = {"tail": "T", "one-launch": "1", "head": "H"}
+
+
+def record_runs(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """A sanitize record's runs, each with its tool: records since ``--jobs`` list them
+    (``runs``); earlier ones hold one a tool (``tools``)."""
+    if "runs" in rec:
+        return rec["runs"]
+    return [dict(r, tool=tool) for tool, r in rec.get("tools", {}).items()]
+
+
+def coverage(records: list[dict[str, Any]]) -> Any:
+    """One row a (shape, format), one column a tool (pandas); each cell the letters of the
+    parts whose cases ran in a clean run of that tool (:data:`PART_LETTERS`), "-" where
+    none did. Raises ``ValueError`` for anything that is not a sanitize record."""
+    import pandas as pd  # noqa: PLC0415 -- only the tables need it
+
+    seen: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for rec in records:
+        if not isinstance(rec, dict) or rec.get("bench") != "sanitize":
+            raise ValueError(f"records must be bench.sanitize records; got {validate.describe(rec)}")
+        for run in record_runs(rec):
+            if not run.get("passed"):
+                continue
+            for line in run.get("cases", []):
+                part, shape, fmt = line.split(":", 1)[0].split()[:3]
+                seen.setdefault((shape, fmt), {}).setdefault(run["tool"], set()).add(part)
+
+    def rank(key: tuple[str, str]) -> tuple[int, int, str, str]:
+        shape, fmt = key
+        return (SHAPES.index(shape) if shape in SHAPES else len(SHAPES),
+                FORMATS.index(fmt) if fmt in FORMATS else len(FORMATS), shape, fmt)
+
+    order = sorted(seen, key=rank)
+    cells = [{tool: "".join(letter for part, letter in PART_LETTERS.items() if part in seen[key].get(tool, ())) or "-"
+              for tool in TOOLS} for key in order]
+    return pd.DataFrame(cells, index=pd.MultiIndex.from_tuples(order, names=["shape", "format"]), columns=list(TOOLS))
