@@ -338,8 +338,9 @@ def test_the_wait_breakdown_refuses_other_records(rec, prof, says):
 
 
 def test_each_format_is_timed_with_its_own_sweeps_fastest_variant():
-    """bench.one_launch: a swept format takes its own fastest variant (one that failed or
-    disagreed has no time and is never chosen); an unswept one the first swept format's."""
+    """bench.one_launch: a swept format takes its own fastest variant if it beats the
+    default by more than the margin (one that failed or disagreed has no time and is never
+    chosen); an unswept one the first swept format's choice."""
     from bench.one_launch import chosen_variants
 
     sweeps = {"bfloat16": {"default": {"device_ms": 0.18}, "u8": {"device_ms": 0.17}, "nt1024": {"error": "x"}},
@@ -348,6 +349,10 @@ def test_each_format_is_timed_with_its_own_sweeps_fastest_variant():
     got = chosen_variants(["bfloat16", "affine4", "nvfp4"], sweeps)
     assert got == {"bfloat16": "u8", "affine4": "u8", "nvfp4": "default"}
     assert chosen_variants(["affine4"], {"affine4": {"nt1024": {"error": "x"}}}) == {"affine4": "default"}
+    # within the margin of the default (the sweep's noise), the default stands
+    near = {"bfloat16": {"default": {"device_ms": 0.1785}, "u8": {"device_ms": 0.1744}}}
+    assert chosen_variants(["bfloat16"], near) == {"bfloat16": "default"}
+    assert chosen_variants(["bfloat16"], near, margin=0.01) == {"bfloat16": "u8"}
 
 
 def test_sweep_formats_must_be_among_the_formats(capsys):
