@@ -50,3 +50,19 @@ def test_only_passed_runs_count_and_both_record_layouts_are_read():
 def test_what_is_not_a_sanitize_record_is_refused(bad):
     with pytest.raises(ValueError, match="records must be bench.sanitize records"):
         sc.coverage([bad])
+
+
+def test_not_yet_clean_lists_each_tools_missing_formats():
+    new = _rec(runs=[{"tool": "racecheck", "passed": True,
+                      "cases": ["tail bonsai bfloat16: outputs finite", "one-launch bonsai bfloat16: agrees"]},
+                     {"tool": "memcheck", "passed": True, "cases": ["tail bonsai nvfp4: outputs finite"]}])
+    table = sc.coverage([new])
+    todo = sc.not_yet_clean(table, "bonsai", "one-launch")
+    assert todo["racecheck"] == [f for f in sc.FORMATS if f != "bfloat16"]
+    assert todo["memcheck"] == list(sc.FORMATS)  # nvfp4 ran its tail only
+    assert sc.not_yet_clean(table, "bonsai", "tail")["memcheck"] == [f for f in sc.FORMATS if f != "nvfp4"]
+    assert sc.not_yet_clean(table, "small", "head") == {t: list(sc.FORMATS) for t in sc.TOOLS}  # never ran there
+    with pytest.raises(ValueError, match="part must be one of"):
+        sc.not_yet_clean(table, "bonsai", "wo")
+    with pytest.raises(ValueError, match="shape must be one of"):
+        sc.not_yet_clean(table, "huge", "tail")

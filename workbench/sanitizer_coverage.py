@@ -65,3 +65,21 @@ def coverage(records: list[dict[str, Any]]) -> Any:
     cells = [{tool: "".join(letter for part, letter in PART_LETTERS.items() if part in seen[key].get(tool, ())) or "-"
               for tool in TOOLS} for key in order]
     return pd.DataFrame(cells, index=pd.MultiIndex.from_tuples(order, names=["shape", "format"]), columns=list(TOOLS))
+
+
+def not_yet_clean(table: Any, shape: str, part: str) -> dict[str, list[str]]:
+    """From a :func:`coverage` table: for each tool, the formats at ``shape`` whose ``part``
+    (a key of :data:`PART_LETTERS`) has not run in a clean run of it; a tool with none maps
+    to ``[]``. Formats absent from the table at that shape never ran there at all, so they
+    are listed for every tool."""
+    if part not in PART_LETTERS:
+        raise ValueError(f"part must be one of {list(PART_LETTERS)}; got {validate.describe(part)}")
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {list(SHAPES)}; got {validate.describe(shape)}")
+    rows = table.xs(shape, level="shape") if shape in table.index.get_level_values("shape") else None
+    letter = PART_LETTERS[part]
+    out: dict[str, list[str]] = {}
+    for tool in TOOLS:
+        out[tool] = [fmt for fmt in FORMATS
+                     if rows is None or fmt not in rows.index or letter not in rows.loc[fmt, tool]]
+    return out
