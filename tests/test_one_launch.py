@@ -361,3 +361,34 @@ def test_sweep_formats_must_be_among_the_formats(capsys):
     with pytest.raises(SystemExit):
         bench_one_launch.main(["--formats", "bfloat16", "--sweep-formats", "nvfp4", "--no-record"])
     assert "--sweep-formats must be a comma-separated list of ['bfloat16']" in capsys.readouterr().err
+
+
+def test_the_benchs_run_times_each_format_with_its_own_choice(monkeypatch):
+    """bench.one_launch.run's orchestration without a GPU: every device step replaced by a
+    stand-in; with --sweep-formats each swept format is timed with its own sweep's choice,
+    the others with the first's."""
+    from bench import one_launch as bench
+
+    monkeypatch.setattr(bench, "_weights", lambda fmt, shape, block, seed: fmt)
+    monkeypatch.setattr(bench.tail, "random_inputs", lambda w, seed: ([0.0], [0.0]))
+    monkeypatch.setattr(bench, "seed_case", lambda: type("C", (), {"weights": "seed", "branch": 0, "residual": 0}))
+    monkeypatch.setattr(bench, "_check", lambda label, w, br, res, oracle: {"case": label, "passed": True})
+    monkeypatch.setattr(bench.kernel_bench, "copy_bandwidth_torch", lambda: 4e12)
+    monkeypatch.setattr(bench.record, "copy_bandwidth", lambda *a, **k: 4e12)
+    monkeypatch.setattr(bench, "fixed_cost", lambda repeats: {"one_tiny_eval": 0.03})
+    fast = {"bfloat16": "u8_nt640", "nvfp4": "gps2"}  # each format's clear winner
+    monkeypatch.setattr(bench, "sweep", lambda w, b, r, br, res: {
+        "default": {"device_ms": 1.0}, fast[w]: {"device_ms": 0.5}, "u16": {"device_ms": 0.9}})
+    timed = {}
+
+    def time_case(label, w, tuning, shape, bandwidth, repeats, seed):
+        timed[w] = (tuning, shape)
+        return {"case": label}
+
+    monkeypatch.setattr(bench, "time_case", time_case)
+    monkeypatch.setattr(bench, "print_case", lambda c: None)
+    out = bench.run(["bfloat16", "affine4", "nvfp4"], 1, 0, False, ["bfloat16", "nvfp4"])
+    assert out["variant_chosen"] == {"bfloat16": "u8_nt640", "affine4": "u8_nt640", "nvfp4": "gps2"}
+    assert [c["variant"] for c in out["cases"]] == ["u8_nt640", "u8_nt640", "gps2"]
+    assert timed["nvfp4"][1] == bench.VARIANTS["gps2"][1] and timed["bfloat16"][1].nt == 640
+    assert timed["affine4"][0].u_wo == 8 and out["sweep"] is out["sweeps"]["bfloat16"]
