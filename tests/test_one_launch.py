@@ -6,7 +6,10 @@ run in the CPU emulator, which runs groups one after another. Here: the composit
 phase is its launch's body, verbatim, with its own template values), the CUDA text
 compiled by nvcc with the template values a launch would pass (no spills, one 512-thread
 group an SM, shared memory as :func:`one_launch.static_shared_bytes` says and under CUDA's
-static limit), and every refusal.
+static limit), and every refusal; the launch's Python side with MLX's kernel objects
+replaced (inputs, grid, ordering, the barrier's limit and flag); the bodies at the group
+sizes the benchmark sweeps, emulated, against float64; what the benchmark reads from its
+records and how it chooses a variant.
 """
 
 from __future__ import annotations
@@ -222,13 +225,21 @@ def test_the_bodies_at_the_group_sizes_the_one_launch_sweeps_match_float64(nt, f
     assert compare(out, host_tail_exact(w, br, res)).passed
 
 
+def _cuda_prep_without_gpu(monkeypatch) -> kernel_launch.PreparedTail:
+    """A CUDA prepared tail (hidden 128, branch 512, ffn 1024) made without a GPU: the three
+    launches' MLX kernel objects replaced by placeholders, which nothing here calls."""
+    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
+    return kernel_launch.prepare_tail(tail.tail_launch(w), "cuda")
+
+
 def test_each_launch_passes_its_inputs_by_name_and_names_the_previous_output(monkeypatch):
     """The Python side of a launch, without a GPU: MLX's CUDA kernel objects replaced by a
     recorder. Inputs in the kernel's order, the grid one group an SM, and each launch's
     ``after`` the previous launch's output (what orders them in MLX's graph)."""
     import mlx.core as mx
 
-    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())  # the three launches' kernels
+    prep = _cuda_prep_without_gpu(monkeypatch)
     calls = []
 
     def recorder(**kw):
@@ -236,8 +247,6 @@ def test_each_launch_passes_its_inputs_by_name_and_names_the_previous_output(mon
         return [mx.full((kw["output_shapes"][0][0],), float(len(calls)))]
 
     monkeypatch.setattr(one_launch, "_kernel", lambda: recorder)
-    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
-    prep = kernel_launch.prepare_tail(tail.tail_launch(w), "cuda")
     one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4))
     b, r = mx.ones((512,)), mx.zeros((128,))
     first = one(b, r)
@@ -260,11 +269,9 @@ def test_a_reset_retraces_the_compiled_launch_with_the_new_memory(monkeypatch):
     the compiled form traced the old one in, so it must be traced again."""
     import mlx.core as mx
 
-    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    prep = _cuda_prep_without_gpu(monkeypatch)
     monkeypatch.setattr(one_launch, "_kernel", lambda: lambda **kw: [kw["inputs"][-2][: kw["output_shapes"][0][0]] + 0])
-    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
-    one = one_launch.OneLaunchTail(kernel_launch.prepare_tail(tail.tail_launch(w), "cuda"),
-                                   one_launch.OneLaunchShape(sm_count=4))
+    one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4))
     first = one.compiled()
     old = one.work
     one.reset()
@@ -273,9 +280,7 @@ def test_a_reset_retraces_the_compiled_launch_with_the_new_memory(monkeypatch):
 
 @pytest.mark.parametrize("limit", [0, -5, 1.5, True, "4000", one_launch.MAX_BARRIER_LIMIT_MS + 1])
 def test_a_bad_barrier_limit_is_refused_by_name(limit, monkeypatch):
-    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
-    prep = kernel_launch.prepare_tail(tail.tail_launch(
-        tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")), "cuda")
+    prep = _cuda_prep_without_gpu(monkeypatch)
     with pytest.raises(ValueError, match="barrier_limit_ms must be an integer from 1 to 3600000"):
         one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4), barrier_limit_ms=limit)
     with pytest.raises(ValueError, match="barrier_limit_ms"):
@@ -287,7 +292,7 @@ def test_the_barrier_limit_reaches_the_kernel_and_the_timeout_message(monkeypatc
     template carries it, and a timeout names the limit that was in force."""
     import mlx.core as mx
 
-    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    prep = _cuda_prep_without_gpu(monkeypatch)
     seen = []
 
     def flagged(**kw):  # a launch that raises the barrier's failure flag
@@ -297,8 +302,6 @@ def test_the_barrier_limit_reaches_the_kernel_and_the_timeout_message(monkeypatc
         return [mx.full((kw["output_shapes"][0][0],), float("nan"))]
 
     monkeypatch.setattr(one_launch, "_kernel", lambda: flagged)
-    prep = kernel_launch.prepare_tail(tail.tail_launch(
-        tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")), "cuda")
     one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4),
                                    barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
     with pytest.raises(one_launch.GridBarrierTimeout, match="waited over 600 s"):
