@@ -2,6 +2,7 @@
 
     python -m bench.launch_profile                   # Bonsai-27B, bf16 and every quantized format
     python -m bench.launch_profile --one-launch      # and each tail as one launch, beside its three
+    python -m bench.launch_profile --stalls          # and why: stall reasons, issue slots, pipes busy
 
 Runs ``python -m bench.launch_profile --child`` under ``ncu --kernel-name regex:fat_``
 (only the workbench's kernels: MLX's CUDA back-end names them ``custom_kernel_fat_...``,
@@ -44,6 +45,41 @@ METRICS: tuple[str, ...] = (
     "launch__grid_size",
     "launch__block_size",
 )
+
+# Why a launch is slower than its bytes, from the warp scheduler's side (``--stalls``): each
+# stall reason as ncu's "warp cycles a reason an issued instruction" (the WarpStateStats
+# section's breakdown: the reasons add up to the cycles between two instructions a warp
+# issues), how often a scheduler issued at all, and how busy the FMA and ALU pipes were.
+# A launch bound by instructions shows issue slots near 100% or a pipe near its peak; one
+# waiting on memory shows long_scoreboard on top; one short of warps, little of either.
+STALL_REASONS: tuple[str, ...] = (
+    "long_scoreboard", "short_scoreboard", "wait", "barrier", "mio_throttle", "lg_throttle",
+    "math_pipe_throttle", "not_selected", "selected", "dispatch_stall", "no_instruction",
+    "branch_resolving", "membar", "drain", "sleeping", "tex_throttle", "imc_miss", "misc",
+)
+STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+SCHEDULER_METRICS: tuple[str, ...] = (
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "smsp__average_warp_latency_per_inst_issued.ratio",
+    "smsp__inst_executed.sum",
+    "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+)
+STALL_METRICS: tuple[str, ...] = tuple(STALL_METRIC.format(r) for r in STALL_REASONS) + SCHEDULER_METRICS
+
+
+def stall_summary(launch: dict[str, Any], top: int = 4) -> dict[str, Any]:
+    """One launch's scheduler figures from its ncu metrics: issue slots busy (%), cycles a
+    warp takes per instruction, FMA / ALU pipe busy (%), instructions executed, and the
+    ``top`` stall reasons as (reason, cycles an issued instruction), largest first."""
+    stalls = sorted(((r, launch[STALL_METRIC.format(r)]) for r in STALL_REASONS
+                     if isinstance(launch.get(STALL_METRIC.format(r)), float)), key=lambda rv: -rv[1])
+    return {"issue_active_pct": launch.get("smsp__issue_active.avg.pct_of_peak_sustained_active"),
+            "cycles_per_issue": launch.get("smsp__average_warp_latency_per_inst_issued.ratio"),
+            "fma_pipe_pct": launch.get("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"),
+            "alu_pipe_pct": launch.get("sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active"),
+            "instructions": launch.get("smsp__inst_executed.sum"),
+            "top_stalls": [[r, v] for r, v in stalls[:top]]}
 
 
 def tuning_of(text: str) -> Any:
@@ -123,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head", action="store_true", help="also Bonsai-27B's head launch (bf16)")
     ap.add_argument("--one-launch", action="store_true",
                     help="also each format's tail as one launch (workbench.one_launch): its single-shot time")
+    ap.add_argument("--stalls", action="store_true",
+                    help="also the warp scheduler's figures: stall reasons, issue slots busy, FMA/ALU pipes busy")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
@@ -138,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     prov = record.provenance("launch_profile", argv)
     started = _dt.datetime.fromisoformat(prov["date"])
-    cmd = [exe, "--kernel-name", "regex:fat_", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
+    metrics = METRICS + (STALL_METRICS if a.stalls else ())
+    cmd = [exe, "--kernel-name", "regex:fat_", "--metrics", ",".join(metrics), "--csv", "--print-units", "base",
            sys.executable, "-m", "bench.launch_profile", "--child", "--formats", ",".join(formats),
            "--tuning", a.tuning] + (["--head"] if a.head else []) + (["--one-launch"] if a.one_launch else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
@@ -172,13 +211,22 @@ def main(argv: list[str] | None = None) -> int:
                           "sm_pct_peak": e.get("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
                           "occupancy_pct": e.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
                           "registers": e.get("launch__registers_per_thread"), "grid": e.get("launch__grid_size"),
-                          "block": e.get("launch__block_size")})
+                          "block": e.get("launch__block_size"),
+                          **({"scheduler": stall_summary(e)} if a.stalls else {})})
     print(f"{'format':<10}{'kernel':<34}{'ms':>8}{'MB read':>9}{'L2 MB':>8}{'TB/s':>7}{'DRAM%':>7}{'SM%':>6}"
           f"{'occ%':>6}{'regs':>6}")
     for t in table:
         print(f"{t['format']:<10}{t['kernel'][:33]:<34}{t['ms']:>8.4f}{t['dram_read_MB']:>9.1f}{t['l2_MB']:>8.1f}"
               f"{(t['read_TBps'] or 0):>7.2f}{(t['dram_pct_peak'] or 0):>7.1f}{(t['sm_pct_peak'] or 0):>6.1f}"
               f"{(t['occupancy_pct'] or 0):>6.1f}{(t['registers'] or 0):>6.0f}")
+    if a.stalls:
+        print(f"\n{'format':<10}{'kernel':<34}{'issue%':>7}{'cyc/ins':>8}{'FMA%':>6}{'ALU%':>6}  top stalls "
+              f"(cycles an issued instruction)")
+        for t in table:
+            sc = t["scheduler"]
+            print(f"{t['format']:<10}{t['kernel'][:33]:<34}{(sc['issue_active_pct'] or 0):>7.1f}"
+                  f"{(sc['cycles_per_issue'] or 0):>8.2f}{(sc['fma_pipe_pct'] or 0):>6.1f}{(sc['alu_pipe_pct'] or 0):>6.1f}  "
+                  + ", ".join(f"{r} {v:.2f}" for r, v in sc["top_stalls"]))
     rec = {"what": "each tail launch once under Nsight Compute (single shot, caches flushed)", **prov,
            "ncu_command": " ".join(cmd), "returncode": p.returncode, "table": table, "launches": launches,
            "output_tail": (p.stdout + p.stderr)[-3000:] if not table else p.stderr[-1500:]}
