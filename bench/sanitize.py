@@ -355,8 +355,12 @@ def sanitize_run(exe: str, tool: str, shapes: list[str], formats: list[str], par
            "seconds": time.perf_counter() - t0, "errors": errors, "summary": summary,
            "reports_by_kernel": by_kernel, "first_reports": first,
            "cases": [ln for ln in text.splitlines() if ln.split(" ", 1)[0] in sanitizer_coverage.PART_LETTERS],
-           "passed": rc == 0 and errors == 0, "output_tail": text[-4000:]}
-    print(f"{tool:<10} {','.join(shapes)} {','.join(formats)}: {'clean' if run['passed'] else 'NOT CLEAN'}: "
+           "passed": rc == 0 and errors == 0, "timed_out": rc is None, "output_tail": text[-4000:]}
+    # A run killed at its time limit found nothing either way: say so, rather than "not
+    # clean", which would read as a finding (its cases show how far it got).
+    verdict = ("TIMED OUT (no verdict; got as far as: " + ("; ".join(run["cases"]) or "nothing") + ")"
+               if rc is None else "clean" if run["passed"] else "NOT CLEAN")
+    print(f"{tool:<10} {','.join(shapes)} {','.join(formats)}: {verdict}: "
           f"errors {errors}, exit {rc}, {run['seconds']:.0f} s; reports by kernel {by_kernel or 'none'}", flush=True)
     return run
 

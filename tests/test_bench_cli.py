@@ -335,6 +335,26 @@ def test_sanitize_jobs_run_one_child_a_tool_shape_and_format(tmp_path, monkeypat
     assert cov.loc[("small", "nvfp4"), "initcheck"] == "-"
 
 
+def test_sanitize_says_a_run_killed_at_its_limit_timed_out(tmp_path, monkeypatch, capsys) -> None:
+    """A child killed at --timeout gives no verdict: the record says timed_out, the line
+    says TIMED OUT and how far it got, and the run counts as not passed."""
+    from bench import sanitize
+
+    monkeypatch.setattr(sanitize.shutil, "which", lambda name: "/usr/bin/compute-sanitizer")
+
+    def slow_run(cmd, **kw):
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=b"tail bonsai bfloat16: outputs finite\n")
+
+    monkeypatch.setattr(sanitize.subprocess, "run", slow_run)
+    rc = sanitize.main(["--tools", "racecheck", "--shapes", "small", "--formats", "bfloat16", "--parts", "head",
+                        "--timeout", "5", "--out-dir", str(tmp_path)])
+    assert rc == 1
+    (run,) = json.loads(next(tmp_path.glob("sanitize-*.json")).read_text())["runs"]
+    assert run["timed_out"] and not run["passed"] and run["returncode"] is None
+    out = capsys.readouterr().out
+    assert "TIMED OUT (no verdict; got as far as: tail bonsai bfloat16: outputs finite)" in out
+
+
 def test_sanitize_refuses_no_jobs(capsys) -> None:
     from bench import sanitize
 
