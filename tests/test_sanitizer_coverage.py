@@ -31,7 +31,11 @@ def test_the_committed_records():
     cov = sc.coverage([json.loads(p.read_text()) for p in sorted(BENCH.glob("sanitize-*.json"))])
     assert list(cov.columns) == list(sc.TOOLS)
     assert (cov.loc["small"] == "T1H").all().all()
-    assert cov.loc[("bonsai", "bfloat16")].tolist() == ["TH", "T1", "T1", "T1"]
+    # At Bonsai's shape: the three launches and the one launch clean in every format under
+    # every tool; the head launch only under memcheck in bf16 (its other runs timed out).
+    assert cov.loc["bonsai"].map(lambda c: "T1" in c).all().all()
+    assert cov.loc[("bonsai", "bfloat16")].tolist() == ["T1H", "T1", "T1", "T1"]
+    assert sc.not_yet_clean(cov, "bonsai", "one-launch") == {t: [] for t in sc.TOOLS}
 
 
 def test_only_passed_runs_count_and_both_record_layouts_are_read():
