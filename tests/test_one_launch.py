@@ -330,6 +330,23 @@ def test_the_wait_breakdown_reads_both_committed_records():
     assert t["affine4"].isna()["floor"]  # PyTorch ran bf16 only
 
 
+def test_the_sweep_table_reads_the_committed_record():
+    """notebook 03's sweep table: device ms a tail, variant by swept format, NaN where a
+    variant failed, and the variant each format was timed with."""
+    import json
+    import math
+
+    bench_dir = ks.KERNEL_DIR.parent / "data" / "bench"
+    rec = json.loads((bench_dir / "one_launch-nvidia-h200-20261201T131203Z.json").read_text())
+    t = one_launch.sweep_table(rec)
+    assert list(t.columns) == ["bfloat16", "affine4", "mxfp4", "nvfp4"]
+    assert t.loc["default", "affine4"] == rec["sweeps"]["affine4"]["default"]["device_ms"]
+    assert math.isnan(t.loc["gps2", "bfloat16"])  # two groups an SM do not fit bf16's registers
+    assert t.loc["chosen"].tolist() == ["default", "gps2", "nt640", "u8_nt640"]
+    with pytest.raises(ValueError, match="with its sweeps"):
+        one_launch.sweep_table({"bench": "one_launch", "sweep": {}})  # the older layout: one sweep
+
+
 @pytest.mark.parametrize("rec, prof, says", [
     ({"bench": "kernel_bench"}, {"bench": "launch_profile", "table": []}, "record must be a bench.one_launch"),
     ({"bench": "one_launch", "cases": []}, {"bench": "one_launch"}, "profile must be a bench.launch_profile"),

@@ -301,6 +301,22 @@ def record_tables(record: dict[str, Any]) -> tuple[Any, Any]:
     return checks, pd.DataFrame(rows)
 
 
+def sweep_table(record: dict[str, Any]) -> Any:
+    """The shape sweep of a ``python -m bench.one_launch`` record (pandas): one row a variant,
+    one column a swept weight format, device ms a tail (NaN where the variant did not launch
+    or disagreed with the default, both recorded as failed), and a last row ``chosen``: the
+    variant each format was timed with (the bench's 8% rule, ``CHOICE_MARGIN``). Raises
+    ``ValueError`` for a record that is not such a record or has no sweep."""
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    if not isinstance(record, dict) or record.get("bench") != "one_launch" or not record.get("sweeps"):
+        raise ValueError(f"record must be a bench.one_launch record with its sweeps; got {validate.describe(record)}")
+    chosen = record.get("variant_chosen", {})
+    return pd.DataFrame({fmt: {**{v: r.get("device_ms", float("nan")) for v, r in results.items()},
+                               "chosen": chosen.get(fmt, "-")}
+                         for fmt, results in record["sweeps"].items()})
+
+
 def wait_breakdown(record: dict[str, Any], profile: dict[str, Any]) -> Any:
     """Where the one launch's wait goes, one column a weight format in both records (pandas).
 

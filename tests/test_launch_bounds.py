@@ -1,0 +1,59 @@
+"""workbench.launch_bounds: the bound each launch's scheduler figures show, by its rule,
+on made-up rows and on the committed H200 record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench import launch_bounds as lb
+
+BENCH = Path(__file__).resolve().parent.parent / "data" / "bench"
+STALLS_RECORD = BENCH / "launch_profile-nvidia-h200-20261201T131614Z.json"
+
+
+def _row(fma: float, alu: float, top: str = "long_scoreboard", fmt: str = "affine4",
+         kernel: str = "custom_kernel_fat_ffn_gate_up_256_2_1_64") -> dict:
+    return {"format": fmt, "kernel": kernel, "ms": 0.1, "read_TBps": 1.0,
+            "scheduler": {"issue_active_pct": 60.0, "fma_pipe_pct": fma, "alu_pipe_pct": alu,
+                          "instructions": 2.0e6, "top_stalls": [[top, 3.0], ["wait", 1.0]]}}
+
+
+@pytest.mark.parametrize("fma,alu,top,bound", [
+    (28.0, 63.0, "not_selected", "ALU pipe"),    # affine4's gate_up on the H200
+    (70.0, 20.0, "math_pipe_throttle", "FMA pipe"),
+    (12.0, 20.0, "long_scoreboard", "memory"),   # bf16's gate_up
+    (45.0, 60.0, "not_selected", "unclear"),     # ALU busy but not 1.5x the FMA pipe
+    (24.0, 49.6, "barrier", "unclear"),          # neither pipe over half busy, not waiting on loads
+    (10.0, 30.0, "barrier", "unclear"),
+])
+def test_bound_of_follows_its_rule(fma, alu, top, bound):
+    assert lb.bound_of(_row(fma, alu, top)) == bound
+
+
+def test_bound_table_names_launches_and_counts_millions():
+    t = lb.bound_table({"bench": "launch_profile", "table": [
+        _row(28.0, 63.0), _row(12.0, 20.0, fmt="bfloat16", kernel="custom_kernel_fat_tail_one_launch_512_5")]})
+    assert list(t.columns) == list(lb.COLUMNS)
+    assert t["launch"].tolist() == ["ffn_gate_up", "one launch"]
+    assert t["M instr."].tolist() == [2.0, 2.0] and t["top stall"].tolist()[0] == "long_scoreboard 3.0"
+
+
+@pytest.mark.parametrize("bad", [None, {"bench": "kernel_bench", "table": []},
+                                 {"bench": "launch_profile", "table": [{"format": "bfloat16", "ms": 0.1}]},
+                                 {"bench": "launch_profile", "table": []}])
+def test_a_record_without_scheduler_figures_is_refused(bad):
+    with pytest.raises(ValueError, match="made with --stalls"):
+        lb.bound_table(bad)
+
+
+def test_the_committed_record():
+    """On the H200 (notebook 03 shows this table): every bf16 launch waits on memory, every
+    one of the 4-bit formats' three launches is bound by the ALU pipe."""
+    t = lb.bound_table(json.loads(STALLS_RECORD.read_text()))
+    three = t[t["launch"] != "one launch"]
+    assert (three[three["format"] == "bfloat16"]["bound"] == "memory").all()
+    assert (three[three["format"].isin(["affine4", "nvfp4"])]["bound"] == "ALU pipe").all()
+    assert len(three) == 9

@@ -1,0 +1,84 @@
+"""What bounds each kernel launch, read from ``python -m bench.launch_profile --stalls`` records.
+
+Nsight Compute runs each launch once (caches flushed) and reports, beside its time and
+DRAM bytes, the warp scheduler's figures: how often a scheduler issued an instruction,
+how busy the FMA pipe (float multiply-adds) and the ALU pipe (integer, bitwise and shift
+instructions, at half the FMA pipe's rate on an H200) were, and why warps waited
+(stall reasons, in cycles per instruction issued). :func:`bound_table` puts them side by
+side and :func:`bound_of` names the bound each row shows, by a rule written down here so
+a notebook can assert it rather than a reader eyeballing a table:
+
+* **memory**: the top stall is ``long_scoreboard`` (waiting on a global load) and no pipe
+  is over half busy: the launch waits on DRAM; more bytes in flight or fewer bytes move it.
+* **ALU pipe** / **FMA pipe**: that pipe is over half busy and at least
+  :data:`PIPE_DOMINANCE` times the other: the launch is bound by the instructions on that
+  pipe; fewer of *those* move it, fewer instructions on the other pipe do not.
+* **unclear**: anything else (a record needs a closer look).
+
+It lives here, not in the bench, so notebooks can show it (profiling needs a GPU;
+reading its record does not).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench import validate
+
+#: How many times busier one pipe must be than the other for :func:`bound_of` to name it.
+PIPE_DOMINANCE = 1.5
+
+#: Over this % of its peak a pipe counts as busy (the FMA or ALU bound needs it).
+BUSY_PCT = 50.0
+
+#: The columns of :func:`bound_table`, in order.
+COLUMNS: tuple[str, ...] = ("format", "launch", "ms", "TB/s", "issue %", "FMA %", "ALU %", "M instr.",
+                            "top stall", "bound")
+
+
+def _launch_name(kernel: str) -> str:
+    """``custom_kernel_fat_ffn_gate_up_256_...`` -> ``ffn_gate_up`` (MLX names a custom
+    kernel after the workbench's name plus its template values)."""
+    for name in ("wo_residual", "ffn_gate_up", "ffn_down", "tail_one_launch", "head_qkv"):
+        if name in kernel:
+            return "one launch" if name == "tail_one_launch" else name
+    return kernel
+
+
+def bound_of(row: dict[str, Any]) -> str:
+    """The bound a launch's scheduler figures show (``"memory"``, ``"ALU pipe"``, ``"FMA
+    pipe"`` or ``"unclear"``), by the rule in this module's doc. ``row``: one entry of a
+    ``--stalls`` record's ``table`` (its ``scheduler`` dict)."""
+    sc = row["scheduler"]
+    fma, alu = sc.get("fma_pipe_pct") or 0.0, sc.get("alu_pipe_pct") or 0.0
+    top = sc["top_stalls"][0][0] if sc.get("top_stalls") else None
+    if alu > BUSY_PCT and alu >= PIPE_DOMINANCE * fma:
+        return "ALU pipe"
+    if fma > BUSY_PCT and fma >= PIPE_DOMINANCE * alu:
+        return "FMA pipe"
+    if top == "long_scoreboard" and max(fma, alu) <= BUSY_PCT:
+        return "memory"
+    return "unclear"
+
+
+def bound_table(profile: dict[str, Any]) -> Any:
+    """One row a profiled launch (pandas): format, launch, ms, DRAM TB/s read, issue slots,
+    FMA and ALU pipes busy (%), warp instructions executed (millions), the top stall reason
+    with its cycles per instruction issued, and :func:`bound_of`. Raises ``ValueError`` for
+    a record that is not a ``bench.launch_profile --stalls`` record."""
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    table = profile.get("table") if isinstance(profile, dict) else None
+    if (not isinstance(profile, dict) or profile.get("bench") != "launch_profile" or not table
+            or not all(isinstance(r, dict) and "scheduler" in r for r in table)):
+        raise ValueError("profile must be a bench.launch_profile record made with --stalls (every row with its "
+                         f"scheduler figures); got {validate.describe(profile)}")
+    rows = []
+    for r in table:
+        sc = r["scheduler"]
+        top = sc["top_stalls"][0] if sc.get("top_stalls") else ("-", float("nan"))
+        rows.append({"format": r["format"], "launch": _launch_name(r["kernel"]), "ms": r["ms"],
+                     "TB/s": r["read_TBps"], "issue %": sc["issue_active_pct"], "FMA %": sc["fma_pipe_pct"],
+                     "ALU %": sc["alu_pipe_pct"], "M instr.": (sc["instructions"] or 0.0) / 1e6,
+                     "top stall": f"{top[0]} {top[1]:.1f}", "bound": bound_of(r)})
+    return pd.DataFrame(rows, columns=list(COLUMNS))
