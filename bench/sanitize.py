@@ -3,16 +3,19 @@
     python -m bench.sanitize                      # memcheck, racecheck, synccheck, initcheck
     python -m bench.sanitize --tools memcheck     # one tool
     python -m bench.sanitize --shapes small       # the small shape only
+    python -m bench.sanitize --parts head         # the head launch alone
 
 Each tool runs ``python -m bench.sanitize --child`` in a process of its own under
 ``compute-sanitizer --tool T --kernel-name kns=fat_`` (only the workbench's kernels, whose
 MLX names start ``fat_``, are instrumented; MLX's own kernels run as they are). The child
 evaluates, for every weight format the kernels read (float32, bfloat16, affine 4- and
-8-bit, mxfp4, nvfp4), the tail's three launches, the same tail as one launch
-(``workbench.one_launch``, checked against the three) and the head launch at a small shape
-(hidden 256, branch 1024, ffn 2048, wo folded with block 256; head 1024 -> 1024 + 256 +
-256) and at Bonsai-27B's (5120, 6144, 17408, block 1024; head 5120 -> 12288 + 1024 +
-1024, bf16 only: folding its three matrices in float64 costs minutes of CPU a format), and checks each small tail against the float64 oracle at the tolerance
+8-bit, mxfp4, nvfp4), the parts asked for (``--parts``): the tail's three launches, the
+same tail as one launch (``workbench.one_launch``, checked against the three, which
+therefore run with it) and the head launch, at a small shape (hidden 256, branch 1024, ffn
+2048, wo folded with block 256; head 1024 -> 1024 + 256 + 256) and at Bonsai-27B's (5120,
+6144, 17408, block 1024; head 5120 -> 12288 + 1024 + 1024; folding its three matrices in
+float64 took 1.5-1.9 s a 1,024 rows on a 2-core machine, so ~25 s a format), and checks
+each small tail against the float64 oracle at the tolerance
 ``bench.gpu_check`` uses (a sanitizer that changed results would show; at Bonsai's shape,
 that every output is finite: its oracle is gpu_check's). A tool passes when its summary reports
 no error (racecheck: no hazard) and the child exits 0.
@@ -61,9 +64,15 @@ SHAPES: dict[str, tuple[tuple[int, int, int], int, tuple[int, int, int]]] = {
 FORMATS = sanitizer_coverage.FORMATS
 
 
-#: What the child runs beside the tail's three launches (which always run: they are the
-#: one launch's reference): the tail as one launch, the head launch.
-PARTS: tuple[str, ...] = ("one-launch", "head")
+#: What the child can run: the tail's three launches, the tail as one launch, the head launch.
+PARTS: tuple[str, ...] = ("tail", "one-launch", "head")
+
+
+def parts_to_run(parts: list[str]) -> list[str]:
+    """``parts`` in PARTS order, with the tail added where the one launch is asked for (the
+    one launch is checked against the three launches' output, so they run with it)."""
+    wanted = set(parts) | ({"tail"} if "one-launch" in parts else set())
+    return [p for p in PARTS if p in wanted]
 
 
 #: The copy kernel of ``--device-written``: its name starts ``fat_`` so that the sanitizer
@@ -137,7 +146,21 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
            device_inputs: bool = False) -> int:
     """Run every kernel of ``parts`` once per (shape, format); 1 if an output misses its check.
     ``device_inputs``: the tail's arrays and inputs written by GPU kernels (:func:`device_written`)."""
-    parts = list(PARTS) if parts is None else parts
+    parts = parts_to_run(list(PARTS) if parts is None else parts)
+    bad = 0
+    for sname in shapes:
+        for i, fmt in enumerate(formats):
+            if "tail" in parts:
+                bad += _tail_parts(sname, fmt, i, "one-launch" in parts, device_inputs)
+            if "head" in parts:
+                bad += _head_part(sname, fmt, i)
+    return 1 if bad else 0
+
+
+def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool) -> int:
+    """The tail's three launches at shape ``sname`` in ``fmt`` (the small shape checked
+    against the float64 oracle, Bonsai's for finite outputs), and with ``one`` the same tail
+    as one launch checked against them; prints a line each, returns the number failed."""
     import mlx.core as mx
 
     from workbench import kernel_launch, one_launch, tail
@@ -145,74 +168,76 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
     from workbench.decode_matvec import worst_scaled_error
     from workbench.exact_oracle import host_tail_exact, tolerance_for
     from workbench.frink_case import SEED_TOL
+    from workbench.weights import QUANT_FORMATS
+
+    (hidden, branch, ffn), block, _ = SHAPES[sname]
+    q = QUANT_FORMATS.get(fmt)
+    dtype = fmt if q is None else "bfloat16"
+    w = tail.TailWeights.random(hidden, branch, ffn, seed=7 + i, fold_block=block, dtype=dtype,
+                                quantize=q.as_quantize() if q else None)
+    br, res = tail.random_inputs(w, seed=8 + i)
+    prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
+    if device_inputs:
+        prep = device_written(prep)
+        b_in, r_in = device_copy(mx.array(br)), device_copy(mx.array(res))
+        mx.eval(b_in, r_in)
+        out = np.array(prep(b_in, r_in))
+    else:
+        b_in, r_in = br, res
+        out = tail.fused_tail(w, br, res, backend="cuda")
+    bad = 0
+    if sname == "small":  # the float64 oracle at Bonsai's shape is bench.gpu_check's (minutes of CPU)
+        truth = host_tail_exact(w, br, res)
+        tol, _ = tolerance_for(w, br, res, truth)
+        c = compare(out, truth, tol=tol)
+        bad += not c.passed
+        print(f"tail {sname} {fmt}: {c}", flush=True)
+    else:
+        finite = bool(np.isfinite(out).all())
+        bad += not finite
+        print(f"tail {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
+    if one:  # the same tail as ONE launch (its phases between grid barriers), against the three
+        # instrumented groups run many times slower: a barrier's default 4 s limit was
+        # exceeded under initcheck (one_launch.SANITIZER_BARRIER_LIMIT_MS)
+        tail1 = one_launch.OneLaunchTail(prep, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
+        if device_inputs:
+            tail1.work = device_copy(tail1.work)  # its zeros were written by MLX's own kernel
+            mx.eval(tail1.work)
+        worst = worst_scaled_error(tail1.run(b_in, r_in), out)
+        agrees = worst <= SEED_TOL  # frink-models' criterion: the sums only run in another order
+        bad += not agrees
+        print(f"one-launch {sname} {fmt}: {'agrees' if agrees else 'DISAGREES'} with the three "
+              f"launches (worst scaled {worst:.3g})", flush=True)
+    return bad
+
+
+def _head_part(sname: str, fmt: str, i: int) -> int:
+    """The head launch (Q, K, V of the rotated, normed hidden state) at shape ``sname`` in
+    ``fmt``, its three matrices folded with one shared rotation; prints whether every output
+    is finite (its oracle check is bench.gpu_check's), returns 1 if not."""
+    import mlx.core as mx
+
+    from workbench import kernel_launch
     from workbench.fold import HadamardFold
     from workbench.weights import QUANT_FORMATS, WeightMatrix
 
-    bad = 0
-    for sname in shapes:
-        (hidden, branch, ffn), block, (nq, nk, nv) = SHAPES[sname]
-        for i, fmt in enumerate(formats):
-            q = QUANT_FORMATS.get(fmt)
-            spec = q.as_quantize() if q else None
-            dtype = fmt if q is None else "bfloat16"
-            w = tail.TailWeights.random(hidden, branch, ffn, seed=7 + i, fold_block=block, dtype=dtype, quantize=spec)
-            br, res = tail.random_inputs(w, seed=8 + i)
-            prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
-            if device_inputs:
-                prep = device_written(prep)
-                b_in, r_in = device_copy(mx.array(br)), device_copy(mx.array(res))
-                mx.eval(b_in, r_in)
-                out = np.array(prep(b_in, r_in))
-            else:
-                b_in, r_in = br, res
-                out = tail.fused_tail(w, br, res, backend="cuda")
-            if sname == "small":  # the float64 oracle at Bonsai's shape is bench.gpu_check's (minutes of CPU)
-                truth = host_tail_exact(w, br, res)
-                tol, _ = tolerance_for(w, br, res, truth)
-                c = compare(out, truth, tol=tol)
-                bad += not c.passed
-                print(f"tail {sname} {fmt}: {c}", flush=True)
-            else:
-                finite = bool(np.isfinite(out).all())
-                bad += not finite
-                print(f"tail {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
-            # The same tail as ONE launch (workbench.one_launch: the phases between grid
-            # barriers), checked against the three launches' output.
-            if "one-launch" in parts:
-                # instrumented groups run many times slower: a barrier's default 4 s limit
-                # was exceeded under initcheck (one_launch.SANITIZER_BARRIER_LIMIT_MS)
-                tail1 = one_launch.OneLaunchTail(prep, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
-                if device_inputs:
-                    tail1.work = device_copy(tail1.work)  # its zeros were written by MLX's own kernel
-                    mx.eval(tail1.work)
-                one = tail1.run(b_in, r_in)
-                worst = worst_scaled_error(one, out)
-                agrees = worst <= SEED_TOL  # frink-models' criterion: the sums only run in another order
-                bad += not agrees
-                print(f"one-launch {sname} {fmt}: {'agrees' if agrees else 'DISAGREES'} with the three "
-                      f"launches (worst scaled {worst:.3g})", flush=True)
-            del w, prep
-            if "head" not in parts:
-                continue
-            if sname != "small" and fmt != "bfloat16":
-                continue  # at Bonsai's shape the head launch runs in bf16 only (its folds cost CPU minutes)
-            fold = HadamardFold.random(hidden, block, seed=9 + i, permute=True)
-            rng = np.random.default_rng(10 + i)
-            a = math.sqrt(3.0 / hidden)
-            mats = []
-            for rows in (nq, nk, nv):
-                dense = mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(
-                    mx.float32 if fmt == "float32" else mx.bfloat16)
-                mats.append(WeightMatrix.quantize(dense, mode=q.mode, bits=q.bits, group_size=q.group_size, fold=fold)
-                            if q else WeightMatrix(dense).fold_hadamard(fold))
-            x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
-            got = kernel_launch.head_launch(x, np.ones(hidden, np.float32), 1e-6, *mats, "cuda")
-            mx.eval(*got)
-            finite = all(bool(mx.all(mx.isfinite(g)).item()) for g in got)
-            bad += not finite
-            print(f"head {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
-            del mats, got
-    return 1 if bad else 0
+    (hidden, _, _), block, (nq, nk, nv) = SHAPES[sname]
+    q = QUANT_FORMATS.get(fmt)
+    fold = HadamardFold.random(hidden, block, seed=9 + i, permute=True)
+    rng = np.random.default_rng(10 + i)
+    a = math.sqrt(3.0 / hidden)
+    mats = []
+    for rows in (nq, nk, nv):
+        dense = mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(
+            mx.float32 if fmt == "float32" else mx.bfloat16)
+        mats.append(WeightMatrix.quantize(dense, mode=q.mode, bits=q.bits, group_size=q.group_size, fold=fold)
+                    if q else WeightMatrix(dense).fold_hadamard(fold))
+    x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
+    got = kernel_launch.head_launch(x, np.ones(hidden, np.float32), 1e-6, *mats, "cuda")
+    mx.eval(*got)
+    finite = all(bool(mx.all(mx.isfinite(g)).item()) for g in got)
+    print(f"head {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
+    return 0 if finite else 1
 
 
 _SUMMARY = re.compile(r"^=+ (ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY).*$", re.M)
@@ -285,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="small,bonsai", help=f"comma list of {tuple(SHAPES)}")
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
     ap.add_argument("--parts", default=",".join(PARTS),
-                    help=f"comma list of {PARTS}, run beside the tail's three launches (at Bonsai's shape the "
-                         "head's weights take minutes of CPU to fold: --parts one-launch finishes sooner)")
+                    help=f"comma list of {PARTS}: tail the three launches, one-launch the same tail as one "
+                         "launch (checked against the three, so they run with it), head the head launch")
     ap.add_argument("--device-written", action="store_true",
                     help="the tail's weights and inputs copied by a GPU kernel first (initcheck: tells host-written "
                          "memory apart from a real uninitialized read)")
@@ -299,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = record.comma_list(ap, "--tools", a.tools, TOOLS)
     shapes = record.comma_list(ap, "--shapes", a.shapes, SHAPES)
     formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
-    parts = record.comma_list(ap, "--parts", a.parts, PARTS)
+    parts = parts_to_run(record.comma_list(ap, "--parts", a.parts, PARTS))
     if a.jobs < 1:
         ap.error(f"--jobs must be >= 1; got {a.jobs}")
     if a.child:

@@ -355,6 +355,33 @@ def test_sanitize_says_a_run_killed_at_its_limit_timed_out(tmp_path, monkeypatch
     assert "TIMED OUT (no verdict; got as far as: tail bonsai bfloat16: outputs finite)" in out
 
 
+@pytest.mark.parametrize("asked, runs", [
+    (["head"], ["head"]),                                   # the head alone: no tail before it
+    (["one-launch"], ["tail", "one-launch"]),               # the one launch is checked against the tail
+    (["head", "tail"], ["tail", "head"]),                   # PARTS order
+    (["tail", "one-launch", "head"], ["tail", "one-launch", "head"]),
+])
+def test_sanitize_parts_to_run(asked, runs) -> None:
+    from bench import sanitize
+
+    assert sanitize.parts_to_run(asked) == runs
+
+
+def test_sanitize_child_runs_the_parts_asked_for_in_every_format_and_shape(monkeypatch) -> None:
+    """The child, without a GPU: each (shape, format) runs the tail (with the one launch when
+    asked) and the head as asked, the head at Bonsai's shape in every format too."""
+    from bench import sanitize
+
+    calls = []
+    monkeypatch.setattr(sanitize, "_tail_parts", lambda s, f, i, one, dev: calls.append(("tail", s, f, one)) or 0)
+    monkeypatch.setattr(sanitize, "_head_part", lambda s, f, i: calls.append(("head", s, f)) or (f == "nvfp4"))
+    assert sanitize._child(["bonsai"], ["affine4", "nvfp4"], ["head"]) == 1  # nvfp4's head "failed"
+    assert calls == [("head", "bonsai", "affine4"), ("head", "bonsai", "nvfp4")]
+    calls.clear()
+    assert sanitize._child(["small"], ["bfloat16"], ["one-launch"]) == 0
+    assert calls == [("tail", "small", "bfloat16", True)]
+
+
 def test_sanitize_refuses_no_jobs(capsys) -> None:
     from bench import sanitize
 
