@@ -143,24 +143,26 @@ def device_written(prep: Any) -> Any:
 
 
 def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None,
-           device_inputs: bool = False) -> int:
+           device_inputs: bool = False, one_launch_nt: int | None = None) -> int:
     """Run every kernel of ``parts`` once per (shape, format); 1 if an output misses its check.
-    ``device_inputs``: the tail's arrays and inputs written by GPU kernels (:func:`device_written`)."""
+    ``device_inputs``: the tail's arrays and inputs written by GPU kernels (:func:`device_written`);
+    ``one_launch_nt``: the one launch's threads a group (None: ``OneLaunchShape``'s default)."""
     parts = parts_to_run(list(PARTS) if parts is None else parts)
     bad = 0
     for sname in shapes:
         for i, fmt in enumerate(formats):
             if "tail" in parts:
-                bad += _tail_parts(sname, fmt, i, "one-launch" in parts, device_inputs)
+                bad += _tail_parts(sname, fmt, i, "one-launch" in parts, device_inputs, one_launch_nt)
             if "head" in parts:
                 bad += _head_part(sname, fmt, i)
     return 1 if bad else 0
 
 
-def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool) -> int:
+def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, one_nt: int | None = None) -> int:
     """The tail's three launches at shape ``sname`` in ``fmt`` (the small shape checked
     against the float64 oracle, Bonsai's for finite outputs), and with ``one`` the same tail
-    as one launch checked against them; prints a line each, returns the number failed."""
+    as one launch (``one_nt`` threads a group; None: the default) checked against them;
+    prints a line each (the one launch's names its threads a group), returns the number failed."""
     import mlx.core as mx
 
     from workbench import kernel_launch, one_launch, tail
@@ -199,15 +201,16 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool) ->
     if one:  # the same tail as ONE launch (its phases between grid barriers), against the three
         # instrumented groups run many times slower: a barrier's default 4 s limit was
         # exceeded under initcheck (one_launch.SANITIZER_BARRIER_LIMIT_MS)
-        tail1 = one_launch.OneLaunchTail(prep, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
+        shape = one_launch.OneLaunchShape() if one_nt is None else one_launch.OneLaunchShape(nt=one_nt)
+        tail1 = one_launch.OneLaunchTail(prep, shape, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
         if device_inputs:
             tail1.work = device_copy(tail1.work)  # its zeros were written by MLX's own kernel
             mx.eval(tail1.work)
         worst = worst_scaled_error(tail1.run(b_in, r_in), out)
         agrees = worst <= SEED_TOL  # frink-models' criterion: the sums only run in another order
         bad += not agrees
-        print(f"one-launch {sname} {fmt}: {'agrees' if agrees else 'DISAGREES'} with the three "
-              f"launches (worst scaled {worst:.3g})", flush=True)
+        print(f"one-launch {sname} {fmt} ({shape.nt} threads a group): {'agrees' if agrees else 'DISAGREES'} "
+              f"with the three launches (worst scaled {worst:.3g})", flush=True)
     return bad
 
 
@@ -319,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1,
                     help="sanitizer runs at once: 1 runs one a tool over every shape and format; N > 1 runs one a "
                          "tool, shape and format, N at a time (one record either way)")
+    ap.add_argument("--one-launch-nt", type=int, default=None,
+                    help="the one launch's threads a group, a multiple of 32 up to 1024 (default: "
+                         "workbench.one_launch.OneLaunchShape's)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     tools = record.comma_list(ap, "--tools", a.tools, TOOLS)
@@ -327,8 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     parts = parts_to_run(record.comma_list(ap, "--parts", a.parts, PARTS))
     if a.jobs < 1:
         ap.error(f"--jobs must be >= 1; got {a.jobs}")
+    if a.one_launch_nt is not None and (a.one_launch_nt % 32 or not 32 <= a.one_launch_nt <= 1024):
+        ap.error(f"--one-launch-nt must be a multiple of 32 from 32 to 1024 (whole warps); got {a.one_launch_nt}")
     if a.child:
-        return _child(shapes, formats, parts, a.device_written)
+        return _child(shapes, formats, parts, a.device_written, a.one_launch_nt)
     exe = shutil.which("compute-sanitizer")
     if exe is None:
         print("compute-sanitizer is not on PATH: it comes with the CUDA toolkit")
@@ -341,9 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     units = ([(tool, shapes, formats) for tool in tools] if a.jobs == 1 else
              [(tool, [s], [f]) for tool in tools for s in shapes for f in formats])
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        runs = list(pool.map(lambda u: sanitize_run(exe, u[0], u[1], u[2], parts, a.device_written, a.timeout), units))
-    rec = {"what": "compute-sanitizer on every kernel and weight format", **prov, "shapes": {s: SHAPES[s] for s in shapes},
-           "formats": formats, "parts": parts, "device_written": a.device_written, "jobs": a.jobs, "runs": runs,
+        runs = list(pool.map(lambda u: sanitize_run(exe, u[0], u[1], u[2], parts, a.device_written, a.timeout,
+                                                    a.one_launch_nt), units))
+    rec = {"what": "compute-sanitizer on every kernel and weight format", **prov,
+           "shapes": {s: SHAPES[s] for s in shapes}, "formats": formats, "parts": parts, "device_written": a.device_written, "one_launch_nt": a.one_launch_nt,
+           "jobs": a.jobs, "runs": runs,
            "all_clean": all(r["passed"] for r in runs)}
     if not a.no_record:
         device = prov["device"].get("device_name", "gpu")
@@ -352,12 +362,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def sanitize_run(exe: str, tool: str, shapes: list[str], formats: list[str], parts: list[str], device_written: bool,
-                 timeout: float) -> dict[str, Any]:
+                 timeout: float, one_launch_nt: int | None = None) -> dict[str, Any]:
     """One child (``--child``: every kernel of ``parts`` at ``shapes`` x ``formats``) under
     ``compute-sanitizer --tool TOOL``: the record's entry for it, also printed as one line."""
     child = [sys.executable, "-m", "bench.sanitize", "--child", "--shapes", ",".join(shapes),
              "--formats", ",".join(formats), "--parts", ",".join(parts)]
     child += ["--device-written"] if device_written else []
+    child += [] if one_launch_nt is None else ["--one-launch-nt", str(one_launch_nt)]
     # initcheck also checks host API copies by default, and MLX's allocator copies whole
     # buffers (slack beyond an array's end included) when numpy reads an array: those
     # reports are MLX's, not the kernels', so initcheck checks device accesses only.

@@ -373,13 +373,48 @@ def test_sanitize_child_runs_the_parts_asked_for_in_every_format_and_shape(monke
     from bench import sanitize
 
     calls = []
-    monkeypatch.setattr(sanitize, "_tail_parts", lambda s, f, i, one, dev: calls.append(("tail", s, f, one)) or 0)
+    monkeypatch.setattr(sanitize, "_tail_parts",
+                        lambda s, f, i, one, dev, nt: calls.append(("tail", s, f, one, nt)) or 0)
     monkeypatch.setattr(sanitize, "_head_part", lambda s, f, i: calls.append(("head", s, f)) or (f == "nvfp4"))
     assert sanitize._child(["bonsai"], ["affine4", "nvfp4"], ["head"]) == 1  # nvfp4's head "failed"
     assert calls == [("head", "bonsai", "affine4"), ("head", "bonsai", "nvfp4")]
     calls.clear()
-    assert sanitize._child(["small"], ["bfloat16"], ["one-launch"]) == 0
-    assert calls == [("tail", "small", "bfloat16", True)]
+    assert sanitize._child(["small"], ["bfloat16"], ["one-launch"], one_launch_nt=640) == 0
+    assert calls == [("tail", "small", "bfloat16", True, 640)]
+
+
+def test_sanitize_passes_the_one_launch_threads_to_every_child(tmp_path, monkeypatch) -> None:
+    """--one-launch-nt reaches each child's command line and the record; a bad value is refused."""
+    from bench import sanitize
+
+    monkeypatch.setattr(sanitize.shutil, "which", lambda name: "/usr/bin/compute-sanitizer")
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        Path(cmd[cmd.index("--log-file") + 1]).write_text("========= ERROR SUMMARY: 0 errors\n")
+        return subprocess.CompletedProcess(cmd, 0, stdout="one-launch small affine4 (640 threads a group): agrees\n",
+                                           stderr="")
+
+    monkeypatch.setattr(sanitize.subprocess, "run", fake_run)
+    assert sanitize.main(["--tools", "memcheck", "--shapes", "small", "--formats", "affine4", "--parts", "one-launch",
+                          "--one-launch-nt", "640", "--out-dir", str(tmp_path)]) == 0
+    (cmd,) = calls
+    assert cmd[cmd.index("--one-launch-nt") + 1] == "640" and cmd[cmd.index("--parts") + 1] == "tail,one-launch"
+    rec = json.loads(next(tmp_path.glob("sanitize-*.json")).read_text())
+    assert rec["one_launch_nt"] == 640
+    from workbench.sanitizer_coverage import coverage
+
+    assert coverage([rec]).loc[("small", "affine4"), "memcheck"] == "1"  # the case line still parses
+
+
+@pytest.mark.parametrize("nt", ["48", "0", "1056"])
+def test_sanitize_refuses_one_launch_threads_that_are_not_whole_warps(nt, capsys) -> None:
+    from bench import sanitize
+
+    with pytest.raises(SystemExit):
+        sanitize.main(["--one-launch-nt", nt])
+    assert f"--one-launch-nt must be a multiple of 32 from 32 to 1024 (whole warps); got {nt}" in capsys.readouterr().err
 
 
 def test_sanitize_refuses_no_jobs(capsys) -> None:
