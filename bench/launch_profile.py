@@ -225,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         for t in table:
             sc = t["scheduler"]
             print(f"{t['format']:<10}{t['kernel'][:33]:<34}{(sc['issue_active_pct'] or 0):>7.1f}"
-                  f"{(sc['cycles_per_issue'] or 0):>8.2f}{(sc['fma_pipe_pct'] or 0):>6.1f}{(sc['alu_pipe_pct'] or 0):>6.1f}  "
-                  + ", ".join(f"{r} {v:.2f}" for r, v in sc["top_stalls"]))
+                  f"{(sc['cycles_per_issue'] or 0):>8.2f}{(sc['fma_pipe_pct'] or 0):>6.1f}"
+                  f"{(sc['alu_pipe_pct'] or 0):>6.1f}  " + ", ".join(f"{r} {v:.2f}" for r, v in sc["top_stalls"]))
     rec = {"what": "each tail launch once under Nsight Compute (single shot, caches flushed)", **prov,
            "ncu_command": " ".join(cmd), "returncode": p.returncode, "table": table, "launches": launches,
            "output_tail": (p.stdout + p.stderr)[-3000:] if not table else p.stderr[-1500:]}

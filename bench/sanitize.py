@@ -14,7 +14,7 @@ same tail as one launch (``workbench.one_launch``, checked against the three, wh
 therefore run with it) and the head launch, at a small shape (hidden 256, branch 1024, ffn
 2048, wo folded with block 256; head 1024 -> 1024 + 256 + 256) and at Bonsai-27B's (5120,
 6144, 17408, block 1024; head 5120 -> 12288 + 1024 + 1024; folding its three matrices in
-float64 took 1.5-1.9 s a 1,024 rows on a 2-core machine, so ~25 s a format), and checks
+float64 took 1.5-1.9 s per 1,024 rows on a 2-core machine, so ~25 s a format), and checks
 each small tail against the float64 oracle at the tolerance
 ``bench.gpu_check`` uses (a sanitizer that changed results would show; at Bonsai's shape,
 that every output is finite: its oracle is gpu_check's). A tool passes when its summary reports
@@ -352,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = list(pool.map(lambda u: sanitize_run(exe, u[0], u[1], u[2], parts, a.device_written, a.timeout,
                                                     a.one_launch_nt), units))
     rec = {"what": "compute-sanitizer on every kernel and weight format", **prov,
-           "shapes": {s: SHAPES[s] for s in shapes}, "formats": formats, "parts": parts, "device_written": a.device_written, "one_launch_nt": a.one_launch_nt,
-           "jobs": a.jobs, "runs": runs,
+           "shapes": {s: SHAPES[s] for s in shapes}, "formats": formats, "parts": parts,
+           "device_written": a.device_written, "one_launch_nt": a.one_launch_nt, "jobs": a.jobs, "runs": runs,
            "all_clean": all(r["passed"] for r in runs)}
     if not a.no_record:
         device = prov["device"].get("device_name", "gpu")
