@@ -65,13 +65,22 @@ SCHEDULER_METRICS: tuple[str, ...] = (
     "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
     "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
 )
+# Warp instructions executed by pipe (and the global and shared loads among them): with the
+# weights a launch reads, how many ALU instructions a weight it runs, the count the 4-bit
+# launches' bound is about (kernels/README.md, "What bounds the 4-bit launches").
+PIPES: tuple[str, ...] = ("alu", "fma", "lsu", "xu", "adu", "cbu")
+PIPE_METRIC = "smsp__inst_executed_pipe_{}.sum"
+LOAD_METRICS: dict[str, str] = {"global_ld": "smsp__sass_inst_executed_op_global_ld.sum",
+                                "shared_ld": "smsp__sass_inst_executed_op_shared_ld.sum"}
+SCHEDULER_METRICS += tuple(PIPE_METRIC.format(pipe) for pipe in PIPES) + tuple(LOAD_METRICS.values())
 STALL_METRICS: tuple[str, ...] = tuple(STALL_METRIC.format(r) for r in STALL_REASONS) + SCHEDULER_METRICS
 
 
 def stall_summary(launch: dict[str, Any], top: int = 4) -> dict[str, Any]:
     """One launch's scheduler figures from its ncu metrics: issue slots busy (%), cycles a
-    warp takes per instruction, FMA / ALU pipe busy (%), instructions executed, and the
-    ``top`` stall reasons as (reason, cycles an issued instruction), largest first."""
+    warp takes per instruction, FMA / ALU pipe busy (%), warp instructions executed (all,
+    by pipe, and the global and shared loads; None where the record has no such metric),
+    and the ``top`` stall reasons as (reason, cycles an issued instruction), largest first."""
     stalls = sorted(((r, launch[STALL_METRIC.format(r)]) for r in STALL_REASONS
                      if isinstance(launch.get(STALL_METRIC.format(r)), float)), key=lambda rv: -rv[1])
     return {"issue_active_pct": launch.get("smsp__issue_active.avg.pct_of_peak_sustained_active"),
@@ -79,6 +88,8 @@ def stall_summary(launch: dict[str, Any], top: int = 4) -> dict[str, Any]:
             "fma_pipe_pct": launch.get("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"),
             "alu_pipe_pct": launch.get("sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active"),
             "instructions": launch.get("smsp__inst_executed.sum"),
+            "instructions_by_pipe": {pipe: launch.get(PIPE_METRIC.format(pipe)) for pipe in PIPES},
+            "loads": {k: launch.get(m) for k, m in LOAD_METRICS.items()},
             "top_stalls": [[r, v] for r, v in stalls[:top]]}
 
 
@@ -220,13 +231,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{(t['read_TBps'] or 0):>7.2f}{(t['dram_pct_peak'] or 0):>7.1f}{(t['sm_pct_peak'] or 0):>6.1f}"
               f"{(t['occupancy_pct'] or 0):>6.1f}{(t['registers'] or 0):>6.0f}")
     if a.stalls:
-        print(f"\n{'format':<10}{'kernel':<34}{'issue%':>7}{'cyc/ins':>8}{'FMA%':>6}{'ALU%':>6}  top stalls "
-              f"(cycles an issued instruction)")
+        print(f"\n{'format':<10}{'kernel':<34}{'issue%':>7}{'cyc/ins':>8}{'FMA%':>6}{'ALU%':>6}{'M ALU':>7}"
+              f"{'M FMA':>7}  top stalls (cycles an issued instruction)")
         for t in table:
             sc = t["scheduler"]
+            by_pipe = sc["instructions_by_pipe"]
             print(f"{t['format']:<10}{t['kernel'][:33]:<34}{(sc['issue_active_pct'] or 0):>7.1f}"
                   f"{(sc['cycles_per_issue'] or 0):>8.2f}{(sc['fma_pipe_pct'] or 0):>6.1f}"
-                  f"{(sc['alu_pipe_pct'] or 0):>6.1f}  " + ", ".join(f"{r} {v:.2f}" for r, v in sc["top_stalls"]))
+                  f"{(sc['alu_pipe_pct'] or 0):>6.1f}{(by_pipe['alu'] or 0) / 1e6:>7.2f}"
+                  f"{(by_pipe['fma'] or 0) / 1e6:>7.2f}  " + ", ".join(f"{r} {v:.2f}" for r, v in sc["top_stalls"]))
     rec = {"what": "each tail launch once under Nsight Compute (single shot, caches flushed)", **prov,
            "ncu_command": " ".join(cmd), "returncode": p.returncode, "table": table, "launches": launches,
            "output_tail": (p.stdout + p.stderr)[-3000:] if not table else p.stderr[-1500:]}

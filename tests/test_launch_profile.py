@@ -23,6 +23,7 @@ def test_stall_summary_orders_reasons_largest_first_and_keeps_top() -> None:
     assert s["top_stalls"] == [["long_scoreboard", 3.5], ["math_pipe_throttle", 2.0], ["wait", 1.0]]
     assert (s["issue_active_pct"], s["cycles_per_issue"], s["fma_pipe_pct"], s["alu_pipe_pct"]) == (61.5, 7.25, 40.0, 30.0)
     assert s["instructions"] == 1.0e6
+    assert s["instructions_by_pipe"] == dict.fromkeys(launch_profile.PIPES)  # not in this row: None, not 0
 
 
 def test_stall_summary_skips_reasons_ncu_did_not_report_as_numbers() -> None:
@@ -37,3 +38,13 @@ def test_every_stall_metric_is_a_documented_ncu_name() -> None:
     for m in launch_profile.STALL_METRICS[: len(launch_profile.STALL_REASONS)]:
         assert m.startswith("smsp__average_warps_issue_stalled_") and m.endswith("_per_issue_active.ratio")
     assert len(set(launch_profile.STALL_METRICS)) == len(launch_profile.STALL_METRICS)
+
+
+def test_pipe_counts_are_read_where_profiled() -> None:
+    e = _launch(long_scoreboard=1.0)
+    e[launch_profile.PIPE_METRIC.format("alu")] = 3.0e6
+    e[launch_profile.LOAD_METRICS["shared_ld"]] = 5.0e5
+    s = launch_profile.stall_summary(e)
+    assert s["instructions_by_pipe"]["alu"] == 3.0e6 and s["instructions_by_pipe"]["fma"] is None
+    assert s["loads"] == {"global_ld": None, "shared_ld": 5.0e5}
+    assert set(launch_profile.STALL_METRICS) >= {"smsp__inst_executed_pipe_alu.sum", "smsp__inst_executed_pipe_fma.sum"}
