@@ -90,12 +90,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
 AGREE_TOL = SEED_TOL
 
 
-#: How much faster than the default a variant must be to be chosen over it: the same
-#: variant's device time moved by up to 8% between two runs (two machine starts)
-#: (``one_launch-…095241Z`` and ``…112516Z``: u8_down_u32 0.193 then 0.178 ms, while
-#: default, u8, u8_down_u32 and nt640 lay within 2.3% of each other in the second), so
-#: a smaller gain in one sweep is not a finding.
-CHOICE_MARGIN = 0.08
+#: How much faster than the default a variant must be to be chosen over it (its reason:
+#: ``workbench.one_launch.CHOICE_MARGIN``, where the records' readers find it too).
+CHOICE_MARGIN = one_launch.CHOICE_MARGIN
 
 
 def chosen_variants(formats: list[str], sweeps: dict[str, dict[str, Any]],
