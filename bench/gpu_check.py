@@ -5,7 +5,9 @@
     python -m bench.gpu_check --checks-only    # no benchmark
 
 On an NVIDIA GPU (MLX's CUDA back-end) it runs the CUDA kernels; on an Apple GPU the
-Metal ones. Checks, each against the float64 oracle (``workbench.exact_oracle``, numpy):
+Metal ones. Checks, each against the float64 oracle (``workbench.exact_oracle``, numpy);
+on CUDA each tail case checks both what ``fused_tail(backend="cuda")`` runs (the tail as
+one launch, ``workbench.one_launch``) and the three launches (``three_launches_worst``):
 
 * frink-models' test case (hidden 64, branch 96, ffn 80, wo folded with block 16 and its signs);
 * random shapes and folds: blocks 12 x 2^k, 20 x 2^k, 28 x 2^k and 2^k, with and without
@@ -66,6 +68,10 @@ def _tail_case(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, 
              "oracle": "host_tail float64" + (" (weights dequantized exactly)" if w.wo.quantization else ""),
              "fold": repr(w.wo.fold), "tol": tol, "f32_oracle_worst": f32, "worst": c.worst, "nmse": c.nmse,
              "max_abs": c.max_abs, "passed": bool(c.passed), "result": str(c), "first_call_ms": ms}
+    if dialect == "cuda":  # fused_tail ran the one launch; the three launches answer to the same oracle
+        three = compare(kernel_launch.run_kernel_tail("cuda", tail.tail_launch(w), br, res), truth, tol=tol)
+        entry["three_launches_worst"], entry["three_launches_passed"] = three.worst, bool(three.passed)
+        entry["passed"] = entry["passed"] and entry["three_launches_passed"]
     if w.wo.quantization is not None:  # what the mx.dequantize-based oracle says, for the record
         entry["vs_host_tail_mx_dequantize"] = compare(out, tail.host_tail(w, br, res), tol=tol).worst
     if twice:
@@ -142,8 +148,9 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
         if "error" in e:
             log(f"  FAIL {e['case']:<50} {e['error']}")
             return
+        three = f"; three launches {e['three_launches_worst']:.3g}" if "three_launches_worst" in e else ""
         log(f"  {'ok  ' if e['passed'] else 'FAIL'} {e['case']:<50} tol {e['tol']:.0e} "
-            f"worst {e['worst']:.3g} (f32 oracle {e['f32_oracle_worst']:.3g})")
+            f"worst {e['worst']:.3g}{three} (f32 oracle {e['f32_oracle_worst']:.3g})")
 
     c = seed_case()
     add(_guarded("tail", _tail_case, "seed (64, 96, 80), block 16", c.weights, c.branch, c.residual, dialect, twice=True))

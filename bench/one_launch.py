@@ -4,6 +4,7 @@
     python -m bench.one_launch --formats bfloat16      # bf16 only
     python -m bench.one_launch --no-timeout-check      # skip the 8-second barrier-timeout check
     python -m bench.one_launch --sweep-formats bfloat16,mxfp4,nvfp4   # a sweep of their own
+    python -m bench.one_launch --no-sweep              # each format as fused_tail(backend="cuda") runs it
 
 What it answers: where a tail's one evaluation spends the time beyond its device time
 (MLX's cost per custom kernel evaluated, measured at frink-models' test size where
@@ -24,7 +25,9 @@ bodies as phases between grid barriers) removes it, with the same inputs, in one
    chained launches in one evaluation) on the first format's tail, or on each of
    ``--sweep-formats``; each format is timed below with its own sweep's fastest variant
    where it beats the default by more than ``CHOICE_MARGIN`` (else the default), or with
-   the first swept format's choice.
+   the first swept format's choice. ``--no-sweep``: no sweep; each format is timed in the
+   shape ``fused_tail(backend="cuda")`` runs it (``one_launch.shape_for``, variant
+   ``"fused_tail"`` in the record).
 3. **Per format**, interleaved round by round: one evaluation with its wait, resident
    inputs, for the three launches (plain and ``mx.compile``d), the one launch (plain and
    compiled), PyTorch's CUDA-graph replay (bf16) and one tiny evaluation; device time a
@@ -81,6 +84,11 @@ VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
     # variant is recorded as failed (GridBarrierTimeout), as the safety-net check shows.
     "gps2": ({}, one_launch.OneLaunchShape(groups_per_sm=2)),
 }
+
+
+#: The variant name a ``--no-sweep`` record gives each format: the shape and tuning
+#: ``fused_tail(backend="cuda")`` runs (``one_launch.shape_for``, the default tuning).
+FUSED_TAIL = "fused_tail"
 
 
 #: How far the one launch's output may be from another float32 evaluation of the same
@@ -319,17 +327,24 @@ def run(formats: list[str], repeats: int, seed: int, timeout: bool,
     # the sweep on each of sweep_formats (bf16 alone by default), each format timed with its
     # own sweep's fastest variant (or the first swept format's)
     out["sweeps"] = {}
-    for fmt in sweep_formats or [formats[0]]:
+    for fmt in [formats[0]] if sweep_formats is None else sweep_formats:
         br, res = tail.random_inputs(bonsai[fmt], seed=seed + 300)
         b, r = mx.array(br), mx.array(res)
         print(f"sweep, {fmt}:", flush=True)
         out["sweeps"][fmt] = sweep(bonsai[fmt], b, r, br, res)
-    out["sweep"] = next(iter(out["sweeps"].values()))  # the first swept format's, as records before it had
-    out["variant_chosen"] = chosen_variants(formats, out["sweeps"])
+    if out["sweeps"]:
+        out["sweep"] = next(iter(out["sweeps"].values()))  # the first swept format's, as records before it had
+        out["variant_chosen"] = chosen_variants(formats, out["sweeps"])
+    else:  # --no-sweep
+        out["variant_chosen"] = dict.fromkeys(formats, FUSED_TAIL)
     out["cases"] = []
     for i, fmt in enumerate(formats):
-        changes, shape = VARIANTS[out["variant_chosen"][fmt]]
-        tuning = dataclasses.replace(kernel_launch.DEFAULT_TUNING, **changes)
+        if out["variant_chosen"][fmt] == FUSED_TAIL:
+            tuning = kernel_launch.DEFAULT_TUNING
+            shape = one_launch.shape_for(kernel_launch.prepared(tail.tail_launch(bonsai[fmt]), "cuda", tuning))
+        else:
+            changes, shape = VARIANTS[out["variant_chosen"][fmt]]
+            tuning = dataclasses.replace(kernel_launch.DEFAULT_TUNING, **changes)
         try:
             out["cases"].append(time_case(f"bonsai27b-{fmt}", bonsai[fmt], tuning, shape, bandwidth, repeats,
                                           seed + 400 + i))
@@ -361,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=40, help="timed rounds a variant")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-timeout-check", action="store_true", help="skip the barrier-timeout check (8 s)")
+    ap.add_argument("--no-sweep", action="store_true",
+                    help="no sweep: each format timed in the shape fused_tail(backend='cuda') runs it")
     ap.add_argument("--sweep-formats", default=None,
                     help="comma list of the formats whose own sweep of the variants chooses their timing's "
                          "variant (default: the first of --formats; the others take its choice)")
@@ -368,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
     formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
     sweep_formats = (record.comma_list(ap, "--sweep-formats", a.sweep_formats, formats)
                      if a.sweep_formats is not None else None)
+    if a.no_sweep and sweep_formats is not None:
+        ap.error("--no-sweep and --sweep-formats exclude each other")
+    if a.no_sweep:
+        sweep_formats = []
     if a.repeats < 1:
         ap.error("--repeats must be >= 1")
     if not backends.cuda_available():

@@ -161,7 +161,7 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
 def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, one_nt: int | None = None) -> int:
     """The tail's three launches at shape ``sname`` in ``fmt`` (the small shape checked
     against the float64 oracle, Bonsai's for finite outputs), and with ``one`` the same tail
-    as one launch (``one_nt`` threads a group; None: the default) checked against them;
+    as one launch (``one_nt`` threads a group; None: fused_tail's for the format) checked against them;
     prints a line each (the one launch's names its threads a group), returns the number failed."""
     import mlx.core as mx
 
@@ -186,7 +186,7 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
         out = np.array(prep(b_in, r_in))
     else:
         b_in, r_in = br, res
-        out = tail.fused_tail(w, br, res, backend="cuda")
+        out = kernel_launch.run_kernel_tail("cuda", tail.tail_launch(w), br, res)  # the three launches
     bad = 0
     if sname == "small":  # the float64 oracle at Bonsai's shape is bench.gpu_check's (minutes of CPU)
         truth = host_tail_exact(w, br, res)
@@ -201,7 +201,8 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
     if one:  # the same tail as ONE launch (its phases between grid barriers), against the three
         # instrumented groups run many times slower: a barrier's default 4 s limit was
         # exceeded under initcheck (one_launch.SANITIZER_BARRIER_LIMIT_MS)
-        shape = one_launch.OneLaunchShape() if one_nt is None else one_launch.OneLaunchShape(nt=one_nt)
+        # fused_tail's shape for this format (one_launch.shape_for), unless --one-launch-nt says
+        shape = one_launch.shape_for(prep) if one_nt is None else one_launch.OneLaunchShape(nt=one_nt)
         tail1 = one_launch.OneLaunchTail(prep, shape, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
         if device_inputs:
             tail1.work = device_copy(tail1.work)  # its zeros were written by MLX's own kernel
@@ -323,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="sanitizer runs at once: 1 runs one a tool over every shape and format; N > 1 runs one a "
                          "tool, shape and format, N at a time (one record either way)")
     ap.add_argument("--one-launch-nt", type=int, default=None,
-                    help="the one launch's threads a group, a multiple of 32 up to 1024 (default: "
-                         "workbench.one_launch.OneLaunchShape's)")
+                    help="the one launch's threads a group, a multiple of 32 up to 1024 (default: what "
+                         "fused_tail(backend='cuda') runs for the format, workbench.one_launch.shape_for)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     tools = record.comma_list(ap, "--tools", a.tools, TOOLS)

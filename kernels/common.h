@@ -49,32 +49,35 @@ KFN float dot_f32x4(uint4 w, float4 a, float acc) {
   return acc;
 }
 
-// 4-bit codes, two at a time: the nibbles n and n + 4 of v become the bfloat16 pair
-// (1 + q/16) in one word (the code in the top four mantissa bits, exactly), so a shift
-// and a mask make two values that bf16_lo / bf16_hi then widen. The "1 +" is taken off
-// each value before its FMA (exact: 1 + q/16 - 1 = q/16 in float32). Taking it off once
-// a word with the word's sum of x instead (sum (1 + q/16) x - sum x) saves that subtract
-// but rounds sums about twice as large as the dot and then cancels them: ~4.6x the
-// float32 error, enough to fail frink-models' 2e-4 on SmolLM2-135M's last layers, where
-// a massive activation makes the output a small difference of large terms
+// 4-bit codes, one at a time, each by one mask-and-or and one exact subtract. Code n of
+// v (bits 4n .. 4n + 3, n <= 4) placed as it lies into the mantissa of 2^(23 - 4n) makes
+// the float 2^(23 - 4n) + q, exactly (its mantissa's last bit is worth 2^-4n there, so
+// bit 4n is worth 1); subtracting 2^(23 - 4n) leaves q, exactly. Codes 5-7 (bits 20-31
+// reach the exponent) are first moved down 12 bits to the places of codes 2-4. Per code:
+// one and_or (one LOP3 on CUDA: the prelude keeps the exponent in a register) and one
+// subtract, no shift -- the bfloat16 pairs this replaced cost a shift and two LOP3s a
+// code, the ALU pipe the 4-bit launches are bound by (kernels/README.md). The subtract is
+// taken before each FMA rather than once a word against the word's sum of x: that would
+// round sums about twice as large as the dot and then cancel them, ~4.6x the float32
+// error, enough to fail frink-models' 2e-4 on SmolLM2-135M's last layers, where a
+// massive activation makes the output a small difference of large terms
 // (tests/test_real_model.py).
-#define Q4_MASK 0x00780078u
-#define Q4_ONE 0x3F803F80u
+#define Q4_EXP(n) ((150u - 4u * (n)) << 23)  // the bits of 2^(23 - 4n)
+#define Q4_CODE(v, n) (BITS_F32(and_or((v), 0xFu << (4 * (n)), Q4_EXP(n))) - BITS_F32(Q4_EXP(n)))
 
-// acc + sum over the 8 codes of v of (q/16) * x, x = (a, b) in element order.
+// acc + sum over the 8 codes of v of q * x, x = (a, b) in element order; the FMAs run in
+// the order 0, 4, 1, 5, 2, 6, 3, 7 (the order of the bfloat16-pair form before it, so the
+// sums' bits did not move).
 KFN float dot_q4x8(u32 v, float4 a, float4 b, float acc) {
-  const u32 p0 = ((v << 3) & Q4_MASK) | Q4_ONE;  // elements 0 and 4
-  const u32 p1 = ((v >> 1) & Q4_MASK) | Q4_ONE;  // 1 and 5
-  const u32 p2 = ((v >> 5) & Q4_MASK) | Q4_ONE;  // 2 and 6
-  const u32 p3 = ((v >> 9) & Q4_MASK) | Q4_ONE;  // 3 and 7
-  acc = FMAF(bf16_lo(p0) - 1.0f, a.x, acc);
-  acc = FMAF(bf16_hi(p0) - 1.0f, b.x, acc);
-  acc = FMAF(bf16_lo(p1) - 1.0f, a.y, acc);
-  acc = FMAF(bf16_hi(p1) - 1.0f, b.y, acc);
-  acc = FMAF(bf16_lo(p2) - 1.0f, a.z, acc);
-  acc = FMAF(bf16_hi(p2) - 1.0f, b.z, acc);
-  acc = FMAF(bf16_lo(p3) - 1.0f, a.w, acc);
-  acc = FMAF(bf16_hi(p3) - 1.0f, b.w, acc);
+  const u32 h = v >> 12;  // codes 5, 6, 7 at the places of 2, 3, 4
+  acc = FMAF(Q4_CODE(v, 0), a.x, acc);
+  acc = FMAF(Q4_CODE(v, 4), b.x, acc);
+  acc = FMAF(Q4_CODE(v, 1), a.y, acc);
+  acc = FMAF(Q4_CODE(h, 2), b.y, acc);
+  acc = FMAF(Q4_CODE(v, 2), a.z, acc);
+  acc = FMAF(Q4_CODE(h, 3), b.z, acc);
+  acc = FMAF(Q4_CODE(v, 3), a.w, acc);
+  acc = FMAF(Q4_CODE(h, 4), b.w, acc);
   return acc;
 }
 
@@ -99,14 +102,14 @@ KFN float dot_q8x4(u32 v, float4 a, float acc) {
 // n), in [0, 24] (a whole number: the value in halves, moved off zero so that the sign
 // needs no per-weight test). Two 8-entry byte tables (codes 0-7 and 8-15) looked up with
 // the code's low three bits, then the sign bit picks between them: three byte_perms for
-// four codes. b then becomes the bfloat16 t = 1 + b/128 exactly (five bits of mantissa),
-// and t - 1.09375 = (b - 12) / 128 = e2m1 / 64, exactly (Sterbenz: t is within a factor
-// two of 1.09375), taken before each FMA for the reason given at dot_q4x8.
+// four codes. Each byte then becomes a float as dot_q4x8's codes do: placed as it lies
+// into the mantissa of 2^(23 - 8n) (b < 32, so byte 2's bits stay clear of the exponent;
+// byte 3 is moved down first), the float 2^(23 - 8n) + b, exactly; subtracting
+// 2^(23 - 8n) + 12 leaves b - 12 = 2 e2m1, exactly, before each FMA (dot_q4x8 says why).
 #define FP4_POS_LO 0x0F0E0D0Cu  // codes 0-3 (0, 0.5, 1, 1.5): 12 13 14 15
 #define FP4_POS_HI 0x18141210u  // codes 4-7 (2, 3, 4, 6): 16 18 20 24
 #define FP4_NEG_LO 0x090A0B0Cu  // codes 8-11 (-0, -0.5, -1, -1.5): 12 11 10 9
 #define FP4_NEG_HI 0x00040608u  // codes 12-15 (-2, -3, -4, -6): 8 6 4 0
-#define BF16_PAIR_ONE 0x3F803F80u
 
 // The biased bytes b of the four codes in c's low 16 bits (code n in nibble n).
 KFN u32 fp4_bytes(u32 c) {
@@ -116,24 +119,22 @@ KFN u32 fp4_bytes(u32 c) {
   return byte_perm(pos, neg, 0x3210u | ((c >> 1) & 0x4444u));  // nibble n: byte n, + 4 if negative
 }
 
-#define FP4_T_OFFSET 1.09375f  // 1 + 12/128: t at e2m1 = 0
+#define FP4_EXP(n) ((150u - 8u * (n)) << 23)  // the bits of 2^(23 - 8n)
+// 2 e2m1 of byte n of y (n <= 2), exactly.
+#define FP4_CODE(y, n) (BITS_F32(and_or((y), 0xFFu << (8 * (n)), FP4_EXP(n))) - (BITS_F32(FP4_EXP(n)) + 12.0f))
 
-// acc + sum over the 8 codes of v of (e2m1 / 64) * x, x = (a, b) in element order.
+// acc + sum over the 8 codes of v of 2 e2m1 * x, x = (a, b) in element order.
 KFN float dot_fp4x8(u32 v, float4 a, float4 b, float acc) {
   const u32 lo = fp4_bytes(v);        // elements 0-3
   const u32 hi = fp4_bytes(v >> 16);  // elements 4-7
-  const u32 p0 = (lo & 0x00FF00FFu) | BF16_PAIR_ONE;         // elements 0 and 2
-  const u32 p1 = ((lo >> 8) & 0x00FF00FFu) | BF16_PAIR_ONE;  // 1 and 3
-  const u32 p2 = (hi & 0x00FF00FFu) | BF16_PAIR_ONE;         // 4 and 6
-  const u32 p3 = ((hi >> 8) & 0x00FF00FFu) | BF16_PAIR_ONE;  // 5 and 7
-  acc = FMAF(bf16_lo(p0) - FP4_T_OFFSET, a.x, acc);
-  acc = FMAF(bf16_lo(p1) - FP4_T_OFFSET, a.y, acc);
-  acc = FMAF(bf16_hi(p0) - FP4_T_OFFSET, a.z, acc);
-  acc = FMAF(bf16_hi(p1) - FP4_T_OFFSET, a.w, acc);
-  acc = FMAF(bf16_lo(p2) - FP4_T_OFFSET, b.x, acc);
-  acc = FMAF(bf16_lo(p3) - FP4_T_OFFSET, b.y, acc);
-  acc = FMAF(bf16_hi(p2) - FP4_T_OFFSET, b.z, acc);
-  acc = FMAF(bf16_hi(p3) - FP4_T_OFFSET, b.w, acc);
+  acc = FMAF(FP4_CODE(lo, 0), a.x, acc);
+  acc = FMAF(FP4_CODE(lo, 1), a.y, acc);
+  acc = FMAF(FP4_CODE(lo, 2), a.z, acc);
+  acc = FMAF(FP4_CODE(lo >> 8, 2), a.w, acc);
+  acc = FMAF(FP4_CODE(hi, 0), b.x, acc);
+  acc = FMAF(FP4_CODE(hi, 1), b.y, acc);
+  acc = FMAF(FP4_CODE(hi, 2), b.z, acc);
+  acc = FMAF(FP4_CODE(hi >> 8, 2), b.w, acc);
   return acc;
 }
 
@@ -354,9 +355,9 @@ template <int SFMT, int GS, typename XP>
 KFN float q4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
   const float4 xa = x4[2 * wi], xb = x4[2 * wi + 1];
   const float sx = sum8(xa, xb);
-  const float d = dot_q4x8(v, xa, xb, 0.0f);  // sum (q/16) x
+  const float d = dot_q4x8(v, xa, xb, 0.0f);  // sum q x
   const int g = (8 * wi) / GS;
-  return FMAF(16.0f * sb.scale(g), d, FMAF(sb.bias(g), sx, acc));
+  return FMAF(sb.scale(g), d, FMAF(sb.bias(g), sx, acc));
 }
 
 // One 8-bit word (4 codes, elements 4 wi ..) into acc: scale * (q . x) + bias * sum(x).
@@ -370,13 +371,13 @@ KFN float q8_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
 }
 
 // One E2M1 word (8 codes, elements 8 wi ..) into acc: scale * (e2m1 . x) =
-// 64 scale * ((e2m1 / 64) . x), dot_fp4x8's sum. (No sum of x: fp4 has no bias.)
+// (scale / 2) * ((2 e2m1) . x), dot_fp4x8's sum. (No sum of x: fp4 has no bias.)
 template <int SFMT, int GS, typename XP>
 KFN float fp4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
   const float4 xa = x4[2 * wi], xb = x4[2 * wi + 1];
   const float d = dot_fp4x8(v, xa, xb, 0.0f);
   const float s = sb.scale((8 * wi) / GS);
-  return FMAF(64.0f * s, d, acc);
+  return FMAF(0.5f * s, d, acc);
 }
 
 // acc + (unit u of a row, its 16 bytes already loaded into w) . x, where x4 indexes x as
@@ -503,8 +504,8 @@ struct XUnit {
 
 // acc + (unit u of a quantized row, its 16 bytes in w) . x, x the unit's XUnit: each
 // word's code dot on its own (four independent chains), then per sum block the scale
-// decoded once: affine k s t + bias sum x (k = 16 for 4-bit, 256 for 8-bit; t = sum
-// (q/k) x), fp4 64 s t (t = sum (e2m1/64) x).
+// decoded once: affine k s t + bias sum x (t = sum q x and k = 1 for 4-bit, t = sum
+// (q/256) x and k = 256 for 8-bit), fp4 (s / 2) t (t = sum (2 e2m1) x).
 template <typename F>
 KFN float tiled_unit_dot(uint4 w, XUnit xu, int u, float acc, SBRow<F::SFMT> sb) {
   float d[4];
@@ -536,9 +537,9 @@ KFN float tiled_unit_dot(uint4 w, XUnit xu, int u, float acc, SBRow<F::SFMT> sb)
     const float s = sb.scale(g);
     const float sx = xu.s[b];
     if (F::FMT == WF_FP4) {
-      acc = FMAF(64.0f * s, t[b], acc);
+      acc = FMAF(0.5f * s, t[b], acc);
     } else {
-      const float k = F::FMT == WF_Q8 ? 256.0f : 16.0f;
+      const float k = F::FMT == WF_Q8 ? 256.0f : 1.0f;
       acc = FMAF(k * s, t[b], FMAF(sb.bias(g), sx, acc));
     }
   }

@@ -42,6 +42,14 @@ typedef unsigned char u8;
 // (the selectors passed never set a nibble's top bit): one PRMT instruction.
 KFN u32 byte_perm(u32 x, u32 y, u32 s) { return __byte_perm(x, y, s); }
 
+// (v & m) | e in one LOP3. Written as C, nvcc spends two (one an immediate each: a LOP3
+// takes one), so e goes in as a register operand.
+KFN u32 and_or(u32 v, u32 m, u32 e) {
+  u32 r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(v), "r"(m), "r"(e));
+  return r;
+}
+
 // The sum of v over the 32 lanes of a warp, in every lane.
 KFN float warp_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 16);

@@ -49,6 +49,9 @@ KFN u32 byte_perm(u32 x, u32 y, u32 s) {
   return r;
 }
 
+// (v & m) | e (CUDA's twin is one LOP3 instruction).
+KFN u32 and_or(u32 v, u32 m, u32 e) { return (v & m) | e; }
+
 // The sum of v over the 32 lanes of a SIMD-group, in every lane.
 KFN float warp_sum(float v) {
   return metal::simd_sum(v);

@@ -9,6 +9,7 @@ import pytest
 from workbench import backends as B
 from workbench import kernel_launch as KL
 from workbench import kernel_source as ks
+from workbench import one_launch as OL
 from workbench import tail as T
 from workbench.frink_case import seed_case
 
@@ -46,18 +47,24 @@ def test_a_kernel_backend_is_available_exactly_when_its_device_is(monkeypatch):
         B.resolve_backend("metal")
 
 
-def test_fused_tail_runs_a_kernel_backend_through_the_one_launch(monkeypatch):
-    monkeypatch.setattr(B, "cuda_available", lambda: True)
+@pytest.mark.parametrize("dialect,runner", [("cuda", (OL, "run_cuda_tail")), ("metal", (KL, "run_kernel_tail"))])
+def test_fused_tail_runs_a_kernel_backend_through_the_one_launch_builder(monkeypatch, dialect, runner):
+    """auto picks the kernel backend that is here; CUDA runs the tail as one launch
+    (workbench.one_launch), Metal its three launches; both get the one builder's TailLaunch."""
+    monkeypatch.setattr(B, "cuda_available", lambda: dialect == "cuda")
+    monkeypatch.setattr(B, "metal_available", lambda: dialect == "metal")
     seen = {}
 
-    def fake(dialect, launch, branch, residual):
-        seen["dialect"], seen["launch"] = dialect, launch
+    def fake(*args):
+        launch, residual = args[-3], args[-1]
+        seen["args"], seen["launch"] = args, launch
         return np.zeros(np.shape(residual), np.float32)
 
-    monkeypatch.setattr(KL, "run_kernel_tail", fake)
+    monkeypatch.setattr(*runner, fake)
     c = seed_case()
     out, name = T.fused_tail(c.weights, c.branch, c.residual, return_backend=True)
-    assert name == "cuda" and seen["dialect"] == "cuda" and out.shape == (64,)
+    assert name == dialect and out.shape == (64,)
+    assert len(seen["args"]) == (3 if dialect == "cuda" else 4)  # run_kernel_tail also takes the dialect
     assert isinstance(seen["launch"], T.TailLaunch)  # the one builder assembled it
 
 

@@ -25,12 +25,13 @@ FLOORS: dict[int, tuple[str, ...]] = {
     1: ("backends", "fold", "model", "metal_emulation"),  # which devices exist; the rotation; real models' configs; Metal source on the CPU
     2: ("weights", "refusals", "cuda_device"),  # matrices that carry a fold; the rules over a config; the GPU's SM count
     3: ("kernel_launch",),  # the kernels' launches for weights
-    4: ("tail", "gdn_kernel", "one_launch"),  # the tail's weights, math, three paths and one launch builder; a Gated DeltaNet step as one launch; the tail as one CUDA launch
-    5: ("frink_case", "wait_measurement", "checkpoint", "decode_matvec"),  # the engine's test case; counting and timing waits; real checkpoints in; a decode step's matvecs, MLX ops or kernels
-    6: ("comparison", "sweep_cases", "reference_model"),  # comparing a result with its reference; drawing cases; mlx-lm's model with a checkpoint
-    7: ("exact_oracle", "three_way", "sweeps", "calibration", "waits", "real_model"),  # studies built on the tail; a real model end to end
-    8: ("schedule", "metal_check"),  # a decode step executed stage by stage of the plan; Metal emulated beside graph and oracle
-    9: ("plots", "tables"),  # figures and text tables, from anything
+    4: ("gdn_kernel", "one_launch"),  # a Gated DeltaNet step as one launch; the tail as one CUDA launch
+    5: ("tail",),  # the tail's weights, math, three paths and one launch builder
+    6: ("frink_case", "wait_measurement", "checkpoint", "decode_matvec"),  # the engine's test case; counting and timing waits; real checkpoints in; a decode step's matvecs, MLX ops or kernels
+    7: ("comparison", "sweep_cases", "reference_model"),  # comparing a result with its reference; drawing cases; mlx-lm's model with a checkpoint
+    8: ("exact_oracle", "three_way", "sweeps", "calibration", "waits", "real_model"),  # studies built on the tail; a real model end to end
+    9: ("schedule", "metal_check"),  # a decode step executed stage by stage of the plan; Metal emulated beside graph and oracle
+    10: ("plots", "tables"),  # figures and text tables, from anything
 }
 FLOOR_OF = {m: f for f, mods in FLOORS.items() for m in mods}
 

@@ -412,3 +412,111 @@ def test_the_benchs_run_times_each_format_with_its_own_choice(monkeypatch):
     assert [c["variant"] for c in out["cases"]] == ["u8_nt640", "u8_nt640", "gps2"]
     assert timed["nvfp4"][1] == bench.VARIANTS["gps2"][1] and timed["bfloat16"][1].nt == 640
     assert timed["affine4"][0].u_wo == 8 and out["sweep"] is out["sweeps"]["bfloat16"]
+
+    # --no-sweep: nothing swept; each format timed as fused_tail(backend="cuda") runs it
+    monkeypatch.setattr(bench, "sweep", lambda *a: pytest.fail("--no-sweep swept"))
+    monkeypatch.setattr(bench.tail, "tail_launch", lambda w: ("launch", w))
+    monkeypatch.setattr(bench.kernel_launch, "prepared", lambda launch, dialect, tuning: ("prep", launch, tuning))
+    monkeypatch.setattr(bench.one_launch, "shape_for", lambda prep: ("shape for", prep[1][1]))
+    timed.clear()
+    out = bench.run(["bfloat16", "nvfp4"], 1, 0, False, [])
+    assert out["sweeps"] == {} and "sweep" not in out
+    assert out["variant_chosen"] == {"bfloat16": bench.FUSED_TAIL, "nvfp4": bench.FUSED_TAIL}
+    assert timed == {f: (kernel_launch.DEFAULT_TUNING, ("shape for", f)) for f in ("bfloat16", "nvfp4")}
+
+
+def test_no_sweep_and_sweep_formats_exclude_each_other(capsys):
+    from bench import one_launch as bench_one_launch
+
+    with pytest.raises(SystemExit):
+        bench_one_launch.main(["--no-sweep", "--sweep-formats", "bfloat16", "--no-record"])
+    assert "--no-sweep and --sweep-formats exclude each other" in capsys.readouterr().err
+
+
+# -- fused_tail(backend="cuda"): the one launch, without a GPU ------------------------------
+
+
+def _fake_cuda(monkeypatch, launch_kernel) -> None:
+    """A machine that looks like it has MLX's CUDA back-end and 4 SMs: the three launches'
+    kernel objects are placeholders and the one launch's is ``launch_kernel``."""
+    monkeypatch.setattr(backends, "cuda_available", lambda: True)
+    monkeypatch.setattr(cuda_device, "multiprocessor_count", lambda device=0: 4)
+    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    monkeypatch.setattr(one_launch, "_kernel", lambda: launch_kernel)
+
+
+@pytest.mark.parametrize("fmt,nt", [(None, one_launch.DEFAULT_NT), ("affine4", one_launch.FOUR_BIT_NT),
+                                    ("affine8", one_launch.DEFAULT_NT), ("mxfp4", one_launch.FOUR_BIT_NT),
+                                    ("nvfp4", one_launch.FOUR_BIT_NT)])
+def test_the_cuda_path_runs_4bit_tails_in_640_thread_groups(monkeypatch, fmt, nt):
+    from workbench.weights import QUANT_FORMATS
+
+    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    quant = QUANT_FORMATS[fmt].as_quantize() if fmt else None
+    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16", quantize=quant)
+    prep = kernel_launch.prepare_tail(tail.tail_launch(w), "cuda")
+    shape = one_launch.shape_for(prep)
+    assert (shape.nt, shape.groups_per_sm) == (nt, 1)  # one group an SM: always resident
+    assert one_launch.fits(prep, shape)
+
+
+def test_fused_tail_on_cuda_is_the_one_launch_each_row_ordered_after_the_last(monkeypatch):
+    """fused_tail(backend="cuda") runs ONE launch a row (not the three), every launch
+    naming the one before it as ``after``, all in one evaluation; the output is the
+    launch's, rows in order."""
+    import mlx.core as mx
+    import numpy as np
+
+    calls = []
+
+    def launch(**kw):
+        calls.append(kw)
+        got = dict(zip(ks.one_launch_inputs(), kw["inputs"]))
+        return [got["residual"] + float(len(calls))]
+
+    _fake_cuda(monkeypatch, launch)
+    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
+    br, res = tail.random_inputs(w, batch=(3,), seed=6)
+    out = tail.fused_tail(w, br, res, backend="cuda")
+    assert len(calls) == 3 and out.shape == (3, 128)
+    np.testing.assert_array_equal(out, res.astype(np.float32) + np.arange(1, 4, dtype=np.float32)[:, None])
+    names = ks.one_launch_inputs()
+    afters = [dict(zip(names, kw["inputs"]))["after"] for kw in calls]
+    one = one_launch.for_launch(tail.tail_launch(w))
+    assert afters[0] is one._none  # first launch of this tail: nothing before it
+    assert all(kw["grid"] == (4 * one_launch.DEFAULT_NT, 1, 1) for kw in calls)
+    assert one_launch.for_launch(tail.tail_launch(w)) is one  # made once per weights object
+    mx.eval(*afters)
+
+
+def test_fused_tail_on_cuda_raises_when_a_barrier_gave_up(monkeypatch):
+    import mlx.core as mx
+
+    def flagged(**kw):
+        got = dict(zip(ks.one_launch_inputs(), kw["inputs"]))
+        prep = one_launch.for_launch(tail.tail_launch(w)).prep
+        got["work"][one_launch.sync_at(prep) + 32] = mx.array(1, dtype=mx.uint32).view(mx.float32)
+        return [mx.full((kw["output_shapes"][0][0],), float("nan"))]
+
+    _fake_cuda(monkeypatch, flagged)
+    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
+    br, res = tail.random_inputs(w, seed=6)
+    with pytest.raises(one_launch.GridBarrierTimeout, match="waited over 4 s"):
+        tail.fused_tail(w, br, res, backend="cuda")
+    assert not one_launch.for_launch(tail.tail_launch(w)).barrier_failed()  # zeroed for the next call
+
+
+def test_the_cuda_path_runs_three_launches_where_the_one_does_not_fit(monkeypatch):
+    """Where the one launch's shared memory would pass CUDA's static limit, the CUDA path
+    is the three launches (kernel_launch.run_kernel_tail), never a failed launch."""
+    import numpy as np
+
+    _fake_cuda(monkeypatch, None)
+    monkeypatch.setattr(one_launch, "STATIC_SHARED_LIMIT", 1024)
+    ran = []
+    monkeypatch.setattr(kernel_launch, "run_kernel_tail",
+                        lambda dialect, launch, b, r: ran.append(dialect) or np.zeros(128, np.float32))
+    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
+    br, res = tail.random_inputs(w, seed=6)
+    assert one_launch.for_launch(tail.tail_launch(w)) is None
+    assert tail.fused_tail(w, br, res, backend="cuda").shape == (128,) and ran == ["cuda"]

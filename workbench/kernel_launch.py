@@ -497,8 +497,10 @@ def _as_mx32(a: Any) -> mx.array:
 
 
 def run_kernel_tail(dialect: str, launch: TailLaunch, branch: Any, residual: Any) -> np.ndarray:
-    """The fused tail through the ``dialect`` kernels (``"metal"`` or ``"cuda"``): what
-    ``fused_tail(backend=dialect)`` runs. One evaluation, float32 numpy out.
+    """The fused tail through the ``dialect`` kernels' three launches (``"metal"`` or
+    ``"cuda"``) in one evaluation, float32 numpy out: what ``fused_tail(backend="metal")``
+    runs (``fused_tail(backend="cuda")`` runs ``workbench.one_launch.run_cuda_tail``: one
+    launch, these three only where it does not fit).
 
     ``branch`` / ``residual``: numpy or MLX, optional leading batch axes. Raises
     ``ValueError`` for a dialect that is not a kernel backend and

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
-from workbench import backends, kernel_launch, model, refusals, validate
+from workbench import backends, kernel_launch, model, one_launch, refusals, validate
 from workbench.fold import FoldPlan, FoldSite, HadamardFold
 from workbench.moved_names import forwarder
 from workbench.validate import describe, number, one_of
@@ -699,7 +699,10 @@ def fused_tail(
     ``backend``: ``"graph"`` (the whole tail as MLX ops, evaluated once, on MLX's
     default device), ``"metal"`` / ``"cuda"`` (the kernels; ``BackendUnavailable`` says
     what is missing when they cannot run here), or ``"auto"`` (the best available; with
-    ``return_backend=True`` you get ``(out, name)`` to see which it picked).
+    ``return_backend=True`` you get ``(out, name)`` to see which it picked). Metal runs
+    the three launches in one submission, as frink-models does; CUDA runs the tail as ONE
+    launch (``workbench.one_launch``: the three bodies as phases between grid barriers),
+    or the three where that launch's shared memory does not fit.
 
     Raises :class:`TailRefused` (with every reason) for a layer the rules refuse, before
     anything is built or run; ``kernels_enabled=False`` is the engine's first rule (the
@@ -716,6 +719,8 @@ def fused_tail(
         out = tail_graph(launch, to_mx(branch), to_mx(residual))
         mx.eval(out)  # the one submission
         result = np.asarray(out)  # already evaluated: reading it waits on nothing more
+    elif name == "cuda":
+        result = one_launch.run_cuda_tail(launch, branch, residual)
     else:
         result = kernel_launch.run_kernel_tail(name, launch, branch, residual)
     return (result, name) if return_backend else result
