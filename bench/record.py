@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 import mlx.core as mx
 import numpy as np
 
-from workbench import backends, records, waits
+from workbench import backends, kernel_source, records, waits
 
 #: The project's root and its folder of records, wherever a command is started from.
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +127,8 @@ def comma_list(parser: argparse.ArgumentParser, flag: str, value: str, allowed: 
 
 
 def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
-    """The header of a record: the bench, its exact command line, date, device and versions."""
+    """The header of a record: the bench, its exact command line, date, device, versions and
+    the kernel text it ran (``kernel_source.fingerprint``)."""
     args = argv if argv is not None else sys.argv[1:]
     now = _dt.datetime.now(_dt.timezone.utc)
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
@@ -142,6 +143,9 @@ def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "load_average": list(load) if load else None,
+        # which kernel text ran (workbench.kernel_source.fingerprint): records of other text
+        # say nothing about this one (a sanitizer run above all)
+        "kernel_text": kernel_source.fingerprint(),
     }
 
 

@@ -185,6 +185,26 @@ def mlx_name(kernel: str, *, kernel_dir: str | Path | None = None) -> str:
     return f"{spec.name}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
+def source_files(*, kernel_dir: str | Path | None = None) -> tuple[str, ...]:
+    """The files whose text is the kernels, sorted: the preludes, ``common.h`` and every
+    ``*.body`` in ``kernel_dir`` (default: the repository's ``kernels/``); not its README
+    or the Metal emulation's runtime."""
+    folder = _folder(kernel_dir)
+    return tuple(sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix in (".h", ".body")))
+
+
+def fingerprint(*, kernel_dir: str | Path | None = None) -> str:
+    """12 hex digits of SHA-256 over the kernels' text (:func:`source_files`, each file's
+    name and bytes, read now). Every bench record carries it (``bench.record.provenance``:
+    ``kernel_text``), so a sanitizer run or a timing can be matched with the text it ran:
+    a clean run of other text says nothing about this one."""
+    folder = _folder(kernel_dir)
+    digest = hashlib.sha256()
+    for name in source_files(kernel_dir=folder):
+        digest.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 #: MLX 0.32's names for the CUDA types of array dtypes (``dtype_to_cuda_type``).
 CUDA_TYPES: dict[str, str] = {
     "float32": "float",

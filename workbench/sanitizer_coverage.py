@@ -39,10 +39,21 @@ def record_runs(rec: dict[str, Any]) -> list[dict[str, Any]]:
     return [dict(r, tool=tool) for tool, r in rec.get("tools", {}).items()]
 
 
+def of_kernel_text(records: list[dict[str, Any]], kernel_text: str) -> list[dict[str, Any]]:
+    """The records whose run carried the kernel text ``kernel_text`` (a
+    ``kernel_source.fingerprint``; records made before records carried one match none):
+    what a sanitizer found clean in other text says nothing about this one."""
+    if not isinstance(kernel_text, str) or not kernel_text:
+        raise ValueError(f"kernel_text must be a kernel_source.fingerprint string; got {validate.describe(kernel_text)}")
+    return [r for r in records if isinstance(r, dict) and r.get("kernel_text") == kernel_text]
+
+
 def coverage(records: list[dict[str, Any]]) -> Any:
     """One row a (shape, format), one column a tool (pandas); each cell the letters of the
     parts whose cases ran in a clean run of that tool (:data:`PART_LETTERS`), "-" where
-    none did. Raises ``ValueError`` for anything that is not a sanitize record."""
+    none did (no rows for no records). Raises ``ValueError`` for anything that is not a
+    sanitize record. For what covers the kernels as they are now, pass
+    :func:`of_kernel_text`'s records."""
     import pandas as pd  # noqa: PLC0415 -- only the tables need it
 
     seen: dict[tuple[str, str], dict[str, set[str]]] = {}
@@ -64,7 +75,8 @@ def coverage(records: list[dict[str, Any]]) -> Any:
     order = sorted(seen, key=rank)
     cells = [{tool: "".join(letter for part, letter in PART_LETTERS.items() if part in seen[key].get(tool, ())) or "-"
               for tool in TOOLS} for key in order]
-    return pd.DataFrame(cells, index=pd.MultiIndex.from_tuples(order, names=["shape", "format"]), columns=list(TOOLS))
+    index = pd.MultiIndex.from_arrays([[k[0] for k in order], [k[1] for k in order]], names=["shape", "format"])
+    return pd.DataFrame(cells, index=index, columns=list(TOOLS))
 
 
 def not_yet_clean(table: Any, shape: str, part: str) -> dict[str, list[str]]:
