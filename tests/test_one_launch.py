@@ -520,3 +520,24 @@ def test_the_cuda_path_runs_three_launches_where_the_one_does_not_fit(monkeypatc
     br, res = tail.random_inputs(w, seed=6)
     assert one_launch.for_launch(tail.tail_launch(w)) is None
     assert tail.fused_tail(w, br, res, backend="cuda").shape == (128,) and ran == ["cuda"]
+
+
+def test_the_kernel_texts_fingerprint_follows_every_source_file_and_only_them(tmp_path: Path):
+    """kernel_source.fingerprint: the same text, the same digest; any body, prelude or
+    common.h edited, another; the README and the Metal emulation's runtime not part of it.
+    Every bench record carries it (bench.record.provenance)."""
+    from bench import record
+
+    copy = tmp_path / "kernels"
+    shutil.copytree(ks.KERNEL_DIR, copy)
+    assert ks.fingerprint(kernel_dir=copy) == ks.fingerprint() and len(ks.fingerprint()) == 12
+    assert set(ks.source_files()) >= {"common.h", "prelude_cuda.h", "prelude_metal.h", "tail_one_launch.body"}
+    assert "README.md" not in ks.source_files()
+    (copy / "README.md").write_text("edited")
+    assert ks.fingerprint(kernel_dir=copy) == ks.fingerprint()
+    for name in ("ffn_down.body", "common.h"):
+        edited = tmp_path / f"edit-{name}"
+        shutil.copytree(ks.KERNEL_DIR, edited)
+        (edited / name).write_text((edited / name).read_text() + "\n// one more line\n")
+        assert ks.fingerprint(kernel_dir=edited) != ks.fingerprint()
+    assert record.provenance("one_launch", [])["kernel_text"] == ks.fingerprint()

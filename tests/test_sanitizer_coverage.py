@@ -70,3 +70,32 @@ def test_not_yet_clean_lists_each_tools_missing_formats():
         sc.not_yet_clean(table, "bonsai", "wo")
     with pytest.raises(ValueError, match="shape must be one of"):
         sc.not_yet_clean(table, "huge", "tail")
+
+
+def test_of_kernel_text_keeps_the_runs_of_that_text_only():
+    """A clean run of other kernel text says nothing about this one: of_kernel_text keeps
+    the records that carried the fingerprint asked for (records made before records carried
+    one match none)."""
+    cases = ["tail small affine4: PASS"]
+    now = dict(_rec(runs=[{"tool": "memcheck", "passed": True, "cases": cases}]), kernel_text="aaaaaaaaaaaa")
+    before = dict(_rec(runs=[{"tool": "racecheck", "passed": True, "cases": cases}]), kernel_text="bbbbbbbbbbbb")
+    unmarked = _rec(runs=[{"tool": "synccheck", "passed": True, "cases": cases}])
+    kept = sc.of_kernel_text([now, before, unmarked], "aaaaaaaaaaaa")
+    assert kept == [now]
+    assert sc.coverage(kept).loc[("small", "affine4")].tolist() == ["T", "-", "-", "-"]
+    empty = sc.coverage(sc.of_kernel_text([before, unmarked], "aaaaaaaaaaaa"))
+    assert empty.empty and list(empty.columns) == list(sc.TOOLS)
+    assert sc.not_yet_clean(empty, "small", "tail") == {t: list(sc.FORMATS) for t in sc.TOOLS}
+    for bad in ("", None, 12):
+        with pytest.raises(ValueError, match="kernel_text must be a kernel_source.fingerprint string"):
+            sc.of_kernel_text([now], bad)
+
+
+def test_the_dequantization_rewrite_was_sanitized_at_the_small_shape():
+    """The kernel text of 2026-12-01's rewrite of the 4-bit and fp4 decoding (fingerprint
+    99260f381d1a; the records of its runs carry it): at the small shape every part, in every
+    format, clean under every tool."""
+    recs = [json.loads(p.read_text()) for p in sorted(BENCH.glob("sanitize-*.json"))]
+    cov = sc.coverage(sc.of_kernel_text(recs, "99260f381d1a"))
+    assert (cov.loc["small"] == "T1H").all().all()
+    assert sc.not_yet_clean(cov, "small", "head") == {t: [] for t in sc.TOOLS}
