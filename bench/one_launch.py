@@ -11,7 +11,8 @@ What it answers: where a tail's one evaluation spends the time beyond its device
 nothing is streamed), and whether the one-launch tail (``workbench.one_launch``: the three
 bodies as phases between grid barriers) removes it, with the same inputs, in one run:
 
-1. **Checks first** (nothing is timed that has not passed):
+1. **Checks first** (nothing is timed that has not passed), each of the one launch in the
+   shape ``fused_tail(backend="cuda")`` runs it (``one_launch.shape_for``):
    * frink-models' test case and a small folded tail (256, 1024, 2048; block 256) in every
      weight format, against the float64 oracle at ``bench.gpu_check``'s tolerance rule
      (``exact_oracle.tolerance_for``: max(2e-4, twice the float32 oracle's own error));
@@ -132,8 +133,10 @@ def _weights(fmt: str, shape: tuple[int, int, int], block: int, seed: int) -> ta
 
 def _one(w: tail.TailWeights, tuning: kernel_launch.KernelTuning | None = None,
          shape: one_launch.OneLaunchShape | None = None) -> tuple[kernel_launch.PreparedTail, one_launch.OneLaunchTail]:
+    """The prepared three launches and the one launch for ``w``; ``shape`` None: the shape
+    ``fused_tail(backend="cuda")`` runs (``one_launch.shape_for``), which the checks check."""
     prep = kernel_launch.prepared(tail.tail_launch(w), "cuda", tuning)
-    return prep, one_launch.OneLaunchTail(prep, shape)
+    return prep, one_launch.OneLaunchTail(prep, shape or one_launch.shape_for(prep))
 
 
 def _check(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, oracle: bool,
@@ -185,7 +188,7 @@ def timeout_check(w: tail.TailWeights, br: np.ndarray, res: np.ndarray) -> dict[
     except one_launch.GridBarrierTimeout as e:
         raised = str(e)
     seconds = time.perf_counter() - t0
-    good = one_launch.OneLaunchTail(prep).run(br, res)
+    good = one_launch.OneLaunchTail(prep, one_launch.shape_for(prep)).run(br, res)
     three = np.array(prep(mx.array(br), mx.array(res)))
     ok_after = worst_scaled_error(good, three) <= AGREE_TOL
     out = {"sm_count": sms, "groups_launched": 2 * sms, "raised": raised, "seconds": seconds,

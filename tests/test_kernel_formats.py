@@ -31,9 +31,18 @@ def _byte_perm(x: int, y: int, s: np.ndarray) -> np.ndarray:
     return out.astype(np.uint32)
 
 
-def test_fp4_bytes_and_bf16_pairs_decode_every_e2m1_code():
-    """common.h's fp4_bytes + dot_fp4x8's pairs: every code in every nibble -> t - 1.09375 = e2m1(code) / 64,
-    exactly in float32 (the subtraction dot_fp4x8 makes before each FMA)."""
+def _placed(bits: np.ndarray, mask: int, n_exp: int) -> np.ndarray:
+    """common.h's placement, replayed: ``and_or(bits, mask, e)`` with e the float32 2^(23 -
+    n_exp) as a float, minus 2^(23 - n_exp), in float32 (the subtract the kernels make)."""
+    e = np.uint32((150 - n_exp) << 23)
+    f = ((bits & np.uint32(mask)) | e).view(np.float32)
+    return (f - e.view(np.float32)).astype(np.float32)
+
+
+def test_fp4_bytes_and_their_floats_decode_every_e2m1_code():
+    """common.h's fp4_bytes + dot_fp4x8's placement: every code in every nibble -> a byte
+    b = 12 + 2 e2m1, placed into 2^(23 - 8n) by one mask-and-or; minus 2^(23 - 8n) + 12 =
+    2 e2m1(code), exactly in float32 (the subtraction dot_fp4x8 makes before each FMA)."""
     pos_lo, pos_hi, neg_lo, neg_hi = 0x0F0E0D0C, 0x18141210, 0x090A0B0C, 0x00040608
     rng = np.random.default_rng(0)
     v = np.concatenate([rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32),
@@ -48,20 +57,28 @@ def test_fp4_bytes_and_bf16_pairs_decode_every_e2m1_code():
                         dtype=np.uint32)
 
     lo, hi = fp4_bytes(v), fp4_bytes(v >> np.uint32(16))
-    one, m = np.uint32(0x3F803F80), np.uint32(0x00FF00FF)
-    p = [(lo & m) | one, ((lo >> np.uint32(8)) & m) | one, (hi & m) | one, ((hi >> np.uint32(8)) & m) | one]
+    assert ((lo >> np.uint32(16)) & np.uint32(0xE0)).max() == 0  # byte 2 < 32: clear of the exponent
 
-    def bf_lo(u: np.ndarray) -> np.ndarray:
-        return _as_f32(u << np.uint32(16))
+    def code(y: np.ndarray, n: int) -> np.ndarray:  # FP4_CODE(y, n)
+        e = np.uint32((150 - 8 * n) << 23)
+        f = ((y & np.uint32(0xFF << (8 * n))) | e).view(np.float32)
+        return (f - (e.view(np.float32) + np.float32(12))).astype(np.float32)
 
-    def bf_hi(u: np.ndarray) -> np.ndarray:
-        return _as_f32(u & np.uint32(0xFFFF0000))
+    got = np.stack([code(lo, 0), code(lo, 1), code(lo, 2), code(lo >> np.uint32(8), 2),
+                    code(hi, 0), code(hi, 1), code(hi, 2), code(hi >> np.uint32(8), 2)], 1)  # elements 0..7
+    np.testing.assert_array_equal(got.astype(np.float64), 2 * E2M1_VALUES[codes])
 
-    t = np.stack([bf_lo(p[0]), bf_lo(p[1]), bf_hi(p[0]), bf_hi(p[1]),
-                  bf_lo(p[2]), bf_lo(p[3]), bf_hi(p[2]), bf_hi(p[3])], 1)  # elements 0..7
-    np.testing.assert_array_equal(64 * t - 70, E2M1_VALUES[codes])
-    exact = (t.astype(np.float32) - np.float32(1.09375)).astype(np.float32)
-    np.testing.assert_array_equal(exact.astype(np.float64) * 64, E2M1_VALUES[codes])
+
+def test_q4_codes_are_placed_by_one_mask_and_or_exactly():
+    """dot_q4x8: code n of a word (n <= 4) or-ed where it lies into 2^(23 - 4n), minus that,
+    is q; codes 5-7 the same after the word is moved down 12 bits. Exact in float32."""
+    v = np.concatenate([np.random.default_rng(2).integers(0, 2**32, 5000, dtype=np.uint64).astype(np.uint32),
+                        np.array([0, 0xFFFFFFFF, 0x88888888, 0x77777777], dtype=np.uint32)])
+    q = np.stack([(v >> np.uint32(4 * i)) & np.uint32(15) for i in range(8)], 1).astype(np.float64)
+    h = v >> np.uint32(12)
+    got = np.stack([_placed(v, 0xF << (4 * n), 4 * n) for n in range(5)]
+                   + [_placed(h, 0xF << (4 * n), 4 * n) for n in (2, 3, 4)], 1)
+    np.testing.assert_array_equal(got.astype(np.float64), q)
 
 
 def test_q8_codes_widen_to_one_plus_q_over_256_exactly():
