@@ -57,3 +57,23 @@ def test_the_committed_record():
     assert (three[three["format"] == "bfloat16"]["bound"] == "memory").all()
     assert (three[three["format"].isin(["affine4", "nvfp4"])]["bound"] == "ALU pipe").all()
     assert len(three) == 9
+
+
+def test_bound_change_pairs_the_launches_both_records_profiled():
+    """The committed records before and after the 4-bit codes were placed by one
+    mask-and-or (2026-12-01): affine4's ALU instructions fell in every launch and its wo and
+    gate_up now wait on memory; nvfp4 stays bound by the ALU pipe."""
+    bench = Path(__file__).resolve().parent.parent / "data" / "bench"
+    before = json.loads((bench / "launch_profile-nvidia-h200-20261201T145743Z.json").read_text())
+    after = json.loads((bench / "launch_profile-nvidia-h200-20261201T151744Z.json").read_text())
+    t = lb.bound_change(before, after)
+    assert list(t.columns) == list(lb.CHANGE_COLUMNS)
+    assert set(t["format"]) == {"affine4", "nvfp4"}  # bf16 was profiled before only
+    a4 = t[t["format"] == "affine4"].set_index("launch")
+    assert (a4["M ALU after"] < a4["M ALU before"]).all()
+    assert a4.loc["ffn_gate_up", "bound before"] == "ALU pipe" and a4.loc["ffn_gate_up", "bound after"] == "memory"
+    assert (t[t["format"] == "nvfp4"]["bound after"] == "ALU pipe").all()
+    with pytest.raises(ValueError, match="share no launch"):
+        lb.bound_change(before, {**after, "table": [dict(after["table"][0], format="float32")]})
+    with pytest.raises(ValueError, match="profile must be a bench.launch_profile record"):
+        lb.bound_change({"bench": "one_launch"}, after)

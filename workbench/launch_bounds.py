@@ -82,3 +82,42 @@ def bound_table(profile: dict[str, Any]) -> Any:
                      "ALU %": sc["alu_pipe_pct"], "M instr.": (sc["instructions"] or 0.0) / 1e6,
                      "top stall": f"{top[0]} {top[1]:.1f}", "bound": bound_of(r)})
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+#: The columns of :func:`bound_change`, in order.
+CHANGE_COLUMNS: tuple[str, ...] = ("format", "launch", "ms before", "ms after", "M ALU before", "M ALU after",
+                                   "ALU % before", "ALU % after", "bound before", "bound after")
+
+
+def _alu_millions(row: dict[str, Any]) -> float:
+    """Warp instructions the ALU pipe executed (millions); NaN in records made before
+    ``--stalls`` counted instructions by pipe."""
+    by_pipe = row["scheduler"].get("instructions_by_pipe") or {}
+    return by_pipe["alu"] / 1e6 if by_pipe.get("alu") is not None else float("nan")
+
+
+def bound_change(before: dict[str, Any], after: dict[str, Any]) -> Any:
+    """The launches two ``--stalls`` records both profiled (same format and launch), side by
+    side (pandas, :data:`CHANGE_COLUMNS`): time, ALU-pipe warp instructions (millions) and
+    how busy that pipe was, and :func:`bound_of`, before and after a change of the kernels.
+    Raises ``ValueError`` for records that are not such records or share no launch."""
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    bound_table(before)  # refuses what is not a --stalls record
+    new = bound_table(after)
+
+    def keyed(profile: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+        return {(r["format"], _launch_name(r["kernel"])): r for r in profile["table"]}
+
+    rows_before, rows_after = keyed(before), keyed(after)
+    shared = [k for k in zip(new["format"], new["launch"]) if k in rows_before]
+    if not shared:
+        raise ValueError(f"the records share no launch: before has {sorted(rows_before)}, after {sorted(rows_after)}")
+    rows = []
+    for key in shared:
+        b, a = rows_before[key], rows_after[key]
+        rows.append({"format": key[0], "launch": key[1], "ms before": b["ms"], "ms after": a["ms"],
+                     "M ALU before": _alu_millions(b), "M ALU after": _alu_millions(a),
+                     "ALU % before": b["scheduler"]["alu_pipe_pct"], "ALU % after": a["scheduler"]["alu_pipe_pct"],
+                     "bound before": bound_of(b), "bound after": bound_of(a)})
+    return pd.DataFrame(rows, columns=list(CHANGE_COLUMNS))
