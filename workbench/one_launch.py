@@ -1,5 +1,8 @@
 """The fused tail as ONE CUDA launch: the three tail kernels' phases between grid barriers.
 
+It is what ``fused_tail(backend="cuda")`` runs (:func:`run_cuda_tail`, in the shape
+:func:`shape_for` gives each weight format).
+
 ``kernel_launch.PreparedTail`` encodes a tail as three launches (wo_residual,
 ffn_gate_up, ffn_down) in one evaluation. On the H200, MLX's cost of evaluating those
 three custom kernels and waiting was ~0.1 ms at frink-models' test size (nothing
