@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "workbench"
 #: floor -> the modules on it, bottom first.
 FLOORS: dict[int, tuple[str, ...]] = {
     -1: ("validate",),  # argument checks: the one message form, usable by every module, the bottom included
-    0: ("hadamard", "kernel_source", "moved_names", "records", "sanitizer_coverage", "launch_bounds"),  # numbers, kernel text, old names' new homes, files written atomically, what compute-sanitizer found clean, what bounds each launch
+    0: ("hadamard", "kernel_source", "moved_names", "records", "sanitizer_coverage", "launch_bounds", "kernel_versions"),  # numbers, kernel text, old names' new homes, files written atomically, what compute-sanitizer found clean, what bounds each launch, two kernel texts side by side
     1: ("backends", "fold", "model", "metal_emulation"),  # which devices exist; the rotation; real models' configs; Metal source on the CPU
     2: ("weights", "refusals", "cuda_device"),  # matrices that carry a fold; the rules over a config; the GPU's SM count
     3: ("kernel_launch",),  # the kernels' launches for weights

@@ -61,6 +61,16 @@ def bound_of(row: dict[str, Any]) -> str:
     return "unclear"
 
 
+def _stalls_rows(profile: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a ``--stalls`` record's table; ``ValueError`` for anything else."""
+    table = profile.get("table") if isinstance(profile, dict) else None
+    if (not isinstance(profile, dict) or profile.get("bench") != "launch_profile" or not table
+            or not all(isinstance(r, dict) and "scheduler" in r for r in table)):
+        raise ValueError("profile must be a bench.launch_profile record made with --stalls (every row with its "
+                         f"scheduler figures); got {validate.describe(profile)}")
+    return table
+
+
 def bound_table(profile: dict[str, Any]) -> Any:
     """One row a profiled launch (pandas): format, launch, ms, DRAM TB/s read, issue slots,
     FMA and ALU pipes busy (%), warp instructions executed (millions), the top stall reason
@@ -68,13 +78,8 @@ def bound_table(profile: dict[str, Any]) -> Any:
     a record that is not a ``bench.launch_profile --stalls`` record."""
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
-    table = profile.get("table") if isinstance(profile, dict) else None
-    if (not isinstance(profile, dict) or profile.get("bench") != "launch_profile" or not table
-            or not all(isinstance(r, dict) and "scheduler" in r for r in table)):
-        raise ValueError("profile must be a bench.launch_profile record made with --stalls (every row with its "
-                         f"scheduler figures); got {validate.describe(profile)}")
     rows = []
-    for r in table:
+    for r in _stalls_rows(profile):
         sc = r["scheduler"]
         top = sc["top_stalls"][0] if sc.get("top_stalls") else ("-", float("nan"))
         rows.append({"format": r["format"], "launch": _launch_name(r["kernel"]), "ms": r["ms"],
@@ -103,14 +108,11 @@ def bound_change(before: dict[str, Any], after: dict[str, Any]) -> Any:
     Raises ``ValueError`` for records that are not such records or share no launch."""
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
-    bound_table(before)  # refuses what is not a --stalls record
-    new = bound_table(after)
-
     def keyed(profile: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-        return {(r["format"], _launch_name(r["kernel"])): r for r in profile["table"]}
+        return {(r["format"], _launch_name(r["kernel"])): r for r in _stalls_rows(profile)}
 
     rows_before, rows_after = keyed(before), keyed(after)
-    shared = [k for k in zip(new["format"], new["launch"]) if k in rows_before]
+    shared = [k for k in rows_after if k in rows_before]  # in the after record's order
     if not shared:
         raise ValueError(f"the records share no launch: before has {sorted(rows_before)}, after {sorted(rows_after)}")
     rows = []

@@ -1,0 +1,41 @@
+"""Two kernel texts side by side, read from ``python -m bench.kernel_bodies`` records.
+
+``bench.kernel_bodies --old DIR`` prepares each tail twice from the same weights and
+tuning, its kernels composed from an older ``kernels/`` folder ("old") and from the
+repository's ("new"), checks both against the float64 oracle and against each other, then
+times them alternating round by round. :func:`versions_table` puts what a notebook shows
+of that in one table: whether the outputs kept their bits, and the new text's time over
+the old's. It lives here, not in the bench, so notebooks can show it (the bench needs a
+GPU; reading its record does not).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench import validate
+
+
+def versions_table(record: dict[str, Any]) -> Any:
+    """One column a tail case of a ``bench.kernel_bodies`` record (pandas), rows: outputs
+    with the same bits in both texts (``"same/all"``), device ms a tail with each text
+    (medians) and new / old, and one wait new / old. Raises ``ValueError`` for a dict that
+    is not such a record."""
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    cases = record.get("cases") if isinstance(record, dict) else None
+    if (not isinstance(record, dict) or record.get("bench") != "kernel_bodies" or not cases
+            or not all(isinstance(c, dict) and "device_ms_per_tail" in c for c in cases)):
+        raise ValueError(f"record must be a bench.kernel_bodies record with its timed cases; got "
+                         f"{validate.describe(record)}")
+    cols = {}
+    for c in cases:
+        bits, dev, wait = c["check"]["new_vs_old"], c["device_ms_per_tail"], c["one_wait_ms"]
+        cols[c["case"]] = {
+            "same bits": f"{bits['same_bits']}/{bits['elements']}",
+            "device ms, old": dev["old"]["median_ms"],
+            "device ms, new": dev["new"]["median_ms"],
+            "device new / old": dev["new"]["median_ms"] / dev["old"]["median_ms"],
+            "one wait new / old": wait["new"]["median_ms"] / wait["old"]["median_ms"],
+        }
+    return pd.DataFrame(cols)
