@@ -9,7 +9,9 @@ group an SM, shared memory as :func:`one_launch.static_shared_bytes` says and un
 static limit), and every refusal; the launch's Python side with MLX's kernel objects
 replaced (inputs, grid, ordering, the barrier's limit and flag); the bodies at the group
 sizes the benchmark sweeps, emulated, against float64; what the benchmark reads from its
-records and how it chooses a variant.
+records and how it chooses a variant; ``fused_tail(backend="cuda")`` as the one launch (its
+shape per format, rows ordered, the barrier's flag, the three launches where it does not
+fit), with MLX's kernel objects replaced; the kernel text's fingerprint.
 """
 
 from __future__ import annotations
