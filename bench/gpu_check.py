@@ -94,7 +94,7 @@ def _head_case(name: str, hidden: int, nq: int, nk: int, nv: int, block: int | N
         dense = mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(mdt)
         if quant is not None:
             q = QUANT_FORMATS[quant]
-            return WeightMatrix.quantize(dense, mode=q.mode, bits=q.bits, group_size=q.group_size, fold=fold)
+            return WeightMatrix.quantize(dense, **q.as_quantize(), fold=fold)
         m = WeightMatrix(dense)
         return m.fold_hadamard(fold) if fold is not None else m
 
@@ -201,7 +201,7 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
         for dt, qname in (("float32", None), ("bfloat16", None), ("bfloat16", "affine4"), ("bfloat16", "affine8"),
                           ("bfloat16", "mxfp4"), ("bfloat16", "nvfp4")):
             qs = QUANT_FORMATS[qname] if qname else None
-            q = {"mode": qs.mode, "bits": qs.bits, "group_size": qs.group_size} if qs else None
+            q = qs.as_quantize() if qs else None
             w = tail.TailWeights.random(hidden, branch, ffn, seed=seed + 60, fold_block=block, dtype=dt, quantize=q)
             br, res = tail.random_inputs(w, seed=seed + 61)
             label = f"Bonsai-27B {qname or dt}"

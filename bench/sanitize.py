@@ -146,7 +146,7 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
            device_inputs: bool = False, one_launch_nt: int | None = None) -> int:
     """Run every kernel of ``parts`` once per (shape, format); 1 if an output misses its check.
     ``device_inputs``: the tail's arrays and inputs written by GPU kernels (:func:`device_written`);
-    ``one_launch_nt``: the one launch's threads a group (None: ``OneLaunchShape``'s default)."""
+    ``one_launch_nt``: the one launch's threads a group (None: ``one_launch.shape_for``'s, as fused_tail)."""
     parts = parts_to_run(list(PARTS) if parts is None else parts)
     bad = 0
     for sname in shapes:
@@ -178,15 +178,13 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
     w = tail.TailWeights.random(hidden, branch, ffn, seed=7 + i, fold_block=block, dtype=dtype,
                                 quantize=q.as_quantize() if q else None)
     br, res = tail.random_inputs(w, seed=8 + i)
-    prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
+    prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")  # the three launches
+    b_in, r_in = mx.array(br), mx.array(res)
     if device_inputs:
         prep = device_written(prep)
-        b_in, r_in = device_copy(mx.array(br)), device_copy(mx.array(res))
+        b_in, r_in = device_copy(b_in), device_copy(r_in)
         mx.eval(b_in, r_in)
-        out = np.array(prep(b_in, r_in))
-    else:
-        b_in, r_in = br, res
-        out = kernel_launch.run_kernel_tail("cuda", tail.tail_launch(w), br, res)  # the three launches
+    out = np.array(prep(b_in, r_in))
     bad = 0
     if sname == "small":  # the float64 oracle at Bonsai's shape is bench.gpu_check's (minutes of CPU)
         truth = host_tail_exact(w, br, res)
@@ -199,10 +197,10 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
         bad += not finite
         print(f"tail {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
     if one:  # the same tail as ONE launch (its phases between grid barriers), against the three
-        # instrumented groups run many times slower: a barrier's default 4 s limit was
-        # exceeded under initcheck (one_launch.SANITIZER_BARRIER_LIMIT_MS)
         # fused_tail's shape for this format (one_launch.shape_for), unless --one-launch-nt says
         shape = one_launch.shape_for(prep) if one_nt is None else one_launch.OneLaunchShape(nt=one_nt)
+        # instrumented groups run many times slower: a barrier's default 4 s limit was
+        # exceeded under initcheck (one_launch.SANITIZER_BARRIER_LIMIT_MS)
         tail1 = one_launch.OneLaunchTail(prep, shape, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
         if device_inputs:
             tail1.work = device_copy(tail1.work)  # its zeros were written by MLX's own kernel
@@ -234,7 +232,7 @@ def _head_part(sname: str, fmt: str, i: int) -> int:
     for rows in (nq, nk, nv):
         dense = mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(
             mx.float32 if fmt == "float32" else mx.bfloat16)
-        mats.append(WeightMatrix.quantize(dense, mode=q.mode, bits=q.bits, group_size=q.group_size, fold=fold)
+        mats.append(WeightMatrix.quantize(dense, **q.as_quantize(), fold=fold)
                     if q else WeightMatrix(dense).fold_hadamard(fold))
     x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
     got = kernel_launch.head_launch(x, np.ones(hidden, np.float32), 1e-6, *mats, "cuda")

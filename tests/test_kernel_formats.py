@@ -114,12 +114,11 @@ def test_dequantize_exact_matches_mlx_bit_for_bit(name, dtype):
     rng = np.random.default_rng(2)
     w = (rng.standard_normal((17, 256)) * np.exp(rng.uniform(-5, 5, (17, 1)))).astype(np.float32)
     w[3] = 0  # an all-zero row: a zero scale (nvfp4) or a smallest one
-    wm = WeightMatrix.quantize(mx.array(w).astype(dtype), mode=q.mode, bits=q.bits, group_size=q.group_size)
+    wm = WeightMatrix.quantize(mx.array(w).astype(dtype), **q.as_quantize())
     b = wm.launch_parts()[0]
     scales = b.scales if b.scales.dtype == mx.uint8 else b.scales.astype(mx.float32)
     biases = None if b.biases is None else b.biases.astype(mx.float32)
-    ref = np.array(mx.dequantize(b.w, scales, biases, group_size=q.group_size, bits=q.bits, mode=q.mode,
-                                 dtype=mx.float32))
+    ref = np.array(mx.dequantize(b.w, scales, biases, **q.as_quantize(), dtype=mx.float32))
     got = dequantize_exact(wm)
     assert got.dtype == np.float64
     if q.mode == "affine" and dtype == mx.float32:

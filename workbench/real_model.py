@@ -244,7 +244,7 @@ def requantized_wo(w: TailWeights, fmt: str, fold: HadamardFold | None) -> Weigh
     one_of("fmt", fmt, tuple(QUANT_FORMATS))
     spec = QUANT_FORMATS[fmt]
     dense = mx.array(w.wo.linear_map().astype(np.float32))
-    return WeightMatrix.quantize(dense, mode=spec.mode, bits=spec.bits, group_size=spec.group_size, fold=fold)
+    return WeightMatrix.quantize(dense, **spec.as_quantize(), fold=fold)
 
 
 def _fold_for(width: int, block: int, seed: int) -> HadamardFold:

@@ -206,7 +206,7 @@ class HybridWeights:
         if self.quant is None:
             return w
         spec = QUANT_FORMATS[self.quant]
-        base = WeightMatrix.quantize(w, mode=spec.mode, bits=spec.bits, group_size=spec.group_size).launch_parts()[0]
+        base = WeightMatrix.quantize(w, **spec.as_quantize()).launch_parts()[0]
         assert isinstance(base, QuantizedBase)
         return base
 

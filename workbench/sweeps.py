@@ -126,7 +126,7 @@ def _store(c: CaseArrays, dtype: str, fold: Any, spec: QuantSpec | None,
         return _Stored(np64, tuple(mats), False)  # type: ignore[arg-type]
     graph, np64 = [], []
     for m in mats:
-        parts = mx.quantize(m, group_size=spec.group_size, bits=spec.bits, mode=spec.mode)
+        parts = mx.quantize(m, **spec.as_quantize())
         wq, scales = parts[0], parts[1]
         biases = parts[2] if len(parts) > 2 else None
         _, o, i = m.shape

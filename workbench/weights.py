@@ -220,7 +220,7 @@ class WeightMatrix:
             raise ValueError(
                 f"group_size: must divide the input dimension ({in_dim}) to quantize, got {spec.group_size}"
             )
-        parts = mx.quantize(base, group_size=spec.group_size, bits=spec.bits, mode=spec.mode)
+        parts = mx.quantize(base, **spec.as_quantize())
         wq, scales = parts[0], parts[1]
         biases = parts[2] if len(parts) > 2 else None
         mx.eval(wq, scales, *([biases] if biases is not None else []))
@@ -417,7 +417,7 @@ def quantization_study(
     rows = {}
     for label, fmt in formats:
         q = QUANT_FORMATS[fmt]
-        rows[label] = {name: quantization_error(w, mode=q.mode, bits=q.bits, group_size=q.group_size, fold=f)
+        rows[label] = {name: quantization_error(w, **q.as_quantize(), fold=f)
                        for name, f in folds.items()}
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = "format"
