@@ -255,6 +255,13 @@ struct SBRow {
   const DEV T* b;
   KFN float scale(int g) const { return sb_float<SFMT>(sb_bits(s[g])); }
   KFN float bias(int g) const { return sb_float<SFMT>(sb_bits(b[g])); }
+  // The view from group g on: a unit's words then read their scales at constant offsets.
+  KFN SBRow from(int g) const {
+    SBRow r;
+    r.s = s + g;
+    r.b = b + g;
+    return r;
+  }
 };
 
 // NR weight rows that one lane walks side by side (gate_up reads row r of gate AND of up
@@ -324,9 +331,10 @@ struct RowSums {
 template <typename F>
 KFN uint4 load_unit(const DEV uint4* wr, int u) {
   if (F::FMT >= WF_Q4 && F::QI) {
-    const DEV u32* w32 = (const DEV u32*)wr;
-    return UINT4(LOAD_STREAM(w32 + Q_WORD(true, u, 0)), LOAD_STREAM(w32 + Q_WORD(true, u, 1)),
-                 LOAD_STREAM(w32 + Q_WORD(true, u, 2)), LOAD_STREAM(w32 + Q_WORD(true, u, 3)));
+    // Word 0's address once, the others 32 words on from it: four loads at constant
+    // offsets from one pointer (LOAD_STREAM_AT says why not LOAD_STREAM(p + 32 k)).
+    const DEV u32* p = (const DEV u32*)wr + Q_WORD(true, u, 0);
+    return UINT4(LOAD_STREAM_AT(p, 0), LOAD_STREAM_AT(p, 32), LOAD_STREAM_AT(p, 64), LOAD_STREAM_AT(p, 96));
   }
   return LOAD_STREAM(wr + u);
 }
@@ -350,34 +358,55 @@ KFN void load_batch(THR WBatch<NR, U, EARLY>& batch, WRows<F, NR> rows, int u0) 
   batch.loaded = true;
 }
 
-// One 4-bit word (8 codes, elements 8 wi ..) into acc: scale * (q . x) + bias * sum(x).
-template <int SFMT, int GS, typename XP>
-KFN float q4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
+// The scale groups of a unit's words. Word k of unit u is word Q_WORD(QI, u, 0) + k
+// Q_WORD_STEP(QI), and its group is word 0's plus group_step<F>(k), a constant: in an
+// interleaved row 32 k words (WORD_ELEMS * 32 k weights) on, a whole number of groups
+// (GS a power of two up to 128); in a contiguous one k words on, the same group while a
+// unit lies within one (GS >= UE), else (nvfp4: GS 16, two groups a unit) k / 2 on. So a
+// unit finds its first group once (unsigned: a shift, where a signed division by GS cost
+// three instructions and hid the constant offsets) and reads every word's scale and bias
+// at a constant offset from it.
+#define Q_WORD_STEP(QI) ((QI) ? 32 : 1)
+#define WORD_ELEMS(FMT) ((FMT) == WF_Q8 ? 4 : 8)
+
+template <typename F>
+KFN int first_group(int w0) {
+  static_assert((F::GS & (F::GS - 1)) == 0 && F::GS >= 8 && F::GS <= 128,
+                "group_step needs a power-of-two group size, 8 to 128 weights");
+  return (int)(((u32)w0 * (u32)WORD_ELEMS(F::FMT)) / (u32)F::GS);
+}
+
+template <typename F>
+KFN int group_step(int k) {
+  return F::QI ? (WORD_ELEMS(F::FMT) * 32 * k) / F::GS : (F::GS >= F::UE ? 0 : (WORD_ELEMS(F::FMT) * k) / F::GS);
+}
+
+// One 4-bit word (8 codes, elements 8 wi ..) into acc: scale * (q . x) + bias * sum(x),
+// the scale and bias of group g of sb.
+template <int SFMT, typename XP>
+KFN float q4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb, int g) {
   const float4 xa = x4[2 * wi], xb = x4[2 * wi + 1];
   const float sx = sum8(xa, xb);
   const float d = dot_q4x8(v, xa, xb, 0.0f);  // sum q x
-  const int g = (8 * wi) / GS;
   return FMAF(sb.scale(g), d, FMAF(sb.bias(g), sx, acc));
 }
 
 // One 8-bit word (4 codes, elements 4 wi ..) into acc: scale * (q . x) + bias * sum(x).
-template <int SFMT, int GS, typename XP>
-KFN float q8_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
+template <int SFMT, typename XP>
+KFN float q8_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb, int g) {
   const float4 xa = x4[wi];
   const float sx = (xa.x + xa.y) + (xa.z + xa.w);
   const float d = dot_q8x4(v, xa, 0.0f);  // sum (q/256) x
-  const int g = (4 * wi) / GS;
   return FMAF(256.0f * sb.scale(g), d, FMAF(sb.bias(g), sx, acc));
 }
 
 // One E2M1 word (8 codes, elements 8 wi ..) into acc: scale * (e2m1 . x) =
 // (scale / 2) * ((2 e2m1) . x), dot_fp4x8's sum. (No sum of x: fp4 has no bias.)
-template <int SFMT, int GS, typename XP>
-KFN float fp4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb) {
+template <int SFMT, typename XP>
+KFN float fp4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb, int g) {
   const float4 xa = x4[2 * wi], xb = x4[2 * wi + 1];
   const float d = dot_fp4x8(v, xa, xb, 0.0f);
-  const float s = sb.scale((8 * wi) / GS);
-  return FMAF(0.5f * s, d, acc);
+  return FMAF(0.5f * sb.scale(g), d, acc);
 }
 
 // acc + (unit u of a row, its 16 bytes already loaded into w) . x, where x4 indexes x as
@@ -391,22 +420,25 @@ KFN float unit_dot(uint4 w, XP x4, int u, float acc, SBRow<F::SFMT> sb) {
   if (F::FMT == WF_F32) {
     return dot_f32x4(w, x4[u], acc);
   }
+  const int w0 = Q_WORD(F::QI, u, 0);
+  const int ws = Q_WORD_STEP(F::QI);
+  const SBRow<F::SFMT> at = sb.from(first_group<F>(w0));
   if (F::FMT == WF_Q8) {
-    acc = q8_word_dot<F::SFMT, F::GS>(w.x, x4, Q_WORD(F::QI, u, 0), acc, sb);
-    acc = q8_word_dot<F::SFMT, F::GS>(w.y, x4, Q_WORD(F::QI, u, 1), acc, sb);
-    acc = q8_word_dot<F::SFMT, F::GS>(w.z, x4, Q_WORD(F::QI, u, 2), acc, sb);
-    return q8_word_dot<F::SFMT, F::GS>(w.w, x4, Q_WORD(F::QI, u, 3), acc, sb);
+    acc = q8_word_dot(w.x, x4, w0, acc, at, group_step<F>(0));
+    acc = q8_word_dot(w.y, x4, w0 + ws, acc, at, group_step<F>(1));
+    acc = q8_word_dot(w.z, x4, w0 + 2 * ws, acc, at, group_step<F>(2));
+    return q8_word_dot(w.w, x4, w0 + 3 * ws, acc, at, group_step<F>(3));
   }
   if (F::FMT == WF_FP4) {
-    acc = fp4_word_dot<F::SFMT, F::GS>(w.x, x4, Q_WORD(F::QI, u, 0), acc, sb);
-    acc = fp4_word_dot<F::SFMT, F::GS>(w.y, x4, Q_WORD(F::QI, u, 1), acc, sb);
-    acc = fp4_word_dot<F::SFMT, F::GS>(w.z, x4, Q_WORD(F::QI, u, 2), acc, sb);
-    return fp4_word_dot<F::SFMT, F::GS>(w.w, x4, Q_WORD(F::QI, u, 3), acc, sb);
+    acc = fp4_word_dot(w.x, x4, w0, acc, at, group_step<F>(0));
+    acc = fp4_word_dot(w.y, x4, w0 + ws, acc, at, group_step<F>(1));
+    acc = fp4_word_dot(w.z, x4, w0 + 2 * ws, acc, at, group_step<F>(2));
+    return fp4_word_dot(w.w, x4, w0 + 3 * ws, acc, at, group_step<F>(3));
   }
-  acc = q4_word_dot<F::SFMT, F::GS>(w.x, x4, Q_WORD(F::QI, u, 0), acc, sb);
-  acc = q4_word_dot<F::SFMT, F::GS>(w.y, x4, Q_WORD(F::QI, u, 1), acc, sb);
-  acc = q4_word_dot<F::SFMT, F::GS>(w.z, x4, Q_WORD(F::QI, u, 2), acc, sb);
-  acc = q4_word_dot<F::SFMT, F::GS>(w.w, x4, Q_WORD(F::QI, u, 3), acc, sb);
+  acc = q4_word_dot(w.x, x4, w0, acc, at, group_step<F>(0));
+  acc = q4_word_dot(w.y, x4, w0 + ws, acc, at, group_step<F>(1));
+  acc = q4_word_dot(w.z, x4, w0 + 2 * ws, acc, at, group_step<F>(2));
+  acc = q4_word_dot(w.w, x4, w0 + 3 * ws, acc, at, group_step<F>(3));
   return acc;
 }
 

@@ -38,6 +38,18 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned char u8;
 
+// p[K] for a u32 pointer p and a constant K, streamed as LOAD_STREAM, with K in the
+// instruction ([p + 4K]). Through LOAD_STREAM(p + K), the compiler's loop strength
+// reduction gave each of a quantized unit's four loads a 64-bit pointer of its own, then
+// rebuilt those pointers every batch (kernels/README.md, "Address arithmetic").
+template <int K>
+KFN u32 load_stream_at(const u32* p) {
+  u32 v;
+  asm("ld.global.cs.u32 %0, [%1+%2];" : "=r"(v) : "l"(p), "n"(4 * K));
+  return v;
+}
+#define LOAD_STREAM_AT(p, K) load_stream_at<K>(p)
+
 // Byte n of the result is byte (s >> 4n) & 7 of the pair (x, y), y's bytes numbered 4-7
 // (the selectors passed never set a nibble's top bit): one PRMT instruction.
 KFN u32 byte_perm(u32 x, u32 y, u32 s) { return __byte_perm(x, y, s); }

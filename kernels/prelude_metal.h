@@ -49,6 +49,11 @@ KFN u32 byte_perm(u32 x, u32 y, u32 s) {
   return r;
 }
 
+// p[K], K a constant (CUDA's twin puts K into its load instruction).
+template <int K>
+KFN u32 load_stream_at(const DEV u32* p) { return p[K]; }
+#define LOAD_STREAM_AT(p, K) load_stream_at<K>(p)
+
 // (v & m) | e (CUDA's twin is one LOP3 instruction).
 KFN u32 and_or(u32 v, u32 m, u32 e) { return (v & m) | e; }
 
