@@ -149,7 +149,7 @@ def _check(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, orac
     three = np.array(prep(mx.array(br), mx.array(res)))
     entry: dict[str, Any] = {
         "case": name, "shape": list(w.shape), "format": w.wo.dtype if w.wo.quantization is None else
-        str(w.wo.quantization), "groups": one.groups, "nt": one.shape.nt,
+        str(w.wo.quantization), "groups": one.groups, "nt": one.shape.nt, "row_units": one.shape.row_units,
         "vs_three_launches_worst_scaled": worst_scaled_error(got, three),
         "bits_equal_three_launches": int(np.sum(got.view(np.uint32) == three.view(np.uint32))),
         "outputs": int(got.size), "deterministic": bool(np.array_equal(got.view(np.uint32), again.view(np.uint32))),
@@ -269,7 +269,7 @@ def time_case(label: str, w: tail.TailWeights, tuning: kernel_launch.KernelTunin
         "one_launch_compiled_over_three_compiled": med["one_launch_compiled"] / med["three_launches_compiled"],
         "device_one_over_three": device["one_launch"] / device["three_launches"],
         "device_over_floor": {k: v / floor for k, v in device.items()},
-        "groups": one.groups, "nt": one.shape.nt,
+        "groups": one.groups, "nt": one.shape.nt, "row_units": one.shape.row_units,
     }
     if peer is not None:
         entry["one_launch_compiled_over_torch_graph"] = med["one_launch_compiled"] / med["torch_cuda_graph"]

@@ -91,6 +91,8 @@ def test_the_launch_template_is_each_launchs_own_with_downs_rows_from_the_shape(
     (dict(down_rows=3), "down_rows: must be 1, 2, 4 or 8"),
     (dict(groups_per_sm=0), "groups_per_sm"),
     (dict(sm_count=0), "sm_count"),
+    (dict(row_units=0), "row_units"),
+    (dict(row_units=65), "row_units"),
 ])
 def test_bad_shapes_are_refused_by_name(kw, says):
     with pytest.raises(ValueError, match=re.escape(says)):
@@ -210,11 +212,12 @@ def test_record_tables_refuses_what_is_not_its_record(bad):
 
 
 @pytest.mark.skipif(not backends.clang_available(), reason="clang++ is not installed here (the Metal emulator)")
-@pytest.mark.parametrize("nt, fmt, u", [(768, None, 4), (640, "nvfp4", 8), (640, "affine4", 8)])
+@pytest.mark.parametrize("nt, fmt, u", [(768, None, 4), (640, "nvfp4", 8), (640, "affine4", 8), (640, "mxfp4", 8)])
 def test_the_bodies_at_the_group_sizes_the_one_launch_sweeps_match_float64(nt, fmt, u):
     """bench.one_launch tries 640 and 768 threads a group (not powers of two), the
-    quantized formats with more units in flight: the three bodies at those sizes, run by
-    the Metal emulator, against the float64 oracle."""
+    quantized formats with more units in flight (640 threads and u 8 is the shape
+    fused_tail(backend="cuda") runs every 4-bit format in, one_launch.shape_for): the
+    three bodies at those sizes, run by the Metal emulator, against the float64 oracle."""
     from workbench.comparison import compare
     from workbench.exact_oracle import host_tail_exact
     from workbench.weights import QUANT_FORMATS
@@ -450,7 +453,7 @@ def _fake_cuda(monkeypatch, launch_kernel) -> None:
 @pytest.mark.parametrize("fmt,nt", [(None, one_launch.DEFAULT_NT), ("affine4", one_launch.FOUR_BIT_NT),
                                     ("affine8", one_launch.DEFAULT_NT), ("mxfp4", one_launch.FOUR_BIT_NT),
                                     ("nvfp4", one_launch.FOUR_BIT_NT)])
-def test_the_cuda_path_runs_4bit_tails_in_640_thread_groups(monkeypatch, fmt, nt):
+def test_the_cuda_path_runs_4bit_tails_in_640_thread_groups_two_units_a_lane(monkeypatch, fmt, nt):
     from workbench.weights import QUANT_FORMATS
 
     monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
@@ -460,6 +463,15 @@ def test_the_cuda_path_runs_4bit_tails_in_640_thread_groups(monkeypatch, fmt, nt
     shape = one_launch.shape_for(prep)
     assert (shape.nt, shape.groups_per_sm) == (nt, 1)  # one group an SM: always resident
     assert one_launch.fits(prep, shape)
+    # 4-bit: wo and gate_up load FOUR_BIT_ROW_UNITS (two 4-bit units) a batch; the rest
+    # keep the tuning's (and down always does)
+    phases = one_launch._phase_templates(prep, shape)
+    tuned = {k: dict(v) for k, v in prep.templates().items()}
+    four_bit = fmt in ("affine4", "mxfp4", "nvfp4")
+    assert shape.row_units == (one_launch.FOUR_BIT_ROW_UNITS if four_bit else None)
+    for k in ("wo_residual", "ffn_gate_up"):
+        assert phases[k]["U"] == (2 if four_bit else tuned[k]["U"])
+    assert phases["ffn_down"]["U"] == max(1, kernel_launch._units(prep.down.fmt, prep.tuning.u_down) // shape.down_rows)
 
 
 def test_fused_tail_on_cuda_is_the_one_launch_each_row_ordered_after_the_last(monkeypatch):

@@ -69,6 +69,15 @@ DEFAULT_NT = 512
 #: Still one group an SM, so still always resident (the module's doc).
 FOUR_BIT_NT = 640
 
+#: 16-byte units a lane of wo and gate_up loads before using any, in ``KernelTuning``'s
+#: terms (``u_wo`` / ``u_gate_up``: 8 is two 4-bit units), where the tail's weights are
+#: 4-bit, in :func:`shape_for`'s shape. The 4-bit row dots wait on their loads' latency
+#: more than on bytes (kernels/README.md, "Address arithmetic"); once a unit's addresses
+#: cost fewer registers, two units in flight fit. Measured on the H200 (sweep
+#: ``one_launch-…163500Z``, 640 threads a group): affine4 0.137 against 0.150 ms a tail,
+#: mxfp4 and nvfp4 1% better.
+FOUR_BIT_ROW_UNITS = 8
+
 #: How long a grid barrier waits before it gives up (ms), by default: no barrier of an
 #: uninstrumented launch legitimately waits this long (a phase takes well under a
 #: millisecond at Bonsai-27B's size). Instrumented launches are another matter: under
@@ -110,12 +119,15 @@ class OneLaunchShape:
     """Group size and grid of the one launch: ``nt`` threads a group, ``groups_per_sm``
     groups an SM (1 is always resident; see the module's doc), ``down_rows`` rows of
     down a group at a time (its reads of act shared by them), ``sm_count`` (None: the
-    driver's)."""
+    driver's), ``row_units`` the 16-byte units a lane of wo and gate_up loads before
+    using any, as ``KernelTuning.u_wo`` / ``u_gate_up`` count them (None: the prepared
+    tail's tuning)."""
 
     nt: int = DEFAULT_NT
     groups_per_sm: int = 1
     down_rows: int = 4
     sm_count: int | None = None
+    row_units: int | None = None
 
     def __post_init__(self) -> None:
         nt = validate.integer("nt", self.nt, minimum=32, maximum=kernel_launch.MAX_GROUP_THREADS)
@@ -127,12 +139,17 @@ class OneLaunchShape:
             raise ValueError(f"down_rows: must be 1, 2, 4 or 8 (rows of down a group takes at a time); got {rows}")
         if self.sm_count is not None:
             validate.integer("sm_count", self.sm_count, minimum=1)
+        if self.row_units is not None:
+            validate.integer("row_units", self.row_units, minimum=1, maximum=kernel_launch.MAX_UNITS)
 
 
 def _phase_templates(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> dict[str, dict[str, Any]]:
     """Each phase's template values as its own launch would take them (``prep.templates()``),
     with the one launch's group size (NT) and down's rows a group from ``shape``."""
     phases = {k: dict(v, NT=shape.nt) for k, v in prep.templates().items()}
+    if shape.row_units is not None:
+        phases["wo_residual"]["U"] = kernel_launch._units(prep.wo.fmt, shape.row_units)
+        phases["ffn_gate_up"]["U"] = kernel_launch._units(prep.gate.fmt, shape.row_units)
     # down's units in flight a thread, u_down, shared by its DR rows (as PreparedTail.templates)
     phases["ffn_down"].update(DR=shape.down_rows,
                               U=max(1, kernel_launch._units(prep.down.fmt, prep.tuning.u_down) // shape.down_rows))
@@ -294,11 +311,14 @@ class OneLaunchTail:
 
 def shape_for(prep: kernel_launch.PreparedTail) -> OneLaunchShape:
     """The shape ``fused_tail(backend="cuda")`` runs a prepared tail's one launch in: one
-    group an SM (always resident), :data:`FOUR_BIT_NT` threads a group when any of its
-    matrices is 4-bit, else :data:`DEFAULT_NT`."""
+    group an SM (always resident); when any of its matrices is 4-bit, :data:`FOUR_BIT_NT`
+    threads a group and :data:`FOUR_BIT_ROW_UNITS` units in flight a lane of wo and
+    gate_up, else :data:`DEFAULT_NT` threads and the prepared tail's tuning."""
     four_bit = any(m.fmt in (kernel_source.WF_Q4, kernel_source.WF_FP4)
                    for m in (prep.wo, prep.gate, prep.up, prep.down))
-    return OneLaunchShape(nt=FOUR_BIT_NT if four_bit else DEFAULT_NT)
+    if four_bit:
+        return OneLaunchShape(nt=FOUR_BIT_NT, row_units=FOUR_BIT_ROW_UNITS)
+    return OneLaunchShape(nt=DEFAULT_NT)
 
 
 def fits(prep: kernel_launch.PreparedTail, shape: OneLaunchShape | None = None) -> bool:
