@@ -98,43 +98,44 @@ KFN float dot_q8x4(u32 v, float4 a, float acc) {
 }
 
 // E2M1 codes (sign, 2 exponent bits, 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and
-// their negatives), four at a time, by table: byte n of the result is b = 12 + 2 e2m1(code
-// n), in [0, 24] (a whole number: the value in halves, moved off zero so that the sign
-// needs no per-weight test). Two 8-entry byte tables (codes 0-7 and 8-15) looked up with
-// the code's low three bits, then the sign bit picks between them: three byte_perms for
-// four codes. Each byte then becomes a float as dot_q4x8's codes do: placed as it lies
-// into the mantissa of 2^(23 - 8n) (b < 32, so byte 2's bits stay clear of the exponent;
-// byte 3 is moved down first), the float 2^(23 - 8n) + b, exactly; subtracting
-// 2^(23 - 8n) + 12 leaves b - 12 = 2 e2m1, exactly, before each FMA (dot_q4x8 says why).
-#define FP4_POS_LO 0x0F0E0D0Cu  // codes 0-3 (0, 0.5, 1, 1.5): 12 13 14 15
-#define FP4_POS_HI 0x18141210u  // codes 4-7 (2, 3, 4, 6): 16 18 20 24
-#define FP4_NEG_LO 0x090A0B0Cu  // codes 8-11 (-0, -0.5, -1, -1.5): 12 11 10 9
-#define FP4_NEG_HI 0x00040608u  // codes 12-15 (-2, -3, -4, -6): 8 6 4 0
+// their negatives), two at a time as the IEEE halves of one word: codes n and n + 4 of v
+// (nibbles n and n + 4, n < 4) with their three magnitude bits (e1 e0 m) moved to bits
+// 9-11 of each half and their sign to bit 15. Such a half is e2m1 * 2^-14 exactly (e > 0:
+// 2^(e - 15) (1 + m/2); e = 0: the subnormal m 2^-15 = (m/2) 2^-14), and converts to a
+// float exactly (half_lo / half_hi). Subnormal halves survive that conversion on both
+// GPUs: MLX's own Metal kernels read E2M1 and E4M3 through them the same way
+// (mlx/backend/metal/kernels/fp4.h, fp8.h), and the CUDA prelude's conversion is an
+// explicit cvt without flush-to-zero.
+// Per pair: a shift for the magnitudes, one for the signs (none for n = 3) and two LOP3s,
+// where the byte table this replaced (three byte_perms for four codes, their selectors
+// and tables in registers, then a mask-and-or and a subtract a code) cost the ALU pipe,
+// which bounds the fp4 launches (kernels/README.md), about twice as much. The FMAs now
+// take values 2^-15 times the table's 2 e2m1: a power of two, so every partial sum is
+// that factor times the old one, exactly, and FP4_UNSCALE (2^14, with the old 1/2) puts
+// it back: the same bits.
+#define FP4_MAG2 0x0E000E00u   // bits 9-11 of each half
+#define FP4_SIGN2 0x80008000u  // bit 15 of each half
+#define FP4_UNSCALE 16384.0f   // 2^14: dot_fp4x8's sums times this are sum e2m1 x
 
-// The biased bytes b of the four codes in c's low 16 bits (code n in nibble n).
-KFN u32 fp4_bytes(u32 c) {
-  const u32 idx = c & 0x7777u;
-  const u32 pos = byte_perm(FP4_POS_LO, FP4_POS_HI, idx);
-  const u32 neg = byte_perm(FP4_NEG_LO, FP4_NEG_HI, idx);
-  return byte_perm(pos, neg, 0x3210u | ((c >> 1) & 0x4444u));  // nibble n: byte n, + 4 if negative
+// Codes N and N + 4 of v as a half pair (N a constant, 0-3).
+template <int N>
+KFN u32 fp4_pair(u32 v) {
+  const u32 mag = N < 3 ? v << (9 - 4 * N) : v >> 3;  // bit 4N -> 9 (and 4N + 16 -> 25)
+  const u32 sgn = v << (12 - 4 * N);                  // bit 4N + 3 -> 15 (and 31)
+  return and_or(mag, FP4_MAG2, sgn & FP4_SIGN2);
 }
 
-#define FP4_EXP(n) ((150u - 8u * (n)) << 23)  // the bits of 2^(23 - 8n)
-// 2 e2m1 of byte n of y (n <= 2), exactly.
-#define FP4_CODE(y, n) (BITS_F32(and_or((y), 0xFFu << (8 * (n)), FP4_EXP(n))) - (BITS_F32(FP4_EXP(n)) + 12.0f))
-
-// acc + sum over the 8 codes of v of 2 e2m1 * x, x = (a, b) in element order.
+// acc + sum over the 8 codes of v of (e2m1 2^-14) * x, x = (a, b) in element order.
 KFN float dot_fp4x8(u32 v, float4 a, float4 b, float acc) {
-  const u32 lo = fp4_bytes(v);        // elements 0-3
-  const u32 hi = fp4_bytes(v >> 16);  // elements 4-7
-  acc = FMAF(FP4_CODE(lo, 0), a.x, acc);
-  acc = FMAF(FP4_CODE(lo, 1), a.y, acc);
-  acc = FMAF(FP4_CODE(lo, 2), a.z, acc);
-  acc = FMAF(FP4_CODE(lo >> 8, 2), a.w, acc);
-  acc = FMAF(FP4_CODE(hi, 0), b.x, acc);
-  acc = FMAF(FP4_CODE(hi, 1), b.y, acc);
-  acc = FMAF(FP4_CODE(hi, 2), b.z, acc);
-  acc = FMAF(FP4_CODE(hi >> 8, 2), b.w, acc);
+  const u32 p0 = fp4_pair<0>(v), p1 = fp4_pair<1>(v), p2 = fp4_pair<2>(v), p3 = fp4_pair<3>(v);
+  acc = FMAF(half_lo(p0), a.x, acc);
+  acc = FMAF(half_lo(p1), a.y, acc);
+  acc = FMAF(half_lo(p2), a.z, acc);
+  acc = FMAF(half_lo(p3), a.w, acc);
+  acc = FMAF(half_hi(p0), b.x, acc);
+  acc = FMAF(half_hi(p1), b.y, acc);
+  acc = FMAF(half_hi(p2), b.z, acc);
+  acc = FMAF(half_hi(p3), b.w, acc);
   return acc;
 }
 
@@ -142,12 +143,11 @@ KFN float dot_fp4x8(u32 v, float4 a, float4 b, float acc) {
 KFN float e8m0_float(u32 s) { return s ? BITS_F32(s << 23) : BITS_F32(0x00400000u); }
 
 // E4M3 (nvfp4's scale): sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is
-// subnormal (m / 8 * 2^-6), computed as m * 2^-9 rather than as a float32 subnormal.
+// subnormal (m / 8 * 2^-6). Its seven low bits moved to bits 7-13 of a half and its sign
+// to bit 15 make the half e4m3 * 2^-8 exactly, subnormals included (as fp4_pair's codes);
+// times 256 after the exact conversion. (0x7F, E4M3's NaN, comes out 480, as before.)
 KFN float e4m3_float(u32 v) {
-  const u32 e = (v >> 3) & 15u;
-  const u32 m = v & 7u;
-  const float mag = e ? BITS_F32(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
-  return (v & 0x80u) ? -mag : mag;
+  return half_lo(and_or(v << 7, 0x3F80u, (v << 8) & 0x8000u)) * 256.0f;
 }
 
 // Weight elements per unit (16 bytes).
@@ -400,13 +400,13 @@ KFN float q8_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb, int g) {
   return FMAF(256.0f * sb.scale(g), d, FMAF(sb.bias(g), sx, acc));
 }
 
-// One E2M1 word (8 codes, elements 8 wi ..) into acc: scale * (e2m1 . x) =
-// (scale / 2) * ((2 e2m1) . x), dot_fp4x8's sum. (No sum of x: fp4 has no bias.)
+// One E2M1 word (8 codes, elements 8 wi ..) into acc: scale * (e2m1 . x), from
+// dot_fp4x8's sum times FP4_UNSCALE (exact). (No sum of x: fp4 has no bias.)
 template <int SFMT, typename XP>
 KFN float fp4_word_dot(u32 v, XP x4, int wi, float acc, SBRow<SFMT> sb, int g) {
   const float4 xa = x4[2 * wi], xb = x4[2 * wi + 1];
   const float d = dot_fp4x8(v, xa, xb, 0.0f);
-  return FMAF(0.5f * sb.scale(g), d, acc);
+  return FMAF(sb.scale(g), d * FP4_UNSCALE, acc);
 }
 
 // acc + (unit u of a row, its 16 bytes already loaded into w) . x, where x4 indexes x as
@@ -537,7 +537,7 @@ struct XUnit {
 // acc + (unit u of a quantized row, its 16 bytes in w) . x, x the unit's XUnit: each
 // word's code dot on its own (four independent chains), then per sum block the scale
 // decoded once: affine k s t + bias sum x (t = sum q x and k = 1 for 4-bit, t = sum
-// (q/256) x and k = 256 for 8-bit), fp4 (s / 2) t (t = sum (2 e2m1) x).
+// (q/256) x and k = 256 for 8-bit), fp4 s (FP4_UNSCALE t) (t = sum (e2m1 2^-14) x).
 template <typename F>
 KFN float tiled_unit_dot(uint4 w, XUnit xu, int u, float acc, SBRow<F::SFMT> sb) {
   float d[4];
@@ -569,7 +569,7 @@ KFN float tiled_unit_dot(uint4 w, XUnit xu, int u, float acc, SBRow<F::SFMT> sb)
     const float s = sb.scale(g);
     const float sx = xu.s[b];
     if (F::FMT == WF_FP4) {
-      acc = FMAF(0.5f * s, t[b], acc);
+      acc = FMAF(s, t[b] * FP4_UNSCALE, acc);
     } else {
       const float k = F::FMT == WF_Q8 ? 256.0f : 1.0f;
       acc = FMAF(k * s, t[b], FMAF(sb.bias(g), sx, acc));

@@ -50,16 +50,25 @@ KFN u32 load_stream_at(const u32* p) {
 }
 #define LOAD_STREAM_AT(p, K) load_stream_at<K>(p)
 
-// Byte n of the result is byte (s >> 4n) & 7 of the pair (x, y), y's bytes numbered 4-7
-// (the selectors passed never set a nibble's top bit): one PRMT instruction.
-KFN u32 byte_perm(u32 x, u32 y, u32 s) { return __byte_perm(x, y, s); }
-
 // (v & m) | e in one LOP3. Written as C, nvcc spends two (one an immediate each: a LOP3
 // takes one), so e goes in as a register operand.
 KFN u32 and_or(u32 v, u32 m, u32 e) {
   u32 r;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(v), "r"(m), "r"(e));
   return r;
+}
+
+// The IEEE halves in v's low and high 16 bits, as floats (exact: one HADD2.F32 each, on
+// the FMA pipe, where the 4-bit codes' other work is on the ALU pipe).
+KFN float half_lo(u32 v) {
+  float f;
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l; }" : "=f"(f) : "r"(v));
+  return f;
+}
+KFN float half_hi(u32 v) {
+  float f;
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "r"(v));
+  return f;
 }
 
 // The sum of v over the 32 lanes of a warp, in every lane.

@@ -38,21 +38,14 @@ typedef uint u32;
 typedef ushort u16;
 typedef uchar u8;
 
-// Byte n of the result is byte (s >> 4n) & 7 of the pair (x, y), y's bytes numbered 4-7:
-// CUDA's __byte_perm (one instruction there), spelled out (Metal has no byte permute).
-KFN u32 byte_perm(u32 x, u32 y, u32 s) {
-  const ulong v = ((ulong)y << 32) | (ulong)x;
-  u32 r = 0;
-  for (int n = 0; n < 4; ++n) {
-    r |= (u32)((v >> (8 * ((s >> (4 * n)) & 7u))) & 0xFFu) << (8 * n);
-  }
-  return r;
-}
-
 // p[K], K a constant (CUDA's twin puts K into its load instruction).
 template <int K>
 KFN u32 load_stream_at(const DEV u32* p) { return p[K]; }
 #define LOAD_STREAM_AT(p, K) load_stream_at<K>(p)
+
+// The IEEE halves in v's low and high 16 bits, as floats (exact).
+KFN float half_lo(u32 v) { return float(as_type<half2>(v).x); }
+KFN float half_hi(u32 v) { return float(as_type<half2>(v).y); }
 
 // (v & m) | e (CUDA's twin is one LOP3 instruction).
 KFN u32 and_or(u32 v, u32 m, u32 e) { return (v & m) | e; }

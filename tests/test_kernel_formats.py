@@ -21,16 +21,6 @@ def _as_f32(u: np.ndarray) -> np.ndarray:
     return np.asarray(u, dtype=np.uint32).view(np.float32).astype(np.float64)
 
 
-def _byte_perm(x: int, y: int, s: np.ndarray) -> np.ndarray:
-    """CUDA's __byte_perm (and the Metal prelude's byte_perm): byte n = byte (s >> 4n) & 7 of (x, y)."""
-    pair = np.uint64(x) | (np.uint64(y) << np.uint64(32))
-    out = np.zeros_like(s, dtype=np.uint64)
-    for n in range(4):
-        k = (s.astype(np.uint64) >> np.uint64(4 * n)) & np.uint64(7)
-        out |= ((pair >> (np.uint64(8) * k)) & np.uint64(0xFF)) << np.uint64(8 * n)
-    return out.astype(np.uint32)
-
-
 def _placed(bits: np.ndarray, mask: int, n_exp: int) -> np.ndarray:
     """common.h's placement, replayed: ``and_or(bits, mask, e)`` with e the float32 2^(23 -
     n_exp) as a float, minus 2^(23 - n_exp), in float32 (the subtract the kernels make)."""
@@ -39,34 +29,30 @@ def _placed(bits: np.ndarray, mask: int, n_exp: int) -> np.ndarray:
     return (f - e.view(np.float32)).astype(np.float32)
 
 
-def test_fp4_bytes_and_their_floats_decode_every_e2m1_code():
-    """common.h's fp4_bytes + dot_fp4x8's placement: every code in every nibble -> a byte
-    b = 12 + 2 e2m1, placed into 2^(23 - 8n) by one mask-and-or; minus 2^(23 - 8n) + 12 =
-    2 e2m1(code), exactly in float32 (the subtraction dot_fp4x8 makes before each FMA)."""
-    pos_lo, pos_hi, neg_lo, neg_hi = 0x0F0E0D0C, 0x18141210, 0x090A0B0C, 0x00040608
+def _halves(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """half_lo / half_hi, replayed: the IEEE halves in each word's low and high 16 bits."""
+    h = np.asarray(pairs, dtype=np.uint32).view(np.uint16).reshape(-1, 2).view(np.float16).astype(np.float64)
+    return h[:, 0], h[:, 1]  # little-endian: the low half first
+
+
+def test_fp4_pairs_decode_every_e2m1_code_as_a_half():
+    """common.h's fp4_pair, replayed: codes n and n + 4 of a word (every code in every
+    nibble), their magnitude bits moved to bits 9-11 of each half and their signs to bit
+    15, are the halves e2m1 * 2^-14, exactly; times FP4_UNSCALE (2^14) and 1/2 they are
+    the 2 e2m1 the byte tables gave before (so dot_fp4x8's sums are that power of two
+    times the old ones)."""
     rng = np.random.default_rng(0)
     v = np.concatenate([rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32),
                         np.array([0x11111111 * c for c in range(16)], dtype=np.uint32)])
     codes = np.stack([(v >> np.uint32(4 * i)) & np.uint32(15) for i in range(8)], 1)
-
-    def fp4_bytes(c: np.ndarray) -> np.ndarray:
-        idx = c & np.uint32(0x7777)
-        pos, neg = _byte_perm(pos_lo, pos_hi, idx), _byte_perm(neg_lo, neg_hi, idx)
-        sel = np.uint32(0x3210) | ((c >> np.uint32(1)) & np.uint32(0x4444))
-        return np.array([_byte_perm(int(p), int(n), np.array([s]))[0] for p, n, s in zip(pos, neg, sel)],
-                        dtype=np.uint32)
-
-    lo, hi = fp4_bytes(v), fp4_bytes(v >> np.uint32(16))
-    assert ((lo >> np.uint32(16)) & np.uint32(0xE0)).max() == 0  # byte 2 < 32: clear of the exponent
-
-    def code(y: np.ndarray, n: int) -> np.ndarray:  # FP4_CODE(y, n)
-        e = np.uint32((150 - 8 * n) << 23)
-        f = ((y & np.uint32(0xFF << (8 * n))) | e).view(np.float32)
-        return (f - (e.view(np.float32) + np.float32(12))).astype(np.float32)
-
-    got = np.stack([code(lo, 0), code(lo, 1), code(lo, 2), code(lo >> np.uint32(8), 2),
-                    code(hi, 0), code(hi, 1), code(hi, 2), code(hi >> np.uint32(8), 2)], 1)  # elements 0..7
-    np.testing.assert_array_equal(got.astype(np.float64), 2 * E2M1_VALUES[codes])
+    got = np.zeros((v.size, 8))
+    for n in range(4):
+        mag = v << np.uint32(9 - 4 * n) if n < 3 else v >> np.uint32(3)
+        sgn = v << np.uint32(12 - 4 * n)
+        pair = (mag & np.uint32(0x0E000E00)) | (sgn & np.uint32(0x80008000))  # and_or
+        got[:, n], got[:, n + 4] = _halves(pair)
+    np.testing.assert_array_equal(got, E2M1_VALUES[codes] * 2.0**-14)
+    np.testing.assert_array_equal(got * 2.0**14 * 2, 2 * E2M1_VALUES[codes])
 
 
 def test_q4_codes_are_placed_by_one_mask_and_or_exactly():
@@ -97,12 +83,11 @@ def test_scale_bytes_decode_as_the_oracle_does():
     b = np.arange(256, dtype=np.uint32)
     e8 = np.where(b > 0, _as_f32(b << np.uint32(23)), 2.0**-127)
     np.testing.assert_array_equal(e8[:255], e8m0_values(b)[:255])  # 255 = 2^128: infinite in float32
-    e, m = (b >> np.uint32(3)) & np.uint32(15), b & np.uint32(7)
-    mag = np.where(e > 0, _as_f32(((e + np.uint32(120)) << np.uint32(23)) | (m << np.uint32(20))),
-                   m.astype(np.float32) * np.float32(0.001953125))
-    e4 = np.where(b & 0x80, -mag, mag)
+    # e4m3_float: the seven low bits at half bits 7-13, the sign at bit 15, times 256
+    e4 = _halves((((b << np.uint32(7)) & np.uint32(0x3F80)) | ((b << np.uint32(8)) & np.uint32(0x8000))))[0] * 256
     finite = (b & 0x7F) != 0x7F
     np.testing.assert_array_equal(e4[finite], e4m3_values(b)[finite])
+    np.testing.assert_array_equal(np.abs(e4[~finite]), 480.0)  # E4M3's NaN codes: 480, as the kernels always gave
 
 
 @pytest.mark.parametrize("name", ["affine4", "affine8", "mxfp4", "nvfp4", "mxfp8"])

@@ -89,7 +89,7 @@ def test_the_two_preludes_define_the_same_names():
 #: of the signed scatter, the rms scale.
 _PRIMITIVE_INTERNALS = ("LOAD_STREAM", "LOAD_UNIT(", "UNIT_DOT(", "load_unit", "unit_dot", "q4_word_dot",
                         "q8_word_dot", "fp4_word_dot", "dot_bf16x8", "dot_f32x4", "dot_q4x8", "dot_q8x4",
-                        "dot_fp4x8", "byte_perm", "Q_WORD", "& 1)", "RSQRTF", "sumsq4")
+                        "dot_fp4x8", "fp4_pair", "half_lo", "half_hi", "Q_WORD", "& 1)", "RSQRTF", "sumsq4")
 
 
 @pytest.mark.parametrize("kernel", ROW_KERNELS)
