@@ -162,7 +162,18 @@ def write(record: dict[str, Any], out_dir: str | Path, stem: str, *, force: bool
     record is worth more with one field stringified than lost.
     """
     text = json.dumps(record, indent=2, default=str) + "\n"
-    out = Path(out_dir)
+    path = _write_new(text, Path(out_dir), stem, force)
+    if os.environ.get("OUT"):
+        # The same rule in $OUT: runs started together in one device call (one a tool, each
+        # with its own out_dir) end in the same second, and their copies there once replaced
+        # one another, losing all records but the last.
+        _write_new(text, Path(os.environ["OUT"]), path.stem, force)
+    return path
+
+
+def _write_new(text: str, out: Path, stem: str, force: bool) -> Path:
+    """``text`` as ``out/stem.json``, or (without ``force``, the name taken) as the first
+    free ``stem-2.json``, ``stem-3.json``, ...; prints where it went."""
     path = out / f"{stem}.json"
     if force:
         records.write_atomic(path, text)
@@ -175,10 +186,6 @@ def write(record: dict[str, Any], out_dir: str | Path, stem: str, *, force: bool
                 taken, path = path, out / f"{stem}-{i}.json"
                 print(f"record: {taken} exists (not replaced; --force replaces); writing {path.name}")
     print(f"record: {path}")
-    if os.environ.get("OUT"):
-        copy = Path(os.environ["OUT"]) / path.name
-        records.write_atomic(copy, text)
-        print(f"record: {copy}")
     return path
 
 

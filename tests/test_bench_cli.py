@@ -80,6 +80,13 @@ def test_write_never_replaces_a_record_unasked(tmp_path: Path, monkeypatch, caps
     monkeypatch.setenv("OUT", str(out))
     record.write({"a": 4}, tmp_path, "s")
     assert json.loads((out / "s.json").read_text()) == {"a": 4}
+    # Regression: runs of one device call, each with its own out_dir, ending in the same
+    # second: their copies in $OUT replaced one another (three sanitizer records lost).
+    record.write({"a": 5}, tmp_path / "other", "s")
+    assert json.loads((out / "s.json").read_text()) == {"a": 4}
+    assert json.loads((out / "s-2.json").read_text()) == {"a": 5}
+    record.write({"a": 6}, tmp_path, "s", force=True)  # --force replaces, in $OUT too
+    assert json.loads((out / "s.json").read_text()) == {"a": 6}
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
