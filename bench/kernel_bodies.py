@@ -26,6 +26,10 @@ order swapped every round), medians:
 * each launch alone, the same way (``kernel_bench.per_launch_ms``), with its bandwidth;
 * one evaluation = one wait, inputs resident (``record.time_rounds``);
 * the head launch's device time, as the tail's;
+* on CUDA, the tail as ONE launch (``workbench.one_launch``, in the shape
+  ``fused_tail(backend="cuda")`` runs: ``one_launch.shape_for``) from each side's folder,
+  where the older folder has its body: checked the same way, then device time a tail
+  (launches chained in one evaluation) and one wait (compiled), alternating as above;
 
 beside the floor, weight bytes over this device's copy bandwidth (PyTorch's
 device-to-device copy when PyTorch is here, else MLX's ``x + 1``; ``kernel_bench``).
@@ -49,7 +53,7 @@ import mlx.core as mx
 import numpy as np
 
 from bench import kernel_bench, record
-from workbench import backends, kernel_launch, kernel_source, tail
+from workbench import backends, kernel_launch, kernel_source, one_launch, tail
 from workbench.comparison import compare
 from workbench.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
 from workbench.fold import HadamardFold
@@ -175,6 +179,33 @@ def tail_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_laun
                                       for s, v in entry["launch_device_ms"].items()}
     entry["one_wait_ms"] = {s: record.summarize(v) for s, v in one_wait.items()}
     entry["n_tails_per_evaluation"] = n_tails
+    if dialect == "cuda" and (old_dir / kernel_source.ONE_LAUNCH_BODY).is_file() and one_launch.fits(preps["new"]):
+        entry["one_launch"] = one_launch_case(preps, br, res, truth, tol, rounds=rounds, n_tails=n_tails)
+    return entry
+
+
+def one_launch_case(preps: dict[str, kernel_launch.PreparedTail], br: np.ndarray, res: np.ndarray, truth: np.ndarray,
+                    tol: float, *, rounds: int, n_tails: int) -> dict[str, Any]:
+    """The tail as one launch from each side's kernels (``preps``: the prepared tails,
+    each with its folder), in ``one_launch.shape_for``'s shape: checked against the oracle
+    and each other, then (only if both pass) device time a tail and one wait, alternating."""
+    ones = {s: one_launch.OneLaunchTail(p, one_launch.shape_for(p)) for s, p in preps.items()}
+    outs = {s: one.run(br, res) for s, one in ones.items()}
+    shape = ones["new"].shape
+    entry: dict[str, Any] = {"nt": shape.nt, "row_units": shape.row_units, "groups": ones["new"].groups,
+                             "check": _agreement(outs, truth, tol)}
+    if not entry["check"]["passed"]:
+        return entry
+    b, r = mx.array(br), mx.array(res)
+    mx.eval(b, r)
+    per_tail = interleaved({s: (lambda one=one: kernel_bench.batched_ms(lambda: one(b, r), n=n_tails, repeats=1))
+                            for s, one in ones.items()}, rounds)
+    compiled = {s: one.compiled() for s, one in ones.items()}
+    one_wait = record.time_rounds({s: (lambda c=c: mx.eval(c(b, r))) for s, c in compiled.items()}, rounds * 2, 3)
+    for s, one in ones.items():
+        one.raise_if_barrier_failed()
+    entry["device_ms_per_tail"] = {s: record.summarize(v) for s, v in per_tail.items()}
+    entry["one_wait_ms"] = {s: record.summarize(v) for s, v in one_wait.items()}
     return entry
 
 
@@ -221,6 +252,12 @@ def head_case(label: str, hidden: int, rows: tuple[int, int, int], dialect: str,
     return entry
 
 
+def case_passed(entry: dict[str, Any]) -> bool:
+    """Whether a case's checks passed: the launches', and the one launch's where it ran."""
+    one = entry.get("one_launch")
+    return bool(entry["check"]["passed"] and (one is None or one["check"]["passed"]))
+
+
 def _ratio(entry: dict[str, Any], key: str) -> float | None:
     if key not in entry:
         return None
@@ -247,6 +284,18 @@ def print_table(rec: dict[str, Any]) -> None:
             rows.append((f"  {name}", c["launch_device_ms"]["old"][name], n, f"   new at {tbps:.2f} TB/s"))
         if "one_wait_ms" in c:
             rows.append(("one wait", c["one_wait_ms"]["old"]["median_ms"], c["one_wait_ms"]["new"]["median_ms"], ""))
+        one = c.get("one_launch")
+        if one is not None:
+            d1 = one["check"]["new_vs_old"]
+            print(f"{'':<22}{'one launch check':<20}" + "  ".join(f"{s} worst {one['check'][s]['worst']:.3g}" for s in SIDES)
+                  + f"; new vs old: {d1['same_bits']} of {d1['elements']} same bits"
+                  + ("" if one["check"]["passed"] else "  FAILED: not timed"))
+            if "device_ms_per_tail" in one:
+                n = one["device_ms_per_tail"]["new"]["median_ms"]
+                rows.append((f"one launch ({one['nt']})", one["device_ms_per_tail"]["old"]["median_ms"], n,
+                             f"{c['floor_ms']:>10.3f}{n / c['floor_ms']:>10.2f}"))
+                rows.append(("  its one wait", one["one_wait_ms"]["old"]["median_ms"],
+                             one["one_wait_ms"]["new"]["median_ms"], ""))
         for what, o, n, extra in rows:
             print(f"{'':<22}{what:<20}{o:>9.4f}{n:>9.4f}{n / o:>9.3f}{extra}")
 
@@ -286,7 +335,7 @@ def run(dialect: str, old_dir: Path, *, rounds: int, n_tails: int, seed: int, he
         log("head bf16 ...")
         out["cases"].append(head_case("head bf16", hidden, (2 * branch, 1024, 1024), dialect, tuning, old_dir,
                                       bandwidth, seed=seed + 50, rounds=rounds, n_launches=n_tails))
-    out["checks_passed"] = all(c["check"]["passed"] for c in out["cases"])
+    out["checks_passed"] = all(case_passed(c) for c in out["cases"])
     return out
 
 
@@ -331,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_record:
         print()
         record.write(rec, a.out_dir, record.record_stem("kernel_bodies", device, started), force=a.force)
-    failed = [c["case"] for c in rec["cases"] if not c["check"]["passed"]]
+    failed = [c["case"] for c in rec["cases"] if not case_passed(c)]
     if failed:
         print(f"\nFAILED checks (not timed): {failed}")
     return 1 if failed else 0

@@ -28,3 +28,23 @@ def test_the_rewrite_of_the_4bit_codes_kept_every_bit_and_took_less_time():
 def test_what_is_not_a_timed_kernel_bodies_record_is_refused(bad):
     with pytest.raises(ValueError, match="record must be a bench.kernel_bodies record"):
         kv.versions_table(bad)
+
+
+def test_the_one_launch_rows_appear_where_the_record_ran_it():
+    """bench.kernel_bodies also times the tail as one launch on CUDA: its rows come after
+    the three launches', and a case without it leaves them blank."""
+    rec = json.loads((BENCH / "kernel_bodies-nvidia-h200-20261201T165145Z.json").read_text())
+    first, second = rec["cases"][0], rec["cases"][1]
+    assert "one_launch" not in first  # recorded before the bench ran it
+    timed = {"median_ms": 0.2}
+    first["one_launch"] = {"check": {"new_vs_old": {"same_bits": 5120, "elements": 5120}},
+                           "device_ms_per_tail": {"old": {"median_ms": 0.2}, "new": {"median_ms": 0.15}},
+                           "one_wait_ms": {"old": timed, "new": {"median_ms": 0.25}}}
+    t = kv.versions_table(rec)
+    assert t.index[:5].tolist() == ["same bits", "device ms, old", "device ms, new", "device new / old",
+                                    "one wait new / old"]
+    col = t[first["case"]]
+    assert col["one launch: same bits"] == "5120/5120"
+    assert col["one launch: device new / old"] == pytest.approx(0.75)
+    assert col["one launch: one wait new / old"] == pytest.approx(1.25)
+    assert t[second["case"]].isna()["one launch: device new / old"]

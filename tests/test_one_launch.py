@@ -251,7 +251,7 @@ def test_each_launch_passes_its_inputs_by_name_and_names_the_previous_output(mon
         calls.append(kw)
         return [mx.full((kw["output_shapes"][0][0],), float(len(calls)))]
 
-    monkeypatch.setattr(one_launch, "_kernel", lambda: recorder)
+    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None: recorder)
     one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4))
     b, r = mx.ones((512,)), mx.zeros((128,))
     first = one(b, r)
@@ -275,7 +275,7 @@ def test_a_reset_retraces_the_compiled_launch_with_the_new_memory(monkeypatch):
     import mlx.core as mx
 
     prep = _cuda_prep_without_gpu(monkeypatch)
-    monkeypatch.setattr(one_launch, "_kernel", lambda: lambda **kw: [kw["inputs"][-2][: kw["output_shapes"][0][0]] + 0])
+    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None: lambda **kw: [kw["inputs"][-2][: kw["output_shapes"][0][0]] + 0])
     one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4))
     first = one.compiled()
     old = one.work
@@ -306,7 +306,7 @@ def test_the_barrier_limit_reaches_the_kernel_and_the_timeout_message(monkeypatc
         work[one_launch.sync_at(prep) + 32] = mx.array(1, dtype=mx.uint32).view(mx.float32)
         return [mx.full((kw["output_shapes"][0][0],), float("nan"))]
 
-    monkeypatch.setattr(one_launch, "_kernel", lambda: flagged)
+    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None: flagged)
     one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4),
                                    barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
     with pytest.raises(one_launch.GridBarrierTimeout, match="waited over 600 s"):
@@ -447,7 +447,7 @@ def _fake_cuda(monkeypatch, launch_kernel) -> None:
     monkeypatch.setattr(backends, "cuda_available", lambda: True)
     monkeypatch.setattr(cuda_device, "multiprocessor_count", lambda device=0: 4)
     monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
-    monkeypatch.setattr(one_launch, "_kernel", lambda: launch_kernel)
+    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None: launch_kernel)
 
 
 @pytest.mark.parametrize("fmt,nt", [(None, one_launch.DEFAULT_NT), ("affine4", one_launch.FOUR_BIT_NT),
@@ -555,3 +555,35 @@ def test_the_kernel_texts_fingerprint_follows_every_source_file_and_only_them(tm
         (edited / name).write_text((edited / name).read_text() + "\n// one more line\n")
         assert ks.fingerprint(kernel_dir=edited) != ks.fingerprint()
     assert record.provenance("one_launch", [])["kernel_text"] == ks.fingerprint()
+
+
+def test_another_kernel_folder_gets_its_own_one_launch_under_its_own_name(tmp_path, monkeypatch):
+    """bench.kernel_bodies runs an older folder's one launch beside the current one: MLX
+    keys compiled kernels by name, so another folder's one launch is named apart (by a
+    digest of its text), and a prepared tail from a folder launches that folder's."""
+    import mlx.core as mx
+
+    copy = tmp_path / "kernels"
+    shutil.copytree(ks.KERNEL_DIR, copy, ignore=shutil.ignore_patterns("metal_emulation"))
+    assert ks.one_launch_mlx_name() == ks.ONE_LAUNCH_NAME == ks.one_launch_mlx_name(kernel_dir=ks.KERNEL_DIR)
+    same = ks.one_launch_mlx_name(kernel_dir=copy)
+    assert same.startswith(ks.ONE_LAUNCH_NAME + "_") and same == ks.one_launch_mlx_name(kernel_dir=copy)
+    edited = tmp_path / "edited"
+    shutil.copytree(copy, edited)
+    (edited / "common.h").write_text((edited / "common.h").read_text() + "\n// edited\n")
+    assert ks.one_launch_mlx_name(kernel_dir=edited) != same
+
+    seen = []
+
+    def fake_kernel(kernel_dir=None):
+        seen.append(kernel_dir)
+        return lambda **kw: [mx.zeros(kw["output_shapes"][0], dtype=mx.float32)]
+
+    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    monkeypatch.setattr(one_launch, "_kernel", fake_kernel)
+    w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
+    prep = kernel_launch.prepare_tail(tail.tail_launch(w), "cuda", kernel_dir=copy)
+    one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4))
+    br, res = tail.random_inputs(w, seed=6)
+    one(mx.array(br), mx.array(res))
+    assert seen == [copy]

@@ -231,8 +231,18 @@ def _template_line(name: str, value: object) -> str:
 #: The one-launch tail's body: the three tail phases between grid-wide barriers.
 ONE_LAUNCH_BODY = "tail_one_launch.body"
 
-#: MLX's name for the one-launch tail.
+#: MLX's name for the one-launch tail (composed from the repository's kernels).
 ONE_LAUNCH_NAME = "fat_tail_one_launch"
+
+
+def one_launch_mlx_name(*, kernel_dir: str | Path | None = None) -> str:
+    """:data:`ONE_LAUNCH_NAME` for the repository's kernels; another folder's one launch
+    gets a digest of its composed text appended, as :func:`mlx_name` names another
+    folder's launches (MLX keys compiled kernels by name and template values only)."""
+    if kernel_dir is None or _folder(kernel_dir) == KERNEL_DIR:
+        return ONE_LAUNCH_NAME
+    text = "".join(compose_one_launch(kernel_dir=kernel_dir))
+    return f"{ONE_LAUNCH_NAME}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 #: Each phase of the one-launch tail: its launch, and the prefix its template values take
 #: in the one launch (``WO_FMT`` is wo's ``FMT``; inside the phase it is bound to ``FMT``).

@@ -19,8 +19,9 @@ from workbench import validate
 def versions_table(record: dict[str, Any]) -> Any:
     """One column a tail case of a ``bench.kernel_bodies`` record (pandas), rows: outputs
     with the same bits in both texts (``"same/all"``), device ms a tail with each text
-    (medians) and new / old, and one wait new / old. Raises ``ValueError`` for a dict that
-    is not such a record."""
+    (medians) and new / old, and one wait new / old; where the record also ran the tail as
+    one launch (CUDA), the same rows for it, prefixed ``one launch:`` (blank for a case
+    without). Raises ``ValueError`` for a dict that is not such a record."""
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
     cases = record.get("cases") if isinstance(record, dict) else None
@@ -38,4 +39,14 @@ def versions_table(record: dict[str, Any]) -> Any:
             "device new / old": dev["new"]["median_ms"] / dev["old"]["median_ms"],
             "one wait new / old": wait["new"]["median_ms"] / wait["old"]["median_ms"],
         }
+        one = c.get("one_launch")
+        if one is not None and "device_ms_per_tail" in one:  # the tail as one launch (CUDA), both texts
+            bits1, dev1, wait1 = one["check"]["new_vs_old"], one["device_ms_per_tail"], one["one_wait_ms"]
+            cols[c["case"]].update({
+                "one launch: same bits": f"{bits1['same_bits']}/{bits1['elements']}",
+                "one launch: device ms, old": dev1["old"]["median_ms"],
+                "one launch: device ms, new": dev1["new"]["median_ms"],
+                "one launch: device new / old": dev1["new"]["median_ms"] / dev1["old"]["median_ms"],
+                "one launch: one wait new / old": wait1["new"]["median_ms"] / wait1["old"]["median_ms"],
+            })
     return pd.DataFrame(cols)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -108,9 +109,13 @@ class GridBarrierTimeout(RuntimeError):
 
 
 @lru_cache(maxsize=None)
-def _kernel() -> Any:
-    header, source = kernel_source.compose_one_launch()
-    return mx.fast.cuda_kernel(name=kernel_source.ONE_LAUNCH_NAME, input_names=list(kernel_source.one_launch_inputs()),
+def _kernel(kernel_dir: Path | None = None) -> Any:
+    """The one launch's MLX kernel, composed from ``kernel_dir`` (None: the repository's
+    ``kernels/``), under a name of its own for another folder (``bench.kernel_bodies``
+    runs an older folder's beside the current one)."""
+    header, source = kernel_source.compose_one_launch(kernel_dir=kernel_dir)
+    return mx.fast.cuda_kernel(name=kernel_source.one_launch_mlx_name(kernel_dir=kernel_dir),
+                               input_names=list(kernel_source.one_launch_inputs()),
                                output_names=["out"], source=source, header=header, ensure_row_contiguous=True)
 
 
@@ -241,7 +246,7 @@ class OneLaunchTail:
     def _launch(self, branch: mx.array, residual: mx.array, after: mx.array, verbose: bool = False) -> mx.array:
         arrays = {**self._consts, "x": branch, "residual": residual, "work": self.work, "after": after}
         inputs = [arrays[n] for n in kernel_source.one_launch_inputs()]
-        return _kernel()(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),
+        return _kernel(self.prep.kernel_dir)(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),
                          threadgroup=(self.shape.nt, 1, 1), output_shapes=[(self.prep.hidden,)],
                          output_dtypes=[mx.float32], verbose=verbose)[0]
 
