@@ -230,24 +230,7 @@ def test_metal_head_launch_source():
 
 
 def _dtypes(kernel: str, fmt: int, sfmt: int = 1) -> dict[str, str]:
-    weight = {ks.WF_F32: "float32", ks.WF_BF16: "bfloat16"}.get(fmt, "uint32")
-    quantized = fmt in (ks.WF_Q4, ks.WF_Q8, ks.WF_FP4)
-    scale = {ks.SF_F32: "float32", ks.SF_BF16: "bfloat16", ks.SF_E8M0: "uint8", ks.SF_E4M3: "uint8"}[sfmt]
-    out = {}
-    for n in ks.KERNELS[kernel].inputs:
-        if n in ("w", "wg", "wu", "wd", "q_w", "k_w", "v_w"):
-            out[n] = weight
-        elif n in ("ws", "wgs", "wus", "wds") or re.fullmatch(r"[qkv]_s", n):
-            out[n] = scale if quantized else "float32"
-        elif n in ("wb", "wgb", "wub", "wdb") or re.fullmatch(r"[qkv]_b", n):
-            out[n] = scale if quantized and fmt != ks.WF_FP4 else "float32"
-        elif n == "sdest":
-            out[n] = "int32"
-        elif n == "table":
-            out[n] = "int8"
-        else:
-            out[n] = "float32"
-    return out
+    return ks.input_dtypes(ks.KERNELS[kernel].inputs, fmt, sfmt)
 
 
 _BONSAI_T = {

@@ -124,20 +124,7 @@ def test_the_sm_count_comes_from_the_driver_or_raises():
 
 
 def _dtypes(fmt: int, sfmt: int) -> dict[str, str]:
-    weight = {ks.WF_F32: "float32", ks.WF_BF16: "bfloat16"}.get(fmt, "uint32")
-    quantized = fmt in (ks.WF_Q4, ks.WF_Q8, ks.WF_FP4)
-    scale = {ks.SF_F32: "float32", ks.SF_BF16: "bfloat16", ks.SF_E8M0: "uint8", ks.SF_E4M3: "uint8"}[sfmt]
-    out = {}
-    for n in ks.one_launch_inputs():
-        if n in ("w", "wg", "wu", "wd"):
-            out[n] = weight
-        elif n in ("ws", "wgs", "wus", "wds"):
-            out[n] = scale if quantized else "float32"
-        elif n in ("wb", "wgb", "wub", "wdb"):
-            out[n] = scale if quantized and fmt != ks.WF_FP4 else "float32"
-        else:
-            out[n] = {"sdest": "int32", "table": "int8"}.get(n, "float32")
-    return out
+    return ks.input_dtypes(ks.one_launch_inputs(), fmt, sfmt)
 
 
 def _bonsai_template(fmt: int, sfmt: int, gs: int) -> dict[str, object]:
