@@ -48,3 +48,19 @@ def test_the_one_launch_rows_appear_where_the_record_ran_it():
     assert col["one launch: device new / old"] == pytest.approx(0.75)
     assert col["one launch: one wait new / old"] == pytest.approx(1.25)
     assert t[second["case"]].isna()["one launch: device new / old"]
+
+
+def test_the_sass_counts_record_reads_into_one_row_a_launch_and_format():
+    rec = json.loads((BENCH / "sass_counts-amd-epyc-20261201T172239Z.json").read_text())
+    t = kv.sass_table(rec)
+    assert len(t) == 3 * 5 and set(t["format"]) == {"bf16", "affine4", "affine8", "mxfp4", "nvfp4"}
+    assert t["now / old"].tolist() == pytest.approx((t["loop now"] / t["loop old"]).tolist())
+    fp4 = t[t["format"].isin(["mxfp4", "nvfp4"])]
+    assert (fp4["int now"] < fp4["int old"]).all() and (t[t["format"] == "bf16"]["now / old"] == 1).all()
+
+
+@pytest.mark.parametrize("bad", [None, {"bench": "kernel_bodies"}, {"bench": "sass_counts", "rows": []},
+                                 {"bench": "sass_counts", "rows": [{"side": "new"}]}])
+def test_what_is_not_a_sass_counts_record_with_two_sides_is_refused(bad):
+    with pytest.raises(ValueError, match="record must be a bench.sass_counts record run with --old"):
+        kv.sass_table(bad)

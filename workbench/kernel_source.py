@@ -332,6 +332,35 @@ def _translation_unit(name: str, header: str, source: str, inputs: tuple[str, ..
     )
 
 
+def input_dtypes(names: tuple[str, ...] | list[str], fmt: int, sfmt: int) -> dict[str, str]:
+    """The MLX dtype of each named kernel input for weights of format ``fmt`` (``WF_*``) with
+    scales of format ``sfmt`` (``SF_*``), as the launches pass them: weights float32,
+    bfloat16 or uint32 words; scales and affine biases in their format (uint8 for E8M0 and
+    E4M3); the fp4 formats' absent biases and every dense format's scales a float32 dummy;
+    ``sdest`` int32, ``table`` int8, the rest float32. For a standalone translation unit
+    (:func:`cuda_translation_unit`), which names each input's type."""
+    import re  # noqa: PLC0415 -- only this helper matches names
+
+    if fmt not in (WF_F32, WF_BF16, WF_Q4, WF_Q8, WF_FP4):
+        raise ValueError(f"fmt must be one of WF_F32, WF_BF16, WF_Q4, WF_Q8, WF_FP4 ({WF_F32}-{WF_FP4}); got {fmt!r}")
+    scales = {SF_F32: "float32", SF_BF16: "bfloat16", SF_E8M0: "uint8", SF_E4M3: "uint8"}
+    if sfmt not in scales:
+        raise ValueError(f"sfmt must be one of SF_F32, SF_BF16, SF_E8M0, SF_E4M3 (0-3); got {sfmt!r}")
+    weight = {WF_F32: "float32", WF_BF16: "bfloat16"}.get(fmt, "uint32")
+    quantized = fmt in (WF_Q4, WF_Q8, WF_FP4)
+    out = {}
+    for n in names:
+        if n in ("w", "wg", "wu", "wd", "q_w", "k_w", "v_w"):
+            out[n] = weight
+        elif n in ("ws", "wgs", "wus", "wds") or re.fullmatch(r"[qkv]_s", n):
+            out[n] = scales[sfmt] if quantized else "float32"
+        elif n in ("wb", "wgb", "wub", "wdb") or re.fullmatch(r"[qkv]_b", n):
+            out[n] = scales[sfmt] if quantized and fmt != WF_FP4 else "float32"
+        else:
+            out[n] = {"sdest": "int32", "table": "int8"}.get(n, "float32")
+    return out
+
+
 def one_launch_translation_unit(input_dtypes: dict[str, str], template: dict[str, object], *,
                                 kernel_dir: str | Path | None = None) -> str:
     """The CUDA file MLX would compile for the one-launch tail, standalone (for ``nvcc -c``):

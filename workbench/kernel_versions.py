@@ -1,4 +1,6 @@
-"""Two kernel texts side by side, read from ``python -m bench.kernel_bodies`` records.
+"""Two kernel texts side by side, read from ``python -m bench.kernel_bodies`` records
+(on a GPU: same bits, and how fast) and ``python -m bench.sass_counts`` records (no GPU:
+what nvcc makes of each).
 
 ``bench.kernel_bodies --old DIR`` prepares each tail twice from the same weights and
 tuning, its kernels composed from an older ``kernels/`` folder ("old") and from the
@@ -50,3 +52,29 @@ def versions_table(record: dict[str, Any]) -> Any:
                 "one launch: one wait new / old": wait1["new"]["median_ms"] / wait1["old"]["median_ms"],
             })
     return pd.DataFrame(cols)
+
+
+def sass_table(record: dict[str, Any]) -> Any:
+    """A ``bench.sass_counts --old`` record as one row a launch and format (pandas): the
+    row loop's instructions with the older text and now, new / old, the integer-pipe and
+    FMA-pipe instructions among them (old and now), and the registers a thread (old and
+    now). Raises ``ValueError`` for a dict that is not such a record (one with both sides)."""
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    rows = record.get("rows") if isinstance(record, dict) else None
+    sides = {r.get("side") for r in rows} if isinstance(rows, list) and all(isinstance(r, dict) for r in rows) else set()
+    if not isinstance(record, dict) or record.get("bench") != "sass_counts" or sides != {"old", "new"}:
+        raise ValueError(f"record must be a bench.sass_counts record run with --old; got {validate.describe(record)}")
+    by = {(r["launch"], r["format"], r["side"]): r for r in rows}
+    out = []
+    for (launch, fmt, side), new in by.items():
+        if side != "new":
+            continue
+        old = by[(launch, fmt, "old")]
+        out.append({"launch": launch, "format": fmt, "loop old": old["loop_instructions"],
+                    "loop now": new["loop_instructions"],
+                    "now / old": new["loop_instructions"] / old["loop_instructions"],
+                    "int old": old["loop_classes"]["int"], "int now": new["loop_classes"]["int"],
+                    "fma old": old["loop_classes"]["fma"], "fma now": new["loop_classes"]["fma"],
+                    "regs old": old["registers"], "regs now": new["registers"]})
+    return pd.DataFrame(out)
