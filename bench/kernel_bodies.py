@@ -202,7 +202,7 @@ def one_launch_case(preps: dict[str, kernel_launch.PreparedTail], br: np.ndarray
                             for s, one in ones.items()}, rounds)
     compiled = {s: one.compiled() for s, one in ones.items()}
     one_wait = record.time_rounds({s: (lambda c=c: mx.eval(c(b, r))) for s, c in compiled.items()}, rounds * 2, 3)
-    for s, one in ones.items():
+    for one in ones.values():
         one.raise_if_barrier_failed()
     entry["device_ms_per_tail"] = {s: record.summarize(v) for s, v in per_tail.items()}
     entry["one_wait_ms"] = {s: record.summarize(v) for s, v in one_wait.items()}
@@ -287,8 +287,8 @@ def print_table(rec: dict[str, Any]) -> None:
         one = c.get("one_launch")
         if one is not None:
             d1 = one["check"]["new_vs_old"]
-            print(f"{'':<22}{'one launch check':<20}" + "  ".join(f"{s} worst {one['check'][s]['worst']:.3g}" for s in SIDES)
-                  + f"; new vs old: {d1['same_bits']} of {d1['elements']} same bits"
+            worst = "  ".join(f"{s} worst {one['check'][s]['worst']:.3g}" for s in SIDES)
+            print(f"{'':<22}{'one launch check':<20}{worst}; new vs old: {d1['same_bits']} of {d1['elements']} same bits"
                   + ("" if one["check"]["passed"] else "  FAILED: not timed"))
             if "device_ms_per_tail" in one:
                 n = one["device_ms_per_tail"]["new"]["median_ms"]

@@ -281,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  if old_dir else ""))
     rows = run(formats, old_dir=old_dir, nvcc=nvcc, cuobjdump=cuobjdump, nvdisasm=nvdisasm, arch=a.arch, jobs=a.jobs)
     print_table(rows)
-    rec = {"what": "registers, spills and static instruction counts of the tail's kernels as nvcc compiles them", **prov,
+    rec = {"what": "registers, spills and static instruction counts of the tail's kernels as nvcc compiles them",
+           **prov,
            "nvcc": tool_version(nvcc), "cuobjdump": tool_version(cuobjdump), "arch": a.arch, "shape": BONSAI,
            "old_dir": a.old,  # as given: the fingerprint below says which text it held
            "old_kernel_text": kernel_source.fingerprint(kernel_dir=old_dir) if old_dir else None,

@@ -64,3 +64,25 @@ def test_the_sass_counts_record_reads_into_one_row_a_launch_and_format():
 def test_what_is_not_a_sass_counts_record_with_two_sides_is_refused(bad):
     with pytest.raises(ValueError, match="record must be a bench.sass_counts record run with --old"):
         kv.sass_table(bad)
+
+
+def test_kernel_bodies_prints_the_one_launch_rows_and_counts_its_check(capsys):
+    """bench.kernel_bodies' table (no GPU needed to print a record): the one launch's
+    check line and its two timed rows; a failed one-launch check fails the case."""
+    from bench import kernel_bodies
+
+    rec = json.loads((BENCH / "kernel_bodies-nvidia-h200-20261201T165145Z.json").read_text())
+    case = rec["cases"][0]
+    check = {s: {"worst": 1e-6, "passed": True} for s in ("old", "new")}
+    case["one_launch"] = {"nt": 640, "row_units": 8, "groups": 132,
+                          "check": {**check, "passed": True,
+                                    "new_vs_old": {"same_bits": 5120, "elements": 5120, "max_abs_diff": 0.0}},
+                          "device_ms_per_tail": {"old": {"median_ms": 0.2}, "new": {"median_ms": 0.15}},
+                          "one_wait_ms": {"old": {"median_ms": 0.2}, "new": {"median_ms": 0.25}}}
+    kernel_bodies.print_table(rec)
+    out = capsys.readouterr().out
+    assert "one launch check" in out and "5120 of 5120 same bits" in out
+    assert "one launch (640)" in out and "its one wait" in out
+    assert kernel_bodies.case_passed(case)
+    case["one_launch"]["check"]["passed"] = False
+    assert not kernel_bodies.case_passed(case) and kernel_bodies.case_passed(rec["cases"][1])

@@ -262,7 +262,8 @@ def test_a_reset_retraces_the_compiled_launch_with_the_new_memory(monkeypatch):
     import mlx.core as mx
 
     prep = _cuda_prep_without_gpu(monkeypatch)
-    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None: lambda **kw: [kw["inputs"][-2][: kw["output_shapes"][0][0]] + 0])
+    echo = lambda **kw: [kw["inputs"][-2][: kw["output_shapes"][0][0]] + 0]  # noqa: E731
+    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None: echo)
     one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4))
     first = one.compiled()
     old = one.work

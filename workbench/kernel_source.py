@@ -244,6 +244,7 @@ def one_launch_mlx_name(*, kernel_dir: str | Path | None = None) -> str:
     text = "".join(compose_one_launch(kernel_dir=kernel_dir))
     return f"{ONE_LAUNCH_NAME}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
+
 #: Each phase of the one-launch tail: its launch, and the prefix its template values take
 #: in the one launch (``WO_FMT`` is wo's ``FMT``; inside the phase it is bound to ``FMT``).
 ONE_LAUNCH_PHASES: tuple[tuple[str, str], ...] = (("wo_residual", "WO_"), ("ffn_gate_up", "GU_"),

@@ -62,7 +62,8 @@ def sass_table(record: dict[str, Any]) -> Any:
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
     rows = record.get("rows") if isinstance(record, dict) else None
-    sides = {r.get("side") for r in rows} if isinstance(rows, list) and all(isinstance(r, dict) for r in rows) else set()
+    rows_ok = isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
+    sides = {r.get("side") for r in rows} if rows_ok else set()
     if not isinstance(record, dict) or record.get("bench") != "sass_counts" or sides != {"old", "new"}:
         raise ValueError(f"record must be a bench.sass_counts record run with --old; got {validate.describe(record)}")
     by = {(r["launch"], r["format"], r["side"]): r for r in rows}

@@ -246,9 +246,10 @@ class OneLaunchTail:
     def _launch(self, branch: mx.array, residual: mx.array, after: mx.array, verbose: bool = False) -> mx.array:
         arrays = {**self._consts, "x": branch, "residual": residual, "work": self.work, "after": after}
         inputs = [arrays[n] for n in kernel_source.one_launch_inputs()]
-        return _kernel(self.prep.kernel_dir)(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),
-                         threadgroup=(self.shape.nt, 1, 1), output_shapes=[(self.prep.hidden,)],
-                         output_dtypes=[mx.float32], verbose=verbose)[0]
+        kernel = _kernel(self.prep.kernel_dir)  # the prepared tail's kernel folder (None: kernels/)
+        return kernel(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),
+                      threadgroup=(self.shape.nt, 1, 1), output_shapes=[(self.prep.hidden,)],
+                      output_dtypes=[mx.float32], verbose=verbose)[0]
 
     def __call__(self, branch: mx.array, residual: mx.array, *, after: mx.array | None = None,
                  verbose: bool = False) -> mx.array:
