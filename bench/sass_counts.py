@@ -54,16 +54,15 @@ BONSAI = {"hidden": 5120, "branch": 6144, "ffn": 17408, "m": 1, "logp": 10}
 #: The launches counted: the tail's three.
 LAUNCHES: tuple[str, ...] = kernel_source.TAIL_KERNELS
 
-#: Weight formats: label -> (FMT, SFMT, group size, bits), as the launches see MLX's
-#: arrays from bfloat16 weights (affine scales and biases bfloat16).
+#: The scale format of each quantization mode, as the launches see MLX's arrays made from
+#: bfloat16 weights (``kernel_launch._matrix``: affine scales and biases are bfloat16).
+_SCALES = {"affine": kernel_source.SF_BF16, "mxfp4": kernel_source.SF_E8M0, "nvfp4": kernel_source.SF_E4M3}
+
+#: Weight formats: label -> (FMT, SFMT, group size, bits).
 FORMATS: dict[str, tuple[int, int, int, int]] = {
     "bf16": (kernel_source.WF_BF16, kernel_source.SF_F32, 32, 16),
-    **{name: ({"affine": kernel_source.WF_Q8 if QUANT_FORMATS[name].bits == 8 else kernel_source.WF_Q4,
-               "mxfp4": kernel_source.WF_FP4, "nvfp4": kernel_source.WF_FP4}[QUANT_FORMATS[name].mode],
-              {"affine": kernel_source.SF_BF16, "mxfp4": kernel_source.SF_E8M0,
-               "nvfp4": kernel_source.SF_E4M3}[QUANT_FORMATS[name].mode],
-              QUANT_FORMATS[name].group_size, QUANT_FORMATS[name].bits)
-       for name in ("affine4", "affine8", "mxfp4", "nvfp4")},
+    **{name: (kernel_source.KERNEL_QUANT[(q.mode, q.bits)], _SCALES[q.mode], q.group_size, q.bits)
+       for name, q in ((n, QUANT_FORMATS[n]) for n in ("affine4", "affine8", "mxfp4", "nvfp4"))},
 }
 
 #: Instruction classes, by opcode (the mnemonic before its first dot). ``fma`` is what
