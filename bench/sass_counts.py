@@ -43,13 +43,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import record
+from bench import kernel_bench, record
 from workbench import kernel_launch, kernel_source
+from workbench.hadamard import factor_block
 from workbench.weights import QUANT_FORMATS
 
-#: Bonsai-27B's tail: hidden, branch (wo's input), ffn; wo's fold a block-1024 Hadamard
-#: (m = 1, 2^10), as ``kernel_bench.BONSAI``.
-BONSAI = {"hidden": 5120, "branch": 6144, "ffn": 17408, "m": 1, "logp": 10}
+def _bonsai() -> dict[str, int]:
+    """Bonsai-27B's tail as ``bench.kernel_bench.BONSAI`` gives it (hidden, branch: wo's
+    input, ffn; wo's fold block), the block factored as the rotation applies it
+    (``hadamard.factor_block``: block = m 2^logp)."""
+    (hidden, branch, ffn), block = kernel_bench.BONSAI
+    m, logp = factor_block(block)
+    return {"hidden": hidden, "branch": branch, "ffn": ffn, "m": m, "logp": logp}
+
+
+#: The shape counted.
+BONSAI = _bonsai()
 
 #: The launches counted: the tail's three.
 LAUNCHES: tuple[str, ...] = kernel_source.TAIL_KERNELS
@@ -275,14 +284,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     prov = record.provenance("sass_counts", argv)
     started = _dt.datetime.fromisoformat(prov["date"])
-    print(f"nvcc {tool_version(nvcc)}; cuobjdump {tool_version(cuobjdump)}; {a.arch}; "
+    versions = {"nvcc": tool_version(nvcc), "cuobjdump": tool_version(cuobjdump)}
+    print(f"nvcc {versions['nvcc']}; cuobjdump {versions['cuobjdump']}; {a.arch}; "
           f"kernels/ ({prov['kernel_text']})" + (f" against {old_dir} ({kernel_source.fingerprint(kernel_dir=old_dir)})"
                                                  if old_dir else ""))
     rows = run(formats, old_dir=old_dir, nvcc=nvcc, cuobjdump=cuobjdump, nvdisasm=nvdisasm, arch=a.arch, jobs=a.jobs)
     print_table(rows)
     rec = {"what": "registers, spills and static instruction counts of the tail's kernels as nvcc compiles them",
            **prov,
-           "nvcc": tool_version(nvcc), "cuobjdump": tool_version(cuobjdump), "arch": a.arch, "shape": BONSAI,
+           **versions, "arch": a.arch, "shape": BONSAI,
            "old_dir": a.old,  # as given: the fingerprint below says which text it held
            "old_kernel_text": kernel_source.fingerprint(kernel_dir=old_dir) if old_dir else None,
            "classes": {c: sorted(ops) for c, ops in CLASSES.items()}, "rows": rows}
