@@ -4,6 +4,7 @@ cuobjdump and nvdisasm are installed (the test extra brings the last two), a rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench import sass_counts as sc
-from workbench import kernel_launch, kernel_source as ks, tail
+from workbench import kernel_launch, one_launch, tail
+from workbench import kernel_source as ks
 from workbench.weights import QUANT_FORMATS
 
 #: A row loop as cuobjdump prints one: a backward branch to 0x0040 closes a span holding
@@ -54,9 +56,110 @@ def test_the_template_values_are_the_launches_own(monkeypatch, label):
     assert sc.launch_templates(label, shape=shape) == prep.templates()
 
 
+def _listing(lines: list[str]) -> str:
+    """cuobjdump's layout for instructions at 0x00, 0x10, ...: address comment, text, ';'."""
+    return "\n".join(f"        /*{16 * i:04x}*/                   {t} ;" for i, t in enumerate(lines))
+
+
+#: A one launch in miniature: wo's loop (0x20-0x60) whose shuffle has a warp-divergent copy
+#: after the EXIT (0x170-0x1a0, entered by BRA.DIV and jumping back to 0x50); a grid
+#: barrier's wait (0x80-0x90, reading the global timer, skipped by all but one thread);
+#: gate_up's loop (0xb0-0xc0); the second wait (0xe0-0xf0); down's loop (0x110-0x150) with
+#: a unit loop inside (0x120-0x130); EXIT; the cold copy; the padding nvcc ends with.
+ONE = _listing([
+    "S2R R0, SR_TID.X", "ISETP.NE.AND P0, PT, R0, RZ, PT",
+    "LDG.E R2, desc[UR4][R4.64]", "BRA.DIV UR4, 0x170", "SHFL.BFLY PT, R3, R2, 0x10, 0x1f",
+    "FFMA R8, R3, R9, R8", "@P1 BRA 0x20",
+    "@P0 BRA 0xa0", "CS2R R6, SR_GLOBALTIMERLO", "@P2 BRA 0x80", "BAR.SYNC.DEFER_BLOCKING 0x0",
+    "IADD3 R4, R4, 0x1, RZ", "@P3 BRA 0xb0",
+    "@P0 BRA 0x100", "CS2R R6, SR_GLOBALTIMERLO", "@P2 BRA 0xe0", "BAR.SYNC.DEFER_BLOCKING 0x0",
+    "LOP3.LUT R3, R2, 0xf, R6, 0xea, !PT", "HFMA2 R7, R7, R7, R7", "@P4 BRA 0x120",
+    "STG.E desc[UR4][R4.64], R8", "@P5 BRA 0x110", "EXIT",
+    "WARPSYNC.COLLECTIVE R5, 0x1a0", "SHFL.BFLY P0, R3, R2, R7, R6", "ENDCOLLECTIVE", "BRA 0x50",
+    "BRA 0x1b0", "NOP",
+])
+
+PHASES = tuple(k for k, _ in ks.ONE_LAUNCH_PHASES)
+
+
+def test_the_one_launchs_loops_are_natural_loops_not_backward_spans():
+    """The cold copy's jump back is the longest backward span (0x50-0x1a0), which is no
+    loop; the control-flow graph finds the five loops, the unit loop inside down's."""
+    instrs = sc.parse_sass(ONE)
+    assert [i.address for i in sc.longest_loop(instrs)][::21] == [0x50, 0x1A0]
+    flow = sc.control_flow(instrs)
+    headers = [flow.blocks[lp.header][0].address for lp in sc.natural_loops(flow)]
+    assert headers == [0x20, 0x80, 0xB0, 0xE0, 0x110, 0x120]
+    assert [flow.blocks[lp.header][0].address for lp in sc.outer_loops(flow)] == [0x20, 0x80, 0xB0, 0xE0, 0x110]
+    assert sorted(flow.blocks[b][0].address for b in flow.cold) == [0x170]
+    assert all(flow.idom[b] < 0 for b, blk in enumerate(flow.blocks) if blk[0].address >= 0x1B0)  # padding
+    wo = sc.loop_counts(flow, sc.outer_loops(flow)[0])
+    assert (wo["header"], wo["instructions"], wo["cold_instructions"]) == (0x20, 5, 4)
+    assert wo["classes"] == {"fma": 1, "int": 0, "memory": 1, "other": 3}
+
+
+def test_the_one_launch_is_split_into_phases_at_its_grid_barriers():
+    counts = sc.sass_counts(sc.parse_sass(ONE), PHASES)
+    ph = counts["phases"]
+    assert list(ph) == [*PHASES, "barriers"]
+    # wo: the entry, its loop, the skip before the wait and the cold copy; the padding in no phase
+    assert {k: v["instructions"] for k, v in ph.items()} == {"wo_residual": 12, "ffn_gate_up": 4, "ffn_down": 7,
+                                                             "barriers": 4}
+    assert sum(v["instructions"] for v in ph.values()) + 2 == counts["instructions"] == 29
+    assert (ph["wo_residual"]["loop_instructions"], ph["wo_residual"]["loop_cold"]) == (5, 4)
+    down = ph["ffn_down"]
+    assert (down["loop_instructions"], down["inner_instructions"]) == (5, 2)
+    assert down["loop_classes"] == {"fma": 1, "int": 1, "memory": 1, "other": 2}
+    assert down["inner_classes"] == {"fma": 1, "int": 0, "memory": 0, "other": 1}
+    assert [lp["header"] for lp in down["loops"]] == [0x110] and down["loops"][0]["inner"][0]["header"] == 0x120
+    assert ph["barriers"]["loop_instructions"] == 4 and "loop_instructions" not in counts
+    assert [lp["header"] for lp in counts["outer_loops"]] == [0x20, 0x80, 0xB0, 0xE0, 0x110]
+
+
+def test_a_launch_of_its_own_keeps_the_longest_span_as_its_row_loop():
+    counts = sc.sass_counts(sc.parse_sass(LISTING))
+    assert counts["loop_instructions"] == 7 and counts["loop_classes"] == {"fma": 2, "int": 1, "memory": 1, "other": 3}
+    # the written listing enters its outer loop twice (0x20 jumps to its branch at 0xa0): no
+    # natural loop, so only the inner one is found (nvcc's loops have one entry, the header)
+    assert "phases" not in counts and [lp["header"] for lp in counts["outer_loops"]] == [0x60]
+
+
+def test_what_the_control_flow_cannot_read_is_refused():
+    with pytest.raises(ValueError, match="should wait at 2 grid barriers"):
+        sc.sass_counts(sc.parse_sass(LISTING), PHASES)
+    with pytest.raises(ValueError, match="indirect jump at 0x10"):
+        sc.control_flow(sc.parse_sass(_listing(["MOV R1, R2", "BRX R4 -0x10", "EXIT"])))
+    with pytest.raises(ValueError, match="one function's listing"):
+        sc.control_flow(sc.parse_sass(_listing(["MOV R1, R2"]) + "\n" + _listing(["EXIT"])))
+
+
+@pytest.mark.parametrize("label", list(sc.FORMATS))
+def test_the_one_launch_template_values_are_one_launch_tails_own(monkeypatch, label):
+    """one_launch_templates writes out what OneLaunchTail builds in the shape shape_for gives
+    a prepared tail of that format (the small shape of the test above; 4-bit: 640 threads,
+    8 row units)."""
+    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    quant = None if label == "bf16" else QUANT_FORMATS[label].as_quantize()
+    w = tail.TailWeights.random(128, 512, 1024, seed=3, fold_block=256, dtype="bfloat16", quantize=quant)
+    prep = kernel_launch.prepare_tail(tail.tail_launch(w), "cuda")
+    chosen = one_launch.shape_for(prep)
+    assert sc.one_launch_shape(label) == chosen
+    one = one_launch.OneLaunchTail(prep, dataclasses.replace(chosen, sm_count=1))
+    shape = {"hidden": 128, "branch": 512, "ffn": 1024, "m": prep.rot["M"], "logp": prep.rot["LOGP"]}
+    assert sc.one_launch_templates(label, shape=shape) == one.template
+    assert [k for k, _ in one.template] == list(ks.one_launch_template())
+    # each phase alone: its own launch's names, the one launch's values
+    alone = sc.phase_templates(dict(one.template))
+    for kernel, prefix in ks.ONE_LAUNCH_PHASES:
+        assert list(alone[kernel]) == list(ks.KERNELS[kernel].template)
+        assert alone[kernel]["NT"] == chosen.nt and alone[kernel]["FMT"] == dict(one.template)[prefix + "FMT"]
+
+
 def test_an_unknown_format_is_refused_by_name():
     with pytest.raises(ValueError, match="fmt_label must be one of"):
         sc.launch_templates("int3")
+    with pytest.raises(ValueError, match="fmt_label must be one of"):
+        sc.one_launch_templates("int3")
 
 
 def test_bad_arguments_exit_2(tmp_path, capsys):
@@ -64,6 +167,9 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     assert "--arch must name a GPU architecture" in capsys.readouterr().out
     assert sc.main(["--no-record", "--old", str(tmp_path)]) == 2
     assert "--old must be a kernels folder" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        sc.main(["--no-record", "--launches", "wo_residual,one_lunch"])
+    assert stop.value.code == 2 and "--launches must be a comma-separated list" in capsys.readouterr().err
 
 
 _TOOLS = shutil.which("nvcc") and sc.find_tool("cuobjdump") and sc.find_tool("nvdisasm")
@@ -76,11 +182,34 @@ def test_a_copy_of_the_kernels_counts_the_same_and_nothing_spills(tmp_path, caps
     assert sc.main(["--out-dir", str(tmp_path), "--formats", "nvfp4", "--old", str(copy)]) == 0
     rec = json.loads(next(Path(tmp_path).glob("sass_counts-*.json")).read_text())
     rows = {(r["launch"], r["side"]): r for r in rec["rows"]}
-    assert sorted({k for k, _ in rows}) == sorted(ks.TAIL_KERNELS)
+    assert sorted({k for k, _ in rows}) == sorted(sc.LAUNCHES) and rec["launches"] == list(sc.LAUNCHES)
     for launch in ks.TAIL_KERNELS:
         new, old = rows[(launch, "new")], rows[(launch, "old")]
         assert new["spill_bytes"] == 0 and new["registers"] > 0
         assert new["loop_instructions"] == old["loop_instructions"] > 0
         assert sum(new["loop_classes"].values()) == new["loop_instructions"]
+        assert new["outer_loops"] == old["outer_loops"] and new["outer_loops"]
+    one, one_old = rows[(sc.ONE_LAUNCH, "new")], rows[(sc.ONE_LAUNCH, "old")]
+    assert one["spill_bytes"] == 0 and one["registers"] > 0 and one["phases"] == one_old["phases"]
+    assert one["template"] == dict(sc.one_launch_templates("nvfp4")) and one["template"]["NT"] == 640
+    for phase in (*ks.TAIL_KERNELS, "barriers"):
+        ph = one["phases"][phase]
+        assert ph["loops"] and sum(ph["loop_classes"].values()) == ph["loop_instructions"] > 0
+    for phase in ks.TAIL_KERNELS:  # a row loop with unit loops in it; each phase compiled alone too
+        assert one["phases"][phase]["inner_instructions"] > 0
+        assert 0 < one["phases"][phase]["alone"]["registers"] <= 255
+    assert sum(one["phases"][p]["instructions"] for p in one["phases"]) <= one["instructions"]
     assert rec["old_kernel_text"] == rec["kernel_text"]
-    assert "new/old" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "new/old" in out and "the one launch, a phase a line" in out
+    assert max(len(line) for line in out.splitlines() if not line.startswith("record:")) <= 100
+
+
+@pytest.mark.skipif(not _TOOLS, reason="nvcc, cuobjdump or nvdisasm is not installed here")
+def test_a_folder_from_before_the_one_launch_counts_it_from_kernels_alone(tmp_path, capsys):
+    copy = tmp_path / "kernels"
+    shutil.copytree(ks.KERNEL_DIR, copy, ignore=shutil.ignore_patterns("metal_emulation", ks.ONE_LAUNCH_BODY))
+    assert sc.main(["--no-record", "--formats", "affine8", "--launches", "one_launch", "--old", str(copy)]) == 0
+    out = capsys.readouterr().out
+    assert "the one launch is counted from kernels/ alone" in out
+    assert "affine8  new" in out and "affine8  old" not in out
