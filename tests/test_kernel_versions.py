@@ -59,6 +59,53 @@ def test_the_sass_counts_record_reads_into_one_row_a_launch_and_format():
     assert (fp4["int now"] < fp4["int old"]).all() and (t[t["format"] == "bf16"]["now / old"] == 1).all()
 
 
+#: bench.sass_counts with the tail's one launch counted by phase (affine8, affine4; 65c56f3's
+#: kernels as old).
+ONE_LAUNCH_RECORD = "sass_counts-amd-epyc-20261201T184927Z.json"
+
+
+def test_a_record_with_the_one_launch_reads_into_a_row_a_phase_after_the_three_launches():
+    rec = json.loads((BENCH / ONE_LAUNCH_RECORD).read_text())
+    t = kv.sass_table(rec)
+    phases = [f"one_launch/{p}" for p in kv.SASS_PHASES]
+    assert t["launch"].tolist() == [*(["wo_residual", "ffn_gate_up", "ffn_down"] * 2), *phases, "one_launch",
+                                    *phases, "one_launch"]
+    assert t["format"].tolist()[6:] == ["affine8"] * 5 + ["affine4"] * 5
+    one = t[t["launch"].str.startswith("one_launch")].set_index(["launch", "format"])
+    rows = {(r["launch"], r["format"], r["side"]): r for r in rec["rows"]}
+    for fmt in ("affine8", "affine4"):
+        new, old = rows[("one_launch", fmt, "new")], rows[("one_launch", fmt, "old")]
+        whole = one.loc[("one_launch", fmt)]
+        assert (whole["regs old"], whole["regs now"]) == (old["registers"], new["registers"])
+        assert whole["loop now"] == sum(new["phases"][p]["loop_instructions"] for p in kv.SASS_PHASES)
+        down = one.loc[("one_launch/ffn_down", fmt)]
+        assert down["loop old"] == old["phases"]["ffn_down"]["loop_instructions"]
+        assert down["int now"] == new["phases"]["ffn_down"]["loop_classes"]["int"]
+        assert down["regs now"] == new["phases"]["ffn_down"]["alone"]["registers"]  # that phase compiled alone
+        assert one.loc[("one_launch/barriers", fmt)].isna()[["regs old", "regs now"]].all()
+    assert t["now / old"].tolist() == pytest.approx((t["loop now"] / t["loop old"]).tolist())
+    # what the record says of the affine8 one launch: 56 registers then 68, its down phase's loops shorter
+    a8 = one.xs("affine8", level="format")
+    assert (a8.loc["one_launch", "regs old"], a8.loc["one_launch", "regs now"]) == (56, 68)
+    assert a8.loc["one_launch/ffn_down", "now / old"] < 1
+
+
+def test_a_one_launch_the_older_text_lacked_has_blank_old_columns():
+    rec = json.loads((BENCH / ONE_LAUNCH_RECORD).read_text())
+    rec["rows"] = [r for r in rec["rows"] if not (r["launch"] == "one_launch" and r["side"] == "old")]
+    t = kv.sass_table(rec)
+    one = t[t["launch"].str.startswith("one_launch")]
+    assert len(one) == 2 * 5 and one["loop old"].isna().all() and one["now / old"].isna().all()
+    assert one["loop now"].notna().all() and (t[~t.index.isin(one.index)]["loop old"] > 0).all()
+
+
+def test_a_launch_of_its_own_without_its_old_row_is_refused():
+    rec = json.loads((BENCH / ONE_LAUNCH_RECORD).read_text())
+    rec["rows"] = [r for r in rec["rows"] if not (r["launch"] == "ffn_down" and r["side"] == "old")]
+    with pytest.raises(ValueError, match="ffn_down affine8 has no old row"):
+        kv.sass_table(rec)
+
+
 @pytest.mark.parametrize("bad", [None, {"bench": "kernel_bodies"}, {"bench": "sass_counts", "rows": []},
                                  {"bench": "sass_counts", "rows": [{"side": "new"}]}])
 def test_what_is_not_a_sass_counts_record_with_two_sides_is_refused(bad):

@@ -54,11 +54,37 @@ def versions_table(record: dict[str, Any]) -> Any:
     return pd.DataFrame(cols)
 
 
+#: The one launch's rows in a ``bench.sass_counts`` record (``launch``), and its phases.
+SASS_ONE_LAUNCH = "one_launch"
+SASS_PHASES: tuple[str, ...] = ("wo_residual", "ffn_gate_up", "ffn_down", "barriers")
+
+
+def _sass_row(launch: str, fmt: str, old: dict[str, Any] | None, new: dict[str, Any],
+              regs_old: int | None, regs_new: int | None) -> dict[str, Any]:
+    """One row of :func:`sass_table`: a loop count and its classes with each text
+    (``old`` None: that text had no such launch, its columns NaN)."""
+    nan = float("nan")
+    was = old["loop_instructions"] if old else nan
+    return {"launch": launch, "format": fmt, "loop old": was, "loop now": new["loop_instructions"],
+            "now / old": new["loop_instructions"] / was if old and was else nan,
+            "int old": old["loop_classes"]["int"] if old else nan, "int now": new["loop_classes"]["int"],
+            "fma old": old["loop_classes"]["fma"] if old else nan, "fma now": new["loop_classes"]["fma"],
+            "regs old": regs_old if old else nan, "regs now": regs_new}
+
+
 def sass_table(record: dict[str, Any]) -> Any:
     """A ``bench.sass_counts --old`` record as one row a launch and format (pandas): the
     row loop's instructions with the older text and now, new / old, the integer-pipe and
     FMA-pipe instructions among them (old and now), and the registers a thread (old and
-    now). Raises ``ValueError`` for a dict that is not such a record (one with both sides)."""
+    now). Raises ``ValueError`` for a dict that is not such a record (one with both sides).
+
+    Records since the bench counts the tail's one launch also have its rows, after the
+    three launches': one a phase (``one_launch/ffn_down``; ``one_launch/barriers``, the
+    grid barriers' waits), its outer loops' instructions as the loop and the registers of
+    that phase compiled alone (the one launch has one count for all: ptxas cannot say
+    which phase asks for them); then ``one_launch``, every phase's loops summed, with the
+    launch's own registers. A one launch the older text lacked has NaN old columns.
+    Older records (no one launch) read as before."""
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
     rows = record.get("rows") if isinstance(record, dict) else None
@@ -67,15 +93,25 @@ def sass_table(record: dict[str, Any]) -> Any:
     if not isinstance(record, dict) or record.get("bench") != "sass_counts" or sides != {"old", "new"}:
         raise ValueError(f"record must be a bench.sass_counts record run with --old; got {validate.describe(record)}")
     by = {(r["launch"], r["format"], r["side"]): r for r in rows}
-    out = []
+    out, one = [], []
     for (launch, fmt, side), new in by.items():
         if side != "new":
             continue
-        old = by[(launch, fmt, "old")]
-        out.append({"launch": launch, "format": fmt, "loop old": old["loop_instructions"],
-                    "loop now": new["loop_instructions"],
-                    "now / old": new["loop_instructions"] / old["loop_instructions"],
-                    "int old": old["loop_classes"]["int"], "int now": new["loop_classes"]["int"],
-                    "fma old": old["loop_classes"]["fma"], "fma now": new["loop_classes"]["fma"],
-                    "regs old": old["registers"], "regs now": new["registers"]})
-    return pd.DataFrame(out)
+        old = by.get((launch, fmt, "old"))
+        if launch != SASS_ONE_LAUNCH:
+            if old is None:
+                raise ValueError(f"record must be a bench.sass_counts record run with --old; {launch} {fmt} has no "
+                                 "old row")
+            out.append(_sass_row(launch, fmt, old, new, old["registers"], new["registers"]))
+            continue
+        for phase in SASS_PHASES:
+            ph_new, ph_old = new["phases"][phase], old["phases"][phase] if old else None
+            alone = {s: (p or {}).get("alone", {}).get("registers") for s, p in (("old", ph_old), ("new", ph_new))}
+            one.append(_sass_row(f"{launch}/{phase}", fmt, ph_old, ph_new, alone["old"], alone["new"]))
+        whole = {s: {"loop_instructions": sum(r["phases"][p]["loop_instructions"] for p in SASS_PHASES),
+                     "loop_classes": {c: sum(r["phases"][p]["loop_classes"][c] for p in SASS_PHASES)
+                                      for c in ("int", "fma")}}
+                 for s, r in (("old", old), ("new", new)) if r is not None}
+        one.append(_sass_row(launch, fmt, whole.get("old"), whole["new"], old and old["registers"],
+                             new["registers"]))
+    return pd.DataFrame(out + one)
