@@ -161,7 +161,7 @@ def _rows(text: str) -> list[dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import record
+    from bench import bounded_run, record
 
     ap = record.parser("launch_profile", __doc__)
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
@@ -191,7 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [exe, "--kernel-name", "regex:fat_", "--metrics", ",".join(metrics), "--csv", "--print-units", "base",
            sys.executable, "-m", "bench.launch_profile", "--child", "--formats", ",".join(formats),
            "--tuning", a.tuning] + (["--head"] if a.head else []) + (["--one-launch"] if a.one_launch else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
+    try:
+        # run_bounded, not subprocess.run: at the limit ncu's Python child must stop too
+        # (bench/bounded_run.py says what an orphaned one cost)
+        p = bounded_run.run_bounded(cmd, timeout=a.timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        print(f"ncu did not finish within --timeout {a.timeout:g} s; it and its child were stopped, "
+              f"no record written. Its output's tail:\n{(e.output or '')[-2000:]}")
+        return 1
     rows = _rows(p.stdout)
     per: dict[int, dict[str, Any]] = {}
     for row in rows:

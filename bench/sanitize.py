@@ -20,7 +20,11 @@ each small tail against the float64 oracle at the tolerance
 that every output is finite: its oracle is gpu_check's). A tool passes when its summary reports
 no error (racecheck: no hazard) and the child exits 0.
 
-With ``--jobs N`` the runs are one a tool, shape and format, N at a time. The record
+With ``--jobs N`` the runs are one a tool, shape, format and part group (the tail with its
+one launch; the head apart: ``part_groups``), N at a time. A run stopped at ``--timeout``
+is stopped with every process it started (``bench.bounded_run``). Each case line ends
+with the seconds since its child started, so a record shows where a slow run spent them.
+The record
 (``data/bench/sanitize-<device>-<date>.json``) holds, per run (``runs``; records before
 ``--jobs`` hold one a tool under ``tools``), the tool, shapes and formats, the command,
 exit status, the summary lines, the seconds it took, its reports counted by kernel (the
@@ -47,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import record
+from bench import bounded_run, record
 from workbench import sanitizer_coverage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +70,19 @@ FORMATS = sanitizer_coverage.FORMATS
 
 #: What the child can run: the tail's three launches, the tail as one launch, the head launch.
 PARTS: tuple[str, ...] = ("tail", "one-launch", "head")
+
+
+def part_groups(parts: list[str]) -> list[list[str]]:
+    """``parts`` (as :func:`parts_to_run` gives them) split into the groups that run as
+    separate children with ``--jobs``: the tail with its one launch, and the head apart.
+
+    Why apart: a run's verdict is all or nothing (the sanitizer's summary comes when its
+    child exits), and at Bonsai's shape under memcheck six runs of all three parts were
+    stopped at 540 s in the head launch after the tail and its one launch had finished
+    (``sanitize-…182203Z``): nothing was recorded clean. Apart, the tail's verdict does
+    not wait on the head's."""
+    tail = [p for p in parts if p != "head"]
+    return [g for g in (tail, [p for p in parts if p == "head"]) if g]
 
 
 def parts_to_run(parts: list[str]) -> list[str]:
@@ -148,6 +165,8 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
     ``device_inputs``: the tail's arrays and inputs written by GPU kernels (:func:`device_written`);
     ``one_launch_nt``: the one launch's threads a group (None: ``one_launch.shape_for``'s, as fused_tail)."""
     parts = parts_to_run(list(PARTS) if parts is None else parts)
+    global _CHILD_T0
+    _CHILD_T0 = time.perf_counter()
     bad = 0
     for sname in shapes:
         for i, fmt in enumerate(formats):
@@ -156,6 +175,16 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
             if "head" in parts:
                 bad += _head_part(sname, fmt, i)
     return 1 if bad else 0
+
+
+#: When the child started (``time.perf_counter``), for :func:`_elapsed`.
+_CHILD_T0 = time.perf_counter()
+
+
+def _elapsed() -> str:
+    """The case lines' suffix: seconds since the child started (host preparation, the
+    instrumented kernels and the checks, all included)."""
+    return f" [{time.perf_counter() - _CHILD_T0:.0f} s]"
 
 
 def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, one_nt: int | None = None) -> int:
@@ -191,11 +220,11 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
         tol, _ = tolerance_for(w, br, res, truth)
         c = compare(out, truth, tol=tol)
         bad += not c.passed
-        print(f"tail {sname} {fmt}: {c}", flush=True)
+        print(f"tail {sname} {fmt}: {c}{_elapsed()}", flush=True)
     else:
         finite = bool(np.isfinite(out).all())
         bad += not finite
-        print(f"tail {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
+        print(f"tail {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}{_elapsed()}", flush=True)
     if one:  # the same tail as ONE launch (its phases between grid barriers), against the three
         # fused_tail's shape for this format (one_launch.shape_for), unless --one-launch-nt says
         shape = one_launch.shape_for(prep) if one_nt is None else one_launch.OneLaunchShape(nt=one_nt)
@@ -209,7 +238,7 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
         agrees = worst <= SEED_TOL  # frink-models' criterion: the sums only run in another order
         bad += not agrees
         print(f"one-launch {sname} {fmt} ({shape.nt} threads a group): {'agrees' if agrees else 'DISAGREES'} "
-              f"with the three launches (worst scaled {worst:.3g})", flush=True)
+              f"with the three launches (worst scaled {worst:.3g}){_elapsed()}", flush=True)
     return bad
 
 
@@ -238,7 +267,7 @@ def _head_part(sname: str, fmt: str, i: int) -> int:
     got = kernel_launch.head_launch(x, np.ones(hidden, np.float32), 1e-6, *mats, "cuda")
     mx.eval(*got)
     finite = all(bool(mx.all(mx.isfinite(g)).item()) for g in got)
-    print(f"head {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}", flush=True)
+    print(f"head {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}{_elapsed()}", flush=True)
     return 0 if finite else 1
 
 
@@ -342,13 +371,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     prov = record.provenance("sanitize", argv)
     started = _dt.datetime.fromisoformat(prov["date"])
-    # one child a tool over every shape and format, or (--jobs N > 1) one a tool, shape and
-    # format, N at a time: the GPU is shared, so each runs slower, but the host's folding
-    # and the sanitizer's own CPU work run side by side
-    units = ([(tool, shapes, formats) for tool in tools] if a.jobs == 1 else
-             [(tool, [s], [f]) for tool in tools for s in shapes for f in formats])
+    # one child a tool over every shape and format, or (--jobs N > 1) one a tool, shape
+    # and format, and part group (part_groups), N at a time: the GPU is shared, so each runs
+    # slower, but the host's folding and the sanitizer's own CPU work run side by side
+    units = ([(tool, shapes, formats, parts) for tool in tools] if a.jobs == 1 else
+             [(tool, [s], [f], g) for tool in tools for s in shapes for f in formats for g in part_groups(parts)])
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        runs = list(pool.map(lambda u: sanitize_run(exe, u[0], u[1], u[2], parts, a.device_written, a.timeout,
+        runs = list(pool.map(lambda u: sanitize_run(exe, u[0], u[1], u[2], u[3], a.device_written, a.timeout,
                                                     a.one_launch_nt), units))
     rec = {"what": "compute-sanitizer on every kernel and weight format", **prov,
            "shapes": {s: SHAPES[s] for s in shapes}, "formats": formats, "parts": parts,
@@ -377,8 +406,10 @@ def sanitize_run(exe: str, tool: str, shapes: list[str], formats: list[str], par
             "--show-backtrace", "no"]
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([*head, "--log-file", str(log), *child], capture_output=True, text=True, timeout=timeout,
-                           cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # run_bounded, not subprocess.run: at the limit the sanitizer's Python child must
+        # stop too (bench/bounded_run.py says what an orphaned one cost).
+        p = bounded_run.run_bounded([*head, "--log-file", str(log), *child], timeout=timeout, cwd=ROOT,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
         text, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -386,7 +417,8 @@ def sanitize_run(exe: str, tool: str, shapes: list[str], formats: list[str], par
     by_kernel, first, summary = read_log(log) if log.exists() else ({}, [], [])
     shutil.rmtree(log.parent, ignore_errors=True)
     errors = _errors(tool, "\n".join(summary))
-    run = {"tool": tool, "shapes": shapes, "formats": formats, "command": " ".join(head + child), "returncode": rc,
+    run = {"tool": tool, "shapes": shapes, "formats": formats, "parts": parts, "command": " ".join(head + child),
+           "returncode": rc,
            "seconds": time.perf_counter() - t0, "errors": errors, "summary": summary,
            "reports_by_kernel": by_kernel, "first_reports": first,
            "cases": [ln for ln in text.splitlines() if ln.split(" ", 1)[0] in sanitizer_coverage.PART_LETTERS],
@@ -395,7 +427,7 @@ def sanitize_run(exe: str, tool: str, shapes: list[str], formats: list[str], par
     # clean", which would read as a finding (its cases show how far it got).
     verdict = ("TIMED OUT (no verdict; got as far as: " + ("; ".join(run["cases"]) or "nothing") + ")"
                if rc is None else "clean" if run["passed"] else "NOT CLEAN")
-    print(f"{tool:<10} {','.join(shapes)} {','.join(formats)}: {verdict}: "
+    print(f"{tool:<10} {','.join(shapes)} {','.join(formats)} {'+'.join(parts)}: {verdict}: "
           f"errors {errors}, exit {rc}, {run['seconds']:.0f} s; reports by kernel {by_kernel or 'none'}", flush=True)
     return run
 

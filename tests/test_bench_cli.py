@@ -31,7 +31,7 @@ STAMP = r"\d{8}T\d{6}Z"
 
 
 def test_every_bench_module_is_listed() -> None:
-    found = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem not in ("__init__", "record"))
+    found = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem not in ("__init__", "record", "bounded_run"))
     assert found == sorted(BENCHES)
 
 
@@ -324,7 +324,7 @@ def test_sanitize_jobs_run_one_child_a_tool_shape_and_format(tmp_path, monkeypat
         out = f"tail {shape} {fmt}: PASS\none-launch {shape} {fmt}: agrees\n"
         return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
 
-    monkeypatch.setattr(sanitize.subprocess, "run", fake_run)
+    monkeypatch.setattr(sanitize.bounded_run, "run_bounded", fake_run)
     rc = sanitize.main(["--tools", "memcheck,racecheck", "--shapes", "small", "--formats", "bfloat16,nvfp4",
                         "--parts", "one-launch", "--jobs", "2", "--out-dir", str(tmp_path)])
     assert rc == 1 and len(calls) == 4
@@ -342,6 +342,47 @@ def test_sanitize_jobs_run_one_child_a_tool_shape_and_format(tmp_path, monkeypat
     assert cov.loc[("small", "nvfp4"), "initcheck"] == "-"
 
 
+def test_sanitize_jobs_run_the_head_apart_from_the_tail(tmp_path, monkeypatch) -> None:
+    """With --jobs, the head launch runs in a child of its own, so a head that outlives its
+    limit leaves the tail's verdict standing; each run records its parts, and case lines
+    ending in their seconds still count."""
+    from bench import sanitize
+
+    monkeypatch.setattr(sanitize.shutil, "which", lambda name: "/usr/bin/compute-sanitizer")
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        parts = cmd[cmd.index("--parts") + 1]
+        if parts == "head":
+            raise subprocess.TimeoutExpired(cmd, kw["timeout"], output="")
+        Path(cmd[cmd.index("--log-file") + 1]).write_text("========= ERROR SUMMARY: 0 errors\n")
+        return subprocess.CompletedProcess(cmd, 0, stdout="tail bonsai affine4: outputs finite [41 s]\n"
+                                           "one-launch bonsai affine4 (640 threads a group): agrees [97 s]\n", stderr="")
+
+    monkeypatch.setattr(sanitize.bounded_run, "run_bounded", fake_run)
+    assert sanitize.main(["--tools", "memcheck", "--shapes", "bonsai", "--formats", "affine4", "--jobs", "2",
+                          "--out-dir", str(tmp_path)]) == 1
+    assert sorted(c[c.index("--parts") + 1] for c in calls) == ["head", "tail,one-launch"]
+    rec = json.loads(next(tmp_path.glob("sanitize-*.json")).read_text())
+    assert sorted((r["parts"], r["passed"]) for r in rec["runs"]) == [(["head"], False),
+                                                                      (["tail", "one-launch"], True)]
+    from workbench.sanitizer_coverage import coverage
+
+    assert coverage([rec]).loc[("bonsai", "affine4"), "memcheck"] == "T1"
+
+
+@pytest.mark.parametrize("parts, groups", [
+    (["tail", "one-launch", "head"], [["tail", "one-launch"], ["head"]]),
+    (["head"], [["head"]]),
+    (["tail", "one-launch"], [["tail", "one-launch"]]),
+])
+def test_sanitize_part_groups(parts, groups) -> None:
+    from bench import sanitize
+
+    assert sanitize.part_groups(parts) == groups
+
+
 def test_sanitize_says_a_run_killed_at_its_limit_timed_out(tmp_path, monkeypatch, capsys) -> None:
     """A child killed at --timeout gives no verdict: the record says timed_out, the line
     says TIMED OUT and how far it got, and the run counts as not passed."""
@@ -352,7 +393,7 @@ def test_sanitize_says_a_run_killed_at_its_limit_timed_out(tmp_path, monkeypatch
     def slow_run(cmd, **kw):
         raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=b"tail bonsai bfloat16: outputs finite\n")
 
-    monkeypatch.setattr(sanitize.subprocess, "run", slow_run)
+    monkeypatch.setattr(sanitize.bounded_run, "run_bounded", slow_run)
     rc = sanitize.main(["--tools", "racecheck", "--shapes", "small", "--formats", "bfloat16", "--parts", "head",
                         "--timeout", "5", "--out-dir", str(tmp_path)])
     assert rc == 1
@@ -403,7 +444,7 @@ def test_sanitize_passes_the_one_launch_threads_to_every_child(tmp_path, monkeyp
         return subprocess.CompletedProcess(cmd, 0, stdout="one-launch small affine4 (640 threads a group): agrees\n",
                                            stderr="")
 
-    monkeypatch.setattr(sanitize.subprocess, "run", fake_run)
+    monkeypatch.setattr(sanitize.bounded_run, "run_bounded", fake_run)
     assert sanitize.main(["--tools", "memcheck", "--shapes", "small", "--formats", "affine4", "--parts", "one-launch",
                           "--one-launch-nt", "640", "--out-dir", str(tmp_path)]) == 0
     (cmd,) = calls

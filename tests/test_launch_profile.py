@@ -48,3 +48,22 @@ def test_pipe_counts_are_read_where_profiled() -> None:
     assert s["instructions_by_pipe"]["alu"] == 3.0e6 and s["instructions_by_pipe"]["fma"] is None
     assert s["loads"] == {"global_ld": None, "shared_ld": 5.0e5}
     assert set(launch_profile.STALL_METRICS) >= {"smsp__inst_executed_pipe_alu.sum", "smsp__inst_executed_pipe_fma.sum"}
+
+
+def test_ncu_stopped_at_its_limit_says_so_and_writes_no_record(tmp_path, monkeypatch, capsys) -> None:
+    """ncu past --timeout: stopped with its child (bench.bounded_run), a plain message and
+    exit 1 rather than a traceback, and no record."""
+    import subprocess
+
+    from bench import bounded_run
+
+    monkeypatch.setattr(launch_profile.shutil, "which", lambda name: "/usr/bin/ncu")
+
+    def slow(cmd, **kw):
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"], output="==PROF== Profiling custom_kernel_fat_wo\n")
+
+    monkeypatch.setattr(bounded_run, "run_bounded", slow)
+    assert launch_profile.main(["--formats", "affine4", "--timeout", "7", "--out-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "ncu did not finish within --timeout 7 s" in out and "Profiling custom_kernel_fat_wo" in out
+    assert not list(tmp_path.iterdir())
