@@ -78,6 +78,13 @@ VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
     # 4-bit units in flight a lane (u / 4: 4 units at u 16) and more warps an SM
     "u16": ({"u_wo": 16, "u_gate_up": 16}, one_launch.OneLaunchShape()),
     "u8_nt640": ({"u_wo": 8, "u_gate_up": 8}, one_launch.OneLaunchShape(nt=640)),
+    # since the 4-bit loops lost a fifth to a third of their instructions, every launch
+    # waits on its loads most while streaming at under half the copy bandwidth
+    # (launch_profile-…181221Z): more loads in flight, from the shape chosen before
+    "u8_nt640_down_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32}, one_launch.OneLaunchShape(nt=640)),
+    "u8_nt640_down_r8_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32},
+                             one_launch.OneLaunchShape(nt=640, down_rows=8)),
+    "u16_nt640": ({"u_wo": 16, "u_gate_up": 16}, one_launch.OneLaunchShape(nt=640)),
     # two 512-thread groups an SM (32 warps, twice the default's 16): only where a thread
     # needs at most 64 registers (nvcc, Bonsai's shape: affine4 44, affine8 56, mxfp4 64;
     # bf16 70 and nvfp4 80 do not fit). Where they do not, half
