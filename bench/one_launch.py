@@ -80,7 +80,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
     "u8_nt640": ({"u_wo": 8, "u_gate_up": 8}, one_launch.OneLaunchShape(nt=640)),
     # since the 4-bit loops lost a fifth to a third of their instructions, every launch
     # waits on its loads most while streaming at under half the copy bandwidth
-    # (launch_profile-…181221Z): more loads in flight, from the shape chosen before
+    # (launch_profile-…181221Z): more loads in flight, from the shape chosen before (nvcc,
+    # Bonsai's shape: 62-80 registers a thread in affine4 and nvfp4, no spills, all under
+    # the 102 that one 640-thread group an SM leaves a thread)
     "u8_nt640_down_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32}, one_launch.OneLaunchShape(nt=640)),
     "u8_nt640_down_r8_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32},
                              one_launch.OneLaunchShape(nt=640, down_rows=8)),
