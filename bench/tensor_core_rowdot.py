@@ -41,6 +41,18 @@ mapping in numpy, tested on the CPU):
   added once (bias x the group's sum of x, by lane t = 0); lanes t and t ^ 1 are added at
   the end.
 
+Two ways to make the codes MMA inputs, both timed (template value ``SUB``):
+
+- ``bf16``: as above; per pair of codes a shift, one mask-and-or and one packed subtract
+  (``HADD2.BF16``, a fifth of the loop's instructions in nvcc's code).
+- ``f16 subnormal``: the mask alone. Nibbles n and n + 4 masked in place are the float16
+  pair (q_n 2^-24, q_{n+4} 2^-24): subnormal float16s, exact, with nothing to subtract.
+  B is then float16 too: x times 2^e (e chosen per evaluation from max |x|, so the
+  largest lands in [2^14, 2^15), within float16's range) split into three float16 parts,
+  and each group's sum is scaled back by 2^(24 - e), exactly. It holds only if the tensor
+  cores take subnormal float16 inputs as they are: were they flushed to zero, every code
+  below 2^10 x 2^-24 would read as 0 and the check would fail, which the record then shows.
+
 A record (device, date, MLX version, command) goes to ``data/bench/``. Needs MLX's CUDA
 backend (exit 2 without it).
 """
@@ -63,7 +75,8 @@ GROUP = 64
 #: The kernel body (MLX's ``mx.fast.cuda_kernel`` wraps it in its signature: inputs ``w``
 #: (uint32 codes, [R, K/8]), ``s`` and ``b`` (bfloat16 scales and biases, [R, K/64]), ``x``
 #: (float32, [K]); output ``y`` (float32, [R])). Template values: K, R, NT (threads a
-#: block), UG (groups whose words a lane loads before using any).
+#: block), UG (groups whose words a lane loads before using any), SUB (the codes as
+#: subnormal float16s, x as float16 parts; else bfloat16).
 SOURCE = r"""
   constexpr int NG = K / 64;                       // quantization groups a row
   __shared__ uint4 xb[NG * 3 * 4 * 2];             // [group][part][t]: a lane's B registers
@@ -72,15 +85,36 @@ SOURCE = r"""
   const int lid = threadIdx.x, lane = lid & 31, warp = lid >> 5;
   const int g = lane >> 2, t = lane & 3;
 
-  // 1. x's three bfloat16 parts, as each lane's B fragment wants them. Register v (0-7)
-  // of lane t's part for a group: MMA i = v / 2, its pair b0b1 (v even) or b2b3 (v odd),
-  // which hold x at k0 and k0 + 4, k0 = 64 group + 16 t + 8 (i / 2) + 2 (i % 2) + v % 2.
+  // 0. SUB: x is scaled by 2^e into float16's range first, e from max |x| (every block
+  // finds the same); the codes' 2^-24 and this 2^e come off each group's sum (unscale).
+  __shared__ float xmax[32];
+  float xscale = 1.0f, unscale = 1.0f;
+  if (SUB) {
+    float m = 0.0f;
+    for (int k = lid; k < K; k += NT) m = fmaxf(m, fabsf(x[k]));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) xmax[warp] = m;
+    __syncthreads();
+    m = 0.0f;
+    for (int j = 0; j < NT / 32; ++j) m = fmaxf(m, xmax[j]);
+    int ex = 0;
+    frexpf(m, &ex);                                // m < 2^ex (m = 0: ex = 0)
+    const int e = max(-100, min(100, 15 - ex));    // max |x| 2^e < 2^15 <= 65504; both finite
+    xscale = ldexpf(1.0f, e);
+    unscale = ldexpf(1.0f, 24 - e);
+  }
+
+  // 1. x's three parts (bfloat16, or with SUB float16 of x 2^e), as each lane's B
+  // fragment wants them. Register v (0-7) of lane t's part for a group: MMA i = v / 2, its
+  // pair b0b1 (v even) or b2b3 (v odd), which hold x at k0 and k0 + 4,
+  // k0 = 64 group + 16 t + 8 (i / 2) + 2 (i % 2) + v % 2.
   unsigned* xbw = reinterpret_cast<unsigned*>(xb);
   for (int e = lid; e < NG * 3 * 4 * 8; e += NT) {
     const int v = e & 7, tt = (e >> 3) & 3, pg = e >> 5;
     const int part = pg % 3, grp = pg / 3, i = v >> 1;
     const int k0 = 64 * grp + 16 * tt + 8 * (i >> 1) + 2 * (i & 1) + (v & 1);
-    xbw[e] = bf16_part(x[k0], part) | (bf16_part(x[k0 + 4], part) << 16);
+    xbw[e] = SUB ? f16_part(x[k0] * xscale, part) | (f16_part(x[k0 + 4] * xscale, part) << 16)
+                 : bf16_part(x[k0], part) | (bf16_part(x[k0 + 4], part) << 16);
   }
   if (lid < 2) xzero[lid] = make_uint4(0u, 0u, 0u, 0u);
   for (int grp = lid; grp < NG; grp += NT) {
@@ -121,12 +155,9 @@ SOURCE = r"""
         const uint4* bx = bbase + grp * bstride;
         const uint4 bA = bx[0], bB = bx[1];
         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_bf16(c, code_pair(q0[u].x, 0), code_pair(q1[u].x, 0), code_pair(q0[u].x, 1), code_pair(q1[u].x, 1), bA.x, bA.y);
-        mma_bf16(c, code_pair(q0[u].x, 2), code_pair(q1[u].x, 2), code_pair(q0[u].x, 3), code_pair(q1[u].x, 3), bA.z, bA.w);
-        mma_bf16(c, code_pair(q0[u].y, 0), code_pair(q1[u].y, 0), code_pair(q0[u].y, 1), code_pair(q1[u].y, 1), bB.x, bB.y);
-        mma_bf16(c, code_pair(q0[u].y, 2), code_pair(q1[u].y, 2), code_pair(q0[u].y, 3), code_pair(q1[u].y, 3), bB.z, bB.w);
-        acc0 = fmaf(bf16_float(s0[u]), c[0] + c[1], acc0);
-        acc1 = fmaf(bf16_float(s1[u]), c[2] + c[3], acc1);
+        group_mmas<SUB>(c, q0[u], q1[u], bA, bB);
+        acc0 = fmaf(bf16_float(s0[u]), SUB ? (c[0] + c[1]) * unscale : c[0] + c[1], acc0);
+        acc1 = fmaf(bf16_float(s1[u]), SUB ? (c[2] + c[3]) * unscale : c[2] + c[3], acc1);
         if (t == 0) {
           acc0 = fmaf(bf16_float(b0[u]), xsum[grp], acc0);
           acc1 = fmaf(bf16_float(b1[u]), xsum[grp], acc1);
@@ -146,6 +177,7 @@ SOURCE = r"""
 #: Helpers the body calls, put in the kernel's header.
 HEADER = r"""
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 // part 0, 1 or 2 of v split into three bfloat16s (hi, mid, lo; each the rounding of what
 // the ones before it left, so their sum is v to 24 significant bits), as its 16 bits
@@ -176,15 +208,60 @@ __device__ __forceinline__ unsigned code_pair(unsigned v, int n) {
   return *reinterpret_cast<const unsigned*>(&d);
 }
 
-// c += A B: one m16n8k16 MMA, bfloat16 A (4 registers) and B (2), float32 C
-__device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+// part 0, 1 or 2 of v split into three float16s (v already scaled into float16's range)
+__device__ __forceinline__ unsigned f16_part(float v, int part) {
+  const __half hi = __float2half_rn(v);
+  const float r1 = v - __half2float(hi);           // exact
+  const __half mid = __float2half_rn(r1);
+  const float r2 = r1 - __half2float(mid);         // exact
+  const __half lo = __float2half_rn(r2);
+  const __half p = part == 0 ? hi : (part == 1 ? mid : lo);
+  return (unsigned)__half_as_ushort(p);
+}
+
+// nibbles n and n + 4 of v, masked in place: the float16 pair (q_n 2^-24, q_{n+4} 2^-24),
+// subnormal and exact
+__device__ __forceinline__ unsigned code_pair_subnormal(unsigned v, int n) {
+  return (v >> (4 * n)) & 0x000F000Fu;
+}
+
+// c += A B: one m16n8k16 MMA, bfloat16 (F16: float16) A (4 registers) and B (2), float32 C
+template <bool F16>
+__device__ __forceinline__ void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                          unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  if (F16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// The four MMAs of one group: MMA i takes word i / 2 of rows g (q0) and g + 8 (q1),
+// nibbles (p, p + 4) in A's registers 0-1 and (p + 1, p + 5) in 2-3, p = 2 (i % 2); B's
+// registers for MMA i are bA's (i < 2) or bB's pair 2 (i % 2), 2 (i % 2) + 1.
+template <bool SUB>
+__device__ __forceinline__ void group_mmas(float* c, uint2 q0, uint2 q1, uint4 bA, uint4 bB) {
+#define PAIR(v, n) (SUB ? code_pair_subnormal((v), (n)) : code_pair((v), (n)))
+  mma16816<SUB>(c, PAIR(q0.x, 0), PAIR(q1.x, 0), PAIR(q0.x, 1), PAIR(q1.x, 1), bA.x, bA.y);
+  mma16816<SUB>(c, PAIR(q0.x, 2), PAIR(q1.x, 2), PAIR(q0.x, 3), PAIR(q1.x, 3), bA.z, bA.w);
+  mma16816<SUB>(c, PAIR(q0.y, 0), PAIR(q1.y, 0), PAIR(q0.y, 1), PAIR(q1.y, 1), bB.x, bB.y);
+  mma16816<SUB>(c, PAIR(q0.y, 2), PAIR(q1.y, 2), PAIR(q0.y, 3), PAIR(q1.y, 3), bB.z, bB.w);
+#undef PAIR
 }
 """
+
+
+#: The variants' names in the table and the record.
+TENSOR_BF16 = "tensor cores, bf16 codes"
+TENSOR_F16_SUBNORMAL = "tensor cores, f16 subnormal codes"
+CUDA_CORES = "kernels' row dot (CUDA cores)"
+MLX_QMM = "mx.quantized_matmul"
 
 
 def check_shape(rows: int, cols: int, units: int) -> None:
@@ -216,16 +293,42 @@ def split_bf16(x: np.ndarray) -> np.ndarray:
     return np.stack([hi, mid, lo])
 
 
-def fragment_model(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.ndarray) -> np.ndarray:
+def x_scale_exponent(x: np.ndarray) -> int:
+    """The SUB scheme's e: max |x| 2^e in [2^14, 2^15) (float16's range), as the kernel's
+    prologue computes it (``frexpf``), kept within [-100, 100]."""
+    m = float(np.max(np.abs(x))) if np.size(x) else 0.0
+    ex = int(np.frexp(np.float32(m))[1])
+    return max(-100, min(100, 15 - ex))
+
+
+def split_f16(x: np.ndarray) -> np.ndarray:
+    """x (float32, already in float16's range) as three float16 parts, returned as float32
+    values [3, n] (round to nearest even, as ``__float2half_rn``)."""
+    x = np.asarray(x, np.float32)
+    hi = x.astype(np.float16).astype(np.float32)
+    r1 = (x - hi).astype(np.float32)
+    mid = r1.astype(np.float16).astype(np.float32)
+    lo = (r1 - mid).astype(np.float32).astype(np.float16).astype(np.float32)
+    return np.stack([hi, mid, lo])
+
+
+def fragment_model(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.ndarray,
+                   subnormal: bool = False) -> np.ndarray:
     """The kernel's arithmetic in numpy, lane by lane, as :data:`SOURCE` maps it: for each
     tile and group, each lane's A slots (its own words' nibbles, in the order the body
     puts them) against B slots built the way the prologue builds them, summed per column
     as an MMA sums (here in float64); then scale, bias and the lanes' reduction. ``codes``:
-    [R, K] integers 0-15; ``scales``, ``biases``: [R, K / 64]; ``x``: [K]. Returns y [R].
+    [R, K] integers 0-15; ``scales``, ``biases``: [R, K / 64]; ``x``: [K]; ``subnormal``:
+    the SUB scheme's float16 parts of x 2^e (its powers of two taken out again, exactly:
+    the model computes in float64). Returns y [R].
     What this proves is the mapping (every (row, k) product exactly once, with x at the
     same k): tests compare it with ``(scales * codes + biases) @ x``."""
     rows, cols = codes.shape
-    parts = split_bf16(x).astype(np.float64)
+    if subnormal:  # codes times 2^-24, x times 2^e in float16 parts; each group's sum times 2^(24 - e)
+        e = x_scale_exponent(x)
+        parts = split_f16(np.float32(x) * np.float32(2.0 ** e)).astype(np.float64) * 2.0 ** -e
+    else:
+        parts = split_bf16(x).astype(np.float64)
     xsum = x.astype(np.float64).reshape(-1, GROUP).sum(axis=1)
     y = np.zeros(rows)
     for tile in range(rows // TILE_ROWS):
@@ -267,7 +370,9 @@ def _quantized(rows: int, cols: int, seed: int) -> tuple[Any, Any]:
 
 def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_sm: int = 2,
         repeats: int = 30, chain: int = 10, seed: int = 0) -> dict[str, Any]:
-    """Check and time the three row dots on one random matrix (see the module's doc)."""
+    """Check and time the four row dots on one random matrix (see the module's doc).
+    ``all_checks_passed`` covers the tensor-core variants and the kernels' row dot; MLX's
+    own is checked and reported the same way, as a reference, not required to pass."""
     import mlx.core as mx
 
     from workbench import cuda_device, decode_matvec
@@ -276,16 +381,21 @@ def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_
     check_shape(rows, cols, units)
     wm, x = _quantized(rows, cols, seed)
     q = wm.launch_parts()[0]  # the stored QuantizedBase: codes, scales, biases as MLX made them
-    truth = wm.dense(np.float64) @ np.asarray(x, np.float64)
+    dense = wm.dense(np.float64)  # the stored map, exactly: scale q + bias per weight
+    x64 = np.asarray(x, np.float64)
+    truth, scale = dense @ x64, np.abs(dense) @ np.abs(x64)
+    del dense
     blocks = min(cuda_device.multiprocessor_count() * blocks_per_sm, rows // TILE_ROWS)
     kernel = mx.fast.cuda_kernel(name="fat_tensor_core_rowdot", input_names=["w", "s", "b", "x"], output_names=["y"],
                                  source=SOURCE, header=HEADER, ensure_row_contiguous=True)
 
-    def tensor_core() -> Any:
-        return kernel(inputs=[q.w, q.scales, q.biases, x], template=[("K", cols), ("R", rows), ("NT", threads),
-                                                                     ("UG", units)],
-                      grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1), output_shapes=[(rows,)],
-                      output_dtypes=[mx.float32])[0]
+    def tensor_core(subnormal: bool) -> Any:
+        def matvec() -> Any:
+            return kernel(inputs=[q.w, q.scales, q.biases, x],
+                          template=[("K", cols), ("R", rows), ("NT", threads), ("UG", units), ("SUB", subnormal)],
+                          grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1), output_shapes=[(rows,)],
+                          output_dtypes=[mx.float32])[0]
+        return matvec
 
     launch = decode_matvec._matvec_launch("cuda", q, KernelTuning(), "w")
     zero = mx.zeros((rows,), mx.float32)
@@ -297,9 +407,8 @@ def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_
         return mx.quantized_matmul(x[None, :], q.w, q.scales, q.biases, transpose=True, group_size=GROUP,
                                    bits=4)[0]
 
-    variants = {"tensor-core row dot": tensor_core, "kernels' row dot (CUDA cores)": cuda_core,
-                "mx.quantized_matmul": mlx_qmm}
-    scale = np.abs(wm.dense(np.float64)) @ np.abs(np.asarray(x, np.float64))
+    variants = {TENSOR_BF16: tensor_core(False), TENSOR_F16_SUBNORMAL: tensor_core(True),
+                CUDA_CORES: cuda_core, MLX_QMM: mlx_qmm}
     checks = {}
     for name, fn in variants.items():
         got = np.asarray(fn(), np.float64)
@@ -319,13 +428,13 @@ def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_
     floor_ms = nbytes / bandwidth * 1e3
     rows_out = {name: {"device_ms": statistics.median(ts), "floor_x": statistics.median(ts) / floor_ms,
                        **checks[name]} for name, ts in times.items()}
-    base = rows_out["kernels' row dot (CUDA cores)"]["device_ms"]
+    base = rows_out[CUDA_CORES]["device_ms"]
     for r in rows_out.values():
         r["vs_cuda_cores"] = r["device_ms"] / base
     return {"shape": [rows, cols], "units": units, "threads": threads, "blocks": blocks, "chain": chain,
             "repeats": repeats, "seed": seed, "weight_bytes": nbytes, "copy_bandwidth_Bps": bandwidth,
             "floor_ms": floor_ms, "check_tol": CHECK_TOL, "variants": rows_out,
-            "all_checks_passed": all(c["passed"] for c in checks.values())}
+            "all_checks_passed": all(c["passed"] for name, c in checks.items() if name != MLX_QMM)}
 
 
 #: The check: every output within this of the exact map, relative to sum |w| |x| of its
@@ -339,9 +448,9 @@ def print_table(res: dict[str, Any]) -> None:
     rows, cols = res["shape"]
     print(f"{rows} x {cols} affine 4-bit (group {GROUP}), {res['weight_bytes'] / 1e6:.1f} MB; copy bandwidth "
           f"{res['copy_bandwidth_Bps'] / 1e12:.2f} TB/s, floor {res['floor_ms']:.4f} ms")
-    print(f"{'row dot':<32}{'device ms':>10}{'x floor':>9}{'/ CUDA cores':>14}{'worst err':>11}  check")
+    print(f"{'row dot':<35}{'device ms':>10}{'x floor':>9}{'/ CUDA cores':>14}{'worst err':>11}  check")
     for name, r in res["variants"].items():
-        print(f"{name:<32}{r['device_ms']:>10.4f}{r['floor_x']:>9.2f}{r['vs_cuda_cores']:>14.3f}"
+        print(f"{name:<35}{r['device_ms']:>10.4f}{r['floor_x']:>9.2f}{r['vs_cuda_cores']:>14.3f}"
               f"{r['worst_scaled_error']:>11.2e}  {'ok' if r['passed'] else 'FAILED'}")
 
 

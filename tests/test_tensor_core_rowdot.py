@@ -28,14 +28,27 @@ def _exact(codes, scales, biases, x) -> tuple[np.ndarray, np.ndarray]:
     return w @ x.astype(np.float64), np.abs(w) @ np.abs(x.astype(np.float64))
 
 
+@pytest.mark.parametrize("subnormal", [False, True])
 @pytest.mark.parametrize("rows, cols, seed", [(16, 64, 0), (32, 128, 1), (48, 256, 2)])
-def test_the_fragment_mapping_takes_every_product_once(rows, cols, seed) -> None:
+def test_the_fragment_mapping_takes_every_product_once(rows, cols, seed, subnormal) -> None:
     """Each (row, k) code meets x at the same k exactly once: the model of the lanes'
-    A and B slots gives the exact map, up to x's split (24 significant bits)."""
+    A and B slots gives the exact map, up to x's split (24 significant bits or more)."""
     codes, scales, biases, x = _random(rows, cols, seed)
     truth, scale = _exact(codes, scales, biases, x)
-    err = np.abs(tc.fragment_model(codes, scales, biases, x) - truth) / scale
+    err = np.abs(tc.fragment_model(codes, scales, biases, x, subnormal) - truth) / scale
     assert err.max() < 2.0 ** -22
+
+
+@pytest.mark.parametrize("top", [1e-3, 1.0, 3.0e4, 6.0e8])
+def test_the_float16_scheme_keeps_x_in_range_at_any_scale(top) -> None:
+    """x 2^e has its largest value in [2^14, 2^15) whatever x's scale (float16 neither
+    overflows nor loses the large values), and the model stays exact to 2^-22."""
+    codes, scales, biases, x = _random(32, 128, 5)
+    x = (x / np.abs(x).max() * top).astype(np.float32)
+    e = tc.x_scale_exponent(x)
+    assert 2.0 ** 14 <= np.abs(x).max() * 2.0 ** e < 2.0 ** 15
+    truth, scale = _exact(codes, scales, biases, x)
+    assert (np.abs(tc.fragment_model(codes, scales, biases, x, True) - truth) / scale).max() < 2.0 ** -22
 
 
 def test_a_code_at_the_wrong_k_is_far_outside_the_check() -> None:
@@ -87,13 +100,16 @@ def test_a_bad_option_is_a_usage_error_naming_it(capsys) -> None:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
-def test_the_kernel_compiles_for_the_h200_without_spills(tmp_path) -> None:
+@pytest.mark.parametrize("subnormal", [False, True])
+def test_the_kernel_compiles_for_the_h200_without_spills(tmp_path, subnormal) -> None:
     """The body in the signature MLX gives it, at the default shape: nvcc compiles it for
-    sm_90, ptxas spills nothing, and the machine code has the MMAs (4 a group)."""
+    sm_90, ptxas spills nothing, and the machine code has the MMAs (4 a group); the
+    float16 scheme has no packed subtract (HADD2) left."""
     src = tmp_path / "rowdot.cu"
-    src.write_text(tc.HEADER + "\ntemplate <int K, int R, int NT, int UG>\n__global__ void rowdot("
+    sub = "true" if subnormal else "false"
+    src.write_text(tc.HEADER + "\ntemplate <int K, int R, int NT, int UG, bool SUB>\n__global__ void rowdot("
                    "const unsigned int* w, const __nv_bfloat16* s, const __nv_bfloat16* b, const float* x, float* y) {\n"
-                   + tc.SOURCE + "}\ntemplate __global__ void rowdot<5120, 34816, 256, 4>(const unsigned int*, "
+                   + tc.SOURCE + f"}}\ntemplate __global__ void rowdot<5120, 34816, 256, 4, {sub}>(const unsigned int*, "
                    "const __nv_bfloat16*, const __nv_bfloat16*, const float*, float*);\n")
     cubin = tmp_path / "rowdot.cubin"
     r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(src)],
@@ -106,4 +122,11 @@ def test_the_kernel_compiles_for_the_h200_without_spills(tmp_path) -> None:
     if cuobjdump is None:
         pytest.skip("cuobjdump is not installed here")
     sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    assert sass.count("HMMA.16816.F32.BF16") == 4 * 4  # four MMAs a group, four groups a batch
+    mma = "HMMA.16816.F32" if subnormal else "HMMA.16816.F32.BF16"
+    assert sum(mma + " " in line for line in sass.splitlines()) == 4 * 4  # four MMAs a group, four groups a batch
+    flow = sass_counts.control_flow(sass_counts.parse_sass(sass))
+    every = sass_counts.natural_loops(flow)
+    (unit_loop,) = [i for lp in sass_counts.outer_loops(flow)
+                    for i in sass_counts.loop_counts(flow, lp, every)["inner"]]  # the batch of groups
+    assert unit_loop["opcodes"].get("HMMA") == 4 * 4
+    assert ("HADD2" in unit_loop["opcodes"]) != subnormal  # the packed subtract of 128, bf16 only
