@@ -113,8 +113,7 @@ SOURCE = r"""
     const int v = e & 7, tt = (e >> 3) & 3, pg = e >> 5;
     const int part = pg % 3, grp = pg / 3, i = v >> 1;
     const int k0 = 64 * grp + 16 * tt + 8 * (i >> 1) + 2 * (i & 1) + (v & 1);
-    xbw[e] = SUB ? f16_part(x[k0] * xscale, part) | (f16_part(x[k0 + 4] * xscale, part) << 16)
-                 : bf16_part(x[k0], part) | (bf16_part(x[k0 + 4], part) << 16);
+    xbw[e] = split_part<SUB>(x[k0] * xscale, part) | (split_part<SUB>(x[k0 + 4] * xscale, part) << 16);
   }
   if (lid < 2) xzero[lid] = make_uint4(0u, 0u, 0u, 0u);
   for (int grp = lid; grp < NG; grp += NT) {
@@ -179,16 +178,26 @@ HEADER = r"""
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-// part 0, 1 or 2 of v split into three bfloat16s (hi, mid, lo; each the rounding of what
-// the ones before it left, so their sum is v to 24 significant bits), as its 16 bits
-__device__ __forceinline__ unsigned bf16_part(float v, int part) {
-  const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-  const float r1 = v - __bfloat162float(hi);       // exact
-  const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-  const float r2 = r1 - __bfloat162float(mid);     // exact
-  const __nv_bfloat16 lo = __float2bfloat16_rn(r2);
-  const __nv_bfloat16 p = part == 0 ? hi : (part == 1 ? mid : lo);
-  return (unsigned)__bfloat16_as_ushort(p);
+// part 0, 1 or 2 of v split into three bfloat16s (F16: float16s, v already scaled into
+// their range), as its 16 bits: each part the rounding of what the parts before it left
+// (each subtraction exact), so the three sum to v to 24 significant bits or more
+template <bool F16>
+__device__ __forceinline__ unsigned split_part(float v, int part) {
+  unsigned bits = 0u;
+  #pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    if (i > part) break;
+    if (F16) {
+      const __half h = __float2half_rn(v);
+      bits = __half_as_ushort(h);
+      v -= __half2float(h);
+    } else {
+      const __nv_bfloat16 h = __float2bfloat16_rn(v);
+      bits = __bfloat16_as_ushort(h);
+      v -= __bfloat162float(h);
+    }
+  }
+  return bits;
 }
 
 __device__ __forceinline__ float bf16_float(unsigned short v) {
@@ -206,17 +215,6 @@ __device__ __forceinline__ unsigned code_pair(unsigned v, int n) {
   const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased),
                                    __floats2bfloat162_rn(128.0f, 128.0f));
   return *reinterpret_cast<const unsigned*>(&d);
-}
-
-// part 0, 1 or 2 of v split into three float16s (v already scaled into float16's range)
-__device__ __forceinline__ unsigned f16_part(float v, int part) {
-  const __half hi = __float2half_rn(v);
-  const float r1 = v - __half2float(hi);           // exact
-  const __half mid = __float2half_rn(r1);
-  const float r2 = r1 - __half2float(mid);         // exact
-  const __half lo = __float2half_rn(r2);
-  const __half p = part == 0 ? hi : (part == 1 ? mid : lo);
-  return (unsigned)__half_as_ushort(p);
 }
 
 // nibbles n and n + 4 of v, masked in place: the float16 pair (q_n 2^-24, q_{n+4} 2^-24),
