@@ -165,8 +165,6 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
     ``device_inputs``: the tail's arrays and inputs written by GPU kernels (:func:`device_written`);
     ``one_launch_nt``: the one launch's threads a group (None: ``one_launch.shape_for``'s, as fused_tail)."""
     parts = parts_to_run(list(PARTS) if parts is None else parts)
-    global _CHILD_T0
-    _CHILD_T0 = time.perf_counter()
     bad = 0
     for sname in shapes:
         for i, fmt in enumerate(formats):
@@ -177,7 +175,8 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
     return 1 if bad else 0
 
 
-#: When the child started (``time.perf_counter``), for :func:`_elapsed`.
+#: When this module was imported: in a child (``python -m bench.sanitize --child``, a
+#: process of its own), when the child started; for :func:`_elapsed`.
 _CHILD_T0 = time.perf_counter()
 
 

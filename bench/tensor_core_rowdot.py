@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -373,6 +372,8 @@ def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_
     own is checked and reported the same way, as a reference, not required to pass."""
     import mlx.core as mx
 
+    from bench import kernel_bench
+    from bench.kernel_bodies import interleaved
     from workbench import cuda_device, decode_matvec
     from workbench.kernel_launch import KernelTuning
 
@@ -414,15 +415,10 @@ def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_
         checks[name] = {"worst_scaled_error": float(err.max()), "passed": bool(err.max() <= CHECK_TOL)}
     bandwidth = record.copy_bandwidth(1 << 30, repeats=10)
     nbytes = q.w.nbytes + q.scales.nbytes + q.biases.nbytes
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(3):  # warm-up
-        mx.eval([fn() for fn in variants.values()])
-    for _ in range(repeats):  # interleaved rounds: each variant once a round
-        for name, fn in variants.items():
-            outs = [fn() for _ in range(chain)]
-            t0 = time.perf_counter()
-            mx.eval(outs)
-            times[name].append((time.perf_counter() - t0) * 1e3 / chain)
+    # device time a matvec: `chain` of them in one evaluation (kernel_bench.batched_ms, which
+    # warms each up first), the variants alternating round after round (kernel_bodies.interleaved)
+    times = interleaved({name: (lambda fn=fn: kernel_bench.batched_ms(fn, n=chain, repeats=1))
+                         for name, fn in variants.items()}, repeats)
     floor_ms = nbytes / bandwidth * 1e3
     rows_out = {name: {"device_ms": statistics.median(ts), "floor_x": statistics.median(ts) / floor_ms,
                        **checks[name]} for name, ts in times.items()}
