@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import kernel_bench, record
-from workbench import kernel_launch, kernel_source, one_launch
+from workbench import kernel_launch, kernel_source, kernel_versions, one_launch
 from workbench.hadamard import factor_block
 from workbench.weights import QUANT_FORMATS
 
@@ -86,7 +86,7 @@ BONSAI = _bonsai()
 
 #: The tail as ONE launch (``kernels/tail_one_launch.body``, ``workbench.one_launch``), as
 #: the record and ``--launches`` name it.
-ONE_LAUNCH = "one_launch"
+ONE_LAUNCH = kernel_versions.SASS_ONE_LAUNCH
 
 #: The launches counted: the tail's three, then the tail as one launch.
 LAUNCHES: tuple[str, ...] = (*kernel_source.TAIL_KERNELS, ONE_LAUNCH)

@@ -133,3 +133,9 @@ def test_kernel_bodies_prints_the_one_launch_rows_and_counts_its_check(capsys):
     assert kernel_bodies.case_passed(case)
     case["one_launch"]["check"]["passed"] = False
     assert not kernel_bodies.case_passed(case) and kernel_bodies.case_passed(rec["cases"][1])
+
+
+def test_the_one_launch_phases_are_kernel_sources() -> None:
+    from workbench import kernel_source
+
+    assert kv.SASS_PHASES == (*(k for k, _ in kernel_source.ONE_LAUNCH_PHASES), "barriers")

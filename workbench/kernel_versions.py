@@ -54,7 +54,10 @@ def versions_table(record: dict[str, Any]) -> Any:
     return pd.DataFrame(cols)
 
 
-#: The one launch's rows in a ``bench.sass_counts`` record (``launch``), and its phases.
+#: The one launch's rows in a ``bench.sass_counts`` record (``launch``; the bench names
+#: them by this), and its phases: ``kernel_source.ONE_LAUNCH_PHASES``' launches in order
+#: (written out: this module sits on the bottom floor beside kernel_source; a test holds
+#: the two equal), then the grid barriers' waits.
 SASS_ONE_LAUNCH = "one_launch"
 SASS_PHASES: tuple[str, ...] = ("wo_residual", "ffn_gate_up", "ffn_down", "barriers")
 
