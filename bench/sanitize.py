@@ -21,7 +21,14 @@ that every output is finite: its oracle is gpu_check's). A tool passes when its 
 no error (racecheck: no hazard) and the child exits 0.
 
 With ``--jobs N`` the runs are one a tool, shape, format and part group (the tail with its
-one launch; the head apart: ``part_groups``), N at a time. A run stopped at ``--timeout``
+one launch; the head apart: ``part_groups``), N at a time. Runs at once on one GPU cost far
+more than they save, so keep the default (1) on a single GPU: on the H200, memcheck of the
+tail and one launch at Bonsai's shape took 59 s for all six formats alone, one run after
+another in one child (``sanitize-…195411Z``), against 310-315 s a run with four at a time
+(``…131835Z``), 441 s for six formats with another call's runs beside it (``…132401Z``),
+and no verdict in 540 s with six at a time (``…182203Z``). Every tool, part and format at
+Bonsai's shape took 457 s of runs one at a time (``…195411Z`` to ``…200122Z``). A run
+stopped at ``--timeout``
 is stopped with every process it started (``bench.bounded_run``). Each case line ends
 with the seconds since its child started, so a record shows where a slow run spent them.
 The record
@@ -348,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds allowed each sanitizer run")
     ap.add_argument("--jobs", type=int, default=1,
                     help="sanitizer runs at once: 1 runs one a tool over every shape and format; N > 1 runs one a "
-                         "tool, shape and format, N at a time (one record either way)")
+                         "tool, shape and format, N at a time (one record either way). On one GPU, 1 is fastest: "
+                         "runs at once slowed each other several-fold on the H200 (the module's doc)")
     ap.add_argument("--one-launch-nt", type=int, default=None,
                     help="the one launch's threads a group, a multiple of 32 up to 1024 (default: what "
                          "fused_tail(backend='cuda') runs for the format, workbench.one_launch.shape_for)")

@@ -490,13 +490,10 @@ def launch_templates(fmt_label: str, tuning: kernel_launch.KernelTuning | None =
 def one_launch_shape(fmt_label: str) -> one_launch.OneLaunchShape:
     """The one launch's shape for a tail whose matrices are all ``fmt_label``, as
     ``one_launch.shape_for`` chooses it (the shape ``fused_tail(backend="cuda")`` and
-    ``bench.kernel_bodies`` run): 4-bit weights take ``FOUR_BIT_NT`` threads a group and
-    ``FOUR_BIT_ROW_UNITS`` units in flight, the others ``DEFAULT_NT`` and the tuning's."""
+    ``bench.kernel_bodies`` run; ``one_launch.shape_for_formats``)."""
     if fmt_label not in FORMATS:
         raise ValueError(f"fmt_label must be one of {tuple(FORMATS)}; got {fmt_label!r}")
-    if FORMATS[fmt_label][0] in (kernel_source.WF_Q4, kernel_source.WF_FP4):
-        return one_launch.OneLaunchShape(nt=one_launch.FOUR_BIT_NT, row_units=one_launch.FOUR_BIT_ROW_UNITS)
-    return one_launch.OneLaunchShape(nt=one_launch.DEFAULT_NT)
+    return one_launch.shape_for_formats([FORMATS[fmt_label][0]])
 
 
 def one_launch_templates(fmt_label: str, tuning: kernel_launch.KernelTuning | None = None,
