@@ -438,10 +438,10 @@ def _fake_cuda(monkeypatch, launch_kernel) -> None:
     monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None: launch_kernel)
 
 
-@pytest.mark.parametrize("fmt,nt", [(None, one_launch.DEFAULT_NT), ("affine4", one_launch.QUANTIZED_NT),
-                                    ("affine8", one_launch.QUANTIZED_NT), ("mxfp4", one_launch.QUANTIZED_NT),
-                                    ("nvfp4", one_launch.QUANTIZED_NT)])
-def test_the_cuda_path_runs_quantized_tails_in_640_thread_groups_more_units_a_lane(monkeypatch, fmt, nt):
+@pytest.mark.parametrize("fmt,nt", [(None, one_launch.DEFAULT_NT), ("affine4", one_launch.FOUR_BIT_NT),
+                                    ("affine8", one_launch.DEFAULT_NT), ("mxfp4", one_launch.FOUR_BIT_NT),
+                                    ("nvfp4", one_launch.FOUR_BIT_NT)])
+def test_the_cuda_path_runs_4bit_tails_in_640_thread_groups_two_units_a_lane(monkeypatch, fmt, nt):
     from workbench.weights import QUANT_FORMATS
 
     monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
@@ -451,23 +451,24 @@ def test_the_cuda_path_runs_quantized_tails_in_640_thread_groups_more_units_a_la
     shape = one_launch.shape_for(prep)
     assert (shape.nt, shape.groups_per_sm) == (nt, 1)  # one group an SM: always resident
     assert one_launch.fits(prep, shape)
-    # quantized: wo and gate_up load QUANTIZED_ROW_UNITS a batch (two 4-bit units, four
-    # 8-bit ones); the rest keep the tuning's (and down always does)
+    # 4-bit: wo and gate_up load FOUR_BIT_ROW_UNITS (two 4-bit units) a batch; the rest
+    # keep the tuning's (and down always does)
     phases = one_launch._phase_templates(prep, shape)
     tuned = {k: dict(v) for k, v in prep.templates().items()}
-    units = {None: None, "affine8": 4}.get(fmt, 2)
-    assert shape.row_units == (None if fmt is None else one_launch.QUANTIZED_ROW_UNITS)
+    four_bit = fmt in ("affine4", "mxfp4", "nvfp4")
+    assert shape.row_units == (one_launch.FOUR_BIT_ROW_UNITS if four_bit else None)
     for k in ("wo_residual", "ffn_gate_up"):
-        assert phases[k]["U"] == (units or tuned[k]["U"])
+        assert phases[k]["U"] == (2 if four_bit else tuned[k]["U"])
     assert phases["ffn_down"]["U"] == max(1, kernel_launch._units(prep.down.fmt, prep.tuning.u_down) // shape.down_rows)
 
 
 @pytest.mark.parametrize("formats,nt", [([0], one_launch.DEFAULT_NT), ([1, 1, 1, 1], one_launch.DEFAULT_NT),
-                                        ([1, 3, 1, 1], one_launch.QUANTIZED_NT), ([4], one_launch.QUANTIZED_NT)])
-def test_shape_for_formats_gives_the_quantized_shape_where_any_matrix_is_quantized(formats, nt):
+                                        ([3, 3, 3, 3], one_launch.DEFAULT_NT), ([1, 2, 1, 1], one_launch.FOUR_BIT_NT),
+                                        ([4], one_launch.FOUR_BIT_NT)])
+def test_shape_for_formats_gives_the_4bit_shape_where_any_matrix_is_4bit(formats, nt):
     shape = one_launch.shape_for_formats(formats)
     assert shape.nt == nt and shape.groups_per_sm == 1
-    assert shape.row_units == (None if nt == one_launch.DEFAULT_NT else one_launch.QUANTIZED_ROW_UNITS)
+    assert shape.row_units == (None if nt == one_launch.DEFAULT_NT else one_launch.FOUR_BIT_ROW_UNITS)
 
 
 @pytest.mark.parametrize("formats", [[], [5], [1, -1], ["bf16"]])

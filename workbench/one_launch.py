@@ -62,26 +62,30 @@ STATIC_SHARED_LIMIT = 48 * 1024
 #: Threads a group of the one launch, by default (every phase runs with the same groups).
 DEFAULT_NT = 512
 
-#: Threads a group where the tail's weights are quantized (affine 4- and 8-bit, mxfp4,
-#: nvfp4), in the shape ``fused_tail(backend="cuda")`` runs (:func:`shape_for`): 20 warps
-#: an SM instead of 16 hide more of the loads' latency. First the 4-bit formats: two sweeps
-#: on the H200, two machine starts, agree that 640 threads took 11-14% less device time than
-#: 512 in each (``one_launch-…131203Z`` and ``…145320Z``), beyond :data:`CHOICE_MARGIN`,
-#: while bfloat16 and affine 8-bit moved by 4% or less. Then affine 8-bit, once the
-#: addressing change had cost its one launch time at 512 threads (kernels/README.md,
-#: "After the cuts"): in ``one_launch-…200209Z`` the 512-thread default took 0.232 ms a
-#: tail and every 640-thread variant 0.175-0.195, this shape 0.177. Still one group an SM,
-#: so still always resident (the module's doc).
-QUANTIZED_NT = 640
+#: Threads a group where the tail's weights are 4-bit (affine 4-bit, mxfp4, nvfp4: the
+#: launches bound by the ALU pipe then, kernels/README.md), in the shape ``fused_tail(
+#: backend="cuda")`` runs (:func:`shape_for`): 20 warps an SM instead of 16 hide more of the
+#: pipe's latency. Two sweeps on the H200, two machine starts, agree: 640 threads took
+#: 11-14% less device time than 512 in each 4-bit format (``one_launch-…131203Z`` and
+#: ``…145320Z``), beyond :data:`CHOICE_MARGIN`, while bfloat16 and affine 8-bit moved by 4%
+#: or less. Still one group an SM, so still always resident (the module's doc).
+#:
+#: Not yet affine 8-bit, though it now gains more: since the addressing change (kernels/
+#: README.md, "After the cuts"), ``one_launch-…200209Z`` timed its one launch at 0.232 ms a
+#: tail at 512 threads and 0.175-0.195 in every 640-thread variant, 0.177 in this shape with
+#: :data:`FOUR_BIT_ROW_UNITS`. One sweep only, and the sanitizer has not yet run affine8's
+#: one launch in that shape; giving affine 8-bit this shape (:func:`shape_for_formats`)
+#: waits on both (kernels/README.md, "Left").
+FOUR_BIT_NT = 640
 
 #: 16-byte units a lane of wo and gate_up loads before using any, in ``KernelTuning``'s
-#: terms (``u_wo`` / ``u_gate_up``: 8 is two 4-bit units, four 8-bit ones), where the
-#: tail's weights are quantized, in :func:`shape_for`'s shape. The quantized row dots wait
-#: on their loads' latency more than on bytes (kernels/README.md, "Address arithmetic");
-#: once a unit's addresses cost fewer registers, more units in flight fit. Measured on the
-#: H200 (sweep ``one_launch-…163500Z``, 640 threads a group): affine4 0.137 against 0.150
-#: ms a tail, mxfp4 and nvfp4 1% better; affine8 (``…200209Z``) 0.177 against 0.195.
-QUANTIZED_ROW_UNITS = 8
+#: terms (``u_wo`` / ``u_gate_up``: 8 is two 4-bit units), where the tail's weights are
+#: 4-bit, in :func:`shape_for`'s shape. The 4-bit row dots wait on their loads' latency
+#: more than on bytes (kernels/README.md, "Address arithmetic"); once a unit's addresses
+#: cost fewer registers, two units in flight fit. Measured on the H200 (sweep
+#: ``one_launch-…163500Z``, 640 threads a group): affine4 0.137 against 0.150 ms a tail,
+#: mxfp4 and nvfp4 1% better.
+FOUR_BIT_ROW_UNITS = 8
 
 #: How long a grid barrier waits before it gives up (ms), by default: no barrier of an
 #: uninstrumented launch legitimately waits this long (a phase takes well under a
@@ -319,8 +323,8 @@ class OneLaunchTail:
 # -- the CUDA path of fused_tail ------------------------------------------------------------
 
 
-#: The kernel formats :func:`shape_for_formats` gives the quantized shape.
-QUANTIZED_FORMATS: tuple[int, ...] = (kernel_source.WF_Q4, kernel_source.WF_Q8, kernel_source.WF_FP4)
+#: The kernel formats :func:`shape_for_formats` gives the 4-bit shape.
+FOUR_BIT_FORMATS: tuple[int, ...] = (kernel_source.WF_Q4, kernel_source.WF_FP4)
 
 
 def shape_for(prep: kernel_launch.PreparedTail) -> OneLaunchShape:
@@ -332,17 +336,19 @@ def shape_for(prep: kernel_launch.PreparedTail) -> OneLaunchShape:
 def shape_for_formats(formats: Iterable[int]) -> OneLaunchShape:
     """The one launch's shape for a tail whose matrices have the kernel formats
     ``formats`` (``kernel_source.WF_*``): one group an SM (always resident); where any is
-    quantized, :data:`QUANTIZED_NT` threads a group and :data:`QUANTIZED_ROW_UNITS` units
-    in flight a lane of wo and gate_up, else :data:`DEFAULT_NT` threads and the prepared
-    tail's tuning. Raises ``ValueError`` for a format the kernels do not read."""
+    4-bit (:data:`FOUR_BIT_FORMATS`), :data:`FOUR_BIT_NT` threads a group and
+    :data:`FOUR_BIT_ROW_UNITS` units in flight a lane of wo and gate_up, else
+    :data:`DEFAULT_NT` threads and the prepared tail's tuning. Raises ``ValueError`` for a
+    format the kernels do not read."""
     fmts = list(formats)
-    served = (kernel_source.WF_F32, kernel_source.WF_BF16, *QUANTIZED_FORMATS)
+    served = (kernel_source.WF_F32, kernel_source.WF_BF16, kernel_source.WF_Q4, kernel_source.WF_Q8,
+              kernel_source.WF_FP4)
     unknown = [f for f in fmts if f not in served]
     if unknown or not fmts:
         raise ValueError(f"formats must be kernel formats (kernel_source.WF_*: {served}), at least one; "
                          f"got {fmts!r}")
-    if any(f in QUANTIZED_FORMATS for f in fmts):
-        return OneLaunchShape(nt=QUANTIZED_NT, row_units=QUANTIZED_ROW_UNITS)
+    if any(f in FOUR_BIT_FORMATS for f in fmts):
+        return OneLaunchShape(nt=FOUR_BIT_NT, row_units=FOUR_BIT_ROW_UNITS)
     return OneLaunchShape(nt=DEFAULT_NT)
 
 
