@@ -365,36 +365,22 @@ def _quantized(rows: int, cols: int, seed: int) -> tuple[Any, Any]:
     return WeightMatrix.quantize(dense, mode="affine", bits=4, group_size=GROUP), x
 
 
-def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_sm: int = 2,
-        repeats: int = 30, chain: int = 10, seed: int = 0) -> dict[str, Any]:
-    """Check and time the four row dots on one random matrix (see the module's doc).
-    ``all_checks_passed`` covers the tensor-core variants and the kernels' row dot; MLX's
-    own is checked and reported the same way, as a reference, not required to pass."""
-    import mlx.core as mx
-
-    from bench import kernel_bench
-    from bench.kernel_bodies import interleaved
-    from workbench import cuda_device, decode_matvec
-    from workbench.kernel_launch import KernelTuning
-
-    check_shape(rows, cols, units)
+def matrix_case(rows: int, cols: int, seed: int) -> tuple[Any, Any, np.ndarray, np.ndarray]:
+    """One random affine 4-bit matrix as MLX stores it (``QuantizedBase``: codes, scales,
+    biases), x, the exact map ``W x`` in float64 and sum |w||x| a row (the check's scale)."""
     wm, x = _quantized(rows, cols, seed)
     q = wm.launch_parts()[0]  # the stored QuantizedBase: codes, scales, biases as MLX made them
     dense = wm.dense(np.float64)  # the stored map, exactly: scale q + bias per weight
     x64 = np.asarray(x, np.float64)
-    truth, scale = dense @ x64, np.abs(dense) @ np.abs(x64)
-    del dense
-    blocks = min(cuda_device.multiprocessor_count() * blocks_per_sm, rows // TILE_ROWS)
-    kernel = mx.fast.cuda_kernel(name="fat_tensor_core_rowdot", input_names=["w", "s", "b", "x"], output_names=["y"],
-                                 source=SOURCE, header=HEADER, ensure_row_contiguous=True)
+    return q, x, dense @ x64, np.abs(dense) @ np.abs(x64)
 
-    def tensor_core(subnormal: bool) -> Any:
-        def matvec() -> Any:
-            return kernel(inputs=[q.w, q.scales, q.biases, x],
-                          template=[("K", cols), ("R", rows), ("NT", threads), ("UG", units), ("SUB", subnormal)],
-                          grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1), output_shapes=[(rows,)],
-                          output_dtypes=[mx.float32])[0]
-        return matvec
+
+def reference_row_dots(q: Any, x: Any, rows: int) -> dict[str, Any]:
+    """The kernels' own row dot (:data:`CUDA_CORES`) and MLX's (:data:`MLX_QMM`) on ``q``, ``x``."""
+    import mlx.core as mx
+
+    from workbench import decode_matvec
+    from workbench.kernel_launch import KernelTuning
 
     launch = decode_matvec._matvec_launch("cuda", q, KernelTuning(), "w")
     zero = mx.zeros((rows,), mx.float32)
@@ -406,30 +392,74 @@ def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_
         return mx.quantized_matmul(x[None, :], q.w, q.scales, q.biases, transpose=True, group_size=GROUP,
                                    bits=4)[0]
 
-    variants = {TENSOR_BF16: tensor_core(False), TENSOR_F16_SUBNORMAL: tensor_core(True),
-                CUDA_CORES: cuda_core, MLX_QMM: mlx_qmm}
+    return {CUDA_CORES: cuda_core, MLX_QMM: mlx_qmm}
+
+
+def tensor_core_row_dots(q: Any, x: Any, rows: int, cols: int, *, units: int, threads: int,
+                         blocks: int) -> dict[str, Any]:
+    """The two tensor-core row dots (:data:`TENSOR_BF16`, :data:`TENSOR_F16_SUBNORMAL`) on ``q``, ``x``."""
+    import mlx.core as mx
+
+    kernel = mx.fast.cuda_kernel(name="fat_tensor_core_rowdot", input_names=["w", "s", "b", "x"], output_names=["y"],
+                                 source=SOURCE, header=HEADER, ensure_row_contiguous=True)
+
+    def tensor_core(subnormal: bool) -> Any:
+        def matvec() -> Any:
+            return kernel(inputs=[q.w, q.scales, q.biases, x],
+                          template=[("K", cols), ("R", rows), ("NT", threads), ("UG", units), ("SUB", subnormal)],
+                          grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1), output_shapes=[(rows,)],
+                          output_dtypes=[mx.float32])[0]
+        return matvec
+
+    return {TENSOR_BF16: tensor_core(False), TENSOR_F16_SUBNORMAL: tensor_core(True)}
+
+
+def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_sm: int = 2,
+        repeats: int = 30, chain: int = 10, seed: int = 0) -> dict[str, Any]:
+    """Check and time the four row dots on one random matrix (see the module's doc).
+    ``all_checks_passed`` covers the tensor-core variants and the kernels' row dot; MLX's
+    own is checked and reported the same way, as a reference, not required to pass."""
+    from workbench import cuda_device
+
+    check_shape(rows, cols, units)
+    q, x, truth, scale = matrix_case(rows, cols, seed)
+    blocks = min(cuda_device.multiprocessor_count() * blocks_per_sm, rows // TILE_ROWS)
+    variants = {**tensor_core_row_dots(q, x, rows, cols, units=units, threads=threads, blocks=blocks),
+                **reference_row_dots(q, x, rows)}
+    nbytes = q.w.nbytes + q.scales.nbytes + q.biases.nbytes
+    return {"shape": [rows, cols], "units": units, "threads": threads, "blocks": blocks, "chain": chain,
+            "repeats": repeats, "seed": seed, "weight_bytes": nbytes,
+            **measure(variants, truth, scale, nbytes, repeats=repeats, chain=chain)}
+
+
+def measure(variants: dict[str, Any], truth: np.ndarray, scale: np.ndarray, nbytes: int, *, repeats: int,
+            chain: int, base: str = CUDA_CORES, references: tuple[str, ...] = (MLX_QMM,)) -> dict[str, Any]:
+    """Check, then time, row dots of one matrix: each of ``variants`` (name: a function
+    returning y) against ``truth`` (the exact map in float64) at :data:`CHECK_TOL` of
+    ``scale`` (sum |w||x| a row); then device time a matvec (``chain`` of them in one
+    evaluation, ``kernel_bench.batched_ms``, which warms each up first), the variants
+    alternating round after round (``kernel_bodies.interleaved``), median of ``repeats``,
+    beside the floor (``nbytes`` over ``kernel_bench.floor_bandwidth``) and as a ratio to
+    ``base``'s time. ``all_checks_passed`` leaves out ``references`` (reported the same
+    way, not required to pass). The record's copy bandwidth, floor, tolerance and rows."""
+    from bench import kernel_bench
+    from bench.kernel_bodies import interleaved
+
     checks = {}
     for name, fn in variants.items():
         got = np.asarray(fn(), np.float64)
         err = np.abs(got - truth) / np.maximum(scale, 1e-30)
         checks[name] = {"worst_scaled_error": float(err.max()), "passed": bool(err.max() <= CHECK_TOL)}
     bws = kernel_bench.floor_bandwidth()  # the floor every CUDA bench divides by
-    bandwidth = bws["used_for_floor"]
-    nbytes = q.w.nbytes + q.scales.nbytes + q.biases.nbytes
-    # device time a matvec: `chain` of them in one evaluation (kernel_bench.batched_ms, which
-    # warms each up first), the variants alternating round after round (kernel_bodies.interleaved)
     times = interleaved({name: (lambda fn=fn: kernel_bench.batched_ms(fn, n=chain, repeats=1))
                          for name, fn in variants.items()}, repeats)
-    floor_ms = nbytes / bandwidth * 1e3
+    floor_ms = nbytes / bws["used_for_floor"] * 1e3
     rows_out = {name: {"device_ms": statistics.median(ts), "floor_x": statistics.median(ts) / floor_ms,
                        **checks[name]} for name, ts in times.items()}
-    base = rows_out[CUDA_CORES]["device_ms"]
     for r in rows_out.values():
-        r["vs_cuda_cores"] = r["device_ms"] / base
-    return {"shape": [rows, cols], "units": units, "threads": threads, "blocks": blocks, "chain": chain,
-            "repeats": repeats, "seed": seed, "weight_bytes": nbytes, "copy_bandwidth_Bps": bws,
-            "floor_ms": floor_ms, "check_tol": CHECK_TOL, "variants": rows_out,
-            "all_checks_passed": all(c["passed"] for name, c in checks.items() if name != MLX_QMM)}
+        r["vs_cuda_cores"] = r["device_ms"] / rows_out[base]["device_ms"]
+    return {"copy_bandwidth_Bps": bws, "floor_ms": floor_ms, "check_tol": CHECK_TOL, "variants": rows_out,
+            "all_checks_passed": all(c["passed"] for name, c in checks.items() if name not in references)}
 
 
 #: The check: every output within this of the exact map, relative to sum |w| |x| of its

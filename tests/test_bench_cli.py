@@ -22,7 +22,7 @@ from bench import record
 from workbench import schedule, waits
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("gpu_check", "kernel_bench", "kernel_bodies", "kernel_plot", "launch_profile", "one_launch", "real_model", "sanitize",
+BENCHES = ("async_copy_rowdot", "gpu_check", "kernel_bench", "kernel_bodies", "kernel_plot", "launch_profile", "one_launch", "real_model", "sanitize",
            "sass_counts", "schedule_run", "split_price", "sweep_rate", "tail_bench", "tensor_core_rowdot", "wait_price")
 #: Commands that write no JSON record of their own: kernel_bench prints tables for
 #: gpu_check, which writes its record; kernel_plot draws a record's figure beside it.
