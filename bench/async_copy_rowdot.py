@@ -316,25 +316,11 @@ def main(argv: list[str] | None = None) -> int:
             check_shape(a.rows, a.cols, a.threads, st)
     except ValueError as e:
         ap.error(str(e))
-    for flag, v in (("--blocks-per-sm", a.blocks_per_sm), ("--repeats", a.repeats), ("--chain", a.chain)):
-        if v < 1:
-            ap.error(f"{flag} must be >= 1; got {v}")
-    import mlx.core as mx
-
-    if not mx.cuda.is_available():
-        print("MLX's CUDA backend is not available here: this bench runs cp.async on an NVIDIA GPU")
-        return 2
-    prov = record.provenance("async_copy_rowdot", argv)
-    res = run(a.rows, a.cols, threads=a.threads, blocks_per_sm=a.blocks_per_sm, stages=stages, repeats=a.repeats,
-              chain=a.chain, seed=a.seed)
-    tc.print_table(res)
-    rec = {"what": "an affine 4-bit row dot fed by asynchronous copies beside the kernels' and MLX's", **prov, **res}
-    if not a.no_record:
-        device = prov["device"].get("device_name", "gpu")
-        path = record.write(rec, a.out_dir, record.record_stem("async_copy_rowdot", device), force=a.force)
-        print(f"record: {path}")
-    return 0 if res["all_checks_passed"] else 1
-
+    tc.check_counts(ap, a)
+    return tc.run_and_record("async_copy_rowdot", "an affine 4-bit row dot fed by asynchronous copies beside the "
+                             "kernels' and MLX's", argv, a, "cp.async",
+                             lambda: run(a.rows, a.cols, threads=a.threads, blocks_per_sm=a.blocks_per_sm,
+                                         stages=stages, repeats=a.repeats, chain=a.chain, seed=a.seed))
 
 if __name__ == "__main__":
     sys.exit(main())

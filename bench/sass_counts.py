@@ -570,10 +570,10 @@ def sass_counts(instrs: list[Instruction], phases: tuple[str, ...] | None = None
     return out
 
 
-def count_launch(source: str, workdir: Path, stem: str, *, nvcc: str, cuobjdump: str, nvdisasm: str,
-                 arch: str, phases: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """Compile one translation unit; its registers, spills and instruction counts
-    (:func:`sass_counts`; ``phases`` for the one launch)."""
+def compile_sass(source: str, workdir: Path, stem: str, *, nvcc: str, cuobjdump: str, nvdisasm: str | None = None,
+                 arch: str = "sm_90") -> tuple[str, str]:
+    """Compile one translation unit (``workdir/stem.cu``) to a cubin; ptxas's report (``-v``:
+    registers, spills) and the cubin's SASS listing. RuntimeError naming ``stem`` if a tool fails."""
     src = workdir / f"{stem}.cu"
     src.write_text(source)
     cubin = src.with_suffix(".cubin")
@@ -581,14 +581,29 @@ def count_launch(source: str, workdir: Path, stem: str, *, nvcc: str, cuobjdump:
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"nvcc failed on {stem}: {done.stderr[-2000:]}")
-    regs = re.search(r"Used (\d+) registers", done.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", done.stderr)
-    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=False,
-                          env={**os.environ, "NVDISASM_PATH": str(Path(nvdisasm).parent)})
+    env = {**os.environ, **({"NVDISASM_PATH": str(Path(nvdisasm).parent)} if nvdisasm else {})}
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=False, env=env)
     if sass.returncode != 0:
         raise RuntimeError(f"cuobjdump failed on {stem}: {sass.stderr[-2000:]}")
+    return done.stderr, sass.stdout
+
+
+def outer_loop_counts(sass: str) -> list[dict[str, Any]]:
+    """Each outer loop of a SASS listing, counted (:func:`loop_counts`, its inner loops too)."""
+    flow = control_flow(parse_sass(sass))
+    every = natural_loops(flow)
+    return [loop_counts(flow, lp, every) for lp in outer_loops(flow)]
+
+
+def count_launch(source: str, workdir: Path, stem: str, *, nvcc: str, cuobjdump: str, nvdisasm: str,
+                 arch: str, phases: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Compile one translation unit; its registers, spills and instruction counts
+    (:func:`sass_counts`; ``phases`` for the one launch)."""
+    report, sass = compile_sass(source, workdir, stem, nvcc=nvcc, cuobjdump=cuobjdump, nvdisasm=nvdisasm, arch=arch)
+    regs = re.search(r"Used (\d+) registers", report)
+    spill = re.search(r"(\d+) bytes spill stores", report)
     return {"registers": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else None,
-            **sass_counts(parse_sass(sass.stdout), phases)}
+            **sass_counts(parse_sass(sass), phases)}
 
 
 def run(formats: tuple[str, ...], *, old_dir: Path | None, nvcc: str, cuobjdump: str, nvdisasm: str, arch: str,

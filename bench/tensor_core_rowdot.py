@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import statistics
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -496,25 +496,40 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if a.threads < 32 or a.threads % 32 or a.threads > 1024:
         ap.error(f"--threads must be a multiple of 32 from 32 to 1024; got {a.threads}")
+    check_counts(ap, a)
+    return run_and_record("tensor_core_rowdot", "a tensor-core row dot for affine 4-bit weights beside the kernels' "
+                          "and MLX's", argv, a, "mma.sync",
+                          lambda: run(a.rows, a.cols, units=a.units, threads=a.threads, blocks_per_sm=a.blocks_per_sm,
+                                      repeats=a.repeats, chain=a.chain, seed=a.seed))
+
+
+def check_counts(ap: Any, a: Any) -> None:
+    """``ap``'s usage error unless ``--blocks-per-sm``, ``--repeats`` and ``--chain`` are >= 1."""
     for flag, v in (("--blocks-per-sm", a.blocks_per_sm), ("--repeats", a.repeats), ("--chain", a.chain)):
         if v < 1:
             ap.error(f"{flag} must be >= 1; got {v}")
+
+
+def run_and_record(bench: str, what: str, argv: list[str] | None, a: Any, needs: str,
+                   compute: Callable[[], dict[str, Any]]) -> int:
+    """A row-dot bench's end: exit 2 (saying so) without MLX's CUDA back-end (the kernel
+    uses ``needs``), else ``compute()``'s result printed as :func:`print_table` prints it
+    and written as ``bench``'s record (unless ``--no-record``); 0 if every required check
+    passed, else 1."""
     import mlx.core as mx
 
     if not mx.cuda.is_available():
-        print("MLX's CUDA backend is not available here: this bench runs mma.sync on an NVIDIA GPU")
+        print(f"MLX's CUDA backend is not available here: this bench runs {needs} on an NVIDIA GPU")
         return 2
-    prov = record.provenance("tensor_core_rowdot", argv)
-    res = run(a.rows, a.cols, units=a.units, threads=a.threads, blocks_per_sm=a.blocks_per_sm, repeats=a.repeats,
-              chain=a.chain, seed=a.seed)
+    prov = record.provenance(bench, argv)
+    res = compute()
     print_table(res)
-    rec = {"what": "a tensor-core row dot for affine 4-bit weights beside the kernels' and MLX's", **prov, **res}
+    rec = {"what": what, **prov, **res}
     if not a.no_record:
         device = prov["device"].get("device_name", "gpu")
-        path = record.write(rec, a.out_dir, record.record_stem("tensor_core_rowdot", device), force=a.force)
+        path = record.write(rec, a.out_dir, record.record_stem(bench, device), force=a.force)
         print(f"record: {path}")
     return 0 if res["all_checks_passed"] else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

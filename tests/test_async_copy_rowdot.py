@@ -5,7 +5,6 @@ nvcc where it is installed."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -100,25 +99,18 @@ def test_the_kernel_compiles_for_the_h200_without_spills(tmp_path, stages) -> No
     (LDGSTS, with its commits and waits: LDGDEPBAR, DEPBAR) and loads none to registers."""
     from bench import sass_counts
 
-    src = tmp_path / "rowdot.cu"
-    src.write_text("#include <cuda_bf16.h>\n" + ac.HEADER + "\ntemplate <int K, int R, int NT, int ST>\n"
-                   "__global__ void rowdot(const unsigned int* w, const __nv_bfloat16* s, const __nv_bfloat16* b, "
-                   "const float* x, float* y) {\n" + ac.SOURCE + f"}}\ntemplate __global__ void rowdot<5120, 34816, "
-                   f"128, {stages}>(const unsigned int*, const __nv_bfloat16*, const __nv_bfloat16*, const float*, "
-                   "float*);\n")
-    cubin = tmp_path / "rowdot.cubin"
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(src)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert "0 bytes spill stores" in r.stderr
     cuobjdump = sass_counts.find_tool("cuobjdump")
     if cuobjdump is None:
         pytest.skip("cuobjdump is not installed here")
-    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    flow = sass_counts.control_flow(sass_counts.parse_sass(sass))
-    every = sass_counts.natural_loops(flow)
-    loops = [sass_counts.loop_counts(flow, lp, every) for lp in sass_counts.outer_loops(flow)]
-    (row_loop,) = [lp for lp in loops if "LDGSTS" in lp["opcodes"] and "FFMA" in lp["opcodes"]]
+    report, sass = sass_counts.compile_sass(
+        "#include <cuda_bf16.h>\n" + ac.HEADER + "\ntemplate <int K, int R, int NT, int ST>\n"
+        "__global__ void rowdot(const unsigned int* w, const __nv_bfloat16* s, const __nv_bfloat16* b, "
+        "const float* x, float* y) {\n" + ac.SOURCE + f"}}\ntemplate __global__ void rowdot<5120, 34816, "
+        f"128, {stages}>(const unsigned int*, const __nv_bfloat16*, const __nv_bfloat16*, const float*, float*);\n",
+        tmp_path, "rowdot", nvcc="nvcc", cuobjdump=cuobjdump)
+    assert "0 bytes spill stores" in report
+    (row_loop,) = [lp for lp in sass_counts.outer_loop_counts(sass)
+                   if "LDGSTS" in lp["opcodes"] and "FFMA" in lp["opcodes"]]
     ops = row_loop["opcodes"]
     assert ops["LDGSTS"] >= 2 and "LDGDEPBAR" in ops and "DEPBAR" in ops
     assert "LDG" not in ops  # no weight passes through a register on its way in

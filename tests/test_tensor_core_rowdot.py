@@ -5,7 +5,6 @@ nvcc where it is installed."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -105,28 +104,22 @@ def test_the_kernel_compiles_for_the_h200_without_spills(tmp_path, subnormal) ->
     """The body in the signature MLX gives it, at the default shape: nvcc compiles it for
     sm_90, ptxas spills nothing, and the machine code has the MMAs (4 a group); the
     float16 scheme has no packed subtract (HADD2) left."""
-    src = tmp_path / "rowdot.cu"
-    sub = "true" if subnormal else "false"
-    src.write_text(tc.HEADER + "\ntemplate <int K, int R, int NT, int UG, bool SUB>\n__global__ void rowdot("
-                   "const unsigned int* w, const __nv_bfloat16* s, const __nv_bfloat16* b, const float* x, float* y) {\n"
-                   + tc.SOURCE + f"}}\ntemplate __global__ void rowdot<5120, 34816, 256, 4, {sub}>(const unsigned int*, "
-                   "const __nv_bfloat16*, const __nv_bfloat16*, const float*, float*);\n")
-    cubin = tmp_path / "rowdot.cubin"
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(src)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert "0 bytes spill stores" in r.stderr
     from bench import sass_counts
 
     cuobjdump = sass_counts.find_tool("cuobjdump")
     if cuobjdump is None:
         pytest.skip("cuobjdump is not installed here")
-    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    sub = "true" if subnormal else "false"
+    report, sass = sass_counts.compile_sass(
+        tc.HEADER + "\ntemplate <int K, int R, int NT, int UG, bool SUB>\n__global__ void rowdot("
+        "const unsigned int* w, const __nv_bfloat16* s, const __nv_bfloat16* b, const float* x, float* y) {\n"
+        + tc.SOURCE + f"}}\ntemplate __global__ void rowdot<5120, 34816, 256, 4, {sub}>(const unsigned int*, "
+        "const __nv_bfloat16*, const __nv_bfloat16*, const float*, float*);\n",
+        tmp_path, "rowdot", nvcc="nvcc", cuobjdump=cuobjdump)
+    assert "0 bytes spill stores" in report
     mma = "HMMA.16816.F32" if subnormal else "HMMA.16816.F32.BF16"
     assert sum(mma + " " in line for line in sass.splitlines()) == 4 * 4  # four MMAs a group, four groups a batch
-    flow = sass_counts.control_flow(sass_counts.parse_sass(sass))
-    every = sass_counts.natural_loops(flow)
-    (unit_loop,) = [i for lp in sass_counts.outer_loops(flow) for i in sass_counts.loop_counts(flow, lp, every)["inner"]
+    (unit_loop,) = [i for lp in sass_counts.outer_loop_counts(sass) for i in lp["inner"]
                     if "HMMA" in i["opcodes"]]  # the batch of groups (the prologue's loops have none)
     assert unit_loop["opcodes"].get("HMMA") == 4 * 4
     assert ("HADD2" in unit_loop["opcodes"]) != subnormal  # the packed subtract of 128, bf16 only
