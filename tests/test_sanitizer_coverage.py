@@ -23,19 +23,22 @@ def _rec(runs: list[dict] | None = None, tools: dict | None = None) -> dict:
 
 
 def test_the_committed_records():
-    """Every tool clean at the small shape for every part and format; at Bonsai's, what the
-    records show (notebook 03 prints this table). The bench's names and orders are the table's."""
+    """Every tool clean for every part and format at both shapes, over all records and over
+    the runs of one kernel text (``c60431e0a55f``, whose Bonsai runs finished it; notebook 03
+    prints these tables). The bench's names and orders are the table's."""
     from bench import sanitize
 
     assert tuple(sanitize.SHAPES) == sc.SHAPES and sanitize.FORMATS == sc.FORMATS and sanitize.TOOLS == sc.TOOLS
     cov = sc.coverage([json.loads(p.read_text()) for p in sorted(BENCH.glob("sanitize-*.json"))])
     assert list(cov.columns) == list(sc.TOOLS)
-    assert (cov.loc["small"] == "T1H").all().all()
-    # At Bonsai's shape: the three launches and the one launch clean in every format under
-    # every tool; the head launch only under memcheck in bf16 (its other runs timed out).
-    assert cov.loc["bonsai"].map(lambda c: "T1" in c).all().all()
-    assert cov.loc[("bonsai", "bfloat16")].tolist() == ["T1H", "T1", "T1", "T1"]
-    assert sc.not_yet_clean(cov, "bonsai", "one-launch") == {t: [] for t in sc.TOOLS}
+    assert len(cov) == len(sc.SHAPES) * len(sc.FORMATS) and (cov == "T1H").all().all()
+    # one kernel text alone: the head launch at Bonsai's shape too (sanitize-…195746Z and on)
+    records = [json.loads(p.read_text()) for p in sorted(BENCH.glob("sanitize-*.json"))]
+    one_text = sc.coverage(sc.of_kernel_text(records, "c60431e0a55f"))
+    assert len(one_text) == len(sc.SHAPES) * len(sc.FORMATS) and (one_text == "T1H").all().all()
+    for shape in sc.SHAPES:
+        for part in sc.PART_LETTERS:
+            assert sc.not_yet_clean(one_text, shape, part) == {t: [] for t in sc.TOOLS}
 
 
 def test_only_passed_runs_count_and_both_record_layouts_are_read():
