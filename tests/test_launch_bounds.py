@@ -77,3 +77,24 @@ def test_bound_change_pairs_the_launches_both_records_profiled():
         lb.bound_change(before, {**after, "table": [dict(after["table"][0], format="float32")]})
     with pytest.raises(ValueError, match="profile must be a bench.launch_profile record"):
         lb.bound_change({"bench": "one_launch"}, after)
+
+
+def test_row_dot_table_reads_a_tensor_core_record():
+    bench = Path(__file__).resolve().parent.parent / "data" / "bench"
+    rec = json.loads((bench / "tensor_core_rowdot-nvidia-h200-20261201T195337Z.json").read_text())
+    own = lb.row_dot_table(rec)  # its own floor: MLX's host-timed copy
+    device = lb.row_dot_table(rec, 4.13e12)
+    assert list(own.columns) == ["device ms", "x floor", "/ CUDA cores", "worst scaled", "check"]
+    assert (own["check"] == "pass").all()
+    assert own.loc["kernels' row dot (CUDA cores)", "/ CUDA cores"] == 1.0
+    # a floor half as long: each "x floor" about twice the record's own
+    ratio = device["x floor"].astype(float) / own["x floor"].astype(float)
+    assert (abs(ratio - rec["copy_bandwidth_Bps"] ** -1 * 4.13e12) < 1e-9).all()
+
+
+@pytest.mark.parametrize("record, bw, word", [({"variants": {}}, None, "record must"), ([], None, "record must"),
+                                               ({"variants": {}, "weight_bytes": 1, "copy_bandwidth_Bps": 1.0}, -1.0,
+                                                "copy_bandwidth_Bps must")])
+def test_row_dot_table_names_what_is_wrong(record, bw, word):
+    with pytest.raises(ValueError, match=word):
+        lb.row_dot_table(record, bw)

@@ -102,3 +102,25 @@ def test_the_dequantization_rewrite_was_sanitized_at_the_small_shape():
     cov = sc.coverage(sc.of_kernel_text(recs, "99260f381d1a"))
     assert (cov.loc["small"] == "T1H").all().all()
     assert sc.not_yet_clean(cov, "small", "head") == {t: [] for t in sc.TOOLS}
+
+
+def test_runs_table_has_a_row_a_run_and_refuses_other_records():
+    rec = _rec(runs=[{"tool": "memcheck", "parts": ["tail", "one-launch"], "formats": ["bfloat16", "nvfp4"],
+                      "passed": True, "errors": 0, "seconds": 12.4},
+                     {"tool": "racecheck", "parts": ["head"], "formats": ["bfloat16"], "passed": False,
+                      "errors": None, "seconds": 240.0}])
+    table = sc.runs_table({"…one": dict(rec, device_written=True)})
+    assert table[["tool", "parts", "formats", "device-written", "clean", "seconds"]].values.tolist() == [
+        ["memcheck", "tail+one-launch", 2, True, True, 12], ["racecheck", "head", 1, True, False, 240]]
+    with pytest.raises(ValueError, match="records must be bench.sanitize records.*'bad'"):
+        sc.runs_table({"bad": {"bench": "one_launch"}})
+
+
+def test_runs_table_of_the_bonsai_runs_one_at_a_time():
+    """The eight runs that finished Bonsai's shape (notebook 03 prints this table)."""
+    names = ["195411Z", "195511Z", "195611Z", "195746Z", "195827Z", "195954Z", "200044Z", "200122Z"]
+    table = sc.runs_table({n: json.loads((BENCH / f"sanitize-nvidia-h200-20261201T{n}.json").read_text())
+                           for n in names})
+    assert len(table) == 8 and table["clean"].all() and (table["errors"] == 0).all()
+    assert sorted(table["tool"].tolist()) == sorted(2 * list(sc.TOOLS))
+    assert table["seconds"].sum() == 457

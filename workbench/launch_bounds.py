@@ -123,3 +123,27 @@ def bound_change(before: dict[str, Any], after: dict[str, Any]) -> Any:
                      "ALU % before": b["scheduler"]["alu_pipe_pct"], "ALU % after": a["scheduler"]["alu_pipe_pct"],
                      "bound before": bound_of(b), "bound after": bound_of(a)})
     return pd.DataFrame(rows, columns=list(CHANGE_COLUMNS))
+
+
+def row_dot_table(record: dict[str, Any], copy_bandwidth_Bps: float | None = None) -> Any:
+    """The row dots of a ``bench.tensor_core_rowdot`` / ``bench.async_copy_rowdot`` record,
+    one row each (pandas): device ms, times the floor, the ratio to the kernels' row dot,
+    the worst scaled error against float64 and the check. The floor is the record's bytes
+    over ``copy_bandwidth_Bps`` where given (a device-timed copy from another record of the
+    same machine: the first tensor-core record divided by MLX's host-timed copy, about half
+    the device's rate), else over the record's own ``used_for_floor``."""
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    if not isinstance(record, dict) or not isinstance(record.get("variants"), dict) or "weight_bytes" not in record:
+        raise ValueError(f"record must be a row-dot bench record (variants, weight_bytes); got {validate.describe(record)}")
+    if copy_bandwidth_Bps is None:
+        bw = record.get("copy_bandwidth_Bps")
+        copy_bandwidth_Bps = bw["used_for_floor"] if isinstance(bw, dict) else bw
+    if not isinstance(copy_bandwidth_Bps, (int, float)) or copy_bandwidth_Bps <= 0:
+        raise ValueError(f"copy_bandwidth_Bps must be a positive number of bytes a second; got "
+                         f"{validate.describe(copy_bandwidth_Bps)}")
+    floor_ms = record["weight_bytes"] / copy_bandwidth_Bps * 1e3
+    return pd.DataFrame({name: {"device ms": v["device_ms"], "x floor": v["device_ms"] / floor_ms,
+                                "/ CUDA cores": v["vs_cuda_cores"], "worst scaled": v["worst_scaled_error"],
+                                "check": "pass" if v["passed"] else "FAIL"}
+                         for name, v in record["variants"].items()}).T

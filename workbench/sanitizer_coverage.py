@@ -95,3 +95,22 @@ def not_yet_clean(table: Any, shape: str, part: str) -> dict[str, list[str]]:
         out[tool] = [fmt for fmt in FORMATS
                      if rows is None or fmt not in rows.index or letter not in rows.loc[fmt, tool]]
     return out
+
+
+def runs_table(records: dict[str, dict[str, Any]]) -> Any:
+    """One row a run of the sanitize records ``records`` (name -> record, in the order
+    given): the record's name, the tool, the parts it ran, how many formats, whether its
+    tail was device-written, whether it was clean, its errors and its seconds (pandas).
+    Raises ``ValueError`` for anything that is not a sanitize record."""
+    import pandas as pd  # noqa: PLC0415 -- only the tables need it
+
+    rows = []
+    for name, rec in records.items():
+        if not isinstance(rec, dict) or rec.get("bench") != "sanitize":
+            raise ValueError(f"records must be bench.sanitize records; got {validate.describe(rec)} for {name!r}")
+        for run in record_runs(rec):
+            rows.append({"record": name, "tool": run["tool"], "parts": "+".join(run.get("parts") or ["?"]),
+                         "formats": len(run.get("formats", [])), "device-written": bool(rec.get("device_written")),
+                         "clean": bool(run.get("passed")), "errors": run.get("errors"),
+                         "seconds": round(run["seconds"])})
+    return pd.DataFrame(rows)
