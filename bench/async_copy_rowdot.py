@@ -277,7 +277,7 @@ def run(rows: int, cols: int, *, threads: int = 128, blocks_per_sm: int = 4, sta
         repeats: int = 30, chain: int = 10, seed: int = 0) -> dict[str, Any]:
     """Check and time the row dots on one random matrix (see the module's doc).
     ``all_checks_passed`` covers every variant but MLX's (a reference)."""
-    from workbench import cuda_device
+    from workbench.kernels import cuda_device
 
     stages = stages or [4, 8]
     for st in stages:

@@ -5,9 +5,9 @@
     python -m bench.gpu_check --checks-only    # no benchmark
 
 On an NVIDIA GPU (MLX's CUDA back-end) it runs the CUDA kernels; on an Apple GPU the
-Metal ones. Checks, each against the float64 oracle (``workbench.exact_oracle``, numpy);
+Metal ones. Checks, each against the float64 oracle (``workbench.studies.exact_oracle``, numpy);
 on CUDA each tail case checks both what ``fused_tail(backend="cuda")`` runs (the tail as
-one launch, ``workbench.one_launch``) and the three launches (``three_launches_worst``):
+one launch, ``workbench.kernels.one_launch``) and the three launches (``three_launches_worst``):
 
 * frink-models' test case (hidden 64, branch 96, ffn 80, wo folded with block 16 and its signs);
 * random shapes and folds: blocks 12 x 2^k, 20 x 2^k, 28 x 2^k and 2^k, with and without
@@ -46,12 +46,13 @@ import mlx.core as mx
 import numpy as np
 
 from bench import kernel_bench, record
-from workbench import backends, kernel_launch, tail
-from workbench.comparison import compare
-from workbench.exact_oracle import dequantize_exact, host_tail_exact, oracle_tolerance, tolerance_for
-from workbench.fold import HadamardFold
-from workbench.frink_case import seed_case
-from workbench.weights import QUANT_FORMATS, WeightMatrix
+from workbench import backends, tail
+from workbench.kernels import launch as kernel_launch
+from workbench.tail.comparison import compare
+from workbench.studies.exact_oracle import dequantize_exact, host_tail_exact, oracle_tolerance, tolerance_for
+from workbench.fold.rotation import HadamardFold
+from workbench.tail.frink_case import seed_case
+from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -42,12 +42,14 @@ import mlx.core as mx
 import numpy as np
 
 from bench import record
-from workbench import backends, hadamard, kernel_launch, tail
-from workbench.comparison import compare
-from workbench.exact_oracle import host_tail_exact
-from workbench.frink_case import seed_case
-from workbench.model import BONSAI_SHAPE
-from workbench.weights import QUANT_FORMATS
+from workbench import backends, tail
+from workbench.fold import hadamard
+from workbench.kernels import launch as kernel_launch
+from workbench.tail.comparison import compare
+from workbench.studies.exact_oracle import host_tail_exact
+from workbench.tail.frink_case import seed_case
+from workbench.models.config import BONSAI_SHAPE
+from workbench.fold.weights import QUANT_FORMATS
 
 #: Bonsai-27B's tail and wo's fold block (bench/tail_bench.py uses the same).
 BONSAI = (BONSAI_SHAPE, 1024)
@@ -380,7 +382,7 @@ TUNINGS: dict[str, kernel_launch.KernelTuning] = {
 
 #: Tunings tried on each quantized tail before its row of the table, as changes to the bf16
 #: sweep's choice (the best device time a tail is used). A quantized lane loads U =
-#: u / 4 units a batch for 4-bit rows (u / 2 for 8-bit: ``kernel_launch._units``), so the
+#: u / 4 units a batch for 4-bit rows (u / 2 for 8-bit: ``kernel_launch.units_for``), so the
 #: bf16 defaults leave a 4-bit row 16 bytes in flight a lane; these try 2 and 4 units
 #: (the memory-level parallelism a 4.2 TB/s stream needs), with and without an early batch;
 #: and the launches' cached reads, which weigh more beside 4-bit weights: gate_up's groups
@@ -419,7 +421,7 @@ def quant_sweep(w: tail.TailWeights, dialect: str, base: kernel_launch.KernelTun
     return best, times
 
 
-#: The quantized formats benchmarked after bf16 (names in ``workbench.weights.QUANT_FORMATS``).
+#: The quantized formats benchmarked after bf16 (names in ``workbench.fold.weights.QUANT_FORMATS``).
 BENCH_FORMATS: tuple[str, ...] = ("affine4", "affine8", "mxfp4", "nvfp4")
 
 

@@ -26,7 +26,7 @@ order swapped every round), medians:
 * each launch alone, the same way (``kernel_bench.per_launch_ms``), with its bandwidth;
 * one evaluation = one wait, inputs resident (``record.time_rounds``);
 * the head launch's device time, as the tail's;
-* on CUDA, the tail as ONE launch (``workbench.one_launch``, in the shape
+* on CUDA, the tail as ONE launch (``workbench.kernels.one_launch``, in the shape
   ``fused_tail(backend="cuda")`` runs: ``one_launch.shape_for``) from each side's folder,
   where the older folder has its body: checked the same way, then device time a tail
   (launches chained in one evaluation) and one wait (compiled), alternating as above;
@@ -53,11 +53,14 @@ import mlx.core as mx
 import numpy as np
 
 from bench import kernel_bench, record
-from workbench import backends, kernel_launch, kernel_source, one_launch, tail
-from workbench.comparison import compare
-from workbench.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
-from workbench.fold import HadamardFold
-from workbench.weights import QUANT_FORMATS, WeightMatrix
+from workbench import backends, tail
+from workbench.kernels import launch as kernel_launch
+from workbench.kernels import source as kernel_source
+from workbench.kernels import one_launch
+from workbench.tail.comparison import compare
+from workbench.studies.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
+from workbench.fold.rotation import HadamardFold
+from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -96,7 +96,7 @@ def stall_summary(launch: dict[str, Any], top: int = 4) -> dict[str, Any]:
 def tuning_of(text: str) -> Any:
     """``KernelTuning`` from ``"name=value,..."`` (integers, or true/false for the ``pre_*``
     flags); ValueError naming what is wrong."""
-    from workbench.kernel_launch import KernelTuning
+    from workbench.kernels.launch import KernelTuning
 
     fields = KernelTuning.__dataclass_fields__
     kw: dict[str, Any] = {}
@@ -121,9 +121,11 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
     import numpy as np
 
     from bench.kernel_bench import BONSAI
-    from workbench import kernel_launch, one_launch, tail
-    from workbench.fold import HadamardFold
-    from workbench.weights import QUANT_FORMATS, WeightMatrix
+    from workbench import tail
+    from workbench.kernels import launch as kernel_launch
+    from workbench.kernels import one_launch
+    from workbench.fold.rotation import HadamardFold
+    from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
     kernel_launch.set_default_tuning(tuning_of(tuning_text))
     (hidden, branch, ffn), block = BONSAI
@@ -135,7 +137,7 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
         prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
         for _ in range(2):  # warm-up, then the measured one: one evaluation each
             mx.eval(prep(b, r))
-        if one:  # the same tail as one launch (workbench.one_launch), warm-up then measured
+        if one:  # the same tail as one launch (workbench.kernels.one_launch), warm-up then measured
             tail_one = one_launch.OneLaunchTail(prep)
             for _ in range(2):
                 mx.eval(tail_one(b, r))
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tuning", default="", help="KernelTuning fields as name=value,... (default: its defaults)")
     ap.add_argument("--head", action="store_true", help="also Bonsai-27B's head launch (bf16)")
     ap.add_argument("--one-launch", action="store_true",
-                    help="also each format's tail as one launch (workbench.one_launch): its single-shot time")
+                    help="also each format's tail as one launch (workbench.kernels.one_launch): its single-shot time")
     ap.add_argument("--stalls", action="store_true",
                     help="also the warp scheduler's figures: stall reasons, issue slots busy, FMA/ALU pipes busy")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -8,7 +8,7 @@
 
 What it answers: where a tail's one evaluation spends the time beyond its device time
 (MLX's cost per custom kernel evaluated, measured at frink-models' test size where
-nothing is streamed), and whether the one-launch tail (``workbench.one_launch``: the three
+nothing is streamed), and whether the one-launch tail (``workbench.kernels.one_launch``: the three
 bodies as phases between grid barriers) removes it, with the same inputs, in one run:
 
 1. **Checks first** (nothing is timed that has not passed), each of the one launch in the
@@ -49,12 +49,14 @@ import mlx.core as mx
 import numpy as np
 
 from bench import kernel_bench, record
-from workbench import backends, kernel_launch, one_launch, tail
-from workbench.comparison import compare
-from workbench.decode_matvec import worst_scaled_error
-from workbench.exact_oracle import host_tail_exact, tolerance_for
-from workbench.frink_case import SEED_TOL, seed_case
-from workbench.weights import QUANT_FORMATS
+from workbench import backends, tail
+from workbench.kernels import launch as kernel_launch
+from workbench.kernels import one_launch
+from workbench.tail.comparison import compare
+from workbench.decode.matvec import worst_scaled_error
+from workbench.studies.exact_oracle import host_tail_exact, tolerance_for
+from workbench.tail.frink_case import SEED_TOL, seed_case
+from workbench.fold.weights import QUANT_FORMATS
 
 #: Weight formats: bfloat16 and the quantized ones the kernels read.
 FORMATS: tuple[str, ...] = ("bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
@@ -109,7 +111,7 @@ AGREE_TOL = SEED_TOL
 
 
 #: How much faster than the default a variant must be to be chosen over it (its reason:
-#: ``workbench.one_launch.CHOICE_MARGIN``, where the records' readers find it too).
+#: ``workbench.kernels.one_launch.CHOICE_MARGIN``, where the records' readers find it too).
 CHOICE_MARGIN = one_launch.CHOICE_MARGIN
 
 
@@ -186,7 +188,7 @@ def timeout_check(w: tail.TailWeights, br: np.ndarray, res: np.ndarray) -> dict[
     """The grid sized for twice the SMs (half its groups cannot be resident): the launch
     must raise GridBarrierTimeout, not hang and not return numbers; the next launch of a
     correctly sized grid must be right."""
-    from workbench import cuda_device
+    from workbench.kernels import cuda_device
 
     sms = cuda_device.multiprocessor_count()
     prep, bad = _one(w, shape=one_launch.OneLaunchShape(sm_count=2 * sms))

@@ -32,9 +32,9 @@ import numpy as np
 
 from bench import record
 from workbench import backends, tail
-from workbench.comparison import compare
-from workbench.real_model import PROMPT, smollm2
-from workbench.reference_model import capture_layers, fused_tails
+from workbench.tail.comparison import compare
+from workbench.real_models.end_to_end import PROMPT, smollm2
+from workbench.real_models.reference_model import capture_layers, fused_tails
 
 
 def decode_rate(model: Any, prompt: tuple[int, ...], n: int) -> tuple[float, list[int]]:

@@ -8,7 +8,7 @@ alike). A second copy in each command would be a second place to keep in step.
 
 Records go to the project's ``data/bench/`` (found from this file, not from the folder the
 command is started in), named ``<bench>-<device>-<UTC time YYYYMMDDTHHMMSSZ>.json``, and
-are written atomically and exclusively (``workbench.records``): an existing file is
+are written atomically and exclusively (``workbench.files``): an existing file is
 replaced only with ``--force``.
 """
 
@@ -29,7 +29,10 @@ from typing import Any, Callable, Iterable, Iterator
 import mlx.core as mx
 import numpy as np
 
-from workbench import backends, kernel_source, records, waits
+from workbench import backends
+from workbench.kernels import source as kernel_source
+from workbench import files
+from workbench.waits import plan as waits
 
 #: The project's root and its folder of records, wherever a command is started from.
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +146,7 @@ def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "load_average": list(load) if load else None,
-        # which kernel text ran (workbench.kernel_source.fingerprint): records of other text
+        # which kernel text ran (workbench.kernels.source.fingerprint): records of other text
         # say nothing about this one (a sanitizer run above all)
         "kernel_text": kernel_source.fingerprint(),
     }
@@ -152,7 +155,7 @@ def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
 def write(record: dict[str, Any], out_dir: str | Path, stem: str, *, force: bool = False) -> Path:
     """Write ``record`` as ``out_dir/stem.json`` (pretty, newline-terminated); return the path.
 
-    Atomic (``workbench.records.write_atomic``): a kill or a full disk leaves no broken
+    Atomic (``workbench.files.write_atomic``): a kill or a full disk leaves no broken
     file. An existing file is replaced only with ``force``; otherwise, should the name be
     taken by the time the run ends (two runs in the same second), the record goes to
     ``stem-2.json`` (``-3``, ...) and says so: a measurement is never thrown away and never
@@ -176,13 +179,13 @@ def _write_new(text: str, out: Path, stem: str, force: bool) -> Path:
     free ``stem-2.json``, ``stem-3.json``, ...; prints where it went."""
     path = out / f"{stem}.json"
     if force:
-        records.write_atomic(path, text)
+        files.write_atomic(path, text)
     else:
         for i in range(2, 1000):
             try:
-                records.write_atomic(path, text, overwrite=False)
+                files.write_atomic(path, text, overwrite=False)
                 break
-            except records.RecordExists:
+            except files.RecordExists:
                 taken, path = path, out / f"{stem}-{i}.json"
                 print(f"record: {taken} exists (not replaced; --force replaces); writing {path.name}")
     print(f"record: {path}")

@@ -10,7 +10,7 @@ Each tool runs ``python -m bench.sanitize --child`` in a process of its own unde
 MLX names start ``fat_``, are instrumented; MLX's own kernels run as they are). The child
 evaluates, for every weight format the kernels read (float32, bfloat16, affine 4- and
 8-bit, mxfp4, nvfp4), the parts asked for (``--parts``): the tail's three launches, the
-same tail as one launch (``workbench.one_launch``, checked against the three, which
+same tail as one launch (``workbench.kernels.one_launch``, checked against the three, which
 therefore run with it) and the head launch, at a small shape (hidden 256, branch 1024, ffn
 2048, wo folded with block 256; head 1024 -> 1024 + 256 + 256) and at Bonsai-27B's (5120,
 6144, 17408, block 1024; head 5120 -> 12288 + 1024 + 1024; folding its three matrices in
@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from bench import bounded_run, record
-from workbench import sanitizer_coverage
+from workbench.reports import sanitize as sanitizer_coverage
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -200,12 +200,14 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
     prints a line each (the one launch's names its threads a group), returns the number failed."""
     import mlx.core as mx
 
-    from workbench import kernel_launch, one_launch, tail
-    from workbench.comparison import compare
-    from workbench.decode_matvec import worst_scaled_error
-    from workbench.exact_oracle import host_tail_exact, tolerance_for
-    from workbench.frink_case import SEED_TOL
-    from workbench.weights import QUANT_FORMATS
+    from workbench import tail
+    from workbench.kernels import launch as kernel_launch
+    from workbench.kernels import one_launch
+    from workbench.tail.comparison import compare
+    from workbench.decode.matvec import worst_scaled_error
+    from workbench.studies.exact_oracle import host_tail_exact, tolerance_for
+    from workbench.tail.frink_case import SEED_TOL
+    from workbench.fold.weights import QUANT_FORMATS
 
     (hidden, branch, ffn), block, _ = SHAPES[sname]
     q = QUANT_FORMATS.get(fmt)
@@ -254,9 +256,9 @@ def _head_part(sname: str, fmt: str, i: int) -> int:
     is finite (its oracle check is bench.gpu_check's), returns 1 if not."""
     import mlx.core as mx
 
-    from workbench import kernel_launch
-    from workbench.fold import HadamardFold
-    from workbench.weights import QUANT_FORMATS, WeightMatrix
+    from workbench.kernels import launch as kernel_launch
+    from workbench.fold.rotation import HadamardFold
+    from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
     (hidden, _, _), block, (nq, nk, nv) = SHAPES[sname]
     q = QUANT_FORMATS.get(fmt)
@@ -359,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                          "runs at once slowed each other several-fold on the H200 (the module's doc)")
     ap.add_argument("--one-launch-nt", type=int, default=None,
                     help="the one launch's threads a group, a multiple of 32 up to 1024 (default: what "
-                         "fused_tail(backend='cuda') runs for the format, workbench.one_launch.shape_for)")
+                         "fused_tail(backend='cuda') runs for the format, workbench.kernels.one_launch.shape_for)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     tools = record.comma_list(ap, "--tools", a.tools, TOOLS)

@@ -16,7 +16,7 @@ machine code, read here (:func:`parse_sass`): every instruction, and those of th
 once -- by class (:data:`CLASSES`).
 
 The tail as ONE launch (``one_launch``: ``kernels/tail_one_launch.body``, composed by
-``kernel_source.compose_one_launch`` and launched by ``workbench.one_launch.OneLaunchTail``)
+``kernel_source.compose_one_launch`` and launched by ``workbench.kernels.one_launch.OneLaunchTail``)
 is compiled the same way (``kernel_source.one_launch_translation_unit``) with the values
 OneLaunchTail takes in the shape ``one_launch.shape_for`` gives that format
 (:func:`one_launch_templates`, checked against ``OneLaunchTail.template`` in the tests).
@@ -67,9 +67,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import kernel_bench, record
-from workbench import kernel_launch, kernel_source, kernel_versions, one_launch
-from workbench.hadamard import factor_block
-from workbench.weights import QUANT_FORMATS
+from workbench.kernels import launch as kernel_launch
+from workbench.kernels import source as kernel_source
+from workbench.reports import kernel_bodies as kernel_versions
+from workbench.kernels import one_launch
+from workbench.fold.hadamard import factor_block
+from workbench.fold.weights import QUANT_FORMATS
 
 
 def _bonsai() -> dict[str, int]:
@@ -84,7 +87,7 @@ def _bonsai() -> dict[str, int]:
 #: The shape counted.
 BONSAI = _bonsai()
 
-#: The tail as ONE launch (``kernels/tail_one_launch.body``, ``workbench.one_launch``), as
+#: The tail as ONE launch (``kernels/tail_one_launch.body``, ``workbench.kernels.one_launch``), as
 #: the record and ``--launches`` name it.
 ONE_LAUNCH = kernel_versions.SASS_ONE_LAUNCH
 
@@ -92,7 +95,7 @@ ONE_LAUNCH = kernel_versions.SASS_ONE_LAUNCH
 LAUNCHES: tuple[str, ...] = (*kernel_source.TAIL_KERNELS, ONE_LAUNCH)
 
 #: The scale format of each quantization mode, as the launches see MLX's arrays made from
-#: bfloat16 weights (``kernel_launch._matrix``: affine scales and biases are bfloat16).
+#: bfloat16 weights (``kernel_launch.kernel_matrix``: affine scales and biases are bfloat16).
 _SCALES = {"affine": kernel_source.SF_BF16, "mxfp4": kernel_source.SF_E8M0, "nvfp4": kernel_source.SF_E4M3}
 
 #: Weight formats: label -> (FMT, SFMT, group size, bits).
@@ -468,9 +471,9 @@ def launch_templates(fmt_label: str, tuning: kernel_launch.KernelTuning | None =
     t = tuning or kernel_launch.KernelTuning()
     sh = dict(BONSAI if shape is None else shape)
     fmt, sfmt, gs, bits = FORMATS[fmt_label]
-    u = kernel_launch._units
+    u = kernel_launch.units_for
 
-    def qi(cols: int) -> bool:  # as kernel_launch._matrix decides it
+    def qi(cols: int) -> bool:  # as kernel_launch.kernel_matrix decides it
         return fmt >= kernel_source.WF_Q4 and (cols // (32 // bits)) % 128 == 0
 
     def base(cols: int) -> list[tuple[str, Any]]:
@@ -514,8 +517,8 @@ def one_launch_templates(fmt_label: str, tuning: kernel_launch.KernelTuning | No
     phases = {k: dict(v, NT=ls.nt) for k, v in launch_templates(fmt_label, t, sh).items()}
     if ls.row_units is not None:
         for k in ("wo_residual", "ffn_gate_up"):
-            phases[k]["U"] = kernel_launch._units(fmt, ls.row_units)
-    phases["ffn_down"].update(DR=ls.down_rows, U=max(1, kernel_launch._units(fmt, t.u_down) // ls.down_rows))
+            phases[k]["U"] = kernel_launch.units_for(fmt, ls.row_units)
+    phases["ffn_down"].update(DR=ls.down_rows, U=max(1, kernel_launch.units_for(fmt, t.u_down) // ls.down_rows))
     h, f = sh["hidden"], sh["ffn"]
     template: list[tuple[str, Any]] = [("NT", ls.nt), ("HID", h), ("FFN", f), ("SYNC_AT", -(-(h + f) // 32) * 32),
                                        ("BARRIER_LIMIT_MS", one_launch.BARRIER_LIMIT_MS)]

@@ -13,7 +13,7 @@ where no kernel backend exists) one token at stages 5 and 6 checked against the 
 step with float32 activations (``schedule.check_step``; the timing is skipped when it
 fails); the price of a wait of each kind the plan's stage pairs remove, measured between
 the step's own submissions (``schedule.measure_splits``, ``--split-n``); then
-``workbench.schedule.run_stages``: every stage decodes its own copy of the same
+``workbench.decode.schedule.run_stages``: every stage decodes its own copy of the same
 tokens, rounds interleaved (so drift in a shared machine's load hits every stage alike),
 the executor counting the waits it made (they must equal ``waits.waits_per_token``) and
 the clock giving ms a token. Then, for each pair of stages, the measured saving against
@@ -29,7 +29,7 @@ layer's matrices are far larger than any cache, so a token streams the same byte
 way.
 
 The record goes to ``data/bench/schedule_run-<device>-<UTC time>.json`` (or ``--out``);
-``workbench.schedule.load_records`` reads these and the older ``schedule-*.json``.
+``workbench.decode.schedule.load_records`` reads these and the older ``schedule-*.json``.
 
 Needs only numpy and MLX (the workbench's pandas imports are for tables, inside them).
 """
@@ -89,8 +89,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out is not None and not args.no_record:
         record.refuse_existing(p, args.out, args.force)
 
-    from workbench import decode_matvec, schedule, wait_measurement, waits
-    from workbench.model import load_model
+    from workbench.decode import matvec as decode_matvec
+    from workbench.decode import schedule
+    from workbench.waits import measurement as wait_measurement
+    from workbench.waits import plan as waits
+    from workbench.models.config import load_model
 
     from workbench.backends import BackendUnavailable
 
@@ -234,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "and the LM head; recurrent states and KV caches not included",
         "eligible": list(sched.eligible),
         "gdn": {"fast": "mx.fast.gated_delta_update",
-                "kernel": "the gdn_step kernel (workbench.gdn_kernel): the recurrent step as one launch; checked "
+                "kernel": "the gdn_step kernel (workbench.kernels.gdn_step): the recurrent step as one launch; checked "
                           f"against {'mx.fast.gated_delta_update' if ref_gdn == 'fast' else 'schedule.gated_delta_ops'}"
                 }.get(gdn, f"schedule.gated_delta_ops (plain MLX ops){'; fast op: ' + why if why else ''}"),
         "tokens_per_round": args.tokens,

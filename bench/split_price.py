@@ -17,7 +17,7 @@ The record (device, date, MLX version, command) goes to
 ``data/bench/split_price-<device>-<UTC time>.json``.
 
 The split prices BY KIND (the wait between two given kinds of the decode step's
-submissions, ``workbench.schedule.measure_splits``) are measured by ``bench.schedule_run``
+submissions, ``workbench.decode.schedule.measure_splits``) are measured by ``bench.schedule_run``
 in the run they price; ``--add RECORD`` puts a schedule_run record's split prices into the
 ledger (``data/ledger/wait_prices.json``, under a lock, one entry a kind, id
 ``split-<backend>-<device>-<matvec>-<dtype>-<kind>``; an entry of that id is replaced only
@@ -36,8 +36,10 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from bench import record
-from workbench import backends, kernel_launch, tail, wait_measurement
-from workbench.model import BONSAI_SHAPE
+from workbench import backends, tail
+from workbench.kernels import launch as kernel_launch
+from workbench.waits import measurement as wait_measurement
+from workbench.models.config import BONSAI_SHAPE
 
 
 def tail_steps(shape: tuple[int, int, int], block: int, dtype: str, seed: int) -> dict[str, Callable]:
@@ -97,7 +99,7 @@ def _without_out(command: str) -> str:
 
 def add(p, record_path: str, ledger: str | None, force: bool) -> list[dict]:
     """``--add``: a schedule_run record's split prices into the ledger, one entry a kind."""
-    from workbench import waits
+    from workbench.waits import plan as waits
 
     try:
         rec = json.loads(Path(record_path).read_text())

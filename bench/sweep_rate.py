@@ -1,4 +1,4 @@
-"""Throughput of ``workbench.sweeps.sweep``: cases a second, against a 60 s budget.
+"""Throughput of ``workbench.studies.sweeps.sweep``: cases a second, against a 60 s budget.
 
 The target: ``sweep(shapes=[(64, 96, 80)], seeds=range(100_000))`` in at most 60 s on a
 2-core machine, so a tolerance can be calibrated on 100,000 cases in a notebook's run. This command runs that sweep (or ``--seeds N`` of it, and optionally
@@ -23,8 +23,9 @@ import time
 from typing import Any
 
 from bench import record
-from workbench import calibration, sweeps
-from workbench.sweep_cases import CASE_BLOCK
+from workbench.studies import calibration
+from workbench.studies import sweeps
+from workbench.studies.cases import CASE_BLOCK
 
 #: name -> (shape, dtype, fold, quantize); quantized ones need in-dims divisible by 64.
 CONFIGS: dict[str, tuple[tuple[int, int, int], str, Any, Any]] = {

@@ -33,10 +33,10 @@ import mlx.core as mx
 
 from bench import record
 from workbench import backends, tail
-from workbench.comparison import compare
-from workbench.frink_case import SEED_SHAPE
-from workbench.model import BONSAI_SHAPE
-from workbench.wait_measurement import count_waits
+from workbench.tail.comparison import compare
+from workbench.tail.frink_case import SEED_SHAPE
+from workbench.models.config import BONSAI_SHAPE
+from workbench.waits.measurement import count_waits
 
 #: (name, (hidden, branch, ffn), fold block): Bonsai folds wo's input with block 1024
 #: (after Layr-Labs' Bonsai-27B port notes, docs/bonsai2-27b-port-notes.md of

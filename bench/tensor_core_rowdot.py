@@ -356,7 +356,7 @@ def _quantized(rows: int, cols: int, seed: int) -> tuple[Any, Any]:
     weights of variance 1/cols) as the workbench's WeightMatrix, and x uniform in [-1, 1)."""
     import mlx.core as mx
 
-    from workbench.weights import WeightMatrix
+    from workbench.fold.weights import WeightMatrix
 
     rng = np.random.default_rng(seed)
     a = np.sqrt(3.0 / cols)
@@ -379,8 +379,8 @@ def reference_row_dots(q: Any, x: Any, rows: int) -> dict[str, Any]:
     """The kernels' own row dot (:data:`CUDA_CORES`) and MLX's (:data:`MLX_QMM`) on ``q``, ``x``."""
     import mlx.core as mx
 
-    from workbench import decode_matvec
-    from workbench.kernel_launch import KernelTuning
+    from workbench.decode import matvec as decode_matvec
+    from workbench.kernels.launch import KernelTuning
 
     launch = decode_matvec._matvec_launch("cuda", q, KernelTuning(), "w")
     zero = mx.zeros((rows,), mx.float32)
@@ -419,7 +419,7 @@ def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_
     """Check and time the four row dots on one random matrix (see the module's doc).
     ``all_checks_passed`` covers the tensor-core variants and the kernels' row dot; MLX's
     own is checked and reported the same way, as a reference, not required to pass."""
-    from workbench import cuda_device
+    from workbench.kernels import cuda_device
 
     check_shape(rows, cols, units)
     q, x, truth, scale = matrix_case(rows, cols, seed)

@@ -5,7 +5,7 @@
     python -m bench.wait_price --add data/bench/wait_price-nvidia-h200-20261129T201349Z.json   # into the ledger
 
 A wait is the smallest submission plus its round trip to the host
-(``workbench.wait_measurement.measure_wait_price``: ``(x + 1).item()`` on a resident scalar, warmed
+(``workbench.waits.measurement.measure_wait_price``: ``(x + 1).item()`` on a resident scalar, warmed
 up, the median of many with its spread). The record (device, date, MLX version, method,
 the command line) goes to ``data/bench/wait_price-<device>-<UTC time>.json`` (or ``--out``);
 ``--add`` copies a record into ``data/ledger/wait_prices.json`` (``--ledger``) under the id
@@ -44,7 +44,7 @@ def ledger_entry(rec: dict) -> dict:
 
 def add(p: argparse.ArgumentParser, record_path: str, ledger: str | None, force: bool) -> dict:
     """``--add``: the record's ledger entry into the ledger, reporting a replaced entry."""
-    from workbench import waits
+    from workbench.waits import plan as waits
 
     try:
         rec = json.loads(Path(record_path).read_text())
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import mlx.core as mx
 
-    from workbench import wait_measurement
+    from workbench.waits import measurement as wait_measurement
 
     device = None if args.device == "default" else mx.Device(getattr(mx, args.device))
     rec = wait_measurement.measure_wait_price(device, n=args.n, warmup=args.warmup)

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
-from workbench import kernel_launch as KL
-from workbench import kernel_source as ks
-from workbench import one_launch as OL
+from workbench.kernels import launch as KL
+from workbench.kernels import source as ks
+from workbench.kernels import one_launch as OL
 from workbench import tail as T
-from workbench.frink_case import seed_case
+from workbench.tail.frink_case import seed_case
 
 
 def test_graph_is_always_available():
@@ -50,7 +50,7 @@ def test_a_kernel_backend_is_available_exactly_when_its_device_is(monkeypatch):
 @pytest.mark.parametrize("dialect,runner", [("cuda", (OL, "run_cuda_tail")), ("metal", (KL, "run_kernel_tail"))])
 def test_fused_tail_runs_a_kernel_backend_through_the_one_launch_builder(monkeypatch, dialect, runner):
     """auto picks the kernel backend that is here; CUDA runs the tail as one launch
-    (workbench.one_launch), Metal its three launches; both get the one builder's TailLaunch."""
+    (workbench.kernels.one_launch), Metal its three launches; both get the one builder's TailLaunch."""
     monkeypatch.setattr(B, "cuda_available", lambda: dialect == "cuda")
     monkeypatch.setattr(B, "metal_available", lambda: dialect == "metal")
     seen = {}
@@ -96,13 +96,6 @@ def test_device_description_names_mlx():
     d = B.device_description()
     assert d["mlx_version"] and d["mlx_device"].startswith("Device(")
 
-
-def test_the_kernel_launch_names_are_still_reachable_from_backends():
-    from workbench import kernel_launch
-
-    assert B.prepare_tail is kernel_launch.prepare_tail and B.KernelTuning is kernel_launch.KernelTuning
-    with pytest.raises(AttributeError, match="no attribute 'register_tail_kernel'"):
-        B.register_tail_kernel  # the registry is gone: fused_tail calls kernel_launch.run_kernel_tail
 
 
 def test_device_kind_names_the_backend_of_a_device():

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from bench import record
-from workbench import schedule, waits
+from workbench.decode import schedule
+from workbench.waits import plan as waits
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ("async_copy_rowdot", "gpu_check", "kernel_bench", "kernel_bodies", "kernel_plot", "launch_profile", "one_launch", "real_model", "sanitize",
@@ -211,7 +212,8 @@ def test_quant_sweep_takes_the_fastest_tuning_and_records_one_that_fails(monkeyp
     import mlx.core as mx
 
     from bench import kernel_bench as kb
-    from workbench import kernel_launch, tail
+    from workbench import tail
+    from workbench.kernels import launch as kernel_launch
 
     built = []
 
@@ -240,8 +242,9 @@ def test_sanitize_device_written_copies_keep_every_value(monkeypatch) -> None:
     import mlx.core as mx
 
     from bench import sanitize
-    from workbench import kernel_launch, tail
-    from workbench.weights import QUANT_FORMATS
+    from workbench import tail
+    from workbench.kernels import launch as kernel_launch
+    from workbench.fold.weights import QUANT_FORMATS
 
     copied: list[int] = []
 
@@ -335,7 +338,7 @@ def test_sanitize_jobs_run_one_child_a_tool_shape_and_format(tmp_path, monkeypat
     assert got == {("memcheck", "bfloat16"): True, ("memcheck", "nvfp4"): True,
                    ("racecheck", "bfloat16"): True, ("racecheck", "nvfp4"): False}
     assert all("--log-file" not in r["command"] for r in rec["runs"])  # a temporary path, not the record's
-    from workbench.sanitizer_coverage import coverage
+    from workbench.reports.sanitize import coverage
 
     cov = coverage([rec])
     assert cov.loc[("small", "bfloat16"), "racecheck"] == "T1" and cov.loc[("small", "nvfp4"), "racecheck"] == "-"
@@ -367,7 +370,7 @@ def test_sanitize_jobs_run_the_head_apart_from_the_tail(tmp_path, monkeypatch) -
     rec = json.loads(next(tmp_path.glob("sanitize-*.json")).read_text())
     assert sorted((r["parts"], r["passed"]) for r in rec["runs"]) == [(["head"], False),
                                                                       (["tail", "one-launch"], True)]
-    from workbench.sanitizer_coverage import coverage
+    from workbench.reports.sanitize import coverage
 
     assert coverage([rec]).loc[("bonsai", "affine4"), "memcheck"] == "T1"
 
@@ -451,7 +454,7 @@ def test_sanitize_passes_the_one_launch_threads_to_every_child(tmp_path, monkeyp
     assert cmd[cmd.index("--one-launch-nt") + 1] == "640" and cmd[cmd.index("--parts") + 1] == "tail,one-launch"
     rec = json.loads(next(tmp_path.glob("sanitize-*.json")).read_text())
     assert rec["one_launch_nt"] == 640
-    from workbench.sanitizer_coverage import coverage
+    from workbench.reports.sanitize import coverage
 
     assert coverage([rec]).loc[("small", "affine4"), "memcheck"] == "1"  # the case line still parses
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from workbench.checkpoint import Checkpoint, load_checkpoint, unpermute_rope_rows
-from workbench.comparison import compare
-from workbench.reference_model import capture_layers, fused_tails, reference_model
+from workbench.real_models.checkpoint import Checkpoint, load_checkpoint, unpermute_rope_rows
+from workbench.tail.comparison import compare
+from workbench.real_models.reference_model import capture_layers, fused_tails, reference_model
 from workbench.tail import fused_tail, host_tail
 
 llama = pytest.importorskip("mlx_lm.models.llama")

@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from workbench import calibration, comparison
-from workbench.comparison import compare
+from workbench.studies import calibration
+from workbench.tail import comparison
+from workbench.tail.comparison import compare
 
 # ---------------------------------------------------------------------------------------
 # per-case metrics, by hand

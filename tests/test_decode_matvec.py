@@ -11,8 +11,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from workbench import backends, decode_matvec as D, kernel_launch as K, schedule as S
-from workbench.model import load_model
+from workbench import backends
+from workbench.decode import matvec as D
+from workbench.kernels import launch as K
+from workbench.decode import schedule as S
+from workbench.models.config import load_model
 
 #: Bonsai's layer pattern at widths every format serves (in dimensions multiples of 64).
 SMALL = S.Geometry(hidden=64, ffn=128, n_q=4, n_kv=1, head_dim=16, attn_output_gate=True,

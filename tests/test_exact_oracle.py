@@ -6,10 +6,16 @@ import numpy as np
 import pytest
 
 from workbench import tail as T
-from workbench.comparison import compare
-from workbench.exact_oracle import dequantize_exact, host_tail_exact, nice_ceil, oracle_tolerance, tolerance_for
-from workbench.frink_case import seed_case
-from workbench.weights import WeightMatrix
+from workbench.tail.comparison import compare
+from workbench.studies.exact_oracle import (
+    dequantize_exact,
+    host_tail_exact,
+    nice_ceil,
+    oracle_tolerance,
+    tolerance_for,
+)
+from workbench.tail.frink_case import seed_case
+from workbench.fold.weights import WeightMatrix
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.fold import FoldSite, HadamardFold
+from workbench.fold.rotation import FoldSite, HadamardFold
 
 BLOCK_FAMILIES = [1, 2, 8, 16, 12, 24, 20, 40, 28, 56]
 

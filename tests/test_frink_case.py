@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from workbench import tail as T
-from workbench.comparison import compare
-from workbench.fold import FoldSite
-from workbench.frink_case import SEED_LCG_START, SEED_SHAPE, lcg_stream, seed_arrays, seed_case
+from workbench.tail.comparison import compare
+from workbench.fold.rotation import FoldSite
+from workbench.tail.frink_case import SEED_LCG_START, SEED_SHAPE, lcg_stream, seed_arrays, seed_case
 
 
 def test_lcg_first_values_by_hand():

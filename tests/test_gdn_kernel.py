@@ -34,12 +34,12 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
-from workbench import decode_matvec as D
-from workbench import gdn_kernel as G
-from workbench import kernel_source as ks
-from workbench import schedule as S
-from workbench import waits
-from workbench.model import load_model
+from workbench.decode import matvec as D
+from workbench.kernels import gdn_step as G
+from workbench.kernels import source as ks
+from workbench.decode import schedule as S
+from workbench.waits import plan as waits
+from workbench.models.config import load_model
 
 needs_clang = pytest.mark.skipif(not B.clang_available(),
                                  reason="the Metal emulation needs clang (apt-get install clang)")

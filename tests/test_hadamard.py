@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench import hadamard
+from workbench.fold import hadamard
 
 VALID_BLOCKS = [1, 2, 4, 16, 64, 12, 24, 48, 20, 40, 80, 28, 56, 112]
 # 36 is the trap: mx.hadamard_transform accepts it and returns a non-orthogonal result.

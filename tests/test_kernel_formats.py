@@ -10,11 +10,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from workbench import kernel_launch as KL
-from workbench import kernel_source as ks
+from workbench.kernels import launch as KL
+from workbench.kernels import source as ks
 from workbench import tail as T
-from workbench.exact_oracle import E2M1_VALUES, dequantize_exact, e4m3_values, e8m0_values
-from workbench.weights import QUANT_FORMATS, WeightMatrix
+from workbench.studies.exact_oracle import E2M1_VALUES, dequantize_exact, e4m3_values, e8m0_values
+from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
 
 def _as_f32(u: np.ndarray) -> np.ndarray:
@@ -128,7 +128,7 @@ def test_launch_builder_takes_each_format(name, fmt, sfmt, gs):
     wo = dict(prep.templates()["wo_residual"])
     assert (wo["FMT"], wo["SFMT"], wo["GS"]) == (fmt, sfmt, gs)
     assert wo["QI"] == ((1024 // (32 // q.bits)) % 128 == 0)  # 1024 in: 128 4-bit words, 256 8-bit ones
-    assert wo["U"] == KL._units(fmt, KL.DEFAULT_TUNING.u_wo)
+    assert wo["U"] == KL.units_for(fmt, KL.DEFAULT_TUNING.u_wo)
     assert prep.weight_bytes() == sum(m.nbytes for m in (w.wo, w.gate, w.up, w.down)) + 4 * 128
     src = KL.metal_tail_source(T.tail_launch(w))
     assert len(src) == 3
@@ -138,4 +138,4 @@ def test_launch_builder_takes_each_format(name, fmt, sfmt, gs):
 
 
 def test_units_are_sixteen_bytes_of_each_format():
-    assert [KL._units(f, 8) for f in (ks.WF_F32, ks.WF_BF16, ks.WF_Q4, ks.WF_Q8, ks.WF_FP4)] == [8, 8, 2, 4, 2]
+    assert [KL.units_for(f, 8) for f in (ks.WF_F32, ks.WF_BF16, ks.WF_Q4, ks.WF_Q8, ks.WF_FP4)] == [8, 8, 2, 4, 2]

@@ -1,4 +1,4 @@
-"""workbench.kernel_versions: an older kernel text beside the current one, from the
+"""workbench.reports.kernel_bodies: an older kernel text beside the current one, from the
 committed ``bench.kernel_bodies`` record of the 4-bit codes' rewrite and from bad input."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import kernel_versions as kv
+from workbench.reports import kernel_bodies as kv
 
 BENCH = Path(__file__).resolve().parent.parent / "data" / "bench"
 
@@ -136,6 +136,6 @@ def test_kernel_bodies_prints_the_one_launch_rows_and_counts_its_check(capsys):
 
 
 def test_the_one_launch_phases_are_kernel_sources() -> None:
-    from workbench import kernel_source
+    from workbench.kernels import source as kernel_source
 
     assert kv.SASS_PHASES == (*(k for k, _ in kernel_source.ONE_LAUNCH_PHASES), "barriers")

@@ -25,14 +25,14 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
-from workbench import kernel_launch as KL
-from workbench import kernel_source as ks
+from workbench.kernels import launch as KL
+from workbench.kernels import source as ks
 from workbench import tail as T
-from workbench.comparison import compare
-from workbench.fold import FoldSite, HadamardFold
-from workbench.frink_case import SEED_TOL, seed_case
-from workbench.model import BONSAI_SHAPE
-from workbench.weights import WeightMatrix
+from workbench.tail.comparison import compare
+from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.tail.frink_case import SEED_TOL, seed_case
+from workbench.models.config import BONSAI_SHAPE
+from workbench.fold.weights import WeightMatrix
 
 #: Text that belongs to one dialect only; the bodies and common.h must hold none of it.
 DIALECT_TOKENS = ("__syncthreads", "__shfl", "threadIdx", "blockIdx", "gridDim", "__global__", "__device__",
@@ -280,13 +280,13 @@ def nvcc_results(tmp_path_factory) -> dict:
             t = dict(NT=64 if kernel == "ffn_down" else 256, FMT=fmt, SFMT=sfmt, GS=gs, QI=qi, **_BONSAI_T[kernel])
             if "PRE" in t:
                 t["PRE"] = pre
-            t["U"] = max(1, KL._units(fmt, t["U"]) // t.get("DR", 1))  # as PreparedTail.templates
+            t["U"] = max(1, KL.units_for(fmt, t["U"]) // t.get("DR", 1))  # as PreparedTail.templates
             src = root / f"{kernel}-{fmt}-{sfmt}-{gs}-{int(qi)}-{int(pre)}.cu"
             src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt, sfmt), t))
             sources[("plain", kernel, fmt, sfmt, gs, qi, pre)] = src
     for kernel, fmt, sfmt, gs in _TILED:
         t = dict(NT=256, FMT=fmt, SFMT=sfmt, GS=gs, QI=True, **_BONSAI_T[kernel])
-        t["U"] = KL._units(fmt, t["U"])
+        t["U"] = KL.units_for(fmt, t["U"])
         src = root / f"tiled-{kernel}-{fmt}-{sfmt}-{gs}.cu"
         src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt, sfmt), t, kernel_dir=tiled_dir))
         sources[("tiled", kernel, fmt, sfmt, gs)] = src
@@ -525,9 +525,9 @@ def test_head_launch_refuses_folds_that_differ():
 
 def test_grid_fills_the_device_and_no_more():
     t = KL.KernelTuning(sm_count=132)
-    assert KL._grid(5120, 256, t, 0) == 640 * 256  # one warp a row
-    assert KL._grid(17408, 256, t, 4) == 528 * 256  # capped at 4 groups an SM
-    assert KL._grid(3, 256, t, 4) == 256
+    assert KL.grid_size(5120, 256, t, 0) == 640 * 256  # one warp a row
+    assert KL.grid_size(17408, 256, t, 4) == 528 * 256  # capped at 4 groups an SM
+    assert KL.grid_size(3, 256, t, 4) == 256
     with pytest.raises(ValueError, match="KernelTuning"):
         KL.set_default_tuning("fast")
 

@@ -1,4 +1,4 @@
-"""workbench.launch_bounds: the bound each launch's scheduler figures show, by its rule,
+"""workbench.reports.launch_profile: the bound each launch's scheduler figures show, by its rule,
 on made-up rows and on the committed H200 record."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import launch_bounds as lb
+from workbench.reports import launch_profile as lb
 
 BENCH = Path(__file__).resolve().parent.parent / "data" / "bench"
 STALLS_RECORD = BENCH / "launch_profile-nvidia-h200-20261201T131614Z.json"

@@ -1,12 +1,14 @@
-"""The package's floors: which module may import which, and no import circle.
+"""The package's parts and which may import which: no upward import, no import circle.
 
-Each module of ``workbench`` sits on a floor and imports, at its top, only modules on
-lower floors (the README's layout section is the same map in prose). Imports inside a
-function or under ``if TYPE_CHECKING:`` are not part of the map: the moved-name
-forwarders (``tail``, ``waits`` and ``backends`` set ``__getattr__`` from
-``moved_names.forwarder``, which keeps names reachable where they lived before the
-package was split) import upward lazily on purpose, and ``kernel_launch`` names
-``TailLaunch`` for type checkers only.
+``workbench`` is split by role into subpackages (the fold, the models, the kernels, the
+tail, the studies on it, real models, waits, the decode step, reports), over three shared
+modules every part may use (``validate``, ``files``, ``backends``). Each part sits on a
+level and imports only parts on lower levels, or modules of its own part, so a part can
+be read with only what is below it in mind; ``docs/LAYOUT.md`` is the same map in prose.
+
+Every import counts, at a module's top or inside a function, except those under
+``if TYPE_CHECKING:`` (names for type checkers, never executed). Within one part, the
+modules must not import each other in a circle either.
 """
 
 from __future__ import annotations
@@ -18,67 +20,132 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "workbench"
 
-#: floor -> the modules on it, bottom first.
-FLOORS: dict[int, tuple[str, ...]] = {
-    -1: ("validate",),  # argument checks: the one message form, usable by every module, the bottom included
-    0: ("hadamard", "kernel_source", "moved_names", "records", "sanitizer_coverage", "launch_bounds", "kernel_versions"),  # numbers, kernel text, old names' new homes, files written atomically, what compute-sanitizer found clean, what bounds each launch, two kernel texts side by side
-    1: ("backends", "fold", "model", "metal_emulation"),  # which devices exist; the rotation; real models' configs; Metal source on the CPU
-    2: ("weights", "refusals", "cuda_device"),  # matrices that carry a fold; the rules over a config; the GPU's SM count
-    3: ("kernel_launch",),  # the kernels' launches for weights
-    4: ("gdn_kernel", "one_launch"),  # a Gated DeltaNet step as one launch; the tail as one CUDA launch
-    5: ("tail",),  # the tail's weights, math, three paths and one launch builder
-    6: ("frink_case", "wait_measurement", "checkpoint", "decode_matvec"),  # the engine's test case; counting and timing waits; real checkpoints in; a decode step's matvecs, MLX ops or kernels
-    7: ("comparison", "sweep_cases", "reference_model"),  # comparing a result with its reference; drawing cases; mlx-lm's model with a checkpoint
-    8: ("exact_oracle", "three_way", "sweeps", "calibration", "waits", "real_model"),  # studies built on the tail; a real model end to end
-    9: ("schedule", "metal_check"),  # a decode step executed stage by stage of the plan; Metal emulated beside graph and oracle
-    10: ("plots", "tables"),  # figures and text tables, from anything
+#: level -> the parts on it, bottom first. A part is a subpackage, or one shared module.
+LEVELS: dict[int, tuple[str, ...]] = {
+    0: ("validate",),  # argument checks: the one message form
+    1: ("files", "backends"),  # atomic files and the project's folders; which backends this machine has
+    2: ("fold",),  # the block-Hadamard transform, the fold, and the weight matrices that carry it
+    3: ("models",),  # real models' configs and the refusal rules over them
+    4: ("kernels", "waits"),  # kernel sources and launches, one launch, a GDN step, Metal on the CPU; the plan, ledger, clock
+    5: ("tail",),  # the tail's weights, math and three paths; the comparison; frink-models' test case
+    6: ("studies", "real_models"),  # error studies; checkpoints, mlx-lm's model carrying them, SmolLM2 end to end
+    7: ("decode",),  # a hybrid's decode step, stage by stage of the plan
+    8: ("reports",),  # readers of bench records, tables and figures: import anything, imported by nothing
 }
-FLOOR_OF = {m: f for f, mods in FLOORS.items() for m in mods}
+LEVEL_OF = {p: lvl for lvl, parts in LEVELS.items() for p in parts}
 
 
-def top_level_imports(path: Path) -> set[str]:
-    """The workbench modules ``path`` imports at module level (not in functions, not for type checkers)."""
+def part_of(module: str) -> str:
+    """``workbench.tail.paths`` -> ``tail``; ``workbench.validate`` -> ``validate``."""
+    return module.split(".")[1]
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package, by dotted name (subpackage ``__init__`` included)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = modules()
+
+
+def imports_of(path: Path) -> set[str]:
+    """The workbench modules ``path`` imports anywhere except under ``if TYPE_CHECKING:``."""
     tree = ast.parse(path.read_text())
-    found: set[str] = set()
-    for node in tree.body:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(sub) for sub in ast.walk(node))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
             continue
-        for sub in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) else ():
-            if isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("workbench"):
-                if sub.module == "workbench":
-                    found.update(a.name for a in sub.names)
-                else:
-                    found.add(sub.module.split(".")[1])
-            elif isinstance(sub, ast.Import):
-                found.update(a.name.split(".")[1] for a in sub.names if a.name.startswith("workbench."))
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "workbench":
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "workbench")
+    found.discard("workbench")  # the public names: only the package's own __init__ reads them
     return found
 
 
-MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+PACKAGE_MODULES = sorted(m for m in MODULES if m != "workbench")
 
 
-def test_every_module_has_a_floor():
-    assert sorted(FLOOR_OF) == MODULES
+def test_every_part_has_a_level():
+    assert sorted({part_of(m) for m in PACKAGE_MODULES}) == sorted(LEVEL_OF)
 
 
-@pytest.mark.parametrize("module", MODULES)
-def test_a_module_imports_only_lower_floors(module):
-    for dep in top_level_imports(PACKAGE / f"{module}.py"):
-        assert FLOOR_OF[dep] < FLOOR_OF[module], f"{module} (floor {FLOOR_OF[module]}) imports {dep} (floor {FLOOR_OF[dep]})"
+def test_every_subpackage_says_what_it_is_for():
+    for m, path in MODULES.items():
+        if path.name == "__init__.py":
+            doc = ast.get_docstring(ast.parse(path.read_text()))
+            assert doc and len(doc.split()) >= 15, f"{m}: its __init__ needs a docstring saying what the part is for"
+
+
+@pytest.mark.parametrize("module", PACKAGE_MODULES)
+def test_a_module_imports_only_lower_levels_or_its_own_part(module):
+    mine = part_of(module)
+    for dep in imports_of(MODULES[module]):
+        theirs = part_of(dep)
+        if theirs == mine:
+            continue
+        assert LEVEL_OF[theirs] < LEVEL_OF[mine], (
+            f"{module} ({mine}, level {LEVEL_OF[mine]}) imports {dep} ({theirs}, level {LEVEL_OF[theirs]})")
+
+
+def test_no_module_imports_a_private_name_of_another():
+    for module in PACKAGE_MODULES:
+        tree = ast.parse(MODULES[module].read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("workbench"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{module} imports private names {private} from {node.module}"
+
+
+def module_aliases(tree: ast.AST) -> dict[str, str]:
+    """The names a module binds to workbench modules: ``from workbench.kernels import launch as K`` -> K."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("workbench"):
+            for a in node.names:
+                if f"{node.module}.{a.name}" in MODULES:
+                    out[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("workbench.") and a.asname:
+                    out[a.asname] = a.name
+    return out
+
+
+@pytest.mark.parametrize("module", PACKAGE_MODULES)
+def test_no_module_reads_a_private_name_of_another(module):
+    # What one module needs of another is that module's API, named without an underscore.
+    tree = ast.parse(MODULES[module].read_text())
+    aliases = module_aliases(tree)
+    used = sorted({f"{aliases[n.value.id]}.{n.attr}" for n in ast.walk(tree)
+                   if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases
+                   and n.attr.startswith("_") and not n.attr.startswith("__")})
+    assert not used, f"{module} reads private names of other modules: {used}"
 
 
 def test_the_import_graph_has_no_circle():
-    # Implied by the floors; checked on its own so a failure says which circle.
-    graph = {m: top_level_imports(PACKAGE / f"{m}.py") for m in MODULES}
+    # Between parts the levels imply it; within a part it is checked here, so a failure says which circle.
+    graph = {m: imports_of(MODULES[m]) & set(MODULES) for m in PACKAGE_MODULES}
     done: set[str] = set()
 
     def visit(m: str, path: tuple[str, ...]) -> None:
         assert m not in path, "import circle: " + " -> ".join(path + (m,))
         if m in done:
             return
-        for dep in graph[m]:
+        for dep in sorted(graph.get(m, ())):
             visit(dep, path + (m,))
         done.add(m)
 
-    for m in MODULES:
+    for m in PACKAGE_MODULES:
         visit(m, ())

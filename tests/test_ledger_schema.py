@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench import waits
+from workbench.waits import plan as waits
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -173,6 +173,6 @@ def test_the_committed_ledger_names_no_path_outside_the_project() -> None:
 
 
 def _bonsai():
-    from workbench.model import load_model
+    from workbench.models.config import load_model
 
     return load_model("bonsai-27b")

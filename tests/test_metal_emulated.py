@@ -22,16 +22,16 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
-from workbench import kernel_launch as KL
-from workbench import kernel_source as ks
-from workbench import metal_emulation as ME
-from workbench import model
+from workbench.kernels import launch as KL
+from workbench.kernels import source as ks
+from workbench.kernels import metal_emulation as ME
+from workbench.models import config as model
 from workbench import tail as T
-from workbench.comparison import compare
-from workbench.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
-from workbench.fold import HadamardFold
-from workbench.frink_case import SEED_TOL, seed_case
-from workbench.weights import WeightMatrix
+from workbench.tail.comparison import compare
+from workbench.studies.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
+from workbench.fold.rotation import HadamardFold
+from workbench.tail.frink_case import SEED_TOL, seed_case
+from workbench.fold.weights import WeightMatrix
 
 pytestmark = pytest.mark.skipif(ME.clang() is None, reason="clang++ is not installed (apt-get install clang)")
 
@@ -340,7 +340,7 @@ def test_a_launch_over_32_kb_is_refused_naming_the_width():
     assert KL.threadgroup_bytes("wo_residual", t) == 32768
     assert KL.threadgroup_bytes("ffn_gate_up", dict(t, HID=8064)) == 8064 * 4 + 32  # both fit: scratch beside n
     with pytest.raises(ValueError, match=r"branch \(8196\): wo_residual would declare 32784 bytes"):
-        KL._check_threadgroup_memory("wo_residual", [("NT", 512), ("WIDTH", 8196), ("FMT", ks.WF_F32), ("GS", 32)],
+        KL.check_threadgroup_memory("wo_residual", [("NT", 512), ("WIDTH", 8196), ("FMT", ks.WF_F32), ("GS", 32)],
                                      "branch (8196)")
     with pytest.raises(ValueError, match="kernel must be one of"):
         KL.threadgroup_bytes("attention", t)
@@ -379,7 +379,7 @@ def test_bonsai_27b_bf16_matches_the_float64_oracle():
 
 
 def test_metal_check_table():
-    from workbench.metal_check import PROVES, metal_check
+    from workbench.studies.metal_check import PROVES, metal_check
 
     df = metal_check()
     assert list(df["path"]) == ["metal-emulated", "graph"] * 2 and len(df) == 4

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench import kernel_launch as KL
-from workbench import kernel_source as ks
-from workbench import metal_emulation as ME
+from workbench.kernels import launch as KL
+from workbench.kernels import source as ks
+from workbench.kernels import metal_emulation as ME
 from workbench import tail as T
-from workbench.comparison import compare
-from workbench.exact_oracle import host_tail_exact
+from workbench.tail.comparison import compare
+from workbench.studies.exact_oracle import host_tail_exact
 
 pytestmark = pytest.mark.skipif(ME.clang() is None, reason="clang++ is not installed (apt-get install clang)")
 

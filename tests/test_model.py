@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.model import (
+from workbench.models.config import (
     FAMILIES,
     MODELS_DIR,
     LayerConfig,

@@ -2,7 +2,7 @@
 
 A line wider than a notebook's text area wraps in JupyterLab and in the HTML report, and a
 wrapped table is unreadable (headers split as ``llama.cpp NM`` / ``SE 5e-3``): notebooks
-print tables through ``workbench.tables.fit`` and sentences through ``tables.wrap``. Checked
+print tables through ``workbench.reports.tables.fit`` and sentences through ``tables.wrap``. Checked
 over ``notebooks/*.ipynb``, so a new notebook is covered as soon as it is added.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.tables import WIDTH
+from workbench.reports.tables import WIDTH
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -1,4 +1,4 @@
-"""The tail as one CUDA launch (``workbench.one_launch``, ``kernels/tail_one_launch.body``).
+"""The tail as one CUDA launch (``workbench.kernels.one_launch``, ``kernels/tail_one_launch.body``).
 
 Its numbers are checked on an NVIDIA GPU (``python -m bench.one_launch``: against the
 float64 oracle and the three launches, and the barrier's timeout); a grid barrier cannot
@@ -23,7 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from workbench import backends, cuda_device, kernel_launch, kernel_source as ks, one_launch, tail
+from workbench import backends, tail
+from workbench.kernels import cuda_device
+from workbench.kernels import launch as kernel_launch
+from workbench.kernels import source as ks
+from workbench.kernels import one_launch
 
 
 def test_each_phase_is_its_launch_body_verbatim_in_order():
@@ -81,7 +85,7 @@ def test_the_launch_template_is_each_launchs_own_with_downs_rows_from_the_shape(
             if name not in own:
                 assert t[prefix + name] == value, (kernel, name)
     assert t["NT"] == shape.nt and t["DN_DR"] == 4
-    assert t["DN_U"] == kernel_launch._units(prep.down.fmt, prep.tuning.u_down) // 4
+    assert t["DN_U"] == kernel_launch.units_for(prep.down.fmt, prep.tuning.u_down) // 4
     assert t["SYNC_AT"] % 32 == 0 and t["SYNC_AT"] >= prep.hidden + prep.ffn
 
 
@@ -133,7 +137,7 @@ def _bonsai_template(fmt: int, sfmt: int, gs: int) -> dict[str, object]:
     base = dict(FMT=fmt, SFMT=sfmt, GS=gs, QI=fmt >= ks.WF_Q4)
     t: dict[str, object] = dict(NT=512, HID=5120, FFN=17408, SYNC_AT=22528,
                                 BARRIER_LIMIT_MS=one_launch.BARRIER_LIMIT_MS)
-    u = kernel_launch._units
+    u = kernel_launch.units_for
     phases = {"WO_": dict(base, WIDTH=6144, ROWS=5120, ROT=True, M=1, LOGP=10, U=u(fmt, 4), PRE=True),
               "GU_": dict(base, HID=5120, FFN=17408, U=u(fmt, 4), PRE=False),
               "DN_": dict(base, HID=5120, FFN=17408, U=max(1, u(fmt, 16) // 4), DR=4)}
@@ -205,9 +209,9 @@ def test_the_bodies_at_the_group_sizes_the_one_launch_sweeps_match_float64(nt, f
     quantized formats with more units in flight (640 threads and u 8 is the shape
     fused_tail(backend="cuda") runs every 4-bit format in, one_launch.shape_for): the
     three bodies at those sizes, run by the Metal emulator, against the float64 oracle."""
-    from workbench.comparison import compare
-    from workbench.exact_oracle import host_tail_exact
-    from workbench.weights import QUANT_FORMATS
+    from workbench.tail.comparison import compare
+    from workbench.studies.exact_oracle import host_tail_exact
+    from workbench.fold.weights import QUANT_FORMATS
 
     quant = QUANT_FORMATS[fmt].as_quantize() if fmt else None
     w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16", quantize=quant)
@@ -220,7 +224,7 @@ def test_the_bodies_at_the_group_sizes_the_one_launch_sweeps_match_float64(nt, f
 def _cuda_prep_without_gpu(monkeypatch) -> kernel_launch.PreparedTail:
     """A CUDA prepared tail (hidden 128, branch 512, ffn 1024) made without a GPU: the three
     launches' MLX kernel objects replaced by placeholders, which nothing here calls."""
-    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    monkeypatch.setattr(kernel_launch, "compiled_kernel", lambda *a, **k: object())
     w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
     return kernel_launch.prepare_tail(tail.tail_launch(w), "cuda")
 
@@ -434,7 +438,7 @@ def _fake_cuda(monkeypatch, launch_kernel) -> None:
     kernel objects are placeholders and the one launch's is ``launch_kernel``."""
     monkeypatch.setattr(backends, "cuda_available", lambda: True)
     monkeypatch.setattr(cuda_device, "multiprocessor_count", lambda device=0: 4)
-    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    monkeypatch.setattr(kernel_launch, "compiled_kernel", lambda *a, **k: object())
     monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None: launch_kernel)
 
 
@@ -442,9 +446,9 @@ def _fake_cuda(monkeypatch, launch_kernel) -> None:
                                     ("affine8", one_launch.DEFAULT_NT), ("mxfp4", one_launch.FOUR_BIT_NT),
                                     ("nvfp4", one_launch.FOUR_BIT_NT)])
 def test_the_cuda_path_runs_4bit_tails_in_640_thread_groups_two_units_a_lane(monkeypatch, fmt, nt):
-    from workbench.weights import QUANT_FORMATS
+    from workbench.fold.weights import QUANT_FORMATS
 
-    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    monkeypatch.setattr(kernel_launch, "compiled_kernel", lambda *a, **k: object())
     quant = QUANT_FORMATS[fmt].as_quantize() if fmt else None
     w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16", quantize=quant)
     prep = kernel_launch.prepare_tail(tail.tail_launch(w), "cuda")
@@ -459,7 +463,7 @@ def test_the_cuda_path_runs_4bit_tails_in_640_thread_groups_two_units_a_lane(mon
     assert shape.row_units == (one_launch.FOUR_BIT_ROW_UNITS if four_bit else None)
     for k in ("wo_residual", "ffn_gate_up"):
         assert phases[k]["U"] == (2 if four_bit else tuned[k]["U"])
-    assert phases["ffn_down"]["U"] == max(1, kernel_launch._units(prep.down.fmt, prep.tuning.u_down) // shape.down_rows)
+    assert phases["ffn_down"]["U"] == max(1, kernel_launch.units_for(prep.down.fmt, prep.tuning.u_down) // shape.down_rows)
 
 
 @pytest.mark.parametrize("formats,nt", [([0], one_launch.DEFAULT_NT), ([1, 1, 1, 1], one_launch.DEFAULT_NT),
@@ -582,7 +586,7 @@ def test_another_kernel_folder_gets_its_own_one_launch_under_its_own_name(tmp_pa
         seen.append(kernel_dir)
         return lambda **kw: [mx.zeros(kw["output_shapes"][0], dtype=mx.float32)]
 
-    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    monkeypatch.setattr(kernel_launch, "compiled_kernel", lambda *a, **k: object())
     monkeypatch.setattr(one_launch, "_kernel", fake_kernel)
     w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
     prep = kernel_launch.prepare_tail(tail.tail_launch(w), "cuda", kernel_dir=copy)

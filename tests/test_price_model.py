@@ -10,11 +10,13 @@ import mlx.core as mx
 import pytest
 
 from bench import split_price
-from workbench import schedule, waits
-from workbench.model import load_model, replace_layer
-from workbench.wait_measurement import measure_split_between
+from workbench import files
+from workbench.decode import schedule
+from workbench.waits import plan as waits
+from workbench.models.config import load_model, replace_layer
+from workbench.waits.measurement import measure_split_between
 
-BENCH = Path(waits.__file__).resolve().parent.parent / "data" / "bench"
+BENCH = files.DATA_DIR / "bench"
 #: The H200 records of the kernels step with compiled layers and split prices marked by read-back.
 BF16 = BENCH / "schedule_run-nvidia-h200-20261201T030402Z.json"
 Q4 = BENCH / "schedule_run-nvidia-h200-20261201T030500Z.json"

@@ -7,12 +7,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import refusals
-from workbench.checkpoint import smollm2_gguf_path
-from workbench.comparison import compare
-from workbench.frink_case import SEED_TOL
-from workbench.real_model import fold_errors, fold_tokens, layer_errors, requantized_wo, same_tokens, smollm2
-from workbench.reference_model import capture_layers, fused_tails, greedy
+from workbench.models import refusals
+from workbench.real_models.checkpoint import smollm2_gguf_path
+from workbench.tail.comparison import compare
+from workbench.tail.frink_case import SEED_TOL
+from workbench.real_models.end_to_end import (
+    fold_errors,
+    fold_tokens,
+    layer_errors,
+    requantized_wo,
+    same_tokens,
+    smollm2,
+)
+from workbench.real_models.reference_model import capture_layers, fused_tails, greedy
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +90,7 @@ def test_fold_on_real_weights(rm, captures):
     assert len(folds) == 4 and (folds.plain_err > 0).all() and (folds.folded_err > 0).all()
     # The fold changes the stored matrix, never the map it is re-quantized from.
     w = rm.checkpoint.tail_weights(0)
-    from workbench.fold import HadamardFold
+    from workbench.fold.rotation import HadamardFold
 
     folded = requantized_wo(w, "affine4", HadamardFold.random(576, 64, seed=0))
     assert folded.fold is not None and folded.dtype == "affine4-g64"
@@ -119,7 +126,7 @@ def test_the_kernels_keep_the_criterion_where_the_stream_carries_a_massive_activ
     frink-models' criterion against the float64 truth there, as the MLX graph does. A
     4-bit dequantization that adds 1 to every code and takes the sum of x back out per
     word (4.6x the float32 rounding error) failed it here: 2.7e-4 at layer 29."""
-    from workbench.kernel_launch import emulated_tail
+    from workbench.kernels.launch import emulated_tail
     from workbench.tail import host_tail, tail_launch
 
     cap, w = captures[layer], rm.checkpoint.tail_weights(layer)
@@ -130,7 +137,7 @@ def test_the_kernels_keep_the_criterion_where_the_stream_carries_a_massive_activ
 
 @pytest.mark.skipif(__import__("shutil").which("clang++") is None, reason="clang++ is not installed (apt-get install clang)")
 def test_kernel_errors_checks_the_asked_positions_against_the_truth(rm, captures):
-    from workbench.real_model import kernel_errors
+    from workbench.real_models.end_to_end import kernel_errors
 
     errs = kernel_errors(rm.checkpoint, captures[:2], backend="metal-emulated", positions=(0, -1))
     assert list(errs.layer) == [0, 1] and errs.passed.all() and set(errs.pos) <= {0, 7}

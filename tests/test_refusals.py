@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import workbench.refusals as refusals_mod
-from workbench.fold import HadamardFold
-from workbench.model import Mixer, ModelConfig, list_models, load_model, replace_layer
-from workbench.refusals import (
+import workbench.models.refusals as refusals_mod
+from workbench.fold.rotation import HadamardFold
+from workbench.models.config import Mixer, ModelConfig, list_models, load_model, replace_layer
+from workbench.models.refusals import (
     HeadRefusal,
     Refusal,
     eligible,
@@ -375,7 +375,7 @@ def test_plot_refusal_map_draws_one_row_a_model():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from workbench.plots import plot_refusal_map
+    from workbench.reports.plots import plot_refusal_map
 
     cfgs = [load_model("bonsai-27b"), load_model("nemotron-h-8b")]
     fig = plot_refusal_map(cfgs)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from workbench.model import MODELS_DIR, ModelConfig, list_models, load_model
-from workbench.refusals import Refusal, refusals, tail_verdicts
+from workbench.models.config import MODELS_DIR, ModelConfig, list_models, load_model
+from workbench.models.refusals import Refusal, refusals, tail_verdicts
 
 HYBRIDS = ("qwen3-next-80b-a3b", "qwen3.5-9b", "bonsai-27b")
 

@@ -28,22 +28,22 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from workbench import comparison as C
-from workbench import exact_oracle as EO
-from workbench import fold as F
-from workbench import frink_case as FC
-from workbench import hadamard
-from workbench import kernel_launch as KL
-from workbench import model as M
-from workbench import refusals as R
-from workbench import sweep_cases as SC
-from workbench import sweeps
+from workbench.tail import comparison as C
+from workbench.studies import exact_oracle as EO
+from workbench.fold import rotation as F
+from workbench.tail import frink_case as FC
+from workbench.fold import hadamard
+from workbench.kernels import launch as KL
+from workbench.models import config as M
+from workbench.models import refusals as R
+from workbench.studies import cases as SC
+from workbench.studies import sweeps
 from workbench import tail as T
-from workbench import three_way as TW
-from workbench import weights as W
+from workbench.studies import three_way as TW
+from workbench.fold import weights as W
 from workbench.backends import BackendUnavailable, available_backends
-from workbench.fold import FoldSite, HadamardFold
-from workbench.weights import WeightMatrix
+from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.fold.weights import WeightMatrix
 
 NAN, INF = float("nan"), float("inf")
 
@@ -629,7 +629,7 @@ def test_the_figures_refuse_bad_input_clearly():
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from workbench import plots as P
+    from workbench.reports import plots as P
 
     df = pd.DataFrame({"worst": [1e-6, 2e-6], "dtype": ["float32", "float32"], "quant": ["none"] * 2,
                        "fold": ["none"] * 2, "model_nmse": [1e-9, 2e-9]})

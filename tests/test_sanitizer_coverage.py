@@ -1,4 +1,4 @@
-"""workbench.sanitizer_coverage: the table of what compute-sanitizer found clean, from the
+"""workbench.reports.sanitize: the table of what compute-sanitizer found clean, from the
 committed ``bench.sanitize`` records and from records made up here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import sanitizer_coverage as sc
+from workbench.reports import sanitize as sc
 
 BENCH = Path(__file__).resolve().parent.parent / "data" / "bench"
 

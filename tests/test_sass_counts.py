@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from bench import sass_counts as sc
-from workbench import kernel_launch, one_launch, tail
-from workbench import kernel_source as ks
-from workbench.weights import QUANT_FORMATS
+from workbench import tail
+from workbench.kernels import launch as kernel_launch
+from workbench.kernels import one_launch
+from workbench.kernels import source as ks
+from workbench.fold.weights import QUANT_FORMATS
 
 #: A row loop as cuobjdump prints one: a backward branch to 0x0040 closes a span holding
 #: a shorter loop (0x0060-0x0080); a forward branch and a predicated one do not count.
@@ -48,7 +50,7 @@ def test_the_listing_is_read_into_opcodes_and_the_longest_loop():
 def test_the_template_values_are_the_launches_own(monkeypatch, label):
     """launch_templates writes out PreparedTail.templates: the same values for weights
     prepared in that format (a small shape: hidden 128, branch 512, ffn 1024, block 256)."""
-    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    monkeypatch.setattr(kernel_launch, "compiled_kernel", lambda *a, **k: object())
     quant = None if label == "bf16" else QUANT_FORMATS[label].as_quantize()
     w = tail.TailWeights.random(128, 512, 1024, seed=3, fold_block=256, dtype="bfloat16", quantize=quant)
     prep = kernel_launch.prepare_tail(tail.tail_launch(w), "cuda")
@@ -138,7 +140,7 @@ def test_the_one_launch_template_values_are_one_launch_tails_own(monkeypatch, la
     """one_launch_templates writes out what OneLaunchTail builds in the shape shape_for gives
     a prepared tail of that format (the small shape of the test above; 4-bit: 640 threads,
     8 row units)."""
-    monkeypatch.setattr(kernel_launch, "_kernel", lambda *a, **k: object())
+    monkeypatch.setattr(kernel_launch, "compiled_kernel", lambda *a, **k: object())
     quant = None if label == "bf16" else QUANT_FORMATS[label].as_quantize()
     w = tail.TailWeights.random(128, 512, 1024, seed=3, fold_block=256, dtype="bfloat16", quantize=quant)
     prep = kernel_launch.prepare_tail(tail.tail_launch(w), "cuda")

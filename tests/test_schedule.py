@@ -6,11 +6,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from workbench import schedule as S
-from workbench import tail, waits
-from workbench.comparison import compare
-from workbench.model import load_model, replace_layer
-from workbench.wait_measurement import count_waits
+from workbench.decode import schedule as S
+from workbench import tail
+from workbench.waits import plan as waits
+from workbench.tail.comparison import compare
+from workbench.models.config import load_model, replace_layer
+from workbench.waits.measurement import count_waits
 
 #: Bonsai's 64-layer pattern at toy widths: the waits a token are Bonsai's, the work tiny.
 TINY = S.Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True,

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.tables import WIDTH, fit, wrap
+from workbench.reports.tables import WIDTH, fit, wrap
 
 
 def _wide(n_cols: int = 9) -> pd.DataFrame:

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from workbench import tail as T
 from workbench.backends import BackendUnavailable
-from workbench.comparison import compare
-from workbench.fold import FoldSite, HadamardFold
-from workbench.frink_case import seed_arrays, seed_case
-from workbench.model import BONSAI_SHAPE, ModelConfig, replace_layer
-from workbench.refusals import Refusal
-from workbench.wait_measurement import count_waits
+from workbench.tail.comparison import compare
+from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.tail.frink_case import seed_arrays, seed_case
+from workbench.models.config import BONSAI_SHAPE, ModelConfig, replace_layer
+from workbench.models.refusals import Refusal
+from workbench.waits.measurement import count_waits
 
 # Block sizes m * 2^k for each family the kernels serve (m = 1, 12, 20, 28).
 BLOCKS = [1, 2, 8, 16, 12, 24, 20, 40, 28, 56]
@@ -351,12 +351,3 @@ def test_tail_bench_runs_and_writes_a_record(tmp_path, monkeypatch, capsys):
     assert "unf/fused" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         tail_bench.main(["--shapes", "nope"])
-
-
-def test_moved_names_are_still_reachable_from_tail():
-    from workbench import comparison, frink_case, three_way, wait_measurement
-
-    assert T.compare is comparison.compare and T.seed_case is frink_case.seed_case
-    assert T.count_waits is wait_measurement.count_waits and T.three_way is three_way.three_way
-    with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
-        T.nonesuch

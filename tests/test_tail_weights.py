@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from workbench import tail as T
-from workbench.frink_case import seed_arrays
-from workbench.model import ModelConfig
+from workbench.tail.frink_case import seed_arrays
+from workbench.models.config import ModelConfig
 
 
 def _weights(**kw) -> T.TailWeights:

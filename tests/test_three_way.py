@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 
 from workbench import tail as T
-from workbench.comparison import compare
-from workbench.frink_case import seed_case
-from workbench.three_way import FAULTS, VERDICTS, faulty_fused_tail, three_way, three_way_table, verdict
+from workbench.tail.comparison import compare
+from workbench.tail.frink_case import seed_case
+from workbench.studies.three_way import (
+    FAULTS,
+    VERDICTS,
+    faulty_fused_tail,
+    three_way,
+    three_way_table,
+    verdict,
+)
 
 
 def test_three_way_on_the_seed_case():

@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from workbench.wait_measurement import count_waits
+from workbench.waits.measurement import count_waits
 
 
 def test_count_waits_counts_reads_and_evals_and_restores():
@@ -56,7 +56,7 @@ def test_nested_blocks_that_saw_the_same_events_each_keep_their_own_counter():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from workbench import wait_measurement as wm  # noqa: E402
+from workbench.waits import measurement as wm  # noqa: E402
 
 
 def _own_attributes() -> dict:

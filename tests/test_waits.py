@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench import waits
-from workbench.model import LayerConfig, Mixer, ModelConfig, load_model, replace_layer
-from workbench.wait_measurement import count_waits, measure_split_price, measure_wait_price
+from workbench.waits import plan as waits
+from workbench.models.config import LayerConfig, Mixer, ModelConfig, load_model, replace_layer
+from workbench.waits.measurement import count_waits, measure_split_price, measure_wait_price
 
 BONSAI = [97, 81, 65, 49, 17, 1]  # design.md: 97, 81, 65, 49, 17; the device floor 1
 BONSAI_MS = [16.49, 13.77, 11.05, 8.33, 2.89, 0.17]  # at frink-models' 0.17 ms
@@ -213,7 +213,8 @@ def test_figures_draw():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from workbench import plots, schedule
+    from workbench.reports import plots
+    from workbench.decode import schedule
 
     cfg = load_model("bonsai-27b")
     for fig in (plots.plot_stage_ms(cfg, {"seed": 0.17}), plots.plot_wait_share(cfg, prices_ms=[0.01, 0.1]),
@@ -286,11 +287,3 @@ def test_split_price_bench_runs_small(tmp_path) -> None:
     assert rec["command"].startswith("python -m bench.split_price --n 5")
     (path,) = tmp_path.glob("split_price-*.json")  # split_price-<device>-<UTC time>.json
     assert json.loads(path.read_text())["command"] == rec["command"]
-
-
-def test_the_wait_clock_is_still_reachable_from_waits():
-    from workbench import wait_measurement
-
-    assert waits.measure_wait_price is wait_measurement.measure_wait_price
-    with pytest.raises(AttributeError, match="'workbench.waits' has no attribute 'nonesuch'"):
-        waits.nonesuch

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.fold import FoldSite, HadamardFold
-from workbench.weights import WeightMatrix
+from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.fold.weights import WeightMatrix
 
 BLOCK_FAMILIES = [1, 4, 16, 12, 24, 20, 40, 28, 56]
 
@@ -168,7 +168,7 @@ def test_input_of_the_wrong_width() -> None:
 
 
 def test_outlier_matrix_and_quantization_error() -> None:
-    from workbench.weights import outlier_matrix, quantization_error, quantization_study
+    from workbench.fold.weights import outlier_matrix, quantization_error, quantization_study
 
     w = outlier_matrix(64, 256, n_outliers=2, outlier_scale=20.0, seed=0)
     big = np.abs(w).max(axis=0) > 10
@@ -204,7 +204,7 @@ def test_each_named_format_makes_itself_through_as_quantize():
     """QuantSpec.as_quantize() is the ``quantize=`` argument the benches pass: it must make
     weights of the very format it names."""
     from workbench import tail
-    from workbench.weights import QUANT_FORMATS
+    from workbench.fold.weights import QUANT_FORMATS
 
     for name, spec in QUANT_FORMATS.items():
         assert spec.as_quantize() == {"mode": spec.mode, "bits": spec.bits, "group_size": spec.group_size}

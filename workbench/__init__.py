@@ -9,24 +9,31 @@ The names a user reaches for first are importable from here::
 
     from workbench import HadamardFold, TailWeights, compare, fused_tail, host_tail, load_model
 
-Each lives in a module named after its concept (``workbench.fold``, ``workbench.tail``,
+Each lives in a module named after its concept (``workbench.fold.rotation``, ``workbench.tail``,
 ...); the README's layout section is the map. Importing this package loads numpy and MLX,
 never pandas or matplotlib (tables and figures import those when they are made).
 """
 
 from workbench.backends import BackendUnavailable, available_backends
-from workbench.calibration import REFERENCE_TOLERANCES, Tolerance, calibrate_by, calibrate_tolerance, catch_rates
-from workbench.comparison import Comparison, compare
-from workbench.fold import FoldSite, HadamardFold
-from workbench.frink_case import SEED_TOL, seed_case
-from workbench.model import ModelConfig, list_models, load_model
-from workbench.refusals import Refusal, eligible, explain, refusal_table
-from workbench.sweeps import mutation_sweep, sweep
-from workbench.tail import TailRefused, TailWeights, fused_tail, host_tail, random_inputs, unfused_tail
-from workbench.three_way import three_way_table
-from workbench.wait_measurement import count_waits
-from workbench.waits import load_plan, wait_table, waits_per_token
-from workbench.weights import QUANT_FORMATS, WeightMatrix
+from workbench.studies.calibration import (
+    REFERENCE_TOLERANCES,
+    Tolerance,
+    calibrate_by,
+    calibrate_tolerance,
+    catch_rates,
+)
+from workbench.tail.comparison import Comparison, compare
+from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.tail.frink_case import SEED_TOL, seed_case
+from workbench.models.config import ModelConfig, list_models, load_model
+from workbench.models.refusals import Refusal, eligible, explain, refusal_table
+from workbench.studies.sweeps import mutation_sweep, sweep
+from workbench.tail.weights import TailRefused, TailWeights, random_inputs
+from workbench.tail.paths import fused_tail, host_tail, unfused_tail
+from workbench.studies.three_way import three_way_table
+from workbench.waits.measurement import count_waits
+from workbench.waits.plan import load_plan, wait_table, waits_per_token
+from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
 __version__ = "0.1.0"
 

@@ -10,11 +10,11 @@ Backends of :func:`workbench.tail.fused_tail`:
   MLX's CUDA back-end (``mlx[cuda13]``).
 * ``"metal-emulated"``: the Metal kernels compiled by clang against the project's
   stand-in ``<metal_stdlib>`` and executed on the CPU by its emulator
-  (:mod:`workbench.metal_emulation`); needs clang. A checking tool, slow, and never
+  (:mod:`workbench.kernels.metal_emulation`); needs clang. A checking tool, slow, and never
   picked by ``"auto"``: it is asked for by name.
 * ``"auto"``: the first available of cuda, metal, graph.
 
-The kernels themselves and their launches live in :mod:`workbench.kernel_launch`; both
+The kernels themselves and their launches live in :mod:`workbench.kernels.launch`; both
 always exist in code, so a kernel backend is unavailable only when its device is absent.
 A backend asked for and absent raises :class:`BackendUnavailable` saying what is
 missing; nothing falls back silently, since a graph result mistaken for a kernel result
@@ -25,11 +25,13 @@ would hide exactly the bugs the kernels are checked for.
 
 from __future__ import annotations
 
+import os
 import platform
+import shutil
 
 import mlx.core as mx
 
-from workbench.moved_names import forwarder
+
 
 #: Every name :func:`resolve_backend` accepts.
 BACKENDS: tuple[str, ...] = ("auto", "graph", "metal", "cuda", "metal-emulated")
@@ -59,11 +61,21 @@ def cuda_available() -> bool:
         return False
 
 
-def clang_available() -> bool:
-    """Whether a clang++ is here for the ``"metal-emulated"`` backend (``$WORKBENCH_CLANG``
-    names another): ``metal_emulation.clang``'s search."""
-    from workbench.metal_emulation import clang  # noqa: PLC0415 -- same floor; asked only for this backend
+def clang() -> str | None:
+    """The clang++ the emulated backend compiles with: ``$WORKBENCH_CLANG``, else ``clang++``
+    on the PATH (Debian's ``clang`` package), else None."""
+    env = os.environ.get("WORKBENCH_CLANG")
+    if env:
+        return shutil.which(env)
+    for name in ("clang++", "clang++-19", "clang++-18", "clang++-17", "clang++-16", "clang++-15", "clang++-14"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
 
+
+def clang_available() -> bool:
+    """Whether a clang++ is here for the ``"metal-emulated"`` backend (:func:`clang`'s search)."""
     return clang() is not None
 
 
@@ -141,16 +153,3 @@ def device_description(device: mx.Device | None = None) -> dict[str, str]:
         info["device_name"] = name
     info["platform"] = f"{platform.system()} {platform.machine()}"
     return info
-
-
-#: The kernels' launch preparation lived in this module before it moved to
-#: ``workbench.kernel_launch``; those names are still reachable here, for code written
-#: against that layout.
-_MOVED: dict[str, str] = dict.fromkeys(
-    ("MAX_GROUP_FLOATS", "KernelTuning", "DEFAULT_TUNING", "set_default_tuning", "sdest", "PreparedTail",
-     "prepare_tail", "prepared", "kernel_tail", "head_refusals", "head_launch", "generated_source",
-     "metal_tail_source"),
-    "workbench.kernel_launch",
-)
-
-__getattr__ = forwarder(__name__, _MOVED)

@@ -1,0 +1,424 @@
+"""``WeightMatrix``: a [out, in] weight, dense or MLX-quantized, with an optional fold.
+
+The host semantics (``apply``) are frink-models' ``WeightMatrix::apply``: for a fold at the
+INPUT site, rotate the input then multiply by the stored ``W R^T``; at the OUTPUT site,
+multiply by the stored ``R W`` then rotate back. ``launch_parts`` hands a kernel the two
+pieces separately, as frink-models' launch builder takes them, because a kernel applies the
+rotation itself (and must not forget to: a skipped rotation is invisible without a fold).
+
+The stored base is an ``mx.array`` (so bf16 stays bf16); numpy inputs get the numpy
+oracle, computed in the input's dtype, so float64 in is float64 arithmetic throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import validate
+from workbench.fold.rotation import FoldSite, HadamardFold
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+ArrayT = TypeVar("ArrayT", np.ndarray, mx.array)
+
+#: Dense dtypes a base may have.
+DENSE_DTYPES: dict[str, mx.Dtype] = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+#: What ``mx.quantize`` serves that the workbench accepts: mode -> (bits allowed, group sizes allowed).
+#: affine: 4 and 8 bit, groups 32/64/128; the microscaling formats have fixed bits and groups
+#: (MLX 0.32: mxfp4 4-bit g32, nvfp4 4-bit g16, mxfp8 8-bit g32).
+QUANT_MODES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "affine": ((4, 8), (32, 64, 128)),
+    "mxfp4": ((4,), (32,)),
+    "nvfp4": ((4,), (16,)),
+    "mxfp8": ((8,), (32,)),
+}
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How a quantized base was made (the arguments of ``mx.quantize``)."""
+
+    mode: str
+    bits: int
+    group_size: int
+
+    def __str__(self) -> str:
+        return f"{self.mode}{self.bits}-g{self.group_size}" if self.mode == "affine" else f"{self.mode}-g{self.group_size}"
+
+    def as_quantize(self) -> dict[str, Any]:
+        """The ``quantize=`` argument that makes this format (``TailWeights.random``,
+        ``mx.quantize``'s keyword arguments): ``{"mode", "bits", "group_size"}``."""
+        return {"mode": self.mode, "bits": self.bits, "group_size": self.group_size}
+
+
+#: The quantization formats the workbench studies, by name, as ``mx.quantize`` makes them:
+#: the packs users run (mlx-lm's affine 4- and 8-bit; gpt-oss's mxfp4; nvfp4; mxfp8). The
+#: one table of named formats: sweeps take these names, notebook 01 labels them, and
+#: every entry is within :data:`QUANT_MODES` (a test holds it).
+QUANT_FORMATS: dict[str, QuantSpec] = {
+    "affine4": QuantSpec("affine", 4, 64),
+    "affine8": QuantSpec("affine", 8, 64),
+    "mxfp4": QuantSpec("mxfp4", 4, 32),
+    "nvfp4": QuantSpec("nvfp4", 4, 16),
+    "mxfp8": QuantSpec("mxfp8", 8, 32),
+}
+
+
+def check_quant_spec(mode: str, bits: int, group_size: int) -> QuantSpec:
+    """Validate a quantization request; ``ValueError`` names the bad parameter and what is allowed."""
+    validate.one_of("mode", mode, sorted(QUANT_MODES))
+    bits_ok, groups_ok = QUANT_MODES[mode]
+    # Integers only (numpy's too): 4.0 or True as a bit count is a computed value gone wrong.
+    if validate.integer("bits", bits) not in bits_ok:
+        raise ValueError(f"bits: for mode {mode!r} must be one of {bits_ok}, got {bits!r}")
+    if validate.integer("group_size", group_size) not in groups_ok:
+        raise ValueError(f"group_size: for mode {mode!r} must be one of {groups_ok}, got {group_size!r}")
+    return QuantSpec(mode, int(bits), int(group_size))
+
+
+@dataclass(frozen=True)
+class QuantizedBase:
+    """An MLX-quantized [out, in] matrix: the packed weights, scales, biases (affine only)."""
+
+    w: mx.array
+    scales: mx.array
+    biases: mx.array | None
+    spec: QuantSpec
+    shape: tuple[int, int]
+
+    def dequantize(self) -> mx.array:
+        """The matrix ``mx.quantized_matmul`` multiplies by, float32, NOT rounded to the scales' dtype.
+
+        ``mx.quantized_matmul`` forms ``scale * q + bias`` in float32; ``mx.dequantize`` of a
+        bf16/f16-scaled base returns it rounded to bf16/f16, which put the host oracle 1.2e-2
+        off the fused tail for bf16 affine 4-bit weights (sixty times frink-models' tolerance).
+        Casting the scales and biases to float32 first gives the map itself (exact: a bf16
+        scale times a 4- or 8-bit integer needs at most 16 significant bits). The fp4/fp8
+        formats' scales are uint8 codes (E8M0 / E4M3) and stay as they are.
+        """
+        scales = self.scales if self.scales.dtype == mx.uint8 else self.scales.astype(mx.float32)
+        biases = None if self.biases is None else self.biases.astype(mx.float32)
+        return mx.dequantize(
+            self.w, scales, biases, group_size=self.spec.group_size, bits=self.spec.bits, mode=self.spec.mode
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.w.nbytes + self.scales.nbytes + (self.biases.nbytes if self.biases is not None else 0))
+
+
+def _as_dense_base(base: Any) -> mx.array:
+    if isinstance(base, mx.array):
+        arr = base
+    else:
+        try:
+            a = np.asarray(base)
+        except Exception:  # a ragged list
+            a = np.asarray(None)
+        if not np.issubdtype(a.dtype, np.floating):
+            raise ValueError(f"base: must be a float array (float32, float16 or bfloat16), got {validate.describe(base)}")
+        if a.dtype == np.float64:
+            a = a.astype(np.float32)  # the engine's weights are at most float32
+        arr = mx.array(a)
+    if arr.ndim != 2:
+        raise ValueError(f"base: must be 2-D [out, in], got shape {tuple(arr.shape)}")
+    if arr.dtype not in DENSE_DTYPES.values():
+        raise ValueError(f"base: its dtype must be one of {sorted(DENSE_DTYPES)}, got {arr.dtype}")
+    if 0 in arr.shape:
+        raise ValueError(f"base: must not be empty, got shape {tuple(arr.shape)}")
+    return arr
+
+
+def _check_finite_for_quantize(base: Any) -> None:
+    """Refuse a weight that is not finite before quantizing it.
+
+    ``mx.quantize`` silently turns a NaN or Inf weight into a finite code (and the oracle,
+    reading the same dequantized weights, agrees), so the damage would be invisible; a
+    dense matrix keeps its NaN and the tails propagate it, which is why only quantizing
+    checks.
+    """
+    finite = np.isfinite(np.array(base.astype(mx.float32)))
+    if not finite.all():
+        r, c = (int(i) for i in np.argwhere(~finite)[0])
+        bad = float(np.array(base[r, c].astype(mx.float32)))
+        raise ValueError(
+            f"w: must be finite to quantize (mx.quantize would replace it with a finite code), got "
+            f"w[{r}, {c}] = {bad!r} ({int((~finite).sum())} non-finite in all)"
+        )
+
+
+def _dtype_name(dt: mx.Dtype) -> str:
+    return {v: k for k, v in DENSE_DTYPES.items()}[dt]
+
+
+class WeightMatrix:
+    """A [out, in] weight: dense (f32/f16/bf16) or MLX-quantized, optionally folded.
+
+    ``base`` is what is STORED (for a folded matrix, ``W R^T`` or ``R W``); ``fold`` is
+    the rotation the host applies around it. ``apply`` is the linear map either way.
+    """
+
+    __slots__ = ("_base", "_fold", "_np64")
+
+    def __init__(self, base: Any, fold: HadamardFold | None = None) -> None:
+        self._base: mx.array | QuantizedBase = base if isinstance(base, QuantizedBase) else _as_dense_base(base)
+        if fold is not None:
+            if not isinstance(fold, HadamardFold):
+                raise ValueError(f"fold: must be a HadamardFold or None, got {validate.describe(fold)}")
+            out_dim, in_dim = self.shape
+            width = in_dim if fold.site is FoldSite.INPUT else out_dim
+            try:
+                fold.check_width(width)
+            except ValueError as e:
+                side = "in (columns)" if fold.site is FoldSite.INPUT else "out (rows)"
+                raise ValueError(
+                    f"fold does not fit this matrix: a fold at site {fold.site.name} rotates the {side} "
+                    f"dimension {width} of a {out_dim}x{in_dim} matrix: {e}"
+                ) from None
+        self._fold = fold
+        self._np64: np.ndarray | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A value object: its base and fold are set once, in __init__; only the float64
+        # host copy is filled in later (read-only), so a cache can never go stale.
+        if name != "_np64" and hasattr(self, name):
+            raise AttributeError(f"WeightMatrix is immutable: {name} cannot be reassigned")
+        object.__setattr__(self, name, value)
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def quantize(
+        cls,
+        w: Any,
+        *,
+        mode: str = "affine",
+        bits: int = 4,
+        group_size: int = 64,
+        fold: HadamardFold | None = None,
+    ) -> "WeightMatrix":
+        """Quantize ``w`` with ``mx.quantize``; with ``fold``, fold FIRST, then quantize.
+
+        That is the order an engine stores pre-rotated quantized weights in, and the only
+        one in which the fold helps: the rotation spreads outlier columns before the
+        grouped scales are chosen.
+        """
+        spec = check_quant_spec(mode, bits, group_size)
+        unfolded = cls(w)
+        _check_finite_for_quantize(unfolded._base)
+        dense = unfolded.fold_hadamard(fold) if fold is not None else unfolded
+        base = dense._base
+        assert isinstance(base, mx.array)
+        out_dim, in_dim = base.shape
+        if in_dim % spec.group_size != 0:
+            raise ValueError(
+                f"group_size: must divide the input dimension ({in_dim}) to quantize, got {spec.group_size}"
+            )
+        parts = mx.quantize(base, **spec.as_quantize())
+        wq, scales = parts[0], parts[1]
+        biases = parts[2] if len(parts) > 2 else None
+        mx.eval(wq, scales, *([biases] if biases is not None else []))
+        return cls(QuantizedBase(wq, scales, biases, spec, (int(out_dim), int(in_dim))), fold)
+
+    def fold_hadamard(self, fold: HadamardFold) -> "WeightMatrix":
+        """A new matrix, the same linear map, with ``fold`` folded in.
+
+        INPUT: base becomes ``W R^T``; OUTPUT: ``R W``. Computed in float64 and stored in
+        the base's dtype. A quantized matrix is refused: fold before quantizing
+        (``WeightMatrix.quantize(w, fold=...)``), since re-quantizing would change the map.
+        """
+        if not isinstance(fold, HadamardFold):
+            raise ValueError(f"fold: must be a HadamardFold, got {validate.describe(fold)}")
+        if self._fold is not None:
+            raise ValueError("this matrix is already folded; fold the unfolded matrix instead")
+        if isinstance(self._base, QuantizedBase):
+            raise ValueError(
+                "cannot fold a quantized matrix (re-quantizing would change the map): "
+                "use WeightMatrix.quantize(w, fold=...) to fold before quantizing"
+            )
+        w = self.dense(np.float64)
+        WeightMatrix(self._base, fold)  # validates the fold against this shape, with the message above
+        if fold.site is FoldSite.INPUT:
+            folded = fold.rotate(w)  # rows of W R^T are R w_row: (W R^T)[i] = R W[i]
+        else:
+            folded = fold.rotate(w.T).T  # R W: rotate each column
+        dt = self._base.dtype
+        return WeightMatrix(mx.array(folded.astype(np.float32)).astype(dt), fold)
+
+    # -- description --------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        if isinstance(self._base, QuantizedBase):
+            return self._base.shape
+        return (int(self._base.shape[0]), int(self._base.shape[1]))
+
+    @property
+    def fold(self) -> HadamardFold | None:
+        return self._fold
+
+    @property
+    def quantization(self) -> QuantSpec | None:
+        return self._base.spec if isinstance(self._base, QuantizedBase) else None
+
+    @property
+    def dtype(self) -> str:
+        """``float32`` / ``float16`` / ``bfloat16``, or the quantization (e.g. ``affine4-g64``)."""
+        if isinstance(self._base, QuantizedBase):
+            return str(self._base.spec)
+        return _dtype_name(self._base.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a kernel streams for this matrix (packed weights, scales and biases included)."""
+        return self._base.nbytes if isinstance(self._base, QuantizedBase) else int(self._base.nbytes)
+
+    def launch_parts(self) -> tuple[mx.array | QuantizedBase, HadamardFold | None]:
+        """``(base, fold)``, as a kernel launch takes them: the stored base and the rotation to apply."""
+        return self._base, self._fold
+
+    def dense(self, dtype: Any = np.float32) -> np.ndarray:
+        """The stored base, dequantized, as numpy (float32 by default; float64 for oracles)."""
+        dtype = validate.float_dtype("dtype", dtype)
+        if dtype == np.float64 and self._np64 is not None:
+            return self._np64
+        base = self._base.dequantize() if isinstance(self._base, QuantizedBase) else self._base
+        out = np.array(base.astype(mx.float32)).astype(dtype)
+        if dtype == np.float64:
+            out.flags.writeable = False
+            self._np64 = out
+        return out
+
+    def linear_map(self) -> np.ndarray:
+        """The map ``apply`` computes, as a dense float64 [out, in] matrix (the fold undone)."""
+        w = self.dense(np.float64)
+        if self._fold is None:
+            return w
+        if self._fold.site is FoldSite.INPUT:
+            return self._fold.unrotate(w)  # W' R = (R^T W'^T)^T; row-wise: R^T applied to each row
+        return self._fold.unrotate(w.T).T  # R^T W'
+
+    # -- the map --------------------------------------------------------------------------
+
+    def matvec_base(self, x: ArrayT) -> ArrayT:
+        """``base @ x`` along the last axis, no rotation: what a kernel's matvec computes.
+
+        numpy: in x's float dtype (float64 for the oracle). MLX: lazy; a bf16/f16 base is
+        promoted so the product accumulates in float32 (activations are float32).
+        """
+        if isinstance(x, mx.array):
+            in_dim = self.shape[1]
+            if not (mx.issubdtype(x.dtype, mx.floating) or mx.issubdtype(x.dtype, mx.integer)):
+                raise ValueError(f"x: must be an array of real numbers, got {validate.describe(x)}")
+            if x.ndim == 0 or x.shape[-1] != in_dim:
+                raise ValueError(f"x: its last axis must be {in_dim} (the matrix's in dimension), got shape {tuple(x.shape)}")
+            if isinstance(self._base, QuantizedBase):
+                q = self._base
+                # A 1-D vector goes in as one row: MLX 0.32.4's CUDA quantized_matmul fails
+                # on 1-D input ("SmallVector out of range"; seen on the H200).
+                xr = x.astype(mx.float32)
+                y = mx.quantized_matmul(
+                    xr[None] if x.ndim == 1 else xr, q.w, q.scales, q.biases, transpose=True,
+                    group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode,
+                )
+                return y[0] if x.ndim == 1 else y
+            return x.astype(mx.float32) @ self._base.astype(mx.float32).T
+        x = validate.float_array("x", x)
+        if x.ndim == 0 or x.shape[-1] != self.shape[1]:
+            raise ValueError(f"x: its last axis must be {self.shape[1]} (the matrix's in dimension), got shape {x.shape}")
+        w = self.dense(np.float64) if x.dtype == np.float64 else self.dense(np.float32).astype(x.dtype, copy=False)
+        return x @ w.T
+
+    def apply(self, x: ArrayT) -> ArrayT:
+        """The host semantics: INPUT rotates then multiplies; OUTPUT multiplies then rotates back."""
+        f = self._fold
+        if f is None:
+            return self.matvec_base(x)
+        if f.site is FoldSite.INPUT:
+            return self.matvec_base(f.rotate(x))
+        return f.unrotate(self.matvec_base(x))
+
+    def __repr__(self) -> str:
+        o, i = self.shape
+        return f"WeightMatrix({o}x{i}, {self.dtype}, fold={self._fold!r})"
+
+
+# -- why engines fold: quantization error with and without the rotation ------------------
+
+
+def outlier_matrix(out_dim: int, in_dim: int, *, n_outliers: int, outlier_scale: float, seed: int) -> np.ndarray:
+    """A Gaussian [out, in] float32 weight whose ``n_outliers`` input columns are scaled up.
+
+    The shape of the problem the fold solves: LLM weights and activations carry a few
+    outlier channels, and a quantization group that holds one spends its scale on it.
+    """
+    out_dim = validate.integer("out_dim", out_dim, minimum=1)
+    in_dim = validate.integer("in_dim", in_dim, minimum=1)
+    n_outliers = validate.integer("n_outliers", n_outliers, minimum=0, maximum=in_dim)
+    outlier_scale = validate.number("outlier_scale", outlier_scale, minimum=0, exclusive_minimum=True)
+    validate.within_memory("out_dim", 12 * out_dim * in_dim, f"a {out_dim} x {in_dim} matrix")
+    rng = np.random.default_rng(validate.seed("seed", seed))
+    w = rng.standard_normal((out_dim, in_dim))
+    cols = rng.choice(in_dim, size=n_outliers, replace=False)
+    w[:, cols] *= outlier_scale
+    return w.astype(np.float32)
+
+
+def quantization_error(
+    w: np.ndarray, *, mode: str, bits: int, group_size: int, fold: HadamardFold | None = None
+) -> float:
+    """Relative Frobenius error of the quantized MAP: ``||map(Q(w)) - w||_F / ||w||_F``.
+
+    With a fold the map is the folded, quantized base with the rotation undone, so the
+    figure compares like with like: what ``apply`` computes against what ``w`` computes
+    (for isotropic inputs, the expected relative error of the output).
+    """
+    q = WeightMatrix.quantize(w, mode=mode, bits=bits, group_size=group_size, fold=fold)
+    w64 = np.asarray(w, dtype=np.float64)
+    return float(np.linalg.norm(q.linear_map() - w64) / np.linalg.norm(w64))
+
+
+#: The formats notebook 01 compares: (label, name in :data:`QUANT_FORMATS`).
+STUDY_FORMATS: tuple[tuple[str, str], ...] = (
+    ("affine 4-bit g64", "affine4"),
+    ("mxfp4 g32", "mxfp4"),
+    ("nvfp4 g16", "nvfp4"),
+    ("affine 8-bit g64", "affine8"),
+)
+
+
+def quantization_study(
+    w: np.ndarray,
+    folds: dict[str, HadamardFold | None],
+    formats: tuple[tuple[str, str], ...] = STUDY_FORMATS,
+) -> "pd.DataFrame":
+    """One row per format (``(label, name in QUANT_FORMATS)``), one column per fold:
+    :func:`quantization_error` of each pair."""
+    import pandas as pd
+
+    if not isinstance(folds, dict) or not folds:
+        raise ValueError(f"folds: must be a non-empty dict of name -> HadamardFold or None, got {validate.describe(folds)}")
+    for name, f in folds.items():
+        if f is not None and not isinstance(f, HadamardFold):
+            raise ValueError(f"folds: entry {name!r} must be a HadamardFold or None, got {validate.describe(f)}")
+    formats = validate.sequence("formats", formats, what="(label, format name) pairs")
+    for entry in formats:
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise ValueError(f"formats: entries must be (label, format name) pairs, got {validate.describe(entry)}")
+        label, fmt = entry
+        if not isinstance(fmt, str) or fmt not in QUANT_FORMATS:
+            raise ValueError(f"formats: {label!r} names {fmt!r}, which is not one of {tuple(QUANT_FORMATS)}")
+    rows = {}
+    for label, fmt in formats:
+        q = QUANT_FORMATS[fmt]
+        rows[label] = {name: quantization_error(w, **q.as_quantize(), fold=f)
+                       for name, f in folds.items()}
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    df.index.name = "format"
+    return df

@@ -1,0 +1,516 @@
+"""The fused tail as ONE CUDA launch: the three tail kernels' phases between grid barriers.
+
+It is what ``fused_tail(backend="cuda")`` runs (:func:`run_cuda_tail`, in the shape
+:func:`shape_for` gives each weight format).
+
+``kernel_launch.PreparedTail`` encodes a tail as three launches (wo_residual,
+ffn_gate_up, ffn_down) in one evaluation. On the H200, MLX's cost of evaluating those
+three custom kernels and waiting was ~0.1 ms at frink-models' test size (nothing
+streamed), against ~0.03 ms for one tiny evaluation (kernels/README.md). This module
+runs the same three bodies as the phases of ONE kernel (``kernels/tail_one_launch.body``,
+composed by ``kernel_source.compose_one_launch``): every group does its share of wo, waits
+at a grid-wide barrier until all of h exists, does its share of gate/up, waits again,
+then its rows of down.
+
+What makes a grid barrier safe, and how it is enforced here:
+
+* **Every group resident at once.** A group spinning at the barrier holds its SM; if a
+  group of the grid has not started, it never will. The grid is exactly
+  ``groups_per_sm`` x the GPU's SM count, the count read from the NVIDIA driver
+  (:func:`workbench.kernels.cuda_device.multiprocessor_count`), never a default. One group an SM
+  always fits (a group that fits no SM alone cannot be launched at all); two fit only
+  when their registers and shared memory do, which is why 1 is the default.
+* **No second grid at the same time.** MLX runs graph nodes with no data dependency
+  between them concurrently, and two barrier grids sharing the SMs could each wait for
+  the other's SMs. Every launch therefore names the previous one's output as ``after``
+  (:meth:`OneLaunchTail.__call__` does this itself), which orders them; a tail whose
+  input is another's output is ordered anyway.
+* **A hang becomes an error.** A barrier that waits over ``BARRIER_LIMIT_MS`` (4 s; a
+  ``barrier_limit_ms`` of the launch's own under a sanitizer) gives up: the group writes
+  NaN into its rows of ``out`` and raises a flag in the launch's memory, which
+  :meth:`OneLaunchTail.run` reads after the wait and raises :class:`GridBarrierTimeout`
+  (zeroing the memory again for the next launch).
+
+The launch's own memory (``work``: h, act, the barrier counter, the flag) is made once
+and kept, as an engine keeps scratch buffers; the counter returns to 0 at the end of
+every launch. Metal has no forward-progress promise between threadgroups, so there is
+no Metal one-launch tail: the Metal path keeps its three dispatches in one submission,
+as frink-models does.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import backends, validate
+from workbench.kernels import cuda_device
+from workbench.kernels import launch as kernel_launch
+from workbench.kernels import source as kernel_source
+
+if TYPE_CHECKING:
+    from workbench.tail.paths import TailLaunch
+    from workbench.tail.weights import TailWeights
+
+#: CUDA's limit on a kernel's static shared memory; the three phases' group memory is
+#: declared side by side (each phase's arrays in its own scope), so their sum must fit.
+STATIC_SHARED_LIMIT = 48 * 1024
+
+#: Threads a group of the one launch, by default (every phase runs with the same groups).
+DEFAULT_NT = 512
+
+#: Threads a group where the tail's weights are 4-bit (affine 4-bit, mxfp4, nvfp4: the
+#: launches bound by the ALU pipe then, kernels/README.md), in the shape ``fused_tail(
+#: backend="cuda")`` runs (:func:`shape_for`): 20 warps an SM instead of 16 hide more of the
+#: pipe's latency. Two sweeps on the H200, two machine starts, agree: 640 threads took
+#: 11-14% less device time than 512 in each 4-bit format (``one_launch-…131203Z`` and
+#: ``…145320Z``), beyond :data:`CHOICE_MARGIN`, while bfloat16 and affine 8-bit moved by 4%
+#: or less. Still one group an SM, so still always resident (the module's doc).
+#:
+#: Not yet affine 8-bit, though it now gains more: since the addressing change (kernels/
+#: README.md, "After the cuts"), ``one_launch-…200209Z`` timed its one launch at 0.232 ms a
+#: tail at 512 threads and 0.175-0.195 in every 640-thread variant, 0.177 in this shape with
+#: :data:`FOUR_BIT_ROW_UNITS`. One sweep only, and the sanitizer has not yet run affine8's
+#: one launch in that shape; giving affine 8-bit this shape (:func:`shape_for_formats`)
+#: waits on both (kernels/README.md, "Left").
+FOUR_BIT_NT = 640
+
+#: 16-byte units a lane of wo and gate_up loads before using any, in ``KernelTuning``'s
+#: terms (``u_wo`` / ``u_gate_up``: 8 is two 4-bit units), where the tail's weights are
+#: 4-bit, in :func:`shape_for`'s shape. The 4-bit row dots wait on their loads' latency
+#: more than on bytes (kernels/README.md, "Address arithmetic"); once a unit's addresses
+#: cost fewer registers, two units in flight fit. Measured on the H200 (sweep
+#: ``one_launch-…163500Z``, 640 threads a group): affine4 0.137 against 0.150 ms a tail,
+#: mxfp4 and nvfp4 1% better.
+FOUR_BIT_ROW_UNITS = 8
+
+#: How long a grid barrier waits before it gives up (ms), by default: no barrier of an
+#: uninstrumented launch legitimately waits this long (a phase takes well under a
+#: millisecond at Bonsai-27B's size). Instrumented launches are another matter: under
+#: compute-sanitizer's initcheck a barrier at the small shape waited over 4 s
+#: (``sanitize-nvidia-h200-20261201T112956Z``), so ``bench.sanitize`` passes
+#: :data:`SANITIZER_BARRIER_LIMIT_MS` through ``OneLaunchTail(barrier_limit_ms=...)``.
+BARRIER_LIMIT_MS = 4000
+
+#: The barrier limit for launches under compute-sanitizer: ten minutes, far above any
+#: instrumented phase seen (seconds), yet a real hang still ends as an error, not a stuck run.
+SANITIZER_BARRIER_LIMIT_MS = 600_000
+
+#: The largest barrier limit a template value can carry here (one hour, in ms).
+MAX_BARRIER_LIMIT_MS = 3_600_000
+
+
+#: How much faster than the default a swept variant must be (a fraction of the default's
+#: device time) for ``python -m bench.one_launch`` to choose it: the same variant's device
+#: time moved by up to 8% between two runs (two machine starts) (``one_launch-…095241Z``
+#: and ``…112516Z``: u8_down_u32 0.193 then 0.178 ms, while default, u8, u8_down_u32 and
+#: nt640 lay within 2.3% of each other in the second), so a smaller gain in one sweep is
+#: not a finding.
+CHOICE_MARGIN = 0.08
+
+
+class GridBarrierTimeout(RuntimeError):
+    """A one-launch tail's grid barrier waited too long: not every group was resident."""
+
+
+@lru_cache(maxsize=None)
+def _kernel(kernel_dir: Path | None = None) -> Any:
+    """The one launch's MLX kernel, composed from ``kernel_dir`` (None: the repository's
+    ``kernels/``), under a name of its own for another folder (``bench.kernel_bodies``
+    runs an older folder's beside the current one)."""
+    header, source = kernel_source.compose_one_launch(kernel_dir=kernel_dir)
+    return mx.fast.cuda_kernel(name=kernel_source.one_launch_mlx_name(kernel_dir=kernel_dir),
+                               input_names=list(kernel_source.one_launch_inputs()),
+                               output_names=["out"], source=source, header=header, ensure_row_contiguous=True)
+
+
+@dataclass(frozen=True)
+class OneLaunchShape:
+    """Group size and grid of the one launch: ``nt`` threads a group, ``groups_per_sm``
+    groups an SM (1 is always resident; see the module's doc), ``down_rows`` rows of
+    down a group at a time (its reads of act shared by them), ``sm_count`` (None: the
+    driver's), ``row_units`` the 16-byte units a lane of wo and gate_up loads before
+    using any, as ``KernelTuning.u_wo`` / ``u_gate_up`` count them (None: the prepared
+    tail's tuning)."""
+
+    nt: int = DEFAULT_NT
+    groups_per_sm: int = 1
+    down_rows: int = 4
+    sm_count: int | None = None
+    row_units: int | None = None
+
+    def __post_init__(self) -> None:
+        nt = validate.integer("nt", self.nt, minimum=32, maximum=kernel_launch.MAX_GROUP_THREADS)
+        if nt % 32:
+            raise ValueError(f"nt: must be a multiple of 32 (whole warps) in 32..1024, got {nt}")
+        validate.integer("groups_per_sm", self.groups_per_sm, minimum=1, maximum=4)
+        rows = validate.integer("down_rows", self.down_rows, minimum=1, maximum=8)
+        if rows & (rows - 1):
+            raise ValueError(f"down_rows: must be 1, 2, 4 or 8 (rows of down a group takes at a time); got {rows}")
+        if self.sm_count is not None:
+            validate.integer("sm_count", self.sm_count, minimum=1)
+        if self.row_units is not None:
+            validate.integer("row_units", self.row_units, minimum=1, maximum=kernel_launch.MAX_UNITS)
+
+
+def _phase_templates(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> dict[str, dict[str, Any]]:
+    """Each phase's template values as its own launch would take them (``prep.templates()``),
+    with the one launch's group size (NT) and down's rows a group from ``shape``."""
+    phases = {k: dict(v, NT=shape.nt) for k, v in prep.templates().items()}
+    if shape.row_units is not None:
+        phases["wo_residual"]["U"] = kernel_launch.units_for(prep.wo.fmt, shape.row_units)
+        phases["ffn_gate_up"]["U"] = kernel_launch.units_for(prep.gate.fmt, shape.row_units)
+    # down's units in flight a thread, u_down, shared by its DR rows (as PreparedTail.templates)
+    phases["ffn_down"].update(DR=shape.down_rows,
+                              U=max(1, kernel_launch.units_for(prep.down.fmt, prep.tuning.u_down) // shape.down_rows))
+    return phases
+
+
+def static_shared_bytes(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> int:
+    """The one launch's static shared memory: the three phases' group memory side by side
+    (as ``kernel_launch.threadgroup_bytes`` lays out each) and the barrier's one word."""
+    phases = _phase_templates(prep, shape)
+    return sum(kernel_launch.threadgroup_bytes(k, phases[k]) for k in kernel_source.TAIL_KERNELS) + 16
+
+
+def sync_at(prep: kernel_launch.PreparedTail) -> int:
+    """Where the barrier counter sits in ``work`` (floats): after h and act, on a 128-byte
+    line of its own (the failure flag 32 words on, on the next)."""
+    return -(-(prep.hidden + prep.ffn) // 32) * 32
+
+
+def launch_template(prep: kernel_launch.PreparedTail, shape: OneLaunchShape,
+                    barrier_limit_ms: int = BARRIER_LIMIT_MS) -> list[tuple[str, Any]]:
+    """The one launch's template values (``kernel_source.one_launch_template``'s names):
+    each phase's values as its own launch would take them (``prep.templates()``), down's
+    rows a group from ``shape``, NT = ``shape.nt`` for every phase, and how long a barrier
+    waits (``barrier_limit_ms``). Dialect-free, so it can be computed (and the CUDA text
+    compiled with nvcc) from any prepared tail."""
+    _check_barrier_limit(barrier_limit_ms)
+    phases = _phase_templates(prep, shape)
+    template: list[tuple[str, Any]] = [("NT", shape.nt), ("HID", prep.hidden), ("FFN", prep.ffn),
+                                       ("SYNC_AT", sync_at(prep)), ("BARRIER_LIMIT_MS", int(barrier_limit_ms))]
+    for kernel, prefix in kernel_source.ONE_LAUNCH_PHASES:
+        template += [(prefix + k, v) for k, v in phases[kernel].items() if k != "NT"]
+    return template
+
+
+def _check_barrier_limit(barrier_limit_ms: Any) -> None:
+    if (isinstance(barrier_limit_ms, bool) or not isinstance(barrier_limit_ms, (int, np.integer))
+            or not 1 <= barrier_limit_ms <= MAX_BARRIER_LIMIT_MS):
+        raise ValueError(f"barrier_limit_ms must be an integer from 1 to {MAX_BARRIER_LIMIT_MS} (ms); "
+                         f"got {validate.describe(barrier_limit_ms)}")
+
+
+class OneLaunchTail:
+    """A prepared tail's three phases as one CUDA launch (see the module's doc).
+
+    Built from a ``kernel_launch.PreparedTail`` for the ``"cuda"`` dialect: the same
+    weights, fold plan, template values (each phase's ``U`` and ``PRE``) and constants.
+    Call it with ``branch`` [branch] and ``residual`` [hidden] (float32 ``mx.array``) for
+    the lazy output; :meth:`run` evaluates, checks the barrier flag and returns numpy.
+    ``barrier_limit_ms``: how long a grid barrier waits before it gives up (raise it only
+    for instrumented runs: :data:`SANITIZER_BARRIER_LIMIT_MS`).
+    """
+
+    def __init__(self, prep: kernel_launch.PreparedTail, shape: OneLaunchShape | None = None, *,
+                 barrier_limit_ms: int = BARRIER_LIMIT_MS) -> None:
+        if not isinstance(prep, kernel_launch.PreparedTail):
+            raise ValueError(f"prep must be a kernel_launch.PreparedTail; got {type(prep).__name__}")
+        if prep.dialect != "cuda":
+            raise ValueError(f"the one-launch tail is CUDA only (got a {prep.dialect!r} tail): Metal promises no "
+                             "forward progress between threadgroups, so its tail keeps three dispatches in one "
+                             "submission")
+        shape = shape or OneLaunchShape()
+        if not isinstance(shape, OneLaunchShape):
+            raise ValueError(f"shape must be a OneLaunchShape; got {type(shape).__name__}")
+        used = static_shared_bytes(prep, shape)
+        if used > STATIC_SHARED_LIMIT:
+            raise ValueError(f"hidden ({prep.hidden}) / branch ({prep.branch_dim}): the one launch would declare {used} "
+                             f"bytes of shared memory, over CUDA's {STATIC_SHARED_LIMIT} for static shared memory; "
+                             "use the three launches (kernel_launch.PreparedTail)")
+        _check_barrier_limit(barrier_limit_ms)
+        self.prep, self.shape, self.barrier_limit_ms = prep, shape, int(barrier_limit_ms)
+        self.sms = shape.sm_count if shape.sm_count is not None else cuda_device.multiprocessor_count()
+        self.groups = self.sms * shape.groups_per_sm
+        self.sync_at = sync_at(prep)
+        self.work = mx.zeros((self.sync_at + 64,), dtype=mx.float32)
+        mx.eval(self.work)
+        self._last: mx.array | None = None
+        self.template = launch_template(prep, shape, self.barrier_limit_ms)
+        wo, g, u, d, rot = prep.wo, prep.gate, prep.up, prep.down, prep.rot
+        # every input but the activations, by the kernel's input names (their order is
+        # kernel_source.one_launch_inputs()'s, in one place)
+        self._consts = {"sdest": rot["sdest"], "table": rot["table"], "params": prep.params,
+                        "w": wo.w, "ws": wo.s, "wb": wo.b, "nw": prep.norm,
+                        "wg": g.w, "wgs": g.s, "wgb": g.b, "wu": u.w, "wus": u.s, "wub": u.b,
+                        "wd": d.w, "wds": d.s, "wdb": d.b}
+        self._none = mx.zeros((prep.hidden,), dtype=mx.float32)  # `after` for the first launch
+        self._compiled: Any = None
+
+    def _launch(self, branch: mx.array, residual: mx.array, after: mx.array, verbose: bool = False) -> mx.array:
+        arrays = {**self._consts, "x": branch, "residual": residual, "work": self.work, "after": after}
+        inputs = [arrays[n] for n in kernel_source.one_launch_inputs()]
+        kernel = _kernel(self.prep.kernel_dir)  # the prepared tail's kernel folder (None: kernels/)
+        return kernel(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),
+                      threadgroup=(self.shape.nt, 1, 1), output_shapes=[(self.prep.hidden,)],
+                      output_dtypes=[mx.float32], verbose=verbose)[0]
+
+    def __call__(self, branch: mx.array, residual: mx.array, *, after: mx.array | None = None,
+                 verbose: bool = False) -> mx.array:
+        """The tail's one launch, lazily. It names the previous call's output (or
+        ``after``, when given) as an input it never reads, so MLX orders the two launches
+        (module doc: no two barrier grids at once). A call whose output is never evaluated
+        is evaluated with the next call's, since the next one names it."""
+        after = after if after is not None else (self._last if self._last is not None else self._none)
+        out = self._launch(branch, residual, after, verbose)
+        self._last = out
+        return out
+
+    def compiled(self) -> Any:
+        """:meth:`__call__` with the launch traced once by ``mx.compile`` (less Python a call)."""
+        if self._compiled is None:
+            traced = mx.compile(lambda b, r, a: self._launch(b, r, a))
+
+            def call(branch: mx.array, residual: mx.array) -> mx.array:
+                out = traced(branch, residual, self._last if self._last is not None else self._none)
+                self._last = out
+                return out
+
+            self._compiled = call
+        return self._compiled
+
+    def barrier_failed(self) -> bool:
+        """Whether a launch since the last reset found a barrier that waited too long
+        (reads the flag: call after evaluating)."""
+        return bool(np.array(self.work[self.sync_at + 32 : self.sync_at + 33]).view(np.uint32)[0] != 0)
+
+    def reset(self) -> None:
+        """The launch's memory zeroed again (counter and flag), for a fresh start. The
+        compiled form traced the old memory in, so it is traced again on next use."""
+        self.work = mx.zeros(self.work.shape, dtype=mx.float32)
+        mx.eval(self.work)
+        self._last = None
+        self._compiled = None
+
+    def run(self, branch: Any, residual: Any) -> np.ndarray:
+        """One evaluation of the tail, float32 numpy out; :class:`GridBarrierTimeout`
+        (after zeroing the launch's memory) if a barrier gave up."""
+        b = kernel_launch.as_mx32(branch)
+        r = kernel_launch.as_mx32(residual)
+        for name, a, n in (("branch", b, self.prep.branch_dim), ("residual", r, self.prep.hidden)):
+            if a.shape != (n,):
+                raise ValueError(f"{name} must have shape ({n},) for this tail; got {tuple(a.shape)}")
+        out = self(b, r)
+        mx.eval(out)
+        self.raise_if_barrier_failed()
+        return np.array(out)
+
+    def raise_if_barrier_failed(self) -> None:
+        """:class:`GridBarrierTimeout` (after zeroing the launch's memory for the next
+        launch) if a barrier gave up since the last reset; call after evaluating."""
+        if self.barrier_failed():
+            self.reset()
+            raise GridBarrierTimeout(f"a grid barrier of the one-launch tail waited over "
+                                     f"{self.barrier_limit_ms / 1000:g} s: not every one of its "
+                                     f"{self.groups} groups ({self.shape.groups_per_sm} an SM x {self.sms} SMs "
+                                     "assumed) was resident at once; its output was NaN")
+
+
+# -- the CUDA path of fused_tail ------------------------------------------------------------
+
+
+#: The kernel formats :func:`shape_for_formats` gives the 4-bit shape.
+FOUR_BIT_FORMATS: tuple[int, ...] = (kernel_source.WF_Q4, kernel_source.WF_FP4)
+
+
+def shape_for(prep: kernel_launch.PreparedTail) -> OneLaunchShape:
+    """The shape ``fused_tail(backend="cuda")`` runs a prepared tail's one launch in
+    (:func:`shape_for_formats` of its four matrices' formats)."""
+    return shape_for_formats(m.fmt for m in (prep.wo, prep.gate, prep.up, prep.down))
+
+
+def shape_for_formats(formats: Iterable[int]) -> OneLaunchShape:
+    """The one launch's shape for a tail whose matrices have the kernel formats
+    ``formats`` (``kernel_source.WF_*``): one group an SM (always resident); where any is
+    4-bit (:data:`FOUR_BIT_FORMATS`), :data:`FOUR_BIT_NT` threads a group and
+    :data:`FOUR_BIT_ROW_UNITS` units in flight a lane of wo and gate_up, else
+    :data:`DEFAULT_NT` threads and the prepared tail's tuning. Raises ``ValueError`` for a
+    format the kernels do not read."""
+    fmts = list(formats)
+    served = (kernel_source.WF_F32, kernel_source.WF_BF16, kernel_source.WF_Q4, kernel_source.WF_Q8,
+              kernel_source.WF_FP4)
+    unknown = [f for f in fmts if f not in served]
+    if unknown or not fmts:
+        raise ValueError(f"formats must be kernel formats (kernel_source.WF_*: {served}), at least one; "
+                         f"got {fmts!r}")
+    if any(f in FOUR_BIT_FORMATS for f in fmts):
+        return OneLaunchShape(nt=FOUR_BIT_NT, row_units=FOUR_BIT_ROW_UNITS)
+    return OneLaunchShape(nt=DEFAULT_NT)
+
+
+def fits(prep: kernel_launch.PreparedTail, shape: OneLaunchShape | None = None) -> bool:
+    """Whether the one launch's static shared memory (:func:`static_shared_bytes`) fits
+    CUDA's :data:`STATIC_SHARED_LIMIT` at ``shape`` (default: :func:`shape_for`'s). Where it
+    does not (hidden sizes far above Bonsai-27B's 5120), the CUDA path runs the three
+    launches instead."""
+    return static_shared_bytes(prep, shape or shape_for(prep)) <= STATIC_SHARED_LIMIT
+
+
+#: The one-launch tails the CUDA path made, one per weights object and tuning (each keeps
+#: its launch memory and the last output it ordered itself after, as an engine keeps its
+#: scratch buffers); dropped with the weights.
+_TAILS: weakref.WeakKeyDictionary[TailWeights, dict[Any, OneLaunchTail]] = weakref.WeakKeyDictionary()
+
+
+def for_launch(launch: TailLaunch, tuning: kernel_launch.KernelTuning | None = None) -> OneLaunchTail | None:
+    """The one-launch tail ``fused_tail(backend="cuda")`` runs for ``launch`` (made once per
+    weights object and tuning, in :func:`shape_for`'s shape), or None where its shared
+    memory does not fit (:func:`fits`): the three launches then run. Raises
+    ``BackendUnavailable`` where MLX's CUDA back-end is absent."""
+    backends.resolve_backend("cuda")
+    prep = kernel_launch.prepared(launch, "cuda", tuning)
+    per = _TAILS.setdefault(launch.weights, {})
+    key = prep.tuning
+    if key not in per:
+        shape = shape_for(prep)
+        if not fits(prep, shape):
+            return None
+        per[key] = OneLaunchTail(prep, shape)
+    return per[key]
+
+
+def run_cuda_tail(launch: TailLaunch, branch: Any, residual: Any) -> np.ndarray:
+    """What ``fused_tail(backend="cuda")`` runs: the tail as ONE launch (:func:`for_launch`)
+    in one evaluation, float32 numpy out; the three launches
+    (``kernel_launch.run_kernel_tail``) where the one launch's shared memory does not fit.
+
+    ``branch`` / ``residual``: numpy or MLX, optional leading batch axes (each row its
+    own launch, each ordered after the one before, all in the one evaluation). Raises
+    :class:`GridBarrierTimeout` if a barrier gave up (the launch's memory is zeroed for the
+    next call) and ``BackendUnavailable`` where MLX's CUDA back-end is absent.
+    """
+    one = for_launch(launch)
+    if one is None:
+        return kernel_launch.run_kernel_tail("cuda", launch, branch, residual)
+    b, r = kernel_launch.as_mx32(branch), kernel_launch.as_mx32(residual)
+    if b.ndim == 1:
+        out = one.compiled()(b, r)
+    else:
+        lead = b.shape[:-1]
+        bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
+        out = mx.stack([one(bf[i], rf[i]) for i in range(bf.shape[0])]).reshape(*lead, one.prep.hidden)
+    mx.eval(out)  # the ONE submission: every row's launch
+    one.raise_if_barrier_failed()
+    return np.array(out)
+
+
+# -- what a bench.one_launch record says ---------------------------------------------------
+
+
+def record_tables(record: dict[str, Any]) -> tuple[Any, Any]:
+    """``(checks, timing)`` tables (pandas) of a ``python -m bench.one_launch`` record.
+
+    ``checks``: one row a check (case; worst scaled error against the float64 oracle and
+    its tolerance, where checked; against the three launches; how many outputs have their
+    bits; the same bits twice; pass). ``timing``: one column a weight format, rows of ms a
+    tail: the floor, one evaluation with its wait (three launches and one, each compiled;
+    PyTorch's CUDA-graph replay where the record has it), device time a tail (three and
+    one), and the ratios the kernel issue's targets are about. Raises ``ValueError`` for a
+    dict that is not such a record.
+    """
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    if not isinstance(record, dict) or record.get("bench") != "one_launch" or "checks" not in record:
+        raise ValueError(f"record must be a bench.one_launch record (a dict with bench 'one_launch' and its checks); "
+                         f"got {validate.describe(record)}")
+    checks = pd.DataFrame([{
+        "case": c["case"], "vs float64": f"{c['worst']:.1e}" if "worst" in c else "-",
+        "tol": f"{c['tolerance']:.0e}" if "worst" in c else "-",
+        "vs 3 launches": f"{c['vs_three_launches_worst_scaled']:.1e}",
+        "bits = 3 launches": f"{c['bits_equal_three_launches']}/{c['outputs']}",
+        "same bits twice": c["deterministic"], "pass": c["passed"]} for c in record["checks"]])
+    rows: dict[str, dict[str, float]] = {}
+    for c in record.get("cases", []):
+        res = {k: v["median_ms"] for k, v in c["resident_ms"].items()}
+        col = {"floor": c["floor_ms"],
+               "one wait: three launches compiled": res["three_launches_compiled"],
+               "one wait: one launch compiled": res["one_launch_compiled"],
+               "device: three launches": c["device_ms_per_tail"]["three_launches"],
+               "device: one launch": c["device_ms_per_tail"]["one_launch"],
+               "one launch / three (one wait)": res["one_launch_compiled"] / res["three_launches_compiled"],
+               "one launch device / floor": c["device_ms_per_tail"]["one_launch"] / c["floor_ms"]}
+        if "torch_cuda_graph" in res:
+            col["one wait: PyTorch CUDA graph"] = res["torch_cuda_graph"]
+            col["one launch / PyTorch graph (one wait)"] = res["one_launch_compiled"] / res["torch_cuda_graph"]
+        rows[c["case"].replace("bonsai27b-", "")] = col
+    return checks, pd.DataFrame(rows)
+
+
+def sweep_table(record: dict[str, Any]) -> Any:
+    """The shape sweep of a ``python -m bench.one_launch`` record (pandas): one row a variant,
+    one column a swept weight format, device ms a tail (NaN where the variant did not launch
+    or disagreed with the default, both recorded as failed), and a last row ``chosen``: the
+    variant each format was timed with (the bench's rule, :data:`CHOICE_MARGIN`). Raises
+    ``ValueError`` for a record that is not such a record or has no sweep."""
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    if not isinstance(record, dict) or record.get("bench") != "one_launch" or not record.get("sweeps"):
+        raise ValueError(f"record must be a bench.one_launch record with its sweeps; got {validate.describe(record)}")
+    chosen = record.get("variant_chosen", {})
+    return pd.DataFrame({fmt: {**{v: r.get("device_ms", float("nan")) for v, r in results.items()},
+                               "chosen": chosen.get(fmt, "-")}
+                         for fmt, results in record["sweeps"].items()})
+
+
+def wait_breakdown(record: dict[str, Any], profile: dict[str, Any]) -> Any:
+    """Where the one launch's wait goes, one column a weight format in both records (pandas).
+
+    ``record``: a ``python -m bench.one_launch`` record; ``profile``: a ``python -m
+    bench.launch_profile --one-launch`` record (Nsight Compute: each kernel run once,
+    caches flushed). Rows, ms: the kernel run once (ncu) and its device time chained (ten
+    tails in one evaluation, over ten); the one launch's evaluation and wait with the graph
+    already built; what MLX adds around the kernel (the evaluation minus the kernel run
+    once) beside one tiny evaluation (MLX's least); and, where the record has PyTorch's
+    CUDA-graph replay, what it adds (its one wait minus its device time) and the kernel
+    time the one launch would need to wait no longer than it (its wait minus MLX's
+    addition), beside the floor. Why both: a single-shot kernel slower than its chained
+    time would mean the wait pays a ramp; the rest of the wait is the framework's.
+    Raises ``ValueError`` for records that are not these, or that share no format.
+    """
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    if not isinstance(record, dict) or record.get("bench") != "one_launch" or "cases" not in record:
+        raise ValueError(f"record must be a bench.one_launch record with timed cases; got {validate.describe(record)}")
+    if not isinstance(profile, dict) or profile.get("bench") != "launch_profile" or "table" not in profile:
+        raise ValueError(f"profile must be a bench.launch_profile record; got {validate.describe(profile)}")
+    single = {row["format"]: row["ms"] for row in profile["table"] if "tail_one_launch" in row["kernel"]}
+    cols: dict[str, dict[str, float]] = {}
+    for c in record["cases"]:
+        fmt = c["case"].replace("bonsai27b-", "")
+        if fmt not in single:
+            continue
+        res = {k: v["median_ms"] for k, v in c["resident_ms"].items()}
+        wait = c["one_launch_split_ms"]["eval_and_wait"]
+        col = {"kernel run once (ncu)": single[fmt],
+               "kernel chained (device time a tail)": c["device_ms_per_tail"]["one_launch"],
+               "evaluation and wait": wait,
+               "MLX around the kernel, at least": wait - single[fmt],
+               "one tiny evaluation": res["one_tiny_eval"]}
+        if "torch_cuda_graph" in res:
+            torch_adds = res["torch_cuda_graph"] - c["device_ms_per_tail"]["torch_cuda_graph"]
+            col["PyTorch graph around its kernels"] = torch_adds
+            col["kernel for one wait = PyTorch graph, at most"] = res["torch_cuda_graph"] - (wait - single[fmt])
+            col["floor"] = c["floor_ms"]
+        cols[fmt] = col
+    if not cols:
+        raise ValueError(f"the records share no weight format: the one-launch record times "
+                         f"{[c['case'] for c in record['cases']]}, the profile ran the one launch in {sorted(single)}")
+    return pd.DataFrame(cols)

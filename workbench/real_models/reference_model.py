@@ -1,0 +1,392 @@
+"""The reference forward pass: mlx-lm's own model carrying a checkpoint's weights.
+
+The workbench writes no attention of its own for a real model: :func:`reference_model`
+builds mlx-lm's model class for the checkpoint's family (``mlx_lm.models.<model_type>``)
+and loads the checkpoint's tensors into it, quantized ones as mlx-lm's own
+``QuantizedLinear`` / ``QuantizedEmbedding`` with the SAME packed words, their scales and
+biases widened to float32 (exact: the map ``scale * q + bias`` is unchanged, and the
+activations then stay float32 end to end, as the fused tail's are).
+
+Around it:
+
+* :func:`gguf_tokenizer` -- the tokenizer a GGUF file carries in its metadata (BPE
+  vocabulary and merges, its pre-tokenizer, chat template), as a ``transformers`` fast
+  tokenizer built by the ``tokenizers`` library;
+* :func:`capture_layers` -- every layer's ``(residual, branch, output)`` at every
+  position of a prompt: the layer's input, ``o_proj``'s input (the branch a tail
+  takes) and the layer's output;
+* :func:`fused_tails` -- a context in which every layer's tail (``o_proj``, the residual
+  add, the FFN norm, the FFN, the second add) is the workbench's fused tail instead of
+  mlx-lm's modules; mlx-lm still runs the embedding, attention and head;
+* :func:`greedy` -- greedy decoding with mlx-lm's KV cache, keeping each step's logit
+  margin (top-1 minus top-2), which says how close a token was to flipping.
+
+mlx-lm (and through it transformers and tokenizers) is imported inside the functions,
+so ``import workbench`` stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from workbench import tail as tails
+from workbench.real_models.checkpoint import Checkpoint, Tensor
+from workbench.tail.weights import TailWeights
+from workbench.validate import describe, integer
+
+__all__ = [
+    "reference_model",
+    "gguf_tokenizer",
+    "LayerCapture",
+    "capture_layers",
+    "fused_tails",
+    "Generation",
+    "greedy",
+    "forced_choices",
+]
+
+
+def _dense_for_model(t: Tensor) -> mx.array:
+    return t.weight.astype(mx.float32)
+
+
+@contextlib.contextmanager
+def _without_transformers_advice() -> Iterator[None]:
+    """Import mlx-lm / transformers without transformers' import-time advice.
+
+    Without PyTorch, ``import transformers`` logs "PyTorch was not found. Models won't be
+    available..." to stderr: true, and beside the point here (the workbench uses only its
+    tokenizers; mlx-lm runs the models), yet a notebook would show it as an error-coloured
+    output. transformers skips its advisory messages while ``TRANSFORMERS_NO_ADVISORY_WARNINGS``
+    is set; it is set for the import only and put back after, so the caller's environment
+    and transformers' later warnings are untouched.
+    """
+    key = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def reference_model(ckpt: Checkpoint) -> nn.Module:
+    """mlx-lm's model for ``ckpt``'s family with ``ckpt``'s tensors loaded (strictly: every
+    parameter the model has must be in the checkpoint, and nothing may be left over).
+
+    Quantized tensors keep their packed words; scales and biases become float32, dense
+    weights float32. A zero-centred checkpoint's norms get their 1 added, as mlx-lm's
+    converter does.
+    """
+    if not isinstance(ckpt, Checkpoint):
+        raise ValueError(f"ckpt: must be a Checkpoint (load_checkpoint(...)), got {describe(ckpt)}")
+    model_type = ckpt.config.raw.get("model_type")
+    try:
+        with _without_transformers_advice():
+            module = importlib.import_module(f"mlx_lm.models.{model_type}")
+    except ImportError:
+        raise ValueError(f"ckpt: mlx-lm has no model class for model_type {model_type!r}") from None
+    raw = {k: v for k, v in ckpt.config.raw.items() if not k.startswith("_")}
+    model = module.Model(module.ModelArgs.from_dict(raw))
+    specs = {name: t.spec for name, t in ckpt.tensors.items() if t.quantized}
+
+    def predicate(path: str, m: nn.Module) -> Any:
+        spec = specs.get(path)
+        if spec is None:
+            return False
+        return {"group_size": spec.group_size, "bits": spec.bits, "mode": spec.mode}
+
+    nn.quantize(model, class_predicate=predicate)
+    weights: list[tuple[str, mx.array]] = []
+    for name, t in ckpt.tensors.items():
+        if name.endswith(".bias"):
+            weights.append((name, _dense_for_model(t)))
+            continue
+        if t.quantized:
+            assert t.scales is not None
+            weights.append((f"{name}.weight", t.weight))
+            weights.append((f"{name}.scales", t.scales.astype(mx.float32)))
+            if t.biases is not None:
+                weights.append((f"{name}.biases", t.biases.astype(mx.float32)))
+            continue
+        w = _dense_for_model(t)
+        if ckpt.norm_convention == "zero_centred" and w.ndim == 1 and "norm" in name:
+            w = w + 1.0
+        weights.append((f"{name}.weight", w))
+    model.load_weights(weights, strict=True)
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+def gguf_tokenizer(metadata: Mapping[str, Any]) -> Any:
+    """The tokenizer a GGUF file carries (``tokenizer.ggml.*``), as a transformers fast tokenizer.
+
+    Only the byte-level BPE (``tokenizer.ggml.model == "gpt2"``) that SmolLM2 and the
+    Llama-3 family use is built; its pre-tokenizer for ``smollm`` / ``default`` splits
+    digits one by one, then GPT-2's byte-level split (llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM).
+    Control tokens (type 3) are special tokens; the chat template is the file's.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    with _without_transformers_advice():
+        from transformers import PreTrainedTokenizerFast
+
+    kind = metadata.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"metadata: tokenizer.ggml.model must be 'gpt2' (byte-level BPE), got {kind!r}")
+    tokens = list(metadata["tokenizer.ggml.tokens"])
+    merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
+    types = np.asarray(metadata["tokenizer.ggml.token_type"]).tolist()
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+
+    def token(key: str) -> str | None:
+        v = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        return None if v is None else tokens[int(np.asarray(v))]
+
+    specials = [t for t, k in zip(tokens, types) if k == 3]
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=token("bos"), eos_token=token("eos"), unk_token=token("unknown"),
+        pad_token=token("padding"), additional_special_tokens=specials,
+    )
+    template = metadata.get("tokenizer.chat_template")
+    if template is not None:
+        fast.chat_template = str(template)
+    return fast
+
+
+# ---------------------------------------------------------------------------------------
+# Capturing what each layer sees
+# ---------------------------------------------------------------------------------------
+
+
+def _layers(model: nn.Module) -> list[nn.Module]:
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        raise ValueError(f"model: must be an mlx-lm model (with .layers), got {describe(model)}")
+    return layers
+
+
+def _layer_owner(model: nn.Module) -> nn.Module:
+    """The module whose ``.layers`` list the model's loop walks (``model.model`` in mlx-lm)."""
+    inner = getattr(model, "model", model)
+    held, walked = list(getattr(inner, "layers", None) or ()), list(_layers(model))
+    if len(held) != len(walked) or any(a is not b for a, b in zip(held, walked)):
+        raise ValueError(f"model: cannot find the module holding its layers in {describe(model)}")
+    return inner
+
+
+class _BlockStandIn(nn.Module):
+    """A stand-in for one decoder block in the model's own loop; attributes the loop reads
+    (``use_sliding``, ``is_linear``, ...) are the block's."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "block" or "block" not in self:  # not set yet: nothing to forward to
+                raise
+            return getattr(self["block"], name)
+
+
+class _Tap(nn.Module):
+    """Stands in for ``o_proj``: records its input, then applies it."""
+
+    def __init__(self, inner: nn.Module, record: list):
+        super().__init__()
+        self.inner = inner
+        self._record = record
+
+    def __call__(self, x: mx.array) -> mx.array:
+        self._record.append(x)
+        return self.inner(x)
+
+
+class _BlockTap(_BlockStandIn):
+    """Records a block's input and output as the model's loop calls it."""
+
+    def __init__(self, block: nn.Module, record: list):
+        super().__init__(block)
+        self._io = record
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        out = self.block(x, *args, **kwargs)
+        self._io.append((x, out))
+        return out
+
+
+@dataclass(frozen=True)
+class LayerCapture:
+    """One layer on one prompt: ``residual`` (its input), ``branch`` (o_proj's input; ``None``
+    for a layer without softmax attention) and ``output``, each float32 numpy ``[positions, width]``."""
+
+    layer: int
+    residual: np.ndarray
+    branch: np.ndarray | None
+    output: np.ndarray
+
+
+def capture_layers(model: nn.Module, tokens: Sequence[int]) -> list[LayerCapture]:
+    """Run ``model`` over ``tokens`` once (no cache, the model's own forward pass) and
+    capture every layer's ``(residual, branch, output)`` at every position.
+
+    Each block is wrapped (its input and output recorded as the model's loop calls it)
+    and each ``self_attn.o_proj`` too (its input is the branch); everything is put back
+    afterwards, also on an error.
+    """
+    ids = mx.array(np.asarray(list(tokens), dtype=np.int32))[None]
+    owner = _layer_owner(model)
+    original = list(owner.layers)
+    ios: list[list] = [[] for _ in original]
+    branches: list[list] = [[] for _ in original]
+    attns = [getattr(blk, "self_attn", None) for blk in original]
+    try:
+        for attn, rec in zip(attns, branches):
+            if attn is not None:
+                attn.o_proj = _Tap(attn.o_proj, rec)
+        owner.layers = [_BlockTap(blk, rec) for blk, rec in zip(original, ios)]
+        mx.eval(owner(ids))  # the decoder stack only: the head's logits are not needed here
+    finally:
+        owner.layers = original
+        for attn in attns:
+            if attn is not None and isinstance(attn.o_proj, _Tap):
+                attn.o_proj = attn.o_proj.inner
+
+    def np32(a: mx.array) -> np.ndarray:
+        return np.asarray(a[0].astype(mx.float32))
+
+    return [
+        LayerCapture(i, np32(io[0][0]), np32(br[0]) if br else None, np32(io[0][1]))
+        for i, (io, br) in enumerate(zip(ios, branches))
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# The fused tail swapped in
+# ---------------------------------------------------------------------------------------
+
+
+class _FusedTailBlock(_BlockStandIn):
+    """A decoder block whose tail is the workbench's: mlx-lm's norm and attention up to
+    o_proj's input (the branch, after any output gate), then ``fused tail(branch, residual)``."""
+
+    def __init__(self, block: nn.Module, weights: TailWeights, backend: str):
+        super().__init__(block)
+        self._weights = weights
+        self._backend = backend
+        self._launch = tails.tail_launch(weights)  # the rules are asked here, once
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        attn = self.block.self_attn
+        o_proj = attn.o_proj
+        attn.o_proj = nn.Identity()
+        try:
+            branch = attn(self.block.input_layernorm(x), mask, cache)
+        finally:
+            attn.o_proj = o_proj
+        if self._backend == "graph":
+            return tails.tail_graph(self._launch, branch, x)  # lazy: one graph with the rest
+        out = tails.fused_tail(self._weights, np.asarray(branch.astype(mx.float32)), np.asarray(x.astype(mx.float32)),
+                               backend=self._backend)
+        return mx.array(out)
+
+
+@contextlib.contextmanager
+def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, backend: str = "graph") -> Iterator[nn.Module]:
+    """Within the block, every layer of ``model`` with a ``TailWeights`` runs its fused tail.
+
+    ``weights``: one entry a layer, ``ckpt.tail_weights(i)`` (or a re-quantized / folded
+    variant), or ``None`` to keep the model's own layer (a recurrent layer of a hybrid);
+    ``backend``: ``"graph"`` (the tail as MLX ops inside the model's graph) or a kernel
+    backend (``"cuda"``, ``"metal"``, ...: one submission a tail, its result read back).
+    A layer the rules refuse raises ``TailRefused`` before anything runs. The model's
+    own layers are put back on exit.
+    """
+    owner = _layer_owner(model)
+    original = list(owner.layers)
+    weights = list(weights)
+    if len(weights) != len(original):
+        raise ValueError(f"weights: need one entry for each of the {len(original)} layers, got {len(weights)}")
+    owner.layers = [blk if w is None else _FusedTailBlock(blk, w, backend) for blk, w in zip(original, weights)]
+    try:
+        yield model
+    finally:
+        owner.layers = original
+
+
+# ---------------------------------------------------------------------------------------
+# Greedy decoding
+# ---------------------------------------------------------------------------------------
+
+
+def head(model: nn.Module, hidden: mx.array) -> mx.array:
+    """The model's output head on final hidden states (``lm_head``, or the tied embedding)."""
+    if getattr(model, "lm_head", None) is not None:
+        return model.lm_head(hidden)
+    inner = getattr(model, "language_model", model)
+    if getattr(inner, "lm_head", None) is not None:
+        return inner.lm_head(hidden)
+    return _layer_owner(model).embed_tokens.as_linear(hidden)
+
+
+def forced_choices(model: nn.Module, sequence: Sequence[int], start: int) -> np.ndarray:
+    """The model's argmax after each of ``sequence[start - 1:-1]`` in ONE pass over
+    ``sequence`` (teacher forcing): what its greedy decoding would choose at each step
+    given that history. The head runs only on those rows (it is the costliest op)."""
+    ids = mx.array(np.asarray(list(sequence), dtype=np.int32))[None]
+    hidden = _layer_owner(model)(ids)
+    return np.asarray(mx.argmax(head(model, hidden[:, start - 1: -1]), axis=-1)[0])
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Greedy tokens after a prompt, and each step's logit margin (top-1 minus top-2)."""
+
+    prompt: tuple[int, ...]
+    tokens: tuple[int, ...]
+    margins: tuple[float, ...]
+    top2: tuple[int, ...]
+
+
+def greedy(model: nn.Module, prompt: Sequence[int], n: int) -> Generation:
+    """``n`` greedy tokens after ``prompt``, through mlx-lm's KV cache (the prompt in one pass)."""
+    with _without_transformers_advice():
+        from mlx_lm.models.cache import make_prompt_cache
+
+    n = integer("n", n, minimum=1)
+    cache = make_prompt_cache(model)
+    ids = mx.array(np.asarray(list(prompt), dtype=np.int32))[None]
+    out, margins, second = [], [], []
+    for _ in range(n):
+        logits = model(ids, cache=cache)[0, -1].astype(mx.float32)
+        top = mx.argpartition(-logits, kth=1)[:2]
+        mx.eval(logits, top)
+        vals = np.asarray(logits)
+        a, b = (int(i) for i in np.asarray(top))
+        if vals[b] > vals[a]:
+            a, b = b, a
+        out.append(a)
+        margins.append(float(vals[a] - vals[b]))
+        second.append(b)
+        ids = mx.array([[a]], dtype=mx.int32)
+    return Generation(tuple(int(t) for t in prompt), tuple(out), tuple(margins), tuple(second))

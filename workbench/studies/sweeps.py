@@ -1,0 +1,425 @@
+"""Seeded sweeps of the fused tail against the float64 truth: what a correct tail's error looks like.
+
+frink-models' test checks ONE case at ``|x - y| <= 2e-4 * max(|y|, 1)``. A sweep measures
+the error of a CORRECT fused tail over many cases (shapes, seeds, weight dtypes, folds,
+quantization), one row per case, so ``workbench.studies.calibration`` can pick the tolerance a
+correct tail exceeds with a stated small probability; :func:`mutation_sweep` runs
+deliberately wrong tails on the same cases, to see which tolerances catch them.
+
+Nothing here is a second tail. Both sides of every comparison are ``workbench.tail``'s two
+pure functions of arrays, which accept a leading batch axis on the weights too:
+
+* the truth: :func:`workbench.tail.tail_np` in float64 on the STORED weights (dtype-rounded,
+  folded, dequantized), i.e. exactly what ``tail.host_tail(w, ..., dtype=np.float64)``
+  computes for one case;
+* the fused tail (``backend="graph"``): :func:`workbench.tail.tail_mx`, the graph that
+  ``tail.fused_tail`` evaluates, here on a whole block of cases in one ``mx.eval``.
+
+The metrics are ``workbench.tail.comparison``'s per-case functions. Two references, two questions:
+
+* ``worst``, ``max_abs``, ``nmse``, ``ulp_*``, ``torch_ratio``: the fused tail against the
+  float64 truth of the SAME stored weights. That is what a kernel test compares (the kernel
+  and the host tail read the same weights), so the tolerances are calibrated on these.
+* ``model_worst``, ``model_nmse``: against the float64 truth of the float32 MASTER weights,
+  before any dtype rounding, fold or quantization. That is where bf16 and 4-bit weights
+  show, and where a fold helps (it spreads outliers before the group scales are chosen).
+
+The cases are ``workbench.studies.cases``'. MLX on the CPU is bit-for-bit deterministic, so
+a sweep is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import validate
+from workbench.fold import hadamard
+from workbench.backends import BACKENDS, resolve_backend
+from workbench.tail.comparison import (
+    max_abs_error,
+    max_rel_error,
+    nmse,
+    torch_ratio,
+    ulp_distance,
+    worst_scaled_error,
+)
+from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.studies.cases import (
+    CASE_BLOCK,
+    CaseArrays,
+    case_row_weights,
+    check_case_memory,
+    check_fold,
+    check_outliers,
+    check_seeds,
+    check_shape,
+    draw_block,
+    fold_label,
+    quant_spec,
+    with_outliers,
+)
+from workbench.tail.weights import DEFAULT_EPS
+from workbench.tail.paths import fused_tail
+from workbench.tail.ops import tail_mx, tail_np
+from workbench.fold.weights import DENSE_DTYPES, QuantizedBase, QuantSpec, WeightMatrix
+
+#: The deliberately wrong tails (see :func:`mutation_sweep`).
+MUTATIONS: tuple[str, ...] = (
+    "dropped_residual",
+    "wrong_eps",
+    "rotation_skipped",
+    "sign_flipped",
+    "norm_wrong_length",
+)
+
+#: What each mutation does, for tables.
+MUTATION_DOC: dict[str, str] = {
+    "dropped_residual": "the residual is never read (zero): both adds lose it",
+    "wrong_eps": "eps ten times too large (1e-5 for 1e-6: Llama's default for Qwen's)",
+    "rotation_skipped": "wo's fold rotation not applied to the branch (only folded cases)",
+    "sign_flipped": "one sign of the branch flipped (with a fold: one sign of D)",
+    "norm_wrong_length": "RMS norm's mean over the branch length instead of hidden",
+}
+
+
+@dataclass
+class _Stored:
+    """A block's weights as one configuration stores them: numpy float64 (for the truth) and
+    what the graph reads (mx arrays in the dtype, or batched quantized ``WeightMatrix``)."""
+
+    np64: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # wo, gate, up, down
+    graph: tuple[Any, Any, Any, Any]
+    quantized: bool
+
+
+def _fold_rows(w64: np.ndarray, fold: Any, signs: np.ndarray) -> np.ndarray:
+    """Fold a batch of wo's, float64: ``W R^T`` (site INPUT, rows rotated) or ``R W`` (OUTPUT).
+
+    ``WeightMatrix.fold_hadamard``'s math on a batch: ``rotate`` of each row; an int block
+    uses each case's own signs (``D``), then the shared block transform.
+    """
+    if isinstance(fold, HadamardFold):
+        if fold.site is FoldSite.INPUT:
+            return fold.rotate(w64)
+        return np.swapaxes(fold.rotate(np.swapaxes(w64, -1, -2)), -1, -2)
+    return hadamard.block_transform(w64 * signs[:, None, :].astype(np.float64), int(fold))
+
+
+def _to_np64(a: mx.array) -> np.ndarray:
+    return np.asarray(a.astype(mx.float32)).astype(np.float64)
+
+
+def _store(c: CaseArrays, dtype: str, fold: Any, spec: QuantSpec | None,
+           master64: tuple[np.ndarray, ...] | None = None) -> _Stored:
+    """What ``TailWeights.from_arrays(..., fold=, dtype=, quantize=)`` stores, for a batch.
+
+    Order as there: round to ``dtype``; fold wo in float64 from the rounded weights, store the
+    fold as float32 then ``dtype``; quantize last (wo after its fold).
+    """
+    dt = DENSE_DTYPES[dtype]
+    mats = [mx.array(a).astype(dt) for a in (c.wo, c.gate, c.up, c.down)]
+    if fold is not None:
+        folded = _fold_rows(_to_np64(mats[0]), fold, c.signs)
+        mats[0] = mx.array(folded.astype(np.float32)).astype(dt)
+    if spec is None:
+        if dtype == "float32" and fold is None:  # the master arrays themselves: skip the round trip
+            np64 = master64[:4] if master64 is not None else tuple(
+                a.astype(np.float64) for a in (c.wo, c.gate, c.up, c.down))
+        else:
+            np64 = tuple(_to_np64(m) for m in mats)
+        return _Stored(np64, tuple(mats), False)  # type: ignore[arg-type]
+    graph, np64 = [], []
+    for m in mats:
+        parts = mx.quantize(m, **spec.as_quantize())
+        wq, scales = parts[0], parts[1]
+        biases = parts[2] if len(parts) > 2 else None
+        _, o, i = m.shape
+        qb = QuantizedBase(wq, scales, biases, spec, (int(o), int(i)))
+        # A WeightMatrix over a BATCH of quantized bases: tail_mx calls its matvec_base,
+        # i.e. mx.quantized_matmul, as fused_tail does; the activations get a row axis.
+        graph.append(WeightMatrix(qb))
+        np64.append(_to_np64(qb.dequantize()))
+    return _Stored(tuple(np64), tuple(graph), True)  # type: ignore[arg-type]
+
+
+def _graph_fold(fold: Any) -> HadamardFold | None:
+    """The fold the batched graph applies after the per-case signs are already on the branch."""
+    if fold is None or isinstance(fold, HadamardFold):
+        return fold
+    return HadamardFold(int(fold))  # B only: D (this case's signs) is applied to the branch first
+
+
+def _variant_args(c: CaseArrays, fold: Any, eps: float, mutation: str | None) -> dict[str, Any]:
+    """The tail's inputs, float32, for the correct tail (``None``) or one mutation.
+
+    Every mutation is the SAME tail given one wrong thing, so none needs a graph of its own:
+
+    * ``dropped_residual``: the residual is zeros (the kernel never reads it);
+    * ``wrong_eps``: ``10 * eps``;
+    * ``rotation_skipped``: no rotation, though wo stores ``W R^T`` (folded cases only);
+    * ``sign_flipped``: the branch's first element negated (with a per-case fold that is
+      exactly one of ``D``'s signs flipped, since ``D`` is applied first);
+    * ``norm_wrong_length``: the mean square over ``n' = branch`` (``hidden + 1`` if equal)
+      instead of ``hidden``: ``rsqrt(S / n' + eps)`` is ``rsqrt(S / n + eps n' / n)`` times
+      ``sqrt(n / n')``, so it is the norm weight and eps rescaled.
+    """
+    h, b, _ = c.shape
+    branch = c.branch
+    signs_applied = fold is not None and not isinstance(fold, HadamardFold)
+    gfold = _graph_fold(fold)
+    norm, e, residual = c.ffn_norm, eps, c.residual
+    if mutation == "rotation_skipped":
+        gfold, signs_applied = None, False
+    if signs_applied:
+        branch = branch * c.signs  # exact: D x
+    if mutation == "sign_flipped":
+        branch = branch.copy()
+        branch[:, 0] = -branch[:, 0]
+    elif mutation == "dropped_residual":
+        residual = np.zeros_like(residual)
+    elif mutation == "wrong_eps":
+        e = 10.0 * eps
+    elif mutation == "norm_wrong_length":
+        n_wrong = b if b != h else h + 1
+        norm = (norm.astype(np.float64) * math.sqrt(h / n_wrong)).astype(np.float32)
+        e = eps * n_wrong / h
+    elif mutation not in (None, "rotation_skipped"):
+        raise ValueError(f"mutation must be one of {MUTATIONS}; got {mutation!r}")
+    return {"fold": gfold, "ffn_norm": norm, "eps": e, "branch": branch, "residual": residual}
+
+
+def _truth(st: _Stored, c: CaseArrays, fold: Any, eps: float) -> np.ndarray:
+    """float64 truth on the stored weights: ``tail_np`` (what ``host_tail`` computes)."""
+    a = _variant_args(c, fold, eps, None)
+    wo, g, u, d = st.np64
+    return tail_np(wo, a["fold"], a["ffn_norm"].astype(np.float64), g, u, d, a["eps"],
+                        a["branch"].astype(np.float64), a["residual"].astype(np.float64))
+
+
+def _master64(c: CaseArrays) -> tuple[np.ndarray, ...]:
+    """The master arrays in float64 (exact): wo, gate, up, down, ffn_norm, branch, residual."""
+    return tuple(a.astype(np.float64) for a in (c.wo, c.gate, c.up, c.down, c.ffn_norm, c.branch, c.residual))
+
+
+def _model_truth(c: CaseArrays, eps: float, master64: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
+    """float64 truth of the float32 master weights: no rounding, no fold, no quantization."""
+    wo, g, u, d, norm, branch, residual = master64 if master64 is not None else _master64(c)
+    return tail_np(wo, None, norm, g, u, d, eps, branch, residual)
+
+
+def _graph(st: _Stored, c: CaseArrays, fold: Any, eps: float, mutation: str | None) -> np.ndarray:
+    """The fused graph (``tail_mx``) on a batch, evaluated once: float32 [S, hidden]."""
+    a = _variant_args(c, fold, eps, mutation)
+    lift = (lambda v: mx.array(v)[:, None, :]) if st.quantized else mx.array
+    wo, g, u, d = st.graph
+    out = tail_mx(wo, a["fold"], lift(a["ffn_norm"]), g, u, d, a["eps"], lift(a["branch"]), lift(a["residual"]))
+    if st.quantized:
+        out = out[:, 0, :]
+    mx.eval(out)
+    return np.array(out)
+
+
+def _metrics(actual: np.ndarray, truth: np.ndarray, model: np.ndarray | None) -> dict[str, np.ndarray]:
+    ulp = ulp_distance(actual, truth)
+    out = {
+        "worst": worst_scaled_error(actual, truth),
+        "max_abs": max_abs_error(actual, truth),
+        "max_rel": max_rel_error(actual, truth),
+        "nmse": nmse(actual, truth),
+        "torch_ratio": torch_ratio(actual, truth),
+        "ulp_max": ulp.max(axis=-1),
+        "ulp_mean": ulp.mean(axis=-1),
+    }
+    if model is not None:
+        out["model_worst"] = worst_scaled_error(actual, model)
+        out["model_nmse"] = nmse(actual, model)
+    return out
+
+
+def _configs(dtypes: Sequence[str], folds: Sequence[Any], quantize: Sequence[Any],
+             backends: Sequence[str], shape: tuple[int, int, int]) -> list[tuple[str, Any, str, QuantSpec | None, str]]:
+    out = []
+    for d in dtypes:
+        validate.one_of("dtypes", d, tuple(DENSE_DTYPES))
+    for bk in backends:
+        validate.one_of("backends", bk, tuple(b for b in BACKENDS if b != "auto"))  # a sweep names its backends
+        resolve_backend(bk)  # BackendUnavailable, saying what is missing, for an absent one
+    for f in folds:
+        check_fold(f, shape)
+    for d in dtypes:
+        for f in folds:
+            for q in quantize:
+                label, spec = quant_spec(q)
+                # mx.quantize groups along each matrix's IN axis: branch (wo), hidden (gate,
+                # up) and ffn (down) must all be multiples of the group.
+                if spec is not None and any(n % spec.group_size for n in shape):
+                    raise ValueError(f"quantize: {label} needs hidden, branch and ffn {shape} to be multiples of "
+                                     f"its group_size {spec.group_size}")
+                for bk in backends:
+                    out.append((d, f, label, spec, bk))
+    return out
+
+
+def _progress(total: int, progress: bool | None, desc: str):
+    show = total * CASE_BLOCK >= 50_000 if progress is None else bool(progress)
+    if not show:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="block", file=sys.stderr)
+
+
+def _run(
+    *,
+    shapes: Sequence[Sequence[int]],
+    seeds: Iterable[int],
+    dtypes: Sequence[str],
+    folds: Sequence[Any],
+    quantize: Sequence[Any],
+    backends: Sequence[str],
+    eps: float,
+    mutations: Sequence[str | None],
+    progress: bool | None,
+    desc: str,
+    wo_outliers: int,
+):
+    import pandas as pd
+
+    eps = validate.number("eps", eps, minimum=0, exclusive_minimum=True)
+    if progress is not None:
+        progress = validate.flag("progress", progress)
+    seeds_arr = check_seeds(seeds)
+    shapes = [check_shape(s) for s in validate.sequence("shapes", shapes, what="(hidden, branch, ffn) triples")]
+    dtypes = validate.sequence("dtypes", dtypes, what=f"dtypes in {tuple(DENSE_DTYPES)}")
+    folds = validate.sequence("folds", folds, what="None, block sizes or HadamardFolds")
+    quantize = validate.sequence("quantize", quantize, what="None, format names or dicts")
+    backends = validate.sequence("backends", backends, what="backend names")
+    per_block = min(CASE_BLOCK, len(np.unique(seeds_arr)))
+    for shp in shapes:
+        check_case_memory(shp, per_block)  # before any work: a block is held at once
+    plan = [(shp, _configs(dtypes, folds, quantize, backends, shp)) for shp in shapes]
+    ks = [check_outliers(wo_outliers, shp[1]) for shp in shapes]
+    blocks = np.unique(seeds_arr // CASE_BLOCK)
+    bar = _progress(len(blocks) * len(shapes), progress, desc)
+    frames = []
+    try:
+        for si, ((shp, configs), k) in enumerate(zip(plan, ks)):
+            for blk in blocks:
+                want = seeds_arr[seeds_arr // CASE_BLOCK == blk]
+                c = with_outliers(draw_block(shp, int(blk), np.unique(want) - blk * CASE_BLOCK), k)
+                m64 = _master64(c)
+                model = _model_truth(c, eps, m64)
+                for ci, (dtype, fold, qlabel, spec, bk) in enumerate(configs):
+                    st = _store(c, dtype, fold, spec, m64)
+                    plain = dtype == "float32" and fold is None and spec is None
+                    truth = model if plain else _truth(st, c, fold, eps)
+                    for mi, mut in enumerate(mutations):
+                        if mut == "rotation_skipped" and fold is None:
+                            continue  # without a fold there is no rotation to skip
+                        if bk == "graph":
+                            actual = _graph(st, c, fold, eps, mut)
+                        else:
+                            actual = _kernel_rows(shp, c, dtype, fold, spec, bk, eps, mut)
+                        m = _metrics(actual, truth, None if mut is not None else model)
+                        df = pd.DataFrame(m)
+                        df.insert(0, "seed", c.seeds)
+                        for i, (name, v) in enumerate((("hidden", shp[0]), ("branch", shp[1]), ("ffn", shp[2]),
+                                                        ("wo_outliers", k), ("dtype", dtype),
+                                                        ("fold", fold_label(fold)), ("quant", qlabel),
+                                                        ("backend", bk))):
+                            df.insert(i, name, v)
+                        if mut is not None:
+                            df.insert(8, "mutation", mut)
+                        df["_order"] = (si * len(configs) + ci) * len(mutations) + mi  # sorted on below
+                        frames.append(df)
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    # One tidy order whatever the blocking: shape, then configuration (as given), then
+    # mutation, then seed.
+    out = pd.concat(frames, ignore_index=True).sort_values(["_order", "seed"], kind="stable")
+    out = out.drop(columns="_order").reset_index(drop=True)
+    for col in ("dtype", "fold", "quant", "backend") + (("mutation",) if mutations != [None] else ()):
+        out[col] = out[col].astype("category")
+    return out
+
+
+def _kernel_rows(shp, c: CaseArrays, dtype, fold, spec, backend, eps, mutation) -> np.ndarray:
+    """A kernel backend, case by case through ``tail.fused_tail`` (kernels take one weight set)."""
+    if mutation is not None:
+        raise ValueError("mutations are defined on the graph backend only (backend 'graph')")
+    rows = []
+    for i in range(len(c.seeds)):
+        w, branch, residual = case_row_weights(c, i, dtype=dtype, fold=fold, spec=spec, eps=eps)
+        rows.append(fused_tail(w, branch, residual, backend=backend))
+    return np.stack(rows)
+
+
+def sweep(
+    *,
+    shapes: Sequence[Sequence[int]],
+    seeds: Iterable[int],
+    dtypes: Sequence[str] = ("float32",),
+    folds: Sequence[Any] = (None,),
+    quantize: Sequence[Any] = (None,),
+    backends: Sequence[str] = ("graph",),
+    eps: float = DEFAULT_EPS,
+    wo_outliers: int = 0,
+    progress: bool | None = None,
+):
+    """The correct fused tail against the float64 truth, every combination, one row per case.
+
+    ``shapes``: (hidden, branch, ffn) triples; ``seeds``: non-negative ints (a case depends
+    only on its seed and shape; repeats are swept once); ``dtypes``: weight dtypes in ``weights.DENSE_DTYPES``; ``folds``:
+    ``None``, a block size (per-case random signs on wo's input, as frink-models' test folds it) or a
+    ``HadamardFold`` (the same one for every case); ``quantize``: ``None``, a name in
+    :data:`~workbench.fold.weights.QUANT_FORMATS` or a dict of mode/bits/group_size (all four matrices, wo folded
+    first); ``backends``: ``"graph"`` (batched, one ``mx.eval`` per block of
+    :data:`CASE_BLOCK` cases) or a kernel backend (case by case; absent ones raise
+    ``BackendUnavailable``). ``wo_outliers``: that many of wo's input columns
+    :data:`OUTLIER_SCALE` times larger (what a fold is for). ``progress``: a tqdm bar on
+    stderr (``None``: only for 50,000 cases and up).
+
+    Returns a tidy ``pandas.DataFrame``: ``hidden, branch, ffn, wo_outliers, dtype, fold, quant,
+    backend, seed``, then against the truth of the stored weights ``worst`` (the criterion's worst
+    ``|x - y| / max(|y|, 1)``), ``max_abs``, ``max_rel``, ``nmse``, ``torch_ratio`` (<= 1
+    passes torch's float32 defaults), ``ulp_max``, ``ulp_mean`` (float32 ulps), and against
+    the truth of the float32 master weights ``model_worst``, ``model_nmse``. Rows are
+    ordered by shape, configuration (dtypes x folds x quantize x backends, as given), seed.
+    """
+    return _run(shapes=shapes, seeds=seeds, dtypes=dtypes, folds=folds, quantize=quantize, backends=backends,
+                eps=eps, mutations=[None], progress=progress, desc="sweep", wo_outliers=wo_outliers)
+
+
+def mutation_sweep(
+    *,
+    shapes: Sequence[Sequence[int]],
+    seeds: Iterable[int],
+    dtypes: Sequence[str] = ("float32",),
+    folds: Sequence[Any] = (None,),
+    quantize: Sequence[Any] = (None,),
+    mutations: Sequence[str] = MUTATIONS,
+    eps: float = DEFAULT_EPS,
+    wo_outliers: int = 0,
+    progress: bool | None = None,
+):
+    """Deliberately wrong tails (:data:`MUTATIONS`) against the truth of the correct one.
+
+    Same cases and columns as :func:`sweep` (graph backend), plus ``mutation``; no
+    ``model_*`` columns. ``rotation_skipped`` has rows only for folded configurations (a
+    skipped rotation is invisible without a fold). Feed the result to ``calibration.catch_rates``.
+    """
+    mutations = validate.sequence("mutations", mutations, what=f"mutation names in {MUTATIONS}")
+    for m in mutations:
+        validate.one_of("mutations", m, MUTATIONS)
+    return _run(shapes=shapes, seeds=seeds, dtypes=dtypes, folds=folds, quantize=quantize, backends=("graph",),
+                eps=eps, mutations=list(mutations), progress=progress, desc="mutations",
+                wo_outliers=wo_outliers)

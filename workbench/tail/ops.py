@@ -1,0 +1,134 @@
+"""The tail's math, once in numpy and once in MLX: the same five ops.
+
+    out = residual + ffn(rms_norm(residual + wo(branch)))      ffn(x) = down(silu(gate x) * up x)
+
+:func:`tail_np` (numpy, any float dtype: float64 is the oracle) and :func:`tail_mx` (an MLX
+graph, float32 activations and accumulation) are pure functions of arrays, so the sweeps
+can vectorise them (a leading batch axis on the activations AND on the weights).
+
+Precision: weights may be bf16 / f16 / quantized, but activations and accumulation are
+float32 on the MLX paths: a graph that cast the normed vector to bf16 was 1.5e-2 off the
+float64 truth, seventy-five times frink-models' tolerance of 2e-4.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.fold.weights import WeightMatrix
+
+# ---------------------------------------------------------------------------------------
+# The math: one numpy function, one MLX function
+# ---------------------------------------------------------------------------------------
+
+
+def _mv_np(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``w @ x`` along the last axis; ``w`` [out, in] or batched [..., out, in]."""
+    if w.ndim == 2:
+        return x @ w.T
+    return (w @ x[..., None])[..., 0]
+
+
+def rms_norm_np(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` along the last axis (frink_core::rms_norm)."""
+    dt = x.dtype
+    return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + dt.type(eps))) * weight
+
+
+def silu_np(x: np.ndarray) -> np.ndarray:
+    """``x * sigmoid(x)``; exp overflow for very negative x gives the right limit, -0."""
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-x))
+
+
+def tail_np(
+    wo: np.ndarray,
+    fold: HadamardFold | None,
+    ffn_norm: np.ndarray,
+    gate: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    eps: float,
+    branch: np.ndarray,
+    residual: np.ndarray,
+) -> np.ndarray:
+    """The five ops in numpy, in the dtype of the arrays given (float64: the truth).
+
+    ``wo`` is the STORED base (``W R^T`` / ``R W`` when folded) and ``fold`` its rotation,
+    applied as the host applies it (INPUT: rotate the branch first; OUTPUT: unrotate wo's
+    output). Every weight may carry leading batch axes equal to the activations' (one
+    weight set per row: ``wo`` [S, hidden, branch], ``ffn_norm`` [S, hidden], branch
+    [S, branch]), so a sweep over seeds is one call; 2-D weights serve any batch.
+    """
+    x = fold.rotate(branch) if fold is not None and fold.site is FoldSite.INPUT else branch
+    projected = _mv_np(wo, x)
+    if fold is not None and fold.site is FoldSite.OUTPUT:
+        projected = fold.unrotate(projected)
+    h = residual + projected  # op 2: the first residual add
+    normed = rms_norm_np(h, ffn_norm, eps)  # op 3
+    ffn = _mv_np(down, silu_np(_mv_np(gate, normed)) * _mv_np(up, normed))  # op 4: SwiGLU
+    return h + ffn  # op 5: the second residual add
+
+
+def _mv_mx(w: Any, x: mx.array) -> mx.array:
+    """``w @ x`` along the last axis in MLX, accumulating in float32.
+
+    ``w``: a ``WeightMatrix`` (its stored base, no rotation; quantized bases go through
+    ``mx.quantized_matmul``) or a dense ``mx.array`` [out, in] / [..., out, in].
+    """
+    if isinstance(w, WeightMatrix):
+        return w.matvec_base(x)
+    w = w.astype(mx.float32)
+    if w.ndim == 2:
+        return x @ w.T
+    return (w @ x[..., None])[..., 0]
+
+
+def _rotate_mx(fold: HadamardFold, x: mx.array, inverse: bool) -> mx.array:
+    return fold.unrotate(x) if inverse else fold.rotate(x)
+
+
+def tail_mx(
+    wo: Any,
+    fold: HadamardFold | None,
+    ffn_norm: mx.array,
+    gate: Any,
+    up: Any,
+    down: Any,
+    eps: float,
+    branch: mx.array,
+    residual: mx.array,
+    *,
+    normed_dtype: Any = None,
+) -> mx.array:
+    """The five ops as ONE lazy MLX graph, float32 activations; nothing is evaluated here.
+
+    Same arguments as :func:`tail_np`, with MLX arrays; the matrices may also be
+    ``WeightMatrix`` objects (their stored bases are used, so a quantized base stays
+    quantized). Rotations go through ``mx.hadamard_transform`` (``HadamardFold``).
+
+    ``normed_dtype``: round the normed vector to this MLX dtype before the FFN (e.g.
+    ``mx.bfloat16``), to study what low-precision activations cost; ``None`` (the
+    fused tail's choice) keeps float32.
+    """
+    x = branch.astype(mx.float32)
+    r = residual.astype(mx.float32)
+    if fold is not None and fold.site is FoldSite.INPUT:
+        x = _rotate_mx(fold, x, inverse=False)
+    projected = _mv_mx(wo, x)
+    if fold is not None and fold.site is FoldSite.OUTPUT:
+        projected = _rotate_mx(fold, projected, inverse=True)
+    h = r + projected
+    norm_w = ffn_norm.astype(mx.float32)
+    # Written out rather than mx.fast.rms_norm, so it is visibly the same formula as
+    # rms_norm_np (and batched weights broadcast); MLX reduces in float32 either way.
+    normed = h * mx.rsqrt(mx.mean(h * h, axis=-1, keepdims=True) + eps) * norm_w
+    if normed_dtype is not None:
+        normed = normed.astype(normed_dtype).astype(mx.float32)
+    g = _mv_mx(gate, normed)
+    ffn = _mv_mx(down, (g * mx.sigmoid(g)) * _mv_mx(up, normed))
+    return h + ffn

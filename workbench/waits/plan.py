@@ -1,0 +1,697 @@
+"""The resident-state plan: what a decoded token waits for, stage by stage, and its price.
+
+A *wait* is one GPU submission whose result the host waits for. frink-models' fused
+attention tail saves one a token for every attention layer it fuses, and its doc comment
+prices a wait at about 0.17 ms; the plan it cites (``gdn-resident-state``,
+reconstructed in ``data/plans/gdn-resident-state.json``) carries those savings down to a
+floor. This module turns the plan into numbers for any ``ModelConfig``:
+
+- :func:`load_plan` reads the stages (name, what each changes, its grouping rules and the
+  submissions each kind of layer costs under them), checked field by field
+  (:func:`parse_plan`) and read afresh on every call;
+- :func:`submissions` walks a model's layers and groups the GPU pieces of one token the
+  way a stage groups them; :func:`waits_per_token` is the number of groups. The same
+  grouping is what ``workbench.decode.schedule`` executes, so the count and the clock check one
+  thing;
+- :func:`wait_table` prices every stage from the ledger (``data/ledger/wait_prices.json``),
+  whose measured entries ``workbench.waits.measurement`` makes. The ledger is checked on
+  every load and add (:func:`check_ledger`, :func:`check_entry`); :func:`add_price`
+  changes it under a lock and atomically (``workbench.files``), and replaces an entry
+  only when asked.
+
+Which attention layers fuse is decided ONLY by ``workbench.models.refusals.eligible``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from workbench import files
+
+from workbench.models.refusals import format_reason_counts, reason_counts, refusals
+from workbench.validate import describe, flag, integer, number, one_of
+
+PLAN_PATH = files.DATA_DIR / "plans" / "gdn-resident-state.json"
+LEDGER_PATH = files.DATA_DIR / "ledger" / "wait_prices.json"
+
+#: The ledger entry priced when no price is asked for: frink-models' own figure.
+SEED_PRICE_ID = "seed-metal"
+
+#: The GPU pieces of one token. ``layer``: a whole non-attention layer (its FFN included);
+#: ``qkv``/``wo``/``ffn``: an attention layer's three pieces; ``tail``: wo + FFN fused;
+#: ``attention``: the softmax itself, a piece only when attention runs on the device;
+#: ``logits``: final norm and LM head.
+PIECE_KINDS = ("layer", "qkv", "attention", "wo", "ffn", "tail", "logits")
+
+_RULES = ("fuse_tail", "qkv_into_previous", "tail_into_next", "resident_runs", "attention_on_device")
+_COST_KINDS = ("non_attention", "attention", "attention_refused", "logits")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of the plan: what it changes and how it groups a token's GPU pieces."""
+
+    number: int
+    key: str
+    name: str
+    changes: str
+    fuse_tail: bool
+    qkv_into_previous: bool
+    tail_into_next: bool
+    resident_runs: bool
+    attention_on_device: bool
+    #: Submissions each kind of layer costs under this stage, as the plan states the rule
+    #: (for an attention layer with an FFN and recurrent neighbours); :func:`submissions`
+    #: is the executable form and agrees with it on every such pattern (tested).
+    costs: Mapping[str, int]
+    floor: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    title: str
+    source: str
+    assumptions: tuple[str, ...]
+    stages: tuple[Stage, ...]
+
+    def stage(self, which: int | str | Stage) -> Stage:
+        """A stage by number (1-based), key or itself."""
+        if isinstance(which, Stage):
+            return which
+        if isinstance(which, (bool, np.bool_)):
+            raise ValueError(f"stage: must be a stage number or key, got {which!r}")
+        for s in self.stages:
+            if which == s.number or which == s.key:
+                return s
+        allowed = [s.number for s in self.stages] + [s.key for s in self.stages]
+        raise ValueError(f"stage: {which!r} is not a stage of plan {self.name!r}; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One GPU piece of a token: ``kind`` (see PIECE_KINDS) of layer ``layer``."""
+
+    kind: str
+    layer: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in PIECE_KINDS:
+            raise ValueError(f"kind: must be one of {PIECE_KINDS}, got {self.kind!r}")
+        if (self.layer is None) != (self.kind == "logits"):
+            raise ValueError(f"layer: the logits have none, every other piece has one; got {self.kind}, {self.layer!r}")
+
+    def __str__(self) -> str:
+        return self.kind if self.layer is None else f"{self.kind}{self.layer}"
+
+
+# ---------------------------------------------------------------------------------------
+# Schemas: the plan and the ledger are read strictly, so a typo is an error, not a number
+
+
+def _where(source: str, *parts: str) -> str:
+    return ": ".join((source, *parts))
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """``path`` parsed, or a ValueError naming the file (missing, empty, not JSON)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"path: {what} file {path} does not exist") from None
+    except OSError as err:
+        raise ValueError(f"path: cannot read {what} file {path} ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"path: {what} file {path} is not UTF-8 text") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"path: {what} file {path} is not valid JSON ({err}); it holds {len(text)} characters") from None
+
+
+def _keys(name: str, obj: Any, required: Sequence[str], optional: Sequence[str] = ()) -> Mapping[str, Any]:
+    """``obj`` as a mapping with every required key and no unknown one, or a ValueError naming them."""
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{name}: must be a JSON object, got {describe(obj)}")
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise ValueError(f"{name}: lacks {missing}; required: {list(required)}")
+    unknown = sorted(str(k) for k in obj if k not in required and k not in optional)
+    if unknown:
+        raise ValueError(f"{name}: unknown keys {unknown}; allowed: {sorted([*required, *optional])}")
+    return obj
+
+
+def _text(name: str, value: Any, *, nullable: bool = False) -> str | None:
+    if value is None and nullable:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        allowed = "a non-empty string" + (" or null" if nullable else "")
+        raise ValueError(f"{name}: must be {allowed}, got {describe(value)}")
+    return value
+
+
+def _texts(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"{name}: must be a list of strings, got {describe(value)}")
+    return tuple(_text(f"{name}[{i}]", v) for i, v in enumerate(value))
+
+
+_PLAN_KEYS = ("name", "title", "source", "assumptions", "stages")
+_STAGE_KEYS = ("stage", "key", "name", "changes", "rules", "costs")
+
+
+def parse_plan(raw: Any, source: str = "plan") -> Plan:
+    """A :class:`Plan` from the plan's parsed JSON, checked field by field.
+
+    Refused, with a ValueError naming ``source``, the stage and the field: a missing or
+    unknown key (top level, stage, rules, costs), a rule that is not a JSON bool (the
+    string ``"false"`` is not false), a cost that is not an integer >= 0, stage numbers
+    other than 1, 2, ... in order, and a repeated key.
+    """
+    top = _keys(source, raw, _PLAN_KEYS)
+    stages_raw = top["stages"]
+    if not isinstance(stages_raw, list) or not stages_raw:
+        raise ValueError(f"{_where(source, 'stages')}: must be a non-empty list of stages, got {describe(stages_raw)}")
+    stages: list[Stage] = []
+    seen_keys: dict[str, int] = {}
+    for i, s in enumerate(stages_raw):
+        label = f"stages[{i}]"
+        if isinstance(s, Mapping) and isinstance(s.get("key"), str):
+            label += f" ({s['key']!r})"
+        here = _where(source, label)
+        _keys(here, s, _STAGE_KEYS, ("floor",))
+        number = integer(f"{here}: stage", s["stage"], minimum=1)
+        if number != i + 1:
+            raise ValueError(f"{here}: stage: stages must be numbered 1, 2, ... in order; got {number} at position {i + 1}")
+        key = _text(f"{here}: key", s["key"])
+        if key in seen_keys:
+            raise ValueError(f"{here}: key: {key!r} is already the key of stage {seen_keys[key]}; keys must be unique")
+        seen_keys[key] = number
+        rules = _keys(f"{here}: rules", s["rules"], _RULES)
+        costs = _keys(f"{here}: costs", s["costs"], _COST_KINDS)
+        stages.append(
+            Stage(
+                number=number,
+                key=key,
+                name=_text(f"{here}: name", s["name"]),
+                changes=_text(f"{here}: changes", s["changes"]),
+                costs={c: integer(f"{here}: costs: {c}", costs[c], minimum=0) for c in _COST_KINDS},
+                floor=flag(f"{here}: floor", s.get("floor", False)),
+                **{r: flag(f"{here}: rules: {r}", rules[r]) for r in _RULES},
+            )
+        )
+    return Plan(
+        _text(_where(source, "name"), top["name"]),
+        _text(_where(source, "title"), top["title"]),
+        _text(_where(source, "source"), top["source"]),
+        _texts(_where(source, "assumptions"), top["assumptions"]),
+        tuple(stages),
+    )
+
+
+def load_plan(path: str | Path | None = None) -> Plan:
+    """Read the plan's stages from JSON (default ``data/plans/gdn-resident-state.json``).
+
+    Checked by :func:`parse_plan`; errors name the file. Read afresh on every call (it
+    takes well under a millisecond), so an edited file is never answered from a stale
+    copy, and every caller gets its own :class:`Plan`.
+    """
+    p = Path(path) if path is not None else PLAN_PATH
+    return parse_plan(_read_json(p, "plan"), str(p))
+
+
+def as_plan(plan: Any) -> Plan:
+    """``plan`` itself, or the default plan for None; anything else is a ValueError."""
+    if plan is None:
+        return load_plan()
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan: must be None or a Plan (from load_plan), got {describe(plan)}")
+    return plan
+
+
+def _stage(stage: int | str | Stage, plan: Plan | None) -> Stage:
+    return as_plan(plan).stage(stage)
+
+
+def _attention_indices(cfg) -> set[int]:
+    # attention_layers() may hand back indices or LayerConfigs; accept both.
+    return {a if isinstance(a, int) else a.index for a in cfg.attention_layers()}
+
+
+def _has_ffn(cfg, l: int) -> bool:
+    return int(getattr(cfg.layer(l), "ffn_dim", 0) or 0) > 0
+
+
+def eligible_layers(cfg, *, kernels_enabled: bool = True) -> tuple[int, ...]:
+    """The attention layers whose tail fuses, by ``workbench.models.refusals`` alone."""
+    return tuple(
+        sorted(l for l in _attention_indices(cfg) if not refusals(cfg, l, kernels_enabled=kernels_enabled))
+    )
+
+
+def submissions(
+    cfg,
+    stage: int | str | Stage,
+    *,
+    plan: Plan | None = None,
+    eligible: Iterable[int] | None = None,
+) -> list[tuple[Piece, ...]]:
+    """The GPU submissions of one decoded token under ``stage``, in order.
+
+    Each tuple is one submission, ended by one wait. ``eligible`` (attention layers whose
+    tail fuses) defaults to :func:`eligible_layers`. The grouping, per the stage's rules:
+
+    - ``fuse_tail``: an eligible layer's wo and FFN are one ``tail`` piece;
+    - ``qkv_into_previous``: an eligible layer's QKV joins the submission before it when
+      that one ends with a non-attention layer;
+    - ``tail_into_next``: an eligible layer's tail starts the next submission when that
+      one starts with a non-attention layer or the logits, else it stands alone;
+    - ``resident_runs`` (the floor): a submission ends only where the host needs data:
+      every QKV (refused or not), a refused layer's wo and FFN, and the logits;
+    - ``attention_on_device``: nothing needs the host before the logits: one submission.
+    """
+    st = _stage(stage, plan)
+    attn = _attention_indices(cfg)
+    if eligible is None:
+        ok = set(eligible_layers(cfg))
+    elif isinstance(eligible, (str, bytes)) or not isinstance(eligible, Iterable):
+        raise ValueError(f"eligible: must be layer indices (integers), got {describe(eligible)}")
+    else:
+        ok = {integer("eligible[]", l, minimum=0) for l in eligible}
+    bad = ok - attn
+    if bad:
+        raise ValueError(f"eligible: layers {sorted(bad)} are not attention layers of {cfg.name}")
+
+    # The token's pieces in order, each marked with whether the host needs its result.
+    pieces: list[tuple[Piece, bool]] = []
+    for layer in cfg.layers:
+        l = layer.index
+        if l not in attn:
+            pieces.append((Piece("layer", l), False))
+            continue
+        fused = st.fuse_tail and l in ok and _has_ffn(cfg, l)
+        pieces.append((Piece("qkv", l), not st.attention_on_device))
+        if st.attention_on_device:
+            pieces.append((Piece("attention", l), False))
+        if fused:
+            pieces.append((Piece("tail", l), False))
+        else:
+            # Unfused or refused: the host takes wo's result (and the FFN's) back.
+            refused_need = not st.attention_on_device
+            pieces.append((Piece("wo", l), refused_need))
+            if _has_ffn(cfg, l):
+                pieces.append((Piece("ffn", l), refused_need))
+    pieces.append((Piece("logits"), True))
+
+    if st.resident_runs:
+        out: list[tuple[Piece, ...]] = []
+        cur: list[Piece] = []
+        for piece, needed in pieces:
+            cur.append(piece)
+            if needed:
+                out.append(tuple(cur))
+                cur = []
+        assert not cur, "the logits end every token"
+        return out
+
+    out = []
+    pending_tail: Piece | None = None  # a tail waiting for the head of the next submission
+    for piece, _ in pieces:
+        if pending_tail is not None:
+            if piece.kind in ("layer", "logits"):
+                out.append((pending_tail, piece))
+                pending_tail = None
+                continue
+            out.append((pending_tail,))
+            pending_tail = None
+        if (
+            piece.kind == "qkv"
+            and st.qkv_into_previous
+            and piece.layer in ok
+            and out
+            and out[-1][-1].kind == "layer"
+        ):
+            out[-1] = out[-1] + (piece,)
+        elif piece.kind == "tail" and st.tail_into_next:
+            pending_tail = piece
+        else:
+            out.append((piece,))
+    assert pending_tail is None, "the logits follow every tail"
+    return out
+
+
+def waits_per_token(cfg, stage: int | str | Stage, *, plan: Plan | None = None, eligible=None) -> int:
+    """Waits one decoded token of ``cfg`` costs under ``stage`` (the logits' one included)."""
+    return len(submissions(cfg, stage, plan=plan, eligible=eligible))
+
+
+#: The kind of the token's last wait (the host reads the logits and picks the next token).
+FINAL_SPLIT = "logits|host"
+
+_SPLIT_ENDS = {"tail": "ffn", "wo": "wo>host", "ffn": "ffn>host", "qkv": "qkv>host"}
+_SPLIT_STARTS = {"tail": "wo"}
+SPLIT_PIECES = ("layer", "qkv", "attention", "wo", "ffn", "logits")
+#: The marker of a split after which the host reads the result (the unfused or refused
+#: tail's x after wo and after the FFN; Q/K/V for the host's attention).
+HOST_READ = ">host"
+
+
+def split_kind(before: Piece, after: Piece) -> str:
+    """The kind of the wait between a submission ending with ``before`` and one starting
+    with ``after``: ``"<end>|<start>"``. A fused tail counts as ``ffn`` at its end and
+    ``wo`` at its start (its last and first launches); an end the host reads back is
+    marked ``>host`` (an unfused tail's wo and FFN, whose x the host takes back, and
+    Q/K/V, which the host attends with). E.g. ``"layer|layer"``, ``"wo>host|ffn"`` (the
+    unfused tail's own wait), ``"ffn>host|layer"`` (its second), ``"ffn|layer"`` (after a
+    fused tail), ``"qkv>host|wo"`` (the host attends between)."""
+    return f"{_SPLIT_ENDS.get(before.kind, before.kind)}|{_SPLIT_STARTS.get(after.kind, after.kind)}"
+
+
+def check_split_kind(name: str, kind: Any) -> str:
+    """``kind`` if it is a split kind (``"<piece>[>host]|<piece>"`` or :data:`FINAL_SPLIT`),
+    else a ValueError naming ``name``."""
+    if isinstance(kind, str) and (kind == FINAL_SPLIT or kind.count("|") == 1):
+        end, start = kind.split("|")
+        end = end[: -len(HOST_READ)] if end.endswith(HOST_READ) else end
+        if kind == FINAL_SPLIT or (end in SPLIT_PIECES and start in SPLIT_PIECES):
+            return kind
+    raise ValueError(f"{name}: must be a split kind '<end>[{HOST_READ}]|<start>' with pieces in {SPLIT_PIECES}, "
+                     f"or {FINAL_SPLIT!r}; got {describe(kind)}")
+
+
+def split_kinds(cfg, stage: int | str | Stage, *, plan: Plan | None = None, eligible=None) -> dict[str, int]:
+    """How many waits of each kind (:func:`split_kind`) one token makes under ``stage``;
+    the counts sum to :func:`waits_per_token` (the last wait is :data:`FINAL_SPLIT`)."""
+    subs = submissions(cfg, stage, plan=plan, eligible=eligible)
+    out: dict[str, int] = {}
+    for a, b in zip(subs, subs[1:]):
+        k = split_kind(a[-1], b[0])
+        out[k] = out.get(k, 0) + 1
+    out[FINAL_SPLIT] = 1
+    return out
+
+
+def _split_prices(split_prices: Any) -> dict[str, float]:
+    if not isinstance(split_prices, Mapping):
+        raise ValueError(f"split_prices: must be a mapping of split kind to ms, got {describe(split_prices)}")
+    return {check_split_kind("split_prices", k): number(f"split_prices[{k!r}]", v)
+            for k, v in split_prices.items()}
+
+
+def priced_waits(cfg, stage: int | str | Stage, split_prices: Mapping[str, float], default_ms: float, *,
+                 plan: Plan | None = None, eligible=None) -> dict:
+    """The price model: a token's waits at ``stage``, each priced by its kind.
+
+    ``split_prices`` maps a split kind to its measured price (ms); a kind it lacks is
+    priced at ``default_ms`` (the tiny round trip) and listed in ``unpriced``. Returns
+    ``ms`` (the sum), ``by_kind`` ({kind: (count, ms each)}) and ``unpriced``.
+    """
+    prices = _split_prices(split_prices)
+    default_ms = number("default_ms", default_ms, minimum=0)
+    kinds = split_kinds(cfg, stage, plan=plan, eligible=eligible)
+    by = {k: (c, prices.get(k, default_ms)) for k, c in kinds.items()}
+    return {"ms": float(sum(c * p for c, p in by.values())), "by_kind": by,
+            "unpriced": sorted(k for k in kinds if k not in prices)}
+
+
+def model_saving(cfg, a: int | str | Stage, b: int | str | Stage, split_prices: Mapping[str, float],
+                 default_ms: float, *, plan: Plan | None = None, eligible=None) -> dict:
+    """The price model's saving from stage ``a`` to stage ``b``: the waits each makes,
+    kind by kind, priced (:func:`priced_waits`). ``removed`` / ``added``: the kinds whose
+    counts differ; ``priced``: whether every one of those has a measured price (else the
+    prediction leans on ``default_ms`` for some)."""
+    pa = priced_waits(cfg, a, split_prices, default_ms, plan=plan, eligible=eligible)
+    pb = priced_waits(cfg, b, split_prices, default_ms, plan=plan, eligible=eligible)
+    kinds = list(pa["by_kind"]) + [k for k in pb["by_kind"] if k not in pa["by_kind"]]  # token order: stable output
+    diff = {k: pa["by_kind"].get(k, (0, 0))[0] - pb["by_kind"].get(k, (0, 0))[0] for k in kinds}
+    prices = _split_prices(split_prices)
+    moved = [k for k, d in diff.items() if d]
+    return {"ms": pa["ms"] - pb["ms"], "removed": {k: d for k, d in diff.items() if d > 0},
+            "added": {k: -d for k, d in diff.items() if d < 0}, "priced": all(k in prices for k in moved)}
+
+
+def waits_by_rule(cfg, stage: int | str | Stage, *, plan: Plan | None = None) -> int:
+    """The plan's per-kind rule summed over the layers: the count as the plan states it.
+
+    Equal to :func:`waits_per_token` whenever every attention layer has an FFN and
+    non-attention neighbours on both sides (or the logits after it); kept to test that
+    the executable grouping says what the plan says.
+    """
+    st = _stage(stage, plan)
+    attn = _attention_indices(cfg)
+    ok = set(eligible_layers(cfg))
+    n = st.costs["logits"]
+    for layer in cfg.layers:
+        l = layer.index
+        if l not in attn:
+            n += st.costs["non_attention"]
+        else:
+            n += st.costs["attention" if l in ok else "attention_refused"]
+    return n
+
+
+# ---------------------------------------------------------------------------------------
+# The ledger
+
+
+#: The ledger's entry fields: required ones, then optional ones (the spread of a measured price).
+_ENTRY_REQUIRED = ("id", "kind", "ms", "device", "backend", "method", "source")
+_ENTRY_OPTIONAL = ("date", "mlx_version", "command", "n", "warmup", "p10_ms", "p90_ms", "iqr_ms", "mean_ms",
+                   "eval_only_ms", "split", "matvec", "dtype")
+#: seed: frink-models' own figure; published: someone else's, with its source; measured: made here.
+ENTRY_KINDS = ("seed", "published", "measured")
+LEDGER_BACKENDS = ("cpu", "cuda", "metal")
+_LEDGER_KEYS = ("about", "prices")
+
+
+def check_entry(entry: Any, source: str = "entry") -> dict:
+    """One ledger entry, checked: a plain dict of it, or a ValueError naming ``source`` and the field.
+
+    Types are JSON's (``"0.17"`` is not a number), ``ms`` is a finite price > 0, the spread
+    fields finite and >= 0 with ``p10_ms <= ms <= p90_ms``, ``backend`` one of
+    :data:`LEDGER_BACKENDS`, ``kind`` one of :data:`ENTRY_KINDS`; a ``measured`` entry
+    also says its ``date`` (YYYY-MM-DD), ``mlx_version`` and ``n``. Unknown keys are refused.
+    """
+    if isinstance(entry, Mapping) and isinstance(entry.get("id"), str):
+        source = f"{source} ({entry['id']!r})"
+    e = _keys(source, entry, _ENTRY_REQUIRED, _ENTRY_OPTIONAL)
+    out: dict[str, Any] = {"id": _text(f"{source}: id", e["id"]),
+                           "kind": one_of(f"{source}: kind", e["kind"], ENTRY_KINDS),
+                           "ms": number(f"{source}: ms", e["ms"], minimum=0, exclusive_minimum=True)}
+    for k in ("device", "method", "source"):
+        out[k] = _text(f"{source}: {k}", e[k])
+    out["backend"] = one_of(f"{source}: backend", e["backend"], LEDGER_BACKENDS)
+    for k in ("mlx_version", "command", "matvec", "dtype"):
+        if k in e:
+            out[k] = _text(f"{source}: {k}", e[k], nullable=True)
+    if "split" in e:  # a split price: the wait between two given kinds of submission
+        out["split"] = check_split_kind(f"{source}: split", e["split"])
+    if "date" in e:
+        date = _text(f"{source}: date", e["date"], nullable=True)
+        if date is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
+            raise ValueError(f"{source}: date: must be a date YYYY-MM-DD or null, got {describe(date)}")
+        out["date"] = date
+    for k in ("p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms"):
+        if k in e:
+            out[k] = number(f"{source}: {k}", e[k], minimum=0)
+    if "n" in e:
+        out["n"] = integer(f"{source}: n", e["n"], minimum=1)
+    if "warmup" in e:
+        out["warmup"] = integer(f"{source}: warmup", e["warmup"], minimum=0)
+    if out.get("p10_ms", -math.inf) > out["ms"] or out.get("p90_ms", math.inf) < out["ms"]:
+        raise ValueError(f"{source}: ms: the median must lie between p10_ms and p90_ms; got "
+                         f"{out.get('p10_ms')} <= {out['ms']} <= {out.get('p90_ms')}")
+    if out["kind"] == "measured":
+        for k in ("date", "mlx_version", "n"):
+            if out.get(k) is None:
+                raise ValueError(f"{source}: {k}: a measured entry must say its {k}, got {describe(out.get(k))}")
+    # The file's own order of keys, so a rewrite changes only what changed.
+    return {k: out[k] for k in e}
+
+
+def check_ledger(raw: Any, source: str = "ledger") -> list[dict]:
+    """The ledger's parsed JSON, checked: its entries, or a ValueError naming ``source``,
+    the entry (position and id) and the field. Ids must be unique."""
+    top = _keys(source, raw, _LEDGER_KEYS)
+    _text(_where(source, "about"), top["about"])
+    prices = top["prices"]
+    if not isinstance(prices, list):
+        raise ValueError(f"{_where(source, 'prices')}: must be a list of entries, got {describe(prices)}")
+    return _check_entries(prices, source)
+
+
+def _check_entries(prices: Sequence[Any], source: str) -> list[dict]:
+    entries: list[dict] = []
+    seen: dict[str, int] = {}
+    for i, e in enumerate(prices):
+        entry = check_entry(e, _where(source, f"prices[{i}]"))
+        if entry["id"] in seen:
+            raise ValueError(f"{_where(source, f'prices[{i}]')}: id: {entry['id']!r} is already the id of "
+                             f"prices[{seen[entry['id']]}]; ids must be unique")
+        seen[entry["id"]] = i
+        entries.append(entry)
+    return entries
+
+
+def ledger_split_prices(device: str, backend: str, ledger: str | Path | Sequence[Mapping] | None = None, *,
+                        matvec: str | None = None, dtype: str | None = None) -> dict[str, float]:
+    """The split prices (kind -> ms) the ledger holds for ``device`` on ``backend``
+    (and, when given, that ``matvec`` path and ``dtype``), for :func:`priced_waits`."""
+    out = {}
+    for e in _entries(ledger):
+        if "split" not in e or e["device"] != device or e["backend"] != backend:
+            continue
+        if (matvec is not None and e.get("matvec") != matvec) or (dtype is not None and e.get("dtype") != dtype):
+            continue
+        out[e["split"]] = float(e["ms"])
+    return out
+
+
+def load_ledger(path: str | Path | None = None) -> list[dict]:
+    """The ledger's entries (each: id, kind, ms, device, backend, method, source, ...), checked
+    by :func:`check_ledger`; read afresh on every call."""
+    p = Path(path) if path is not None else LEDGER_PATH
+    return check_ledger(_read_json(p, "ledger"), str(p))
+
+
+def ledger_price(entry_id: str, ledger: str | Path | Sequence[Mapping] | None = None) -> float:
+    """The price (ms) of the ledger entry ``entry_id``."""
+    entries = _entries(ledger)
+    for e in entries:
+        if e["id"] == entry_id:
+            return float(e["ms"])
+    raise ValueError(f"entry_id: {entry_id!r} is not in the ledger; allowed: {[e['id'] for e in entries]}")
+
+
+def _entries(ledger) -> list[dict]:
+    if ledger is None or isinstance(ledger, (str, Path)):
+        return load_ledger(ledger)
+    if isinstance(ledger, (Mapping, bytes)) or not isinstance(ledger, Sequence):
+        raise ValueError(f"ledger: must be None, a path or a sequence of entries, got {describe(ledger)}")
+    return _check_entries(ledger, "ledger")
+
+
+def add_price(entry: Mapping[str, Any], path: str | Path | None = None, *, replace: bool = False) -> dict | None:
+    """Add one entry to the ledger file; returns the entry it replaced, or None.
+
+    The entry is checked (:func:`check_entry`) before the file is touched. An entry whose
+    id is already in the ledger is refused unless ``replace`` (a measured price is not
+    silently lost); with ``replace`` the old entry is returned so the caller can say what
+    it replaced. The file is read, changed and written under its lock and atomically
+    (``workbench.files``): a kill, a full disk or a concurrent writer leaves the old
+    ledger or the new one, with every entry either committed.
+    """
+    p = Path(path) if path is not None else LEDGER_PATH
+    replace = flag("replace", replace)
+    new = check_entry(entry, "entry")
+    replaced: list[dict] = []
+
+    def change(raw: Any) -> Any:
+        entries = check_ledger(raw, str(p))
+        old = [e for e in entries if e["id"] == new["id"]]
+        if old and not replace:
+            raise ValueError(f"entry: id {new['id']!r} is already in {p} (ms {old[0]['ms']}); "
+                             "pass replace=True to replace it")
+        replaced.extend(old)
+        raw["prices"] = [e for e in raw["prices"] if e["id"] != new["id"]] + [new]
+        return raw
+
+    if not p.exists():
+        raise ValueError(f"path: ledger file {p} does not exist")
+    files.update_json(p, change)
+    return replaced[0] if replaced else None
+
+
+# ---------------------------------------------------------------------------------------
+# The table
+
+
+def wait_table(
+    cfg,
+    *,
+    price_ms: float | None = None,
+    ledger: str | Path | Sequence[Mapping] | None = None,
+    plan: Plan | None = None,
+    split_prices: Mapping[str, float] | None = None,
+):
+    """One row per stage of the plan: waits a token, ms a token, and what each stage saves.
+
+    Columns: ``stage``, ``name``, ``waits``, ``saved`` (waits against the stage before),
+    ``saved_total`` (against stage 1), ``ms`` (waits x price), ``ms_saved``,
+    ``ms_saved_total``, ``floor``. The price is ``price_ms`` if given, else frink-models'
+    entry of the ledger (``SEED_PRICE_ID``). When ``ledger`` is given, one more column ``ms@<id>`` for each of
+    its entries (split prices aside) prices the same waits at that entry. With
+    ``split_prices`` (kind -> ms, e.g. from :func:`ledger_split_prices`), the price model's
+    columns beside the flat price: ``ms_split`` (each wait priced by its kind,
+    :func:`priced_waits`; kinds without a price at ``price_ms``) and ``ms_saved_split``.
+    """
+    import pandas as pd  # here, not at import: the device machine need not have pandas
+
+    plan = as_plan(plan)
+    if price_ms is None:
+        price_ms = ledger_price(SEED_PRICE_ID, ledger)
+    price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
+    eligible = eligible_layers(cfg)
+    rows = []
+    for st in plan.stages:
+        rows.append({"stage": st.number, "name": st.name, "waits": waits_per_token(cfg, st, plan=plan, eligible=eligible), "floor": st.floor})
+    df = pd.DataFrame(rows)
+    df["saved"] = (-df["waits"].diff()).fillna(0).astype(int)
+    df["saved_total"] = df["waits"].iloc[0] - df["waits"]
+    df["ms"] = df["waits"] * price_ms
+    df["ms_saved"] = df["saved"] * price_ms
+    df["ms_saved_total"] = df["saved_total"] * price_ms
+    if split_prices is not None:
+        df["ms_split"] = [priced_waits(cfg, st, split_prices, price_ms, plan=plan, eligible=eligible)["ms"]
+                          for st in plan.stages]
+        df["ms_saved_split"] = (-df["ms_split"].diff()).fillna(0.0)
+    if ledger is not None:
+        for e in _entries(ledger):
+            if "split" not in e:
+                df[f"ms@{e['id']}"] = df["waits"] * float(e["ms"])
+    cols = ["stage", "name", "waits", "saved", "saved_total", "ms", "ms_saved", "ms_saved_total", "floor"]
+    return df[cols + [c for c in df.columns if c not in cols]]
+
+
+def wait_share(waits: int, price_ms: float, weight_bytes: float, bandwidth_gbs: float) -> float:
+    """The share of a token's time that its waits take, for a memory-bound decode.
+
+    A decode step streams every weight once, so its compute time is about
+    ``weight_bytes / bandwidth``; the waits add ``waits x price`` on top (they do not
+    overlap it: the device is idle while the host waits). Returns
+    ``waits*price / (waits*price + weight_bytes/bandwidth)``.
+    """
+    waits = number("waits", waits, minimum=0)
+    price_ms = number("price_ms", price_ms, minimum=0)
+    weight_bytes = number("weight_bytes", weight_bytes, minimum=0)
+    bandwidth_gbs = number("bandwidth_gbs", bandwidth_gbs, minimum=0, exclusive_minimum=True)
+    wait_ms = waits * price_ms
+    stream_ms = weight_bytes / (bandwidth_gbs * 1e9) * 1e3
+    total = wait_ms + stream_ms
+    return wait_ms / total if total > 0 else 0.0
+
+
+def waits_by_model(cfgs: Iterable, *, plan: Plan | None = None):
+    """One row per model: its attention layers, the refused ones (with the reasons), and
+    its waits a token at every stage (columns ``1`` .. ``6``). A ``pandas.DataFrame``."""
+    import pandas as pd
+
+    plan = as_plan(plan)
+    rows = []
+    for cfg in cfgs:
+        attn = _attention_indices(cfg)
+        ok = eligible_layers(cfg)
+        row = {"model": cfg.name, "layers": cfg.num_layers, "attention": len(attn), "fused": len(ok),
+               "refused": len(attn) - len(ok), "reasons": format_reason_counts(reason_counts(cfg)) or "-"}
+        for st in plan.stages:
+            row[str(st.number)] = waits_per_token(cfg, st, plan=plan, eligible=ok)
+        rows.append(row)
+    return pd.DataFrame(rows)
