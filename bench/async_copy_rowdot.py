@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import record
+from bench.common import record
 from bench import tensor_core_rowdot as tc
 
 #: Weights a lane's 16-byte unit holds (4-bit codes), and units a warp step takes (one a lane).

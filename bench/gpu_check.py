@@ -29,7 +29,7 @@ inside it. Both numbers are recorded.
 
 Then ``bench.kernel_bench.run`` (Bonsai-27B, bf16 and every quantized format the kernels
 read; about 7 minutes in all on the H200). The record goes through
-``bench.record`` to ``data/bench/gpu_check-<device>-<date>.json`` (and to ``$OUT`` when
+``bench.common.record`` to ``data/bench/gpu_check-<device>-<date>.json`` (and to ``$OUT`` when
 set, for the lent machine's copy-back). Exit status 1 if any check fails.
 """
 
@@ -45,7 +45,8 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
-from bench import kernel_bench, record
+from bench import kernel_bench
+from bench.common import record
 from workbench import backends, tail
 from workbench.kernels import launch as kernel_launch
 from workbench.tail.comparison import compare

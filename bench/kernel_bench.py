@@ -41,7 +41,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
-from bench import record
+from bench.common import record
 from workbench import backends, tail
 from workbench.fold import hadamard
 from workbench.kernels import launch as kernel_launch
@@ -68,7 +68,7 @@ def _torch() -> Any:
 
 
 def time_rounds(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3) -> dict[str, dict[str, float]]:
-    """Each callable's wall-time summary (ms), interleaved round by round (``bench.record``)."""
+    """Each callable's wall-time summary (ms), interleaved round by round (``bench.common.record``)."""
     return {k: record.summarize(v) for k, v in record.time_rounds(fns, repeats, warmup).items()}
 
 

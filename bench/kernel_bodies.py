@@ -33,7 +33,7 @@ order swapped every round), medians:
 
 beside the floor, weight bytes over this device's copy bandwidth (PyTorch's
 device-to-device copy when PyTorch is here, else MLX's ``x + 1``; ``kernel_bench``).
-A table on stdout, the record through ``bench.record`` to
+A table on stdout, the record through ``bench.common.record`` to
 ``data/bench/kernel_bodies-<device>-<date>.json``. Exit status: 0; 1 when a check fails
 (nothing timed); 2 without a GPU back-end or with a DIR that is not a kernels folder.
 """
@@ -52,7 +52,8 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
-from bench import kernel_bench, record
+from bench import kernel_bench
+from bench.common import record
 from workbench import backends, tail
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import source as kernel_source

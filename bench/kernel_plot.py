@@ -24,7 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench import record  # noqa: E402
+from bench.common import record  # noqa: E402
 
 #: (label, how to read the ms from a case entry) for each bar of a format.
 SERIES: tuple[tuple[str, Any], ...] = (

@@ -163,7 +163,7 @@ def _rows(text: str) -> list[dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import bounded_run, record
+    from bench.common import bounded_run, record
 
     ap = record.parser("launch_profile", __doc__)
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
            "--tuning", a.tuning] + (["--head"] if a.head else []) + (["--one-launch"] if a.one_launch else [])
     try:
         # run_bounded, not subprocess.run: at the limit ncu's Python child must stop too
-        # (bench/bounded_run.py says what an orphaned one cost)
+        # (bench/common/bounded_run.py says what an orphaned one cost)
         p = bounded_run.run_bounded(cmd, timeout=a.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired as e:
         print(f"ncu did not finish within --timeout {a.timeout:g} s; it and its child were stopped, "

@@ -48,7 +48,8 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
-from bench import kernel_bench, record
+from bench import kernel_bench
+from bench.common import record
 from workbench import backends, tail
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import one_launch

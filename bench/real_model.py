@@ -30,7 +30,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from bench import record
+from bench.common import record
 from workbench import backends, tail
 from workbench.tail.comparison import compare
 from workbench.real_models.end_to_end import PROMPT, smollm2

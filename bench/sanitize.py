@@ -29,7 +29,7 @@ another in one child (``sanitize-…195411Z``), against 310-315 s a run with fou
 and no verdict in 540 s with six at a time (``…182203Z``). Every tool, part and format at
 Bonsai's shape took 457 s of runs one at a time (``…195411Z`` to ``…200122Z``). A run
 stopped at ``--timeout``
-is stopped with every process it started (``bench.bounded_run``). Each case line ends
+is stopped with every process it started (``bench.common.bounded_run``). Each case line ends
 with the seconds since its child started, so a record shows where a slow run spent them.
 The record
 (``data/bench/sanitize-<device>-<date>.json``) holds, per run (``runs``; records before
@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import bounded_run, record
+from bench.common import bounded_run, record
 from workbench.reports import sanitize as sanitizer_coverage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -416,7 +416,7 @@ def sanitize_run(exe: str, tool: str, shapes: list[str], formats: list[str], par
     t0 = time.perf_counter()
     try:
         # run_bounded, not subprocess.run: at the limit the sanitizer's Python child must
-        # stop too (bench/bounded_run.py says what an orphaned one cost).
+        # stop too (bench/common/bounded_run.py says what an orphaned one cost).
         p = bounded_run.run_bounded([*head, "--log-file", str(log), *child], timeout=timeout, cwd=ROOT,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
         text, rc = p.stdout + p.stderr, p.returncode

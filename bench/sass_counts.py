@@ -44,7 +44,7 @@ any device time is spent: the 4-bit formats' launches were bound by the integer 
 Needs nvcc (CUDA 12 or 13), cuobjdump and nvdisasm: on PATH, or NVIDIA's
 ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` wheels (the ``test`` extra installs
 them on x86-64 Linux). Tables on stdout (at most 100 columns), the record
-through ``bench.record`` to ``data/bench/sass_counts-<host>-<date>.json`` (the compiler's
+through ``bench.common.record`` to ``data/bench/sass_counts-<host>-<date>.json`` (the compiler's
 versions in it; ``kernel_versions.sass_table`` reads it). Exit status: 0; 2 without those
 tools, or with a DIR that is not a kernels folder; a usage error (2) for a ``--formats`` or
 ``--launches`` item it does not know.
@@ -66,7 +66,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from bench import kernel_bench, record
+from bench import kernel_bench
+from bench.common import record
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import source as kernel_source
 from workbench.reports import kernel_bodies as kernel_versions

@@ -29,7 +29,7 @@ layer's matrices are far larger than any cache, so a token streams the same byte
 way.
 
 The record goes to ``data/bench/schedule_run-<device>-<UTC time>.json`` (or ``--out``);
-``workbench.decode.schedule.load_records`` reads these and the older ``schedule-*.json``.
+``workbench.reports.schedule_run.load_records`` reads these and the older ``schedule-*.json``.
 
 Needs only numpy and MLX (the workbench's pandas imports are for tables, inside them).
 """
@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import record
+from bench.common import record
 
 
 def main(argv: list[str] | None = None) -> dict:

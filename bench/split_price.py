@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from bench import record
+from bench.common import record
 from workbench import backends, tail
 from workbench.kernels import launch as kernel_launch
 from workbench.waits import measurement as wait_measurement

@@ -22,7 +22,7 @@ import argparse
 import time
 from typing import Any
 
-from bench import record
+from bench.common import record
 from workbench.studies import calibration
 from workbench.studies import sweeps
 from workbench.studies.cases import CASE_BLOCK

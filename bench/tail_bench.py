@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from bench import record
+from bench.common import record
 from workbench import backends, tail
 from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_SHAPE

@@ -65,7 +65,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench import record
+from bench.common import record
 
 #: Rows an MMA tile takes (the instruction's M) and weights a quantization group.
 TILE_ROWS = 16

@@ -24,7 +24,7 @@ import re
 import sys
 from pathlib import Path
 
-from bench import record
+from bench.common import record
 
 
 def _entry_id(rec: dict) -> str:

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import record
+from bench.common import record
 from workbench.decode import schedule
+from workbench.reports import schedule_run as schedule_report
 from workbench.waits import plan as waits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +64,7 @@ def test_record_names_and_folder() -> None:
 
 
 def test_the_record_folder_is_the_projects_wherever_the_command_starts(tmp_path: Path) -> None:
-    code = "from bench import record; print(record.parser('x', '').parse_args([]).out_dir)"
+    code = "from bench.common import record; print(record.parser('x', '').parse_args([]).out_dir)"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.stdout.strip() == str(ROOT / "data" / "bench"), done.stderr
@@ -192,7 +193,7 @@ def test_schedule_run_refuses_an_existing_out_before_any_work(tmp_path: Path, ca
 def test_the_committed_records_stay_loadable() -> None:
     for path in sorted((ROOT / "data" / "bench").glob("*.json")):
         assert isinstance(json.loads(path.read_text()), dict), path.name
-    names = [r["file"] for r in schedule.load_records()]
+    names = [r["file"] for r in schedule_report.load_records()]
     assert "schedule-cpu.json" in names and "schedule-h200.json" in names
 
 
@@ -200,10 +201,10 @@ def test_schedule_records_of_both_names_are_read(tmp_path: Path) -> None:
     (tmp_path / "schedule-old.json").write_text('{"a": 1}')
     (tmp_path / "schedule_run-cpu-20261130T000000Z.json").write_text('{"a": 2}')
     (tmp_path / "tail_bench-cpu.json").write_text('{"a": 3}')
-    assert [r["a"] for r in schedule.load_records(tmp_path)] == [1, 2]
+    assert [r["a"] for r in schedule_report.load_records(tmp_path)] == [1, 2]
     (tmp_path / "schedule-broken.json").write_text("")
     with pytest.raises(ValueError, match="schedule-broken.json is not valid JSON"):
-        schedule.load_records(tmp_path)
+        schedule_report.load_records(tmp_path)
 
 
 def test_quant_sweep_takes_the_fastest_tuning_and_records_one_that_fails(monkeypatch, capsys):

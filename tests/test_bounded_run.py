@@ -1,4 +1,4 @@
-"""bench.bounded_run: a time limit that stops the command and everything it started."""
+"""bench.common.bounded_run: a time limit that stops the command and everything it started."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.bounded_run import run_bounded
+from bench.common.bounded_run import run_bounded
 
 
 def _gone(pid: int) -> bool:

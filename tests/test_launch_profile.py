@@ -51,11 +51,11 @@ def test_pipe_counts_are_read_where_profiled() -> None:
 
 
 def test_ncu_stopped_at_its_limit_says_so_and_writes_no_record(tmp_path, monkeypatch, capsys) -> None:
-    """ncu past --timeout: stopped with its child (bench.bounded_run), a plain message and
+    """ncu past --timeout: stopped with its child (bench.common.bounded_run), a plain message and
     exit 1 rather than a traceback, and no record."""
     import subprocess
 
-    from bench import bounded_run
+    from bench.common import bounded_run
 
     monkeypatch.setattr(launch_profile.shutil, "which", lambda name: "/usr/bin/ncu")
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from workbench import backends, tail
+from workbench.reports import one_launch as one_launch_report
 from workbench.kernels import cuda_device
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import source as ks
@@ -188,7 +189,7 @@ def test_the_committed_record_reads_into_its_tables():
 
     path = sorted((ks.KERNEL_DIR.parent / "data" / "bench").glob("one_launch-*.json"))[0]
     rec = json.loads(path.read_text())
-    checks, timing = one_launch.record_tables(rec)
+    checks, timing = one_launch_report.record_tables(rec)
     assert len(checks) == len(rec["checks"]) and checks["pass"].all() == rec["all_checks_passed"]
     bf16 = timing["bfloat16"]
     case = rec["cases"][0]
@@ -199,7 +200,7 @@ def test_the_committed_record_reads_into_its_tables():
 @pytest.mark.parametrize("bad", [None, {"bench": "kernel_bench"}, {"bench": "one_launch"}])
 def test_record_tables_refuses_what_is_not_its_record(bad):
     with pytest.raises(ValueError, match="record must be a bench.one_launch record"):
-        one_launch.record_tables(bad)
+        one_launch_report.record_tables(bad)
 
 
 @pytest.mark.skipif(not backends.clang_available(), reason="clang++ is not installed here (the Metal emulator)")
@@ -315,7 +316,7 @@ def test_the_wait_breakdown_reads_both_committed_records():
     bench_dir = ks.KERNEL_DIR.parent / "data" / "bench"
     rec = json.loads((bench_dir / "one_launch-nvidia-h200-20261201T112516Z.json").read_text())
     prof = json.loads((bench_dir / "launch_profile-nvidia-h200-20261201T112816Z.json").read_text())
-    t = one_launch.wait_breakdown(rec, prof)
+    t = one_launch_report.wait_breakdown(rec, prof)
     assert list(t.columns) == ["bfloat16", "affine4", "nvfp4"]  # the formats both records have
     bf = t["bfloat16"]
     assert bf["MLX around the kernel, at least"] == pytest.approx(bf["evaluation and wait"] - bf["kernel run once (ncu)"])
@@ -335,13 +336,13 @@ def test_the_sweep_table_reads_the_committed_record():
 
     bench_dir = ks.KERNEL_DIR.parent / "data" / "bench"
     rec = json.loads((bench_dir / "one_launch-nvidia-h200-20261201T131203Z.json").read_text())
-    t = one_launch.sweep_table(rec)
+    t = one_launch_report.sweep_table(rec)
     assert list(t.columns) == ["bfloat16", "affine4", "mxfp4", "nvfp4"]
     assert t.loc["default", "affine4"] == rec["sweeps"]["affine4"]["default"]["device_ms"]
     assert math.isnan(t.loc["gps2", "bfloat16"])  # two groups an SM do not fit bf16's registers
     assert t.loc["chosen"].tolist() == ["default", "gps2", "nt640", "u8_nt640"]
     with pytest.raises(ValueError, match="with its sweeps"):
-        one_launch.sweep_table({"bench": "one_launch", "sweep": {}})  # the older layout: one sweep
+        one_launch_report.sweep_table({"bench": "one_launch", "sweep": {}})  # the older layout: one sweep
 
 
 @pytest.mark.parametrize("rec, prof, says", [
@@ -351,7 +352,7 @@ def test_the_sweep_table_reads_the_committed_record():
 ])
 def test_the_wait_breakdown_refuses_other_records(rec, prof, says):
     with pytest.raises(ValueError, match=says):
-        one_launch.wait_breakdown(rec, prof)
+        one_launch_report.wait_breakdown(rec, prof)
 
 
 def test_each_format_is_timed_with_its_own_sweeps_fastest_variant():
@@ -391,7 +392,7 @@ def test_the_benchs_run_times_each_format_with_its_own_choice(monkeypatch):
     monkeypatch.setattr(bench, "seed_case", lambda: type("C", (), {"weights": "seed", "branch": 0, "residual": 0}))
     monkeypatch.setattr(bench, "_check", lambda label, w, br, res, oracle: {"case": label, "passed": True})
     monkeypatch.setattr(bench.kernel_bench, "copy_bandwidth_torch", lambda: 4e12)
-    monkeypatch.setattr(bench.record, "copy_bandwidth", lambda *a, **k: 4e12)
+    monkeypatch.setattr(bench.common.record, "copy_bandwidth", lambda *a, **k: 4e12)
     monkeypatch.setattr(bench, "fixed_cost", lambda repeats: {"one_tiny_eval": 0.03})
     fast = {"bfloat16": "u8_nt640", "nvfp4": "gps2"}  # each format's clear winner
     monkeypatch.setattr(bench, "sweep", lambda w, b, r, br, res: {
@@ -546,8 +547,8 @@ def test_the_cuda_path_runs_three_launches_where_the_one_does_not_fit(monkeypatc
 def test_the_kernel_texts_fingerprint_follows_every_source_file_and_only_them(tmp_path: Path):
     """kernel_source.fingerprint: the same text, the same digest; any body, prelude or
     common.h edited, another; the README and the Metal emulation's runtime not part of it.
-    Every bench record carries it (bench.record.provenance)."""
-    from bench import record
+    Every bench record carries it (bench.common.record.provenance)."""
+    from bench.common import record
 
     copy = tmp_path / "kernels"
     shutil.copytree(ks.KERNEL_DIR, copy)

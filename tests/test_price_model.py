@@ -11,6 +11,7 @@ import pytest
 
 from bench import split_price
 from workbench import files
+from workbench.reports import schedule_run as schedule_report
 from workbench.decode import schedule
 from workbench.waits import plan as waits
 from workbench.models.config import load_model, replace_layer
@@ -132,22 +133,22 @@ def test_measure_split_between_on_the_cpu():
 
 
 def test_the_kernels_records_as_tables():
-    recs = schedule.kernel_records(schedule.load_records())
+    recs = schedule_report.kernel_records(schedule_report.load_records())
     assert len(recs) >= 2 and all(r["check"]["passed"] and r["all_waits_match"] for r in recs)
     rec = json.loads(BF16.read_text()) | {"file": BF16.name}
-    clock = schedule.clock_table(rec)
+    clock = schedule_report.clock_table(rec)
     assert clock["waits"].tolist() == [97, 81, 65, 49, 17, 1]
     assert (clock["x_floor"] == clock["ms"] / rec["floor_ms"]).all()
     assert (clock["in_eval_ms"] + clock["host_ms"] > 0).all()
-    pairs = schedule.pair_table(rec)
+    pairs = schedule_report.pair_table(rec)
     same = pairs[pairs["same_work"]]
     assert len(same) == 7 and same["model_ms"].notna().all()
-    splits = schedule.split_table(rec)
+    splits = schedule_report.split_table(rec)
     assert splits["split"].tolist() == [s["split"] for s in rec["splits"]]
     with pytest.raises(ValueError, match="with a floor"):
-        schedule.clock_table({"stages": []})
+        schedule_report.clock_table({"stages": []})
     with pytest.raises(ValueError, match="with split prices"):
-        schedule.split_table({"stages": []})
+        schedule_report.split_table({"stages": []})
 
 
 def test_measure_splits_on_a_small_step(bonsai):
@@ -166,13 +167,13 @@ def test_one_stage_of_several_records_side_by_side():
     rec = json.loads(BF16.read_text())
     other = json.loads(BF16.read_text())
     other["stages"] = [dict(s, ms_median=2 * s["ms_median"]) for s in other["stages"]]
-    table = schedule.stage_comparison({"as run": rec, "twice as slow": other}, stage=6)
+    table = schedule_report.stage_comparison({"as run": rec, "twice as slow": other}, stage=6)
     assert table["run"].tolist() == ["as run", "twice as slow"]
-    six = schedule.clock_table(rec).set_index("stage").loc[6]
+    six = schedule_report.clock_table(rec).set_index("stage").loc[6]
     assert table["stage 6 ms"].tolist() == [six["ms"], 2 * six["ms"]]
     assert table["check"][0] == max(c["worst_scaled_error"] for c in rec["check"]["stages"])
     assert table["passed"].all()
     with pytest.raises(ValueError, match="has no stage 7"):
-        schedule.stage_comparison({"as run": rec}, stage=7)
+        schedule_report.stage_comparison({"as run": rec}, stage=7)
     with pytest.raises(ValueError, match="runs: must be a non-empty mapping"):
-        schedule.stage_comparison({})
+        schedule_report.stage_comparison({})

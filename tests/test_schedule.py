@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from workbench.decode import schedule as S
+from workbench.reports import schedule_run as schedule_report
 from workbench import tail
 from workbench.waits import plan as waits
 from workbench.tail.comparison import compare
@@ -143,15 +144,15 @@ def test_geometry(bonsai):
 
 
 def test_the_committed_records():
-    recs = S.load_records()
+    recs = schedule_report.load_records()
     assert any(r["backend"] == "cpu" for r in recs), "the CPU schedule record is committed"
     for rec in recs:
         assert rec["all_waits_match"], f"{rec['file']}: the schedule made other waits than the table"
-        stages, comps = S.record_tables(rec)
+        stages, comps = schedule_report.record_tables(rec)
         assert stages["waits_match"].all()
         assert set(comps.columns) >= {"from", "to", "ms_saved_predicted", "ms_saved_measured"}
         assert {"device", "date", "mlx_version", "command"} <= set(rec)
-        c = S.closeness(rec)
+        c = schedule_report.closeness(rec)
         assert c["ms_saved_predicted_1_to_floor"] == pytest.approx(80 * rec["price"]["ms"])
         assert c["median_ratio"] is not None
 
@@ -204,9 +205,9 @@ def test_bad_arguments_are_named(bonsai, tiny):
 def test_foreign_records_and_rows_are_named():
     for bad in ({}, [], "schedule-cpu.json", {"stages": [], "comparisons": []}):
         with pytest.raises(ValueError, match="rec"):
-            S.record_tables(bad)
+            schedule_report.record_tables(bad)
         with pytest.raises(ValueError, match="rec"):
-            S.closeness(bad)
+            schedule_report.closeness(bad)
     with pytest.raises(ValueError, match=r"rows\[0\]: lacks \['ms_median'\]"):
         S.fit_price([{"waits_predicted": 3}])
     with pytest.raises(ValueError, match="rows: must be a non-empty list"):

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.waits import plan as waits
+from workbench.reports import schedule_run as schedule_report
 from workbench.models.config import LayerConfig, Mixer, ModelConfig, load_model, replace_layer
 from workbench.waits.measurement import count_waits, measure_split_price, measure_wait_price
 
@@ -218,7 +219,7 @@ def test_figures_draw():
 
     cfg = load_model("bonsai-27b")
     for fig in (plots.plot_stage_ms(cfg, {"seed": 0.17}), plots.plot_wait_share(cfg, prices_ms=[0.01, 0.1]),
-                plots.plot_schedule_runs(schedule.load_records())):
+                plots.plot_schedule_runs(schedule_report.load_records())):
         assert fig.axes
         plt.close(fig)
     with pytest.raises(ValueError, match="prices"):

@@ -36,7 +36,6 @@ import ctypes
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile

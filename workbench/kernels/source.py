@@ -197,7 +197,7 @@ def source_files(*, kernel_dir: str | Path | None = None) -> tuple[str, ...]:
 
 def fingerprint(*, kernel_dir: str | Path | None = None) -> str:
     """12 hex digits of SHA-256 over the kernels' text (:func:`source_files`, each file's
-    name and bytes, read now). Every bench record carries it (``bench.record.provenance``:
+    name and bytes, read now). Every bench record carries it (``bench.common.record.provenance``:
     ``kernel_text``), so a sanitizer run or a timing can be matched with the text it ran:
     a clean run of other text says nothing about this one."""
     folder = _folder(kernel_dir)

@@ -35,8 +35,8 @@ from workbench import files
 from workbench.waits import plan as waits
 
 #: The project's root and its folder of records, wherever a command is started from.
-ROOT = Path(__file__).resolve().parent.parent
-RECORD_DIR = ROOT / "data" / "bench"
+ROOT = files.PROJECT_ROOT
+RECORD_DIR = files.DATA_DIR / "bench"
 
 
 def slug(s: str) -> str:

@@ -1,0 +1,188 @@
+"""What a ``python -m bench.schedule_run`` record says: its stages, the clock beside the
+price model, and one stage of several runs side by side.
+
+A record holds, stage by stage of the plan, the waits a token made against those
+predicted and the ms a token (``stages``), the savings between stages measured against
+those the price model predicts (``comparisons``) and, where measured, the price of a wait
+by its kind (``splits``). These functions turn records into the notebooks' tables; each
+refuses a dict that is not such a record with a ``ValueError`` naming what it lacks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from workbench import files
+from workbench.decode.schedule import check_rows
+from workbench.validate import describe, integer
+from workbench.waits import plan as waits
+
+
+def _record(rec: Any) -> Mapping:
+    if not isinstance(rec, Mapping) or "stages" not in rec or "comparisons" not in rec:
+        raise ValueError(f"rec: must be a schedule record (with 'stages' and 'comparisons'), got {describe(rec)}")
+    return rec
+
+
+
+#: The names schedule records have had: ``bench.schedule_run``'s own, and the first ones.
+RECORD_PATTERNS = ("schedule_run-*.json", "schedule-*.json")
+
+
+def load_records(folder: str | Any = None, pattern: str | Sequence[str] = RECORD_PATTERNS) -> list[dict]:
+    """The schedule records in ``folder`` (default the project's ``data/bench``), sorted by
+    file name, each with its ``file`` name added; a file that is not a JSON object is a
+    ValueError naming it."""
+    root = Path(folder) if folder is not None else files.DATA_DIR / "bench"
+    patterns = (pattern,) if isinstance(pattern, str) else tuple(pattern)
+    paths = sorted({p for pat in patterns for p in root.glob(pat)}, key=lambda p: p.name)
+    out = []
+    for p in paths:
+        try:
+            rec = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"folder: the schedule record {p} is not valid JSON ({err})") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"folder: the schedule record {p} is not a JSON object")
+        out.append(rec | {"file": p.name})
+    return out
+
+
+def record_tables(rec: Mapping) -> tuple[Any, Any]:
+    """A record as two ``pandas.DataFrame``s: its stages (waits predicted and made, ms a
+    token) and its comparisons (predicted saving, measured, paired, ratios)."""
+    import pandas as pd
+
+    rec = _record(rec)
+    check_rows("rec['stages']", rec["stages"], ("stage", "waits_predicted", "waits_made", "waits_match", "ms_median",
+                                           "ms_p10", "ms_p90", "tokens"))
+    stages = pd.DataFrame(rec["stages"])[["stage", "waits_predicted", "waits_made", "waits_match", "ms_median",
+                                           "ms_p10", "ms_p90", "tokens"]]
+    comps = pd.DataFrame(rec["comparisons"])
+    cols = [c for c in ("from", "to", "waits_saved", "same_work", "ms_saved_predicted", "ms_saved_measured",
+                        "ratio", "ms_saved_paired", "ratio_paired") if c in comps]
+    return stages, comps[cols]
+
+
+def closeness(rec: Mapping) -> dict:
+    """How close a record's clock came to the table, in two numbers.
+
+    ``ratio_1_to_floor``: measured over predicted saving from stage 1 to the host floor
+    (the largest saving that keeps the work the same; paired by round when the record
+    has each token's time); ``median_ratio``: the median of that ratio over every pair
+    of stages that does the same work. 1.0 is the table exactly; the goal is within 20%.
+    """
+    rec = _record(rec)
+    check_rows("rec['comparisons']", rec["comparisons"], ("from", "to", "ratio", "ms_saved_predicted", "ms_saved_measured"))
+    plan = waits.load_plan()
+    floor = next((s.number for s in plan.stages if s.floor and not s.attention_on_device), None)
+    comps = [c for c in rec["comparisons"] if c.get("same_work", True)]
+
+    def ratio(c: Mapping) -> float | None:
+        return c.get("ratio_paired", c["ratio"])
+
+    main = next((c for c in comps if c["from"] == 1 and c["to"] == floor), None)
+    ratios = [r for r in (ratio(c) for c in comps) if r is not None]
+    return {
+        "ratio_1_to_floor": None if main is None else ratio(main),
+        "ms_saved_predicted_1_to_floor": None if main is None else main["ms_saved_predicted"],
+        "ms_saved_measured_1_to_floor": None if main is None else main.get("ms_saved_paired", main["ms_saved_measured"]),
+        "median_ratio": float(np.median(ratios)) if ratios else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# A kernels record as tables (notebook 05)
+
+
+def kernel_records(records: Sequence[Mapping]) -> list[Mapping]:
+    """The records of ``records`` whose step ran on the project's kernels and was checked."""
+    return [r for r in records if r.get("matvec") == "kernels" and r.get("check") is not None]
+
+
+def clock_table(rec: Mapping):
+    """A record's stages against its floor: ms a token (median), the floor (weight bytes a
+    token / the copy bandwidth of the same run), their ratio, what the price model says
+    the waits cost and that cost's share of the token, and the time inside ``mx.eval``
+    against the host's (graph building, attention, reads). A ``pandas.DataFrame``."""
+    import pandas as pd
+
+    if not isinstance(rec, Mapping) or "floor_ms" not in rec:
+        raise ValueError(f"rec: must be a schedule record with a floor (bench.schedule_run's own), got {describe(rec)}")
+    rows = check_rows("rec['stages']", rec["stages"], ("stage", "waits_predicted", "ms_median"))
+    df = pd.DataFrame([{
+        "stage": r["stage"], "waits": r["waits_predicted"], "ms": r["ms_median"], "floor_ms": rec["floor_ms"],
+        "x_floor": r["ms_median"] / rec["floor_ms"], "waits_ms_model": r.get("ms_waits_model"),
+        "wait_share": r.get("wait_share_model"), "in_eval_ms": r.get("ms_eval_median"),
+        "host_ms": r.get("ms_host_median"),
+    } for r in rows])
+    return df
+
+
+def stage_comparison(runs: Mapping[str, Mapping], stage: int = 6):
+    """One stage of several schedule records side by side, one row a record (``runs``:
+    label -> record, e.g. the same command with and without ``--gdn kernel``): ms a token,
+    its ratio to the floor, the time inside ``mx.eval`` and on the host, the worst scaled
+    error of the record's check against its reference step, and whether the check passed
+    and every stage made its predicted waits. A ``pandas.DataFrame``; ``ValueError`` for a
+    record without that stage."""
+    import pandas as pd
+
+    if not isinstance(runs, Mapping) or not runs:
+        raise ValueError(f"runs: must be a non-empty mapping of label -> schedule record, got {describe(runs)}")
+    stage = integer("stage", stage, minimum=1)
+    rows = []
+    for label, rec in runs.items():
+        clock = clock_table(rec).set_index("stage")
+        if stage not in clock.index:
+            raise ValueError(f"runs[{label!r}]: has no stage {stage} (its stages: {list(clock.index)})")
+        s = clock.loc[stage]
+        checks = rec.get("check", {}).get("stages", [])
+        rows.append({"run": label, f"stage {stage} ms": s["ms"], "x floor": s["x_floor"], "in eval ms": s["in_eval_ms"],
+                     "host ms": s["host_ms"],
+                     "check": max((c["worst_scaled_error"] for c in checks), default=float("nan")),
+                     "passed": bool(rec.get("check", {}).get("passed")) and bool(rec.get("all_waits_match"))})
+    return pd.DataFrame(rows)
+
+
+def pair_table(rec: Mapping, *, within: float = 0.2):
+    """A record's stage pairs: waits saved, the saving the flat tiny price predicts, the
+    price model's, the measured one (paired by round when the record has it), the two
+    ratios and whether the model's is within ``within`` (20%)."""
+    import pandas as pd
+
+    rec = _record(rec)
+    comps = check_rows("rec['comparisons']", rec["comparisons"], ("from", "to", "waits_saved", "ms_saved_predicted",
+                                                             "ms_saved_measured", "same_work"))
+    out = []
+    for c in comps:
+        measured = c.get("ms_saved_paired", c["ms_saved_measured"])
+        model = c.get("ms_saved_model")
+        ratio = measured / model if model else None
+        out.append({"from": c["from"], "to": c["to"], "waits_saved": c["waits_saved"], "same_work": c["same_work"],
+                    "tiny_ms": c["ms_saved_predicted"], "model_ms": model, "measured_ms": measured,
+                    "ratio_tiny": measured / c["ms_saved_predicted"] if c["ms_saved_predicted"] else None,
+                    "ratio_model": ratio, "model_within": None if ratio is None else abs(ratio - 1) <= within})
+    return pd.DataFrame(out)
+
+
+def split_table(rec: Mapping):
+    """A record's split prices by kind: the price (median split - joined) and its spread,
+    the split and joined rounds, each side's device time and the device's idle time in
+    each round (wall time less the two submissions' device time)."""
+    import pandas as pd
+
+    if not isinstance(rec, Mapping) or not rec.get("splits"):
+        raise ValueError(f"rec: must be a schedule record with split prices ('splits'), got {describe(rec)}")
+    rows = check_rows("rec['splits']", rec["splits"], ("split", "ms", "p10_ms", "p90_ms", "split_ms", "joined_ms"))
+    return pd.DataFrame([{
+        "split": r["split"], "price_ms": r["ms"], "p10_ms": r["p10_ms"], "p90_ms": r["p90_ms"],
+        "split_ms": r["split_ms"], "joined_ms": r["joined_ms"],
+        # The first records did not time each side's device work.
+        "device_first_ms": r.get("device_ms", {}).get("first"), "device_second_ms": r.get("device_ms", {}).get("second"),
+        "idle_split_ms": r.get("split_idle_ms"), "idle_joined_ms": r.get("joined_idle_ms"),
+    } for r in rows])
