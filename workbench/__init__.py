@@ -10,7 +10,7 @@ The names a user reaches for first are importable from here::
     from workbench import HadamardFold, TailWeights, compare, fused_tail, host_tail, load_model
 
 Each lives in a module named after its concept (``workbench.fold.rotation``, ``workbench.tail``,
-...); the README's layout section is the map. Importing this package loads numpy and MLX,
+...); docs/LAYOUT.md is the map. Importing this package loads numpy and MLX,
 never pandas or matplotlib (tables and figures import those when they are made).
 """
 
