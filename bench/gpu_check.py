@@ -27,8 +27,8 @@ with float64 by frink-models' criterion ``|x - y| <= tol * max(|y|, 1)``, and th
 must meet ``max(2e-4, 2 x that error)`` -- frink-models' 2e-4 wherever float32 itself is
 inside it. Both numbers are recorded.
 
-Then ``bench.kernel_bench.run`` (Bonsai-27B, bf16 and every quantized format the kernels
-read; about 7 minutes in all on the H200). The record goes through
+Then ``bench.kernel_bench``'s benchmark (``bench.common.kernel_tail.run``: Bonsai-27B, bf16
+and every quantized format the kernels read; about 7 minutes in all on the H200). The record goes through
 ``bench.common.record`` to ``data/bench/gpu_check-<device>-<date>.json`` (and to ``$OUT`` when
 set, for the lent machine's copy-back). Exit status 1 if any check fails.
 """
@@ -45,10 +45,11 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
-from bench import kernel_bench
-from bench.common import record
+from bench.common import kernel_tail, record
+from bench.common.kernels import BONSAI
 from workbench import backends, tail
-from workbench.kernels import launch as kernel_launch
+from workbench.kernels import head as kernel_head
+from workbench.kernels import run as kernel_run
 from workbench.tail.comparison import compare
 from workbench.studies.exact_oracle import dequantize_exact, host_tail_exact, oracle_tolerance, tolerance_for
 from workbench.fold.rotation import HadamardFold
@@ -71,7 +72,7 @@ def _tail_case(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, 
              "fold": repr(w.wo.fold), "tol": tol, "f32_oracle_worst": f32, "worst": c.worst, "nmse": c.nmse,
              "max_abs": c.max_abs, "passed": bool(c.passed), "result": str(c), "first_call_ms": ms}
     if dialect == "cuda":  # fused_tail ran the one launch; the three launches answer to the same oracle
-        three = compare(kernel_launch.run_kernel_tail("cuda", tail.tail_launch(w), br, res), truth, tol=tol)
+        three = compare(kernel_run.run_kernel_tail("cuda", tail.tail_launch(w), br, res), truth, tol=tol)
         entry["three_launches_worst"], entry["three_launches_passed"] = three.worst, bool(three.passed)
         entry["passed"] = entry["passed"] and entry["three_launches_passed"]
     if w.wo.quantization is not None:  # what the mx.dequantize-based oracle says, for the record
@@ -117,7 +118,7 @@ def _head_case(name: str, hidden: int, nq: int, nk: int, nv: int, block: int | N
 
     truth = oracle(np.float64)
     f32 = oracle(np.float32)
-    got = kernel_launch.head_launch(mx.array(x), nw, eps, q, k, v, dialect)
+    got = kernel_head.head_launch(mx.array(x), nw, eps, q, k, v, dialect)
     mx.eval(*got)
     t = np.concatenate(truth)
     worst32 = compare(np.concatenate(f32), t).worst
@@ -199,7 +200,7 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
     add(_guarded("head", _head_case, "head (512; 512, 128, 128) no fold bf16", 512, 512, 128, 128, None, "bfloat16", seed + 51,
                    dialect))
     if not quick:
-        (hidden, branch, ffn), block = kernel_bench.BONSAI
+        (hidden, branch, ffn), block = BONSAI
         for dt, qname in (("float32", None), ("bfloat16", None), ("bfloat16", "affine4"), ("bfloat16", "affine8"),
                           ("bfloat16", "mxfp4"), ("bfloat16", "nvfp4")):
             qs = QUANT_FORMATS[qname] if qname else None
@@ -250,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not a.checks_only:
         try:
-            rec["bench"] = kernel_bench.run(dialect, repeats=max(10, a.repeats // (3 if a.quick else 1)),
-                                            seed=seed, quick=a.quick)
-            kernel_bench.print_table(rec["bench"])
+            rec["bench"] = kernel_tail.run(dialect, repeats=max(10, a.repeats // (3 if a.quick else 1)),
+                                           seed=seed, quick=a.quick)
+            kernel_tail.print_table(rec["bench"])
         except Exception as e:  # noqa: BLE001 -- keep the checks' record even if the benchmark breaks
             import traceback
 

@@ -21,9 +21,9 @@ to), and against each other (largest difference, how many elements have the same
 Nothing is timed unless both pass. Then, old and new alternating round by round (their
 order swapped every round), medians:
 
-* device time a tail: N tails encoded in one evaluation, per tail (``kernel_bench.batched_ms``:
+* device time a tail: N tails encoded in one evaluation, per tail (``bench.common.kernels.batched_ms``:
   MLX's per-evaluation cost amortised away);
-* each launch alone, the same way (``kernel_bench.per_launch_ms``), with its bandwidth;
+* each launch alone, the same way (``bench.common.kernels.per_launch_ms``), with its bandwidth;
 * one evaluation = one wait, inputs resident (``record.time_rounds``);
 * the head launch's device time, as the tail's;
 * on CUDA, the tail as ONE launch (``workbench.kernels.one_launch``, in the shape
@@ -32,7 +32,7 @@ order swapped every round), medians:
   (launches chained in one evaluation) and one wait (compiled), alternating as above;
 
 beside the floor, weight bytes over this device's copy bandwidth (PyTorch's
-device-to-device copy when PyTorch is here, else MLX's ``x + 1``; ``kernel_bench``).
+device-to-device copy when PyTorch is here, else MLX's ``x + 1``; ``bench.common.kernels``).
 A table on stdout, the record through ``bench.common.record`` to
 ``data/bench/kernel_bodies-<device>-<date>.json``. Exit status: 0; 1 when a check fails
 (nothing timed); 2 without a GPU back-end or with a DIR that is not a kernels folder.
@@ -52,10 +52,13 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
-from bench import kernel_bench
+from bench.common import kernels
 from bench.common import record
+from bench.common.kernels import interleaved
 from workbench import backends, tail
+from workbench.kernels import head as kernel_head
 from workbench.kernels import launch as kernel_launch
+from workbench.kernels import tuning as kernel_tuning
 from workbench.kernels import source as kernel_source
 from workbench.kernels import one_launch
 from workbench.tail.comparison import compare
@@ -69,11 +72,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SIDES: tuple[str, ...] = ("old", "new")
 
 #: Weight formats benchmarked: label -> TailWeights.random's ``quantize`` (None: dense bf16);
-#: the quantized ones are ``kernel_bench.BENCH_FORMATS``, labelled as kernel_bench labels them.
+#: the quantized ones are ``kernels.BENCH_FORMATS``, labelled as kernel_bench labels them.
 FORMATS: dict[str, dict[str, Any] | None] = {"bf16": None, **{
     f"{n}-g{QUANT_FORMATS[n].group_size}": {"mode": QUANT_FORMATS[n].mode, "bits": QUANT_FORMATS[n].bits,
                                             "group_size": QUANT_FORMATS[n].group_size}
-    for n in kernel_bench.BENCH_FORMATS}}
+    for n in kernels.BENCH_FORMATS}}
 
 
 def gpu_dialect() -> str | None:
@@ -114,19 +117,6 @@ def fresh_ptx_cache() -> str:
     return os.environ["MLX_PTX_CACHE_DIR"]
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[Any]]:
-    """Each callable's results, ``rounds`` times (rounded up to even), alternating: every
-    round runs each once, the order reversed every other round, so each side runs first
-    in exactly half the rounds (with an odd count, a median of few rounds can lean
-    towards whichever side ran first more often)."""
-    out: dict[str, list[Any]] = {k: [] for k in fns}
-    names = list(fns)
-    for i in range(rounds + rounds % 2):
-        for k in names if i % 2 == 0 else names[::-1]:
-            out[k].append(fns[k]())
-    return out
-
-
 def _median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
@@ -150,7 +140,7 @@ def _agreement(outs: dict[str, np.ndarray], truth: np.ndarray, tol: float) -> di
     return res
 
 
-def tail_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_launch.KernelTuning, old_dir: Path,
+def tail_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_tuning.KernelTuning, old_dir: Path,
               bandwidth: float, *, seed: int, rounds: int, n_tails: int) -> dict[str, Any]:
     """One tail, old and new: the checks, then (only if both pass) the timings (ms)."""
     br, res = tail.random_inputs(w, seed=seed)
@@ -171,12 +161,12 @@ def tail_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_laun
     if not entry["check"]["passed"]:
         return entry
 
-    per_tail = interleaved({s: (lambda p=p: kernel_bench.batched_ms(lambda: p(b, r), n=n_tails, repeats=1))
+    per_tail = interleaved({s: (lambda p=p: kernels.batched_ms(lambda: p(b, r), n=n_tails, repeats=1))
                             for s, p in preps.items()}, rounds)
-    launches = interleaved({s: (lambda p=p: kernel_bench.per_launch_ms(p, b, r)) for s, p in preps.items()},
+    launches = interleaved({s: (lambda p=p: kernels.per_launch_ms(p, b, r)) for s, p in preps.items()},
                            max(3, rounds // 3))
     one_wait = record.time_rounds({s: (lambda p=p: mx.eval(p(b, r))) for s, p in preps.items()}, rounds * 2, 3)
-    lb = kernel_bench.launch_bytes(preps["new"])
+    lb = kernels.launch_bytes(preps["new"])
     entry["device_ms_per_tail"] = {s: record.summarize(v) for s, v in per_tail.items()}
     entry["launch_device_ms"] = {s: _median_of(v) for s, v in launches.items()}
     entry["launch_bandwidth_GBps"] = {s: {k: lb[k] / (ms * 1e-3) / 1e9 for k, ms in v.items()}
@@ -202,7 +192,7 @@ def one_launch_case(preps: dict[str, kernel_launch.PreparedTail], br: np.ndarray
         return entry
     b, r = mx.array(br), mx.array(res)
     mx.eval(b, r)
-    per_tail = interleaved({s: (lambda one=one: kernel_bench.batched_ms(lambda: one(b, r), n=n_tails, repeats=1))
+    per_tail = interleaved({s: (lambda one=one: kernels.batched_ms(lambda: one(b, r), n=n_tails, repeats=1))
                             for s, one in ones.items()}, rounds)
     compiled = {s: one.compiled() for s, one in ones.items()}
     one_wait = record.time_rounds({s: (lambda c=c: mx.eval(c(b, r))) for s, c in compiled.items()}, rounds * 2, 3)
@@ -214,7 +204,7 @@ def one_launch_case(preps: dict[str, kernel_launch.PreparedTail], br: np.ndarray
 
 
 def head_case(label: str, hidden: int, rows: tuple[int, int, int], dialect: str,
-              tuning: kernel_launch.KernelTuning, old_dir: Path, bandwidth: float, *, seed: int, rounds: int,
+              tuning: kernel_tuning.KernelTuning, old_dir: Path, bandwidth: float, *, seed: int, rounds: int,
               n_launches: int) -> dict[str, Any]:
     """The head launch (bf16 Q, K, V sharing one fold of block ``hidden``), old and new."""
     rng = np.random.default_rng(seed)
@@ -237,7 +227,7 @@ def head_case(label: str, hidden: int, rows: tuple[int, int, int], dialect: str,
     dirs = {"old": old_dir, "new": None}
 
     def launch(side: str) -> tuple[mx.array, mx.array, mx.array]:
-        return kernel_launch.head_launch(xm, nm, eps, q, k, v, dialect, tuning, kernel_dir=dirs[side])
+        return kernel_head.head_launch(xm, nm, eps, q, k, v, dialect, tuning, kernel_dir=dirs[side])
 
     outs = {}
     for side in SIDES:
@@ -249,7 +239,7 @@ def head_case(label: str, hidden: int, rows: tuple[int, int, int], dialect: str,
                              "tol": tol, "f32_oracle_worst": f32, "check": _agreement(outs, truth, tol),
                              "weight_bytes": wbytes, "floor_ms": wbytes / bandwidth * 1e3}
     if entry["check"]["passed"]:
-        per = interleaved({s: (lambda s=s: kernel_bench.batched_ms(lambda: launch(s), n=n_launches, repeats=1))
+        per = interleaved({s: (lambda s=s: kernels.batched_ms(lambda: launch(s), n=n_launches, repeats=1))
                            for s in SIDES}, rounds)
         entry["device_ms_per_launch"] = {s: record.summarize(t) for s, t in per.items()}
         entry["n_launches_per_evaluation"] = n_launches
@@ -305,13 +295,13 @@ def print_table(rec: dict[str, Any]) -> None:
 
 
 def run(dialect: str, old_dir: Path, *, rounds: int, n_tails: int, seed: int, head: bool,
-        shape: tuple[tuple[int, int, int], int] = kernel_bench.BONSAI, formats: tuple[str, ...] = tuple(FORMATS),
+        shape: tuple[tuple[int, int, int], int] = kernels.BONSAI, formats: tuple[str, ...] = tuple(FORMATS),
         log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every case; returns the record's body (without the provenance)."""
     (hidden, branch, ffn), block = shape
-    bws = kernel_bench.floor_bandwidth()
+    bws = kernels.floor_bandwidth()
     bandwidth = bws["used_for_floor"]
-    tuning = kernel_launch.DEFAULT_TUNING
+    tuning = kernel_tuning.DEFAULT_TUNING
     out: dict[str, Any] = {
         "old_dir": str(old_dir),
         "mlx_names": {k: {"old": kernel_source.mlx_name(k, kernel_dir=old_dir), "new": kernel_source.mlx_name(k)}
@@ -357,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     formats = tuple(record.comma_list(ap, "--formats", a.formats, tuple(FORMATS)))
     try:
         old_dir = kernel_folder(a.old)
-        shape = kernel_bench.BONSAI
+        shape = kernels.BONSAI
         if a.shape:
             h, b, f, blk = (int(v) for v in a.shape.split(","))
             shape = ((h, b, f), blk)

@@ -13,7 +13,6 @@ PNG that exists (``--force`` to replace it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path

@@ -10,7 +10,7 @@ so the pattern is not anchored; anchored, it matched nothing and ncu profiled no
 format's tail twice (a warm-up, then the measured one), one evaluation each, as a decoder
 does: so ncu's figures are a launch run ONCE, caches flushed before it (ncu's default
 ``--cache-control all``), its ramp-up and last partial wave included -- the single-shot
-cost that the amortized device time (``bench.kernel_bench``: ten tails in one evaluation)
+cost that the amortized device time (``bench.common.kernels.batched_ms``: ten tails in one evaluation)
 hides. Per launch: ``gpu__time_duration.sum`` (ns), DRAM bytes read, DRAM throughput and
 SM throughput as % of peak, achieved occupancy, registers a thread, grid.
 
@@ -67,7 +67,7 @@ SCHEDULER_METRICS: tuple[str, ...] = (
 )
 # Warp instructions executed by pipe (and the global and shared loads among them): with the
 # weights a launch reads, how many ALU instructions a weight it runs, the count the 4-bit
-# launches' bound is about (kernels/README.md, "What bounds the 4-bit launches").
+# launches' bound was about (docs/JOURNAL.md, "What bounds the 4-bit launches").
 PIPES: tuple[str, ...] = ("alu", "fma", "lsu", "xu", "adu", "cbu")
 PIPE_METRIC = "smsp__inst_executed_pipe_{}.sum"
 LOAD_METRICS: dict[str, str] = {"global_ld": "smsp__sass_inst_executed_op_global_ld.sum",
@@ -96,7 +96,7 @@ def stall_summary(launch: dict[str, Any], top: int = 4) -> dict[str, Any]:
 def tuning_of(text: str) -> Any:
     """``KernelTuning`` from ``"name=value,..."`` (integers, or true/false for the ``pre_*``
     flags); ValueError naming what is wrong."""
-    from workbench.kernels.launch import KernelTuning
+    from workbench.kernels.tuning import KernelTuning
 
     fields = KernelTuning.__dataclass_fields__
     kw: dict[str, Any] = {}
@@ -120,14 +120,16 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
     import mlx.core as mx
     import numpy as np
 
-    from bench.kernel_bench import BONSAI
+    from bench.common.kernels import BONSAI
     from workbench import tail
+    from workbench.kernels import head as kernel_head
     from workbench.kernels import launch as kernel_launch
+    from workbench.kernels import tuning as kernel_tuning
     from workbench.kernels import one_launch
     from workbench.fold.rotation import HadamardFold
     from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
-    kernel_launch.set_default_tuning(tuning_of(tuning_text))
+    kernel_tuning.set_default_tuning(tuning_of(tuning_text))
     (hidden, branch, ffn), block = BONSAI
     for i, fmt in enumerate(formats):
         q = QUANT_FORMATS.get(fmt)
@@ -152,7 +154,7 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
         x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
         nw = (1 + rng.uniform(-0.25, 0.25, hidden)).astype(np.float32)
         for _ in range(2):
-            mx.eval(*kernel_launch.head_launch(x, nw, 1e-6, q, k, v, "cuda"))
+            mx.eval(*kernel_head.head_launch(x, nw, 1e-6, q, k, v, "cuda"))
         print("profiled head", flush=True)
     return 0
 

@@ -48,10 +48,11 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
-from bench import kernel_bench
+from bench.common import kernels
 from bench.common import record
 from workbench import backends, tail
 from workbench.kernels import launch as kernel_launch
+from workbench.kernels import tuning as kernel_tuning
 from workbench.kernels import one_launch
 from workbench.tail.comparison import compare
 from workbench.decode.matvec import worst_scaled_error
@@ -77,8 +78,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
     # SM (the bodies at 768 threads a group: tests/test_one_launch.py, emulated, against float64)
     "nt768": ({}, one_launch.OneLaunchShape(nt=768)),
     "nt640": ({}, one_launch.OneLaunchShape(nt=640)),
-    # the quantized formats are bound by instructions, not bytes (kernels/README.md): more
-    # 4-bit units in flight a lane (u / 4: 4 units at u 16) and more warps an SM
+    # tried when the quantized formats were bound by instructions, not bytes (docs/JOURNAL.md,
+    # "What bounds the 4-bit launches"): more 4-bit units in flight a lane (u / 4: 4 units at
+    # u 16) and more warps an SM
     "u16": ({"u_wo": 16, "u_gate_up": 16}, one_launch.OneLaunchShape()),
     "u8_nt640": ({"u_wo": 8, "u_gate_up": 8}, one_launch.OneLaunchShape(nt=640)),
     # since the 4-bit loops lost a fifth to a third of their instructions, every launch
@@ -143,7 +145,7 @@ def _weights(fmt: str, shape: tuple[int, int, int], block: int, seed: int) -> ta
                                    quantize=spec)
 
 
-def _one(w: tail.TailWeights, tuning: kernel_launch.KernelTuning | None = None,
+def _one(w: tail.TailWeights, tuning: kernel_tuning.KernelTuning | None = None,
          shape: one_launch.OneLaunchShape | None = None) -> tuple[kernel_launch.PreparedTail, one_launch.OneLaunchTail]:
     """The prepared three launches and the one launch for ``w``; ``shape`` None: the shape
     ``fused_tail(backend="cuda")`` runs (``one_launch.shape_for``), which the checks check."""
@@ -152,7 +154,7 @@ def _one(w: tail.TailWeights, tuning: kernel_launch.KernelTuning | None = None,
 
 
 def _check(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, oracle: bool,
-           tuning: kernel_launch.KernelTuning | None = None,
+           tuning: kernel_tuning.KernelTuning | None = None,
            shape: one_launch.OneLaunchShape | None = None) -> dict[str, Any]:
     """One case: the one launch against the three and (``oracle``) the float64 oracle."""
     prep, one = _one(w, tuning, shape)
@@ -212,9 +214,9 @@ def timeout_check(w: tail.TailWeights, br: np.ndarray, res: np.ndarray) -> dict[
 
 def chained_ms(one: one_launch.OneLaunchTail, b: mx.array, r: mx.array, n: int = 10, repeats: int = 5) -> float:
     """Device time a tail of the one launch: ``n`` launches in one evaluation
-    (``kernel_bench.batched_ms``), each naming the previous one's output (``after``), so
+    (``bench.common.kernels.batched_ms``), each naming the previous one's output (``after``), so
     they run one after the other as a decoder's layers would."""
-    return kernel_bench.batched_ms(lambda: one(b, r), n, repeats)
+    return kernels.batched_ms(lambda: one(b, r), n, repeats)
 
 
 def sweep(w: tail.TailWeights, b: mx.array, r: mx.array, br: np.ndarray, res: np.ndarray) -> dict[str, Any]:
@@ -222,7 +224,7 @@ def sweep(w: tail.TailWeights, b: mx.array, r: mx.array, br: np.ndarray, res: np
     is over ``AGREE_TOL`` from the first one's (the default), is recorded as failed, with
     no time, and the sweep goes on."""
     out: dict[str, Any] = {}
-    base = kernel_launch.DEFAULT_TUNING
+    base = kernel_tuning.DEFAULT_TUNING
     ref = None
     for name, (changes, shape) in VARIANTS.items():
         try:
@@ -245,7 +247,7 @@ def sweep(w: tail.TailWeights, b: mx.array, r: mx.array, br: np.ndarray, res: np
     return out
 
 
-def time_case(label: str, w: tail.TailWeights, tuning: kernel_launch.KernelTuning, shape: one_launch.OneLaunchShape,
+def time_case(label: str, w: tail.TailWeights, tuning: kernel_tuning.KernelTuning, shape: one_launch.OneLaunchShape,
               bandwidth: float, repeats: int, seed: int) -> dict[str, Any]:
     br, res = tail.random_inputs(w, seed=seed)
     b, r = mx.array(br), mx.array(res)
@@ -261,15 +263,15 @@ def time_case(label: str, w: tail.TailWeights, tuning: kernel_launch.KernelTunin
         "one_launch_compiled": lambda: mx.eval(compiled1(b, r)),
         "one_tiny_eval": lambda: mx.eval(tiny + 1),
     }
-    peer = kernel_bench.torch_peer(w, br, res)
+    peer = kernels.torch_peer(w, br, res)
     if peer is not None:
         fns["torch_cuda_graph"] = peer["graph"]
         fns["torch_eager"] = peer["eager"]
-    resident = kernel_bench.time_rounds(fns, repeats)
-    device = {"three_launches": kernel_bench.batched_ms(lambda: prep(b, r)), "one_launch": chained_ms(one, b, r)}
+    resident = kernels.time_rounds(fns, repeats)
+    device = {"three_launches": kernels.batched_ms(lambda: prep(b, r)), "one_launch": chained_ms(one, b, r)}
     if peer is not None:
         device["torch_cuda_graph"] = peer["graph_device_ms"]()
-    split = kernel_bench.build_eval_split(lambda: one(b, r), repeats)
+    split = kernels.build_eval_split(lambda: one(b, r), repeats)
     if one.barrier_failed():
         raise one_launch.GridBarrierTimeout(f"{label}: a barrier timed out during the timing")
     floor = prep.weight_bytes() / bandwidth * 1e3
@@ -296,7 +298,7 @@ def fixed_cost(repeats: int) -> dict[str, float]:
     b, r = mx.array(c.branch), mx.array(c.residual)
     c3, c1 = prep.compiled(), one.compiled()
     tiny = mx.array(np.ones(8, np.float32))
-    t = kernel_bench.time_rounds({"three_launches": lambda: mx.eval(prep(b, r)),
+    t = kernels.time_rounds({"three_launches": lambda: mx.eval(prep(b, r)),
                                   "three_launches_compiled": lambda: mx.eval(c3(b, r)),
                                   "one_launch": lambda: mx.eval(one(b, r)),
                                   "one_launch_compiled": lambda: mx.eval(c1(b, r)),
@@ -314,7 +316,7 @@ def run(formats: list[str], repeats: int, seed: int, timeout: bool,
         w = _weights(fmt, small[0], small[1], seed + i)
         br, res = tail.random_inputs(w, seed=seed + 50 + i)
         out["checks"].append(_check(f"small {fmt}", w, br, res, oracle=True))
-    (hidden, branch, ffn), block = kernel_bench.BONSAI
+    (hidden, branch, ffn), block = kernels.BONSAI
     bonsai: dict[str, tail.TailWeights] = {}
     for i, fmt in enumerate(formats):
         w = _weights(fmt, (hidden, branch, ffn), block, seed + 100 + i)
@@ -331,7 +333,7 @@ def run(formats: list[str], repeats: int, seed: int, timeout: bool,
         print("a check failed: nothing is timed")
         return out
 
-    out["copy_bandwidth_Bps"] = kernel_bench.floor_bandwidth()
+    out["copy_bandwidth_Bps"] = kernels.floor_bandwidth()
     bandwidth = out["copy_bandwidth_Bps"]["used_for_floor"]
     out["seed_size_resident_ms"] = fixed_cost(repeats)
     print("one evaluation at frink-models' test size (median ms): "
@@ -353,11 +355,11 @@ def run(formats: list[str], repeats: int, seed: int, timeout: bool,
     out["cases"] = []
     for i, fmt in enumerate(formats):
         if out["variant_chosen"][fmt] == FUSED_TAIL:
-            tuning = kernel_launch.DEFAULT_TUNING
+            tuning = kernel_tuning.DEFAULT_TUNING
             shape = one_launch.shape_for(kernel_launch.prepared(tail.tail_launch(bonsai[fmt]), "cuda", tuning))
         else:
             changes, shape = VARIANTS[out["variant_chosen"][fmt]]
-            tuning = dataclasses.replace(kernel_launch.DEFAULT_TUNING, **changes)
+            tuning = dataclasses.replace(kernel_tuning.DEFAULT_TUNING, **changes)
         try:
             out["cases"].append(time_case(f"bonsai27b-{fmt}", bonsai[fmt], tuning, shape, bandwidth, repeats,
                                           seed + 400 + i))

@@ -23,7 +23,6 @@ Prints both tables and writes a record (device, date, MLX version, command) to
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 

@@ -24,10 +24,9 @@ With ``--jobs N`` the runs are one a tool, shape, format and part group (the tai
 one launch; the head apart: ``part_groups``), N at a time. Runs at once on one GPU cost far
 more than they save, so keep the default (1) on a single GPU: on the H200, memcheck of the
 tail and one launch at Bonsai's shape took 59 s for all six formats alone, one run after
-another in one child (``sanitize-…195411Z``), against 310-315 s a run with four at a time
-(``…131835Z``), 441 s for six formats with another call's runs beside it (``…132401Z``),
-and no verdict in 540 s with six at a time (``…182203Z``). Every tool, part and format at
-Bonsai's shape took 457 s of runs one at a time (``…195411Z`` to ``…200122Z``). A run
+another in one child, against 310-315 s a run with four at a time and no verdict in 540 s
+with six at a time; every tool, part and format at Bonsai's shape took 457 s of runs one
+at a time (docs/JOURNAL.md, "Sanitized at Bonsai-27B's shape", names the records). A run
 stopped at ``--timeout``
 is stopped with every process it started (``bench.common.bounded_run``). Each case line ends
 with the seconds since its child started, so a record shows where a slow run spent them.
@@ -142,14 +141,14 @@ def device_written(prep: Any) -> Any:
     """A copy of the prepared tail ``prep`` whose every array was last written by
     :func:`device_copy`: the same values, so the same launches and results.
 
-    Why: initcheck reported uninitialized reads of the weights at the small shape
-    (2026-11-30, ``sanitize-…232850Z``), and 681,235 of them when every array had just
-    been re-made by MLX's own multiply kernel (``…112956Z``), which ``kns=fat_`` leaves
-    uninstrumented. Re-made by :func:`device_copy` instead, every array the tail kernels
-    read was last written by a kernel initcheck watches, so a report inside a tail kernel
-    is a real uninitialized read; reports inside the copy itself (of memory written where
-    initcheck does not look) are counted apart, by kernel. Measured (2026-12-01,
-    ``…115053Z``, ``…115323Z``): none of either, at both shapes.
+    Why: initcheck reported uninitialized reads of the weights at the small shape, and
+    681,235 of them when every array had just been re-made by MLX's own multiply kernel,
+    which ``kns=fat_`` leaves uninstrumented: initcheck does not see writes of kernels it
+    does not instrument. Re-made by :func:`device_copy` instead, every array the tail
+    kernels read was last written by a kernel initcheck watches, so a report inside a tail
+    kernel is a real uninitialized read; reports inside the copy itself (of memory written
+    where initcheck does not look) are counted apart, by kernel. Measured: none of either,
+    at both shapes (docs/JOURNAL.md, "What was left open", names the records).
     """
     import dataclasses
 
@@ -256,7 +255,7 @@ def _head_part(sname: str, fmt: str, i: int) -> int:
     is finite (its oracle check is bench.gpu_check's), returns 1 if not."""
     import mlx.core as mx
 
-    from workbench.kernels import launch as kernel_launch
+    from workbench.kernels import head as kernel_head
     from workbench.fold.rotation import HadamardFold
     from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
@@ -272,7 +271,7 @@ def _head_part(sname: str, fmt: str, i: int) -> int:
         mats.append(WeightMatrix.quantize(dense, **q.as_quantize(), fold=fold)
                     if q else WeightMatrix(dense).fold_hadamard(fold))
     x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
-    got = kernel_launch.head_launch(x, np.ones(hidden, np.float32), 1e-6, *mats, "cuda")
+    got = kernel_head.head_launch(x, np.ones(hidden, np.float32), 1e-6, *mats, "cuda")
     mx.eval(*got)
     finite = all(bool(mx.all(mx.isfinite(g)).item()) for g in got)
     print(f"head {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}{_elapsed()}", flush=True)

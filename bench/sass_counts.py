@@ -4,49 +4,25 @@
     python -m bench.sass_counts --old DIR        # an older kernels/ folder beside them
     python -m bench.sass_counts --launches one_launch --formats affine8   # a part of it
 
-For each launch of the tail (wo_residual, ffn_gate_up, ffn_down) in each weight format,
-at Bonsai-27B's shape with the template values the launches take by default
-(:func:`launch_templates`: what ``kernel_launch.PreparedTail.templates`` gives for
-``KernelTuning()``, checked against it in the tests; making Bonsai's weights here would
-take minutes of CPU), the CUDA translation unit MLX would compile
-(``kernel_source.cuda_translation_unit``) is compiled with ``nvcc -arch=sm_90 -cubin``.
-ptxas says the registers a thread and the bytes spilled; ``cuobjdump -sass`` gives the
-machine code, read here (:func:`parse_sass`): every instruction, and those of the row loop
--- the longest span a backward branch closes, the row dot's unit loop inside it counted
-once -- by class (:data:`CLASSES`).
-
-The tail as ONE launch (``one_launch``: ``kernels/tail_one_launch.body``, composed by
-``kernel_source.compose_one_launch`` and launched by ``workbench.kernels.one_launch.OneLaunchTail``)
-is compiled the same way (``kernel_source.one_launch_translation_unit``) with the values
-OneLaunchTail takes in the shape ``one_launch.shape_for`` gives that format
-(:func:`one_launch_templates`, checked against ``OneLaunchTail.template`` in the tests).
-Its phases (wo, gate_up, down) each have their own row loop, and its longest backward span
-is none of them, so it is read differently: the listing becomes a control-flow graph
-(:func:`control_flow`) whose natural loops (:func:`natural_loops`: a back edge is one into
-a block that dominates its source) are found, and for each phase the record gives its
-instructions and every outer loop of it (in no other loop: the row loop, the prologue's
-loops) with the loops directly inside each (the unit loops), by class, the warp-divergent
-copies of the shuffles counted apart as cold (:func:`one_launch_phases` says how a block
-is given to a phase: by how many grid barriers reach it). ptxas gives one register count
-for the whole launch, so each phase is also compiled alone with the one launch's values
-for it (``alone``), which says which phase asks for registers. A folder from before the one
-launch (no ``tail_one_launch.body``) has its one launch counted from kernels/ alone. The
-three launches' rows also carry their outer loops read this way; their ``loop_*`` stay the
-longest span, as older records counted them (which for wo_residual runs from its rotation
-loop to the cold copies after the last ``EXIT``: compare ``outer_loops`` for its row loop).
-
-These are static counts: what one pass through the loop issues, not what a launch
-executes (``bench.launch_profile`` measures that under Nsight Compute on a GPU). They
-answer "did this edit of the kernel text cut instructions, and which" in seconds, before
-any device time is spent: the 4-bit formats' launches were bound by the integer pipe
-(kernels/README.md, "What bounds the 4-bit launches"), whose share the classes show.
+Compiles each launch of the tail (wo_residual, ffn_gate_up, ffn_down) and the tail as one
+launch (one_launch) in each weight format, at Bonsai-27B's shape with the template values
+the launches take by default, as the CUDA file MLX would compile (``nvcc -arch=sm_90
+-cubin``), and reads the machine code (``cuobjdump -sass``). It prints, in at most 100
+columns: for each of the three launches, its registers, bytes spilled, instructions, and
+its row loop's instructions by class (:data:`CLASSES`: fma, int, memory, other); for the
+one launch, a line a phase (its outer loops' instructions by class, the loops inside them,
+the registers of the phase compiled alone) and its registers and spills in all. With
+``--old``, each row also gives the old folder's count and new / old. These are static
+counts, what one pass through a loop issues, not what a launch executes
+(``bench.launch_profile`` measures that on a GPU): they say in seconds whether an edit of
+the kernel text cut instructions, and which.
 
 Needs nvcc (CUDA 12 or 13), cuobjdump and nvdisasm: on PATH, or NVIDIA's
 ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` wheels (the ``test`` extra installs
-them on x86-64 Linux). Tables on stdout (at most 100 columns), the record
-through ``bench.common.record`` to ``data/bench/sass_counts-<host>-<date>.json`` (the compiler's
-versions in it; ``kernel_versions.sass_table`` reads it). Exit status: 0; 2 without those
-tools, or with a DIR that is not a kernels folder; a usage error (2) for a ``--formats`` or
+them on x86-64 Linux). Writes the record through ``bench.common.record`` to
+``data/bench/sass_counts-<host>-<date>.json``, with the compilers' versions
+(``workbench.reports.kernel_bodies.sass_table`` reads it). Exit status: 0; 2 without those
+tools, with a DIR that is not a kernels folder, or (a usage error) for a ``--formats`` or
 ``--launches`` item it does not know.
 """
 
@@ -66,21 +42,22 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from bench import kernel_bench
-from bench.common import record
-from workbench.kernels import launch as kernel_launch
-from workbench.kernels import source as kernel_source
-from workbench.reports import kernel_bodies as kernel_versions
-from workbench.kernels import one_launch
+from bench.common import kernels, record
+from workbench.fold import formats as weight_formats
+from workbench.fold.formats import Format
 from workbench.fold.hadamard import factor_block
-from workbench.fold.weights import QUANT_FORMATS
+from workbench.kernels import one_launch
+from workbench.kernels import source as kernel_source
+from workbench.kernels.matrices import DENSE_GS, interleaved, units_for
+from workbench.kernels.tuning import KernelTuning
+from workbench.reports import kernel_bodies as kernel_versions
 
 
 def _bonsai() -> dict[str, int]:
-    """Bonsai-27B's tail as ``bench.kernel_bench.BONSAI`` gives it (hidden, branch: wo's
+    """Bonsai-27B's tail as ``bench.common.kernels.BONSAI`` gives it (hidden, branch: wo's
     input, ffn; wo's fold block), the block factored as the rotation applies it
     (``hadamard.factor_block``: block = m 2^logp)."""
-    (hidden, branch, ffn), block = kernel_bench.BONSAI
+    (hidden, branch, ffn), block = kernels.BONSAI
     m, logp = factor_block(block)
     return {"hidden": hidden, "branch": branch, "ffn": ffn, "m": m, "logp": logp}
 
@@ -95,16 +72,20 @@ ONE_LAUNCH = kernel_versions.SASS_ONE_LAUNCH
 #: The launches counted: the tail's three, then the tail as one launch.
 LAUNCHES: tuple[str, ...] = (*kernel_source.TAIL_KERNELS, ONE_LAUNCH)
 
-#: The scale format of each quantization mode, as the launches see MLX's arrays made from
-#: bfloat16 weights (``kernel_launch.kernel_matrix``: affine scales and biases are bfloat16).
-_SCALES = {"affine": kernel_source.SF_BF16, "mxfp4": kernel_source.SF_E8M0, "nvfp4": kernel_source.SF_E4M3}
-
-#: Weight formats: label -> (FMT, SFMT, group size, bits).
-FORMATS: dict[str, tuple[int, int, int, int]] = {
-    "bf16": (kernel_source.WF_BF16, kernel_source.SF_F32, 32, 16),
-    **{name: (kernel_source.KERNEL_QUANT[(q.mode, q.bits)], _SCALES[q.mode], q.group_size, q.bits)
-       for name, q in ((n, QUANT_FORMATS[n]) for n in ("affine4", "affine8", "mxfp4", "nvfp4"))},
+#: The weight formats counted, by the label records and ``--formats`` give them (dense
+#: bfloat16 is "bf16"), each at its default group size.
+FORMATS: dict[str, Format] = {
+    "bf16": weight_formats.BFLOAT16,
+    **{f.name: f for f in (weight_formats.AFFINE4, weight_formats.AFFINE8, weight_formats.MXFP4, weight_formats.NVFP4)},
 }
+
+
+def format_codes(fmt_label: str) -> tuple[int, int]:
+    """The template values ``FMT`` and ``SFMT`` of ``fmt_label``'s matrices as the launches
+    see MLX's arrays made from bfloat16 weights (affine scales and biases then bfloat16)."""
+    fmt = FORMATS[fmt_label]
+    assert fmt.code is not None  # every counted format is one the kernels read
+    return fmt.code, fmt.scale_code("bfloat16")
 
 #: Instruction classes, by opcode (the mnemonic before its first dot). ``fma`` is what
 #: issues to the FMA pipes (float multiply-adds and adds, half-precision pairs, integer
@@ -461,33 +442,32 @@ def classify(instrs: list[Instruction]) -> dict[str, int]:
     return {c: counts.get(c, 0) for c in (*CLASSES, "other")}
 
 
-def launch_templates(fmt_label: str, tuning: kernel_launch.KernelTuning | None = None,
+def launch_templates(fmt_label: str, tuning: KernelTuning | None = None,
                      shape: dict[str, int] | None = None) -> dict[str, list[tuple[str, Any]]]:
     """The three launches' template values for ``fmt_label`` at ``shape`` (default:
     :data:`BONSAI`) with ``tuning`` (default ``KernelTuning()``), written out as
     ``PreparedTail.templates`` builds them from prepared weights (every matrix in one
-    format; interleaved words where a row is a multiple of 128 words)."""
+    format; interleaved words where a row is a multiple of 128 words), because making
+    Bonsai-27B's weights to prepare would take minutes of CPU. The tests check the two agree."""
     if fmt_label not in FORMATS:
         raise ValueError(f"fmt_label must be one of {tuple(FORMATS)}; got {fmt_label!r}")
-    t = tuning or kernel_launch.KernelTuning()
+    t = tuning or KernelTuning()
     sh = dict(BONSAI if shape is None else shape)
-    fmt, sfmt, gs, bits = FORMATS[fmt_label]
-    u = kernel_launch.units_for
-
-    def qi(cols: int) -> bool:  # as kernel_launch.kernel_matrix decides it
-        return fmt >= kernel_source.WF_Q4 and (cols // (32 // bits)) % 128 == 0
+    fmt, (code, sfmt) = FORMATS[fmt_label], format_codes(fmt_label)
+    gs = fmt.group_size or DENSE_GS
+    u = units_for
 
     def base(cols: int) -> list[tuple[str, Any]]:
-        return [("FMT", fmt), ("SFMT", sfmt), ("GS", gs), ("QI", qi(cols))]
+        return [("FMT", code), ("SFMT", sfmt), ("GS", gs), ("QI", interleaved(fmt, cols))]
 
     h, b, f = sh["hidden"], sh["branch"], sh["ffn"]
     return {
         "wo_residual": [("NT", t.wo_nt), *base(b), ("WIDTH", b), ("ROWS", h), ("ROT", True), ("M", sh["m"]),
-                        ("LOGP", sh["logp"]), ("U", u(fmt, t.u_wo)), ("PRE", bool(t.pre_wo))],
-        "ffn_gate_up": [("NT", t.rows_nt), *base(h), ("HID", h), ("FFN", f), ("U", u(fmt, t.u_gate_up)),
+                        ("LOGP", sh["logp"]), ("U", u(code, t.u_wo)), ("PRE", bool(t.pre_wo))],
+        "ffn_gate_up": [("NT", t.rows_nt), *base(h), ("HID", h), ("FFN", f), ("U", u(code, t.u_gate_up)),
                         ("PRE", bool(t.pre_gate_up))],
         "ffn_down": [("NT", t.down_nt), *base(f), ("HID", h), ("FFN", f),
-                     ("U", max(1, u(fmt, t.u_down) // t.down_rows)), ("DR", t.down_rows)],
+                     ("U", max(1, u(code, t.u_down) // t.down_rows)), ("DR", t.down_rows)],
     }
 
 
@@ -497,10 +477,10 @@ def one_launch_shape(fmt_label: str) -> one_launch.OneLaunchShape:
     ``bench.kernel_bodies`` run; ``one_launch.shape_for_formats``)."""
     if fmt_label not in FORMATS:
         raise ValueError(f"fmt_label must be one of {tuple(FORMATS)}; got {fmt_label!r}")
-    return one_launch.shape_for_formats([FORMATS[fmt_label][0]])
+    return one_launch.shape_for_formats([FORMATS[fmt_label]])
 
 
-def one_launch_templates(fmt_label: str, tuning: kernel_launch.KernelTuning | None = None,
+def one_launch_templates(fmt_label: str, tuning: KernelTuning | None = None,
                          shape: dict[str, int] | None = None,
                          launch_shape: one_launch.OneLaunchShape | None = None) -> list[tuple[str, Any]]:
     """The one launch's template values for ``fmt_label`` at ``shape`` (default:
@@ -511,15 +491,15 @@ def one_launch_templates(fmt_label: str, tuning: kernel_launch.KernelTuning | No
     shape's ``row_units`` where it sets them; down's DR rows a group sharing ``u_down``),
     the barrier counter after h and act on a 128-byte line, the default barrier limit.
     Checked against ``OneLaunchTail(...).template`` in the tests."""
-    t = tuning or kernel_launch.KernelTuning()
+    t = tuning or KernelTuning()
     ls = launch_shape or one_launch_shape(fmt_label)
     sh = dict(BONSAI if shape is None else shape)
-    fmt = FORMATS[fmt_label][0]
+    fmt = format_codes(fmt_label)[0]
     phases = {k: dict(v, NT=ls.nt) for k, v in launch_templates(fmt_label, t, sh).items()}
     if ls.row_units is not None:
         for k in ("wo_residual", "ffn_gate_up"):
-            phases[k]["U"] = kernel_launch.units_for(fmt, ls.row_units)
-    phases["ffn_down"].update(DR=ls.down_rows, U=max(1, kernel_launch.units_for(fmt, t.u_down) // ls.down_rows))
+            phases[k]["U"] = units_for(fmt, ls.row_units)
+    phases["ffn_down"].update(DR=ls.down_rows, U=max(1, units_for(fmt, t.u_down) // ls.down_rows))
     h, f = sh["hidden"], sh["ffn"]
     template: list[tuple[str, Any]] = [("NT", ls.nt), ("HID", h), ("FFN", f), ("SYNC_AT", -(-(h + f) // 32) * 32),
                                        ("BARRIER_LIMIT_MS", one_launch.BARRIER_LIMIT_MS)]
@@ -560,7 +540,9 @@ def sass_counts(instrs: list[Instruction], phases: tuple[str, ...] | None = None
     ``loop_opcodes``: the rows of records before the one launch was counted, kept so the
     two compare). The one launch (``phases``: its launches in order) instead: ``phases``
     (:func:`one_launch_phases`), because its longest backward span is no phase's loop
-    (an out-of-line block jumping back from after the last ``EXIT`` spans most of it)."""
+    (an out-of-line block jumping back from after the last ``EXIT`` spans most of it).
+    For wo_residual the longest span runs from its rotation loop to the cold copies after
+    its last ``EXIT``: its row loop is the one in ``outer_loops``."""
     flow = control_flow(instrs)
     every = natural_loops(flow)
     out: dict[str, Any] = {"instructions": len(instrs),
@@ -618,7 +600,7 @@ def run(formats: tuple[str, ...], *, old_dir: Path | None, nvcc: str, cuobjdump:
     sides = {"new": None} if old_dir is None else {"old": old_dir, "new": None}
     work = []
     for label in formats:
-        fmt, sfmt = FORMATS[label][:2]
+        fmt, sfmt = format_codes(label)
         for kernel, template in launch_templates(label).items():
             if kernel not in launches:
                 continue

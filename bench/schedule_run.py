@@ -12,8 +12,8 @@ with ``--matvec kernels`` (the project's kernels for every weight; ``BackendUnav
 where no kernel backend exists) one token at stages 5 and 6 checked against the MLX-ops
 step with float32 activations (``schedule.check_step``; the timing is skipped when it
 fails); the price of a wait of each kind the plan's stage pairs remove, measured between
-the step's own submissions (``schedule.measure_splits``, ``--split-n``); then
-``workbench.decode.schedule.run_stages``: every stage decodes its own copy of the same
+the step's own submissions (``bench.common.decode_timing.measure_splits``, ``--split-n``);
+then ``workbench.decode.schedule.run_stages``: every stage decodes its own copy of the same
 tokens, rounds interleaved (so drift in a shared machine's load hits every stage alike),
 the executor counting the waits it made (they must equal ``waits.waits_per_token``) and
 the clock giving ms a token. Then, for each pair of stages, the measured saving against
@@ -21,8 +21,8 @@ the table's prediction (waits saved x the price just measured) and the price mod
 (each removed wait priced by its kind, ``waits.model_saving``), and the price a least-
 squares line through (waits, ms a token) implies.
 
-``--geometry cpu`` is ``schedule.CPU_GEOMETRY`` (Bonsai's 64-layer pattern at about 1/20
-of its widths); ``full`` is the model's own (Bonsai-27B: hidden 5120, FFN 17408, ...).
+``--geometry cpu`` is ``workbench.decode.geometry.CPU_GEOMETRY`` (Bonsai's 64-layer pattern
+at about 1/20 of its widths); ``full`` is the model's own (Bonsai-27B: hidden 5120, FFN 17408, ...).
 Weights are random; by default one layer's weights serve every layer of its kind
 (``--distinct`` gives each layer its own: ~50 GB of bf16 at Bonsai's widths). Each
 layer's matrices are far larger than any cache, so a token streams the same bytes either
@@ -89,11 +89,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out is not None and not args.no_record:
         record.refuse_existing(p, args.out, args.force)
 
+    from bench.common import decode_timing
+    from workbench.decode import geometry, layers, schedule, savings
     from workbench.decode import matvec as decode_matvec
-    from workbench.decode import schedule
+    from workbench.decode.state import HybridWeights
     from workbench.waits import measurement as wait_measurement
     from workbench.waits import plan as waits
-    from workbench.models.config import load_model
+    from workbench.models.loader import load_model
 
     from workbench.backends import BackendUnavailable
 
@@ -106,9 +108,9 @@ def main(argv: list[str] | None = None) -> dict:
                 f"got --matvec {args.matvec}")
 
     cfg = load_model(args.model)
-    geom = schedule.geometry_of(cfg, vocab=args.vocab) if args.geometry == "full" else schedule.CPU_GEOMETRY
+    geom = geometry.geometry_of(cfg, vocab=args.vocab) if args.geometry == "full" else geometry.CPU_GEOMETRY
     if args.geometry == "cpu" and args.vocab:
-        geom = schedule.Geometry(**{**geom.__dict__, "vocab": args.vocab})
+        geom = geometry.Geometry(**{**geom.__dict__, "vocab": args.vocab})
     try:
         stages = None if args.stages is None else [int(s) for s in args.stages.split(",")]
     except ValueError:
@@ -118,16 +120,16 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"device {price['device']} ({price['backend']}, MLX {price['mlx_version']}); "
           f"one wait {price['ms']:.4f} ms (p10 {price['p10_ms']:.4f}, p90 {price['p90_ms']:.4f})", flush=True)
 
-    bandwidth = schedule.copy_bandwidth(nbytes=1 << 30 if price["backend"] != "cpu" else 1 << 26)
+    bandwidth = decode_timing.copy_bandwidth(nbytes=1 << 30 if price["backend"] != "cpu" else 1 << 26)
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s (chained x + 1 over float32, read + write, marginal)", flush=True)
 
     t0 = time.perf_counter()
     quant = None if args.quant == "none" else args.quant
-    wts = schedule.HybridWeights(cfg, geom, dtype=args.dtype, seed=args.seed, share=not args.distinct, quant=quant)
+    wts = HybridWeights(cfg, geom, dtype=args.dtype, seed=args.seed, share=not args.distinct, quant=quant)
     gdn, why = args.gdn, ""
     # The MLX-ops recurrence: the run's own when asked for by "auto", and the check's
     # reference when the run's is the gdn_step kernel.
-    ok, why = schedule.fast_gdn_available() if gdn in ("auto", "kernel") else (gdn == "fast", "")
+    ok, why = layers.fast_gdn_available() if gdn in ("auto", "kernel") else (gdn == "fast", "")
     ref_gdn = gdn if gdn in ("fast", "ops") else ("fast" if ok else "ops")
     if gdn == "auto":
         gdn = ref_gdn
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     splits: list = []
     if args.split_n and (check is None or check["passed"]):
-        splits = schedule.measure_splits(sched, n=args.split_n, context=args.context)
+        splits = decode_timing.measure_splits(sched, n=args.split_n, context=args.context)
         print(f"\n{'split':<12} {'price ms':>9} {'p10':>8} {'p90':>8} {'split ms':>9} {'joined ms':>10}")
         for r in splits:
             print(f"{r['split']:<12} {r['ms']:>9.4f} {r['p10_ms']:>8.4f} {r['p90_ms']:>8.4f} {r['split_ms']:>9.4f} "
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
     if bar is not None:
         bar.close()
     rows = run["stages"]
-    fit = schedule.fit_price(rows) if len({r["waits_predicted"] for r in rows}) > 1 else None
+    fit = savings.fit_price(rows) if len({r["waits_predicted"] for r in rows}) > 1 else None
     for r in rows:
         r["x_floor"] = r["ms_median"] / floor_ms
         if split_prices is not None:
@@ -238,8 +240,8 @@ def main(argv: list[str] | None = None) -> dict:
         "eligible": list(sched.eligible),
         "gdn": {"fast": "mx.fast.gated_delta_update",
                 "kernel": "the gdn_step kernel (workbench.kernels.gdn_step): the recurrent step as one launch; checked "
-                          f"against {'mx.fast.gated_delta_update' if ref_gdn == 'fast' else 'schedule.gated_delta_ops'}"
-                }.get(gdn, f"schedule.gated_delta_ops (plain MLX ops){'; fast op: ' + why if why else ''}"),
+                          f"against {'mx.fast.gated_delta_update' if ref_gdn == 'fast' else 'layers.gated_delta_ops'}"
+                }.get(gdn, f"layers.gated_delta_ops (plain MLX ops){'; fast op: ' + why if why else ''}"),
         "tokens_per_round": args.tokens,
         "rounds": run["rounds_run"],
         "warmup": args.warmup,

@@ -17,7 +17,7 @@ The record (device, date, MLX version, command) goes to
 ``data/bench/split_price-<device>-<UTC time>.json``.
 
 The split prices BY KIND (the wait between two given kinds of the decode step's
-submissions, ``workbench.decode.schedule.measure_splits``) are measured by ``bench.schedule_run``
+submissions, ``bench.common.decode_timing.measure_splits``) are measured by ``bench.schedule_run``
 in the run they price; ``--add RECORD`` puts a schedule_run record's split prices into the
 ledger (``data/ledger/wait_prices.json``, under a lock, one entry a kind, id
 ``split-<backend>-<device>-<matvec>-<dtype>-<kind>``; an entry of that id is replaced only
@@ -99,7 +99,7 @@ def _without_out(command: str) -> str:
 
 def add(p, record_path: str, ledger: str | None, force: bool) -> list[dict]:
     """``--add``: a schedule_run record's split prices into the ledger, one entry a kind."""
-    from workbench.waits import plan as waits
+    from workbench.waits import ledger as wait_ledger
 
     try:
         rec = json.loads(Path(record_path).read_text())
@@ -108,7 +108,7 @@ def add(p, record_path: str, ledger: str | None, force: bool) -> list[dict]:
         p.error(f"--add: {record_path}: {err}")
     for e in entries:  # every entry checked before the first is written
         try:
-            waits.check_entry(e)
+            wait_ledger.check_entry(e)
         except ValueError as err:
             p.error(f"--add: {err}")
     for e in entries:

@@ -44,8 +44,6 @@ def ledger_entry(rec: dict) -> dict:
 
 def add(p: argparse.ArgumentParser, record_path: str, ledger: str | None, force: bool) -> dict:
     """``--add``: the record's ledger entry into the ledger, reporting a replaced entry."""
-    from workbench.waits import plan as waits
-
     try:
         rec = json.loads(Path(record_path).read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -84,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     from workbench.waits import measurement as wait_measurement
 
     device = None if args.device == "default" else mx.Device(getattr(mx, args.device))
-    rec = wait_measurement.measure_wait_price(device, n=args.n, warmup=args.warmup)
+    rec = {"bench": "wait_price", **wait_measurement.measure_wait_price(device, n=args.n, warmup=args.warmup)}
     rec["command"] = " ".join(["python -m bench.wait_price"] + (argv if argv is not None else sys.argv[1:]))
     print(f"{'device':>12}  {rec['device']} ({rec['backend']}, MLX {rec['mlx_version']})")
     for k in ("ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms"):

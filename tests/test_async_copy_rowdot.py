@@ -1,4 +1,4 @@
-"""bench.async_copy_rowdot without a GPU: the warps' steps and lanes' units in numpy against
+"""experiments.async_copy_rowdot without a GPU: the warps' steps and lanes' units in numpy against
 the exact map, the padded x layout's banks, the shape rules, and the kernel text through
 nvcc where it is installed."""
 
@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from bench import async_copy_rowdot as ac
+from experiments import async_copy_rowdot as ac
 
 
 def _random(rows: int, cols: int, seed: int) -> tuple[np.ndarray, ...]:
@@ -37,7 +37,7 @@ def test_every_code_meets_its_own_x_scale_and_bias_once(rows, cols, warps, seed)
 
 
 def test_a_code_at_the_wrong_k_is_far_outside_the_check() -> None:
-    from bench import tensor_core_rowdot as tc
+    from experiments import tensor_core_rowdot as tc
 
     codes, scales, biases, x = _random(4, 1024, 5)
     truth, scale = _exact(codes, scales, biases, x)

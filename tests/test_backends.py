@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
+from workbench.kernels import emulated as KE
 from workbench.kernels import launch as KL
+from workbench.kernels import run as KR
 from workbench.kernels import source as ks
 from workbench.kernels import one_launch as OL
 from workbench import tail as T
@@ -47,7 +49,7 @@ def test_a_kernel_backend_is_available_exactly_when_its_device_is(monkeypatch):
         B.resolve_backend("metal")
 
 
-@pytest.mark.parametrize("dialect,runner", [("cuda", (OL, "run_cuda_tail")), ("metal", (KL, "run_kernel_tail"))])
+@pytest.mark.parametrize("dialect,runner", [("cuda", (OL, "run_cuda_tail")), ("metal", (KR, "run_kernel_tail"))])
 def test_fused_tail_runs_a_kernel_backend_through_the_one_launch_builder(monkeypatch, dialect, runner):
     """auto picks the kernel backend that is here; CUDA runs the tail as one launch
     (workbench.kernels.one_launch), Metal its three launches; both get the one builder's TailLaunch."""
@@ -70,7 +72,7 @@ def test_fused_tail_runs_a_kernel_backend_through_the_one_launch_builder(monkeyp
 
 def test_the_kernel_backends_are_the_source_dialects():
     # "metal-emulated" runs the Metal dialect's kernels on the CPU: a backend, not a dialect.
-    assert set(KL.KERNEL_BACKENDS) == set(B.BACKENDS) - {"auto", "graph", KL.METAL_EMULATED}
+    assert set(KL.KERNEL_BACKENDS) == set(B.BACKENDS) - {"auto", "graph", KE.METAL_EMULATED}
     assert KL.KERNEL_BACKENDS == ks.DIALECTS
 
 
@@ -82,14 +84,14 @@ def test_bad_names():
     with pytest.raises(ValueError, match="backend must be one of"):
         B.resolve_backend("opencl")
     with pytest.raises(ValueError, match=r"dialect must be one of \('metal', 'cuda', 'metal-emulated'\).*got 'graph'"):
-        KL.run_kernel_tail("graph", None, None, None)
+        KR.run_kernel_tail("graph", None, None, None)
 
 
 @pytest.mark.skipif(B.cuda_available(), reason="CUDA is here")
 def test_a_kernel_asked_for_without_its_device_says_so():
     launch = T.tail_launch(seed_case().weights)
     with pytest.raises(B.BackendUnavailable, match="backend 'cuda' needs an NVIDIA GPU"):
-        KL.run_kernel_tail("cuda", launch, np.zeros(96, np.float32), np.zeros(64, np.float32))
+        KR.run_kernel_tail("cuda", launch, np.zeros(96, np.float32), np.zeros(64, np.float32))
 
 
 def test_device_description_names_mlx():

@@ -20,12 +20,13 @@ import pytest
 
 from bench.common import record
 from workbench.decode import schedule
+from workbench.reports import records
 from workbench.reports import schedule_run as schedule_report
-from workbench.waits import plan as waits
+from workbench.waits import ledger as wait_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("async_copy_rowdot", "gpu_check", "kernel_bench", "kernel_bodies", "kernel_plot", "launch_profile", "one_launch", "real_model", "sanitize",
-           "sass_counts", "schedule_run", "split_price", "sweep_rate", "tail_bench", "tensor_core_rowdot", "wait_price")
+BENCHES = ("gpu_check", "kernel_bench", "kernel_bodies", "kernel_plot", "launch_profile", "one_launch", "real_model", "sanitize",
+           "sass_counts", "schedule_run", "split_price", "sweep_rate", "tail_bench", "wait_price")
 #: Commands that write no JSON record of their own: kernel_bench prints tables for
 #: gpu_check, which writes its record; kernel_plot draws a record's figure beside it.
 NO_RECORD_OPTIONS = ("kernel_bench", "kernel_plot")
@@ -70,25 +71,37 @@ def test_the_record_folder_is_the_projects_wherever_the_command_starts(tmp_path:
     assert done.stdout.strip() == str(ROOT / "data" / "bench"), done.stderr
 
 
+def _made_up(kind: str, **fields) -> dict:
+    """A record of ``kind`` with every key its kind promises (None but the bench and ``fields``)."""
+    return {key: None for key in records.KINDS[kind].keys} | {"bench": kind} | fields
+
+
 def test_write_never_replaces_a_record_unasked(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.delenv("OUT", raising=False)
-    first = record.write({"a": 1}, tmp_path, "r")
-    second = record.write({"a": 2}, tmp_path, "r")
+
+    def rec(a: int) -> dict:
+        return _made_up("split_price", a=a)
+
+    def a_of(path: Path) -> int:
+        return json.loads(path.read_text())["a"]
+
+    first = record.write(rec(1), tmp_path, "r")
+    second = record.write(rec(2), tmp_path, "r")
     assert (first.name, second.name) == ("r.json", "r-2.json")
-    assert json.loads(first.read_text()) == {"a": 1} and json.loads(second.read_text()) == {"a": 2}
+    assert json.loads(first.read_text()) == rec(1) | {"schema": 1} and a_of(second) == 2
     assert "r.json exists (not replaced" in capsys.readouterr().out
-    assert record.write({"a": 3}, tmp_path, "r", force=True) == first and json.loads(first.read_text()) == {"a": 3}
+    assert record.write(rec(3), tmp_path, "r", force=True) == first and a_of(first) == 3
     out = tmp_path / "out"
     monkeypatch.setenv("OUT", str(out))
-    record.write({"a": 4}, tmp_path, "s")
-    assert json.loads((out / "s.json").read_text()) == {"a": 4}
+    record.write(rec(4), tmp_path, "s")
+    assert a_of(out / "s.json") == 4
     # Regression: runs of one device call, each with its own out_dir, ending in the same
     # second: their copies in $OUT replaced one another (three sanitizer records lost).
-    record.write({"a": 5}, tmp_path / "other", "s")
-    assert json.loads((out / "s.json").read_text()) == {"a": 4}
-    assert json.loads((out / "s-2.json").read_text()) == {"a": 5}
-    record.write({"a": 6}, tmp_path, "s", force=True)  # --force replaces, in $OUT too
-    assert json.loads((out / "s.json").read_text()) == {"a": 6}
+    record.write(rec(5), tmp_path / "other", "s")
+    assert a_of(out / "s.json") == 4
+    assert a_of(out / "s-2.json") == 5
+    record.write(rec(6), tmp_path, "s", force=True)  # --force replaces, in $OUT too
+    assert a_of(out / "s.json") == 6
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
@@ -131,12 +144,12 @@ def test_wait_price_add_reports_or_refuses_a_replaced_entry(tmp_path: Path, caps
     from bench import wait_price
 
     ledger = tmp_path / "ledger.json"
-    shutil.copy(waits.LEDGER_PATH, ledger)
+    shutil.copy(wait_ledger.LEDGER_PATH, ledger)
     rec = {"ms": 0.05, "p10_ms": 0.04, "p90_ms": 0.07, "n": 100, "warmup": 10, "device": "Test GPU", "backend": "cuda",
            "date": "2026-11-30", "mlx_version": "0.32.4", "method": "m", "command": "python -m bench.wait_price"}
     (tmp_path / "r.json").write_text(json.dumps(rec))
     wait_price.main(["--add", str(tmp_path / "r.json"), "--ledger", str(ledger)])
-    assert waits.ledger_price("measured-cuda-test-gpu", ledger) == 0.05
+    assert wait_ledger.ledger_price("measured-cuda-test-gpu", ledger) == 0.05
     capsys.readouterr()
 
     (tmp_path / "r2.json").write_text(json.dumps({**rec, "ms": 0.06}))
@@ -144,10 +157,10 @@ def test_wait_price_add_reports_or_refuses_a_replaced_entry(tmp_path: Path, caps
         wait_price.main(["--add", str(tmp_path / "r2.json"), "--ledger", str(ledger)])
     assert done.value.code == 2
     assert "'measured-cuda-test-gpu' is already in" in capsys.readouterr().err
-    assert waits.ledger_price("measured-cuda-test-gpu", ledger) == 0.05
+    assert wait_ledger.ledger_price("measured-cuda-test-gpu", ledger) == 0.05
     wait_price.main(["--add", str(tmp_path / "r2.json"), "--ledger", str(ledger), "--force"])
     assert "replaced measured-cuda-test-gpu: 0.0500 ms" in capsys.readouterr().out
-    assert waits.ledger_price("measured-cuda-test-gpu", ledger) == 0.06
+    assert wait_ledger.ledger_price("measured-cuda-test-gpu", ledger) == 0.06
 
     before = ledger.read_bytes()
     for content, says in [(json.dumps({**rec, "ms": "abc"}), "ms: must be a finite number > 0"),
@@ -198,23 +211,26 @@ def test_the_committed_records_stay_loadable() -> None:
 
 
 def test_schedule_records_of_both_names_are_read(tmp_path: Path) -> None:
-    (tmp_path / "schedule-old.json").write_text('{"a": 1}')
-    (tmp_path / "schedule_run-cpu-20261130T000000Z.json").write_text('{"a": 2}')
-    (tmp_path / "tail_bench-cpu.json").write_text('{"a": 3}')
+    (tmp_path / "schedule-old.json").write_text(json.dumps(_made_up("schedule_run", a=1)))
+    (tmp_path / "schedule_run-cpu-20261130T000000Z.json").write_text(json.dumps(_made_up("schedule_run", a=2)))
+    (tmp_path / "tail_bench-cpu.json").write_text(json.dumps(_made_up("tail_bench", a=3)))
     assert [r["a"] for r in schedule_report.load_records(tmp_path)] == [1, 2]
+    with pytest.raises(ValueError, match="folder: .*nowhere is not a folder"):
+        schedule_report.load_records(tmp_path / "nowhere")
     (tmp_path / "schedule-broken.json").write_text("")
     with pytest.raises(ValueError, match="schedule-broken.json is not valid JSON"):
         schedule_report.load_records(tmp_path)
 
 
 def test_quant_sweep_takes_the_fastest_tuning_and_records_one_that_fails(monkeypatch, capsys):
-    """kernel_bench.quant_sweep times every QUANT_TUNINGS entry (as changes to the bf16
+    """kernel_tail.quant_sweep times every QUANT_TUNINGS entry (as changes to the bf16
     choice), keeps going past a tuning that cannot be built, and names the fastest."""
     import mlx.core as mx
 
-    from bench import kernel_bench as kb
+    from bench.common import kernel_tail as kb
     from workbench import tail
     from workbench.kernels import launch as kernel_launch
+    from workbench.kernels import tuning as kernel_tuning
 
     built = []
 
@@ -229,7 +245,7 @@ def test_quant_sweep_takes_the_fastest_tuning_and_records_one_that_fails(monkeyp
     monkeypatch.setattr(kb, "batched_ms", lambda make: 1.0 / make().u_gate_up + 0.01 * make().pre_gate_up
                         + 0.001 * make().u_down)
     w = tail.TailWeights.random(64, 128, 128, seed=1, fold_block=64, dtype="bfloat16", quantize=kb.Q4)
-    base = kernel_launch.KernelTuning(wo_nt=256)
+    base = kernel_tuning.KernelTuning(wo_nt=256)
     best, times = kb.quant_sweep(w, "cuda", base, mx.zeros(128), mx.zeros(64))
     assert best == "u4" and set(times) == set(kb.QUANT_TUNINGS) - {"u2_gu512"}
     assert all(t.wo_nt == 256 for t in built)  # changes to the base, not to the defaults

@@ -13,13 +13,15 @@ import pytest
 
 from workbench import backends
 from workbench.decode import matvec as D
-from workbench.kernels import launch as K
-from workbench.decode import schedule as S
-from workbench.models.config import load_model
+from workbench.kernels import emulated as K
+from workbench.decode.geometry import Geometry
+from workbench.decode.schedule import Schedule
+from workbench.decode.state import HybridWeights, new_state
+from workbench.models.loader import load_model
 
 #: Bonsai's layer pattern at widths every format serves (in dimensions multiples of 64).
-SMALL = S.Geometry(hidden=64, ffn=128, n_q=4, n_kv=1, head_dim=16, attn_output_gate=True,
-                   gdn_k_heads=2, gdn_v_heads=4, gdn_k_dim=16, gdn_v_dim=16, conv_kernel=4, vocab=64)
+SMALL = Geometry(hidden=64, ffn=128, n_q=4, n_kv=1, head_dim=16, attn_output_gate=True,
+                 gdn_k_heads=2, gdn_v_heads=4, gdn_k_dim=16, gdn_v_dim=16, conv_kernel=4, vocab=64)
 MIXED = 2 * SMALL.gdn_k_heads * SMALL.gdn_k_dim + SMALL.gdn_v_heads * SMALL.gdn_v_dim
 
 #: Each product is one float32 dot product a row on both sides, summed in another order:
@@ -41,7 +43,7 @@ def bonsai():
 @needs_clang
 @pytest.mark.parametrize("quant", [None, "affine4"])
 def test_every_kernel_launch_of_the_step_is_the_mlx_product(bonsai, quant):
-    w = S.HybridWeights(bonsai, SMALL, dtype="bfloat16", seed=3, share=True, quant=quant)
+    w = HybridWeights(bonsai, SMALL, dtype="bfloat16", seed=3, share=True, quant=quant)
     km, ref = D.KernelMatvecs(SMALL.eps, "metal"), D.MlxMatvecs(SMALL.eps, "float32")
     rng = np.random.default_rng(0)
     x = mx.array(rng.uniform(-1, 1, SMALL.hidden).astype(np.float32))
@@ -67,7 +69,7 @@ def test_every_kernel_launch_of_the_step_is_the_mlx_product(bonsai, quant):
 
 
 def test_a_launch_is_prepared_once_per_layer_weights(bonsai):
-    w = S.HybridWeights(bonsai, SMALL, dtype="bfloat16", seed=3, share=True)
+    w = HybridWeights(bonsai, SMALL, dtype="bfloat16", seed=3, share=True)
     km = D.KernelMatvecs(SMALL.eps, "metal")  # preparing runs nothing
     attn = w.layers[3].w
     assert km.qkv_launch(attn) is km.qkv_launch(w.layers[7].w)  # shared weights: one launch
@@ -82,9 +84,9 @@ def test_the_kernels_path_is_never_a_silent_fallback(bonsai):
     if D.kernel_dialect() is not None:
         assert D.resolve_matvec("kernels")[0] == "kernels"
         return
-    w = S.HybridWeights(bonsai, SMALL, seed=3, share=True)
+    w = HybridWeights(bonsai, SMALL, seed=3, share=True)
     with pytest.raises(backends.BackendUnavailable, match="matvec: 'kernels' needs a kernel backend"):
-        S.Schedule(bonsai, w, matvec="kernels")
+        Schedule(bonsai, w, matvec="kernels")
     with pytest.raises(backends.BackendUnavailable):
         D.make_matvecs("kernels", 1e-6)
 
@@ -92,14 +94,14 @@ def test_the_kernels_path_is_never_a_silent_fallback(bonsai):
 def test_float32_activations_and_quantized_weights_decode(bonsai):
     """The MLX path in both activation modes and at 4-bit: every stage the same tokens."""
     for quant, activations in ((None, "float32"), ("affine4", "weights")):
-        w = S.HybridWeights(bonsai, SMALL, dtype="bfloat16", seed=3, share=True, quant=quant)
-        sched = S.Schedule(bonsai, w, activations=activations)
+        w = HybridWeights(bonsai, SMALL, dtype="bfloat16", seed=3, share=True, quant=quant)
+        sched = Schedule(bonsai, w, activations=activations)
         toks = {}
         for n in (1, 2, 5):
-            st = S.new_state(w, context=4, max_new=4)
+            st = new_state(w, context=4, max_new=4)
             toks[n] = [sched.step(st, n).next_token for _ in range(2)]
         assert toks[1] == toks[2] == toks[5]
-    dense = S.HybridWeights(bonsai, SMALL, dtype="bfloat16", seed=3, share=True)
+    dense = HybridWeights(bonsai, SMALL, dtype="bfloat16", seed=3, share=True)
     elems = sum(SMALL.layer_params("attention" if lc.index in set(bonsai.attention_layers()) else "recurrent")
                 for lc in bonsai.layers) + SMALL.vocab * SMALL.hidden
     assert dense.bytes_per_token() > 2 * elems  # the matrices, and the small float32 vectors beside them
@@ -110,9 +112,9 @@ def test_float32_activations_and_quantized_weights_decode(bonsai):
 
 def test_bad_arguments(bonsai):
     with pytest.raises(ValueError, match="quant: must be one of"):
-        S.HybridWeights(bonsai, SMALL, quant="int3")
-    w = S.HybridWeights(bonsai, SMALL, seed=3, share=True)
+        HybridWeights(bonsai, SMALL, quant="int3")
+    w = HybridWeights(bonsai, SMALL, seed=3, share=True)
     with pytest.raises(ValueError, match="activations: must be one of"):
-        S.Schedule(bonsai, w, activations="half")
+        Schedule(bonsai, w, activations="half")
     with pytest.raises(ValueError, match="a: must have b's shape"):
         D.worst_scaled_error(np.zeros(3), np.zeros(4))

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from workbench import files
-from workbench.waits import plan as waits
+from workbench.waits import ledger as wait_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def _entry(i: int | str, **kw) -> dict:
 @pytest.fixture
 def ledger(tmp_path: Path) -> Path:
     path = tmp_path / "wait_prices.json"
-    shutil.copy(waits.LEDGER_PATH, path)
+    shutil.copy(wait_ledger.LEDGER_PATH, path)
     return path
 
 
@@ -115,14 +115,14 @@ def test_a_held_lock_times_out_with_a_clear_error(tmp_path: Path) -> None:
 #: does the most harm, and says so on stdout; the parent then kills it.
 _PAUSED_WRITER = textwrap.dedent("""
     import os, sys, time
-    from workbench.waits import plan as waits
+    from workbench.waits import ledger as wait_ledger
     real_fsync = os.fsync
     def pause(fd):
         print("paused", flush=True)
         time.sleep(600)
     os.fsync = pause
-    waits.add_price({"id": "killed", "kind": "published", "ms": 0.3, "device": "d", "backend": "cpu",
-                     "method": "m" * 200_000, "source": "s"}, sys.argv[1])
+    wait_ledger.add_price({"id": "killed", "kind": "published", "ms": 0.3, "device": "d", "backend": "cpu",
+                           "method": "m" * 200_000, "source": "s"}, sys.argv[1])
 """)
 
 
@@ -141,22 +141,22 @@ def test_a_writer_killed_mid_write_leaves_the_old_ledger(ledger: Path) -> None:
             child.kill()
     assert child.returncode == -signal.SIGKILL
     assert ledger.read_bytes() == before
-    assert [e["id"] for e in waits.load_ledger(ledger)] == [e["id"] for e in waits.load_ledger()]
+    assert [e["id"] for e in wait_ledger.load_ledger(ledger)] == [e["id"] for e in wait_ledger.load_ledger()]
     # The lock died with the writer: the next add goes through at once, and the killed
     # writer's temporary file (left by the kill, ignored by git) does not disturb it.
-    waits.add_price(_entry("after"), ledger)
-    assert waits.ledger_price("test-after", ledger) == 0.1
+    wait_ledger.add_price(_entry("after"), ledger)
+    assert wait_ledger.ledger_price("test-after", ledger) == 0.1
 
 
 _FULL_DISK_WRITER = textwrap.dedent("""
     import resource, signal, sys
-    from workbench.waits import plan as waits
+    from workbench.waits import ledger as wait_ledger
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
     limit = int(sys.argv[2])
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     try:
-        waits.add_price({"id": "too-big", "kind": "published", "ms": 0.3, "device": "d", "backend": "cpu",
-                         "method": "m" * 100_000, "source": "s"}, sys.argv[1])
+        wait_ledger.add_price({"id": "too-big", "kind": "published", "ms": 0.3, "device": "d", "backend": "cpu",
+                               "method": "m" * 100_000, "source": "s"}, sys.argv[1])
     except OSError as e:
         print("refused:", e.errno, flush=True)
         sys.exit(3)
@@ -171,20 +171,20 @@ def test_a_full_disk_leaves_the_old_ledger(ledger: Path) -> None:
     assert done.returncode == 3, done.stdout + done.stderr
     assert "refused: 27" in done.stdout  # EFBIG: the file-size limit, as a full disk would refuse
     assert ledger.read_bytes() == before and _leftovers(ledger.parent) == []
-    waits.load_ledger(ledger)
+    wait_ledger.load_ledger(ledger)
 
 
 _ADDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from workbench.waits import plan as waits
+    from workbench.waits import ledger as wait_ledger
     ledger, who, n, gate = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
     (gate / f"ready-{who}").touch()
     while not (gate / "go").exists():  # start together, so the writers really contend
         time.sleep(0.005)
     for i in range(n):
-        waits.add_price({"id": f"w{who}-{i}", "kind": "published", "ms": 0.01 * (i + 1), "device": "d",
-                         "backend": "cpu", "method": "m", "source": who}, ledger)
+        wait_ledger.add_price({"id": f"w{who}-{i}", "kind": "published", "ms": 0.01 * (i + 1), "device": "d",
+                               "backend": "cpu", "method": "m", "source": who}, ledger)
 """)
 
 
@@ -192,7 +192,7 @@ def test_concurrent_writers_lose_no_entry(ledger: Path, tmp_path: Path) -> None:
     n_writers, n_each = 3, 25
     gate = tmp_path / "gate"
     gate.mkdir()
-    base = [e["id"] for e in waits.load_ledger(ledger)]
+    base = [e["id"] for e in wait_ledger.load_ledger(ledger)]
     procs = [subprocess.Popen([sys.executable, "-c", _ADDER, str(ledger), str(w), str(n_each), str(gate)], cwd=ROOT,
                               stderr=subprocess.PIPE, text=True) for w in range(n_writers)]
     try:
@@ -208,7 +208,7 @@ def test_concurrent_writers_lose_no_entry(ledger: Path, tmp_path: Path) -> None:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    ids = [e["id"] for e in waits.load_ledger(ledger)]
+    ids = [e["id"] for e in wait_ledger.load_ledger(ledger)]
     expected = {f"w{w}-{i}" for w in range(n_writers) for i in range(n_each)}
     assert ids[: len(base)] == base and set(ids[len(base):]) == expected and len(ids) == len(base) + len(expected)
     assert _leftovers(ledger.parent) == []

@@ -3,7 +3,7 @@
 Checked here, on the CPU: the Metal source MLX generates for the launch, compiled by clang
 and executed by the emulator (backend ``"metal-emulated"``) in every thread order (the
 same bits required), against the float64 oracle (``gdn_kernel.recurrent_step_exact``,
-written from the formulas) and against ``schedule._recurrent``'s own MLX ops (the float32
+written from the formulas) and against ``layers.recurrent_layer``'s own MLX ops (the float32
 reference, ``gdn="ops"`` and ``"fast"``), at small geometries and at Bonsai-27B's head dims
 (Dk = Dv = 128, Hv / Hk = 3), one step and several in a row with the states carried, and
 Bonsai-27B's whole layer (48 value heads), which also runs on a GPU where there is one
@@ -37,9 +37,12 @@ from workbench import backends as B
 from workbench.decode import matvec as D
 from workbench.kernels import gdn_step as G
 from workbench.kernels import source as ks
+from workbench.decode import layers
 from workbench.decode import schedule as S
+from workbench.decode.geometry import Geometry
+from workbench.decode.state import DecodeState, HybridWeights, new_state
 from workbench.waits import plan as waits
-from workbench.models.config import load_model
+from workbench.models.loader import load_model
 
 needs_clang = pytest.mark.skipif(not B.clang_available(),
                                  reason="the Metal emulation needs clang (apt-get install clang)")
@@ -84,7 +87,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 class _Around:
-    """A stand-in for the step's matvecs that hands ``schedule._recurrent`` a given gdn_in
+    """A stand-in for the step's matvecs that hands ``layers.recurrent_layer`` a given gdn_in
     output and returns what it passes to out_add: so the recurrent step between them is
     exactly ``_recurrent``'s own MLX ops."""
 
@@ -104,19 +107,19 @@ class _Around:
         return x
 
 
-def _geometry(shape: G.GdnShape) -> S.Geometry:
-    return S.Geometry(hidden=32, ffn=32, n_q=1, n_kv=1, head_dim=8, attn_output_gate=False, gdn_k_heads=shape.hk,
-                      gdn_v_heads=shape.hv, gdn_k_dim=shape.dk, gdn_v_dim=shape.dv, conv_kernel=shape.kw, vocab=8,
-                      eps=EPS)
+def _geometry(shape: G.GdnShape) -> Geometry:
+    return Geometry(hidden=32, ffn=32, n_q=1, n_kv=1, head_dim=8, attn_output_gate=False, gdn_k_heads=shape.hk,
+                    gdn_v_heads=shape.hv, gdn_k_dim=shape.dk, gdn_v_dim=shape.dv, conv_kernel=shape.kw, vocab=8,
+                    eps=EPS)
 
 
 def _mlx_ops(c: dict, shape: G.GdnShape, gdn: str) -> list[np.ndarray]:
-    """``schedule._recurrent``'s ops (``gdn``: ``"ops"`` or ``"fast"``) on the case: (o, conv', state')."""
+    """``layers.recurrent_layer``'s ops (``gdn``: ``"ops"`` or ``"fast"``) on the case: (o, conv', state')."""
     mv = _Around(mx.array(c["mixed"]), mx.array(c["z"]), mx.array(c["ba"]))
     w = {"conv": mx.array(c["conv_w"]), "a_log": mx.array(c["a_log"]), "dt_bias": mx.array(c["dt_bias"]),
          "o_norm": mx.array(c["o_norm"])}
-    st = S.DecodeState({0: mx.array(c["state"])[None]}, {0: mx.array(c["conv_state"])}, {}, {}, {}, {}, 0)
-    S._recurrent(_geometry(shape), w, mx.zeros((32,)), st, 0, gdn, mv)
+    st = DecodeState({0: mx.array(c["state"])[None]}, {0: mx.array(c["conv_state"])}, {}, {}, {}, {}, 0)
+    layers.recurrent_layer(_geometry(shape), w, mx.zeros((32,)), st, 0, gdn, mv)
     assert mv.o is not None
     return [np.array(mv.o), np.array(st.conv[0]), np.array(st.ssm[0][0])]
 
@@ -355,8 +358,8 @@ def test_an_absent_backend_raises_and_never_falls_back():
 # -- in the schedule ----------------------------------------------------------------------------
 
 #: Bonsai's 64-layer pattern at toy widths whose key head dim the kernel serves (a multiple of 32).
-TINY = S.Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True, gdn_k_heads=2,
-                  gdn_v_heads=4, gdn_k_dim=32, gdn_v_dim=32, conv_kernel=4, vocab=64)
+TINY = Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True, gdn_k_heads=2,
+                gdn_v_heads=4, gdn_k_dim=32, gdn_v_dim=32, conv_kernel=4, vocab=64)
 
 
 @pytest.fixture(scope="module")
@@ -365,7 +368,7 @@ def bonsai():
 
 
 def test_the_schedule_refuses_the_kernel_without_the_kernels_path(bonsai):
-    w = S.HybridWeights(bonsai, TINY, seed=3, share=True)
+    w = HybridWeights(bonsai, TINY, seed=3, share=True)
     with pytest.raises(ValueError, match=r"gdn: 'kernel' .*\(matvec='kernels'\), got matvec='mlx'"):
         S.Schedule(bonsai, w, gdn="kernel", matvec="mlx")
     with pytest.raises(ValueError, match="gdn: must be 'fast'.*'kernel'"):
@@ -414,12 +417,12 @@ def test_a_decode_with_the_kernel_step_is_the_mlx_ops_decode(bonsai):
     gdn="kernel" (the emulated gdn_step) against gdn="ops" on the same float32 MLX matvecs.
     Same waits, same tokens, logits within schedule.CHECK_TOL (the check bench.schedule_run
     makes before timing); and a recurrent layer's pieces are gdn_in, gdn_step, out_add, ffn."""
-    w = S.HybridWeights(bonsai, TINY, seed=3, share=True)
+    w = HybridWeights(bonsai, TINY, seed=3, share=True)
     ref = S.Schedule(bonsai, w, gdn="ops", matvec="mlx", activations="float32")
     sched = S.Schedule(bonsai, w, gdn="ops", matvec="mlx", activations="float32")
     emu = _EmulatedGdn(TINY.eps)
     sched.mv, sched.gdn = emu, "kernel"  # what Schedule(gdn="kernel", matvec="kernels") holds on a GPU
-    sa, sb = S.new_state(w, context=4, max_new=4), S.new_state(w, context=4, max_new=4)
+    sa, sb = new_state(w, context=4, max_new=4), new_state(w, context=4, max_new=4)
     for t in range(3):
         emu.calls.clear()
         a, b = sched.step(sa, 6), ref.step(sb, 6)
@@ -432,7 +435,7 @@ def test_a_decode_with_the_kernel_step_is_the_mlx_ops_decode(bonsai):
     assert rec_calls.count("gdn_step") == n_rec == 48
     first = emu.calls.index("gdn_in")
     assert emu.calls[first: first + 4] == ["gdn_in", "gdn_step", "out_add:out", "ffn"]
-    for l in S.new_state(w).ssm:  # the states the kernel carried are the ops path's (rounding apart:
+    for l in new_state(w).ssm:  # the states the kernel carried are the ops path's (rounding apart:
         # each layer's input x went through every layer before it, on two paths)
         assert D.worst_scaled_error(np.array(sa.ssm[l]), np.array(sb.ssm[l])) <= TOL
         assert D.worst_scaled_error(np.array(sa.conv[l]), np.array(sb.conv[l])) <= TOL

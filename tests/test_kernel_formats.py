@@ -1,20 +1,75 @@
-"""The quantized formats the kernels read (affine 4/8-bit, mxfp4, nvfp4): the exact oracle
-against MLX, the kernels' decoding arithmetic replayed in numpy, and the launch builder.
+"""The quantized formats the kernels read (affine 4/8-bit, mxfp4, nvfp4): the one table of
+formats against the kernels' codes, the exact oracle against MLX, the kernels' decoding
+arithmetic replayed in numpy, and the launch builder.
 
 No GPU needed: the GPU runs of the same formats are ``python -m bench.gpu_check``'s.
 """
 
 from __future__ import annotations
 
+import re
+
 import mlx.core as mx
 import numpy as np
 import pytest
 
+from workbench.fold import formats as F
+from workbench.kernels import emulated as KE
 from workbench.kernels import launch as KL
+from workbench.kernels import matrices as KM
+from workbench.kernels import tuning as KT
 from workbench.kernels import source as ks
 from workbench import tail as T
 from workbench.studies.exact_oracle import E2M1_VALUES, dequantize_exact, e4m3_values, e8m0_values
-from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
+from workbench.fold.weights import DENSE_DTYPES, QUANT_FORMATS, WeightMatrix
+
+
+#: kernels/common.h's names for the weight codes (WF_*) and scale codes (SF_*), and the
+#: formats of workbench.fold.formats each names.
+_COMMON_H_WEIGHTS = {"WF_F32": ["float32"], "WF_BF16": ["bfloat16"], "WF_Q4": ["affine4"], "WF_Q8": ["affine8"],
+                     "WF_FP4": ["mxfp4", "nvfp4"]}
+_COMMON_H_SCALES = {"SF_F32": "float32", "SF_BF16": "bfloat16", "SF_E8M0": "e8m0", "SF_E4M3": "e4m3"}
+
+
+def test_the_format_table_has_the_kernels_codes():
+    """The Python side reads the kernels' FMT and SFMT numbers from one table
+    (workbench.fold.formats); kernels/common.h defines them: the two must agree."""
+    text = (ks.KERNEL_DIR / "common.h").read_text()
+    defined = {m.group(1): int(m.group(2)) for m in re.finditer(r"^#define ((?:WF|SF)_\w+) (\d+)", text, re.M)}
+    assert set(defined) == set(_COMMON_H_WEIGHTS) | set(_COMMON_H_SCALES)
+    for macro, names in _COMMON_H_WEIGHTS.items():
+        assert [f.name for f in F.by_code(defined[macro])] == names
+    assert sorted(f.name for f in F.KERNEL_FORMATS) == sorted(n for ns in _COMMON_H_WEIGHTS.values() for n in ns)
+    assert {macro: F.SCALE_CODES[name] for macro, name in _COMMON_H_SCALES.items()} == {
+        macro: defined[macro] for macro in _COMMON_H_SCALES}
+    assert F.MXFP4.scale_code() == defined["SF_E8M0"] and F.NVFP4.scale_code() == defined["SF_E4M3"]
+    assert F.AFFINE4.scale_code("float32") == defined["SF_F32"] and F.AFFINE8.scale_code() == defined["SF_BF16"]
+
+
+def test_one_format_is_found_by_each_of_its_names():
+    for f in F.FORMATS:
+        assert F.by_name(f.name) is f and str(f) == f.name
+        if f.quantized:
+            assert F.by_mode(f.mode, f.bits) is f and QUANT_FORMATS[f.name].format is f
+            assert (QUANT_FORMATS[f.name].mode, QUANT_FORMATS[f.name].bits) == (f.mode, f.bits)
+            assert QUANT_FORMATS[f.name].group_size == f.group_size
+        else:
+            assert f.name in DENSE_DTYPES and f.name not in QUANT_FORMATS
+        if f.served:
+            assert f in F.by_code(f.code)
+    assert list(QUANT_FORMATS) == [f.name for f in F.FORMATS if f.quantized]
+    assert [f.name for f in F.KERNEL_FORMATS] == ["float32", "bfloat16", "affine4", "affine8", "mxfp4", "nvfp4"]
+    assert not F.FLOAT16.served and not F.MXFP8.served
+    with pytest.raises(ValueError, match=r"name: must be one of .*'affine4'.*got 'int3'"):
+        F.by_name("int3")
+    with pytest.raises(ValueError, match=r"\(mode, bits\): must be one of .*got \('affine', 3\)"):
+        F.by_mode("affine", 3)
+    with pytest.raises(ValueError, match=r"code: must be one of the kernels' format codes \[0, 1, 2, 3, 4\], got 7"):
+        F.by_code(7)
+    with pytest.raises(ValueError, match="code: must be an integer"):
+        F.by_code(True)
+    with pytest.raises(ValueError, match="scales_dtype: must be one of"):
+        F.AFFINE4.scale_code("float16")
 
 
 def _as_f32(u: np.ndarray) -> np.ndarray:
@@ -118,24 +173,26 @@ def test_dequantize_exact_matches_mlx_bit_for_bit(name, dtype):
         np.testing.assert_array_equal(got, ref.astype(np.float64))
 
 
-@pytest.mark.parametrize("name,fmt,sfmt,gs", [("affine4", ks.WF_Q4, ks.SF_BF16, 64), ("affine8", ks.WF_Q8, ks.SF_BF16, 64),
-                                              ("mxfp4", ks.WF_FP4, ks.SF_E8M0, 32), ("nvfp4", ks.WF_FP4, ks.SF_E4M3, 16)])
+@pytest.mark.parametrize("name,fmt,sfmt,gs", [("affine4", F.AFFINE4.code, F.SCALE_CODES["bfloat16"], 64),
+                                              ("affine8", F.AFFINE8.code, F.SCALE_CODES["bfloat16"], 64),
+                                              ("mxfp4", F.MXFP4.code, F.SCALE_CODES["e8m0"], 32),
+                                              ("nvfp4", F.NVFP4.code, F.SCALE_CODES["e4m3"], 16)])
 def test_launch_builder_takes_each_format(name, fmt, sfmt, gs):
     q = QUANT_FORMATS[name]
     w = T.TailWeights.random(128, 1024, 512, seed=3, fold_block=256, dtype="bfloat16",
                              quantize=q.as_quantize())
     prep = KL.prepare_tail(T.tail_launch(w), "metal")
     wo = dict(prep.templates()["wo_residual"])
-    assert (wo["FMT"], wo["SFMT"], wo["GS"]) == (fmt, sfmt, gs)
+    assert (wo["FMT"], wo["SFMT"], wo["GS"]) == (fmt, sfmt, gs) and prep.wo.format is F.by_name(name)
     assert wo["QI"] == ((1024 // (32 // q.bits)) % 128 == 0)  # 1024 in: 128 4-bit words, 256 8-bit ones
-    assert wo["U"] == KL.units_for(fmt, KL.DEFAULT_TUNING.u_wo)
+    assert wo["U"] == KM.units_for(fmt, KT.DEFAULT_TUNING.u_wo)
     assert prep.weight_bytes() == sum(m.nbytes for m in (w.wo, w.gate, w.up, w.down)) + 4 * 128
-    src = KL.metal_tail_source(T.tail_launch(w))
+    src = KE.metal_tail_source(T.tail_launch(w))
     assert len(src) == 3
-    if sfmt in (ks.SF_E8M0, ks.SF_E4M3):
+    if sfmt in (F.SCALE_CODES["e8m0"], F.SCALE_CODES["e4m3"]):
         assert all("const device uint8_t* ws" in s or "const device uint8_t* wgs" in s or "const device uint8_t* wds" in s
                    for s in src.values())
 
 
 def test_units_are_sixteen_bytes_of_each_format():
-    assert [KL.units_for(f, 8) for f in (ks.WF_F32, ks.WF_BF16, ks.WF_Q4, ks.WF_Q8, ks.WF_FP4)] == [8, 8, 2, 4, 2]
+    assert [KM.units_for(f.code, 8) for f in F.KERNEL_FORMATS] == [8, 8, 2, 4, 2, 2]

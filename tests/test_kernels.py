@@ -25,7 +25,12 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
+from workbench.fold import formats as F
+from workbench.kernels import emulated as KE
+from workbench.kernels import head as KH
 from workbench.kernels import launch as KL
+from workbench.kernels import matrices as KM
+from workbench.kernels import tuning as KT
 from workbench.kernels import source as ks
 from workbench import tail as T
 from workbench.tail.comparison import compare
@@ -137,7 +142,7 @@ def seed_launch():
 
 @pytest.fixture(scope="module")
 def seed_metal(seed_launch):
-    return KL.metal_tail_source(seed_launch)
+    return KE.metal_tail_source(seed_launch)
 
 
 def _signature(src: str) -> list[str]:
@@ -180,7 +185,7 @@ def test_metal_template_values_are_the_launch_values(seed_launch, seed_metal):
         inst = re.search(r"decltype\(\w+<([^>]*)>\)", src).group(1)
         assert [v.strip() for v in inst.split(",")] == [str(int(v)) for _, v in tmpl], kernel
     wo = dict(prep.templates()["wo_residual"])
-    assert (wo["WIDTH"], wo["ROWS"], wo["ROT"], wo["M"], wo["LOGP"], wo["FMT"]) == (96, 64, True, 1, 4, ks.WF_F32)
+    assert (wo["WIDTH"], wo["ROWS"], wo["ROT"], wo["M"], wo["LOGP"], wo["FMT"]) == (96, 64, True, 1, 4, F.FLOAT32.code)
 
 
 def test_metal_source_holds_the_metal_prelude_only(seed_metal):
@@ -192,7 +197,7 @@ def test_metal_source_holds_the_metal_prelude_only(seed_metal):
 
 
 def _metal_for(w: T.TailWeights) -> dict[str, str]:
-    return KL.metal_tail_source(T.tail_launch(w))
+    return KE.metal_tail_source(T.tail_launch(w))
 
 
 def test_metal_types_follow_the_weight_format():
@@ -206,7 +211,7 @@ def test_metal_types_follow_the_weight_format():
     src = list(_metal_for(q).values())[0]
     assert f"const device uint32_t* w [[buffer({iw})]]" in src and "const device bfloat16_t* ws" in src
     wo = dict(prep.templates()["wo_residual"])
-    assert (wo["FMT"], wo["SFMT"], wo["GS"], wo["QI"]) == (ks.WF_Q4, 1, 64, True)  # 128 words a row: interleaved
+    assert (wo["FMT"], wo["SFMT"], wo["GS"], wo["QI"]) == (F.AFFINE4.code, 1, 64, True)  # 128 words a row: interleaved
     assert dict(prep.templates()["ffn_gate_up"])["QI"] is False  # 64-wide rows: 8 words, contiguous
 
 
@@ -214,7 +219,7 @@ def test_metal_head_launch_source():
     fold = HadamardFold.random(1280, 1280, seed=3, permute=True)  # m = 20, k = 6
     mats = [WeightMatrix(np.random.default_rng(i).standard_normal((r, 1280)).astype(np.float32)).fold_hadamard(fold)
             for i, r in enumerate((256, 64, 64))]
-    src = KL.generated_source(lambda x: KL.head_launch(x, np.ones(1280, np.float32), 1e-6, *mats, "metal",
+    src = KE.generated_source(lambda x: KH.head_launch(x, np.ones(1280, np.float32), 1e-6, *mats, "metal",
                                                      verbose=True)[0], mx.zeros((1280,)))
     (name, text), = src.items()
     assert name == "fat_head_qkv" and "void custom_kernel_fat_head_qkv__" in text
@@ -244,17 +249,19 @@ _BONSAI_T = {
 #: (FMT, SFMT, GS, QI, PRE) compiled for every kernel: each weight format, every scale
 #: format and both quantized word orders, and a first batch loaded early or not (the row
 #: dot's two forms), so every branch of common.h's templates is instantiated somewhere.
-_FORMATS = [(ks.WF_F32, 0, 32, False, True), (ks.WF_BF16, 0, 32, False, True), (ks.WF_Q4, 1, 64, True, True),
-            (ks.WF_Q4, 0, 64, False, False), (ks.WF_Q8, 1, 64, True, True), (ks.WF_Q8, 0, 32, False, False),
-            (ks.WF_FP4, ks.SF_E8M0, 32, True, True), (ks.WF_FP4, ks.SF_E4M3, 16, True, False)]
+_SF = F.SCALE_CODES
+_FORMATS = [(F.FLOAT32.code, 0, 32, False, True), (F.BFLOAT16.code, 0, 32, False, True),
+            (F.AFFINE4.code, _SF["bfloat16"], 64, True, True), (F.AFFINE4.code, _SF["float32"], 64, False, False),
+            (F.AFFINE8.code, _SF["bfloat16"], 64, True, True), (F.AFFINE8.code, _SF["float32"], 32, False, False),
+            (F.MXFP4.code, _SF["e8m0"], 32, True, True), (F.NVFP4.code, _SF["e4m3"], 16, True, False)]
 
 
 #: The tiled rows' variants compiled too: the formats TILED_X leaves out, in a copy of
 #: kernels/ that tiles them (measured, not kept: the kernels README), so the next
 #: measurement can compare that copy with kernels/ (bench.kernel_bodies --old).
-_TILED = [(k, f, s, g) for f, s, g in [(ks.WF_Q4, 1, 64), (ks.WF_FP4, ks.SF_E4M3, 16)]
+_TILED = [(k, f, s, g) for f, s, g in [(F.AFFINE4.code, _SF["bfloat16"], 64), (F.NVFP4.code, _SF["e4m3"], 16)]
           for k in ("wo_residual", "ffn_gate_up", "head_qkv")]
-_TILED_IDS = [f"{k}-{'affine4' if f == ks.WF_Q4 else 'nvfp4'}" for k, f, _, _ in _TILED]
+_TILED_IDS = [f"{k}-{'affine4' if f == F.AFFINE4.code else 'nvfp4'}" for k, f, _, _ in _TILED]
 
 
 def _nvcc(src: Path) -> subprocess.CompletedProcess:
@@ -280,13 +287,13 @@ def nvcc_results(tmp_path_factory) -> dict:
             t = dict(NT=64 if kernel == "ffn_down" else 256, FMT=fmt, SFMT=sfmt, GS=gs, QI=qi, **_BONSAI_T[kernel])
             if "PRE" in t:
                 t["PRE"] = pre
-            t["U"] = max(1, KL.units_for(fmt, t["U"]) // t.get("DR", 1))  # as PreparedTail.templates
+            t["U"] = max(1, KM.units_for(fmt, t["U"]) // t.get("DR", 1))  # as PreparedTail.templates
             src = root / f"{kernel}-{fmt}-{sfmt}-{gs}-{int(qi)}-{int(pre)}.cu"
             src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt, sfmt), t))
             sources[("plain", kernel, fmt, sfmt, gs, qi, pre)] = src
     for kernel, fmt, sfmt, gs in _TILED:
         t = dict(NT=256, FMT=fmt, SFMT=sfmt, GS=gs, QI=True, **_BONSAI_T[kernel])
-        t["U"] = KL.units_for(fmt, t["U"])
+        t["U"] = KM.units_for(fmt, t["U"])
         src = root / f"tiled-{kernel}-{fmt}-{sfmt}-{gs}.cu"
         src.write_text(ks.cuda_translation_unit(kernel, _dtypes(kernel, fmt, sfmt), t, kernel_dir=tiled_dir))
         sources[("tiled", kernel, fmt, sfmt, gs)] = src
@@ -316,7 +323,7 @@ def test_4bit_rows_read_tiled_compile_without_spills(nvcc_results, kernel, fmt, 
 
 
 def test_cuda_translation_unit_writes_mlx_signature():
-    tu = ks.cuda_translation_unit("ffn_down", _dtypes("ffn_down", ks.WF_BF16), dict(NT=64, FMT=1, SFMT=0, GS=32,
+    tu = ks.cuda_translation_unit("ffn_down", _dtypes("ffn_down", F.BFLOAT16.code), dict(NT=64, FMT=1, SFMT=0, GS=32,
                                                                                     QI=False, HID=64, FFN=80, U=16, DR=1))
     assert "__global__ void custom_kernel_fat_ffn_down(" in tu
     assert "const __nv_bfloat16* wd" in tu and "float* out) {" in tu
@@ -515,26 +522,26 @@ def test_head_launch_refuses_folds_that_differ():
     f1, f2 = (HadamardFold.random(256, 256, seed=s) for s in (1, 2))
     base = np.ones((32, 256), np.float32)
     q, k, v = WeightMatrix(base).fold_hadamard(f1), WeightMatrix(base).fold_hadamard(f1), WeightMatrix(base)
-    assert [r.name for r in KL.head_refusals(q, k, v)] == ["FOLDS_DIFFER"]
+    assert [r.name for r in KH.head_refusals(q, k, v)] == ["FOLDS_DIFFER"]
     with pytest.raises(ValueError, match="FOLDS_DIFFER"):
-        KL.head_launch(mx.zeros((256,)), np.ones(256, np.float32), 1e-6, q, k, v, "metal")
+        KH.head_launch(mx.zeros((256,)), np.ones(256, np.float32), 1e-6, q, k, v, "metal")
     k2 = WeightMatrix(base).fold_hadamard(f2)
-    assert "FOLDS_DIFFER" in [r.name for r in KL.head_refusals(q, k2, k2)]
-    assert KL.head_refusals(q, k, WeightMatrix(base).fold_hadamard(f1)) == []
+    assert "FOLDS_DIFFER" in [r.name for r in KH.head_refusals(q, k2, k2)]
+    assert KH.head_refusals(q, k, WeightMatrix(base).fold_hadamard(f1)) == []
 
 
 def test_grid_fills_the_device_and_no_more():
-    t = KL.KernelTuning(sm_count=132)
-    assert KL.grid_size(5120, 256, t, 0) == 640 * 256  # one warp a row
-    assert KL.grid_size(17408, 256, t, 4) == 528 * 256  # capped at 4 groups an SM
-    assert KL.grid_size(3, 256, t, 4) == 256
+    t = KT.KernelTuning(sm_count=132)
+    assert KT.grid_size(5120, 256, t, 0) == 640 * 256  # one warp a row
+    assert KT.grid_size(17408, 256, t, 4) == 528 * 256  # capped at 4 groups an SM
+    assert KT.grid_size(3, 256, t, 4) == 256
     with pytest.raises(ValueError, match="KernelTuning"):
-        KL.set_default_tuning("fast")
+        KT.set_default_tuning("fast")
 
 
 def test_prepared_tails_are_made_once(seed_launch):
     assert KL.prepared(seed_launch, "metal") is KL.prepared(seed_launch, "metal")
-    assert KL.prepared(seed_launch, "metal", KL.KernelTuning(rows_nt=128)) is not KL.prepared(seed_launch, "metal")
+    assert KL.prepared(seed_launch, "metal", KT.KernelTuning(rows_nt=128)) is not KL.prepared(seed_launch, "metal")
 
 
 def test_a_launch_composes_the_bodies_of_its_kernel_dir(tmp_path, seed_launch, seed_metal):
@@ -546,7 +553,7 @@ def test_a_launch_composes_the_bodies_of_its_kernel_dir(tmp_path, seed_launch, s
     body.write_text("// the other folder's ffn_down\n" + body.read_text())
     prep = KL.prepared(seed_launch, "metal", kernel_dir=other)
     assert prep is not KL.prepared(seed_launch, "metal") and prep is KL.prepared(seed_launch, "metal", kernel_dir=other)
-    src = KL.generated_source(lambda b, r: prep(b, r, verbose=True), mx.zeros((96,)), mx.zeros((64,)))
+    src = KE.generated_source(lambda b, r: prep(b, r, verbose=True), mx.zeros((96,)), mx.zeros((64,)))
     assert [n.rsplit("_", 1)[0] for n in src] == list(seed_metal)  # our names, each with the folder's digest
     assert not set(src) & set(seed_metal)
     assert "the other folder's ffn_down" in list(src.values())[2]

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workbench.waits import plan as waits
+from workbench.waits import ledger as wait_ledger
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -27,10 +28,10 @@ finite_pos = st.floats(min_value=1e-6, max_value=1e3, allow_nan=False, allow_inf
 
 @st.composite
 def entries(draw, i: int) -> dict:
-    kind = draw(st.sampled_from(waits.ENTRY_KINDS))
+    kind = draw(st.sampled_from(wait_ledger.ENTRY_KINDS))
     ms = draw(finite_pos)
     e = {"id": f"e{i}-{draw(text)}", "kind": kind, "ms": ms, "device": draw(text),
-         "backend": draw(st.sampled_from(waits.LEDGER_BACKENDS)), "method": draw(text), "source": draw(text)}
+         "backend": draw(st.sampled_from(wait_ledger.LEDGER_BACKENDS)), "method": draw(text), "source": draw(text)}
     if kind == "measured" or draw(st.booleans()):
         e["date"] = f"2026-{draw(st.integers(1, 12)):02d}-{draw(st.integers(1, 28)):02d}"
         e["mlx_version"] = "0.32.4"
@@ -82,10 +83,10 @@ BREAKS = {
 def test_a_valid_ledger_loads_exactly_as_written(tmp_path: Path, raw: dict) -> None:
     path = tmp_path / "ledger.json"
     path.write_text(json.dumps(raw))
-    assert waits.load_ledger(path) == raw["prices"]
-    assert waits.check_ledger(raw) == raw["prices"]
+    assert wait_ledger.load_ledger(path) == raw["prices"]
+    assert wait_ledger.check_ledger(raw) == raw["prices"]
     for e in raw["prices"]:
-        assert waits.ledger_price(e["id"], path) == e["ms"]
+        assert wait_ledger.ledger_price(e["id"], path) == e["ms"]
 
 
 @given(ledgers(), st.data(), st.sampled_from(sorted(BREAKS)))
@@ -102,14 +103,14 @@ def test_a_broken_entry_is_named_on_load_and_on_add(tmp_path: Path, raw: dict, d
     path = tmp_path / "ledger.json"
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError) as err:
-        waits.load_ledger(path)
+        wait_ledger.load_ledger(path)
     msg = str(err.value)
     assert str(path) in msg and f"prices[{i}]" in msg and field in msg, msg
     # The same entry offered to add_price is refused before the file is touched.
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"about": "a", "prices": []}))
     with pytest.raises(ValueError, match=field if which != "not an object" else "JSON object"):
-        waits.add_price(raw["prices"][i], good)
+        wait_ledger.add_price(raw["prices"][i], good)
     assert json.loads(good.read_text()) == {"about": "a", "prices": []}
 
 
@@ -125,54 +126,54 @@ def test_a_broken_file_is_named(tmp_path: Path, content: str, field: str) -> Non
     path = tmp_path / "ledger.json"
     path.write_text(content)
     with pytest.raises(ValueError, match="ledger") as err:
-        waits.load_ledger(path)
+        wait_ledger.load_ledger(path)
     assert field in str(err.value) and str(path) in str(err.value)
 
 
 def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
-    raw = json.loads(waits.LEDGER_PATH.read_text())
+    raw = json.loads(wait_ledger.LEDGER_PATH.read_text())
     last = len(raw["prices"])  # the copy's position: the ledger grows as prices are measured
     raw["prices"].append(dict(raw["prices"][0]))
     path = tmp_path / "ledger.json"
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match=rf"prices\[{last}\].*id: 'seed-metal' is already the id of prices\[0\]"):
-        waits.load_ledger(path)
+        wait_ledger.load_ledger(path)
 
 
 def test_the_regressions_of_the_ledger(tmp_path: Path) -> None:
     """ms "abc" and NaN were written and broke every later table; a replace was silent."""
     path = tmp_path / "ledger.json"
-    shutil.copy(waits.LEDGER_PATH, path)
+    shutil.copy(wait_ledger.LEDGER_PATH, path)
     before = path.read_bytes()
     entry = {"id": "x", "kind": "published", "ms": 0.5, "device": "d", "backend": "cpu", "method": "m", "source": "s"}
     for bad in ("abc", math.nan):
         with pytest.raises(ValueError, match=r"entry \('x'\): ms: must be a finite number > 0"):
-            waits.add_price({**entry, "ms": bad}, path)
+            wait_ledger.add_price({**entry, "ms": bad}, path)
     assert path.read_bytes() == before
-    waits.add_price(entry, path)
+    wait_ledger.add_price(entry, path)
     with pytest.raises(ValueError, match="'x' is already in .*replace=True"):
-        waits.add_price({**entry, "ms": 0.25}, path)
-    assert waits.add_price({**entry, "ms": 0.25}, path, replace=True)["ms"] == 0.5
+        wait_ledger.add_price({**entry, "ms": 0.25}, path)
+    assert wait_ledger.add_price({**entry, "ms": 0.25}, path, replace=True)["ms"] == 0.5
     with pytest.raises(ValueError, match="replace: must be True or False"):
-        waits.add_price(entry, path, replace="yes")
+        wait_ledger.add_price(entry, path, replace="yes")
     with pytest.raises(ValueError, match="does not exist"):
-        waits.add_price(entry, tmp_path / "none.json")
+        wait_ledger.add_price(entry, tmp_path / "none.json")
     # An in-memory ledger handed to a table is checked the same way.
     with pytest.raises(ValueError, match=r"ledger: prices\[0\] \('x'\): ms"):
         waits.wait_table(_bonsai(), ledger=[{**entry, "ms": "abc"}])
     with pytest.raises(ValueError, match="ledger: must be None, a path or a sequence"):
-        waits.ledger_price("x", ledger=3)
+        wait_ledger.ledger_price("x", ledger=3)
     with pytest.raises(ValueError, match="price_ms: must be a finite number > 0"):
         waits.wait_table(_bonsai(), price_ms=math.nan)
 
 
 def test_the_committed_ledger_names_no_path_outside_the_project() -> None:
-    for e in waits.load_ledger():
+    for e in wait_ledger.load_ledger():
         for k in ("source", "command", "method"):
             assert "../" not in str(e.get(k, "")) and "/root/" not in str(e.get(k, "")), (e["id"], k)
 
 
 def _bonsai():
-    from workbench.models.config import load_model
+    from workbench.models.loader import load_model
 
     return load_model("bonsai-27b")

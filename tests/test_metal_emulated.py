@@ -22,10 +22,16 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
+from workbench.fold import formats as F
+from workbench.kernels import emulated as KE
+from workbench.kernels import head as KH
 from workbench.kernels import launch as KL
+from workbench.kernels import matrices as KM
+from workbench.kernels import tuning as KT
 from workbench.kernels import source as ks
 from workbench.kernels import metal_emulation as ME
 from workbench.models import config as model
+from workbench.models import loader
 from workbench import tail as T
 from workbench.tail.comparison import compare
 from workbench.studies.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
@@ -75,8 +81,8 @@ def _weights(case) -> T.TailWeights:
 @pytest.fixture(scope="module", autouse=True)
 def compiled_first():
     """Every kernel this module runs, compiled in parallel before the first case."""
-    sources = [s for case in TAIL_CASES for s in KL.emulated_tail_sources(T.tail_launch(_weights(case)))]
-    sources += KL.emulated_tail_sources(T.tail_launch(seed_case().weights))
+    sources = [s for case in TAIL_CASES for s in KE.emulated_tail_sources(T.tail_launch(_weights(case)))]
+    sources += KE.emulated_tail_sources(T.tail_launch(seed_case().weights))
     ME.compile_all(sources)
 
 
@@ -110,7 +116,7 @@ def test_the_backend_is_asked_for_by_name_only(monkeypatch):
 
 
 def test_bad_arguments_name_the_parameter():
-    kernel = ME.compile_source(KL.emulated_tail_sources(T.tail_launch(seed_case().weights))[2])
+    kernel = ME.compile_source(KE.emulated_tail_sources(T.tail_launch(seed_case().weights))[2])
     with pytest.raises(ValueError, match="order: must be one of"):
         kernel.launch([], [], groups=1, threads=32, order="random")
     with pytest.raises(ValueError, match="threads"):
@@ -133,7 +139,7 @@ def test_the_refusal_rules_apply_as_for_every_backend():
 
 def test_frink_models_case_at_2e_4():
     c = seed_case()
-    out = _all_orders(lambda o, s: KL.emulated_tail(T.tail_launch(c.weights), c.branch, c.residual, order=o, seed=s))
+    out = _all_orders(lambda o, s: KE.emulated_tail(T.tail_launch(c.weights), c.branch, c.residual, order=o, seed=s))
     r = compare(out, host_tail_exact(c.weights, c.branch, c.residual), tol=SEED_TOL)
     assert r.passed, str(r)
     np.testing.assert_array_equal(T.fused_tail(c.weights, c.branch, c.residual, backend="metal-emulated"), out)
@@ -143,7 +149,7 @@ def test_frink_models_case_at_2e_4():
 def test_tail_matches_the_float64_oracle_in_every_thread_order(case):
     w = _weights(case)
     br, res = T.random_inputs(w, seed=3)
-    out = _all_orders(lambda o, s: KL.emulated_tail(T.tail_launch(w), br, res, order=o, seed=s))
+    out = _all_orders(lambda o, s: KE.emulated_tail(T.tail_launch(w), br, res, order=o, seed=s))
     truth = host_tail_exact(w, br, res)
     tol, _ = tolerance_for(w, br, res, truth)
     r = compare(out, truth, tol=tol)
@@ -158,14 +164,14 @@ def test_ffn_down_rows_a_group_change_no_bit(quant):
     w = T.TailWeights.random(64, 128, 1024, seed=11, fold_block=64, dtype="bfloat16", quantize=quant)
     br, res = T.random_inputs(w, seed=12)
     launch = T.tail_launch(w)
-    one = KL.emulated_tail(launch, br, res, tuning=KL.KernelTuning(down_rows=1))
+    one = KE.emulated_tail(launch, br, res, tuning=KT.KernelTuning(down_rows=1))
     truth = host_tail_exact(w, br, res)
     tol, _ = tolerance_for(w, br, res, truth)
     assert compare(one, truth, tol=tol).passed
     for rows in (2, 4, 8):
         for order in ("ascending", "shuffled"):
-            got = KL.emulated_tail(launch, br, res, order=order, seed=rows,
-                                   tuning=KL.KernelTuning(down_rows=rows, u_down=8))
+            got = KE.emulated_tail(launch, br, res, order=order, seed=rows,
+                                   tuning=KT.KernelTuning(down_rows=rows, u_down=8))
             assert np.array_equal(got.view(np.uint32), one.view(np.uint32)), (rows, order)
 
 
@@ -175,7 +181,7 @@ def test_a_batch_is_each_row_its_launches():
     out = T.fused_tail(w, br, res, backend="metal-emulated")
     assert out.shape == (3, 64)
     for i in range(3):
-        np.testing.assert_array_equal(out[i], KL.emulated_tail(T.tail_launch(w), br[i], res[i]))
+        np.testing.assert_array_equal(out[i], KE.emulated_tail(T.tail_launch(w), br[i], res[i]))
     r = compare(out, host_tail_exact(w, br, res))
     assert r.passed, str(r)
 
@@ -221,7 +227,7 @@ def test_head_launch_matches_the_float64_oracle(case):
 
     truth = oracle(np.float64)
     tol = oracle_tolerance(compare(oracle(np.float32), truth).worst)
-    got = [np.concatenate([np.array(o) for o in KL.head_launch(mx.array(x), nw, 1e-6, q, k, v, "metal-emulated")])]
+    got = [np.concatenate([np.array(o) for o in KH.head_launch(mx.array(x), nw, 1e-6, q, k, v, "metal-emulated")])]
     assert [g.shape for g in got] == [(sum(rows),)]
     r = compare(got[0], truth, tol=tol)
     assert r.passed, str(r)
@@ -235,14 +241,14 @@ def test_hidden_8192_fits_32_kb_and_runs():
     lives inside it (it was 32,768 + 32 bytes) and the head launch's likewise."""
     w = T.TailWeights.random(8192, 64, 64, seed=9)
     prep = KL.prepare_tail(T.tail_launch(w), "metal")
-    assert KL.threadgroup_bytes("ffn_gate_up", dict(prep.templates()["ffn_gate_up"])) == KL.METAL_THREADGROUP_LIMIT
+    assert KM.threadgroup_bytes("ffn_gate_up", dict(prep.templates()["ffn_gate_up"])) == KT.METAL_THREADGROUP_LIMIT
     br, res = T.random_inputs(w, seed=9)
     r = compare(T.fused_tail(w, br, res, backend="metal-emulated"), host_tail_exact(w, br, res))
     assert r.passed, str(r)
     rng = np.random.default_rng(1)
     m = WeightMatrix(rng.uniform(-0.02, 0.02, (32, 8192)).astype(np.float32))
     x = rng.uniform(-1, 1, 8192).astype(np.float32)
-    got = np.array(KL.head_launch(mx.array(x), np.ones(8192, np.float32), 1e-6, m, m, m, "metal-emulated")[0])
+    got = np.array(KH.head_launch(mx.array(x), np.ones(8192, np.float32), 1e-6, m, m, m, "metal-emulated")[0])
     truth = m.apply(T.rms_norm_np(x.astype(np.float64), np.ones(8192), 1e-6))
     assert compare(got, truth).passed
 
@@ -251,24 +257,25 @@ def test_tiled_rows_keep_their_x_sums_in_group_memory_only_where_they_fit():
     """Tiled formats (affine 8-bit): x in whole 128-byte lines, then a float a unit of sums;
     at 8192 x alone fills 32 KB and the lanes add up their units' x themselves. The other
     formats lay x out as it is."""
-    assert KL.TILED_X_FORMATS == (ks.WF_Q8,)
-    q8 = dict(NT=256, FMT=ks.WF_Q8, GS=64)
-    assert KL.threadgroup_bytes("wo_residual", dict(q8, WIDTH=6144)) == 6144 * 4 + 6144 // 16 * 4
-    assert KL.threadgroup_bytes("head_qkv", dict(q8, HID=8192)) == 32768
-    assert KL.threadgroup_bytes("ffn_gate_up", dict(q8, HID=5120)) == 5120 * 4 + 32 + 5120 // 16 * 4
-    assert KL.threadgroup_bytes("ffn_gate_up", dict(q8, HID=8064)) == 8064 * 4 + 32  # the sums do not fit too
-    assert KL.threadgroup_bytes("wo_residual", dict(q8, FMT=ks.WF_Q4, WIDTH=6144)) == 6144 * 4
-    assert KL.tiled_x_bytes(ks.WF_FP4, 16, 1024) == (4096, 0)
+    assert KM.TILED_X_FORMATS == (F.AFFINE8,)
+    q8 = dict(NT=256, FMT=F.AFFINE8.code, GS=64)
+    assert KM.threadgroup_bytes("wo_residual", dict(q8, WIDTH=6144)) == 6144 * 4 + 6144 // 16 * 4
+    assert KM.threadgroup_bytes("head_qkv", dict(q8, HID=8192)) == 32768
+    assert KM.threadgroup_bytes("ffn_gate_up", dict(q8, HID=5120)) == 5120 * 4 + 32 + 5120 // 16 * 4
+    assert KM.threadgroup_bytes("ffn_gate_up", dict(q8, HID=8064)) == 8064 * 4 + 32  # the sums do not fit too
+    assert KM.threadgroup_bytes("wo_residual", dict(q8, FMT=F.AFFINE4.code, WIDTH=6144)) == 6144 * 4
+    assert KM.tiled_x_bytes(F.NVFP4.code, 16, 1024) == (4096, 0)
 
 
 def test_common_h_tiles_the_formats_the_launch_builder_counts():
-    """kernels/common.h's TILED_X and kernel_launch.TILED_X_FORMATS name the same formats
+    """kernels/common.h's TILED_X and matrices.TILED_X_FORMATS name the same formats
     (the launch builder sizes group memory by it)."""
     text = (ks.KERNEL_DIR / "common.h").read_text()
     (expr,) = re.findall(r"^#define TILED_X\(FMT\) (.+)$", text, flags=re.M)
-    names = {v: k for k, v in vars(ks).items() if k.startswith("WF_")}
-    tiled = [f for f in names if eval(expr.replace("FMT", str(f)).replace("WF_", "ks.WF_"))]  # noqa: S307
-    assert tuple(tiled) == KL.TILED_X_FORMATS
+    codes = {m.group(1): m.group(2) for m in re.finditer(r"^#define (WF_\w+) (\d+)", text, flags=re.M)}
+    tiled = [int(c) for c in codes.values()
+             if eval(re.sub(r"WF_\w+", lambda m: codes[m.group(0)], expr.replace("FMT", c)))]  # noqa: S307
+    assert tiled == [f.code for f in KM.TILED_X_FORMATS]
 
 
 def test_tiled_rows_at_hidden_8192_add_up_their_own_x_sums():
@@ -282,7 +289,7 @@ def test_tiled_rows_at_hidden_8192_add_up_their_own_x_sums():
     m = WeightMatrix.quantize(mx.array(rng.uniform(-0.02, 0.02, (32, 8192)).astype(np.float32)).astype(mx.bfloat16),
                               **quant)
     x = rng.uniform(-1, 1, 8192).astype(np.float32)
-    got = np.array(KL.head_launch(mx.array(x), np.ones(8192, np.float32), 1e-6, m, m, m, "metal-emulated")[0])
+    got = np.array(KH.head_launch(mx.array(x), np.ones(8192, np.float32), 1e-6, m, m, m, "metal-emulated")[0])
     truth = m.apply(T.rms_norm_np(x.astype(np.float64), np.ones(8192), 1e-6))
     assert compare(got, truth).passed
 
@@ -318,7 +325,7 @@ def test_4bit_rows_read_tiled_match_the_float64_oracle(every_format_tiled, case)
                              dtype=dtype, quantize=quant)
     br, res = T.random_inputs(w, seed=5)
     orders = ME.ORDERS if hidden < 8192 else ME.ORDERS[:1]
-    outs = [KL.emulated_tail(T.tail_launch(w), br, res, order=o, seed=7, kernel_dir=every_format_tiled)
+    outs = [KE.emulated_tail(T.tail_launch(w), br, res, order=o, seed=7, kernel_dir=every_format_tiled)
             for o in orders]
     assert len({o.tobytes() for o in outs}) == 1
     r = compare(outs[0], host_tail_exact(w, br, res))
@@ -329,35 +336,36 @@ def test_4bit_rows_read_tiled_match_the_float64_oracle(every_format_tiled, case)
         q, k, v = (WeightMatrix.quantize(mx.array(rng.uniform(-0.1, 0.1, (n, hidden)).astype(np.float32))
                                          .astype(getattr(mx, dtype)), fold=fold, **quant) for n in (64, 32, 32))
         x = rng.uniform(-1, 1, hidden).astype(np.float32)
-        got = np.concatenate([np.array(a) for a in KL.head_launch(
+        got = np.concatenate([np.array(a) for a in KH.head_launch(
             mx.array(x), np.ones(hidden, np.float32), 1e-6, q, k, v, "metal-emulated", kernel_dir=every_format_tiled)])
         n = T.rms_norm_np(x.astype(np.float64), np.ones(hidden), 1e-6)
         assert compare(got, np.concatenate([m.apply(n) for m in (q, k, v)])).passed
 
 
 def test_a_launch_over_32_kb_is_refused_naming_the_width():
-    t = dict(NT=256, HID=8192, WIDTH=8192, FMT=ks.WF_BF16, GS=32)
-    assert KL.threadgroup_bytes("wo_residual", t) == 32768
-    assert KL.threadgroup_bytes("ffn_gate_up", dict(t, HID=8064)) == 8064 * 4 + 32  # both fit: scratch beside n
+    t = dict(NT=256, HID=8192, WIDTH=8192, FMT=F.BFLOAT16.code, GS=32)
+    assert KM.threadgroup_bytes("wo_residual", t) == 32768
+    assert KM.threadgroup_bytes("ffn_gate_up", dict(t, HID=8064)) == 8064 * 4 + 32  # both fit: scratch beside n
     with pytest.raises(ValueError, match=r"branch \(8196\): wo_residual would declare 32784 bytes"):
-        KL.check_threadgroup_memory("wo_residual", [("NT", 512), ("WIDTH", 8196), ("FMT", ks.WF_F32), ("GS", 32)],
+        KM.check_threadgroup_memory("wo_residual", [("NT", 512), ("WIDTH", 8196), ("FMT", F.FLOAT32.code), ("GS", 32)],
                                      "branch (8196)")
     with pytest.raises(ValueError, match="kernel must be one of"):
-        KL.threadgroup_bytes("attention", t)
+        KM.threadgroup_bytes("attention", t)
 
 
-@pytest.mark.parametrize("name", model.list_models())
+@pytest.mark.parametrize("name", loader.list_models())
 def test_every_shipped_models_widths_launch_on_apple_gpus(name):
-    cfg = model.load_model(name)
-    t = KL.DEFAULT_TUNING
+    cfg = loader.load_model(name)
+    t = KT.DEFAULT_TUNING
     for layer in cfg.attention_layers():
         lc = cfg.layer(layer)
         branch, ffn = lc.num_q_heads * lc.head_dim, lc.ffn_dim or cfg.hidden_size
         templates = {"wo_residual": dict(NT=t.wo_nt, WIDTH=branch), "ffn_gate_up": dict(NT=t.rows_nt, HID=cfg.hidden_size),
                      "ffn_down": dict(NT=t.down_nt), "head_qkv": dict(NT=t.head_nt, HID=cfg.hidden_size)}
-        for fmt, gs in ((ks.WF_BF16, 32), (ks.WF_Q4, 64), (ks.WF_Q8, 64), (ks.WF_FP4, 32), (ks.WF_FP4, 16)):
+        for fmt, gs in ((F.BFLOAT16.code, 32), (F.AFFINE4.code, 64), (F.AFFINE8.code, 64), (F.MXFP4.code, 32),
+                        (F.NVFP4.code, 16)):
             for kernel, tp in templates.items():
-                assert KL.threadgroup_bytes(kernel, dict(tp, FMT=fmt, GS=gs)) <= KL.METAL_THREADGROUP_LIMIT, (
+                assert KM.threadgroup_bytes(kernel, dict(tp, FMT=fmt, GS=gs)) <= KT.METAL_THREADGROUP_LIMIT, (
                     name, layer, kernel, ffn, fmt)
 
 
@@ -392,23 +400,23 @@ def test_without_clang_every_entry_says_what_to_install(monkeypatch):
     monkeypatch.setenv("WORKBENCH_CLANG", "no-such-clang++")
     c = seed_case()
     with pytest.raises(B.BackendUnavailable, match="apt-get install clang"):
-        KL.emulated_tail(T.tail_launch(c.weights), c.branch, c.residual)
+        KE.emulated_tail(T.tail_launch(c.weights), c.branch, c.residual)
     with pytest.raises(B.BackendUnavailable, match="apt-get install clang"):
-        ME.compile_source(KL.emulated_tail_sources(T.tail_launch(c.weights))[0])
+        ME.compile_source(KE.emulated_tail_sources(T.tail_launch(c.weights))[0])
     m = WeightMatrix(np.ones((32, 64), np.float32))
     with pytest.raises(B.BackendUnavailable, match="apt-get install clang"):
-        KL.head_launch(mx.zeros((64,)), np.ones(64, np.float32), 1e-6, m, m, m, "metal-emulated")
+        KH.head_launch(mx.zeros((64,)), np.ones(64, np.float32), 1e-6, m, m, m, "metal-emulated")
 
 
 def test_the_two_rewrites_and_the_entry():
-    src = KL.emulated_tail_sources(T.tail_launch(seed_case().weights))[1]  # gate_up: group memory, a template
+    src = KE.emulated_tail_sources(T.tail_launch(seed_case().weights))[1]  # gate_up: group memory, a template
     assert "GROUP_SHARED float4 xs4[" in src and "[[host_name(" in src
     tu = ME.translation_unit(src)
     assert "[[host_name(" not in tu and "template decltype(" in tu
     assert "threadgroup metal_emulation_array_xs4& xs4 = " in tu and "GROUP_SHARED float4 xs4[" not in tu
     name, params, targs = ME.signature(src)
-    assert [p.name for p in params if p.buffer is not None] == list(KL.kernel_source.KERNELS["ffn_gate_up"].inputs +
-                                                                   KL.kernel_source.KERNELS["ffn_gate_up"].outputs)
+    assert [p.name for p in params if p.buffer is not None] == list(ks.KERNELS["ffn_gate_up"].inputs +
+                                                                   ks.KERNELS["ffn_gate_up"].outputs)
     assert f"{name}<{targs}>(" in tu and 'extern "C" void metal_emulation_entry' in tu
     with pytest.raises(ME.MetalCompileError, match="no `\\[\\[kernel\\]\\] void name"):
         ME.translation_unit("int main() {}")

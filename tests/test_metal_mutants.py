@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.kernels import launch as KL
+from workbench.kernels import emulated as KE
 from workbench.kernels import source as ks
 from workbench.kernels import metal_emulation as ME
 from workbench import tail as T
@@ -126,8 +126,8 @@ def folders(tmp_path_factory):
     out["unmutated"] = _mutate(root, Mutant("unmutated", "common.h", (), "result"))
     sources = []
     for m in MUTANTS:
-        sources += KL.emulated_tail_sources(T.tail_launch(_case(m.wide, m.quantized)[0]), kernel_dir=out[m.id])
-    sources += KL.emulated_tail_sources(T.tail_launch(_case(False)[0]), kernel_dir=out["unmutated"])
+        sources += KE.emulated_tail_sources(T.tail_launch(_case(m.wide, m.quantized)[0]), kernel_dir=out[m.id])
+    sources += KE.emulated_tail_sources(T.tail_launch(_case(False)[0]), kernel_dir=out["unmutated"])
 
     def attempt(src: str) -> None:
         try:
@@ -141,7 +141,7 @@ def folders(tmp_path_factory):
 
 
 def _orders(w, br, res, d) -> dict[str, np.ndarray]:
-    return {o: KL.emulated_tail(T.tail_launch(w), br, res, order=o, seed=11, kernel_dir=d) for o in ME.ORDERS}
+    return {o: KE.emulated_tail(T.tail_launch(w), br, res, order=o, seed=11, kernel_dir=d) for o in ME.ORDERS}
 
 
 def test_the_unmutated_copy_passes(folders):
@@ -163,11 +163,11 @@ def test_the_mutant_is_caught(folders, mutant: Mutant):
     d = folders[mutant.id]
     if mutant.caught == "compile":
         with pytest.raises(ME.MetalCompileError, match=mutant.match):
-            KL.emulated_tail(T.tail_launch(w), br, res, kernel_dir=d)
+            KE.emulated_tail(T.tail_launch(w), br, res, kernel_dir=d)
     elif mutant.caught == "emulator":
         with pytest.raises(ME.EmulationError, match=mutant.match):
             for o in ME.ORDERS:
-                KL.emulated_tail(T.tail_launch(w), br, res, order=o, seed=11, kernel_dir=d)
+                KE.emulated_tail(T.tail_launch(w), br, res, order=o, seed=11, kernel_dir=d)
     else:
         outs = _orders(w, br, res, d)
         races = len({o.tobytes() for o in outs.values()}) > 1

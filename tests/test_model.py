@@ -14,16 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.models.config import (
-    FAMILIES,
-    MODELS_DIR,
-    LayerConfig,
-    Mixer,
-    ModelConfig,
-    list_models,
-    load_model,
-    replace_layer,
-)
+from workbench.models.config import MODELS_DIR, LayerConfig, Mixer, ModelConfig, replace_layer
+from workbench.models.families import FAMILIES, from_hf_config
+from workbench.models.loader import list_models, load_model
 
 SHIPPED = [
     "bonsai-27b", "qwen3.5-9b", "qwen3-next-80b-a3b", "llama-3.1-8b", "qwen3-8b",
@@ -144,7 +137,7 @@ def test_granite_residual_multiplier_is_a_residual_scale():
     assert load_model("granite-4.0-h-micro").residual_scale == pytest.approx(0.22)
     d = raw("granite-3.1-8b")
     d["residual_multiplier"] = 1.0  # a multiplier of exactly 1 scales nothing
-    assert ModelConfig.from_hf_config(d).residual_scale is None
+    assert from_hf_config(d).residual_scale is None
 
 
 def test_falcon_h1_runs_mamba2_in_parallel_on_every_layer():
@@ -152,7 +145,7 @@ def test_falcon_h1_runs_mamba2_in_parallel_on_every_layer():
     assert all(lc.parallel_ssm and lc.mixer is Mixer.ATTENTION for lc in f.layers)
     d = raw("falcon-h1-7b")
     d["attention_out_multiplier"] = 0.5
-    assert ModelConfig.from_hf_config(d).layer(0).o_scale
+    assert from_hf_config(d).layer(0).o_scale
 
 
 def test_gpt_oss_bias_experts_and_flag():
@@ -174,19 +167,19 @@ def test_activations_are_named_for_their_glu():
 def test_granite_4_pattern_may_be_spelled_layers_block_type():
     d = raw("granite-4.0-h-micro")
     d["layers_block_type"] = d.pop("layer_types")
-    assert ModelConfig.from_hf_config(d).attention_layers() == [5, 15, 25, 35]
+    assert from_hf_config(d).attention_layers() == [5, 15, 25, 35]
 
 
 def test_qwen_hybrid_without_layer_types_uses_the_interval():
     d = raw("qwen3.5-9b")
     del d["text_config"]["layer_types"]
-    assert ModelConfig.from_hf_config(d).attention_layers() == list(range(3, 32, 4))
+    assert from_hf_config(d).attention_layers() == list(range(3, 32, 4))
 
 
 def test_jamba_layers_block_type_overrides_period():
     d = raw("jamba-v0.1")
     d["layers_block_type"] = ["attention" if i == 0 else "mamba" for i in range(32)]
-    assert ModelConfig.from_hf_config(d).attention_layers() == [0]
+    assert from_hf_config(d).attention_layers() == [0]
 
 
 # -- reading from disk ---------------------------------------------------------------------
@@ -195,20 +188,20 @@ def test_jamba_layers_block_type_overrides_period():
 def test_from_hf_config_reads_a_file_a_folder_and_a_dict(tmp_path):
     d = raw("mistral-7b")
     (tmp_path / "config.json").write_text(json.dumps(d))
-    a = ModelConfig.from_hf_config(tmp_path / "config.json", name="m")
-    b = ModelConfig.from_hf_config(str(tmp_path), name="m")
-    c = ModelConfig.from_hf_config(d, name="m")
+    a = from_hf_config(tmp_path / "config.json", name="m")
+    b = from_hf_config(str(tmp_path), name="m")
+    c = from_hf_config(d, name="m")
     assert a == b == c
 
 
 def test_name_defaults_to_the_model_type():
-    assert ModelConfig.from_hf_config(raw("mistral-7b")).name == "mistral"
+    assert from_hf_config(raw("mistral-7b")).name == "mistral"
 
 
 def test_the_config_dict_is_not_modified():
     d = raw("bonsai-27b")
     before = copy.deepcopy(d)
-    ModelConfig.from_hf_config(d)
+    from_hf_config(d)
     assert d == before
 
 
@@ -234,7 +227,7 @@ def test_synthetic_rejects_bad_shapes(kw):
 
 def test_unknown_family_names_the_model_type_and_the_known_ones():
     with pytest.raises(ValueError, match=r"model_type.*'mamba_unknown'.*llama"):
-        ModelConfig.from_hf_config({"model_type": "mamba_unknown"})
+        from_hf_config({"model_type": "mamba_unknown"})
 
 
 @pytest.mark.parametrize("bad", [None, 3, ["llama"]])
@@ -245,7 +238,7 @@ def test_missing_or_ill_typed_model_type(bad):
     else:
         d["model_type"] = bad
     with pytest.raises(ValueError, match="model_type"):
-        ModelConfig.from_hf_config(d)
+        from_hf_config(d)
 
 
 # One key each family cannot do without (read off each builder's docstring by hand).
@@ -284,7 +277,7 @@ def test_a_missing_key_names_the_key_and_the_family(name, scope, key):
     del target[key]
     family = d["model_type"]
     with pytest.raises(ValueError, match=rf"^{key}\b.*{family}"):
-        ModelConfig.from_hf_config(d)
+        from_hf_config(d)
 
 
 @pytest.mark.parametrize(
@@ -308,7 +301,7 @@ def test_a_wrong_type_names_the_key_the_type_and_the_family(name, key, value):
     d = raw(name)
     d[key] = value
     with pytest.raises(ValueError, match=rf"^{key}: must be .* {d['model_type']} config"):
-        ModelConfig.from_hf_config(d)
+        from_hf_config(d)
 
 
 @pytest.mark.parametrize(
@@ -331,20 +324,20 @@ def test_inconsistent_configs_are_refused_clearly(name, edit, match):
     d = raw(name)
     edit(d)
     with pytest.raises(ValueError, match=match):
-        ModelConfig.from_hf_config(d)
+        from_hf_config(d)
 
 
 def test_bad_paths_and_files(tmp_path):
     with pytest.raises(ValueError, match="path_or_dict: no config file"):
-        ModelConfig.from_hf_config(tmp_path / "nope.json")
+        from_hf_config(tmp_path / "nope.json")
     (tmp_path / "bad.json").write_text("{ not json")
     with pytest.raises(ValueError, match="not valid JSON"):
-        ModelConfig.from_hf_config(tmp_path / "bad.json")
+        from_hf_config(tmp_path / "bad.json")
     (tmp_path / "list.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="not a JSON object"):
-        ModelConfig.from_hf_config(tmp_path / "list.json")
+        from_hf_config(tmp_path / "list.json")
     with pytest.raises(ValueError, match="path_or_dict: must be a path"):
-        ModelConfig.from_hf_config(42)
+        from_hf_config(42)
 
 
 def test_load_model_unknown_name_lists_the_shipped_ones():
@@ -402,7 +395,7 @@ def test_every_issue_family_is_known():
 def test_qwen_hybrid_attention_layers_are_exactly_the_full_attention_entries(types):
     d = raw("qwen3.5-9b")
     d["text_config"].update(layer_types=types, num_hidden_layers=len(types))
-    cfg = ModelConfig.from_hf_config(d)
+    cfg = from_hf_config(d)
     assert cfg.attention_layers() == [i for i, t in enumerate(types) if t == "full_attention"]
 
 
@@ -411,7 +404,7 @@ def test_qwen_hybrid_attention_layers_are_exactly_the_full_attention_entries(typ
 def test_nemotron_pattern_maps_each_character_to_one_block(pattern):
     d = raw("nemotron-h-8b")
     d.update(hybrid_override_pattern=pattern, num_hidden_layers=len(pattern), moe_intermediate_size=1856, n_routed_experts=128)
-    cfg = ModelConfig.from_hf_config(d)
+    cfg = from_hf_config(d)
     assert cfg.attention_layers() == [i for i, c in enumerate(pattern) if c == "*"]
     assert [lc.ffn_dim == 0 for lc in cfg.layers] == [c in "M*" for c in pattern]
 
@@ -419,5 +412,5 @@ def test_nemotron_pattern_maps_each_character_to_one_block(pattern):
 def test_bonsai_pack_model_type_reads_as_qwen3_5():
     d = raw("bonsai-27b")
     d["model_type"] = "prism_hadamard_qwen35"
-    cfg = ModelConfig.from_hf_config(d)
+    cfg = from_hf_config(d)
     assert cfg.attention_layers() == list(range(3, 64, 4)) and cfg.model_type == "prism_hadamard_qwen35"

@@ -15,9 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from tools.notebook_memory import peak_rss_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from tools.notebook_memory import peak_rss_bytes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="no /proc here (the plugin measures nothing)")
 

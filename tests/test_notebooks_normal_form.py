@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tools.normalize_notebooks import KERNELSPEC, normal_text, normalize
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from tools.normalize_notebooks import KERNELSPEC, normal_text, normalize  # noqa: E402
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 

@@ -24,9 +24,15 @@ from pathlib import Path
 import pytest
 
 from workbench import backends, tail
+from workbench.fold import formats as F
 from workbench.reports import one_launch as one_launch_report
+from workbench.reports import records
 from workbench.kernels import cuda_device
+from workbench.kernels import emulated as kernel_emulated
 from workbench.kernels import launch as kernel_launch
+from workbench.kernels import matrices as kernel_matrices
+from workbench.kernels import run as kernel_run
+from workbench.kernels import tuning as kernel_tuning
 from workbench.kernels import source as ks
 from workbench.kernels import one_launch
 
@@ -86,7 +92,7 @@ def test_the_launch_template_is_each_launchs_own_with_downs_rows_from_the_shape(
             if name not in own:
                 assert t[prefix + name] == value, (kernel, name)
     assert t["NT"] == shape.nt and t["DN_DR"] == 4
-    assert t["DN_U"] == kernel_launch.units_for(prep.down.fmt, prep.tuning.u_down) // 4
+    assert t["DN_U"] == kernel_matrices.units_for(prep.down.fmt, prep.tuning.u_down) // 4
     assert t["SYNC_AT"] % 32 == 0 and t["SYNC_AT"] >= prep.hidden + prep.ffn
 
 
@@ -107,7 +113,7 @@ def test_bad_shapes_are_refused_by_name(kw, says):
 def test_metal_has_no_one_launch_tail():
     with pytest.raises(ValueError, match="CUDA only.*no forward progress"):
         one_launch.OneLaunchTail(_small_prep())
-    with pytest.raises(ValueError, match="prep must be a kernel_launch.PreparedTail"):
+    with pytest.raises(ValueError, match="prep must be a kernels.launch.PreparedTail"):
         one_launch.OneLaunchTail("a tail")
 
 
@@ -135,10 +141,10 @@ def _dtypes(fmt: int, sfmt: int) -> dict[str, str]:
 def _bonsai_template(fmt: int, sfmt: int, gs: int) -> dict[str, object]:
     """The template values a launch passes at Bonsai-27B's shape (its defaults), written out:
     making Bonsai's weights here would take minutes of CPU."""
-    base = dict(FMT=fmt, SFMT=sfmt, GS=gs, QI=fmt >= ks.WF_Q4)
+    base = dict(FMT=fmt, SFMT=sfmt, GS=gs, QI=F.by_code(fmt)[0].quantized)
     t: dict[str, object] = dict(NT=512, HID=5120, FFN=17408, SYNC_AT=22528,
                                 BARRIER_LIMIT_MS=one_launch.BARRIER_LIMIT_MS)
-    u = kernel_launch.units_for
+    u = kernel_matrices.units_for
     phases = {"WO_": dict(base, WIDTH=6144, ROWS=5120, ROT=True, M=1, LOGP=10, U=u(fmt, 4), PRE=True),
               "GU_": dict(base, HID=5120, FFN=17408, U=u(fmt, 4), PRE=False),
               "DN_": dict(base, HID=5120, FFN=17408, U=max(1, u(fmt, 16) // 4), DR=4)}
@@ -159,7 +165,8 @@ def _ptxas(src: Path) -> tuple[int, int, str]:
 
 #: bf16; affine 8-bit (the most shared memory: x tiled with its sums in two phases);
 #: nvfp4 (the most registers).
-_BONSAI_FORMATS = [(ks.WF_BF16, 0, 32), (ks.WF_Q8, ks.SF_BF16, 64), (ks.WF_FP4, ks.SF_E4M3, 16)]
+_BONSAI_FORMATS = [(F.BFLOAT16.code, 0, 32), (F.AFFINE8.code, F.SCALE_CODES["bfloat16"], 64),
+                   (F.NVFP4.code, F.SCALE_CODES["e4m3"], 16)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
@@ -185,10 +192,8 @@ def test_the_shared_memory_estimate_is_what_nvcc_allocates(tmp_path: Path):
 
 
 def test_the_committed_record_reads_into_its_tables():
-    import json
-
-    path = sorted((ks.KERNEL_DIR.parent / "data" / "bench").glob("one_launch-*.json"))[0]
-    rec = json.loads(path.read_text())
+    # the first one-launch record: the oldest layout its tables must still read
+    rec = records.load_all("one_launch")[0]
     checks, timing = one_launch_report.record_tables(rec)
     assert len(checks) == len(rec["checks"]) and checks["pass"].all() == rec["all_checks_passed"]
     bf16 = timing["bfloat16"]
@@ -197,9 +202,12 @@ def test_the_committed_record_reads_into_its_tables():
     assert bf16["one launch / three (one wait)"] == pytest.approx(case["one_launch_compiled_over_three_compiled"])
 
 
-@pytest.mark.parametrize("bad", [None, {"bench": "kernel_bench"}, {"bench": "one_launch"}])
-def test_record_tables_refuses_what_is_not_its_record(bad):
-    with pytest.raises(ValueError, match="record must be a bench.one_launch record"):
+@pytest.mark.parametrize("bad, says", [(None, "record: must be a 'one_launch' record"),
+                                       ({"bench": "kernel_bench"}, "record: is a 'kernel_bench' record, expected "
+                                                                   "'one_launch'"),
+                                       ({"bench": "one_launch"}, "record: a 'one_launch' record must have")])
+def test_record_tables_refuses_what_is_not_its_record(bad, says):
+    with pytest.raises(records.RecordError, match=says):
         one_launch_report.record_tables(bad)
 
 
@@ -217,8 +225,8 @@ def test_the_bodies_at_the_group_sizes_the_one_launch_sweeps_match_float64(nt, f
     quant = QUANT_FORMATS[fmt].as_quantize() if fmt else None
     w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16", quantize=quant)
     br, res = tail.random_inputs(w, seed=6)
-    t = kernel_launch.KernelTuning(wo_nt=nt, rows_nt=nt, down_nt=nt, down_rows=4, u_down=16, u_wo=u, u_gate_up=u)
-    out = kernel_launch.emulated_tail(tail.tail_launch(w), br, res, tuning=t)
+    t = kernel_tuning.KernelTuning(wo_nt=nt, rows_nt=nt, down_nt=nt, down_rows=4, u_down=16, u_wo=u, u_gate_up=u)
+    out = kernel_emulated.emulated_tail(tail.tail_launch(w), br, res, tuning=t)
     assert compare(out, host_tail_exact(w, br, res)).passed
 
 
@@ -311,11 +319,10 @@ def test_the_barrier_limit_reaches_the_kernel_and_the_timeout_message(monkeypatc
 def test_the_wait_breakdown_reads_both_committed_records():
     """notebook 03's breakdown of the one launch's wait: the kernel run once (ncu) beside
     its evaluation, from the committed records; the arithmetic checked row by row."""
-    import json
-
-    bench_dir = ks.KERNEL_DIR.parent / "data" / "bench"
-    rec = json.loads((bench_dir / "one_launch-nvidia-h200-20261201T112516Z.json").read_text())
-    prof = json.loads((bench_dir / "launch_profile-nvidia-h200-20261201T112816Z.json").read_text())
+    # the one launch timed beside PyTorch's graph replay, and its ncu profile of minutes later:
+    # the pair that showed MLX adds more around the kernel than the graph replay does
+    rec = records.load("one_launch", "one_launch-nvidia-h200-20261201T112516Z.json")
+    prof = records.load("launch_profile", "launch_profile-nvidia-h200-20261201T112816Z.json")
     t = one_launch_report.wait_breakdown(rec, prof)
     assert list(t.columns) == ["bfloat16", "affine4", "nvfp4"]  # the formats both records have
     bf = t["bfloat16"]
@@ -331,24 +338,32 @@ def test_the_wait_breakdown_reads_both_committed_records():
 def test_the_sweep_table_reads_the_committed_record():
     """notebook 03's sweep table: device ms a tail, variant by swept format, NaN where a
     variant failed, and the variant each format was timed with."""
-    import json
     import math
 
-    bench_dir = ks.KERNEL_DIR.parent / "data" / "bench"
-    rec = json.loads((bench_dir / "one_launch-nvidia-h200-20261201T131203Z.json").read_text())
+    # the shape sweep behind one_launch.FOUR_BIT_NT (640 threads a group in the 4-bit formats)
+    rec = records.load("one_launch", "one_launch-nvidia-h200-20261201T131203Z.json")
     t = one_launch_report.sweep_table(rec)
     assert list(t.columns) == ["bfloat16", "affine4", "mxfp4", "nvfp4"]
     assert t.loc["default", "affine4"] == rec["sweeps"]["affine4"]["default"]["device_ms"]
     assert math.isnan(t.loc["gps2", "bfloat16"])  # two groups an SM do not fit bf16's registers
     assert t.loc["chosen"].tolist() == ["default", "gps2", "nt640", "u8_nt640"]
-    with pytest.raises(ValueError, match="with its sweeps"):
-        one_launch_report.sweep_table({"bench": "one_launch", "sweep": {}})  # the older layout: one sweep
+    with pytest.raises(ValueError, match="with its sweeps"):  # the older layout: one sweep
+        one_launch_report.sweep_table({k: v for k, v in rec.items() if k != "sweeps"} | {"sweep": {}})
+
+
+def _made_up(kind: str, **fields) -> dict:
+    """A record of ``kind`` with every key its kind promises (None but the bench and ``fields``)."""
+    return {key: None for key in records.KINDS[kind].keys} | {"bench": kind} | fields
 
 
 @pytest.mark.parametrize("rec, prof, says", [
-    ({"bench": "kernel_bench"}, {"bench": "launch_profile", "table": []}, "record must be a bench.one_launch"),
-    ({"bench": "one_launch", "cases": []}, {"bench": "one_launch"}, "profile must be a bench.launch_profile"),
-    ({"bench": "one_launch", "cases": []}, {"bench": "launch_profile", "table": []}, "share no weight format"),
+    ({"bench": "kernel_bench"}, _made_up("launch_profile", table=[]), "record: is a 'kernel_bench' record, expected "
+                                                                      "'one_launch'"),
+    (_made_up("one_launch"), _made_up("launch_profile", table=[]), "record must be a bench.one_launch record with "
+                                                                   "timed cases"),
+    (_made_up("one_launch", cases=[]), {"bench": "one_launch"}, "profile: is a 'one_launch' record, expected "
+                                                                "'launch_profile'"),
+    (_made_up("one_launch", cases=[]), _made_up("launch_profile", table=[]), "share no weight format"),
 ])
 def test_the_wait_breakdown_refuses_other_records(rec, prof, says):
     with pytest.raises(ValueError, match=says):
@@ -391,8 +406,8 @@ def test_the_benchs_run_times_each_format_with_its_own_choice(monkeypatch):
     monkeypatch.setattr(bench.tail, "random_inputs", lambda w, seed: ([0.0], [0.0]))
     monkeypatch.setattr(bench, "seed_case", lambda: type("C", (), {"weights": "seed", "branch": 0, "residual": 0}))
     monkeypatch.setattr(bench, "_check", lambda label, w, br, res, oracle: {"case": label, "passed": True})
-    monkeypatch.setattr(bench.kernel_bench, "copy_bandwidth_torch", lambda: 4e12)
-    monkeypatch.setattr(bench.common.record, "copy_bandwidth", lambda *a, **k: 4e12)
+    monkeypatch.setattr(bench.kernels, "copy_bandwidth_torch", lambda: 4e12)
+    monkeypatch.setattr(bench.record, "copy_bandwidth", lambda *a, **k: 4e12)
     monkeypatch.setattr(bench, "fixed_cost", lambda repeats: {"one_tiny_eval": 0.03})
     fast = {"bfloat16": "u8_nt640", "nvfp4": "gps2"}  # each format's clear winner
     monkeypatch.setattr(bench, "sweep", lambda w, b, r, br, res: {
@@ -420,7 +435,7 @@ def test_the_benchs_run_times_each_format_with_its_own_choice(monkeypatch):
     out = bench.run(["bfloat16", "nvfp4"], 1, 0, False, [])
     assert out["sweeps"] == {} and "sweep" not in out
     assert out["variant_chosen"] == {"bfloat16": bench.FUSED_TAIL, "nvfp4": bench.FUSED_TAIL}
-    assert timed == {f: (kernel_launch.DEFAULT_TUNING, ("shape for", f)) for f in ("bfloat16", "nvfp4")}
+    assert timed == {f: (kernel_tuning.DEFAULT_TUNING, ("shape for", f)) for f in ("bfloat16", "nvfp4")}
 
 
 def test_no_sweep_and_sweep_formats_exclude_each_other(capsys):
@@ -464,21 +479,23 @@ def test_the_cuda_path_runs_4bit_tails_in_640_thread_groups_two_units_a_lane(mon
     assert shape.row_units == (one_launch.FOUR_BIT_ROW_UNITS if four_bit else None)
     for k in ("wo_residual", "ffn_gate_up"):
         assert phases[k]["U"] == (2 if four_bit else tuned[k]["U"])
-    assert phases["ffn_down"]["U"] == max(1, kernel_launch.units_for(prep.down.fmt, prep.tuning.u_down) // shape.down_rows)
+    assert phases["ffn_down"]["U"] == max(1, kernel_matrices.units_for(prep.down.fmt, prep.tuning.u_down) // shape.down_rows)
 
 
-@pytest.mark.parametrize("formats,nt", [([0], one_launch.DEFAULT_NT), ([1, 1, 1, 1], one_launch.DEFAULT_NT),
-                                        ([3, 3, 3, 3], one_launch.DEFAULT_NT), ([1, 2, 1, 1], one_launch.FOUR_BIT_NT),
-                                        ([4], one_launch.FOUR_BIT_NT)])
+@pytest.mark.parametrize("formats,nt", [([F.FLOAT32], one_launch.DEFAULT_NT),
+                                        ([F.BFLOAT16] * 4, one_launch.DEFAULT_NT),
+                                        ([F.AFFINE8] * 4, one_launch.DEFAULT_NT),
+                                        ([F.BFLOAT16, F.AFFINE4, F.BFLOAT16, F.BFLOAT16], one_launch.FOUR_BIT_NT),
+                                        ([F.MXFP4], one_launch.FOUR_BIT_NT), ([F.NVFP4], one_launch.FOUR_BIT_NT)])
 def test_shape_for_formats_gives_the_4bit_shape_where_any_matrix_is_4bit(formats, nt):
     shape = one_launch.shape_for_formats(formats)
     assert shape.nt == nt and shape.groups_per_sm == 1
     assert shape.row_units == (None if nt == one_launch.DEFAULT_NT else one_launch.FOUR_BIT_ROW_UNITS)
 
 
-@pytest.mark.parametrize("formats", [[], [5], [1, -1], ["bf16"]])
+@pytest.mark.parametrize("formats", [[], [F.FLOAT16], [F.BFLOAT16, F.MXFP8], [1], ["bfloat16"]])
 def test_shape_for_formats_names_what_it_cannot_read(formats):
-    with pytest.raises(ValueError, match="formats must be kernel formats"):
+    with pytest.raises(ValueError, match="formats: must be at least one weight format the kernels read"):
         one_launch.shape_for_formats(formats)
 
 
@@ -530,13 +547,13 @@ def test_fused_tail_on_cuda_raises_when_a_barrier_gave_up(monkeypatch):
 
 def test_the_cuda_path_runs_three_launches_where_the_one_does_not_fit(monkeypatch):
     """Where the one launch's shared memory would pass CUDA's static limit, the CUDA path
-    is the three launches (kernel_launch.run_kernel_tail), never a failed launch."""
+    is the three launches (kernel_run.run_kernel_tail), never a failed launch."""
     import numpy as np
 
     _fake_cuda(monkeypatch, None)
     monkeypatch.setattr(one_launch, "STATIC_SHARED_LIMIT", 1024)
     ran = []
-    monkeypatch.setattr(kernel_launch, "run_kernel_tail",
+    monkeypatch.setattr(kernel_run, "run_kernel_tail",
                         lambda dialect, launch, b, r: ran.append(dialect) or np.zeros(128, np.float32))
     w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
     br, res = tail.random_inputs(w, seed=6)

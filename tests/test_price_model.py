@@ -10,16 +10,21 @@ import mlx.core as mx
 import pytest
 
 from bench import split_price
-from workbench import files
+from bench.common import decode_timing
+from workbench.reports import records
 from workbench.reports import schedule_run as schedule_report
-from workbench.decode import schedule
+from workbench.decode import geometry, savings, schedule, state
 from workbench.waits import plan as waits
-from workbench.models.config import load_model, replace_layer
-from workbench.waits.measurement import measure_split_between
+from workbench.waits import ledger as wait_ledger
+from workbench.models.config import replace_layer
+from workbench.models.loader import load_model
+from workbench.waits.measurement import JOINED_PHASES, SPLIT_PHASES, measure_split_between
 
-BENCH = files.DATA_DIR / "bench"
-#: The H200 records of the kernels step with compiled layers and split prices marked by read-back.
+BENCH = records.RECORD_DIR
+#: The H200 records of the kernels step with compiled layers and split prices marked by read-back:
+#: bf16's, whose clock the price model is held against here,
 BF16 = BENCH / "schedule_run-nvidia-h200-20261201T030402Z.json"
+#: and affine 4-bit's, the source of the ledger's bfloat16-affine4 split prices.
 Q4 = BENCH / "schedule_run-nvidia-h200-20261201T030500Z.json"
 
 
@@ -80,28 +85,28 @@ def test_bad_split_kinds_and_prices(bonsai):
         waits.priced_waits(bonsai, 1, {"layer|layer": "0.3"}, 0.02)
     with pytest.raises(ValueError, match="split_prices: must be a mapping"):
         waits.priced_waits(bonsai, 1, [0.3], 0.02)
-    entry = dict(waits.load_ledger()[0], split="nope")
+    entry = dict(wait_ledger.load_ledger()[0], split="nope")
     with pytest.raises(ValueError, match="split: must be a split kind"):
-        waits.check_entry(entry)
+        wait_ledger.check_entry(entry)
 
 
 def test_the_ledger_holds_the_h200_split_prices():
     for dtype in ("bfloat16", "bfloat16-affine4"):
-        prices = waits.ledger_split_prices("NVIDIA H200", "cuda", matvec="kernels", dtype=dtype)
+        prices = wait_ledger.ledger_split_prices("NVIDIA H200", "cuda", matvec="kernels", dtype=dtype)
         # every kind measured then (records before "qkv>host|wo" was measurable lack it)
-        assert set(schedule.MEASURED_SPLITS) - {"qkv>host|wo"} <= set(prices) <= set(schedule.MEASURED_SPLITS)
+        assert set(savings.MEASURED_SPLITS) - {"qkv>host|wo"} <= set(prices) <= set(savings.MEASURED_SPLITS)
         assert all(0 < v < 5 for v in prices.values())
-    assert waits.ledger_split_prices("NVIDIA H200", "cuda", matvec="mlx") == {}
+    assert wait_ledger.ledger_split_prices("NVIDIA H200", "cuda", matvec="mlx") == {}
 
 
 def test_split_entries_from_a_record(tmp_path):
-    rec = json.loads(BF16.read_text())
+    rec = records.load("schedule_run", BF16.name)
     entries = split_price.split_entries(rec, "data/bench/x.json")
     assert [e["split"] for e in entries] == [s["split"] for s in rec["splits"]]
     for e in entries:
-        waits.check_entry(e)
+        wait_ledger.check_entry(e)
         assert "--out" not in e["command"] and e["id"].startswith("split-cuda-nvidia-h200-kernels-bfloat16-")
-    bad = json.loads(BF16.read_text())
+    bad = records.load("schedule_run", BF16.name)
     bad["splits"][0]["ms"] = -0.01
     with pytest.raises(ValueError, match="'wo>host|ffn': its measured price is -0.0100 ms"):
         split_price.split_entries(bad, "x")
@@ -109,12 +114,12 @@ def test_split_entries_from_a_record(tmp_path):
         split_price.split_entries({"bench": "wait_price"}, "x")
     # --add into a copy: every kind, then refused again without --force.
     ledger = tmp_path / "ledger.json"
-    shutil.copy(waits.LEDGER_PATH, ledger)
+    shutil.copy(wait_ledger.LEDGER_PATH, ledger)
     raw = json.loads(ledger.read_text())
     raw["prices"] = [e for e in raw["prices"] if "split" not in e]
     ledger.write_text(json.dumps(raw))
     split_price.main(["--add", str(Q4), "--ledger", str(ledger)])
-    assert len(waits.ledger_split_prices("NVIDIA H200", "cuda", ledger, dtype="bfloat16-affine4")) == 7
+    assert len(wait_ledger.ledger_split_prices("NVIDIA H200", "cuda", ledger, dtype="bfloat16-affine4")) == 7
     with pytest.raises(SystemExit):
         split_price.main(["--add", str(Q4), "--ledger", str(ledger)])
 
@@ -124,7 +129,7 @@ def test_measure_split_between_on_the_cpu():
     mx.eval(x)
     r = measure_split_between(lambda a: (a * 2.0, a + 1), lambda t: t[0] - 1.0, x, n=6, warmup=1,
                               read_first=lambda out: out[:1])
-    assert set(r["phases_ms"]) == set(schedule._wm.SPLIT_PHASES + schedule._wm.JOINED_PHASES)
+    assert set(r["phases_ms"]) == set(SPLIT_PHASES + JOINED_PHASES)
     assert r["split_ms"] > 0 and r["joined_ms"] > 0 and r["n"] == 6 and "median over 6 rounds" in r["method"]
     with pytest.raises(ValueError, match="second: must be a callable"):
         measure_split_between(lambda a: a, None, x)
@@ -135,7 +140,7 @@ def test_measure_split_between_on_the_cpu():
 def test_the_kernels_records_as_tables():
     recs = schedule_report.kernel_records(schedule_report.load_records())
     assert len(recs) >= 2 and all(r["check"]["passed"] and r["all_waits_match"] for r in recs)
-    rec = json.loads(BF16.read_text()) | {"file": BF16.name}
+    rec = records.load("schedule_run", BF16.name)
     clock = schedule_report.clock_table(rec)
     assert clock["waits"].tolist() == [97, 81, 65, 49, 17, 1]
     assert (clock["x_floor"] == clock["ms"] / rec["floor_ms"]).all()
@@ -145,27 +150,31 @@ def test_the_kernels_records_as_tables():
     assert len(same) == 7 and same["model_ms"].notna().all()
     splits = schedule_report.split_table(rec)
     assert splits["split"].tolist() == [s["split"] for s in rec["splits"]]
+    # the first CPU schedule record: made before the bench measured a floor or split prices
+    first = records.load("schedule_run", "schedule-cpu.json")
     with pytest.raises(ValueError, match="with a floor"):
-        schedule_report.clock_table({"stages": []})
+        schedule_report.clock_table(first)
     with pytest.raises(ValueError, match="with split prices"):
-        schedule_report.split_table({"stages": []})
+        schedule_report.split_table(first)
+    with pytest.raises(records.RecordError, match="rec: names no kind"):
+        schedule_report.clock_table({"stages": []})
 
 
 def test_measure_splits_on_a_small_step(bonsai):
-    geom = schedule.Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True, gdn_k_heads=2,
+    geom = geometry.Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True, gdn_k_heads=2,
                              gdn_v_heads=4, gdn_k_dim=8, gdn_v_dim=8, conv_kernel=4, vocab=64)
-    sched = schedule.Schedule(bonsai, schedule.HybridWeights(bonsai, geom, seed=3, share=True))
-    rows = schedule.measure_splits(sched, n=5, warmup=1, context=4)
-    assert [r["split"] for r in rows] == list(schedule.MEASURED_SPLITS)
+    sched = schedule.Schedule(bonsai, state.HybridWeights(bonsai, geom, seed=3, share=True))
+    rows = decode_timing.measure_splits(sched, n=5, warmup=1, context=4)
+    assert [r["split"] for r in rows] == list(savings.MEASURED_SPLITS)
     assert all(r["device_ms"]["first"] is not None and "phases_ms" in r for r in rows)
     with pytest.raises(ValueError, match="cannot be built"):
-        schedule.measure_splits(sched, ["qkv>host|layer"], n=5)
-    assert schedule.copy_bandwidth(1 << 24, k=4, n=3) > 0  # 16 MB: each copy well above a loaded clock's noise
+        decode_timing.measure_splits(sched, ["qkv>host|layer"], n=5)
+    assert decode_timing.copy_bandwidth(1 << 24, k=4, n=3) > 0  # 16 MB: each copy well above a loaded clock's noise
 
 
 def test_one_stage_of_several_records_side_by_side():
-    rec = json.loads(BF16.read_text())
-    other = json.loads(BF16.read_text())
+    rec = records.load("schedule_run", BF16.name)
+    other = records.load("schedule_run", BF16.name)
     other["stages"] = [dict(s, ms_median=2 * s["ms_median"]) for s in other["stages"]]
     table = schedule_report.stage_comparison({"as run": rec, "twice as slow": other}, stage=6)
     assert table["run"].tolist() == ["as run", "twice as slow"]

@@ -126,7 +126,7 @@ def test_the_kernels_keep_the_criterion_where_the_stream_carries_a_massive_activ
     frink-models' criterion against the float64 truth there, as the MLX graph does. A
     4-bit dequantization that adds 1 to every code and takes the sum of x back out per
     word (4.6x the float32 rounding error) failed it here: 2.7e-4 at layer 29."""
-    from workbench.kernels.launch import emulated_tail
+    from workbench.kernels.emulated import emulated_tail
     from workbench.tail import host_tail, tail_launch
 
     cap, w = captures[layer], rm.checkpoint.tail_weights(layer)

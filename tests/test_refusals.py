@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 import workbench.models.refusals as refusals_mod
 from workbench.fold.rotation import HadamardFold
-from workbench.models.config import Mixer, ModelConfig, list_models, load_model, replace_layer
+from workbench.models.config import Mixer, ModelConfig, replace_layer
+from workbench.models.loader import list_models, load_model
 from workbench.models.refusals import (
     HeadRefusal,
     Refusal,

@@ -33,8 +33,10 @@ from workbench.studies import exact_oracle as EO
 from workbench.fold import rotation as F
 from workbench.tail import frink_case as FC
 from workbench.fold import hadamard
-from workbench.kernels import launch as KL
+from workbench.kernels import tuning as KL
 from workbench.models import config as M
+from workbench.models import families as MF
+from workbench.models import loader as ML
 from workbench.models import refusals as R
 from workbench.studies import cases as SC
 from workbench.studies import sweeps
@@ -51,7 +53,7 @@ NAN, INF = float("nan"), float("inf")
 
 WTS = T.TailWeights.random(32, 32, 64, seed=0, fold_block=16)
 BR, RES = T.random_inputs(WTS, seed=1)
-BONSAI = M.load_model("bonsai-27b")
+BONSAI = ML.load_model("bonsai-27b")
 W_NAN = np.ones((8, 64), np.float32)
 W_NAN[3, 5] = NAN
 
@@ -78,7 +80,7 @@ def qwen_next(**kw: Any) -> dict:
 
 
 def cfg(d: dict) -> M.ModelConfig:
-    return M.ModelConfig.from_hf_config(d)
+    return MF.from_hf_config(d)
 
 
 def sweep1(**kw: Any):
@@ -167,11 +169,11 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("num_experts -2", lambda: cfg(qwen_next(num_experts=-2)), "num_experts"),
     ("Jamba num_experts -2", lambda: cfg(jamba(num_experts=-2)), "num_experts"),
     ("decoder_sparse_step -1", lambda: cfg(qwen_next(decoder_sparse_step=-1)), "decoder_sparse_step"),
-    ("a list for a config", lambda: M.ModelConfig.from_hf_config([1, 2]), "path_or_dict"),
+    ("a list for a config", lambda: MF.from_hf_config([1, 2]), "path_or_dict"),
     ("hidden_size 64.0", lambda: cfg(qwen3(hidden_size=64.0)), "hidden_size"),
     ("residual_multiplier NaN", lambda: cfg(qwen3(model_type="granite", residual_multiplier=NAN)),
      "residual_multiplier"),
-    ("name 3", lambda: M.ModelConfig.from_hf_config(qwen3(), name=3), "name"),
+    ("name 3", lambda: MF.from_hf_config(qwen3(), name=3), "name"),
     ("layer '3'", lambda: BONSAI.layer("3"), "layer"),
     ("layer -1", lambda: BONSAI.layer(-1), "layer"),
     ("synthetic hidden 0", lambda: M.ModelConfig.synthetic(0, ffn_dim=4), "hidden"),
@@ -188,8 +190,8 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("ModelConfig eps -1", lambda: M.ModelConfig("x", "x", 64, 1, -1.0, (M.LayerConfig(0, M.Mixer.MAMBA2),)),
      "rms_norm_eps"),
     ("ModelConfig layers [3]", lambda: M.ModelConfig("x", "x", 64, 1, 1e-6, [3]), "layers"),
-    ("load_model(3)", lambda: M.load_model(3), "name"),
-    ("load_model('../x')", lambda: M.load_model("../x"), "name"),
+    ("load_model(3)", lambda: ML.load_model(3), "name"),
+    ("load_model('../x')", lambda: ML.load_model("../x"), "name"),
     ("replace_layer foo=1", lambda: M.replace_layer(BONSAI, 3, foo=1), "changes"),
     ("replace_layer layer 300", lambda: M.replace_layer(BONSAI, 300, ffn_dim=3), "layer"),
     # refusals
@@ -656,7 +658,7 @@ def test_the_figures_refuse_bad_input_clearly():
         plt.close(fig)
 
 
-MODEL_NAMES = M.list_models()
+MODEL_NAMES = ML.list_models()
 
 
 @settings(max_examples=60)
@@ -670,7 +672,7 @@ def test_junk_in_any_key_of_a_real_config_gives_a_config_or_a_clear_error(name, 
     scope[key] = data.draw(JUNK.filter(lambda v: not isinstance(v, (np.ndarray, mx.array, object().__class__))
                                        or isinstance(v, (int, float, str, list, dict, type(None)))), label="value")
     try:
-        c = M.ModelConfig.from_hf_config(raw, name=name)
+        c = MF.from_hf_config(raw, name=name)
     except ValueError as e:
         assert re.match(r"^[A-Za-z_][\w/\[\]]*:", str(e)), str(e)
         return

@@ -6,17 +6,23 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from workbench.decode import schedule as S
+from workbench.decode.geometry import Geometry, geometry_of
+from workbench.decode.layers import fast_gdn_available, gated_delta_ops
+from workbench.decode.savings import MEASURED_SPLITS, compare_savings, fit_price
+from workbench.decode.schedule import Schedule, run_stages
+from workbench.decode.state import HybridWeights, new_state
 from workbench.reports import schedule_run as schedule_report
 from workbench import tail
 from workbench.waits import plan as waits
+from workbench.waits import ledger as wait_ledger
 from workbench.tail.comparison import compare
-from workbench.models.config import load_model, replace_layer
+from workbench.models.config import replace_layer
+from workbench.models.loader import load_model
 from workbench.waits.measurement import count_waits
 
 #: Bonsai's 64-layer pattern at toy widths: the waits a token are Bonsai's, the work tiny.
-TINY = S.Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True,
-                  gdn_k_heads=2, gdn_v_heads=4, gdn_k_dim=8, gdn_v_dim=8, conv_kernel=4, vocab=64)
+TINY = Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True,
+                gdn_k_heads=2, gdn_v_heads=4, gdn_k_dim=8, gdn_v_dim=8, conv_kernel=4, vocab=64)
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +32,8 @@ def bonsai():
 
 @pytest.fixture(scope="module")
 def tiny(bonsai):
-    w = S.HybridWeights(bonsai, TINY, seed=3)
-    return S.Schedule(bonsai, w)
+    w = HybridWeights(bonsai, TINY, seed=3)
+    return Schedule(bonsai, w)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +41,7 @@ def decoded(tiny):
     """Three tokens at every stage, each from the same start."""
     out = {}
     for n in range(1, 7):
-        st = S.new_state(tiny.w, context=4, max_new=8)
+        st = new_state(tiny.w, context=4, max_new=8)
         out[n] = [tiny.step(st, n) for _ in range(3)]
     return out
 
@@ -48,7 +54,7 @@ def test_the_schedule_makes_the_predicted_waits(bonsai, decoded):
 @pytest.mark.parametrize("stage", range(1, 7))
 def test_count_waits_sees_the_same(tiny, bonsai, stage):
     """An independent count: count_waits sees every evaluation and host read MLX does."""
-    st = S.new_state(tiny.w, context=4, max_new=4)
+    st = new_state(tiny.w, context=4, max_new=4)
     tiny.step(st, stage)  # the first token builds caches; count the second
     with count_waits() as wc:
         res = tiny.step(st, stage)
@@ -69,10 +75,10 @@ def test_every_stage_computes_the_same_tokens(decoded):
 
 def test_a_refused_layer_is_scheduled_as_counted(bonsai):
     cfg = replace_layer(bonsai, 7, o_bias=True)
-    sched = S.Schedule(cfg, S.HybridWeights(cfg, TINY, seed=3))
+    sched = Schedule(cfg, HybridWeights(cfg, TINY, seed=3))
     assert 7 not in sched.eligible
     for n in range(1, 7):
-        st = S.new_state(sched.w, context=4, max_new=2)
+        st = new_state(sched.w, context=4, max_new=2)
         assert sched.step(st, n).waits == waits.waits_per_token(cfg, n)
 
 
@@ -101,46 +107,55 @@ def test_gated_delta_ops_is_the_fast_op():
     b = mx.array(rng.uniform(0, 1, (1, 1, hv)).astype(np.float32))
     s0 = a(1, hv, dv, dk)
     o1, s1 = mx.fast.gated_delta_update(q, k, v, g, b, initial_state=s0)
-    o2, s2 = S.gated_delta_ops(q, k, v, g, b, s0)
+    o2, s2 = gated_delta_ops(q, k, v, g, b, s0)
     # Same float32 arithmetic in a different order: max abs difference within 1e-5.
     np.testing.assert_allclose(np.array(o2), np.array(o1), atol=1e-5)
     np.testing.assert_allclose(np.array(s2), np.array(s1), atol=1e-5)
-    assert S.fast_gdn_available()[0]
+    assert fast_gdn_available()[0]
 
 
 def test_ops_recurrence_decodes_the_same_tokens(tiny, decoded):
-    ops = S.Schedule(tiny.cfg, tiny.w, gdn="ops")
-    st = S.new_state(tiny.w, context=4, max_new=8)
+    ops = Schedule(tiny.cfg, tiny.w, gdn="ops")
+    st = new_state(tiny.w, context=4, max_new=8)
     res = [ops.step(st, 5) for _ in range(3)]
     assert [r.next_token for r in res] == [r.next_token for r in decoded[5]]
     with pytest.raises(ValueError, match="gdn"):
-        S.Schedule(tiny.cfg, tiny.w, gdn="nope")
+        Schedule(tiny.cfg, tiny.w, gdn="nope")
 
 
 def test_run_stages_record(tiny):
-    rec = S.run_stages(tiny, stages=[1, 2, 5], tokens=1, rounds=2, warmup=1, context=4, price_ms=0.05)
+    rec = run_stages(tiny, stages=[1, 2, 5], tokens=1, rounds=2, warmup=1, context=4, price_ms=0.05)
     assert [r["stage"] for r in rec["stages"]] == [1, 2, 5] and rec["rounds_run"] == 2
-    short = S.run_stages(tiny, stages=[1, 5], tokens=1, rounds=50, warmup=0, context=4, time_budget_s=0.0)
+    short = run_stages(tiny, stages=[1, 5], tokens=1, rounds=50, warmup=0, context=4, time_budget_s=0.0)
     assert short["rounds_run"] == 1  # the budget stops it after the first round
     assert all(r["waits_match"] and r["tokens"] == 2 for r in rec["stages"])
     comp = {(c["from"], c["to"]): c for c in rec["comparisons"]}
     assert comp[(1, 2)]["waits_saved"] == 16 and comp[(1, 2)]["ms_saved_predicted"] == pytest.approx(0.8)
     assert comp[(1, 5)]["waits_saved"] == 80
-    fit = S.fit_price([{"waits_predicted": w, "ms_median": 1 + 0.02 * w} for w in (97, 49, 17)])
+    fit = fit_price([{"waits_predicted": w, "ms_median": 1 + 0.02 * w} for w in (97, 49, 17)])
     assert fit["ms_per_wait"] == pytest.approx(0.02) and fit["intercept_ms"] == pytest.approx(1)
 
 
+def test_the_measured_splits_are_the_kinds_the_stage_pairs_remove(bonsai):
+    """The price model prices a pair of stages by the split kinds it removes: MEASURED_SPLITS names them all."""
+    nums = [s.number for s in waits.load_plan().stages]
+    removed = set()
+    for a, b in zip(nums, nums[1:]):
+        removed |= set(waits.model_saving(bonsai, a, b, {}, 1.0)["removed"])
+    assert removed == set(MEASURED_SPLITS)
+
+
 def test_geometry(bonsai):
-    g = S.geometry_of(bonsai)
+    g = geometry_of(bonsai)
     assert (g.hidden, g.ffn, g.n_q, g.n_kv, g.head_dim, g.vocab) == (5120, 17408, 24, 4, 256, 248320)
     assert (g.gdn_k_heads, g.gdn_v_heads, g.gdn_k_dim, g.gdn_v_dim) == (16, 48, 128, 128)
     # Weights a token streams: 48 recurrent + 16 attention layers, ~24.3 G parameters without the head.
     n = 48 * g.layer_params("recurrent") + 16 * g.layer_params("attention")
     assert 24e9 < n < 25e9
     with pytest.raises(ValueError, match="cfg"):
-        S.geometry_of(load_model("granite-4.0-h-micro"))  # Mamba-2, not Gated DeltaNet
+        geometry_of(load_model("granite-4.0-h-micro"))  # Mamba-2, not Gated DeltaNet
     with pytest.raises(ValueError, match="n_q"):
-        S.Geometry(**{**TINY.__dict__, "n_q": 3, "n_kv": 2})
+        Geometry(**{**TINY.__dict__, "n_q": 3, "n_kv": 2})
 
 
 def test_the_committed_records():
@@ -163,7 +178,7 @@ def test_the_schedule_bench(tmp_path):
     import subprocess
     import sys
 
-    root = waits.LEDGER_PATH.parent.parent.parent
+    root = wait_ledger.LEDGER_PATH.parent.parent.parent
     out = tmp_path / "rec.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench.schedule_run", "--stages", "1,5", "--tokens", "1", "--rounds", "1",
@@ -178,28 +193,28 @@ def test_the_schedule_bench(tmp_path):
 
 def test_bad_arguments_are_named(bonsai, tiny):
     with pytest.raises(ValueError, match="dtype: must be one of"):
-        S.HybridWeights(bonsai, TINY, dtype="int8")
+        HybridWeights(bonsai, TINY, dtype="int8")
     with pytest.raises(ValueError, match="seed: must be an integer >= 0"):
-        S.HybridWeights(bonsai, TINY, seed=-1)
+        HybridWeights(bonsai, TINY, seed=-1)
     with pytest.raises(ValueError, match="geom: must be a Geometry"):
-        S.HybridWeights(bonsai, {"hidden": 32})
+        HybridWeights(bonsai, {"hidden": 32})
     with pytest.raises(ValueError, match="weights: must be HybridWeights"):
-        S.Schedule(bonsai, "w")
+        Schedule(bonsai, "w")
     with pytest.raises(ValueError, match="plan: must be None or a Plan"):
-        S.Schedule(bonsai, tiny.w, plan="gdn-resident-state")
+        Schedule(bonsai, tiny.w, plan="gdn-resident-state")
     with pytest.raises(ValueError, match="eligible: layers \\[0\\] are not attention layers"):
-        S.Schedule(bonsai, tiny.w, eligible=[0])
+        Schedule(bonsai, tiny.w, eligible=[0])
     with pytest.raises(ValueError, match="context: must be an integer >= 1"):
-        S.new_state(tiny.w, context=0)
+        new_state(tiny.w, context=0)
     with pytest.raises(ValueError, match="wts: must be HybridWeights"):
-        S.new_state("w")
+        new_state("w")
     with pytest.raises(ValueError, match="sched: must be a Schedule"):
-        S.run_stages("s")
+        run_stages("s")
     for kw, field in [({"tokens": 0}, "tokens"), ({"rounds": 2.0}, "rounds"), ({"warmup": -1}, "warmup"),
                       ({"price_ms": float("nan")}, "price_ms"), ({"progress": 3}, "progress"),
                       ({"stages": [1, 1]}, "stages"), ({"stages": [9]}, "stage")]:
         with pytest.raises(ValueError, match=field):
-            S.run_stages(tiny, **kw)
+            run_stages(tiny, **kw)
 
 
 def test_foreign_records_and_rows_are_named():
@@ -209,17 +224,17 @@ def test_foreign_records_and_rows_are_named():
         with pytest.raises(ValueError, match="rec"):
             schedule_report.closeness(bad)
     with pytest.raises(ValueError, match=r"rows\[0\]: lacks \['ms_median'\]"):
-        S.fit_price([{"waits_predicted": 3}])
+        fit_price([{"waits_predicted": 3}])
     with pytest.raises(ValueError, match="rows: must be a non-empty list"):
-        S.compare_savings([], 0.1)
+        compare_savings([], 0.1)
     with pytest.raises(ValueError, match="price_ms"):
-        S.compare_savings([{"stage": 1, "waits_predicted": 3, "ms_median": 1.0}], -1)
+        compare_savings([{"stage": 1, "waits_predicted": 3, "ms_median": 1.0}], -1)
 
 
 def test_compiled_layers_decode_the_same_tokens(tiny, decoded):
     """mx.compile changes how the graph is built (and may fuse float ops), not the waits or the token."""
-    comp = S.Schedule(tiny.cfg, tiny.w, compiled=True)
-    st = S.new_state(tiny.w, context=4, max_new=8)
+    comp = Schedule(tiny.cfg, tiny.w, compiled=True)
+    st = new_state(tiny.w, context=4, max_new=8)
     res = [comp.step(st, 5) for _ in range(3)]
     assert [r.waits for r in res] == [waits.waits_per_token(tiny.cfg, 5)] * 3
     assert [r.next_token for r in res] == [r.next_token for r in decoded[5]]
@@ -234,7 +249,7 @@ def test_the_schedule_bench_prices_each_kind(tmp_path):
     import subprocess
     import sys
 
-    root = waits.LEDGER_PATH.parent.parent.parent
+    root = wait_ledger.LEDGER_PATH.parent.parent.parent
     out = tmp_path / "rec.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench.schedule_run", "--stages", "1,2,5", "--tokens", "1", "--rounds", "1",
@@ -246,7 +261,7 @@ def test_the_schedule_bench_prices_each_kind(tmp_path):
     rec = json.loads(out.read_text())
     assert rec["quant"] == "affine4" and rec["compiled"] and rec["matvec"] == "mlx" and rec["check"] is None
     assert rec["floor_ms"] == pytest.approx(rec["weight_bytes_per_token"] / rec["copy_bandwidth_gbs"] / 1e6)
-    assert [s["split"] for s in rec["splits"]] == list(S.MEASURED_SPLITS)
+    assert [s["split"] for s in rec["splits"]] == list(MEASURED_SPLITS)
     comps = {(c["from"], c["to"]): c for c in rec["comparisons"]}
     prices = {s["split"]: s["ms"] for s in rec["splits"]}
     want = waits.model_saving(load_model("bonsai-27b"), 1, 2, prices, rec["price"]["ms"])["ms"]

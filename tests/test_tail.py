@@ -332,11 +332,9 @@ def test_bonsai_shape_bf16_three_way():
 # -- the benchmark command (a smoke test: speed is never asserted) -----------------------------------
 
 
-def test_tail_bench_runs_and_writes_a_record(tmp_path, monkeypatch, capsys):
+def test_tail_bench_runs_and_writes_a_record(tmp_path, capsys):
     import json
-    from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent))
     from bench import tail_bench
 
     rec = tail_bench.main(["--shapes", "seed", "--repeats", "2", "--warmup", "0", "--bandwidth-gbps", "1",

@@ -1,4 +1,4 @@
-"""bench.tensor_core_rowdot without a GPU: the lanes' fragment mapping in numpy against
+"""experiments.tensor_core_rowdot without a GPU: the lanes' fragment mapping in numpy against
 the exact map, the three-part split of x, the shape rules, and the kernel text through
 nvcc where it is installed."""
 
@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from bench import tensor_core_rowdot as tc
+from experiments import tensor_core_rowdot as tc
 
 
 def _random(rows: int, cols: int, seed: int) -> tuple[np.ndarray, ...]:
@@ -123,3 +123,41 @@ def test_the_kernel_compiles_for_the_h200_without_spills(tmp_path, subnormal) ->
                     if "HMMA" in i["opcodes"]]  # the batch of groups (the prologue's loops have none)
     assert unit_loop["opcodes"].get("HMMA") == 4 * 4
     assert ("HADD2" in unit_loop["opcodes"]) != subnormal  # the packed subtract of 128, bf16 only
+
+
+@pytest.mark.parametrize("name", ["tensor_core_rowdot", "async_copy_rowdot"])
+def test_an_experiment_runs_as_python_m_experiments_and_records_to_data_bench(name) -> None:
+    """``python -m experiments.NAME --help`` from the project's root names that command, and
+    the record still goes to the project's data/bench/ (where the readers look)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bench.common import record
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", f"experiments.{name}", "--help"], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: python -m experiments.{name} ")
+    assert f"{name}-<device>-<UTC time>.json" in done.stdout
+    assert tc.parser(name, "doc").parse_args([]).out_dir == record.RECORD_DIR == root / "data" / "bench"
+
+
+def test_the_record_names_the_experiments_command(tmp_path, monkeypatch) -> None:
+    """run_and_record's record says how it was run: ``python -m experiments.NAME ...``."""
+    import argparse
+    import json
+
+    import mlx.core as mx
+
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    res = {"shape": [16, 64], "units": 1, "threads": 32, "blocks": 1, "chain": 1, "repeats": 1, "seed": 0,
+           "weight_bytes": 1, "copy_bandwidth_Bps": {"used_for_floor": 1e12}, "floor_ms": 1e-9,
+           "check_tol": tc.CHECK_TOL, "variants": {}, "all_checks_passed": True}
+    a = argparse.Namespace(no_record=False, out_dir=tmp_path, force=False)
+    assert tc.run_and_record("tensor_core_rowdot", "what", ["--rows", "16"], a, "mma.sync", lambda: res) == 0
+    (path,) = tmp_path.glob("tensor_core_rowdot-*.json")
+    rec = json.loads(path.read_text())
+    assert rec["command"] == "python -m experiments.tensor_core_rowdot --rows 16" and rec["bench"] == "tensor_core_rowdot"

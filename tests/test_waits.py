@@ -11,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.waits import plan as waits
+from workbench.waits import ledger as wait_ledger
 from workbench.reports import schedule_run as schedule_report
-from workbench.models.config import LayerConfig, Mixer, ModelConfig, load_model, replace_layer
+from workbench.models.config import LayerConfig, Mixer, ModelConfig, replace_layer
+from workbench.models.loader import load_model
 from workbench.waits.measurement import count_waits, measure_split_price, measure_wait_price
 
 BONSAI = [97, 81, 65, 49, 17, 1]  # design.md: 97, 81, 65, 49, 17; the device floor 1
@@ -130,7 +132,7 @@ def test_table_bonsai_at_the_seed_price(bonsai):
 
 
 def test_table_with_a_price_and_the_ledger(bonsai):
-    df = waits.wait_table(bonsai, price_ms=0.03, ledger=waits.LEDGER_PATH)
+    df = waits.wait_table(bonsai, price_ms=0.03, ledger=wait_ledger.LEDGER_PATH)
     assert df["ms"].round(2).tolist() == [round(w * 0.03, 2) for w in BONSAI]
     assert df["ms@seed-metal"].round(2).tolist() == BONSAI_MS
     with pytest.raises(ValueError, match="price_ms"):
@@ -154,8 +156,8 @@ def test_plan_states_its_rules():
 
 
 def test_ledger(tmp_path):
-    entries = waits.load_ledger()
-    assert waits.ledger_price("seed-metal") == 0.17
+    entries = wait_ledger.load_ledger()
+    assert wait_ledger.ledger_price("seed-metal") == 0.17
     measured = [e for e in entries if e["kind"] == "measured"]
     assert any(e["backend"] == "cpu" for e in measured), "the CPU price is measured into the ledger"
     for e in measured:
@@ -163,19 +165,19 @@ def test_ledger(tmp_path):
     for e in entries:
         assert e["method"] and ("source" in e)
     with pytest.raises(ValueError, match="entry_id"):
-        waits.ledger_price("nope")
+        wait_ledger.ledger_price("nope")
     path = tmp_path / "ledger.json"
-    shutil.copy(waits.LEDGER_PATH, path)
+    shutil.copy(wait_ledger.LEDGER_PATH, path)
     entry = {"id": "x", "kind": "published", "ms": 0.5, "device": "d", "backend": "cpu", "method": "m", "source": "s"}
-    assert waits.add_price(entry, path) is None
+    assert wait_ledger.add_price(entry, path) is None
     with pytest.raises(ValueError, match="already in"):  # a price is never replaced unasked
-        waits.add_price({**entry, "ms": 0.25}, path)
-    assert waits.ledger_price("x", path) == 0.5
-    assert waits.add_price({**entry, "ms": 0.25}, path, replace=True) == entry  # the replaced entry, to report
-    assert waits.ledger_price("x", path) == 0.25
+        wait_ledger.add_price({**entry, "ms": 0.25}, path)
+    assert wait_ledger.ledger_price("x", path) == 0.5
+    assert wait_ledger.add_price({**entry, "ms": 0.25}, path, replace=True) == entry  # the replaced entry, to report
+    assert wait_ledger.ledger_price("x", path) == 0.25
     assert len(json.loads(path.read_text())["prices"]) == len(entries) + 1
     with pytest.raises(ValueError, match="entry"):
-        waits.add_price({"id": "y"}, path)
+        wait_ledger.add_price({"id": "y"}, path)
 
 
 def test_measure_wait_price_on_this_cpu():
@@ -215,7 +217,6 @@ def test_figures_draw():
     import matplotlib.pyplot as plt
 
     from workbench.reports import plots
-    from workbench.decode import schedule
 
     cfg = load_model("bonsai-27b")
     for fig in (plots.plot_stage_ms(cfg, {"seed": 0.17}), plots.plot_wait_share(cfg, prices_ms=[0.01, 0.1]),
@@ -231,9 +232,9 @@ def test_the_wait_price_bench(tmp_path):
     import subprocess
     import sys
 
-    root = waits.LEDGER_PATH.parent.parent.parent
+    root = wait_ledger.LEDGER_PATH.parent.parent.parent
     out, ledger = tmp_path / "rec.json", tmp_path / "ledger.json"
-    shutil.copy(waits.LEDGER_PATH, ledger)
+    shutil.copy(wait_ledger.LEDGER_PATH, ledger)
 
     def run(*args):
         done = subprocess.run([sys.executable, "-m", "bench.wait_price", *args], cwd=root, capture_output=True,
@@ -249,7 +250,7 @@ def test_the_wait_price_bench(tmp_path):
     from bench.wait_price import ledger_entry
 
     entry_id = ledger_entry(rec)["id"]
-    entry = next(e for e in waits.load_ledger(ledger) if e["id"] == entry_id)
+    entry = next(e for e in wait_ledger.load_ledger(ledger) if e["id"] == entry_id)
     assert entry["ms"] == rec["ms"] and entry["method"] and entry["command"]
 
 

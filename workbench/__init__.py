@@ -25,7 +25,8 @@ from workbench.studies.calibration import (
 from workbench.tail.comparison import Comparison, compare
 from workbench.fold.rotation import FoldSite, HadamardFold
 from workbench.tail.frink_case import SEED_TOL, seed_case
-from workbench.models.config import ModelConfig, list_models, load_model
+from workbench.models.config import ModelConfig
+from workbench.models.loader import list_models, load_model
 from workbench.models.refusals import Refusal, eligible, explain, refusal_table
 from workbench.studies.sweeps import mutation_sweep, sweep
 from workbench.tail.weights import TailRefused, TailWeights, random_inputs

@@ -32,11 +32,12 @@ import numpy as np
 from workbench import backends
 from workbench.kernels import source as kernel_source
 from workbench import files
-from workbench.waits import plan as waits
+from workbench.reports import records
+from workbench.waits import ledger as wait_ledger
 
 #: The project's root and its folder of records, wherever a command is started from.
 ROOT = files.PROJECT_ROOT
-RECORD_DIR = files.DATA_DIR / "bench"
+RECORD_DIR = records.RECORD_DIR
 
 
 def slug(s: str) -> str:
@@ -130,13 +131,16 @@ def comma_list(parser: argparse.ArgumentParser, flag: str, value: str, allowed: 
 
 
 def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
-    """The header of a record: the bench, its exact command line, date, device, versions and
-    the kernel text it ran (``kernel_source.fingerprint``)."""
+    """The header of a record (``workbench.reports.records.Header``): the bench, its kind's
+    schema, its exact command line, date, device, versions and the kernel text it ran
+    (``kernel_source.fingerprint``). ``bench`` must be a kind of ``records.KINDS``."""
+    schema = records.lookup(bench).schema
     args = argv if argv is not None else sys.argv[1:]
     now = _dt.datetime.now(_dt.timezone.utc)
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "bench": bench,
+        "schema": schema,
         "command": " ".join(["python -m bench." + bench, *args]),
         "date": now.isoformat(timespec="seconds"),
         "device": backends.device_description(),
@@ -155,6 +159,10 @@ def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
 def write(record: dict[str, Any], out_dir: str | Path, stem: str, *, force: bool = False) -> Path:
     """Write ``record`` as ``out_dir/stem.json`` (pretty, newline-terminated); return the path.
 
+    First the record is checked against its kind's contract (:func:`checked`: the kind it
+    names, its schema, the keys every record of the kind has), so a command whose record
+    lacks a key its readers rely on fails here, in its own test, not in a notebook later.
+
     Atomic (``workbench.files.write_atomic``): a kill or a full disk leaves no broken
     file. An existing file is replaced only with ``force``; otherwise, should the name be
     taken by the time the run ends (two runs in the same second), the record goes to
@@ -164,7 +172,7 @@ def write(record: dict[str, Any], out_dir: str | Path, stem: str, *, force: bool
     type for (a numpy scalar, a dataclass) are written as their ``str``: a GPU run's
     record is worth more with one field stringified than lost.
     """
-    text = json.dumps(record, indent=2, default=str) + "\n"
+    text = json.dumps(checked(record), indent=2, default=str) + "\n"
     path = _write_new(text, Path(out_dir), stem, force)
     if os.environ.get("OUT"):
         # The same rule in $OUT: runs started together in one device call (one a tool, each
@@ -172,6 +180,23 @@ def write(record: dict[str, Any], out_dir: str | Path, stem: str, *, force: bool
         # one another, losing all records but the last.
         _write_new(text, Path(os.environ["OUT"]), path.stem, force)
     return path
+
+
+def checked(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` checked as a record of the kind it names (``records.check``), with its
+    kind's current schema after ``bench`` where it has none (a command that builds its
+    header without :func:`provenance`); the caller's dict is left as it is."""
+    kind = records.kind_of(record)
+    if kind not in records.KINDS:
+        raise records.RecordError(f"record: names {'no kind' if kind is None else f'the kind {kind!r}'}; a bench "
+                                  f"record names one of {sorted(records.KINDS)} by its 'bench' (or a 'python -m "
+                                  "bench.NAME' command)")
+    records.check(record, kind)
+    if "schema" in record:
+        return record
+    at = list(record).index("bench") + 1 if "bench" in record else 0
+    items = list(record.items())
+    return dict(items[:at] + [("schema", records.KINDS[kind].schema)] + items[at:])
 
 
 def _write_new(text: str, out: Path, stem: str, force: bool) -> Path:
@@ -257,14 +282,14 @@ def project_relative(path: str | Path) -> str:
 
 def add_to_ledger(p: argparse.ArgumentParser, entry: dict[str, Any], ledger: str | Path | None,
                   force: bool) -> dict[str, Any] | None:
-    """Put ``entry`` into the wait-price ledger (``waits.add_price``: checked, under a lock),
+    """Put ``entry`` into the wait-price ledger (``wait_ledger.add_price``: checked, under a lock),
     say so, and say what it replaced; a refusal is ``p``'s usage error naming ``--add``.
     The one way every bench files a price, so each says it the same way."""
     try:
-        old = waits.add_price(entry, ledger, replace=force)
+        old = wait_ledger.add_price(entry, ledger, replace=force)
     except ValueError as err:
         p.error(f"--add: {err}" + ("" if force else " (--force replaces it)"))
-    print(f"added {entry['id']}: {entry['ms']:.4f} ms to {ledger or waits.LEDGER_PATH}")
+    print(f"added {entry['id']}: {entry['ms']:.4f} ms to {ledger or wait_ledger.LEDGER_PATH}")
     if old is not None:
         print(f"replaced {old['id']}: {old['ms']:.4f} ms, measured {old.get('date')} "
               f"by {old.get('command', old.get('source'))}")

@@ -1,6 +1,8 @@
 """A hybrid model's decode step, run stage by stage of the plan.
 
-``schedule`` executes one token of a hybrid (Gated DeltaNet and attention layers) with
-the waits each stage of the plan makes, and checks every stage against the first;
-``matvec`` runs the step's matrix products as MLX ops or through the project's kernels.
+``geometry``: a hybrid's widths; ``state``: its random weights and what a decode keeps
+between tokens; ``layers``: the Gated DeltaNet step and the attention as lazy ops;
+``schedule``: one token executed as a stage of the plan, checked and timed; ``savings``:
+measured savings against the wait table's and the price model's; ``matvec``: the step's
+matrix products as MLX ops or through the project's kernels.
 """

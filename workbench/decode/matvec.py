@@ -48,7 +48,9 @@ import numpy as np
 from workbench import backends
 from workbench.kernels import gdn_step as gdn_kernel
 from workbench.kernels import launch as kernel_launch
-from workbench.kernels.launch import KernelTuning
+from workbench.kernels import matrices as kernel_matrices
+from workbench.kernels import tuning as kernel_tuning
+from workbench.kernels.tuning import KernelTuning
 from workbench.tail.paths import TailLaunch
 from workbench.validate import one_of
 from workbench.fold.weights import QuantizedBase, WeightMatrix
@@ -170,20 +172,20 @@ class Launch:
 
 
 def _kernel_matrix(name: str, w: mx.array | QuantizedBase):
-    return kernel_launch.kernel_matrix(name, WeightMatrix(w))
+    return kernel_matrices.kernel_matrix(name, WeightMatrix(w))
 
 
 def _matvec_launch(dialect: str, w: mx.array | QuantizedBase, t: KernelTuning, name: str) -> Launch:
     """``residual + W x`` through ``wo_residual`` with no fold (a plain matvec plus an add)."""
     m = _kernel_matrix(name, w)
-    kernel_launch.check_width(f"{name}'s in dimension", m.cols)
+    kernel_matrices.check_width(f"{name}'s in dimension", m.cols)
     rot = kernel_launch.rotation_template(None, m.cols)
     template = [("NT", t.wo_nt), ("FMT", m.fmt), ("SFMT", m.sfmt), ("GS", m.gs), ("QI", m.qi), ("WIDTH", m.cols),
-                ("ROWS", m.rows), ("ROT", False), ("M", 1), ("LOGP", 0), ("U", kernel_launch.units_for(m.fmt, t.u_wo)),
-                ("PRE", bool(t.pre_wo))]
+                ("ROWS", m.rows), ("ROT", False), ("M", 1), ("LOGP", 0),
+                ("U", kernel_matrices.units_for(m.fmt, t.u_wo)), ("PRE", bool(t.pre_wo))]
     if dialect == "metal":
-        kernel_launch.check_threadgroup_memory("wo_residual", template, f"{name}'s in dimension ({m.cols})")
-    kw = dict(template=template, grid=(kernel_launch.grid_size(m.rows, t.wo_nt, t, t.wo_groups_per_sm), 1, 1),
+        kernel_matrices.check_threadgroup_memory("wo_residual", template, f"{name}'s in dimension ({m.cols})")
+    kw = dict(template=template, grid=(kernel_tuning.grid_size(m.rows, t.wo_nt, t, t.wo_groups_per_sm), 1, 1),
               threadgroup=(t.wo_nt, 1, 1), output_shapes=[(m.rows,)], output_dtypes=[mx.float32])
     consts = (rot["sdest"], rot["table"], kernel_launch.params_array(0.0, 1.0), m.w, m.s, m.b)
     return Launch(kernel_launch.compiled_kernel(dialect, "wo_residual"), consts, kw, split=True)
@@ -195,19 +197,19 @@ def _head_launch(dialect: str, norm: mx.array, eps: float, mats: list[tuple[str,
     if len({(m.fmt, m.sfmt, m.gs, m.qi) for m in ms}) != 1:
         raise ValueError(f"{', '.join(n for n, _ in mats)}: must share one weight format (one launch reads all three)")
     hid = ms[0].cols
-    kernel_launch.check_width("hidden", hid)
+    kernel_matrices.check_width("hidden", hid)
     rot = kernel_launch.rotation_template(None, hid)
     m0 = ms[0]
     nq, nk, nv = (m.rows for m in ms)
     template = [("NT", t.head_nt), ("FMT", m0.fmt), ("SFMT", m0.sfmt), ("GS", m0.gs), ("QI", m0.qi), ("HID", hid),
                 ("NQ", nq), ("NK", nk), ("NV", nv), ("ROT", False), ("M", 1), ("LOGP", 0),
-                ("U", kernel_launch.units_for(m0.fmt, t.u_head)), ("PRE", bool(t.pre_head))]
+                ("U", kernel_matrices.units_for(m0.fmt, t.u_head)), ("PRE", bool(t.pre_head))]
     if dialect == "metal":
-        kernel_launch.check_threadgroup_memory("head_qkv", template, f"hidden ({hid})")
+        kernel_matrices.check_threadgroup_memory("head_qkv", template, f"hidden ({hid})")
     consts: list[mx.array] = [norm.astype(mx.float32), kernel_launch.params_array(eps, 1.0), rot["sdest"], rot["table"]]
     for m in ms:
         consts += [m.w, m.s, m.b]
-    kw = dict(template=template, grid=(kernel_launch.grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
+    kw = dict(template=template, grid=(kernel_tuning.grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
               threadgroup=(t.head_nt, 1, 1), output_shapes=[(nq,), (nk,), (nv,)], output_dtypes=[mx.float32] * 3)
     return Launch(kernel_launch.compiled_kernel(dialect, "head_qkv"), tuple(consts), kw)
 
@@ -239,7 +241,7 @@ class KernelMatvecs:
         one_of("dialect", dialect, kernel_launch.KERNEL_BACKENDS)
         self.eps = float(eps)
         self.dialect = dialect
-        self.tuning = tuning or kernel_launch.DEFAULT_TUNING
+        self.tuning = tuning or kernel_tuning.DEFAULT_TUNING
         self._prepared: dict[int, dict[str, Any]] = {}
         self._keep: list = []  # the dicts prepared for, so their ids stay theirs
 
@@ -284,7 +286,7 @@ class KernelMatvecs:
 
     def gdn_step(self, lw: Mapping[str, Any], k_heads: int, mixed: mx.array, z: mx.array, ba: mx.array,
                  conv: mx.array, ssm: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """``(o, conv', ssm')``: what ``schedule._recurrent`` passes to ``out_add`` and keeps."""
+        """``(o, conv', ssm')``: what ``workbench.decode.layers.recurrent_layer`` passes to ``out_add`` and keeps."""
         return self.gdn_step_launch(lw, k_heads)(mixed, z, ba, conv, ssm)
 
     def logits_launch(self, lm_head) -> tuple[Launch, mx.array]:

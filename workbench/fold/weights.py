@@ -19,6 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import validate
+from workbench.fold import formats
 from workbench.fold.rotation import FoldSite, HadamardFold
 
 if TYPE_CHECKING:
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
 
 ArrayT = TypeVar("ArrayT", np.ndarray, mx.array)
 
-#: Dense dtypes a base may have.
-DENSE_DTYPES: dict[str, mx.Dtype] = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+#: Dense dtypes a base may have: the dense formats of :data:`formats.FORMATS`, as MLX dtypes.
+DENSE_DTYPES: dict[str, mx.Dtype] = {f.name: getattr(mx, f.name) for f in formats.FORMATS if not f.quantized}
 
 #: What ``mx.quantize`` serves that the workbench accepts: mode -> (bits allowed, group sizes allowed).
 #: affine: 4 and 8 bit, groups 32/64/128; the microscaling formats have fixed bits and groups
@@ -51,23 +52,22 @@ class QuantSpec:
     def __str__(self) -> str:
         return f"{self.mode}{self.bits}-g{self.group_size}" if self.mode == "affine" else f"{self.mode}-g{self.group_size}"
 
+    @property
+    def format(self) -> formats.Format:
+        """The :class:`~workbench.fold.formats.Format` this spec makes (whatever its group size)."""
+        return formats.by_mode(self.mode, self.bits)
+
     def as_quantize(self) -> dict[str, Any]:
         """The ``quantize=`` argument that makes this format (``TailWeights.random``,
         ``mx.quantize``'s keyword arguments): ``{"mode", "bits", "group_size"}``."""
         return {"mode": self.mode, "bits": self.bits, "group_size": self.group_size}
 
 
-#: The quantization formats the workbench studies, by name, as ``mx.quantize`` makes them:
-#: the packs users run (mlx-lm's affine 4- and 8-bit; gpt-oss's mxfp4; nvfp4; mxfp8). The
-#: one table of named formats: sweeps take these names, notebook 01 labels them, and
-#: every entry is within :data:`QUANT_MODES` (a test holds it).
-QUANT_FORMATS: dict[str, QuantSpec] = {
-    "affine4": QuantSpec("affine", 4, 64),
-    "affine8": QuantSpec("affine", 8, 64),
-    "mxfp4": QuantSpec("mxfp4", 4, 32),
-    "nvfp4": QuantSpec("nvfp4", 4, 16),
-    "mxfp8": QuantSpec("mxfp8", 8, 32),
-}
+#: The quantized formats of :data:`formats.FORMATS`, by name, as ``mx.quantize`` makes them
+#: at their default group size: sweeps take these names, notebook 01 labels them, and every
+#: entry is within :data:`QUANT_MODES` (a test holds it).
+QUANT_FORMATS: dict[str, QuantSpec] = {f.name: QuantSpec(f.mode, f.bits, f.group_size)
+                                       for f in formats.FORMATS if f.quantized}
 
 
 def check_quant_spec(mode: str, bits: int, group_size: int) -> QuantSpec:

@@ -1,10 +1,13 @@
 """The GPU kernels: their source, their launches, and Metal on a CPU.
 
 ``source`` composes ``kernels/`` (one body an algorithm over ``common.h``) into the Metal
-or CUDA text MLX compiles, and fingerprints it; ``launch`` turns a tail's weights and fold
-plan into the three tail launches and the head launch on ``cuda``, ``metal`` or
-``metal-emulated``; ``one_launch`` runs the tail as ONE CUDA launch with grid barriers;
-``gdn_step`` a Gated DeltaNet decode step as one launch; ``metal_emulation`` compiles
-Metal with clang against a stand-in ``<metal_stdlib>`` and runs it on the CPU;
-``cuda_device`` reads the GPU's multiprocessor count.
+or CUDA text MLX compiles, and fingerprints it. ``tuning`` holds the launches' group
+sizes and grids and the hardware limits; ``matrices`` a weight matrix as kernel inputs
+and the group memory a launch declares; ``launch`` prepares a tail's three launches from
+its weights and fold plan; ``run`` runs a tail on ``metal`` or ``metal-emulated`` (and the
+CUDA path's fallback); ``head`` the Q/K/V launch; ``emulated`` the Metal launches on the
+CPU and the Metal source MLX generates; ``one_launch`` the CUDA tail as ONE launch with
+grid barriers; ``gdn_step`` a Gated DeltaNet decode step as one launch;
+``metal_emulation`` compiles Metal with clang against a stand-in ``<metal_stdlib>`` and
+runs it on the CPU; ``cuda_device`` reads the GPU's multiprocessor count.
 """

@@ -9,7 +9,7 @@ convolution's window update, silu, the q and k L2 norms, the gates beta and gamm
 gated delta update, the per-head RMS norm and the z gate. ``kernels/gdn_step.body`` does
 all of it in one launch, one group a value head, the state read once and written once.
 
-The arithmetic is ``schedule._recurrent``'s, float32, op for op in meaning (so the MLX-ops
+The arithmetic is ``workbench.decode.layers.recurrent_layer``'s, float32, op for op in meaning (so the MLX-ops
 path, ``gdn="ops"``, is its float32 reference, and :func:`recurrent_step_exact` its
 float64 oracle):
 
@@ -36,14 +36,16 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import backends
-from workbench.kernels import launch as kernel_launch
 from workbench.kernels import source as kernel_source
+from workbench.kernels.emulated import METAL_EMULATED, emulate_launch
+from workbench.kernels.launch import compiled_kernel
+from workbench.kernels.tuning import MAX_GROUP_THREADS, METAL_THREADGROUP_LIMIT
 from workbench.validate import describe, integer, number, one_of
 
 #: Where :class:`GdnStep` runs: MLX's CUDA or Metal kernels, or the Metal source emulated on the CPU.
-GDN_BACKENDS: tuple[str, ...] = ("cuda", "metal", kernel_launch.METAL_EMULATED)
+GDN_BACKENDS: tuple[str, ...] = ("cuda", "metal", METAL_EMULATED)
 
-#: The L2 norm's epsilon on q and k (``schedule._recurrent``'s ``1e-6``, a constant of the
+#: The L2 norm's epsilon on q and k (``workbench.decode.layers.recurrent_layer``'s ``1e-6``, a constant of the
 #: model family, not the layer's RMS eps).
 L2_EPS = 1e-6
 
@@ -59,7 +61,7 @@ MAX_DK = 512
 MAX_LANE_FLOATS = 64
 
 #: Apple GPUs' threadgroup memory a group (the same algorithm runs on CUDA, so the same limit holds).
-GROUP_LIMIT = kernel_launch.METAL_THREADGROUP_LIMIT
+GROUP_LIMIT = METAL_THREADGROUP_LIMIT
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def check_shape(shape: GdnShape, threads: int) -> None:
                          f"{MAX_DK} (a lane's share of a row in registers), got {shape.dk}")
     if shape.kw < 2:
         raise ValueError(f"conv kernel width: must be >= 2 (the conv state holds kw - 1 rows), got {shape.kw}")
-    threads = integer("threads", threads, minimum=32, maximum=kernel_launch.MAX_GROUP_THREADS)
+    threads = integer("threads", threads, minimum=32, maximum=MAX_GROUP_THREADS)
     if threads % 32:
         raise ValueError(f"threads: must be a multiple of 32 (whole warps), got {threads}")
     used = shape.group_bytes(threads)
@@ -112,7 +114,7 @@ def check_shape(shape: GdnShape, threads: int) -> None:
     if held > MAX_LANE_FLOATS:
         raise ValueError(f"threads: {threads} leave each lane {held} floats of the state to hold (rows a warp x Dk / 32), "
                          f"more than {MAX_LANE_FLOATS}; give more threads (whole warps, at most "
-                         f"{kernel_launch.MAX_GROUP_THREADS})")
+                         f"{MAX_GROUP_THREADS})")
 
 
 def lane_floats(shape: GdnShape, threads: int) -> int:
@@ -125,7 +127,7 @@ def default_threads(shape: GdnShape) -> int:
     """:data:`DEFAULT_THREADS`, or fewer where the head has fewer rows than warps (a warp a
     row), or more where a lane would hold over :data:`MAX_LANE_FLOATS` of the state."""
     threads = min(DEFAULT_THREADS, 32 * shape.dv)
-    while threads < kernel_launch.MAX_GROUP_THREADS and lane_floats(shape, threads) > MAX_LANE_FLOATS:
+    while threads < MAX_GROUP_THREADS and lane_floats(shape, threads) > MAX_LANE_FLOATS:
         threads += 32
     return threads
 
@@ -173,8 +175,8 @@ class GdnStep:
     def __init__(self, shape: GdnShape, backend: str, threads: int, consts: tuple[mx.array, ...]):
         self.shape, self.backend, self.threads = shape, backend, threads
         self.consts = consts
-        self.dialect = "metal" if backend == kernel_launch.METAL_EMULATED else backend
-        self.kernel = kernel_launch.compiled_kernel(self.dialect, "gdn_step")
+        self.dialect = "metal" if backend == METAL_EMULATED else backend
+        self.kernel = compiled_kernel(self.dialect, "gdn_step")
         s = shape
         self.kw = dict(template=template(s, threads), grid=(s.hv * threads, 1, 1), threadgroup=(threads, 1, 1),
                        output_shapes=[(s.vd,), (s.kw - 1, s.channels), (s.hv, s.dv, s.dk)],
@@ -199,8 +201,8 @@ class GdnStep:
                  seed: int = 0) -> tuple[mx.array, mx.array, mx.array]:
         ins = self.inputs(mixed, z, ba, conv_state, state)
         state_shape = tuple(ins[4].shape)
-        if self.backend == kernel_launch.METAL_EMULATED:
-            outs = [mx.array(a) for a in kernel_launch.emulate_launch(self.kernel, ins, self.kw, order=order,
+        if self.backend == METAL_EMULATED:
+            outs = [mx.array(a) for a in emulate_launch(self.kernel, ins, self.kw, order=order,
                                                                       seed=seed)]
         else:
             outs = self.kernel(inputs=ins, **self.kw)

@@ -1,8 +1,8 @@
 """Metal kernels compiled and executed on the CPU: the ``"metal-emulated"`` backend's engine.
 
 No Metal compiler exists off Apple's platforms, and clang has no Metal front end. But the
-complete Metal source MLX generates for a launch (``kernel_launch.generated_source``) is
-C++ apart from two pieces of syntax, so it compiles with clang as C++17 against a stand-in
+complete Metal source MLX generates for a launch (``emulated.generated_source``) is C++
+apart from two pieces of syntax, so it compiles with clang as C++17 against a stand-in
 ``<metal_stdlib>`` (``kernels/metal_emulation/metal_stdlib``: Metal's address spaces as
 clang address spaces, clang vector types with Metal's counted constructors, a
 size-checked ``as_type``, no ``double``) and runs under an emulator

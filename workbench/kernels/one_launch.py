@@ -3,13 +3,14 @@
 It is what ``fused_tail(backend="cuda")`` runs (:func:`run_cuda_tail`, in the shape
 :func:`shape_for` gives each weight format).
 
-``kernel_launch.PreparedTail`` encodes a tail as three launches (wo_residual,
+``workbench.kernels.launch.PreparedTail`` encodes a tail as three launches (wo_residual,
 ffn_gate_up, ffn_down) in one evaluation. On the H200, MLX's cost of evaluating those
 three custom kernels and waiting was ~0.1 ms at frink-models' test size (nothing
-streamed), against ~0.03 ms for one tiny evaluation (kernels/README.md). This module
-runs the same three bodies as the phases of ONE kernel (``kernels/tail_one_launch.body``,
-composed by ``kernel_source.compose_one_launch``): every group does its share of wo, waits
-at a grid-wide barrier until all of h exists, does its share of gate/up, waits again,
+streamed), against ~0.03 ms for one tiny evaluation (docs/JOURNAL.md, "The rotation in
+registers, and what bounds each launch"). This module runs the same three bodies as
+the phases of ONE kernel (``kernels/tail_one_launch.body``, composed by
+``kernel_source.compose_one_launch``): every group does its share of wo, waits at a
+grid-wide barrier until all of h exists, does its share of gate/up, waits again,
 then its rows of down.
 
 What makes a grid barrier safe, and how it is enforced here:
@@ -51,9 +52,13 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import backends, validate
+from workbench.fold.formats import Format
 from workbench.kernels import cuda_device
-from workbench.kernels import launch as kernel_launch
+from workbench.kernels import run as kernel_run
 from workbench.kernels import source as kernel_source
+from workbench.kernels.launch import PreparedTail, as_mx32, prepared
+from workbench.kernels.matrices import threadgroup_bytes, units_for
+from workbench.kernels.tuning import MAX_GROUP_THREADS, MAX_UNITS, KernelTuning
 
 if TYPE_CHECKING:
     from workbench.tail.paths import TailLaunch
@@ -66,29 +71,21 @@ STATIC_SHARED_LIMIT = 48 * 1024
 #: Threads a group of the one launch, by default (every phase runs with the same groups).
 DEFAULT_NT = 512
 
-#: Threads a group where the tail's weights are 4-bit (affine 4-bit, mxfp4, nvfp4: the
-#: launches bound by the ALU pipe then, kernels/README.md), in the shape ``fused_tail(
-#: backend="cuda")`` runs (:func:`shape_for`): 20 warps an SM instead of 16 hide more of the
-#: pipe's latency. Two sweeps on the H200, two machine starts, agree: 640 threads took
-#: 11-14% less device time than 512 in each 4-bit format (``one_launch-…131203Z`` and
-#: ``…145320Z``), beyond :data:`CHOICE_MARGIN`, while bfloat16 and affine 8-bit moved by 4%
-#: or less. Still one group an SM, so still always resident (the module's doc).
-#:
-#: Not yet affine 8-bit, though it now gains more: since the addressing change (kernels/
-#: README.md, "After the cuts"), ``one_launch-…200209Z`` timed its one launch at 0.232 ms a
-#: tail at 512 threads and 0.175-0.195 in every 640-thread variant, 0.177 in this shape with
-#: :data:`FOUR_BIT_ROW_UNITS`. One sweep only, and the sanitizer has not yet run affine8's
-#: one launch in that shape; giving affine 8-bit this shape (:func:`shape_for_formats`)
-#: waits on both (kernels/README.md, "Left").
+#: Threads a group where any of the tail's weights is 4-bit (:func:`shape_for_formats`), in
+#: the shape ``fused_tail(backend="cuda")`` runs: the 4-bit launches wait on the ALU pipe,
+#: and 20 warps an SM instead of 16 hide more of its latency (11-14% less device time than
+#: 512 threads in each 4-bit format in two sweeps, bfloat16 within 4%; the second:
+#: ``one_launch-nvidia-h200-20261201T145320Z.json``). Still one group an SM, so always
+#: resident (the module's doc). A format takes this shape only once two sweeps agree and
+#: compute-sanitizer has run its one launch in it: affine 8-bit, one sweep so far, keeps 512.
 FOUR_BIT_NT = 640
 
 #: 16-byte units a lane of wo and gate_up loads before using any, in ``KernelTuning``'s
 #: terms (``u_wo`` / ``u_gate_up``: 8 is two 4-bit units), where the tail's weights are
 #: 4-bit, in :func:`shape_for`'s shape. The 4-bit row dots wait on their loads' latency
-#: more than on bytes (kernels/README.md, "Address arithmetic"); once a unit's addresses
-#: cost fewer registers, two units in flight fit. Measured on the H200 (sweep
-#: ``one_launch-…163500Z``, 640 threads a group): affine4 0.137 against 0.150 ms a tail,
-#: mxfp4 and nvfp4 1% better.
+#: more than on bytes, and two units in flight a lane fit the registers of a 640-thread
+#: group (affine4 0.137 against 0.150 ms a tail, mxfp4 and nvfp4 1% better:
+#: ``one_launch-nvidia-h200-20261201T163500Z.json``).
 FOUR_BIT_ROW_UNITS = 8
 
 #: How long a grid barrier waits before it gives up (ms), by default: no barrier of an
@@ -109,10 +106,9 @@ MAX_BARRIER_LIMIT_MS = 3_600_000
 
 #: How much faster than the default a swept variant must be (a fraction of the default's
 #: device time) for ``python -m bench.one_launch`` to choose it: the same variant's device
-#: time moved by up to 8% between two runs (two machine starts) (``one_launch-…095241Z``
-#: and ``…112516Z``: u8_down_u32 0.193 then 0.178 ms, while default, u8, u8_down_u32 and
-#: nt640 lay within 2.3% of each other in the second), so a smaller gain in one sweep is
-#: not a finding.
+#: time moves by up to 8% between two machine starts, so a smaller gain in one sweep is not
+#: a finding (u8_down_u32: 0.193 ms in one sweep, 0.178 in
+#: ``one_launch-nvidia-h200-20261201T112516Z.json``).
 CHOICE_MARGIN = 0.08
 
 
@@ -147,7 +143,7 @@ class OneLaunchShape:
     row_units: int | None = None
 
     def __post_init__(self) -> None:
-        nt = validate.integer("nt", self.nt, minimum=32, maximum=kernel_launch.MAX_GROUP_THREADS)
+        nt = validate.integer("nt", self.nt, minimum=32, maximum=MAX_GROUP_THREADS)
         if nt % 32:
             raise ValueError(f"nt: must be a multiple of 32 (whole warps) in 32..1024, got {nt}")
         validate.integer("groups_per_sm", self.groups_per_sm, minimum=1, maximum=4)
@@ -157,36 +153,36 @@ class OneLaunchShape:
         if self.sm_count is not None:
             validate.integer("sm_count", self.sm_count, minimum=1)
         if self.row_units is not None:
-            validate.integer("row_units", self.row_units, minimum=1, maximum=kernel_launch.MAX_UNITS)
+            validate.integer("row_units", self.row_units, minimum=1, maximum=MAX_UNITS)
 
 
-def _phase_templates(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> dict[str, dict[str, Any]]:
+def _phase_templates(prep: PreparedTail, shape: OneLaunchShape) -> dict[str, dict[str, Any]]:
     """Each phase's template values as its own launch would take them (``prep.templates()``),
     with the one launch's group size (NT) and down's rows a group from ``shape``."""
     phases = {k: dict(v, NT=shape.nt) for k, v in prep.templates().items()}
     if shape.row_units is not None:
-        phases["wo_residual"]["U"] = kernel_launch.units_for(prep.wo.fmt, shape.row_units)
-        phases["ffn_gate_up"]["U"] = kernel_launch.units_for(prep.gate.fmt, shape.row_units)
+        phases["wo_residual"]["U"] = units_for(prep.wo.fmt, shape.row_units)
+        phases["ffn_gate_up"]["U"] = units_for(prep.gate.fmt, shape.row_units)
     # down's units in flight a thread, u_down, shared by its DR rows (as PreparedTail.templates)
     phases["ffn_down"].update(DR=shape.down_rows,
-                              U=max(1, kernel_launch.units_for(prep.down.fmt, prep.tuning.u_down) // shape.down_rows))
+                              U=max(1, units_for(prep.down.fmt, prep.tuning.u_down) // shape.down_rows))
     return phases
 
 
-def static_shared_bytes(prep: kernel_launch.PreparedTail, shape: OneLaunchShape) -> int:
+def static_shared_bytes(prep: PreparedTail, shape: OneLaunchShape) -> int:
     """The one launch's static shared memory: the three phases' group memory side by side
-    (as ``kernel_launch.threadgroup_bytes`` lays out each) and the barrier's one word."""
+    (as ``matrices.threadgroup_bytes`` lays out each) and the barrier's one word."""
     phases = _phase_templates(prep, shape)
-    return sum(kernel_launch.threadgroup_bytes(k, phases[k]) for k in kernel_source.TAIL_KERNELS) + 16
+    return sum(threadgroup_bytes(k, phases[k]) for k in kernel_source.TAIL_KERNELS) + 16
 
 
-def sync_at(prep: kernel_launch.PreparedTail) -> int:
+def sync_at(prep: PreparedTail) -> int:
     """Where the barrier counter sits in ``work`` (floats): after h and act, on a 128-byte
     line of its own (the failure flag 32 words on, on the next)."""
     return -(-(prep.hidden + prep.ffn) // 32) * 32
 
 
-def launch_template(prep: kernel_launch.PreparedTail, shape: OneLaunchShape,
+def launch_template(prep: PreparedTail, shape: OneLaunchShape,
                     barrier_limit_ms: int = BARRIER_LIMIT_MS) -> list[tuple[str, Any]]:
     """The one launch's template values (``kernel_source.one_launch_template``'s names):
     each phase's values as its own launch would take them (``prep.templates()``), down's
@@ -212,7 +208,7 @@ def _check_barrier_limit(barrier_limit_ms: Any) -> None:
 class OneLaunchTail:
     """A prepared tail's three phases as one CUDA launch (see the module's doc).
 
-    Built from a ``kernel_launch.PreparedTail`` for the ``"cuda"`` dialect: the same
+    Built from a ``PreparedTail`` for the ``"cuda"`` dialect: the same
     weights, fold plan, template values (each phase's ``U`` and ``PRE``) and constants.
     Call it with ``branch`` [branch] and ``residual`` [hidden] (float32 ``mx.array``) for
     the lazy output; :meth:`run` evaluates, checks the barrier flag and returns numpy.
@@ -220,10 +216,10 @@ class OneLaunchTail:
     for instrumented runs: :data:`SANITIZER_BARRIER_LIMIT_MS`).
     """
 
-    def __init__(self, prep: kernel_launch.PreparedTail, shape: OneLaunchShape | None = None, *,
+    def __init__(self, prep: PreparedTail, shape: OneLaunchShape | None = None, *,
                  barrier_limit_ms: int = BARRIER_LIMIT_MS) -> None:
-        if not isinstance(prep, kernel_launch.PreparedTail):
-            raise ValueError(f"prep must be a kernel_launch.PreparedTail; got {type(prep).__name__}")
+        if not isinstance(prep, PreparedTail):
+            raise ValueError(f"prep must be a kernels.launch.PreparedTail; got {type(prep).__name__}")
         if prep.dialect != "cuda":
             raise ValueError(f"the one-launch tail is CUDA only (got a {prep.dialect!r} tail): Metal promises no "
                              "forward progress between threadgroups, so its tail keeps three dispatches in one "
@@ -235,7 +231,7 @@ class OneLaunchTail:
         if used > STATIC_SHARED_LIMIT:
             raise ValueError(f"hidden ({prep.hidden}) / branch ({prep.branch_dim}): the one launch would declare {used} "
                              f"bytes of shared memory, over CUDA's {STATIC_SHARED_LIMIT} for static shared memory; "
-                             "use the three launches (kernel_launch.PreparedTail)")
+                             "use the three launches (kernels.launch.PreparedTail)")
         _check_barrier_limit(barrier_limit_ms)
         self.prep, self.shape, self.barrier_limit_ms = prep, shape, int(barrier_limit_ms)
         self.sms = shape.sm_count if shape.sm_count is not None else cuda_device.multiprocessor_count()
@@ -303,8 +299,8 @@ class OneLaunchTail:
     def run(self, branch: Any, residual: Any) -> np.ndarray:
         """One evaluation of the tail, float32 numpy out; :class:`GridBarrierTimeout`
         (after zeroing the launch's memory) if a barrier gave up."""
-        b = kernel_launch.as_mx32(branch)
-        r = kernel_launch.as_mx32(residual)
+        b = as_mx32(branch)
+        r = as_mx32(residual)
         for name, a, n in (("branch", b, self.prep.branch_dim), ("residual", r, self.prep.hidden)):
             if a.shape != (n,):
                 raise ValueError(f"{name} must have shape ({n},) for this tail; got {tuple(a.shape)}")
@@ -327,36 +323,29 @@ class OneLaunchTail:
 # -- the CUDA path of fused_tail ------------------------------------------------------------
 
 
-#: The kernel formats :func:`shape_for_formats` gives the 4-bit shape.
-FOUR_BIT_FORMATS: tuple[int, ...] = (kernel_source.WF_Q4, kernel_source.WF_FP4)
-
-
-def shape_for(prep: kernel_launch.PreparedTail) -> OneLaunchShape:
+def shape_for(prep: PreparedTail) -> OneLaunchShape:
     """The shape ``fused_tail(backend="cuda")`` runs a prepared tail's one launch in
     (:func:`shape_for_formats` of its four matrices' formats)."""
-    return shape_for_formats(m.fmt for m in (prep.wo, prep.gate, prep.up, prep.down))
+    return shape_for_formats(m.format for m in (prep.wo, prep.gate, prep.up, prep.down))
 
 
-def shape_for_formats(formats: Iterable[int]) -> OneLaunchShape:
-    """The one launch's shape for a tail whose matrices have the kernel formats
-    ``formats`` (``kernel_source.WF_*``): one group an SM (always resident); where any is
-    4-bit (:data:`FOUR_BIT_FORMATS`), :data:`FOUR_BIT_NT` threads a group and
-    :data:`FOUR_BIT_ROW_UNITS` units in flight a lane of wo and gate_up, else
-    :data:`DEFAULT_NT` threads and the prepared tail's tuning. Raises ``ValueError`` for a
-    format the kernels do not read."""
+def shape_for_formats(formats: Iterable[Format]) -> OneLaunchShape:
+    """The one launch's shape for a tail whose matrices have the weight formats ``formats``
+    (``workbench.fold.formats``): one group an SM (always resident); where any is 4-bit,
+    :data:`FOUR_BIT_NT` threads a group and :data:`FOUR_BIT_ROW_UNITS` units in flight a
+    lane of wo and gate_up, else :data:`DEFAULT_NT` threads and the prepared tail's
+    tuning. Raises ``ValueError`` for anything but formats the kernels read."""
     fmts = list(formats)
-    served = (kernel_source.WF_F32, kernel_source.WF_BF16, kernel_source.WF_Q4, kernel_source.WF_Q8,
-              kernel_source.WF_FP4)
-    unknown = [f for f in fmts if f not in served]
+    unknown = [f for f in fmts if not (isinstance(f, Format) and f.served)]
     if unknown or not fmts:
-        raise ValueError(f"formats must be kernel formats (kernel_source.WF_*: {served}), at least one; "
-                         f"got {fmts!r}")
-    if any(f in FOUR_BIT_FORMATS for f in fmts):
+        raise ValueError(f"formats: must be at least one weight format the kernels read (a Format of "
+                         f"workbench.fold.formats.KERNEL_FORMATS), got {fmts!r}")
+    if any(f.bits == 4 for f in fmts):
         return OneLaunchShape(nt=FOUR_BIT_NT, row_units=FOUR_BIT_ROW_UNITS)
     return OneLaunchShape(nt=DEFAULT_NT)
 
 
-def fits(prep: kernel_launch.PreparedTail, shape: OneLaunchShape | None = None) -> bool:
+def fits(prep: PreparedTail, shape: OneLaunchShape | None = None) -> bool:
     """Whether the one launch's static shared memory (:func:`static_shared_bytes`) fits
     CUDA's :data:`STATIC_SHARED_LIMIT` at ``shape`` (default: :func:`shape_for`'s). Where it
     does not (hidden sizes far above Bonsai-27B's 5120), the CUDA path runs the three
@@ -370,13 +359,13 @@ def fits(prep: kernel_launch.PreparedTail, shape: OneLaunchShape | None = None) 
 _TAILS: weakref.WeakKeyDictionary[TailWeights, dict[Any, OneLaunchTail]] = weakref.WeakKeyDictionary()
 
 
-def for_launch(launch: TailLaunch, tuning: kernel_launch.KernelTuning | None = None) -> OneLaunchTail | None:
+def for_launch(launch: TailLaunch, tuning: KernelTuning | None = None) -> OneLaunchTail | None:
     """The one-launch tail ``fused_tail(backend="cuda")`` runs for ``launch`` (made once per
     weights object and tuning, in :func:`shape_for`'s shape), or None where its shared
     memory does not fit (:func:`fits`): the three launches then run. Raises
     ``BackendUnavailable`` where MLX's CUDA back-end is absent."""
     backends.resolve_backend("cuda")
-    prep = kernel_launch.prepared(launch, "cuda", tuning)
+    prep = prepared(launch, "cuda", tuning)
     per = _TAILS.setdefault(launch.weights, {})
     key = prep.tuning
     if key not in per:
@@ -390,7 +379,7 @@ def for_launch(launch: TailLaunch, tuning: kernel_launch.KernelTuning | None = N
 def run_cuda_tail(launch: TailLaunch, branch: Any, residual: Any) -> np.ndarray:
     """What ``fused_tail(backend="cuda")`` runs: the tail as ONE launch (:func:`for_launch`)
     in one evaluation, float32 numpy out; the three launches
-    (``kernel_launch.run_kernel_tail``) where the one launch's shared memory does not fit.
+    (``kernel_run.run_kernel_tail``) where the one launch's shared memory does not fit.
 
     ``branch`` / ``residual``: numpy or MLX, optional leading batch axes (each row its
     own launch, each ordered after the one before, all in the one evaluation). Raises
@@ -399,8 +388,8 @@ def run_cuda_tail(launch: TailLaunch, branch: Any, residual: Any) -> np.ndarray:
     """
     one = for_launch(launch)
     if one is None:
-        return kernel_launch.run_kernel_tail("cuda", launch, branch, residual)
-    b, r = kernel_launch.as_mx32(branch), kernel_launch.as_mx32(residual)
+        return kernel_run.run_kernel_tail("cuda", launch, branch, residual)
+    b, r = as_mx32(branch), as_mx32(residual)
     if b.ndim == 1:
         out = one.compiled()(b, r)
     else:

@@ -26,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from workbench import files
+from workbench.fold import formats
 
 #: Where the kernel sources live (the repository's ``kernels/``).
 KERNEL_DIR = files.PROJECT_ROOT / "kernels"
@@ -35,18 +36,6 @@ DIALECTS: tuple[str, ...] = ("metal", "cuda")
 
 #: The line that splits a prelude into its header part and its body part.
 BODY_MARK = "//== body =="
-
-#: Weight formats (the template value ``FMT``), as kernels/common.h numbers them: dense
-#: float32 / bfloat16, affine 4- and 8-bit, E2M1 codes (mxfp4 and nvfp4).
-WF_F32, WF_BF16, WF_Q4, WF_Q8, WF_FP4 = 0, 1, 2, 3, 4
-
-#: Scale formats (the template value ``SFMT``): affine scales and biases in float32 or
-#: bfloat16, mxfp4's E8M0 and nvfp4's E4M3 bytes.
-SF_F32, SF_BF16, SF_E8M0, SF_E4M3 = 0, 1, 2, 3
-
-#: The quantized formats the kernels read, by ``(mode, bits)`` of ``mx.quantize``.
-KERNEL_QUANT: dict[tuple[str, int], int] = {("affine", 4): WF_Q4, ("affine", 8): WF_Q8,
-                                           ("mxfp4", 4): WF_FP4, ("nvfp4", 4): WF_FP4}
 
 
 @dataclass(frozen=True)
@@ -336,29 +325,33 @@ def _translation_unit(name: str, header: str, source: str, inputs: tuple[str, ..
 
 
 def input_dtypes(names: tuple[str, ...] | list[str], fmt: int, sfmt: int) -> dict[str, str]:
-    """The MLX dtype of each named kernel input for weights of format ``fmt`` (``WF_*``) with
-    scales of format ``sfmt`` (``SF_*``), as the launches pass them: weights float32,
-    bfloat16 or uint32 words; scales and affine biases in their format (uint8 for E8M0 and
-    E4M3); the fp4 formats' absent biases and every dense format's scales a float32 dummy;
-    ``sdest`` int32, ``table`` int8, the rest float32. For a standalone translation unit
+    """The MLX dtype of each named kernel input for weights of kernel code ``fmt``
+    (``workbench.fold.formats``: a ``Format``'s ``code``) with scales of code ``sfmt``
+    (``formats.SCALE_CODES``), as the launches pass them: weights float32, bfloat16 or
+    uint32 words; scales and affine biases in their format (uint8 for E8M0 and E4M3); the
+    fp4 formats' absent biases and every dense format's scales a float32 dummy; ``sdest``
+    int32, ``table`` int8, the rest float32. For a standalone translation unit
     (:func:`cuda_translation_unit`), which names each input's type."""
     import re  # noqa: PLC0415 -- only this helper matches names
 
-    if fmt not in (WF_F32, WF_BF16, WF_Q4, WF_Q8, WF_FP4):
-        raise ValueError(f"fmt must be one of WF_F32, WF_BF16, WF_Q4, WF_Q8, WF_FP4 ({WF_F32}-{WF_FP4}); got {fmt!r}")
-    scales = {SF_F32: "float32", SF_BF16: "bfloat16", SF_E8M0: "uint8", SF_E4M3: "uint8"}
+    codes = sorted({f.code for f in formats.KERNEL_FORMATS})
+    if isinstance(fmt, bool) or fmt not in codes:
+        raise ValueError(f"fmt: must be a kernel format code {codes} (a Format's code), got {fmt!r}")
+    fmt_ = formats.by_code(fmt)[0]  # formats sharing a code share how their arrays are stored
+    scales = {formats.SCALE_CODES["float32"]: "float32", formats.SCALE_CODES["bfloat16"]: "bfloat16",
+              formats.SCALE_CODES["e8m0"]: "uint8", formats.SCALE_CODES["e4m3"]: "uint8"}
     if sfmt not in scales:
-        raise ValueError(f"sfmt must be one of SF_F32, SF_BF16, SF_E8M0, SF_E4M3 (0-3); got {sfmt!r}")
-    weight = {WF_F32: "float32", WF_BF16: "bfloat16"}.get(fmt, "uint32")
-    quantized = fmt in (WF_Q4, WF_Q8, WF_FP4)
+        raise ValueError(f"sfmt: must be a scale code of formats.SCALE_CODES {formats.SCALE_CODES}, got {sfmt!r}")
+    weight = fmt_.name if not fmt_.quantized else "uint32"
+    biased = fmt_.mode == "affine"  # the microscaling formats carry no biases
     out = {}
     for n in names:
         if n in ("w", "wg", "wu", "wd", "q_w", "k_w", "v_w"):
             out[n] = weight
         elif n in ("ws", "wgs", "wus", "wds") or re.fullmatch(r"[qkv]_s", n):
-            out[n] = scales[sfmt] if quantized else "float32"
+            out[n] = scales[sfmt] if fmt_.quantized else "float32"
         elif n in ("wb", "wgb", "wub", "wdb") or re.fullmatch(r"[qkv]_b", n):
-            out[n] = scales[sfmt] if quantized and fmt != WF_FP4 else "float32"
+            out[n] = scales[sfmt] if biased else "float32"
         else:
             out[n] = {"sdest": "int32", "table": "int8"}.get(n, "float32")
     return out

@@ -1,7 +1,8 @@
 """Real models' configs and the rules that refuse a layer.
 
-``config`` reads a model's config (fifteen real models ship in ``data/models/``; each
-family's reader says which keys it takes) into ``ModelConfig``; ``refusals`` holds the
-rules frink-models applies before it fuses an attention tail, every one that holds for a
-layer with its reason.
+``config`` holds what the rules ask about a model (``ModelConfig``, one ``LayerConfig`` a
+layer); ``families`` reads a Hugging Face ``config.json`` into it, one reader a family
+(each says which keys it takes); ``loader`` loads the fifteen real models shipped in
+``data/models/`` by name; ``refusals`` holds the rules frink-models applies before it
+fuses an attention tail, every one that holds for a layer with its reason.
 """

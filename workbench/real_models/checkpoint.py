@@ -44,6 +44,7 @@ import numpy as np
 
 from workbench.models import refusals
 from workbench.models.config import Mixer, ModelConfig
+from workbench.models.families import from_hf_config
 from workbench.tail.weights import TailWeights
 from workbench.validate import describe, one_of
 from workbench.fold.weights import QuantizedBase, QuantSpec, WeightMatrix, check_quant_spec
@@ -352,7 +353,7 @@ def _from_gguf(path: Path) -> Checkpoint:
             parts.setdefault(name, {})[part] = a
     names = set(parts)
     raw = gguf_config(meta, names)
-    config = ModelConfig.from_hf_config(raw)
+    config = from_hf_config(raw)
     in_dims = _in_dims(config)
     tensors = {name: _tensor(name, p, in_dims, mode="affine") for name, p in parts.items()}
     q_heads, kv_heads = raw["num_attention_heads"], raw["num_key_value_heads"]
@@ -420,7 +421,7 @@ def _from_hf_folder(path: Path) -> Checkpoint:
     if not files:
         raise ValueError(f"source: {path} has no *.safetensors files")
     raw = json.loads((path / "config.json").read_text())
-    config = ModelConfig.from_hf_config(raw, name=raw.get("_name_or_path") or path.name)
+    config = from_hf_config(raw, name=raw.get("_name_or_path") or path.name)
     parts: dict[str, dict[str, mx.array]] = {}
     for f in files:
         for key, a in mx.load(str(f)).items():
@@ -475,7 +476,7 @@ def _from_mlx_lm(model: Any) -> Checkpoint:
         # config says, and their args keep no hidden_act: the class is the answer.
         target = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
         target.setdefault("hidden_act", "silu")
-    config = ModelConfig.from_hf_config(raw, name=f"mlx-lm {raw['model_type']}")
+    config = from_hf_config(raw, name=f"mlx-lm {raw['model_type']}")
     tensors: dict[str, Tensor] = {}
     for i, block in enumerate(model.layers):
         p = f"model.layers.{i}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench import validate
+from workbench.reports.records import check as check_record
 
 
 def versions_table(record: dict[str, Any]) -> Any:
@@ -26,9 +27,8 @@ def versions_table(record: dict[str, Any]) -> Any:
     without). Raises ``ValueError`` for a dict that is not such a record."""
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
-    cases = record.get("cases") if isinstance(record, dict) else None
-    if (not isinstance(record, dict) or record.get("bench") != "kernel_bodies" or not cases
-            or not all(isinstance(c, dict) and "device_ms_per_tail" in c for c in cases)):
+    cases = check_record(record, "kernel_bodies")["cases"]
+    if not cases or not all(isinstance(c, dict) and "device_ms_per_tail" in c for c in cases):
         raise ValueError(f"record must be a bench.kernel_bodies record with its timed cases; got "
                          f"{validate.describe(record)}")
     cols = {}
@@ -90,10 +90,10 @@ def sass_table(record: dict[str, Any]) -> Any:
     Older records (no one launch) read as before."""
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
-    rows = record.get("rows") if isinstance(record, dict) else None
+    rows = check_record(record, "sass_counts")["rows"]
     rows_ok = isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
     sides = {r.get("side") for r in rows} if rows_ok else set()
-    if not isinstance(record, dict) or record.get("bench") != "sass_counts" or sides != {"old", "new"}:
+    if sides != {"old", "new"}:
         raise ValueError(f"record must be a bench.sass_counts record run with --old; got {validate.describe(record)}")
     by = {(r["launch"], r["format"], r["side"]): r for r in rows}
     out, one = [], []

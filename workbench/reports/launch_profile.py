@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench import validate
+from workbench.reports.records import check as check_record, kind_of
 
 #: How many times busier one pipe must be than the other for :func:`bound_of` to name it.
 PIPE_DOMINANCE = 1.5
@@ -61,12 +62,12 @@ def bound_of(row: dict[str, Any]) -> str:
     return "unclear"
 
 
-def _stalls_rows(profile: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of a ``--stalls`` record's table; ``ValueError`` for anything else."""
-    table = profile.get("table") if isinstance(profile, dict) else None
-    if (not isinstance(profile, dict) or profile.get("bench") != "launch_profile" or not table
-            or not all(isinstance(r, dict) and "scheduler" in r for r in table)):
-        raise ValueError("profile must be a bench.launch_profile record made with --stalls (every row with its "
+def _stalls_rows(profile: dict[str, Any], name: str = "profile") -> list[dict[str, Any]]:
+    """The rows of a ``--stalls`` record's table; ``ValueError`` naming ``name`` for
+    anything else (``records.RecordError`` for what is not a launch_profile record)."""
+    table = check_record(profile, "launch_profile", name=name)["table"]
+    if not table or not all(isinstance(r, dict) and "scheduler" in r for r in table):
+        raise ValueError(f"{name} must be a bench.launch_profile record made with --stalls (every row with its "
                          f"scheduler figures); got {validate.describe(profile)}")
     return table
 
@@ -108,10 +109,10 @@ def bound_change(before: dict[str, Any], after: dict[str, Any]) -> Any:
     Raises ``ValueError`` for records that are not such records or share no launch."""
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
-    def keyed(profile: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-        return {(r["format"], _launch_name(r["kernel"])): r for r in _stalls_rows(profile)}
+    def keyed(profile: dict[str, Any], name: str) -> dict[tuple[str, str], dict[str, Any]]:
+        return {(r["format"], _launch_name(r["kernel"])): r for r in _stalls_rows(profile, name)}
 
-    rows_before, rows_after = keyed(before), keyed(after)
+    rows_before, rows_after = keyed(before, "before"), keyed(after, "after")
     shared = [k for k in rows_after if k in rows_before]  # in the after record's order
     if not shared:
         raise ValueError(f"the records share no launch: before has {sorted(rows_before)}, after {sorted(rows_after)}")
@@ -126,7 +127,7 @@ def bound_change(before: dict[str, Any], after: dict[str, Any]) -> Any:
 
 
 def row_dot_table(record: dict[str, Any], copy_bandwidth_Bps: float | None = None) -> Any:
-    """The row dots of a ``bench.tensor_core_rowdot`` / ``bench.async_copy_rowdot`` record,
+    """The row dots of a ``experiments.tensor_core_rowdot`` / ``experiments.async_copy_rowdot`` record,
     one row each (pandas): device ms, times the floor, the ratio to the kernels' row dot,
     the worst scaled error against float64 and the check. The floor is the record's bytes
     over ``copy_bandwidth_Bps`` where given (a device-timed copy from another record of the
@@ -134,7 +135,9 @@ def row_dot_table(record: dict[str, Any], copy_bandwidth_Bps: float | None = Non
     the device's rate), else over the record's own ``used_for_floor``."""
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
-    if not isinstance(record, dict) or not isinstance(record.get("variants"), dict) or "weight_bytes" not in record:
+    # either row-dot bench; anything else is named as not a tensor_core_rowdot record
+    check_record(record, "async_copy_rowdot" if kind_of(record) == "async_copy_rowdot" else "tensor_core_rowdot")
+    if not isinstance(record["variants"], dict):
         raise ValueError(f"record must be a row-dot bench record (variants, weight_bytes); got {validate.describe(record)}")
     if copy_bandwidth_Bps is None:
         bw = record.get("copy_bandwidth_Bps")

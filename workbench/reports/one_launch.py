@@ -4,7 +4,8 @@ sweep, and where the one launch's wait goes.
 The bench runs the tail as ONE CUDA launch (``workbench.kernels.one_launch``) beside its
 three launches, checks both against the float64 oracle first, then times them in every
 weight format. These functions turn its records into the notebooks' tables; each refuses
-a dict that is not such a record with a ``ValueError``.
+a dict that is not such a record with a ``ValueError`` (``records.RecordError`` where it is
+not a one_launch record at all).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench import validate
+from workbench.reports.records import check as check_record
 
 
 def record_tables(record: dict[str, Any]) -> tuple[Any, Any]:
@@ -27,9 +29,7 @@ def record_tables(record: dict[str, Any]) -> tuple[Any, Any]:
     """
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
-    if not isinstance(record, dict) or record.get("bench") != "one_launch" or "checks" not in record:
-        raise ValueError(f"record must be a bench.one_launch record (a dict with bench 'one_launch' and its checks); "
-                         f"got {validate.describe(record)}")
+    check_record(record, "one_launch")  # its checks are a key every such record has
     checks = pd.DataFrame([{
         "case": c["case"], "vs float64": f"{c['worst']:.1e}" if "worst" in c else "-",
         "tol": f"{c['tolerance']:.0e}" if "worst" in c else "-",
@@ -61,7 +61,7 @@ def sweep_table(record: dict[str, Any]) -> Any:
     ``ValueError`` for a record that is not such a record or has no sweep."""
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
-    if not isinstance(record, dict) or record.get("bench") != "one_launch" or not record.get("sweeps"):
+    if not check_record(record, "one_launch").get("sweeps"):
         raise ValueError(f"record must be a bench.one_launch record with its sweeps; got {validate.describe(record)}")
     chosen = record.get("variant_chosen", {})
     return pd.DataFrame({fmt: {**{v: r.get("device_ms", float("nan")) for v, r in results.items()},
@@ -86,10 +86,9 @@ def wait_breakdown(record: dict[str, Any], profile: dict[str, Any]) -> Any:
     """
     import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
 
-    if not isinstance(record, dict) or record.get("bench") != "one_launch" or "cases" not in record:
+    if "cases" not in check_record(record, "one_launch"):
         raise ValueError(f"record must be a bench.one_launch record with timed cases; got {validate.describe(record)}")
-    if not isinstance(profile, dict) or profile.get("bench") != "launch_profile" or "table" not in profile:
-        raise ValueError(f"profile must be a bench.launch_profile record; got {validate.describe(profile)}")
+    check_record(profile, "launch_profile", name="profile")  # its table is a key every such record has
     single = {row["format"]: row["ms"] for row in profile["table"] if "tail_one_launch" in row["kernel"]}
     cols: dict[str, dict[str, float]] = {}
     for c in record["cases"]:

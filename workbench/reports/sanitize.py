@@ -7,21 +7,25 @@ passes only when the sanitizer printed its summary with no error (racecheck: no 
 and the child exited 0; a run stopped at its time limit proves nothing about the cases it
 reached. :func:`coverage` folds every record into one table: for each shape and format,
 which parts ran clean under each tool. It lives here, not in the bench, so notebooks can
-show it (the bench needs a GPU; reading its records does not).
+show it (the bench needs a GPU; reading its records does not). Each function refuses what
+is not a sanitize record (``records.check``).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from workbench import validate
+from workbench.fold.formats import KERNEL_FORMATS
+from workbench.reports.records import check as check_record, load_all
 
 #: compute-sanitizer's tools, in the order the bench runs them.
 TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "synccheck", "initcheck")
 
-#: The weight formats the bench runs, in its order (dense float32 / bf16, then the
-#: quantized formats the kernels read).
-FORMATS: tuple[str, ...] = ("float32", "bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
+#: The weight formats the bench runs, in its order, by name: every format the kernels read
+#: (``workbench.fold.formats.KERNEL_FORMATS``: dense float32 / bf16, then the quantized ones).
+FORMATS: tuple[str, ...] = tuple(f.name for f in KERNEL_FORMATS)
 
 #: The bench's shapes, in its order.
 SHAPES: tuple[str, ...] = ("small", "bonsai")
@@ -31,9 +35,16 @@ SHAPES: tuple[str, ...] = ("small", "bonsai")
 PART_LETTERS: dict[str, str] = {"tail": "T", "one-launch": "1", "head": "H"}
 
 
+def load_records(folder: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """Every sanitize record in ``folder`` (default the project's ``data/bench``), sorted by
+    file name, each checked and with its ``file`` name (``records.load_all``)."""
+    return load_all("sanitize", folder)
+
+
 def record_runs(rec: dict[str, Any]) -> list[dict[str, Any]]:
     """A sanitize record's runs, each with its tool: records since ``--jobs`` list them
     (``runs``); earlier ones hold one a tool (``tools``)."""
+    check_record(rec, "sanitize", name="rec")
     if "runs" in rec:
         return rec["runs"]
     return [dict(r, tool=tool) for tool, r in rec.get("tools", {}).items()]
@@ -51,15 +62,14 @@ def of_kernel_text(records: list[dict[str, Any]], kernel_text: str) -> list[dict
 def coverage(records: list[dict[str, Any]]) -> Any:
     """One row a (shape, format), one column a tool (pandas); each cell the letters of the
     parts whose cases ran in a clean run of that tool (:data:`PART_LETTERS`), "-" where
-    none did (no rows for no records). Raises ``ValueError`` for anything that is not a
-    sanitize record. For what covers the kernels as they are now, pass
-    :func:`of_kernel_text`'s records."""
+    none did (no rows for no records). Raises ``records.RecordError`` (a ``ValueError``)
+    for anything that is not a sanitize record. For what covers the kernels as they are
+    now, pass :func:`of_kernel_text`'s records."""
     import pandas as pd  # noqa: PLC0415 -- only the tables need it
 
     seen: dict[tuple[str, str], dict[str, set[str]]] = {}
-    for rec in records:
-        if not isinstance(rec, dict) or rec.get("bench") != "sanitize":
-            raise ValueError(f"records must be bench.sanitize records; got {validate.describe(rec)}")
+    for i, rec in enumerate(records):
+        check_record(rec, "sanitize", name=f"records[{i}]")
         for run in record_runs(rec):
             if not run.get("passed"):
                 continue
@@ -101,13 +111,13 @@ def runs_table(records: dict[str, dict[str, Any]]) -> Any:
     """One row a run of the sanitize records ``records`` (name -> record, in the order
     given): the record's name, the tool, the parts it ran, how many formats, whether its
     tail was device-written, whether it was clean, its errors and its seconds (pandas).
-    Raises ``ValueError`` for anything that is not a sanitize record."""
+    Raises ``records.RecordError`` (a ``ValueError``) for anything that is not a sanitize
+    record."""
     import pandas as pd  # noqa: PLC0415 -- only the tables need it
 
     rows = []
     for name, rec in records.items():
-        if not isinstance(rec, dict) or rec.get("bench") != "sanitize":
-            raise ValueError(f"records must be bench.sanitize records; got {validate.describe(rec)} for {name!r}")
+        check_record(rec, "sanitize", name=f"records[{name!r}]")
         for run in record_runs(rec):
             rows.append({"record": name, "tool": run["tool"], "parts": "+".join(run.get("parts") or ["?"]),
                          "formats": len(run.get("formats", [])), "device-written": bool(rec.get("device_written")),

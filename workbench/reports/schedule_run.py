@@ -5,51 +5,35 @@ A record holds, stage by stage of the plan, the waits a token made against those
 predicted and the ms a token (``stages``), the savings between stages measured against
 those the price model predicts (``comparisons``) and, where measured, the price of a wait
 by its kind (``splits``). These functions turn records into the notebooks' tables; each
-refuses a dict that is not such a record with a ``ValueError`` naming what it lacks.
+refuses a dict that is not such a record with a ``ValueError`` naming what it lacks
+(``records.RecordError`` where it is not a schedule_run record at all).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from workbench import files
-from workbench.decode.schedule import check_rows
+from workbench.decode.savings import check_rows
+from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe, integer
 from workbench.waits import plan as waits
 
 
-def _record(rec: Any) -> Mapping:
-    if not isinstance(rec, Mapping) or "stages" not in rec or "comparisons" not in rec:
-        raise ValueError(f"rec: must be a schedule record (with 'stages' and 'comparisons'), got {describe(rec)}")
-    return rec
+def _record(rec: Any, name: str = "rec") -> Mapping:
+    """``rec`` if it is a schedule_run record (its stages and comparisons are keys every
+    such record has), else ``records.RecordError`` naming ``name``."""
+    return check_record(rec, "schedule_run", name=name)
 
 
-
-#: The names schedule records have had: ``bench.schedule_run``'s own, and the first ones.
-RECORD_PATTERNS = ("schedule_run-*.json", "schedule-*.json")
-
-
-def load_records(folder: str | Any = None, pattern: str | Sequence[str] = RECORD_PATTERNS) -> list[dict]:
-    """The schedule records in ``folder`` (default the project's ``data/bench``), sorted by
-    file name, each with its ``file`` name added; a file that is not a JSON object is a
-    ValueError naming it."""
-    root = Path(folder) if folder is not None else files.DATA_DIR / "bench"
-    patterns = (pattern,) if isinstance(pattern, str) else tuple(pattern)
-    paths = sorted({p for pat in patterns for p in root.glob(pat)}, key=lambda p: p.name)
-    out = []
-    for p in paths:
-        try:
-            rec = json.loads(p.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"folder: the schedule record {p} is not valid JSON ({err})") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"folder: the schedule record {p} is not a JSON object")
-        out.append(rec | {"file": p.name})
-    return out
+def load_records(folder: str | os.PathLike | None = None) -> list[dict]:
+    """The schedule records in ``folder`` (default the project's ``data/bench``), under both
+    names they have had (``schedule_run-*.json``, the first ``schedule-*.json``), sorted by
+    file name, each checked and with its ``file`` name added (``records.load_all``): a
+    missing folder, or a file that is not such a record, is a ValueError naming it."""
+    return load_all("schedule_run", folder)
 
 
 def record_tables(rec: Mapping) -> tuple[Any, Any]:
@@ -101,7 +85,8 @@ def closeness(rec: Mapping) -> dict:
 
 def kernel_records(records: Sequence[Mapping]) -> list[Mapping]:
     """The records of ``records`` whose step ran on the project's kernels and was checked."""
-    return [r for r in records if r.get("matvec") == "kernels" and r.get("check") is not None]
+    return [r for i, r in enumerate(records)
+            if _record(r, f"records[{i}]").get("matvec") == "kernels" and r.get("check") is not None]
 
 
 def clock_table(rec: Mapping):
@@ -111,7 +96,7 @@ def clock_table(rec: Mapping):
     against the host's (graph building, attention, reads). A ``pandas.DataFrame``."""
     import pandas as pd
 
-    if not isinstance(rec, Mapping) or "floor_ms" not in rec:
+    if "floor_ms" not in _record(rec):
         raise ValueError(f"rec: must be a schedule record with a floor (bench.schedule_run's own), got {describe(rec)}")
     rows = check_rows("rec['stages']", rec["stages"], ("stage", "waits_predicted", "ms_median"))
     df = pd.DataFrame([{
@@ -137,6 +122,7 @@ def stage_comparison(runs: Mapping[str, Mapping], stage: int = 6):
     stage = integer("stage", stage, minimum=1)
     rows = []
     for label, rec in runs.items():
+        _record(rec, f"runs[{label!r}]")
         clock = clock_table(rec).set_index("stage")
         if stage not in clock.index:
             raise ValueError(f"runs[{label!r}]: has no stage {stage} (its stages: {list(clock.index)})")
@@ -176,7 +162,7 @@ def split_table(rec: Mapping):
     each round (wall time less the two submissions' device time)."""
     import pandas as pd
 
-    if not isinstance(rec, Mapping) or not rec.get("splits"):
+    if not _record(rec).get("splits"):
         raise ValueError(f"rec: must be a schedule record with split prices ('splits'), got {describe(rec)}")
     rows = check_rows("rec['splits']", rec["splits"], ("split", "ms", "p10_ms", "p90_ms", "split_ms", "joined_ms"))
     return pd.DataFrame([{

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from workbench.kernels import launch as kernel_launch
+from workbench.kernels.emulated import emulated_tail
 from workbench.kernels import metal_emulation
 from workbench.tail.comparison import compare
 from workbench.studies.exact_oracle import host_tail_exact, tolerance_for
@@ -52,7 +52,7 @@ def metal_check(seed: int = 0) -> pd.DataFrame:
         truth = host_tail_exact(w, b, r)
         tol, _ = tolerance_for(w, b, r, truth)
         metal = fused_tail(w, b, r, backend="metal-emulated")
-        orders = [kernel_launch.emulated_tail(tail_launch(w), b, r, order=o, seed=seed)
+        orders = [emulated_tail(tail_launch(w), b, r, order=o, seed=seed)
                   for o in metal_emulation.ORDERS]
         same = all(np.array_equal(o.view(np.uint32), metal.view(np.uint32)) for o in orders)
         for path, out, bits in (("metal-emulated", metal, same), ("graph", fused_tail(w, b, r, backend="graph"),

@@ -27,7 +27,7 @@ import numpy as np
 from workbench import backends, validate
 from workbench.fold.rotation import FoldPlan, FoldSite, HadamardFold
 from workbench.fold.weights import WeightMatrix
-from workbench.kernels import launch as kernel_launch
+from workbench.kernels import run as kernel_run
 from workbench.kernels import one_launch
 from workbench.models import config as model
 from workbench.models import refusals
@@ -247,5 +247,5 @@ def fused_tail(
     elif name == "cuda":
         result = one_launch.run_cuda_tail(launch, branch, residual)
     else:
-        result = kernel_launch.run_kernel_tail(name, launch, branch, residual)
+        result = kernel_run.run_kernel_tail(name, launch, branch, residual)
     return (result, name) if return_backend else result

@@ -13,20 +13,16 @@ floor. This module turns the plan into numbers for any ``ModelConfig``:
   way a stage groups them; :func:`waits_per_token` is the number of groups. The same
   grouping is what ``workbench.decode.schedule`` executes, so the count and the clock check one
   thing;
-- :func:`wait_table` prices every stage from the ledger (``data/ledger/wait_prices.json``),
-  whose measured entries ``workbench.waits.measurement`` makes. The ledger is checked on
-  every load and add (:func:`check_ledger`, :func:`check_entry`); :func:`add_price`
-  changes it under a lock and atomically (``workbench.files``), and replaces an entry
-  only when asked.
+- :func:`split_kinds` names each wait by the submissions on either side of it, and
+  :func:`priced_waits` prices each by its kind (the price model);
+- :func:`wait_table` prices every stage from the wait-price ledger
+  (``workbench.waits.ledger``, ``data/ledger/wait_prices.json``).
 
 Which attention layers fuse is decided ONLY by ``workbench.models.refusals.eligible``.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -34,12 +30,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from workbench import files
-
 from workbench.models.refusals import format_reason_counts, reason_counts, refusals
-from workbench.validate import describe, flag, integer, number, one_of
+from workbench.validate import describe, flag, integer, number
+from workbench.waits.ledger import ledger_entries, ledger_price
+from workbench.waits.schema import (FINAL_SPLIT, HOST_READ, check_split_kind, read_json, strict_object, text,
+                                    texts, where)
 
 PLAN_PATH = files.DATA_DIR / "plans" / "gdn-resident-state.json"
-LEDGER_PATH = files.DATA_DIR / "ledger" / "wait_prices.json"
 
 #: The ledger entry priced when no price is asked for: frink-models' own figure.
 SEED_PRICE_ID = "seed-metal"
@@ -113,55 +110,7 @@ class Piece:
 
 
 # ---------------------------------------------------------------------------------------
-# Schemas: the plan and the ledger are read strictly, so a typo is an error, not a number
-
-
-def _where(source: str, *parts: str) -> str:
-    return ": ".join((source, *parts))
-
-
-def _read_json(path: Path, what: str) -> Any:
-    """``path`` parsed, or a ValueError naming the file (missing, empty, not JSON)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ValueError(f"path: {what} file {path} does not exist") from None
-    except OSError as err:
-        raise ValueError(f"path: cannot read {what} file {path} ({err.strerror})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"path: {what} file {path} is not UTF-8 text") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"path: {what} file {path} is not valid JSON ({err}); it holds {len(text)} characters") from None
-
-
-def _keys(name: str, obj: Any, required: Sequence[str], optional: Sequence[str] = ()) -> Mapping[str, Any]:
-    """``obj`` as a mapping with every required key and no unknown one, or a ValueError naming them."""
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"{name}: must be a JSON object, got {describe(obj)}")
-    missing = [k for k in required if k not in obj]
-    if missing:
-        raise ValueError(f"{name}: lacks {missing}; required: {list(required)}")
-    unknown = sorted(str(k) for k in obj if k not in required and k not in optional)
-    if unknown:
-        raise ValueError(f"{name}: unknown keys {unknown}; allowed: {sorted([*required, *optional])}")
-    return obj
-
-
-def _text(name: str, value: Any, *, nullable: bool = False) -> str | None:
-    if value is None and nullable:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        allowed = "a non-empty string" + (" or null" if nullable else "")
-        raise ValueError(f"{name}: must be {allowed}, got {describe(value)}")
-    return value
-
-
-def _texts(name: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise ValueError(f"{name}: must be a list of strings, got {describe(value)}")
-    return tuple(_text(f"{name}[{i}]", v) for i, v in enumerate(value))
+# The plan's file, read strictly (``workbench.waits.schema``): a typo is an error, not a number
 
 
 _PLAN_KEYS = ("name", "title", "source", "assumptions", "stages")
@@ -176,43 +125,43 @@ def parse_plan(raw: Any, source: str = "plan") -> Plan:
     string ``"false"`` is not false), a cost that is not an integer >= 0, stage numbers
     other than 1, 2, ... in order, and a repeated key.
     """
-    top = _keys(source, raw, _PLAN_KEYS)
+    top = strict_object(source, raw, _PLAN_KEYS)
     stages_raw = top["stages"]
     if not isinstance(stages_raw, list) or not stages_raw:
-        raise ValueError(f"{_where(source, 'stages')}: must be a non-empty list of stages, got {describe(stages_raw)}")
+        raise ValueError(f"{where(source, 'stages')}: must be a non-empty list of stages, got {describe(stages_raw)}")
     stages: list[Stage] = []
     seen_keys: dict[str, int] = {}
     for i, s in enumerate(stages_raw):
         label = f"stages[{i}]"
         if isinstance(s, Mapping) and isinstance(s.get("key"), str):
             label += f" ({s['key']!r})"
-        here = _where(source, label)
-        _keys(here, s, _STAGE_KEYS, ("floor",))
+        here = where(source, label)
+        strict_object(here, s, _STAGE_KEYS, ("floor",))
         number = integer(f"{here}: stage", s["stage"], minimum=1)
         if number != i + 1:
             raise ValueError(f"{here}: stage: stages must be numbered 1, 2, ... in order; got {number} at position {i + 1}")
-        key = _text(f"{here}: key", s["key"])
+        key = text(f"{here}: key", s["key"])
         if key in seen_keys:
             raise ValueError(f"{here}: key: {key!r} is already the key of stage {seen_keys[key]}; keys must be unique")
         seen_keys[key] = number
-        rules = _keys(f"{here}: rules", s["rules"], _RULES)
-        costs = _keys(f"{here}: costs", s["costs"], _COST_KINDS)
+        rules = strict_object(f"{here}: rules", s["rules"], _RULES)
+        costs = strict_object(f"{here}: costs", s["costs"], _COST_KINDS)
         stages.append(
             Stage(
                 number=number,
                 key=key,
-                name=_text(f"{here}: name", s["name"]),
-                changes=_text(f"{here}: changes", s["changes"]),
+                name=text(f"{here}: name", s["name"]),
+                changes=text(f"{here}: changes", s["changes"]),
                 costs={c: integer(f"{here}: costs: {c}", costs[c], minimum=0) for c in _COST_KINDS},
                 floor=flag(f"{here}: floor", s.get("floor", False)),
                 **{r: flag(f"{here}: rules: {r}", rules[r]) for r in _RULES},
             )
         )
     return Plan(
-        _text(_where(source, "name"), top["name"]),
-        _text(_where(source, "title"), top["title"]),
-        _text(_where(source, "source"), top["source"]),
-        _texts(_where(source, "assumptions"), top["assumptions"]),
+        text(where(source, "name"), top["name"]),
+        text(where(source, "title"), top["title"]),
+        text(where(source, "source"), top["source"]),
+        texts(where(source, "assumptions"), top["assumptions"]),
         tuple(stages),
     )
 
@@ -225,7 +174,7 @@ def load_plan(path: str | Path | None = None) -> Plan:
     copy, and every caller gets its own :class:`Plan`.
     """
     p = Path(path) if path is not None else PLAN_PATH
-    return parse_plan(_read_json(p, "plan"), str(p))
+    return parse_plan(read_json(p, "plan"), str(p))
 
 
 def as_plan(plan: Any) -> Plan:
@@ -353,15 +302,10 @@ def waits_per_token(cfg, stage: int | str | Stage, *, plan: Plan | None = None, 
     return len(submissions(cfg, stage, plan=plan, eligible=eligible))
 
 
-#: The kind of the token's last wait (the host reads the logits and picks the next token).
-FINAL_SPLIT = "logits|host"
-
-_SPLIT_ENDS = {"tail": "ffn", "wo": "wo>host", "ffn": "ffn>host", "qkv": "qkv>host"}
+# A fused tail ends with the FFN's launch and starts with wo's; the host reads back what
+# an unfused tail's wo and FFN and a layer's Q/K/V make (the split kinds' words: workbench.waits.schema).
+_SPLIT_ENDS = {"tail": "ffn", "wo": "wo" + HOST_READ, "ffn": "ffn" + HOST_READ, "qkv": "qkv" + HOST_READ}
 _SPLIT_STARTS = {"tail": "wo"}
-SPLIT_PIECES = ("layer", "qkv", "attention", "wo", "ffn", "logits")
-#: The marker of a split after which the host reads the result (the unfused or refused
-#: tail's x after wo and after the FFN; Q/K/V for the host's attention).
-HOST_READ = ">host"
 
 
 def split_kind(before: Piece, after: Piece) -> str:
@@ -373,18 +317,6 @@ def split_kind(before: Piece, after: Piece) -> str:
     unfused tail's own wait), ``"ffn>host|layer"`` (its second), ``"ffn|layer"`` (after a
     fused tail), ``"qkv>host|wo"`` (the host attends between)."""
     return f"{_SPLIT_ENDS.get(before.kind, before.kind)}|{_SPLIT_STARTS.get(after.kind, after.kind)}"
-
-
-def check_split_kind(name: str, kind: Any) -> str:
-    """``kind`` if it is a split kind (``"<piece>[>host]|<piece>"`` or :data:`FINAL_SPLIT`),
-    else a ValueError naming ``name``."""
-    if isinstance(kind, str) and (kind == FINAL_SPLIT or kind.count("|") == 1):
-        end, start = kind.split("|")
-        end = end[: -len(HOST_READ)] if end.endswith(HOST_READ) else end
-        if kind == FINAL_SPLIT or (end in SPLIT_PIECES and start in SPLIT_PIECES):
-            return kind
-    raise ValueError(f"{name}: must be a split kind '<end>[{HOST_READ}]|<start>' with pieces in {SPLIT_PIECES}, "
-                     f"or {FINAL_SPLIT!r}; got {describe(kind)}")
 
 
 def split_kinds(cfg, stage: int | str | Stage, *, plan: Plan | None = None, eligible=None) -> dict[str, int]:
@@ -459,158 +391,6 @@ def waits_by_rule(cfg, stage: int | str | Stage, *, plan: Plan | None = None) ->
 
 
 # ---------------------------------------------------------------------------------------
-# The ledger
-
-
-#: The ledger's entry fields: required ones, then optional ones (the spread of a measured price).
-_ENTRY_REQUIRED = ("id", "kind", "ms", "device", "backend", "method", "source")
-_ENTRY_OPTIONAL = ("date", "mlx_version", "command", "n", "warmup", "p10_ms", "p90_ms", "iqr_ms", "mean_ms",
-                   "eval_only_ms", "split", "matvec", "dtype")
-#: seed: frink-models' own figure; published: someone else's, with its source; measured: made here.
-ENTRY_KINDS = ("seed", "published", "measured")
-LEDGER_BACKENDS = ("cpu", "cuda", "metal")
-_LEDGER_KEYS = ("about", "prices")
-
-
-def check_entry(entry: Any, source: str = "entry") -> dict:
-    """One ledger entry, checked: a plain dict of it, or a ValueError naming ``source`` and the field.
-
-    Types are JSON's (``"0.17"`` is not a number), ``ms`` is a finite price > 0, the spread
-    fields finite and >= 0 with ``p10_ms <= ms <= p90_ms``, ``backend`` one of
-    :data:`LEDGER_BACKENDS`, ``kind`` one of :data:`ENTRY_KINDS`; a ``measured`` entry
-    also says its ``date`` (YYYY-MM-DD), ``mlx_version`` and ``n``. Unknown keys are refused.
-    """
-    if isinstance(entry, Mapping) and isinstance(entry.get("id"), str):
-        source = f"{source} ({entry['id']!r})"
-    e = _keys(source, entry, _ENTRY_REQUIRED, _ENTRY_OPTIONAL)
-    out: dict[str, Any] = {"id": _text(f"{source}: id", e["id"]),
-                           "kind": one_of(f"{source}: kind", e["kind"], ENTRY_KINDS),
-                           "ms": number(f"{source}: ms", e["ms"], minimum=0, exclusive_minimum=True)}
-    for k in ("device", "method", "source"):
-        out[k] = _text(f"{source}: {k}", e[k])
-    out["backend"] = one_of(f"{source}: backend", e["backend"], LEDGER_BACKENDS)
-    for k in ("mlx_version", "command", "matvec", "dtype"):
-        if k in e:
-            out[k] = _text(f"{source}: {k}", e[k], nullable=True)
-    if "split" in e:  # a split price: the wait between two given kinds of submission
-        out["split"] = check_split_kind(f"{source}: split", e["split"])
-    if "date" in e:
-        date = _text(f"{source}: date", e["date"], nullable=True)
-        if date is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
-            raise ValueError(f"{source}: date: must be a date YYYY-MM-DD or null, got {describe(date)}")
-        out["date"] = date
-    for k in ("p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms"):
-        if k in e:
-            out[k] = number(f"{source}: {k}", e[k], minimum=0)
-    if "n" in e:
-        out["n"] = integer(f"{source}: n", e["n"], minimum=1)
-    if "warmup" in e:
-        out["warmup"] = integer(f"{source}: warmup", e["warmup"], minimum=0)
-    if out.get("p10_ms", -math.inf) > out["ms"] or out.get("p90_ms", math.inf) < out["ms"]:
-        raise ValueError(f"{source}: ms: the median must lie between p10_ms and p90_ms; got "
-                         f"{out.get('p10_ms')} <= {out['ms']} <= {out.get('p90_ms')}")
-    if out["kind"] == "measured":
-        for k in ("date", "mlx_version", "n"):
-            if out.get(k) is None:
-                raise ValueError(f"{source}: {k}: a measured entry must say its {k}, got {describe(out.get(k))}")
-    # The file's own order of keys, so a rewrite changes only what changed.
-    return {k: out[k] for k in e}
-
-
-def check_ledger(raw: Any, source: str = "ledger") -> list[dict]:
-    """The ledger's parsed JSON, checked: its entries, or a ValueError naming ``source``,
-    the entry (position and id) and the field. Ids must be unique."""
-    top = _keys(source, raw, _LEDGER_KEYS)
-    _text(_where(source, "about"), top["about"])
-    prices = top["prices"]
-    if not isinstance(prices, list):
-        raise ValueError(f"{_where(source, 'prices')}: must be a list of entries, got {describe(prices)}")
-    return _check_entries(prices, source)
-
-
-def _check_entries(prices: Sequence[Any], source: str) -> list[dict]:
-    entries: list[dict] = []
-    seen: dict[str, int] = {}
-    for i, e in enumerate(prices):
-        entry = check_entry(e, _where(source, f"prices[{i}]"))
-        if entry["id"] in seen:
-            raise ValueError(f"{_where(source, f'prices[{i}]')}: id: {entry['id']!r} is already the id of "
-                             f"prices[{seen[entry['id']]}]; ids must be unique")
-        seen[entry["id"]] = i
-        entries.append(entry)
-    return entries
-
-
-def ledger_split_prices(device: str, backend: str, ledger: str | Path | Sequence[Mapping] | None = None, *,
-                        matvec: str | None = None, dtype: str | None = None) -> dict[str, float]:
-    """The split prices (kind -> ms) the ledger holds for ``device`` on ``backend``
-    (and, when given, that ``matvec`` path and ``dtype``), for :func:`priced_waits`."""
-    out = {}
-    for e in _entries(ledger):
-        if "split" not in e or e["device"] != device or e["backend"] != backend:
-            continue
-        if (matvec is not None and e.get("matvec") != matvec) or (dtype is not None and e.get("dtype") != dtype):
-            continue
-        out[e["split"]] = float(e["ms"])
-    return out
-
-
-def load_ledger(path: str | Path | None = None) -> list[dict]:
-    """The ledger's entries (each: id, kind, ms, device, backend, method, source, ...), checked
-    by :func:`check_ledger`; read afresh on every call."""
-    p = Path(path) if path is not None else LEDGER_PATH
-    return check_ledger(_read_json(p, "ledger"), str(p))
-
-
-def ledger_price(entry_id: str, ledger: str | Path | Sequence[Mapping] | None = None) -> float:
-    """The price (ms) of the ledger entry ``entry_id``."""
-    entries = _entries(ledger)
-    for e in entries:
-        if e["id"] == entry_id:
-            return float(e["ms"])
-    raise ValueError(f"entry_id: {entry_id!r} is not in the ledger; allowed: {[e['id'] for e in entries]}")
-
-
-def _entries(ledger) -> list[dict]:
-    if ledger is None or isinstance(ledger, (str, Path)):
-        return load_ledger(ledger)
-    if isinstance(ledger, (Mapping, bytes)) or not isinstance(ledger, Sequence):
-        raise ValueError(f"ledger: must be None, a path or a sequence of entries, got {describe(ledger)}")
-    return _check_entries(ledger, "ledger")
-
-
-def add_price(entry: Mapping[str, Any], path: str | Path | None = None, *, replace: bool = False) -> dict | None:
-    """Add one entry to the ledger file; returns the entry it replaced, or None.
-
-    The entry is checked (:func:`check_entry`) before the file is touched. An entry whose
-    id is already in the ledger is refused unless ``replace`` (a measured price is not
-    silently lost); with ``replace`` the old entry is returned so the caller can say what
-    it replaced. The file is read, changed and written under its lock and atomically
-    (``workbench.files``): a kill, a full disk or a concurrent writer leaves the old
-    ledger or the new one, with every entry either committed.
-    """
-    p = Path(path) if path is not None else LEDGER_PATH
-    replace = flag("replace", replace)
-    new = check_entry(entry, "entry")
-    replaced: list[dict] = []
-
-    def change(raw: Any) -> Any:
-        entries = check_ledger(raw, str(p))
-        old = [e for e in entries if e["id"] == new["id"]]
-        if old and not replace:
-            raise ValueError(f"entry: id {new['id']!r} is already in {p} (ms {old[0]['ms']}); "
-                             "pass replace=True to replace it")
-        replaced.extend(old)
-        raw["prices"] = [e for e in raw["prices"] if e["id"] != new["id"]] + [new]
-        return raw
-
-    if not p.exists():
-        raise ValueError(f"path: ledger file {p} does not exist")
-    files.update_json(p, change)
-    return replaced[0] if replaced else None
-
-
-# ---------------------------------------------------------------------------------------
 # The table
 
 
@@ -654,7 +434,7 @@ def wait_table(
                           for st in plan.stages]
         df["ms_saved_split"] = (-df["ms_split"].diff()).fillna(0.0)
     if ledger is not None:
-        for e in _entries(ledger):
+        for e in ledger_entries(ledger):
             if "split" not in e:
                 df[f"ms@{e['id']}"] = df["waits"] * float(e["ms"])
     cols = ["stage", "name", "waits", "saved", "saved_total", "ms", "ms_saved", "ms_saved_total", "floor"]

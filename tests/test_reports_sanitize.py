@@ -1,20 +1,18 @@
 """workbench.reports.sanitize: the table of what compute-sanitizer found clean, from the
-committed ``bench.sanitize`` records and from records made up here."""
+committed ``bench.sanitize`` records (read through ``workbench.reports.records``) and from
+records made up here."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
+from workbench.reports import records
 from workbench.reports import sanitize as sc
-
-BENCH = Path(__file__).resolve().parent.parent / "data" / "bench"
 
 
 def _rec(runs: list[dict] | None = None, tools: dict | None = None) -> dict:
-    rec: dict = {"bench": "sanitize"}
+    """A sanitize record with every key its kind promises (None but the bench), and these runs."""
+    rec: dict = {key: None for key in records.KINDS["sanitize"].keys} | {"bench": "sanitize"}
     if runs is not None:
         rec["runs"] = runs
     if tools is not None:
@@ -29,12 +27,14 @@ def test_the_committed_records():
     from bench import sanitize
 
     assert tuple(sanitize.SHAPES) == sc.SHAPES and sanitize.FORMATS == sc.FORMATS and sanitize.TOOLS == sc.TOOLS
-    cov = sc.coverage([json.loads(p.read_text()) for p in sorted(BENCH.glob("sanitize-*.json"))])
+    # every sanitize record committed: together they must cover every shape, format, part and tool
+    every = sc.load_records()
+    assert every == records.load_all("sanitize") and len(every) >= 49
+    cov = sc.coverage(every)
     assert list(cov.columns) == list(sc.TOOLS)
     assert len(cov) == len(sc.SHAPES) * len(sc.FORMATS) and (cov == "T1H").all().all()
     # one kernel text alone: the head launch at Bonsai's shape too (sanitize-…195746Z and on)
-    records = [json.loads(p.read_text()) for p in sorted(BENCH.glob("sanitize-*.json"))]
-    one_text = sc.coverage(sc.of_kernel_text(records, "c60431e0a55f"))
+    one_text = sc.coverage(sc.of_kernel_text(every, "c60431e0a55f"))
     assert len(one_text) == len(sc.SHAPES) * len(sc.FORMATS) and (one_text == "T1H").all().all()
     for shape in sc.SHAPES:
         for part in sc.PART_LETTERS:
@@ -53,10 +53,17 @@ def test_only_passed_runs_count_and_both_record_layouts_are_read():
     assert list(cov.index) == [("small", "bfloat16"), ("bonsai", "nvfp4")]  # the bench's order
 
 
-@pytest.mark.parametrize("bad", [{"bench": "one_launch"}, "sanitize", None])
-def test_what_is_not_a_sanitize_record_is_refused(bad):
-    with pytest.raises(ValueError, match="records must be bench.sanitize records"):
+@pytest.mark.parametrize("bad, says", [
+    ({"bench": "one_launch"}, r"records\[0\]: is a 'one_launch' record, expected 'sanitize'"),
+    ("sanitize", r"records\[0\]: must be a 'sanitize' record \(a dict\)"),
+    (None, r"records\[0\]: must be a 'sanitize' record"),
+    ({"bench": "sanitize"}, r"records\[0\]: a 'sanitize' record must have"),
+])
+def test_what_is_not_a_sanitize_record_is_refused(bad, says):
+    with pytest.raises(records.RecordError, match=says):
         sc.coverage([bad])
+    with pytest.raises(records.RecordError, match="rec: "):
+        sc.record_runs(bad)
 
 
 def test_not_yet_clean_lists_each_tools_missing_formats():
@@ -98,7 +105,8 @@ def test_the_dequantization_rewrite_was_sanitized_at_the_small_shape():
     """The kernel text of 2026-12-01's rewrite of the 4-bit and fp4 decoding (fingerprint
     99260f381d1a; the records of its runs carry it): at the small shape every part, in every
     format, clean under every tool."""
-    recs = [json.loads(p.read_text()) for p in sorted(BENCH.glob("sanitize-*.json"))]
+    # the records of that text's runs: the proof the rewrite was sanitized before it was kept
+    recs = sc.load_records()
     cov = sc.coverage(sc.of_kernel_text(recs, "99260f381d1a"))
     assert (cov.loc["small"] == "T1H").all().all()
     assert sc.not_yet_clean(cov, "small", "head") == {t: [] for t in sc.TOOLS}
@@ -112,15 +120,16 @@ def test_runs_table_has_a_row_a_run_and_refuses_other_records():
     table = sc.runs_table({"…one": dict(rec, device_written=True)})
     assert table[["tool", "parts", "formats", "device-written", "clean", "seconds"]].values.tolist() == [
         ["memcheck", "tail+one-launch", 2, True, True, 12], ["racecheck", "head", 1, True, False, 240]]
-    with pytest.raises(ValueError, match="records must be bench.sanitize records.*'bad'"):
+    with pytest.raises(records.RecordError, match=r"records\['bad'\]: is a 'one_launch' record, expected 'sanitize'"):
         sc.runs_table({"bad": {"bench": "one_launch"}})
 
 
 def test_runs_table_of_the_bonsai_runs_one_at_a_time():
     """The eight runs that finished Bonsai's shape (notebook 03 prints this table)."""
+    # one tool and part at a time (--jobs 1): the only runs at Bonsai's shape that finished
+    # within the sanitizer's time limit, so the only proof that shape is clean
     names = ["195411Z", "195511Z", "195611Z", "195746Z", "195827Z", "195954Z", "200044Z", "200122Z"]
-    table = sc.runs_table({n: json.loads((BENCH / f"sanitize-nvidia-h200-20261201T{n}.json").read_text())
-                           for n in names})
+    table = sc.runs_table({n: records.load("sanitize", f"sanitize-nvidia-h200-20261201T{n}.json") for n in names})
     assert len(table) == 8 and table["clean"].all() and (table["errors"] == 0).all()
     assert sorted(table["tool"].tolist()) == sorted(2 * list(sc.TOOLS))
     assert table["seconds"].sum() == 457

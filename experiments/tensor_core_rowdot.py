@@ -1,11 +1,11 @@
 """A tensor-core row dot for affine 4-bit weights, beside the kernels' CUDA-core one (CUDA).
 
-    python -m bench.tensor_core_rowdot                    # gate and up of Bonsai-27B, stacked
-    python -m bench.tensor_core_rowdot --rows 4096 --cols 1024 --repeats 20
+    python -m experiments.tensor_core_rowdot                    # gate and up of Bonsai-27B, stacked
+    python -m experiments.tensor_core_rowdot --rows 4096 --cols 1024 --repeats 20
 
-Why this exists: the kernels' 4-bit launches stay at 3-4x their floors (kernels/README.md,
-"Left"). In the CUDA-core scheme every weight costs a code placement, an exact subtract
-and an FMA, and every lane reads its own x from group memory, once a row. This bench
+Why this exists: the kernels' 4-bit launches stay at 3-4x their floors (docs/JOURNAL.md,
+"What was left open"). In the CUDA-core scheme every weight costs a code placement, an exact subtract
+and an FMA, and every lane reads its own x from group memory, once a row. This experiment
 measures the alternative before any body is rewritten: ``mma.sync`` (m16n8k16, bfloat16
 in, float32 accumulators) on one matrix ``y = W x``, W in MLX's affine 4-bit layout
 (group 64, bfloat16 scales and biases), against
@@ -59,199 +59,32 @@ backend (exit 2 without it).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from bench.common import record
 
+#: The folder of this file and of its CUDA source.
+HERE = Path(__file__).resolve().parent
+
 #: Rows an MMA tile takes (the instruction's M) and weights a quantization group.
 TILE_ROWS = 16
 GROUP = 64
 
-#: The kernel body (MLX's ``mx.fast.cuda_kernel`` wraps it in its signature: inputs ``w``
-#: (uint32 codes, [R, K/8]), ``s`` and ``b`` (bfloat16 scales and biases, [R, K/64]), ``x``
-#: (float32, [K]); output ``y`` (float32, [R])). Template values: K, R, NT (threads a
-#: block), UG (groups whose words a lane loads before using any), SUB (the codes as
-#: subnormal float16s, x as float16 parts; else bfloat16).
-SOURCE = r"""
-  constexpr int NG = K / 64;                       // quantization groups a row
-  __shared__ uint4 xb[NG * 3 * 4 * 2];             // [group][part][t]: a lane's B registers
-  __shared__ float xsum[NG];                       // each group's sum of x (for the biases)
-  __shared__ uint4 xzero[2];                       // the B registers of lanes g >= 3: zeros
-  const int lid = threadIdx.x, lane = lid & 31, warp = lid >> 5;
-  const int g = lane >> 2, t = lane & 3;
+#: The kernel body, ``tensor_core_rowdot.cu`` beside this file (MLX's ``mx.fast.cuda_kernel``
+#: wraps it in its signature: inputs ``w`` (uint32 codes, [R, K/8]), ``s`` and ``b`` (bfloat16
+#: scales and biases, [R, K/64]), ``x`` (float32, [K]); output ``y`` (float32, [R])). Template
+#: values: K, R, NT (threads a block), UG (groups whose words a lane loads before using any),
+#: SUB (the codes as subnormal float16s, x as float16 parts; else bfloat16).
+SOURCE = (HERE / "tensor_core_rowdot.cu").read_text()
 
-  // 0. SUB: x is scaled by 2^e into float16's range first, e from max |x| (every block
-  // finds the same); the codes' 2^-24 and this 2^e come off each group's sum (unscale).
-  __shared__ float xmax[32];
-  float xscale = 1.0f, unscale = 1.0f;
-  if (SUB) {
-    float m = 0.0f;
-    for (int k = lid; k < K; k += NT) m = fmaxf(m, fabsf(x[k]));
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) xmax[warp] = m;
-    __syncthreads();
-    m = 0.0f;
-    for (int j = 0; j < NT / 32; ++j) m = fmaxf(m, xmax[j]);
-    int ex = 0;
-    frexpf(m, &ex);                                // m < 2^ex (m = 0: ex = 0)
-    const int e = max(-100, min(100, 15 - ex));    // max |x| 2^e < 2^15 <= 65504; both finite
-    xscale = ldexpf(1.0f, e);
-    unscale = ldexpf(1.0f, 24 - e);
-  }
-
-  // 1. x's three parts (bfloat16, or with SUB float16 of x 2^e), as each lane's B
-  // fragment wants them. Register v (0-7) of lane t's part for a group: MMA i = v / 2, its
-  // pair b0b1 (v even) or b2b3 (v odd), which hold x at k0 and k0 + 4,
-  // k0 = 64 group + 16 t + 8 (i / 2) + 2 (i % 2) + v % 2.
-  unsigned* xbw = reinterpret_cast<unsigned*>(xb);
-  for (int e = lid; e < NG * 3 * 4 * 8; e += NT) {
-    const int v = e & 7, tt = (e >> 3) & 3, pg = e >> 5;
-    const int part = pg % 3, grp = pg / 3, i = v >> 1;
-    const int k0 = 64 * grp + 16 * tt + 8 * (i >> 1) + 2 * (i & 1) + (v & 1);
-    xbw[e] = split_part<SUB>(x[k0] * xscale, part) | (split_part<SUB>(x[k0 + 4] * xscale, part) << 16);
-  }
-  if (lid < 2) xzero[lid] = make_uint4(0u, 0u, 0u, 0u);
-  for (int grp = lid; grp < NG; grp += NT) {
-    float sum = 0.0f;
-    for (int k = 0; k < 64; ++k) sum += x[64 * grp + k];
-    xsum[grp] = sum;
-  }
-  __syncthreads();
-
-  // 2. Tiles of 16 rows, one a warp at a time.
-  const unsigned short* S = reinterpret_cast<const unsigned short*>(s);
-  const unsigned short* B = reinterpret_cast<const unsigned short*>(b);
-  // lanes g < 3 read their part's B registers, group after group; lanes g >= 3 (B's
-  // zero columns) read the same zeros every group: no select in the loop
-  const uint4* bbase = g < 3 ? xb + (g * 4 + t) * 2 : xzero;
-  const int bstride = g < 3 ? 3 * 4 * 2 : 0;
-  const int warps = (NT / 32) * gridDim.x;
-  for (int tile = blockIdx.x * (NT / 32) + warp; tile < R / 16; tile += warps) {
-    const int r0 = 16 * tile + g, r1 = r0 + 8;
-    const uint2* w0 = reinterpret_cast<const uint2*>(w + (size_t)r0 * (K / 8)) + t;
-    const uint2* w1 = reinterpret_cast<const uint2*>(w + (size_t)r1 * (K / 8)) + t;
-    float acc0 = 0.0f, acc1 = 0.0f;
-    for (int grp0 = 0; grp0 < NG; grp0 += UG) {
-      uint2 q0[UG], q1[UG];
-      unsigned short s0[UG], s1[UG], b0[UG], b1[UG];
-      #pragma unroll
-      for (int u = 0; u < UG; ++u) {                 // every load of the batch first
-        q0[u] = __ldcs(w0 + 4 * (grp0 + u));
-        q1[u] = __ldcs(w1 + 4 * (grp0 + u));
-        s0[u] = S[r0 * NG + grp0 + u];
-        s1[u] = S[r1 * NG + grp0 + u];
-        b0[u] = B[r0 * NG + grp0 + u];
-        b1[u] = B[r1 * NG + grp0 + u];
-      }
-      #pragma unroll
-      for (int u = 0; u < UG; ++u) {
-        const int grp = grp0 + u;
-        const uint4* bx = bbase + grp * bstride;
-        const uint4 bA = bx[0], bB = bx[1];
-        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        group_mmas<SUB>(c, q0[u], q1[u], bA, bB);
-        acc0 = fmaf(bf16_float(s0[u]), SUB ? (c[0] + c[1]) * unscale : c[0] + c[1], acc0);
-        acc1 = fmaf(bf16_float(s1[u]), SUB ? (c[2] + c[3]) * unscale : c[2] + c[3], acc1);
-        if (t == 0) {
-          acc0 = fmaf(bf16_float(b0[u]), xsum[grp], acc0);
-          acc1 = fmaf(bf16_float(b1[u]), xsum[grp], acc1);
-        }
-      }
-    }
-    // lane t = 0 holds hi + mid (and the biases), t = 1 lo; t = 2, 3 zeros
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-    if (t == 0) {
-      y[r0] = acc0;
-      y[r1] = acc1;
-    }
-  }
-"""
-
-#: Helpers the body calls, put in the kernel's header.
-HEADER = r"""
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-// part 0, 1 or 2 of v split into three bfloat16s (F16: float16s, v already scaled into
-// their range), as its 16 bits: each part the rounding of what the parts before it left
-// (each subtraction exact), so the three sum to v to 24 significant bits or more
-template <bool F16>
-__device__ __forceinline__ unsigned split_part(float v, int part) {
-  unsigned bits = 0u;
-  #pragma unroll
-  for (int i = 0; i < 3; ++i) {
-    if (i > part) break;
-    if (F16) {
-      const __half h = __float2half_rn(v);
-      bits = __half_as_ushort(h);
-      v -= __half2float(h);
-    } else {
-      const __nv_bfloat16 h = __float2bfloat16_rn(v);
-      bits = __bfloat16_as_ushort(h);
-      v -= __bfloat162float(h);
-    }
-  }
-  return bits;
-}
-
-__device__ __forceinline__ float bf16_float(unsigned short v) {
-  return __uint_as_float(((unsigned)v) << 16);
-}
-
-// nibbles n and n + 4 of v as the bfloat16 pair (q_n, q_{n+4}): one mask-and-or makes
-// (128 + q_n, 128 + q_{n+4}) (0x4300 is 128; its last mantissa bit is worth 1), one packed
-// subtract leaves the codes, exactly
-__device__ __forceinline__ unsigned code_pair(unsigned v, int n) {
-  // (v >> 4n) & mask | 128s in ONE LOP3: written as C, ptxas spends two (a LOP3 takes one
-  // immediate), so the 128s go in as a register (as kernels/prelude_cuda.h's and_or)
-  unsigned biased;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(biased) : "r"(v >> (4 * n)), "n"(0x000F000F), "r"(0x43004300u));
-  const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased),
-                                   __floats2bfloat162_rn(128.0f, 128.0f));
-  return *reinterpret_cast<const unsigned*>(&d);
-}
-
-// nibbles n and n + 4 of v, masked in place: the float16 pair (q_n 2^-24, q_{n+4} 2^-24),
-// subnormal and exact
-__device__ __forceinline__ unsigned code_pair_subnormal(unsigned v, int n) {
-  return (v >> (4 * n)) & 0x000F000Fu;
-}
-
-// c += A B: one m16n8k16 MMA, bfloat16 (F16: float16) A (4 registers) and B (2), float32 C
-template <bool F16>
-__device__ __forceinline__ void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                         unsigned b0, unsigned b1) {
-  if (F16) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-
-// The four MMAs of one group: MMA i takes word i / 2 of rows g (q0) and g + 8 (q1),
-// nibbles (p, p + 4) in A's registers 0-1 and (p + 1, p + 5) in 2-3, p = 2 (i % 2); B's
-// registers for MMA i are bA's (i < 2) or bB's pair 2 (i % 2), 2 (i % 2) + 1.
-template <bool SUB>
-__device__ __forceinline__ void group_mmas(float* c, uint2 q0, uint2 q1, uint4 bA, uint4 bB) {
-#define PAIR(v, n) (SUB ? code_pair_subnormal((v), (n)) : code_pair((v), (n)))
-  mma16816<SUB>(c, PAIR(q0.x, 0), PAIR(q1.x, 0), PAIR(q0.x, 1), PAIR(q1.x, 1), bA.x, bA.y);
-  mma16816<SUB>(c, PAIR(q0.x, 2), PAIR(q1.x, 2), PAIR(q0.x, 3), PAIR(q1.x, 3), bA.z, bA.w);
-  mma16816<SUB>(c, PAIR(q0.y, 0), PAIR(q1.y, 0), PAIR(q0.y, 1), PAIR(q1.y, 1), bB.x, bB.y);
-  mma16816<SUB>(c, PAIR(q0.y, 2), PAIR(q1.y, 2), PAIR(q0.y, 3), PAIR(q1.y, 3), bB.z, bB.w);
-#undef PAIR
-}
-"""
+#: Helpers the body calls, put in the kernel's header: ``tensor_core_rowdot.cuh``.
+HEADER = (HERE / "tensor_core_rowdot.cuh").read_text()
 
 
 #: The variants' names in the table and the record.
@@ -380,7 +213,7 @@ def reference_row_dots(q: Any, x: Any, rows: int) -> dict[str, Any]:
     import mlx.core as mx
 
     from workbench.decode import matvec as decode_matvec
-    from workbench.kernels.launch import KernelTuning
+    from workbench.kernels.tuning import KernelTuning
 
     launch = decode_matvec._matvec_launch("cuda", q, KernelTuning(), "w")
     zero = mx.zeros((rows,), mx.float32)
@@ -437,21 +270,20 @@ def measure(variants: dict[str, Any], truth: np.ndarray, scale: np.ndarray, nbyt
     """Check, then time, row dots of one matrix: each of ``variants`` (name: a function
     returning y) against ``truth`` (the exact map in float64) at :data:`CHECK_TOL` of
     ``scale`` (sum |w||x| a row); then device time a matvec (``chain`` of them in one
-    evaluation, ``kernel_bench.batched_ms``, which warms each up first), the variants
-    alternating round after round (``kernel_bodies.interleaved``), median of ``repeats``,
-    beside the floor (``nbytes`` over ``kernel_bench.floor_bandwidth``) and as a ratio to
+    evaluation, ``bench.common.kernels.batched_ms``, which warms each up first), the variants
+    alternating round after round (``kernels.interleaved``), median of ``repeats``,
+    beside the floor (``nbytes`` over ``kernels.floor_bandwidth``) and as a ratio to
     ``base``'s time. ``all_checks_passed`` leaves out ``references`` (reported the same
     way, not required to pass). The record's copy bandwidth, floor, tolerance and rows."""
-    from bench import kernel_bench
-    from bench.kernel_bodies import interleaved
+    from bench.common.kernels import batched_ms, floor_bandwidth, interleaved
 
     checks = {}
     for name, fn in variants.items():
         got = np.asarray(fn(), np.float64)
         err = np.abs(got - truth) / np.maximum(scale, 1e-30)
         checks[name] = {"worst_scaled_error": float(err.max()), "passed": bool(err.max() <= CHECK_TOL)}
-    bws = kernel_bench.floor_bandwidth()  # the floor every CUDA bench divides by
-    times = interleaved({name: (lambda fn=fn: kernel_bench.batched_ms(fn, n=chain, repeats=1))
+    bws = floor_bandwidth()  # the floor every CUDA bench divides by
+    times = interleaved({name: (lambda fn=fn: batched_ms(fn, n=chain, repeats=1))
                          for name, fn in variants.items()}, repeats)
     floor_ms = nbytes / bws["used_for_floor"] * 1e3
     rows_out = {name: {"device_ms": statistics.median(ts), "floor_x": statistics.median(ts) / floor_ms,
@@ -480,7 +312,7 @@ def print_table(res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = record.parser("tensor_core_rowdot", __doc__)
+    ap = parser("tensor_core_rowdot", __doc__)
     ap.add_argument("--rows", type=int, default=2 * 17408, help="rows of W (a multiple of 16)")
     ap.add_argument("--cols", type=int, default=5120, help="columns of W (a multiple of 64, at most 7680)")
     ap.add_argument("--units", type=int, default=4, help="groups whose words a lane loads before using any")
@@ -503,6 +335,14 @@ def main(argv: list[str] | None = None) -> int:
                                       repeats=a.repeats, chain=a.chain, seed=a.seed))
 
 
+def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """A bench command's parser (``record.parser``: the same record options, the record to
+    ``data/bench/``) for the experiment ``name``, run as ``python -m experiments.<name>``."""
+    ap = record.parser(name, doc)
+    ap.prog = f"python -m experiments.{name}"
+    return ap
+
+
 def check_counts(ap: Any, a: Any) -> None:
     """``ap``'s usage error unless ``--blocks-per-sm``, ``--repeats`` and ``--chain`` are >= 1."""
     for flag, v in (("--blocks-per-sm", a.blocks_per_sm), ("--repeats", a.repeats), ("--chain", a.chain)):
@@ -522,6 +362,8 @@ def run_and_record(bench: str, what: str, argv: list[str] | None, a: Any, needs:
         print(f"MLX's CUDA backend is not available here: this bench runs {needs} on an NVIDIA GPU")
         return 2
     prov = record.provenance(bench, argv)
+    # record.provenance writes the command as a bench command's; this one runs from experiments/
+    prov["command"] = prov["command"].replace("python -m bench.", "python -m experiments.", 1)
     res = compute()
     print_table(res)
     rec = {"what": what, **prov, **res}
@@ -530,6 +372,7 @@ def run_and_record(bench: str, what: str, argv: list[str] | None, a: Any, needs:
         path = record.write(rec, a.out_dir, record.record_stem(bench, device), force=a.force)
         print(f"record: {path}")
     return 0 if res["all_checks_passed"] else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

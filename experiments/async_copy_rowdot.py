@@ -1,14 +1,13 @@
 """An affine 4-bit row dot fed by asynchronous copies, beside the kernels' own (CUDA).
 
-    python -m bench.async_copy_rowdot                    # gate and up of Bonsai-27B, stacked
-    python -m bench.async_copy_rowdot --stages 4,8,12 --blocks-per-sm 4
+    python -m experiments.async_copy_rowdot                    # gate and up of Bonsai-27B, stacked
+    python -m experiments.async_copy_rowdot --stages 4,8,12 --blocks-per-sm 4
 
 Why this exists: every quantized launch of the kernels waits on its loads most while
-streaming at under half the copy bandwidth (``launch_profile-…181221Z``), more loads in
-flight a lane bought little (``one_launch-…200209Z``), and tensor cores, with far fewer
-instructions, cut the row dot's time by a tenth (``tensor_core_rowdot-…195337Z``): the
-bound is the bytes each multiprocessor keeps in flight (kernels/README.md, "Left"). In the
-kernels a byte in flight is a register until it is used, so registers cap it. Here the
+streaming at under half the copy bandwidth, more loads in flight a lane bought little, and
+tensor cores, with far fewer instructions, cut the row dot's time by a tenth: the bound is
+the bytes each multiprocessor keeps in flight (docs/JOURNAL.md, "What was left open",
+names the records). In the kernels a byte in flight is a register until it is used, so registers cap it. Here the
 weights go from device memory to group memory by ``cp.async`` (16 bytes a lane, no
 register), issued ``--stages`` - 1 steps ahead of the step that reads them: bytes in
 flight are group memory, of which an SM has far more.
@@ -45,8 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import record
-from bench import tensor_core_rowdot as tc
+from experiments import tensor_core_rowdot as tc
 
 #: Weights a lane's 16-byte unit holds (4-bit codes), and units a warp step takes (one a lane).
 UNIT = 32
@@ -64,133 +62,14 @@ STAGE_SLOTS = STEP_UNITS + 4
 #: CUDA's limit on a kernel's static group (shared) memory.
 STATIC_SHARED_LIMIT = 48 * 1024
 
-#: The body (MLX's ``mx.fast.cuda_kernel`` wraps it in its signature: inputs ``w`` (uint32
-#: codes, [R, K/8]), ``s`` and ``b`` (bfloat16 scales and biases, [R, K/64]), ``x``
-#: (float32, [K]); output ``y`` (float32, [R])). Template values: K, R, NT (threads a
-#: block), ST (ring stages).
-SOURCE = r"""
-  constexpr int NG = K / 64;                       // quantization groups a row
-  constexpr int NU = K / 32;                       // 16-byte units a row
-  constexpr int SPR = K / 1024;                    // warp steps a row
-  constexpr int XP = 36;                           // floats a unit's x takes (32 + 4 padding)
-  constexpr int WARPS = NT / 32;
-  constexpr int SLOTS = 36;                        // 16-byte slots a stage: 32 units, 2 scales, 2 biases
-  __shared__ __align__(16) float xs[NU * XP];
-  __shared__ float xu[NU];                         // each unit's sum of x
-  __shared__ __align__(16) uint4 ring[WARPS * ST * SLOTS];
-  const int lid = threadIdx.x, lane = lid & 31, warp = lid >> 5;
+#: The body, ``async_copy_rowdot.cu`` beside this file (MLX's ``mx.fast.cuda_kernel`` wraps it
+#: in its signature: inputs ``w`` (uint32 codes, [R, K/8]), ``s`` and ``b`` (bfloat16 scales and
+#: biases, [R, K/64]), ``x`` (float32, [K]); output ``y`` (float32, [R])). Template values: K,
+#: R, NT (threads a block), ST (ring stages).
+SOURCE = (tc.HERE / "async_copy_rowdot.cu").read_text()
 
-  // prologue: x into group memory, padded; each unit's sum of x
-  for (int k = lid; k < K; k += NT) xs[(k >> 5) * XP + (k & 31)] = x[k];
-  for (int u = lid; u < NU; u += NT) {
-    float sum = 0.0f;
-    for (int i = 0; i < 32; ++i) sum += x[32 * u + i];
-    xu[u] = sum;
-  }
-  __syncthreads();
-
-  const int gw = blockIdx.x * WARPS + warp, nw = gridDim.x * WARPS;
-  const int steps = gw < R ? ((R - 1 - gw) / nw + 1) * SPR : 0;   // this warp's steps
-  uint4* my_ring = ring + warp * ST * SLOTS;
-  CopyStream<SPR, SLOTS, ST> copies;
-  copies.w = reinterpret_cast<const uint4*>(w) + (size_t)gw * NU;
-  copies.s = reinterpret_cast<const unsigned short*>(s) + (size_t)gw * NG;
-  copies.b = reinterpret_cast<const unsigned short*>(b) + (size_t)gw * NG;
-  copies.w_next_row = (size_t)nw * NU;
-  copies.sb_next_row = (size_t)nw * NG;
-  copies.left = steps;
-
-  for (int j = 0; j < ST - 1; ++j) copies.issue(my_ring, lane);  // the ring's first ST - 1 steps
-  int slot = 0;                                                   // the slot step j is read from: j % ST
-  for (int row = gw; row < R; row += nw) {
-    float acc = 0.0f;
-    #pragma unroll
-    for (int st = 0; st < SPR; ++st) {
-      copies.issue(my_ring, lane);                 // step j + ST - 1
-      cp_async_wait<ST - 1>();                     // this lane's copies of step j have landed
-      __syncwarp();                                // and every lane's (the scales, the biases)
-      const uint4* here = my_ring + slot * SLOTS;
-      const int unit = st * 32 + lane;
-      const uint4 q = here[lane];
-      const unsigned short* sb = reinterpret_cast<const unsigned short*>(here + 32);
-      const float4* xv = reinterpret_cast<const float4*>(xs + unit * XP);
-      float d = word_dot(q.x, xv[0], xv[1], 0.0f);
-      d = word_dot(q.y, xv[2], xv[3], d);
-      d = word_dot(q.z, xv[4], xv[5], d);
-      d = word_dot(q.w, xv[6], xv[7], d);
-      acc = fmaf(bf16_float(sb[lane >> 1]), d, fmaf(bf16_float(sb[16 + (lane >> 1)]), xu[unit], acc));
-      __syncwarp();                                // every lane done with the slot before it is refilled
-      slot = slot == ST - 1 ? 0 : slot + 1;
-    }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) y[row] = acc;
-  }
-"""
-
-#: Helpers the body calls, put in the kernel's header.
-HEADER = r"""
-// 16 bytes from device memory to group memory, asynchronously (no register holds them)
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
-
-__device__ __forceinline__ float bf16_float(unsigned short v) {
-  return __uint_as_float(((unsigned)v) << 16);
-}
-
-// code n of a word as a float, exactly: 0x4B000000 | q is 2^23 + q. The mask-and-or is ONE
-// LOP3 with the exponent in a register (written as C, ptxas spends two: a LOP3 takes one
-// immediate), as kernels/prelude_cuda.h's and_or does
-__device__ __forceinline__ float code(unsigned v, int n) {
-  unsigned biased;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(biased) : "r"(v >> (4 * n)), "n"(15), "r"(0x4B000000u));
-  return __uint_as_float(biased) - 8388608.0f;
-}
-
-// d + the dot of a word's 8 codes with their x (lo: codes 0-3, hi: codes 4-7)
-__device__ __forceinline__ float word_dot(unsigned v, float4 lo, float4 hi, float d) {
-  d = fmaf(code(v, 0), lo.x, d); d = fmaf(code(v, 1), lo.y, d);
-  d = fmaf(code(v, 2), lo.z, d); d = fmaf(code(v, 3), lo.w, d);
-  d = fmaf(code(v, 4), hi.x, d); d = fmaf(code(v, 5), hi.y, d);
-  d = fmaf(code(v, 6), hi.z, d); d = fmaf(code(v, 7), hi.w, d);
-  return d;
-}
-
-// A warp's copies, one step (32 units, 16 scales, 16 biases) at a time, in the order the
-// warp reads them: its rows gw, gw + nw, ..., K / 1024 steps a row. issue() copies the next
-// step into the next ring slot (every lane its unit, lanes 0-1 the step's scales, 2-3 its
-// biases) and commits it as one copy group; past the warp's last step it commits an empty
-// group, so that cp.async.wait_group's count means the same at every step.
-template <int SPR, int SLOTS, int ST>
-struct CopyStream {
-  const uint4* w;                                  // the next step's row: its units,
-  const unsigned short* s;                         // its scales
-  const unsigned short* b;                         // and its biases
-  size_t w_next_row, sb_next_row;                  // from a row to the warp's next row
-  int st = 0, slot = 0, left = 0;                  // the next step's place in its row, its slot, steps left
-
-  __device__ __forceinline__ void issue(uint4* ring, int lane) {
-    if (left > 0) {
-      uint4* dst = ring + slot * SLOTS;
-      cp_async16(dst + lane, w + st * 32 + lane);
-      if (lane < 4) cp_async16(dst + 32 + lane, (lane < 2 ? s : b) + st * 16 + (lane & 1) * 8);
-      if (++st == SPR) {
-        st = 0;
-        w += w_next_row;
-        s += sb_next_row;
-        b += sb_next_row;
-      }
-      --left;
-    }
-    slot = slot == ST - 1 ? 0 : slot + 1;
-    cp_async_commit();
-  }
-};
-"""
+#: Helpers the body calls, put in the kernel's header: ``async_copy_rowdot.cuh``.
+HEADER = (tc.HERE / "async_copy_rowdot.cuh").read_text()
 
 
 def shared_bytes(cols: int, threads: int, stages: int) -> int:
@@ -297,7 +176,7 @@ def run(rows: int, cols: int, *, threads: int = 128, blocks_per_sm: int = 4, sta
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = record.parser("async_copy_rowdot", __doc__)
+    ap = tc.parser("async_copy_rowdot", __doc__)
     ap.add_argument("--rows", type=int, default=2 * 17408, help="rows of W")
     ap.add_argument("--cols", type=int, default=5120, help=f"columns of W (a multiple of {STEP})")
     ap.add_argument("--threads", type=int, default=128, help="threads a block (a multiple of 32)")
@@ -321,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                              "kernels' and MLX's", argv, a, "cp.async",
                              lambda: run(a.rows, a.cols, threads=a.threads, blocks_per_sm=a.blocks_per_sm,
                                          stages=stages, repeats=a.repeats, chain=a.chain, seed=a.seed))
+
 
 if __name__ == "__main__":
     sys.exit(main())

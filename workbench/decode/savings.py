@@ -1,0 +1,108 @@
+"""The savings a stage makes against the one before, measured and as the wait table predicts them.
+
+A stage of the plan saves waits; the table predicts the time that saves as waits saved x
+one price (the tiny round trip), the price model of ``workbench.waits.plan`` as each removed
+wait priced by its kind (``waits.model_saving``, from prices measured between the step's own
+submissions). :func:`compare_savings` sets both beside the clock's saving for each pair of
+stages, :func:`fit_price` the price a least-squares line through (waits, ms a token) implies,
+and :func:`check_rows` names what a record from an older or foreign run lacks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from workbench.validate import describe, number
+from workbench.waits import plan as waits
+
+
+#: The split kinds the plan's consecutive stage pairs remove from Bonsai's token (``waits.model_saving``;
+#: checked in tests/test_schedule.py): the kinds the price model needs a measured price for, and those the
+#: split timing (``bench/common/decode_timing.py``) builds from the step's pieces. All but ``"qkv>host|wo"``
+#: are removed by same-work pairs; that one only by 5 -> 6, which also moves the attention to the device.
+MEASURED_SPLITS: tuple[str, ...] = ("wo>host|ffn", "ffn>host|layer", "ffn>host|logits", "layer|qkv", "ffn|layer",
+                                    "ffn|logits", "layer|layer", "qkv>host|wo")
+
+
+def check_rows(name: str, rows: Any, keys: Sequence[str]) -> list[Mapping]:
+    """``rows`` as a non-empty list of mappings that each hold ``keys``, or a ValueError
+    naming ``name``, the row and the missing keys (a record from an older or foreign run)."""
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence) or not rows:
+        raise ValueError(f"{name}: must be a non-empty list of rows, got {describe(rows)}")
+    for i, r in enumerate(rows):
+        if not isinstance(r, Mapping):
+            raise ValueError(f"{name}[{i}]: must be a mapping, got {describe(r)}")
+        missing = [k for k in keys if k not in r]
+        if missing:
+            raise ValueError(f"{name}[{i}]: lacks {missing}")
+    return list(rows)
+
+
+def compare_savings(rows: Sequence[Mapping], price_ms: float, *, split_prices: Mapping[str, float] | None = None,
+                    cfg=None, eligible: Sequence[int] | None = None) -> list[dict]:
+    """Measured against predicted savings: each stage against the one before, and against stage 1.
+
+    ``same_work`` is False for a pair of which one stage runs the attention on the device
+    (the device floor) and the other on the host: there the arithmetic differs as well as
+    the waits, so the pair does not test the table.
+
+    With ``split_prices`` (and ``cfg``, the model decoded) each pair also carries the price
+    model's prediction (``waits.model_saving``): ``ms_saved_model``, ``model_priced``
+    (every split kind the pair removes has a measured price), ``ratio_model`` and, when
+    paired times exist, ``ratio_model_paired``.
+    """
+    rows = check_rows("rows", rows, ("stage", "waits_predicted", "ms_median"))
+    price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
+    by = {r["stage"]: r for r in rows}
+    nums = sorted(by)
+    plan = waits.load_plan()
+    device_attention = {s.number for s in plan.stages if s.attention_on_device}
+    pairs = [(a, b) for a, b in zip(nums, nums[1:])] + [(nums[0], b) for b in nums[2:]]
+    out = []
+    for a, b in pairs:
+        saved = by[a]["waits_predicted"] - by[b]["waits_predicted"]
+        measured = by[a]["ms_median"] - by[b]["ms_median"]
+        predicted = saved * price_ms
+        row = {
+            "from": a, "to": b, "waits_saved": saved, "ms_saved_measured": measured,
+            "ms_saved_predicted": predicted, "ratio": measured / predicted if predicted else None,
+            # False where one side runs the attention on the device and the other on the
+            # host: then more than the waits differ, and the ratio is not the table's check.
+            "same_work": (a in device_attention) == (b in device_attention),
+        }
+        ea, eb = by[a].get("ms_each"), by[b].get("ms_each")
+        if ea and eb and len(ea) == len(eb):
+            # Token i of stage a and token i of stage b ran in the same round, close in
+            # time: the median of their differences cancels slow drift in a shared load.
+            paired = float(np.median(np.asarray(ea) - np.asarray(eb)))
+            row["ms_saved_paired"] = paired
+            row["ratio_paired"] = paired / predicted if predicted else None
+        if split_prices is not None:
+            if cfg is None:
+                raise ValueError("cfg: the price model needs the model decoded (cfg) beside split_prices")
+            m = waits.model_saving(cfg, a, b, split_prices, price_ms, plan=plan, eligible=eligible)
+            row["ms_saved_model"] = m["ms"]
+            row["model_priced"] = m["priced"]
+            row["ratio_model"] = measured / m["ms"] if m["ms"] else None
+            if "ms_saved_paired" in row:
+                row["ratio_model_paired"] = row["ms_saved_paired"] / m["ms"] if m["ms"] else None
+        out.append(row)
+    return out
+
+
+def fit_price(rows: Sequence[Mapping]) -> dict:
+    """The price of a wait the clock implies: a least-squares line through (waits, ms a token).
+
+    Every stage computes the same arithmetic, so ``ms = intercept + waits x price`` if a
+    wait costs the same wherever it falls; the slope is that price, fitted from all the
+    stages at once (steadier than any one difference on a noisy machine).
+    """
+    rows = check_rows("rows", rows, ("waits_predicted", "ms_median"))
+    w = np.array([r["waits_predicted"] for r in rows], dtype=float)
+    t = np.array([r["ms_median"] for r in rows], dtype=float)
+    if len(set(w.tolist())) < 2:
+        raise ValueError("rows: need stages with at least two different wait counts to fit a price")
+    slope, intercept = np.polyfit(w, t, 1)
+    return {"ms_per_wait": float(slope), "intercept_ms": float(intercept)}

@@ -1,0 +1,156 @@
+"""The Metal launches run on the CPU (the ``"metal-emulated"`` backend), and the Metal
+source MLX generates for a launch, read on any machine.
+
+MLX prints the source it generates for a kernel call made with ``verbose=True``; tracing
+the call with ``mx.export_function`` builds the graph without running it, so the text can
+be read without a GPU (:func:`generated_source`, capturing file descriptor 1, where MLX's
+C++ prints). :func:`emulate_launch` compiles that text with clang against the stand-in
+``<metal_stdlib>`` and runs it on the CPU (:mod:`workbench.kernels.metal_emulation`);
+:func:`emulated_tail` does so for a prepared tail's three launches, the same
+:class:`~workbench.kernels.launch.PreparedTail` the ``"metal"`` backend runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import backends
+from workbench.kernels.launch import as_mx32, prepare_tail, prepared
+from workbench.kernels.tuning import KernelTuning
+
+if TYPE_CHECKING:  # tail imports the kernels at its top; a runtime import back would be a circle
+    from workbench.tail.paths import TailLaunch
+
+#: The backend that compiles the Metal kernels with clang and runs them on the CPU
+#: (:mod:`workbench.kernels.metal_emulation`): the same launches as ``"metal"``, emulated.
+METAL_EMULATED = "metal-emulated"
+
+
+@contextlib.contextmanager
+def _stdout_to(path: str) -> Iterator[None]:
+    """Send file descriptor 1 (where MLX's C++ prints) to ``path`` while the block runs."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        os.dup2(fd, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(fd)
+        os.close(saved)
+
+
+def generated_source(fn: Callable[..., Any], *args: mx.array) -> dict[str, str]:
+    """The kernel sources MLX generates when ``fn(*args)`` calls kernels with ``verbose=True``.
+
+    Works without the kernels' device: ``mx.export_function`` traces ``fn`` (building the
+    graph, printing each kernel's generated source) and runs nothing. Returns
+    ``{generated kernel name: source}``.
+    """
+    with tempfile.TemporaryDirectory() as d:
+        log = os.path.join(d, "stdout.txt")
+        with _stdout_to(log):
+            mx.export_function(os.path.join(d, "fn.mlxfn"), fn, *args)
+        text = Path(log).read_text()
+    out: dict[str, str] = {}
+    marker = "Generated source code for `"
+    for chunk in text.split(marker)[1:]:
+        name, rest = chunk.split("`", 1)
+        body = rest.split("```", 2)
+        out[name] = body[1].strip("\n") if len(body) > 1 else rest
+    return out
+
+
+def metal_tail_source(launch: TailLaunch, tuning: KernelTuning | None = None) -> dict[str, str]:
+    """The Metal source MLX would compile for this launch's tail (three kernels), on any machine."""
+    prep = prepare_tail(launch, "metal", tuning)
+    return generated_source(lambda b, r: prep(b, r, verbose=True),
+                            mx.zeros((prep.branch_dim,), dtype=mx.float32), mx.zeros((prep.hidden,), dtype=mx.float32))
+
+
+# -- the Metal kernels on the CPU (backend "metal-emulated") ------------------------------
+
+#: Generated Metal sources, by kernel name, template values and input dtypes (all the
+#: generated text depends on).
+_EMULATED_SOURCES: dict[tuple, str] = {}
+
+
+def _host(a: mx.array) -> np.ndarray:
+    """``a``'s bytes as numpy (bfloat16 as its 16-bit patterns: numpy has no bfloat16)."""
+    return np.array(a.view(mx.uint16)) if a.dtype == mx.bfloat16 else np.array(a)
+
+
+def launch_source(kernel: Any, inputs: list[mx.array], kw: dict[str, Any]) -> str:
+    """The Metal source MLX generates for ``kernel(inputs=inputs, **kw)`` (made once per
+    kernel, template values and input dtypes)."""
+    key = (id(kernel), tuple((n, str(v)) for n, v in kw["template"]),
+           tuple((str(a.dtype), a.size < 8) for a in inputs))
+    if key not in _EMULATED_SOURCES:
+        (src,) = generated_source(lambda *xs: kernel(inputs=list(xs), verbose=True, **kw), *inputs).values()
+        _EMULATED_SOURCES[key] = src
+    return _EMULATED_SOURCES[key]
+
+
+def emulated_tail_sources(launch: TailLaunch, tuning: KernelTuning | None = None, *,
+                          kernel_dir: Path | None = None) -> list[str]:
+    """The three Metal sources :func:`emulated_tail` compiles for ``launch`` (to compile
+    many at once: ``metal_emulation.compile_all``)."""
+    prep = prepared(launch, "metal", tuning, kernel_dir=kernel_dir)
+    b, r = mx.zeros((prep.branch_dim,), dtype=mx.float32), mx.zeros((prep.hidden,), dtype=mx.float32)
+    wo, gu, dn = prep.calls().values()
+    return [launch_source(wo.kernel, [b, *wo.consts, r], wo.kw),
+            launch_source(gu.kernel, [r, *gu.consts], gu.kw),
+            launch_source(dn.kernel, [mx.zeros((prep.ffn,), dtype=mx.float32), r, *dn.consts], dn.kw)]
+
+
+def emulate_launch(kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, order: str = "ascending",
+                   seed: int = 0) -> list[np.ndarray]:
+    """One Metal launch run on the CPU: the source MLX generates for ``kernel(inputs=inputs,
+    **kw)`` (``kw``: template, grid, threadgroup, output shapes and dtypes, as a launch
+    passes them), compiled by clang and executed by :mod:`workbench.kernels.metal_emulation` in
+    the thread ``order`` given. Raises ``metal_emulation.EmulationError`` /
+    ``MetalCompileError`` with the diagnosis."""
+    from workbench.kernels import metal_emulation  # noqa: PLC0415 -- only this backend needs clang and ctypes
+
+    compiled = metal_emulation.compile_source(launch_source(kernel, inputs, kw))
+    threads = int(kw["threadgroup"][0])
+    groups = int(kw["grid"][0]) // threads
+    return compiled.launch([_host(a) for a in inputs],
+                           [(tuple(s), np.float32) for s in kw["output_shapes"]], groups=groups, threads=threads,
+                           order=order, seed=seed)
+
+
+def emulated_tail(launch: TailLaunch, branch: Any, residual: Any, *, order: str = "ascending", seed: int = 0,
+                  tuning: KernelTuning | None = None, kernel_dir: Path | None = None) -> np.ndarray:
+    """The fused tail's three Metal launches run on the CPU (``fused_tail(backend="metal-emulated")``).
+
+    The same ``PreparedTail`` as the ``"metal"`` backend (same refusals, template
+    values, grids and constants); each launch's generated source is compiled by clang
+    against the stand-in header and executed by the emulator, in thread ``order``
+    (``metal_emulation.ORDERS``; ``seed`` for ``"shuffled"``). float32 numpy out, with
+    ``branch``'s leading batch axes. ``kernel_dir``: as for ``launch.prepare_tail`` (the
+    mutation tests run deliberately broken copies of ``kernels/``).
+    """
+    backends.resolve_backend(METAL_EMULATED)  # without clang, say what to install
+    prep = prepared(launch, "metal", tuning, kernel_dir=kernel_dir)
+    b = np.asarray(_host(as_mx32(branch)), dtype=np.float32)
+    r = np.asarray(_host(as_mx32(residual)), dtype=np.float32)
+    lead = b.shape[:-1]
+    bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
+    wo, gu, dn = prep.calls().values()
+    rows = []
+    for i in range(bf.shape[0]):
+        (h,) = emulate_launch(wo.kernel, [mx.array(bf[i]), *wo.consts, mx.array(rf[i])], wo.kw, order=order, seed=seed)
+        (act,) = emulate_launch(gu.kernel, [mx.array(h), *gu.consts], gu.kw, order=order, seed=seed)
+        (out,) = emulate_launch(dn.kernel, [mx.array(act), mx.array(h), *dn.consts], dn.kw, order=order, seed=seed)
+        rows.append(out)
+    return np.stack(rows).reshape(*lead, prep.hidden)

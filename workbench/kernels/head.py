@@ -1,0 +1,95 @@
+"""The head launch: Q, K and V of ``rms_norm(hidden) * attn_norm`` in ONE launch.
+
+The three projections share one input, so one launch computes the norm once, applies the
+shared fold's rotation once (``q``, ``k`` and ``v`` must carry the same fold, as
+frink-models' ``attn_head_launch`` asks) and streams all three matrices.
+:func:`head_refusals` says, by ``workbench.models.refusals``' rules, which layers it serves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import backends
+from workbench.fold.rotation import FoldSite
+from workbench.fold.weights import WeightMatrix
+from workbench.kernels import source as kernel_source
+from workbench.kernels import tuning as kernel_tuning
+from workbench.kernels.emulated import METAL_EMULATED, emulate_launch
+from workbench.kernels.launch import compiled_kernel, params_array, rotation_template
+from workbench.kernels.matrices import check_threadgroup_memory, check_width, kernel_matrix, units_for
+from workbench.kernels.tuning import KernelTuning, grid_size
+from workbench.models import config as model
+from workbench.models import refusals
+
+
+def head_refusals(q: WeightMatrix, k: WeightMatrix, v: WeightMatrix) -> list[refusals.HeadRefusal]:
+    """Every ``HeadRefusal`` for Q/K/V weights (``workbench.models.refusals.head_launch_refusals``,
+    asked about a plain GQA layer of this hidden size); [] = the head launch runs."""
+    hidden = q.shape[1]
+    cfg = model.ModelConfig.synthetic(hidden, ffn_dim=hidden)
+
+    def served(wm: WeightMatrix) -> bool:
+        try:
+            kernel_matrix("x", type(wm)(wm.launch_parts()[0]))
+            return True
+        except ValueError:
+            return False
+
+    return list(refusals.head_launch_refusals(
+        cfg, 0, q_fold=q.fold, k_fold=k.fold, v_fold=v.fold,
+        q_kernel=served(q), k_kernel=served(k), v_kernel=served(v)))
+
+
+def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: WeightMatrix, k: WeightMatrix,
+                v: WeightMatrix, dialect: str, tuning: KernelTuning | None = None, *, verbose: bool = False,
+                kernel_dir: Path | None = None) -> tuple[mx.array, mx.array, mx.array]:
+    """Q, K, V of ``rms_norm(hidden) * attn_norm`` in ONE launch, lazily.
+
+    ``q`` / ``k`` / ``v`` are WeightMatrix objects sharing one fold (the same object, as
+    frink-models asks with Rust's pointer-identity test ``Arc::ptr_eq``) at the INPUT site, or all unfolded; the kernel
+    rotates their common input once. ``attn_norm``: numpy or MLX, [hidden].
+    ``kernel_dir``: as for ``launch.prepare_tail``. Raises ``ValueError`` listing every
+    head refusal.
+    """
+    emulated = dialect == METAL_EMULATED
+    if emulated:
+        backends.resolve_backend(dialect)  # without clang, say so before building anything
+    kernel_source.check_dialect("metal" if emulated else dialect)
+    found = head_refusals(q, k, v)
+    if found:
+        raise ValueError("the head launch refuses these projections: " + ", ".join(r.name for r in found))
+    fold = q.fold
+    if fold is not None and fold.site is not FoldSite.INPUT:
+        raise ValueError("the Q/K/V fold must be at the INPUT site (the kernel rotates their common input)")
+    mats = [kernel_matrix(n, WeightMatrix(m.launch_parts()[0])) for n, m in (("q", q), ("k", k), ("v", v))]
+    if len({(m.fmt, m.sfmt, m.gs, m.qi) for m in mats}) != 1:
+        raise ValueError("q, k and v must have the same weight format (one launch reads all three)")
+    hid = mats[0].cols
+    check_width("hidden", hid)
+    t = tuning or kernel_tuning.DEFAULT_TUNING
+    rot = rotation_template(None if fold is None else fold.plan(hid), hid)
+    nq, nk, nv = (m.rows for m in mats)
+    m0 = mats[0]
+    template = [("NT", t.head_nt), ("FMT", m0.fmt), ("SFMT", m0.sfmt), ("GS", m0.gs), ("QI", m0.qi), ("HID", hid),
+                ("NQ", nq), ("NK", nk), ("NV", nv), ("ROT", bool(rot["ROT"])), ("M", rot["M"]),
+                ("LOGP", rot["LOGP"]), ("U", units_for(m0.fmt, t.u_head)), ("PRE", bool(t.pre_head))]
+    norm = attn_norm.astype(mx.float32) if isinstance(attn_norm, mx.array) else mx.array(
+        np.asarray(attn_norm, dtype=np.float32))
+    if dialect != "cuda":
+        check_threadgroup_memory("head_qkv", template, f"hidden ({hid})")
+    inputs = [hidden.astype(mx.float32), norm, params_array(eps, rot["scale"]), rot["sdest"], rot["table"]]
+    for m in mats:
+        inputs += [m.w, m.s, m.b]
+    kernel = compiled_kernel("metal" if emulated else dialect, "head_qkv", None if kernel_dir is None else Path(kernel_dir))
+    kw = dict(template=template, grid=(grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
+              threadgroup=(t.head_nt, 1, 1), output_shapes=[(nq,), (nk,), (nv,)], output_dtypes=[mx.float32] * 3)
+    if emulated:
+        q_out, k_out, v_out = (mx.array(o) for o in emulate_launch(kernel, inputs, kw))
+        return q_out, k_out, v_out
+    outs = kernel(inputs=inputs, verbose=verbose, **kw)
+    return outs[0], outs[1], outs[2]
