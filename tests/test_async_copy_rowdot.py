@@ -97,19 +97,19 @@ def test_the_kernel_compiles_for_the_h200_without_spills(tmp_path, stages) -> No
     """The body in the signature MLX gives it, at the default shape: nvcc compiles it for
     sm_90, ptxas spills nothing, and the row loop copies its weights asynchronously
     (LDGSTS, with its commits and waits: LDGDEPBAR, DEPBAR) and loads none to registers."""
-    from bench import sass_counts
+    from bench.common import sass as machine_code
 
-    cuobjdump = sass_counts.find_tool("cuobjdump")
+    cuobjdump = machine_code.find_tool("cuobjdump")
     if cuobjdump is None:
         pytest.skip("cuobjdump is not installed here")
-    report, sass = sass_counts.compile_sass(
+    report, sass = machine_code.compile_sass(
         "#include <cuda_bf16.h>\n" + ac.HEADER + "\ntemplate <int K, int R, int NT, int ST>\n"
         "__global__ void rowdot(const unsigned int* w, const __nv_bfloat16* s, const __nv_bfloat16* b, "
         "const float* x, float* y) {\n" + ac.SOURCE + f"}}\ntemplate __global__ void rowdot<5120, 34816, "
         f"128, {stages}>(const unsigned int*, const __nv_bfloat16*, const __nv_bfloat16*, const float*, float*);\n",
         tmp_path, "rowdot", nvcc="nvcc", cuobjdump=cuobjdump)
     assert "0 bytes spill stores" in report
-    (row_loop,) = [lp for lp in sass_counts.outer_loop_counts(sass)
+    (row_loop,) = [lp for lp in machine_code.outer_loop_counts(sass)
                    if "LDGSTS" in lp["opcodes"] and "FFMA" in lp["opcodes"]]
     ops = row_loop["opcodes"]
     assert ops["LDGSTS"] >= 2 and "LDGDEPBAR" in ops and "DEPBAR" in ops

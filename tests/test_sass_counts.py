@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import sass_counts as sc
+from bench.common import sass as machine_code
 from workbench import tail
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import one_launch
@@ -37,13 +38,13 @@ LISTING = """
 
 
 def test_the_listing_is_read_into_opcodes_and_the_longest_loop():
-    instrs = sc.parse_sass(LISTING)
+    instrs = machine_code.parse_sass(LISTING)
     assert [i.opcode for i in instrs][:5] == ["MOV", "S2R", "BRA", "ULDC", "LDG"]
     assert instrs[2].text.startswith("@!P0 BRA")
-    loop = sc.longest_loop(instrs)
+    loop = machine_code.longest_loop(instrs)
     assert [i.address for i in loop] == list(range(0x40, 0xA1, 0x10))  # 0x40 .. the branch at 0xa0
-    assert sc.classify(loop) == {"fma": 2, "int": 1, "memory": 1, "other": 3}
-    assert sc.longest_loop(instrs[:4]) == []  # only a forward branch
+    assert machine_code.classify(loop) == {"fma": 2, "int": 1, "memory": 1, "other": 3}
+    assert machine_code.longest_loop(instrs[:4]) == []  # only a forward branch
 
 
 @pytest.mark.parametrize("label", list(sc.FORMATS))
@@ -87,21 +88,21 @@ PHASES = tuple(k for k, _ in ks.ONE_LAUNCH_PHASES)
 def test_the_one_launchs_loops_are_natural_loops_not_backward_spans():
     """The cold copy's jump back is the longest backward span (0x50-0x1a0), which is no
     loop; the control-flow graph finds the five loops, the unit loop inside down's."""
-    instrs = sc.parse_sass(ONE)
-    assert [i.address for i in sc.longest_loop(instrs)][::21] == [0x50, 0x1A0]
-    flow = sc.control_flow(instrs)
-    headers = [flow.blocks[lp.header][0].address for lp in sc.natural_loops(flow)]
+    instrs = machine_code.parse_sass(ONE)
+    assert [i.address for i in machine_code.longest_loop(instrs)][::21] == [0x50, 0x1A0]
+    flow = machine_code.control_flow(instrs)
+    headers = [flow.blocks[lp.header][0].address for lp in machine_code.natural_loops(flow)]
     assert headers == [0x20, 0x80, 0xB0, 0xE0, 0x110, 0x120]
-    assert [flow.blocks[lp.header][0].address for lp in sc.outer_loops(flow)] == [0x20, 0x80, 0xB0, 0xE0, 0x110]
+    assert [flow.blocks[lp.header][0].address for lp in machine_code.outer_loops(flow)] == [0x20, 0x80, 0xB0, 0xE0, 0x110]
     assert sorted(flow.blocks[b][0].address for b in flow.cold) == [0x170]
     assert all(flow.idom[b] < 0 for b, blk in enumerate(flow.blocks) if blk[0].address >= 0x1B0)  # padding
-    wo = sc.loop_counts(flow, sc.outer_loops(flow)[0])
+    wo = machine_code.loop_counts(flow, machine_code.outer_loops(flow)[0])
     assert (wo["header"], wo["instructions"], wo["cold_instructions"]) == (0x20, 5, 4)
     assert wo["classes"] == {"fma": 1, "int": 0, "memory": 1, "other": 3}
 
 
 def test_the_one_launch_is_split_into_phases_at_its_grid_barriers():
-    counts = sc.sass_counts(sc.parse_sass(ONE), PHASES)
+    counts = machine_code.sass_counts(machine_code.parse_sass(ONE), PHASES)
     ph = counts["phases"]
     assert list(ph) == [*PHASES, "barriers"]
     # wo: the entry, its loop, the skip before the wait and the cold copy; the padding in no phase
@@ -119,7 +120,7 @@ def test_the_one_launch_is_split_into_phases_at_its_grid_barriers():
 
 
 def test_a_launch_of_its_own_keeps_the_longest_span_as_its_row_loop():
-    counts = sc.sass_counts(sc.parse_sass(LISTING))
+    counts = machine_code.sass_counts(machine_code.parse_sass(LISTING))
     assert counts["loop_instructions"] == 7 and counts["loop_classes"] == {"fma": 2, "int": 1, "memory": 1, "other": 3}
     # the written listing enters its outer loop twice (0x20 jumps to its branch at 0xa0): no
     # natural loop, so only the inner one is found (nvcc's loops have one entry, the header)
@@ -128,11 +129,11 @@ def test_a_launch_of_its_own_keeps_the_longest_span_as_its_row_loop():
 
 def test_what_the_control_flow_cannot_read_is_refused():
     with pytest.raises(ValueError, match="should wait at 2 grid barriers"):
-        sc.sass_counts(sc.parse_sass(LISTING), PHASES)
+        machine_code.sass_counts(machine_code.parse_sass(LISTING), PHASES)
     with pytest.raises(ValueError, match="indirect jump at 0x10"):
-        sc.control_flow(sc.parse_sass(_listing(["MOV R1, R2", "BRX R4 -0x10", "EXIT"])))
+        machine_code.control_flow(machine_code.parse_sass(_listing(["MOV R1, R2", "BRX R4 -0x10", "EXIT"])))
     with pytest.raises(ValueError, match="one function's listing"):
-        sc.control_flow(sc.parse_sass(_listing(["MOV R1, R2"]) + "\n" + _listing(["EXIT"])))
+        machine_code.control_flow(machine_code.parse_sass(_listing(["MOV R1, R2"]) + "\n" + _listing(["EXIT"])))
 
 
 @pytest.mark.parametrize("label", list(sc.FORMATS))
@@ -174,7 +175,7 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     assert stop.value.code == 2 and "--launches must be a comma-separated list" in capsys.readouterr().err
 
 
-_TOOLS = shutil.which("nvcc") and sc.find_tool("cuobjdump") and sc.find_tool("nvdisasm")
+_TOOLS = shutil.which("nvcc") and machine_code.find_tool("cuobjdump") and machine_code.find_tool("nvdisasm")
 
 
 @pytest.mark.skipif(not _TOOLS, reason="nvcc, cuobjdump or nvdisasm is not installed here")

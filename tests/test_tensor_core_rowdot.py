@@ -104,13 +104,13 @@ def test_the_kernel_compiles_for_the_h200_without_spills(tmp_path, subnormal) ->
     """The body in the signature MLX gives it, at the default shape: nvcc compiles it for
     sm_90, ptxas spills nothing, and the machine code has the MMAs (4 a group); the
     float16 scheme has no packed subtract (HADD2) left."""
-    from bench import sass_counts
+    from bench.common import sass as machine_code
 
-    cuobjdump = sass_counts.find_tool("cuobjdump")
+    cuobjdump = machine_code.find_tool("cuobjdump")
     if cuobjdump is None:
         pytest.skip("cuobjdump is not installed here")
     sub = "true" if subnormal else "false"
-    report, sass = sass_counts.compile_sass(
+    report, sass = machine_code.compile_sass(
         tc.HEADER + "\ntemplate <int K, int R, int NT, int UG, bool SUB>\n__global__ void rowdot("
         "const unsigned int* w, const __nv_bfloat16* s, const __nv_bfloat16* b, const float* x, float* y) {\n"
         + tc.SOURCE + f"}}\ntemplate __global__ void rowdot<5120, 34816, 256, 4, {sub}>(const unsigned int*, "
@@ -119,7 +119,7 @@ def test_the_kernel_compiles_for_the_h200_without_spills(tmp_path, subnormal) ->
     assert "0 bytes spill stores" in report
     mma = "HMMA.16816.F32" if subnormal else "HMMA.16816.F32.BF16"
     assert sum(mma + " " in line for line in sass.splitlines()) == 4 * 4  # four MMAs a group, four groups a batch
-    (unit_loop,) = [i for lp in sass_counts.outer_loop_counts(sass) for i in lp["inner"]
+    (unit_loop,) = [i for lp in machine_code.outer_loop_counts(sass) for i in lp["inner"]
                     if "HMMA" in i["opcodes"]]  # the batch of groups (the prologue's loops have none)
     assert unit_loop["opcodes"].get("HMMA") == 4 * 4
     assert ("HADD2" in unit_loop["opcodes"]) != subnormal  # the packed subtract of 128, bf16 only
