@@ -111,3 +111,34 @@ def test_records_of_another_kind_are_refused():
     with pytest.raises(ValueError, match="with their cases"):
         kernel_bench.floor_table(no_cases)
     assert isinstance(kernel_bench.floor_table(bench), pd.DataFrame)
+
+
+# -- the same checks run again ---------------------------------------------------------
+
+#: The checks of kernel text c60431e0a55f, and the same command rerun with that record's
+#: seed after the package was regrouped by role: the evidence that the move changed no result.
+CHECKS_BEFORE = "gpu_check-nvidia-h200-20261201T181553Z.json"
+CHECKS_AFTER = "gpu_check-nvidia-h200-20261202T014126Z.json"
+
+
+def test_the_rerun_reproduces_every_figure_bit_for_bit():
+    before, after = records.load("gpu_check", CHECKS_BEFORE), records.load("gpu_check", CHECKS_AFTER)
+    assert before["seed"] == after["seed"] and before["kernel_text"] == after["kernel_text"]
+    table = gpu_check.reproduced(before, after)
+    assert len(table) == len(before["checks"]) == 29 and table["same"].all() and (table["figures"] >= 7).all()
+
+
+def test_reproduced_names_a_figure_that_moved_and_refuses_other_seeds_or_cases():
+    import copy
+
+    before = records.load("gpu_check", CHECKS_BEFORE)
+    moved = copy.deepcopy(before)
+    moved["checks"][3]["worst"] *= 1 + 2**-20
+    table = gpu_check.reproduced(before, moved)
+    assert not table["same"][3] and table["differ"][3] == "worst" and table["same"].drop(3).all()
+    with pytest.raises(ValueError, match="second: must have run first's seed"):
+        gpu_check.reproduced(before, {**moved, "seed": 1})
+    with pytest.raises(ValueError, match="second: must check the same cases"):
+        gpu_check.reproduced(before, {**moved, "checks": moved["checks"][:-1]})
+    with pytest.raises(ValueError, match="expected 'gpu_check'"):
+        gpu_check.reproduced(before, records.load("one_launch", "one_launch-nvidia-h200-20261201T165653Z.json"))

@@ -91,3 +91,37 @@ def format_summary(record: dict[str, Any]) -> Any:
                      "f32 oracle worst": f"{cases['f32 oracle worst'].astype(float).max():.1e}",
                      "tol": f"{cases['tol'].max():.0e}", "pass": bool(cases["pass"].all())})
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+
+#: What a check computes from its numbers alone: its errors against the float64 oracle (of
+#: what ``fused_tail`` ran and of the three launches), the float32 oracle's own, and the
+#: verdicts (``first_call_ms``, the time of its first call, depends on the machine: left out).
+ERROR_FIGURES: tuple[str, ...] = ("tol", "worst", "nmse", "max_abs", "f32_oracle_worst", "three_launches_worst",
+                                  "passed", "three_launches_passed", "deterministic", "result")
+
+
+def reproduced(first: dict[str, Any], second: dict[str, Any]) -> Any:
+    """Two ``bench.gpu_check`` records of the same seed side by side, one row a check
+    (pandas): the case, and for each of :data:`ERROR_FIGURES` either record has, whether
+    both give the same float bit for bit (``same``), and whether every figure is the same.
+    A rerun with the first's ``--seed`` on the same kernel text draws the same inputs, so
+    any difference is a change in what the kernels or the oracle compute. Raises
+    ``ValueError`` when the records are not such records, ran other seeds, or checked other
+    cases."""
+    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+
+    a, b = check_record(first, "gpu_check", name="first"), check_record(second, "gpu_check", name="second")
+    if a.get("seed") != b.get("seed"):
+        raise ValueError(f"second: must have run first's seed {a.get('seed')!r}, got {b.get('seed')!r}")
+    cases_a, cases_b = [c["case"] for c in a["checks"]], [c["case"] for c in b["checks"]]
+    if cases_a != cases_b:
+        raise ValueError(f"second: must check the same cases as first; got {len(cases_b)} cases against "
+                         f"{len(cases_a)}, first differing: "
+                         f"{next((x, y) for x, y in zip(cases_a + [None], cases_b + [None]) if x != y)}")
+    rows = []
+    for ca, cb in zip(a["checks"], b["checks"]):
+        keys = [k for k in ERROR_FIGURES if k in ca or k in cb]
+        differ = [k for k in keys if ca.get(k) != cb.get(k)]
+        rows.append({"case": ca["case"], "figures": len(keys), "differ": ", ".join(differ) or "-",
+                     "same": not differ})
+    return pd.DataFrame(rows)
