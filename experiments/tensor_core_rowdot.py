@@ -10,7 +10,7 @@ measures the alternative before any body is rewritten: ``mma.sync`` (m16n8k16, b
 in, float32 accumulators) on one matrix ``y = W x``, W in MLX's affine 4-bit layout
 (group 64, bfloat16 scales and biases), against
 
-- the kernels' own row dot on the same matrix (``decode_matvec._matvec_launch``: the
+- the kernels' own row dot on the same matrix (``decode_matvec.matvec_launch``: the
   ``wo_residual`` body with no fold, a plain matvec plus a zero residual), and
 - MLX's ``mx.quantized_matmul``,
 
@@ -215,7 +215,7 @@ def reference_row_dots(q: Any, x: Any, rows: int) -> dict[str, Any]:
     from workbench.decode import matvec as decode_matvec
     from workbench.kernels.tuning import KernelTuning
 
-    launch = decode_matvec._matvec_launch("cuda", q, KernelTuning(), "w")
+    launch = decode_matvec.matvec_launch("cuda", q, KernelTuning(), "w")
     zero = mx.zeros((rows,), mx.float32)
 
     def cuda_core() -> Any:

@@ -127,3 +127,25 @@ def test_an_experiment_has_its_readme_line_and_its_cuda_source(module):
     assert f"| `{name}` |" in readme
     assert (ROOT / "experiments" / f"{name}.cu").is_file() and (ROOT / "experiments" / f"{name}.cuh").is_file()
     assert '= r"""' not in MODULES[module].read_text()
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_bench_module_reads_a_private_name_of_the_package_or_another_module(module):
+    # What a command needs of the workbench, or of bench.common, is that module's API:
+    # a name without an underscore, which its owner keeps working for other modules.
+    tree = ast.parse(MODULES[module].read_text())
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("workbench", *TOPS):
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                if a.name.startswith("_"):
+                    raise AssertionError(f"{module} imports the private name {a.name} from {node.module}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in ("workbench", *TOPS) and a.asname:
+                    aliases[a.asname] = a.name
+    used = sorted({f"{aliases[n.value.id]}.{n.attr}" for n in ast.walk(tree)
+                   if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases
+                   and n.attr.startswith("_") and not n.attr.startswith("__")})
+    assert not used, f"{module} reads private names of other modules: {used}"

@@ -148,7 +148,7 @@ def test_batched_paths_equal_row_by_row(batch):
 
 
 def test_batched_weights_through_the_pure_functions():
-    # One weight set per row: what workbench.errors does to sweep seeds in one call.
+    # One weight set per row: what workbench.studies.sweeps does to sweep seeds in one call.
     ws = [T.TailWeights.random(24, 32, 20, seed=s) for s in range(3)]
     rows = [T.random_inputs(w, seed=100 + i) for i, w in enumerate(ws)]
     br = np.stack([r[0] for r in rows]).astype(np.float64)

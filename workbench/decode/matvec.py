@@ -175,7 +175,7 @@ def _kernel_matrix(name: str, w: mx.array | QuantizedBase):
     return kernel_matrices.kernel_matrix(name, WeightMatrix(w))
 
 
-def _matvec_launch(dialect: str, w: mx.array | QuantizedBase, t: KernelTuning, name: str) -> Launch:
+def matvec_launch(dialect: str, w: mx.array | QuantizedBase, t: KernelTuning, name: str) -> Launch:
     """``residual + W x`` through ``wo_residual`` with no fold (a plain matvec plus an add)."""
     m = _kernel_matrix(name, w)
     kernel_matrices.check_width(f"{name}'s in dimension", m.cols)
@@ -293,7 +293,7 @@ class KernelMatvecs:
         """lm_head through ``wo_residual`` and the resident zero residual it adds; inputs
         the normed x and that zero vector."""
         def make() -> tuple[Launch, mx.array]:
-            ln = _matvec_launch(self.dialect, lm_head, self.tuning, "lm_head")
+            ln = matvec_launch(self.dialect, lm_head, self.tuning, "lm_head")
             zeros = mx.zeros((ln.kw["output_shapes"][0][0],), dtype=mx.float32)
             mx.eval(zeros)
             return ln, zeros
