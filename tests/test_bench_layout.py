@@ -16,22 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from tools import import_graph
+
 ROOT = Path(__file__).resolve().parent.parent
 TOPS = ("bench", "experiments")
 
 
-def modules() -> dict[str, Path]:
-    """Every module under bench/ and experiments/, by dotted name (a package's ``__init__`` as the package)."""
-    out = {}
-    for top in TOPS:
-        for path in sorted((ROOT / top).rglob("*.py")):
-            rel = path.relative_to(ROOT).with_suffix("")
-            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-            out[".".join(parts)] = path
-    return out
-
-
-MODULES = modules()
+MODULES = import_graph.modules(ROOT, TOPS)
 #: The files of bench/ itself (``python -m bench.NAME``), of bench/common, and of experiments/.
 COMMANDS = sorted(m for m, p in MODULES.items() if p.parent == ROOT / "bench" and p.name != "__init__.py")
 COMMON = sorted(m for m in MODULES if m == "bench.common" or m.startswith("bench.common."))
@@ -39,23 +30,8 @@ EXPERIMENTS = sorted(m for m, p in MODULES.items() if p.parent == ROOT / "experi
 
 
 def imports_of(path: Path) -> set[str]:
-    """The bench and experiments modules ``path`` imports anywhere except under ``if TYPE_CHECKING:``."""
-    tree = ast.parse(path.read_text())
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(sub) for sub in ast.walk(node))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in TOPS:
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in MODULES else node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.split(".")[0] in TOPS)
-    return found - set(TOPS)
+    """The bench and experiments modules ``path`` imports (``tools.import_graph.imports_of``)."""
+    return import_graph.imports_of(path, TOPS, MODULES)
 
 
 GRAPH = {m: imports_of(path) for m, path in MODULES.items()}
@@ -95,18 +71,8 @@ def test_an_experiment_imports_no_bench_command(module):
 
 
 def test_no_import_circle():
-    done: set[str] = set()
-
-    def visit(m: str, path: tuple[str, ...]) -> None:
-        assert m not in path, "import circle: " + " -> ".join(path + (m,))
-        if m in done:
-            return
-        for dep in sorted(GRAPH.get(m, ())):
-            visit(dep, path + (m,))
-        done.add(m)
-
-    for m in sorted(MODULES):
-        visit(m, ())
+    found = import_graph.circle(GRAPH)
+    assert found is None, "import circle: " + " -> ".join(found or ())
 
 
 def test_the_checker_sees_a_command_imported_inside_a_function(tmp_path):
@@ -130,22 +96,8 @@ def test_an_experiment_has_its_readme_line_and_its_cuda_source(module):
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
-def test_no_bench_module_reads_a_private_name_of_the_package_or_another_module(module):
+def test_no_bench_module_uses_a_private_name_of_the_package_or_another_module(module):
     # What a command needs of the workbench, or of bench.common, is that module's API:
     # a name without an underscore, which its owner keeps working for other modules.
-    tree = ast.parse(MODULES[module].read_text())
-    aliases: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("workbench", *TOPS):
-            for a in node.names:
-                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-                if a.name.startswith("_"):
-                    raise AssertionError(f"{module} imports the private name {a.name} from {node.module}")
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.split(".")[0] in ("workbench", *TOPS) and a.asname:
-                    aliases[a.asname] = a.name
-    used = sorted({f"{aliases[n.value.id]}.{n.attr}" for n in ast.walk(tree)
-                   if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases
-                   and n.attr.startswith("_") and not n.attr.startswith("__")})
-    assert not used, f"{module} reads private names of other modules: {used}"
+    used = import_graph.private_reads(MODULES[module], ("workbench", *TOPS))
+    assert not used, f"{module} uses private names of other modules: {used}"

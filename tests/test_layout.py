@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tools import import_graph
+
 PACKAGE = Path(__file__).resolve().parent.parent / "workbench"
 
 #: level -> the parts on it, bottom first. A part is a subpackage, or one shared module.
@@ -40,38 +42,13 @@ def part_of(module: str) -> str:
     return module.split(".")[1]
 
 
-def modules() -> dict[str, Path]:
-    """Every module of the package, by dotted name (subpackage ``__init__`` included)."""
-    out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
-        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-        out[".".join(parts)] = path
-    return out
-
-
-MODULES = modules()
+MODULES = import_graph.modules(PACKAGE.parent, ["workbench"])
 
 
 def imports_of(path: Path) -> set[str]:
-    """The workbench modules ``path`` imports anywhere except under ``if TYPE_CHECKING:``."""
-    tree = ast.parse(path.read_text())
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(sub) for sub in ast.walk(node))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "workbench":
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in MODULES else node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.split(".")[0] == "workbench")
-    found.discard("workbench")  # the public names: only the package's own __init__ reads them
-    return found
+    """The workbench modules ``path`` imports (``tools.import_graph.imports_of``), less the
+    package itself (the public names: only the package's own ``__init__`` reads them)."""
+    return import_graph.imports_of(path, ["workbench"], MODULES)
 
 
 PACKAGE_MODULES = sorted(m for m in MODULES if m != "workbench")
@@ -99,53 +76,27 @@ def test_a_module_imports_only_lower_levels_or_its_own_part(module):
             f"{module} ({mine}, level {LEVEL_OF[mine]}) imports {dep} ({theirs}, level {LEVEL_OF[theirs]})")
 
 
-def test_no_module_imports_a_private_name_of_another():
-    for module in PACKAGE_MODULES:
-        tree = ast.parse(MODULES[module].read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("workbench"):
-                private = [a.name for a in node.names if a.name.startswith("_")]
-                assert not private, f"{module} imports private names {private} from {node.module}"
-
-
-def module_aliases(tree: ast.AST) -> dict[str, str]:
-    """The names a module binds to workbench modules: ``from workbench.kernels import launch as K`` -> K."""
-    out = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("workbench"):
-            for a in node.names:
-                if f"{node.module}.{a.name}" in MODULES:
-                    out[a.asname or a.name] = f"{node.module}.{a.name}"
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.startswith("workbench.") and a.asname:
-                    out[a.asname] = a.name
-    return out
-
-
 @pytest.mark.parametrize("module", PACKAGE_MODULES)
-def test_no_module_reads_a_private_name_of_another(module):
+def test_no_module_uses_a_private_name_of_another(module):
     # What one module needs of another is that module's API, named without an underscore.
-    tree = ast.parse(MODULES[module].read_text())
-    aliases = module_aliases(tree)
-    used = sorted({f"{aliases[n.value.id]}.{n.attr}" for n in ast.walk(tree)
-                   if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases
-                   and n.attr.startswith("_") and not n.attr.startswith("__")})
-    assert not used, f"{module} reads private names of other modules: {used}"
+    used = import_graph.private_reads(MODULES[module], ["workbench"])
+    assert not used, f"{module} uses private names of other modules: {used}"
 
 
 def test_the_import_graph_has_no_circle():
     # Between parts the levels imply it; within a part it is checked here, so a failure says which circle.
-    graph = {m: imports_of(MODULES[m]) & set(MODULES) for m in PACKAGE_MODULES}
-    done: set[str] = set()
+    graph = {m: imports_of(MODULES[m]) for m in PACKAGE_MODULES}
+    found = import_graph.circle(graph)
+    assert found is None, "import circle: " + " -> ".join(found or ())
 
-    def visit(m: str, path: tuple[str, ...]) -> None:
-        assert m not in path, "import circle: " + " -> ".join(path + (m,))
-        if m in done:
-            return
-        for dep in sorted(graph.get(m, ())):
-            visit(dep, path + (m,))
-        done.add(m)
 
-    for m in PACKAGE_MODULES:
-        visit(m, ())
+def test_the_checker_sees_imports_inside_functions_and_private_reads(tmp_path):
+    """The rules above read function-level imports (a lazy import is still a dependency),
+    not those for type checkers, and a private name read off an imported module."""
+    f = tmp_path / "m.py"
+    f.write_text("from workbench.tail import paths as P\n"
+                 "def f():\n    from workbench.decode import schedule\n    return P._empty_batch\n"
+                 "if TYPE_CHECKING:\n    from workbench.reports import plots\n")
+    assert imports_of(f) == {"workbench.tail.paths", "workbench.decode.schedule"}
+    assert import_graph.private_reads(f, ["workbench"]) == ["workbench.tail.paths._empty_batch"]
+    assert import_graph.circle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ("a", "b", "c", "a")

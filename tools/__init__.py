@@ -1,1 +1,2 @@
-"""Project tools: the notebook normalizer and the pytest plugin that measures notebooks' memory."""
+"""Project tools: the notebook normalizer, the report writer, the pytest plugin that measures
+notebooks' memory, and the import graph the layout tests read."""
