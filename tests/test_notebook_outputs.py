@@ -56,3 +56,16 @@ def test_the_documents_name_nothing_outside_the_project(doc: str):
     text = (ROOT / doc).read_text(encoding="utf-8")
     found = [m.group(0) for m in OUTSIDE.finditer(text)]
     assert not found, f"{doc}: {found}"
+
+
+#: What a cell that reads a file itself looks like; notebooks read records, plans and ledgers
+#: through ``workbench`` (``workbench.reports.records`` for bench records), which checks them.
+OPENS_A_FILE = re.compile(r"json\.loads?\(|\bopen\(|\.read_text\(|\.read_bytes\(|\.\./data/")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_notebook_cell_opens_a_file(path: Path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    found = [(i, m.group(0)) for i, cell in enumerate(nb["cells"]) if cell["cell_type"] == "code"
+             for m in OPENS_A_FILE.finditer("".join(cell["source"]))]
+    assert not found, f"{path.name}: (cell, text) {found}"
