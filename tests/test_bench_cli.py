@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from bench.common import record
-from workbench.decode import schedule
 from workbench.reports import records
 from workbench.reports import schedule_run as schedule_report
 from workbench.waits import ledger as wait_ledger

@@ -30,7 +30,6 @@ from hypothesis import strategies as st
 
 from workbench.tail import comparison as C
 from workbench.studies import exact_oracle as EO
-from workbench.fold import rotation as F
 from workbench.tail import frink_case as FC
 from workbench.fold import hadamard
 from workbench.kernels import tuning as KL
