@@ -58,9 +58,10 @@ def test_the_documents_name_nothing_outside_the_project(doc: str):
     assert not found, f"{doc}: {found}"
 
 
-#: What a cell that reads a file itself looks like; notebooks read records, plans and ledgers
-#: through ``workbench`` (``workbench.reports.records`` for bench records), which checks them.
-OPENS_A_FILE = re.compile(r"json\.loads?\(|\bopen\(|\.read_text\(|\.read_bytes\(|\.\./data/")
+#: What a cell that reads a file itself looks like, or names one: notebooks read records,
+#: plans and ledgers through ``workbench`` (``workbench.reports.records`` for bench records,
+#: by the record's name), which finds and checks them.
+OPENS_A_FILE = re.compile(r"json\.loads?\(|\bopen\(|\.read_text\(|\.read_bytes\(|\bdata/|\.json\b|\bPath\(")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

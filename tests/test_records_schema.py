@@ -89,8 +89,18 @@ def test_load_finds_a_record_by_name_or_path_and_adds_its_file():
     assert rec["file"] == name and rec["bench"] == "one_launch"
     assert records.load("one_launch", BENCH / name) == rec
     assert records.load("one_launch", name, folder=BENCH) == rec
+    assert records.load("one_launch", name.removesuffix(".json")) == rec  # by the record's name
     with pytest.raises(RecordError, match=f"^{name}: is a 'one_launch' record, expected 'sanitize'$"):
         records.load("sanitize", name)
+
+
+def test_stamp_is_the_utc_time_a_records_name_ends_with():
+    assert records.stamp(records.load("one_launch", "one_launch-nvidia-h200-20261201T131203Z")) == "20261201T131203Z"
+    assert records.stamp({"file": "gpu_check-nvidia-h200-20261202T014126Z-2.json"}) == "20261202T014126Z"
+    with pytest.raises(RecordError, match="record: must be loaded from a file named .*, got 'schedule-cpu.json'"):
+        records.stamp(records.load("schedule_run", "schedule-cpu"))
+    with pytest.raises(RecordError, match="got None"):
+        records.stamp({"bench": "sanitize"})
 
 
 def test_load_names_a_missing_file_bad_json_and_a_non_object(tmp_path: Path):

@@ -40,7 +40,7 @@ from workbench import files
 from workbench.validate import describe
 
 __all__ = ["KINDS", "RECORD_DIR", "Header", "RecordError", "RecordKind", "check", "headline", "kind_of", "load",
-           "load_all", "lookup", "newest"]
+           "load_all", "lookup", "newest", "stamp"]
 
 #: The project's folder of bench records, wherever the process was started.
 RECORD_DIR = files.DATA_DIR / "bench"
@@ -218,16 +218,19 @@ def _read(path: Path, kind: str) -> dict[str, Any]:
 
 
 def load(kind: str, name: str | os.PathLike, folder: str | os.PathLike | None = None) -> dict[str, Any]:
-    """One ``kind`` record, checked, with its ``file`` name added. ``name`` is a file name
-    (``"one_launch-nvidia-h200-20261201T131203Z.json"``), looked up in ``folder`` (default
-    the project's ``data/bench``), or a path with a folder in it, read as given.
-    :class:`RecordError` for a missing file, bad JSON, a non-object or a record that fails
-    :func:`check`."""
+    """One ``kind`` record, checked, with its ``file`` name added. ``name`` is the record's
+    name as its bench wrote it, ``<kind>-<device>-<UTC time>`` (``"one_launch-nvidia-h200-
+    20261201T131203Z"``; ``.json`` may be given too), looked up in ``folder`` (default the
+    project's ``data/bench``), or a path with a folder in it, read as given. So a notebook
+    names the evidence it shows and never a file. :class:`RecordError` for a missing
+    record, bad JSON, a non-object or a record that fails :func:`check`."""
     lookup(kind)
     if not isinstance(name, (str, os.PathLike)) or not str(name):
         raise ValueError(f"name: must be a record's file name or path, got {describe(name)}")
     given = Path(name)
-    path = given if given.parent != Path(".") else _folder(folder) / given
+    if given.parent == Path("."):
+        given = _folder(folder) / (given.name if given.suffix == ".json" else f"{given.name}.json")
+    path = given
     if not path.exists() and path.parent.is_dir():
         kin = sorted(p.name for pat in KINDS[kind].patterns for p in path.parent.glob(pat))
         hint = f"; its {kind!r} records run from {kin[0]} to {kin[-1]} ({len(kin)})" if kin else \
@@ -270,6 +273,23 @@ def newest(kind: str, folder: str | os.PathLike | None = None,
     if not chosen:
         raise RecordError(f"no {kind!r} record in {_folder(folder)}" + (" satisfies where" if where else ""))
     return max(chosen, key=lambda r: (_when(r), r["file"]))
+
+
+#: A record's UTC time as its name ends: ``...-20261201T131203Z`` (``-2`` where a second
+#: record of the same second was written beside it).
+_STAMP = re.compile(r"-(\d{8}T\d{6}Z)(?:-\d+)?(?:\.json)?$")
+
+
+def stamp(record: Mapping[str, Any]) -> str:
+    """The UTC time in a loaded record's name (``"20261201T131203Z"``): how tables tell a
+    kind's runs apart in one column. :class:`RecordError` for a record loaded from no file
+    or whose name carries no time (the first records, such as ``schedule-cpu.json``)."""
+    name = record.get("file") if isinstance(record, Mapping) else None
+    found = _STAMP.search(name) if isinstance(name, str) else None
+    if found is None:
+        raise RecordError(f"record: must be loaded from a file named <kind>-<device>-<UTC time>.json, got "
+                          f"{describe(name)}")
+    return found.group(1)
 
 
 def headline(record: Mapping[str, Any]) -> str:
