@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import sys
-from pathlib import Path
 
 from bench.common import record
 from bench.common.kernel_tail import print_table, run
@@ -41,15 +40,12 @@ from workbench import backends
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = record.parser("kernel_bench", __doc__, record_options=False,
-                       writes="prints its tables and writes no record (bench.gpu_check runs it and writes one)")
+    ap = record.parser("kernel_bench", __doc__)
     ap.add_argument("--repeats", type=int, default=50, help="timed rounds per variant")
     ap.add_argument("--quick", action="store_true", help="no tuning sweep")
     ap.add_argument("--formats", default=",".join(BENCH_FORMATS),
                     help=f"comma list of quantized formats after bf16 (default {','.join(BENCH_FORMATS)})")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent.parent / "data" / "bench"),
-                    help="where the JSON record goes")
     a = ap.parse_args(argv)
     formats = tuple(record.comma_list(ap, "--formats", a.formats, BENCH_FORMATS))
     dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)
@@ -60,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     started = _dt.datetime.fromisoformat(prov["date"])
     bench = run(dialect, repeats=a.repeats, seed=a.seed, quick=a.quick, formats=formats)
     print_table(bench)
-    device = prov["device"].get("device_name", f"{dialect} GPU")
-    record.write({"what": "kernel tail benchmark: every weight format against its floor", **prov, "dialect": dialect,
-                  "bench": bench}, a.out_dir, f"kernel_bench-{record.slug(device)}-{started.strftime('%Y%m%dT%H%M%SZ')}")
+    if not a.no_record:
+        device = prov["device"].get("device_name", f"{dialect} GPU")
+        record.write({"what": "kernel tail benchmark: every weight format against its floor", **prov,
+                      "dialect": dialect, "bench": bench},
+                     a.out_dir, record.record_stem("kernel_bench", device, started), force=a.force)
     return 0
 
 
