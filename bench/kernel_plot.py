@@ -72,7 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="replace the PNG if it exists")
     a = ap.parse_args(argv)
     src = Path(a.record)
-    rec = json.loads(src.read_text())
+    # A missing, unreadable, empty, truncated or binary file is the user's input, not a bug:
+    # one line naming it, never a traceback.
+    try:
+        rec = json.loads(src.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        ap.error(f"record: no file {src}")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        ap.error(f"record: {src} is not a readable JSON record ({type(err).__name__}: {err})")
+    if not isinstance(rec, dict):
+        ap.error(f"record: {src} holds a JSON {type(rec).__name__}, not a record (an object)")
     if "bench" not in rec:
         ap.error(f"record: {src} has no 'bench' section (a kernel_bench or gpu_check record has)")
     out = src.with_suffix(".png")

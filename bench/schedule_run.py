@@ -107,10 +107,15 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(f"--gdn kernel: the gdn_step kernel runs with the project's kernels only (--matvec kernels); "
                 f"got --matvec {args.matvec}")
 
-    cfg = load_model(args.model)
-    geom = geometry.geometry_of(cfg, vocab=args.vocab) if args.geometry == "full" else geometry.CPU_GEOMETRY
-    if args.geometry == "cpu" and args.vocab:
-        geom = geometry.Geometry(**{**geom.__dict__, "vocab": args.vocab})
+    if args.vocab is not None and args.vocab < 1:
+        p.error(f"--vocab must be >= 1, got {args.vocab}")
+    try:
+        cfg = load_model(args.model)
+        geom = geometry.geometry_of(cfg, vocab=args.vocab) if args.geometry == "full" else geometry.CPU_GEOMETRY
+        if args.geometry == "cpu" and args.vocab is not None:
+            geom = geometry.Geometry(**{**geom.__dict__, "vocab": args.vocab})
+    except ValueError as err:
+        p.error(f"--model {args.model}: {err}")
     try:
         stages = None if args.stages is None else [int(s) for s in args.stages.split(",")]
     except ValueError:

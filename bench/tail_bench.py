@@ -26,6 +26,8 @@ where the project is not installed).
 
 from __future__ import annotations
 
+import math
+
 import sys
 from typing import Any, Callable
 
@@ -133,7 +135,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if large_repeats < 1:
         p.error("--large-repeats must be >= 1")
 
-    bandwidth = args.bandwidth_gbps * 1e9 if args.bandwidth_gbps else record.copy_bandwidth()
+    if args.bandwidth_gbps is not None and not (math.isfinite(args.bandwidth_gbps) and args.bandwidth_gbps > 0):
+        p.error(f"--bandwidth-gbps must be a finite number > 0, got {args.bandwidth_gbps}")
+    bandwidth = args.bandwidth_gbps * 1e9 if args.bandwidth_gbps is not None else record.copy_bandwidth()
     rows = []
     for name in shapes:
         large = SHAPES[name][0][0] >= 1024

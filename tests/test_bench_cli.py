@@ -24,7 +24,7 @@ from workbench.reports import schedule_run as schedule_report
 from workbench.waits import ledger as wait_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("gpu_check", "kernel_bench", "kernel_bodies", "kernel_plot", "launch_profile", "one_launch", "real_model", "sanitize",
+BENCHES = ("check_rate", "emulator_cost", "gpu_check", "kernel_bench", "kernel_bodies", "kernel_plot", "launch_profile", "one_launch", "real_model", "sanitize",
            "sass_counts", "schedule_run", "split_price", "sweep_rate", "tail_bench", "wait_price")
 #: Commands that write no JSON record of their own: kernel_bench prints tables for
 #: gpu_check, which writes its record; kernel_plot draws a record's figure beside it.

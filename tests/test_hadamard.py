@@ -91,3 +91,19 @@ def test_transpose_is_the_inverse(block: int) -> None:
     ym = hadamard.block_transform_mx(mx.array(x.astype(np.float32)), block)
     back = np.array(hadamard.block_transform_mx(ym, block, transpose=True))
     assert np.allclose(back, x, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [1, 12, 16, 20, 28, 64])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_float64_rows_do_not_depend_on_the_batch(block: int, transpose: bool) -> None:
+    """A row's float64 transform has the same bits alone as in any batch (the one large
+    product pads to ROW_GROUP rows), and agrees with the per-block products to rounding."""
+    rng = np.random.default_rng(block)
+    x = rng.standard_normal((37, 3 * block))
+    full = hadamard.block_transform(x, block, transpose=transpose)
+    for i in range(0, 37, 5):
+        np.testing.assert_array_equal(full[i], hadamard.block_transform(x[i], block, transpose=transpose))
+        np.testing.assert_array_equal(full[i:i + 11], hadamard.block_transform(x[i:i + 11], block, transpose=transpose))
+    h = hadamard.hadamard_matrix(block).astype(np.float64) / np.sqrt(block)
+    ref = (x.reshape(37, 3, block) @ (h if transpose else h.T)).reshape(x.shape)
+    np.testing.assert_allclose(full, ref, rtol=0, atol=1e-14 * np.sqrt(block))

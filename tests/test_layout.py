@@ -33,6 +33,7 @@ LEVELS: dict[int, tuple[str, ...]] = {
     6: ("studies", "real_models"),  # error studies; checkpoints, mlx-lm's model carrying them, SmolLM2 end to end
     7: ("decode",),  # a hybrid's decode step, stage by stage of the plan
     8: ("reports",),  # readers of bench records, tables and figures: import anything, imported by nothing
+    9: ("check",),  # a user's own tail checked: its forms, fault models, verdict and report
 }
 LEVEL_OF = {p: lvl for lvl, parts in LEVELS.items() for p in parts}
 

@@ -15,6 +15,7 @@ never pandas or matplotlib (tables and figures import those when they are made).
 """
 
 from workbench.backends import BackendUnavailable, available_backends
+from workbench.check.run import CheckReport, check_kernel
 from workbench.studies.calibration import (
     REFERENCE_TOLERANCES,
     Tolerance,
@@ -35,6 +36,7 @@ from workbench.studies.three_way import three_way_table
 from workbench.waits.measurement import count_waits
 from workbench.waits.plan import load_plan, wait_table, waits_per_token
 from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
+from workbench.kernels.metal_drop_in import metal_kernel
 
 __version__ = "0.1.0"
 
@@ -61,6 +63,7 @@ __all__ = [
     "fused_tail",
     "BackendUnavailable",
     "available_backends",
+    "metal_kernel",
     "Comparison",
     "compare",
     "three_way_table",
@@ -74,6 +77,9 @@ __all__ = [
     "calibrate_by",
     "catch_rates",
     "REFERENCE_TOLERANCES",
+    # a user's own tail checked against the oracle
+    "check_kernel",
+    "CheckReport",
     # waits: counted, planned, priced
     "count_waits",
     "load_plan",

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["describe", "integer", "number", "one_of", "flag", "seed", "sequence", "float_dtype", "float_array",
-           "memory_cap_bytes", "within_memory"]
+           "memory_cap_bytes", "within_memory", "token_ids"]
 
 
 def describe(value: Any, limit: int = 60) -> str:
@@ -194,3 +194,17 @@ def within_memory(name: str, nbytes: int, what: str) -> int:
             f"allowed (half this machine's memory)"
         )
     return nbytes
+
+
+def token_ids(name: str, value: Any, vocab: int) -> np.ndarray:
+    """``value`` (a sequence of token ids) as an int32 numpy array, each in ``0..vocab-1``.
+
+    An id outside the vocabulary would be read out of bounds by an embedding (garbage
+    that differs from run to run), a negative one would wrap and a float one be
+    truncated: all are refused, naming ``name`` and the first bad id.
+    """
+    ids = sequence(name, value, what="token ids")
+    for i, t in enumerate(ids):
+        if _is_bool(t) or not isinstance(t, numbers.Integral) or not 0 <= int(t) < vocab:
+            raise ValueError(f"{name}: must hold token ids, integers in 0..{vocab - 1}, got {describe(t)} at {i}")
+    return np.asarray([int(t) for t in ids], dtype=np.int32)

@@ -174,7 +174,7 @@ def write(record: dict[str, Any], out_dir: str | Path, stem: str, *, force: bool
     """
     text = json.dumps(checked(record), indent=2, default=str) + "\n"
     path = _write_new(text, Path(out_dir), stem, force)
-    if os.environ.get("OUT"):
+    if os.environ.get("OUT") and Path(os.environ["OUT"]).resolve() != path.parent.resolve():
         # The same rule in $OUT: runs started together in one device call (one a tool, each
         # with its own out_dir) end in the same second, and their copies there once replaced
         # one another, losing all records but the last.

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workbench.validate import flag, number
+
 
 @dataclass(frozen=True)
 class Geometry:
@@ -37,6 +39,10 @@ class Geometry:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name}: must be a positive int, got {v!r}")
+        # eps NaN or <= 0 makes rms_norm divide by zero or yield NaN: a step would still
+        # answer a token (argmax of NaN logits is 0), so it is refused here.
+        number("eps", self.eps, minimum=0, exclusive_minimum=True)
+        flag("attn_output_gate", self.attn_output_gate)
         if self.n_q % self.n_kv:
             raise ValueError(f"n_q: must be a multiple of n_kv ({self.n_kv}), got {self.n_q}")
         if self.gdn_v_heads % self.gdn_k_heads:

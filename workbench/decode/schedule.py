@@ -125,9 +125,19 @@ class Schedule:
         return fn
 
     def step(self, state: DecodeState, stage) -> TokenResult:
-        """Decode one token at ``stage``: build each submission lazily, evaluate it once."""
+        """Decode one token at ``stage``: build each submission lazily, evaluate it once.
+
+        ValueError when ``state`` is not a ``DecodeState`` or its KV caches are full (it
+        was made by ``new_state`` for fewer tokens than it is asked for).
+        """
         g, layers = self.geom, self.w.layers
+        if not isinstance(state, DecodeState):
+            raise ValueError(f"state: must be a DecodeState (new_state), got {describe(state)}")
         subs = self.submissions(stage)
+        caps = {int(c.shape[0]) for c in state.host_k.values()}
+        if caps and state.length >= min(caps):
+            raise ValueError(f"state: its KV caches hold {min(caps)} tokens and all are used (length "
+                             f"{state.length}); make it with new_state(..., max_new=) for more tokens")
         t0 = time.perf_counter()
         x = mx.array(self.w.embed[state.token % self.w.embed.shape[0]])
         pos = state.length

@@ -289,7 +289,10 @@ class WeightMatrix:
         if dtype == np.float64 and self._np64 is not None:
             return self._np64
         base = self._base.dequantize() if isinstance(self._base, QuantizedBase) else self._base
-        out = np.array(base.astype(mx.float32)).astype(dtype)
+        # float64 reads MLX's float32 buffer in place (np.asarray) and converts once; float32
+        # is a copy the caller owns.
+        f32 = base.astype(mx.float32)
+        out = np.asarray(f32).astype(dtype) if dtype != np.float32 else np.array(f32)
         if dtype == np.float64:
             out.flags.writeable = False
             self._np64 = out

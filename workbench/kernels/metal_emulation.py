@@ -27,7 +27,8 @@ The shared object is loaded with ctypes: it is plain C ABI, so no binding librar
 Compiled kernels are cached by the hash of everything that goes into them (the
 translation unit, the stand-in header, the runtime, the flags, clang's version) in
 ``$WORKBENCH_METAL_EMULATION_CACHE`` or else a folder in the system's temporary
-directory; a cached object is written once, atomically.
+directory; a cached object is written atomically under its lock, with its size and
+SHA-256 beside it, and verified before every load (a bad entry is rebuilt).
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from workbench import validate
+from workbench import files, validate
 from workbench.backends import BackendUnavailable, clang
 from workbench.kernels.source import KERNEL_DIR
 
@@ -223,24 +224,77 @@ def _support_text() -> str:
 _LOCK = threading.Lock()
 
 
+def _sum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sum")
+
+
+def _digest(path: Path) -> str:
+    data = path.read_bytes()
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+
+
+def cached_entry_ok(path: Path) -> bool:
+    """Whether a compile-cache entry is whole: its size and SHA-256 match the ``.sum`` written
+    beside it when it was built. Checked before every load, because ctypes loading a
+    truncated, scrambled or swapped shared object can crash the process rather than raise."""
+    try:
+        return _sum_path(path).read_text().strip() == _digest(path)
+    except OSError:
+        return False
+
+
+def _cached(target: Path, build: Callable[[Path], None]) -> Path:
+    """``target`` from the compile cache, verified; (re)built under the entry's lock when
+    missing or bad: ``build(out)`` writes a fresh file, which replaces ``target`` atomically,
+    then its ``.sum``."""
+    if cached_entry_ok(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with files.locked(target):
+        if cached_entry_ok(target):  # another process rebuilt it while this one waited
+            return target
+        with tempfile.TemporaryDirectory(dir=target.parent) as d:
+            out = Path(d) / target.name
+            build(out)
+            digest = _digest(out)
+            os.replace(out, target)
+        files.write_atomic(_sum_path(target), digest + "\n")
+    return target
+
+
 def _runtime_object(cc: str, folder: Path) -> Path:
     """The emulator's runtime compiled once (C11) for every kernel to link, cached by hash."""
     text = (SUPPORT_DIR / "runtime.c").read_text()
     key = hashlib.sha256("\0".join((text, _clang_version(cc))).encode()).hexdigest()[:24]
-    obj = folder / f"runtime-{key}.o"
-    if not obj.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder) as d:
-            out = Path(d) / "runtime.o"
-            r = subprocess.run([cc, "-x", "c", "-std=c11", "-O2", "-fPIC", "-c", "-o", str(out),
-                                str(SUPPORT_DIR / "runtime.c")], capture_output=True, text=True, check=False)
-            if r.returncode != 0:
-                raise MetalCompileError(f"the emulator's runtime does not compile:\n{r.stderr[-4000:]}")
-            os.replace(out, obj)
-    return obj
+
+    def build(out: Path) -> None:
+        r = subprocess.run([cc, "-x", "c", "-std=c11", "-O2", "-fPIC", "-c", "-o", str(out),
+                            str(SUPPORT_DIR / "runtime.c")], capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise MetalCompileError(f"the emulator's runtime does not compile:\n{r.stderr[-4000:]}")
+
+    return _cached(folder / f"runtime-{key}.o", build)
+
+
+#: Kernels compiled (or verified and loaded) in this process, by source: a launch after the
+#: first pays no translation-unit build, hashing, file reading or verification again.
+_COMPILED: dict[tuple[str | None, str], "EmulatedKernel"] = {}
 
 
 def compile_source(source: str) -> "EmulatedKernel":
+    """:func:`compile_fresh` once a source and clang per process (then the same kernel).
+    The clang is looked up on every call, so a machine without one still raises
+    ``BackendUnavailable`` rather than running a kernel compiled earlier."""
+    key = (clang(), source)
+    kernel = _COMPILED.get(key)
+    if kernel is None:
+        kernel = compile_fresh(source)
+        if key[0] is not None:
+            _COMPILED[key] = kernel
+    return kernel
+
+
+def compile_fresh(source: str) -> "EmulatedKernel":
     """MLX's generated Metal ``source`` compiled for the emulator (cached by hash).
 
     Raises :class:`MetalCompileError` with clang's diagnostics (lines numbered as in
@@ -253,19 +307,18 @@ def compile_source(source: str) -> "EmulatedKernel":
     tu = translation_unit(source)
     key = hashlib.sha256("\0".join((tu, _support_text(), " ".join(CLANG_FLAGS), _clang_version(cc))).encode())
     folder = cache_dir()
-    so = folder / f"{key.hexdigest()[:24]}.so"
-    if not so.exists():
+
+    def build(out: Path) -> None:
         runtime = _runtime_object(cc, folder)
-        with tempfile.TemporaryDirectory(dir=folder) as d:
-            cpp = Path(d) / "kernel.cpp"
-            cpp.write_text(tu)
-            out = Path(d) / "kernel.so"
-            r = subprocess.run([cc, *CLANG_FLAGS, "-I", str(SUPPORT_DIR), "-o", str(out), str(cpp), str(runtime)],
-                               capture_output=True, text=True, check=False)
-            if r.returncode != 0:
-                raise MetalCompileError(f"the Metal source of {signature(source)[0]} does not compile against the "
-                                        f"stand-in <metal_stdlib>:\n{r.stderr[-6000:]}")
-            os.replace(out, so)  # atomic: a concurrent compile of the same source writes the same bytes
+        cpp = out.with_name("kernel.cpp")
+        cpp.write_text(tu)
+        r = subprocess.run([cc, *CLANG_FLAGS, "-I", str(SUPPORT_DIR), "-o", str(out), str(cpp), str(runtime)],
+                           capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise MetalCompileError(f"the Metal source of {signature(source)[0]} does not compile against the "
+                                    f"stand-in <metal_stdlib>:\n{r.stderr[-6000:]}")
+
+    so = _cached(folder / f"{key.hexdigest()[:24]}.so", build)
     return _load(str(so), source)
 
 
@@ -304,12 +357,14 @@ class EmulatedKernel:
         self.name, self.params, _ = signature(source)
 
     def launch(self, inputs: Sequence[np.ndarray], outputs: Sequence[tuple[tuple[int, ...], Any]], *, groups: int,
-               threads: int, order: str = "ascending", seed: int = 0) -> list[np.ndarray]:
+               threads: int, order: str = "ascending", seed: int = 0,
+               init_value: float | None = None) -> list[np.ndarray]:
         """Run ``groups`` threadgroups of ``threads`` threads; return the outputs.
 
         ``inputs``: the input buffers in the signature's order (numpy arrays, copied into
         guarded buffers); ``outputs``: ``(shape, numpy dtype)`` each, NaN-filled before the
-        launch so an element no thread writes shows. ``order``: one of :data:`ORDERS`.
+        launch so an element no thread writes shows (filled with ``init_value`` instead
+        when it is given, as MLX's ``init_value``). ``order``: one of :data:`ORDERS`.
         Raises :class:`EmulationError` with the emulator's diagnosis.
         """
         validate.one_of("order", order, ORDERS)
@@ -335,6 +390,9 @@ class EmulatedKernel:
                 if not p:
                     raise MemoryError(f"no memory for a {a.nbytes}-byte buffer")
                 ptrs.append((p, max(a.nbytes, 1)))
+                if init_value is not None:
+                    fill = np.full(a.shape, init_value, dtype=a.dtype)
+                    ctypes.memmove(p, fill.ctypes.data, fill.nbytes)
             arr = (ctypes.c_void_p * len(ptrs))(*[p for p, _ in ptrs])
             err = ctypes.create_string_buffer(4096)
             entry = ctypes.cast(lib.metal_emulation_entry, ctypes.c_void_p)

@@ -41,6 +41,7 @@ as frink-models does.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -134,13 +135,16 @@ class OneLaunchShape:
     down a group at a time (its reads of act shared by them), ``sm_count`` (None: the
     driver's), ``row_units`` the 16-byte units a lane of wo and gate_up loads before
     using any, as ``KernelTuning.u_wo`` / ``u_gate_up`` count them (None: the prepared
-    tail's tuning)."""
+    tail's tuning), ``groups`` the most groups in the grid (None: ``groups_per_sm`` x the
+    SM count; fewer is as safe, every group still resident, and a small tail has fewer
+    rows than the full grid has warps)."""
 
     nt: int = DEFAULT_NT
     groups_per_sm: int = 1
     down_rows: int = 4
     sm_count: int | None = None
     row_units: int | None = None
+    groups: int | None = None
 
     def __post_init__(self) -> None:
         nt = validate.integer("nt", self.nt, minimum=32, maximum=MAX_GROUP_THREADS)
@@ -154,6 +158,8 @@ class OneLaunchShape:
             validate.integer("sm_count", self.sm_count, minimum=1)
         if self.row_units is not None:
             validate.integer("row_units", self.row_units, minimum=1, maximum=MAX_UNITS)
+        if self.groups is not None:
+            validate.integer("groups", self.groups, minimum=1)
 
 
 def _phase_templates(prep: PreparedTail, shape: OneLaunchShape) -> dict[str, dict[str, Any]]:
@@ -236,6 +242,8 @@ class OneLaunchTail:
         self.prep, self.shape, self.barrier_limit_ms = prep, shape, int(barrier_limit_ms)
         self.sms = shape.sm_count if shape.sm_count is not None else cuda_device.multiprocessor_count()
         self.groups = self.sms * shape.groups_per_sm
+        if shape.groups is not None:
+            self.groups = min(self.groups, shape.groups)
         self.sync_at = sync_at(prep)
         self.work = mx.zeros((self.sync_at + 64,), dtype=mx.float32)
         mx.eval(self.work)
@@ -323,10 +331,42 @@ class OneLaunchTail:
 # -- the CUDA path of fused_tail ------------------------------------------------------------
 
 
+#: The shape every one launch takes instead of :func:`shape_for`'s rule, when set
+#: (:func:`set_default_shape`; ``bench.real_model`` sets each candidate of its sweep).
+DEFAULT_SHAPE: OneLaunchShape | None = None
+
+
+def set_default_shape(shape: OneLaunchShape | None) -> None:
+    """Run every one launch made from now on in ``shape`` (None: :func:`shape_for`'s rule
+    again). Tails already made keep theirs (:func:`for_launch` keys them by shape)."""
+    global DEFAULT_SHAPE
+    if shape is not None and not isinstance(shape, OneLaunchShape):
+        raise ValueError(f"shape: must be a OneLaunchShape or None, got {validate.describe(shape)}")
+    DEFAULT_SHAPE = shape
+
+
 def shape_for(prep: PreparedTail) -> OneLaunchShape:
-    """The shape ``fused_tail(backend="cuda")`` runs a prepared tail's one launch in
-    (:func:`shape_for_formats` of its four matrices' formats)."""
-    return shape_for_formats(m.format for m in (prep.wo, prep.gate, prep.up, prep.down))
+    """The shape ``fused_tail(backend="cuda")`` runs a prepared tail's one launch in:
+    :data:`DEFAULT_SHAPE` where set, else :func:`shape_for_formats` of its four matrices'
+    formats with :func:`groups_for`'s grid."""
+    if DEFAULT_SHAPE is not None:
+        return DEFAULT_SHAPE
+    shape = shape_for_formats(m.format for m in (prep.wo, prep.gate, prep.up, prep.down))
+    return dataclasses.replace(shape, groups=groups_for(prep, shape))
+
+
+def groups_for(prep: PreparedTail, shape: OneLaunchShape) -> int | None:
+    """The most groups any phase of ``prep``'s tail can keep busy at ``shape``, or None
+    where that is the whole grid or more: wo takes a warp a row (hidden rows), gate_up a
+    warp a row pair (ffn), down a group ``shape.down_rows`` rows (hidden / down_rows). A
+    group past that count only adds an arrival at each grid barrier; at Bonsai-27B's
+    shape every phase fills the grid, so the rule changes nothing there."""
+    warps = shape.nt // 32
+    busy = max(-(-prep.hidden // warps), -(-prep.ffn // warps), -(-prep.hidden // shape.down_rows))
+    sms = shape.sm_count if shape.sm_count is not None else None
+    if sms is not None and busy >= sms * shape.groups_per_sm:
+        return None
+    return busy
 
 
 def shape_for_formats(formats: Iterable[Format]) -> OneLaunchShape:
@@ -367,9 +407,9 @@ def for_launch(launch: TailLaunch, tuning: KernelTuning | None = None) -> OneLau
     backends.resolve_backend("cuda")
     prep = prepared(launch, "cuda", tuning)
     per = _TAILS.setdefault(launch.weights, {})
-    key = prep.tuning
+    shape = shape_for(prep)
+    key = (prep.tuning, shape)
     if key not in per:
-        shape = shape_for(prep)
         if not fits(prep, shape):
             return None
         per[key] = OneLaunchTail(prep, shape)

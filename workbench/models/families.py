@@ -87,9 +87,13 @@ def _read_config(path_or_dict: str | Path | Mapping[str, Any]) -> dict[str, Any]
         if not p.is_file():
             raise ValueError(f"path_or_dict: no config file at {p}")
         try:
-            data = json.loads(p.read_text())
+            data = json.loads(p.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:  # config.json is UTF-8 by Hugging Face's convention (and JSON's RFC 8259)
+            raise ValueError(f"path_or_dict: {p} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"path_or_dict: {p} is not valid JSON ({e})") from None
+        except OSError as e:
+            raise ValueError(f"path_or_dict: {p} cannot be read ({e.strerror or e})") from None
         if not isinstance(data, dict):
             raise ValueError(f"path_or_dict: {p} holds a {type(data).__name__}, not a JSON object")
         return data
@@ -205,6 +209,8 @@ class _Reader:
                 if v <= 0:
                     raise ValueError(f"{k}: must be positive in a {self.family} config, got {v}")
                 return v
+        if heads <= 0:  # hidden // heads below would divide by zero
+            raise ValueError(f"num_attention_heads: must be positive in a {self.family} config, got {heads}")
         if hidden % heads:
             raise ValueError(
                 f"head_dim: missing, and hidden_size {hidden} is not a multiple of "

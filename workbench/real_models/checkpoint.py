@@ -46,6 +46,8 @@ from workbench.models import refusals
 from workbench.models.config import Mixer, ModelConfig
 from workbench.models.families import from_hf_config
 from workbench.tail.weights import TailWeights
+from workbench.real_models.gguf_header import check_gguf_header
+from workbench.real_models.safetensors_header import check_safetensors_header
 from workbench.validate import describe, one_of
 from workbench.fold.weights import QuantizedBase, QuantSpec, WeightMatrix, check_quant_spec
 
@@ -277,6 +279,8 @@ def _meta_scalar(meta: Mapping[str, Any], key: str, default: Any = None) -> Any:
         return default
     v = meta[key]
     if isinstance(v, mx.array):
+        if v.size != 1:
+            raise ValueError(f"source: the GGUF metadata's {key!r} must be one number, got {v.size} of them")
         v = v.item()
         if isinstance(v, float):
             # GGUF stores float32: 1e-5 arrives as 9.9999997e-06. Its shortest float32
@@ -285,28 +289,53 @@ def _meta_scalar(meta: Mapping[str, Any], key: str, default: Any = None) -> Any:
     return v
 
 
+def _meta_count(meta: Mapping[str, Any], key: str, default: int | None = None, *, minimum: int = 1) -> int:
+    """A count from the metadata (heads, lengths): an integer >= ``minimum``, else ValueError naming the key."""
+    v = _meta_scalar(meta, key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+        raise ValueError(f"source: the GGUF metadata's {key!r} must be an integer >= {minimum}, got {describe(v)}")
+    return int(v)
+
+
+def _meta_positive(meta: Mapping[str, Any], key: str, default: float | None = None) -> float:
+    """A positive finite number from the metadata (eps, the RoPE base), else ValueError naming the key."""
+    v = _meta_scalar(meta, key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not (
+            np.isfinite(v) and v > 0):
+        raise ValueError(f"source: the GGUF metadata's {key!r} must be a finite number > 0, got {describe(v)}")
+    return float(v)
+
+
 def gguf_config(meta: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
-    """The Hugging Face ``config.json`` a GGUF file's metadata describes (Llama architecture)."""
+    """The Hugging Face ``config.json`` a GGUF file's metadata describes (Llama architecture).
+
+    Every count is checked to be a positive integer and every rate a positive finite
+    number here; whether they agree with the tensors is checked once the tensors are read.
+    """
     arch = _meta_scalar(meta, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"source: GGUF architecture must be one of {GGUF_ARCHITECTURES}, got {arch!r}")
+        raise ValueError(f"source: GGUF architecture must be one of {GGUF_ARCHITECTURES}, got {describe(arch)}")
     k = lambda s: f"{arch}.{s}"  # noqa: E731
-    hidden = int(_meta_scalar(meta, k("embedding_length")))
-    heads = int(_meta_scalar(meta, k("attention.head_count")))
-    vocab = _meta_scalar(meta, k("vocab_size"), -1)
-    if vocab == -1:
+    hidden = _meta_count(meta, k("embedding_length"))
+    heads = _meta_count(meta, k("attention.head_count"))
+    if k("vocab_size") in meta:
+        vocab = _meta_count(meta, k("vocab_size"))
+    elif isinstance(meta.get("tokenizer.ggml.tokens"), (list, tuple)):
         vocab = len(meta["tokenizer.ggml.tokens"])
+    else:
+        raise ValueError(f"source: the GGUF metadata has neither {k('vocab_size')!r} nor a token list "
+                         f"('tokenizer.ggml.tokens'), so its vocabulary size is unknown")
     return {
         "model_type": "llama",
         "hidden_size": hidden,
-        "num_hidden_layers": int(_meta_scalar(meta, k("block_count"))),
+        "num_hidden_layers": _meta_count(meta, k("block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(_meta_scalar(meta, k("attention.head_count_kv"), heads)),
-        "head_dim": int(_meta_scalar(meta, k("attention.key_length"), hidden // heads)),
-        "intermediate_size": int(_meta_scalar(meta, k("feed_forward_length"))),
-        "rms_norm_eps": float(_meta_scalar(meta, k("attention.layer_norm_rms_epsilon"))),
-        "rope_theta": float(_meta_scalar(meta, k("rope.freq_base"), 10000.0)),
-        "max_position_embeddings": int(_meta_scalar(meta, k("context_length"), 2048)),
+        "num_key_value_heads": _meta_count(meta, k("attention.head_count_kv"), heads),
+        "head_dim": _meta_count(meta, k("attention.key_length"), max(hidden // heads, 1)),
+        "intermediate_size": _meta_count(meta, k("feed_forward_length")),
+        "rms_norm_eps": _meta_positive(meta, k("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _meta_positive(meta, k("rope.freq_base"), 10000.0),
+        "max_position_embeddings": _meta_count(meta, k("context_length"), 2048),
         "vocab_size": int(vocab),
         "hidden_act": "silu",
         "tie_word_embeddings": "lm_head" not in names,
@@ -319,10 +348,12 @@ def gguf_config(meta: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
 
 def _gguf_name(key: str) -> tuple[str, str]:
     """``blk.3.attn_q.scales`` -> (``model.layers.3.self_attn.q_proj``, ``scales``)."""
+    if "." not in key:
+        raise ValueError(f"source: GGUF tensor {key!r} is not one the Llama architecture has")
     stem, part = key.rsplit(".", 1)
     if stem.startswith("blk."):
-        _, i, what = stem.split(".", 2)
-        if what not in _GGUF_BLOCK_NAMES:
+        _, i, what = (stem.split(".", 2) + ["", ""])[:3]
+        if not i.isdigit() or what not in _GGUF_BLOCK_NAMES:
             raise ValueError(f"source: GGUF tensor {key!r} is not one the Llama architecture has")
         return f"model.layers.{i}.{_GGUF_BLOCK_NAMES[what]}", part
     if stem not in _GGUF_MODEL_NAMES:
@@ -342,7 +373,25 @@ def unpermute_rope_rows(rows: int, heads: int) -> np.ndarray:
 
 
 def _from_gguf(path: Path) -> Checkpoint:
-    arrays, meta = mx.load(str(path), return_metadata=True)
+    # MLX's reader trusts the header (a bad count or length is a segfault): check it first.
+    check_gguf_header(path)
+    try:
+        arrays, meta = mx.load(str(path), return_metadata=True)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise ValueError(f"source: GGUF file {path.name} could not be read by MLX: {e}") from None
+    try:
+        return _gguf_checkpoint(path, arrays, meta)
+    except ValueError as e:
+        raise ValueError(_naming(e, f"GGUF file {path.name}")) from None
+
+
+def _naming(e: Exception, what: str) -> str:
+    """``e``'s message with the file it is about: ``source: <what>: <the rest>``."""
+    msg = str(e)
+    return f"source: {what}: {msg[len('source: '):] if msg.startswith('source: ') else msg}"
+
+
+def _gguf_checkpoint(path: Path, arrays: Mapping[str, mx.array], meta: Mapping[str, Any]) -> Checkpoint:
     parts: dict[str, dict[str, mx.array]] = {}
     for key, a in arrays.items():
         name, part = _gguf_name(key)
@@ -356,14 +405,58 @@ def _from_gguf(path: Path) -> Checkpoint:
     config = from_hf_config(raw)
     in_dims = _in_dims(config)
     tensors = {name: _tensor(name, p, in_dims, mode="affine") for name, p in parts.items()}
+    check_tensors_match_config(config, tensors)
     q_heads, kv_heads = raw["num_attention_heads"], raw["num_key_value_heads"]
     for i in range(config.num_layers):
         for proj, heads in (("q_proj", q_heads), ("k_proj", kv_heads)):
             for name in (f"model.layers.{i}.self_attn.{proj}", f"model.layers.{i}.self_attn.{proj}.bias"):
                 if name in tensors:
                     t = tensors[name]
+                    if t.shape[0] % (2 * heads):
+                        raise ValueError(f"source: {name} has {t.shape[0]} rows, not {heads} heads of an even width")
                     tensors[name] = t.take_rows(unpermute_rope_rows(t.shape[0], heads))
     return Checkpoint(config, tensors, "plain", f"GGUF file {path.name}", dict(meta))
+
+
+def check_tensors_match_config(config: ModelConfig, tensors: Mapping[str, Tensor]) -> None:
+    """ValueError when the config says something the tensors contradict, naming both.
+
+    The refusal rules and the tail read the config, so a config that is false about the
+    file (an ``o_proj`` whose width is not heads x head_dim, an FFN length the matrices do
+    not have, more layers than the file holds) would answer for a model that is not there.
+    Checked for every attention layer whose FFN is dense: the norm (``hidden``), ``o_proj``
+    (``hidden x heads*head_dim``), the FFN's three matrices (``ffn x hidden``, ``hidden x
+    ffn``), where the file has them.
+    """
+    h = int(config.hidden_size)
+    for i in config.attention_layers():
+        lc = config.layer(i)
+        p = f"model.layers.{i}"
+        want = {f"{p}.self_attn.o_proj": (h, lc.num_q_heads * lc.head_dim),
+                f"{p}.post_attention_layernorm": (h,)}
+        if lc.ffn_kind == "dense":
+            want.update({f"{p}.mlp.gate_proj": (lc.ffn_dim, h), f"{p}.mlp.up_proj": (lc.ffn_dim, h),
+                         f"{p}.mlp.down_proj": (h, lc.ffn_dim)})
+        for name, shape in want.items():
+            t = tensors.get(name)
+            if t is None:
+                continue
+            try:
+                got = t.shape
+            except (AssertionError, TypeError):
+                got = None
+            if got != shape:
+                raise ValueError(
+                    f"source: {name} has shape {got}, but the config (hidden {h}, {lc.num_q_heads} heads of "
+                    f"{lc.head_dim}, FFN {lc.ffn_dim}) says {shape}: the metadata contradicts the tensors"
+                )
+    present = {int(k.split(".")[2]) for k in tensors if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    if present and max(present) >= config.num_layers:
+        raise ValueError(f"source: the file holds layer {max(present)}, but the config says {config.num_layers} layers")
+    missing = [i for i in config.attention_layers() if i not in present]
+    if present and missing:
+        raise ValueError(f"source: the config says {config.num_layers} layers, but the file holds no tensors "
+                         f"for layer(s) {missing[:5]}")
 
 
 def _in_dims(config: ModelConfig) -> dict[str, int]:
@@ -381,17 +474,32 @@ def _tensor(name: str, p: dict[str, mx.array], in_dims: dict[str, int], *, mode:
     if "scales" not in p:
         return Tensor(p["weight"])
     w, scales = p["weight"], p["scales"]
+    if w.ndim != 2 or scales.ndim != 2 or int(scales.shape[-1]) == 0:
+        raise ValueError(f"source: quantized tensor {name!r} has weight {tuple(w.shape)} and scales "
+                         f"{tuple(scales.shape)}; both must be matrices, with at least one group a row")
     groups = int(scales.shape[-1])
     if quant is not None:
-        bits, group = int(quant["bits"]), int(quant["group_size"])
+        if not isinstance(quant, Mapping) or not {"bits", "group_size"} <= set(quant):
+            raise ValueError(f"source: tensor {name!r} is quantized, but the config's quantization "
+                             f"{describe(quant)} does not give bits and group_size")
+        bits, group = quant["bits"], quant["group_size"]
     else:
         in_dim = in_dims.get(name.rsplit(".", 1)[-1], None)
         if in_dim is None:  # hidden wide: every other matrix reads the residual stream
-            in_dim = in_dims["hidden"]
+            in_dim = in_dims.get("hidden")
+        if not in_dim:
+            raise ValueError(f"source: tensor {name!r} is quantized (it has scales), but the config has no "
+                             f"quantization entry giving its bits and group size")
         bits = 32 * int(w.shape[-1]) // in_dim
         group = in_dim // groups
     spec = check_quant_spec(mode, bits, group)
-    return Tensor(w, scales, p.get("biases"), spec)
+    t = Tensor(w, scales, p.get("biases"), spec)
+    out_dim, in_dim = t.shape
+    if int(scales.shape[0]) != out_dim or in_dim != groups * spec.group_size:
+        raise ValueError(f"source: quantized tensor {name!r}: weight {tuple(w.shape)} at {spec.bits} bits is "
+                         f"{out_dim} x {in_dim}, but its scales {tuple(scales.shape)} give groups of "
+                         f"{spec.group_size} over a different shape")
+    return t
 
 
 # ---------------------------------------------------------------------------------------
@@ -416,24 +524,45 @@ _MATRIX_PARTS = ("weight", "scales", "biases")
 
 def _from_hf_folder(path: Path) -> Checkpoint:
     if not (path / "config.json").is_file():
-        raise ValueError(f"source: {path} has no config.json")
+        raise ValueError(f"source: {path.name} has no config.json")
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"source: {path} has no *.safetensors files")
-    raw = json.loads((path / "config.json").read_text())
-    config = from_hf_config(raw, name=raw.get("_name_or_path") or path.name)
+        raise ValueError(f"source: {path.name} has no *.safetensors files")
+    try:
+        raw = json.loads((path / "config.json").read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"source: {path.name}/config.json is not UTF-8 text (at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"source: {path.name}/config.json is not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"source: {path.name}/config.json holds a {type(raw).__name__}, not a JSON object")
+    try:
+        config = from_hf_config(raw, name=str(raw.get("_name_or_path") or path.name))
+    except ValueError as e:
+        raise ValueError(_naming(e, f"{path.name}/config.json")) from None
     parts: dict[str, dict[str, mx.array]] = {}
     for f in files:
-        for key, a in mx.load(str(f)).items():
+        check_safetensors_header(f)  # sizes against shapes and the file, before MLX reads it
+        try:
+            loaded = mx.load(str(f))
+        except (RuntimeError, ValueError, OSError) as e:
+            raise ValueError(f"source: safetensors file {f.name} could not be read by MLX: {e}") from None
+        for key, a in loaded.items():
             key = _hf_name(key)
-            stem, part = key.rsplit(".", 1)
+            stem, part = key.rsplit(".", 1) if "." in key else (key, "weight")
             if part in _MATRIX_PARTS:
                 parts.setdefault(stem, {})[part] = a
             else:  # a linear bias, a recurrent layer's own parameters (A_log, dt_bias): a tensor of its own
                 parts.setdefault(key, {})["weight"] = a
     quant = raw.get("quantization") or raw.get("quantization_config")
+    if quant is not None and not isinstance(quant, Mapping):
+        raise ValueError(f"source: {path.name}/config.json's quantization must be an object, got {describe(quant)}")
     mode = (quant or {}).get("mode", "affine")
-    tensors = {name: _tensor(name, p, {}, mode=mode, quant=quant) for name, p in parts.items()}
+    try:
+        tensors = {name: _tensor(name, p, {}, mode=mode, quant=quant) for name, p in parts.items()}
+        check_tensors_match_config(config, tensors)
+    except ValueError as e:
+        raise ValueError(_naming(e, f"Hugging Face folder {path.name}")) from None
     convention = "plain"
     if raw.get("model_type") in ZERO_CENTRED_FAMILIES:
         # mlx-lm's own sign that it converted the folder (and added the 1): conv1d weights
@@ -494,5 +623,6 @@ def _from_mlx_lm(model: Any) -> Checkpoint:
                 continue
             for suffix, t in _module_tensor(mod).items():
                 tensors[f"{p}.{name}{suffix}"] = t
+    check_tensors_match_config(config, tensors)
     # mlx-lm models hold norm weights as they multiply (it added any 1 at conversion).
     return Checkpoint(config, tensors, "plain", f"mlx-lm model ({type(model).__module__})")

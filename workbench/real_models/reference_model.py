@@ -31,16 +31,19 @@ import contextlib
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from workbench import backends
 from workbench import tail as tails
+from workbench.kernels import emulated, one_launch
+from workbench.kernels import launch as kernel_launch
 from workbench.real_models.checkpoint import Checkpoint, Tensor
 from workbench.tail.weights import TailWeights
-from workbench.validate import describe, integer
+from workbench.validate import describe, integer, one_of, token_ids
 
 __all__ = [
     "reference_model",
@@ -48,6 +51,11 @@ __all__ = [
     "LayerCapture",
     "capture_layers",
     "fused_tails",
+    "vocab_size",
+    "LAZY_BACKENDS",
+    "MODEL_BACKENDS",
+    "composes_lazily",
+    "vector_tail",
     "Generation",
     "greedy",
     "forced_choices",
@@ -254,7 +262,7 @@ def capture_layers(model: nn.Module, tokens: Sequence[int]) -> list[LayerCapture
     and each ``self_attn.o_proj`` too (its input is the branch); everything is put back
     afterwards, also on an error.
     """
-    ids = mx.array(np.asarray(list(tokens), dtype=np.int32))[None]
+    ids = mx.array(token_ids("tokens", tokens, vocab_size(model)))[None]
     owner = _layer_owner(model)
     original = list(owner.layers)
     ios: list[list] = [[] for _ in original]
@@ -286,15 +294,66 @@ def capture_layers(model: nn.Module, tokens: Sequence[int]) -> list[LayerCapture
 # ---------------------------------------------------------------------------------------
 
 
+#: The backends whose tail is built as MLX arrays inside the model's graph: a token stays
+#: one evaluation, as with mlx-lm's own layers. ``"metal-emulated"`` is not among them: it
+#: runs the Metal kernels on the host by nature, so each of its tails reads branch and
+#: residual back and evaluates on its own (two host round trips a layer).
+LAZY_BACKENDS: tuple[str, ...] = ("graph", "cuda", "metal")
+
+#: The backends ``fused_tails`` takes.
+MODEL_BACKENDS: tuple[str, ...] = LAZY_BACKENDS + ("metal-emulated",)
+
+
+def composes_lazily(backend: str) -> bool:
+    """Whether ``fused_tails(..., backend=backend)`` builds each tail inside the model's graph
+    (True for ``graph``, ``cuda``, ``metal``) or runs it on the host, reading its inputs
+    back (``metal-emulated``: the emulator is a CPU program)."""
+    return one_of("backend", backend, MODEL_BACKENDS) in LAZY_BACKENDS
+
+
+def vector_tail(launch: tails.TailLaunch, backend: str) -> Callable[[mx.array, mx.array], mx.array]:
+    """One tail on one position, as a function of ``(branch [branch], residual [hidden])``
+    float32 ``mx.array`` vectors to a lazy float32 ``[hidden]`` array, for ``backend``.
+
+    * ``graph``: the tail's MLX ops traced once by ``mx.compile`` (its element-wise ops then
+      fuse: fewer kernels a token than the ops as written);
+    * ``cuda``: the tail as one launch (``workbench.kernels.one_launch``, in
+      ``one_launch.shape_for``'s shape), or its three launches where that does not fit;
+    * ``metal``: the three launches, encoded in the caller's evaluation;
+    * ``metal-emulated``: evaluated here, on the host (the emulator runs on the CPU), its
+      result a new array.
+
+    Raises ``BackendUnavailable`` where the backend's device is absent.
+    """
+    name = one_of("backend", backend, MODEL_BACKENDS)
+    backends.resolve_backend(name)
+    if name == "graph":
+        return mx.compile(lambda b, r: tails.tail_graph(launch, b, r))
+    if name == "metal-emulated":
+        return lambda b, r: mx.array(emulated.emulated_tail(launch, np.asarray(b), np.asarray(r)))
+    if name == "cuda":
+        one = one_launch.for_launch(launch)
+        if one is not None:
+            return one.compiled()
+    return kernel_launch.prepared(launch, name).compiled()
+
+
 class _FusedTailBlock(_BlockStandIn):
     """A decoder block whose tail is the workbench's: mlx-lm's norm and attention up to
-    o_proj's input (the branch, after any output gate), then ``fused tail(branch, residual)``."""
+    o_proj's input (the branch, after any output gate), then ``fused tail(branch, residual)``.
+
+    The tail runs on float32 activations (the kernels read float32; accumulation is float32
+    on every backend) and its output takes the block input's dtype: for a float32 model
+    (``reference_model`` keeps SmolLM2's activations float32) nothing is rounded; for a
+    bfloat16 model the output is rounded once to bfloat16, as mlx-lm's own add would.
+    """
 
     def __init__(self, block: nn.Module, weights: TailWeights, backend: str):
         super().__init__(block)
         self._weights = weights
         self._backend = backend
         self._launch = tails.tail_launch(weights)  # the rules are asked here, once
+        self._tail = vector_tail(self._launch, backend)
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         attn = self.block.self_attn
@@ -304,11 +363,17 @@ class _FusedTailBlock(_BlockStandIn):
             branch = attn(self.block.input_layernorm(x), mask, cache)
         finally:
             attn.o_proj = o_proj
-        if self._backend == "graph":
-            return tails.tail_graph(self._launch, branch, x)  # lazy: one graph with the rest
-        out = tails.fused_tail(self._weights, np.asarray(branch.astype(mx.float32)), np.asarray(x.astype(mx.float32)),
-                               backend=self._backend)
-        return mx.array(out)
+        b = branch.astype(mx.float32)
+        r = x.astype(mx.float32)
+        lead = r.shape[:-1]
+        bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
+        if bf.shape[0] == 1:  # a decode step: one position
+            out = self._tail(bf[0], rf[0])
+        elif self._backend == "graph":  # the graph takes every position at once
+            out = self._tail(bf, rf)
+        else:  # the kernels take one position a launch: a prompt's positions one after another
+            out = mx.stack([self._tail(bf[i], rf[i]) for i in range(bf.shape[0])])
+        return out.reshape(*lead, r.shape[-1]).astype(x.dtype)
 
 
 @contextlib.contextmanager
@@ -317,17 +382,31 @@ def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, back
 
     ``weights``: one entry a layer, ``ckpt.tail_weights(i)`` (or a re-quantized / folded
     variant), or ``None`` to keep the model's own layer (a recurrent layer of a hybrid);
-    ``backend``: ``"graph"`` (the tail as MLX ops inside the model's graph) or a kernel
-    backend (``"cuda"``, ``"metal"``, ...: one submission a tail, its result read back).
-    A layer the rules refuse raises ``TailRefused`` before anything runs. The model's
-    own layers are put back on exit.
+    an entry that names another layer (``TailWeights.layer``) is refused, since its rules
+    were asked about that layer. ``backend``: ``"graph"`` (the tail's MLX ops), ``"cuda"``
+    (the tail as one launch) or ``"metal"`` (three launches), each built lazily INSIDE the
+    model's forward pass, so a decode step stays one evaluation (:func:`vector_tail`); or
+    ``"metal-emulated"``, which runs on the host by nature: each tail reads its inputs back
+    and evaluates on its own (:func:`composes_lazily` says which). A layer the rules refuse
+    raises ``TailRefused``, an absent backend ``BackendUnavailable``, before anything runs.
+    The model's own layers are put back on exit.
     """
+    backend = one_of("backend", backend, MODEL_BACKENDS)
     owner = _layer_owner(model)
     original = list(owner.layers)
     weights = list(weights)
     if len(weights) != len(original):
         raise ValueError(f"weights: need one entry for each of the {len(original)} layers, got {len(weights)}")
-    owner.layers = [blk if w is None else _FusedTailBlock(blk, w, backend) for blk, w in zip(original, weights)]
+    for i, w in enumerate(weights):
+        if w is None:
+            continue
+        if not isinstance(w, TailWeights):
+            raise ValueError(f"weights[{i}]: must be TailWeights or None, got {describe(w)}")
+        if w.layer is not None and int(w.layer) != i:
+            raise ValueError(f"weights[{i}]: TailWeights of layer {int(w.layer)}, not of layer {i} (the rules were "
+                             f"asked about layer {int(w.layer)}); pass ckpt.tail_weights({i})")
+    blocks = [blk if w is None else _FusedTailBlock(blk, w, backend) for blk, w in zip(original, weights)]
+    owner.layers = blocks
     try:
         yield model
     finally:
@@ -349,11 +428,20 @@ def head(model: nn.Module, hidden: mx.array) -> mx.array:
     return _layer_owner(model).embed_tokens.as_linear(hidden)
 
 
+def vocab_size(model: nn.Module) -> int:
+    """How many token ids ``model``'s embedding has rows for (dense or quantized)."""
+    emb = _layer_owner(model).embed_tokens
+    n = getattr(emb, "num_embeddings", None)
+    return int(n) if n is not None else int(emb.weight.shape[0])
+
+
 def forced_choices(model: nn.Module, sequence: Sequence[int], start: int) -> np.ndarray:
     """The model's argmax after each of ``sequence[start - 1:-1]`` in ONE pass over
     ``sequence`` (teacher forcing): what its greedy decoding would choose at each step
     given that history. The head runs only on those rows (it is the costliest op)."""
-    ids = mx.array(np.asarray(list(sequence), dtype=np.int32))[None]
+    ids = mx.array(token_ids("sequence", sequence, vocab_size(model)))[None]
+    start = integer("start", start, minimum=1, maximum=int(ids.shape[1]) - 1) if ids.shape[1] > 1 else integer(
+        "start", start, minimum=1, maximum=0)
     hidden = _layer_owner(model)(ids)
     return np.asarray(mx.argmax(head(model, hidden[:, start - 1: -1]), axis=-1)[0])
 
@@ -374,8 +462,12 @@ def greedy(model: nn.Module, prompt: Sequence[int], n: int) -> Generation:
         from mlx_lm.models.cache import make_prompt_cache
 
     n = integer("n", n, minimum=1)
+    ids = mx.array(token_ids("prompt", prompt, vocab_size(model)))[None]
+    context = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    if isinstance(context, int) and int(ids.shape[1]) + n > context:
+        raise ValueError(f"n: the prompt's {int(ids.shape[1])} tokens and {n} more exceed the model's context "
+                         f"of {context} positions")
     cache = make_prompt_cache(model)
-    ids = mx.array(np.asarray(list(prompt), dtype=np.int32))[None]
     out, margins, second = [], [], []
     for _ in range(n):
         logits = model(ids, cache=cache)[0, -1].astype(mx.float32)

@@ -205,7 +205,9 @@ class TailWeights:
             raise ValueError(f"dtype must be a numpy float dtype (float64 for the truth, float32 for the host); got {dt}")
         key = dt.str
         if key not in self._host:
-            mats = tuple(m.dense(np.float64).astype(dt) if dt == np.float64 else m.dense(np.float32).astype(dt)
+            # float64: the matrix's own cached, read-only copy (a second one would hold every
+            # matrix twice: 2.4 GB more at Bonsai-27B's shape); float32: dense's fresh copy.
+            mats = tuple(m.dense(np.float64) if dt == np.float64 else m.dense(np.float32).astype(dt, copy=False)
                          for m in (self.wo, self.gate, self.up, self.down))
             for a in mats:
                 a.flags.writeable = False

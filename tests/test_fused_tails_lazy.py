@@ -1,0 +1,108 @@
+"""fused_tails builds each tail inside the model's graph (no host read-back) on every lazy backend."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from tests.test_checkpoint import TOKENS, TOL, _logits, tiny_llama
+from workbench import backends
+from workbench.backends import BackendUnavailable
+from workbench.kernels import one_launch
+from workbench.real_models import reference_model as rmod
+from workbench.real_models.checkpoint import load_checkpoint
+from workbench.tail import tail_graph
+from workbench.tail.comparison import compare
+
+
+def test_which_backends_compose_lazily():
+    assert rmod.composes_lazily("graph") and rmod.composes_lazily("cuda") and rmod.composes_lazily("metal")
+    assert not rmod.composes_lazily("metal-emulated")
+    with pytest.raises(ValueError, match="backend: must be one of"):
+        rmod.composes_lazily("auto")
+
+
+def test_graph_tails_give_the_models_logits_prefill_and_decode():
+    model = tiny_llama(3)
+    ckpt = load_checkpoint(model)
+    ref = _logits(model)
+    with rmod.fused_tails(model, [ckpt.tail_weights(i) for i in range(2)], backend="graph"):
+        fused = _logits(model)
+        step = model(mx.array([[TOKENS[0]]]))
+    assert compare(fused, ref, tol=TOL).passed
+    assert compare(np.asarray(step[0, -1]), np.asarray(model(mx.array([[TOKENS[0]]]))[0, -1]), tol=TOL).passed
+
+
+def test_a_kernel_backend_gets_mlx_vectors_and_stays_in_the_graph(monkeypatch):
+    """The CUDA path on a machine without CUDA: a stand-in one launch (the graph tail) records
+    what the block hands it. Every call gets 1-D float32 MLX arrays, never numpy."""
+    model = tiny_llama(4)
+    ckpt = load_checkpoint(model)
+    seen = []
+
+    class StandIn:
+        def __init__(self, launch):
+            self.launch = launch
+
+        def compiled(self):
+            def call(b, r):
+                seen.append((type(b), b.ndim, b.dtype, type(r), r.ndim))
+                return tail_graph(self.launch, b, r)
+            return call
+
+    monkeypatch.setattr(backends, "resolve_backend", lambda name: name)
+    monkeypatch.setattr(one_launch, "for_launch", lambda launch, tuning=None: StandIn(launch))
+    ref = _logits(model)
+    with rmod.fused_tails(model, [ckpt.tail_weights(i) for i in range(2)], backend="cuda"):
+        fused = _logits(model)
+    assert compare(fused, ref, tol=TOL).passed
+    assert len(seen) == 2 * len(TOKENS)  # one launch a position a layer
+    assert all(s == (mx.array, 1, mx.float32, mx.array, 1) for s in seen)
+
+
+def test_cuda_absent_raises_before_the_layers_change():
+    if "cuda" in backends.available_backends():
+        pytest.skip("CUDA is here")
+    model = tiny_llama(5)
+    ckpt = load_checkpoint(model)
+    before = list(model.model.layers)
+    with pytest.raises(BackendUnavailable):
+        with rmod.fused_tails(model, [ckpt.tail_weights(i) for i in range(2)], backend="cuda"):
+            pass
+    assert all(a is b for a, b in zip(model.model.layers, before))
+
+
+def test_weights_of_another_layer_are_refused():
+    model = tiny_llama(6)
+    ckpt = load_checkpoint(model)
+    with pytest.raises(ValueError, match=r"weights\[0\]: TailWeights of layer 1, not of layer 0"):
+        with rmod.fused_tails(model, [ckpt.tail_weights(1), ckpt.tail_weights(0)]):
+            pass
+
+
+def test_emulated_metal_runs_on_the_host_and_matches():
+    if "metal-emulated" not in backends.available_backends():
+        pytest.skip("the Metal emulation needs clang++")
+    model = tiny_llama(7)
+    ckpt = load_checkpoint(model)
+    ref = _logits(model)
+    with rmod.fused_tails(model, [ckpt.tail_weights(i) for i in range(2)], backend="metal-emulated"):
+        fused = _logits(model)
+    assert compare(fused, ref, tol=TOL).passed
+
+
+def test_the_one_launch_grid_rule_counts_busy_groups():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Prep:
+        hidden: int
+        ffn: int
+
+    shape = one_launch.OneLaunchShape(nt=640, down_rows=4, sm_count=132)
+    assert one_launch.groups_for(Prep(576, 1536), shape) is None  # down's 144 row groups fill 132 SMs
+    assert one_launch.groups_for(Prep(64, 96), shape) == 16  # down: 64 rows / 4
+    assert one_launch.groups_for(Prep(5120, 17408), shape) is None
+    with pytest.raises(ValueError, match="groups"):
+        one_launch.OneLaunchShape(groups=0)

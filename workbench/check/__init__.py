@@ -1,0 +1,18 @@
+"""Checking a user's own fused tail against the float64 oracle.
+
+``stored`` what an implementation is handed for a case (the weights as stored);
+``subjects`` the forms of the implementation under test (a callable, a kernels folder, a
+Metal or CUDA source); ``source_launch`` a source and its launch, and the one adapter to the
+CPU emulator; ``time_limit`` a call under a time limit; ``faults`` the fault models;
+``verdict`` the paired sign test against the workbench's graph tail; ``run`` the check
+itself and its :class:`~workbench.check.run.CheckReport`.
+"""
+
+from workbench.check.faults import FAULTS, faulty_tail
+from workbench.check.run import CheckReport, check_dump, check_kernel
+from workbench.check.source_launch import SourceLaunch
+from workbench.check.stored import StoredCase, StoredMatrix
+from workbench.check.subjects import CallableSubject, KernelsFolderSubject, SourceSubject, SubjectError
+
+__all__ = ["FAULTS", "faulty_tail", "CheckReport", "check_kernel", "check_dump", "SourceLaunch", "StoredCase", "StoredMatrix",
+           "CallableSubject", "KernelsFolderSubject", "SourceSubject", "SubjectError"]

@@ -1,0 +1,301 @@
+"""One check of an implementation under test: seeded cases at several input scales, the
+float64 truth of the same stored weights, the workbench's graph tail beside it, the fault
+models on the same cases, a tolerance calibrated from the implementation's own errors,
+and the verdict (:mod:`workbench.check.verdict`), gathered in a :class:`CheckReport`.
+
+Input scale multiplies both the branch and the residual: a bug such as eps outside the
+square root shows only when the activations are small (eps is then no longer negligible
+beside the mean square), and hides when they are large.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from workbench import validate
+from workbench.check import verdict as verdict_mod
+from workbench.check.faults import FAULTS, applies, faulty_tail
+from workbench.check.stored import stored_case
+from workbench.check.subjects import CallableSubject, SubjectError, checked_output
+from workbench.check.time_limit import LimitedCaller
+from workbench.studies.calibration import Tolerance, calibrate_tolerance
+from workbench.studies.cases import case_arrays, case_row_weights, check_fold, check_shape, quant_spec
+from workbench.tail.comparison import max_abs_error, nmse, worst_scaled_error
+from workbench.tail.frink_case import SEED_TOL
+from workbench.tail.paths import fused_tail, host_tail
+from workbench.tail.weights import DEFAULT_EPS
+
+#: The input scales a check sweeps by default: small activations (where eps shows) to large.
+DEFAULT_SCALES: tuple[float, ...] = (0.01, 1.0, 100.0)
+
+#: The metrics a user's tolerance may be on (columns of the case table).
+METRICS: tuple[str, ...] = ("worst", "max_abs", "nmse")
+
+
+@dataclass
+class CheckReport:
+    """A check's results: ``cases`` (one row per case and scale), ``faults`` (the same for each
+    fault model), the ``tolerances`` judged (name -> (metric, limit)), the ``calibrated``
+    tolerance (or None with ``calibration_note``), the per-scale sign tests and the verdict."""
+
+    subject: str
+    kind: str
+    cases: Any
+    faults: Any
+    tolerances: dict[str, tuple[str, float]]
+    calibrated: Tolerance | None
+    calibration_note: str
+    tests: list
+    problems: list[str]
+    user_tolerance: str | None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons
+
+    def error_table(self):
+        """Per input scale: the implementation's and the reference's error quantiles, the sign test."""
+        import pandas as pd
+
+        rows = []
+        for t in self.tests:
+            rows.append({"scale": t.scale, "n": t.n, **{f"{k}": v for k, v in t.quantiles.items()},
+                         **{f"ref_{k}": v for k, v in t.reference_quantiles.items()},
+                         f"past {verdict_mod.RATIO:g}x ref": t.exceed, "rejects at": t.critical,
+                         "power": round(t.power, 4)})
+        return pd.DataFrame(rows).set_index("scale")
+
+    def catch_table(self):
+        """Per fault and scale, the share each tolerance catches; the row ``(correct)`` is the
+        share of the implementation's own cases each tolerance fails (its flake rate)."""
+        import pandas as pd
+
+        frames = []
+        for label, df in (("(correct)", self.cases), *((f, g) for f, g in self.faults.groupby("fault", observed=True))):
+            part = pd.DataFrame({name: ~(df[m] <= lim) for name, (m, lim) in self.tolerances.items()})
+            part["scale"] = df["scale"].to_numpy()
+            r = part.groupby("scale").mean()
+            r.insert(0, "fault", label)
+            frames.append(r.reset_index())
+        return pd.concat(frames, ignore_index=True).set_index(["fault", "scale"])
+
+    def figure(self):
+        """Histograms of log10 worst error per scale: the implementation beside the reference."""
+        import matplotlib.pyplot as plt
+
+        scales = sorted(self.cases["scale"].unique())
+        fig, axes = plt.subplots(1, len(scales), figsize=(4 * len(scales), 3), squeeze=False)
+        for ax, s in zip(axes[0], scales):
+            d = self.cases[self.cases["scale"] == s]
+            for col, label in (("worst", self.subject), ("ref_worst", "workbench graph tail")):
+                v = d[col].to_numpy()
+                v = np.log10(np.maximum(v[np.isfinite(v)], 1e-12))
+                ax.hist(v, bins=30, alpha=0.5, label=label)
+            ax.set_title(f"input scale {s:g}")
+            ax.set_xlabel("log10 worst |x - y| / max(|y|, 1)")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-ready record (as the benches write): verdict, tolerances, tables."""
+        return {
+            "kind": "check", "subject": self.subject, "form": self.kind, "passed": self.passed,
+            "reasons": self.reasons, "problems": self.problems,
+            "tolerances": {k: list(v) for k, v in self.tolerances.items()},
+            "calibrated": None if self.calibrated is None else {
+                "recommended": self.calibrated.recommended, "value": self.calibrated.value,
+                "flake_rate": self.calibrated.flake_rate, "method": self.calibrated.method},
+            "calibration_note": self.calibration_note,
+            "test": {"name": verdict_mod.TEST_NAME, "ratio": verdict_mod.RATIO, "null_share": verdict_mod.NULL_SHARE,
+                     "alpha": verdict_mod.ALPHA, "power_against_share": verdict_mod.POWER_SHARE},
+            "errors": json.loads(self.error_table().reset_index().to_json(orient="records")),
+            "catch_rates": json.loads(self.catch_table().reset_index().to_json(orient="records")),
+        }
+
+    def __str__(self) -> str:
+        head = f"{'PASS' if self.passed else 'FAIL'}: {self.kind} {self.subject!r}, {len(self.cases)} case runs"
+        lines = [head, *("  - " + r for r in self.reasons)]
+        lines.append(self.error_table().to_string(float_format=lambda v: f"{v:.3g}"))
+        lines.append(self.catch_table().to_string(float_format=lambda v: f"{v:.3f}"))
+        return "\n".join(lines)
+
+
+def _user_tolerance(tolerance: Any) -> tuple[str, float] | None:
+    if tolerance is None:
+        return None
+    if isinstance(tolerance, (tuple, list)) and len(tolerance) == 2:
+        metric, limit = tolerance
+        validate.one_of("tolerance metric", metric, METRICS)
+        return str(metric), validate.number("tolerance limit", limit, minimum=0)
+    return "worst", validate.number("tolerance", tolerance, minimum=0)
+
+
+def check_kernel(subject: Any, *, shapes: Sequence[Sequence[int]] = ((64, 96, 80),), seeds: Iterable[int] = range(100),
+          scales: Sequence[float] = DEFAULT_SCALES, dtypes: Sequence[str] = ("float32",),
+          folds: Sequence[Any] = (16,), quantize: Sequence[Any] = (None,), tolerance: Any = None,
+          flake_rate: float = 1e-4, faults: Sequence[str] = tuple(FAULTS), time_limit: float = 30.0,
+          eps: float = DEFAULT_EPS) -> CheckReport:
+    """Check ``subject`` (a callable, or a form of :mod:`workbench.check.subjects`) on every
+    combination of ``shapes`` x ``dtypes`` x ``folds`` x ``quantize`` x ``seeds``, each at every
+    input scale. ``tolerance``: the user's own (a limit on ``worst``, or ``(metric, limit)``);
+    ``flake_rate``: the per-case rate the calibrated tolerance is set at; ``time_limit``: seconds
+    a call may take before its case is reported as hanging."""
+    import pandas as pd
+
+    if not hasattr(subject, "calls"):
+        subject = CallableSubject(subject)
+    user = _user_tolerance(tolerance)
+    scale_arr = np.array([validate.number("scales", s, minimum=0, exclusive_minimum=True)
+                          for s in validate.sequence("scales", scales, what="positive numbers")], dtype=np.float32)
+    for f in faults:
+        validate.one_of("faults", f, tuple(FAULTS))
+    caller = LimitedCaller(validate.number("time_limit", time_limit, minimum=0, exclusive_minimum=True))
+    seeds = list(seeds)
+    rows, frows, problems = [], [], []
+    for shp in validate.sequence("shapes", shapes, what="(hidden, branch, ffn) triples"):
+        shp = check_shape(shp)
+        c = case_arrays(shp, seeds)
+        for dtype in dtypes:
+            for fold in folds:
+                check_fold(fold, shp)
+                for q in quantize:
+                    qlabel, spec = quant_spec(q)
+                    for i, seed in enumerate(c.seeds):
+                        w, b, r = case_row_weights(c, i, dtype=dtype, fold=fold, spec=spec, eps=eps)
+                        B, R = b[None] * scale_arr[:, None], r[None] * scale_arr[:, None]
+                        name = f"shape {shp} {dtype} fold {fold} quant {qlabel} seed {int(seed)}"
+                        truth = host_tail(w, B, R)
+                        ref = fused_tail(w, B, R, backend="graph")
+                        sc = stored_case(w, B, R, name)
+                        out = np.full(truth.shape, np.nan, dtype=np.float32)
+                        calls = subject.calls(sc) if isinstance(subject, CallableSubject) else subject.calls(sc, w)
+                        for j, (call, want) in enumerate(calls):
+                            o = caller(call)
+                            where = name if len(calls) == 1 else f"{name} scale {scale_arr[j]:g}"
+                            if o.timed_out:
+                                problems.append(f"{where}: no result within the {caller.seconds:g} s limit")
+                                continue
+                            if o.error is not None:
+                                kind = "" if isinstance(o.error, SubjectError) else f"raised {type(o.error).__name__}: "
+                                problems.append(f"{where}: {kind}{o.error}")
+                                continue
+                            try:
+                                got = checked_output(o.value, want)
+                            except SubjectError as e:
+                                problems.append(f"{where}: {e}")
+                                continue
+                            if np.isnan(got).any():
+                                problems.append(f"{where}: NaN in the output")
+                            if len(calls) == 1:
+                                out[:] = got
+                            else:
+                                out[j] = got
+                        base = {"hidden": shp[0], "branch": shp[1], "ffn": shp[2], "dtype": dtype,
+                                "fold": str(fold), "quant": qlabel, "seed": int(seed)}
+                        metrics = {"worst": worst_scaled_error(out, truth), "max_abs": max_abs_error(out, truth),
+                                   "nmse": nmse(out, truth), "ref_worst": worst_scaled_error(ref, truth)}
+                        for j, s in enumerate(scale_arr):
+                            rows.append({**base, "scale": float(s), **{k: float(v[j]) for k, v in metrics.items()}})
+                        for f in faults:
+                            if not applies(f, sc):
+                                continue
+                            fo = faulty_tail(sc, f)
+                            fm = {"worst": worst_scaled_error(fo, truth), "max_abs": max_abs_error(fo, truth),
+                                  "nmse": nmse(fo, truth)}
+                            for j, s in enumerate(scale_arr):
+                                frows.append({**base, "fault": f, "scale": float(s),
+                                              **{k: float(v[j]) for k, v in fm.items()}})
+    return _report(rows, frows, problems, user, flake_rate, getattr(subject, "name", "?"),
+                   getattr(subject, "kind", "callable"))
+
+
+def check_dump(path: Any, *, tolerance: Any = None, flake_rate: float = 1e-4,
+               faults: Sequence[str] = tuple(FAULTS)) -> CheckReport:
+    """Check the outputs an engine dumped (:mod:`workbench.check.dump`: a file, or a folder of
+    them): each row of each file against the float64 truth of the file's stored weights,
+    beside the workbench's graph tail and the fault models on the same rows (input scale 1:
+    the engine's own activations). A file that does not follow the layout is reported by
+    name and tensor; the others are still checked."""
+    from workbench.check.dump import DumpError, dump_files, read_layer  # noqa: PLC0415 -- safetensors only here
+
+    user = _user_tolerance(tolerance)
+    for f in faults:
+        validate.one_of("faults", f, tuple(FAULTS))
+    rows, frows, problems = [], [], []
+    for file in dump_files(path):
+        try:
+            layer = read_layer(file)
+        except DumpError as e:
+            problems.append(str(e))
+            continue
+        w, B, R = layer.weights, layer.branch, layer.residual
+        truth = host_tail(w, B, R)
+        ref = fused_tail(w, B, R, backend="graph")
+        out = layer.output
+        h, b, f_ = w.shape
+        base = {"hidden": h, "branch": b, "ffn": f_, "dtype": w.wo.dtype, "fold": repr(w.wo.fold), "file": file.name}
+        metrics = {"worst": worst_scaled_error(out, truth), "max_abs": max_abs_error(out, truth),
+                   "nmse": nmse(out, truth), "ref_worst": worst_scaled_error(ref, truth)}
+        for j in range(len(B)):
+            rows.append({**base, "seed": j, "scale": 1.0, **{k: float(v[j]) for k, v in metrics.items()}})
+        sc = stored_case(w, B, R, file.name)
+        for flt in faults:
+            if not applies(flt, sc):
+                continue
+            fo = faulty_tail(sc, flt)
+            fm = {"worst": worst_scaled_error(fo, truth), "max_abs": max_abs_error(fo, truth), "nmse": nmse(fo, truth)}
+            for j in range(len(B)):
+                frows.append({**base, "fault": flt, "seed": j, "scale": 1.0, **{k: float(v[j]) for k, v in fm.items()}})
+    if not rows:
+        raise ValueError(f"path: no dump file could be read: {problems[0] if problems else 'none found'}")
+    return _report(rows, frows, problems, user, flake_rate, str(path), "dump")
+
+
+def _report(rows: list, frows: list, problems: list[str], user: tuple[str, float] | None, flake_rate: float,
+            name: str, kind: str) -> CheckReport:
+    """The tolerances, calibration, sign tests and verdict over a check's rows."""
+    import pandas as pd
+
+    cases = pd.DataFrame(rows)
+    fault_df = pd.DataFrame(frows, columns=["fault", "scale", "worst", "max_abs", "nmse"]) if not frows \
+        else pd.DataFrame(frows)
+    tols: dict[str, tuple[str, float]] = {"frink-models 2e-4": ("worst", SEED_TOL)}
+    if user is not None:
+        tols["user's"] = user
+    calibrated, note = None, ""
+    finite = cases["worst"].to_numpy()
+    finite = finite[np.isfinite(finite)]
+    try:
+        calibrated = calibrate_tolerance(finite, flake_rate=flake_rate)
+        tols["calibrated"] = calibrated.as_criterion()
+        note = str(calibrated)
+    except ValueError as e:
+        note = f"not calibrated: {e}"
+    tests = verdict_mod.sign_tests(cases["scale"].to_numpy(), cases["worst"].to_numpy(), cases["ref_worst"].to_numpy())
+    reasons = []
+    if problems:
+        reasons.append(f"{len(problems)} case run(s) gave no usable result, first: {problems[0]}")
+    for tol_name, (metric, limit) in tols.items():
+        if tol_name == "calibrated":
+            continue
+        bad = cases[~(cases[metric] <= limit)]
+        if len(bad):
+            row = bad.iloc[0]
+            reasons.append(f"{len(bad)} case run(s) fail the {tol_name} tolerance ({metric} <= {limit:g}), first: seed "
+                           f"{row['seed']} at scale {row['scale']:g} ({metric} {row[metric]:.3g})")
+    for t in tests:
+        if t.rejected:
+            reasons.append(f"at input scale {t.scale:g} the errors are not those of a correct float32 tail: "
+                           f"{t.exceed} of {t.n} cases are past {verdict_mod.RATIO:g}x the reference's "
+                           f"(the {verdict_mod.TEST_NAME} rejects at {t.critical}; p = {t.p_value:.2g})")
+    return CheckReport(subject=name, kind=kind, cases=cases,
+                       faults=fault_df, tolerances=tols, calibrated=calibrated, calibration_note=note, tests=tests,
+                       problems=problems, user_tolerance=None if user is None else f"{user[0]} <= {user[1]:g}",
+                       reasons=reasons)

@@ -1,0 +1,124 @@
+"""A user's own Metal or CUDA kernel source and its launch, run on the device or, for Metal, on the CPU.
+
+A :class:`SourceLaunch` is everything ``mx.fast.metal_kernel`` / ``mx.fast.cuda_kernel``
+take (the body, the input and output names, grid, threadgroup, template values). Its
+input names say which tensor of the case each input is (:data:`SOURCE_INPUTS`); a
+template value may be a number or one of the case's dimensions by name (``"hidden"``,
+``"branch"``, ``"ffn"``), so one launch serves every shape.
+
+:func:`run_metal_emulated` is the ONE place a Metal source meets the CPU emulator
+(``workbench.kernels.metal_drop_in.metal_kernel``, the drop-in for ``mx.fast.metal_kernel``), so moving to another emulator entry
+point is a change here only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import backends
+from workbench.validate import describe
+
+#: The tensors a source's inputs may name: the activations, the stored dense weights (in
+#: their stored dtype), the effective norm weight, eps as a one-element float32 array.
+SOURCE_INPUTS: tuple[str, ...] = ("branch", "residual", "wo", "ffn_norm", "gate", "up", "down", "eps")
+
+#: Template values that stand for the case's dimensions.
+SHAPE_NAMES: tuple[str, ...] = ("hidden", "branch", "ffn")
+
+
+@dataclass(frozen=True)
+class SourceLaunch:
+    """A kernel body and its launch: ``inputs`` (names of :data:`SOURCE_INPUTS`), the one
+    ``output`` ([hidden] float32), ``grid`` and ``threadgroup`` (threads, as MLX counts
+    them), ``template`` (name -> int, float, bool or a name of :data:`SHAPE_NAMES`),
+    ``header`` (code before the kernel), ``name``."""
+
+    source: str
+    inputs: tuple[str, ...]
+    output: str = "out"
+    grid: tuple[int, int, int] = (32, 1, 1)
+    threadgroup: tuple[int, int, int] = (32, 1, 1)
+    template: tuple[tuple[str, Any], ...] = ()
+    header: str = ""
+    name: str = "user_tail"
+    _kernels: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise ValueError(f"source: must be the kernel body as a non-empty string, got {describe(self.source)}")
+        inputs = tuple(self.inputs) if isinstance(self.inputs, (list, tuple)) else None
+        if not inputs or any(i not in SOURCE_INPUTS for i in inputs) or len(set(inputs)) != len(inputs):
+            raise ValueError(f"inputs: must be distinct names of {SOURCE_INPUTS}, got {describe(self.inputs)}")
+        object.__setattr__(self, "inputs", inputs)
+        for name in ("grid", "threadgroup"):
+            v = getattr(self, name)
+            if (not isinstance(v, (tuple, list)) or len(v) != 3
+                    or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1 for x in v)):
+                raise ValueError(f"{name}: must be three positive ints (threads, as MLX counts them), got {describe(v)}")
+            object.__setattr__(self, name, tuple(int(x) for x in v))
+        tpl = tuple(self.template.items()) if isinstance(self.template, Mapping) else tuple(self.template)
+        for item in tpl:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+                raise ValueError(f"template: must be (name, value) pairs or a mapping, got {describe(self.template)}")
+            v = item[1]
+            if isinstance(v, str) and v not in SHAPE_NAMES:
+                raise ValueError(f"template[{item[0]!r}]: a name must be one of {SHAPE_NAMES}, got {v!r}")
+        object.__setattr__(self, "template", tpl)
+
+    def with_source(self, source: str, name: str | None = None) -> "SourceLaunch":
+        """The same launch around another body (a generated mutant)."""
+        return SourceLaunch(source, self.inputs, self.output, self.grid, self.threadgroup, self.template,
+                            self.header, name or self.name)
+
+    def resolved_template(self, shape: tuple[int, int, int]) -> list[tuple[str, Any]]:
+        dims = dict(zip(SHAPE_NAMES, shape))
+        return [(k, dims[v] if isinstance(v, str) else v) for k, v in self.template]
+
+    def kernel(self, language: str) -> Any:
+        """The ``mx.fast`` kernel object (made once per language); its name carries a hash of
+        the body, since MLX caches kernels by name (two bodies under one name once ran the first's code)."""
+        if language not in self._kernels:
+            digest = hashlib.sha256((self.header + self.source).encode()).hexdigest()[:12]
+            make = mx.fast.metal_kernel if language == "metal" else mx.fast.cuda_kernel
+            self._kernels[language] = make(name=f"{self.name}_{digest}", input_names=list(self.inputs),
+                                           output_names=[self.output], source=self.source, header=self.header)
+        return self._kernels[language]
+
+    def launch_args(self, shape: tuple[int, int, int]) -> dict[str, Any]:
+        return dict(template=self.resolved_template(shape), grid=self.grid, threadgroup=self.threadgroup,
+                    output_shapes=[(shape[0],)], output_dtypes=[mx.float32])
+
+
+def source_inputs(launch: SourceLaunch, tensors: Mapping[str, Any]) -> list[mx.array]:
+    """The launch's inputs, in its order, from the case's tensors (name -> array)."""
+    return [t if isinstance(t, mx.array) else mx.array(t) for t in (tensors[n] for n in launch.inputs)]
+
+
+def run_metal_emulated(launch: SourceLaunch, inputs: Sequence[mx.array], shape: tuple[int, int, int], *,
+                       order: str = "ascending", seed: int = 0) -> np.ndarray:
+    """The launch's Metal source run on the CPU by the workbench's emulator; float32 [hidden]."""
+    from workbench.kernels.metal_drop_in import metal_kernel  # noqa: PLC0415 -- clang and ctypes only when asked
+
+    backends.resolve_backend("metal-emulated")  # without clang: BackendUnavailable saying what to install
+    key = "emulated"
+    if key not in launch._kernels:
+        digest = hashlib.sha256((launch.header + launch.source).encode()).hexdigest()[:12]
+        launch._kernels[key] = metal_kernel(name=f"{launch.name}_{digest}", input_names=list(launch.inputs),
+                                            output_names=[launch.output], source=launch.source, header=launch.header)
+    (out,) = launch._kernels[key](inputs=list(inputs), **launch.launch_args(shape), order=order, seed=seed)
+    return np.asarray(out, dtype=np.float32)
+
+
+def run_on_device(launch: SourceLaunch, language: str, inputs: Sequence[mx.array],
+                  shape: tuple[int, int, int]) -> np.ndarray:
+    """The launch on its device (``"metal"``: an Apple GPU; ``"cuda"``: an NVIDIA GPU);
+    ``BackendUnavailable`` where that device is absent."""
+    backends.resolve_backend(language)
+    (out,) = launch.kernel(language)(inputs=list(inputs), **launch.launch_args(shape))
+    mx.eval(out)
+    return np.array(out)

@@ -1,0 +1,149 @@
+"""The forms of an implementation under test, each run on one case: a Python callable, a
+kernels folder shaped like ``kernels/``, or a Metal / CUDA source with its launch.
+
+Each form turns a case (the workbench's ``TailWeights`` and the activations, with leading
+input-scale axes) into float32 outputs [..., hidden]; what goes wrong is raised as
+:class:`SubjectError` with what was wrong, and the check reports it naming the case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import backends
+from workbench.check.source_launch import SourceLaunch, run_metal_emulated, run_on_device, source_inputs
+from workbench.check.stored import ARRAY_KINDS, StoredCase, as_numpy, convert
+from workbench.tail.weights import TailWeights
+from workbench.validate import describe, one_of
+
+
+class SubjectError(RuntimeError):
+    """The implementation under test gave no usable result for a case (the message says why)."""
+
+
+def checked_output(value: Any, want: tuple[int, ...]) -> np.ndarray:
+    """``value`` as float32 numpy of shape ``want``, or :class:`SubjectError` saying what it was."""
+    a = as_numpy(value)
+    if a is None:
+        raise SubjectError(f"returned {describe(value)}, not an array")
+    if tuple(a.shape) != tuple(want):
+        raise SubjectError(f"returned shape {tuple(a.shape)}, expected {tuple(want)}")
+    if not (np.issubdtype(a.dtype, np.floating)):
+        raise SubjectError(f"returned dtype {a.dtype}, expected a float array")
+    return a.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class CallableSubject:
+    """A Python function ``fn(case: StoredCase) -> array [hidden]`` (numpy, MLX or PyTorch,
+    ``arrays`` says which it is handed); ``batched``: it takes the input scales of one case
+    as a leading axis ([n, branch] in, [n, hidden] out) in one call."""
+
+    fn: Callable[[StoredCase], Any]
+    arrays: str = "numpy"
+    batched: bool = False
+    name: str = ""
+    kind: str = "callable"
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise ValueError(f"fn: must be callable (case -> output array), got {describe(self.fn)}")
+        one_of("arrays", self.arrays, ARRAY_KINDS)
+        if not self.name:
+            object.__setattr__(self, "name", getattr(self.fn, "__qualname__", type(self.fn).__name__))
+
+    def calls(self, sc: StoredCase) -> list[tuple[Callable[[], np.ndarray], tuple[int, ...]]]:
+        """The calls one case takes (one, or one a scale), each with the shape it must return."""
+        hidden = sc.shape[0]
+        if self.batched:
+            case = convert(sc, self.arrays)
+            return [(lambda c=case: self.fn(c), (sc.branch.shape[0], hidden))]
+        out = []
+        for i in range(sc.branch.shape[0]):
+            one = StoredCase(**{**sc.__dict__, "branch": sc.branch[i], "residual": sc.residual[i]})
+            case = convert(one, self.arrays)
+            out.append((lambda c=case: self.fn(c), (hidden,)))
+        return out
+
+
+@dataclass(frozen=True)
+class KernelsFolderSubject:
+    """A folder shaped like ``kernels/`` (the user's bodies on the workbench's launches), run on
+    ``backend``: ``"metal-emulated"`` (the CPU emulator), ``"metal"`` or ``"cuda"``."""
+
+    folder: Path
+    backend: str = "metal-emulated"
+    order: str = "ascending"
+    name: str = ""
+    kind: str = "kernels folder"
+
+    def __post_init__(self) -> None:
+        folder = Path(self.folder)
+        if not folder.is_dir():
+            raise ValueError(f"folder: must be a folder shaped like kernels/, got {str(self.folder)!r} (not a folder)")
+        object.__setattr__(self, "folder", folder)
+        one_of("backend", self.backend, ("metal-emulated", "metal", "cuda"))
+        backends.resolve_backend(self.backend)
+        if not self.name:
+            object.__setattr__(self, "name", folder.name)
+
+    def run(self, w: TailWeights, branch: np.ndarray, residual: np.ndarray) -> np.ndarray:
+        from workbench.kernels.emulated import emulated_tail  # noqa: PLC0415 -- only this form needs the kernels
+        from workbench.kernels.launch import prepared  # noqa: PLC0415
+        from workbench.tail.paths import tail_launch  # noqa: PLC0415
+
+        launch = tail_launch(w)
+        if self.backend == "metal-emulated":
+            return emulated_tail(launch, branch, residual, kernel_dir=self.folder, order=self.order)
+        prep = prepared(launch, self.backend, None, kernel_dir=self.folder)
+        out = mx.stack([prep(mx.array(b), mx.array(r)) for b, r in zip(branch, residual)])
+        mx.eval(out)
+        return np.array(out)
+
+    def calls(self, sc: StoredCase, w: TailWeights) -> list[tuple[Callable[[], np.ndarray], tuple[int, ...]]]:
+        return [(lambda: self.run(w, sc.branch, sc.residual), (sc.branch.shape[0], sc.shape[0]))]
+
+
+@dataclass(frozen=True)
+class SourceSubject:
+    """A Metal or CUDA source with its launch (:class:`SourceLaunch`), run on ``"emulator"``
+    (Metal only: the CPU) or ``"device"``. Takes dense, unfolded weights: a source that
+    rotates or dequantizes would need inputs this form does not name yet."""
+
+    launch: SourceLaunch
+    language: str = "metal"
+    run_on: str = "emulator"
+    order: str = "ascending"
+    name: str = ""
+    kind: str = "source"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.launch, SourceLaunch):
+            raise ValueError(f"launch: must be a SourceLaunch, got {describe(self.launch)}")
+        one_of("language", self.language, ("metal", "cuda"))
+        one_of("run_on", self.run_on, ("emulator", "device"))
+        if self.language == "cuda" and self.run_on == "emulator":
+            raise ValueError("run_on: a CUDA source runs on the device only (the emulator runs Metal), got 'emulator'")
+        backends.resolve_backend("metal-emulated" if self.run_on == "emulator" else self.language)
+        if not self.name:
+            object.__setattr__(self, "name", self.launch.name)
+        object.__setattr__(self, "kind", f"{self.language} source")
+
+    def run_one(self, w: TailWeights, b: np.ndarray, r: np.ndarray) -> np.ndarray:
+        if w.wo.fold is not None or w.wo.quantization is not None:
+            raise SubjectError("the source form takes dense, unfolded weights; this case is folded or quantized")
+        tensors = {"branch": b, "residual": r, "ffn_norm": w.ffn_norm, "eps": np.array([w.eps], np.float32),
+                   **{k: getattr(w, k).launch_parts()[0] for k in ("wo", "gate", "up", "down")}}
+        inputs = source_inputs(self.launch, tensors)
+        if self.run_on == "emulator":
+            return run_metal_emulated(self.launch, inputs, w.shape, order=self.order)
+        return run_on_device(self.launch, self.language, inputs, w.shape)
+
+    def calls(self, sc: StoredCase, w: TailWeights) -> list[tuple[Callable[[], np.ndarray], tuple[int, ...]]]:
+        return [(lambda i=i: self.run_one(w, sc.branch[i], sc.residual[i]), (sc.shape[0],))
+                for i in range(sc.branch.shape[0])]

@@ -1,0 +1,150 @@
+"""A drop-in for ``mx.fast.metal_kernel`` that runs the kernel on the CPU under the emulator.
+
+A user's ``mx.fast.metal_kernel(name=, input_names=, output_names=, source=, header=,
+ensure_row_contiguous=, atomic_outputs=)`` raises "No Metal back-end" wherever there is
+no Apple GPU (hosted CI runners among them). :func:`metal_kernel` takes the same
+construction arguments and returns a callable with MLX's call signature; switching one
+name runs the same kernel on the CPU: MLX still generates the Metal source (its
+``verbose`` text, traced without a device), clang compiles it against the stand-in
+``<metal_stdlib>``, and :mod:`workbench.kernels.metal_emulation` runs every GPU thread as a
+fiber under Metal's rules (guarded buffers, NaN-filled outputs and group memory, 32 KB of
+threadgroup memory, SIMD-groups of 32, threads run in a chosen order).
+
+What is supported, and what is refused (a refusal names the argument and what is allowed,
+never a silent approximation):
+
+- 1-D launches: ``grid=(n, 1, 1)``, ``threadgroup=(t, 1, 1)``, ``n`` a multiple of ``t``
+  (the emulator runs whole threadgroups; Metal would run a partial last group, so a grid
+  that is not a multiple is refused rather than run differently);
+- ``t`` at most ``max_threads_per_threadgroup`` (1024 on Apple GPUs, lower for heavy
+  pipelines: mlx #2205 was a group over the pipeline's limit giving wrong results);
+- inputs and outputs of float32, float16, bfloat16, int32, uint32, int8, uint8, bool;
+- ``init_value`` (outputs filled with it before the launch; without it they are NaN-filled
+  so an element no thread writes shows);
+- not supported: ``atomic_outputs=True`` (the stand-in header has no ``metal::atomic``),
+  sources that read ``<input>_shape`` / ``_strides`` / ``_ndim`` (MLX passes them as extra
+  buffers), a ``stream``; each is refused naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from workbench import validate
+from workbench.kernels import metal_emulation
+from workbench.kernels.emulated import generated_source
+
+#: MLX dtypes the drop-in carries, with the numpy dtype of their bytes (bfloat16 as its
+#: 16-bit patterns: numpy has no bfloat16).
+_DTYPES: dict[Any, Any] = {
+    mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16, mx.int32: np.int32,
+    mx.uint32: np.uint32, mx.int8: np.int8, mx.uint8: np.uint8, mx.bool_: np.bool_,
+}
+
+#: The largest threadgroup an Apple GPU pipeline allows (lower for heavy kernels).
+MAX_THREADS_PER_THREADGROUP = 1024
+
+
+def _host(a: Any, where: str) -> tuple[mx.array, np.ndarray]:
+    x = a if isinstance(a, mx.array) else mx.array(a)
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"{where}: dtype {x.dtype} is not emulated; allowed: "
+                         f"{', '.join(str(d) for d in _DTYPES)}")
+    host = np.array(x.view(mx.uint16)) if x.dtype == mx.bfloat16 else np.array(x)
+    return x, host
+
+
+def _triple(name: str, value: Any) -> tuple[int, int, int]:
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
+        raise ValueError(f"{name} must be three integers (x, y, z), got {value!r}")
+    x, y, z = (validate.integer(name, v, minimum=1) for v in value)
+    if (y, z) != (1, 1):
+        raise ValueError(f"{name}={tuple(value)!r}: the emulator runs 1-D launches only; allowed: (n, 1, 1)")
+    return x, y, z
+
+
+class EmulatedMetalKernel:
+    """The callable :func:`metal_kernel` returns: MLX's call signature, run on the CPU."""
+
+    def __init__(self, kernel: Any, name: str, input_names: Sequence[str], output_names: Sequence[str]) -> None:
+        self._kernel = kernel
+        self.name = name
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        # Generated sources by template values and input dtypes/shapes (all MLX's text depends
+        # on), kept per kernel: a cache keyed by id() would hand a new kernel a dead one's text.
+        self._sources: dict[tuple, str] = {}
+
+    def __call__(self, *, inputs: Sequence[Any], grid: Sequence[int], threadgroup: Sequence[int],
+                 output_shapes: Sequence[Sequence[int]], output_dtypes: Sequence[Any],
+                 template: Sequence[tuple[str, Any]] | None = None, init_value: float | None = None,
+                 verbose: bool = False, stream: Any = None, order: str = "ascending", seed: int = 0,
+                 max_threads_per_threadgroup: int = MAX_THREADS_PER_THREADGROUP) -> list[mx.array]:
+        """Run the kernel; return its outputs as MLX arrays (as ``mx.fast.metal_kernel`` does).
+
+        Beyond MLX's arguments: ``order`` (``metal_emulation.ORDERS``: the order the
+        emulator runs threads between synchronisations; ``seed`` for ``"shuffled"``) and
+        ``max_threads_per_threadgroup`` (the pipeline's limit to hold the launch to).
+        Raises ``metal_emulation.EmulationError`` with the emulator's diagnosis (an
+        out-of-bounds access, a barrier not reached by every thread, ...).
+        """
+        if stream is not None:
+            raise ValueError(f"stream={stream!r}: the emulator runs on the CPU; allowed: None")
+        if len(inputs) != len(self.input_names):
+            raise ValueError(f"inputs: {self.name} takes {len(self.input_names)} ({', '.join(self.input_names)}), "
+                             f"got {len(inputs)}")
+        if len(output_shapes) != len(self.output_names) or len(output_dtypes) != len(self.output_names):
+            raise ValueError(f"output_shapes/output_dtypes: {self.name} has {len(self.output_names)} outputs, got "
+                             f"{len(output_shapes)} shapes and {len(output_dtypes)} dtypes")
+        n, _, _ = _triple("grid", grid)
+        t, _, _ = _triple("threadgroup", threadgroup)
+        limit = validate.integer("max_threads_per_threadgroup", max_threads_per_threadgroup, minimum=1,
+                                 maximum=MAX_THREADS_PER_THREADGROUP)
+        if t > limit:
+            raise ValueError(f"threadgroup={tuple(threadgroup)!r}: {t} threads is over the pipeline's "
+                             f"max_threads_per_threadgroup={limit}")
+        if n % t:
+            raise ValueError(f"grid={tuple(grid)!r}: grid counts threads, not threadgroups, and {n} is not a "
+                             f"multiple of threadgroup {t}; allowed: a multiple of {t} (Metal would run a partial "
+                             "last group, which the emulator does not)")
+        for i, d in enumerate(output_dtypes):
+            if d not in _DTYPES:
+                raise ValueError(f"output_dtypes[{i}]={d}: not emulated; allowed: {', '.join(str(x) for x in _DTYPES)}")
+        pairs = [_host(a, f"inputs[{i}] ({self.input_names[i]})") for i, a in enumerate(inputs)]
+        kw = {"template": list(template or []), "grid": tuple(grid), "threadgroup": tuple(threadgroup),
+              "output_shapes": [tuple(s) for s in output_shapes], "output_dtypes": list(output_dtypes)}
+        key = (tuple((k, str(v)) for k, v in kw["template"]), tuple((str(x.dtype), x.shape) for x, _ in pairs),
+               tuple(kw["output_shapes"]), tuple(str(d) for d in kw["output_dtypes"]))
+        if key not in self._sources:
+            (self._sources[key],) = generated_source(
+                lambda *xs: self._kernel(inputs=list(xs), verbose=True, **kw), *[x for x, _ in pairs]).values()
+        source = self._sources[key]
+        if verbose:
+            print(source)
+        compiled = metal_emulation.compile_source(source)
+        n_buf = sum(p.buffer is not None for p in compiled.params)
+        if n_buf != len(inputs) + len(output_shapes):
+            raise ValueError(f"source: {self.name} reads an input's shape, strides or ndim (MLX passes "
+                             f"{n_buf - len(inputs) - len(output_shapes)} extra buffers), which the emulator "
+                             "does not support; pass sizes as template values or inputs")
+        outs = compiled.launch([h for _, h in pairs],
+                               [(tuple(s), _DTYPES[d]) for s, d in zip(output_shapes, output_dtypes)],
+                               groups=n // t, threads=t, order=order, seed=seed, init_value=init_value)
+        return [mx.array(o).view(mx.bfloat16) if d == mx.bfloat16 else mx.array(o)
+                for o, d in zip(outs, output_dtypes)]
+
+
+def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[str], source: str,
+                 header: str = "", ensure_row_contiguous: bool = True,
+                 atomic_outputs: bool = False) -> EmulatedMetalKernel:
+    """``mx.fast.metal_kernel`` with the same arguments, run on the CPU (module docstring:
+    what is supported). Raises ``ValueError`` naming an unsupported argument."""
+    if atomic_outputs:
+        raise ValueError("atomic_outputs=True: the emulator's <metal_stdlib> has no metal::atomic; allowed: False")
+    kernel = mx.fast.metal_kernel(name=name, input_names=list(input_names), output_names=list(output_names),
+                                  source=source, header=header, ensure_row_contiguous=ensure_row_contiguous,
+                                  atomic_outputs=False)
+    return EmulatedMetalKernel(kernel, name, input_names, output_names)
