@@ -2,10 +2,11 @@
 callable, beside the workbench's own graph sweep of the same cases in the same run.
 
 The target: 10,000 cases at (64, 96, 80), fold block 16, input scale 1, in <= 30 s on 2
-cores. The check also computes the float64 truth and the graph reference of every case,
-case by case (a user's callable takes one weight set a call); ``sweeps.sweep`` does the
-same cases in blocks, so the ratio is what checking a foreign implementation costs over
-the workbench's batched study of its own.
+cores. The user's callable runs one case a call (one weight set a call, as a kernel
+takes it); the check's own work (stored weights, float64 truth, graph reference) runs a
+block of cases at a time (``workbench.check.blocks``), as ``sweeps.sweep`` does for the
+same cases, so the ratio is what checking a foreign implementation costs over the
+workbench's batched study of its own.
 
     python -m bench.check_rate                 # 10,000 cases, no fault models
     python -m bench.check_rate --cases 2000 --faults
@@ -13,11 +14,13 @@ the workbench's batched study of its own.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
 import numpy as np
 
+from bench.common import cli
 from bench.common import record
 from workbench.check import check_kernel
 from workbench.studies import sweeps
@@ -69,4 +72,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main, prog="python -m bench.check_rate"))

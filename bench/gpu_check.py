@@ -45,6 +45,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
+from bench.common import cli
 from bench.common import kernel_tail, record
 from bench.common.kernels import BONSAI
 from workbench import backends, tail
@@ -223,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=50, help="timed rounds per variant")
     ap.add_argument("--seed", type=int, default=None, help="base seed (None: from the clock; recorded)")
     a = ap.parse_args(argv)
+    cli.at_least(ap, "--repeats", a.repeats, 1)
+    cli.at_least(ap, "--seed", a.seed, 0)
 
     dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)
     if dialect is None:
@@ -269,4 +272,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, prog="python -m bench.gpu_check"))

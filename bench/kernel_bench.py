@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime as _dt
 import sys
 
+from bench.common import cli
 from bench.common import record
 from bench.common.kernel_tail import print_table, run
 from bench.common.kernels import BENCH_FORMATS
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     formats = tuple(record.comma_list(ap, "--formats", a.formats, BENCH_FORMATS))
+    cli.at_least(ap, "--repeats", a.repeats, 1)
+    cli.at_least(ap, "--seed", a.seed, 0)
     dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)
     if dialect is None:
         print("no GPU: the kernel benchmark needs MLX's CUDA or Metal back-end")
@@ -65,4 +68,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, prog="python -m bench.kernel_bench"))

@@ -52,6 +52,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
+from bench.common import cli
 from bench.common import kernels
 from bench.common import record
 from bench.common.kernels import interleaved
@@ -345,15 +346,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="hidden, branch, ffn and wo's fold block instead of Bonsai-27B's 5120,6144,17408,1024")
     a = ap.parse_args(argv)
     formats = tuple(record.comma_list(ap, "--formats", a.formats, tuple(FORMATS)))
+    cli.at_least(ap, "--rounds", a.rounds, 1)
+    cli.at_least(ap, "--tails", a.tails, 1)
+    cli.at_least(ap, "--seed", a.seed, 0)
+    shape = kernels.BONSAI
+    if a.shape is not None:  # an empty --shape is refused below, never read as Bonsai-27B's
+        parts = a.shape.split(",")
+        if len(parts) != 4 or not all(v.strip().isdigit() and int(v) > 0 for v in parts):
+            ap.error(f"--shape must be four positive integers H,B,F,BLOCK (hidden, branch, ffn, fold block); "
+                     f"got {a.shape!r}")
+        h, b, f, blk = (int(v) for v in parts)
+        shape = ((h, b, f), blk)
     try:
         old_dir = kernel_folder(a.old)
-        shape = kernels.BONSAI
-        if a.shape:
-            h, b, f, blk = (int(v) for v in a.shape.split(","))
-            shape = ((h, b, f), blk)
     except ValueError as e:
-        print(e)
-        return 2
+        ap.error(str(e))
     dialect = gpu_dialect()
     if dialect is None:
         print("no GPU here: mx.cuda.is_available() and mx.metal.is_available() are both False; comparing "
@@ -380,4 +387,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, prog="python -m bench.kernel_bodies"))

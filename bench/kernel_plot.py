@@ -23,7 +23,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from bench.common import cli  # noqa: E402
 from bench.common import record  # noqa: E402
+from workbench.reports import records  # noqa: E402
+
+#: The record kinds whose ``bench`` section holds the kernel benchmark's cases.
+PLOTTED = ("kernel_bench", "gpu_check")
 
 #: (label, how to read the ms from a case entry) for each bar of a format.
 SERIES: tuple[tuple[str, Any], ...] = (
@@ -82,14 +87,25 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"record: {src} is not a readable JSON record ({type(err).__name__}: {err})")
     if not isinstance(rec, dict):
         ap.error(f"record: {src} holds a JSON {type(rec).__name__}, not a record (an object)")
-    if "bench" not in rec:
-        ap.error(f"record: {src} has no 'bench' section (a kernel_bench or gpu_check record has)")
+    kind = records.kind_of(rec)
+    if kind not in PLOTTED:
+        ap.error(f"record: {src} is {'no bench record' if kind is None else f'a {kind} record'}; this plot reads "
+                 f"a record of {' or '.join(PLOTTED)}")
+    section = rec.get("bench")
+    if not isinstance(section, dict) or not isinstance(section.get("cases"), list) or not section["cases"]:
+        ap.error(f"record: {src} has no benchmark cases (a 'bench' section with a list of 'cases'); "
+                 "a gpu_check record run with --checks-only has none")
     out = src.with_suffix(".png")
     if out.exists() and not a.force:
         ap.error(f"{out} exists; pass --force to replace it")
-    print(f"plot: {plot(rec, out)}")
+    try:
+        print(f"plot: {plot(rec, out)}")
+    except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
+        # A record of the right kind whose cases lack a field the bars read (an older schema,
+        # a hand-edited file): said in one line, naming the file and the field.
+        ap.error(f"record: {src}: a case lacks what the plot reads ({type(err).__name__}: {err})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, prog="python -m bench.kernel_plot"))

@@ -24,6 +24,7 @@ import argparse
 import csv
 import datetime as _dt
 import io
+import math
 import shutil
 import subprocess
 import sys
@@ -183,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         tuning_of(a.tuning)
     except ValueError as e:
         ap.error(str(e))
+    if not (math.isfinite(a.timeout) and a.timeout > 0):  # bench.common.cli is imported under __main__ only
+        ap.error(f"--timeout must be a finite number > 0; got {a.timeout}")
     if a.child:
         return _child(formats, a.tuning, a.head, a.one_launch)
     exe = shutil.which("ncu")
@@ -261,4 +264,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench.common import cli
+
+    sys.exit(cli.run(main, prog="python -m bench.launch_profile"))

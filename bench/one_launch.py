@@ -48,6 +48,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
+from bench.common import cli
 from bench.common import kernels
 from bench.common import record
 from workbench import backends, tail
@@ -420,4 +421,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, prog="python -m bench.one_launch"))

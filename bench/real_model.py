@@ -21,9 +21,10 @@ machine's load hits each alike):
   4-bit (group 32, float16 scales and biases). Variants: ``reference`` (the ops mlx-lm
   runs: ``o_proj``, the add, ``mx.fast.rms_norm``, gate / up, silu times up, down, the add,
   activations in the weights' float dtype as mlx-lm keeps them; for the real layer, the
-  model's own modules), ``graph`` (the fused tail's MLX ops, traced by ``mx.compile``, as
-  ``fused_tails`` runs them), ``graph-f32-scales`` (the same with quantized scales and
-  biases widened to float32: same bits), and where CUDA is here ``cuda-3`` (the kernels'
+  model's own modules), ``graph`` (the fused tail's MLX ops as ``fused_tails`` runs them:
+  ``workbench.real_models.graph_tail.model_graph_tail``, weights prepared once, compiled),
+  ``graph-eager`` (the same, not traced by ``mx.compile``), ``graph-ops`` (``tail_graph``'s ops as written, scales as stored, compiled: what the
+  preparation saves), and where CUDA is here ``cuda-3`` (the kernels'
   three launches) and ``cuda-1:<shape>`` (the one launch in each candidate shape:
   ``rule`` is ``workbench.kernels.one_launch.shape_for``'s). Every variant is checked
   against the float64 host tail first (frink-models' criterion, 2e-4; ``reference`` with
@@ -36,6 +37,7 @@ Prints the tables and writes a record (device, date, MLX version, command) to
 
 from __future__ import annotations
 
+import sys
 import contextlib
 import dataclasses
 import time
@@ -44,6 +46,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
+from bench.common import cli
 from bench.common import record
 from bench.common.decode_timing import copy_bandwidth
 from workbench import backends, tail
@@ -52,6 +55,7 @@ from workbench.kernels import launch as kernel_launch
 from workbench.kernels import one_launch
 from workbench.models.config import BONSAI_SHAPE
 from workbench.real_models.end_to_end import PROMPT, smollm2
+from workbench.real_models.graph_tail import model_graph_tail
 from workbench.real_models.reference_model import LAZY_BACKENDS, capture_layers, fused_tails, vector_tail
 from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_TOL
@@ -81,54 +85,46 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 }
 
 
-def decode_rate(model: Any, prompt: tuple[int, ...], n: int) -> tuple[float, list[int]]:
-    """Seconds for ``n`` greedy decode steps after a prefilled prompt, and the tokens."""
+def decode_rate(model: Any, prompt: tuple[int, ...], n: int) -> tuple[float, float, list[int]]:
+    """Wall seconds and this process's CPU seconds for ``n`` greedy decode steps after a
+    prefilled prompt, and the tokens. The CPU seconds (all threads) are what a variant
+    costs on a CPU shared with other work, where the wall clock also counts the waits for
+    a core."""
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
     logits = model(mx.array([list(prompt)], dtype=mx.int32), cache=cache)[0, -1]
     tok = int(mx.argmax(logits).item())
     out = [tok]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(n):
         logits = model(mx.array([[tok]], dtype=mx.int32), cache=cache)[0, -1]
         tok = int(mx.argmax(logits).item())  # the read is the step's one wait
         out.append(tok)
-    return time.perf_counter() - t0, out
+    return time.perf_counter() - t0, time.process_time() - c0, out
 
 
 def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, rounds: int) -> dict[str, Any]:
     """``variants``: name -> a context manager factory (``None`` for mlx-lm's own layers)."""
     rates: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
     seqs: dict[str, list[int]] = {}
-    for _ in range(rounds):
-        for name, ctx in variants.items():
+    order = list(variants)
+    for i in range(rounds):
+        for name in (order if i % 2 == 0 else order[::-1]):  # no variant always first after the prefill
+            ctx = variants[name]
             with (ctx() if ctx is not None else contextlib.nullcontext()):
-                secs, seq = decode_rate(rm.model, rm.prompt_ids, tokens)
+                secs, cpu_secs, seq = decode_rate(rm.model, rm.prompt_ids, tokens)
             rates[name].append(tokens / secs)
+            cpu[name].append(tokens / cpu_secs)
             seqs.setdefault(name, seq)
     ref = seqs["reference"]
-    return {name: {"tokens_per_s_median": float(np.median(v)), "tokens_per_s": v, "same_tokens": seqs[name] == ref,
-                   "tokens": seqs[name]} for name, v in rates.items()}
+    return {name: {"tokens_per_s_median": float(np.median(v)), "tokens_per_s": v,
+                   "tokens_per_cpu_s_median": float(np.median(cpu[name])), "tokens_per_cpu_s": cpu[name],
+                   "same_tokens": seqs[name] == ref, "tokens": seqs[name]} for name, v in rates.items()}
 
 
 # -- one tail ------------------------------------------------------------------------------
-
-
-def widened(launch: tail.TailLaunch) -> tail.TailLaunch:
-    """``launch`` with its quantized matrices' float16 / bfloat16 scales and biases widened
-    to float32 (the same map, exactly: see ``QuantizedBase.dequantize``)."""
-
-    def widen(m: WeightMatrix) -> WeightMatrix:
-        base, fold = m.launch_parts()
-        if not isinstance(base, QuantizedBase) or base.scales.dtype == mx.uint8:
-            return m
-        wide = dataclasses.replace(base, scales=base.scales.astype(mx.float32),
-                                   biases=None if base.biases is None else base.biases.astype(mx.float32))
-        return WeightMatrix(wide, fold)
-
-    return dataclasses.replace(launch, wo=widen(launch.wo), gate=widen(launch.gate), up=widen(launch.up),
-                               down=widen(launch.down))
 
 
 def mlx_lm_style(launch: tail.TailLaunch, act: Any) -> Callable[[mx.array, mx.array], mx.array]:
@@ -167,10 +163,11 @@ def act_dtype(w: tail.TailWeights) -> Any:
 def tail_variants(w: tail.TailWeights, cuda: bool) -> dict[str, Callable[[mx.array, mx.array], mx.array]]:
     """Every fused variant of ``w``'s tail as a lazy function of (branch, residual) float32 vectors."""
     launch = tail.tail_launch(w)
-    fns: dict[str, Callable[[mx.array, mx.array], mx.array]] = {"graph": vector_tail(launch, "graph")}
-    if any(isinstance(m.launch_parts()[0], QuantizedBase) for m in (w.wo, w.gate, w.up, w.down)):
-        wide = widened(launch)
-        fns["graph-f32-scales"] = mx.compile(lambda b, r: tail.tail_graph(wide, b, r))
+    fns: dict[str, Callable[[mx.array, mx.array], mx.array]] = {
+        "graph": vector_tail(launch, "graph"),
+        "graph-eager": model_graph_tail(launch, compiled=False),
+        "graph-ops": mx.compile(lambda b, r: tail.tail_graph(launch, b, r)),
+    }
     if cuda:
         prep = kernel_launch.prepared(launch, "cuda")
         fns["cuda-3"] = prep.compiled()
@@ -219,8 +216,16 @@ def bench_tail_inputs(label: str, w: tail.TailWeights, br: np.ndarray, res: np.n
     fused = tail_variants(w, cuda)
     ref = reference or mlx_lm_style(launch, act)
     b32, r32 = mx.array(br.astype(np.float32)), mx.array(res.astype(np.float32))
-    b_act, r_act = b32.astype(act), r32.astype(act)
-    fns: dict[str, Callable[[mx.array, mx.array], mx.array]] = {"reference": lambda b, r: ref(b_act, r_act)}
+    b_act = b32.astype(act)
+    mx.eval(b_act)
+
+    def reference_fn(b: mx.array, r: mx.array) -> mx.array:
+        # The residual goes in as given: in a chain each tail takes the previous one's output
+        # (already in the activations' dtype, so no cast is timed); a reference that ignored it
+        # would leave all but the last tail of a chain out of the evaluated graph.
+        return ref(b_act, r if r.dtype == act else r.astype(act))
+
+    fns: dict[str, Callable[[mx.array, mx.array], mx.array]] = {"reference": reference_fn}
     fns.update(fused)
     checks = {k: compare(np.asarray(fn(b32, r32).astype(mx.float32)), truth) for k, fn in fns.items()}
     judged = {k: c for k, c in checks.items() if k != "reference" or act == mx.float32}
@@ -335,9 +340,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ref_tps = decode["reference"]["tokens_per_s_median"]
     print(f"\nSmolLM2-135M Q4_1, prompt {PROMPT!r} ({len(rm.prompt_ids)} tokens), {args.tokens} decode steps x "
           f"{args.rounds} rounds")
-    print(f"{'variant':<22}{'tokens/s':>10}{'vs reference':>14}{'same tokens':>13}")
+    ref_cpu = decode["reference"]["tokens_per_cpu_s_median"]
+    print(f"{'variant':<22}{'tokens/s':>10}{'vs reference':>14}{'tokens/CPU s':>14}{'vs reference':>14}"
+          f"{'same tokens':>13}")
     for name, d in decode.items():
         print(f"{name:<22}{d['tokens_per_s_median']:>10.2f}{d['tokens_per_s_median'] / ref_tps:>13.2f}x"
+              f"{d['tokens_per_cpu_s_median']:>14.2f}{d['tokens_per_cpu_s_median'] / ref_cpu:>13.2f}x"
               f"{str(d['same_tokens']):>13}")
 
     rec = {
@@ -361,4 +369,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main, prog="python -m bench.real_model"))

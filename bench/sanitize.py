@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import cli
 from bench.common import bounded_run, record
 from workbench.reports import sanitize as sanitizer_coverage
 
@@ -369,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = parts_to_run(record.comma_list(ap, "--parts", a.parts, PARTS))
     if a.jobs < 1:
         ap.error(f"--jobs must be >= 1; got {a.jobs}")
+    cli.finite_positive(ap, "--timeout", a.timeout)
     if a.one_launch_nt is not None and (a.one_launch_nt % 32 or not 32 <= a.one_launch_nt <= 1024):
         ap.error(f"--one-launch-nt must be a multiple of 32 from 32 to 1024 (whole warps); got {a.one_launch_nt}")
     if a.child:
@@ -441,4 +443,4 @@ def sanitize_run(exe: str, tool: str, shapes: list[str], formats: list[str], par
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, prog="python -m bench.sanitize"))

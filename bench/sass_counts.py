@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.common import cli
 from bench.common import kernels, record
 from bench.common.sass import CLASSES, compile_sass, find_tool, parse_sass, sass_counts, tool_version
 from workbench.fold import formats as weight_formats
@@ -282,11 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     formats = tuple(record.comma_list(ap, "--formats", a.formats, tuple(FORMATS)))
     launches = tuple(k for k in LAUNCHES if k in record.comma_list(ap, "--launches", a.launches, LAUNCHES))
     if not re.fullmatch(r"sm_\d{2,3}a?", a.arch):
-        print(f"--arch must name a GPU architecture such as sm_90; got {a.arch!r}")
-        return 2
-    if a.jobs < 1:
-        print(f"--jobs must be at least 1; got {a.jobs}")
-        return 2
+        ap.error(f"--arch must name a GPU architecture such as sm_90; got {a.arch!r}")
+    cli.at_least(ap, "--jobs", a.jobs, 1)
     old_dir = None
     if a.old is not None:
         old_dir = Path(a.old).resolve()
@@ -294,8 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                   *sorted({kernel_source.KERNELS[k].body for k in launches if k != ONE_LAUNCH})]
         missing = [n for n in needed if not (old_dir / n).is_file()]
         if missing:
-            print(f"--old must be a kernels folder holding {', '.join(needed)}; {old_dir} lacks {missing}")
-            return 2
+            ap.error(f"--old must be a kernels folder holding {', '.join(needed)}; {old_dir} lacks {missing}")
         if ONE_LAUNCH in launches and not (old_dir / kernel_source.ONE_LAUNCH_BODY).is_file():
             print(f"{old_dir} has no {kernel_source.ONE_LAUNCH_BODY} (older than the one launch): "
                   "the one launch is counted from kernels/ alone")
@@ -324,4 +321,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, prog="python -m bench.sass_counts"))

@@ -36,11 +36,16 @@ Needs only numpy and MLX (the workbench's pandas imports are for tables, inside 
 
 from __future__ import annotations
 
+import math
 import sys
 import time
-from pathlib import Path
 
+from bench.common import cli
 from bench.common import record
+from workbench.decode.state import MAX_TOKENS
+
+#: The fewest rounds a split kind's price is measured over (``measure_split_between``'s own minimum).
+MIN_SPLIT_N = 5
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -79,13 +84,26 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--compiled", action="store_true",
                    help="each recurrent layer traced once by mx.compile (fewer kernels, less Python a token)")
     p.add_argument("--split-n", type=int, default=20, help="rounds a split kind's price is measured over (0: none)")
-    p.add_argument("--out", type=Path, default=None, help="write the JSON record to this file instead of OUT_DIR")
+    p.add_argument("--out", type=cli.out_file, default=None, help="write the JSON record to this file instead of OUT_DIR")
     args = p.parse_args(argv)
     for flag, value, least in (("--tokens", args.tokens, 1), ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0),
                                ("--context", args.context, 1), ("--price-n", args.price_n, 10),
                                ("--split-n", args.split_n, 0)):
         if value < least:
             p.error(f"{flag} must be >= {least}; got {value}")
+    # The KV caches are allocated whole before the first token (workbench.decode.state.MAX_TOKENS).
+    if args.context > MAX_TOKENS or args.warmup + args.tokens * args.rounds + 1 > MAX_TOKENS:
+        p.error(f"--context, and --warmup + --tokens x --rounds + 1, must each be <= {MAX_TOKENS} (the KV caches "
+                f"are allocated whole); got {args.context} and {args.warmup + args.tokens * args.rounds + 1}")
+    if 0 < args.split_n < MIN_SPLIT_N:
+        p.error(f"--split-n must be 0 (no split prices) or >= {MIN_SPLIT_N} (a price is a median of rounds); "
+                f"got {args.split_n}")
+    if args.seed < 0:
+        p.error(f"--seed must be >= 0; got {args.seed}")
+    if not math.isfinite(args.budget_s) or args.budget_s < 0:
+        p.error(f"--budget-s must be a finite number of seconds >= 0; got {args.budget_s}")
+    if args.check_tol is not None and not (math.isfinite(args.check_tol) and args.check_tol > 0):
+        p.error(f"--check-tol must be a finite number > 0; got {args.check_tol}")
     if args.out is not None and not args.no_record:
         record.refuse_existing(p, args.out, args.force)
 
@@ -116,10 +134,19 @@ def main(argv: list[str] | None = None) -> dict:
             geom = geometry.Geometry(**{**geom.__dict__, "vocab": args.vocab})
     except ValueError as err:
         p.error(f"--model {args.model}: {err}")
+    n_attention = len(cfg.attention_layers())
+    if n_attention < 1 or len(cfg.layers) - n_attention < 2:
+        # The step's split prices are timed between two recurrent layers and around an attention layer.
+        p.error(f"--model {args.model}: a hybrid with attention layers and at least two recurrent layers is needed; "
+                f"it has {n_attention} attention layers of {len(cfg.layers)}")
     try:
         stages = None if args.stages is None else [int(s) for s in args.stages.split(",")]
     except ValueError:
         p.error(f"--stages must be comma-separated stage numbers; got {args.stages!r}")
+    plan = waits.load_plan()
+    numbers = [st.number for st in plan.stages]
+    if stages is not None and (any(n not in numbers for n in stages) or len(set(stages)) != len(stages)):
+        p.error(f"--stages must be distinct stage numbers of plan {plan.name!r}, of {numbers}; got {args.stages!r}")
 
     price = wait_measurement.measure_wait_price(n=args.price_n, warmup=max(100, args.price_n // 10))
     print(f"device {price['device']} ({price['backend']}, MLX {price['mlx_version']}); "
@@ -264,4 +291,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main, prog="python -m bench.schedule_run"))

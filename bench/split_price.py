@@ -28,6 +28,7 @@ with ``--force``, which says what it replaced):
 
 from __future__ import annotations
 
+import sys
 import json
 import re
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from bench.common import cli
 from bench.common import record
 from workbench import backends, tail
 from workbench.kernels import launch as kernel_launch
@@ -122,9 +124,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--bonsai", action="store_true", help="also Bonsai-27B's tail (5120, 6144, 17408), bf16")
     p.add_argument("--add", metavar="RECORD", help="put a bench.schedule_run record's split prices into the ledger "
                                                    "and stop (measures nothing)")
-    p.add_argument("--ledger", default=None, help="the ledger file (default: the project's data/ledger/wait_prices.json)")
+    p.add_argument("--ledger", type=cli.existing_file, default=None, help="the ledger file (default: the project's data/ledger/wait_prices.json)")
     args = p.parse_args(argv)
-    if args.add:
+    if args.add is not None:  # --add "" names no record: refused when read, never a measurement instead
         return {"added": add(p, args.add, args.ledger, args.force)}
     if args.n < 5:
         p.error("--n must be >= 5")
@@ -158,4 +160,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main, prog="python -m bench.split_price"))

@@ -10,6 +10,10 @@ is never asserted in a test; the record is the evidence.
     python -m bench.sweep_rate                     # 100,000 seeds, float32, no fold
     python -m bench.sweep_rate --seeds 20000 --configs f32,f32-b16,bf16-b16,nvfp4-b16
 
+With ``--twins N`` it also times each workbench path (the float64 host tail a call, the sweep
+over N blocks, the float64 block transform, the CPU copy floor) beside its plain numpy twin
+and the machine's limit (``bench.common.twin_rates``), as ratios from the same run.
+
 With ``--calibrate`` each configuration's worst scaled errors also go through
 ``calibration.calibrate_tolerance`` (flake rate 1e-6 per case) and the tolerance is recorded;
 ``--mutations N`` adds the catch rates of every mutation on N fresh seeds (float32, with
@@ -18,11 +22,14 @@ and without the fold) for the reference tolerances and the calibrated float32 on
 
 from __future__ import annotations
 
+import sys
 import argparse
 import time
 from typing import Any
 
+from bench.common import cli
 from bench.common import record
+from bench.common import twin_rates
 from workbench.studies import calibration
 from workbench.studies import sweeps
 from workbench.studies.cases import CASE_BLOCK
@@ -50,10 +57,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--calibrate", action="store_true", help="calibrate a tolerance per configuration (1e-6/case)")
     p.add_argument("--mutations", type=int, default=0, help="catch rates on this many fresh seeds (0: none)")
     p.add_argument("--tag", default="", help="appended to the record's file name")
+    p.add_argument("--twins", type=int, default=0,
+                   help="also time each workbench path beside its plain numpy twin and the machine's limit, the "
+                        "sweep over this many blocks of 256 cases (0: none)")
     args = p.parse_args(argv)
     names = record.comma_list(p, "--configs", args.configs, CONFIGS)
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
+    if args.twins < 0:
+        p.error(f"--twins must be >= 0 (0: none); got {args.twins}")
+    if args.mutations < 0:
+        p.error(f"--mutations must be >= 0 (0: none); got {args.mutations}")
 
     sweeps.sweep(shapes=[(64, 96, 80)], seeds=range(8), progress=False)  # warm up (imports, first graphs)
     rows = []
@@ -103,10 +117,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "results": rows,
         "mutation_catch_rates": catch,
     }
+    if args.twins:
+        rec["twins"] = twin_rates.measure(args.twins)
+        twin_rates.print_table(rec["twins"])
     if not args.no_record:
         record.write(rec, args.out_dir, record.record_stem("sweep_rate", tag=args.tag), force=args.force)
     return rec
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main, prog="python -m bench.sweep_rate"))

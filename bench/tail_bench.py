@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from bench.common import cli
 from bench.common import record
 from workbench import backends, tail
 from workbench.tail.comparison import compare
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for flag in ("repeats", "warmup"):
         if getattr(args, flag) < (1 if flag == "repeats" else 0):
             p.error(f"--{flag} must be >= {1 if flag == 'repeats' else 0}")
+    cli.at_least(p, "--seed", args.seed, 0)
     on_gpu = backends.cuda_available() or backends.metal_available()
     large_repeats = args.large_repeats if args.large_repeats is not None else (100 if on_gpu else 5)
     if large_repeats < 1:
@@ -166,4 +168,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main, prog="python -m bench.tail_bench"))

@@ -24,6 +24,7 @@ import re
 import sys
 from pathlib import Path
 
+from bench.common import cli
 from bench.common import record
 
 
@@ -60,19 +61,19 @@ def main(argv: list[str] | None = None) -> dict:
     p = record.parser("wait_price", __doc__, writes=(
         "writes a JSON record to OUT_DIR/wait_price-<device>-<UTC time>.json (or --out); with --add, changes only "
         "the ledger; never replaces a file or a ledger entry without --force"))
-    p.add_argument("--out", type=Path, default=None, help="write the JSON record to this file instead of OUT_DIR")
+    p.add_argument("--out", type=cli.out_file, default=None, help="write the JSON record to this file instead of OUT_DIR")
     p.add_argument("--n", type=int, default=5000, help="timed waits")
     p.add_argument("--warmup", type=int, default=500, help="untimed waits first")
     p.add_argument("--device", choices=("default", "cpu", "gpu"), default="default", help="MLX device to measure")
     p.add_argument("--add", metavar="RECORD", help="add this record to the ledger and stop (measures nothing)")
-    p.add_argument("--ledger", default=None, help="the ledger file (default: the project's data/ledger/wait_prices.json)")
+    p.add_argument("--ledger", type=cli.existing_file, default=None, help="the ledger file (default: the project's data/ledger/wait_prices.json)")
     args = p.parse_args(argv)
     if args.n < 10:
         p.error(f"--n must be >= 10; got {args.n}")
     if args.warmup < 0:
         p.error(f"--warmup must be >= 0; got {args.warmup}")
 
-    if args.add:
+    if args.add is not None:  # --add "" names no record: refused when read, never a measurement instead
         return add(p, args.add, args.ledger, args.force)
     if args.out is not None and not args.no_record:
         record.refuse_existing(p, args.out, args.force)
@@ -97,4 +98,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main, prog="python -m bench.wait_price"))

@@ -55,3 +55,44 @@ def test_bad_dumps_name_the_file_and_the_tensor(tmp_path):
     _write(tmp_path / "c.safetensors", n=40)
     rep = check_dump(tmp_path)  # the good file is checked, the bad ones reported
     assert not rep.passed and any("a.safetensors" in p for p in rep.problems)
+
+
+@pytest.mark.parametrize("dtype,quant,fold", [("float32", None, 16), ("bfloat16", None, None),
+                                             ("float16", {"mode": "affine", "bits": 4, "group_size": 32}, 16)])
+def test_write_layer_round_trips_the_stored_weights(tmp_path, dtype, quant, fold):
+    from workbench.check.dump import write_layer
+    from workbench.studies.cases import case_weights
+    from workbench.tail import fused_tail
+
+    w, b, r = case_weights((64, 96, 128), 5, dtype=dtype, fold=fold, quantize=quant)
+    B, R = np.stack([b, 2 * b]), np.stack([r, 2 * r])
+    out = fused_tail(w, B, R, backend="graph")
+    path = write_layer(tmp_path / "l.safetensors", w, B, R, out, model="m", layer=3)
+    got = read_layer(path)
+    for name in ("wo", "gate", "up", "down"):
+        np.testing.assert_array_equal(getattr(got.weights, name).dense(np.float64), getattr(w, name).dense(np.float64))
+    assert got.weights.wo.dtype == w.wo.dtype and got.weights.eps == w.eps and got.meta["layer"] == "3"
+    assert (got.weights.wo.fold is None) == (fold is None)
+    np.testing.assert_array_equal(got.output, out)
+    rep = check_dump(path)
+    assert rep.passed and (rep.cases.worst == rep.cases.ref_worst).all(), str(rep)  # the graph's own output
+    with pytest.raises(Exception, match="exists"):
+        write_layer(path, w, B, R, out)
+
+
+def test_write_layer_refuses_rows_that_disagree(tmp_path):
+    from workbench.check.dump import write_layer
+    from workbench.studies.cases import case_weights
+
+    w, b, r = case_weights((64, 96, 80), 1)
+    with pytest.raises(ValueError, match="residual"):
+        write_layer(tmp_path / "x.safetensors", w, b[None], r[None, :10], r[None])
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_a_truncated_dump_is_refused_by_name(tmp_path):
+    _write(tmp_path / "whole.safetensors")
+    data = (tmp_path / "whole.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(DumpError, match="cut.safetensors"):
+        read_layer(tmp_path / "cut.safetensors")

@@ -27,3 +27,23 @@ def test_a_copy_of_the_kernels_folder_is_judged_correct(tmp_path, order):
 def test_a_missing_folder_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="folder"):
         KernelsFolderSubject(tmp_path / "absent")
+
+
+def test_every_schedule_gives_the_same_bits(tmp_path):
+    try:
+        backends.resolve_backend("metal-emulated")
+    except backends.BackendUnavailable as e:
+        pytest.skip(f"metal-emulated: {e}")
+    folder = tmp_path / "my_kernels"
+    shutil.copytree(KERNEL_DIR, folder)
+    rep = check_kernel(KernelsFolderSubject(folder, order="every"), seeds=range(2), faults=())
+    assert not rep.problems, rep.problems[:2]
+
+
+def test_the_orders_are_the_emulators():
+    from workbench.check.subjects import EMULATOR_ORDERS
+    from workbench.kernels.metal_emulation import SCHEDULES
+
+    assert EMULATOR_ORDERS == SCHEDULES + ("every",)
+    with pytest.raises(ValueError, match="order"):
+        KernelsFolderSubject(KERNEL_DIR, order="backwards")

@@ -54,7 +54,7 @@ def test_eps_outside_the_root_is_caught_at_small_scale():
     rep = check(lambda c: user_tail(c, eps_outside=True), seeds=SEEDS)
     assert not rep.passed
     t = {t.scale: t for t in rep.tests}
-    assert t[np.float32(0.01).item()].rejected
+    assert t[0.01].rejected
     small = rep.cases[rep.cases.scale < 0.1]
     assert (small.worst > 2e-4).mean() > 0.5  # fails frink-models' rule where it shows
     big = rep.cases[rep.cases.scale > 10]

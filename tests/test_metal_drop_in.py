@@ -8,7 +8,7 @@ import pytest
 
 from workbench import backends
 from workbench.kernels import metal_emulation
-from workbench.kernels.metal_drop_in import metal_kernel
+from workbench.kernels.metal_drop_in import GridWarning, metal_kernel
 
 pytestmark = pytest.mark.skipif(backends.clang() is None, reason="the Metal emulator needs clang++")
 
@@ -84,9 +84,13 @@ def test_out_of_bounds_index_is_caught():
 
 
 @pytest.mark.parametrize("kw, names", [
-    ({"grid": (100, 1, 1)}, "grid"),
     ({"grid": (64, 2, 1)}, "grid"),
     ({"threadgroup": (64, 1, 1), "max_threads_per_threadgroup": 32}, "max_threads_per_threadgroup"),
+    ({"threadgroup": (2048, 1, 1), "grid": (2048, 1, 1)}, "max_threads_per_threadgroup"),
+    ({"threadgroup_memory": 65536}, "threadgroup_memory"),
+    ({"simd_width": 64}, "simd_width"),
+    ({"order": "warp-first"}, "order"),
+    ({"math_mode": "relaxed"}, "math_mode"),
     ({"output_dtypes": [mx.complex64]}, "output_dtypes"),
     ({"stream": mx.cpu}, "stream"),
 ])
@@ -98,9 +102,63 @@ def test_unsupported_launches_are_refused_naming_the_argument(kw, names):
         kernel(**args)
 
 
-def test_atomic_outputs_are_refused_naming_the_argument():
-    with pytest.raises(ValueError, match="atomic_outputs"):
-        metal_kernel(name="h", input_names=["x"], output_names=["out"], source="", atomic_outputs=True)
+@pytest.mark.parametrize("grid, groups_note", [((100, 1, 1), "the last of 2 groups runs 36 threads"),
+                                               ((40, 1, 1), "one partial group of 40 threads")])
+def test_a_partial_threadgroup_runs_as_metal_runs_it_with_a_warning(grid, groups_note):
+    """grid counts threads (mlx #1547, #4534): a grid not a multiple of its group, or smaller
+    than it, runs a partial last group (its threads_per_threadgroup its own size) and warns."""
+    src = ("uint i = thread_position_in_grid.x;\n"
+           "out[i] = inp[i] + 1000.0f * threads_per_threadgroup.x;")
+    kernel = metal_kernel(name="partial", input_names=["inp"], output_names=["out"], source=src)
+    n = grid[0]
+    a = mx.arange(n).astype(mx.float32)
+    with pytest.warns(GridWarning, match=groups_note):
+        (out,) = kernel(inputs=[a], grid=grid, threadgroup=(64, 1, 1), output_shapes=[(n,)],
+                        output_dtypes=[mx.float32], order="every")
+    sizes = np.minimum(64, n - (np.arange(n) // 64) * 64)
+    np.testing.assert_array_equal(np.array(out), np.arange(n) + 1000.0 * sizes)
+
+
+def test_a_grid_given_in_threadgroups_is_warned_about_and_its_missing_work_shows():
+    """The pitfall itself: grid=(groups, 1, 1) for 4 x 64 elements runs 4 threads; the
+    elements no thread wrote stay NaN (no init_value), so a check against numpy fails."""
+    src = "uint i = thread_position_in_grid.x; out[i] = inp[i] * 2.0f;"
+    kernel = metal_kernel(name="grid_in_groups", input_names=["inp"], output_names=["out"], source=src)
+    a = mx.arange(256).astype(mx.float32)
+    with pytest.warns(GridWarning, match="smaller than threadgroup"):
+        (out,) = kernel(inputs=[a], grid=(4, 1, 1), threadgroup=(64, 1, 1), output_shapes=[(256,)],
+                        output_dtypes=[mx.float32])
+    assert np.isnan(np.array(out)[4:]).all() and np.array_equal(np.array(out)[:4], [0, 2, 4, 6])
+
+
+def test_threadgroup_memory_over_the_option_is_refused_naming_it():
+    src = ("threadgroup float buf[TG];\n"
+           "uint t = thread_position_in_threadgroup.x; buf[t] = inp[t];\n"
+           "threadgroup_barrier(metal::mem_flags::mem_threadgroup);\n"
+           "out[t] = buf[(t + 1) % TG];")
+    kernel = metal_kernel(name="tg_mem", input_names=["inp"], output_names=["out"], source=src)
+    args = {"inputs": [mx.zeros((256,))], "template": [("TG", 256)], "grid": (256, 1, 1),
+            "threadgroup": (256, 1, 1), "output_shapes": [(256,)], "output_dtypes": [mx.float32]}
+    kernel(**args, threadgroup_memory=1024)  # 1 KB: exactly fits
+    with pytest.raises(metal_emulation.EmulationError, match=r"threadgroup memory over the limit.*"
+                                                             r"threadgroup_memory=1008.*'buf' \(1024 bytes\)"):
+        kernel(**args, threadgroup_memory=1008)
+
+
+def test_launch_source_never_hands_a_new_kernel_a_dead_ones_text():
+    """launch_source keys kernels by id(); a freed kernel's id is reused by the next object,
+    so the cache keeps each kernel alive: every kernel here, made and dropped in turn, gets
+    its own text."""
+    from workbench.kernels.emulated import launch_source  # noqa: PLC0415
+
+    a = mx.zeros((64,))
+    kw = {"template": [], "grid": (64, 1, 1), "threadgroup": (64, 1, 1), "output_shapes": [(64,)],
+          "output_dtypes": [mx.float32]}
+    for k in range(6):
+        kernel = mx.fast.metal_kernel(name="reused_id", input_names=["inp"], output_names=["out"],
+                                      source=f"out[thread_position_in_grid.x] = inp[0] + {k}.5f;")
+        assert f"+ {k}.5f" in launch_source(kernel, [a], kw)
+        del kernel
 
 
 def test_a_missing_barrier_between_simd_groups_is_caught_in_some_order():
@@ -113,3 +171,29 @@ def test_a_missing_barrier_between_simd_groups_is_caught_in_some_order():
                         threadgroup=(256, 1, 1), output_shapes=[(4,)], output_dtypes=[mx.float32], order=order, seed=3)
         wrong.append(not np.allclose(np.array(out), expect, rtol=0, atol=1e-4))
     assert any(wrong), "the kernel without its barrier matched numpy in every thread order"
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/maps"), reason="counts Linux's memory areas")
+def test_kernels_share_one_set_of_fiber_stacks():
+    """Every kernel's shared object carries its own runtime; the fiber stacks (a guard page
+    below each, so two memory areas a thread) are the process's, handed to each launch. Kept
+    per kernel, a few dozen kernels of 1024 threads would pass Linux's 65,530 areas."""
+    def areas() -> int:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+
+    x = mx.zeros((1024,))
+    for k in range(2):  # the first launches may grow the shared stacks to 1024 threads
+        kernel = metal_kernel(name=f"wide_warmup_{k}", input_names=["x"], output_names=["y"],
+                              source=f"uint i = thread_position_in_grid.x; y[i] = x[i] + {k}.0f;")
+        kernel(inputs=[x], grid=(1024, 1, 1), threadgroup=(1024, 1, 1), output_shapes=[(1024,)],
+               output_dtypes=[mx.float32])
+    before = areas()
+    for k in range(4):
+        kernel = metal_kernel(name=f"wide_{k}", input_names=["x"], output_names=["y"],
+                              source=f"uint i = thread_position_in_grid.x; y[i] = x[i] * {k + 2}.0f;")
+        (y,) = kernel(inputs=[x], grid=(1024, 1, 1), threadgroup=(1024, 1, 1), output_shapes=[(1024,)],
+                      output_dtypes=[mx.float32])
+        assert np.array_equal(np.array(y), np.zeros(1024, np.float32))
+    # a kernel's shared object maps a handful of areas; its own stacks would add 2048
+    assert areas() - before < 4 * 100

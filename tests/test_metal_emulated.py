@@ -1,9 +1,10 @@
 """The Metal kernels compiled by clang and executed on the CPU (backend "metal-emulated").
 
 Every case: MLX's generated Metal source for the launch, compiled against the stand-in
-``<metal_stdlib>``, run by the emulator with the threads (and groups) in ascending,
-descending and shuffled order; the three results must be the same bits (a race between
-barriers would differ) and match the float64 oracle (``exact_oracle.host_tail_exact``,
+``<metal_stdlib>``, run by the emulator in each of its schedules (``ME.SCHEDULES``: threads and groups in
+ascending, descending and shuffled order with the SIMD-groups in step, and the SIMD-groups
+running apart: one at a time in either order, or a seeded random thread at every step);
+every schedule's result must be the same bits (a race between barriers would differ) and match the float64 oracle (``exact_oracle.host_tail_exact``,
 4-bit codes unpacked in numpy) at the tolerance the H200 check uses
 (``exact_oracle.tolerance_for``: max(2e-4, 2 x the float32 oracle's own error)),
 frink-models' case at its 2e-4. The kernels are compiled first, all at once, two clang
@@ -92,8 +93,8 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 def _all_orders(run) -> np.ndarray:
     """``run(order, seed)`` in every order; asserts the same bits from each; returns one."""
-    outs = {o: run(o, 7) for o in ME.ORDERS}
-    first = outs[ME.ORDERS[0]]
+    outs = {o: run(o, 7) for o in ME.SCHEDULES}
+    first = outs[ME.SCHEDULES[0]]
     for o, out in outs.items():
         assert np.array_equal(_bits(out), _bits(first)), f"{o} order differs from ascending: a race"
     return first
@@ -324,7 +325,7 @@ def test_4bit_rows_read_tiled_match_the_float64_oracle(every_format_tiled, case)
     w = T.TailWeights.random(hidden, branch, ffn, seed=hidden + branch, fold_block=block, fold_permute=permute,
                              dtype=dtype, quantize=quant)
     br, res = T.random_inputs(w, seed=5)
-    orders = ME.ORDERS if hidden < 8192 else ME.ORDERS[:1]
+    orders = ME.SCHEDULES if hidden < 8192 else ME.SCHEDULES[:1]
     outs = [KE.emulated_tail(T.tail_launch(w), br, res, order=o, seed=7, kernel_dir=every_format_tiled)
             for o in orders]
     assert len({o.tobytes() for o in outs}) == 1

@@ -6,8 +6,9 @@ must be there exactly as often as stated, so a mutant cannot silently stop mutat
 the kernels change) and names how it must be caught: ``compile`` (clang against the
 stand-in header refuses it, as Metal's compiler would), ``emulator`` (the emulator stops
 the launch: divergent barrier, guard-page fault, threadgroup memory over 32 KB), or
-``result`` (the three thread orders give different bits, or the result misses the
-float64 oracle). An unmutated copy passes, so a catch is the mutant's doing.
+``result`` (the emulator's schedules -- three thread orders with the SIMD-groups in step,
+three with them running apart -- give different bits, or the result misses the float64
+oracle). An unmutated copy passes, so a catch is the mutant's doing.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ MUTANTS = [
            (("  GROUP_SHARED float4 xs4[F::XL4 + (STAGE ? RED4 : 0) + (SUMS ? F::SUM4 : 0)];\n"
              "  GRP float* red = (GRP float*)(STAGE ? xs4 + F::XL4 : xs4);",
              "  GROUP_SHARED float4 xs4[F::XL4 + (SUMS ? F::SUM4 : 0)];\n  GROUP_SHARED float red[NT / 32];"),),
-           "emulator", "over Apple GPUs' limit.*32800", wide=True),
+           "emulator", "threadgroup memory over the limit.*32800", wide=True),
     Mutant("dropped-barrier-after-tile-x", "common.h",
            (("      xs4[8 * line + (j ^ (line & 7))] = v[j];\n    }\n  }\n  GROUP_BARRIER();\n}",
              "      xs4[8 * line + (j ^ (line & 7))] = v[j];\n    }\n  }\n}"),), "result", quantized=True),
@@ -141,7 +142,7 @@ def folders(tmp_path_factory):
 
 
 def _orders(w, br, res, d) -> dict[str, np.ndarray]:
-    return {o: KE.emulated_tail(T.tail_launch(w), br, res, order=o, seed=11, kernel_dir=d) for o in ME.ORDERS}
+    return {o: KE.emulated_tail(T.tail_launch(w), br, res, order=o, seed=11, kernel_dir=d) for o in ME.SCHEDULES}
 
 
 def test_the_unmutated_copy_passes(folders):
@@ -166,7 +167,7 @@ def test_the_mutant_is_caught(folders, mutant: Mutant):
             KE.emulated_tail(T.tail_launch(w), br, res, kernel_dir=d)
     elif mutant.caught == "emulator":
         with pytest.raises(ME.EmulationError, match=mutant.match):
-            for o in ME.ORDERS:
+            for o in ME.SCHEDULES:
                 KE.emulated_tail(T.tail_launch(w), br, res, order=o, seed=11, kernel_dir=d)
     else:
         outs = _orders(w, br, res, d)

@@ -317,7 +317,7 @@ def test_the_barrier_limit_reaches_the_kernel_and_the_timeout_message(monkeypatc
 
 
 def test_the_wait_breakdown_reads_both_committed_records():
-    """notebook 07's breakdown of the one launch's wait: the kernel run once (ncu) beside
+    """notebook 08's breakdown of the one launch's wait: the kernel run once (ncu) beside
     its evaluation, from the committed records; the arithmetic checked row by row."""
     # the one launch timed beside PyTorch's graph replay, and its ncu profile of minutes later:
     # the pair that showed MLX adds more around the kernel than the graph replay does
@@ -336,7 +336,7 @@ def test_the_wait_breakdown_reads_both_committed_records():
 
 
 def test_the_sweep_table_reads_the_committed_record():
-    """notebook 07's sweep table: device ms a tail, variant by swept format, NaN where a
+    """notebook 08's sweep table: device ms a tail, variant by swept format, NaN where a
     variant failed, and the variant each format was timed with."""
     import math
 

@@ -12,13 +12,13 @@ import pytest
 from workbench.reports import gpu_check, kernel_bench, records
 from workbench.reports.sanitize import FORMATS
 
-#: The gpu_check run of the kernel text notebook 07 is about (every format, Bonsai's shape
+#: The gpu_check run of the kernel text notebook 08 is about (every format, Bonsai's shape
 #: included, the one launch and the three launches both checked).
 CHECKS = "gpu_check-nvidia-h200-20261201T181553Z.json"
 #: A run from before the one launch was the CUDA path: no three-launch column, and its
 #: Bonsai-27B cases named "random" (the table names them by their shape).
 EARLIER_CHECKS = "gpu_check-nvidia-h200-20261201T053720Z.json"
-#: The benchmark notebook 07 shows against the floor.
+#: The benchmark notebook 08 shows against the floor.
 BENCH = "kernel_bench-nvidia-h200-20261201T060559Z.json"
 
 

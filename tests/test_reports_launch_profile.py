@@ -9,7 +9,7 @@ from workbench.reports import launch_profile as lb
 from workbench.reports import records
 
 #: The first --stalls profile of every launch: the record that showed the 4-bit formats'
-#: launches bound by the ALU pipe, not by memory (notebook 07 shows its table).
+#: launches bound by the ALU pipe, not by memory (notebook 08 shows its table).
 STALLS_RECORD = "launch_profile-nvidia-h200-20261201T131614Z.json"
 
 
@@ -62,7 +62,7 @@ def test_what_is_not_a_launch_profile_record_is_refused(bad, says):
 
 
 def test_the_committed_record():
-    """On the H200 (notebook 07 shows this table): every bf16 launch waits on memory, every
+    """On the H200 (notebook 08 shows this table): every bf16 launch waits on memory, every
     one of the 4-bit formats' three launches is bound by the ALU pipe."""
     t = lb.bound_table(records.load("launch_profile", STALLS_RECORD))
     three = t[t["launch"] != "one launch"]

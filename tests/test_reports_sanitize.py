@@ -22,7 +22,7 @@ def _rec(runs: list[dict] | None = None, tools: dict | None = None) -> dict:
 
 def test_the_committed_records():
     """Every tool clean for every part and format at both shapes, over all records and over
-    the runs of one kernel text (``c60431e0a55f``, whose Bonsai runs finished it; notebook 07
+    the runs of one kernel text (``c60431e0a55f``, whose Bonsai runs finished it; notebook 08
     prints these tables). The bench's names and orders are the table's."""
     from bench import sanitize
 
@@ -125,7 +125,7 @@ def test_runs_table_has_a_row_a_run_and_refuses_other_records():
 
 
 def test_runs_table_of_the_bonsai_runs_one_at_a_time():
-    """The eight runs that finished Bonsai's shape (notebook 07 prints this table)."""
+    """The eight runs that finished Bonsai's shape (notebook 08 prints this table)."""
     # one tool and part at a time (--jobs 1): the only runs at Bonsai's shape that finished
     # within the sanitizer's time limit, so the only proof that shape is clean
     names = ["195411Z", "195511Z", "195611Z", "195746Z", "195827Z", "195954Z", "200044Z", "200122Z"]

@@ -49,6 +49,24 @@ def test_batched_rows_are_host_tail_and_fused_tail(dtype, fold, quant, outliers)
         assert df.nmse[i] == pytest.approx(comparison.nmse(fused, truth)[()], rel=0.6, abs=1e-14)
 
 
+@pytest.mark.parametrize("dtype,fold,quant,outliers", [CONFIGS[i] for i in (0, 1, 2, 4, 8)])
+def test_batched_rows_are_the_per_case_tails_bit_for_bit(dtype, fold, quant, outliers) -> None:
+    """The batched graph's rows ARE fused_tail's outputs, and the batched truth's rows ARE
+    host_tail's, bit for bit: the batched layout (rows times the weights' transpose) and the
+    bulk draws change no bit of any case."""
+    shape = QSHAPE if quant is not None else SEED_SHAPE
+    seeds = [3, 300, 1000]
+    c = sweep_cases.case_arrays(shape, seeds, wo_outliers=outliers)
+    _, spec = sweep_cases.quant_spec(quant)
+    st_ = sweeps._store(c, dtype, fold, spec)
+    graph = sweeps._graph(st_, c, fold, frink_case.SEED_EPS, None)
+    truth = sweeps._truth(st_, c, fold, frink_case.SEED_EPS)
+    for i, s in enumerate(seeds):
+        w, b, r = sweep_cases.case_weights(shape, s, dtype=dtype, fold=fold, quantize=quant, wo_outliers=outliers)
+        np.testing.assert_array_equal(graph[i], tail.fused_tail(w, b, r, backend="graph"))
+        np.testing.assert_array_equal(truth[i], tail.host_tail(w, b, r))
+
+
 def test_batched_truth_is_host_tail_bit_for_bit_on_weights() -> None:
     """The stored weights the sweep builds are exactly those TailWeights.from_arrays stores."""
     for dtype, fold, quant, shape in [("bfloat16", 16, None, SEED_SHAPE), ("float32", 16, "affine4", QSHAPE)]:

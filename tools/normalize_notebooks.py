@@ -38,6 +38,11 @@ from pathlib import Path
 
 import nbformat
 
+if __package__:  # imported as tools.normalize_notebooks (the tests)
+    from tools.notebook_file import notebook_text
+else:  # run as python tools/normalize_notebooks.py: tools/ is on sys.path
+    from notebook_file import notebook_text
+
 ROOT = Path(__file__).resolve().parents[1]
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
@@ -84,14 +89,14 @@ def _write_atomically(path: Path, text: str) -> None:
 
 def not_normal(paths: list[Path]) -> list[Path]:
     """The notebooks among ``paths`` whose file is not in the normal form."""
-    return [p for p in paths if p.read_text(encoding="utf-8") != normal_text(p.read_text(encoding="utf-8"))]
+    return [p for p in paths if (text := notebook_text(p)) != normal_text(text)]
 
 
 def normalize(paths: list[Path]) -> list[Path]:
     """Rewrite each notebook of ``paths`` that is not in the normal form; return those rewritten."""
     changed = []
     for p in paths:
-        text = p.read_text(encoding="utf-8")
+        text = notebook_text(p)
         new = normal_text(text)
         if new != text:
             _write_atomically(p, new)
@@ -114,13 +119,19 @@ def main(argv: list[str] | None = None) -> int:
     missing = [p for p in paths if not p.is_file()]
     if missing:
         parser.error("notebooks: no such file: " + ", ".join(map(str, missing)))
-    if args.check:
-        bad = not_normal(paths)
-        for p in bad:
-            print(f"{os.path.relpath(p)}: not in JupyterLab's normal form (run: python tools/normalize_notebooks.py {os.path.relpath(p)})")
-        return 1 if bad else 0
-    for p in normalize(paths):
-        print(f"normalized {os.path.relpath(p)}")
+    try:  # every file is read and checked before any is rewritten: a bad one changes nothing
+        for p in paths:
+            notebook_text(p)
+        if args.check:
+            bad = not_normal(paths)
+            for p in bad:
+                print(f"{os.path.relpath(p)}: not in JupyterLab's normal form "
+                      f"(run: python tools/normalize_notebooks.py {os.path.relpath(p)})")
+            return 1 if bad else 0
+        for p in normalize(paths):
+            print(f"normalized {os.path.relpath(p)}")
+    except (ValueError, OSError) as err:  # a malformed notebook, a file that cannot be read or written
+        parser.error(" ".join(str(err).split()))
     return 0
 
 

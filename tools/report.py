@@ -17,7 +17,10 @@ import shutil
 import sys
 from pathlib import Path
 
-import nbformat
+if __package__:  # imported as tools.report (the tests)
+    from tools.notebook_file import read_notebook
+else:  # run as python tools/report.py: tools/ is on sys.path
+    from notebook_file import read_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The MathJax configurations the report loads, in order: the combined TeX-in, HTML-CSS-out
@@ -53,7 +56,7 @@ def write_report(notebooks: list[Path], out: Path, *, execute: bool, timeout_s: 
     else render its stored outputs. Returns the pages written.
     """
     from nbconvert import HTMLExporter
-    from nbconvert.preprocessors import ExecutePreprocessor
+    from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
 
     out.mkdir(parents=True, exist_ok=True)
     target = out / "mathjax"
@@ -64,10 +67,13 @@ def write_report(notebooks: list[Path], out: Path, *, execute: bool, timeout_s: 
     exporter = HTMLExporter(template_name="lab", mathjax_url=f"mathjax/MathJax.js?config={MATHJAX_CONFIG}")
     pages = []
     for nb_path in notebooks:
-        nb = nbformat.read(nb_path, as_version=4)
+        nb = read_notebook(nb_path)
         if execute:
-            ExecutePreprocessor(timeout=timeout_s, kernel_name="python3").preprocess(
-                nb, {"metadata": {"path": str(nb_path.resolve().parent)}})
+            try:
+                ExecutePreprocessor(timeout=timeout_s, kernel_name="python3").preprocess(
+                    nb, {"metadata": {"path": str(nb_path.resolve().parent)}})
+            except CellExecutionError as err:  # the cell's own traceback is in the notebook, not here
+                raise ValueError(f"{nb_path}: a cell raised {err.ename}: {err.evalue}") from None
         body, _ = exporter.from_notebook_node(nb)
         page = out / (nb_path.stem + ".html")
         tmp = page.with_suffix(".html.tmp")
@@ -91,7 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     missing = [p for p in args.notebooks if not p.is_file()]
     if missing:
         parser.error("notebooks: no such file: " + ", ".join(map(str, missing)))
-    write_report(args.notebooks, args.out, execute=args.execute)
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out}: is a file; name a folder")
+    try:  # every notebook checked before any page is written
+        for p in args.notebooks:
+            read_notebook(p)
+        write_report(args.notebooks, args.out, execute=args.execute)
+    except (ValueError, OSError, RuntimeError) as err:  # a malformed notebook, a folder not writable, no MathJax
+        parser.error(" ".join(str(err).split()))
     return 0
 
 

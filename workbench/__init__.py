@@ -10,33 +10,78 @@ The names a user reaches for first are importable from here::
     from workbench import HadamardFold, TailWeights, compare, fused_tail, host_tail, load_model
 
 Each lives in a module named after its concept (``workbench.fold.rotation``, ``workbench.tail``,
-...); docs/LAYOUT.md is the map. Importing this package loads numpy and MLX,
-never pandas or matplotlib (tables and figures import those when they are made).
+...); docs/LAYOUT.md is the map. Importing this package imports none of them: a name's
+module is imported when the name is first used, so ``import workbench`` costs little beside
+MLX and numpy, and never loads pandas or matplotlib (tables and figures import those when
+they are made).
 """
 
-from workbench.backends import BackendUnavailable, available_backends
-from workbench.check.run import CheckReport, check_kernel
-from workbench.studies.calibration import (
-    REFERENCE_TOLERANCES,
-    Tolerance,
-    calibrate_by,
-    calibrate_tolerance,
-    catch_rates,
-)
-from workbench.tail.comparison import Comparison, compare
-from workbench.fold.rotation import FoldSite, HadamardFold
-from workbench.tail.frink_case import SEED_TOL, seed_case
-from workbench.models.config import ModelConfig
-from workbench.models.loader import list_models, load_model
-from workbench.models.refusals import Refusal, eligible, explain, refusal_table
-from workbench.studies.sweeps import mutation_sweep, sweep
-from workbench.tail.weights import TailRefused, TailWeights, random_inputs
-from workbench.tail.paths import fused_tail, host_tail, unfused_tail
-from workbench.studies.three_way import three_way_table
-from workbench.waits.measurement import count_waits
-from workbench.waits.plan import load_plan, wait_table, waits_per_token
-from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
-from workbench.kernels.metal_drop_in import metal_kernel
+import importlib
+import importlib.util
+from typing import Any
+
+#: Where each public name lives. A name's home module is imported when the name is first
+#: read (``from workbench import host_tail`` or ``workbench.host_tail``), not when the package
+#: is: the parts together take longer to import than MLX and numpy, and most programs use a few.
+_HOMES: dict[str, str] = {
+    "BackendUnavailable": "workbench.backends",
+    "available_backends": "workbench.backends",
+    "CheckReport": "workbench.check.run",
+    "check_kernel": "workbench.check.run",
+    "REFERENCE_TOLERANCES": "workbench.studies.calibration",
+    "Tolerance": "workbench.studies.calibration",
+    "calibrate_by": "workbench.studies.calibration",
+    "calibrate_tolerance": "workbench.studies.calibration",
+    "catch_rates": "workbench.studies.calibration",
+    "Comparison": "workbench.tail.comparison",
+    "compare": "workbench.tail.comparison",
+    "FoldSite": "workbench.fold.rotation",
+    "HadamardFold": "workbench.fold.rotation",
+    "SEED_TOL": "workbench.tail.frink_case",
+    "seed_case": "workbench.tail.frink_case",
+    "ModelConfig": "workbench.models.config",
+    "list_models": "workbench.models.loader",
+    "load_model": "workbench.models.loader",
+    "Refusal": "workbench.models.refusals",
+    "eligible": "workbench.models.refusals",
+    "explain": "workbench.models.refusals",
+    "refusal_table": "workbench.models.refusals",
+    "mutation_sweep": "workbench.studies.sweeps",
+    "sweep": "workbench.studies.sweeps",
+    "TailRefused": "workbench.tail.weights",
+    "TailWeights": "workbench.tail.weights",
+    "random_inputs": "workbench.tail.weights",
+    "fused_tail": "workbench.tail.paths",
+    "host_tail": "workbench.tail.paths",
+    "unfused_tail": "workbench.tail.paths",
+    "three_way_table": "workbench.studies.three_way",
+    "count_waits": "workbench.waits.measurement",
+    "load_plan": "workbench.waits.plan",
+    "wait_table": "workbench.waits.plan",
+    "waits_per_token": "workbench.waits.plan",
+    "QUANT_FORMATS": "workbench.fold.weights",
+    "WeightMatrix": "workbench.fold.weights",
+    "metal_kernel": "workbench.kernels.metal_drop_in",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its home module on first use (and kept as an attribute);
+    a part of the package (``workbench.tail``), imported when first read as an attribute."""
+    home = _HOMES.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))
+
 
 __version__ = "0.1.0"
 

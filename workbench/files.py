@@ -168,6 +168,8 @@ def update_json(path: str | Path, change: Callable[[Any], Any], *, timeout: floa
             raise ValueError(f"path: {p} does not exist") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"path: {p} is not valid JSON ({err})") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(f"path: {p} is not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x})") from None
         new = change(old)
         write_json(p, new)
     return new

@@ -32,7 +32,11 @@ def describe(value: Any, limit: int = 60) -> str:
         dtype = getattr(value, "dtype", None)
         try:
             if shape is not None and dtype is not None:
-                return f"a {type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
+                # A DataFrame's "dtype" may be a column of that name (a Series, many lines): a
+                # dtype is said only when it is one short line.
+                kind = str(dtype)
+                tail = f" and dtype {kind}" if "\n" not in kind and len(kind) <= 40 else ""
+                return f"a {type(value).__name__} of shape {tuple(shape)}{tail}"
             text = f"{type(value).__name__} {value!r}"
         except Exception:  # a repr that fails must not turn a clear error into an unclear one
             text = f"a {type(value).__name__}"

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
+from bench.common import record
 from workbench.decode.layers import attend_mx, attend_np, recurrent_layer
 from workbench.decode.savings import MEASURED_SPLITS
 from workbench.decode.schedule import Schedule
@@ -29,8 +30,13 @@ def copy_bandwidth(nbytes: int = 1 << 30, *, k: int = 8, n: int = 5) -> float:
     """The device's streaming bandwidth (bytes/s): ``k`` chained ``y + 1`` over ``nbytes``
     of float32 in ONE evaluation against one, each op a read and a write of ``nbytes``;
     the marginal time, so the wait and the allocation drop out (one ``x + 1`` with its
-    wait read 2.8 TB/s on the H200 where the kernels stream at 4 TB/s)."""
-    x = mx.zeros((integer("nbytes", nbytes, minimum=1024) // 4,), dtype=mx.float32)
+    wait read 2.8 TB/s on the H200 where the kernels stream at 4 TB/s). On the CPU it is
+    ``record.copy_bandwidth``'s numpy copy, ``n`` times: MLX's CPU ``x + 1`` moves a tenth of
+    the machine's rate, and a floor divided by it would flatter every CPU path tenfold."""
+    nbytes = integer("nbytes", nbytes, minimum=1024)
+    if record.device_kind() == "cpu":
+        return record.copy_bandwidth(nbytes, repeats=integer("n", n, minimum=1))
+    x = mx.zeros((nbytes // 4,), dtype=mx.float32)
     mx.eval(x)
     ms = piece_device_ms(lambda y: (y + 1.0,), x, k=k, n=n)
     del x

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 import mlx.core as mx
 import numpy as np
 
+from bench.common import cli
 from workbench import backends
 from workbench.kernels import source as kernel_source
 from workbench import files
@@ -106,7 +107,7 @@ def parser(bench: str, doc: str | None, *, writes: str | None = None, record_opt
 
 def add_record_options(p: argparse.ArgumentParser) -> None:
     """``--out-dir``, ``--no-record`` and ``--force``, the same in every command."""
-    p.add_argument("--out-dir", type=Path, default=RECORD_DIR,
+    p.add_argument("--out-dir", type=cli.out_dir, default=RECORD_DIR,
                    help="the folder the JSON record goes to (default: the project's data/bench/, wherever the "
                         "command is started)")
     p.add_argument("--no-record", action="store_true", help="print only; write no JSON record")
@@ -173,7 +174,14 @@ def write(record: dict[str, Any], out_dir: str | Path, stem: str, *, force: bool
     record is worth more with one field stringified than lost.
     """
     text = json.dumps(checked(record), indent=2, default=str) + "\n"
-    path = _write_new(text, Path(out_dir), stem, force)
+    try:
+        path = _write_new(text, Path(out_dir), stem, force)
+    except OSError as err:
+        # A full disk or a folder gone since the arguments were checked: the measurement
+        # is printed whole, so the run is not lost with the file, and the error says so.
+        sys.stdout.write(text)
+        raise OSError(err.errno, f"the record could not be written ({err.strerror}); its JSON is printed above",
+                      str(Path(out_dir) / f"{stem}.json")) from err
     if os.environ.get("OUT") and Path(os.environ["OUT"]).resolve() != path.parent.resolve():
         # The same rule in $OUT: runs started together in one device call (one a tool, each
         # with its own out_dir) end in the same second, and their copies there once replaced
@@ -257,18 +265,56 @@ def summarize(ts: list[float]) -> dict[str, float]:
             "n": len(s)}
 
 
+#: How :func:`copy_bandwidth` measures, by the device kind MLX runs on (a record states it
+#: beside the figure, :func:`copy_floor`).
+COPY_METHODS = {
+    "cpu": "numpy copyto between two buffers of nbytes (read + write), median of the repeats",
+    "gpu": "MLX x + 1 over nbytes of float32, one evaluation a repeat (read + write), median of the repeats",
+}
+
+
+def copy_method() -> str:
+    """How :func:`copy_bandwidth` measures on this machine: one of :data:`COPY_METHODS`' texts."""
+    return COPY_METHODS["cpu" if device_kind() == "cpu" else "gpu"]
+
+
 def copy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
-    """This device's streaming bandwidth in bytes/s: ``x + 1`` over ``nbytes`` of float32,
-    counted as one read and one write, median of ``repeats`` (after one warm-up)."""
-    x = mx.zeros((nbytes // 4,), dtype=mx.float32)
-    mx.eval(x)
+    """This device's streaming bandwidth in bytes/s, counted as one read and one write of
+    ``nbytes``, median of ``repeats`` (after one warm-up); :func:`copy_method` says how.
+
+    On the CPU the copy is numpy's ``copyto`` (a ``memcpy``): MLX's CPU ``x + 1`` moves a
+    seventh of the machine's rate (1.4 against 10 GB/s, journal 2026-12-02 "the Bonsai-27B
+    float64 path, lean"), and a floor divided by it would flatter every CPU path sevenfold.
+    On a GPU the copy is MLX's ``x + 1`` on the device, as the kernels' floors have used.
+    """
+    nbytes = int(nbytes)
+    if nbytes < 1 or repeats < 1:
+        raise ValueError(f"copy_bandwidth: nbytes and repeats must be >= 1, got {nbytes} and {repeats}")
     times = []
+    if device_kind() == "cpu":
+        src = np.ones(max(1, nbytes // 8), dtype=np.float64)  # written once, so its pages are real
+        dst = np.empty_like(src)
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            if i:
+                times.append(time.perf_counter() - t0)
+        return 2 * src.nbytes / statistics.median(times)
+    x = mx.zeros((max(1, nbytes // 4),), dtype=mx.float32)
+    mx.eval(x)
     for i in range(repeats + 1):
         t0 = time.perf_counter()
         mx.eval(x + 1)
         if i:
             times.append(time.perf_counter() - t0)
-    return 2 * nbytes / statistics.median(times)
+    return 2 * x.nbytes / statistics.median(times)
+
+
+def copy_floor(nbytes: int = 1 << 28, repeats: int = 5) -> dict[str, Any]:
+    """:func:`copy_bandwidth` with what a record states beside it: the method, the bytes and
+    the repeats (``{"bytes_per_s", "method", "nbytes", "repeats"}``)."""
+    return {"bytes_per_s": copy_bandwidth(nbytes, repeats), "method": copy_method(), "nbytes": int(nbytes),
+            "repeats": int(repeats)}
 
 
 def project_relative(path: str | Path) -> str:

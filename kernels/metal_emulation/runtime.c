@@ -8,13 +8,27 @@
 // - SIMD-groups of 32 lanes (lane = thread % 32): simd_sum and the shuffles release a
 //   SIMD-group when all its lanes reached the same call, and combine in one fixed order;
 // - threadgroup memory: fresh for every group, every byte 0xFF (a NaN in any float),
-//   at most 32,768 bytes a group (Apple GPUs' limit), each array ending at a guard page;
+//   at most the launch's limit a group (32,768 bytes on Apple GPUs), each array ending at
+//   a guard page;
 // - device buffers are allocated by the caller with metal_emulation_buffer (ending at a
 //   guard page, outputs NaN-filled);
-// - the order threads run between synchronisations, and the order of the groups:
-//   ascending, descending or shuffled; a result that depends on it is a race.
+// - the schedule: which thread runs next between synchronisations, and the order of the
+//   groups. Three schedules keep the SIMD-groups of a group in step (every runnable thread
+//   runs to its next synchronisation, in ascending, descending or shuffled thread order,
+//   then every SIMD-group whose lanes all arrived is released); three let them run apart,
+//   as on an Apple GPU, where SIMD-groups are independent between threadgroup barriers:
+//   one SIMD-group runs as far as it can (to a threadgroup barrier, or to its end) before
+//   the next starts, in ascending or descending SIMD-group order, or a seeded random
+//   thread runs to its next synchronisation at every step. A result that depends on the
+//   schedule is a race (a missing barrier);
+// - a grid that is not a multiple of its threadgroup: the last group is partial, as
+//   Metal's non-uniform dispatch runs it (threads_per_threadgroup is its own size).
+// - math (metal_emulation_math): exp, exp2 and rsqrt in the launch's math mode: the host's
+//   result, or Metal's precise or fast contract (MSL spec 8.4) with the correctly rounded
+//   result moved to the edge of the function's bound, or to a seeded random point in it.
 // A fault (a guard page, a fiber's stack overflow) is caught and reported, not a crash.
 #define _GNU_SOURCE
+#include <math.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -26,16 +40,19 @@
 #include <unistd.h>
 
 #define SIMD_WIDTH 32
-#define THREADGROUP_LIMIT 32768
 #define MAX_ARRAYS 16
 #define STACK_BYTES (256 * 1024)
 #define MAX_THREADS 1024
 
 enum { RUNNABLE = 0, AT_BARRIER = 1, AT_SIMD = 2, DONE = 3 };
+// Schedules (metal_emulation.SCHEDULES, in this order).
+enum { LOCKSTEP_ASCENDING = 0, LOCKSTEP_DESCENDING = 1, LOCKSTEP_SHUFFLED = 2, APART_ASCENDING = 3,
+       APART_DESCENDING = 4, APART_RANDOM = 5 };
 
 typedef struct {
   unsigned tpitg[3], tgpig[3], tpg[3];  // thread_position_in_threadgroup, threadgroup_position_in_grid, threadgroups_per_grid
   unsigned simd_lane, simd_group, threads_per_tg[3];
+  unsigned tpig[3];  // thread_position_in_grid: group x the DISPATCHED group size + position in the group
 } metal_emulation_ids;
 
 typedef void (*entry_fn)(void* const* buffers, const metal_emulation_ids* ids);
@@ -60,14 +77,15 @@ typedef struct {
 static struct {
   fiber* fibers;
   char* stacks;
-  int nthreads, current;
+  int nthreads, max_threads, current;  // threads of the running group; of a full group
   jmp_buf scheduler;
   ucontext_t blank;  // one getcontext, copied for every fiber's start
   entry_fn entry;
   void* const* buffers;
   tg_array arrays[MAX_ARRAYS];
   int narrays;
-  size_t tg_bytes;
+  size_t tg_bytes, tg_limit;
+  unsigned long long rng;  // the random schedule's state
   char* error;
   size_t error_cap;
   sigjmp_buf fault_jump;
@@ -85,6 +103,120 @@ static int fail(const char* fmt, ...) {
   vsnprintf(E.error, E.error_cap, fmt, ap);
   va_end(ap);
   return 1;
+}
+
+// ---- math modes -------------------------------------------------------------------------------
+
+enum { MATH_HOST = 0, MATH_PRECISE = 1, MATH_FAST = 2 };
+enum { ERROR_EDGE_HIGH = 0, ERROR_EDGE_LOW = 1, ERROR_RANDOM = 2 };
+enum { FN_EXP = 0, FN_EXP2 = 1, FN_RSQRT = 2 };
+static struct {
+  int mode, error;
+  unsigned long long seed;
+} M;
+
+// The math mode of the launches that follow (metal_emulation.MATH_MODES, .MATH_ERRORS).
+void metal_emulation_set_math(int mode, int error, unsigned long seed) {
+  M.mode = mode;
+  M.error = error;
+  M.seed = seed;
+}
+
+// Metal's bound, in ulps, for fn at x (MSL spec 8.4): fast exp and exp2 3 + floor(|2x|),
+// fast rsqrt 2; precise exp and exp2 4, precise rsqrt correctly rounded (0).
+static double ulp_bound(int fn, int mode, float x) {
+  if (fn == FN_RSQRT) return mode == MATH_FAST ? 2.0 : 0.0;
+  return mode == MATH_FAST ? 3.0 + floor(fabs(2.0 * (double)x)) : 4.0;
+}
+
+static unsigned long long mix64(unsigned long long z) {  // splitmix64's finaliser
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static int subnormal(float v) { return v != 0.0f && fabsf(v) < 1.17549435e-38f; }
+
+// fn's result at x in `mode` (-1: the launch's). The error is a function of x alone (never
+// of which thread asks, or when), so it cannot make schedules disagree.
+float metal_emulation_math(int fn, int mode, float x, float host) {
+  if (mode < 0) mode = M.mode;
+  if (mode == MATH_HOST) return host;
+  if (mode == MATH_FAST && subnormal(x)) x = copysignf(0.0f, x);
+  const double d = fn == FN_EXP ? exp((double)x) : fn == FN_EXP2 ? exp2((double)x) : 1.0 / sqrt((double)x);
+  float r = (float)d;  // correctly rounded (a double's 53 bits leave no double-rounding case that matters here)
+  const double bound = ulp_bound(fn, mode, x);
+  if (bound > 0.0 && isfinite(r) && r > 0.0f && isfinite(d)) {
+    long long k = (long long)bound;
+    if (M.error == ERROR_EDGE_LOW) {
+      k = -k;
+    } else if (M.error == ERROR_RANDOM) {
+      uint32_t xb;
+      memcpy(&xb, &x, sizeof xb);
+      unsigned long long h = mix64(M.seed * 0x9e3779b97f4a7c15ull ^ ((unsigned long long)fn << 32) ^ xb);
+      k = (long long)(h % (unsigned long long)(2 * k + 1)) - k;
+    }
+    // Step k floats from r (results are positive: the bits order like the values), then
+    // back one if that lands beyond the bound from the true value d (r itself is within
+    // half an ulp of d, so r + k ulps can be k + 1/2 away).
+    const double ulp = ldexp(1.0, ilogb(d) - 23);
+    int32_t rb;
+    memcpy(&rb, &r, sizeof rb);
+    for (long long step = k; step != 0; step += step > 0 ? -1 : 1) {
+      int32_t cb = rb + (int32_t)step;
+      if (cb <= 0 || cb >= 0x7F800000) continue;
+      float c;
+      memcpy(&c, &cb, sizeof c);
+      if (fabs((double)c - d) <= bound * ulp) {
+        r = c;
+        break;
+      }
+    }
+  }
+  if (mode == MATH_FAST && subnormal(r)) r = copysignf(0.0f, r);
+  return r;
+}
+
+// ---- half precision ---------------------------------------------------------------------------
+
+// float <-> IEEE binary16 bits, for clang's __fp16 (the stand-in header's half) on targets
+// without half conversions in hardware: rounded to nearest even, overflow to infinity,
+// gradual underflow to the subnormals; NaN stays NaN (quiet).
+unsigned short __gnu_f2h_ieee(float f) {
+  uint32_t b;
+  memcpy(&b, &f, sizeof b);
+  const uint32_t sign = (b >> 16) & 0x8000u, e = (b >> 23) & 0xFFu;
+  uint32_t m = b & 0x7FFFFFu;
+  if (e == 0xFFu) return (unsigned short)(sign | 0x7C00u | (m ? 0x200u : 0u));
+  const int E = (int)e - 112;  // the exponent rebiased 127 -> 15
+  if (E >= 31) return (unsigned short)(sign | 0x7C00u);
+  if (E <= 0) {  // a half subnormal (or zero): h x 2^-24
+    if (E < -10) return (unsigned short)sign;
+    m |= 0x800000u;
+    const int shift = 14 - E;
+    uint32_t h = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (h & 1u))) ++h;
+    return (unsigned short)(sign | h);
+  }
+  uint32_t h = ((uint32_t)E << 10) | (m >> 13);
+  const uint32_t rem = m & 0x1FFFu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent rounds up correctly
+  return (unsigned short)(sign | h);
+}
+
+float __gnu_h2f_ieee(unsigned short h) {
+  const uint32_t e = (h >> 10) & 31u, m = h & 1023u;
+  float mag;
+  if (e == 0) {
+    mag = (float)m * 0x1p-24f;  // zero and the subnormals, exactly
+  } else if (e == 31) {
+    mag = m ? __builtin_nanf("") : __builtin_inff();
+  } else {
+    const uint32_t b = ((e + 112u) << 23) | (m << 13);
+    memcpy(&mag, &b, sizeof mag);
+  }
+  return (h & 0x8000u) ? -mag : mag;
 }
 
 // ---- device buffers ---------------------------------------------------------------------
@@ -114,8 +246,17 @@ void metal_emulation_buffer_free(void* data, size_t bytes) {
 
 // ---- threadgroup memory --------------------------------------------------------------------
 
+// The mappings behind the arrays, kept from group to group and launch to launch: slot k
+// is remapped only when the k-th array needs another number of pages (its guard page sits
+// right after them). A reused slot is refilled with 0xFF bytes exactly as a fresh one is,
+// so reuse changes no result; it saves an mmap, an mprotect and an munmap an array a group.
+static struct {
+  char* base;
+  size_t data_pages;
+} tg_pool[MAX_ARRAYS];
+
+// The group's arrays are released (their mappings stay in the pool).
 static void free_arrays(void) {
-  for (int i = 0; i < E.narrays; ++i) munmap(E.arrays[i].base, E.arrays[i].mapped);
   E.narrays = 0;
   E.tg_bytes = 0;
 }
@@ -136,9 +277,10 @@ void* metal_emulation_threadgroup_alloc(unsigned long bytes, unsigned long align
     return E.arrays[k].data;
   }
   size_t rounded = (bytes + 15) & ~(size_t)15;  // Metal rounds each allocation to 16 bytes
-  if (E.tg_bytes + rounded > THREADGROUP_LIMIT || k >= MAX_ARRAYS) {
-    fail("threadgroup memory over Apple GPUs' limit: '%s' (%lu bytes) brings the group to %zu bytes, more than %d",
-         name, bytes, E.tg_bytes + rounded, THREADGROUP_LIMIT);
+  if (E.tg_bytes + rounded > E.tg_limit || k >= MAX_ARRAYS) {
+    fail("threadgroup memory over the limit (threadgroup_memory=%zu bytes; Apple GPUs' limit 32768): '%s' "
+         "(%lu bytes) brings the group to %zu bytes, more than %zu", E.tg_limit, name, bytes, E.tg_bytes + rounded,
+         E.tg_limit);
     siglongjmp(E.fault_jump, 2);
   }
   size_t ps = page_size();
@@ -146,8 +288,18 @@ void* metal_emulation_threadgroup_alloc(unsigned long bytes, unsigned long align
   if (data_pages == 0) data_pages = 1;
   tg_array* a = &E.arrays[k];
   a->mapped = (data_pages + 1) * ps;
-  a->base = mmap(NULL, a->mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  mprotect(a->base + data_pages * ps, ps, PROT_NONE);
+  if (tg_pool[k].base == NULL || tg_pool[k].data_pages != data_pages) {
+    if (tg_pool[k].base) munmap(tg_pool[k].base, (tg_pool[k].data_pages + 1) * ps);
+    tg_pool[k].base = mmap(NULL, a->mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (tg_pool[k].base == MAP_FAILED) {
+      tg_pool[k].base = NULL;
+      fail("no memory for threadgroup array '%s' (%lu bytes)", name, bytes);
+      siglongjmp(E.fault_jump, 2);
+    }
+    tg_pool[k].data_pages = data_pages;
+    mprotect(tg_pool[k].base + data_pages * ps, ps, PROT_NONE);
+  }
+  a->base = tg_pool[k].base;
   // The array ends at the guard page (rounded down to its alignment, at most align - 1
   // bytes before it: the kernels' arrays are multiples of 16 bytes, so none).
   uintptr_t end = (uintptr_t)(a->base + data_pages * ps);
@@ -251,7 +403,7 @@ static void describe_fault(void) {
     }
   }
   if (!where[0]) {
-    char* stacks_end = E.stacks + (size_t)E.nthreads * (STACK_BYTES + page_size());
+    char* stacks_end = E.stacks + (size_t)E.max_threads * (STACK_BYTES + page_size());
     if (a >= E.stacks && a < stacks_end) what = "a thread's stack guard (the thread's stack overflowed)";
     snprintf(where, sizeof where, "%s (a guard page after a device buffer, or unmapped memory)", what);
   }
@@ -261,9 +413,11 @@ static void describe_fault(void) {
 
 // ---- the launch --------------------------------------------------------------------------------
 
-static int run_group(unsigned g, unsigned ngroups, const int* order) {
-  int n = E.nthreads;
+// Every thread of group `g` (of `n` threads; `dispatched` the launch's group size) at its
+// start, its ids set.
+static void start_group(unsigned g, unsigned ngroups, int n, int dispatched) {
   size_t ps = page_size();
+  E.nthreads = n;
   for (int t = 0; t < n; ++t) {
     fiber* f = &E.fibers[t];
     memset(&f->ids, 0, sizeof f->ids);
@@ -273,6 +427,7 @@ static int run_group(unsigned g, unsigned ngroups, const int* order) {
     f->ids.tpg[1] = f->ids.tpg[2] = 1;
     f->ids.threads_per_tg[0] = (unsigned)n;
     f->ids.threads_per_tg[1] = f->ids.threads_per_tg[2] = 1;
+    f->ids.tpig[0] = g * (unsigned)dispatched + (unsigned)t;
     f->ids.simd_lane = (unsigned)t % SIMD_WIDTH;
     f->ids.simd_group = (unsigned)t / SIMD_WIDTH;
     f->state = RUNNABLE;
@@ -284,95 +439,255 @@ static int run_group(unsigned g, unsigned ngroups, const int* order) {
     f->ctx.uc_link = NULL;
     makecontext(&f->ctx, fiber_main, 0);
   }
-  for (;;) {
-    for (int k = 0; k < n; ++k) {
-      int t = order[k];
-      fiber* f = &E.fibers[t];
-      if (f->state == RUNNABLE) {
-        E.current = t;
-        if (!_setjmp(E.scheduler)) {
-          if (f->started) _longjmp(f->jump, 1);
-          f->started = 1;
-          setcontext(&f->ctx);
-        }
-      }
-    }
-    int done = 0, at_barrier = 0, released = 0;
-    for (int t = 0; t < n; ++t) {
-      done += E.fibers[t].state == DONE;
-      at_barrier += E.fibers[t].state == AT_BARRIER;
-    }
-    if (done == n) break;
-    for (int s = 0; s * SIMD_WIDTH < n; ++s) {
-      fiber* lanes = &E.fibers[s * SIMD_WIDTH];
-      int width = n - s * SIMD_WIDTH < SIMD_WIDTH ? n - s * SIMD_WIDTH : SIMD_WIDTH;
-      int at = 0;
-      for (int i = 0; i < width; ++i) at += lanes[i].state == AT_SIMD;
-      if (at == 0) continue;
-      for (int i = 0; i < width; ++i) {
-        if (lanes[i].state != AT_SIMD || lanes[i].line != lanes[0].line || lanes[i].column != lanes[0].column ||
-            lanes[i].op != lanes[0].op) {
-          if (lanes[i].state == RUNNABLE) continue;
-          return fail("divergent SIMD-group operation in group %u, SIMD-group %d: lane 0 at the operation on line "
-                      "%d, lane %d %s line %d", g, s, lanes[0].line, i,
-                      lanes[i].state == DONE ? "finished; last synchronised at" :
-                      lanes[i].state == AT_BARRIER ? "waits at a threadgroup barrier on" : "at an operation on",
-                      lanes[i].line);
-        }
-      }
-      simd_release(lanes, width);
-      released = 1;
-    }
-    if (released) continue;
-    if (at_barrier == n) {
-      for (int t = 1; t < n; ++t) {
-        if (E.fibers[t].line != E.fibers[0].line || E.fibers[t].column != E.fibers[0].column) {
-          return fail("divergent barrier in group %u: thread 0 waits at the barrier on line %d, thread %d at the "
-                      "one on line %d", g, E.fibers[0].line, t, E.fibers[t].line);
-        }
-      }
-      for (int t = 0; t < n; ++t) E.fibers[t].state = RUNNABLE;
-      continue;
-    }
-    int first = -1, fin = -1;
-    for (int t = 0; t < n; ++t) {
-      if (E.fibers[t].state == AT_BARRIER && first < 0) first = t;
-      if (E.fibers[t].state == DONE && fin < 0) fin = t;
-    }
-    if (first >= 0 && fin >= 0) {
-      return fail("divergent barrier in group %u: thread %d waits at the barrier on line %d, but thread %d finished "
-                  "without reaching it (%d of %d threads wait)", g, first, E.fibers[first].line, fin, at_barrier, n);
-    }
-    return fail("deadlock in group %u: %d threads wait at a barrier, %d finished", g, at_barrier, done);
-  }
-  return 0;
 }
 
-// Runs `entry` over `ngroups` groups of `nthreads` threads. order: 0 ascending, 1
-// descending, 2 shuffled by `seed` (the threads between synchronisations, and the groups).
-// Returns 0, or 1 with a message in `error`.
-int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroups, int nthreads, int order_kind,
-                           unsigned long seed, char* error, size_t error_cap) {
+// Thread t runs until its next synchronisation (or its end).
+static void run_fiber(int t) {
+  fiber* f = &E.fibers[t];
+  E.current = t;
+  if (!_setjmp(E.scheduler)) {
+    if (f->started) _longjmp(f->jump, 1);
+    f->started = 1;
+    setcontext(&f->ctx);
+  }
+}
+
+static const char* lane_state(int state) {
+  return state == DONE ? "finished; last synchronised at" :
+         state == AT_BARRIER ? "waits at a threadgroup barrier on" : "at an operation on";
+}
+
+// SIMD-group s of group g, once none of its lanes runs: released when every lane waits at
+// the same SIMD-group operation; an error when some lanes wait at one and others are
+// elsewhere (a barrier, another operation, finished). Returns 1 released, 0 nothing to
+// release, -1 an error (its message written).
+static int simd_settle(unsigned g, int s, int skip_runnable) {
+  int n = E.nthreads;
+  fiber* lanes = &E.fibers[s * SIMD_WIDTH];
+  int width = n - s * SIMD_WIDTH < SIMD_WIDTH ? n - s * SIMD_WIDTH : SIMD_WIDTH;
+  int at = 0, running = 0;
+  for (int i = 0; i < width; ++i) {
+    at += lanes[i].state == AT_SIMD;
+    running += lanes[i].state == RUNNABLE;
+  }
+  if (at == 0 || (running && !skip_runnable)) return 0;
+  int first = 0;
+  while (lanes[first].state != AT_SIMD) ++first;
+  for (int i = 0; i < width; ++i) {
+    if (lanes[i].state == RUNNABLE && skip_runnable) continue;
+    if (lanes[i].state != AT_SIMD || lanes[i].line != lanes[first].line || lanes[i].column != lanes[first].column ||
+        lanes[i].op != lanes[first].op) {
+      fail("divergent SIMD-group operation in group %u, SIMD-group %d: lane %d at the operation on line %d, lane %d "
+           "%s line %d", g, s, first, lanes[first].line, i, lane_state(lanes[i].state), lanes[i].line);
+      return -1;
+    }
+  }
+  simd_release(lanes, width);
+  return 1;
+}
+
+// No thread runnable: the group is released from its barrier, or has finished; anything
+// else is a divergent barrier or a deadlock. Returns 0 released, 1 finished, -1 an error.
+static int barrier_settle(unsigned g) {
+  int n = E.nthreads, done = 0, at_barrier = 0;
+  for (int t = 0; t < n; ++t) {
+    done += E.fibers[t].state == DONE;
+    at_barrier += E.fibers[t].state == AT_BARRIER;
+  }
+  if (done == n) return 1;
+  if (at_barrier == n) {
+    for (int t = 1; t < n; ++t) {
+      if (E.fibers[t].line != E.fibers[0].line || E.fibers[t].column != E.fibers[0].column) {
+        fail("divergent barrier in group %u: thread 0 waits at the barrier on line %d, thread %d at the one on line "
+             "%d", g, E.fibers[0].line, t, E.fibers[t].line);
+        return -1;
+      }
+    }
+    for (int t = 0; t < n; ++t) E.fibers[t].state = RUNNABLE;
+    return 0;
+  }
+  int first = -1, fin = -1;
+  for (int t = 0; t < n; ++t) {
+    if (E.fibers[t].state == AT_BARRIER && first < 0) first = t;
+    if (E.fibers[t].state == DONE && fin < 0) fin = t;
+  }
+  if (first >= 0 && fin >= 0) {
+    fail("divergent barrier in group %u: thread %d waits at the barrier on line %d, but thread %d finished without "
+         "reaching it (%d of %d threads wait)", g, first, E.fibers[first].line, fin, at_barrier, n);
+    return -1;
+  }
+  fail("deadlock in group %u: %d threads wait at a barrier, %d finished", g, at_barrier, done);
+  return -1;
+}
+
+// The SIMD-groups in step: every runnable thread (in `order`) runs to its next
+// synchronisation, then every SIMD-group whose lanes all arrived is released together.
+static int run_group_in_step(unsigned g, const int* order) {
+  int n = E.nthreads;
+  for (;;) {
+    for (int k = 0; k < E.max_threads; ++k) {  // `order` covers a full group; a partial one skips the rest
+      if (order[k] < n && E.fibers[order[k]].state == RUNNABLE) run_fiber(order[k]);
+    }
+    int released = 0;
+    for (int s = 0; s * SIMD_WIDTH < n; ++s) {
+      int r = simd_settle(g, s, 1);
+      if (r < 0) return 1;
+      released |= r;
+    }
+    if (released) continue;
+    int b = barrier_settle(g);
+    if (b < 0) return 1;
+    if (b == 1) return 0;
+  }
+}
+
+static unsigned long long next_random(void) {
+  E.rng = E.rng * 6364136223846793005ull + 1442695040888963407ull;
+  return E.rng >> 33;
+}
+
+// The SIMD-groups apart. APART_ASCENDING / _DESCENDING: the first SIMD-group (in that
+// order) with a runnable lane runs it to its next synchronisation; so SIMD-group 0 (or the
+// last) goes as far as it can, to a threadgroup barrier or its end, before the next one
+// starts. APART_RANDOM: a random runnable thread at every step. A SIMD-group is released
+// as soon as its last lane reaches the operation.
+static int run_group_apart(unsigned g, int kind) {
+  int n = E.nthreads, nsg = (n + SIMD_WIDTH - 1) / SIMD_WIDTH;
+  int* ready = malloc(sizeof(int) * (size_t)n);  // the random schedule's runnable threads
+  int rc = 0;
+  for (;;) {
+    int t = -1;
+    if (kind == APART_RANDOM) {
+      int m = 0;
+      for (int i = 0; i < n; ++i)
+        if (E.fibers[i].state == RUNNABLE) ready[m++] = i;
+      while (m > 0) {  // run the runnable threads in a random order, one step each, re-drawing as they stop
+        int k = (int)(next_random() % (unsigned long long)m);
+        t = ready[k];
+        ready[k] = ready[--m];
+        run_fiber(t);
+        int r = simd_settle(g, t / SIMD_WIDTH, 0);
+        if (r < 0) { rc = 1; goto out; }
+        if (r == 1) {  // the released lanes join the draw
+          int lo = (t / SIMD_WIDTH) * SIMD_WIDTH, hi = lo + SIMD_WIDTH < n ? lo + SIMD_WIDTH : n;
+          for (int i = lo; i < hi; ++i) ready[m++] = i;
+        }
+      }
+      t = -1;
+    } else {
+      for (int k = 0; k < nsg && t < 0; ++k) {
+        int s = kind == APART_ASCENDING ? k : nsg - 1 - k;
+        int lo = s * SIMD_WIDTH, hi = lo + SIMD_WIDTH < n ? lo + SIMD_WIDTH : n;
+        for (int j = 0; j < hi - lo && t < 0; ++j) {
+          int i = kind == APART_ASCENDING ? lo + j : hi - 1 - j;
+          if (E.fibers[i].state == RUNNABLE) t = i;
+        }
+      }
+      if (t >= 0) {
+        run_fiber(t);
+        if (simd_settle(g, t / SIMD_WIDTH, 0) < 0) { rc = 1; goto out; }
+        continue;
+      }
+    }
+    int b = barrier_settle(g);
+    if (b < 0) { rc = 1; goto out; }
+    if (b == 1) break;
+  }
+out:
+  free(ready);
+  return rc;
+}
+
+// The fiber stacks: one mapping kept from launch to launch (grown when a launch needs more
+// threads), each stack with a guard page below it. At every launch the stacks are zeroed
+// (stacks_ready), so every launch starts on zero-filled stacks exactly as on a fresh
+// mapping: whatever a thread reads from its stack before writing it cannot depend on
+// an earlier launch. (Reusing the pages as they were did: a mutant with a dropped barrier
+// then faulted on a value an earlier launch had left on a stack.) What reuse saves is the
+// mmap, the guard pages' mprotect a thread, and the munmap, every launch.
+//
+// Every kernel's shared object carries its own copy of this runtime, so the stacks are
+// allocated by the caller (metal_emulation_stacks) and handed to whichever kernel launches
+// (metal_emulation_use_stacks): one mapping for the process. A mapping a kernel would
+// keep for itself costs two memory areas a thread (a guard page splits it), and a few
+// dozen kernels of 1024 threads reach Linux's limit on a process's areas (65,530).
+static char* stack_pool;
+static int stack_pool_threads;
+
+// `nthreads` stacks of STACK_BYTES, a guard page below each; NULL when out of memory.
+void* metal_emulation_stacks(int nthreads) {
+  size_t ps = page_size();
+  char* pool = mmap(NULL, (size_t)nthreads * (STACK_BYTES + ps), PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (pool == MAP_FAILED) return NULL;
+  for (int t = 0; t < nthreads; ++t) mprotect(pool + (size_t)t * (STACK_BYTES + ps), ps, PROT_NONE);
+  return pool;
+}
+
+void metal_emulation_stacks_free(void* pool, int nthreads) {
+  munmap(pool, (size_t)nthreads * (STACK_BYTES + page_size()));
+}
+
+// The stacks the following launches use (from metal_emulation_stacks, for `nthreads`).
+void metal_emulation_use_stacks(void* pool, int nthreads) {
+  stack_pool = pool;
+  stack_pool_threads = nthreads;
+}
+
+// The first `nthreads` stacks zeroed: every page of them in memory (mincore: the pages some
+// launch touched) is cleared, the rest are still the kernel's zero pages. Clearing in place
+// costs a memset a touched page; giving the pages back (MADV_DONTNEED) would cost a page
+// fault on each at its next touch, which took as long as the kernels themselves.
+static int stacks_ready(int nthreads) {
+  if (stack_pool == NULL || nthreads > stack_pool_threads) return 0;
+  size_t ps = page_size(), span = (size_t)nthreads * (STACK_BYTES + ps), pages = span / ps;
+  static unsigned char* resident;
+  static size_t resident_cap;
+  if (resident_cap < pages) {
+    free(resident);
+    resident = malloc(pages);
+    resident_cap = resident ? pages : 0;
+  }
+  if (resident && mincore(stack_pool, span, (void*)resident) == 0) {
+    for (size_t i = 0; i < pages; ++i)
+      if (resident[i] & 1) memset(stack_pool + i * ps, 0, ps);
+  } else {
+    madvise(stack_pool, span, MADV_DONTNEED);
+  }
+  E.stacks = stack_pool;
+  return 1;
+}
+
+// Runs `entry` over `ngroups` groups of `nthreads` threads (the last group of
+// `last_threads`: Metal's partial last group when the grid is not a multiple of the
+// group). schedule: one of the enum above; `seed` for the shuffled and random ones (the
+// groups are run ascending, descending, or shuffled with it). tg_limit: threadgroup memory
+// a group, in bytes. Returns 0, or 1 with a message in `error`.
+int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroups, int nthreads, int last_threads,
+                           int schedule, unsigned long seed, unsigned long tg_limit, char* error, size_t error_cap) {
   E.error = error;
   E.error_cap = error_cap;
   error[0] = 0;
   if (nthreads < 1 || nthreads > MAX_THREADS) return fail("threads a group must be 1..%d; got %d", MAX_THREADS, nthreads);
+  if (last_threads < 1 || last_threads > nthreads)
+    return fail("the last group's threads must be 1..%d; got %d", nthreads, last_threads);
+  if (schedule < LOCKSTEP_ASCENDING || schedule > APART_RANDOM) return fail("no schedule %d", schedule);
   E.entry = entry;
   E.buffers = buffers;
-  E.nthreads = nthreads;
-  size_t ps = page_size();
-  size_t stack_span = (size_t)nthreads * (STACK_BYTES + ps);
-  E.stacks = mmap(NULL, stack_span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (E.stacks == MAP_FAILED) return fail("no memory for %d fiber stacks", nthreads);
-  for (int t = 0; t < nthreads; ++t) mprotect(E.stacks + (size_t)t * (STACK_BYTES + ps), ps, PROT_NONE);
+  E.max_threads = nthreads;
+  E.tg_limit = tg_limit;
+  if (!stacks_ready(nthreads))
+    return fail("no fiber stacks for %d threads (metal_emulation_use_stacks gave %d)", nthreads, stack_pool_threads);
   E.fibers = calloc((size_t)nthreads, sizeof(fiber));
   getcontext(&E.blank);
   int* order = malloc(sizeof(int) * (size_t)nthreads);
   unsigned* gorder = malloc(sizeof(unsigned) * (ngroups ? ngroups : 1));
+  int descending = schedule == LOCKSTEP_DESCENDING || schedule == APART_DESCENDING;
+  int shuffled = schedule == LOCKSTEP_SHUFFLED || schedule == APART_RANDOM;
   unsigned long long s = seed * 6364136223846793005ull + 1442695040888963407ull;
-  for (int i = 0; i < nthreads; ++i) order[i] = order_kind == 1 ? nthreads - 1 - i : i;
-  for (unsigned i = 0; i < ngroups; ++i) gorder[i] = order_kind == 1 ? ngroups - 1 - i : i;
-  if (order_kind == 2) {  // Fisher-Yates with a 64-bit LCG: the same shuffle for the same seed everywhere
+  for (int i = 0; i < nthreads; ++i) order[i] = descending ? nthreads - 1 - i : i;
+  for (unsigned i = 0; i < ngroups; ++i) gorder[i] = descending ? ngroups - 1 - i : i;
+  if (shuffled) {  // Fisher-Yates with a 64-bit LCG: the same shuffle for the same seed everywhere
     for (int i = nthreads - 1; i > 0; --i) {
       s = s * 6364136223846793005ull + 1442695040888963407ull;
       int j = (int)((s >> 33) % (unsigned long long)(i + 1));
@@ -384,6 +699,7 @@ int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroup
       unsigned tmp = gorder[i]; gorder[i] = gorder[j]; gorder[j] = tmp;
     }
   }
+  E.rng = s;
   stack_t ss = {.ss_sp = alt_stack, .ss_size = sizeof alt_stack, .ss_flags = 0}, old_ss;
   sigaltstack(&ss, &old_ss);
   struct sigaction sa;
@@ -403,7 +719,9 @@ int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroup
     rc = 1;  // the message is written
   } else {
     for (unsigned k = 0; k < ngroups && rc == 0; ++k) {
-      rc = run_group(gorder[k], ngroups, order);
+      unsigned g = gorder[k];
+      start_group(g, ngroups, g + 1 == ngroups ? last_threads : nthreads, nthreads);
+      rc = schedule <= LOCKSTEP_SHUFFLED ? run_group_in_step(g, order) : run_group_apart(g, schedule);
       free_arrays();
     }
   }
@@ -412,7 +730,6 @@ int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroup
   sigaction(SIGSEGV, &old_segv, NULL);
   sigaction(SIGBUS, &old_bus, NULL);
   sigaltstack(&old_ss, NULL);
-  munmap(E.stacks, stack_span);
   free(E.fibers);
   free(order);
   free(gorder);

@@ -9,10 +9,15 @@ effective weight); ``branch`` [n, branch], ``residual`` [n, hidden] and ``output
 (strings): ``eps`` (required), ``fold_block`` (with a fold), and for quantized weights
 ``quant_mode``, ``quant_bits``, ``quant_group_size``; ``model`` and ``layer`` are carried
 into the report. The files are only read.
+
+:func:`write_layer` writes one such file from the workbench's own ``TailWeights`` (an
+engine written in Python, or a model run through mlx-lm, dumps its layers with it); the
+reader is tested against it and against the numpy-only writer of the layout document.
 """
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +25,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from workbench.fold.rotation import HadamardFold
+from workbench import files
+from workbench.fold.rotation import FoldSite, HadamardFold
 from workbench.fold.weights import QuantizedBase, WeightMatrix, check_quant_spec
+from workbench.real_models.safetensors_header import check_safetensors_header
 from workbench.tail.weights import TailWeights
 
 MATRICES = ("wo", "gate", "up", "down")
@@ -69,13 +76,14 @@ def _matrix(path: Path, t: dict, meta: dict, name: str, shape: tuple[int, int], 
 
 def read_layer(path: str | Path) -> DumpedLayer:
     """One dump file, checked against the layout (:class:`DumpError` names the file and tensor)."""
-    from safetensors import safe_open  # noqa: PLC0415
-
     path = Path(path)
+    # The header is checked against the file before MLX reads it (a truncated or
+    # inconsistent file is refused by name, never handed to MLX's reader); MLX reads
+    # every dtype of the layout, bfloat16 included, which numpy-based readers cannot.
     try:
-        with safe_open(str(path), framework="mlx") as f:
-            meta = dict(f.metadata() or {})
-            t = {k: f.get_tensor(k) for k in f.keys()}
+        check_safetensors_header(path)
+        t, meta = mx.load(str(path), return_metadata=True)
+        meta = dict(meta or {})
     except Exception as e:  # noqa: BLE001 -- not a safetensors file: said with its name
         raise DumpError(f"{path.name}: not a readable safetensors file: {e}") from None
     for k in ("ffn_norm", "branch", "residual", "output"):
@@ -124,3 +132,68 @@ def dump_files(path: str | Path) -> list[Path]:
     if not p.is_file():
         raise ValueError(f"path: must be a dump file or a folder of them, got {str(p)!r} (not found)")
     return [p]
+
+
+def _layout_tensors(name: str, m: WeightMatrix) -> tuple[dict[str, mx.array], Any]:
+    """One matrix's tensors as the layout names them, and its quantization spec (or None)."""
+    base, _ = m.launch_parts()
+    if isinstance(base, QuantizedBase):
+        out = {f"{name}.codes": base.w, f"{name}.scales": base.scales}
+        if base.biases is not None:
+            out[f"{name}.biases"] = base.biases
+        return out, base.spec
+    return {name: base}, None
+
+
+def write_layer(path: str | Path, weights: TailWeights, branch: Any, residual: Any, output: Any, *,
+                model: str | None = None, layer: int | None = None, overwrite: bool = False) -> Path:
+    """Write one dump file in the layout: ``weights`` as STORED (dtype or quantized codes, the
+    fold's signs and block), the activations ``branch`` [n, branch], ``residual`` [n, hidden]
+    and the engine's ``output`` [n, hidden] (float32). Written atomically; an existing file
+    is refused unless ``overwrite``. ``ValueError`` for what the layout cannot say: a fold on
+    wo's output or with a permutation, or matrices quantized in different formats (the
+    layout has one ``quant_*`` metadata set a file)."""
+    if not isinstance(weights, TailWeights):
+        raise ValueError(f"weights: must be a TailWeights, got {type(weights).__name__}")
+    h, b, _ = weights.shape
+    acts = {}
+    for name, a, width in (("branch", branch, b), ("residual", residual, h), ("output", output, h)):
+        arr = np.asarray(a, dtype=np.float32)
+        if arr.ndim != 2 or arr.shape[1] != width:
+            raise ValueError(f"{name}: must be [n, {width}] (one row a case), got shape {arr.shape}")
+        acts[name] = mx.array(arr)
+    if not len({int(a.shape[0]) for a in acts.values()}) == 1:
+        raise ValueError(f"branch, residual, output: must have the same number of rows, got "
+                         f"{[int(a.shape[0]) for a in acts.values()]}")
+    tensors: dict[str, mx.array] = {**acts, "ffn_norm": mx.array(np.asarray(weights.ffn_norm, dtype=np.float32))}
+    meta = {"eps": repr(float(weights.eps))}
+    specs = set()
+    for name in MATRICES:
+        t, spec = _layout_tensors(name, getattr(weights, name))
+        tensors.update(t)
+        if spec is not None:
+            specs.add((spec.mode, spec.bits, spec.group_size))
+    if len(specs) > 1:
+        raise ValueError(f"weights: the layout has one quantization a file; these matrices use {sorted(specs)}")
+    if specs:
+        mode, bits, gs = specs.pop()
+        meta.update(quant_mode=mode, quant_bits=str(bits), quant_group_size=str(gs))
+    fold = weights.wo.fold
+    if fold is not None:
+        if fold.site is not FoldSite.INPUT or fold.perm is not None:
+            raise ValueError("weights: the layout holds a fold on wo's input without a permutation "
+                             f"(block and signs), got {fold!r}")
+        meta["fold_block"] = str(fold.block)
+        if fold.signs is not None:
+            tensors["fold.signs"] = mx.array(np.asarray(fold.signs, dtype=np.float32))
+    if model is not None:
+        meta["model"] = str(model)
+    if layer is not None:
+        meta["layer"] = str(int(layer))
+    # MLX writes the bytes (bfloat16 included, which numpy cannot hold) into a scratch folder;
+    # write_atomic puts them in place, so a reader never sees half a file.
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = Path(scratch) / "layer.safetensors"
+        mx.save_safetensors(str(tmp), tensors, metadata=meta)
+        data = tmp.read_bytes()
+    return files.write_atomic(path, data, overwrite=overwrite)

@@ -20,11 +20,14 @@ import numpy as np
 from workbench import validate
 from workbench.check import verdict as verdict_mod
 from workbench.check.faults import FAULTS, applies, faulty_tail
-from workbench.check.stored import stored_case
+from workbench.check import blocks
+from workbench.check.stored import StoredCase, stored_case
 from workbench.check.subjects import CallableSubject, SubjectError, checked_output
 from workbench.check.time_limit import LimitedCaller
 from workbench.studies.calibration import Tolerance, calibrate_tolerance
-from workbench.studies.cases import case_arrays, case_row_weights, check_fold, check_shape, quant_spec
+from workbench.fold.weights import DENSE_DTYPES
+from workbench.studies.cases import (CASE_BLOCK, case_arrays, case_row_weights, check_fold, check_quant_fits,
+                                     check_seeds, check_shape, quant_spec)
 from workbench.tail.comparison import max_abs_error, nmse, worst_scaled_error
 from workbench.tail.frink_case import SEED_TOL
 from workbench.tail.paths import fused_tail, host_tail
@@ -137,6 +140,63 @@ def _user_tolerance(tolerance: Any) -> tuple[str, float] | None:
     return "worst", validate.number("tolerance", tolerance, minimum=0)
 
 
+def _metric_columns(out: np.ndarray, truth: np.ndarray) -> dict[str, np.ndarray]:
+    return {"worst": worst_scaled_error(out, truth), "max_abs": max_abs_error(out, truth), "nmse": nmse(out, truth)}
+
+
+def _frame(base: dict[str, Any], seeds: np.ndarray, scales: list[float], metrics: Mapping[str, np.ndarray]):
+    """One DataFrame for a block: a row per case and input scale, case-major (as the
+    per-case loop wrote them), the ``base`` columns first."""
+    import pandas as pd  # noqa: PLC0415
+
+    n = len(scales)
+    cols: dict[str, Any] = {k: [v] * (len(seeds) * n) for k, v in base.items()}
+    cols["seed"] = np.repeat(seeds.astype(np.int64), n)
+    cols["scale"] = np.tile(np.asarray(scales, dtype=np.float64), len(seeds))
+    cols.update({k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in metrics.items()})
+    return pd.DataFrame(cols)
+
+
+def _run_calls(subject: Any, caller: LimitedCaller, scs: list[StoredCase], c: Any, *, scales: list[float],
+               dtype: str, fold: Any, spec: Any, eps: float, problems: list[str]) -> np.ndarray:
+    """The implementation under test on every case of a block: float32 [S, n, hidden], NaN
+    where a call gave no usable result (``problems`` says why, naming the case)."""
+    calls, where = [], []
+    for i, sc in enumerate(scs):
+        name = sc.case
+        if isinstance(subject, CallableSubject):
+            made = subject.calls(sc)
+        else:  # the kernel forms launch the workbench's own TailWeights of the case
+            w, _, _ = case_row_weights(c, i, dtype=dtype, fold=fold, spec=spec, eps=eps)
+            made = subject.calls(sc, w)
+        for j, (call, want) in enumerate(made):
+            calls.append(call)
+            where.append((i, j if len(made) > 1 else None, want,
+                          name if len(made) == 1 else f"{name} scale {scales[j]:g}"))
+    n_rows, hidden = scs[0].branch.shape[0], scs[0].shape[0]
+    out = np.full((len(scs), n_rows, hidden), np.nan, dtype=np.float32)
+    for o, (i, j, want, label) in zip(caller.run_all(calls), where):
+        if o.timed_out:
+            problems.append(f"{label}: no result within the {caller.seconds:g} s limit")
+            continue
+        if o.error is not None:
+            kind = "" if isinstance(o.error, SubjectError) else f"raised {type(o.error).__name__}: "
+            problems.append(f"{label}: {kind}{o.error}")
+            continue
+        try:
+            got = checked_output(o.value, want)
+        except SubjectError as e:
+            problems.append(f"{label}: {e}")
+            continue
+        if np.isnan(got).any():
+            problems.append(f"{label}: NaN in the output")
+        if j is None:
+            out[i] = got
+        else:
+            out[i, j] = got
+    return out
+
+
 def check_kernel(subject: Any, *, shapes: Sequence[Sequence[int]] = ((64, 96, 80),), seeds: Iterable[int] = range(100),
           scales: Sequence[float] = DEFAULT_SCALES, dtypes: Sequence[str] = ("float32",),
           folds: Sequence[Any] = (16,), quantize: Sequence[Any] = (None,), tolerance: Any = None,
@@ -146,73 +206,62 @@ def check_kernel(subject: Any, *, shapes: Sequence[Sequence[int]] = ((64, 96, 80
     combination of ``shapes`` x ``dtypes`` x ``folds`` x ``quantize`` x ``seeds``, each at every
     input scale. ``tolerance``: the user's own (a limit on ``worst``, or ``(metric, limit)``);
     ``flake_rate``: the per-case rate the calibrated tolerance is set at; ``time_limit``: seconds
-    a call may take before its case is reported as hanging."""
+    a call may take before its case is reported as hanging.
+
+    The implementation runs one case a call; the truth and the graph reference run a block
+    of :data:`~workbench.studies.cases.CASE_BLOCK` cases at a time (:mod:`workbench.check.blocks`:
+    the same bits as case by case). ``folds``: ``None`` or block sizes (each case folds
+    ``wo``'s input with its own random signs)."""
     import pandas as pd
 
     if not hasattr(subject, "calls"):
         subject = CallableSubject(subject)
     user = _user_tolerance(tolerance)
-    scale_arr = np.array([validate.number("scales", s, minimum=0, exclusive_minimum=True)
-                          for s in validate.sequence("scales", scales, what="positive numbers")], dtype=np.float32)
+    # The inputs are multiplied in float32; the rows are labelled with the scales as given
+    # (0.01, not float32's 0.009999999776...), so a table is indexed by what was asked for.
+    scale_labels = [float(validate.number("scales", s, minimum=0, exclusive_minimum=True))
+                    for s in validate.sequence("scales", scales, what="positive numbers")]
+    scale_arr = np.array(scale_labels, dtype=np.float32)
     for f in faults:
         validate.one_of("faults", f, tuple(FAULTS))
     caller = LimitedCaller(validate.number("time_limit", time_limit, minimum=0, exclusive_minimum=True))
-    seeds = list(seeds)
-    rows, frows, problems = [], [], []
+    seed_arr = check_seeds(seeds)
+    eps = validate.number("eps", eps, minimum=0, exclusive_minimum=True)
+    frames, fframes, problems = [], [], []
+    configs = []
     for shp in validate.sequence("shapes", shapes, what="(hidden, branch, ffn) triples"):
         shp = check_shape(shp)
-        c = case_arrays(shp, seeds)
-        for dtype in dtypes:
-            for fold in folds:
+        for dtype in validate.sequence("dtypes", dtypes, what=f"dtypes in {tuple(DENSE_DTYPES)}"):
+            validate.one_of("dtypes", dtype, tuple(DENSE_DTYPES))
+            for fold in validate.sequence("folds", folds, what="None or block sizes"):
                 check_fold(fold, shp)
-                for q in quantize:
+                for q in validate.sequence("quantize", quantize, what="None, format names or dicts"):
                     qlabel, spec = quant_spec(q)
-                    for i, seed in enumerate(c.seeds):
-                        w, b, r = case_row_weights(c, i, dtype=dtype, fold=fold, spec=spec, eps=eps)
-                        B, R = b[None] * scale_arr[:, None], r[None] * scale_arr[:, None]
-                        name = f"shape {shp} {dtype} fold {fold} quant {qlabel} seed {int(seed)}"
-                        truth = host_tail(w, B, R)
-                        ref = fused_tail(w, B, R, backend="graph")
-                        sc = stored_case(w, B, R, name)
-                        out = np.full(truth.shape, np.nan, dtype=np.float32)
-                        calls = subject.calls(sc) if isinstance(subject, CallableSubject) else subject.calls(sc, w)
-                        for j, (call, want) in enumerate(calls):
-                            o = caller(call)
-                            where = name if len(calls) == 1 else f"{name} scale {scale_arr[j]:g}"
-                            if o.timed_out:
-                                problems.append(f"{where}: no result within the {caller.seconds:g} s limit")
-                                continue
-                            if o.error is not None:
-                                kind = "" if isinstance(o.error, SubjectError) else f"raised {type(o.error).__name__}: "
-                                problems.append(f"{where}: {kind}{o.error}")
-                                continue
-                            try:
-                                got = checked_output(o.value, want)
-                            except SubjectError as e:
-                                problems.append(f"{where}: {e}")
-                                continue
-                            if np.isnan(got).any():
-                                problems.append(f"{where}: NaN in the output")
-                            if len(calls) == 1:
-                                out[:] = got
-                            else:
-                                out[j] = got
-                        base = {"hidden": shp[0], "branch": shp[1], "ffn": shp[2], "dtype": dtype,
-                                "fold": str(fold), "quant": qlabel, "seed": int(seed)}
-                        metrics = {"worst": worst_scaled_error(out, truth), "max_abs": max_abs_error(out, truth),
-                                   "nmse": nmse(out, truth), "ref_worst": worst_scaled_error(ref, truth)}
-                        for j, s in enumerate(scale_arr):
-                            rows.append({**base, "scale": float(s), **{k: float(v[j]) for k, v in metrics.items()}})
-                        for f in faults:
-                            if not applies(f, sc):
-                                continue
-                            fo = faulty_tail(sc, f)
-                            fm = {"worst": worst_scaled_error(fo, truth), "max_abs": max_abs_error(fo, truth),
-                                  "nmse": nmse(fo, truth)}
-                            for j, s in enumerate(scale_arr):
-                                frows.append({**base, "fault": f, "scale": float(s),
-                                              **{k: float(v[j]) for k, v in fm.items()}})
-    return _report(rows, frows, problems, user, flake_rate, getattr(subject, "name", "?"),
+                    check_quant_fits(spec, shp)
+                    configs.append((shp, dtype, fold, qlabel, spec))
+    chunks = [seed_arr[k:k + CASE_BLOCK] for k in range(0, len(seed_arr), CASE_BLOCK)]
+    for order, (shp, dtype, fold, qlabel, spec) in enumerate(configs):
+        base = {"hidden": shp[0], "branch": shp[1], "ffn": shp[2], "dtype": dtype, "fold": str(fold), "quant": qlabel}
+        for chunk in chunks:
+            c = case_arrays(shp, chunk)
+            st = blocks.stored_block(c, dtype=dtype, fold=fold, spec=spec, eps=eps)
+            B = c.branch[:, None, :] * scale_arr[None, :, None]
+            R = c.residual[:, None, :] * scale_arr[None, :, None]
+            truth, ref = blocks.truth(st, B, R), blocks.reference(st, B, R)
+            scs = [blocks.case(st, i, B[i], R[i], f"shape {shp} {dtype} fold {fold} quant {qlabel} seed {int(s)}")
+                   for i, s in enumerate(c.seeds)]
+            out = _run_calls(subject, caller, scs, c, scales=scale_labels, dtype=dtype, fold=fold, spec=spec,
+                             eps=eps, problems=problems)
+            frames.append(_frame(base, c.seeds, scale_labels,
+                                 {**_metric_columns(out, truth), "ref_worst": worst_scaled_error(ref, truth)}))
+            for f in faults:
+                if not applies(f, scs[0]):  # a fold and a quantized wo are the same for every case of a block
+                    continue
+                fo = blocks.faulty(st, B, R, f)
+                fframes.append(_frame({**base, "fault": f}, c.seeds, scale_labels, _metric_columns(fo, truth)))
+    cases = pd.concat(frames, ignore_index=True)
+    fault_df = pd.concat(fframes, ignore_index=True) if fframes else None
+    return _report(cases, fault_df, problems, user, flake_rate, getattr(subject, "name", "?"),
                    getattr(subject, "kind", "callable"))
 
 
@@ -255,17 +304,20 @@ def check_dump(path: Any, *, tolerance: Any = None, flake_rate: float = 1e-4,
                 frows.append({**base, "fault": flt, "seed": j, "scale": 1.0, **{k: float(v[j]) for k, v in fm.items()}})
     if not rows:
         raise ValueError(f"path: no dump file could be read: {problems[0] if problems else 'none found'}")
-    return _report(rows, frows, problems, user, flake_rate, str(path), "dump")
+    import pandas as pd  # noqa: PLC0415
+
+    return _report(pd.DataFrame(rows), pd.DataFrame(frows) if frows else None, problems, user, flake_rate, str(path),
+                   "dump")
 
 
-def _report(rows: list, frows: list, problems: list[str], user: tuple[str, float] | None, flake_rate: float,
+def _report(cases: Any, fault_df: Any, problems: list[str], user: tuple[str, float] | None, flake_rate: float,
             name: str, kind: str) -> CheckReport:
-    """The tolerances, calibration, sign tests and verdict over a check's rows."""
+    """The tolerances, calibration, sign tests and verdict over a check's rows (``fault_df``:
+    None when no fault model ran)."""
     import pandas as pd
 
-    cases = pd.DataFrame(rows)
-    fault_df = pd.DataFrame(frows, columns=["fault", "scale", "worst", "max_abs", "nmse"]) if not frows \
-        else pd.DataFrame(frows)
+    if fault_df is None:
+        fault_df = pd.DataFrame(columns=["fault", "scale", "worst", "max_abs", "nmse"])
     tols: dict[str, tuple[str, float]] = {"frink-models 2e-4": ("worst", SEED_TOL)}
     if user is not None:
         tols["user's"] = user

@@ -22,6 +22,14 @@ from workbench.tail.weights import TailWeights
 from workbench.validate import describe, one_of
 
 
+#: ``order=`` of the emulated forms: one schedule of ``workbench.kernels.metal_emulation.SCHEDULES``,
+#: or ``"every"`` (each case in all of them, the bits compared). Spelled out here so that
+#: validating an order does not load the emulator.
+EVERY = "every"
+EMULATOR_ORDERS: tuple[str, ...] = ("ascending", "descending", "shuffled", "simd-groups-ascending",
+                                    "simd-groups-descending", "simd-groups-random", EVERY)
+
+
 class SubjectError(RuntimeError):
     """The implementation under test gave no usable result for a case (the message says why)."""
 
@@ -74,7 +82,9 @@ class CallableSubject:
 @dataclass(frozen=True)
 class KernelsFolderSubject:
     """A folder shaped like ``kernels/`` (the user's bodies on the workbench's launches), run on
-    ``backend``: ``"metal-emulated"`` (the CPU emulator), ``"metal"`` or ``"cuda"``."""
+    ``backend``: ``"metal-emulated"`` (the CPU emulator), ``"metal"`` or ``"cuda"``. ``order``:
+    the emulator's thread schedule, or ``"every"``: each case in every schedule, a case whose
+    bits differ between two reported as a race (a :class:`SubjectError` naming them)."""
 
     folder: Path
     backend: str = "metal-emulated"
@@ -88,6 +98,7 @@ class KernelsFolderSubject:
             raise ValueError(f"folder: must be a folder shaped like kernels/, got {str(self.folder)!r} (not a folder)")
         object.__setattr__(self, "folder", folder)
         one_of("backend", self.backend, ("metal-emulated", "metal", "cuda"))
+        one_of("order", self.order, EMULATOR_ORDERS)
         backends.resolve_backend(self.backend)
         if not self.name:
             object.__setattr__(self, "name", folder.name)
@@ -98,6 +109,16 @@ class KernelsFolderSubject:
         from workbench.tail.paths import tail_launch  # noqa: PLC0415
 
         launch = tail_launch(w)
+        if self.backend == "metal-emulated" and self.order == EVERY:
+            from workbench.kernels.metal_emulation import SCHEDULES  # noqa: PLC0415
+
+            outs = {o: emulated_tail(launch, branch, residual, kernel_dir=self.folder, order=o) for o in SCHEDULES}
+            first = outs[SCHEDULES[0]]
+            for o, v in outs.items():
+                if not np.array_equal(first.view(np.uint32), v.view(np.uint32)):
+                    raise SubjectError(f"different bits in schedules {SCHEDULES[0]!r} and {o!r} (a race between "
+                                       "threads: a missing barrier, or a read of memory another thread writes)")
+            return first
         if self.backend == "metal-emulated":
             return emulated_tail(launch, branch, residual, kernel_dir=self.folder, order=self.order)
         prep = prepared(launch, self.backend, None, kernel_dir=self.folder)
@@ -127,6 +148,7 @@ class SourceSubject:
             raise ValueError(f"launch: must be a SourceLaunch, got {describe(self.launch)}")
         one_of("language", self.language, ("metal", "cuda"))
         one_of("run_on", self.run_on, ("emulator", "device"))
+        one_of("order", self.order, EMULATOR_ORDERS)
         if self.language == "cuda" and self.run_on == "emulator":
             raise ValueError("run_on: a CUDA source runs on the device only (the emulator runs Metal), got 'emulator'")
         backends.resolve_backend("metal-emulated" if self.run_on == "emulator" else self.language)

@@ -153,12 +153,17 @@ class DecodeState:
     token: int = 0
 
 
+#: The most tokens a state's KV caches hold before or after the decode starts (each way):
+#: the caches are allocated whole up front, so a count past this is refused, not attempted.
+MAX_TOKENS = 1 << 20
+
+
 def new_state(wts: HybridWeights, *, context: int = 32, max_new: int = 4096, seed: int = 1) -> DecodeState:
     """A fresh state: zero recurrent states, a KV cache already ``context`` tokens long."""
     if not isinstance(wts, HybridWeights):
         raise ValueError(f"wts: must be HybridWeights, got {describe(wts)}")
-    context = integer("context", context, minimum=1, maximum=1 << 20)
-    max_new = integer("max_new", max_new, minimum=1, maximum=1 << 20)
+    context = integer("context", context, minimum=1, maximum=MAX_TOKENS)
+    max_new = integer("max_new", max_new, minimum=1, maximum=MAX_TOKENS)
     seed = integer("seed", seed, minimum=0)
     g = wts.geom
     rng = np.random.default_rng(seed)

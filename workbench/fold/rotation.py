@@ -228,8 +228,30 @@ class HadamardFold:
                 self._mx[key] = mx.array(np.argsort(self.perm).astype(np.int32))
         return self._mx[key]
 
+    def _np_signs(self, dtype: np.dtype) -> np.ndarray:
+        """The signs in a numpy float ``dtype``, made once per dtype (read-only)."""
+        key = ("np_signs", dtype)
+        if key not in self._mx:
+            self._mx[key] = _read_only(self.signs.astype(dtype))
+        return self._mx[key]
+
+    def _fits(self, x: object) -> bool:
+        """Whether ``x`` is a numpy float array whose last axis this fold rotates as it is:
+        the whole input check in a few comparisons, for the oracle's per-case calls."""
+        if type(x) is not np.ndarray or x.dtype.kind != "f" or x.ndim == 0:
+            return False
+        width = x.shape[-1]
+        dim = self.signs.size if self.signs is not None else (self.perm.size if self.perm is not None else None)
+        return width > 0 and width % self.block == 0 and (dim is None or width == dim)
+
     def rotate(self, x: ArrayT) -> ArrayT:
         """``R x`` along the last axis: signs, then the permutation, then the blocks."""
+        if self._fits(x):  # a numpy float array that fits: the checks below would all pass
+            if self.signs is not None:
+                x = x * self._np_signs(x.dtype)
+            if self.perm is not None:
+                x = x[..., self.perm]
+            return hadamard.block_transform(x, self.block)
         is_mx = isinstance(x, mx.array)
         x = _checked_input("x", x)
         self.check_width(int(x.shape[-1]))
@@ -244,8 +266,9 @@ class HadamardFold:
     def unrotate(self, y: ArrayT) -> ArrayT:
         """``R^T y = D P^T B^T y`` along the last axis (the inverse of :meth:`rotate`)."""
         is_mx = isinstance(y, mx.array)
-        y = _checked_input("y", y)
-        self.check_width(int(y.shape[-1]))
+        if not self._fits(y):
+            y = _checked_input("y", y)
+            self.check_width(int(y.shape[-1]))
         if is_mx:
             z = hadamard.block_transform_mx(y, self.block, transpose=True)
         else:
@@ -254,7 +277,7 @@ class HadamardFold:
             # (P^T z)[perm[i]] = z[i]: gather with the inverse permutation.
             z = mx.take(z, self._mx_const("inverse"), axis=-1) if is_mx else z[..., np.argsort(self.perm)]
         if self.signs is not None:
-            z = z * (self._mx_const("signs", z.dtype) if is_mx else self.signs.astype(z.dtype))
+            z = z * (self._mx_const("signs", z.dtype) if is_mx else self._np_signs(z.dtype))
         return z
 
     def matrix(self, dim: int | None = None) -> np.ndarray:

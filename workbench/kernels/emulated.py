@@ -79,9 +79,11 @@ def metal_tail_source(launch: TailLaunch, tuning: KernelTuning | None = None) ->
 
 # -- the Metal kernels on the CPU (backend "metal-emulated") ------------------------------
 
-#: Generated Metal sources, by kernel name, template values and input dtypes (all the
-#: generated text depends on).
-_EMULATED_SOURCES: dict[tuple, str] = {}
+#: Generated Metal sources, by kernel, template values and input dtypes (all the generated
+#: text depends on). The kernel is keyed by its id() and kept alive in the entry: an id is
+#: reused only after its object dies, and a key's object never dies while the entry holds
+#: it, so a new kernel can never be handed a dead one's text.
+_EMULATED_SOURCES: dict[tuple, tuple[Any, str]] = {}
 
 
 def _host(a: mx.array) -> np.ndarray:
@@ -96,8 +98,8 @@ def launch_source(kernel: Any, inputs: list[mx.array], kw: dict[str, Any]) -> st
            tuple((str(a.dtype), a.size < 8) for a in inputs))
     if key not in _EMULATED_SOURCES:
         (src,) = generated_source(lambda *xs: kernel(inputs=list(xs), verbose=True, **kw), *inputs).values()
-        _EMULATED_SOURCES[key] = src
-    return _EMULATED_SOURCES[key]
+        _EMULATED_SOURCES[key] = (kernel, src)
+    return _EMULATED_SOURCES[key][1]
 
 
 def emulated_tail_sources(launch: TailLaunch, tuning: KernelTuning | None = None, *,
@@ -113,11 +115,12 @@ def emulated_tail_sources(launch: TailLaunch, tuning: KernelTuning | None = None
 
 
 def emulate_launch(kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, order: str = "ascending",
-                   seed: int = 0) -> list[np.ndarray]:
+                   seed: int = 0, math_mode: str = "host", math_error: str = "edge-high") -> list[np.ndarray]:
     """One Metal launch run on the CPU: the source MLX generates for ``kernel(inputs=inputs,
     **kw)`` (``kw``: template, grid, threadgroup, output shapes and dtypes, as a launch
     passes them), compiled by clang and executed by :mod:`workbench.kernels.metal_emulation` in
-    the thread ``order`` given. Raises ``metal_emulation.EmulationError`` /
+    the thread ``order`` (schedule) given, with ``math_mode`` / ``math_error``
+    (``metal_emulation.MATH_MODES`` / ``MATH_ERRORS``). Raises ``metal_emulation.EmulationError`` /
     ``MetalCompileError`` with the diagnosis."""
     from workbench.kernels import metal_emulation  # noqa: PLC0415 -- only this backend needs clang and ctypes
 
@@ -126,19 +129,23 @@ def emulate_launch(kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, o
     groups = int(kw["grid"][0]) // threads
     return compiled.launch([_host(a) for a in inputs],
                            [(tuple(s), np.float32) for s in kw["output_shapes"]], groups=groups, threads=threads,
-                           order=order, seed=seed)
+                           order=order, seed=seed, math_mode=math_mode, math_error=math_error)
 
 
 def emulated_tail(launch: TailLaunch, branch: Any, residual: Any, *, order: str = "ascending", seed: int = 0,
-                  tuning: KernelTuning | None = None, kernel_dir: Path | None = None) -> np.ndarray:
+                  tuning: KernelTuning | None = None, kernel_dir: Path | None = None, math_mode: str = "host",
+                  math_error: str = "edge-high") -> np.ndarray:
     """The fused tail's three Metal launches run on the CPU (``fused_tail(backend="metal-emulated")``).
 
     The same ``PreparedTail`` as the ``"metal"`` backend (same refusals, template
     values, grids and constants); each launch's generated source is compiled by clang
     against the stand-in header and executed by the emulator, in thread ``order``
-    (``metal_emulation.ORDERS``; ``seed`` for ``"shuffled"``). float32 numpy out, with
+    (``metal_emulation.SCHEDULES``; ``seed`` for the shuffled and random ones). float32 numpy out, with
     ``branch``'s leading batch axes. ``kernel_dir``: as for ``launch.prepare_tail`` (the
-    mutation tests run deliberately broken copies of ``kernels/``).
+    mutation tests run deliberately broken copies of ``kernels/``). ``math_mode``,
+    ``math_error``: how ``metal::exp`` and ``rsqrt`` compute (``metal_emulation.MATH_MODES``:
+    the host's functions, or Metal's precise or fast contract at a bound's edge or random
+    within it).
     """
     backends.resolve_backend(METAL_EMULATED)  # without clang, say what to install
     prep = prepared(launch, "metal", tuning, kernel_dir=kernel_dir)
@@ -148,9 +155,10 @@ def emulated_tail(launch: TailLaunch, branch: Any, residual: Any, *, order: str 
     bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
     wo, gu, dn = prep.calls().values()
     rows = []
+    run = {"order": order, "seed": seed, "math_mode": math_mode, "math_error": math_error}
     for i in range(bf.shape[0]):
-        (h,) = emulate_launch(wo.kernel, [mx.array(bf[i]), *wo.consts, mx.array(rf[i])], wo.kw, order=order, seed=seed)
-        (act,) = emulate_launch(gu.kernel, [mx.array(h), *gu.consts], gu.kw, order=order, seed=seed)
-        (out,) = emulate_launch(dn.kernel, [mx.array(act), mx.array(h), *dn.consts], dn.kw, order=order, seed=seed)
+        (h,) = emulate_launch(wo.kernel, [mx.array(bf[i]), *wo.consts, mx.array(rf[i])], wo.kw, **run)
+        (act,) = emulate_launch(gu.kernel, [mx.array(h), *gu.consts], gu.kw, **run)
+        (out,) = emulate_launch(dn.kernel, [mx.array(act), mx.array(h), *dn.consts], dn.kw, **run)
         rows.append(out)
     return np.stack(rows).reshape(*lead, prep.hidden)

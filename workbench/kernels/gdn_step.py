@@ -230,16 +230,23 @@ def prepare(conv_w: Any, a_log: Any, dt_bias: Any, o_norm: Any, eps: float, *, k
     if al.ndim != 1:
         raise ValueError(f"a_log: must be [value heads], got {describe(a_log)}")
     hv = int(al.shape[0])
-    dtb = _array("dt_bias", dt_bias, (hv,))
+    dtb = _array("dt_bias", dt_bias)
+    if tuple(dtb.shape) != (hv,):
+        # Hv is read from a_log, so a mismatch may be either array's fault: name both.
+        raise ValueError(f"a_log, dt_bias: must both be [value heads] of one length, got a_log {describe(a_log)} "
+                         f"and dt_bias {describe(dt_bias)}")
     on = _array("o_norm", o_norm)
     if on.ndim != 1:
         raise ValueError(f"o_norm: must be [value head dim], got {describe(o_norm)}")
     dv = int(on.shape[0])
     kw, c = (int(n) for n in cw.shape)
     kd2 = c - hv * dv
-    if kd2 <= 0 or kd2 % (2 * hk):
+    if kd2 <= 0 or kd2 % (2 * hk) or (kd2 // (2 * hk)) % 32:
+        # Dk is not given: it is what conv_w's channels leave once a_log (Hv) and o_norm (Dv)
+        # have theirs, so a wrong length in any of the three shows here, and all are named.
         raise ValueError(f"conv_w: its {c} channels must be 2 k_heads Dk + Hv Dv = 2 x {hk} x Dk + {hv} x {dv} "
-                         f"for a whole Dk >= 1, got {describe(conv_w)}")
+                         f"(Hv: a_log's length, Dv: o_norm's) for a key head dim Dk that is a positive multiple of 32; "
+                         f"one of conv_w {describe(conv_w)}, a_log of {hv}, o_norm of {dv}, k_heads {hk} is wrong")
     shape = GdnShape(hk, hv, kd2 // (2 * hk), dv, kw)
     threads = default_threads(shape) if threads is None else threads
     check_shape(shape, threads)

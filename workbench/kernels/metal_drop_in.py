@@ -13,21 +13,38 @@ threadgroup memory, SIMD-groups of 32, threads run in a chosen order).
 What is supported, and what is refused (a refusal names the argument and what is allowed,
 never a silent approximation):
 
-- 1-D launches: ``grid=(n, 1, 1)``, ``threadgroup=(t, 1, 1)``, ``n`` a multiple of ``t``
-  (the emulator runs whole threadgroups; Metal would run a partial last group, so a grid
-  that is not a multiple is refused rather than run differently);
-- ``t`` at most ``max_threads_per_threadgroup`` (1024 on Apple GPUs, lower for heavy
-  pipelines: mlx #2205 was a group over the pipeline's limit giving wrong results);
+- 1-D launches: ``grid=(n, 1, 1)``, ``threadgroup=(t, 1, 1)``. ``grid`` counts THREADS, as
+  Metal's ``dispatchThreads`` does; when ``n`` is not a multiple of ``t`` the last group is
+  partial (its ``threads_per_threadgroup`` is its own size), as Metal runs it, and a
+  :class:`GridWarning` says so: a grid smaller than its threadgroup, or not a multiple of
+  it, is the usual sign of a grid given in threadgroups (mlx #1547, #4534: part of the work
+  silently not done);
+- Apple GPUs' limits as options, a launch over one refused naming it:
+  ``max_threads_per_threadgroup`` (1024, lower for heavy pipelines: mlx #2205 was a group
+  over the pipeline's limit giving wrong results), ``threadgroup_memory`` (32,768 bytes a
+  group), ``simd_width`` (32, the only width Apple GPUs have);
+- every schedule of the emulator (``order``, ``metal_emulation.SCHEDULES``: SIMD-groups in
+  step, or running apart as on a GPU), or ``order="every"``: all of them, the outputs
+  compared bit for bit (``metal_emulation.ScheduleDependenceError`` names the first
+  differing output, its index and the two schedules);
 - inputs and outputs of float32, float16, bfloat16, int32, uint32, int8, uint8, bool;
 - ``init_value`` (outputs filled with it before the launch; without it they are NaN-filled
   so an element no thread writes shows);
-- not supported: ``atomic_outputs=True`` (the stand-in header has no ``metal::atomic``),
-  sources that read ``<input>_shape`` / ``_strides`` / ``_ndim`` (MLX passes them as extra
+- ``atomic_outputs=True`` and ``metal::atomic<T>`` in device or threadgroup memory (load,
+  store, exchange, fetch add/sub/min/max/and/or/xor, compare-exchange; relaxed order);
+  integer atomics give the same bits in every schedule, a float atomic sum may not (its
+  rounding follows the order of the updates, as on a GPU);
+- float16 (``half``, MLX's ``float16_t``): converted exactly to float and back rounded to
+  nearest even; arithmetic on halves runs in float and rounds when stored;
+- ``math_mode``: ``"host"`` (the host's float exp/exp2/rsqrt), ``"precise"`` or ``"fast"``
+  (Metal's contracts, ``metal_emulation.MATH_MODES``);
+- not supported: sources that read ``<input>_shape`` / ``_strides`` / ``_ndim`` (MLX passes them as extra
   buffers), a ``stream``; each is refused naming it.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import mlx.core as mx
@@ -46,6 +63,19 @@ _DTYPES: dict[Any, Any] = {
 
 #: The largest threadgroup an Apple GPU pipeline allows (lower for heavy kernels).
 MAX_THREADS_PER_THREADGROUP = 1024
+
+#: What MLX puts before a custom kernel's generated source that the stand-in header does not:
+#: MLX's preamble opens with ``using namespace metal;``, so users write ``simd_sum``,
+#: ``threadgroup_barrier(mem_flags::mem_threadgroup)`` or ``exp`` unqualified.
+PREAMBLE = "using namespace metal;\n"
+
+#: ``order="every"``: run the launch in every schedule and compare the outputs' bits.
+EVERY = "every"
+
+
+class GridWarning(UserWarning):
+    """A grid smaller than its threadgroup or not a multiple of it: legal in Metal (the last
+    group is partial), and the usual symptom of a grid given in threadgroups, not threads."""
 
 
 def _host(a: Any, where: str) -> tuple[mx.array, np.ndarray]:
@@ -82,14 +112,24 @@ class EmulatedMetalKernel:
                  output_shapes: Sequence[Sequence[int]], output_dtypes: Sequence[Any],
                  template: Sequence[tuple[str, Any]] | None = None, init_value: float | None = None,
                  verbose: bool = False, stream: Any = None, order: str = "ascending", seed: int = 0,
-                 max_threads_per_threadgroup: int = MAX_THREADS_PER_THREADGROUP) -> list[mx.array]:
+                 max_threads_per_threadgroup: int = MAX_THREADS_PER_THREADGROUP,
+                 threadgroup_memory: int = metal_emulation.THREADGROUP_LIMIT,
+                 simd_width: int = metal_emulation.SIMD_WIDTH, math_mode: str = "host",
+                 math_error: str = "edge-high") -> list[mx.array]:
         """Run the kernel; return its outputs as MLX arrays (as ``mx.fast.metal_kernel`` does).
 
-        Beyond MLX's arguments: ``order`` (``metal_emulation.ORDERS``: the order the
-        emulator runs threads between synchronisations; ``seed`` for ``"shuffled"``) and
-        ``max_threads_per_threadgroup`` (the pipeline's limit to hold the launch to).
+        Beyond MLX's arguments: ``order`` (one of ``metal_emulation.SCHEDULES``, how the
+        emulator interleaves threads and SIMD-groups; ``seed`` for the shuffled and random
+        ones; or ``"every"``: all schedules, outputs compared bit for bit), and the limits to
+        hold the launch to: ``max_threads_per_threadgroup`` (the pipeline's),
+        ``threadgroup_memory`` (bytes a group), ``simd_width`` (32 only); ``math_mode`` and
+        ``math_error`` (``metal_emulation.MATH_MODES`` / ``MATH_ERRORS``: the host's exp, exp2
+        and rsqrt, or Metal's precise or fast contract with results at a bound's edge or
+        random within it).
         Raises ``metal_emulation.EmulationError`` with the emulator's diagnosis (an
-        out-of-bounds access, a barrier not reached by every thread, ...).
+        out-of-bounds access, a barrier not reached by every thread, threadgroup memory over
+        the limit, ...), ``ScheduleDependenceError`` when schedules disagree; warns
+        :class:`GridWarning` for a partial threadgroup.
         """
         if stream is not None:
             raise ValueError(f"stream={stream!r}: the emulator runs on the CPU; allowed: None")
@@ -106,10 +146,21 @@ class EmulatedMetalKernel:
         if t > limit:
             raise ValueError(f"threadgroup={tuple(threadgroup)!r}: {t} threads is over the pipeline's "
                              f"max_threads_per_threadgroup={limit}")
-        if n % t:
-            raise ValueError(f"grid={tuple(grid)!r}: grid counts threads, not threadgroups, and {n} is not a "
-                             f"multiple of threadgroup {t}; allowed: a multiple of {t} (Metal would run a partial "
-                             "last group, which the emulator does not)")
+        if simd_width != metal_emulation.SIMD_WIDTH:
+            raise ValueError(f"simd_width={simd_width!r}: Apple GPUs' SIMD-groups are {metal_emulation.SIMD_WIDTH} "
+                             f"threads wide; allowed: {metal_emulation.SIMD_WIDTH}")
+        validate.integer("threadgroup_memory", threadgroup_memory, minimum=16,
+                         maximum=metal_emulation.THREADGROUP_LIMIT)
+        if order != EVERY:
+            validate.one_of("order", order, metal_emulation.SCHEDULES + (EVERY,))
+        if n < t:
+            warnings.warn(f"grid={tuple(grid)!r} is smaller than threadgroup={tuple(threadgroup)!r}: grid counts "
+                          f"threads, not threadgroups, so this launch runs one partial group of {n} threads",
+                          GridWarning, stacklevel=2)
+        elif n % t:
+            warnings.warn(f"grid={tuple(grid)!r} is not a multiple of threadgroup={tuple(threadgroup)!r}: grid "
+                          f"counts threads, not threadgroups; the last of {-(-n // t)} groups runs {n % t} threads",
+                          GridWarning, stacklevel=2)
         for i, d in enumerate(output_dtypes):
             if d not in _DTYPES:
                 raise ValueError(f"output_dtypes[{i}]={d}: not emulated; allowed: {', '.join(str(x) for x in _DTYPES)}")
@@ -124,15 +175,22 @@ class EmulatedMetalKernel:
         source = self._sources[key]
         if verbose:
             print(source)
-        compiled = metal_emulation.compile_source(source)
+        compiled = metal_emulation.compile_source(PREAMBLE + source)
         n_buf = sum(p.buffer is not None for p in compiled.params)
         if n_buf != len(inputs) + len(output_shapes):
             raise ValueError(f"source: {self.name} reads an input's shape, strides or ndim (MLX passes "
                              f"{n_buf - len(inputs) - len(output_shapes)} extra buffers), which the emulator "
                              "does not support; pass sizes as template values or inputs")
-        outs = compiled.launch([h for _, h in pairs],
-                               [(tuple(s), _DTYPES[d]) for s, d in zip(output_shapes, output_dtypes)],
-                               groups=n // t, threads=t, order=order, seed=seed, init_value=init_value)
+        groups = -(-n // t)
+        launch = {"groups": groups, "threads": t, "last_threads": n - (groups - 1) * t, "seed": seed,
+                  "init_value": init_value, "threadgroup_memory": threadgroup_memory, "math_mode": math_mode,
+                  "math_error": math_error}
+        ins = [h for _, h in pairs]
+        outputs = [(tuple(s), _DTYPES[d]) for s, d in zip(output_shapes, output_dtypes)]
+        if order == EVERY:
+            outs = compiled.launch_every(ins, outputs, names=self.output_names, **launch)
+        else:
+            outs = compiled.launch(ins, outputs, order=order, **launch)
         return [mx.array(o).view(mx.bfloat16) if d == mx.bfloat16 else mx.array(o)
                 for o, d in zip(outs, output_dtypes)]
 
@@ -142,9 +200,7 @@ def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[s
                  atomic_outputs: bool = False) -> EmulatedMetalKernel:
     """``mx.fast.metal_kernel`` with the same arguments, run on the CPU (module docstring:
     what is supported). Raises ``ValueError`` naming an unsupported argument."""
-    if atomic_outputs:
-        raise ValueError("atomic_outputs=True: the emulator's <metal_stdlib> has no metal::atomic; allowed: False")
     kernel = mx.fast.metal_kernel(name=name, input_names=list(input_names), output_names=list(output_names),
                                   source=source, header=header, ensure_row_contiguous=ensure_row_contiguous,
-                                  atomic_outputs=False)
+                                  atomic_outputs=bool(atomic_outputs))
     return EmulatedMetalKernel(kernel, name, input_names, output_names)

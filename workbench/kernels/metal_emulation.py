@@ -62,16 +62,45 @@ THREADGROUP_LIMIT = 32768
 SIMD_WIDTH = 32
 
 #: The orders in which the emulator runs the threads of a group between synchronisations
-#: (and the groups of a launch). Results must be the same bits in every order.
+#: (and the groups of a launch), the SIMD-groups of a group kept in step: every runnable
+#: thread runs to its next synchronisation, then every SIMD-group whose lanes all arrived
+#: is released. Results must be the same bits in every order.
 ORDERS: tuple[str, ...] = ("ascending", "descending", "shuffled")
 
+#: Schedules in which the SIMD-groups of a group run apart, as on an Apple GPU (SIMD-groups
+#: are independent between threadgroup barriers): one SIMD-group runs as far as it can (to
+#: a threadgroup barrier, or its end) before the next starts, in ascending or descending
+#: SIMD-group order; or a seeded random runnable thread runs to its next synchronisation at
+#: every step. Kept in step, a missing barrier between two phases that each end in a
+#: SIMD-group operation goes unseen: every SIMD-group has finished the first phase before
+#: any starts the second.
+APART: tuple[str, ...] = ("simd-groups-ascending", "simd-groups-descending", "simd-groups-random")
+
+#: Every schedule the emulator runs (:data:`ORDERS`, then :data:`APART`).
+SCHEDULES: tuple[str, ...] = ORDERS + APART
+
+#: How ``metal::exp``, ``exp2`` and ``rsqrt`` compute (``metal_stdlib``, ``runtime.c``):
+#: ``"host"`` the host's float functions (as before math modes existed); ``"precise"`` and
+#: ``"fast"`` Metal's two contracts (MSL spec 8.4: precise exp/exp2 within 4 ulp, rsqrt
+#: correctly rounded; fast exp/exp2 within 3 + floor(|2x|) ulp, rsqrt 2 ulp, subnormals
+#: flushed to zero). ``metal::precise::`` and ``metal::fast::`` calls keep their own mode.
+MATH_MODES: tuple[str, ...] = ("host", "precise", "fast")
+
+#: Where inside the bound a precise or fast result lands: the correctly rounded result
+#: moved up to the bound's upper edge, down to its lower edge, or to a random point in it
+#: (seeded, and a function of the input alone, so schedules still agree).
+MATH_ERRORS: tuple[str, ...] = ("edge-high", "edge-low", "random")
+
 #: clang's flags: C++17; no floating-point contraction beyond the source's own fma calls
-#: (so results do not depend on the optimiser); float promoted to double is an error as
-#: Metal has no double; unknown Metal attributes ([[kernel]], [[buffer(i)]]) ignored.
+#: (so results do not depend on the optimiser); an unsuffixed literal such as ``0.1`` is a
+#: float, as Metal compiles it (Metal has no double, so ``x * 0.1`` is float arithmetic
+#: there; computed in double here it would round differently); unknown Metal attributes
+#: ([[kernel]], [[buffer(i)]]) ignored. The ``double`` type itself is refused by the
+#: stand-in header.
 #: On Linux, -Bsymbolic binds each kernel's calls into the runtime to its own copy (every
 #: kernel's shared object carries the runtime; ctypes loads them side by side).
 CLANG_FLAGS: tuple[str, ...] = ("-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
-                                "-fno-strict-aliasing", "-Wno-unknown-attributes", "-Werror=double-promotion",
+                                "-fno-strict-aliasing", "-Wno-unknown-attributes", "-cl-single-precision-constant",
                                 *(("-Wl,-Bsymbolic",) if sys.platform.startswith("linux") else ()))
 
 #: MLX's thread attributes -> the C expression of the emulator's per-thread ids.
@@ -80,7 +109,7 @@ _ATTRIBUTES: dict[str, tuple[str, str, str]] = {
     "threadgroup_position_in_grid": ("t->tgpig[0]", "t->tgpig[1]", "t->tgpig[2]"),
     "threadgroups_per_grid": ("t->tpg[0]", "t->tpg[1]", "t->tpg[2]"),
     "threads_per_threadgroup": ("t->tptg[0]", "t->tptg[1]", "t->tptg[2]"),
-    "thread_position_in_grid": ("t->tgpig[0] * t->tptg[0] + t->tpitg[0]", "0u", "0u"),
+    "thread_position_in_grid": ("t->tpig[0]", "0u", "0u"),
     "thread_index_in_simdgroup": ("t->simd_lane", "0u", "0u"),
     "simdgroup_index_in_threadgroup": ("t->simd_group", "0u", "0u"),
     "thread_index_in_threadgroup": ("t->tpitg[0]", "0u", "0u"),
@@ -93,7 +122,39 @@ class MetalCompileError(ValueError):
 
 class EmulationError(RuntimeError):
     """The emulator stopped a launch: a divergent barrier or SIMD-group operation, a memory
-    fault (a guard page), threadgroup memory over 32 KB; the message says which and where."""
+    fault (a guard page), threadgroup memory over the limit; the message says which and where."""
+
+
+class ScheduleDependenceError(EmulationError):
+    """A launch gave different bits in two schedules: the result depends on how threads and
+    SIMD-groups interleave, a race (typically a missing threadgroup barrier). The message
+    names the first differing output (name and index) and the two schedules."""
+
+
+def first_difference(results: dict[str, Sequence[np.ndarray]], names: Sequence[str]) -> None:
+    """Raise :class:`ScheduleDependenceError` unless every schedule's outputs are the same bits.
+
+    ``results``: the outputs of one launch by schedule name, each in ``names``' order. Bits,
+    not values, are compared: a race can move a float by one ulp, and NaN must equal NaN.
+    The first schedule is the reference; the error names the first output (in ``names``'
+    order) and its first index (row-major) where another schedule differs.
+    """
+    schedules = list(results)
+    ref = schedules[0]
+    for name_index, name in enumerate(names):
+        a = np.ascontiguousarray(results[ref][name_index])
+        bits_a = a.view(f"u{a.dtype.itemsize}") if a.dtype.itemsize in (1, 2, 4, 8) else a
+        for other in schedules[1:]:
+            b = np.ascontiguousarray(results[other][name_index])
+            bits_b = b.view(f"u{b.dtype.itemsize}") if b.dtype.itemsize in (1, 2, 4, 8) else b
+            diff = np.flatnonzero(bits_a.reshape(-1) != bits_b.reshape(-1))
+            if diff.size:
+                i = int(diff[0])
+                index = tuple(int(x) for x in np.unravel_index(i, a.shape)) if a.ndim else ()
+                raise ScheduleDependenceError(
+                    f"output '{name}' differs between schedules '{ref}' and '{other}' first at index {index}: "
+                    f"{a.reshape(-1)[i]!r} vs {b.reshape(-1)[i]!r} ({diff.size} of {a.size} elements differ); a "
+                    "result that depends on the schedule is a race, typically a missing threadgroup_barrier")
 
 
 def cache_dir() -> Path:
@@ -193,7 +254,7 @@ def _entry(name: str, params: list[Param], targs: str) -> str:
             raise MetalCompileError(f"the kernel parameter attribute [[{p.attribute}]] is not emulated")
     call = f"{name}<{targs}>" if targs else name
     return ("\nstruct metal_emulation_ids {\n  unsigned tpitg[3], tgpig[3], tpg[3];\n"
-            "  unsigned simd_lane, simd_group, tptg[3];\n};\n"
+            "  unsigned simd_lane, simd_group, tptg[3];\n  unsigned tpig[3];\n};\n"
             'extern "C" void metal_emulation_entry(void* const* b, const metal_emulation_ids* t) {\n'
             f"  {call}(\n    " + ",\n    ".join(args) + ");\n}\n")
 
@@ -222,6 +283,24 @@ def _support_text() -> str:
 
 
 _LOCK = threading.Lock()
+
+#: The process's fiber stacks (address, threads), shared by every kernel's runtime and
+#: grown to the largest group launched so far; used under ``_LOCK`` only.
+_STACKS: list[int] = [0, 0]
+
+
+def _stacks_for(lib: ctypes.CDLL, threads: int) -> None:
+    """Hand ``lib``'s runtime the process's stacks, grown to ``threads`` if need be (one
+    mapping for every kernel: each runtime keeping its own would exhaust the process's
+    memory areas after a few dozen kernels). Call under ``_LOCK``."""
+    if _STACKS[1] < threads:
+        pool = lib.metal_emulation_stacks(threads)
+        if not pool:
+            raise MemoryError(f"no memory for {threads} fiber stacks")
+        if _STACKS[0]:
+            lib.metal_emulation_stacks_free(_STACKS[0], _STACKS[1])
+        _STACKS[:] = [pool, threads]
+    lib.metal_emulation_use_stacks(_STACKS[0], _STACKS[1])
 
 
 def _sum_path(path: Path) -> Path:
@@ -281,11 +360,24 @@ def _runtime_object(cc: str, folder: Path) -> Path:
 _COMPILED: dict[tuple[str | None, str], "EmulatedKernel"] = {}
 
 
+#: clang's path by ($WORKBENCH_CLANG, $PATH): the search stats a dozen paths, and a launch
+#: asks for it; keyed by the variables it reads, so changing them is still seen.
+_CLANG_BY_ENV: dict[tuple[str | None, str | None], str | None] = {}
+
+
+def _clang() -> str | None:
+    env = (os.environ.get("WORKBENCH_CLANG"), os.environ.get("PATH"))
+    if env not in _CLANG_BY_ENV:
+        _CLANG_BY_ENV[env] = clang()
+    return _CLANG_BY_ENV[env]
+
+
 def compile_source(source: str) -> "EmulatedKernel":
     """:func:`compile_fresh` once a source and clang per process (then the same kernel).
-    The clang is looked up on every call, so a machine without one still raises
-    ``BackendUnavailable`` rather than running a kernel compiled earlier."""
-    key = (clang(), source)
+    The clang is looked up by the environment it is found from, so with $WORKBENCH_CLANG or
+    $PATH pointing nowhere this still raises ``BackendUnavailable`` rather than running a
+    kernel compiled earlier."""
+    key = (_clang(), source)
     kernel = _COMPILED.get(key)
     if kernel is None:
         kernel = compile_fresh(source)
@@ -337,8 +429,13 @@ def _load(path: str, source: str) -> "EmulatedKernel":
     lib = ctypes.CDLL(path)
     lib.metal_emulation_launch.restype = ctypes.c_int
     lib.metal_emulation_launch.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint,
-                                           ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_char_p,
-                                           ctypes.c_size_t]
+                                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_ulong,
+                                           ctypes.c_ulong, ctypes.c_char_p, ctypes.c_size_t]
+    lib.metal_emulation_set_math.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_ulong]
+    lib.metal_emulation_stacks.restype = ctypes.c_void_p
+    lib.metal_emulation_stacks.argtypes = [ctypes.c_int]
+    lib.metal_emulation_stacks_free.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.metal_emulation_use_stacks.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.metal_emulation_buffer.restype = ctypes.c_void_p
     lib.metal_emulation_buffer.argtypes = [ctypes.c_size_t, ctypes.c_int]
     lib.metal_emulation_buffer_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
@@ -358,18 +455,30 @@ class EmulatedKernel:
 
     def launch(self, inputs: Sequence[np.ndarray], outputs: Sequence[tuple[tuple[int, ...], Any]], *, groups: int,
                threads: int, order: str = "ascending", seed: int = 0,
-               init_value: float | None = None) -> list[np.ndarray]:
+               init_value: float | None = None, last_threads: int | None = None,
+               threadgroup_memory: int = THREADGROUP_LIMIT, math_mode: str = "host",
+               math_error: str = "edge-high") -> list[np.ndarray]:
         """Run ``groups`` threadgroups of ``threads`` threads; return the outputs.
 
         ``inputs``: the input buffers in the signature's order (numpy arrays, copied into
         guarded buffers); ``outputs``: ``(shape, numpy dtype)`` each, NaN-filled before the
         launch so an element no thread writes shows (filled with ``init_value`` instead
-        when it is given, as MLX's ``init_value``). ``order``: one of :data:`ORDERS`.
-        Raises :class:`EmulationError` with the emulator's diagnosis.
+        when it is given, as MLX's ``init_value``). ``order``: one of :data:`SCHEDULES`.
+        ``last_threads``: the last group's threads when the grid is not a multiple of the
+        group (Metal runs a partial last group; default ``threads``). ``threadgroup_memory``:
+        the bytes of threadgroup memory a group may declare (at most Apple GPUs' 32 KB).
+        ``math_mode``, ``math_error``: :data:`MATH_MODES`, :data:`MATH_ERRORS` (``seed``
+        seeds the random one too). Raises :class:`EmulationError` with the emulator's diagnosis.
         """
-        validate.one_of("order", order, ORDERS)
+        validate.one_of("order", order, SCHEDULES)
         groups = validate.integer("groups", groups, minimum=1)
         threads = validate.integer("threads", threads, minimum=1, maximum=1024)
+        last = threads if last_threads is None else validate.integer("last_threads", last_threads, minimum=1,
+                                                                     maximum=threads)
+        tg_limit = validate.integer("threadgroup_memory", threadgroup_memory, minimum=16, maximum=THREADGROUP_LIMIT)
+        validate.one_of("math_mode", math_mode, MATH_MODES)
+        validate.one_of("math_error", math_error, MATH_ERRORS)
+        seed = validate.integer("seed", seed, minimum=0, maximum=2**63 - 1)
         buffers = [np.ascontiguousarray(a) for a in inputs]
         n_buf = sum(p.buffer is not None for p in self.params)
         if len(buffers) + len(outputs) != n_buf:
@@ -397,8 +506,10 @@ class EmulatedKernel:
             err = ctypes.create_string_buffer(4096)
             entry = ctypes.cast(lib.metal_emulation_entry, ctypes.c_void_p)
             with _LOCK:  # the emulator's state is global to its shared object; one launch at a time
-                rc = lib.metal_emulation_launch(entry, arr, groups, threads, ORDERS.index(order), seed, err,
-                                                len(err))
+                _stacks_for(lib, threads)
+                lib.metal_emulation_set_math(MATH_MODES.index(math_mode), MATH_ERRORS.index(math_error), seed)
+                rc = lib.metal_emulation_launch(entry, arr, groups, threads, last, SCHEDULES.index(order), seed,
+                                                tg_limit, err, len(err))
             if rc != 0:
                 raise EmulationError(f"{self.name}: {self._annotate(err.value.decode())}")
             for a, (p, _) in zip(outs, ptrs[len(buffers):]):
@@ -407,6 +518,19 @@ class EmulatedKernel:
             for p, n in ptrs:
                 lib.metal_emulation_buffer_free(p, n)
         return outs
+
+    def launch_every(self, inputs: Sequence[np.ndarray], outputs: Sequence[tuple[tuple[int, ...], Any]], *,
+                     names: Sequence[str], schedules: Sequence[str] = SCHEDULES, **launch: Any) -> list[np.ndarray]:
+        """:meth:`launch` in every schedule of ``schedules`` (``launch``: its other keywords);
+        the outputs, after :func:`first_difference` has checked they are the same bits in all
+        of them (``names``: the outputs' names, for its message)."""
+        if not schedules:
+            raise ValueError("schedules: give at least one; allowed: any of " + ", ".join(SCHEDULES))
+        if len(names) != len(outputs):
+            raise ValueError(f"names: {len(outputs)} outputs need {len(outputs)} names, got {len(names)}")
+        results = {s: self.launch(inputs, outputs, order=s, **launch) for s in schedules}
+        first_difference(results, names)
+        return results[schedules[0]]
 
     def _annotate(self, message: str) -> str:
         """The emulator's message with the source lines it names quoted."""

@@ -53,6 +53,17 @@ def from_hf_config(path_or_dict: str | Path | Mapping[str, Any], *, name: str | 
     `ModelConfig.source`. The family is read by ``FAMILIES[model_type]``.
     """
     raw = _read_config(path_or_dict)
+    if isinstance(path_or_dict, Mapping):
+        return _from_raw(raw, name)
+    try:
+        return _from_raw(raw, name)
+    except ValueError as err:  # what is wrong inside a file is said with the file's name
+        where = Path(path_or_dict)
+        raise ValueError(f"{err} (in {where / 'config.json' if where.is_dir() else where})") from None
+
+
+def _from_raw(raw: dict[str, Any], name: str | None) -> ModelConfig:
+    """``from_hf_config`` of a config already read: the family's reader, named."""
     model_type = raw.get("model_type")
     if not isinstance(model_type, str):
         raise ValueError(

@@ -36,7 +36,10 @@ def load_model(name: str | Path) -> ModelConfig:
     ``workbench.real_models.checkpoint.load_checkpoint``.
     """
     if _is_path(name):
-        return from_hf_config(name)
+        try:
+            return from_hf_config(name)
+        except ValueError as err:  # said as load_model's own parameter, which the caller passed
+            raise ValueError(f"name: {str(err).removeprefix('path_or_dict: ')}") from None
     names = list_models()
     if not isinstance(name, str) or name not in names:
         raise ValueError(

@@ -42,6 +42,7 @@ from workbench import tail as tails
 from workbench.kernels import emulated, one_launch
 from workbench.kernels import launch as kernel_launch
 from workbench.real_models.checkpoint import Checkpoint, Tensor
+from workbench.real_models.graph_tail import model_graph_tail
 from workbench.tail.weights import TailWeights
 from workbench.validate import describe, integer, one_of, token_ids
 
@@ -315,8 +316,9 @@ def vector_tail(launch: tails.TailLaunch, backend: str) -> Callable[[mx.array, m
     """One tail on one position, as a function of ``(branch [branch], residual [hidden])``
     float32 ``mx.array`` vectors to a lazy float32 ``[hidden]`` array, for ``backend``.
 
-    * ``graph``: the tail's MLX ops traced once by ``mx.compile`` (its element-wise ops then
-      fuse: fewer kernels a token than the ops as written);
+    * ``graph``: the tail's MLX ops with the weights prepared once and traced by
+      ``mx.compile`` (``graph_tail.model_graph_tail``: scales widened, gate and up stacked,
+      ``mx.fast.rms_norm``; its element-wise ops fuse);
     * ``cuda``: the tail as one launch (``workbench.kernels.one_launch``, in
       ``one_launch.shape_for``'s shape), or its three launches where that does not fit;
     * ``metal``: the three launches, encoded in the caller's evaluation;
@@ -328,7 +330,7 @@ def vector_tail(launch: tails.TailLaunch, backend: str) -> Callable[[mx.array, m
     name = one_of("backend", backend, MODEL_BACKENDS)
     backends.resolve_backend(name)
     if name == "graph":
-        return mx.compile(lambda b, r: tails.tail_graph(launch, b, r))
+        return model_graph_tail(launch)
     if name == "metal-emulated":
         return lambda b, r: mx.array(emulated.emulated_tail(launch, np.asarray(b), np.asarray(r)))
     if name == "cuda":
@@ -346,6 +348,13 @@ class _FusedTailBlock(_BlockStandIn):
     on every backend) and its output takes the block input's dtype: for a float32 model
     (``reference_model`` keeps SmolLM2's activations float32) nothing is rounded; for a
     bfloat16 model the output is rounded once to bfloat16, as mlx-lm's own add would.
+
+    Building a step's graph is host work that a small model's decode waits on (on the H200,
+    SmolLM2's decode is bound by it: ``bench.real_model`` counts tokens per CPU second beside
+    tokens per second), so a call adds as few ops as it can: no cast where the dtype is
+    already float32, the graph tail handed the rows as they are (one compiled call), and
+    ``o_proj`` taken out of the attention once for the whole :func:`fused_tails` block
+    (:meth:`bare`) rather than swapped in and out on every call.
     """
 
     def __init__(self, block: nn.Module, weights: TailWeights, backend: str):
@@ -354,26 +363,40 @@ class _FusedTailBlock(_BlockStandIn):
         self._backend = backend
         self._launch = tails.tail_launch(weights)  # the rules are asked here, once
         self._tail = vector_tail(self._launch, backend)
+        self._rows = backend == "graph"  # the graph tail takes [n, width] rows in one call
+        self._bare = False
 
-    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+    @contextlib.contextmanager
+    def bare(self) -> Iterator[None]:
+        """Within the block, the attention's ``o_proj`` is the identity, so the attention
+        returns the branch; the model's own ``o_proj`` is put back on exit."""
         attn = self.block.self_attn
         o_proj = attn.o_proj
         attn.o_proj = nn.Identity()
+        self._bare = True
         try:
-            branch = attn(self.block.input_layernorm(x), mask, cache)
+            yield
         finally:
+            self._bare = False
             attn.o_proj = o_proj
-        b = branch.astype(mx.float32)
-        r = x.astype(mx.float32)
-        lead = r.shape[:-1]
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        if self._bare:
+            branch = self.block.self_attn(self.block.input_layernorm(x), mask, cache)
+        else:
+            with self.bare():
+                branch = self.block.self_attn(self.block.input_layernorm(x), mask, cache)
+        b = branch if branch.dtype == mx.float32 else branch.astype(mx.float32)
+        r = x if x.dtype == mx.float32 else x.astype(mx.float32)
         bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
-        if bf.shape[0] == 1:  # a decode step: one position
-            out = self._tail(bf[0], rf[0])
-        elif self._backend == "graph":  # the graph takes every position at once
+        if self._rows:  # the graph takes every position at once, a decode step's one as a row
             out = self._tail(bf, rf)
+        elif bf.shape[0] == 1:  # a kernel, a decode step: one position
+            out = self._tail(bf[0], rf[0])
         else:  # the kernels take one position a launch: a prompt's positions one after another
             out = mx.stack([self._tail(bf[i], rf[i]) for i in range(bf.shape[0])])
-        return out.reshape(*lead, r.shape[-1]).astype(x.dtype)
+        out = out.reshape(x.shape)
+        return out if out.dtype == x.dtype else out.astype(x.dtype)
 
 
 @contextlib.contextmanager
@@ -406,11 +429,15 @@ def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, back
             raise ValueError(f"weights[{i}]: TailWeights of layer {int(w.layer)}, not of layer {i} (the rules were "
                              f"asked about layer {int(w.layer)}); pass ckpt.tail_weights({i})")
     blocks = [blk if w is None else _FusedTailBlock(blk, w, backend) for blk, w in zip(original, weights)]
-    owner.layers = blocks
-    try:
-        yield model
-    finally:
-        owner.layers = original
+    with contextlib.ExitStack() as bare:
+        for blk in blocks:
+            if isinstance(blk, _FusedTailBlock):
+                bare.enter_context(blk.bare())
+        owner.layers = blocks
+        try:
+            yield model
+        finally:
+            owner.layers = original
 
 
 # ---------------------------------------------------------------------------------------

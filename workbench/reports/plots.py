@@ -15,11 +15,12 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
-from workbench import validate
+from workbench import backends, validate
 from workbench.waits import plan as waits
 from workbench.fold.rotation import HadamardFold
 from workbench.models.config import Mixer, ModelConfig
 from workbench.models.refusals import Refusal, refusals
+from workbench.reports.schedule_run import clock_table
 
 
 def _frame(name: str, df, columns: dict[str, str] | None = None):
@@ -45,6 +46,19 @@ def _tolerances(tolerances) -> dict | None:
         raise ValueError(f"tolerances: must be None or a dict of label -> tolerance, got {validate.describe(tolerances)}")
     return {k: validate.number(f"tolerances[{k!r}]", v, minimum=0, exclusive_minimum=True)
             for k, v in tolerances.items()}
+
+
+#: How a figure's title names MLX's device kind (``backends.device_kind``).
+DEVICE_KINDS = {"cpu": "CPU", "cuda": "CUDA GPU", "metal": "Metal GPU"}
+
+
+def _where(df) -> str:
+    """Where a sweep frame's errors were measured, for a figure's title: its backends and the
+    kind of device MLX ran them on (this process's: a sweep is measured where it is drawn).
+    The kind, not the device's model name, so the same run draws the same figure on any
+    machine of that kind (a committed notebook's figure stays the same bytes)."""
+    names = ", ".join(str(b) for b in dict.fromkeys(df["backend"])) if "backend" in df.columns else "graph"
+    return f"{names} on MLX's {DEVICE_KINDS.get(backends.device_kind(), backends.device_kind())}"
 
 
 def _axes(ax, figsize: tuple[float, float]):
@@ -232,6 +246,18 @@ def plot_wait_share(cfg, *, weight_gb=(54.0, 14.0, 7.0), bandwidth_gbs: float = 
     return fig
 
 
+def _run_label(rec) -> str:
+    """A schedule record's device and set-up in a few words (one legend entry per distinct one)."""
+    label = f"{rec['device']} ({rec['backend']}), {rec['geometry']} geometry, {rec['dtype']}"
+    quant = rec.get("quant")
+    return label + (f" {quant}" if quant else "") + (", kernels" if rec.get("matvec") == "kernels" else "")
+
+
+def _devices(records) -> str:
+    """The devices a set of records were measured on, for a title: ``NVIDIA H200, AMD EPYC ...``."""
+    return ", ".join(dict.fromkeys(str(r["device"]) for r in records))
+
+
 def plot_schedule_runs(records, *, ax=None):
     """The schedule's measured savings against the table's prediction, one marker per comparison.
 
@@ -239,33 +265,86 @@ def plot_schedule_runs(records, *, ax=None):
     predicted saving (waits saved x the price measured in the same run); y: the measured
     one (median ms a token of one stage minus the other's, paired by round where the
     record has each token's time). Hollow markers: pairs with the device floor, where the
-    attention moved to the device as well. The line y = x with a +-20% band. Returns the
-    ``Figure``.
+    attention moved to the device as well. The line y = x with a +-20% band.
+
+    Runs of the same device and set-up share one colour and one legend entry (a folder of
+    records holds many runs of few set-ups: one entry a run filled half the axes), the
+    hollow markers one entry for all; the legend sits below the axes, and the axes span
+    the points, not the longest diagonal. The title names the devices. Returns the ``Figure``.
     """
 
     if not records:
         raise ValueError("records: need at least one schedule record")
-    fig, ax = _axes(ax, (6.5, 5))
-    hi = 0.0
     for i, rec in enumerate(records):
+        if not isinstance(rec, dict) or not {"comparisons", "device", "backend", "geometry", "dtype"} <= set(rec):
+            raise ValueError(f"records[{i}]: must be a schedule record (bench.schedule_run's JSON), "
+                             f"got {validate.describe(rec)}")
+    groups = list(dict.fromkeys(_run_label(r) for r in records))
+    colour = {g: f"C{k % 10}" if k < 10 else plt.get_cmap("tab20")(k % 20) for k, g in enumerate(groups)}
+    fig, ax = _axes(ax, (6.5, 5))
+    xs, ys, labelled, hollow = [], [], set(), False
+    for rec in records:
         comps = rec["comparisons"]
-        x = np.array([c["ms_saved_predicted"] for c in comps])
-        y = np.array([c.get("ms_saved_paired", c["ms_saved_measured"]) for c in comps])
+        x = np.array([c["ms_saved_predicted"] for c in comps], dtype=float)
+        y = np.array([c.get("ms_saved_paired", c["ms_saved_measured"]) for c in comps], dtype=float)
         same = np.array([c.get("same_work", True) for c in comps], dtype=bool)
-        label = f"{rec['device']} ({rec['backend']}), {rec['geometry']} geometry, {rec['dtype']}"
-        ax.scatter(x[same], y[same], color=f"C{i}", label=label, zorder=3)
+        g = _run_label(rec)
+        ax.scatter(x[same], y[same], color=colour[g], label=None if g in labelled else g, zorder=3)
+        labelled.add(g)
         if (~same).any():  # pairs with the device floor: the attention moved too, not only the waits
-            ax.scatter(x[~same], y[~same], facecolors="none", edgecolors=f"C{i}", zorder=3,
-                       label=f"{rec['backend']}: against the device floor (attention moved too)")
-        hi = max(hi, float(np.max(np.abs(np.concatenate([x, y])))))
-    t = np.linspace(0, hi * 1.05, 50)
+            ax.scatter(x[~same], y[~same], facecolors="none", edgecolors=colour[g], zorder=3)
+            hollow = True
+        xs.append(x)
+        ys.append(y)
+    if hollow:  # one entry for every run's hollow markers, in neutral grey
+        ax.scatter([], [], facecolors="none", edgecolors="grey", label="hollow: against the device floor "
+                                                                        "(attention moved too)")
+    x_all, y_all = np.concatenate(xs), np.concatenate(ys)
+    ok = np.isfinite(x_all) & np.isfinite(y_all)
+    if not ok.any():
+        raise ValueError("records: no comparison has a finite predicted and measured saving")
+    lo_x, hi_x = min(0.0, float(x_all[ok].min())), max(float(x_all[ok].max()), 1e-9)
+    lo_y, hi_y = min(0.0, float(y_all[ok].min())), max(float(y_all[ok].max()), 1.2 * hi_x)
+    t = np.linspace(lo_x, hi_x * 1.05, 50)
     ax.plot(t, t, color="black", linewidth=0.8, label="measured = predicted")
     ax.fill_between(t, 0.8 * t, 1.2 * t, color="grey", alpha=0.2, label="within 20%")
+    ax.set_xlim(lo_x - 0.05 * (hi_x - lo_x), hi_x + 0.05 * (hi_x - lo_x))
+    ax.set_ylim(lo_y - 0.05 * (hi_y - lo_y), hi_y + 0.05 * (hi_y - lo_y))
     ax.set_xlabel("predicted saving, ms a token (waits saved x measured price)")
     ax.set_ylabel("measured saving, ms a token")
-    ax.set_title("The schedule against the table")
+    ax.set_title(f"The schedule against the table: {len(records)} runs on {_devices(records)}", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_stage_clock(runs, *, ax=None):
+    """Ms a token at each stage of the plan, one line per weight format, beside its floor.
+
+    ``runs``: ``{format label: schedule record}`` (records of ``bench.schedule_run
+    --matvec kernels``, whose ``clock_table`` has each stage's ms). Solid: the measured
+    median ms a token; dashed, same colour: that run's weight-bytes floor (the bytes a token
+    streams over the copy bandwidth measured in the same run). The title names the devices.
+    Returns the ``Figure``.
+    """
+    if not isinstance(runs, dict) or not runs:
+        raise ValueError(f"runs: must be a non-empty dict of format label -> schedule record, "
+                         f"got {validate.describe(runs)}")
+    fig, ax = _axes(ax, (8, 3.5))
+    top = 0.0
+    for i, (fmt, rec) in enumerate(runs.items()):
+        clock = clock_table(rec)
+        ax.plot(clock["stage"], clock["ms"], marker="o", color=f"C{i}", label=f"{fmt}: ms a token")
+        ax.axhline(rec["floor_ms"], color=f"C{i}", ls="--", lw=1, label=f"{fmt}: weight-bytes floor")
+        top = max(top, float(np.nanmax(clock["ms"])), float(rec["floor_ms"]))
+    ax.set_xlabel("stage of the plan")
+    ax.set_ylabel("ms a token (median)")
+    ax.set_ylim(0, top * 1.1)
+    ax.set_title(f"A decode step on the project's kernels, stage by stage: {_devices(list(runs.values()))}",
+                 fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -313,6 +392,7 @@ def plot_error_histograms(df, *, metric: str = "worst", by: str = "dtype", toler
     # The legend goes beside the panels, not on them: inside, it hid the bf16 histogram's bars.
     handles, names = axes[0, 0].get_legend_handles_labels()
     axes[-1, 0].set_xlabel(f"{metric} per case (log)")
+    fig.suptitle(f"{metric} of each case, {len(df)} cases: {_where(df)}", fontsize=10)
     fig.tight_layout()
     if handles:
         fig.legend(handles, names, fontsize=8, loc="upper center", ncol=min(len(handles), 3),
@@ -346,15 +426,17 @@ def plot_error_ecdf(df, *, metric: str = "worst", by: str = "dtype", tolerances=
     ax.set_yscale("log")
     ax.set_xlabel(f"{metric} (log)")
     ax.set_ylabel("P(error > x) (log)")
+    ax.set_title(f"how often {metric} exceeds x, {len(df)} cases: {_where(df)}", fontsize=10)
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
 
-def plot_fold_effect(df, *, metric: str = "model_nmse", ax=None):
+def plot_fold_effect(df, *, metric: str = "model_nmse", ax=None, title: str | None = None):
     """Median ``metric`` per quantization, with and without a fold (bars, log y), with the
-    interquartile range as error bars: where the fold matters (against the master weights)."""
+    interquartile range as error bars: where the fold matters (against the master weights).
+    ``title``: default, the metric, the case count and where they were measured."""
 
     _frame("df", df, {"metric": metric})
     if not {"quant", "fold"} <= set(df.columns):
@@ -377,6 +459,8 @@ def plot_fold_effect(df, *, metric: str = "model_nmse", ax=None):
     ax.set_xticks(x, quants, rotation=20)
     ax.set_yscale("log")
     ax.set_ylabel(f"median {metric} (log)")
+    ax.set_title(title if title is not None else
+                 f"median {metric} (bars: quartiles) by weight format, {len(df)} cases: {_where(df)}", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", which="both", alpha=0.2)
     fig.tight_layout()

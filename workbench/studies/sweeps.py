@@ -51,8 +51,10 @@ from workbench.tail.comparison import (
 )
 from workbench.fold.rotation import FoldSite, HadamardFold
 from workbench.studies.cases import (
+    BYTES_PER_CASE_FLOAT,
     CASE_BLOCK,
     CaseArrays,
+    case_floats,
     case_row_weights,
     check_case_memory,
     check_fold,
@@ -93,7 +95,7 @@ class _Stored:
     """A block's weights as one configuration stores them: numpy float64 (for the truth) and
     what the graph reads (mx arrays in the dtype, or batched quantized ``WeightMatrix``)."""
 
-    np64: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # wo, gate, up, down
+    np64: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None  # wo, gate, up, down; None: the masters
     graph: tuple[Any, Any, Any, Any]
     quantized: bool
 
@@ -129,8 +131,7 @@ def _store(c: CaseArrays, dtype: str, fold: Any, spec: QuantSpec | None,
         mats[0] = mx.array(folded.astype(np.float32)).astype(dt)
     if spec is None:
         if dtype == "float32" and fold is None:  # the master arrays themselves: skip the round trip
-            np64 = master64[:4] if master64 is not None else tuple(
-                a.astype(np.float64) for a in (c.wo, c.gate, c.up, c.down))
+            np64 = master64[:4] if master64 is not None else None  # None: made by _truth when asked
         else:
             np64 = tuple(_to_np64(m) for m in mats)
         return _Stored(np64, tuple(mats), False)  # type: ignore[arg-type]
@@ -197,7 +198,7 @@ def _variant_args(c: CaseArrays, fold: Any, eps: float, mutation: str | None) ->
 def _truth(st: _Stored, c: CaseArrays, fold: Any, eps: float) -> np.ndarray:
     """float64 truth on the stored weights: ``tail_np`` (what ``host_tail`` computes)."""
     a = _variant_args(c, fold, eps, None)
-    wo, g, u, d = st.np64
+    wo, g, u, d = st.np64 if st.np64 is not None else _master64(c)[:4]
     return tail_np(wo, a["fold"], a["ffn_norm"].astype(np.float64), g, u, d, a["eps"],
                         a["branch"].astype(np.float64), a["residual"].astype(np.float64))
 
@@ -213,16 +214,23 @@ def _model_truth(c: CaseArrays, eps: float, master64: tuple[np.ndarray, ...] | N
     return tail_np(wo, None, norm, g, u, d, eps, branch, residual)
 
 
-def _graph(st: _Stored, c: CaseArrays, fold: Any, eps: float, mutation: str | None) -> np.ndarray:
-    """The fused graph (``tail_mx``) on a batch, evaluated once: float32 [S, hidden]."""
+def _graph_start(st: _Stored, c: CaseArrays, fold: Any, eps: float, mutation: str | None) -> mx.array:
+    """The fused graph (``tail_mx``) on a batch, its one evaluation started (``mx.async_eval``):
+    MLX evaluates it on its own thread while the caller computes the float64 truth, so on two
+    cores the two overlap. The same graph, the same bits as evaluating it at once."""
     a = _variant_args(c, fold, eps, mutation)
     lift = (lambda v: mx.array(v)[:, None, :]) if st.quantized else mx.array
     wo, g, u, d = st.graph
     out = tail_mx(wo, a["fold"], lift(a["ffn_norm"]), g, u, d, a["eps"], lift(a["branch"]), lift(a["residual"]))
     if st.quantized:
         out = out[:, 0, :]
-    mx.eval(out)
-    return np.array(out)
+    mx.async_eval(out)
+    return out
+
+
+def _graph(st: _Stored, c: CaseArrays, fold: Any, eps: float, mutation: str | None) -> np.ndarray:
+    """The fused graph (``tail_mx``) on a batch, evaluated once: float32 [S, hidden]."""
+    return np.array(_graph_start(st, c, fold, eps, mutation))
 
 
 def _metrics(actual: np.ndarray, truth: np.ndarray, model: np.ndarray | None) -> dict[str, np.ndarray]:
@@ -289,8 +297,6 @@ def _run(
     desc: str,
     wo_outliers: int,
 ):
-    import pandas as pd
-
     eps = validate.number("eps", eps, minimum=0, exclusive_minimum=True)
     if progress is not None:
         progress = validate.flag("progress", progress)
@@ -310,46 +316,79 @@ def _run(
     frames = []
     try:
         for si, ((shp, configs), k) in enumerate(zip(plan, ks)):
-            for blk in blocks:
+
+            def draw(blk: int, shp: tuple[int, int, int] = shp, k: int = k) -> CaseArrays:
                 want = seeds_arr[seeds_arr // CASE_BLOCK == blk]
-                c = with_outliers(draw_block(shp, int(blk), np.unique(want) - blk * CASE_BLOCK), k)
-                m64 = _master64(c)
-                model = _model_truth(c, eps, m64)
+                return with_outliers(draw_block(shp, int(blk), np.unique(want) - blk * CASE_BLOCK), k)
+
+            # The next block is drawn while this block's last graphs evaluate on MLX's thread,
+            # where two blocks fit in memory at once.
+            ahead = 2 * BYTES_PER_CASE_FLOAT * per_block * case_floats(shp) <= validate.memory_cap_bytes()
+            c_next = draw(blocks[0])
+            for bi, blk in enumerate(blocks):
+                c, c_next = c_next, None
+                m64 = model = None
                 for ci, (dtype, fold, qlabel, spec, bk) in enumerate(configs):
                     st = _store(c, dtype, fold, spec, m64)
                     plain = dtype == "float32" and fold is None and spec is None
+                    # The graphs first (MLX evaluates them on its thread), then the float64 truths here.
+                    runs = [(mi, mut, _graph_start(st, c, fold, eps, mut) if bk == "graph" else None)
+                            for mi, mut in enumerate(mutations)
+                            if not (mut == "rotation_skipped" and fold is None)]  # no fold: no rotation to skip
+                    if model is None:
+                        m64 = _master64(c)
+                        model = _model_truth(c, eps, m64)
                     truth = model if plain else _truth(st, c, fold, eps)
-                    for mi, mut in enumerate(mutations):
-                        if mut == "rotation_skipped" and fold is None:
-                            continue  # without a fold there is no rotation to skip
-                        if bk == "graph":
-                            actual = _graph(st, c, fold, eps, mut)
+                    if ahead and ci == len(configs) - 1 and bi + 1 < len(blocks):
+                        c_next = draw(blocks[bi + 1])
+                    for mi, mut, started in runs:
+                        if started is not None:
+                            actual = np.array(started)  # waits for the graph's evaluation
                         else:
                             actual = _kernel_rows(shp, c, dtype, fold, spec, bk, eps, mut)
                         m = _metrics(actual, truth, None if mut is not None else model)
-                        df = pd.DataFrame(m)
-                        df.insert(0, "seed", c.seeds)
-                        for i, (name, v) in enumerate((("hidden", shp[0]), ("branch", shp[1]), ("ffn", shp[2]),
-                                                        ("wo_outliers", k), ("dtype", dtype),
-                                                        ("fold", fold_label(fold)), ("quant", qlabel),
-                                                        ("backend", bk))):
-                            df.insert(i, name, v)
-                        if mut is not None:
-                            df.insert(8, "mutation", mut)
-                        df["_order"] = (si * len(configs) + ci) * len(mutations) + mi  # sorted on below
-                        frames.append(df)
+                        meta = (shp[0], shp[1], shp[2], k, dtype, fold_label(fold), qlabel, bk)
+                        order = (si * len(configs) + ci) * len(mutations) + mi  # sorted on below
+                        frames.append((order, meta, mut, c.seeds, m))
+                if c_next is None and bi + 1 < len(blocks):
+                    c_next = draw(blocks[bi + 1])
                 if bar is not None:
                     bar.update(1)
     finally:
         if bar is not None:
             bar.close()
+    out = _frame(frames, with_mutation=mutations != [None])
     # One tidy order whatever the blocking: shape, then configuration (as given), then
     # mutation, then seed.
-    out = pd.concat(frames, ignore_index=True).sort_values(["_order", "seed"], kind="stable")
+    out = out.sort_values(["_order", "seed"], kind="stable")
     out = out.drop(columns="_order").reset_index(drop=True)
     for col in ("dtype", "fold", "quant", "backend") + (("mutation",) if mutations != [None] else ()):
         out[col] = out[col].astype("category")
     return out
+
+
+#: The columns that say which case a row is, before ``seed`` and the metrics.
+_META = ("hidden", "branch", "ffn", "wo_outliers", "dtype", "fold", "quant", "backend")
+
+
+def _frame(parts: list, *, with_mutation: bool):
+    """One DataFrame from every block's ``(order, meta, mutation, seeds, metrics)``, built once:
+    a frame a block, each column inserted, cost more than the graph at the test shape.
+    Columns: :data:`_META`, ``mutation`` (mutation sweeps), ``seed``, the metrics, ``_order``."""
+    import pandas as pd
+
+    lengths = [len(p[3]) for p in parts]
+    data: dict[str, np.ndarray] = {}
+    for j, name in enumerate(_META):
+        values = [p[1][j] for p in parts]
+        data[name] = np.repeat(np.array(values, dtype=np.int64 if j < 4 else object), lengths)
+    if with_mutation:
+        data["mutation"] = np.repeat(np.array([p[2] for p in parts], dtype=object), lengths)
+    data["seed"] = np.concatenate([p[3] for p in parts])
+    for name in parts[0][4]:
+        data[name] = np.concatenate([p[4][name] for p in parts])
+    data["_order"] = np.repeat(np.array([p[0] for p in parts], dtype=np.int64), lengths)
+    return pd.DataFrame(data)
 
 
 def _kernel_rows(shp, c: CaseArrays, dtype, fold, spec, backend, eps, mutation) -> np.ndarray:

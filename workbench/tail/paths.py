@@ -27,8 +27,6 @@ import numpy as np
 from workbench import backends, validate
 from workbench.fold.rotation import FoldPlan, FoldSite, HadamardFold
 from workbench.fold.weights import WeightMatrix
-from workbench.kernels import run as kernel_run
-from workbench.kernels import one_launch
 from workbench.models import config as model
 from workbench.models import refusals
 from workbench.tail.ops import rms_norm_np, tail_mx, tail_np
@@ -46,11 +44,21 @@ def check_inputs(w: TailWeights, branch: Any, residual: Any) -> tuple[Any, Any]:
     (see :func:`host_tail`), because checking would cost the fused path a host read, the
     very wait it exists to save. :func:`compare` fails any NaN.
     """
+    if type(w) is TailWeights and type(branch) is np.ndarray and type(residual) is np.ndarray:
+        # The oracle's usual call, checked in a few comparisons (the full checks below give
+        # the same verdict; they cost more than the tail itself at the test shape).
+        hidden, bdim, _ = w.shape
+        bs, rs = branch.shape, residual.shape
+        if (branch.dtype.kind == "f" and residual.dtype.kind == "f" and bs and rs and bs[-1] == bdim
+                and rs[-1] == hidden and bs[:-1] == rs[:-1]):
+            return branch, residual
     if not isinstance(w, TailWeights):
         raise ValueError(f"w: must be TailWeights, got {validate.describe(w)}")
     hidden, bdim, _ = w.shape
 
     def arr(name: str, a: Any) -> Any:
+        if type(a) is np.ndarray and a.dtype.kind == "f":  # the common case, checked in one test
+            return a
         if isinstance(a, mx.array):
             if not mx.issubdtype(a.dtype, mx.floating):
                 raise ValueError(f"{name}: must be a float array, got {validate.describe(a)}")
@@ -104,11 +112,16 @@ def host_tail(w: TailWeights, branch: Any, residual: Any, *, dtype: Any = np.flo
     and unfused tails do the same; :func:`compare` reports it as a failure.
     """
     branch, residual = check_inputs(w, branch, residual)
-    dt = validate.float_dtype("dtype", dtype)
+    dt = dtype if dtype is np.float64 else validate.float_dtype("dtype", dtype)  # the default needs no check
     # An MLX input (bfloat16 included, which numpy has no type for) is read as the fused tail reads it.
-    branch, residual = validate.float_array("branch", branch), validate.float_array("residual", residual)
+    if type(branch) is not np.ndarray:
+        branch = validate.float_array("branch", branch)
+    if type(residual) is not np.ndarray:
+        residual = validate.float_array("residual", residual)
     wo, norm, gate, up, down = w.host_arrays(dt)
-    return tail_np(wo, w.wo.fold, norm, gate, up, down, w.eps, branch.astype(dt), residual.astype(dt))
+    # copy=False: tail_np never writes to its inputs, so a float64 input needs no copy.
+    return tail_np(wo, w.wo.fold, norm, gate, up, down, w.eps, branch.astype(dt, copy=False),
+                   residual.astype(dt, copy=False))
 
 
 def to_mx(a: Any) -> mx.array:
@@ -245,7 +258,13 @@ def fused_tail(
         mx.eval(out)  # the one submission
         result = np.asarray(out)  # already evaluated: reading it waits on nothing more
     elif name == "cuda":
+        # The kernels' modules are imported by the backends that run them, so the oracle
+        # and the graph tail (most callers) do not pay for them.
+        from workbench.kernels import one_launch
+
         result = one_launch.run_cuda_tail(launch, branch, residual)
     else:
+        from workbench.kernels import run as kernel_run
+
         result = kernel_run.run_kernel_tail(name, launch, branch, residual)
     return (result, name) if return_backend else result

@@ -95,6 +95,13 @@ def case_recipe(hidden: int, branch: int, ffn: int) -> tuple[Draw, ...]:
 # ---------------------------------------------------------------------------------------
 
 
+#: The host copies' cache keys (``np.dtype.str``) of the float dtypes, by the forms a caller
+#: passes (``np.float64``, ``np.dtype("float64")``), so a repeated call finds its copies with
+#: one dictionary lookup.
+_HOST_DTYPES: dict[Any, str] = {k: np.dtype(t).str for t in (np.float16, np.float32, np.float64)
+                                for k in (t, np.dtype(t))}
+
+
 #: How a checkpoint stores an RMSNorm weight: ``"plain"`` multiplies by ``w`` (Llama,
 #: Qwen3, mlx-lm's converted checkpoints), ``"zero_centred"`` by ``1 + w`` (Hugging Face
 #: Qwen3-Next and Qwen3.5 checkpoints; mlx-lm adds the 1 when it converts them).
@@ -172,9 +179,11 @@ class TailWeights:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        """``(hidden, branch, ffn)``."""
-        hidden, branch = self.wo.shape
-        return hidden, branch, self.gate.shape[0]
+        """``(hidden, branch, ffn)`` (kept from construction: the oracle reads it on every call)."""
+        if "shape" not in self._host:
+            hidden, branch = self.wo.shape
+            self._host["shape"] = (hidden, branch, self.gate.shape[0])
+        return self._host["shape"]
 
     @property
     def nbytes(self) -> int:
@@ -200,6 +209,9 @@ class TailWeights:
         MLX-stored weights reads them once per dtype (a host read that
         :func:`count_waits` would see); later oracle calls read nothing from MLX.
         """
+        hit = _HOST_DTYPES.get(dtype) if isinstance(dtype, (type, np.dtype)) else None
+        if hit is not None and hit in self._host:  # the oracle's per-call lookup: no dtype checks again
+            return self._host[hit]
         dt = np.dtype(dtype)
         if not np.issubdtype(dt, np.floating):
             raise ValueError(f"dtype must be a numpy float dtype (float64 for the truth, float32 for the host); got {dt}")

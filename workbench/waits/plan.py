@@ -30,6 +30,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from workbench import files
+from workbench.models.config import ModelConfig
+from workbench.models.loader import list_models
 from workbench.models.refusals import format_reason_counts, reason_counts, refusals
 from workbench.validate import describe, flag, integer, number
 from workbench.waits.ledger import ledger_entries, ledger_price
@@ -173,6 +175,8 @@ def load_plan(path: str | Path | None = None) -> Plan:
     takes well under a millisecond), so an edited file is never answered from a stale
     copy, and every caller gets its own :class:`Plan`.
     """
+    if path is not None and not isinstance(path, (str, Path)):
+        raise ValueError(f"path: must be None or a plan file's path, got {describe(path)}")
     p = Path(path) if path is not None else PLAN_PATH
     return parse_plan(read_json(p, "plan"), str(p))
 
@@ -191,6 +195,12 @@ def _stage(stage: int | str | Stage, plan: Plan | None) -> Stage:
 
 
 def _attention_indices(cfg) -> set[int]:
+    """The attention layers' indices of ``cfg``, checked to be a ``ModelConfig`` first: every
+    public call that takes a config reads this before anything else of it, so a model's name
+    or any other object is refused here by name, not by an AttributeError deep inside."""
+    if not isinstance(cfg, ModelConfig):
+        hint = f" (a shipped model's name: load_model({cfg!r}))" if isinstance(cfg, str) and cfg in list_models() else ""
+        raise ValueError(f"cfg: must be a ModelConfig (e.g. load_model('bonsai-27b')), got {describe(cfg)}{hint}")
     # attention_layers() may hand back indices or LayerConfigs; accept both.
     return {a if isinstance(a, int) else a.index for a in cfg.attention_layers()}
 

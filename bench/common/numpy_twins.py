@@ -1,0 +1,120 @@
+"""Plain numpy twins of the workbench's hot paths: the same work, without checks or dispatch.
+
+A benchmark states a workbench path as a ratio to its twin, timed in the same run, so the
+figure says what the workbench's own machinery costs (argument checks, dispatch, caches,
+MLX on the CPU) and not how loaded the machine was. Each twin is written the way a person
+would write the work in numpy from the design's formulas, and gives the same bits as the
+workbench path it stands beside where the work is the same (``tests/test_numpy_twins.py``
+holds them), so a ratio compares like with like:
+
+* :func:`host_tail`: the float64 oracle for one case with its fold (signs, then the block
+  products, padded to a multiple of 8 rows as ``workbench.fold.hadamard`` does);
+* :func:`block_transform`: ``B x`` for a large float64 matrix as one product;
+* :func:`sweep_block`: one block of a sweep's cases (float32 weights, no fold): the same
+  bulk draw, the float64 truth, the float32 tail, the per-case metrics. Its float32 tail
+  runs in numpy where the sweep runs MLX's graph (the fused tail under study), so that
+  part of the ratio is MLX's CPU against numpy's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from workbench.fold import hadamard
+from workbench.studies.cases import CASE_BLOCK, SWEEP_SALT
+from workbench.tail.weights import case_recipe
+
+#: Rows per product in the float64 block transform (``hadamard.ROW_GROUP``: a row's bits do
+#: not depend on the batch when the row count is a multiple of it).
+ROW_GROUP = hadamard.ROW_GROUP
+
+
+def orthonormal_t(block: int) -> np.ndarray:
+    """``(H_b / sqrt(b)).T`` in float64: what ``x_block @ .`` multiplies by."""
+    return (hadamard.hadamard_matrix(block).astype(np.float64) / np.sqrt(block)).T.copy()
+
+
+def block_transform(x: np.ndarray, h_t: np.ndarray) -> np.ndarray:
+    """``B x`` along the last axis of a float64 ``x`` whose rows of blocks are a multiple of 8:
+    one product (``h_t`` from :func:`orthonormal_t`)."""
+    b = h_t.shape[0]
+    return (x.reshape(-1, b) @ h_t).reshape(x.shape)
+
+
+def host_tail(wo: np.ndarray, signs: np.ndarray, h_t: np.ndarray, norm: np.ndarray, gate: np.ndarray,
+              up: np.ndarray, down: np.ndarray, eps: float, branch: np.ndarray, residual: np.ndarray) -> np.ndarray:
+    """The float64 tail of one case, wo folded at its input with ``signs`` and blocks ``h_t``:
+    ``h = residual + wo (B D branch)``, ``out = h + down(silu(gate n) * up n)``, ``n`` the RMS norm.
+    ``branch`` and ``residual`` as the caller has them (float32 in the test case): read as float64 here."""
+    branch, residual = branch.astype(np.float64), residual.astype(np.float64)
+    b = h_t.shape[0]
+    rows = (branch * signs).reshape(-1, b)
+    n = rows.shape[0]
+    pad = np.zeros((n + (-n) % ROW_GROUP, b))
+    pad[:n] = rows
+    x = (pad @ h_t)[:n].reshape(branch.shape)
+    h = residual + x @ wo.T
+    normed = h * (1.0 / np.sqrt(np.add.reduce(h * h, axis=-1, keepdims=True) / h.shape[-1] + eps)) * norm
+    g = normed @ gate.T
+    with np.errstate(over="ignore"):
+        act = g / (1.0 + np.exp(-g))
+    return h + (act * (normed @ up.T)) @ down.T
+
+
+def tail_batched(wo: np.ndarray, norm: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, eps: float,
+                 branch: np.ndarray, residual: np.ndarray) -> np.ndarray:
+    """The tail over a batch of cases, each with its own weights, in the arrays' dtype."""
+    def mv(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        return (w @ x[..., None])[..., 0]
+
+    h = residual + mv(wo, branch)
+    dt = h.dtype.type
+    normed = h * (dt(1.0) / np.sqrt(np.add.reduce(h * h, axis=-1, keepdims=True) / h.shape[-1] + dt(eps))) * norm
+    g = mv(gate, normed)
+    with np.errstate(over="ignore"):
+        act = g / (dt(1.0) + np.exp(-g))
+    return h + mv(down, act * mv(up, normed))
+
+
+def draw_cases(shape: tuple[int, int, int], block: int) -> dict[str, np.ndarray]:
+    """A block's float32 master arrays: one bulk draw, split in recipe order, ``c + U(-a, a)``."""
+    recipe = case_recipe(*shape)
+    n = sum(math.prod(d.shape) for d in recipe)
+    u = np.random.default_rng([SWEEP_SALT, *shape, block]).random((CASE_BLOCK, n), dtype=np.float32)
+    out, o = {}, 0
+    for d in recipe:
+        k = math.prod(d.shape)
+        v = u[:, o:o + k]
+        o += k
+        if d.signs:
+            out[d.name] = np.where(v < 0.5, np.float32(-1.0), np.float32(1.0)).reshape((CASE_BLOCK,) + d.shape)
+            continue
+        a = np.empty(v.shape, dtype=np.float32)
+        np.multiply(v, np.float32(2 * d.half_width), out=a)
+        a -= np.float32(d.half_width)
+        if d.centre:
+            a += np.float32(d.centre)
+        out[d.name] = a.reshape((CASE_BLOCK,) + d.shape)
+    return out
+
+
+def sweep_block(shape: tuple[int, int, int], block: int, eps: float) -> dict[str, np.ndarray]:
+    """One block of cases: the float32 tail against the float64 truth, per case ``worst``
+    (``max |x - y| / max(|y|, 1)``), ``max_abs``, ``nmse``, ``torch_ratio`` and the float32
+    ``ulp_max`` / ``ulp_mean``; ``truth`` and ``actual`` beside them."""
+    c = draw_cases(shape, block)
+    names = ("wo", "ffn_norm", "gate", "up", "down")
+    truth = tail_batched(*(c[k].astype(np.float64) for k in names), eps,
+                          c["branch"].astype(np.float64), c["residual"].astype(np.float64))
+    actual = tail_batched(*(c[k] for k in names), eps, c["branch"], c["residual"])
+    x = actual.astype(np.float64)
+    d = np.abs(x - truth)
+    ax = truth.astype(np.float32).view(np.int32).astype(np.int64)
+    bx = actual.view(np.int32).astype(np.int64)
+    ulp = np.abs(np.where(ax < 0, -(ax & 0x7FFFFFFF), ax) - np.where(bx < 0, -(bx & 0x7FFFFFFF), bx))
+    return {"worst": (d / np.maximum(np.abs(truth), 1.0)).max(axis=-1), "max_abs": d.max(axis=-1),
+            "nmse": (d * d).sum(axis=-1) / (truth * truth).sum(axis=-1),
+            "torch_ratio": (d / (1e-5 + 1.3e-6 * np.abs(truth))).max(axis=-1),
+            "ulp_max": ulp.max(axis=-1), "ulp_mean": ulp.mean(axis=-1), "truth": truth, "actual": actual}

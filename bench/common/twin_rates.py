@@ -1,0 +1,209 @@
+"""Each workbench path beside its plain numpy twin and the machine's limit, timed in one run.
+
+What ``bench.sweep_rate --twins N`` prints and records. Every figure is a ratio taken in the
+same run, the variants interleaved round by round, so a shared machine's load hits each
+alike, in wall time and in the process's processor time (which the load inflates less); the
+absolute times say how loaded the machine was.
+
+The rows (twins in ``bench.common.numpy_twins``):
+
+* ``host tail``: ``tail.host_tail`` (float64) on frink-models' test case, one call;
+* ``sweep``: ``studies.sweeps.sweep`` over N blocks of 256 cases at the test shape;
+* the sweep's float32 tail on one block: MLX's graph against numpy (what bounds the sweep);
+* ``block transform``: ``hadamard.block_transform`` of a float64 matrix, block 1024;
+* ``copy``: MLX's ``x + 1`` beside numpy's ``copyto`` (the CPU floor's method, ``record.copy_method``).
+
+The limit beside each is the larger of its bytes over the copy rate and its floating-point
+operations over the rate of a large float64 matrix product, both measured in the run
+(``limits``); for the sweep, the generator's raw rate for the bits it draws.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+import mlx.core as mx
+import numpy as np
+
+from bench.common import numpy_twins, record
+from workbench.fold import hadamard
+from workbench.studies import sweeps
+from workbench.studies.cases import CASE_BLOCK, SWEEP_SALT, case_floats
+from workbench.tail import frink_case
+from workbench.tail.ops import tail_mx
+from workbench.tail.paths import host_tail
+
+SHAPE = frink_case.SEED_SHAPE
+
+
+def _median_ms(fns: dict[str, Callable[[], Any]], repeats: int, inner: int = 1) -> dict[str, float]:
+    """Ms of one call of each, ``inner`` calls a timing, rounds interleaved (each round runs
+    each once, in turn): under each name the median wall time, under ``name + " cpu"`` the
+    median processor time of this process (all its threads). On a shared machine the wall
+    time counts the minutes other jobs held the cores; the processor time counts only the
+    work, so its ratio is the one that holds from run to run."""
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    for i in range(repeats + 1):
+        for k, f in fns.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(inner):
+                f()
+            if i:  # the first round warms up
+                wall[k].append((time.perf_counter() - w0) * 1e3 / inner)
+                cpu[k].append((time.process_time() - c0) * 1e3 / inner)
+    out = {k: statistics.median(v) for k, v in wall.items()}
+    out.update({k + " cpu": statistics.median(v) for k, v in cpu.items()})
+    return out
+
+
+def _row(path: str, unit: str, ms: dict[str, float], scale: float, **extra: Any) -> dict[str, Any]:
+    """A table row: the workbench's and the twin's figure (wall and processor time) in ``unit``."""
+    return {"path": path, "unit": unit, "workbench": ms["workbench"] * scale, "twin": ms["twin"] * scale,
+            "workbench_cpu": ms["workbench cpu"] * scale, "twin_cpu": ms["twin cpu"] * scale, **extra}
+
+
+def limits(copy_bytes: int = 1 << 28, gemm_n: int = 2048) -> dict[str, float]:
+    """The machine's rates, measured now: ``copy_Bps`` (numpy copyto, read + write),
+    ``dgemm_flops`` (a ``gemm_n``^3 float64 product), ``draw_Bps`` (the sweep's generator, raw bits)."""
+    n = gemm_n
+    a = np.ones((n, n))
+    t = min(_timed(lambda: a @ a) for _ in range(3))
+    raw = np.random.default_rng(0).bit_generator
+    words = 1 << 22
+    tr = min(_timed(lambda: raw.random_raw(words)) for _ in range(3))
+    return {"copy_Bps": record.copy_bandwidth(copy_bytes, repeats=5), "dgemm_flops": 2 * n ** 3 / t,
+            "draw_Bps": 8 * words / tr}
+
+
+def _timed(f: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
+def _floor_ms(lim: dict[str, float], nbytes: float, flops: float) -> float:
+    return 1e3 * max(nbytes / lim["copy_Bps"], flops / lim["dgemm_flops"])
+
+
+def host_tail_row(lim: dict[str, float], repeats: int, calls: int = 200) -> dict[str, Any]:
+    """``host_tail`` on the test case against its twin (same bits: checked here too)."""
+    c = frink_case.seed_case()
+    w, b, r = c.weights, c.branch, c.residual
+    wo, norm, gate, up, down = w.host_arrays(np.float64)
+    fold = w.wo.fold
+    signs, h_t = fold.signs.astype(np.float64), numpy_twins.orthonormal_t(fold.block)
+
+    def twin() -> np.ndarray:
+        return numpy_twins.host_tail(wo, signs, h_t, norm, gate, up, down, w.eps, b, r)
+
+    same = bool(np.array_equal(host_tail(w, b, r), twin()))
+    ms = _median_ms({"workbench": lambda: host_tail(w, b, r), "twin": twin}, 20 * repeats, inner=calls)
+    hidden, branch, ffn = w.shape
+    macs = hidden * branch + 3 * hidden * ffn
+    return _row("host tail (float64, one call)", "us", ms, 1e3, limit=1e3 * _floor_ms(lim, 8 * macs, 2 * macs),
+                same_bits=same)
+
+
+def sweep_row(lim: dict[str, float], blocks: int, repeats: int) -> dict[str, Any]:
+    """``sweep`` over ``blocks`` blocks of cases (float32, no fold) against its twin."""
+    eps = frink_case.SEED_EPS
+    seeds = range(blocks * CASE_BLOCK)
+
+    def twin() -> list:
+        return [numpy_twins.sweep_block(SHAPE, k, eps) for k in range(blocks)]
+
+    ms = _median_ms({"workbench": lambda: sweeps.sweep(shapes=[SHAPE], seeds=seeds, eps=eps, progress=False),
+                     "twin": twin}, repeats)
+    per_100k = 1e5 / (blocks * CASE_BLOCK)
+    draw_bytes = 4 * case_floats(SHAPE) * 1e5  # float32 uniforms: 32 raw bits each
+    return _row(f"sweep, {blocks * CASE_BLOCK} cases (s per 100,000)", "s", ms, per_100k / 1e3,
+                limit=draw_bytes / lim["draw_Bps"], same_bits=None)
+
+
+def graph_row(lim: dict[str, float], repeats: int) -> dict[str, Any]:
+    """What bounds the sweep against its twin: the fused tail on one block of cases, MLX's
+    graph (``tail_mx``, the weights copied into MLX, one evaluation) against the same float32
+    tail in numpy. The rest of a sweep (draws, float64 truth, metrics) is the same work in both."""
+    eps = frink_case.SEED_EPS
+    c = numpy_twins.draw_cases(SHAPE, 0)
+    names = ("wo", "ffn_norm", "gate", "up", "down")
+
+    def graph() -> np.ndarray:
+        wo, norm, gate, up, down = (mx.array(c[k]) for k in names)
+        out = tail_mx(wo, None, norm, gate, up, down, eps, mx.array(c["branch"]), mx.array(c["residual"]))
+        mx.eval(out)
+        return np.array(out)
+
+    def twin() -> np.ndarray:
+        return numpy_twins.tail_batched(*(c[k] for k in names), eps, c["branch"], c["residual"])
+
+    ms = _median_ms({"workbench": graph, "twin": twin}, 4 * repeats)
+    hidden, branch, ffn = SHAPE
+    macs = CASE_BLOCK * (hidden * branch + 3 * hidden * ffn)
+    return _row(f"sweep's float32 tail, {CASE_BLOCK} cases, MLX", "ms", ms, 1.0,
+                limit=_floor_ms(lim, 4 * macs, 2 * macs), same_bits=None)
+
+
+def transform_row(lim: dict[str, float], rows: int, repeats: int, block: int = 1024) -> dict[str, Any]:
+    """``hadamard.block_transform`` of a (rows, 6 * block) float64 matrix against one product."""
+    x = np.random.default_rng(SWEEP_SALT).standard_normal((rows, 6 * block))
+    h_t = numpy_twins.orthonormal_t(block)
+    same = bool(np.array_equal(hadamard.block_transform(x, block), numpy_twins.block_transform(x, h_t)))
+    ms = _median_ms({"workbench": lambda: hadamard.block_transform(x, block),
+                     "twin": lambda: numpy_twins.block_transform(x, h_t)}, repeats)
+    return _row(f"block transform, {rows} x {6 * block}, b {block}", "ms", ms, 1.0,
+                limit=_floor_ms(lim, 2 * x.nbytes, 2 * x.size * block), same_bits=same)
+
+
+def copy_row(lim: dict[str, float], nbytes: int, repeats: int) -> dict[str, Any]:
+    """MLX's ``x + 1`` (the CPU floor's method before) beside numpy's ``copyto``, GB/s."""
+    x = mx.zeros((nbytes // 4,), dtype=mx.float32)
+    mx.eval(x)
+    src = np.ones(nbytes // 8)
+    dst = np.empty_like(src)
+    ms = _median_ms({"workbench": lambda: mx.eval(x + 1), "twin": lambda: np.copyto(dst, src)}, repeats)
+    rate = {k: 2 * nbytes / v / 1e6 if v > 0 else math.nan for k, v in ms.items()}  # ms -> GB/s
+    return _row(f"copy, {nbytes >> 20} MiB (read + write)", "GB/s", rate, 1.0,
+                limit=lim["copy_Bps"] / 1e9, same_bits=None, floor_method=record.copy_method())
+
+
+def measure(blocks: int, *, transform_rows: int = 2048, copy_bytes: int = 1 << 28, repeats: int = 5,
+            gemm_n: int = 2048, host_calls: int = 200) -> dict[str, Any]:
+    """Every row above, the limits first; ``ratio`` is workbench over twin (for the copy,
+    twin over workbench: a rate), ``of_limit`` the same against the limit."""
+    lim = limits(copy_bytes, gemm_n)
+    rows = [host_tail_row(lim, repeats, host_calls), sweep_row(lim, blocks, repeats), graph_row(lim, repeats),
+            transform_row(lim, transform_rows, repeats), copy_row(lim, copy_bytes, repeats)]
+    for r in rows:
+        rate = r["unit"] == "GB/s"
+        r["ratio"] = r["twin"] / r["workbench"] if rate else r["workbench"] / r["twin"]
+        r["ratio_cpu"] = r["twin_cpu"] / r["workbench_cpu"] if rate else r["workbench_cpu"] / r["twin_cpu"]
+        r["of_limit"] = r["limit"] / r["workbench"] if rate else r["workbench"] / r["limit"]
+    return {"limits": lim, "rows": rows, "repeats": repeats, "gemm_n": gemm_n, "copy_bytes": copy_bytes,
+            "notes": "ratio: workbench time over its numpy twin's, median wall times (ratio_cpu: median processor "
+                     "times of the process, which a shared machine's load does not inflate; for the copy: "
+                     "numpy's rate over MLX's); "
+                     "of_limit: the same against the limit (bytes over the copy rate or flops over the dgemm "
+                     "rate, whichever is larger; the sweep: its raw random bits at the generator's rate)"}
+
+
+def print_table(res: dict[str, Any]) -> None:
+    """The rows as a table: workbench, twin, limit, and the two ratios."""
+    lim = res["limits"]
+    print(f"\nlimits: copy {lim['copy_Bps'] / 1e9:.1f} GB/s (read + write), float64 product "
+          f"{lim['dgemm_flops'] / 1e9:.1f} GFLOP/s, generator {lim['draw_Bps'] / 1e9:.2f} GB/s of raw bits")
+    print(f"{'path':<41}{'unit':>5}{'workbench':>10}{'twin':>10}{'limit':>8}{'ratio':>6}{'(cpu)':>6}"
+          f"{'x limit':>8}{'same':>6}")
+    for r in res["rows"]:
+        same = "" if r["same_bits"] is None else ("yes" if r["same_bits"] else "NO")
+        print(f"{r['path']:<41}{r['unit']:>5}{r['workbench']:>10.3g}{r['twin']:>10.3g}{r['limit']:>8.3g}"
+              f"{r['ratio']:>6.2f}{r['ratio_cpu']:>6.2f}{r['of_limit']:>8.2f}{same:>6}")
+    print("twin: plain numpy, the same work; ratio: workbench / twin (copy: twin / MLX), wall and (cpu) "
+          "processor time;
+x limit: workbench / the machine's limit; same: the twin's bits")
+    if not math.isfinite(sum(r["ratio"] for r in res["rows"])):
+        print("(a ratio is not finite: a timing was zero)")

@@ -1,0 +1,77 @@
+"""``python -m workbench.check`` on each form: a dump folder, a Metal source with its launch
+(and its mutants), bad arguments refused with exit status 2; the exit status follows the verdict."""
+
+import json
+
+import pytest
+
+from workbench import backends
+from workbench.check.__main__ import main
+from tests.test_check_dump import _write
+from tests.test_check_source import TAIL_SOURCE
+
+LAUNCH_ARGS = ["--inputs", "branch,residual,wo,ffn_norm,gate,up,down,eps", "--grid", "32", "--threadgroup", "32",
+               "--template", "HIDDEN=hidden,BRANCH=branch,FFN=ffn,THREADS=32"]
+
+
+def test_a_dump_folder_exits_by_its_verdict(tmp_path, capsys):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir(), bad.mkdir()
+    _write(good / "layer0.safetensors")
+    _write(bad / "layer0.safetensors", eps_outside=True)
+    rec = tmp_path / "r.json"
+    assert main(["--dump", str(good), "--record", str(rec)]) == 0
+    assert json.loads(rec.read_text())["form"] == "dump"
+    assert main(["--dump", str(bad)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["--dump", str(good), "--record", str(rec)])  # a record is never overwritten
+    assert e.value.code == 2 and "exists" in capsys.readouterr().err
+
+
+def test_a_metal_source_and_its_mutants(tmp_path, capsys):
+    try:
+        backends.resolve_backend("metal-emulated")
+    except backends.BackendUnavailable as e:
+        pytest.skip(f"metal-emulated: {e}")
+    src = tmp_path / "tail.metal"
+    src.write_text(TAIL_SOURCE)
+    rec = tmp_path / "r.json"
+    code = main(["--source", str(src), *LAUNCH_ARGS, "--seeds", "4", "--scales", "0.01,1", "--tolerance", "1e-4",
+                 "--mutants", "--record", str(rec)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    r = json.loads(rec.read_text())
+    assert r["form"] == "metal source" and r["mutants"]["counts"]["missed"] == 0
+    assert r["mutants"]["counts"]["caught"] > 10 and r["mutants"]["original_same_bits"]
+    assert src.read_text() == TAIL_SOURCE  # only read
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["tests.check_user_tails:correct", "--dump", "x"], "exactly one"),
+    (["--source", "absent.metal", *LAUNCH_ARGS], "--source"),
+    (["--dump", "absent_folder"], "path"),
+    (["tests.check_user_tails:correct", "--mutants"], "--mutants"),
+])
+def test_bad_arguments_exit_2_naming_them(args, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_a_cuda_source_without_an_nvidia_gpu_says_why(tmp_path, capsys):
+    if "cuda" in backends.available_backends():
+        pytest.skip("an NVIDIA GPU is present: the CUDA form runs")
+    src = tmp_path / "t.cu"
+    src.write_text(TAIL_SOURCE)
+    with pytest.raises(SystemExit) as e:
+        main(["--source", str(src), *LAUNCH_ARGS, "--language", "cuda", "--run-on", "device"])
+    assert e.value.code == 2 and "cuda" in capsys.readouterr().err.lower()
+
+
+def test_a_bad_template_is_named(tmp_path, capsys):
+    src = tmp_path / "t.metal"
+    src.write_text(TAIL_SOURCE)
+    with pytest.raises(SystemExit) as e:
+        main(["--source", str(src), "--inputs", "branch", "--template", "HIDDEN=lots"])
+    assert e.value.code == 2 and "--template" in capsys.readouterr().err

@@ -1,0 +1,84 @@
+"""The model's graph tail (weights prepared once, compiled) against the float64 host tail."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from workbench import tail
+from workbench.fold.rotation import FoldSite
+from workbench.fold.weights import QuantizedBase
+from workbench.real_models.graph_tail import model_graph_tail, widen_scales
+from workbench.tail.comparison import compare
+from workbench.tail.frink_case import SEED_TOL
+
+AFFINE4 = {"mode": "affine", "bits": 4, "group_size": 32}
+
+#: (dtype, quantize, fold_block, fold_site): the stored formats a model hands the tail
+CASES = [
+    ("float16", AFFINE4, None, FoldSite.INPUT),  # a GGUF's 4-bit matrices, float16 scales
+    ("bfloat16", None, None, FoldSite.INPUT),  # a bf16 checkpoint
+    ("float32", None, 32, FoldSite.INPUT),  # a folded wo
+    ("bfloat16", AFFINE4, 32, FoldSite.OUTPUT),
+]
+
+
+@pytest.mark.parametrize("dtype,quantize,fold_block,site", CASES)
+@pytest.mark.parametrize("stack,compiled", [(True, True), (False, True), (True, False)])
+def test_the_model_graph_tail_matches_the_float64_host_tail(dtype, quantize, fold_block, site, stack, compiled):
+    """frink-models' criterion (|x - y| <= 2e-4 max(|y|, 1), the project's tolerance for a
+    float32 tail against float64): the preparation (widening, stacking, the fast norm) keeps
+    the map, so it passes with the same margin as the graph tail."""
+    w = tail.TailWeights.random(64, 96, 128, seed=3, dtype=dtype, quantize=quantize, fold_block=fold_block,
+                                fold_site=site)
+    br, res = tail.random_inputs(w, seed=5, batch=(4,))
+    truth = tail.host_tail(w, br, res)
+    fn = model_graph_tail(tail.tail_launch(w), stack_gate_up=stack, compiled=compiled)
+    rows = np.asarray(fn(mx.array(br.astype(np.float32)), mx.array(res.astype(np.float32))))
+    one = np.asarray(fn(mx.array(br[1].astype(np.float32)), mx.array(res[1].astype(np.float32))))
+    assert rows.shape == (4, 64) and one.shape == (64,) and rows.dtype == np.float32
+    assert compare(rows, truth).passed and compare(one, truth[1]).passed
+    graph = np.asarray(tail.tail_graph(tail.tail_launch(w), mx.array(br.astype(np.float32)),
+                                       mx.array(res.astype(np.float32))))
+    # the same map as the ops written out, to float32 rounding (not a tolerance of its own:
+    # both are float32 tails of the same weights, so they agree far inside 2e-4)
+    assert compare(rows, graph, tol=SEED_TOL / 20).passed
+
+
+def test_widened_scales_are_the_same_map():
+    w = tail.TailWeights.random(64, 96, 128, seed=1, dtype="float16", quantize=AFFINE4)
+    launch = tail.tail_launch(w)
+    wide = widen_scales(launch)
+    for old, new in ((launch.wo, wide.wo), (launch.gate, wide.gate), (launch.up, wide.up), (launch.down, wide.down)):
+        a, b = old.launch_parts()[0], new.launch_parts()[0]
+        assert isinstance(b, QuantizedBase) and a.scales.dtype == mx.float16 and b.scales.dtype == mx.float32
+        assert b.biases.dtype == mx.float32 and b.w is a.w
+        assert np.array_equal(np.asarray(a.dequantize()), np.asarray(b.dequantize()))
+
+
+def test_stacking_gate_and_up_gives_the_same_bits_on_this_device():
+    """One product over gate and up stacked: each output row is the same dot product, so the
+    bits are those of the two products (checked here, on whichever device runs the tests)."""
+    w = tail.TailWeights.random(64, 96, 128, seed=2, dtype="float16", quantize=AFFINE4)
+    launch = tail.tail_launch(w)
+    br, res = tail.random_inputs(w, seed=4)
+    b, r = mx.array(br.astype(np.float32)), mx.array(res.astype(np.float32))
+    stacked = np.asarray(model_graph_tail(launch, stack_gate_up=True, compiled=False)(b, r))
+    apart = np.asarray(model_graph_tail(launch, stack_gate_up=False, compiled=False)(b, r))
+    assert np.array_equal(stacked, apart)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"launch": "wo"}, "launch: must be a TailLaunch"),
+    ({"stack_gate_up": 1}, "stack_gate_up: must be True or False"),
+    ({"compiled": "yes"}, "compiled: must be True or False"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    w = tail.TailWeights.random(64, 96, 128, seed=1)
+    args = {"launch": tail.tail_launch(w), **kwargs}
+    launch = args.pop("launch")
+    with pytest.raises(ValueError, match=match):
+        model_graph_tail(launch, **args)
+    with pytest.raises(ValueError, match="launch: must be a TailLaunch"):
+        widen_scales(w)

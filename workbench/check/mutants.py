@@ -1,0 +1,401 @@
+"""Source-level mutants of a user's kernel, generated from its text and run through the same check.
+
+A check is only as good as the bugs it would catch. The fault models
+(:mod:`workbench.check.faults`) are bugs of the math; a kernel's own source has bugs of
+its own: a missing barrier, a loop that stops one short or runs one past, a value taken
+from the wrong lane. :func:`source_mutants` writes such variants of the user's source
+text, one change each:
+
+- ``dropped barrier``: one barrier statement removed (``threadgroup_barrier(...)``, a
+  ``*_BARRIER()`` macro, ``__syncthreads()``);
+- ``bound +1`` / ``bound -1``: one ``<`` (or ``<=``) in a ``for`` condition or an ``if``
+  guard made one step looser (``<=``) or tighter (``< (B) - 1``);
+- ``wrong lane``: the lane (or XOR mask, or offset) argument of one SIMD-group shuffle or
+  broadcast changed to ``(A) ^ 1``: a lane that exists, but the wrong one. (``(A) + 1`` was
+  tried first: on an XOR butterfly over masks 16..1 it gives masks 17, 9, 5, 3, 2, which
+  still reach all 32 lanes once each, so the mutant only reorders the sum: a rounding
+  change that a correct check must let pass);
+- ``wrong index``: one read of a ``threadgroup`` array taken at the next element.
+
+:func:`mutant_study` runs the original and each mutant through :func:`~workbench.check.run.check_kernel`
+on the same cases, in several thread schedules of the CPU emulator, keeping every output.
+A mutant whose outputs are the original's bits in every schedule and case, and that runs
+without error, is **equivalent** (e.g. a barrier that guards nothing): it is named as
+such, never counted as a miss. Every other mutant either fails the check (**caught**) or
+passes it (**missed**: the check, at the user's tolerance, would let that change through;
+a mutant that only reorders a floating-point sum lands here too, and should: its errors
+are those of a correct float32 tail, so read the missed ones before calling them bugs).
+The original must give the same bits in every schedule (``original_same_bits``); a
+kernel whose result depends on the thread order has a race before any mutant is tried.
+
+Only ``<`` / ``<=`` bounds are mutated: loosening a ``>`` bound of a loop that counts
+down an unsigned index (``o > 0``) never ends, and a hang cannot be stopped from Python
+(:mod:`workbench.check.time_limit`).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from workbench import validate
+from workbench.check.run import DEFAULT_SCALES, check_kernel
+from workbench.check.source_launch import SourceLaunch
+from workbench.check.subjects import KernelsFolderSubject, SourceSubject
+
+#: The kinds of mutant :func:`source_mutants` writes.
+KINDS: tuple[str, ...] = ("dropped barrier", "bound +1", "bound -1", "wrong lane", "wrong index")
+
+#: The emulator schedules a study runs each mutant in: the two thread orders and one where
+#: the SIMD-groups run apart (a barrier missing between two SIMD-group phases shows only there).
+STUDY_ORDERS: tuple[str, ...] = ("ascending", "descending", "simd-groups-random")
+
+#: Calls whose second argument is a lane (or a lane mask): Metal's SIMD-group shuffles and
+#: broadcast, and the kernels folder's ``lane_xor`` helper.
+LANE_CALLS: tuple[str, ...] = ("simd_shuffle_xor", "simd_shuffle_down", "simd_shuffle_up", "simd_shuffle",
+                               "simd_broadcast", "lane_xor")
+
+_BARRIER = re.compile(r"(?:\bmetal::)?\b(?:\w*barrier\w*|__syncthreads)\s*\([^;]*\)\s*;", re.IGNORECASE)
+_FOR = re.compile(r"\bfor\s*\(")
+_IF = re.compile(r"\bif\s*\(")
+_LESS = re.compile(r"(?<![<])<(=?)(?![<=])")
+_LANE_CALL = re.compile(r"\b(?:metal::)?(" + "|".join(LANE_CALLS) + r")\s*\(")
+_GROUP_ARRAY = re.compile(r"\b(?:threadgroup|GROUP_SHARED|GRP)\s+\w+\s+(\w+)\s*\[")
+_DECLARED = re.compile(r"\b(?:threadgroup|GROUP_SHARED|GRP)\s+\w+\s+$")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One change to a source: ``kind`` (:data:`KINDS`), the 1-based ``line``, the line
+    ``before`` and ``after``, and the whole mutated ``source``."""
+
+    kind: str
+    line: int
+    before: str
+    after: str
+    source: str = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} @ line {self.line}"
+
+
+def _close(text: str, open_at: int) -> int:
+    """Index of the parenthesis closing the one at ``open_at`` (or -1)."""
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _line_of(text: str, i: int) -> tuple[int, str]:
+    start = text.rfind("\n", 0, i) + 1
+    end = text.find("\n", i)
+    return text.count("\n", 0, i) + 1, text[start: end if end >= 0 else len(text)]
+
+
+def _mutant(kind: str, text: str, start: int, end: int, replacement: str) -> Mutant:
+    new = text[:start] + replacement + text[end:]
+    line, before = _line_of(text, start)
+    _, after = _line_of(new, start) if replacement.strip() else (line, "(removed)")
+    return Mutant(kind, line, before.strip(), after.strip(), new)
+
+
+def _operand_end(text: str, i: int, stop: int) -> int:
+    """End of the right operand starting at ``i``: the next ``&&``, ``||``, ``;``, ``,`` or
+    an unmatched ``)``, before ``stop``."""
+    depth = 0
+    j = i
+    while j < stop:
+        c = text[j]
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            if depth == 0:
+                break
+            depth -= 1
+        elif depth == 0 and (c in ";," or text.startswith("&&", j) or text.startswith("||", j)):
+            break
+        j += 1
+    while j > i and text[j - 1].isspace():
+        j -= 1
+    return j
+
+
+def _template_bracket(text: str, at: int, stop: int) -> bool:
+    """Whether the ``<`` at ``at`` opens a template argument list (``name<F, U>(...)``): a name
+    right before it and a ``>`` before the next ``&&``, ``||``, ``;`` or ``)``."""
+    if at == 0 or not (text[at - 1].isalnum() or text[at - 1] == "_"):
+        return False
+    m = re.compile(r">|&&|\|\||;|\)").search(text, at + 1, stop)
+    return m is not None and m.group() == ">"
+
+
+def _bounds(text: str) -> list[Mutant]:
+    out = []
+    spans = []
+    for m in _FOR.finditer(text):
+        close = _close(text, m.end() - 1)
+        first = text.find(";", m.end(), close)
+        second = text.find(";", first + 1, close) if first >= 0 else -1
+        if second > first >= 0:
+            spans.append((first + 1, second))
+    for m in _IF.finditer(text):
+        close = _close(text, m.end() - 1)
+        if close > 0:
+            spans.append((m.end(), close))
+    for lo, hi in spans:
+        for c in _LESS.finditer(text, lo, hi):
+            if _template_bracket(text, c.start(), hi):
+                continue
+            rhs = c.end()
+            while rhs < hi and text[rhs].isspace():
+                rhs += 1
+            end = _operand_end(text, rhs, hi)
+            if end <= rhs:
+                continue
+            operand = text[rhs:end]
+            if c.group(1):  # <= B: one step tighter is < B, one looser < B + 1
+                out.append(_mutant("bound -1", text, c.start(), end, f"< {operand}"))
+                out.append(_mutant("bound +1", text, c.start(), end, f"<= ({operand}) + 1"))
+            else:
+                out.append(_mutant("bound +1", text, c.start(), end, f"<= {operand}"))
+                out.append(_mutant("bound -1", text, c.start(), end, f"< ({operand}) - 1"))
+    return out
+
+
+def _lanes(text: str) -> list[Mutant]:
+    out = []
+    for m in _LANE_CALL.finditer(text):
+        close = _close(text, m.end() - 1)
+        args = text[m.end():close]
+        depth, comma = 0, -1
+        for i, c in enumerate(args):
+            depth += c == "("
+            depth -= c == ")"
+            if c == "," and depth == 0:
+                comma = i
+                break
+        if close < 0 or comma < 0:
+            continue
+        start = m.end() + comma + 1
+        lane = text[start:close].strip()
+        if lane.startswith("(ushort)"):  # keep the cast outside, so the moved lane is still a ushort
+            out.append(_mutant("wrong lane", text, start, close, f" (ushort)(({lane[8:]}) ^ 1)"))
+        else:
+            out.append(_mutant("wrong lane", text, start, close, f" ({lane}) ^ 1"))
+    return out
+
+
+def _indices(text: str) -> list[Mutant]:
+    out = []
+    names = {m.group(1) for m in _GROUP_ARRAY.finditer(text)}
+    for name in sorted(names):
+        for m in re.finditer(rf"\b{re.escape(name)}\s*\[", text):
+            close = text.find("]", m.end())
+            after = text[close + 1:close + 4].lstrip() if close > 0 else ""
+            declared = _DECLARED.search(text[max(0, m.start() - 60):m.start()]) is not None
+            if close < 0 or (after.startswith("=") and not after.startswith("==")) or after[:2] in ("+=", "-=") \
+                    or declared:
+                continue  # a write, or the declaration: only reads are moved
+            out.append(_mutant("wrong index", text, m.end(), close, f"({text[m.end():close]}) + 1"))
+    return out
+
+
+def source_mutants(source: str, *, kinds: Sequence[str] = KINDS) -> list[Mutant]:
+    """Every mutant of ``source`` of the ``kinds`` asked for (:data:`KINDS`), in source order
+    within a kind. ``ValueError`` for an empty source or an unknown kind."""
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(f"source: must be kernel source text, got {validate.describe(source)}")
+    for k in validate.sequence("kinds", kinds, what=f"names of {KINDS}"):
+        validate.one_of("kinds", k, KINDS)
+    found: list[Mutant] = []
+    if "dropped barrier" in kinds:
+        found += [_mutant("dropped barrier", source, m.start(), m.end(), "") for m in _BARRIER.finditer(source)]
+    if "bound +1" in kinds or "bound -1" in kinds:
+        found += [m for m in _bounds(source) if m.kind in kinds]
+    if "wrong lane" in kinds:
+        found += _lanes(source)
+    if "wrong index" in kinds:
+        found += _indices(source)
+    return found
+
+
+# ---------------------------------------------------------------------------------------
+# Running them
+# ---------------------------------------------------------------------------------------
+
+
+class _Recording:
+    """A subject whose every output is kept (case name and row -> float32 array, or None
+    when the call gave no array), so a mutant's bits can be set beside the original's."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.kind = inner, inner.name, inner.kind
+        self.outputs: dict[tuple[str, int], np.ndarray | None] = {}
+
+    def calls(self, sc: Any, w: Any) -> list:
+        out = []
+        for j, (call, want) in enumerate(self.inner.calls(sc, w)):
+            key = (sc.case, j)
+            self.outputs[key] = None
+
+            def run(call: Callable = call, key: tuple = key) -> Any:
+                v = call()
+                self.outputs[key] = np.array(v, dtype=np.float32, copy=True)
+                return v
+            out.append((run, want))
+        return out
+
+
+def _same_bits(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k, x in a.items():
+        y = b[k]
+        if x is None or y is None or x.shape != y.shape or not np.array_equal(x.view(np.uint32), y.view(np.uint32)):
+            return False
+    return True
+
+
+@dataclass
+class MutantStudy:
+    """What :func:`mutant_study` found: ``table`` (one row a mutant: kind, line, the change,
+    ``status`` -- caught / missed / equivalent / does not compile -- and the first reason
+    the check gave), ``original_same_bits`` (the original's bits in every schedule tried),
+    ``original_passed``, and the ``orders`` run."""
+
+    subject: str
+    table: Any
+    original_passed: bool
+    original_same_bits: bool
+    orders: tuple[str, ...]
+
+    def counts(self) -> dict[str, int]:
+        return {s: int((self.table["status"] == s).sum()) for s in ("caught", "missed", "equivalent", "does not compile")}
+
+    @property
+    def missed(self) -> Any:
+        return self.table[self.table["status"] == "missed"]
+
+    def __str__(self) -> str:
+        c = self.counts()
+        head = (f"{self.subject}: {len(self.table)} mutants; caught {c['caught']}, missed {c['missed']}, "
+                f"equivalent {c['equivalent']}, not compiling {c['does not compile']}; original "
+                f"{'passes' if self.original_passed else 'FAILS'} the check, "
+                f"{'the same bits' if self.original_same_bits else 'DIFFERENT bits'} in {len(self.orders)} schedules")
+        cols = ["kind", "line", "after", "status"]
+        return head + "\n" + self.table[cols].to_string(index=False, max_colwidth=60)
+
+
+def _run_all(make_subject: Callable[[str], Any], orders: Sequence[str],
+             check_args: dict) -> tuple[bool, dict, list[str], list[str]]:
+    """One variant in every order: (passed in all, {order: outputs}, runs with no result, verdict reasons)."""
+    passed, outs, errors, reasons = True, {}, [], []
+    for o in orders:
+        rec = _Recording(make_subject(o))
+        rep = check_kernel(rec, **check_args)
+        passed = passed and rep.passed
+        outs[o] = rec.outputs
+        errors += rep.problems
+        reasons += [f"{o}: {r}" for r in rep.reasons]
+    return passed, outs, errors, reasons
+
+
+def _study(name: str, mutants: Sequence[tuple[str, Mutant]], make: Callable[[tuple[str, Mutant] | None, str], Any],
+           orders: Sequence[str], check_args: dict) -> MutantStudy:
+    """The original (``make(None, order)``) and each ``(file, mutant)`` in every order."""
+    import pandas as pd  # noqa: PLC0415
+    from workbench.kernels.metal_emulation import SCHEDULES  # noqa: PLC0415 -- the emulator only when mutants run
+
+    orders = tuple(validate.one_of("orders", o, SCHEDULES) for o in validate.sequence("orders", orders, what="schedules"))
+    ok, base, _, _ = _run_all(lambda o: make(None, o), orders, check_args)
+    same = all(_same_bits(base[orders[0]], base[o]) for o in orders[1:])
+    rows = []
+    for where, m in mutants:
+        passed, outs, errors, reasons = _run_all(lambda o, v=(where, m): make(v, o), orders, check_args)
+        changed = bool(errors) or not all(_same_bits(base[o], outs[o]) for o in orders)
+        if errors and all("MetalCompileError" in e for e in errors):
+            status = "does not compile"
+        elif not changed:
+            status = "equivalent"
+        else:
+            status = "missed" if passed else "caught"
+        rows.append({"file": where, "kind": m.kind, "line": m.line, "before": m.before, "after": m.after,
+                     "status": status, "reason": (reasons or [""])[0]})
+    table = pd.DataFrame(rows, columns=["file", "kind", "line", "before", "after", "status", "reason"])
+    return MutantStudy(name, table, ok, same, orders)
+
+
+def _check_args(seeds: Iterable[int], scales: Sequence[float], tolerance: Any, time_limit: float,
+                folds: Sequence[Any]) -> dict:
+    return {"seeds": list(seeds), "scales": scales, "folds": folds, "faults": (), "tolerance": tolerance,
+            "time_limit": time_limit}
+
+
+def mutant_study(launch: SourceLaunch, *, seeds: Iterable[int] = range(8), scales: Sequence[float] = DEFAULT_SCALES,
+                 tolerance: Any = None, orders: Sequence[str] = STUDY_ORDERS, kinds: Sequence[str] = KINDS,
+                 time_limit: float = 120.0) -> MutantStudy:
+    """Every mutant of ``launch``'s Metal source (:func:`source_mutants`) run on the CPU
+    emulator through :func:`~workbench.check.run.check_kernel` (dense, unfolded cases, as the
+    source form takes them), in each of ``orders``, beside the original on the same cases.
+    ``time_limit``: seconds a case may take; the first case of each variant also pays its
+    compilation by clang, which on a busy machine can take tens of seconds."""
+    if not isinstance(launch, SourceLaunch):
+        raise ValueError(f"launch: must be a SourceLaunch, got {validate.describe(launch)}")
+    found = source_mutants(launch.source, kinds=kinds)
+
+    def make(variant: tuple[str, Mutant] | None, order: str) -> SourceSubject:
+        run = launch if variant is None else launch.with_source(variant[1].source, name=f"{launch.name}_mutant")
+        return SourceSubject(run, order=order)
+
+    return _study(launch.name, [("source", m) for m in found], make, orders,
+                  _check_args(seeds, scales, tolerance, time_limit, (None,)))
+
+
+def folder_mutant_study(folder: str | Path, *, files: Sequence[str] | None = None, seeds: Iterable[int] = range(8),
+                        scales: Sequence[float] = DEFAULT_SCALES, folds: Sequence[Any] = (16,), tolerance: Any = None,
+                        orders: Sequence[str] = STUDY_ORDERS, kinds: Sequence[str] = KINDS,
+                        time_limit: float = 120.0) -> MutantStudy:
+    """Mutants of a kernels folder's files (``files``: names in the folder; default every
+    ``*.body`` and ``*.h``), each run as a copy of the folder with that one file changed, on
+    the CPU emulator. The user's folder is only read."""
+    src = Path(folder)
+    if not src.is_dir():
+        raise ValueError(f"folder: must be a folder shaped like kernels/, got {str(folder)!r} (not a folder)")
+    names = sorted(p.name for p in src.iterdir() if p.suffix in (".body", ".h")) if files is None else list(files)
+    for n in names:
+        if not (src / n).is_file():
+            raise ValueError(f"files: {n!r} is not a file of {src.name}/ (it has {sorted(p.name for p in src.iterdir())})")
+    work = Path(tempfile.mkdtemp(prefix="workbench-mutants-"))
+    try:
+        original = work / "original"
+        shutil.copytree(src, original)
+        found = [(n, m) for n in names for m in source_mutants((src / n).read_text(), kinds=kinds)]
+        made: dict[int, Path] = {}
+
+        def make(variant: tuple[str, Mutant] | None, order: str) -> KernelsFolderSubject:
+            if variant is None:
+                return KernelsFolderSubject(original, order=order, name=src.name)
+            key = id(variant[1])
+            if key not in made:
+                d = work / f"mutant{len(made)}"
+                shutil.copytree(original, d)
+                (d / variant[0]).write_text(variant[1].source)
+                made[key] = d
+            return KernelsFolderSubject(made[key], order=order, name=src.name)
+
+        return _study(src.name, found, make, orders, _check_args(seeds, scales, tolerance, time_limit, folds))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,165 @@
+"""The graph tail as a model's forward pass runs it: the five ops of ``tail_graph``, laid out for speed.
+
+    out = residual + down(silu(gate n) * up n),   n = rms_norm(h),   h = residual + wo(branch)
+
+:func:`model_graph_tail` computes the same map as ``workbench.tail.tail_graph`` (float32
+activations, float32 accumulation, the stored weights' values exactly), with the weights
+prepared ONCE when the tail is built rather than on every call. Each rule, and why:
+
+* **Quantized scales and biases widened to float32** (:func:`widen_scales`). Exact: the
+  map ``scale * q + bias`` is formed in float32 by ``mx.quantized_matmul`` either way (a
+  float16 scale times a 4- or 8-bit code needs at most 16 significant bits). With
+  float32 activations and float16 scales MLX converts the scales and biases on every call:
+  about a tenth of a SmolLM2 tail on the CPU, and on a GPU extra kernels a tail. mlx-lm
+  widens them the same way when it loads the checkpoint (``reference_model``).
+* **Half-precision dense matrices widened to float32 once.** Exact (float16 and bfloat16
+  are subsets of float32). Otherwise ``x @ W.astype(float32).T`` converts the whole matrix
+  on every call, reading and writing 3x its bytes before the product reads them again. Cost:
+  twice the memory of a half-precision matrix.
+* **gate and up stacked into one matrix** (same format only): one matrix product instead of
+  two, which is one kernel launch fewer a tail on a GPU. Each output row is the same dot
+  product over the same weights, so the map is the same.
+* **The norm as ``mx.fast.rms_norm``**: one kernel on a GPU where the formula written out is a
+  reduction and element-wise ops; it accumulates in float32, as the formula does.
+* **Traced once by ``mx.compile``**, so the element-wise ops (the adds, silu times up) fuse.
+
+Activations stay float32: the dtype ``reference_model`` gives SmolLM2's activations (mlx-lm's
+own layers then run in float32 too), and the dtype the kernels accumulate in. Rounding the
+normed vector to bfloat16 instead put a tail 1.5e-2 off the float64 truth (``tail.ops``), 75
+times frink-models' 2e-4, so a bfloat16 model's block converts to float32 around the tail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import mlx.core as mx
+
+from workbench.fold.rotation import FoldSite
+from workbench.fold.weights import QuantizedBase, WeightMatrix
+from workbench.tail.paths import TailLaunch
+from workbench.validate import describe
+
+__all__ = ["widen_scales", "model_graph_tail"]
+
+Base = mx.array | QuantizedBase
+
+
+def _wide_base(base: Base) -> Base:
+    """A base with its float16 / bfloat16 parts in float32 (the same values); fp4/fp8 scale
+    codes (uint8) and float32 parts as they are."""
+    if isinstance(base, QuantizedBase):
+        if base.scales.dtype in (mx.uint8, mx.float32):
+            return base
+        return dataclasses.replace(base, scales=base.scales.astype(mx.float32),
+                                   biases=None if base.biases is None else base.biases.astype(mx.float32))
+    return base if base.dtype == mx.float32 else base.astype(mx.float32)
+
+
+def widen_scales(launch: TailLaunch) -> TailLaunch:
+    """``launch`` with its quantized matrices' float16 / bfloat16 scales and biases widened to
+    float32: the same map, exactly (see ``QuantizedBase.dequantize``). Dense matrices and
+    folds are kept as they are."""
+    if not isinstance(launch, TailLaunch):
+        raise ValueError(f"launch: must be a TailLaunch (workbench.tail.tail_launch(weights)), got {describe(launch)}")
+
+    def widen(m: WeightMatrix) -> WeightMatrix:
+        base, fold = m.launch_parts()
+        if not isinstance(base, QuantizedBase):
+            return m
+        return WeightMatrix(_wide_base(base), fold)
+
+    return dataclasses.replace(launch, wo=widen(launch.wo), gate=widen(launch.gate), up=widen(launch.up),
+                               down=widen(launch.down))
+
+
+def _stacked(a: Base, b: Base) -> Base | None:
+    """``a`` over ``b`` as one matrix (rows of ``a`` first), or ``None`` where their formats differ."""
+    if isinstance(a, QuantizedBase) and isinstance(b, QuantizedBase):
+        if (a.spec != b.spec or a.shape[1] != b.shape[1] or a.scales.dtype != b.scales.dtype
+                or (a.biases is None) != (b.biases is None)):
+            return None
+        return dataclasses.replace(
+            a, w=mx.concatenate([a.w, b.w]), scales=mx.concatenate([a.scales, b.scales]),
+            biases=None if a.biases is None else mx.concatenate([a.biases, b.biases]),
+            shape=(a.shape[0] + b.shape[0], a.shape[1]))
+    if isinstance(a, mx.array) and isinstance(b, mx.array) and a.dtype == b.dtype and a.shape[1] == b.shape[1]:
+        return mx.concatenate([a, b])
+    return None
+
+
+def _product(base: Base) -> Callable[[mx.array], mx.array]:
+    """``x @ base.T`` for float32 rows ``x`` [n, in] (always 2-D: MLX 0.32.4's CUDA
+    ``quantized_matmul`` fails on a 1-D input)."""
+    if isinstance(base, QuantizedBase):
+        q = base
+        return lambda x: mx.quantized_matmul(x, q.w, q.scales, q.biases, transpose=True,
+                                             group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode)
+    return lambda x: x @ base.T
+
+
+def _parameters(base: Base) -> list[mx.array]:
+    if isinstance(base, QuantizedBase):
+        return [a for a in (base.w, base.scales, base.biases) if a is not None]
+    return [base]
+
+
+def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True,
+                     compiled: bool = True) -> Callable[[mx.array, mx.array], mx.array]:
+    """The graph tail of ``launch`` as a lazy, compiled function of ``(branch, residual)``:
+    float32 ``mx.array`` of shape ``[branch]`` / ``[hidden]`` (one position) or
+    ``[n, branch]`` / ``[n, hidden]`` (``n`` positions) to float32 ``[hidden]`` / ``[n, hidden]``.
+
+    Weights are prepared here, once (module docstring): scales and half-precision matrices
+    widened to float32, gate and up stacked (``stack_gate_up``), all evaluated now so that
+    the compiled graph holds them as constants; ``compiled=False`` leaves the ops as they are
+    (each its own kernel), to see what the tracing buys on a device. wo's fold, if any, is applied as
+    ``HadamardFold`` applies it (INPUT: rotate the branch; OUTPUT: unrotate wo's output).
+    """
+    if not isinstance(launch, TailLaunch):
+        raise ValueError(f"launch: must be a TailLaunch (workbench.tail.tail_launch(weights)), got {describe(launch)}")
+    for name, flag in (("stack_gate_up", stack_gate_up), ("compiled", compiled)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name}: must be True or False, got {describe(flag)}")
+    fold = launch.fold  # launch.wo is the stored base alone; the launch carries its rotation
+    wo = _wide_base(launch.wo.launch_parts()[0])
+    gate, up, down = (_wide_base(m.launch_parts()[0]) for m in (launch.gate, launch.up, launch.down))
+    ffn = int(launch.gate.shape[0])
+    gate_up = _stacked(gate, up) if stack_gate_up else None
+    norm = launch.ffn_norm.astype(mx.float32)
+    eps = float(launch.eps)
+    prepared = [wo, down, *([gate_up] if gate_up is not None else [gate, up])]
+    mx.eval(norm, *[a for base in prepared for a in _parameters(base)])
+    wo_mv, down_mv = _product(wo), _product(down)
+    if gate_up is not None:
+        gu_mv = _product(gate_up)
+
+        def gate_and_up(n: mx.array) -> tuple[mx.array, mx.array]:
+            y = gu_mv(n)
+            return y[:, :ffn], y[:, ffn:]
+    else:
+        g_mv, u_mv = _product(gate), _product(up)
+
+        def gate_and_up(n: mx.array) -> tuple[mx.array, mx.array]:
+            return g_mv(n), u_mv(n)
+
+    def rows(branch: mx.array, residual: mx.array) -> mx.array:
+        x = branch.astype(mx.float32)
+        if fold is not None and fold.site is FoldSite.INPUT:
+            x = fold.rotate(x)
+        projected = wo_mv(x)
+        if fold is not None and fold.site is FoldSite.OUTPUT:
+            projected = fold.unrotate(projected)
+        h = residual.astype(mx.float32) + projected
+        g, u = gate_and_up(mx.fast.rms_norm(h, norm, eps))
+        return h + down_mv((g * mx.sigmoid(g)) * u)
+
+    body = mx.compile(rows) if compiled else rows
+
+    def tail(branch: mx.array, residual: mx.array) -> mx.array:
+        if branch.ndim == 1:
+            return body(branch[None], residual[None])[0]
+        return body(branch, residual)
+
+    return tail
