@@ -21,7 +21,9 @@ def test_a_dump_folder_exits_by_its_verdict(tmp_path, capsys):
     _write(bad / "layer0.safetensors", eps_outside=True)
     rec = tmp_path / "r.json"
     assert main(["--dump", str(good), "--record", str(rec)]) == 0
-    assert json.loads(rec.read_text())["form"] == "dump"
+    r = json.loads(rec.read_text())
+    assert r["form"] == "dump" and r["command"].startswith("python -m workbench.check --dump")
+    assert r["mlx_version"] and r["date"].endswith("+00:00")
     assert main(["--dump", str(bad)]) == 1
     assert "FAIL" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
@@ -47,11 +49,17 @@ def test_a_metal_source_and_its_mutants(tmp_path, capsys):
     assert src.read_text() == TAIL_SOURCE  # only read
 
 
+def test_a_callable_handed_mlx_arrays(capsys):
+    assert main(["tests.check_user_tails:correct_mlx", "--arrays", "mlx", "--seeds", "20", "--scales", "1"]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("args,msg", [
     (["tests.check_user_tails:correct", "--dump", "x"], "exactly one"),
     (["--source", "absent.metal", *LAUNCH_ARGS], "--source"),
     (["--dump", "absent_folder"], "path"),
     (["tests.check_user_tails:correct", "--mutants"], "--mutants"),
+    (["--dump", "x", "--mutant-files", "a.body"], "--mutant-files"),
 ])
 def test_bad_arguments_exit_2_naming_them(args, msg, capsys):
     with pytest.raises(SystemExit) as e:

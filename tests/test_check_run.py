@@ -111,3 +111,18 @@ def test_the_command_exits_by_the_verdict(tmp_path):
 def test_the_report_names_the_implementation():
     rep = check(CallableSubject(user_tail, name="my tail"), seeds=range(40), faults=())
     assert str(rep).startswith("PASS: callable 'my tail'") and rep.to_record()["subject"] == "my tail"
+
+
+def test_a_batched_callable_gets_every_input_scale_in_one_call():
+    calls = []
+
+    def batched(case):
+        calls.append(case.branch.shape)
+        return np.stack([user_tail(StoredCase(**{**case.__dict__, "branch": b, "residual": r}))
+                         for b, r in zip(case.branch, case.residual)])
+
+    from workbench.check import StoredCase
+    rep = check(CallableSubject(batched, batched=True), seeds=range(30), faults=())
+    assert rep.passed and not rep.problems and len(calls) == 30 and calls[0] == (3, 96)
+    per_case = check(user_tail, seeds=range(30), faults=())
+    np.testing.assert_array_equal(rep.cases.worst.to_numpy(), per_case.cases.worst.to_numpy())

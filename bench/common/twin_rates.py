@@ -203,7 +203,7 @@ def print_table(res: dict[str, Any]) -> None:
         print(f"{r['path']:<41}{r['unit']:>5}{r['workbench']:>10.3g}{r['twin']:>10.3g}{r['limit']:>8.3g}"
               f"{r['ratio']:>6.2f}{r['ratio_cpu']:>6.2f}{r['of_limit']:>8.2f}{same:>6}")
     print("twin: plain numpy, the same work; ratio: workbench / twin (copy: twin / MLX), wall and (cpu) "
-          "processor time;
-x limit: workbench / the machine's limit; same: the twin's bits")
+          "processor time")
+    print("x limit: workbench / the machine's limit; same: the twin's bits")
     if not math.isfinite(sum(r["ratio"] for r in res["rows"])):
         print("(a ratio is not finite: a timing was zero)")

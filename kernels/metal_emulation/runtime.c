@@ -369,11 +369,16 @@ static void simd_release(fiber* lanes, int n) {
   for (int i = 0; i < n; ++i) lanes[i].state = RUNNABLE;
 }
 
+// A fiber runs one GPU thread after another: when its thread finishes it parks here, and
+// the next group's thread of the same slot resumes it (start_group), so a fiber is started
+// (setcontext, which costs a signal-mask system call) once a launch, not once a group.
 static void fiber_main(void) {
-  fiber* f = &E.fibers[E.current];
-  E.entry(E.buffers, &f->ids);
-  f->state = DONE;
-  _longjmp(E.scheduler, 1);
+  for (;;) {
+    fiber* f = &E.fibers[E.current];  // E.current: the slot the scheduler resumed
+    E.entry(E.buffers, &f->ids);
+    f->state = DONE;
+    if (!_setjmp(f->jump)) _longjmp(E.scheduler, 1);
+  }
 }
 
 // ---- faults ---------------------------------------------------------------------------------
@@ -430,14 +435,18 @@ static void start_group(unsigned g, unsigned ngroups, int n, int dispatched) {
     f->ids.tpig[0] = g * (unsigned)dispatched + (unsigned)t;
     f->ids.simd_lane = (unsigned)t % SIMD_WIDTH;
     f->ids.simd_group = (unsigned)t / SIMD_WIDTH;
-    f->state = RUNNABLE;
     f->next_array = 0;
-    f->started = 0;
-    f->ctx = E.blank;
-    f->ctx.uc_stack.ss_sp = E.stacks + (size_t)t * (STACK_BYTES + ps) + ps;  // a guard page below each stack
-    f->ctx.uc_stack.ss_size = STACK_BYTES;
-    f->ctx.uc_link = NULL;
-    makecontext(&f->ctx, fiber_main, 0);
+    // A fiber parked by the previous group (its thread finished) resumes into its loop; one
+    // not started this launch (f->started 0: the fibers are fresh each launch) starts here.
+    if (!f->started || f->state != DONE) {
+      f->started = 0;
+      f->ctx = E.blank;
+      f->ctx.uc_stack.ss_sp = E.stacks + (size_t)t * (STACK_BYTES + ps) + ps;  // a guard page below each stack
+      f->ctx.uc_stack.ss_size = STACK_BYTES;
+      f->ctx.uc_link = NULL;
+      makecontext(&f->ctx, fiber_main, 0);
+    }
+    f->state = RUNNABLE;
   }
 }
 

@@ -27,13 +27,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import platform
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from workbench import backends, files
 from workbench.check.run import DEFAULT_SCALES, check_dump, check_kernel
 from workbench.check.source_launch import SHAPE_NAMES, SOURCE_INPUTS, SourceLaunch
+from workbench.check.stored import ARRAY_KINDS
 from workbench.check.subjects import CallableSubject, KernelsFolderSubject, SourceSubject
 
 
@@ -75,6 +78,19 @@ def _launch(a: argparse.Namespace) -> SourceLaunch:
                         threadgroup=(a.threadgroup, 1, 1), template=_template(a.template), name=path.stem)
 
 
+def _provenance(argv: list[str] | None) -> dict[str, Any]:
+    """Where and when the check ran, as the bench records say it: date (UTC), the command
+    line, MLX's version and device, numpy's, Python's, the platform."""
+    import mlx.core as mx  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["python -m workbench.check", *args]), "mlx_version": mx.__version__,
+            "mlx_device": str(mx.default_device()), "numpy_version": np.__version__,
+            "python": platform.python_version(), "platform": f"{platform.system()} {platform.machine()}"}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workbench.check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels-dir", help="a folder shaped like kernels/ (run on the CPU emulator)")
     p.add_argument("--source", help="a file holding a Metal (or CUDA) kernel body, with the launch options below")
     p.add_argument("--dump", help="a safetensors dump file or a folder of them (docs/DUMP_LAYOUT.md)")
+    p.add_argument("--arrays", choices=ARRAY_KINDS, default="numpy",
+                   help="the arrays a callable is handed and returns (default numpy)")
+    p.add_argument("--batched", action="store_true",
+                   help="the callable takes a case's input scales as a leading axis ([n, branch] in, [n, hidden] out)")
     g = p.add_argument_group("the launch of --source")
     g.add_argument("--inputs", help=f"the body's input names in order, comma-separated, from {', '.join(SOURCE_INPUTS)}")
     g.add_argument("--output", default="out", help="the output's name ([hidden] float32; default out)")
@@ -99,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-limit", type=float, default=30.0, help="seconds a case may take (default 30)")
     p.add_argument("--mutants", action="store_true",
                    help="also run source-level mutants of --kernels-dir or an emulated --source")
+    p.add_argument("--mutant-files", help="with --kernels-dir: the files to mutate, comma-separated (default: every "
+                   "*.body and *.h; each mutant recompiles, so a large folder takes long)")
     p.add_argument("--record", help="write the JSON record here (refused if the file exists)")
     a = p.parse_args(argv)
     forms = [x for x in (a.implementation, a.kernels_dir, a.source, a.dump) if x is not None]
@@ -106,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give exactly one of: implementation (module:function), --kernels-dir, --source, --dump")
     if a.mutants and not (a.kernels_dir or (a.source and a.run_on == "emulator")):
         p.error("--mutants: only with --kernels-dir or a --source run on the emulator")
+    if a.mutant_files and not (a.mutants and a.kernels_dir):
+        p.error("--mutant-files: only with --mutants and --kernels-dir")
     if a.record and Path(a.record).exists():
         p.error(f"--record: {a.record} exists; a record is never overwritten (give a new name)")
     study = None
@@ -121,19 +145,20 @@ def main(argv: list[str] | None = None) -> int:
             elif launch is not None:
                 subject = SourceSubject(launch, language=a.language, run_on=a.run_on)
             else:
-                subject = CallableSubject(_callable(a.implementation))
+                subject = CallableSubject(_callable(a.implementation), arrays=a.arrays, batched=a.batched)
             common = {"seeds": range(a.seeds), "scales": scales, "tolerance": a.tolerance, "time_limit": a.time_limit}
             rep = check_kernel(subject, folds=folds, **common)
             if a.mutants:
                 from workbench.check.mutants import folder_mutant_study, mutant_study  # noqa: PLC0415
 
                 few = {**common, "seeds": range(min(a.seeds, 8)), "time_limit": max(a.time_limit, 120.0)}
-                study = (folder_mutant_study(a.kernels_dir, folds=folds, **few) if a.kernels_dir
+                chosen = a.mutant_files.split(",") if a.mutant_files else None
+                study = (folder_mutant_study(a.kernels_dir, files=chosen, folds=folds, **few) if a.kernels_dir
                          else mutant_study(launch, **few))
     except (ValueError, backends.BackendUnavailable) as e:  # bad input, or a backend this machine lacks
         p.error(str(e))
     print(rep)
-    record = rep.to_record()
+    record = {**rep.to_record(), **_provenance(argv)}
     if study is not None:
         print()
         print(study)

@@ -1,0 +1,67 @@
+"""workbench.reports.real_model: the real_model records read back as the notebooks' tables."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from workbench.reports import real_model as R
+from workbench.reports.records import RecordError
+
+
+def _records() -> list[dict]:
+    return [r for r in R.load_records() if r.get("tails")]
+
+
+def test_every_committed_record_with_tails_reads_as_both_tables():
+    recs = _records()
+    assert recs, "the project commits at least one real_model record with its per-shape tails"
+    for rec in recs:
+        dec = R.decode_table(rec)
+        assert dec.variant.iloc[0] == "reference" and dec.vs_reference.iloc[0] == 1.0
+        assert (dec.tokens_per_s > 0).all() and dec.same_tokens.dtype == bool
+        tails = R.tail_table(rec)
+        assert len(tails) == len(rec["tails"]) and (tails.reference_ms > 0).all()
+        row = rec["tails"][0]
+        assert math.isclose(tails.graph_vs_ref.iloc[0],
+                            row["variants"]["reference"]["median_ms"] / row["variants"]["graph"]["median_ms"])
+        assert ("graph_chain_ms" in tails) == R.chain_comparable(rec)
+
+
+def test_chains_written_before_the_fix_are_left_out():
+    """The record of 2026-12-02 06:22 timed a reference chain that evaluated only its last
+    tail (it has no 'graph-ops' variant); the one of 11:16 is clear of it."""
+    by_stamp = {r["file"]: r for r in _records()}
+    old = by_stamp["real_model-nvidia-h200-20261202T062208Z.json"]
+    new = by_stamp["real_model-nvidia-h200-20261202T111633Z.json"]
+    assert not R.chain_comparable(old) and R.chain_comparable(new)
+    assert "reference_chain_ms" not in R.tail_table(old) and "reference_chain_ms" in R.tail_table(new)
+
+
+def test_best_cuda_picks_the_least_time_and_none_without_cuda():
+    row = {"variants": {"reference": {"median_ms": 1.0}, "graph": {"median_ms": 0.9},
+                        "cuda-3": {"median_ms": 0.8}, "cuda-1:full": {"median_ms": 0.7}}}
+    assert R.best_cuda(row) == "cuda-1:full"
+    assert R.best_cuda({"variants": {"reference": {"median_ms": 1.0}}}) is None
+    with pytest.raises(ValueError, match="row: must be one shape"):
+        R.best_cuda({"label": "x"})
+
+
+def test_bad_records_are_refused_naming_what_is_wrong():
+    rec = copy.deepcopy(_records()[-1])
+    with pytest.raises(RecordError):
+        R.decode_table({"bench": "one_launch"})
+    broken = copy.deepcopy(rec)
+    del broken["decode"]["reference"]
+    with pytest.raises(ValueError, match=r"rec\['decode'\]: must map variants"):
+        R.decode_table(broken)
+    broken = copy.deepcopy(rec)
+    broken["tails"] = []
+    with pytest.raises(ValueError, match=r"rec\['tails'\]: must be a non-empty list"):
+        R.tail_table(broken)
+    broken = copy.deepcopy(rec)
+    del broken["tails"][0]["variants"]["graph"]
+    with pytest.raises(ValueError, match="must have the variant 'graph'"):
+        R.tail_table(broken)

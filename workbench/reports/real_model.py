@@ -1,0 +1,135 @@
+"""What a ``python -m bench.real_model`` record says: a real model's decode with the fused
+tail in every layer, and one tail beside the ops it replaces, shape by shape.
+
+A record holds ``decode`` (per variant: tokens a second over the rounds, their median,
+whether its greedy tokens equal the reference's; newer records also tokens per CPU second)
+and ``tails`` (per shape and weight format: each variant's one-evaluation time, its time a
+tail inside a chain of tails in one evaluation, its worst error against float64, and the
+floor: the tail's weight bytes over the device's copy rate). These functions turn a record
+into the notebooks' tables; each refuses a dict that is not such a record
+(``records.RecordError``) or lacks what it reads (``ValueError`` naming it).
+
+**Chains before the fix.** In records written before ``bench.real_model`` began timing the
+``graph-ops`` variant, the reference of a chain ignored the residual handed to it, so only
+the last of its chained tails was in the evaluated graph: its chain figure is the host's
+graph building over the chain plus ONE tail, not a tail's cost. :func:`chain_comparable`
+says which records are clear of it; :func:`tail_table` leaves those chain columns out.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from workbench.reports.records import check as check_record, load_all
+from workbench.validate import describe
+
+__all__ = ["load_records", "chain_comparable", "decode_table", "tail_table", "best_cuda"]
+
+
+def _record(rec: Any, name: str = "rec") -> Mapping:
+    return check_record(rec, "real_model", name=name)
+
+
+def load_records(folder: str | os.PathLike | None = None) -> list[dict]:
+    """Every real_model record in ``folder`` (default the project's ``data/bench``), sorted by
+    file name, each checked and with its ``file`` name added (``records.load_all``)."""
+    return load_all("real_model", folder)
+
+
+def _tails(rec: Mapping) -> list[Mapping]:
+    tails = rec.get("tails")
+    if tails is None:  # the first records held the real layer alone, as "tail"
+        tails = [rec["tail"]]
+    if not isinstance(tails, list) or not tails or not all(isinstance(t, Mapping) and "variants" in t for t in tails):
+        raise ValueError(f"rec['tails']: must be a non-empty list of shapes, each with its 'variants', got "
+                         f"{describe(tails)}")
+    return tails
+
+
+def chain_comparable(rec: Mapping) -> bool:
+    """Whether the record's chain figures compare the reference with the fused variants (see
+    the module docstring): true for records that time ``graph-ops`` (written after the fix)."""
+    rec = _record(rec)
+    return "graph-ops" in _tails(rec)[0]["variants"]
+
+
+def decode_table(rec: Mapping) -> Any:
+    """A ``pandas.DataFrame``, one row a decode variant: ``variant``, ``tokens_per_s`` (median
+    over the rounds), ``vs_reference`` (its ratio to mlx-lm's own layers), ``tokens_per_cpu_s``
+    and its ratio (NaN in records that lack them) and ``same_tokens``."""
+    import pandas as pd
+
+    rec = _record(rec)
+    decode = rec["decode"]
+    if not isinstance(decode, Mapping) or "reference" not in decode:
+        raise ValueError(f"rec['decode']: must map variants to their rates, 'reference' among them, got "
+                         f"{describe(decode)}")
+    ref = decode["reference"]
+    rows = []
+    for name, d in decode.items():
+        for key in ("tokens_per_s_median", "same_tokens"):
+            if key not in d:
+                raise ValueError(f"rec['decode'][{name!r}]: must have {key!r}, got keys {sorted(d)}")
+        cpu = d.get("tokens_per_cpu_s_median")
+        ref_cpu = ref.get("tokens_per_cpu_s_median")
+        rows.append({
+            "variant": name,
+            "tokens_per_s": float(d["tokens_per_s_median"]),
+            "vs_reference": float(d["tokens_per_s_median"]) / float(ref["tokens_per_s_median"]),
+            "tokens_per_cpu_s": float("nan") if cpu is None else float(cpu),
+            "cpu_vs_reference": float("nan") if cpu is None or ref_cpu is None else float(cpu) / float(ref_cpu),
+            "same_tokens": bool(d["same_tokens"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def best_cuda(row: Mapping, key: str = "median_ms") -> str | None:
+    """The CUDA variant (``cuda-3`` or a ``cuda-1:<shape>``) with the least ``key`` in one
+    shape's row of a record; ``None`` where the record has no CUDA variant."""
+    variants = row.get("variants") if isinstance(row, Mapping) else None
+    if not isinstance(variants, Mapping):
+        raise ValueError(f"row: must be one shape of a real_model record (with 'variants'), got {describe(row)}")
+    cands = {k: float(v[key]) for k, v in variants.items() if k.startswith("cuda-")}
+    return min(cands, key=cands.get) if cands else None
+
+
+def tail_table(rec: Mapping) -> Any:
+    """A ``pandas.DataFrame``, one row a shape and weight format: ``shape``, ``weights``,
+    ``weight_mb``, ``floor_ms``; then, one evaluation each, ``reference_ms`` (the ops mlx-lm
+    runs), ``graph_ms`` (the fused graph as ``fused_tails`` runs it), ``cuda`` (the fastest
+    CUDA variant, by one evaluation) and ``cuda_ms``, and each one's ratio to the reference
+    (``graph_vs_ref``, ``cuda_vs_ref``: above 1 is faster); where the record's chains compare
+    (:func:`chain_comparable`), the same a tail inside a chain (``*_chain_ms``,
+    ``*_chain_vs_ref``; ``cuda_chain``: the fastest CUDA variant in a chain). Every fused variant shown passed the float64 check (the bench stops
+    otherwise); ``worst`` is the largest of their worst scaled errors."""
+    import pandas as pd
+
+    rec = _record(rec)
+    chained = chain_comparable(rec)
+    rows = []
+    for t in _tails(rec):
+        v = t["variants"]
+        for name in ("reference", "graph"):
+            if name not in v:
+                raise ValueError(f"rec['tails'] {t.get('label')!r}: must have the variant {name!r}, got {sorted(v)}")
+        ref, graph = v["reference"], v["graph"]
+        cuda = best_cuda(t)
+        row: dict[str, Any] = {
+            "shape": t["label"], "weights": t["weights"], "weight_mb": t["weight_bytes"] / 1e6,
+            "floor_ms": float(t["floor_ms"]), "reference_ms": float(ref["median_ms"]),
+            "graph_ms": float(graph["median_ms"]), "graph_vs_ref": ref["median_ms"] / graph["median_ms"],
+            "cuda": cuda, "cuda_ms": float("nan") if cuda is None else float(v[cuda]["median_ms"]),
+            "cuda_vs_ref": float("nan") if cuda is None else ref["median_ms"] / v[cuda]["median_ms"],
+        }
+        if chained:
+            cc = best_cuda(t, "chain_ms_per_tail")
+            row.update({
+                "reference_chain_ms": float(ref["chain_ms_per_tail"]), "graph_chain_ms": float(graph["chain_ms_per_tail"]),
+                "graph_chain_vs_ref": ref["chain_ms_per_tail"] / graph["chain_ms_per_tail"], "cuda_chain": cc,
+                "cuda_chain_ms": float("nan") if cc is None else float(v[cc]["chain_ms_per_tail"]),
+                "cuda_chain_vs_ref": float("nan") if cc is None else ref["chain_ms_per_tail"] / v[cc]["chain_ms_per_tail"],
+            })
+        row["worst"] = max(float(x["worst_vs_float64"]) for k, x in v.items() if k != "reference")
+        rows.append(row)
+    return pd.DataFrame(rows)
