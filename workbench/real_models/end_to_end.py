@@ -248,11 +248,20 @@ def same_tokens(rm: RealModel, n: int = 32, *, backend: str = "graph",
 # ---------------------------------------------------------------------------------------
 
 
-def requantized_wo(w: TailWeights, fmt: str, fold: HadamardFold | None) -> WeightMatrix:
-    """``w.wo`` dequantized (float32, exact) and re-quantized as ``fmt``, folded first when ``fold``."""
+def requantized_wo(w: TailWeights, fmt: str, fold: HadamardFold | None, *,
+                   linear_map: np.ndarray | None = None) -> WeightMatrix:
+    """``w.wo`` dequantized (float32, exact) and re-quantized as ``fmt``, folded first when ``fold``.
+
+    ``linear_map``: ``w.wo.linear_map()`` when the caller already holds it (re-quantizing
+    one ``wo`` into several formats need not dequantize it each time)."""
     one_of("fmt", fmt, tuple(QUANT_FORMATS))
     spec = QUANT_FORMATS[fmt]
-    dense = mx.array(w.wo.linear_map().astype(np.float32))
+    if linear_map is None:
+        linear_map = w.wo.linear_map()
+    elif not isinstance(linear_map, np.ndarray) or linear_map.shape != tuple(w.wo.shape):
+        raise ValueError(f"linear_map: must be w.wo.linear_map(), a {tuple(w.wo.shape)} numpy array, got "
+                         f"{describe(linear_map)}")
+    dense = mx.array(linear_map.astype(np.float32))
     return WeightMatrix.quantize(dense, **spec.as_quantize(), fold=fold)
 
 
@@ -289,7 +298,7 @@ def fold_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, formats: 
         for fmt in fmts:
             errs = []
             for f in (None, fold):
-                got = b @ requantized_wo(w, fmt, f).linear_map().T
+                got = b @ requantized_wo(w, fmt, f, linear_map=W).linear_map().T
                 errs.append(float(np.linalg.norm(got - ref) / np.linalg.norm(ref)))
             rows.append({"layer": cap.layer, "format": fmt, "plain_err": errs[0], "folded_err": errs[1],
                          "gain": errs[0] / errs[1], "col_ratio": float(cols.max() / np.median(cols)),
@@ -313,13 +322,16 @@ def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", b
     seq = list(reference.prompt) + list(reference.tokens)
     n = len(reference.tokens)
     base = rm.tail_weights()
-    rows = []
-    for folded in (False, True):
-        variants = []
-        for w in base:
+    variant_sets: dict[bool, list[TailWeights]] = {False: [], True: []}
+    for w in base:
+        wo_map = w.wo.linear_map()  # dequantized once a layer, for both variants
+        for folded, variants in variant_sets.items():
             fold = _fold_for(w.shape[1], block, seed + int(w.layer)) if folded else None
-            variants.append(TailWeights(requantized_wo(w, fmt, fold), w.ffn_norm, w.gate, w.up, w.down, eps=w.eps,
-                                        config=w.config, layer=w.layer, norm_convention=w.norm_convention))
+            variants.append(TailWeights(requantized_wo(w, fmt, fold, linear_map=wo_map), w.ffn_norm, w.gate, w.up,
+                                        w.down, eps=w.eps, config=w.config, layer=w.layer,
+                                        norm_convention=w.norm_convention))
+    rows = []
+    for folded, variants in variant_sets.items():
         with fused_tails(rm.model, variants):
             chosen = forced_choices(rm.model, seq, len(reference.prompt))
         differs = np.nonzero(chosen != np.asarray(reference.tokens))[0]

@@ -484,7 +484,8 @@ class Generation:
 
 
 def greedy(model: nn.Module, prompt: Sequence[int], n: int) -> Generation:
-    """``n`` greedy tokens after ``prompt``, through mlx-lm's KV cache (the prompt in one pass)."""
+    """``n`` greedy tokens after ``prompt``, through mlx-lm's KV cache (the prompt in one pass;
+    the output head on the last position of each pass)."""
     with _without_transformers_advice():
         from mlx_lm.models.cache import make_prompt_cache
 
@@ -495,9 +496,12 @@ def greedy(model: nn.Module, prompt: Sequence[int], n: int) -> Generation:
         raise ValueError(f"n: the prompt's {int(ids.shape[1])} tokens and {n} more exceed the model's context "
                          f"of {context} positions")
     cache = make_prompt_cache(model)
+    owner = _layer_owner(model)
     out, margins, second = [], [], []
     for _ in range(n):
-        logits = model(ids, cache=cache)[0, -1].astype(mx.float32)
+        # the head on the last position only: the model's own call would multiply every
+        # prompt position by the vocabulary (49,152 rows for SmolLM2) to keep one row
+        logits = head(model, owner(ids, cache=cache)[:, -1:])[0, -1].astype(mx.float32)
         top = mx.argpartition(-logits, kth=1)[:2]
         mx.eval(logits, top)
         vals = np.asarray(logits)
