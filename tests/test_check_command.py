@@ -57,7 +57,7 @@ def test_a_callable_handed_mlx_arrays(capsys):
 @pytest.mark.parametrize("args,msg", [
     (["tests.check_user_tails:correct", "--dump", "x"], "exactly one"),
     (["--source", "absent.metal", *LAUNCH_ARGS], "--source"),
-    (["--dump", "absent_folder"], "path"),
+    (["--dump", "absent_folder"], "--dump: must be a dump file"),
     (["tests.check_user_tails:correct", "--mutants"], "--mutants"),
     (["--dump", "x", "--mutant-files", "a.body"], "--mutant-files"),
 ])

@@ -388,13 +388,25 @@ def test_bonsai_27b_bf16_matches_the_float64_oracle():
 
 
 def test_metal_check_table():
-    from workbench.studies.metal_check import PROVES, metal_check
+    """Every schedule and every math variant, on both cases: same bits across schedules, the
+    oracle's tolerance held, and the backend's own call is the ascending host run."""
+    from workbench.kernels.metal_emulation import SCHEDULES
+    from workbench.studies.metal_check import PROVES, SAME_BITS, metal_check
+    from workbench.studies.metal_math_modes import VARIANTS
 
     df = metal_check()
-    assert list(df["path"]) == ["metal-emulated", "graph"] * 2 and len(df) == 4
+    assert len(SCHEDULES) == 6 and len(VARIANTS) == 7
+    assert list(df["path"]) == (["metal-emulated"] * len(VARIANTS) + ["graph"]) * 2
+    metal = df[df["path"] == "metal-emulated"]
+    assert set(metal["math"]) == {"host", *(f"{m} {e}" for m, e in VARIANTS[1:])}
     assert df["passed"].all() and (df["tol"] == SEED_TOL).all(), df.to_string()
-    assert df.loc[df["path"] == "metal-emulated", "same bits in every thread order"].all()
-    assert "does not" in PROVES
+    assert metal[SAME_BITS].all(), df.to_string()
+    assert (metal.loc[metal["math"] == "host", "x host"] == 1.0).all()
+    # The math variants move results, so their errors differ from the host's on some variant.
+    assert metal.groupby("case")["worst"].nunique().gt(1).all(), df.to_string()
+    assert "does not" in PROVES and "8.4" in PROVES and "Mac" not in PROVES
+    with pytest.raises(ValueError, match="seed"):
+        metal_check(seed=-1)
 
 
 def test_without_clang_every_entry_says_what_to_install(monkeypatch):

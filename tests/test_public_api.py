@@ -33,6 +33,20 @@ def test_importing_workbench_loads_no_pandas_or_matplotlib():
     assert out.split() == ["False", "False"]
 
 
+def test_a_public_name_imports_its_part_on_first_use():
+    """``import workbench`` imports no part of the package; a public name imports its home
+    module when first read, and a part read as an attribute (``workbench.tail``) is imported too."""
+    code = ("import sys, workbench; before = sorted(m for m in sys.modules if m.startswith('workbench.')); "
+            "f = workbench.host_tail; from workbench import compare; t = workbench.tail.paths; "
+            "print(before, f is t.host_tail, 'workbench.tail.paths' in sys.modules, 'host_tail' in dir(workbench))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "True", "True", "True"]
+    import pytest
+
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        workbench.no_such_name  # noqa: B018
+
+
 def test_no_public_name_hides_a_module():
     # A function re-exported under its module's name would replace the module as the
     # package's attribute, and `from workbench import <module>` would hand back the function.

@@ -196,14 +196,13 @@ def print_table(res: dict[str, Any]) -> None:
     lim = res["limits"]
     print(f"\nlimits: copy {lim['copy_Bps'] / 1e9:.1f} GB/s (read + write), float64 product "
           f"{lim['dgemm_flops'] / 1e9:.1f} GFLOP/s, generator {lim['draw_Bps'] / 1e9:.2f} GB/s of raw bits")
-    print(f"{'path':<41}{'unit':>5}{'workbench':>10}{'twin':>10}{'limit':>8}{'ratio':>6}{'(cpu)':>6}"
+    print(f"{'path':<40}{'unit':>5}{'workbench':>10}{'twin':>10}{'limit':>9}{'ratio':>6}{'(cpu)':>6}"
           f"{'x limit':>8}{'same':>6}")
     for r in res["rows"]:
         same = "" if r["same_bits"] is None else ("yes" if r["same_bits"] else "NO")
-        print(f"{r['path']:<41}{r['unit']:>5}{r['workbench']:>10.3g}{r['twin']:>10.3g}{r['limit']:>8.3g}"
+        print(f"{r['path']:<40}{r['unit']:>5}{r['workbench']:>10.3g}{r['twin']:>10.3g}{r['limit']:>9.3g}"
               f"{r['ratio']:>6.2f}{r['ratio_cpu']:>6.2f}{r['of_limit']:>8.2f}{same:>6}")
-    print("twin: plain numpy, the same work; ratio: workbench / twin (copy: twin / MLX), wall and (cpu) "
-          "processor time")
-    print("x limit: workbench / the machine's limit; same: the twin's bits")
+    print("twin: plain numpy, the same work; ratio: workbench / twin (copy: twin / MLX), wall time and")
+    print("(cpu) processor time; x limit: workbench / the machine's limit; same: the twin's bits")
     if not math.isfinite(sum(r["ratio"] for r in res["rows"])):
         print("(a ratio is not finite: a timing was zero)")

@@ -6,7 +6,13 @@
 //   threadgroup_barrier call (its line and column in the generated source); threads at
 //   different barriers, or some finished while others wait, is a divergent barrier;
 // - SIMD-groups of 32 lanes (lane = thread % 32): simd_sum and the shuffles release a
-//   SIMD-group when all its lanes reached the same call, and combine in one fixed order;
+//   SIMD-group when none of its lanes can run on and every lane that waits at an operation
+//   waits at the same call; those lanes are the active set, as Metal defines it (the others
+//   finished, or wait at a threadgroup barrier: they took another path). simd_sum and
+//   simd_max combine the active lanes in one fixed order; a shuffle or broadcast that reads
+//   an inactive lane (undefined in Metal) is an error. Lanes waiting at two different
+//   operations are an error too: which one an Apple GPU runs first depends on where its
+//   compiler reconverges the paths, which the emulator does not know;
 // - threadgroup memory: fresh for every group, every byte 0xFF (a NaN in any float),
 //   at most the launch's limit a group (32,768 bytes on Apple GPUs), each array ending at
 //   a guard page;
@@ -40,6 +46,13 @@
 #include <unistd.h>
 
 #define SIMD_WIDTH 32
+// On x86-64 a fiber switch is eight instructions of assembly (fiber_switch below); elsewhere
+// it is _setjmp/_longjmp, and a fiber starts with makecontext/setcontext.
+#if defined(__x86_64__)
+#define FIBER_SWITCH_ASM 1
+#else
+#define FIBER_SWITCH_ASM 0
+#endif
 #define MAX_ARRAYS 16
 #define STACK_BYTES (256 * 1024)
 #define MAX_THREADS 1024
@@ -58,8 +71,12 @@ typedef struct {
 typedef void (*entry_fn)(void* const* buffers, const metal_emulation_ids* ids);
 
 typedef struct {
+#if FIBER_SWITCH_ASM
+  void* sp;         // where the fiber resumes: its saved stack pointer (fiber_switch)
+#else
   ucontext_t ctx;   // the fiber's start (makecontext); switches after that are _setjmp/_longjmp
   jmp_buf jump;     // where the fiber resumes
+#endif
   int started;
   int state, line, column, op, arg, next_array;
   float value, result;
@@ -78,8 +95,12 @@ static struct {
   fiber* fibers;
   char* stacks;
   int nthreads, max_threads, current;  // threads of the running group; of a full group
+#if FIBER_SWITCH_ASM
+  void* scheduler;   // the scheduler's saved stack pointer while a fiber runs
+#else
   jmp_buf scheduler;
   ucontext_t blank;  // one getcontext, copied for every fiber's start
+#endif
   entry_fn entry;
   void* const* buffers;
   tg_array arrays[MAX_ARRAYS];
@@ -314,12 +335,39 @@ void* metal_emulation_threadgroup_alloc(unsigned long bytes, unsigned long align
 
 // ---- synchronisation --------------------------------------------------------------------------
 
+#if FIBER_SWITCH_ASM
+// fiber_switch(save, to): pushes the callee-saved registers of the System V x86-64 ABI on
+// the current stack, stores the stack pointer in *save, loads `to` and pops the registers
+// saved there. What a switch must keep is exactly what a function call keeps (the caller
+// has already saved everything else), so this is all of it: no signal mask (swapcontext's
+// system call), no jmp_buf pointer mangling or cleanup-handler walk (glibc's longjmp,
+// ~10% of the emulator's time before). MXCSR and the x87 control word are never changed
+// by the kernels, so they are not saved.
+void metal_emulation_fiber_switch(void** save, void* to);
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".type metal_emulation_fiber_switch, @function\n"
+        "metal_emulation_fiber_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size metal_emulation_fiber_switch, .-metal_emulation_fiber_switch\n");
+
+// A fiber saves where it stands and switches to the scheduler, which switches back later.
+static void yield_to_scheduler(void) {
+  fiber* f = &E.fibers[E.current];
+  metal_emulation_fiber_switch(&f->sp, E.scheduler);
+}
+#else
 // Switching is _setjmp/_longjmp (no signal-mask system call, unlike swapcontext): a
 // fiber saves where it stands and jumps to the scheduler, which jumps back later.
 static void yield_to_scheduler(void) {
   fiber* f = &E.fibers[E.current];
   if (!_setjmp(f->jump)) _longjmp(E.scheduler, 1);
 }
+#endif
 
 void metal_emulation_barrier(int line, int column) {
   fiber* f = &E.fibers[E.current];
@@ -341,32 +389,56 @@ float metal_emulation_simd_f32(int op, float value, int arg, int line, int colum
   return f->result;
 }
 
-// The 32 lanes' results of one SIMD-group operation. simd_sum adds in a butterfly (xor
-// 16, 8, 4, 2, 1, as the CUDA twin does), so every lane gets the same bits.
-static void simd_release(fiber* lanes, int n) {
+// The results of one SIMD-group operation over the lanes in `active` (bit i: lane i; the
+// SIMD-group has n lanes). simd_sum and simd_max combine in a butterfly (xor 16, 8, 4, 2,
+// 1, as the CUDA twin does) in which an inactive or missing lane holds no value and
+// contributes nothing, so every active lane gets the same bits and a full SIMD-group adds
+// exactly as before. A shuffle or broadcast from an inactive lane is refused (Metal leaves
+// its value undefined); from a lane number past the SIMD-group, the lane keeps its own
+// value. Returns 0, or 1 with the message written.
+static int simd_release(unsigned g, int s, fiber* lanes, int n, unsigned active) {
   float v[SIMD_WIDTH];
+  int first = 0;
+  while (!(active >> first & 1u)) ++first;
   for (int i = 0; i < n; ++i) v[i] = lanes[i].value;
-  int op = lanes[0].op;
+  int op = lanes[first].op;
   if (op == 0 || op == 3) {  // sum, max
     float t[SIMD_WIDTH];
-    memcpy(t, v, sizeof v);
+    int has[SIMD_WIDTH];
+    for (int i = 0; i < SIMD_WIDTH; ++i) {
+      has[i] = i < n && (active >> i & 1u);
+      t[i] = has[i] ? v[i] : 0.0f;
+    }
     for (int h = SIMD_WIDTH / 2; h >= 1; h >>= 1) {
       float u[SIMD_WIDTH];
-      for (int i = 0; i < n; ++i) {
+      int uh[SIMD_WIDTH];
+      for (int i = 0; i < SIMD_WIDTH; ++i) {
         int j = i ^ h;
-        float o = j < n ? t[j] : (op == 0 ? 0.0f : t[i]);
-        u[i] = op == 0 ? t[i] + o : (t[i] > o ? t[i] : o);
+        uh[i] = has[i] | has[j];
+        u[i] = !has[j] ? t[i] : !has[i] ? t[j] : op == 0 ? t[i] + t[j] : (t[i] > t[j] ? t[i] : t[j]);
       }
       memcpy(t, u, sizeof u);
+      memcpy(has, uh, sizeof uh);
     }
-    for (int i = 0; i < n; ++i) lanes[i].result = t[i];
+    for (int i = 0; i < n; ++i)
+      if (active >> i & 1u) lanes[i].result = t[i];
   } else {
     for (int i = 0; i < n; ++i) {
+      if (!(active >> i & 1u)) continue;
       int src = op == 2 ? (i ^ lanes[i].arg) : lanes[i].arg;
+      if (src >= 0 && src < n && !(active >> src & 1u)) {
+        return fail("SIMD-group operation on line %d reads an inactive lane in group %u, SIMD-group %d: lane %d "
+                    "reads lane %d, which %s line %d (Metal leaves the value undefined)", lanes[first].line, g, s,
+                    i, src, lanes[src].state == DONE ? "finished; last synchronised at" :
+                    lanes[src].state == AT_BARRIER ? "waits at a threadgroup barrier on" : "is elsewhere, on",
+                    lanes[src].line);
+      }
       lanes[i].result = (src >= 0 && src < n) ? v[src] : v[i];
     }
   }
-  for (int i = 0; i < n; ++i) lanes[i].state = RUNNABLE;
+  for (int i = 0; i < n; ++i)
+    if (active >> i & 1u) lanes[i].state = RUNNABLE;
+  return 0;
 }
 
 // A fiber runs one GPU thread after another: when its thread finishes it parks here, and
@@ -377,7 +449,7 @@ static void fiber_main(void) {
     fiber* f = &E.fibers[E.current];  // E.current: the slot the scheduler resumed
     E.entry(E.buffers, &f->ids);
     f->state = DONE;
-    if (!_setjmp(f->jump)) _longjmp(E.scheduler, 1);
+    yield_to_scheduler();
   }
 }
 
@@ -439,12 +511,25 @@ static void start_group(unsigned g, unsigned ngroups, int n, int dispatched) {
     // A fiber parked by the previous group (its thread finished) resumes into its loop; one
     // not started this launch (f->started 0: the fibers are fresh each launch) starts here.
     if (!f->started || f->state != DONE) {
+      char* stack = E.stacks + (size_t)t * (STACK_BYTES + ps) + ps;  // a guard page below each stack
       f->started = 0;
+#if FIBER_SWITCH_ASM
+      // The first switch to the fiber pops six zero registers and returns into fiber_main
+      // as if called: its return address slot (never used: fiber_main never returns) sits
+      // at top - 8, so the stack pointer is 8 past a 16-byte boundary at its entry, as the
+      // ABI has it at every function's entry.
+      void** top = (void**)(stack + STACK_BYTES);
+      top[-1] = NULL;
+      top[-2] = (void*)fiber_main;
+      for (int r = 3; r <= 8; ++r) top[-r] = NULL;
+      f->sp = (void*)(top - 8);
+#else
       f->ctx = E.blank;
-      f->ctx.uc_stack.ss_sp = E.stacks + (size_t)t * (STACK_BYTES + ps) + ps;  // a guard page below each stack
+      f->ctx.uc_stack.ss_sp = stack;
       f->ctx.uc_stack.ss_size = STACK_BYTES;
       f->ctx.uc_link = NULL;
       makecontext(&f->ctx, fiber_main, 0);
+#endif
     }
     f->state = RUNNABLE;
   }
@@ -454,45 +539,48 @@ static void start_group(unsigned g, unsigned ngroups, int n, int dispatched) {
 static void run_fiber(int t) {
   fiber* f = &E.fibers[t];
   E.current = t;
+#if FIBER_SWITCH_ASM
+  f->started = 1;
+  metal_emulation_fiber_switch(&E.scheduler, f->sp);
+#else
   if (!_setjmp(E.scheduler)) {
     if (f->started) _longjmp(f->jump, 1);
     f->started = 1;
     setcontext(&f->ctx);
   }
+#endif
 }
 
-static const char* lane_state(int state) {
-  return state == DONE ? "finished; last synchronised at" :
-         state == AT_BARRIER ? "waits at a threadgroup barrier on" : "at an operation on";
-}
-
-// SIMD-group s of group g, once none of its lanes runs: released when every lane waits at
-// the same SIMD-group operation; an error when some lanes wait at one and others are
-// elsewhere (a barrier, another operation, finished). Returns 1 released, 0 nothing to
-// release, -1 an error (its message written).
-static int simd_settle(unsigned g, int s, int skip_runnable) {
+// SIMD-group s of group g, once none of its lanes can run on: the lanes waiting at a
+// SIMD-group operation are released over that active set (Metal's rule: the operation
+// combines the lanes that execute it; the others finished or wait at a threadgroup barrier,
+// having taken another path, and none of them can reach this operation before the active
+// lanes move on). Lanes waiting at two different operations are an error: whether Metal
+// runs one path's operation first, or waits to reconverge, is its compiler's choice. A lane
+// that skipped an earlier pass of the same call in a loop is not told apart. Returns 1
+// released, 0 nothing to release (none waits, or a lane still runs), -1 an error.
+static int simd_settle(unsigned g, int s) {
   int n = E.nthreads;
   fiber* lanes = &E.fibers[s * SIMD_WIDTH];
   int width = n - s * SIMD_WIDTH < SIMD_WIDTH ? n - s * SIMD_WIDTH : SIMD_WIDTH;
-  int at = 0, running = 0;
+  int first = -1;
+  unsigned active = 0;
   for (int i = 0; i < width; ++i) {
-    at += lanes[i].state == AT_SIMD;
-    running += lanes[i].state == RUNNABLE;
-  }
-  if (at == 0 || (running && !skip_runnable)) return 0;
-  int first = 0;
-  while (lanes[first].state != AT_SIMD) ++first;
-  for (int i = 0; i < width; ++i) {
-    if (lanes[i].state == RUNNABLE && skip_runnable) continue;
-    if (lanes[i].state != AT_SIMD || lanes[i].line != lanes[first].line || lanes[i].column != lanes[first].column ||
+    if (lanes[i].state == RUNNABLE) return 0;
+    if (lanes[i].state != AT_SIMD) continue;
+    if (first < 0) first = i;
+    if (lanes[i].line != lanes[first].line || lanes[i].column != lanes[first].column ||
         lanes[i].op != lanes[first].op) {
-      fail("divergent SIMD-group operation in group %u, SIMD-group %d: lane %d at the operation on line %d, lane %d "
-           "%s line %d", g, s, first, lanes[first].line, i, lane_state(lanes[i].state), lanes[i].line);
+      fail("divergent SIMD-group operations in group %u, SIMD-group %d: lane %d waits at the operation on line %d, "
+           "lane %d at the one on line %d (column %d); which runs first depends on where Apple's compiler "
+           "reconverges the paths, which is not modelled: give every path the same operation or none",
+           g, s, first, lanes[first].line, i, lanes[i].line, lanes[i].column);
       return -1;
     }
+    active |= 1u << i;
   }
-  simd_release(lanes, width);
-  return 1;
+  if (first < 0) return 0;
+  return simd_release(g, s, lanes, width, active) ? -1 : 1;
 }
 
 // No thread runnable: the group is released from its barrier, or has finished; anything
@@ -539,7 +627,7 @@ static int run_group_in_step(unsigned g, const int* order) {
     }
     int released = 0;
     for (int s = 0; s * SIMD_WIDTH < n; ++s) {
-      int r = simd_settle(g, s, 1);
+      int r = simd_settle(g, s);
       if (r < 0) return 1;
       released |= r;
     }
@@ -575,11 +663,12 @@ static int run_group_apart(unsigned g, int kind) {
         t = ready[k];
         ready[k] = ready[--m];
         run_fiber(t);
-        int r = simd_settle(g, t / SIMD_WIDTH, 0);
+        int r = simd_settle(g, t / SIMD_WIDTH);
         if (r < 0) { rc = 1; goto out; }
-        if (r == 1) {  // the released lanes join the draw
+        if (r == 1) {  // the released (active) lanes join the draw; inactive ones stay where they wait
           int lo = (t / SIMD_WIDTH) * SIMD_WIDTH, hi = lo + SIMD_WIDTH < n ? lo + SIMD_WIDTH : n;
-          for (int i = lo; i < hi; ++i) ready[m++] = i;
+          for (int i = lo; i < hi; ++i)
+            if (E.fibers[i].state == RUNNABLE) ready[m++] = i;
         }
       }
       t = -1;
@@ -594,7 +683,7 @@ static int run_group_apart(unsigned g, int kind) {
       }
       if (t >= 0) {
         run_fiber(t);
-        if (simd_settle(g, t / SIMD_WIDTH, 0) < 0) { rc = 1; goto out; }
+        if (simd_settle(g, t / SIMD_WIDTH) < 0) { rc = 1; goto out; }
         continue;
       }
     }
@@ -688,7 +777,9 @@ int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroup
   if (!stacks_ready(nthreads))
     return fail("no fiber stacks for %d threads (metal_emulation_use_stacks gave %d)", nthreads, stack_pool_threads);
   E.fibers = calloc((size_t)nthreads, sizeof(fiber));
+#if !FIBER_SWITCH_ASM
   getcontext(&E.blank);
+#endif
   int* order = malloc(sizeof(int) * (size_t)nthreads);
   unsigned* gorder = malloc(sizeof(unsigned) * (ngroups ? ngroups : 1));
   int descending = schedule == LOCKSTEP_DESCENDING || schedule == APART_DESCENDING;

@@ -17,6 +17,7 @@ reader is tested against it and against the numpy-only writer of the layout docu
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from workbench.fold.rotation import FoldSite, HadamardFold
 from workbench.fold.weights import QuantizedBase, WeightMatrix, check_quant_spec
 from workbench.real_models.safetensors_header import check_safetensors_header
 from workbench.tail.weights import TailWeights
+from workbench.validate import describe
 
 MATRICES = ("wo", "gate", "up", "down")
 
@@ -123,6 +125,8 @@ def read_layer(path: str | Path) -> DumpedLayer:
 
 def dump_files(path: str | Path) -> list[Path]:
     """The dump files of ``path``: the file itself, or a folder's ``*.safetensors`` sorted by name."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ValueError(f"path: must be a dump file or a folder of them (a str or Path), got {describe(path)}")
     p = Path(path)
     if p.is_dir():
         out = sorted(p.glob("*.safetensors"))

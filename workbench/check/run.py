@@ -140,6 +140,32 @@ def _user_tolerance(tolerance: Any) -> tuple[str, float] | None:
     return "worst", validate.number("tolerance", tolerance, minimum=0)
 
 
+def _faults(faults: Any) -> tuple[str, ...]:
+    """``faults`` as a tuple of fault names (empty: none run); a bare name or a non-sequence
+    is refused rather than iterated (``"abc"`` is not three faults)."""
+    out = validate.sequence("faults", faults, what=f"fault names of {tuple(FAULTS)}", non_empty=False)
+    for f in out:
+        validate.one_of("faults", f, tuple(FAULTS))
+    return out
+
+
+def _flake_rate(flake_rate: Any) -> float:
+    """Checked here, not only by the calibration: there a bad rate would end as a note
+    ("not calibrated") on a report that otherwise looks complete."""
+    return validate.number("flake_rate", flake_rate, minimum=0, exclusive_minimum=True, maximum=0.5)
+
+
+def _subject(subject: Any) -> Any:
+    """``subject`` as a form with ``calls`` (a plain callable becomes a :class:`CallableSubject`)."""
+    if hasattr(subject, "calls"):
+        return subject
+    if not callable(subject):
+        hint = " (an import path is for `python -m workbench.check`)" if isinstance(subject, str) else ""
+        raise ValueError(f"subject: must be a callable (case -> output array) or a CallableSubject, "
+                         f"KernelsFolderSubject or SourceSubject, got {validate.describe(subject)}{hint}")
+    return CallableSubject(subject)
+
+
 def _metric_columns(out: np.ndarray, truth: np.ndarray) -> dict[str, np.ndarray]:
     return {"worst": worst_scaled_error(out, truth), "max_abs": max_abs_error(out, truth), "nmse": nmse(out, truth)}
 
@@ -214,17 +240,18 @@ def check_kernel(subject: Any, *, shapes: Sequence[Sequence[int]] = ((64, 96, 80
     ``wo``'s input with its own random signs)."""
     import pandas as pd
 
-    if not hasattr(subject, "calls"):
-        subject = CallableSubject(subject)
+    subject = _subject(subject)
     user = _user_tolerance(tolerance)
+    flake_rate = _flake_rate(flake_rate)
     # The inputs are multiplied in float32; the rows are labelled with the scales as given
     # (0.01, not float32's 0.009999999776...), so a table is indexed by what was asked for.
     scale_labels = [float(validate.number("scales", s, minimum=0, exclusive_minimum=True))
                     for s in validate.sequence("scales", scales, what="positive numbers")]
     scale_arr = np.array(scale_labels, dtype=np.float32)
-    for f in faults:
-        validate.one_of("faults", f, tuple(FAULTS))
+    faults = _faults(faults)
     caller = LimitedCaller(validate.number("time_limit", time_limit, minimum=0, exclusive_minimum=True))
+    if isinstance(seeds, range):  # a typo'd count must be refused before its seeds are allocated
+        validate.within_memory("seeds", len(seeds) * 8, f"{len(seeds)} seeds")
     seed_arr = check_seeds(seeds)
     eps = validate.number("eps", eps, minimum=0, exclusive_minimum=True)
     frames, fframes, problems = [], [], []
@@ -275,8 +302,8 @@ def check_dump(path: Any, *, tolerance: Any = None, flake_rate: float = 1e-4,
     from workbench.check.dump import DumpError, dump_files, read_layer  # noqa: PLC0415 -- safetensors only here
 
     user = _user_tolerance(tolerance)
-    for f in faults:
-        validate.one_of("faults", f, tuple(FAULTS))
+    flake_rate = _flake_rate(flake_rate)
+    faults = _faults(faults)
     rows, frows, problems = [], [], []
     for file in dump_files(path):
         try:

@@ -55,13 +55,22 @@ class SourceLaunch:
         if not inputs or any(i not in SOURCE_INPUTS for i in inputs) or len(set(inputs)) != len(inputs):
             raise ValueError(f"inputs: must be distinct names of {SOURCE_INPUTS}, got {describe(self.inputs)}")
         object.__setattr__(self, "inputs", inputs)
+        # The output is a buffer parameter of the generated kernel: a name that is not an
+        # identifier, or one an input already has, makes a source that cannot compile.
+        if not isinstance(self.output, str) or not self.output.isidentifier() or self.output in inputs:
+            raise ValueError(f"output: must be an identifier other than the inputs' names, got {describe(self.output)}")
         for name in ("grid", "threadgroup"):
             v = getattr(self, name)
             if (not isinstance(v, (tuple, list)) or len(v) != 3
                     or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1 for x in v)):
                 raise ValueError(f"{name}: must be three positive ints (threads, as MLX counts them), got {describe(v)}")
             object.__setattr__(self, name, tuple(int(x) for x in v))
-        tpl = tuple(self.template.items()) if isinstance(self.template, Mapping) else tuple(self.template)
+        if isinstance(self.template, Mapping):
+            tpl = tuple(self.template.items())
+        elif isinstance(self.template, (tuple, list)):
+            tpl = tuple(self.template)
+        else:
+            raise ValueError(f"template: must be (name, value) pairs or a mapping, got {describe(self.template)}")
         for item in tpl:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
                 raise ValueError(f"template: must be (name, value) pairs or a mapping, got {describe(self.template)}")

@@ -8,6 +8,7 @@ input-scale axes) into float32 outputs [..., hidden]; what goes wrong is raised 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -19,7 +20,7 @@ from workbench import backends
 from workbench.check.source_launch import SourceLaunch, run_metal_emulated, run_on_device, source_inputs
 from workbench.check.stored import ARRAY_KINDS, StoredCase, as_numpy, convert
 from workbench.tail.weights import TailWeights
-from workbench.validate import describe, one_of
+from workbench.validate import describe, flag, one_of
 
 
 #: ``order=`` of the emulated forms: one schedule of ``workbench.kernels.metal_emulation.SCHEDULES``,
@@ -62,6 +63,7 @@ class CallableSubject:
         if not callable(self.fn):
             raise ValueError(f"fn: must be callable (case -> output array), got {describe(self.fn)}")
         one_of("arrays", self.arrays, ARRAY_KINDS)
+        flag("batched", self.batched)
         if not self.name:
             object.__setattr__(self, "name", getattr(self.fn, "__qualname__", type(self.fn).__name__))
 
@@ -79,6 +81,25 @@ class CallableSubject:
         return out
 
 
+def _check_folder_texts(folder: Path, dialect: str) -> None:
+    """``ValueError`` naming ``folder`` and the file unless every text the tail's launches are
+    composed of (the dialect's prelude, ``common.h``, each launch's body) is there, is UTF-8
+    and is shaped as composing needs: a missing body is said once, here, not as a failure
+    of every case of the check."""
+    from workbench.kernels import source as kernel_source  # noqa: PLC0415 -- only this form reads kernel texts
+
+    for kernel in kernel_source.TAIL_KERNELS:
+        try:
+            kernel_source.compose(dialect, kernel, kernel_dir=folder)
+        except FileNotFoundError as e:
+            raise ValueError(f"folder: {folder} is not shaped like kernels/: {e}") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"folder: {folder} holds a kernel text that is not UTF-8 (byte {e.start}: {e.reason})") \
+                from None
+        except ValueError as e:
+            raise ValueError(f"folder: {folder}: {e}") from None
+
+
 @dataclass(frozen=True)
 class KernelsFolderSubject:
     """A folder shaped like ``kernels/`` (the user's bodies on the workbench's launches), run on
@@ -93,12 +114,16 @@ class KernelsFolderSubject:
     kind: str = "kernels folder"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.folder, (str, os.PathLike)) or not str(self.folder).strip():
+            raise ValueError(f"folder: must be a folder shaped like kernels/ (a str or Path), "
+                             f"got {describe(self.folder)}")
         folder = Path(self.folder)
         if not folder.is_dir():
             raise ValueError(f"folder: must be a folder shaped like kernels/, got {str(self.folder)!r} (not a folder)")
         object.__setattr__(self, "folder", folder)
         one_of("backend", self.backend, ("metal-emulated", "metal", "cuda"))
         one_of("order", self.order, EMULATOR_ORDERS)
+        _check_folder_texts(folder, "cuda" if self.backend == "cuda" else "metal")
         backends.resolve_backend(self.backend)
         if not self.name:
             object.__setattr__(self, "name", folder.name)

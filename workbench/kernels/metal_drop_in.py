@@ -27,6 +27,14 @@ never a silent approximation):
   step, or running apart as on a GPU), or ``order="every"``: all of them, the outputs
   compared bit for bit (``metal_emulation.ScheduleDependenceError`` names the first
   differing output, its index and the two schedules);
+- SIMD-group functions (``simd_sum``, ``simd_max``, ``simd_shuffle``, ``simd_shuffle_xor``,
+  ``simd_broadcast``) in divergent control flow, as Metal defines them: over the active
+  lanes, those that call it (the others returned, or wait at a threadgroup barrier), so
+  ``if (i >= n) return;`` before a reduction works. Refused, naming the lines: a shuffle or
+  broadcast that reads an inactive lane (undefined in Metal), and lanes waiting at two
+  different SIMD-group operations at once (which path an Apple GPU runs first depends on
+  where its compiler reconverges them). A lane that skipped an earlier pass of the same
+  call in a loop is not told apart;
 - inputs and outputs of float32, float16, bfloat16, int32, uint32, int8, uint8, bool;
 - ``init_value`` (outputs filled with it before the launch; without it they are NaN-filled
   so an element no thread writes shows);

@@ -121,8 +121,9 @@ class MetalCompileError(ValueError):
 
 
 class EmulationError(RuntimeError):
-    """The emulator stopped a launch: a divergent barrier or SIMD-group operation, a memory
-    fault (a guard page), threadgroup memory over the limit; the message says which and where."""
+    """The emulator stopped a launch: a divergent barrier, lanes at two different SIMD-group
+    operations, a shuffle from an inactive lane, a memory fault (a guard page), threadgroup
+    memory over the limit; the message says which and where."""
 
 
 class ScheduleDependenceError(EmulationError):
