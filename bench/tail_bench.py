@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "backends_available": backends.available_backends(),
         "copy_bandwidth_GBps": bandwidth / 1e9,
         "bandwidth_measured": args.bandwidth_gbps is None,
+        "copy_method": record.copy_method() if args.bandwidth_gbps is None else "given as --bandwidth-gbps",
         "notes": (
             "medians over interleaved rounds; unfused = wo submission + host add/norm + FFN submission "
             "(numpy in/out); fused = one MLX graph evaluated once (numpy in/out); fused_resident = the graph "
