@@ -83,3 +83,24 @@ def test_a_bad_template_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--source", str(src), "--inputs", "branch", "--template", "HIDDEN=lots"])
     assert e.value.code == 2 and "--template" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--seeds", "5"], "--seeds"),
+    (["--scales=0.01,1", "--fold", "0"], "--fold, --scales"),
+    (["--grid", "64"], "--grid"),
+])
+def test_an_option_the_dump_form_does_not_read_is_refused(tmp_path, capsys, extra, named):
+    """A dump is judged as dumped (its own cases, fold and weights): an option that would
+    change the check elsewhere is refused, not ignored."""
+    _write(tmp_path / "layer0.safetensors")
+    with pytest.raises(SystemExit) as e:
+        main(["--dump", str(tmp_path), *extra])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and named in err and "not used" in err
+
+
+def test_a_launch_option_without_a_source_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["tests.check_user_tails:correct", "--threadgroup", "64"])
+    assert e.value.code == 2 and "--threadgroup" in capsys.readouterr().err

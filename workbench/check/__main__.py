@@ -277,7 +277,8 @@ def _mutant_files(text: str, folder: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """The command: the exit status (0 pass, 1 fail); a usage error is argparse's
     ``SystemExit(2)`` with one line on stderr (see the module's docstring)."""
-    p = argparse.ArgumentParser(prog="python -m workbench.check", description=__doc__,
+    # allow_abbrev off: which options were given is read from argv (below), by full name
+    p = argparse.ArgumentParser(prog="python -m workbench.check", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("implementation", nargs="?", help="module:function of a callable tail")
     p.add_argument("--kernels-dir", type=_path, help="a folder shaped like kernels/ (run on the CPU emulator)")
@@ -319,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--mutants: only with --kernels-dir or a --source run on the emulator")
     if a.mutant_files is not None and not (a.mutants and a.kernels_dir):
         p.error("--mutant-files: only with --mutants and --kernels-dir")
+    unused = _unused_options(a, sys.argv[1:] if argv is None else argv)
+    if unused:
+        p.error(f"{', '.join(unused)}: not used by this form of the check (nothing given is ignored silently)")
     try:
         return _run(a, argv)
     except KeyboardInterrupt:
@@ -330,6 +334,27 @@ def main(argv: list[str] | None = None) -> int:
         # One line, as argparse words it, without its usage block: the syntax was right.
         print(f"{p.prog}: error: {_one_line(e)}", file=sys.stderr)
         raise SystemExit(USAGE_ERROR) from None
+
+
+#: The options each form of the check reads beyond the ones every form reads
+#: (--tolerance, --record, --time-limit where cases run).
+_SOURCE_LAUNCH = ("--inputs", "--output", "--grid", "--threadgroup", "--template", "--language", "--run-on")
+
+
+def _unused_options(a: argparse.Namespace, argv: list[str]) -> list[str]:
+    """The options given in ``argv`` that the chosen form does not read: a dump is judged as
+    dumped (its own seeds, scales, fold and weights), a source takes unfolded weights and its
+    own launch, a callable or a kernels folder has no launch of its own."""
+    given = {tok.split("=", 1)[0] for tok in argv if tok.startswith("--")}
+    if a.dump is not None:
+        unused = {"--seeds", "--scales", "--fold", "--time-limit", "--arrays", "--batched", *_SOURCE_LAUNCH}
+    elif a.source is not None:
+        unused = {"--fold", "--arrays", "--batched"}
+    else:
+        unused = set(_SOURCE_LAUNCH)
+        if a.kernels_dir is not None:
+            unused |= {"--arrays", "--batched"}
+    return sorted(given & unused)
 
 
 def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
