@@ -130,8 +130,9 @@ class HadamardFold:
     perm: np.ndarray | None = None
     site: FoldSite = FoldSite.INPUT
     _mk: tuple[int, int] = field(init=False, repr=False)
-    # MLX copies of signs / perm / inverse perm, made once per dtype: a fold is applied
-    # on every token, and re-uploading its constants each time is work on the hot path.
+    # MLX copies of signs / perm / inverse perm (and the signs in each numpy float dtype the
+    # oracle asks for), made once per dtype: a fold is applied on every token and every case,
+    # and remaking its constants each time is work on the hot path.
     _mx: dict = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
