@@ -11,7 +11,9 @@ machine's load hits each alike):
   (``reference``) and with the fused tail in all 30 layers (``fused-<backend>``), each built
   lazily inside the model's forward pass (``workbench.real_models.reference_model.fused_tails``:
   a token is one evaluation in every variant). Every variant's tokens are checked equal to
-  the reference's.
+  the reference's. Beside tokens a second, tokens a CPU second of this process: where the
+  two ratios agree, the decode is bound by the host building each step's graph (on a GPU),
+  and on a CPU shared with other work the CPU seconds are what the wall clock blurs.
 * **one tail, one evaluation** (inputs resident on the device, the output evaluated once:
   what a tail alone costs with its wait) and **in a chain** (``--chain`` tails, each
   taking the previous one's output as its residual, in ONE evaluation, per tail: what a
