@@ -28,6 +28,7 @@ tools, with a DIR that is not a kernels folder, or (a usage error) for a ``--for
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import sys
@@ -164,7 +165,8 @@ def run(formats: tuple[str, ...], *, old_dir: Path | None, nvcc: str, cuobjdump:
         jobs: int = 2, launches: tuple[str, ...] = LAUNCHES) -> list[dict[str, Any]]:
     """Every launch of ``launches`` (default: the three and the one launch) and format,
     each side with ``old_dir``: one row each. The one launch's old side only where
-    ``old_dir`` has its body (a folder from before it has none)."""
+    ``old_dir`` has its body (a folder from before it has none). A text both sides share
+    is compiled once."""
     sides = {"new": None} if old_dir is None else {"old": old_dir, "new": None}
     work = []
     for label in formats:
@@ -198,8 +200,19 @@ def run(formats: tuple[str, ...], *, old_dir: Path | None, nvcc: str, cuobjdump:
         return count_launch(w[1], Path(tmp), stem, nvcc=nvcc, cuobjdump=cuobjdump, nvdisasm=nvdisasm, arch=arch,
                             phases=phases if one else None)
 
+    # Each distinct text is compiled once: the old folder's text of a launch is often the new
+    # one's (an unchanged launch, or a copy of kernels/), and a compile is seconds of nvcc.
+    # The counts depend on the text and on whether it is read as the one launch (by phase).
+    def text_key(w: tuple[dict[str, Any], str]) -> tuple[str, bool]:
+        return w[1], w[0]["launch"] == ONE_LAUNCH and "alone" not in w[0]
+
+    first = {}
+    for w in work:
+        first.setdefault(text_key(w), w)
     with tempfile.TemporaryDirectory(prefix="sass_counts-") as tmp, ThreadPoolExecutor(max(1, jobs)) as pool:
-        counted = list(pool.map(count, work))
+        by_text = dict(zip(first, pool.map(count, first.values())))
+    # A copy a row: the one launch's phases get their "alone" counts below, one side at a time.
+    counted = [copy.deepcopy(by_text[text_key(w)]) for w in work]
     rows = [{**key, **res} for (key, _), res in zip(work, counted) if "alone" not in key]
     by = {(r["launch"], r["format"], r["side"]): r for r in rows}
     for (key, _), res in zip(work, counted):

@@ -54,10 +54,10 @@ def _x() -> np.ndarray:
     return np.random.default_rng(3).uniform(-1, 1, N).astype(np.float32)
 
 
-def _launch(name: str, source: str, p: int, order: str = "ascending") -> np.ndarray:
+def _launch(name: str, source: str, p: int, order: str = "ascending", n: int = N) -> np.ndarray:
     kernel = metal_kernel(name=name, input_names=["x"], output_names=["out"], source=source)
-    (out,) = kernel(inputs=[mx.array(_x())], template=[("P", p)], grid=(N, 1, 1), threadgroup=(TG, 1, 1),
-                    output_shapes=[(N,)], output_dtypes=[mx.float32], order=order)
+    (out,) = kernel(inputs=[mx.array(_x()[:n])], template=[("P", p)], grid=(n, 1, 1), threadgroup=(TG, 1, 1),
+                    output_shapes=[(n,)], output_dtypes=[mx.float32], order=order)
     return np.array(out)
 
 
@@ -78,9 +78,12 @@ def test_private_arrays_below_the_open_window_run_in_every_schedule(p):
 
 
 def test_a_launch_never_sees_what_an_earlier_launch_left_on_its_stacks():
+    """One group, so every thread is the first on its stack this launch. (Within a launch a
+    stack passes from a slot's thread in one group to the same slot's thread in the next,
+    as it is: what the first left, and the runtime's own frames, are there.)"""
     _launch("leaves_data", BIG_PRIVATE, 4096)  # 16 KB of nonzero values on every stack used
-    out = _launch("reads_unwritten", READS_UNWRITTEN, 4096)
-    assert np.array_equal(out, np.zeros(N, np.float32)), out[:8]
+    out = _launch("reads_unwritten", READS_UNWRITTEN, 4096, n=TG)
+    assert np.array_equal(out, np.zeros(TG, np.float32)), out[:8]
 
 
 def test_a_private_array_larger_than_the_stack_is_a_reported_fault_not_a_crash():

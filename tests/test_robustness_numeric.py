@@ -55,6 +55,11 @@ BR, RES = T.random_inputs(WTS, seed=1)
 BONSAI = ML.load_model("bonsai-27b")
 W_NAN = np.ones((8, 64), np.float32)
 W_NAN[3, 5] = NAN
+#: float64 with one finite value float32 cannot hold (numpy's cast makes it inf with a warning).
+F64_HUGE = np.ones((8, 8))
+F64_HUGE[2, 3] = 1e39
+#: from_arrays' (wo, ffn_norm, gate, up, down) of a hidden 8, branch 8, ffn 8 tail.
+ONES8 = (np.ones((8, 8)), np.ones(8), np.ones((8, 8)), np.ones((8, 8)), np.ones((8, 8)))
 
 
 def qwen3(**kw: Any) -> dict:
@@ -130,10 +135,16 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("rotate the wrong width", lambda: HadamardFold(16).rotate(np.ones(8)), "width"),
     ("a dense rotation of 16e6", lambda: HadamardFold(16).matrix(16 * 10**6), "dim"),
     ("check_width(32.0)", lambda: HadamardFold(16).check_width(32.0), "width"),
+    ("same_rotation of an int", lambda: HadamardFold(16).same_rotation(3), "other"),
+    ("same_rotation of a fold's name", lambda: HadamardFold(16).same_rotation("hadamard16"), "other"),
     # weights
     ("a 1-D base", lambda: WeightMatrix(np.ones(4, np.float32)), "base"),
     ("a string base", lambda: WeightMatrix("abc"), "base"),
     ("an int base", lambda: WeightMatrix(np.ones((2, 2), np.int32)), "base"),
+    ("a float64 base beyond float32's range", lambda: WeightMatrix(F64_HUGE), "base"),
+    ("a list base beyond float32's range", lambda: WeightMatrix(F64_HUGE.tolist()), "base"),
+    ("quantize a float64 weight beyond float32's range", lambda: WeightMatrix.quantize(np.full((8, 64), 1e39)), "w"),
+    ("quantize a 1-D weight", lambda: WeightMatrix.quantize(np.ones(64, np.float32)), "w"),
     ("fold 'fold'", lambda: WeightMatrix(np.ones((4, 4), np.float32), "fold"), "fold"),
     ("quantize a NaN weight", lambda: WeightMatrix.quantize(W_NAN), "w"),
     ("quantize an Inf weight", lambda: WeightMatrix.quantize(np.full((8, 64), INF, np.float32)), "w"),
@@ -224,6 +235,29 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("random_inputs of no weights", lambda: T.random_inputs(None, seed=0), "w"),
     ("random_inputs batch 10**9", lambda: T.random_inputs(WTS, seed=0, batch=10**9), "batch"),
     ("case_recipe hidden -1", lambda: T.case_recipe(-1, 2, 3), "hidden"),
+    ("TailWeights.random seed -1", lambda: T.TailWeights.random(8, 8, 8, seed=-1), "seed"),
+    ("TailWeights.random seed 1.5", lambda: T.TailWeights.random(8, 8, 8, seed=1.5), "seed"),
+    ("TailWeights.random a model's name as config",
+     lambda: T.TailWeights.random(8, 8, 8, seed=0, config="bonsai-27b", layer=3), "config"),
+    ("TailWeights.for_layer a model's name", lambda: T.TailWeights.for_layer("bonsai-27b", 3, seed=0), "config"),
+    ("TailWeights.for_layer no config", lambda: T.TailWeights.for_layer(None, 3, seed=0), "config"),
+    ("TailWeights.random quantize of an unknown key",
+     lambda: T.TailWeights.random(8, 8, 8, seed=0, quantize={"bit": 4}), "quantize"),
+    ("TailWeights.random fold_block 3", lambda: T.TailWeights.random(8, 8, 8, seed=0, fold_block=3), "fold_block"),
+    ("TailWeights.random fold_permute 'yes'",
+     lambda: T.TailWeights.random(8, 8, 8, seed=0, fold_block=4, fold_permute="yes"), "fold_permute"),
+    ("TailWeights.random fold_site 'input'", lambda: T.TailWeights.random(8, 8, 8, seed=0, fold_site="input"),
+     "fold_site"),
+    ("TailWeights.random hidden 2**40", lambda: T.TailWeights.random(2**40, 8, 8, seed=0), "hidden"),
+    ("from_arrays wo beyond float32's range", lambda: T.TailWeights.from_arrays(F64_HUGE, *ONES8[1:]), "wo"),
+    ("from_arrays down beyond float32's range",
+     lambda: T.TailWeights.from_arrays(*ONES8[:4], F64_HUGE), "down"),
+    ("from_arrays ffn_norm beyond float32's range",
+     lambda: T.TailWeights.from_arrays(ONES8[0], np.full(8, -1e39), *ONES8[2:]), "ffn_norm"),
+    ("TailWeights of an ffn_norm beyond float32's range",
+     lambda: T.TailWeights(WTS.wo, np.full(32, 1e39), WTS.gate, WTS.up, WTS.down), "ffn_norm"),
+    ("from_arrays wo of strings", lambda: T.TailWeights.from_arrays("abc", *ONES8[1:]), "wo"),
+    ("from_arrays a 1-D up", lambda: T.TailWeights.from_arrays(*ONES8[:3], np.ones(8), ONES8[4]), "up"),
     # comparison
     ("tol True", lambda: C.compare(np.ones(3), np.ones(3), tol=True), "tol"),
     ("tol -1", lambda: C.compare(np.ones(3), np.ones(3), tol=-1), "tol"),
@@ -362,6 +396,53 @@ def test_quantizing_a_nan_weight_names_its_row_and_column():
         WeightMatrix.quantize(W_NAN)
     with pytest.raises(ValueError, match=r"w\[3, 5\] = nan"):  # folding first must not hide it
         WeightMatrix.quantize(W_NAN, fold=HadamardFold(64))
+
+
+def test_a_value_beyond_float32_is_refused_at_its_place_and_float32s_own_are_kept():
+    with pytest.raises(ValueError, match=r"^base: must fit float32 .* got 1e\+39 at index \(2, 3\) \(1 such"):
+        WeightMatrix(F64_HUGE)
+    # What float32 can hold is taken, its largest value included; an inf or NaN the caller
+    # passed is theirs (a dense matrix keeps it and the tails propagate it), not an overflow.
+    top = float(np.finfo(np.float32).max)
+    assert WeightMatrix(np.full((2, 2), -top)).dense()[0, 0] == -np.float32(top)
+    given = np.ones((2, 2))
+    given[0, 1], given[1, 0] = INF, NAN
+    dense = WeightMatrix(given).dense()
+    assert dense[0, 1] == INF and np.isnan(dense[1, 0])
+
+
+def test_an_empty_batch_rotates_in_mlx_as_in_numpy():
+    # MLX's hadamard_transform refuses empty arrays in its own words; the numpy path answers
+    # an empty batch with an empty batch, and so must MLX's, at every kind of block.
+    for fold in (HadamardFold.random(48, 12, seed=0, permute=True), HadamardFold(16, [1, -1] * 8),
+                 HadamardFold.random(40, 20, seed=1, site=FoldSite.OUTPUT)):
+        for s in ((0, fold.dim), (2, 0, fold.dim)):
+            for op in (fold.rotate, fold.unrotate):
+                got = op(mx.zeros(s, dtype=mx.float32))
+                mx.eval(got)
+                want = op(np.zeros(s, np.float32))
+                assert tuple(got.shape) == want.shape == s and got.dtype == mx.float32, (fold, s, op)
+        assert tuple(hadamard.block_transform_mx(mx.zeros((0, 24)), 12, transpose=True).shape) == (0, 24)
+
+
+@pytest.mark.parametrize("fmt", sorted(W.QUANT_FORMATS))
+def test_the_quantization_error_of_a_zero_matrix_is_zero(fmt):
+    # Every format stores 0 exactly, so the quantized map reproduces a zero matrix: its error
+    # is 0 (the ratio would be 0/0, a NaN that reads as a failure in the study's table).
+    q = W.QUANT_FORMATS[fmt].as_quantize()
+    zero = np.zeros((8, 64), np.float32)
+    for fold in (None, HadamardFold(64)):
+        assert W.quantization_error(zero, **q, fold=fold) == 0.0
+    # ... and a matrix that is not zero still gets its relative error, positive and finite.
+    w = W.outlier_matrix(8, 64, n_outliers=2, outlier_scale=20.0, seed=0)
+    err = W.quantization_error(w, **q)
+    assert 0 < err < 1
+
+
+def test_same_rotation_compares_folds_and_none():
+    f = HadamardFold.random(16, 16, seed=3)
+    assert f.same_rotation(HadamardFold(16, f.signs)) and not f.same_rotation(None)
+    assert not f.same_rotation(HadamardFold.random(16, 16, seed=4))
 
 
 def test_one_sweep_case_allocates_about_one_case():

@@ -177,6 +177,43 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
         assert stop.value.code == 2 and message in capsys.readouterr().err, args
 
 
+def test_a_text_both_sides_share_is_compiled_once(tmp_path, monkeypatch):
+    """A copy of kernels/ as the old side gives the same texts: each distinct one is compiled
+    once (of the 14 units of one format, 7 texts), and every row still gets its own counts."""
+    copy = tmp_path / "kernels"
+    shutil.copytree(ks.KERNEL_DIR, copy, ignore=shutil.ignore_patterns("metal_emulation"))
+    compiled = []
+
+    def fake_count(source, workdir, stem, *, phases=None, **tools):
+        compiled.append(source)
+        n = len(compiled)
+        if phases is None:
+            return {"registers": n, "spill_bytes": 0, "instructions": 10 * n}
+        return {"registers": n, "spill_bytes": 0, "instructions": 10 * n,
+                "phases": {p: {"instructions": n} for p in (*phases, "barriers")}}
+
+    monkeypatch.setattr(sc, "count_launch", fake_count)
+    rows = sc.run(("nvfp4",), old_dir=copy, nvcc="nvcc", cuobjdump="cuobjdump", nvdisasm="nvdisasm", arch="sm_90")
+    assert len(compiled) == len(set(compiled)) == 7
+    by = {(r["launch"], r["side"]): r for r in rows}
+    assert sorted(by) == sorted((k, s) for k in sc.LAUNCHES for s in ("old", "new"))
+    for launch in sc.LAUNCHES:
+        new, old = by[(launch, "new")], by[(launch, "old")]
+        assert {k: v for k, v in new.items() if k != "side"} == {k: v for k, v in old.items() if k != "side"}
+    one_new, one_old = by[(sc.ONE_LAUNCH, "new")], by[(sc.ONE_LAUNCH, "old")]
+    assert one_new["phases"] is not one_old["phases"]  # each side's "alone" counts are its own
+    assert all("alone" in one_new["phases"][p] for p in ks.TAIL_KERNELS)
+    # a changed text on one side is compiled for that side alone (a new folder: texts are read once a path)
+    changed = tmp_path / "changed"
+    shutil.copytree(copy, changed)
+    body = changed / ks.KERNELS["ffn_down"].body
+    body.write_text(body.read_text() + "\n// changed\n")
+    compiled.clear()
+    sc.run(("nvfp4",), old_dir=changed, nvcc="nvcc", cuobjdump="cuobjdump", nvdisasm="nvdisasm", arch="sm_90")
+    # 7 + 3: ffn_down, the one launch (it holds that body too) and its down phase alone
+    assert len(compiled) == len(set(compiled)) == 10
+
+
 _TOOLS = shutil.which("nvcc") and machine_code.find_tool("cuobjdump") and machine_code.find_tool("nvdisasm")
 
 

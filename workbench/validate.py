@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["describe", "integer", "number", "one_of", "flag", "seed", "sequence", "float_dtype", "float_array",
-           "memory_cap_bytes", "within_memory", "token_ids"]
+           "as_float32", "memory_cap_bytes", "within_memory", "token_ids"]
 
 
 def describe(value: Any, limit: int = 60) -> str:
@@ -171,6 +171,32 @@ def float_array(name: str, value: Any, *, min_ndim: int = 0) -> np.ndarray:
     if arr.ndim < min_ndim:
         raise ValueError(f"{name}: must have at least {min_ndim} axis(es), got {describe(value)}")
     return arr if np.issubdtype(arr.dtype, np.floating) else arr.astype(np.float64)
+
+
+def as_float32(name: str, value: Any, *, copy: bool = True) -> np.ndarray:
+    """``value`` (what :func:`float_array` reads) as float32, refusing finite values float32 cannot hold.
+
+    numpy casts a float64 beyond float32's range (|x| > 3.4e38) to inf with only a
+    warning, and an inf stored in a weight is a wrong result that nothing flags later
+    (an inf the caller passed is theirs, and stays, as a NaN does). The check costs a
+    byte an element and runs only for inputs wider than float32. ``copy=False`` returns a
+    float32 ``value`` itself (a caller that copies anyway need not hold two).
+    """
+    arr = float_array(name, value)
+    if arr.dtype.itemsize <= 4:
+        return arr.astype(np.float32, copy=copy)
+    with np.errstate(over="ignore"):
+        out = arr.astype(np.float32)
+    overflow = np.isinf(out)
+    if overflow.any():
+        overflow &= np.isfinite(arr)
+        if overflow.any():
+            where = tuple(int(i) for i in np.argwhere(overflow)[0])
+            raise ValueError(
+                f"{name}: must fit float32 (|x| <= {float(np.finfo(np.float32).max):.4g}), it is stored in float32; "
+                f"got {float(arr[where])!r} at index {where} ({int(overflow.sum())} such values in all)"
+            )
+    return out
 
 
 def memory_cap_bytes() -> int:

@@ -1,5 +1,6 @@
 // The emulator: one launch of a compiled Metal kernel on the CPU, every GPU thread a
-// fiber (ucontext), threadgroups one after another.
+// fiber (its own stack; switched by fiber_switch on x86-64, _setjmp/_longjmp elsewhere),
+// threadgroups one after another.
 //
 // What it models (kernels/README.md, "Metal on the CPU"):
 // - barriers: a group is released only when EVERY thread of it waits at the SAME
@@ -326,7 +327,11 @@ void* metal_emulation_threadgroup_alloc(unsigned long bytes, unsigned long align
   uintptr_t end = (uintptr_t)(a->base + data_pages * ps);
   a->data = (char*)((end - bytes) & ~(uintptr_t)(align - 1));
   a->bytes = bytes;
-  snprintf(a->name, sizeof a->name, "%s", name);
+  // Copied by hand: snprintf's frames would take the fiber's stack a page deeper than the
+  // kernels go, and every page of depth is zeroed on every stack at every launch.
+  size_t len = strlen(name) < sizeof a->name - 1 ? strlen(name) : sizeof a->name - 1;
+  memcpy(a->name, name, len);
+  a->name[len] = 0;
   memset(a->base, 0xFF, data_pages * ps);  // NaN in every float: a read before a write shows
   E.narrays = k + 1;
   E.tg_bytes += rounded;
@@ -711,8 +716,9 @@ out:
 // writable; the rest of it is protected like the guard page below it. So nothing below the
 // window can hold data, and zeroing the window zeroes everything a launch could have left.
 // A thread that reaches below the window faults once; the handler (grow_window) opens the
-// window down past the faulting page on every stack, and the access is retried. The
-// window only grows, and is one page for the project's kernels. (Asking the kernel which
+// window down to the faulting page on every stack, and the access is retried. The
+// window only grows, and is one page for the project's kernels. (Within a launch, a stack
+// passes from a slot's thread in one group to that slot's thread in the next as it is.) (Asking the kernel which
 // pages are in memory instead, mincore over every stack's 64 pages, cost 2.3 ms a tail
 // at the test shape: more than the kernels.)
 //
@@ -766,7 +772,7 @@ void metal_emulation_use_stacks(void* pool, int nthreads) {
 }
 
 // A fault at `a`: when it is inside a stack, below its window, open the window of every
-// stack down to one page past `a`'s page and return 1 (the access is retried); else 0.
+// stack down to `a`'s page and return 1 (the access is retried); else 0.
 // Runs in the signal handler: only system calls and arithmetic.
 static int grow_window(char* a) {
   if (stack_pool == NULL) return 0;
@@ -777,7 +783,7 @@ static int grow_window(char* a) {
   size_t t = (size_t)(a - first) / slot;
   char* top = first + t * slot + slot;
   if (a < first + t * slot + ps) return 0;  // the guard page: the stack overflowed
-  size_t need = ((size_t)(top - a) + ps - 1) / ps + 1;
+  size_t need = ((size_t)(top - a) + ps - 1) / ps;
   if (need > STACK_BYTES / ps) need = STACK_BYTES / ps;
   if (need <= h->window) return 0;  // open already: not ours
   for (int u = 0; u < h->nthreads; ++u) {

@@ -256,6 +256,10 @@ def block_transform_mx(x: mx.array, block: int, *, transpose: bool = False) -> m
     if not isinstance(x, mx.array) or not mx.issubdtype(x.dtype, mx.floating):
         raise ValueError(f"x: must be an MLX float array, got {validate.describe(x)}")
     _check_width(tuple(x.shape), block)
+    if x.size == 0:
+        # An empty batch (a leading axis of 0) rotates to an empty batch, as the numpy path
+        # answers; mx.hadamard_transform refuses empty arrays in its own words.
+        return x
     lead = x.shape[:-1]
     nblocks = x.shape[-1] // block
     if not transpose or m == 1:

@@ -205,9 +205,16 @@ class HadamardFold:
             raise ValueError(f"width: must be a multiple of block ({self.block}), got width ({width})")
 
     def same_rotation(self, other: "HadamardFold | None") -> bool:
-        """Whether ``other`` is the same rotation by value (block, signs, perm; site ignored)."""
+        """Whether ``other`` is the same rotation by value (block, signs, perm; site ignored).
+
+        ``None`` (no fold) is a valid answer to "which rotation" and is simply not this one;
+        anything else that is not a fold is a caller's mistake, refused rather than
+        answered ``False``, which would hide it.
+        """
         if other is None:
             return False
+        if not isinstance(other, HadamardFold):
+            raise ValueError(f"other: must be a HadamardFold or None, got {validate.describe(other)}")
         if self is other:
             return True
 

@@ -12,6 +12,7 @@ oracle, computed in the input's dtype, so float64 in is float64 arithmetic throu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -113,7 +114,8 @@ class QuantizedBase:
         return int(self.w.nbytes + self.scales.nbytes + (self.biases.nbytes if self.biases is not None else 0))
 
 
-def _as_dense_base(base: Any) -> mx.array:
+def _as_dense_base(base: Any, name: str = "base") -> mx.array:
+    """``base`` as a 2-D MLX array in a dense dtype; errors name ``name`` (``w`` when quantizing)."""
     if isinstance(base, mx.array):
         arr = base
     else:
@@ -122,16 +124,16 @@ def _as_dense_base(base: Any) -> mx.array:
         except Exception:  # a ragged list
             a = np.asarray(None)
         if not np.issubdtype(a.dtype, np.floating):
-            raise ValueError(f"base: must be a float array (float32, float16 or bfloat16), got {validate.describe(base)}")
-        if a.dtype == np.float64:
-            a = a.astype(np.float32)  # the engine's weights are at most float32
+            raise ValueError(f"{name}: must be a float array (float32, float16 or bfloat16), got {validate.describe(base)}")
+        if a.dtype.itemsize > 4:
+            a = validate.as_float32(name, a)  # the engine's weights are at most float32
         arr = mx.array(a)
     if arr.ndim != 2:
-        raise ValueError(f"base: must be 2-D [out, in], got shape {tuple(arr.shape)}")
+        raise ValueError(f"{name}: must be 2-D [out, in], got shape {tuple(arr.shape)}")
     if arr.dtype not in DENSE_DTYPES.values():
-        raise ValueError(f"base: its dtype must be one of {sorted(DENSE_DTYPES)}, got {arr.dtype}")
+        raise ValueError(f"{name}: its dtype must be one of {sorted(DENSE_DTYPES)}, got {arr.dtype}")
     if 0 in arr.shape:
-        raise ValueError(f"base: must not be empty, got shape {tuple(arr.shape)}")
+        raise ValueError(f"{name}: must not be empty, got shape {tuple(arr.shape)}")
     return arr
 
 
@@ -210,7 +212,7 @@ class WeightMatrix:
         grouped scales are chosen.
         """
         spec = check_quant_spec(mode, bits, group_size)
-        unfolded = cls(w)
+        unfolded = cls(_as_dense_base(w, "w"))
         _check_finite_for_quantize(unfolded._base)
         dense = unfolded.fold_hadamard(fold) if fold is not None else unfolded
         base = dense._base
@@ -378,13 +380,22 @@ def quantization_error(
 ) -> float:
     """Relative Frobenius error of the quantized MAP: ``||map(Q(w)) - w||_F / ||w||_F``.
 
+    0 when the map reproduces ``w`` exactly, an all-zero ``w`` included (0/0 taken as 0);
+    inf for a non-zero map of a zero ``w``.
+
     With a fold the map is the folded, quantized base with the rotation undone, so the
     figure compares like with like: what ``apply`` computes against what ``w`` computes
     (for isotropic inputs, the expected relative error of the output).
     """
     q = WeightMatrix.quantize(w, mode=mode, bits=bits, group_size=group_size, fold=fold)
     w64 = np.asarray(w, dtype=np.float64)
-    return float(np.linalg.norm(q.linear_map() - w64) / np.linalg.norm(w64))
+    err = float(np.linalg.norm(q.linear_map() - w64))
+    if err == 0.0:
+        # An exact reproduction is error 0, also for an all-zero ``w`` (every format stores
+        # 0 exactly), where the ratio would be 0/0: NaN would read as a failure in a table.
+        return 0.0
+    ref = float(np.linalg.norm(w64))
+    return err / ref if ref > 0 else math.inf
 
 
 #: The formats notebook 01 compares: (label, name in :data:`QUANT_FORMATS`).

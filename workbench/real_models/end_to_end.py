@@ -38,7 +38,7 @@ from workbench.real_models.reference_model import (
     Generation,
     LayerCapture,
     capture_layers,
-    forced_choices,
+    first_departure,
     fused_tails,
     greedy,
     gguf_tokenizer,
@@ -312,14 +312,14 @@ def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", b
     ``fmt``, without and with the fold: one row each, ``agree`` (how many of the
     reference's tokens the variant reproduces before its first different choice) of ``n``.
 
-    Teacher forcing: the prompt and the reference tokens go through the variant model in
-    ONE pass; its argmax at each step is what its greedy decoding would choose there,
-    given the same history, so the first step where it differs is exactly where its own
-    greedy decoding would first leave the reference (one pass instead of ``n`` steps).
+    Teacher forcing (``reference_model.first_departure``): the variant's argmax at each step,
+    given the reference's history, is what its greedy decoding would choose there, so the
+    first step where it differs is exactly where its own greedy decoding would first leave
+    the reference: the prompt in one pass, and the reference's tokens in one more only
+    where the first choice agrees (two passes at most instead of ``n`` steps).
     """
     import pandas as pd
 
-    seq = list(reference.prompt) + list(reference.tokens)
     n = len(reference.tokens)
     base = rm.tail_weights()
     variant_sets: dict[bool, list[TailWeights]] = {False: [], True: []}
@@ -333,9 +333,7 @@ def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", b
     rows = []
     for folded, variants in variant_sets.items():
         with fused_tails(rm.model, variants):
-            chosen = forced_choices(rm.model, seq, len(reference.prompt))
-        differs = np.nonzero(chosen != np.asarray(reference.tokens))[0]
-        agree = int(differs[0]) if differs.size else n
+            agree = first_departure(rm.model, reference.prompt, reference.tokens)
         rows.append({"format": fmt, "fold": f"block {block}" if folded else "none", "agree": agree, "of": n,
                      "first_margin": reference.margins[agree] if agree < n else float("nan")})
     return pd.DataFrame(rows)

@@ -60,6 +60,7 @@ __all__ = [
     "Generation",
     "greedy",
     "forced_choices",
+    "first_departure",
 ]
 
 
@@ -471,6 +472,35 @@ def forced_choices(model: nn.Module, sequence: Sequence[int], start: int) -> np.
         "start", start, minimum=1, maximum=0)
     hidden = _layer_owner(model)(ids)
     return np.asarray(mx.argmax(head(model, hidden[:, start - 1: -1]), axis=-1)[0])
+
+
+def first_departure(model: nn.Module, prompt: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many of ``tokens`` ``model``'s greedy decoding after ``prompt`` reproduces before
+    its first different choice (teacher forcing: each choice given ``prompt`` and the tokens
+    before it, as :func:`forced_choices` makes them).
+
+    Through mlx-lm's KV cache in at most two passes: the prompt (whose last row gives the
+    first choice), then, only where that choice agrees, the rest of ``tokens`` in one more
+    pass. A model that leaves at the first step (a near tie there) costs the prompt's pass
+    alone, not a pass over the whole sequence; the head runs only on the rows compared.
+    """
+    with _without_transformers_advice():
+        from mlx_lm.models.cache import make_prompt_cache
+
+    vocab = vocab_size(model)
+    ids = token_ids("prompt", prompt, vocab)
+    toks = token_ids("tokens", tokens, vocab)
+    owner = _layer_owner(model)
+    cache = make_prompt_cache(model)
+    hidden = owner(mx.array(ids)[None], cache=cache)
+    if int(mx.argmax(head(model, hidden[:, -1:]), axis=-1).item()) != int(toks[0]):
+        return 0
+    if toks.size == 1:
+        return 1
+    hidden = owner(mx.array(toks[:-1])[None], cache=cache)
+    chosen = np.asarray(mx.argmax(head(model, hidden), axis=-1)[0])
+    differs = np.nonzero(chosen != toks[1:])[0]
+    return 1 + int(differs[0]) if differs.size else int(toks.size)
 
 
 @dataclass(frozen=True)

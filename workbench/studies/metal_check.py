@@ -40,8 +40,8 @@ PROVES = ("The Metal source MLX would compile for these launches compiles agains
           "apart as an Apple GPU runs them between barriers) and matches the float64 oracle with exp, exp2 "
           "and rsqrt computed by the host or anywhere Metal's precise and fast contracts allow (MSL spec "
           "8.4: each result at either edge of its bound, or random in it). It does not show that Apple's "
-          "compiler accepts the source, how fast an Apple GPU runs it, or the precision of Apple's "
-          "division and of fast-math reassociation, which no contract bounds.")
+          "compiler accepts the source, how fast an Apple GPU runs it, or what Apple's division, its other "
+          "math functions and fast-math reassociation do to the result: the emulator does not model them.")
 
 #: The folded random case: Bonsai-27B's fold geometry scaled down (m = 12 x 2^4 with a
 #: permutation, bfloat16 weights).

@@ -17,8 +17,10 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import validate
+from workbench.fold import hadamard
 from workbench.fold.rotation import FoldSite, HadamardFold
 from workbench.fold.weights import DENSE_DTYPES, WeightMatrix
+from workbench.models.config import ModelConfig
 from workbench.validate import describe, number, one_of
 
 #: The RMS norm's epsilon when none is given: 1e-6, Qwen3's ``rms_norm_eps`` and the
@@ -160,11 +162,12 @@ class TailWeights:
             raise ValueError(f"ffn_norm: must have shape ({hidden},) (wo's out dimension), got shape {norm.shape}")
         if not np.issubdtype(norm.dtype, np.floating):
             raise ValueError(f"ffn_norm: must be a float array, got dtype {norm.dtype}")
-        norm = np.array(norm, dtype=np.float32)  # our own copy: the caller's array stays theirs
+        norm = validate.as_float32("ffn_norm", norm)  # our own copy: the caller's array stays theirs
         norm.flags.writeable = False
         object.__setattr__(self, "ffn_norm", norm)
         object.__setattr__(self, "eps", number("eps", self.eps, minimum=0, exclusive_minimum=True))
         one_of("norm_convention", self.norm_convention, NORM_CONVENTIONS)
+        _check_config(self.config)
         if (self.config is None) != (self.layer is None):
             raise ValueError("config and layer must be given together (or neither, for a plain GQA layer)")
         if self.config is not None:
@@ -266,25 +269,28 @@ class TailWeights:
         ``WeightMatrix.quantize`` (``mode``, ``bits``, ``group_size``), applied to all four
         matrices (wo is folded first, then quantized, as an engine stores it).
         """
-        if dtype not in DENSE_DTYPES:
-            raise ValueError(f"dtype must be one of {tuple(DENSE_DTYPES)}; got {dtype!r}")
-        if quantize is not None and not isinstance(quantize, dict):
-            raise ValueError(f"quantize must be None or a dict of mode/bits/group_size; got {quantize!r}")
+        if not (isinstance(dtype, str) and dtype in DENSE_DTYPES):
+            raise ValueError(f"dtype must be one of {tuple(DENSE_DTYPES)}; got {describe(dtype)}")
+        _check_quantize(quantize)
+        _check_config(config)
         mdt = DENSE_DTYPES[dtype]
         eps = _eps_for(eps, config)
         one_of("norm_convention", norm_convention, NORM_CONVENTIONS)
-        norm = np.asarray(ffn_norm, dtype=np.float32)
+        norm = validate.as_float32("ffn_norm", ffn_norm, copy=False)  # the constructor copies it
         if norm_convention == "zero_centred":
             norm = norm + np.float32(1.0)
 
-        def mat(a: Any, f: HadamardFold | None = None) -> WeightMatrix:
-            base = mx.array(np.asarray(a, dtype=np.float32)).astype(mdt)
+        def mat(name: str, a: Any, f: HadamardFold | None = None) -> WeightMatrix:
+            arr = validate.as_float32(name, a, copy=False)  # mx.array copies it
+            if arr.ndim != 2 or 0 in arr.shape:
+                raise ValueError(f"{name}: must be a non-empty 2-D [out, in] array, got shape {arr.shape}")
+            base = mx.array(arr).astype(mdt)
             if quantize is not None:
                 return WeightMatrix.quantize(base, fold=f, **quantize)
             m = WeightMatrix(base)
             return m.fold_hadamard(f) if f is not None else m
 
-        return cls(mat(wo, fold), norm, mat(gate), mat(up), mat(down),
+        return cls(mat("wo", wo, fold), norm, mat("gate", gate), mat("up", up), mat("down", down),
                    eps=eps, config=config, layer=layer, norm_convention=norm_convention)
 
     @classmethod
@@ -313,10 +319,22 @@ class TailWeights:
         """
         for name, v in (("hidden", hidden), ("branch", branch), ("ffn", ffn)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-                raise ValueError(f"{name} must be a positive int; got {v!r}")
+                raise ValueError(f"{name} must be a positive int; got {describe(v)}")
         if not isinstance(fold_site, FoldSite):
-            raise ValueError(f"fold_site must be FoldSite.INPUT or FoldSite.OUTPUT; got {fold_site!r}")
-        rng = np.random.default_rng(seed)
+            raise ValueError(f"fold_site: must be FoldSite.INPUT or FoldSite.OUTPUT; got {describe(fold_site)}")
+        if fold_block is not None:
+            try:
+                hadamard.factor_block(fold_block)
+            except ValueError as e:
+                raise ValueError(f"fold_block: must be None or a fold's block size ({e})") from None
+        validate.flag("fold_permute", fold_permute)
+        _check_quantize(quantize)
+        _check_config(config)
+        # The float32 weights alone, a bound from below (the draws hold more for a moment):
+        # refused only when even the result cannot fit, as a typo's 10**9 cannot.
+        validate.within_memory("hidden", 4 * int(hidden) * (int(branch) + 3 * int(ffn) + 1),
+                               f"random weights of shape ({hidden}, {branch}, {ffn}) in float32")
+        rng = np.random.default_rng(validate.seed("seed", seed))
         recipe = {d.name: d for d in case_recipe(hidden, branch, ffn)}
         wo, gate, up, down, ffn_norm = (recipe[n].draw(rng) for n in ("wo", "gate", "up", "down", "ffn_norm"))
         fold = None
@@ -337,11 +355,36 @@ class TailWeights:
         layer, so an output bias, a scale companion, a post-attention norm ... refuse.
         ``kwargs`` go to :meth:`random` (``fold_block``, ``dtype``, ...).
         """
+        if config is None:
+            raise ValueError("config: must be a ModelConfig (workbench.models.load_model(name)), got None")
+        _check_config(config)
         lc = config.layer(layer)
         hidden = int(config.hidden_size)
         branch = lc.num_q_heads * lc.head_dim or hidden
         ffn = lc.ffn_dim or hidden
         return cls.random(hidden, branch, ffn, seed=seed, config=config, layer=layer, **kwargs)
+
+
+#: The keyword arguments of ``WeightMatrix.quantize`` that a ``quantize=`` dict may hold.
+_QUANTIZE_KEYS = ("mode", "bits", "group_size")
+
+
+def _check_quantize(quantize: Any) -> None:
+    """``quantize`` is None or a dict of :data:`_QUANTIZE_KEYS` (their values are checked by
+    ``WeightMatrix.quantize``); another key would escape as a ``TypeError`` from its call."""
+    if quantize is None:
+        return
+    if not isinstance(quantize, dict) or not set(quantize) <= set(_QUANTIZE_KEYS):
+        raise ValueError(f"quantize must be None or a dict of mode/bits/group_size; got {describe(quantize)}")
+
+
+def _check_config(config: Any) -> None:
+    """``config`` is None or a :class:`ModelConfig`: a model's name or a raw dict here would
+    fail later, inside the refusal rules, as an ``AttributeError`` naming nothing."""
+    if config is not None and not isinstance(config, ModelConfig):
+        raise ValueError(
+            f"config: must be a ModelConfig (workbench.models.load_model(name)) or None, got {describe(config)}"
+        )
 
 
 def _eps_for(eps: Any, config: Any) -> float:
