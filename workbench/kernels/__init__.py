@@ -9,5 +9,6 @@ CUDA path's fallback); ``head`` the Q/K/V launch; ``emulated`` the Metal launche
 CPU and the Metal source MLX generates; ``one_launch`` the CUDA tail as ONE launch with
 grid barriers; ``gdn_step`` a Gated DeltaNet decode step as one launch;
 ``metal_emulation`` compiles Metal with clang against a stand-in ``<metal_stdlib>`` and
-runs it on the CPU; ``cuda_device`` reads the GPU's multiprocessor count.
+runs it on the CPU; ``metal_drop_in`` is ``metal_kernel``, a drop-in for
+``mx.fast.metal_kernel`` that runs a user's Metal source there; ``cuda_device`` reads the GPU's multiprocessor count.
 """
