@@ -249,6 +249,12 @@ def fused_tail(
     name = backends.resolve_backend(validate.one_of("backend", backend, backends.BACKENDS))
     return_backend = validate.flag("return_backend", return_backend)
     branch, residual = check_inputs(w, branch, residual)
+    # Every backend computes in float32; a float64 value beyond float32's range would become
+    # an inf no later check tells from the caller's own (the cast happens on the host anyway).
+    if isinstance(branch, np.ndarray) and branch.dtype.itemsize > 4:
+        branch = validate.as_float32("branch", branch, copy=False)
+    if isinstance(residual, np.ndarray) and residual.dtype.itemsize > 4:
+        residual = validate.as_float32("residual", residual, copy=False)
     launch = tail_launch(w, kernels_enabled=kernels_enabled)
     empty = _empty_batch(branch, w.shape[0])
     if empty is not None:
