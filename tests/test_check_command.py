@@ -31,11 +31,7 @@ def test_a_dump_folder_exits_by_its_verdict(tmp_path, capsys):
     assert e.value.code == 2 and "exists" in capsys.readouterr().err
 
 
-def test_a_metal_source_and_its_mutants(tmp_path, capsys):
-    try:
-        backends.resolve_backend("metal-emulated")
-    except backends.BackendUnavailable as e:
-        pytest.skip(f"metal-emulated: {e}")
+def test_a_metal_source_and_its_mutants(tmp_path, capsys, emulator):
     src = tmp_path / "tail.metal"
     src.write_text(TAIL_SOURCE)
     rec = tmp_path / "r.json"

@@ -5,17 +5,12 @@ import shutil
 
 import pytest
 
-from workbench import backends
 from workbench.check import KernelsFolderSubject, check_kernel
 from workbench.kernels.source import KERNEL_DIR
 
 
 @pytest.mark.parametrize("order", ["ascending", "descending"])
-def test_a_copy_of_the_kernels_folder_is_judged_correct(tmp_path, order):
-    try:
-        backends.resolve_backend("metal-emulated")
-    except backends.BackendUnavailable as e:
-        pytest.skip(f"metal-emulated: {e}")
+def test_a_copy_of_the_kernels_folder_is_judged_correct(tmp_path, order, emulator):
     folder = tmp_path / "my_kernels"
     shutil.copytree(KERNEL_DIR, folder)
     rep = check_kernel(KernelsFolderSubject(folder, order=order), seeds=range(12), faults=())
@@ -29,11 +24,7 @@ def test_a_missing_folder_is_refused_by_name(tmp_path):
         KernelsFolderSubject(tmp_path / "absent")
 
 
-def test_every_schedule_gives_the_same_bits(tmp_path):
-    try:
-        backends.resolve_backend("metal-emulated")
-    except backends.BackendUnavailable as e:
-        pytest.skip(f"metal-emulated: {e}")
+def test_every_schedule_gives_the_same_bits(tmp_path, emulator):
     folder = tmp_path / "my_kernels"
     shutil.copytree(KERNEL_DIR, folder)
     rep = check_kernel(KernelsFolderSubject(folder, order="every"), seeds=range(2), faults=())

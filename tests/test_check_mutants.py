@@ -6,7 +6,6 @@ import shutil
 
 import pytest
 
-from workbench import backends
 from workbench.check import SourceLaunch
 from workbench.check.mutants import KINDS, folder_mutant_study, mutant_study, source_mutants
 from tests.test_check_source import LAUNCH, TAIL_SOURCE
@@ -46,14 +45,6 @@ SHUFFLE_LAUNCH = SourceLaunch(SHUFFLE_TAIL, LAUNCH.inputs, grid=(32, 1, 1), thre
                               template={"HIDDEN": "hidden", "BRANCH": "branch", "FFN": "ffn"}, name="shuffle_tail")
 
 FAST = {"seeds": range(4), "scales": (0.01, 1.0), "orders": ("ascending", "simd-groups-random"), "tolerance": 1e-4}
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    try:
-        backends.resolve_backend("metal-emulated")
-    except backends.BackendUnavailable as e:
-        pytest.skip(f"metal-emulated: {e}")
 
 
 def test_each_family_is_generated_where_the_source_has_its_form():

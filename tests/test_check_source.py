@@ -48,14 +48,6 @@ LAUNCH = SourceLaunch(TAIL_SOURCE, ("branch", "residual", "wo", "ffn_norm", "gat
                       name="test_tail")
 
 
-@pytest.fixture(scope="module")
-def emulator():
-    try:
-        backends.resolve_backend("metal-emulated")
-    except backends.BackendUnavailable as e:
-        pytest.skip(f"metal-emulated: {e}")
-
-
 def test_a_correct_metal_source_on_the_emulator_is_judged_correct(emulator):
     rep = check_kernel(SourceSubject(LAUNCH), seeds=range(40), folds=(None,), faults=())
     assert not rep.problems, rep.problems[:3]
