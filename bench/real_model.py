@@ -7,13 +7,16 @@ Everything side by side in one run, variants interleaved round by round (drift i
 machine's load hits each alike):
 
 * **decode tokens/s** of SmolLM2-135M (Q4_1 GGUF): the prompt prefilled once into mlx-lm's
-  KV cache (not timed), then ``--tokens`` greedy steps timed, with mlx-lm's layers
+  KV cache and :data:`WARMUP` greedy steps taken (not timed: the first steps trace what
+  ``mx.compile`` traces, in every variant alike), then ``--tokens`` greedy steps timed, with mlx-lm's layers
   (``reference``) and with the fused tail in all 30 layers (``fused-<backend>``), each built
   lazily inside the model's forward pass (``workbench.real_models.reference_model.fused_tails``:
   a token is one evaluation in every variant). Every variant's tokens are checked equal to
   the reference's. Beside tokens a second, tokens a CPU second of this process: where the
   two ratios agree, the decode is bound by the host building each step's graph (on a GPU),
   and on a CPU shared with other work the CPU seconds are what the wall clock blurs.
+  Beside them the ops in one step's graph (each is host work on every device), and with
+  ``--profile`` (CUDA, PyTorch installed) the kernels a step and their device time.
 * **one tail, one evaluation** (inputs resident on the device, the output evaluated once:
   what a tail alone costs with its wait) and **in a chain** (``--chain`` tails, each
   taking the previous one's output as its residual, in ONE evaluation, per tail: what a
@@ -50,6 +53,7 @@ import numpy as np
 
 from bench.common import cli
 from bench.common import record
+from bench.common import step_profile
 from bench.common.decode_timing import copy_bandwidth
 from workbench import backends, tail
 from workbench.fold.weights import QuantizedBase, WeightMatrix
@@ -87,43 +91,83 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 }
 
 
-def decode_rate(model: Any, prompt: tuple[int, ...], n: int) -> tuple[float, float, list[int]]:
-    """Wall seconds and this process's CPU seconds for ``n`` greedy decode steps after a
-    prefilled prompt, and the tokens. The CPU seconds (all threads) are what a variant
-    costs on a CPU shared with other work, where the wall clock also counts the waits for
-    a core."""
+#: Greedy steps run after the prefill and before the clock starts, in every variant alike:
+#: the first steps trace what ``mx.compile`` traces for one position (the reference's
+#: compiled SwiGLU, a fused graph tail) and load kernels; the timed steps are the steady
+#: state a decoder runs in.
+WARMUP = 2
+
+
+def _primed(model: Any, prompt: tuple[int, ...], warmup: int) -> tuple[Any, list[int]]:
+    """mlx-lm's KV cache with ``prompt`` prefilled and ``warmup`` greedy steps taken, and the tokens so far."""
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
     logits = model(mx.array([list(prompt)], dtype=mx.int32), cache=cache)[0, -1]
-    tok = int(mx.argmax(logits).item())
-    out = [tok]
-    t0, c0 = time.perf_counter(), time.process_time()
+    out = [int(mx.argmax(logits).item())]
+    _steps(model, cache, out, warmup)
+    return cache, out
+
+
+def _steps(model: Any, cache: Any, out: list[int], n: int) -> None:
+    """``n`` greedy steps from ``out[-1]``, their tokens appended to ``out``."""
+    tok = out[-1]
     for _ in range(n):
         logits = model(mx.array([[tok]], dtype=mx.int32), cache=cache)[0, -1]
         tok = int(mx.argmax(logits).item())  # the read is the step's one wait
         out.append(tok)
+
+
+def decode_rate(model: Any, prompt: tuple[int, ...], n: int, warmup: int = WARMUP) -> tuple[float, float, list[int]]:
+    """Wall seconds and this process's CPU seconds for ``n`` greedy decode steps after a
+    prefilled prompt and ``warmup`` untimed steps, and the tokens. The CPU seconds (all
+    threads) are what a variant costs on a CPU shared with other work, where the wall
+    clock also counts the waits for a core."""
+    cache, out = _primed(model, prompt, warmup)
+    t0, c0 = time.perf_counter(), time.process_time()
+    _steps(model, cache, out, n)
     return time.perf_counter() - t0, time.process_time() - c0, out
 
 
-def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, rounds: int) -> dict[str, Any]:
-    """``variants``: name -> a context manager factory (``None`` for mlx-lm's own layers)."""
+def step_ops(model: Any, prompt: tuple[int, ...]) -> dict[str, int]:
+    """The ops in one decode step's graph (``step_profile.graph_ops``), after the warm-up."""
+    cache, out = _primed(model, prompt, WARMUP)
+    logits = model(mx.array([[out[-1]]], dtype=mx.int32), cache=cache)[0, -1]
+    ops = step_profile.graph_ops(mx.argmax(logits))
+    mx.eval(logits)
+    return ops
+
+
+def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, rounds: int,
+                 profile: bool = False) -> dict[str, Any]:
+    """``variants``: name -> a context manager factory (``None`` for mlx-lm's own layers).
+    ``profile``: also each variant's kernels a step (``step_profile.device_profile``)."""
     rates: dict[str, list[float]] = {k: [] for k in variants}
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     seqs: dict[str, list[int]] = {}
+    ops: dict[str, dict[str, int]] = {}
+    prof: dict[str, dict[str, Any]] = {}
     order = list(variants)
     for i in range(rounds):
         for name in (order if i % 2 == 0 else order[::-1]):  # no variant always first after the prefill
             ctx = variants[name]
             with (ctx() if ctx is not None else contextlib.nullcontext()):
                 secs, cpu_secs, seq = decode_rate(rm.model, rm.prompt_ids, tokens)
+                if i == 0:
+                    ops[name] = step_ops(rm.model, rm.prompt_ids)
+                if profile and i == rounds - 1:
+                    cache, out = _primed(rm.model, rm.prompt_ids, WARMUP)
+                    prof[name] = step_profile.device_profile(lambda: _steps(rm.model, cache, out, tokens), tokens)
             rates[name].append(tokens / secs)
             cpu[name].append(tokens / cpu_secs)
             seqs.setdefault(name, seq)
     ref = seqs["reference"]
     return {name: {"tokens_per_s_median": float(np.median(v)), "tokens_per_s": v,
                    "tokens_per_cpu_s_median": float(np.median(cpu[name])), "tokens_per_cpu_s": cpu[name],
-                   "same_tokens": seqs[name] == ref, "tokens": seqs[name]} for name, v in rates.items()}
+                   "same_tokens": seqs[name] == ref, "tokens": seqs[name],
+                   "ops_per_step": sum(ops[name].values()), "ops": ops[name],
+                   **({"device_profile": prof[name]} if name in prof else {})}
+            for name, v in rates.items()}
 
 
 # -- one tail ------------------------------------------------------------------------------
@@ -279,6 +323,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--layer", type=int, default=15, help="SmolLM2's layer whose tail is timed")
     p.add_argument("--shapes", default=",".join(SHAPES), help="synthetic shapes of the per-layer comparison")
     p.add_argument("--formats", default=",".join(FORMATS), help="weight formats of the per-layer comparison")
+    p.add_argument("--profile", action="store_true",
+                   help="also each decode variant's kernels and device time a step (PyTorch's profiler, CUDA only)")
     args = p.parse_args(argv)
     names = record.comma_list(p, "--backends", args.backends, lazy)
     shapes = record.comma_list(p, "--shapes", args.shapes, list(SHAPES)) if args.shapes else []
@@ -291,6 +337,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(f"--layer must be in 0..29; got {args.layer}")
     for b in names:
         backends.resolve_backend(b)  # BackendUnavailable names what is missing
+    if args.profile:
+        try:
+            step_profile.check_available()
+        except step_profile.ProfileUnavailable as e:
+            p.error(f"--profile: {e}")
     cuda = "cuda" in backends.available_backends()
 
     rm = smollm2()
@@ -338,17 +389,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 one_launch.set_default_shape(None)
 
         variants[f"fused-cuda-{best.split(':', 1)[1]}"] = best_shape
-    decode = bench_decode(rm, variants, args.tokens, args.rounds)
+    decode = bench_decode(rm, variants, args.tokens, args.rounds, profile=args.profile)
     ref_tps = decode["reference"]["tokens_per_s_median"]
     print(f"\nSmolLM2-135M Q4_1, prompt {PROMPT!r} ({len(rm.prompt_ids)} tokens), {args.tokens} decode steps x "
           f"{args.rounds} rounds")
     ref_cpu = decode["reference"]["tokens_per_cpu_s_median"]
     print(f"{'variant':<22}{'tokens/s':>10}{'vs reference':>14}{'tokens/CPU s':>14}{'vs reference':>14}"
-          f"{'same tokens':>13}")
+          f"{'ops a step':>12}{'same tokens':>13}")
     for name, d in decode.items():
         print(f"{name:<22}{d['tokens_per_s_median']:>10.2f}{d['tokens_per_s_median'] / ref_tps:>13.2f}x"
               f"{d['tokens_per_cpu_s_median']:>14.2f}{d['tokens_per_cpu_s_median'] / ref_cpu:>13.2f}x"
-              f"{str(d['same_tokens']):>13}")
+              f"{d['ops_per_step']:>12d}{str(d['same_tokens']):>13}")
+    if args.profile:
+        print(f"\n{'variant':<22}{'kernels a step':>16}{'device us a step':>18}{'graph launches':>16}")
+        for name, d in decode.items():
+            pr = d["device_profile"]
+            print(f"{name:<22}{pr['kernels_per_step']:>16.1f}{pr['device_us_per_step']:>18.1f}"
+                  f"{pr['graph_launches_per_step']:>16.1f}")
 
     rec = {
         **record.provenance("real_model", argv),
@@ -362,6 +419,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "tails": rows,
         "one_launch_candidates": CANDIDATES,
         "decode_best_shape": None if chosen is None else dataclasses.asdict(chosen),
+        "decode_warmup_steps": WARMUP,
         "tolerance": SEED_TOL,
     }
     if not args.no_record:

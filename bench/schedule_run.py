@@ -83,12 +83,17 @@ def main(argv: list[str] | None = None) -> dict:
                    help="the kernels path's check against the MLX-ops step (None: schedule.CHECK_TOL)")
     p.add_argument("--compiled", action="store_true",
                    help="each recurrent layer traced once by mx.compile (fewer kernels, less Python a token)")
+    p.add_argument("--overlap", type=int, default=0,
+                   help="hand a submission to the device every N layers with mx.async_eval (no wait), so the device "
+                        "runs while the host builds the rest (0: each submission whole at its one wait)")
     p.add_argument("--split-n", type=int, default=20, help="rounds a split kind's price is measured over (0: none)")
+    p.add_argument("--profile", action="store_true",
+                   help="also the last stage's kernels and their device time a token (PyTorch's profiler, CUDA only)")
     p.add_argument("--out", type=cli.out_file, default=None, help="write the JSON record to this file instead of OUT_DIR")
     args = p.parse_args(argv)
     for flag, value, least in (("--tokens", args.tokens, 1), ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0),
                                ("--context", args.context, 1), ("--price-n", args.price_n, 10),
-                               ("--split-n", args.split_n, 0)):
+                               ("--split-n", args.split_n, 0), ("--overlap", args.overlap, 0)):
         if value < least:
             p.error(f"{flag} must be >= {least}; got {value}")
     # The KV caches are allocated whole before the first token (workbench.decode.state.MAX_TOKENS).
@@ -107,7 +112,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out is not None and not args.no_record:
         record.refuse_existing(p, args.out, args.force)
 
-    from bench.common import decode_timing
+    from bench.common import decode_timing, step_profile
+    if args.profile:
+        try:
+            step_profile.check_available()
+        except step_profile.ProfileUnavailable as e:
+            p.error(f"--profile: {e}")
     from workbench.decode import geometry, layers, schedule, savings
     from workbench.decode import matvec as decode_matvec
     from workbench.decode.state import HybridWeights
@@ -168,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not ok:
             print(f"mx.fast.gated_delta_update does not run here ({why}); the recurrence runs as plain MLX ops")
     sched = schedule.Schedule(cfg, wts, gdn=gdn, matvec=args.matvec, activations=args.activations,
-                              compiled=args.compiled)
+                              compiled=args.compiled, overlap=args.overlap)
     weight_bytes = wts.bytes_per_token()
     floor_ms = weight_bytes / bandwidth * 1e3
     print(f"weights ready in {time.perf_counter() - t0:.1f} s; eligible layers {list(sched.eligible)}", flush=True)
@@ -246,6 +256,22 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"\nprice a wait: measured {price['ms']:.4f} ms; fitted from the stages {fit['ms_per_wait']:.4f} ms "
               f"(intercept {fit['intercept_ms']:.3f} ms a token)")
 
+    profile = None
+    if args.profile and rows:
+        # The last stage run (stage 6, one wait a token, where all of them run): what the
+        # device ran a token, beside the clock's figure above.
+        last = max(r["stage"] for r in rows)
+        from workbench.decode.state import new_state
+        state = new_state(wts, context=args.context, max_new=args.warmup + args.tokens + 1)
+        for _ in range(args.warmup):
+            sched.step(state, last)
+        profile = {"stage": last, **step_profile.device_profile(
+            lambda: [sched.step(state, last) for _ in range(args.tokens)], args.tokens)}
+        print(f"\nstage {last}, {args.tokens} tokens profiled: {profile['kernels_per_step']:.1f} kernels a token, "
+              f"{profile['device_us_per_step'] / 1e3:.3f} ms of device time a token (floor {floor_ms:.3f} ms)")
+        for k in profile["top_kernels"]:
+            print(f"  {k['us_per_step'] / 1e3:8.3f} ms {k['per_step']:7.1f}x  {k['name'][:90]}")
+
     rec = {
         "bench": "schedule_run",
         "command": " ".join(["python -m bench.schedule_run"] + (argv if argv is not None else sys.argv[1:])),
@@ -261,6 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
         "matvec": sched.matvec,
         "matvec_detail": sched.mv.describe(),
         "compiled": sched.compiled,
+        "overlap": sched.overlap,
         "copy_bandwidth_gbs": bandwidth / 1e9,
         "floor_ms": floor_ms,
         "check": check,
@@ -283,6 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
         "comparisons": run["comparisons"],
         "fit": fit,
         "all_waits_match": bool(rows) and all(r["waits_match"] for r in rows),
+        "device_profile": profile,
     }
     if not args.no_record:
         out = args.out if args.out is not None else args.out_dir / (record.record_stem("schedule_run", price["device"]) + ".json")

@@ -267,3 +267,29 @@ def test_the_schedule_bench_prices_each_kind(tmp_path):
     want = waits.model_saving(load_model("bonsai-27b"), 1, 2, prices, rec["price"]["ms"])["ms"]
     assert comps[(1, 2)]["ms_saved_model"] == pytest.approx(want)
     assert all("ms_eval_median" in r and "x_floor" in r for r in rec["stages"])
+
+
+@pytest.mark.parametrize("stage", [5, 6])
+def test_overlapped_submissions_decode_the_same_bits_with_the_same_waits(tiny, decoded, bonsai, stage):
+    """overlap hands the graph built so far to the device with mx.async_eval every few
+    layers: the same ops on the same values (bit for bit), the same waits (the executor's
+    count); count_waits sees each hand-over as an evaluation of its own, never a wait."""
+    over = Schedule(tiny.cfg, tiny.w, overlap=4)
+    st = new_state(tiny.w, context=4, max_new=8)
+    res = [over.step(st, stage) for _ in range(3)]
+    assert [r.waits for r in res] == [waits.waits_per_token(bonsai, stage)] * 3
+    for a, b in zip(res, decoded[stage]):
+        assert a.next_token == b.next_token
+        np.testing.assert_array_equal(a.logits, b.logits)
+    with count_waits() as wc:
+        r = over.step(st, stage)
+    assert r.waits == waits.waits_per_token(bonsai, stage)
+    # stage 6 is one submission of all 64 layers: hand-overs seen; stage 5's runs of three
+    # recurrent layers end at a wait before a fourth begins
+    assert wc.n > r.waits if stage == 6 else wc.n == r.waits
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "4"])
+def test_overlap_must_be_a_count_of_layers(tiny, bad):
+    with pytest.raises(ValueError, match="overlap"):
+        Schedule(tiny.cfg, tiny.w, overlap=bad)

@@ -162,6 +162,12 @@ class Launch:
     kw: dict
     split: bool = False
 
+    def __post_init__(self) -> None:
+        # The constants evaluated now: a recurrent layer traced by ``mx.compile`` captures a
+        # still-lazy constant together with the ops that make it (the rotation's index
+        # table, a norm widened to float32), and would run them again on every token.
+        mx.eval(*self.consts)
+
     def inputs(self, *dynamic: mx.array) -> list[mx.array]:
         if self.split:
             return [dynamic[0], *self.consts, dynamic[1]]

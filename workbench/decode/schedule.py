@@ -72,12 +72,16 @@ class Schedule:
     arithmetic, for checking them). ``compiled``: each recurrent layer traced once per
     layer weights by ``mx.compile`` (MLX fuses its elementwise ops, and a token's graph is
     built with one call a layer instead of ~30 ops: Python's graph building is work the
-    device waits for, on every path); the waits are the same.
+    device waits for, on every path); the waits are the same. ``overlap``: every ``overlap``
+    layers of a submission, what is built so far is handed to the device with
+    ``mx.async_eval``, which does not wait, so the device runs those layers while the host
+    builds the next (0: the submission goes to the device whole, at its one ``mx.eval``).
+    The waits, the ops and the values are the same; only when the device starts changes.
     """
 
     def __init__(self, cfg, weights: HybridWeights, *, eligible: Sequence[int] | None = None, plan=None,
                  gdn: str = "fast", matvec: str = "mlx", activations: str = "weights", tuning=None,
-                 compiled: bool = False):
+                 compiled: bool = False, overlap: int = 0):
         one_of("activations", activations, decode_matvec.ACTIVATIONS)
         if gdn not in GDN_PATHS:
             raise ValueError(f"gdn: must be 'fast' (mx.fast.gated_delta_update), 'ops' (gated_delta_ops) or 'kernel' "
@@ -94,6 +98,7 @@ class Schedule:
         self.mv = decode_matvec.make_matvecs(matvec, weights.geom.eps, activations=activations, tuning=tuning)
         self.matvec = self.mv.path
         self.compiled = flag("compiled", compiled)
+        self.overlap = integer("overlap", overlap, minimum=0)
         self._layer_fns: dict[int, Any] = {}
         self._layer_keep: list = []  # the weight dicts keyed by id in _layer_fns, kept alive
         self.plan = waits.as_plan(plan)
@@ -148,7 +153,15 @@ class Schedule:
         logits = None
         for sub in subs:
             outs: list[mx.array] = []
+            handed = 0  # outs already handed to the device by mx.async_eval
+            begun = 0  # layers begun in this submission
             for piece in sub:
+                if piece.kind in ("layer", "qkv"):  # a layer begins here
+                    if self.overlap and begun and begun % self.overlap == 0:
+                        # x and the states so far go to the device, no wait
+                        mx.async_eval(x, *outs[handed:])
+                        handed = len(outs)
+                    begun += 1
                 l = piece.layer
                 if piece.kind == "layer":
                     x, state.conv[l], state.ssm[l] = self._recurrent_fn(layers[l].w)(x, state.conv[l], state.ssm[l])

@@ -149,6 +149,12 @@ class PreparedTail:
         # work and little Python (the per-wait overhead is what the benchmark measures).
         t, tp = self.tuning, self.templates()
         wo, g, u, d = self.wo, self.gate, self.up, self.down
+        # Evaluated NOW, not at the first launch: a constant still lazy when ``mx.compile``
+        # traces a launch (``compiled``, ``OneLaunchTail.compiled``) is captured with the
+        # ops that make it, and those ops (the scales' widening to float32, the rotation's
+        # index table) would run again on every call, a kernel each.
+        mx.eval(self.rot["sdest"], self.rot["table"], self.norm, self.params,
+                *(a for m in (wo, g, u, d) for a in (m.w, m.s, m.b)))
         self._wo = KernelCall(
             compiled_kernel(self.dialect, "wo_residual", self.kernel_dir),
             [self.rot["sdest"], self.rot["table"], self.params, wo.w, wo.s, wo.b],

@@ -257,14 +257,19 @@ class OneLaunchTail:
                         "wg": g.w, "wgs": g.s, "wgb": g.b, "wu": u.w, "wus": u.s, "wub": u.b,
                         "wd": d.w, "wds": d.s, "wdb": d.b}
         self._none = mx.zeros((prep.hidden,), dtype=mx.float32)  # `after` for the first launch
+        # Evaluated now: :meth:`compiled` would otherwise trace the ops that make a lazy
+        # constant and run them again on every call (``PreparedTail`` evaluates its own).
+        mx.eval(self._none, *self._consts.values())
         self._compiled: Any = None
 
     def _launch(self, branch: mx.array, residual: mx.array, after: mx.array, verbose: bool = False) -> mx.array:
         arrays = {**self._consts, "x": branch, "residual": residual, "work": self.work, "after": after}
         inputs = [arrays[n] for n in kernel_source.one_launch_inputs()]
         kernel = _kernel(self.prep.kernel_dir)  # the prepared tail's kernel folder (None: kernels/)
+        # The output takes the residual's shape: the kernel reads and writes flat rows, so a
+        # model's [1, 1, hidden] goes in and comes out as it is, with no reshape op either side.
         return kernel(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),
-                      threadgroup=(self.shape.nt, 1, 1), output_shapes=[(self.prep.hidden,)],
+                      threadgroup=(self.shape.nt, 1, 1), output_shapes=[residual.shape],
                       output_dtypes=[mx.float32], verbose=verbose)[0]
 
     def __call__(self, branch: mx.array, residual: mx.array, *, after: mx.array | None = None,

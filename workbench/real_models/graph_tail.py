@@ -32,7 +32,8 @@ times frink-models' 2e-4, so a bfloat16 model's block converts to float32 around
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+import weakref
+from typing import Any, Callable
 
 import mlx.core as mx
 
@@ -41,7 +42,7 @@ from workbench.fold.weights import QuantizedBase, WeightMatrix
 from workbench.tail.paths import TailLaunch
 from workbench.validate import describe
 
-__all__ = ["widen_scales", "model_graph_tail"]
+__all__ = ["widen_scales", "model_graph_tail", "prepared_graph_tail"]
 
 Base = mx.array | QuantizedBase
 
@@ -90,7 +91,7 @@ def _stacked(a: Base, b: Base) -> Base | None:
 
 
 def _product(base: Base) -> Callable[[mx.array], mx.array]:
-    """``x @ base.T`` for float32 rows ``x`` [n, in] (always 2-D: MLX 0.32.4's CUDA
+    """``x @ base.T`` for float32 rows ``x`` [..., in] (at least 2-D: MLX 0.32.4's CUDA
     ``quantized_matmul`` fails on a 1-D input)."""
     if isinstance(base, QuantizedBase):
         q = base
@@ -109,7 +110,9 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True,
                      compiled: bool = True) -> Callable[[mx.array, mx.array], mx.array]:
     """The graph tail of ``launch`` as a lazy, compiled function of ``(branch, residual)``:
     float32 ``mx.array`` of shape ``[branch]`` / ``[hidden]`` (one position) or
-    ``[n, branch]`` / ``[n, hidden]`` (``n`` positions) to float32 ``[hidden]`` / ``[n, hidden]``.
+    ``[..., branch]`` / ``[..., hidden]`` (positions on any leading axes, as a model's block
+    holds them: ``[batch, tokens, width]`` goes in without a reshape) to float32 ``[hidden]`` /
+    ``[..., hidden]``.
 
     Weights are prepared here, once (module docstring): scales and half-precision matrices
     widened to float32, gate and up stacked (``stack_gate_up``), all evaluated now so that
@@ -137,7 +140,7 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True,
 
         def gate_and_up(n: mx.array) -> tuple[mx.array, mx.array]:
             y = gu_mv(n)
-            return y[:, :ffn], y[:, ffn:]
+            return y[..., :ffn], y[..., ffn:]
     else:
         g_mv, u_mv = _product(gate), _product(up)
 
@@ -158,8 +161,28 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True,
     body = mx.compile(rows) if compiled else rows
 
     def tail(branch: mx.array, residual: mx.array) -> mx.array:
-        if branch.ndim == 1:
-            return body(branch[None], residual[None])[0]
+        if branch.ndim == 1:  # a reshape is a view; an index ([0]) would be a gather kernel on a GPU
+            return body(branch.reshape(1, -1), residual.reshape(1, -1)).reshape(-1)
         return body(branch, residual)
 
     return tail
+
+
+#: The model graph tails :func:`prepared_graph_tail` made, per weights object (held weakly:
+#: they live as long as the weights do).
+_PREPARED: weakref.WeakKeyDictionary[Any, Callable[[mx.array, mx.array], mx.array]] = weakref.WeakKeyDictionary()
+
+
+def prepared_graph_tail(launch: TailLaunch) -> Callable[[mx.array, mx.array], mx.array]:
+    """:func:`model_graph_tail` of ``launch``, made once per weights object.
+
+    Preparing widens and stacks the weights, and ``mx.compile`` traces the tail once per
+    input shape: done again each time a model's tails are swapped in, a decode's first step
+    would pay 30 traces. Kept per weights object, as the kernels' prepared tails are
+    (``workbench.kernels.launch.prepared``), the swap costs nothing the second time."""
+    if not isinstance(launch, TailLaunch):
+        raise ValueError(f"launch: must be a TailLaunch (workbench.tail.tail_launch(weights)), got {describe(launch)}")
+    fn = _PREPARED.get(launch.weights)
+    if fn is None:
+        fn = _PREPARED[launch.weights] = model_graph_tail(launch)
+    return fn

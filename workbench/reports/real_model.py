@@ -57,7 +57,9 @@ def chain_comparable(rec: Mapping) -> bool:
 def decode_table(rec: Mapping) -> Any:
     """A ``pandas.DataFrame``, one row a decode variant: ``variant``, ``tokens_per_s`` (median
     over the rounds), ``vs_reference`` (its ratio to mlx-lm's own layers), ``tokens_per_cpu_s``
-    and its ratio (NaN in records that lack them) and ``same_tokens``."""
+    and its ratio (NaN in records that lack them), ``same_tokens``, ``ops_per_step`` (the ops
+    in one step's graph: host work on every device) and, from a ``--profile`` run,
+    ``kernels_per_step`` and ``device_ms_per_step`` (NaN where the record lacks them)."""
     import pandas as pd
 
     rec = _record(rec)
@@ -80,6 +82,9 @@ def decode_table(rec: Mapping) -> Any:
             "tokens_per_cpu_s": float("nan") if cpu is None else float(cpu),
             "cpu_vs_reference": float("nan") if cpu is None or ref_cpu is None else float(cpu) / float(ref_cpu),
             "same_tokens": bool(d["same_tokens"]),
+            "ops_per_step": float(d.get("ops_per_step", float("nan"))),
+            "kernels_per_step": float(d.get("device_profile", {}).get("kernels_per_step", float("nan"))),
+            "device_ms_per_step": float(d.get("device_profile", {}).get("device_us_per_step", float("nan"))) / 1e3,
         })
     return pd.DataFrame(rows)
 

@@ -1,0 +1,91 @@
+"""What one decode step asks of the device: the ops in its graph, and, where PyTorch is
+installed beside a CUDA device, the kernels that ran and their device time.
+
+A small model's decode on a fast GPU is bound by the host: every op in a step's graph is
+Python building a node and MLX encoding it, whatever the device then spends. So the first
+thing to count for a variant of the step is its ops (:func:`graph_ops`, from MLX's own
+graph export; any device). The second is what the device ran (:func:`device_profile`):
+PyTorch's profiler reads the CUDA driver's activity records (CUPTI) for the whole
+process, so it sees MLX's kernels, and the CUDA API calls that launched them, as it sees
+its own. PyTorch is not a dependency of the workbench; without it (or without a CUDA
+device) :func:`device_profile` raises, naming what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections import Counter
+from typing import Any, Callable
+
+import mlx.core as mx
+
+__all__ = ["graph_ops", "device_profile", "check_available", "ProfileUnavailable"]
+
+_PRIMITIVE = re.compile(r'\[label ="([^"]+)", shape=rectangle\]')
+
+
+class ProfileUnavailable(RuntimeError):
+    """The device profile needs PyTorch with CUDA in this environment."""
+
+
+def graph_ops(*outputs: mx.array) -> dict[str, int]:
+    """The ops (MLX primitives) in the lazy graph that computes ``outputs``, by name, most
+    frequent first: what evaluating them will encode (a compiled function counts as one
+    op, named after the ops it fused). Call before evaluating: an evaluated array has no
+    graph behind it."""
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *outputs)
+        with open(path, encoding="utf-8") as f:
+            counts = Counter(_PRIMITIVE.findall(f.read()))
+    finally:
+        os.unlink(path)
+    return dict(counts.most_common())
+
+
+def check_available() -> None:
+    """Raise :class:`ProfileUnavailable` unless :func:`device_profile` can run here (so a
+    command can refuse its option before a long run, not after)."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ProfileUnavailable(f"the device profile reads CUDA's activity records through PyTorch's profiler; "
+                                 f"PyTorch is not importable here ({e})") from None
+    if not torch.cuda.is_available():
+        raise ProfileUnavailable("the device profile needs a CUDA device; torch.cuda.is_available() is False")
+
+
+def device_profile(run: Callable[[], Any], steps: int) -> dict[str, Any]:
+    """Run ``run()`` (which decodes ``steps`` tokens) under PyTorch's profiler and return,
+    a step: kernels launched, their summed device time (us), CUDA graph launches; and the
+    ten kernels with the most device time (name, launches a step, us a step).
+
+    Raises :class:`ProfileUnavailable` without PyTorch or a CUDA device."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps: must be an integer >= 1, got {steps!r}")
+    check_available()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.init()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+    kernels: dict[str, list[float]] = {}
+    graph_launches = 0
+    for e in prof.key_averages():
+        device_us = float(getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0))
+        if e.key == "cudaGraphLaunch":
+            graph_launches += int(e.count)
+        elif device_us > 0 and not e.key.startswith(("cuda", "Memcpy", "Memset")):
+            kernels[e.key] = [int(e.count), device_us]
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:10]
+    return {
+        "steps": steps,
+        "kernels_per_step": sum(c for c, _ in kernels.values()) / steps,
+        "device_us_per_step": sum(us for _, us in kernels.values()) / steps,
+        "graph_launches_per_step": graph_launches / steps,
+        "top_kernels": [{"name": k[:120], "per_step": c / steps, "us_per_step": us / steps} for k, (c, us) in top],
+    }
