@@ -83,6 +83,13 @@ def closeness(rec: Mapping) -> dict:
 # A kernels record as tables (notebook 05)
 
 
+def covers_plan(rec: Mapping) -> bool:
+    """Whether ``rec`` timed every stage of the plan (``bench.schedule_run --stages`` times
+    some only: such a record has no stage-to-stage savings to weigh, no price to fit)."""
+    numbers = {s.number for s in waits.load_plan().stages}
+    return numbers <= {int(r["stage"]) for r in check_rows("rec['stages']", _record(rec)["stages"], ("stage",))}
+
+
 def kernel_records(records: Sequence[Mapping]) -> list[Mapping]:
     """The records of ``records`` whose step ran on the project's kernels and was checked."""
     return [r for i, r in enumerate(records)
@@ -112,9 +119,10 @@ def stage_comparison(runs: Mapping[str, Mapping], stage: int = 6):
     """One stage of several schedule records side by side, one row a record (``runs``:
     label -> record, e.g. the same command with and without ``--gdn kernel``): ms a token,
     its ratio to the floor, the time inside ``mx.eval`` and on the host, the worst scaled
-    error of the record's check against its reference step, and whether the check passed
-    and every stage made its predicted waits. A ``pandas.DataFrame``; ``ValueError`` for a
-    record without that stage."""
+    error of the record's check against its reference step, whether the check passed
+    and every stage made its predicted waits, and the record's ``overlap`` (layers a
+    submission hands to the device at a time without waiting; 0 in records before the
+    option). A ``pandas.DataFrame``; ``ValueError`` for a record without that stage."""
     import pandas as pd
 
     if not isinstance(runs, Mapping) or not runs:
@@ -131,7 +139,8 @@ def stage_comparison(runs: Mapping[str, Mapping], stage: int = 6):
         rows.append({"run": label, f"stage {stage} ms": s["ms"], "x floor": s["x_floor"], "in eval ms": s["in_eval_ms"],
                      "host ms": s["host_ms"],
                      "check": max((c["worst_scaled_error"] for c in checks), default=float("nan")),
-                     "passed": bool(rec.get("check", {}).get("passed")) and bool(rec.get("all_waits_match"))})
+                     "passed": bool(rec.get("check", {}).get("passed")) and bool(rec.get("all_waits_match")),
+                     "overlap": int(rec.get("overlap", 0))})
     return pd.DataFrame(rows)
 
 
