@@ -8,7 +8,8 @@ measures the others: the CPU time this process spends a tail (``time.process_tim
 thread of it, over ``--n`` more calls of each) is given beside it, and the emulated tail's
 CPU time per emulated GPU thread (the three launches' grids). The first emulated call (which generates and
 compiles the sources, or verifies and loads them from the compile cache) is reported apart
-as the cold cost.
+as the cold cost, and the device buffers mapped during the timed rounds are counted (the
+emulator keeps them from launch to launch: none once the first tails have run).
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     emulated()
     cold = (time.perf_counter() - t0) * 1e3
     paths = {"metal-emulated": emulated, "graph": graph}
+    mapped = metal_emulation.buffers_mapped()
     times = record.time_rounds(paths, args.n, warmup=2)
+    mapped = metal_emulation.buffers_mapped() - mapped  # after the warm-up's first tails: 0 expected
     rows = [{"path": k, **record.summarize(v)} for k, v in times.items()]
     for r in rows:
         c0 = time.process_time()
@@ -67,10 +70,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{r['path']:<16} {r['median_ms']:>10.3f} {r['min_ms']:>8.3f} {r['p90_ms']:>8.3f} {r['cpu_ms']:>8.3f}")
     print(f"emulated / graph: {ratio:.1f}x wall, {cpu_ratio:.1f}x CPU; target {TARGET_MS} ms a tail: "
           f"{'met' if rows[0]['median_ms'] <= TARGET_MS else 'NOT met'}; first call {cold:.1f} ms")
-    print(f"{threads} emulated GPU threads a tail: {rows[0]['cpu_ms'] * 1e3 / threads:.2f} us of CPU a thread")
+    print(f"{threads} emulated GPU threads a tail: {rows[0]['cpu_ms'] * 1e3 / threads:.2f} us of CPU a thread; "
+          f"device buffers mapped over the timed tails: {mapped}")
     rec = {**record.provenance("emulator_cost", argv), "what": "the fused tail emulated on the CPU vs the graph tail, "
            "frink-models' seed case", "target_ms": TARGET_MS, "cold_ms": cold, "ratio": ratio,
-           "cpu_ratio": cpu_ratio, "threads_per_tail": threads, "results": rows}
+           "cpu_ratio": cpu_ratio, "threads_per_tail": threads, "buffers_mapped_timed": mapped, "results": rows}
     if not args.no_record:
         record.write(rec, args.out_dir, record.record_stem("emulator_cost"), force=args.force)
     return rec

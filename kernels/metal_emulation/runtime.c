@@ -18,7 +18,8 @@
 //   at most the launch's limit a group (32,768 bytes on Apple GPUs), each array ending at
 //   a guard page;
 // - device buffers are allocated by the caller with metal_emulation_buffer (ending at a
-//   guard page, outputs NaN-filled);
+//   guard page, outputs NaN-filled), and kept from launch to launch, refilled so that a
+//   reused buffer is byte for byte a fresh one (metal_emulation.py);
 // - the schedule: which thread runs next between synchronisations, and the order of the
 //   groups. Three schedules keep the SIMD-groups of a group in step (every runnable thread
 //   runs to its next synchronisation, in ascending, descending or shuffled thread order,
@@ -45,10 +46,13 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define SIMD_WIDTH 32
-// On x86-64 a fiber switch is eight instructions of assembly (fiber_switch below); elsewhere
-// it is _setjmp/_longjmp, and a fiber starts with makecontext/setcontext.
+// On x86-64 a fiber switch is a few instructions of inline assembly (fiber_switch below);
+// elsewhere it is _setjmp/_longjmp, and a fiber starts with makecontext/setcontext.
 #if defined(__x86_64__)
 #define FIBER_SWITCH_ASM 1
 #else
@@ -81,19 +85,21 @@ typedef struct {
   int started;
   int state, line, column, op, arg, next_array;
   float value, result;
-  metal_emulation_ids ids;
-} fiber;
+  metal_emulation_ids* ids;  // E.ids[t], kept apart: a fiber's scheduling state is one cache line
+} __attribute__((aligned(64))) fiber;
 
 typedef struct {
   char* base;      // the mapping: data pages then one guard page
   size_t mapped;   // bytes mapped
   char* data;      // the array: it ends where the guard page starts
   size_t bytes;
+  const char* declared;  // the name as the declaring thread passed it (a string literal of the kernel's)
   char name[64];
 } tg_array;
 
 static struct {
   fiber* fibers;
+  metal_emulation_ids* ids;  // every thread's ids (fiber.ids points into it)
   char* stacks;
   int nthreads, max_threads, current;  // threads of the running group; of a full group
 #if FIBER_SWITCH_ASM
@@ -115,7 +121,12 @@ static struct {
   int in_launch;
 } E;
 
-static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+// Asked of the system once: the stacks' and arrays' arithmetic asks for it at every launch.
+static size_t page_size(void) {
+  static size_t ps;
+  if (ps == 0) ps = (size_t)sysconf(_SC_PAGESIZE);
+  return ps;
+}
 
 static int fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 #include <stdarg.h>
@@ -290,7 +301,9 @@ void* metal_emulation_threadgroup_alloc(unsigned long bytes, unsigned long align
   fiber* f = &E.fibers[E.current];
   int k = f->next_array++;
   if (k < E.narrays) {
-    if (E.arrays[k].bytes != bytes || strcmp(E.arrays[k].name, name) != 0) {
+    // The same literal (every thread runs the same declaration) is the same pointer: the
+    // string is compared only when it is not.
+    if (E.arrays[k].bytes != bytes || (name != E.arrays[k].declared && strcmp(E.arrays[k].name, name) != 0)) {
       fail("threadgroup array %d is '%s' (%lu bytes) in one thread and '%s' (%zu bytes) in another: "
            "threadgroup declarations must be the same in every thread", k, name, bytes, E.arrays[k].name,
            E.arrays[k].bytes);
@@ -332,6 +345,7 @@ void* metal_emulation_threadgroup_alloc(unsigned long bytes, unsigned long align
   size_t len = strlen(name) < sizeof a->name - 1 ? strlen(name) : sizeof a->name - 1;
   memcpy(a->name, name, len);
   a->name[len] = 0;
+  a->declared = name;
   memset(a->base, 0xFF, data_pages * ps);  // NaN in every float: a read before a write shows
   E.narrays = k + 1;
   E.tg_bytes += rounded;
@@ -341,29 +355,43 @@ void* metal_emulation_threadgroup_alloc(unsigned long bytes, unsigned long align
 // ---- synchronisation --------------------------------------------------------------------------
 
 #if FIBER_SWITCH_ASM
-// fiber_switch(save, to): pushes the callee-saved registers of the System V x86-64 ABI on
-// the current stack, stores the stack pointer in *save, loads `to` and pops the registers
-// saved there. What a switch must keep is exactly what a function call keeps (the caller
-// has already saved everything else), so this is all of it: no signal mask (swapcontext's
-// system call), no jmp_buf pointer mangling or cleanup-handler walk (glibc's longjmp,
-// ~10% of the emulator's time before). MXCSR and the x87 control word are never changed
-// by the kernels, so they are not saved.
-void metal_emulation_fiber_switch(void** save, void* to);
-__asm__(".text\n"
-        ".p2align 4\n"
-        ".type metal_emulation_fiber_switch, @function\n"
-        "metal_emulation_fiber_switch:\n"
-        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-        "  movq %rsp, (%rdi)\n"
-        "  movq %rsi, %rsp\n"
-        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
-        "  ret\n"
-        ".size metal_emulation_fiber_switch, .-metal_emulation_fiber_switch\n");
+// fiber_switch(save, to), inlined where it is used: pushes where to resume (label 1) and the
+// callee-saved registers of the System V x86-64 ABI on the current stack, stores the stack
+// pointer in *save, loads `to`, pops the registers saved there and jumps to where that
+// context resumes. What a switch must keep is exactly what a function call keeps (the rest
+// is declared clobbered), so this is all of it: no signal mask (swapcontext's system call),
+// no jmp_buf pointer mangling or cleanup-handler walk (glibc's longjmp). MXCSR and the x87
+// control word are never changed by the kernels, so they are not saved.
+// Why a jump and not call/ret: the processor predicts a `ret` from its stack of return
+// addresses, which a switch always breaks (the scheduler's call returns into a fiber, the
+// fiber's into the scheduler), and every return up the resumed fiber's frames then missed
+// too. With no call or ret in a switch, a fiber's returns find the addresses the other
+// threads' identical calls pushed, and each jump's few targets are predicted by address.
+// The 128 bytes below the stack pointer (the ABI's red zone, which the compiler may use
+// without moving it) are stepped over before the pushes.
+static inline __attribute__((always_inline)) void fiber_switch(void** save, void* to) {
+  __asm__ volatile(
+      "leaq -128(%%rsp), %%rsp\n\t"
+      "leaq 1f(%%rip), %%rax\n\t"
+      "pushq %%rax\n\t"
+      "pushq %%rbp\n\tpushq %%rbx\n\tpushq %%r12\n\tpushq %%r13\n\tpushq %%r14\n\tpushq %%r15\n\t"
+      "movq %%rsp, (%0)\n\t"
+      "movq %1, %%rsp\n\t"
+      "popq %%r15\n\tpopq %%r14\n\tpopq %%r13\n\tpopq %%r12\n\tpopq %%rbx\n\tpopq %%rbp\n\t"
+      "popq %%rcx\n\t"
+      "jmpq *%%rcx\n"
+      "1:\n\t"
+      "leaq 128(%%rsp), %%rsp"
+      : "+D"(save), "+S"(to)
+      :
+      : "rax", "rcx", "rdx", "r8", "r9", "r10", "r11", "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4",
+        "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+}
 
 // A fiber saves where it stands and switches to the scheduler, which switches back later.
-static void yield_to_scheduler(void) {
+static inline __attribute__((always_inline)) void yield_to_scheduler(void) {
   fiber* f = &E.fibers[E.current];
-  metal_emulation_fiber_switch(&f->sp, E.scheduler);
+  fiber_switch(&f->sp, E.scheduler);
 }
 #else
 // Switching is _setjmp/_longjmp (no signal-mask system call, unlike swapcontext): a
@@ -407,7 +435,21 @@ static int simd_release(unsigned g, int s, fiber* lanes, int n, unsigned active)
   while (!(active >> first & 1u)) ++first;
   for (int i = 0; i < n; ++i) v[i] = lanes[i].value;
   int op = lanes[first].op;
-  if (op == 0 || op == 3) {  // sum, max
+  if ((op == 0 || op == 3) && n == SIMD_WIDTH && active == 0xFFFFFFFFu) {
+    // A full SIMD-group, every lane active: the same butterfly with nothing absent (the
+    // same additions in the same order, so the same bits), written so it vectorises.
+    float t[SIMD_WIDTH], u[SIMD_WIDTH];
+    memcpy(t, v, sizeof t);
+    for (int h = SIMD_WIDTH / 2; h >= 1; h >>= 1) {
+      if (op == 0) {
+        for (int i = 0; i < SIMD_WIDTH; ++i) u[i] = t[i] + t[i ^ h];
+      } else {
+        for (int i = 0; i < SIMD_WIDTH; ++i) u[i] = t[i] > t[i ^ h] ? t[i] : t[i ^ h];
+      }
+      memcpy(t, u, sizeof u);
+    }
+    for (int i = 0; i < SIMD_WIDTH; ++i) lanes[i].result = t[i];
+  } else if (op == 0 || op == 3) {  // sum, max
     float t[SIMD_WIDTH];
     int has[SIMD_WIDTH];
     for (int i = 0; i < SIMD_WIDTH; ++i) {
@@ -452,7 +494,7 @@ static int simd_release(unsigned g, int s, fiber* lanes, int n, unsigned active)
 static void fiber_main(void) {
   for (;;) {
     fiber* f = &E.fibers[E.current];  // E.current: the slot the scheduler resumed
-    E.entry(E.buffers, &f->ids);
+    E.entry(E.buffers, f->ids);
     f->state = DONE;
     yield_to_scheduler();
   }
@@ -493,7 +535,7 @@ static void describe_fault(void) {
     snprintf(where, sizeof where, "%s (a guard page after a device buffer, or unmapped memory)", what);
   }
   fiber* f = &E.fibers[E.current];
-  fail("memory fault in thread %u of group %u: %s, at %p", f->ids.tpitg[0], f->ids.tgpig[0], where, (void*)a);
+  fail("memory fault in thread %u of group %u: %s, at %p", f->ids->tpitg[0], f->ids->tgpig[0], where, (void*)a);
 }
 
 // ---- the launch --------------------------------------------------------------------------------
@@ -505,16 +547,16 @@ static void start_group(unsigned g, unsigned ngroups, int n, int dispatched) {
   E.nthreads = n;
   for (int t = 0; t < n; ++t) {
     fiber* f = &E.fibers[t];
-    memset(&f->ids, 0, sizeof f->ids);
-    f->ids.tpitg[0] = (unsigned)t;
-    f->ids.tgpig[0] = g;
-    f->ids.tpg[0] = ngroups;
-    f->ids.tpg[1] = f->ids.tpg[2] = 1;
-    f->ids.threads_per_tg[0] = (unsigned)n;
-    f->ids.threads_per_tg[1] = f->ids.threads_per_tg[2] = 1;
-    f->ids.tpig[0] = g * (unsigned)dispatched + (unsigned)t;
-    f->ids.simd_lane = (unsigned)t % SIMD_WIDTH;
-    f->ids.simd_group = (unsigned)t / SIMD_WIDTH;
+    memset(f->ids, 0, sizeof *f->ids);
+    f->ids->tpitg[0] = (unsigned)t;
+    f->ids->tgpig[0] = g;
+    f->ids->tpg[0] = ngroups;
+    f->ids->tpg[1] = f->ids->tpg[2] = 1;
+    f->ids->threads_per_tg[0] = (unsigned)n;
+    f->ids->threads_per_tg[1] = f->ids->threads_per_tg[2] = 1;
+    f->ids->tpig[0] = g * (unsigned)dispatched + (unsigned)t;
+    f->ids->simd_lane = (unsigned)t % SIMD_WIDTH;
+    f->ids->simd_group = (unsigned)t / SIMD_WIDTH;
     f->next_array = 0;
     // A fiber parked by the previous group (its thread finished) resumes into its loop; one
     // not started this launch (f->started 0: the fibers are fresh each launch) starts here.
@@ -522,10 +564,10 @@ static void start_group(unsigned g, unsigned ngroups, int n, int dispatched) {
       char* stack = E.stacks + (size_t)t * (STACK_BYTES + ps) + ps;  // a guard page below each stack
       f->started = 0;
 #if FIBER_SWITCH_ASM
-      // The first switch to the fiber pops six zero registers and returns into fiber_main
-      // as if called: its return address slot (never used: fiber_main never returns) sits
-      // at top - 8, so the stack pointer is 8 past a 16-byte boundary at its entry, as the
-      // ABI has it at every function's entry.
+      // The first switch to the fiber pops six zero registers and jumps to fiber_main (the
+      // resume address popped) as if called: its return address slot (never used:
+      // fiber_main never returns) sits at top - 8, so the stack pointer is 8 past a 16-byte
+      // boundary at its entry, as the ABI has it at every function's entry.
       void** top = (void**)(stack + STACK_BYTES);
       top[-1] = NULL;
       top[-2] = (void*)fiber_main;
@@ -549,7 +591,7 @@ static void run_fiber(int t) {
   E.current = t;
 #if FIBER_SWITCH_ASM
   f->started = 1;
-  metal_emulation_fiber_switch(&E.scheduler, f->sp);
+  fiber_switch(&E.scheduler, f->sp);
 #else
   if (!_setjmp(E.scheduler)) {
     if (f->started) _longjmp(f->jump, 1);
@@ -630,7 +672,17 @@ static int barrier_settle(unsigned g) {
 static int run_group_in_step(unsigned g, const int* order) {
   int n = E.nthreads;
   for (;;) {
-    for (int k = 0; k < E.max_threads; ++k) {  // `order` covers a full group; a partial one skips the rest
+    int m = E.max_threads;
+    for (int k = 0; k < m; ++k) {  // `order` covers a full group; a partial one skips the rest
+      // Resuming a fiber first reads its stack where it stopped, a line in another page for
+      // every thread, and that wait was most of a switch: the lines of the thread after next
+      // are asked for now (a prefetch never faults, wherever it points).
+      if (k + 2 < m && order[k + 2] < n) {
+        const char* sp = (const char*)E.fibers[order[k + 2]].sp;
+        if (sp != NULL) {
+          for (int line = 0; line < 6; ++line) __builtin_prefetch(sp + 64 * line);
+        }
+      }
       if (order[k] < n && E.fibers[order[k]].state == RUNNABLE) run_fiber(order[k]);
     }
     int released = 0;
@@ -794,11 +846,37 @@ static int grow_window(char* a) {
   return 1;
 }
 
+// The part of a stack's window, at its top, zeroed through the cache; the rest of the window
+// is zeroed with non-temporal stores, which bypass it. The kernels' threads use well under
+// this (470-712 bytes at the test shape), so the lines a thread reads are in the cache when
+// it starts, and the rest of the window (three quarters of every page, 2.5 MB a tail at the
+// test shape) no longer evicts what the fibers and the caller use: 10% less CPU a tail,
+// measured. Every byte of the window is zeroed either way; this is only where the stores go.
+#define STACK_HOT_BYTES 1024
+
 // The first `nthreads` stacks zeroed: the window of each (below it nothing can be written).
 static int stacks_ready(int nthreads) {
   if (stack_pool == NULL || nthreads > stack_pool_threads) return 0;
   size_t ps = page_size(), w = ((stack_header*)stack_pool)->window * ps;
-  for (int t = 0; t < nthreads; ++t) memset(stack_top(t) - w, 0, w);
+  size_t hot = w < STACK_HOT_BYTES ? w : STACK_HOT_BYTES;
+  for (int t = 0; t < nthreads; ++t) {
+    char* top = stack_top(t);
+#if defined(__SSE2__)
+    const __m128i zero = _mm_setzero_si128();
+    for (__m128i* q = (__m128i*)(top - w); q < (__m128i*)(top - hot); q += 4) {  // whole 64-byte lines
+      _mm_stream_si128(q, zero);
+      _mm_stream_si128(q + 1, zero);
+      _mm_stream_si128(q + 2, zero);
+      _mm_stream_si128(q + 3, zero);
+    }
+    memset(top - hot, 0, hot);
+#else
+    memset(top - w, 0, w);
+#endif
+  }
+#if defined(__SSE2__)
+  _mm_sfence();  // the streamed zeros are ordered before anything the launch does next
+#endif
   E.stacks = stack_pool + ps;
   return 1;
 }
@@ -823,7 +901,16 @@ int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroup
   E.tg_limit = tg_limit;
   if (!stacks_ready(nthreads))
     return fail("no fiber stacks for %d threads (metal_emulation_use_stacks gave %d)", nthreads, stack_pool_threads);
-  E.fibers = calloc((size_t)nthreads, sizeof(fiber));
+  E.fibers = aligned_alloc(64, (size_t)nthreads * sizeof(fiber));
+  E.ids = calloc((size_t)nthreads, sizeof(metal_emulation_ids));
+  if (E.fibers == NULL || E.ids == NULL) {
+    free(E.fibers);
+  free(E.ids);
+    free(E.ids);
+    return fail("no memory for %d fibers", nthreads);
+  }
+  memset(E.fibers, 0, (size_t)nthreads * sizeof(fiber));
+  for (int t = 0; t < nthreads; ++t) E.fibers[t].ids = &E.ids[t];
 #if !FIBER_SWITCH_ASM
   getcontext(&E.blank);
 #endif
@@ -878,6 +965,7 @@ int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroup
   sigaction(SIGBUS, &old_bus, NULL);
   sigaltstack(&old_ss, NULL);
   free(E.fibers);
+  free(E.ids);
   free(order);
   free(gorder);
   return rc;

@@ -16,14 +16,15 @@ import contextlib
 import os
 import sys
 import tempfile
+import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
 import numpy as np
 
 from workbench import backends
-from workbench.kernels.launch import as_mx32, prepare_tail, prepared
+from workbench.kernels.launch import PreparedTail, as_mx32, prepare_tail, prepared
 from workbench.kernels.tuning import KernelTuning
 
 if TYPE_CHECKING:  # tail imports the kernels at its top; a runtime import back would be a circle
@@ -106,12 +107,55 @@ def emulated_tail_sources(launch: TailLaunch, tuning: KernelTuning | None = None
                           kernel_dir: Path | None = None) -> list[str]:
     """The three Metal sources :func:`emulated_tail` compiles for ``launch`` (to compile
     many at once: ``metal_emulation.compile_all``)."""
-    prep = prepared(launch, "metal", tuning, kernel_dir=kernel_dir)
+    return _tail_sources(prepared(launch, "metal", tuning, kernel_dir=kernel_dir))
+
+
+def _tail_sources(prep: PreparedTail) -> list[str]:
     b, r = mx.zeros((prep.branch_dim,), dtype=mx.float32), mx.zeros((prep.hidden,), dtype=mx.float32)
     wo, gu, dn = prep.calls().values()
     return [launch_source(wo.kernel, [b, *wo.consts, r], wo.kw),
             launch_source(gu.kernel, [r, *gu.consts], gu.kw),
             launch_source(dn.kernel, [mx.zeros((prep.ffn,), dtype=mx.float32), r, *dn.consts], dn.kw)]
+
+
+class _EmulatedCall(NamedTuple):
+    """One of a prepared tail's launches as the emulator runs it: the compiled kernel, the
+    constants as numpy, the grid and the outputs."""
+
+    kernel: Any
+    consts: list[np.ndarray]
+    groups: int
+    threads: int
+    outputs: list[tuple[tuple[int, ...], Any]]
+
+
+#: Each prepared tail's three launches ready for the emulator, by the clang that compiled
+#: them. The constants are converted to numpy once: they are the prepared tail's own arrays,
+#: made from the weights once and never written, the rule ``prepared`` already rests on by
+#: keeping them on the device. (A cache of a caller's arrays could not rest on that: an
+#: ``mx.array`` is written in place by ``a[i] = v``, keeping its identity and its buffer's
+#: address, so only reading every byte would tell, which costs what the conversion does.)
+#: Keyed by the prepared tail's id() (a dataclass compares by value and has no hash); a
+#: finalizer drops the entry when the prepared tail dies, before its id can be reused.
+_TAIL_PLANS: dict[int, dict[str, list[_EmulatedCall]]] = {}
+
+
+def _tail_plan(prep: PreparedTail, clang: str) -> list[_EmulatedCall]:
+    from workbench.kernels import metal_emulation  # noqa: PLC0415 -- only this backend needs clang and ctypes
+
+    per = _TAIL_PLANS.get(id(prep))
+    if per is None:
+        per = _TAIL_PLANS[id(prep)] = {}
+        weakref.finalize(prep, _TAIL_PLANS.pop, id(prep), None)
+    if clang not in per:
+        plan = []
+        for call, source in zip(prep.calls().values(), _tail_sources(prep)):
+            threads = int(call.kw["threadgroup"][0])
+            plan.append(_EmulatedCall(metal_emulation.compile_source(source), [_host(c) for c in call.consts],
+                                      int(call.kw["grid"][0]) // threads, threads,
+                                      [(tuple(s), np.float32) for s in call.kw["output_shapes"]]))
+        per[clang] = plan
+    return per[clang]
 
 
 def emulate_launch(kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, order: str = "ascending",
@@ -147,18 +191,22 @@ def emulated_tail(launch: TailLaunch, branch: Any, residual: Any, *, order: str 
     the host's functions, or Metal's precise or fast contract at a bound's edge or random
     within it).
     """
-    backends.resolve_backend(METAL_EMULATED)  # without clang, say what to install
+    from workbench.kernels import metal_emulation  # noqa: PLC0415 -- only this backend needs clang and ctypes
+
+    clang = metal_emulation.clang_path()
+    if clang is None:
+        backends.resolve_backend(METAL_EMULATED)  # raises, saying what to install
     prep = prepared(launch, "metal", tuning, kernel_dir=kernel_dir)
+    wo, gu, dn = _tail_plan(prep, clang)
     b = np.asarray(_host(as_mx32(branch)), dtype=np.float32)
     r = np.asarray(_host(as_mx32(residual)), dtype=np.float32)
     lead = b.shape[:-1]
     bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
-    wo, gu, dn = prep.calls().values()
-    rows = []
     run = {"order": order, "seed": seed, "math_mode": math_mode, "math_error": math_error}
+    rows = []
     for i in range(bf.shape[0]):
-        (h,) = emulate_launch(wo.kernel, [mx.array(bf[i]), *wo.consts, mx.array(rf[i])], wo.kw, **run)
-        (act,) = emulate_launch(gu.kernel, [mx.array(h), *gu.consts], gu.kw, **run)
-        (out,) = emulate_launch(dn.kernel, [mx.array(act), mx.array(h), *dn.consts], dn.kw, **run)
+        (h,) = wo.kernel.launch([bf[i], *wo.consts, rf[i]], wo.outputs, groups=wo.groups, threads=wo.threads, **run)
+        (act,) = gu.kernel.launch([h, *gu.consts], gu.outputs, groups=gu.groups, threads=gu.threads, **run)
+        (out,) = dn.kernel.launch([act, h, *dn.consts], dn.outputs, groups=dn.groups, threads=dn.threads, **run)
         rows.append(out)
     return np.stack(rows).reshape(*lead, prep.hidden)
