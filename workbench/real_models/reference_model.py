@@ -42,7 +42,7 @@ from workbench import tail as tails
 from workbench.kernels import emulated, one_launch
 from workbench.kernels import launch as kernel_launch
 from workbench.real_models.checkpoint import Checkpoint, Tensor
-from workbench.real_models.graph_tail import model_graph_tail
+from workbench.real_models.graph_tail import prepared_graph_tail
 from workbench.tail.weights import TailWeights
 from workbench.validate import describe, integer, one_of, token_ids
 
@@ -59,8 +59,11 @@ __all__ = [
     "vector_tail",
     "Generation",
     "greedy",
+    "greedy_captured",
+    "greedy_beside",
     "forced_choices",
     "first_departure",
+    "first_departures",
 ]
 
 
@@ -256,39 +259,53 @@ class LayerCapture:
     output: np.ndarray
 
 
-def capture_layers(model: nn.Module, tokens: Sequence[int]) -> list[LayerCapture]:
-    """Run ``model`` over ``tokens`` once (no cache, the model's own forward pass) and
-    capture every layer's ``(residual, branch, output)`` at every position.
-
-    Each block is wrapped (its input and output recorded as the model's loop calls it)
-    and each ``self_attn.o_proj`` too (its input is the branch); everything is put back
-    afterwards, also on an error.
-    """
-    ids = mx.array(token_ids("tokens", tokens, vocab_size(model)))[None]
+@contextlib.contextmanager
+def _tapped(model: nn.Module) -> Iterator[Callable[[], list[LayerCapture]]]:
+    """Within the block, every block of ``model`` records its input and output and every
+    ``self_attn.o_proj`` its input (the branch) as the model's own loop calls them; yields
+    a function that reads the FIRST call's records back as :class:`LayerCapture` (float32
+    numpy, the batch's first row). Everything is put back on exit, also on an error."""
     owner = _layer_owner(model)
     original = list(owner.layers)
     ios: list[list] = [[] for _ in original]
     branches: list[list] = [[] for _ in original]
     attns = [getattr(blk, "self_attn", None) for blk in original]
+
+    def np32(a: mx.array) -> np.ndarray:
+        return np.asarray(a[0].astype(mx.float32))
+
+    def collect() -> list[LayerCapture]:
+        return [
+            LayerCapture(i, np32(io[0][0]), np32(br[0]) if br else None, np32(io[0][1]))
+            for i, (io, br) in enumerate(zip(ios, branches))
+        ]
+
     try:
         for attn, rec in zip(attns, branches):
             if attn is not None:
                 attn.o_proj = _Tap(attn.o_proj, rec)
         owner.layers = [_BlockTap(blk, rec) for blk, rec in zip(original, ios)]
-        mx.eval(owner(ids))  # the decoder stack only: the head's logits are not needed here
+        yield collect
     finally:
         owner.layers = original
         for attn in attns:
             if attn is not None and isinstance(attn.o_proj, _Tap):
                 attn.o_proj = attn.o_proj.inner
 
-    def np32(a: mx.array) -> np.ndarray:
-        return np.asarray(a[0].astype(mx.float32))
 
-    return [
-        LayerCapture(i, np32(io[0][0]), np32(br[0]) if br else None, np32(io[0][1]))
-        for i, (io, br) in enumerate(zip(ios, branches))
-    ]
+def capture_layers(model: nn.Module, tokens: Sequence[int]) -> list[LayerCapture]:
+    """Run ``model`` over ``tokens`` once (no cache, the model's own forward pass) and
+    capture every layer's ``(residual, branch, output)`` at every position.
+
+    Each block is wrapped (its input and output recorded as the model's loop calls it)
+    and each ``self_attn.o_proj`` too (its input is the branch); everything is put back
+    afterwards, also on an error. Inside :func:`fused_tails` the branch is the fused
+    block's (``o_proj`` is the identity there, the tail takes its input).
+    """
+    ids = mx.array(token_ids("tokens", tokens, vocab_size(model)))[None]
+    with _tapped(model) as collect:
+        mx.eval(_layer_owner(model)(ids))  # the decoder stack only: the head's logits are not needed here
+        return collect()
 
 
 # ---------------------------------------------------------------------------------------
@@ -314,8 +331,10 @@ def composes_lazily(backend: str) -> bool:
 
 
 def vector_tail(launch: tails.TailLaunch, backend: str) -> Callable[[mx.array, mx.array], mx.array]:
-    """One tail on one position, as a function of ``(branch [branch], residual [hidden])``
-    float32 ``mx.array`` vectors to a lazy float32 ``[hidden]`` array, for ``backend``.
+    """One tail on one position, as a function of ``(branch, residual)`` float32
+    ``mx.array`` of one position each (``[branch]`` / ``[hidden]``, or any shape of that size,
+    such as a block's ``[1, 1, hidden]``) to a lazy float32 array of the residual's shape, for
+    ``backend`` (the graph tail also takes many positions at once: ``[..., width]``).
 
     * ``graph``: the tail's MLX ops with the weights prepared once and traced by
       ``mx.compile`` (``graph_tail.model_graph_tail``: scales widened, gate and up stacked,
@@ -331,14 +350,16 @@ def vector_tail(launch: tails.TailLaunch, backend: str) -> Callable[[mx.array, m
     name = one_of("backend", backend, MODEL_BACKENDS)
     backends.resolve_backend(name)
     if name == "graph":
-        return model_graph_tail(launch)
+        return prepared_graph_tail(launch)
     if name == "metal-emulated":
-        return lambda b, r: mx.array(emulated.emulated_tail(launch, np.asarray(b), np.asarray(r)))
+        return lambda b, r: mx.array(emulated.emulated_tail(launch, np.asarray(b).reshape(-1),
+                                                            np.asarray(r).reshape(-1)).reshape(r.shape))
     if name == "cuda":
         one = one_launch.for_launch(launch)
         if one is not None:
-            return one.compiled()
-    return kernel_launch.prepared(launch, name).compiled()
+            return one.compiled()  # takes and gives any shape of one position: no reshape op
+    three = kernel_launch.prepared(launch, name).compiled()
+    return lambda b, r: three(b, r) if b.ndim == 1 else three(b.reshape(-1), r.reshape(-1)).reshape(r.shape)
 
 
 class _FusedTailBlock(_BlockStandIn):
@@ -389,14 +410,14 @@ class _FusedTailBlock(_BlockStandIn):
                 branch = self.block.self_attn(self.block.input_layernorm(x), mask, cache)
         b = branch if branch.dtype == mx.float32 else branch.astype(mx.float32)
         r = x if x.dtype == mx.float32 else x.astype(mx.float32)
-        bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
-        if self._rows:  # the graph takes every position at once, a decode step's one as a row
-            out = self._tail(bf, rf)
-        elif bf.shape[0] == 1:  # a kernel, a decode step: one position
-            out = self._tail(bf[0], rf[0])
+        if self._rows:  # the graph takes the block's [batch, tokens, width] as it is: no reshape
+            out = self._tail(b, r)
+        elif b.size == b.shape[-1]:  # a kernel, a decode step: one position, in the block's shape
+            # (the one launch takes it as it is; an index, b[0], would be a gather kernel on a GPU)
+            out = self._tail(b, r)
         else:  # the kernels take one position a launch: a prompt's positions one after another
-            out = mx.stack([self._tail(bf[i], rf[i]) for i in range(bf.shape[0])])
-        out = out.reshape(x.shape)
+            bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
+            out = mx.stack([self._tail(bf[i], rf[i]) for i in range(bf.shape[0])]).reshape(x.shape)
         return out if out.dtype == x.dtype else out.astype(x.dtype)
 
 
@@ -415,9 +436,16 @@ def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, back
     raises ``TailRefused``, an absent backend ``BackendUnavailable``, before anything runs.
     The model's own layers are put back on exit.
     """
+    blocks = _fused_blocks(model, weights, backend)
+    with _swapped_in(model, blocks):
+        yield model
+
+
+def _fused_blocks(model: nn.Module, weights: Sequence[TailWeights | None], backend: str) -> list[nn.Module]:
+    """The model's blocks with a :class:`_FusedTailBlock` wherever ``weights`` has an entry
+    (checked as :func:`fused_tails` documents; the rules asked here, once)."""
     backend = one_of("backend", backend, MODEL_BACKENDS)
-    owner = _layer_owner(model)
-    original = list(owner.layers)
+    original = list(_layer_owner(model).layers)
     weights = list(weights)
     if len(weights) != len(original):
         raise ValueError(f"weights: need one entry for each of the {len(original)} layers, got {len(weights)}")
@@ -429,14 +457,23 @@ def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, back
         if w.layer is not None and int(w.layer) != i:
             raise ValueError(f"weights[{i}]: TailWeights of layer {int(w.layer)}, not of layer {i} (the rules were "
                              f"asked about layer {int(w.layer)}); pass ckpt.tail_weights({i})")
-    blocks = [blk if w is None else _FusedTailBlock(blk, w, backend) for blk, w in zip(original, weights)]
+    return [blk if w is None else _FusedTailBlock(blk, w, backend) for blk, w in zip(original, weights)]
+
+
+@contextlib.contextmanager
+def _swapped_in(model: nn.Module, blocks: Sequence[nn.Module]) -> Iterator[None]:
+    """Within the block, ``blocks`` (from :func:`_fused_blocks`) are the model's layers, each
+    fused one's ``o_proj`` the identity; all put back on exit. Entering costs attribute sets
+    only, so a decoding may switch between two layer sets at every step."""
+    owner = _layer_owner(model)
+    original = list(owner.layers)
     with contextlib.ExitStack() as bare:
         for blk in blocks:
             if isinstance(blk, _FusedTailBlock):
                 bare.enter_context(blk.bare())
-        owner.layers = blocks
+        owner.layers = list(blocks)
         try:
-            yield model
+            yield
         finally:
             owner.layers = original
 
@@ -503,6 +540,64 @@ def first_departure(model: nn.Module, prompt: Sequence[int], tokens: Sequence[in
     return 1 + int(differs[0]) if differs.size else int(toks.size)
 
 
+#: Streams :func:`first_departures` builds its passes on, one a weight set, made once a device
+#: (MLX keeps a stream, and on a CPU its thread, for the life of the process).
+_PASS_STREAMS: dict[str, list[mx.Stream]] = {}
+
+
+def _pass_streams(n: int) -> list[mx.Stream]:
+    device = mx.default_device()
+    held = _PASS_STREAMS.setdefault(str(device), [])
+    while len(held) < n:
+        held.append(mx.new_stream(device))
+    return held[:n]
+
+
+def first_departures(model: nn.Module, prompt: Sequence[int], tokens: Sequence[int],
+                     weight_sets: Sequence[Sequence[TailWeights | None]], *, backend: str = "graph") -> list[int]:
+    """:func:`first_departure` of ``model`` with each of ``weight_sets`` swapped in
+    (:func:`fused_tails`, ``backend``), one count a set.
+
+    The sets' prompt passes are independent, so each is built on a stream of its own and
+    all are evaluated together: MLX runs each CPU stream on a thread of its own, and its
+    quantized products there are single-threaded, so on a CPU the passes share the cores
+    instead of queueing on one (on a GPU the streams overlap on the device). The arithmetic
+    is each stream's own, so every set's choices are the ones :func:`first_departure` makes.
+    A set whose first choice agrees takes its second pass, over the rest of ``tokens``,
+    afterwards on its own.
+    """
+    with _without_transformers_advice():
+        from mlx_lm.models.cache import make_prompt_cache
+
+    vocab = vocab_size(model)
+    ids = token_ids("prompt", prompt, vocab)
+    toks = token_ids("tokens", tokens, vocab)
+    sets = [list(ws) for ws in weight_sets]
+    if not sets:
+        raise ValueError(f"weight_sets: must hold at least one set of TailWeights, got {describe(weight_sets)}")
+    owner = _layer_owner(model)
+    passes = []
+    for ws, stream in zip(sets, _pass_streams(len(sets))):
+        with fused_tails(model, ws, backend=backend), mx.stream(stream):
+            cache = make_prompt_cache(model)
+            hidden = owner(mx.array(ids)[None], cache=cache)
+            passes.append((ws, cache, mx.argmax(head(model, hidden[:, -1:]), axis=-1)))
+    mx.eval([first for _, _, first in passes])
+    counts = []
+    for ws, cache, first in passes:
+        if int(first.item()) != int(toks[0]):
+            counts.append(0)
+        elif toks.size == 1:
+            counts.append(1)
+        else:
+            with fused_tails(model, ws, backend=backend):
+                hidden = owner(mx.array(toks[:-1])[None], cache=cache)
+                chosen = np.asarray(mx.argmax(head(model, hidden), axis=-1)[0])
+            differs = np.nonzero(chosen != toks[1:])[0]
+            counts.append(1 + int(differs[0]) if differs.size else int(toks.size))
+    return counts
+
+
 @dataclass(frozen=True)
 class Generation:
     """Greedy tokens after a prompt, and each step's logit margin (top-1 minus top-2)."""
@@ -516,30 +611,110 @@ class Generation:
 def greedy(model: nn.Module, prompt: Sequence[int], n: int) -> Generation:
     """``n`` greedy tokens after ``prompt``, through mlx-lm's KV cache (the prompt in one pass;
     the output head on the last position of each pass)."""
-    with _without_transformers_advice():
-        from mlx_lm.models.cache import make_prompt_cache
+    return _greedy(model, prompt, n, capture=False)[0]
 
-    n = integer("n", n, minimum=1)
-    ids = mx.array(token_ids("prompt", prompt, vocab_size(model)))[None]
-    context = getattr(getattr(model, "args", None), "max_position_embeddings", None)
-    if isinstance(context, int) and int(ids.shape[1]) + n > context:
-        raise ValueError(f"n: the prompt's {int(ids.shape[1])} tokens and {n} more exceed the model's context "
-                         f"of {context} positions")
-    cache = make_prompt_cache(model)
-    owner = _layer_owner(model)
-    out, margins, second = [], [], []
-    for _ in range(n):
-        # the head on the last position only: the model's own call would multiply every
-        # prompt position by the vocabulary (49,152 rows for SmolLM2) to keep one row
-        logits = head(model, owner(ids, cache=cache)[:, -1:])[0, -1].astype(mx.float32)
-        top = mx.argpartition(-logits, kth=1)[:2]
-        mx.eval(logits, top)
+
+def greedy_captured(model: nn.Module, prompt: Sequence[int], n: int) -> tuple[Generation, list[LayerCapture]]:
+    """:func:`greedy`, and every layer's ``(residual, branch, output)`` at every position of
+    the prompt, recorded during the prompt's own pass (as :func:`capture_layers` records
+    them, but through the KV cache the decoding then continues from).
+
+    On a CPU a prompt pass costs time in proportion to its tokens (MLX's quantized products
+    run at about a billion multiply-adds a second there), so the pass that starts the
+    decoding is the one captured, not a second pass over the same tokens.
+    """
+    gen, captures = _greedy(model, prompt, n, capture=True)
+    assert captures is not None
+    return gen, captures
+
+
+class _Greedy:
+    """One greedy decoding, a step at a time: :meth:`build` makes the step's graph (lazily,
+    on the stream current at the call), :meth:`take` reads the evaluated choice back. The
+    head runs on the last position only: the model's own call would multiply every prompt
+    position by the vocabulary (49,152 rows for SmolLM2) to keep one row."""
+
+    def __init__(self, model: nn.Module, prompt: Sequence[int], n: int, capture: bool):
+        with _without_transformers_advice():
+            from mlx_lm.models.cache import make_prompt_cache
+
+        self.n = integer("n", n, minimum=1)
+        self.model, self.owner = model, _layer_owner(model)
+        self.prompt = tuple(int(t) for t in token_ids("prompt", prompt, vocab_size(model)))
+        self.ids = mx.array(self.prompt)[None]
+        context = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+        if isinstance(context, int) and len(self.prompt) + self.n > context:
+            raise ValueError(f"n: the prompt's {len(self.prompt)} tokens and {self.n} more exceed the model's context "
+                             f"of {context} positions")
+        self.cache = make_prompt_cache(model)
+        self.capture = capture
+        self.captures: list[LayerCapture] | None = None
+        self.out: list[int] = []
+        self.margins: list[float] = []
+        self.second: list[int] = []
+        self._collect: Callable[[], list[LayerCapture]] | None = None
+
+    def build(self) -> tuple[mx.array, mx.array]:
+        if self.capture and not self.out:
+            with _tapped(self.model) as collect:
+                hidden = self.owner(self.ids, cache=self.cache)
+            self._collect = collect  # read after the step's evaluation
+        else:
+            hidden = self.owner(self.ids, cache=self.cache)
+        logits = head(self.model, hidden[:, -1:])[0, -1].astype(mx.float32)
+        return logits, mx.argpartition(-logits, kth=1)[:2]
+
+    def take(self, logits: mx.array, top: mx.array) -> None:
+        if self._collect is not None:
+            self.captures, self._collect = self._collect(), None
         vals = np.asarray(logits)
         a, b = (int(i) for i in np.asarray(top))
         if vals[b] > vals[a]:
             a, b = b, a
-        out.append(a)
-        margins.append(float(vals[a] - vals[b]))
-        second.append(b)
-        ids = mx.array([[a]], dtype=mx.int32)
-    return Generation(tuple(int(t) for t in prompt), tuple(out), tuple(margins), tuple(second))
+        self.out.append(a)
+        self.margins.append(float(vals[a] - vals[b]))
+        self.second.append(b)
+        self.ids = mx.array([[a]], dtype=mx.int32)
+
+    def generation(self) -> Generation:
+        return Generation(self.prompt, tuple(self.out), tuple(self.margins), tuple(self.second))
+
+
+def _greedy(model: nn.Module, prompt: Sequence[int], n: int, *,
+            capture: bool) -> tuple[Generation, list[LayerCapture] | None]:
+    g = _Greedy(model, prompt, n, capture)
+    for _ in range(g.n):
+        logits, top = g.build()
+        mx.eval(logits, top)
+        g.take(logits, top)
+    return g.generation(), g.captures
+
+
+def greedy_beside(model: nn.Module, prompt: Sequence[int], n: int, weights: Sequence[TailWeights | None], *,
+                  backend: str = "graph", capture: bool = False
+                  ) -> tuple[Generation, Generation, list[LayerCapture] | None, list[LayerCapture] | None]:
+    """:func:`greedy` with ``model``'s own layers and with ``weights`` swapped in
+    (:func:`fused_tails`), side by side: ``(reference, variant, reference_captures,
+    variant_captures)``, the captures (with ``capture``) those of each prompt pass, as
+    :func:`greedy_captured` makes them.
+
+    The two decodings are independent, so each step builds both graphs, each on a stream of
+    its own, and evaluates them together: MLX runs each CPU stream on a thread of its own and
+    its quantized products there are single-threaded, so on a CPU the two share the cores
+    instead of queueing on one. Each stream's arithmetic is its own: both generations are
+    the ones :func:`greedy` makes alone.
+    """
+    if not isinstance(capture, bool):
+        raise ValueError(f"capture: must be True or False, got {describe(capture)}")
+    blocks = _fused_blocks(model, weights, backend)
+    ref, var = _Greedy(model, prompt, n, capture), _Greedy(model, prompt, n, capture)
+    s_ref, s_var = _pass_streams(2)
+    for _ in range(ref.n):
+        with mx.stream(s_ref):
+            built_ref = ref.build()
+        with _swapped_in(model, blocks), mx.stream(s_var):
+            built_var = var.build()
+        mx.eval(*built_ref, *built_var)
+        ref.take(*built_ref)
+        var.take(*built_var)
+    return ref.generation(), var.generation(), ref.captures, var.captures
