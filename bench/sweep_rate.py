@@ -14,6 +14,12 @@ With ``--twins N`` it also times each workbench path (the float64 host tail a ca
 over N blocks, the float64 block transform, the CPU copy floor) beside its plain numpy twin
 and the machine's limit (``bench.common.twin_rates``), as ratios from the same run.
 
+With ``--bonsai N`` it also runs notebook 03's Bonsai-27B float64 path (the tail's weights made,
+then ``three_way_table``) beside its plain numpy twin, N rounds, each in a fresh process: seconds
+and peak memory, as ratios (``bench.common.twin_rates.bonsai``). ``--no-sweeps`` skips the sweeps:
+
+    python -m bench.sweep_rate --no-sweeps --bonsai 3 --tag bonsai
+
 With ``--calibrate`` each configuration's worst scaled errors also go through
 ``calibration.calibrate_tolerance`` (flake rate 1e-6 per case) and the tolerance is recorded;
 ``--mutations N`` adds the catch rates of every mutation on N fresh seeds (float32, with
@@ -60,18 +66,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--twins", type=int, default=0,
                    help="also time each workbench path beside its plain numpy twin and the machine's limit, the "
                         "sweep over this many blocks of 256 cases (0: none)")
+    p.add_argument("--sweeps", action=argparse.BooleanOptionalAction, default=True,
+                   help="time the sweeps of --configs (--no-sweeps: only the --twins / --bonsai rows)")
+    p.add_argument("--bonsai", type=int, default=0,
+                   help="also run notebook 03's Bonsai-27B float64 path beside its numpy twin, this many rounds, "
+                        "each in a fresh process (0: none)")
     args = p.parse_args(argv)
     names = record.comma_list(p, "--configs", args.configs, CONFIGS)
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
+    if args.bonsai < 0:
+        p.error(f"--bonsai must be >= 0 (0: none); got {args.bonsai}")
     if args.twins < 0:
         p.error(f"--twins must be >= 0 (0: none); got {args.twins}")
     if args.mutations < 0:
         p.error(f"--mutations must be >= 0 (0: none); got {args.mutations}")
 
-    sweeps.sweep(shapes=[(64, 96, 80)], seeds=range(8), progress=False)  # warm up (imports, first graphs)
+    if not args.sweeps:
+        names = []
+    else:
+        sweeps.sweep(shapes=[(64, 96, 80)], seeds=range(8), progress=False)  # warm up (imports, first graphs)
     rows = []
-    print(f"{'config':<12} {'shape':<14} {'cases':>8} {'seconds':>8} {'cases/s':>9} {'s per 100k':>10} {'max worst':>11}")
+    if names:
+        print(f"{'config':<12} {'shape':<14} {'cases':>8} {'seconds':>8} {'cases/s':>9} {'s per 100k':>10} {'max worst':>11}")
     for name in names:
         shape, dtype, fold, quant = CONFIGS[name]
         t0 = time.perf_counter()
@@ -117,9 +134,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "results": rows,
         "mutation_catch_rates": catch,
     }
+    lim = None
     if args.twins:
         rec["twins"] = twin_rates.measure(args.twins)
         twin_rates.print_table(rec["twins"])
+        lim = rec["twins"]["limits"]
+    if args.bonsai:
+        rec["bonsai"] = twin_rates.bonsai(args.bonsai, lim if lim is not None else twin_rates.limits())
+        twin_rates.print_bonsai(rec["bonsai"])
     if not args.no_record:
         record.write(rec, args.out_dir, record.record_stem("sweep_rate", tag=args.tag), force=args.force)
     return rec

@@ -93,7 +93,7 @@ def test_transpose_is_the_inverse(block: int) -> None:
     assert np.allclose(back, x, atol=1e-5)
 
 
-@pytest.mark.parametrize("block", [1, 12, 16, 20, 28, 64])
+@pytest.mark.parametrize("block", [1, 12, 16, 20, 28, 64, 256])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_float64_rows_do_not_depend_on_the_batch(block: int, transpose: bool) -> None:
     """A row's float64 transform has the same bits alone as in any batch (the one large

@@ -103,3 +103,30 @@ def test_twin_rates_measure_every_path_small() -> None:
     for r in res["rows"]:
         assert r["workbench"] > 0 and r["twin"] > 0 and r["limit"] > 0 and r["ratio"] > 0
         assert r["same_bits"] in (None, True)
+
+
+def test_the_bonsai_twin_is_the_workbench_truth_bit_for_bit() -> None:
+    """The plain twin of notebook 03's Bonsai-27B path (its own draws, bf16 rounding and fold)
+    gives the float64 truth of ``TailWeights.random(..., dtype="bfloat16", fold_block=...)``
+    bit for bit, here at a small shape; its bf16 rounding is MLX's for finite values."""
+    import mlx.core as mx
+
+    from workbench.tail.weights import random_inputs
+
+    shape, block = (128, 192, 160), 64
+    w = TailWeights.random(*shape, seed=27, fold_block=block, dtype="bfloat16")
+    br, res = random_inputs(w, seed=28)
+    np.testing.assert_array_equal(numpy_twins.bonsai_truth(shape, block, 27, 28, w.eps), host_tail(w, br, res))
+    x = np.random.default_rng(1).standard_normal(4096).astype(np.float32) * np.float32(1e3)
+    want = np.asarray(mx.array(x).astype(mx.bfloat16).astype(mx.float32))
+    np.testing.assert_array_equal(numpy_twins.bf16_round(x.copy()), want)
+
+
+def test_sweep_rate_without_sweeps_runs_only_the_rows_asked_for() -> None:
+    """``--no-sweeps`` (for ``--bonsai`` alone) times no sweep; ``--bonsai`` below 0 is a usage error."""
+    from bench import sweep_rate
+
+    rec = sweep_rate.main(["--no-sweeps", "--no-record"])
+    assert rec["results"] == [] and "bonsai" not in rec and "twins" not in rec
+    with pytest.raises(SystemExit):
+        sweep_rate.main(["--no-sweeps", "--bonsai", "-1", "--no-record"])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from workbench import tail as T
+from workbench.fold.rotation import HadamardFold
 from workbench.tail.frink_case import seed_arrays
 from workbench.models.config import ModelConfig
 
@@ -72,3 +73,36 @@ def test_zero_centred_norm_adds_the_one_and_says_so():
     assert "zero-centred" in repr(w) and "zero-centred" not in repr(plain)
     with pytest.raises(ValueError, match=r"^norm_convention: must be one of 'plain', 'zero_centred', got 'one_plus'"):
         _weights(norm_convention="one_plus")
+
+
+def test_a_draw_in_chunks_is_one_draw(monkeypatch) -> None:
+    """A tensor is drawn a chunk at a time into its float32 result: the values of one
+    ``uniform`` draw in float64 cast to float32, whatever the chunk (centred or not)."""
+    from workbench.tail import weights as tw
+
+    for d in (T.Draw("w", (37, 29), 0.3), T.Draw("n", (1000,), 0.25, centre=1.0)):
+        want = np.random.default_rng(4).uniform(-d.half_width, d.half_width, size=(3,) + d.shape)
+        want = (d.centre + want if d.centre else want).astype(np.float32)
+        for chunk in (1 << 20, 100, 7):
+            monkeypatch.setattr(tw, "DRAW_CHUNK", chunk)
+            np.testing.assert_array_equal(d.draw(np.random.default_rng(4), (3,)), want)
+
+
+def test_random_weights_are_the_arrays_stored_in_their_dtype() -> None:
+    """``TailWeights.random`` (each matrix sent to MLX as it is drawn) stores what
+    ``from_arrays`` stores from the recipe's draws; an MLX array already in the stored dtype
+    is kept as it is."""
+    import mlx.core as mx
+
+    for dtype in ("bfloat16", "float32"):
+        w = T.TailWeights.random(24, 32, 40, seed=9, fold_block=8, dtype=dtype)
+        rng = np.random.default_rng(9)
+        recipe = {d.name: d for d in T.case_recipe(24, 32, 40)}
+        a = {n: recipe[n].draw(rng) for n in ("wo", "gate", "up", "down", "ffn_norm")}
+        fold = HadamardFold.random(32, 8, seed=int(rng.integers(2**31)))
+        v = T.TailWeights.from_arrays(a["wo"], a["ffn_norm"], a["gate"], a["up"], a["down"], fold=fold, dtype=dtype)
+        for x, y in zip(w.host_arrays(np.float64), v.host_arrays(np.float64)):
+            np.testing.assert_array_equal(x, y)
+        gate = mx.array(a["gate"]).astype(getattr(mx, dtype))
+        kept = T.TailWeights.from_arrays(a["wo"], a["ffn_norm"], gate, a["up"], a["down"], dtype=dtype)
+        assert kept.gate.launch_parts()[0] is gate

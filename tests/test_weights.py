@@ -210,3 +210,45 @@ def test_each_named_format_makes_itself_through_as_quantize():
         assert spec.as_quantize() == {"mode": spec.mode, "bits": spec.bits, "group_size": spec.group_size}
         w = tail.TailWeights.random(64, 128, 128, seed=0, dtype="bfloat16", quantize=spec.as_quantize())
         assert w.wo.quantization == spec, name
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_host_copy_is_mlxs_cast_for_every_bf16_pattern(dtype, monkeypatch) -> None:
+    """The host copy of a bf16 base (its bits shifted into a float32, converted in row
+    chunks) is MLX's own cast for all 65,536 bit patterns, NaN payloads and infinities
+    included, whatever the chunk; a float32 base is copied as it is."""
+    from workbench.fold import weights as fw
+
+    base = mx.view(mx.array(np.arange(1 << 16, dtype=np.uint16).reshape(256, 256)), mx.bfloat16)
+    with np.errstate(invalid="ignore"):  # the signalling NaNs, widened
+        want = np.asarray(base.astype(mx.float32)).astype(dtype)
+    for chunk in (1 << 20, 700, 1):  # every row at once, 2 rows at a time (the last chunk short), one row
+        monkeypatch.setattr(fw, "HOST_CHUNK", chunk)
+        got = fw.host_copy(base, dtype)
+        assert got.dtype == dtype and got.shape == (256, 256)
+        np.testing.assert_array_equal(got.view(np.uint64 if dtype == np.float64 else np.uint32),
+                                      want.view(np.uint64 if dtype == np.float64 else np.uint32))
+    f32 = mx.array(np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32))
+    np.testing.assert_array_equal(fw.host_copy(f32, dtype), np.asarray(f32).astype(dtype))
+    with pytest.raises(ValueError, match="base: must be a bfloat16 or float32"):
+        fw.host_copy(f32.astype(mx.float16), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_dense_is_the_stored_base_exactly(dtype) -> None:
+    """``dense`` in float64 and float32 holds the stored values, read through MLX's own cast."""
+    base = mx.array(np.random.default_rng(1).standard_normal((33, 40)).astype(np.float32)).astype(getattr(mx, dtype))
+    want = np.asarray(base.astype(mx.float32))
+    m = WeightMatrix(base)
+    np.testing.assert_array_equal(m.dense(np.float32), want)
+    np.testing.assert_array_equal(m.dense(np.float64), want.astype(np.float64))
+
+
+def test_a_large_host_copy_is_mlxs_cast_in_its_own_mapping() -> None:
+    """A float64 host copy past 16 MB lives in its own memory map (no huge pages asked for)
+    and holds MLX's own cast, like a small one; read-only once ``dense`` caches it."""
+    base = mx.array(np.random.default_rng(2).standard_normal((2048, 1536)).astype(np.float32)).astype(mx.bfloat16)
+    m = WeightMatrix(base)
+    got = m.dense(np.float64)
+    np.testing.assert_array_equal(got, np.asarray(base.astype(mx.float32)).astype(np.float64))
+    assert got.nbytes >= 1 << 24 and not got.flags.writeable

@@ -118,3 +118,35 @@ def sweep_block(shape: tuple[int, int, int], block: int, eps: float) -> dict[str
             "nmse": (d * d).sum(axis=-1) / (truth * truth).sum(axis=-1),
             "torch_ratio": (d / (1e-5 + 1.3e-6 * np.abs(truth))).max(axis=-1),
             "ulp_max": ulp.max(axis=-1), "ulp_mean": ulp.mean(axis=-1), "truth": truth, "actual": actual}
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """float32 ``x`` rounded to bfloat16 (to nearest, ties to even; finite values), as float32."""
+    u = x.view(np.uint32)
+    u += np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
+    u &= np.uint32(0xFFFF0000)
+    return x
+
+
+def bonsai_truth(shape: tuple[int, int, int], block: int, seed: int, input_seed: int, eps: float) -> np.ndarray:
+    """The float64 truth of one random bf16 tail with wo folded at its input (block ``block``),
+    written plainly: the recipe's draws in its order (``TailWeights.random``: wo, gate, up, down,
+    ffn_norm, then the fold's seed; ``random_inputs``: branch, residual), each matrix rounded to
+    bfloat16 and held in float64, wo folded as one product and rounded again, the tail once."""
+    hidden, branch_dim, ffn = shape
+    rng = np.random.default_rng(seed)
+
+    def weight(rows: int, cols: int) -> np.ndarray:
+        a = math.sqrt(3.0 / cols)
+        return bf16_round(rng.uniform(-a, a, (rows, cols)).astype(np.float32)).astype(np.float64)
+
+    wo, gate, up, down = weight(hidden, branch_dim), weight(ffn, hidden), weight(ffn, hidden), weight(hidden, ffn)
+    norm = (1.0 + rng.uniform(-0.25, 0.25, hidden)).astype(np.float32).astype(np.float64)
+    fold_rng = np.random.default_rng(int(rng.integers(2**31)))
+    signs = np.where(fold_rng.random(branch_dim) < 0.5, -1.0, 1.0)
+    h_t = orthonormal_t(block)
+    wo = bf16_round(block_transform(wo * signs, h_t).astype(np.float32)).astype(np.float64)
+    rng = np.random.default_rng(input_seed)
+    x = rng.uniform(-1.0, 1.0, branch_dim).astype(np.float32)
+    residual = rng.uniform(-1.0, 1.0, hidden).astype(np.float32)
+    return host_tail(wo, signs, h_t, norm, gate, up, down, eps, x, residual)

@@ -13,6 +13,11 @@ The rows (twins in ``bench.common.numpy_twins``):
 * ``block transform``: ``hadamard.block_transform`` of a float64 matrix, block 1024;
 * ``copy``: MLX's ``x + 1`` beside numpy's ``copyto`` (the CPU floor's method, ``record.copy_method``).
 
+:func:`bonsai` (``bench.sweep_rate --bonsai N``) times notebook 03's Bonsai-27B path (the tail's
+random bf16 weights, wo folded with block 1024, through ``three_way_table``) beside
+``numpy_twins.bonsai_truth``, each in a fresh process so its peak memory is its own
+(``ru_maxrss``), alternating N rounds; the two truths' SHA-256 say whether the bits are the same.
+
 The limit beside each is the larger of its bytes over the copy rate and its floating-point
 operations over the rate of a large float64 matrix product, both measured in the run
 (``limits``); for the sweep, the generator's raw rate for the bits it draws.
@@ -20,21 +25,29 @@ operations over the rate of a large float64 matrix product, both measured in the
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
 import math
+import resource
 import statistics
+import sys
 import time
 from typing import Any, Callable
 
 import mlx.core as mx
 import numpy as np
 
-from bench.common import numpy_twins, record
+from bench.common import bounded_run, numpy_twins, record
+from workbench import files, validate
 from workbench.fold import hadamard
+from workbench.models.config import BONSAI_SHAPE
 from workbench.studies import sweeps
 from workbench.studies.cases import CASE_BLOCK, SWEEP_SALT, case_floats
 from workbench.tail import frink_case
 from workbench.tail.ops import tail_mx
 from workbench.tail.paths import host_tail
+from workbench.tail.weights import TailWeights, random_inputs
 
 SHAPE = frink_case.SEED_SHAPE
 
@@ -206,3 +219,100 @@ def print_table(res: dict[str, Any]) -> None:
     print("(cpu) processor time; x limit: workbench / the machine's limit; same: the twin's bits")
     if not math.isfinite(sum(r["ratio"] for r in res["rows"])):
         print("(a ratio is not finite: a timing was zero)")
+
+
+#: Notebook 03's Bonsai-27B case: the shape, wo's fold block, the weights' seed, the inputs' seed.
+BONSAI_CASE = (BONSAI_SHAPE, 1024, 27, 28)
+
+#: The seconds one process of :func:`bonsai` may take (minutes on a loaded 2-core machine).
+BONSAI_TIMEOUT_S = 900.0
+
+
+def bonsai_child(kind: str) -> dict[str, Any]:
+    """One run of the Bonsai-27B path in THIS process: ``"workbench"`` runs notebook 03's cell
+    (``TailWeights.random``, ``random_inputs``, ``three_way_table``), ``"twin"`` its plain numpy
+    float64 twin; the wall and processor seconds, the process's peak resident bytes, and the
+    SHA-256 of the float64 truth (the workbench's read after the timing, from its cached copies)."""
+    validate.one_of("kind", kind, ("workbench", "twin"))
+    (shape, block, seed, input_seed) = BONSAI_CASE
+    w0, c0 = time.perf_counter(), time.process_time()
+    if kind == "twin":
+        truth = numpy_twins.bonsai_truth(shape, block, seed, input_seed, 1e-6)
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        table = None
+    else:
+        from workbench.studies.three_way import three_way_table  # tables need pandas; the twin does not
+
+        w = TailWeights.random(*shape, seed=seed, fold_block=block, dtype="bfloat16")
+        br, res = random_inputs(w, seed=input_seed)
+        table = three_way_table([("bonsai27b", w, br, res)])
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        truth = host_tail(w, br, res)
+    return {"kind": kind, "wall_s": wall, "cpu_s": cpu,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "truth_sha256": hashlib.sha256(np.ascontiguousarray(truth).tobytes()).hexdigest(),
+            "verdict": None if table is None else str(table["verdict"].iloc[0])}
+
+
+def bonsai(rounds: int, lim: dict[str, float] | None = None) -> dict[str, Any]:
+    """Notebook 03's Bonsai-27B path beside its twin, ``rounds`` rounds, each kind in its own
+    process (``python -m bench.common.twin_rates --bonsai-child KIND``) in turn: the medians
+    of wall time, processor time and peak memory, and whether the truths' bits agree. The
+    limit: the recipe's float64 draws at the generator's raw rate plus the fold's product at
+    the float64 matrix product's rate (``limits``)."""
+    runs: dict[str, list[dict[str, Any]]] = {"workbench": [], "twin": []}
+    for _ in range(rounds):
+        for kind in runs:
+            p = bounded_run.run_bounded([sys.executable, "-m", "bench.common.twin_rates", "--bonsai-child", kind],
+                                        timeout=BONSAI_TIMEOUT_S, cwd=files.PROJECT_ROOT)
+            if p.returncode != 0:
+                raise RuntimeError(f"the Bonsai-27B {kind} run failed (exit {p.returncode}): {p.stderr[-2000:]}")
+            runs[kind].append(json.loads(p.stdout.strip().splitlines()[-1]))
+
+    def med(kind: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[kind])
+
+    (hidden, branch, ffn), block = BONSAI_CASE[:2]
+    limit = None
+    if lim is not None:
+        values = hidden * branch + 3 * hidden * ffn + hidden
+        limit = 8 * values / lim["draw_Bps"] + 2 * hidden * branch * block / lim["dgemm_flops"]
+    shas = {r["truth_sha256"] for rs in runs.values() for r in rs}
+    time_row = {"path": "Bonsai-27B float64 path, notebook 03", "unit": "s", "workbench": med("workbench", "wall_s"),
+                "twin": med("twin", "wall_s"), "workbench_cpu": med("workbench", "cpu_s"),
+                "twin_cpu": med("twin", "cpu_s"), "limit": limit, "same_bits": len(shas) == 1}
+    mem_row = {"path": "Bonsai-27B float64 path, peak memory", "unit": "GB",
+               "workbench": med("workbench", "peak_rss_bytes") / 1e9, "twin": med("twin", "peak_rss_bytes") / 1e9,
+               "limit": 8 * (hidden * branch + 3 * hidden * ffn) / 1e9, "same_bits": len(shas) == 1}
+    for r in (time_row, mem_row):
+        r["ratio"] = r["workbench"] / r["twin"]
+        r["ratio_cpu"] = r["workbench_cpu"] / r["twin_cpu"] if "workbench_cpu" in r else None
+        r["of_limit"] = r["workbench"] / r["limit"] if r["limit"] else None
+    return {"rows": [time_row, mem_row], "runs": runs, "rounds": rounds, "case": {
+                "shape": [hidden, branch, ffn], "fold_block": block, "seed": BONSAI_CASE[2],
+                "input_seed": BONSAI_CASE[3], "dtype": "bfloat16"},
+            "notes": "each run a fresh process (python -m bench.common.twin_rates --bonsai-child KIND), the kinds "
+                     "alternating; seconds from the first draw to the table (workbench) or the truth (twin); peak "
+                     "memory: the process's ru_maxrss; limit (s): the float64 draws at the generator's raw rate plus "
+                     "the fold's product at the float64 product rate; limit (GB): the four matrices in float64"}
+
+
+def print_bonsai(res: dict[str, Any]) -> None:
+    """The Bonsai-27B rows: workbench, twin, their ratio (wall and processor time), the limit."""
+    print(f"\n{'path':<40}{'unit':>5}{'workbench':>10}{'twin':>10}{'limit':>9}{'ratio':>6}{'(cpu)':>6}"
+          f"{'x limit':>8}{'same':>6}")
+    for r in res["rows"]:
+        cpu = "" if r["ratio_cpu"] is None else f"{r['ratio_cpu']:.2f}"
+        lim = "" if r["limit"] is None else f"{r['limit']:.3g}"
+        of = "" if r["of_limit"] is None else f"{r['of_limit']:.2f}"
+        print(f"{r['path']:<40}{r['unit']:>5}{r['workbench']:>10.3g}{r['twin']:>10.3g}{lim:>9}{r['ratio']:>6.2f}"
+              f"{cpu:>6}{of:>8}{'yes' if r['same_bits'] else 'NO':>6}")
+    print(f"median of {res['rounds']} round(s), each kind in a fresh process; twin: plain numpy, the same draws, "
+          "the float64 truth only")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m bench.common.twin_rates",
+                                 description="one run of the Bonsai-27B path, its figures as one JSON line")
+    ap.add_argument("--bonsai-child", required=True, choices=("workbench", "twin"))
+    print(json.dumps(bonsai_child(ap.parse_args().bonsai_child)))

@@ -165,6 +165,20 @@ def _orthonormal(n: int) -> np.ndarray:
     return h
 
 
+@lru_cache(maxsize=32)
+def _orthonormal_t(n: int) -> np.ndarray:
+    """``(H / sqrt(n)).T`` as its own C-ordered array: what ``rows @ .`` multiplies by for ``B x``.
+
+    Not the transposed view: OpenBLAS (AVX-512 kernels) multiplies a few rows by a
+    transposed operand with its small-matrix kernel and many rows with the large one,
+    which sum in different orders, so a row's bits would depend on its batch (block 64:
+    up to 18 rows; 256: up to 4); by a C-ordered operand every multiple of 8 rows gives
+    the same bits (tests/test_hadamard.py holds it)."""
+    h = np.ascontiguousarray(_orthonormal(n).T)
+    h.flags.writeable = False
+    return h
+
+
 ArrayT = TypeVar("ArrayT", np.ndarray, mx.array)
 
 
@@ -194,7 +208,7 @@ def block_transform(x: np.ndarray, block: int, *, transpose: bool = False) -> np
     if (type(x) is np.ndarray and x.dtype is _FLOAT64 and type(block) is int and block in _checked_blocks
             and x.ndim and x.shape[-1] and x.shape[-1] % block == 0):
         # The oracle's call (float64, a block checked before), in as few steps as the work.
-        return _rows_times(x.reshape(-1, block), _orthonormal(block) if transpose else _orthonormal(block).T
+        return _rows_times(x.reshape(-1, block), _orthonormal(block) if transpose else _orthonormal_t(block)
                            ).reshape(x.shape)
     factor_block(block)
     block = int(block)
@@ -208,7 +222,7 @@ def block_transform(x: np.ndarray, block: int, *, transpose: bool = False) -> np
     if x.dtype != np.float64:
         xb = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
         return (xb @ m).reshape(x.shape)
-    return _rows_times(x.reshape(-1, block), m).reshape(x.shape)
+    return _rows_times(x.reshape(-1, block), h if transpose else _orthonormal_t(block)).reshape(x.shape)
 
 
 #: float64 rows go through BLAS in groups whose count is a multiple of this: OpenBLAS's

@@ -244,7 +244,9 @@ def _metrics(actual: np.ndarray, truth: np.ndarray, model: np.ndarray | None) ->
         "ulp_max": ulp.max(axis=-1),
         "ulp_mean": ulp.mean(axis=-1),
     }
-    if model is not None:
+    if model is truth:  # float32 weights, no fold, no quantization: the stored weights are the masters
+        out["model_worst"], out["model_nmse"] = out["worst"], out["nmse"]
+    elif model is not None:
         out["model_worst"] = worst_scaled_error(actual, model)
         out["model_nmse"] = nmse(actual, model)
     return out

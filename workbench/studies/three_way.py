@@ -86,7 +86,8 @@ def three_way(
 ) -> ThreeWay:
     """Run the fused tail (``backend``, or a :data:`FAULTS` variant), the float32 host and the
     float64 truth on the same inputs, compare all three at ``tol``, and count each one's waits
-    (the host copies of the weights are made first, so the oracles count 0).
+    (the MLX paths run first; the host copies of the weights are made before the oracles run,
+    outside their counts, so the oracles count 0).
 
     The inputs, and the truth, must be finite: with a NaN or Inf in ``branch`` or
     ``residual`` every path's output is NaN, and a verdict would blame float32 for what the
@@ -107,17 +108,19 @@ def three_way(
                 f"non-finite, which says nothing about float32), got {float(host[where])!r} at index {where} "
                 f"({int(bad.sum())} non-finite in all)"
             )
-    w.host_arrays(np.float64)  # the host copies of the weights, made outside the counts
-    w.host_arrays(np.float32)
-    with count_waits() as n_truth:
-        truth = host_tail(w, branch, residual)
-    with count_waits() as n_host:
-        host = host_tail(w, branch, residual, dtype=np.float32)
+    # The MLX paths first, then the host copies: the graph's float32 temporaries of the
+    # weights and the float64 host copies are never held at once (at Bonsai-27B's shape
+    # 0.7 GB beside 2.4 GB).
     with count_waits() as n_fused:
         fused = (fused_tail(w, branch, residual, backend=backend) if fault is None
                  else faulty_fused_tail(w, branch, residual, fault))
     with count_waits() as n_unfused:
         unfused_tail(w, branch, residual)
+    w.host_arrays(np.float64)  # the host copies of the weights (both oracles read them), made outside the counts
+    with count_waits() as n_truth:
+        truth = host_tail(w, branch, residual)
+    with count_waits() as n_host:
+        host = host_tail(w, branch, residual, dtype=np.float32)
     if not np.isfinite(truth).all():
         raise ValueError(
             "w: the float64 truth is not finite on these finite inputs (a weight is NaN or Inf, or the tail "

@@ -118,7 +118,13 @@ def host_tail(w: TailWeights, branch: Any, residual: Any, *, dtype: Any = np.flo
         branch = validate.float_array("branch", branch)
     if type(residual) is not np.ndarray:
         residual = validate.float_array("residual", residual)
-    wo, norm, gate, up, down = w.host_arrays(dt)
+    # Every dtype reads the float64 host copies (the truth's, cached): tail_np casts each
+    # matrix to the activations' dtype for its own product, so a float32 host tail holds one
+    # float32 matrix at a time, not a second set of weights. The stored values are float32
+    # or narrower, so the cast is exact: the same matrices as a float32 copy of the base.
+    wo, norm, gate, up, down = w.host_arrays(np.float64)
+    if dt != np.float64:
+        norm = w.ffn_norm.astype(dt, copy=False)
     # copy=False: tail_np never writes to its inputs, so a float64 input needs no copy.
     return tail_np(wo, w.wo.fold, norm, gate, up, down, w.eps, branch.astype(dt, copy=False),
                    residual.astype(dt, copy=False))

@@ -59,11 +59,35 @@ class Draw:
     signs: bool = False
 
     def draw(self, rng: np.random.Generator, lead: tuple[int, ...] = ()) -> np.ndarray:
-        """One draw from ``rng`` (numpy's ``uniform`` in float64, then float32), with ``lead`` batch axes."""
-        v = rng.uniform(-self.half_width, self.half_width, size=lead + self.shape)
+        """One draw from ``rng`` (numpy's ``uniform`` in float64, then float32), with ``lead`` batch axes.
+
+        Drawn :data:`DRAW_CHUNK` values at a time into the float32 result: ``uniform``
+        takes its values from the stream in order, so the chunks are the one draw's values,
+        without its float64 array (713 MB for one of Bonsai-27B's FFN matrices)."""
+        shape = lead + self.shape
         if self.signs:
+            v = rng.uniform(-self.half_width, self.half_width, size=shape)
             return np.where(v < 0, np.float32(-1.0), np.float32(1.0))
-        return (self.centre + v if self.centre else v).astype(np.float32)
+        out = np.empty(shape, dtype=np.float32)
+        flat = out.reshape(-1)
+        # uniform(low, high) is low + (high - low) * random(), value by value from one stream:
+        # the same arithmetic here, on one scratch array reused for every chunk (a fresh array
+        # a chunk made the allocator map, and the kernel fault in, 8 MB at a time).
+        low, width = -self.half_width, 2.0 * self.half_width
+        scratch = np.empty(min(DRAW_CHUNK, flat.size), dtype=np.float64)
+        for o in range(0, flat.size, DRAW_CHUNK):
+            v = scratch[:min(DRAW_CHUNK, flat.size - o)]
+            rng.random(out=v)
+            v *= width
+            v += low
+            if self.centre:
+                v += self.centre
+            flat[o:o + v.size] = v
+        return out
+
+
+#: Values a :meth:`Draw.draw` takes from its generator at a time (8 MB of float64 scratch).
+DRAW_CHUNK = 1 << 20
 
 
 def case_recipe(hidden: int, branch: int, ffn: int) -> tuple[Draw, ...]:
@@ -211,6 +235,7 @@ class TailWeights:
         rotation is applied by :func:`tail_np` around ``wo_base``. Converting the
         MLX-stored weights reads them once per dtype (a host read that
         :func:`count_waits` would see); later oracle calls read nothing from MLX.
+        :func:`host_tail` reads the float64 copies in every dtype (one set of host copies).
         """
         hit = _HOST_DTYPES.get(dtype) if isinstance(dtype, (type, np.dtype)) else None
         if hit is not None and hit in self._host:  # the oracle's per-call lookup: no dtype checks again
@@ -281,10 +306,14 @@ class TailWeights:
             norm = norm + np.float32(1.0)
 
         def mat(name: str, a: Any, f: HadamardFold | None = None) -> WeightMatrix:
-            arr = validate.as_float32(name, a, copy=False)  # mx.array copies it
-            if arr.ndim != 2 or 0 in arr.shape:
-                raise ValueError(f"{name}: must be a non-empty 2-D [out, in] array, got shape {arr.shape}")
-            base = mx.array(arr).astype(mdt)
+            if isinstance(a, mx.array) and a.dtype == mdt and a.ndim == 2 and 0 not in a.shape:
+                base = a  # already stored as asked (MLX arrays are immutable, so it can be shared)
+            else:
+                arr = validate.as_float32(name, a, copy=False)  # mx.array copies it
+                if arr.ndim != 2 or 0 in arr.shape:
+                    raise ValueError(f"{name}: must be a non-empty 2-D [out, in] array, got shape {arr.shape}")
+                base = mx.array(arr).astype(mdt)
+                mx.eval(base)  # now, so MLX's float32 copy of ``arr`` is freed before the next matrix's
             if quantize is not None:
                 return WeightMatrix.quantize(base, fold=f, **quantize)
             m = WeightMatrix(base)
@@ -334,9 +363,20 @@ class TailWeights:
         # refused only when even the result cannot fit, as a typo's 10**9 cannot.
         validate.within_memory("hidden", 4 * int(hidden) * (int(branch) + 3 * int(ffn) + 1),
                                f"random weights of shape ({hidden}, {branch}, {ffn}) in float32")
+        if not (isinstance(dtype, str) and dtype in DENSE_DTYPES):
+            raise ValueError(f"dtype must be one of {tuple(DENSE_DTYPES)}; got {describe(dtype)}")
         rng = np.random.default_rng(validate.seed("seed", seed))
         recipe = {d.name: d for d in case_recipe(hidden, branch, ffn)}
-        wo, gate, up, down, ffn_norm = (recipe[n].draw(rng) for n in ("wo", "gate", "up", "down", "ffn_norm"))
+
+        def stored(name: str) -> mx.array:
+            # Each matrix goes to MLX in the stored dtype as soon as it is drawn, so one float32
+            # draw is held at a time (Bonsai-27B's four: 1.2 GB); from_arrays keeps it as it is.
+            a = mx.array(recipe[name].draw(rng)).astype(DENSE_DTYPES[dtype])
+            mx.eval(a)
+            return a
+
+        wo, gate, up, down = (stored(n) for n in ("wo", "gate", "up", "down"))
+        ffn_norm = recipe["ffn_norm"].draw(rng)
         fold = None
         if fold_block is not None:
             width = branch if fold_site is FoldSite.INPUT else hidden
