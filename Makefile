@@ -13,7 +13,10 @@ PORT ?= 8888
 # The folder JupyterLab serves (tests/test_lab_browser.py serves a scratch copy of notebooks/).
 NOTEBOOKS ?= notebooks
 # tools.notebook_memory: each notebook's kernel peak memory, failed over 4 GB (what a laptop has to spare).
-NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p tools.notebook_memory
+# tests.nbval_exact_outputs: every output of the run byte for byte the committed one, where the
+# JupyterLab check runs (its third part: tests/test_lab_browser.py says how the parts add up).
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p tools.notebook_memory \
+	-p tests.nbval_exact_outputs
 # JupyterLab refuses to run as root without this flag (containers, CI runners).
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
@@ -35,8 +38,11 @@ venv: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=$(NOTEBOOKS) $(ROOT_FLAG)
 
+# The unit tests in JOBS processes (pytest-xdist), each test file whole in one process, so its
+# module fixtures (the nvcc compiles, the JupyterLab server) are made once; JOBS=0: one process.
+JOBS ?= 2
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile tests
 
 nbval: $(STAMP)
 	$(BIN)/python -m pytest -q $(NBVAL) notebooks

@@ -1,20 +1,35 @@
-"""Every notebook runs in JupyterLab itself, driven through its UI in a real browser.
+"""The notebooks in JupyterLab itself, driven through its UI in a real browser.
 
-nbval runs the notebooks through a kernel, but a user runs them in JupyterLab: this test
-does what that user does. It starts `make lab` (the README's command; where the project's
-`.venv` is not built, the same `jupyter lab` command from this Python) serving a scratch
-copy of notebooks/ (beside a link to data/, so the notebooks' `../data` paths hold), opens
-every notebook in headless Chromium (Debian's, driven by playwright), runs "Restart Kernel
-and Run All Cells" from the Kernel menu, and checks that every code cell ran and that no
-cell shows an error or anything on stderr. It then saves each notebook from JupyterLab and
-checks that the file it wrote is the committed one, byte for byte: what ``git status`` would
-say. The metadata in the normal form of ``tools/normalize_notebooks.py``, every output the
-same, the ones nbval does not check (``# NBVAL_IGNORE_OUTPUT``: timings, figures) included,
-so a user who only runs and saves a notebook leaves ``git status`` clean. Where the files
-differ, the message names each cell that differs and how.
+The promise: opening a notebook in JupyterLab, running it and saving it leaves ``git status``
+clean. nbval runs the notebooks through a kernel, but a user runs them in JupyterLab. The
+promise is checked in three parts, so that ``make test`` runs each notebook once (under
+nbval) and not a second time here:
 
-``WORKBENCH_LAB_NOTEBOOKS=01,03`` runs only the notebooks whose names start so (a quick
-check of the notebooks one has changed); unset, all of them.
+1. **Every notebook opened and saved** (this file): JupyterLab (``make lab``, the README's
+   command, or where the project's ``.venv`` is not built the same ``jupyter lab`` command
+   from this Python) serves a scratch copy of notebooks/ (beside a link to data/, so the
+   notebooks' ``../data`` paths hold); headless Chromium (Debian's, driven by playwright)
+   opens each notebook, waits for its kernel (the kernel fills in the notebook's
+   ``language_info``), and saves it from the UI. The file written must be the committed
+   one, byte for byte: JupyterLab's save leaves every committed notebook, its outputs and
+   metadata, as it is (the normal form of ``tools/normalize_notebooks.py``).
+2. **One notebook run through the UI** (this file): notebook 01 (both kinds of output the
+   notebooks show: printed text and PNG figures) has its outputs cleared, "Restart Kernel
+   and Run All Cells" from the Kernel menu, every code cell must run with no error or
+   stderr output, and the file saved from JupyterLab must be the committed one, byte for
+   byte: the outputs of a live run are written in the committed form.
+3. **Every notebook's run reproduces its outputs** (``tests/nbval_exact_outputs.py``, a
+   plugin ``make nbval`` loads): in the run strict nbval already makes, every cell's
+   outputs must equal the committed ones byte for byte, those nbval does not compare
+   (``# NBVAL_IGNORE_OUTPUT``: device figures, PNG figures) included.
+
+So a run of any notebook in JupyterLab gives the committed outputs (3), which JupyterLab
+writes in the committed form (2) and saves as the committed file (1). Where files differ,
+the message names each cell that differs and how.
+
+``WORKBENCH_LAB_RUN=01,03`` runs the notebooks whose names start so through the UI
+(part 2) instead of 01; ``WORKBENCH_LAB_RUN=all`` runs every notebook through the UI (the
+whole promise in the browser alone, without part 3; minutes).
 
 Skipped, saying why, only where Chromium or playwright is absent (CI installs both).
 """
@@ -33,16 +48,30 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
-                   if not os.environ.get("WORKBENCH_LAB_NOTEBOOKS")
-                   or p.name.startswith(tuple(os.environ["WORKBENCH_LAB_NOTEBOOKS"].split(","))))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium; CI installs it)")
+
+
+def _run_in_ui() -> list[Path]:
+    """The notebooks run through the UI: ``WORKBENCH_LAB_RUN`` (``all``, or name prefixes), else 01."""
+    chosen = os.environ.get("WORKBENCH_LAB_RUN", "01")
+    if chosen == "all":
+        return NOTEBOOKS
+    found = [p for p in NOTEBOOKS if p.name.startswith(tuple(chosen.split(",")))]
+    if not found:
+        raise ValueError(f"WORKBENCH_LAB_RUN: must be 'all' or prefixes of notebooks/ names, got {chosen!r}")
+    return found
+
 
 #: What a notebook may take to run all its cells in the lab on 2 busy cores.
 RUN_TIMEOUT_MS = 600_000
@@ -98,6 +127,55 @@ def _wait_until_up(base: str, token: str, proc: subprocess.Popen, timeout_s: flo
     raise AssertionError(f"JupyterLab did not answer on {base} within {timeout_s:.0f} s")
 
 
+@dataclass
+class Lab:
+    """One JupyterLab server and one browser page on it, shared by the tests below (each
+    start costs seconds of the 2 cores)."""
+
+    page: object
+    base: str
+    token: str
+    serve: Path
+
+    def fresh_copy(self, nb: Path) -> Path:
+        """The committed file in the served folder, dated in the past: a save moves its date."""
+        served = self.serve / nb.name
+        shutil.copyfile(nb, served)
+        os.utime(served, ns=(10**18, 10**18))
+        return served
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Iterator[Lab]:
+    tmp = tmp_path_factory.mktemp("lab")
+    serve = tmp / "project" / "notebooks"
+    serve.mkdir(parents=True)
+    (tmp / "project" / "data").symlink_to(ROOT / "data", target_is_directory=True)
+    for nb in NOTEBOOKS:
+        shutil.copy2(nb, serve / nb.name)
+    port, token = _free_port(), secrets.token_hex(16)
+    base = f"http://127.0.0.1:{port}"
+    proc = _start_lab(serve, tmp, port, token)
+    try:
+        _wait_until_up(base, token, proc)
+        with playwright.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(f"{base}/lab?token={token}")
+                page.locator(".jp-DirListing-item").first.wait_for(timeout=120_000)
+                yield Lab(page, base, token, serve)
+            finally:
+                browser.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def differences(saved: dict, committed: dict) -> list[str]:
     """How two notebooks differ, cell by cell: what a reader of the failure needs to find
     the output that depends on the run (a table id, a timing, an address, a figure)."""
@@ -123,58 +201,68 @@ def differences(saved: dict, committed: dict) -> list[str]:
     return out or ["the same JSON, written differently (run tools/normalize_notebooks.py)"]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium; CI installs it)")
-def test_every_notebook_runs_and_saves_clean_in_jupyterlab(tmp_path: Path):
-    serve = tmp_path / "project" / "notebooks"
-    serve.mkdir(parents=True)
-    (tmp_path / "project" / "data").symlink_to(ROOT / "data", target_is_directory=True)
-    for nb in NOTEBOOKS:
-        shutil.copy2(nb, serve / nb.name)
-    port, token = _free_port(), secrets.token_hex(16)
-    base = f"http://127.0.0.1:{port}"
-    proc = _start_lab(serve, tmp_path, port, token)
-    timings: dict[str, float] = {}
-    problems: list[str] = []
-    try:
-        _wait_until_up(base, token, proc)
-        with playwright.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                for nb in NOTEBOOKS:
-                    t0 = time.monotonic()
-                    problems += _run_in_lab(page, base, token, nb.name)
-                    timings[nb.name] = time.monotonic() - t0
-            finally:
-                browser.close()
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    print("seconds per notebook in the lab:", {k: round(v) for k, v in timings.items()})
-    assert not problems, "\n".join(problems)
+def _dirty(saved: Path, committed: Path) -> str | None:
+    """None where the saved file is the committed one byte for byte (what ``git status``
+    compares), else the notebook's name and how the two differ."""
+    a, b = saved.read_text(encoding="utf-8"), committed.read_text(encoding="utf-8")
+    if a == b:
+        return None
+    return f"{committed.name}: " + "; ".join(differences(json.loads(a), json.loads(b)))
+
+
+def test_every_notebook_opened_and_saved_in_jupyterlab_is_unchanged(lab: Lab):
+    """Part 1: each notebook opened, its kernel up, saved from the UI: the committed file."""
+    timings: dict[str, tuple[float, float]] = {}
     dirty = []
-    for nb in NOTEBOOKS:  # what JupyterLab saved is what is committed: git status stays clean
-        saved, committed = (serve / nb.name).read_text(encoding="utf-8"), nb.read_text(encoding="utf-8")
-        if saved != committed:
-            dirty.append(f"{nb.name}: " + "; ".join(differences(json.loads(saved), json.loads(committed))))
+    for nb in NOTEBOOKS:
+        served = lab.fresh_copy(nb)
+        t0 = time.monotonic()
+        _open(lab, nb.name)
+        t1 = time.monotonic()
+        _save(lab)
+        _close(lab)
+        timings[nb.name] = (round(t1 - t0, 1), round(time.monotonic() - t1, 1))
+        assert served.stat().st_mtime_ns != 10**18, f"{nb.name}: the save wrote nothing"
+        if (d := _dirty(served, nb)) is not None:
+            dirty.append(d)
+    print("seconds per notebook in the lab (open, save):", timings)
     assert not dirty, "saved from JupyterLab, these differ from the committed files:\n" + "\n".join(dirty)
 
 
-def _run_in_lab(page, base: str, token: str, name: str) -> list[str]:
-    """Open ``name``, Restart Kernel and Run All Cells, wait, save, close; the problems seen."""
-    if "/lab" not in page.url:  # the first notebook loads JupyterLab itself
-        page.goto(f"{base}/lab/tree/{name}?token={token}")
-    else:  # the others are opened from the file browser, as a user would (no reload of the lab)
-        page.locator(".jp-DirListing-item", has_text=name).dblclick()
+def test_a_notebook_run_in_jupyterlab_saves_as_committed(lab: Lab):
+    """Part 2: Restart Kernel and Run All Cells through the UI, then save: the committed file."""
+    timings: dict[str, float] = {}
+    problems, dirty = [], []
+    for nb in _run_in_ui():
+        served = lab.fresh_copy(nb)
+        t0 = time.monotonic()
+        _open(lab, nb.name)
+        problems += _run_all(lab, nb.name)
+        _save(lab)
+        _close(lab)
+        timings[nb.name] = time.monotonic() - t0
+        assert served.stat().st_mtime_ns != 10**18, f"{nb.name}: the save wrote nothing"
+        if (d := _dirty(served, nb)) is not None:
+            dirty.append(d)
+    print("seconds per notebook run in the lab:", {k: round(v) for k, v in timings.items()})
+    assert not problems, "\n".join(problems)
+    assert not dirty, "run and saved in JupyterLab, these differ from the committed files:\n" + "\n".join(dirty)
+
+
+def _open(lab: Lab, name: str) -> None:
+    """Open ``name`` from the file browser, as a user would, and wait for its kernel to be idle."""
+    page = lab.page
+    page.locator(".jp-DirListing-item", has_text=name).dblclick()
     page.locator(".lm-TabBar-tab.jp-mod-current .lm-TabBar-tabLabel", has_text=name).wait_for(timeout=120_000)
-    panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-    panel.locator(".jp-Notebook").wait_for(timeout=120_000)
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").wait_for(timeout=120_000)
     # The kernel is up when the status bar names it and says Idle.
     page.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=180_000)
+
+
+def _run_all(lab: Lab, name: str) -> list[str]:
+    """Clear the outputs, Restart Kernel and Run All Cells, wait; the problems seen."""
+    page = lab.page
+    panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
     # Outputs cleared first, so that a stored "[n]:" prompt cannot pass for a fresh run.
     page.locator(".lm-MenuBar-itemLabel", has_text="Edit").click()
     page.locator(".lm-Menu-itemLabel", has_text="Clear Outputs of All Cells").click()
@@ -199,23 +287,30 @@ def _run_in_lab(page, base: str, token: str, name: str) -> list[str]:
         }""",
         timeout=RUN_TIMEOUT_MS,
     )
-    problems = [f"{name}: {text[:500]}" for text in panel.locator(
+    return [f"{name}: {text[:500]}" for text in panel.locator(
         ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()]
-    panel.locator(".jp-Notebook").click(position={"x": 5, "y": 5})
-    page.keyboard.press("Control+s")
-    # Saved when the notebook's tab is no longer marked dirty.
+
+
+def _save(lab: Lab) -> None:
+    """Ctrl+S in the notebook; done when the server has answered JupyterLab's write (the
+    file is then whole on disk) and the tab is no longer marked dirty."""
+    page = lab.page
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").click(position={"x": 5, "y": 5})
+    with page.expect_response(lambda r: r.request.method == "PUT" and "/api/contents/" in r.url,
+                              timeout=60_000) as written:
+        page.keyboard.press("Control+s")
+    assert written.value.ok, f"JupyterLab's save failed: {written.value.status} {written.value.text()[:500]}"
     page.wait_for_function(
         "() => document.querySelector('.lm-TabBar-tab.jp-mod-current') !== null"
         " && document.querySelector('.lm-TabBar-tab.jp-mod-current.jp-mod-dirty') === null",
         timeout=60_000,
     )
-    _shut_down_kernels(page, base, token)
-    page.locator(".lm-TabBar-tab.jp-mod-current .lm-TabBar-tabCloseIcon").click()
-    return problems
 
 
-def _shut_down_kernels(page, base: str, token: str) -> None:
-    """Stop every kernel the lab runs, so the next notebook has the cores and the memory to itself."""
-    headers = {"Authorization": f"token {token}"}
-    for kernel in page.request.get(f"{base}/api/kernels", headers=headers).json():
-        page.request.delete(f"{base}/api/kernels/{kernel['id']}", headers=headers)
+def _close(lab: Lab) -> None:
+    """Stop every kernel the lab runs (the next notebook has the cores and the memory to
+    itself), then close the notebook's tab."""
+    headers = {"Authorization": f"token {lab.token}"}
+    for kernel in lab.page.request.get(f"{lab.base}/api/kernels", headers=headers).json():
+        lab.page.request.delete(f"{lab.base}/api/kernels/{kernel['id']}", headers=headers)
+    lab.page.locator(".lm-TabBar-tab.jp-mod-current .lm-TabBar-tabCloseIcon").click()

@@ -702,7 +702,7 @@ def tally(command_outcomes: dict, folder: Path) -> dict[str, tuple[int, int]]:
         out.setdefault(surface, []).append(
             command_verdict(command_outcomes[i], expected.replace("{d}", command_outcomes["dir"])) == "clear")
     counts = {k: (len(v), sum(v)) for k, v in out.items()}
-    from tests.test_robustness_check_command import tally_rows
+    from tests.check_command_cases import tally_rows
 
     try:  # `python -m workbench.check` and its calls (their own file); without the emulator's compiler: not tried
         counts.update(tally_rows())
