@@ -1,9 +1,10 @@
 """``tests.nbval_exact_outputs``: in nbval's run, an output that is not the committed one fails its cell.
 
-Runs strict nbval with the plugin on a four-cell notebook: a cell whose committed output is
+Runs strict nbval with the plugin on a five-cell notebook: a cell whose committed output is
 its output, an ``# NBVAL_IGNORE_OUTPUT`` cell whose committed output is another (nbval
 passes it; the plugin must not), a cell that prints twice (streams merged as nbval merges
-them), and an ignored cell that writes to stderr besides its committed output. One kernel
+them), an ignored cell that writes to stderr besides its committed output, and an ignored cell
+tagged as printing CPU-dependent digits, whose other output passes. One kernel
 start (a few seconds); the run over the real notebooks is ``make nbval`` itself.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.nbval_exact_outputs import why_not_compared, describe
+from tests.nbval_exact_outputs import CPU_DIGITS, why_not_compared, describe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,18 +35,21 @@ def test_a_differing_output_fails_its_cell_and_names_it(tmp_path: Path):
     nb.cells = [_cell("print('same')", {"text": "same\n"}),
                 _cell("# NBVAL_IGNORE_OUTPUT\nprint('1.25e-06')", {"text": "1.24e-06\n"}),
                 _cell("print('a')\nprint('b')", {"text": "a\n"}, {"text": "b\n"}),
-                _cell("# NBVAL_IGNORE_OUTPUT\nimport sys\nprint('x')\nprint('warned', file=sys.stderr)", {"text": "x\n"})]
+                _cell("# NBVAL_IGNORE_OUTPUT\nimport sys\nprint('x')\nprint('warned', file=sys.stderr)", {"text": "x\n"}),
+                _cell("# NBVAL_IGNORE_OUTPUT\nprint('3.5e-07')", {"text": "3.6e-07\n"})]
+    nb.cells[-1].metadata["tags"] = [CPU_DIGITS]  # digits another CPU sums differently: not compared
     path = tmp_path / "exact.ipynb"
     nbformat.write(nb, path)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.nbval_exact_outputs", "--nbval",
                         "--nbval-current-env", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     out = r.stdout
-    assert "2 failed, 2 passed" in out, out[-3000:]
+    assert "2 failed, 3 passed" in out, out[-3000:]
     assert "exact.ipynb::Cell 1" in out and "exact.ipynb::Cell 3" in out, out[-3000:]
     assert "-1.24e-06\n+1.25e-06" in out, out[-3000:]  # the diff: committed, then this run
     assert "2 outputs in this run, 1 committed: ['stdout', 'stderr']" in out
-    assert "outputs compared byte for byte with the committed ones: 4 cells in 1 notebooks" in out
+    assert ("outputs compared byte for byte with the committed ones: 4 cells in 1 notebooks; 1 cells tagged "
+            f"{CPU_DIGITS!r} not compared") in out
 
 
 def test_the_description_names_each_output_that_differs():
