@@ -10,8 +10,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import threading
 import time
@@ -21,13 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.lab_processes import free_port, stop_group
+
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str, token: str | None) -> tuple[int, bytes]:
@@ -42,7 +37,7 @@ def _get(url: str, token: str | None) -> tuple[int, bytes]:
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_lab_serves_the_notebooks() -> None:
     """As a headless user would: run `make lab`, read the printed URL and its token, ask."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"}  # let it make its own
     proc = subprocess.Popen(
         ["make", "-s", "lab", f"PORT={port}"],
@@ -86,9 +81,4 @@ def test_make_lab_serves_the_notebooks() -> None:
         names = {item["name"] for item in json.loads(body)["content"]}
         assert code == 200 and "01_hadamard_fold.ipynb" in names
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, 20)

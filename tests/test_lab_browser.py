@@ -41,8 +41,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -53,6 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.lab_processes import free_port, stop_group
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -76,11 +76,6 @@ def _run_in_ui() -> list[Path]:
 #: What a notebook may take to run all its cells in the lab on 2 busy cores.
 RUN_TIMEOUT_MS = 600_000
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _lab_settings(folder: Path) -> Path:
@@ -153,7 +148,7 @@ def lab(tmp_path_factory) -> Iterator[Lab]:
     (tmp / "project" / "data").symlink_to(ROOT / "data", target_is_directory=True)
     for nb in NOTEBOOKS:
         shutil.copy2(nb, serve / nb.name)
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     base = f"http://127.0.0.1:{port}"
     proc = _start_lab(serve, tmp, port, token)
     try:
@@ -168,12 +163,7 @@ def lab(tmp_path_factory) -> Iterator[Lab]:
             finally:
                 browser.close()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, 30)
 
 
 def differences(saved: dict, committed: dict) -> list[str]:

@@ -65,3 +65,18 @@ def test_bad_records_are_refused_naming_what_is_wrong():
     del broken["tails"][0]["variants"]["graph"]
     with pytest.raises(ValueError, match="must have the variant 'graph'"):
         R.tail_table(broken)
+
+
+def test_a_profiled_record_says_what_share_of_a_step_the_device_ran():
+    """Records made with --profile carry kernels and device time a step; the share is the
+    device's kernel time over the step's wall time (ms a step = 1000 / tokens a second)."""
+    profiled = [r for r in R.load_records() if "device_profile" in r["decode"]["reference"]]
+    assert profiled, "the project commits at least one real_model record made with --profile"
+    for rec in profiled:
+        dec = R.decode_table(rec).set_index("variant")
+        for name, d in rec["decode"].items():
+            us = d["device_profile"]["device_us_per_step"]
+            assert math.isclose(dec.device_share[name], us / 1e3 / (1e3 / d["tokens_per_s_median"]))
+            assert dec.kernels_per_step[name] == d["device_profile"]["kernels_per_step"]
+    old = next(r for r in R.load_records() if "device_profile" not in r["decode"]["reference"])
+    assert R.decode_table(old).device_share.isna().all()  # a record without the profile: NaN, not an error

@@ -298,3 +298,18 @@ def test_overlapped_submissions_decode_the_same_bits_with_the_same_waits(tiny, d
 def test_overlap_must_be_a_count_of_layers(tiny, bad):
     with pytest.raises(ValueError, match="overlap"):
         Schedule(tiny.cfg, tiny.w, overlap=bad)
+
+
+def test_the_device_profile_table_reads_a_profiled_record():
+    recs = {r["file"]: r for r in schedule_report.load_records()}
+    rec = recs["schedule_run-nvidia-h200-20261202T151442Z.json"]
+    top, summary = schedule_report.device_profile_table(rec, top=3)
+    prof = rec["device_profile"]
+    assert len(top) == 3 and list(top.columns) == ["kernel", "launches", "ms"]
+    assert top["ms"].tolist() == [k["us_per_step"] / 1e3 for k in prof["top_kernels"][:3]]
+    assert not any(k.startswith("mlx::") or "(" in k for k in top["kernel"])  # names without MLX's prefix, no arguments
+    assert summary["device_x_floor"] == pytest.approx(prof["device_us_per_step"] / 1e3 / rec["floor_ms"])
+    assert summary["stage"] == 6 and summary["kernels"] == prof["kernels_per_step"]
+    unprofiled = recs["schedule_run-nvidia-h200-20261202T151247Z.json"]
+    with pytest.raises(ValueError, match="no device profile"):
+        schedule_report.device_profile_table(unprofiled)

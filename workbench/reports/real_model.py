@@ -59,7 +59,9 @@ def decode_table(rec: Mapping) -> Any:
     over the rounds), ``vs_reference`` (its ratio to mlx-lm's own layers), ``tokens_per_cpu_s``
     and its ratio (NaN in records that lack them), ``same_tokens``, ``ops_per_step`` (the ops
     in one step's graph: host work on every device) and, from a ``--profile`` run,
-    ``kernels_per_step`` and ``device_ms_per_step`` (NaN where the record lacks them)."""
+    ``kernels_per_step``, ``device_ms_per_step`` and ``device_share`` (the device's kernel
+    time over a step's wall time: how little of a step the device is busy; NaN where the
+    record lacks them)."""
     import pandas as pd
 
     rec = _record(rec)
@@ -86,6 +88,7 @@ def decode_table(rec: Mapping) -> Any:
             "kernels_per_step": float(d.get("device_profile", {}).get("kernels_per_step", float("nan"))),
             "device_ms_per_step": float(d.get("device_profile", {}).get("device_us_per_step", float("nan"))) / 1e3,
         })
+        rows[-1]["device_share"] = rows[-1]["device_ms_per_step"] * rows[-1]["tokens_per_s"] / 1e3
     return pd.DataFrame(rows)
 
 

@@ -144,6 +144,32 @@ def stage_comparison(runs: Mapping[str, Mapping], stage: int = 6):
     return pd.DataFrame(rows)
 
 
+#: The prefix MLX gives a custom kernel's name (``custom_kernel_<name>_<template values>``).
+_CUSTOM_KERNEL = "mlx::core::cu::custom_kernel_"
+
+
+def device_profile_table(rec: Mapping, top: int = 6):
+    """What the device ran a token at the profiled stage of a ``--profile`` record: the
+    ``top`` kernels by device time (``kernel``: the name without its arguments, a custom
+    kernel's without MLX's prefix; ``launches``, ``ms`` a token), and in ``summary`` the
+    stage, kernels a token, their device time and its ratio to the record's floor (what the
+    clock's ``x_floor`` would be with no host time at all). A ``(pandas.DataFrame, dict)``;
+    ``ValueError`` for a record made without ``--profile``."""
+    import pandas as pd
+
+    prof = _record(rec).get("device_profile")
+    if not isinstance(prof, Mapping):
+        raise ValueError(f"rec: has no device profile (bench.schedule_run --profile makes one), got "
+                         f"{describe(prof)}")
+    top = integer("top", top, minimum=1)
+    rows = [{"kernel": k["name"].split("(")[0].removeprefix(_CUSTOM_KERNEL), "launches": k["per_step"],
+             "ms": k["us_per_step"] / 1e3} for k in prof["top_kernels"][:top]]
+    device_ms = prof["device_us_per_step"] / 1e3
+    summary = {"stage": int(prof["stage"]), "kernels": prof["kernels_per_step"], "device_ms": device_ms,
+               "floor_ms": rec["floor_ms"], "device_x_floor": device_ms / rec["floor_ms"]}
+    return pd.DataFrame(rows), summary
+
+
 def pair_table(rec: Mapping, *, within: float = 0.2):
     """A record's stage pairs: waits saved, the saving the flat tiny price predicts, the
     price model's, the measured one (paired by round when the record has it), the two
