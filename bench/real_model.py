@@ -109,23 +109,56 @@ def _primed(model: Any, prompt: tuple[int, ...], warmup: int) -> tuple[Any, list
     return cache, out
 
 
-def _steps(model: Any, cache: Any, out: list[int], n: int) -> None:
-    """``n`` greedy steps from ``out[-1]``, their tokens appended to ``out``."""
+def _steps(model: Any, cache: Any, out: list[int], n: int, split: list[tuple[float, float, float]] | None = None) -> None:
+    """``n`` greedy steps from ``out[-1]``, their tokens appended to ``out``; with
+    ``split``, each step's seconds appended to it in three parts: building the step's
+    graph (Python and MLX making the ops), encoding it (``mx.async_eval``: MLX turning the
+    ops into device work, on this thread) and waiting for the token (the read)."""
     tok = out[-1]
     for _ in range(n):
-        logits = model(mx.array([[tok]], dtype=mx.int32), cache=cache)[0, -1]
-        tok = int(mx.argmax(logits).item())  # the read is the step's one wait
+        t0 = time.perf_counter()
+        y = mx.argmax(model(mx.array([[tok]], dtype=mx.int32), cache=cache)[0, -1])
+        t1 = time.perf_counter()
+        mx.async_eval(y)
+        t2 = time.perf_counter()
+        tok = int(y.item())  # the read is the step's one wait
+        if split is not None:
+            split.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
         out.append(tok)
 
 
-def decode_rate(model: Any, prompt: tuple[int, ...], n: int, warmup: int = WARMUP) -> tuple[float, float, list[int]]:
+def _pipelined_steps(model: Any, cache: Any, out: list[int], n: int) -> None:
+    """``n`` greedy steps as mlx-lm's ``generate_step`` runs them: step k+1's graph is built
+    from step k's lazy token and handed to the device before step k's token is read, so
+    the host builds one step while the device runs the one before."""
+
+    def step(tok: mx.array) -> mx.array:
+        return mx.argmax(model(tok.reshape(1, 1), cache=cache)[0, -1])
+
+    y = step(mx.array(out[-1], dtype=mx.int32))
+    mx.async_eval(y)
+    for i in range(n):
+        nxt = step(y) if i + 1 < n else None
+        if nxt is not None:
+            mx.async_eval(nxt)
+        out.append(int(y.item()))
+        y = nxt
+
+
+def decode_rate(model: Any, prompt: tuple[int, ...], n: int, warmup: int = WARMUP,
+                split: list[tuple[float, float, float]] | None = None,
+                pipelined: bool = False) -> tuple[float, float, list[int]]:
     """Wall seconds and this process's CPU seconds for ``n`` greedy decode steps after a
     prefilled prompt and ``warmup`` untimed steps, and the tokens. The CPU seconds (all
     threads) are what a variant costs on a CPU shared with other work, where the wall
-    clock also counts the waits for a core."""
+    clock also counts the waits for a core. ``split``: as for :func:`_steps`.
+    ``pipelined``: the steps as mlx-lm's generation loop runs them (:func:`_pipelined_steps`)."""
     cache, out = _primed(model, prompt, warmup)
     t0, c0 = time.perf_counter(), time.process_time()
-    _steps(model, cache, out, n)
+    if pipelined:
+        _pipelined_steps(model, cache, out, n)
+    else:
+        _steps(model, cache, out, n, split)
     return time.perf_counter() - t0, time.process_time() - c0, out
 
 
@@ -144,7 +177,10 @@ def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, r
     ``profile``: also each variant's kernels a step (``step_profile.device_profile``)."""
     rates: dict[str, list[float]] = {k: [] for k in variants}
     cpu: dict[str, list[float]] = {k: [] for k in variants}
+    piped: dict[str, list[float]] = {k: [] for k in variants}
+    splits: dict[str, list[tuple[float, float, float]]] = {k: [] for k in variants}
     seqs: dict[str, list[int]] = {}
+    piped_same: dict[str, bool] = {}
     ops: dict[str, dict[str, int]] = {}
     prof: dict[str, dict[str, Any]] = {}
     order = list(variants)
@@ -152,7 +188,10 @@ def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, r
         for name in (order if i % 2 == 0 else order[::-1]):  # no variant always first after the prefill
             ctx = variants[name]
             with (ctx() if ctx is not None else contextlib.nullcontext()):
-                secs, cpu_secs, seq = decode_rate(rm.model, rm.prompt_ids, tokens)
+                secs, cpu_secs, seq = decode_rate(rm.model, rm.prompt_ids, tokens, split=splits[name])
+                p_secs, _, p_seq = decode_rate(rm.model, rm.prompt_ids, tokens, pipelined=True)
+                piped[name].append(tokens / p_secs)
+                piped_same[name] = piped_same.get(name, True) and p_seq == seq
                 if i == 0:
                     ops[name] = step_ops(rm.model, rm.prompt_ids)
                 if profile and i == rounds - 1:
@@ -162,8 +201,16 @@ def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, r
             cpu[name].append(tokens / cpu_secs)
             seqs.setdefault(name, seq)
     ref = seqs["reference"]
+
+    def split_ms(name: str) -> dict[str, float]:
+        parts = np.asarray(splits[name]) * 1e3
+        return {k: float(np.median(parts[:, j])) for j, k in enumerate(("build_ms", "encode_ms", "wait_ms"))}
+
     return {name: {"tokens_per_s_median": float(np.median(v)), "tokens_per_s": v,
                    "tokens_per_cpu_s_median": float(np.median(cpu[name])), "tokens_per_cpu_s": cpu[name],
+                   "pipelined_tokens_per_s_median": float(np.median(piped[name])),
+                   "pipelined_tokens_per_s": piped[name], "pipelined_same_tokens": piped_same[name],
+                   "step_split_ms": split_ms(name),
                    "same_tokens": seqs[name] == ref, "tokens": seqs[name],
                    "ops_per_step": sum(ops[name].values()), "ops": ops[name],
                    **({"device_profile": prof[name]} if name in prof else {})}
@@ -222,6 +269,8 @@ def tail_variants(w: tail.TailWeights, cuda: bool) -> dict[str, Callable[[mx.arr
             shape = dataclasses.replace(rule, **change)
             if one_launch.fits(prep, shape):
                 fns[f"cuda-1:{name}"] = one_launch.OneLaunchTail(prep, shape).compiled()
+        if one_launch.fits(prep, rule):  # the rule's shape, its text handed to MLX with the comments
+            fns["cuda-1:annotated"] = one_launch.OneLaunchTail(prep, rule, compact_source=False).compiled()
     return fns
 
 
@@ -290,7 +339,8 @@ def bench_tail_inputs(label: str, w: tail.TailWeights, br: np.ndarray, res: np.n
 
 def best_one_launch(row: dict[str, Any], key: str = "chain_ms_per_tail") -> str | None:
     """The one-launch candidate with the least ``key`` in a shape's row (None without CUDA)."""
-    cands = {k: v[key] for k, v in row["variants"].items() if k.startswith("cuda-1:")}
+    cands = {k: v[key] for k, v in row["variants"].items()
+             if k.startswith("cuda-1:") and k.split(":", 1)[1] in CANDIDATES}
     return min(cands, key=cands.get) if cands else None
 
 
@@ -400,12 +450,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name:<22}{d['tokens_per_s_median']:>10.2f}{d['tokens_per_s_median'] / ref_tps:>13.2f}x"
               f"{d['tokens_per_cpu_s_median']:>14.2f}{d['tokens_per_cpu_s_median'] / ref_cpu:>13.2f}x"
               f"{d['ops_per_step']:>12d}{str(d['same_tokens']):>13}")
+    ref_piped = decode["reference"]["pipelined_tokens_per_s_median"]
+    print(f"\n{'variant':<22}{'build ms':>10}{'encode ms':>11}{'wait ms':>9}"
+          f"{'pipelined tok/s':>17}{'vs reference':>14}{'same tokens':>13}")
+    for name, d in decode.items():
+        sp = d["step_split_ms"]
+        print(f"{name:<22}{sp['build_ms']:>10.3f}{sp['encode_ms']:>11.3f}{sp['wait_ms']:>9.3f}"
+              f"{d['pipelined_tokens_per_s_median']:>17.2f}{d['pipelined_tokens_per_s_median'] / ref_piped:>13.2f}x"
+              f"{str(d['pipelined_same_tokens']):>13}")
     if args.profile:
         print(f"\n{'variant':<22}{'kernels a step':>16}{'device us a step':>18}{'graph launches':>16}")
         for name, d in decode.items():
             pr = d["device_profile"]
             print(f"{name:<22}{pr['kernels_per_step']:>16.1f}{pr['device_us_per_step']:>18.1f}"
                   f"{pr['graph_launches_per_step']:>16.1f}")
+        for name, d in decode.items():
+            calls = d["device_profile"]["host_api"]
+            print(f"\n{name}: CUDA API calls, host us a step: "
+                  + ", ".join(f"{c['name']} {c['us_per_step']:.1f} ({c['per_step']:.0f})" for c in calls))
 
     rec = {
         **record.provenance("real_model", argv),

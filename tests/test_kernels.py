@@ -125,6 +125,67 @@ def test_compose_puts_the_prelude_in_header_and_body():
     assert "thread_index_in_simdgroup" in ks.compose("metal", "wo_residual")[1]  # read in the body: MLX passes it
 
 
+def _c_tokens(text: str) -> list[str]:
+    """C tokens of ``text`` by a character-by-character scan (independent of the regular
+    expression ``ks.compact`` uses): comments dropped, whitespace separating, string and
+    character literals whole, every other non-word character its own token."""
+    toks: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            i = text.find("\n", i) if "\n" in text[i:] else n
+        elif text.startswith("/*", i):
+            i = text.index("*/", i + 2) + 2
+        elif c in "\"'":
+            j = i + 1
+            while text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            toks.append(text[i : j + 1])
+            i = j + 1
+        elif c.isalnum() or c == "_":
+            j = i
+            while j < n and (text[j].isalnum() or text[j] in "_."):
+                j += 1
+            toks.append(text[i:j])
+            i = j
+        elif c.isspace():
+            i += 1
+        else:
+            toks.append(c)
+            i += 1
+    return toks
+
+
+def _directives(text: str) -> list[str]:
+    return [" ".join(_c_tokens(line)) for line in text.splitlines() if line.strip().startswith("#")]
+
+
+def test_compact_keeps_every_token_and_directive_line():
+    # What the CUDA launches hand MLX: the composed text without comments, the same code.
+    texts = [t for d in ks.DIALECTS for k in ks.KERNELS for t in ks.compose(d, k)] + list(ks.compose_one_launch())
+    for text in texts:
+        small = ks.compact(text)
+        assert _c_tokens(small) == _c_tokens(text)
+        assert _directives(small) == _directives(text)
+        assert "//" not in small.replace('"//', "") and "/*" not in small
+        assert "\n\n" not in small and not any(line != line.strip() for line in small.splitlines())
+    header, source = ks.compose_one_launch()
+    assert len(ks.compact(header) + ks.compact(source)) < 0.6 * len(header + source)
+
+
+def test_compact_edge_cases():
+    text = ('  const char* s = "a // b /* c */";  // gone\n'
+            "  char q = '/'; int d = a / b; /* one\n two */ int e = 1;\n"
+            "#define M(x) \\\n  (x) // tail\n\n\n  int f = M(2);\n"
+            "#define N 1 \\\n\nint g = N;\n")
+    assert ks.compact(text) == ('const char* s = "a // b /* c */";\n'
+                                "char q = '/'; int d = a / b;\nint e = 1;\n"
+                                "#define M(x) \\\n(x)\nint f = M(2);\n"
+                                "#define N 1 \\\n\nint g = N;\n")
+    assert ks.compact("") == "\n" and ks.compact("// only a comment\n") == "\n"
+
+
 def test_source_lookup_errors():
     with pytest.raises(ValueError, match="dialect must be one of"):
         ks.compose("opencl", "wo_residual")

@@ -151,6 +151,9 @@ def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "load_average": list(load) if load else None,
+        # MLX's settings from the environment (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER, ...):
+        # they change what a step costs without showing in the command line
+        "mlx_environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MLX_")},
         # which kernel text ran (workbench.kernels.source.fingerprint): records of other text
         # say nothing about this one (a sanitizer run above all)
         "kernel_text": kernel_source.fingerprint(),

@@ -60,8 +60,10 @@ def check_available() -> None:
 
 def device_profile(run: Callable[[], Any], steps: int) -> dict[str, Any]:
     """Run ``run()`` (which decodes ``steps`` tokens) under PyTorch's profiler and return,
-    a step: kernels launched, their summed device time (us), CUDA graph launches; and the
-    ten kernels with the most device time (name, launches a step, us a step).
+    a step: kernels launched, their summed device time (us), CUDA graph launches; the
+    ten kernels with the most device time (name, launches a step, us a step); and the
+    eight CUDA runtime or driver calls with the most host time (``host_api``: name,
+    calls a step, host us a step), what the host spends handing the step to the device.
 
     Raises :class:`ProfileUnavailable` without PyTorch or a CUDA device."""
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -74,18 +76,23 @@ def device_profile(run: Callable[[], Any], steps: int) -> dict[str, Any]:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run()
     kernels: dict[str, list[float]] = {}
+    api: dict[str, list[float]] = {}
     graph_launches = 0
     for e in prof.key_averages():
         device_us = float(getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0))
         if e.key == "cudaGraphLaunch":
             graph_launches += int(e.count)
+        if e.key.startswith("cu") and not device_us:  # a CUDA runtime or driver call: host time
+            api[e.key] = [int(e.count), float(e.cpu_time_total)]
         elif device_us > 0 and not e.key.startswith(("cuda", "Memcpy", "Memset")):
             kernels[e.key] = [int(e.count), device_us]
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:10]
+    top_api = sorted(api.items(), key=lambda kv: -kv[1][1])[:8]
     return {
         "steps": steps,
         "kernels_per_step": sum(c for c, _ in kernels.values()) / steps,
         "device_us_per_step": sum(us for _, us in kernels.values()) / steps,
         "graph_launches_per_step": graph_launches / steps,
         "top_kernels": [{"name": k[:120], "per_step": c / steps, "us_per_step": us / steps} for k, (c, us) in top],
+        "host_api": [{"name": k, "per_step": c / steps, "us_per_step": us / steps} for k, (c, us) in top_api],
     }

@@ -55,11 +55,13 @@ def compiled_kernel(dialect: str, kernel: str, kernel_dir: Path | None = None) -
     # sources under the plain name would run whichever was compiled first.
     name = kernel_source.mlx_name(kernel, kernel_dir=kernel_dir)
     header, source = kernel_source.compose(dialect, kernel, kernel_dir=kernel_dir)
-    if dialect == "metal":
+    if dialect == "metal":  # Metal's kernel object keys its library by name: the text's length costs once
         return mx.fast.metal_kernel(name=name, input_names=list(spec.inputs), output_names=list(spec.outputs),
                                     source=source, header=header, ensure_row_contiguous=True)
+    # CUDA's hashes the whole text on every launch: it gets the text without comments (same code)
     return mx.fast.cuda_kernel(name=name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                               source=source, header=header, ensure_row_contiguous=True)
+                               source=kernel_source.compact(source), header=kernel_source.compact(header),
+                               ensure_row_contiguous=True)
 
 
 def rotation_template(plan: FoldPlan | None, width: int) -> dict[str, Any]:

@@ -118,14 +118,18 @@ class GridBarrierTimeout(RuntimeError):
 
 
 @lru_cache(maxsize=None)
-def _kernel(kernel_dir: Path | None = None) -> Any:
+def _kernel(kernel_dir: Path | None = None, compact: bool = True) -> Any:
     """The one launch's MLX kernel, composed from ``kernel_dir`` (None: the repository's
     ``kernels/``), under a name of its own for another folder (``bench.kernel_bodies``
-    runs an older folder's beside the current one)."""
+    runs an older folder's beside the current one). ``compact``: the text handed to MLX
+    without its comments (``kernel_source.compact``: the same code; MLX hashes the whole
+    text on every launch), else as composed, comments and all."""
     header, source = kernel_source.compose_one_launch(kernel_dir=kernel_dir)
+    if compact:
+        header, source = kernel_source.compact(header), kernel_source.compact(source)
     return mx.fast.cuda_kernel(name=kernel_source.one_launch_mlx_name(kernel_dir=kernel_dir),
-                               input_names=list(kernel_source.one_launch_inputs()),
-                               output_names=["out"], source=source, header=header, ensure_row_contiguous=True)
+                               input_names=list(kernel_source.one_launch_inputs()), output_names=["out"],
+                               source=source, header=header, ensure_row_contiguous=True)
 
 
 @dataclass(frozen=True)
@@ -219,11 +223,14 @@ class OneLaunchTail:
     Call it with ``branch`` [branch] and ``residual`` [hidden] (float32 ``mx.array``) for
     the lazy output; :meth:`run` evaluates, checks the barrier flag and returns numpy.
     ``barrier_limit_ms``: how long a grid barrier waits before it gives up (raise it only
-    for instrumented runs: :data:`SANITIZER_BARRIER_LIMIT_MS`).
+    for instrumented runs: :data:`SANITIZER_BARRIER_LIMIT_MS`). ``compact_source``: MLX
+    gets the kernel text without comments (the default; the same code, less host work a
+    launch: ``kernel_source.compact``); False hands it over as composed, to measure what
+    that costs (``bench.real_model``'s ``cuda-1:annotated``).
     """
 
     def __init__(self, prep: PreparedTail, shape: OneLaunchShape | None = None, *,
-                 barrier_limit_ms: int = BARRIER_LIMIT_MS) -> None:
+                 barrier_limit_ms: int = BARRIER_LIMIT_MS, compact_source: bool = True) -> None:
         if not isinstance(prep, PreparedTail):
             raise ValueError(f"prep must be a kernels.launch.PreparedTail; got {type(prep).__name__}")
         if prep.dialect != "cuda":
@@ -239,7 +246,10 @@ class OneLaunchTail:
                              f"bytes of shared memory, over CUDA's {STATIC_SHARED_LIMIT} for static shared memory; "
                              "use the three launches (kernels.launch.PreparedTail)")
         _check_barrier_limit(barrier_limit_ms)
+        if not isinstance(compact_source, bool):
+            raise ValueError(f"compact_source: must be True or False, got {compact_source!r}")
         self.prep, self.shape, self.barrier_limit_ms = prep, shape, int(barrier_limit_ms)
+        self.compact_source = compact_source
         self.sms = shape.sm_count if shape.sm_count is not None else cuda_device.multiprocessor_count()
         self.groups = self.sms * shape.groups_per_sm
         if shape.groups is not None:
@@ -265,7 +275,7 @@ class OneLaunchTail:
     def _launch(self, branch: mx.array, residual: mx.array, after: mx.array, verbose: bool = False) -> mx.array:
         arrays = {**self._consts, "x": branch, "residual": residual, "work": self.work, "after": after}
         inputs = [arrays[n] for n in kernel_source.one_launch_inputs()]
-        kernel = _kernel(self.prep.kernel_dir)  # the prepared tail's kernel folder (None: kernels/)
+        kernel = _kernel(self.prep.kernel_dir, self.compact_source)  # the tail's kernel folder (None: kernels/)
         # The output takes the residual's shape: the kernel reads and writes flat rows, so a
         # model's [1, 1, hidden] goes in and comes out as it is, with no reshape op either side.
         return kernel(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),

@@ -21,6 +21,7 @@ without a GPU. :func:`compose_one_launch` composes the CUDA-only tail in one lau
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -194,6 +195,40 @@ def fingerprint(*, kernel_dir: str | Path | None = None) -> str:
     for name in source_files(kernel_dir=folder):
         digest.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
     return digest.hexdigest()[:12]
+
+
+#: One token of C-family text that :func:`compact` must see whole: a string or character
+#: literal (a ``//`` inside one is not a comment), a comment, or any other character.
+_C_TOKEN = re.compile(r""""(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'|//[^\n]*|/\*.*?\*/|[^"'/]+|.""", re.S)
+
+
+def compact(text: str) -> str:
+    """``text`` (C, C++, CUDA or Metal) with its comments, indentation, trailing spaces and
+    blank lines taken out: the same tokens, in the same order, one line of code where there
+    was one (so a preprocessor directive stays on a line of its own).
+
+    Why: MLX 0.32's CUDA custom kernel rebuilds the whole source string on every call and
+    hashes it on every evaluation of every launch (``mlx/backend/cuda/custom_kernel.cpp``:
+    ``build_kernel`` in the call, ``std::hash<std::string>`` of the source in ``eval_gpu``),
+    so a decode step pays for the source's length once a launch, on the host. The composed
+    kernels are about half comments; the CUDA launches hand MLX this form of
+    :func:`compose`'s and :func:`compose_one_launch`'s text. A blank line after a line that ends in a
+    backslash is kept: it ends a macro.
+    """
+    out: list[str] = []
+    for tok in _C_TOKEN.findall(text):
+        if tok.startswith("//"):
+            continue
+        if tok.startswith("/*"):
+            out.append(" " if "\n" not in tok else "\n")  # a comment separates tokens; a multi-line one, lines
+            continue
+        out.append(tok)
+    lines: list[str] = []
+    for line in "".join(out).split("\n"):
+        line = line.strip()
+        if line or (lines and lines[-1].endswith("\\")):
+            lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 #: MLX 0.32's names for the CUDA types of array dtypes (``dtype_to_cuda_type``).
