@@ -142,6 +142,8 @@ KINDS: dict[str, RecordKind] = {k.name: k for k in (
                "a tensor-core row dot for affine 4-bit weights beside the kernels' and MLX's"),
     RecordKind("async_copy_rowdot", 1, (*_PROVENANCE, "kernel_text", *_ROW_DOT, "stages", "shared_bytes"),
                "a row dot fed by asynchronous copies beside the kernels' and the tensor cores'"),
+    RecordKind("launch_host_cost", 1, (*_PROVENANCE, "what", "links", "repeats", "variants", "all_checks_passed"),
+               "what one custom-kernel launch costs the host: its text's length, its inputs, mx.compile"),
     RecordKind("wait_price", 1, ("command", "date", "device", "mlx_version", "mlx_device", "backend", "python", "kind",
                                  "method", "ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms", "n",
                                  "warmup", "record"),
