@@ -123,6 +123,23 @@ def test_ops_recurrence_decodes_the_same_tokens(tiny, decoded):
         Schedule(tiny.cfg, tiny.w, gdn="nope")
 
 
+def test_every_round_starts_from_the_same_state(tiny, monkeypatch):
+    # Each round is the same work: its first token sees the start's context, not the
+    # rounds before (the host's attention would cost more round by round otherwise).
+    seen: list[tuple[int, int]] = []
+    step = Schedule.step
+
+    def spy(self, state, stage):
+        seen.append((stage, state.length))
+        return step(self, state, stage)
+
+    monkeypatch.setattr(Schedule, "step", spy)
+    run_stages(tiny, stages=[1, 6], tokens=3, rounds=4, warmup=2, context=4)
+    timed = seen[4:]  # after two warm-up tokens a stage
+    assert [length for _, length in timed] == [4, 5, 6] * 8
+    assert [stage for stage, _ in timed] == ([1] * 3 + [6] * 3) * 4
+
+
 def test_run_stages_record(tiny):
     rec = run_stages(tiny, stages=[1, 2, 5], tokens=1, rounds=2, warmup=1, context=4, price_ms=0.05)
     assert [r["stage"] for r in rec["stages"]] == [1, 2, 5] and rec["rounds_run"] == 2

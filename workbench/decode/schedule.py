@@ -259,7 +259,11 @@ def run_stages(
     """Time ``tokens`` tokens per round at every stage, rounds interleaved; compare with the table.
 
     Every stage decodes its own state from the same start, so all stages compute the
-    same tokens. ``time_budget_s``: stop after the first round that ends past it (the
+    same tokens; and every round starts again from that start (a new state, made between
+    rounds, off the clock), so every round is the same work: were the states carried on,
+    each round's tokens would attend over a longer context than the round before, and
+    the stages that attend on the host would drift apart from round to round by more
+    than a pair of stages differs. ``time_budget_s``: stop after the first round that ends past it (the
     record says how many rounds ran). Returns a record: per stage, the waits the executor made a token (and
     whether they equal ``waits_per_token``) and the median ms a token; per pair of
     consecutive stages (and each stage against stage 1), the measured saving and the
@@ -281,19 +285,21 @@ def run_stages(
     numbers = [s.number for s in plan.stages] if stages is None else [plan.stage(s).number for s in stages]
     if not numbers or len(set(numbers)) != len(numbers):
         raise ValueError(f"stages: must name one or more distinct stages of the plan, got {describe(stages)}")
-    states = {n: new_state(sched.w, context=context, max_new=warmup + tokens * rounds + 1) for n in numbers}
     made: dict[int, set] = {n: set() for n in numbers}
     times: dict[int, list] = {n: [] for n in numbers}
     evals: dict[int, list] = {n: [] for n in numbers}
     for n in numbers:  # warm-up: compile kernels, fault in the weights
+        warm = new_state(sched.w, context=context, max_new=warmup + 1)
         for _ in range(warmup):
-            made[n].add(sched.step(states[n], n).waits)
+            made[n].add(sched.step(warm, n).waits)
+    del warm
     start = time.perf_counter()
     done = 0
     gc_was = gc.isenabled()
     gc.disable()  # a collection inside a token is noise of a millisecond and more: collect between rounds
     try:
         for r in range(rounds):
+            states = {n: new_state(sched.w, context=context, max_new=tokens + 1) for n in numbers}
             gc.collect()
             for n in numbers:
                 for _ in range(tokens):
