@@ -186,6 +186,26 @@ def test_compact_edge_cases():
     assert ks.compact("") == "\n" and ks.compact("// only a comment\n") == "\n"
 
 
+def test_cuda_launch_text_puts_the_header_in_a_file_named_by_its_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(ks, "header_folder", lambda: tmp_path / "headers")
+    header, source = ks.compose("cuda", "wo_residual")
+    line, small = ks.cuda_launch_text(header, source)
+    m = re.fullmatch(r'#include "(.+)"\n', line)
+    assert m is not None and small == ks.compact(source)
+    path = Path(m.group(1))
+    assert path.parent == tmp_path / "headers" and path.read_text() == ks.compact(header)
+    assert _c_tokens(path.read_text() + small) == _c_tokens(header + source)
+    stamp = path.stat().st_mtime_ns
+    assert ks.cuda_launch_text(header, source) == (line, small) and path.stat().st_mtime_ns == stamp  # kept
+    path.write_text("damaged")
+    assert ks.cuda_launch_text(header, source)[0] == line and path.read_text() == ks.compact(header)  # rewritten
+    other = ks.cuda_launch_text(header + "\nKFN int extra() { return 1; }\n", source)[0]
+    assert other != line and len(list((tmp_path / "headers").iterdir())) == 2
+    monkeypatch.setattr(ks, "header_folder", lambda: tmp_path / 'we"ird')
+    with pytest.raises(ValueError, match="TMPDIR"):
+        ks.cuda_launch_text(header, source)
+
+
 def test_source_lookup_errors():
     with pytest.raises(ValueError, match="dialect must be one of"):
         ks.compose("opencl", "wo_residual")

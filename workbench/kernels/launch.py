@@ -58,10 +58,10 @@ def compiled_kernel(dialect: str, kernel: str, kernel_dir: Path | None = None) -
     if dialect == "metal":  # Metal's kernel object keys its library by name: the text's length costs once
         return mx.fast.metal_kernel(name=name, input_names=list(spec.inputs), output_names=list(spec.outputs),
                                     source=source, header=header, ensure_row_contiguous=True)
-    # CUDA's hashes the whole text on every launch: it gets the text without comments (same code)
+    # CUDA's hashes the whole text on every launch: the header goes in a file, the source without comments
+    header, source = kernel_source.cuda_launch_text(header, source)
     return mx.fast.cuda_kernel(name=name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                               source=kernel_source.compact(source), header=kernel_source.compact(header),
-                               ensure_row_contiguous=True)
+                               source=source, header=header, ensure_row_contiguous=True)
 
 
 def rotation_template(plan: FoldPlan | None, width: int) -> dict[str, Any]:

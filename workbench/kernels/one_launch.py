@@ -121,12 +121,13 @@ class GridBarrierTimeout(RuntimeError):
 def _kernel(kernel_dir: Path | None = None, compact: bool = True) -> Any:
     """The one launch's MLX kernel, composed from ``kernel_dir`` (None: the repository's
     ``kernels/``), under a name of its own for another folder (``bench.kernel_bodies``
-    runs an older folder's beside the current one). ``compact``: the text handed to MLX
-    without its comments (``kernel_source.compact``: the same code; MLX hashes the whole
-    text on every launch), else as composed, comments and all."""
+    runs an older folder's beside the current one). ``compact``: the header handed to MLX
+    as an include of a file and the source without comments (``kernel_source.cuda_launch_text``:
+    the same code; MLX hashes the whole text on every launch), else the text as composed,
+    comments and all."""
     header, source = kernel_source.compose_one_launch(kernel_dir=kernel_dir)
     if compact:
-        header, source = kernel_source.compact(header), kernel_source.compact(source)
+        header, source = kernel_source.cuda_launch_text(header, source)
     return mx.fast.cuda_kernel(name=kernel_source.one_launch_mlx_name(kernel_dir=kernel_dir),
                                input_names=list(kernel_source.one_launch_inputs()), output_names=["out"],
                                source=source, header=header, ensure_row_contiguous=True)
@@ -224,8 +225,9 @@ class OneLaunchTail:
     the lazy output; :meth:`run` evaluates, checks the barrier flag and returns numpy.
     ``barrier_limit_ms``: how long a grid barrier waits before it gives up (raise it only
     for instrumented runs: :data:`SANITIZER_BARRIER_LIMIT_MS`). ``compact_source``: MLX
-    gets the kernel text without comments (the default; the same code, less host work a
-    launch: ``kernel_source.compact``); False hands it over as composed, to measure what
+    gets the kernel text short (the default: the header as an included file, the source
+    without comments; the same code, less host work a launch:
+    ``kernel_source.cuda_launch_text``); False hands it over as composed, to measure what
     that costs (``bench.real_model``'s ``cuda-1:annotated``).
     """
 

@@ -21,7 +21,9 @@ without a GPU. :func:`compose_one_launch` composes the CUDA-only tail in one lau
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -212,7 +214,7 @@ def compact(text: str) -> str:
     ``build_kernel`` in the call, ``std::hash<std::string>`` of the source in ``eval_gpu``),
     so a decode step pays for the source's length once a launch, on the host. The composed
     kernels are about half comments; the CUDA launches hand MLX this form of
-    :func:`compose`'s and :func:`compose_one_launch`'s text. A blank line after a line that ends in a
+    :func:`compose`'s and :func:`compose_one_launch`'s text (:func:`cuda_launch_text`). A blank line after a line that ends in a
     backslash is kept: it ends a macro.
     """
     out: list[str] = []
@@ -229,6 +231,43 @@ def compact(text: str) -> str:
         if line or (lines and lines[-1].endswith("\\")):
             lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def header_folder() -> Path:
+    """Where :func:`cuda_launch_text` keeps the CUDA headers it writes: a folder of this
+    user's in the system's temporary folder (the files are derived from ``kernels/`` and
+    rewritten whenever they are missing; nothing else is kept there)."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(tempfile.gettempdir()) / f"workbench-cuda-headers-{uid}"
+
+
+def cuda_launch_text(header: str, source: str) -> tuple[str, str]:
+    """What a CUDA launch hands ``mx.fast.cuda_kernel`` for a composed ``(header, source)``:
+    the source without comments (:func:`compact`), and for the header one line,
+    ``#include "<file>"``, naming a file that holds the header without comments.
+
+    Why: MLX 0.32's CUDA custom kernel hashes its whole text on every launch (see
+    :func:`compact`), about 0.2 us a kB on the H200's host (``experiments.launch_host_cost``),
+    and the header (the prelude and ``common.h``) is most of the text. NVRTC reads the file
+    once, when MLX first compiles the kernel. The file is named by a digest of its text, so
+    two texts never share a name, MLX's compiled-module cache (keyed by the text, include line
+    and all) never serves an old header, and a file already there with the same text is
+    kept as it is. Raises ``ValueError`` if the folder's path cannot be written in an
+    ``#include`` line (a double quote or a line break in it).
+    """
+    text = compact(header)
+    folder = header_folder()
+    if any(c in str(folder) for c in '"\n\r'):
+        raise ValueError(f"the CUDA header folder {str(folder)!r} has a character an #include line cannot hold; "
+                         "set TMPDIR to a folder whose path has no double quote or line break")
+    path = folder / f"kernels_{hashlib.sha256(text.encode()).hexdigest()[:16]}.cuh"
+    try:
+        same = path.read_text(encoding="utf-8") == text
+    except (FileNotFoundError, UnicodeDecodeError):
+        same = False
+    if not same:
+        files.write_atomic(path, text)
+    return f'#include "{path}"\n', compact(source)
 
 
 #: MLX 0.32's names for the CUDA types of array dtypes (``dtype_to_cuda_type``).
