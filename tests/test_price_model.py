@@ -6,6 +6,7 @@ import json
 import shutil
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from bench import split_price
@@ -157,6 +158,26 @@ def test_the_kernels_records_as_tables():
         schedule_report.split_table(first)
     with pytest.raises(records.RecordError, match="rec: names no kind"):
         schedule_report.clock_table({"stages": []})
+
+
+def test_a_pairs_measured_saving_comes_with_its_interval():
+    rng = np.random.default_rng(4)
+    a = 10 + rng.normal(0, 1, 400)
+    b = a - 2 + rng.normal(0, 0.2, 400)  # each pair ran together: the saving is 2, the noise small
+    lo, hi = schedule_report.paired_interval(a.tolist(), b.tolist())
+    med = float(np.median(a - b))
+    assert lo <= med <= hi and hi - lo < 0.1 and abs(med - 2) < 0.05
+    assert schedule_report.paired_interval(a.tolist(), b.tolist()) == (lo, hi)  # seeded: the same every time
+    assert schedule_report.paired_interval(None, b.tolist()) == (None, None)
+    assert schedule_report.paired_interval(a[:3].tolist(), b.tolist()) == (None, None)
+    wide = schedule_report.paired_interval(a[:8].tolist(), (a[:8] - 2 + rng.normal(0, 3, 8)).tolist())
+    assert wide[1] - wide[0] > 1  # eight noisy tokens: the interval says the noise decides
+    # In a record: the interval sits beside the measured saving, and says whether it settles the verdict
+    rec = records.load("schedule_run", "schedule_run-nvidia-h200-20261202T174651Z.json")
+    pairs = schedule_report.pair_table(rec).set_index(["from", "to"])
+    assert (pairs["measured_lo_ms"] <= pairs["measured_ms"]).all() and (pairs["measured_ms"] <= pairs["measured_hi_ms"]).all()
+    assert pairs.loc[(1, 2), "noise_decided"] and not pairs.loc[(1, 2), "model_within"]
+    assert not pairs.loc[(2, 3), "noise_decided"]
 
 
 def test_measure_splits_on_a_small_step(bonsai):

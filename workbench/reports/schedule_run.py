@@ -172,23 +172,55 @@ def device_profile_table(rec: Mapping, top: int = 6):
 
 def pair_table(rec: Mapping, *, within: float = 0.2):
     """A record's stage pairs: waits saved, the saving the flat tiny price predicts, the
-    price model's, the measured one (paired by round when the record has it), the two
-    ratios and whether the model's is within ``within`` (20%)."""
+    price model's, the measured one (paired by round when the record has it) with its 95%
+    interval (:func:`paired_interval`), the two ratios, whether the model's is within
+    ``within`` (20%), and whether the interval settles that (``noise_decided``: wholly
+    inside the band or wholly outside it; False means more tokens are needed to say)."""
     import pandas as pd
 
     rec = _record(rec)
     comps = check_rows("rec['comparisons']", rec["comparisons"], ("from", "to", "waits_saved", "ms_saved_predicted",
                                                              "ms_saved_measured", "same_work"))
+    each = {r.get("stage"): r.get("ms_each") for r in rec.get("stages", [])}
     out = []
     for c in comps:
         measured = c.get("ms_saved_paired", c["ms_saved_measured"])
         model = c.get("ms_saved_model")
         ratio = measured / model if model else None
+        lo, hi = paired_interval(each.get(c["from"]), each.get(c["to"]))
+        decided = None
+        if model and lo is not None:
+            band = sorted((model * (1 - within), model * (1 + within)))
+            # the interval wholly inside the band, or wholly outside it: more tokens would not change the verdict
+            decided = (band[0] <= lo and hi <= band[1]) or hi < band[0] or lo > band[1]
         out.append({"from": c["from"], "to": c["to"], "waits_saved": c["waits_saved"], "same_work": c["same_work"],
                     "tiny_ms": c["ms_saved_predicted"], "model_ms": model, "measured_ms": measured,
+                    "measured_lo_ms": lo, "measured_hi_ms": hi,
                     "ratio_tiny": measured / c["ms_saved_predicted"] if c["ms_saved_predicted"] else None,
-                    "ratio_model": ratio, "model_within": None if ratio is None else abs(ratio - 1) <= within})
+                    "ratio_model": ratio, "model_within": None if ratio is None else abs(ratio - 1) <= within,
+                    "noise_decided": decided})
     return pd.DataFrame(out)
+
+
+#: Resamples of :func:`paired_interval`'s bootstrap, and its seed (the interval is the
+#: same every time the table is made).
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+
+
+def paired_interval(a: Sequence[float] | None, b: Sequence[float] | None,
+                    level: float = 0.95) -> tuple[float | None, float | None]:
+    """A ``level`` interval for the paired saving ``median(a_i - b_i)`` of two stages'
+    per-token times (token i of each ran in the same round), by the percentile bootstrap
+    over the token pairs: how far the measured saving could move with other tokens of the
+    same run. ``(None, None)`` without per-token times of equal length (older records)."""
+    if not a or not b or len(a) != len(b):
+        return None, None
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    meds = np.median(d[rng.integers(0, d.size, size=(BOOTSTRAP_RESAMPLES, d.size))], axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(meds, tail)), float(np.percentile(meds, 100 - tail))
 
 
 def split_table(rec: Mapping):
