@@ -80,3 +80,35 @@ def test_a_profiled_record_says_what_share_of_a_step_the_device_ran():
             assert dec.kernels_per_step[name] == d["device_profile"]["kernels_per_step"]
     old = next(r for r in R.load_records() if "device_profile" not in r["decode"]["reference"])
     assert R.decode_table(old).device_share.isna().all()  # a record without the profile: NaN, not an error
+
+
+def test_a_record_with_the_step_split_reads_its_parts_and_the_pipelined_loop():
+    from workbench.reports import records
+
+    rec = records.load("real_model", "real_model-nvidia-h200-20261202T180549Z")
+    d = R.decode_table(rec).set_index("variant")
+    assert d.loc["reference", "paired"] == 1.0 and d.loc["reference", "pipelined_vs_reference"] == 1.0
+    assert (d[["build_ms", "encode_ms", "wait_ms"]] > 0).all().all() and d.pipelined_same_tokens.all()
+    # the paired ratio is the median of the rounds' ratios, read from the record
+    raw = rec["decode"]["fused-cuda"]
+    assert d.loc["fused-cuda", "pipelined_paired"] == raw["pipelined_vs_reference_paired"]
+    assert R.mlx_settings(rec) == {}
+    off = records.load("real_model", "real_model-nvidia-h200-20261202T175659Z")
+    assert R.mlx_settings(off) == {"MLX_USE_CUDA_GRAPHS": "0"}
+    old = R.decode_table(records.load("real_model", "real_model-nvidia-h200-20261202T150948Z"))
+    assert old.build_ms.isna().all() and old.pipelined_tokens_per_s.isna().all()
+    with pytest.raises(ValueError, match="mlx_environment"):
+        R.mlx_settings({**rec, "mlx_environment": ["MLX_USE_CUDA_GRAPHS"]})
+
+
+def test_the_launch_cost_record_as_a_table():
+    from workbench.reports import launch_host_cost as L
+    from workbench.reports import records
+
+    rec = records.load("launch_host_cost", "launch_host_cost-nvidia-h200-20261202T174355Z")
+    t = L.cost_table(rec).set_index("variant")
+    assert t.loc["ops", "x_op"] == 1.0 and t.exact.all()
+    assert t.loc["k2-pad57k", "host_us"] > t.loc["k2-pad25k", "host_us"] > t.loc["k2", "host_us"]
+    assert 0 < L.us_per_kb(rec) < 1
+    with pytest.raises(RecordError):
+        L.cost_table({"variants": {}})

@@ -24,7 +24,9 @@ from typing import Any, Mapping
 from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe
 
-__all__ = ["load_records", "chain_comparable", "decode_table", "tail_table", "best_cuda"]
+__all__ = ["load_records", "chain_comparable", "decode_table", "mlx_settings", "tail_table", "best_cuda"]
+
+nan = float("nan")
 
 
 def _record(rec: Any, name: str = "rec") -> Mapping:
@@ -61,7 +63,12 @@ def decode_table(rec: Mapping) -> Any:
     in one step's graph: host work on every device) and, from a ``--profile`` run,
     ``kernels_per_step``, ``device_ms_per_step`` and ``device_share`` (the device's kernel
     time over a step's wall time: how little of a step the device is busy; NaN where the
-    record lacks them)."""
+    record lacks them). Newer records add ``paired`` (the median over rounds of the ratio to
+    the reference in the same round: a round's load hits both alike), the step split into
+    ``build_ms`` (Python and MLX making the step's ops), ``encode_ms`` (MLX turning them into
+    device work) and ``wait_ms`` (the read), and ``pipelined_tokens_per_s`` with its ratios
+    ``pipelined_vs_reference`` and ``pipelined_paired`` (mlx-lm's own generation loop:
+    the next step built while the device runs this one); NaN where absent."""
     import pandas as pd
 
     rec = _record(rec)
@@ -89,7 +96,29 @@ def decode_table(rec: Mapping) -> Any:
             "device_ms_per_step": float(d.get("device_profile", {}).get("device_us_per_step", float("nan"))) / 1e3,
         })
         rows[-1]["device_share"] = rows[-1]["device_ms_per_step"] * rows[-1]["tokens_per_s"] / 1e3
+        split = d.get("step_split_ms", {})
+        piped, ref_piped = d.get("pipelined_tokens_per_s_median"), ref.get("pipelined_tokens_per_s_median")
+        rows[-1].update({
+            "paired": float(d.get("vs_reference_paired", nan)),
+            "build_ms": float(split.get("build_ms", nan)), "encode_ms": float(split.get("encode_ms", nan)),
+            "wait_ms": float(split.get("wait_ms", nan)),
+            "pipelined_tokens_per_s": nan if piped is None else float(piped),
+            "pipelined_vs_reference": nan if piped is None or ref_piped is None else float(piped) / float(ref_piped),
+            "pipelined_paired": float(d.get("pipelined_vs_reference_paired", nan)),
+            "pipelined_same_tokens": bool(d.get("pipelined_same_tokens", d["same_tokens"])),
+        })
     return pd.DataFrame(rows)
+
+
+def mlx_settings(rec: Mapping) -> dict[str, str]:
+    """The MLX settings from the environment the record's run had (``MLX_USE_CUDA_GRAPHS``
+    and the like; ``bench.common.record.provenance``): empty for MLX's defaults, and for
+    records older than the field."""
+    rec = _record(rec)
+    env = rec.get("mlx_environment", {})
+    if not isinstance(env, Mapping):
+        raise ValueError(f"rec['mlx_environment']: must map names to values, got {describe(env)}")
+    return {str(k): str(v) for k, v in env.items()}
 
 
 def best_cuda(row: Mapping, key: str = "median_ms") -> str | None:
