@@ -112,3 +112,12 @@ def test_the_launch_cost_record_as_a_table():
     assert 0 < L.us_per_kb(rec) < 1
     with pytest.raises(RecordError):
         L.cost_table({"variants": {}})
+
+
+def test_the_host_calls_of_a_profiled_step():
+    from workbench.reports import records
+
+    t = R.host_api_table(records.load("real_model", "real_model-nvidia-h200-20261202T180549Z")).set_index("call")
+    assert "cudaGraphLaunch" in t.index and list(t.columns)[0] == "reference"
+    assert t.loc["cudaGraphAddKernelNode", "fused-cuda"] < t.loc["cudaGraphAddKernelNode", "reference"]
+    assert R.host_api_table(records.load("real_model", "real_model-nvidia-h200-20261202T175659Z")).empty

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe
 
-__all__ = ["load_records", "chain_comparable", "decode_table", "mlx_settings", "tail_table", "best_cuda"]
+__all__ = ["load_records", "chain_comparable", "decode_table", "host_api_table", "mlx_settings", "tail_table", "best_cuda"]
 
 nan = float("nan")
 
@@ -108,6 +108,25 @@ def decode_table(rec: Mapping) -> Any:
             "pipelined_same_tokens": bool(d.get("pipelined_same_tokens", d["same_tokens"])),
         })
     return pd.DataFrame(rows)
+
+
+def host_api_table(rec: Mapping) -> Any:
+    """A ``pandas.DataFrame`` of the CUDA runtime calls a decode step made from the host, from
+    a ``--profile`` run: one row a call, ``call``, then per variant its host us a step (the
+    eight calls with the most host time in each variant; 0 where a variant's list lacks a
+    call). Empty where the record has no profile with host calls."""
+    import pandas as pd
+
+    rec = _record(rec)
+    cols: dict[str, dict[str, float]] = {}
+    for name, d in rec["decode"].items():
+        calls = d.get("device_profile", {}).get("host_api")
+        if calls:
+            cols[name] = {c["name"]: float(c["us_per_step"]) for c in calls}
+    if not cols:
+        return pd.DataFrame()
+    names = sorted({k for v in cols.values() for k in v}, key=lambda k: -max(v.get(k, 0.0) for v in cols.values()))
+    return pd.DataFrame([{"call": k, **{v: cols[v].get(k, 0.0) for v in cols}} for k in names])
 
 
 def mlx_settings(rec: Mapping) -> dict[str, str]:
