@@ -15,8 +15,14 @@ machine's load hits each alike):
   the reference's. Beside tokens a second, tokens a CPU second of this process: where the
   two ratios agree, the decode is bound by the host building each step's graph (on a GPU),
   and on a CPU shared with other work the CPU seconds are what the wall clock blurs.
-  Beside them the ops in one step's graph (each is host work on every device), and with
-  ``--profile`` (CUDA, PyTorch installed) the kernels a step and their device time.
+  Each step is also split into building its graph, encoding it (``mx.async_eval``) and
+  waiting for the token; and every variant is timed a second way, as mlx-lm's own
+  generation loop runs it (the next step built and handed over before this one is read).
+  Ratios are given as medians over rounds and paired (each round's ratio, median). Beside
+  them the ops in one step's graph (each is host work on every device), and with
+  ``--profile`` (CUDA, PyTorch installed) the kernels a step, their device time and the
+  host's CUDA calls. MLX's settings from the environment (``MLX_USE_CUDA_GRAPHS``) go into
+  the record.
 * **one tail, one evaluation** (inputs resident on the device, the output evaluated once:
   what a tail alone costs with its wait) and **in a chain** (``--chain`` tails, each
   taking the previous one's output as its residual, in ONE evaluation, per tail: what a
@@ -31,7 +37,9 @@ machine's load hits each alike):
   ``graph-eager`` (the same, not traced by ``mx.compile``), ``graph-ops`` (``tail_graph``'s ops as written, scales as stored, compiled: what the
   preparation saves), and where CUDA is here ``cuda-3`` (the kernels'
   three launches) and ``cuda-1:<shape>`` (the one launch in each candidate shape:
-  ``rule`` is ``workbench.kernels.one_launch.shape_for``'s). Every variant is checked
+  ``rule`` is ``workbench.kernels.one_launch.shape_for``'s; ``cuda-1:annotated`` is the
+  rule's shape with its text handed to MLX as composed, comments and header inline: what
+  ``kernel_source.cuda_launch_text`` saves a launch). Every variant is checked
   against the float64 host tail first (frink-models' criterion, 2e-4; ``reference`` with
   bf16 activations is reported, not judged: its rounding is mlx-lm's). Beside them the
   floor: the tail's weight bytes over this device's copy bandwidth.

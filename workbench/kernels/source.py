@@ -214,8 +214,8 @@ def compact(text: str) -> str:
     ``build_kernel`` in the call, ``std::hash<std::string>`` of the source in ``eval_gpu``),
     so a decode step pays for the source's length once a launch, on the host. The composed
     kernels are about half comments; the CUDA launches hand MLX this form of
-    :func:`compose`'s and :func:`compose_one_launch`'s text (:func:`cuda_launch_text`). A blank line after a line that ends in a
-    backslash is kept: it ends a macro.
+    :func:`compose`'s and :func:`compose_one_launch`'s text (:func:`cuda_launch_text`). A
+    blank line after a line that ends in a backslash is kept: it ends a macro.
     """
     out: list[str] = []
     for tok in _C_TOKEN.findall(text):
@@ -263,7 +263,7 @@ def cuda_launch_text(header: str, source: str) -> tuple[str, str]:
     path = folder / f"kernels_{hashlib.sha256(text.encode()).hexdigest()[:16]}.cuh"
     try:
         same = path.read_text(encoding="utf-8") == text
-    except (FileNotFoundError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError):  # missing, unreadable or not text: written anew
         same = False
     if not same:
         files.write_atomic(path, text)
