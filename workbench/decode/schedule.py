@@ -263,8 +263,8 @@ def run_stages(
     rounds, off the clock), so every round is the same work: were the states carried on,
     each round's tokens would attend over a longer context than the round before, and
     the stages that attend on the host would drift apart from round to round by more
-    than a pair of stages differs. ``time_budget_s``: stop after the first round that ends past it (the
-    record says how many rounds ran). Returns a record: per stage, the waits the executor made a token (and
+    than a pair of stages differs. ``time_budget_s``: stop after the first round that ends
+    past it (the record says how many rounds ran). Returns a record: per stage, the waits the executor made a token (and
     whether they equal ``waits_per_token``) and the median ms a token; per pair of
     consecutive stages (and each stage against stage 1), the measured saving and the
     predicted one (waits saved x ``price_ms``) with their ratio.
