@@ -158,7 +158,9 @@ def tail_table(rec: Mapping) -> Any:
     (``graph_vs_ref``, ``cuda_vs_ref``: above 1 is faster); where the record's chains compare
     (:func:`chain_comparable`), the same a tail inside a chain (``*_chain_ms``,
     ``*_chain_vs_ref``; ``cuda_chain``: the fastest CUDA variant in a chain). Every fused variant shown passed the float64 check (the bench stops
-    otherwise); ``worst`` is the largest of their worst scaled errors."""
+    otherwise); ``worst`` is the largest of their worst scaled errors; ``reference_worst``
+    the reference's own (reported, not judged: in half-precision activations its rounding is
+    mlx-lm's)."""
     import pandas as pd
 
     rec = _record(rec)
@@ -187,5 +189,6 @@ def tail_table(rec: Mapping) -> Any:
                 "cuda_chain_vs_ref": float("nan") if cc is None else ref["chain_ms_per_tail"] / v[cc]["chain_ms_per_tail"],
             })
         row["worst"] = max(float(x["worst_vs_float64"]) for k, x in v.items() if k != "reference")
+        row["reference_worst"] = float(v["reference"]["worst_vs_float64"])
         rows.append(row)
     return pd.DataFrame(rows)
