@@ -178,6 +178,10 @@ def test_a_pairs_measured_saving_comes_with_its_interval():
     assert (pairs["measured_lo_ms"] <= pairs["measured_ms"]).all() and (pairs["measured_ms"] <= pairs["measured_hi_ms"]).all()
     assert pairs.loc[(1, 2), "noise_decided"] and not pairs.loc[(1, 2), "model_within"]
     assert not pairs.loc[(2, 3), "noise_decided"]
+    verdict = schedule_report.pair_verdicts(rec)
+    assert verdict["pairs"] == 4 and verdict["settled"] == 3 and verdict["settled_within"] == 0
+    assert verdict["settled_ratio_min"] == pytest.approx(pairs.loc[(3, 4), "ratio_model"])
+    assert verdict["settled_ratio_max"] == pytest.approx(pairs.loc[(1, 2), "ratio_model"])
 
 
 def test_measure_splits_on_a_small_step(bonsai):

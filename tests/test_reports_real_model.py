@@ -121,3 +121,15 @@ def test_the_host_calls_of_a_profiled_step():
     assert "cudaGraphLaunch" in t.index and list(t.columns)[0] == "reference"
     assert t.loc["cudaGraphAddKernelNode", "fused-cuda"] < t.loc["cudaGraphAddKernelNode", "reference"]
     assert R.host_api_table(records.load("real_model", "real_model-nvidia-h200-20261202T175659Z")).empty
+
+
+def test_the_graph_calls_of_a_step_in_ms():
+    from workbench.reports import records
+
+    rec = records.load("real_model", "real_model-nvidia-h200-20261202T180549Z")
+    ms = R.graph_call_ms(rec)
+    t = R.host_api_table(rec).set_index("call")
+    graph = [c for c in t.index if c.startswith("cudaGraph")]
+    assert len(graph) == 4 and ms["reference"] == pytest.approx(t.loc[graph, "reference"].sum() / 1e3)
+    assert ms["fused-cuda"] < ms["reference"]
+    assert R.graph_call_ms(records.load("real_model", "real_model-nvidia-h200-20261202T175659Z")) == {}

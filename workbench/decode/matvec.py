@@ -163,10 +163,7 @@ class Launch:
     split: bool = False
 
     def __post_init__(self) -> None:
-        # The constants evaluated now: a recurrent layer traced by ``mx.compile`` captures a
-        # still-lazy constant together with the ops that make it (the rotation's index
-        # table, a norm widened to float32), and would run them again on every token.
-        mx.eval(*self.consts)
+        kernel_launch.settle_constants(*self.consts)  # a recurrent layer is traced by mx.compile
 
     def inputs(self, *dynamic: mx.array) -> list[mx.array]:
         if self.split:

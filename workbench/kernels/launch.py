@@ -46,6 +46,18 @@ if TYPE_CHECKING:  # tail imports this module at its top; a runtime import back 
 KERNEL_BACKENDS: tuple[str, ...] = kernel_source.DIALECTS
 
 
+def settle_constants(*arrays: mx.array) -> None:
+    """Evaluate a prepared launch's constants (weights, scales, tables, norms) now, before
+    any ``mx.compile`` traces a call that uses them.
+
+    The rule, held here once for every prepared launch (``PreparedTail``, ``OneLaunchTail``,
+    ``workbench.decode.matvec.Launch``, the graph tail): ``mx.compile`` captures a constant
+    that is still lazy together with the ops that make it (a scale widened to float32, the
+    rotation's index table), and a traced call then runs those ops again on every call, a
+    kernel each. An evaluated constant is captured as data."""
+    mx.eval(*arrays)
+
+
 @lru_cache(maxsize=None)
 def compiled_kernel(dialect: str, kernel: str, kernel_dir: Path | None = None) -> Any:
     """The MLX kernel object for ``kernel`` in ``dialect``, its bodies read from
@@ -151,12 +163,8 @@ class PreparedTail:
         # work and little Python (the per-wait overhead is what the benchmark measures).
         t, tp = self.tuning, self.templates()
         wo, g, u, d = self.wo, self.gate, self.up, self.down
-        # Evaluated NOW, not at the first launch: a constant still lazy when ``mx.compile``
-        # traces a launch (``compiled``, ``OneLaunchTail.compiled``) is captured with the
-        # ops that make it, and those ops (the scales' widening to float32, the rotation's
-        # index table) would run again on every call, a kernel each.
-        mx.eval(self.rot["sdest"], self.rot["table"], self.norm, self.params,
-                *(a for m in (wo, g, u, d) for a in (m.w, m.s, m.b)))
+        settle_constants(self.rot["sdest"], self.rot["table"], self.norm, self.params,
+                         *(a for m in (wo, g, u, d) for a in (m.w, m.s, m.b)))
         self._wo = KernelCall(
             compiled_kernel(self.dialect, "wo_residual", self.kernel_dir),
             [self.rot["sdest"], self.rot["table"], self.params, wo.w, wo.s, wo.b],

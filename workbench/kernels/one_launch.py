@@ -57,7 +57,7 @@ from workbench.fold.formats import Format
 from workbench.kernels import cuda_device
 from workbench.kernels import run as kernel_run
 from workbench.kernels import source as kernel_source
-from workbench.kernels.launch import PreparedTail, as_mx32, prepared
+from workbench.kernels.launch import PreparedTail, as_mx32, prepared, settle_constants
 from workbench.kernels.matrices import threadgroup_bytes, units_for
 from workbench.kernels.tuning import MAX_GROUP_THREADS, MAX_UNITS, KernelTuning
 
@@ -269,9 +269,7 @@ class OneLaunchTail:
                         "wg": g.w, "wgs": g.s, "wgb": g.b, "wu": u.w, "wus": u.s, "wub": u.b,
                         "wd": d.w, "wds": d.s, "wdb": d.b}
         self._none = mx.zeros((prep.hidden,), dtype=mx.float32)  # `after` for the first launch
-        # Evaluated now: :meth:`compiled` would otherwise trace the ops that make a lazy
-        # constant and run them again on every call (``PreparedTail`` evaluates its own).
-        mx.eval(self._none, *self._consts.values())
+        settle_constants(self._none, *self._consts.values())  # before compiled() traces
         self._compiled: Any = None
 
     def _launch(self, branch: mx.array, residual: mx.array, after: mx.array, verbose: bool = False) -> mx.array:

@@ -39,6 +39,7 @@ import mlx.core as mx
 
 from workbench.fold.rotation import FoldSite
 from workbench.fold.weights import QuantizedBase, WeightMatrix
+from workbench.kernels.launch import settle_constants
 from workbench.tail.paths import TailLaunch
 from workbench.validate import describe
 
@@ -133,7 +134,7 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True,
     norm = launch.ffn_norm.astype(mx.float32)
     eps = float(launch.eps)
     prepared = [wo, down, *([gate_up] if gate_up is not None else [gate, up])]
-    mx.eval(norm, *[a for base in prepared for a in _parameters(base)])
+    settle_constants(norm, *[a for base in prepared for a in _parameters(base)])  # before mx.compile traces
     wo_mv, down_mv = _product(wo), _product(down)
     if gate_up is not None:
         gu_mv = _product(gate_up)

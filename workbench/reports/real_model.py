@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe
 
-__all__ = ["load_records", "chain_comparable", "decode_table", "host_api_table", "mlx_settings", "tail_table", "best_cuda"]
+__all__ = ["load_records", "chain_comparable", "decode_table", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "best_cuda"]
 
 nan = float("nan")
 
@@ -88,12 +88,12 @@ def decode_table(rec: Mapping) -> Any:
             "variant": name,
             "tokens_per_s": float(d["tokens_per_s_median"]),
             "vs_reference": float(d["tokens_per_s_median"]) / float(ref["tokens_per_s_median"]),
-            "tokens_per_cpu_s": float("nan") if cpu is None else float(cpu),
-            "cpu_vs_reference": float("nan") if cpu is None or ref_cpu is None else float(cpu) / float(ref_cpu),
+            "tokens_per_cpu_s": nan if cpu is None else float(cpu),
+            "cpu_vs_reference": nan if cpu is None or ref_cpu is None else float(cpu) / float(ref_cpu),
             "same_tokens": bool(d["same_tokens"]),
-            "ops_per_step": float(d.get("ops_per_step", float("nan"))),
-            "kernels_per_step": float(d.get("device_profile", {}).get("kernels_per_step", float("nan"))),
-            "device_ms_per_step": float(d.get("device_profile", {}).get("device_us_per_step", float("nan"))) / 1e3,
+            "ops_per_step": float(d.get("ops_per_step", nan)),
+            "kernels_per_step": float(d.get("device_profile", {}).get("kernels_per_step", nan)),
+            "device_ms_per_step": float(d.get("device_profile", {}).get("device_us_per_step", nan)) / 1e3,
         })
         rows[-1]["device_share"] = rows[-1]["device_ms_per_step"] * rows[-1]["tokens_per_s"] / 1e3
         split = d.get("step_split_ms", {})
@@ -127,6 +127,18 @@ def host_api_table(rec: Mapping) -> Any:
         return pd.DataFrame()
     names = sorted({k for v in cols.values() for k in v}, key=lambda k: -max(v.get(k, 0.0) for v in cols.values()))
     return pd.DataFrame([{"call": k, **{v: cols[v].get(k, 0.0) for v in cols}} for k in names])
+
+
+def graph_call_ms(rec: Mapping) -> dict[str, float]:
+    """Per variant of a ``--profile`` run, the host's ms a step in CUDA graph calls (every call
+    of :func:`host_api_table` named ``cudaGraph...``: adding nodes, updating the cached
+    graph, launching it, destroying the built one): what MLX's graph encoding costs a step.
+    Empty where the record has no profile with host calls."""
+    t = host_api_table(rec)
+    if t.empty:
+        return {}
+    graph = t[t["call"].str.startswith("cudaGraph")]
+    return {v: float(graph[v].sum()) / 1e3 for v in t.columns if v != "call"}
 
 
 def mlx_settings(rec: Mapping) -> dict[str, str]:
@@ -177,16 +189,16 @@ def tail_table(rec: Mapping) -> Any:
             "shape": t["label"], "weights": t["weights"], "weight_mb": t["weight_bytes"] / 1e6,
             "floor_ms": float(t["floor_ms"]), "reference_ms": float(ref["median_ms"]),
             "graph_ms": float(graph["median_ms"]), "graph_vs_ref": ref["median_ms"] / graph["median_ms"],
-            "cuda": cuda, "cuda_ms": float("nan") if cuda is None else float(v[cuda]["median_ms"]),
-            "cuda_vs_ref": float("nan") if cuda is None else ref["median_ms"] / v[cuda]["median_ms"],
+            "cuda": cuda, "cuda_ms": nan if cuda is None else float(v[cuda]["median_ms"]),
+            "cuda_vs_ref": nan if cuda is None else ref["median_ms"] / v[cuda]["median_ms"],
         }
         if chained:
             cc = best_cuda(t, "chain_ms_per_tail")
             row.update({
                 "reference_chain_ms": float(ref["chain_ms_per_tail"]), "graph_chain_ms": float(graph["chain_ms_per_tail"]),
                 "graph_chain_vs_ref": ref["chain_ms_per_tail"] / graph["chain_ms_per_tail"], "cuda_chain": cc,
-                "cuda_chain_ms": float("nan") if cc is None else float(v[cc]["chain_ms_per_tail"]),
-                "cuda_chain_vs_ref": float("nan") if cc is None else ref["chain_ms_per_tail"] / v[cc]["chain_ms_per_tail"],
+                "cuda_chain_ms": nan if cc is None else float(v[cc]["chain_ms_per_tail"]),
+                "cuda_chain_vs_ref": nan if cc is None else ref["chain_ms_per_tail"] / v[cc]["chain_ms_per_tail"],
             })
         row["worst"] = max(float(x["worst_vs_float64"]) for k, x in v.items() if k != "reference")
         row["reference_worst"] = float(v["reference"]["worst_vs_float64"])

@@ -202,6 +202,22 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
     return pd.DataFrame(out)
 
 
+def pair_verdicts(rec: Mapping, *, within: float = 0.2) -> dict[str, Any]:
+    """The adjacent same-work stage pairs of :func:`pair_table` in a few numbers: how many
+    there are (``pairs``), how many the interval settles (``settled``), how many of those
+    are within ``within`` of the price model (``settled_within``), and the measured over the
+    model's saving among the settled ones (``settled_ratio_min``, ``settled_ratio_max``;
+    None when none is settled)."""
+    t = pair_table(rec, within=within)
+    adjacent = t[t["same_work"] & (t["to"] == t["from"] + 1)]
+    settled = adjacent[adjacent["noise_decided"].fillna(False).astype(bool)]
+    ratios = settled["ratio_model"].astype(float)
+    return {"pairs": len(adjacent), "settled": len(settled),
+            "settled_within": int(settled["model_within"].astype(bool).sum()),
+            "settled_ratio_min": float(ratios.min()) if len(settled) else None,
+            "settled_ratio_max": float(ratios.max()) if len(settled) else None}
+
+
 #: Resamples of :func:`paired_interval`'s bootstrap, and its seed (the interval is the
 #: same every time the table is made).
 BOOTSTRAP_RESAMPLES = 2000
