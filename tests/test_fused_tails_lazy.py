@@ -34,31 +34,48 @@ def test_graph_tails_give_the_models_logits_prefill_and_decode():
     assert compare(np.asarray(step[0, -1]), np.asarray(model(mx.array([[TOKENS[0]]]))[0, -1]), tol=TOL).passed
 
 
-def test_a_kernel_backend_gets_mlx_vectors_and_stays_in_the_graph(monkeypatch):
+@pytest.mark.parametrize("carry_norm", [True, False])
+def test_a_kernel_backend_gets_mlx_vectors_and_stays_in_the_graph(monkeypatch, carry_norm):
     """The CUDA path on a machine without CUDA: a stand-in one launch (the graph tail) records
-    what the block hands it. Every call gets 1-D float32 MLX arrays, never numpy."""
+    what the block hands it. Every call gets 1-D float32 MLX arrays, never numpy. With
+    ``carry_norm`` each layer's launch is asked for the norm its output goes into next
+    (layer 0: layer 1's input norm; layer 1, the last: the model's final norm), and the
+    logits are the model's either way."""
     model = tiny_llama(4)
     ckpt = load_checkpoint(model)
-    seen = []
+    seen, asked = [], []
 
     class StandIn:
-        def __init__(self, launch):
-            self.launch = launch
+        def __init__(self, launch, next_norm):
+            self.launch, self.next_norm = launch, next_norm
 
         def compiled(self):
             def call(b, r):
                 seen.append((type(b), b.ndim, b.dtype, type(r), r.ndim))
-                return tail_graph(self.launch, b, r)
+                out = tail_graph(self.launch, b, r)
+                if self.next_norm is None:
+                    return out
+                return out, mx.fast.rms_norm(out, mx.array(self.next_norm.weight), self.next_norm.eps)
             return call
 
+    def for_launch(launch, tuning=None, next_norm=None):
+        asked.append(next_norm)
+        return StandIn(launch, next_norm)
+
     monkeypatch.setattr(backends, "resolve_backend", lambda name: name)
-    monkeypatch.setattr(one_launch, "for_launch", lambda launch, tuning=None: StandIn(launch))
+    monkeypatch.setattr(one_launch, "for_launch", for_launch)
     ref = _logits(model)
-    with rmod.fused_tails(model, [ckpt.tail_weights(i) for i in range(2)], backend="cuda"):
+    with rmod.fused_tails(model, [ckpt.tail_weights(i) for i in range(2)], backend="cuda", carry_norm=carry_norm):
         fused = _logits(model)
     assert compare(fused, ref, tol=TOL).passed
     assert len(seen) == 2 * len(TOKENS)  # one launch a position a layer
     assert all(s == (mx.array, 1, mx.float32, mx.array, 1) for s in seen)
+    if not carry_norm:
+        assert asked == [None, None]
+    else:
+        readers = [model.model.layers[1].input_layernorm, model.model.norm]
+        assert [a.key for a in asked] == [rmod.carried_norm(m).key for m in readers]
+        assert isinstance(model.model.norm, type(readers[1]))  # put back on exit
 
 
 def test_cuda_absent_raises_before_the_layers_change():

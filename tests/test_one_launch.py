@@ -253,7 +253,7 @@ def test_each_launch_passes_its_inputs_by_name_and_names_the_previous_output(mon
         calls.append(kw)
         return [mx.full((kw["output_shapes"][0][0],), float(len(calls)))]
 
-    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None, compact=True: recorder)
+    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None, compact=True, next_norm=False: recorder)
     one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4))
     b, r = mx.ones((512,)), mx.zeros((128,))
     first = one(b, r)
@@ -278,7 +278,7 @@ def test_a_reset_retraces_the_compiled_launch_with_the_new_memory(monkeypatch):
 
     prep = _cuda_prep_without_gpu(monkeypatch)
     echo = lambda **kw: [kw["inputs"][-2][: kw["output_shapes"][0][0]] + 0]  # noqa: E731
-    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None, compact=True: echo)
+    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None, compact=True, next_norm=False: echo)
     one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4))
     first = one.compiled()
     old = one.work
@@ -309,7 +309,7 @@ def test_the_barrier_limit_reaches_the_kernel_and_the_timeout_message(monkeypatc
         work[one_launch.sync_at(prep) + 32] = mx.array(1, dtype=mx.uint32).view(mx.float32)
         return [mx.full((kw["output_shapes"][0][0],), float("nan"))]
 
-    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None, compact=True: flagged)
+    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None, compact=True, next_norm=False: flagged)
     one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4),
                                    barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
     with pytest.raises(one_launch.GridBarrierTimeout, match="waited over 600 s"):
@@ -457,7 +457,7 @@ def _fake_cuda(monkeypatch, launch_kernel) -> None:
     monkeypatch.setattr(backends, "cuda_available", lambda: True)
     monkeypatch.setattr(cuda_device, "multiprocessor_count", lambda device=0: 4)
     monkeypatch.setattr(kernel_launch, "compiled_kernel", lambda *a, **k: object())
-    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None, compact=True: launch_kernel)
+    monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None, compact=True, next_norm=False: launch_kernel)
 
 
 @pytest.mark.parametrize("fmt,nt", [(None, one_launch.DEFAULT_NT), ("affine4", one_launch.FOUR_BIT_NT),
@@ -602,7 +602,7 @@ def test_another_kernel_folder_gets_its_own_one_launch_under_its_own_name(tmp_pa
 
     seen = []
 
-    def fake_kernel(kernel_dir=None, compact=True):
+    def fake_kernel(kernel_dir=None, compact=True, next_norm=False):
         seen.append(kernel_dir)
         return lambda **kw: [mx.zeros(kw["output_shapes"][0], dtype=mx.float32)]
 

@@ -59,6 +59,7 @@ from workbench.kernels import run as kernel_run
 from workbench.kernels import source as kernel_source
 from workbench.kernels.launch import PreparedTail, as_mx32, prepared, settle_constants
 from workbench.kernels.matrices import threadgroup_bytes, units_for
+from workbench.kernels.next_norm import NextNorm
 from workbench.kernels.tuning import MAX_GROUP_THREADS, MAX_UNITS, KernelTuning
 
 if TYPE_CHECKING:
@@ -118,18 +119,20 @@ class GridBarrierTimeout(RuntimeError):
 
 
 @lru_cache(maxsize=None)
-def _kernel(kernel_dir: Path | None = None, compact: bool = True) -> Any:
+def _kernel(kernel_dir: Path | None = None, compact: bool = True, next_norm: bool = False) -> Any:
     """The one launch's MLX kernel, composed from ``kernel_dir`` (None: the repository's
     ``kernels/``), under a name of its own for another folder (``bench.kernel_bodies``
     runs an older folder's beside the current one). ``compact``: the header handed to MLX
     as an include of a file and the source without comments (``kernel_source.cuda_launch_text``:
     the same code; MLX hashes the whole text on every launch), else the text as composed,
-    comments and all."""
-    header, source = kernel_source.compose_one_launch(kernel_dir=kernel_dir)
+    comments and all. ``next_norm``: with the epilogue that also writes the next layer's
+    input norm (``kernels/next_norm.body``; a second output, ``nxt``)."""
+    header, source = kernel_source.compose_one_launch(kernel_dir=kernel_dir, next_norm=next_norm)
     if compact:
         header, source = kernel_source.cuda_launch_text(header, source)
-    return mx.fast.cuda_kernel(name=kernel_source.one_launch_mlx_name(kernel_dir=kernel_dir),
-                               input_names=list(kernel_source.one_launch_inputs()), output_names=["out"],
+    return mx.fast.cuda_kernel(name=kernel_source.one_launch_mlx_name(kernel_dir=kernel_dir, next_norm=next_norm),
+                               input_names=list(kernel_source.one_launch_inputs(next_norm=next_norm)),
+                               output_names=list(kernel_source.one_launch_outputs(next_norm=next_norm)),
                                source=source, header=header, ensure_row_contiguous=True)
 
 
@@ -180,11 +183,13 @@ def _phase_templates(prep: PreparedTail, shape: OneLaunchShape) -> dict[str, dic
     return phases
 
 
-def static_shared_bytes(prep: PreparedTail, shape: OneLaunchShape) -> int:
+def static_shared_bytes(prep: PreparedTail, shape: OneLaunchShape, next_norm: bool = False) -> int:
     """The one launch's static shared memory: the three phases' group memory side by side
-    (as ``matrices.threadgroup_bytes`` lays out each) and the barrier's one word."""
+    (as ``matrices.threadgroup_bytes`` lays out each), the barrier's and the end's words,
+    and with ``next_norm`` the epilogue's sum (a float a warp)."""
     phases = _phase_templates(prep, shape)
-    return sum(threadgroup_bytes(k, phases[k]) for k in kernel_source.TAIL_KERNELS) + 16
+    epilogue = 4 * (shape.nt // 32) if next_norm else 0
+    return sum(threadgroup_bytes(k, phases[k]) for k in kernel_source.TAIL_KERNELS) + 16 + epilogue
 
 
 def sync_at(prep: PreparedTail) -> int:
@@ -224,7 +229,9 @@ class OneLaunchTail:
     Call it with ``branch`` [branch] and ``residual`` [hidden] (float32 ``mx.array``) for
     the lazy output; :meth:`run` evaluates, checks the barrier flag and returns numpy.
     ``barrier_limit_ms``: how long a grid barrier waits before it gives up (raise it only
-    for instrumented runs: :data:`SANITIZER_BARRIER_LIMIT_MS`). ``compact_source``: MLX
+    for instrumented runs: :data:`SANITIZER_BARRIER_LIMIT_MS`). ``next_norm``: the norm
+    that the tail's output goes into next (``workbench.kernels.next_norm``); the launch then
+    also writes it, and a call returns ``(out, normed)`` instead of ``out``. ``compact_source``: MLX
     gets the kernel text short (the default: the header as an included file, the source
     without comments; the same code, less host work a launch:
     ``kernel_source.cuda_launch_text``); False hands it over as composed, to measure what
@@ -232,7 +239,8 @@ class OneLaunchTail:
     """
 
     def __init__(self, prep: PreparedTail, shape: OneLaunchShape | None = None, *,
-                 barrier_limit_ms: int = BARRIER_LIMIT_MS, compact_source: bool = True) -> None:
+                 barrier_limit_ms: int = BARRIER_LIMIT_MS, compact_source: bool = True,
+                 next_norm: NextNorm | None = None) -> None:
         if not isinstance(prep, PreparedTail):
             raise ValueError(f"prep must be a kernels.launch.PreparedTail; got {type(prep).__name__}")
         if prep.dialect != "cuda":
@@ -242,7 +250,14 @@ class OneLaunchTail:
         shape = shape or OneLaunchShape()
         if not isinstance(shape, OneLaunchShape):
             raise ValueError(f"shape must be a OneLaunchShape; got {type(shape).__name__}")
-        used = static_shared_bytes(prep, shape)
+        if next_norm is not None:
+            if not isinstance(next_norm, NextNorm):
+                raise ValueError(f"next_norm: must be a workbench.kernels.next_norm.NextNorm or None, got "
+                                 f"{validate.describe(next_norm)}")
+            if next_norm.width != prep.hidden:
+                raise ValueError(f"next_norm: its weight has {next_norm.width} entries, the tail's hidden width is "
+                                 f"{prep.hidden}")
+        used = static_shared_bytes(prep, shape, next_norm is not None)
         if used > STATIC_SHARED_LIMIT:
             raise ValueError(f"hidden ({prep.hidden}) / branch ({prep.branch_dim}): the one launch would declare {used} "
                              f"bytes of shared memory, over CUDA's {STATIC_SHARED_LIMIT} for static shared memory; "
@@ -252,6 +267,7 @@ class OneLaunchTail:
             raise ValueError(f"compact_source: must be True or False, got {compact_source!r}")
         self.prep, self.shape, self.barrier_limit_ms = prep, shape, int(barrier_limit_ms)
         self.compact_source = compact_source
+        self.next_norm = next_norm
         self.sms = shape.sm_count if shape.sm_count is not None else cuda_device.multiprocessor_count()
         self.groups = self.sms * shape.groups_per_sm
         if shape.groups is not None:
@@ -268,40 +284,46 @@ class OneLaunchTail:
                         "w": wo.w, "ws": wo.s, "wb": wo.b, "nw": prep.norm,
                         "wg": g.w, "wgs": g.s, "wgb": g.b, "wu": u.w, "wus": u.s, "wub": u.b,
                         "wd": d.w, "wds": d.s, "wdb": d.b}
+        if next_norm is not None:
+            self._consts["next_nw"] = next_norm.packed()
         self._none = mx.zeros((prep.hidden,), dtype=mx.float32)  # `after` for the first launch
         settle_constants(self._none, *self._consts.values())  # before compiled() traces
         self._compiled: Any = None
 
-    def _launch(self, branch: mx.array, residual: mx.array, after: mx.array, verbose: bool = False) -> mx.array:
+    def _launch(self, branch: mx.array, residual: mx.array, after: mx.array,
+                verbose: bool = False) -> mx.array | tuple[mx.array, mx.array]:
         arrays = {**self._consts, "x": branch, "residual": residual, "work": self.work, "after": after}
-        inputs = [arrays[n] for n in kernel_source.one_launch_inputs()]
-        kernel = _kernel(self.prep.kernel_dir, self.compact_source)  # the tail's kernel folder (None: kernels/)
-        # The output takes the residual's shape: the kernel reads and writes flat rows, so a
+        carried = self.next_norm is not None
+        inputs = [arrays[n] for n in kernel_source.one_launch_inputs(next_norm=carried)]
+        kernel = _kernel(self.prep.kernel_dir, self.compact_source, carried)  # the tail's kernel folder (None: kernels/)
+        # The outputs take the residual's shape: the kernel reads and writes flat rows, so a
         # model's [1, 1, hidden] goes in and comes out as it is, with no reshape op either side.
-        return kernel(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),
-                      threadgroup=(self.shape.nt, 1, 1), output_shapes=[residual.shape],
-                      output_dtypes=[mx.float32], verbose=verbose)[0]
+        outs = kernel(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),
+                      threadgroup=(self.shape.nt, 1, 1), output_shapes=[residual.shape] * (2 if carried else 1),
+                      output_dtypes=[mx.float32] * (2 if carried else 1), verbose=verbose)
+        return (outs[0], outs[1]) if carried else outs[0]
 
     def __call__(self, branch: mx.array, residual: mx.array, *, after: mx.array | None = None,
-                 verbose: bool = False) -> mx.array:
-        """The tail's one launch, lazily. It names the previous call's output (or
-        ``after``, when given) as an input it never reads, so MLX orders the two launches
-        (module doc: no two barrier grids at once). A call whose output is never evaluated
-        is evaluated with the next call's, since the next one names it."""
+                 verbose: bool = False) -> mx.array | tuple[mx.array, mx.array]:
+        """The tail's one launch, lazily: ``out``, or ``(out, normed)`` with a ``next_norm``.
+        It names the previous call's output (or ``after``, when given) as an input it never
+        reads, so MLX orders the two launches (module doc: no two barrier grids at once). A
+        call whose output is never evaluated is evaluated with the next call's, since the
+        next one names it."""
         after = after if after is not None else (self._last if self._last is not None else self._none)
-        out = self._launch(branch, residual, after, verbose)
-        self._last = out
-        return out
+        got = self._launch(branch, residual, after, verbose)
+        self._last = got[0] if isinstance(got, tuple) else got
+        return got
 
     def compiled(self) -> Any:
         """:meth:`__call__` with the launch traced once by ``mx.compile`` (less Python a call)."""
         if self._compiled is None:
             traced = mx.compile(lambda b, r, a: self._launch(b, r, a))
 
-            def call(branch: mx.array, residual: mx.array) -> mx.array:
-                out = traced(branch, residual, self._last if self._last is not None else self._none)
-                self._last = out
-                return out
+            def call(branch: mx.array, residual: mx.array) -> mx.array | tuple[mx.array, mx.array]:
+                got = traced(branch, residual, self._last if self._last is not None else self._none)
+                self._last = got[0] if isinstance(got, tuple) else got
+                return got
 
             self._compiled = call
         return self._compiled
@@ -327,10 +349,25 @@ class OneLaunchTail:
         for name, a, n in (("branch", b, self.prep.branch_dim), ("residual", r, self.prep.hidden)):
             if a.shape != (n,):
                 raise ValueError(f"{name} must have shape ({n},) for this tail; got {tuple(a.shape)}")
-        out = self(b, r)
-        mx.eval(out)
+        got = self(b, r)
+        mx.eval(got)
         self.raise_if_barrier_failed()
-        return np.array(out)
+        return np.array(got[0]) if isinstance(got, tuple) else np.array(got)
+
+    def run_carried(self, branch: Any, residual: Any) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`run` for a launch with a ``next_norm``: ``(out, normed)``, float32 numpy,
+        from the one evaluation."""
+        if self.next_norm is None:
+            raise ValueError("run_carried: this launch carries no next norm (OneLaunchTail(..., next_norm=NextNorm(...)))")
+        b = as_mx32(branch)
+        r = as_mx32(residual)
+        for name, a, n in (("branch", b, self.prep.branch_dim), ("residual", r, self.prep.hidden)):
+            if a.shape != (n,):
+                raise ValueError(f"{name} must have shape ({n},) for this tail; got {tuple(a.shape)}")
+        out, normed = self(b, r)
+        mx.eval(out, normed)
+        self.raise_if_barrier_failed()
+        return np.array(out), np.array(normed)
 
     def raise_if_barrier_failed(self) -> None:
         """:class:`GridBarrierTimeout` (after zeroing the launch's memory for the next
@@ -400,12 +437,12 @@ def shape_for_formats(formats: Iterable[Format]) -> OneLaunchShape:
     return OneLaunchShape(nt=DEFAULT_NT)
 
 
-def fits(prep: PreparedTail, shape: OneLaunchShape | None = None) -> bool:
-    """Whether the one launch's static shared memory (:func:`static_shared_bytes`) fits
-    CUDA's :data:`STATIC_SHARED_LIMIT` at ``shape`` (default: :func:`shape_for`'s). Where it
-    does not (hidden sizes far above Bonsai-27B's 5120), the CUDA path runs the three
-    launches instead."""
-    return static_shared_bytes(prep, shape or shape_for(prep)) <= STATIC_SHARED_LIMIT
+def fits(prep: PreparedTail, shape: OneLaunchShape | None = None, next_norm: bool = False) -> bool:
+    """Whether the one launch's static shared memory (:func:`static_shared_bytes`, with the
+    next norm's epilogue where ``next_norm``) fits CUDA's :data:`STATIC_SHARED_LIMIT` at
+    ``shape`` (default: :func:`shape_for`'s). Where it does not (hidden sizes far above
+    Bonsai-27B's 5120), the CUDA path runs the three launches instead."""
+    return static_shared_bytes(prep, shape or shape_for(prep), next_norm) <= STATIC_SHARED_LIMIT
 
 
 #: The one-launch tails the CUDA path made, one per weights object and tuning (each keeps
@@ -414,20 +451,25 @@ def fits(prep: PreparedTail, shape: OneLaunchShape | None = None) -> bool:
 _TAILS: weakref.WeakKeyDictionary[TailWeights, dict[Any, OneLaunchTail]] = weakref.WeakKeyDictionary()
 
 
-def for_launch(launch: TailLaunch, tuning: KernelTuning | None = None) -> OneLaunchTail | None:
+def for_launch(launch: TailLaunch, tuning: KernelTuning | None = None,
+               next_norm: NextNorm | None = None) -> OneLaunchTail | None:
     """The one-launch tail ``fused_tail(backend="cuda")`` runs for ``launch`` (made once per
-    weights object and tuning, in :func:`shape_for`'s shape), or None where its shared
-    memory does not fit (:func:`fits`): the three launches then run. Raises
-    ``BackendUnavailable`` where MLX's CUDA back-end is absent."""
+    weights object, tuning and next norm, in :func:`shape_for`'s shape), or None where its
+    shared memory does not fit (:func:`fits`): the three launches then run. ``next_norm``:
+    the launch also writes the norm its output goes into next (a call then returns
+    ``(out, normed)``). Raises ``BackendUnavailable`` where MLX's CUDA back-end is absent."""
     backends.resolve_backend("cuda")
+    if next_norm is not None and not isinstance(next_norm, NextNorm):
+        raise ValueError(f"next_norm: must be a workbench.kernels.next_norm.NextNorm or None, got "
+                         f"{validate.describe(next_norm)}")
     prep = prepared(launch, "cuda", tuning)
     per = _TAILS.setdefault(launch.weights, {})
     shape = shape_for(prep)
-    key = (prep.tuning, shape)
+    key = (prep.tuning, shape, None if next_norm is None else next_norm.key)
     if key not in per:
-        if not fits(prep, shape):
+        if not fits(prep, shape, next_norm is not None):
             return None
-        per[key] = OneLaunchTail(prep, shape)
+        per[key] = OneLaunchTail(prep, shape, next_norm=next_norm)
     return per[key]
 
 

@@ -300,14 +300,23 @@ ONE_LAUNCH_BODY = "tail_one_launch.body"
 ONE_LAUNCH_NAME = "fat_tail_one_launch"
 
 
-def one_launch_mlx_name(*, kernel_dir: str | Path | None = None) -> str:
-    """:data:`ONE_LAUNCH_NAME` for the repository's kernels; another folder's one launch
-    gets a digest of its composed text appended, as :func:`mlx_name` names another
-    folder's launches (MLX keys compiled kernels by name and template values only)."""
+#: The one launch's epilogue that also writes the next layer's input norm (:func:`compose_one_launch`).
+NEXT_NORM_BODY = "next_norm.body"
+
+#: The line of ``tail_one_launch.body`` that the epilogue replaces (and that is dropped without it).
+NEXT_NORM_MARK = "//== epilogue next_norm =="
+
+
+def one_launch_mlx_name(*, kernel_dir: str | Path | None = None, next_norm: bool = False) -> str:
+    """:data:`ONE_LAUNCH_NAME` for the repository's kernels (``_next_norm`` appended for the
+    launch with the next norm's epilogue); another folder's one launch gets a digest of its
+    composed text appended, as :func:`mlx_name` names another folder's launches (MLX keys
+    compiled kernels by name and template values only)."""
+    base = ONE_LAUNCH_NAME + ("_next_norm" if next_norm else "")
     if kernel_dir is None or _folder(kernel_dir) == KERNEL_DIR:
-        return ONE_LAUNCH_NAME
-    text = "".join(compose_one_launch(kernel_dir=kernel_dir))
-    return f"{ONE_LAUNCH_NAME}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+        return base
+    text = "".join(compose_one_launch(kernel_dir=kernel_dir, next_norm=next_norm))
+    return f"{base}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
 #: Each phase of the one-launch tail: its launch, and the prefix its template values take
@@ -320,14 +329,22 @@ ONE_LAUNCH_PHASES: tuple[tuple[str, str], ...] = (("wo_residual", "WO_"), ("ffn_
 _ONE_LAUNCH_INTERNAL = frozenset({"h", "hin", "act"})
 
 
-def one_launch_inputs() -> tuple[str, ...]:
+def one_launch_inputs(*, next_norm: bool = False) -> tuple[str, ...]:
     """The one-launch tail's inputs, in the order its launch passes them: the three
-    launches' inputs (each once, h and act left out: they live in ``work``), then ``work``
-    and ``after``."""
+    launches' inputs (each once, h and act left out: they live in ``work``), with
+    ``next_norm`` the next norm's ``next_nw``, then ``work`` and ``after``."""
     names: list[str] = []
     for kernel, _ in ONE_LAUNCH_PHASES:
         names += [n for n in KERNELS[kernel].inputs if n not in _ONE_LAUNCH_INTERNAL and n not in names]
+    if next_norm:
+        names.append("next_nw")
     return (*names, "work", "after")
+
+
+def one_launch_outputs(*, next_norm: bool = False) -> tuple[str, ...]:
+    """The one-launch tail's outputs: ``out``, and with ``next_norm`` also ``nxt`` (the next
+    layer's input norm of ``out``, ``next_norm.body``)."""
+    return ("out", "nxt") if next_norm else ("out",)
 
 
 def one_launch_template() -> tuple[str, ...]:
@@ -354,19 +371,27 @@ def _phase(kernel: str, prefix: str, kernel_dir: str | Path | None) -> str:
     return f"  {{  // ---- phase: {spec.body} ----\n{hin}{binds}{body}  }}\n"
 
 
-def compose_one_launch(*, kernel_dir: str | Path | None = None) -> tuple[str, str]:
+def compose_one_launch(*, kernel_dir: str | Path | None = None, next_norm: bool = False) -> tuple[str, str]:
     """``(header, source)`` of the one-launch tail for ``mx.fast.cuda_kernel``: CUDA's
     prelude and common.h as for the three launches; the body is ``tail_one_launch.body``
-    with each ``//== phase NAME ==`` line replaced by that launch's body (:func:`_phase`).
-    CUDA only: Metal promises no forward progress between threadgroups, so a grid barrier
-    could wait forever there (kernels/README.md)."""
+    with each ``//== phase NAME ==`` line replaced by that launch's body (:func:`_phase`),
+    and its ``//== epilogue next_norm ==`` line by ``next_norm.body`` where ``next_norm``
+    (the launch then also takes ``next_nw`` and writes ``nxt``: :func:`one_launch_inputs`),
+    else dropped. CUDA only: Metal promises no forward progress between threadgroups, so a
+    grid barrier could wait forever there (kernels/README.md)."""
     head, body_part = prelude("cuda", kernel_dir=kernel_dir)
     common = read("common.h", kernel_dir=kernel_dir)
     header = f"// ---- prelude (cuda) ----\n{head}\n// ---- common.h ----\n{common}\n"
     lines = []
+    marked = False
     for line in read(ONE_LAUNCH_BODY, kernel_dir=kernel_dir).splitlines(keepends=True):
         m = line.strip()
-        if m.startswith("//== phase ") and m.endswith(" =="):
+        if m == NEXT_NORM_MARK:
+            marked = True
+            if next_norm:
+                lines.append(f"  {{  // ---- epilogue: {NEXT_NORM_BODY} ----\n"
+                             f"{read(NEXT_NORM_BODY, kernel_dir=kernel_dir)}  }}\n")
+        elif m.startswith("//== phase ") and m.endswith(" =="):
             kernel = m[len("//== phase "):-3].strip()
             prefix = dict(ONE_LAUNCH_PHASES).get(kernel)
             if prefix is None:
@@ -375,6 +400,9 @@ def compose_one_launch(*, kernel_dir: str | Path | None = None) -> tuple[str, st
             lines.append(_phase(kernel, prefix, kernel_dir))
         else:
             lines.append(line)
+    if next_norm and not marked:
+        raise ValueError(f"{ONE_LAUNCH_BODY}: has no {NEXT_NORM_MARK!r} line, so this kernel folder's one launch "
+                         "cannot carry the next norm; use next_norm=False")
     return header, f"{body_part}\n  // ---- {ONE_LAUNCH_BODY} ----\n{''.join(lines)}"
 
 
@@ -432,12 +460,14 @@ def input_dtypes(names: tuple[str, ...] | list[str], fmt: int, sfmt: int) -> dic
 
 
 def one_launch_translation_unit(input_dtypes: dict[str, str], template: dict[str, object], *,
-                                kernel_dir: str | Path | None = None) -> str:
+                                kernel_dir: str | Path | None = None, next_norm: bool = False) -> str:
     """The CUDA file MLX would compile for the one-launch tail, standalone (for ``nvcc -c``):
-    as :func:`cuda_translation_unit` for the three launches."""
-    header, source = compose_one_launch(kernel_dir=kernel_dir)
-    return _translation_unit(ONE_LAUNCH_NAME, header, source, one_launch_inputs(), ("out",), input_dtypes,
-                             one_launch_template(), template)
+    as :func:`cuda_translation_unit` for the three launches (``next_norm``: with the next
+    norm's epilogue, its input and output)."""
+    header, source = compose_one_launch(kernel_dir=kernel_dir, next_norm=next_norm)
+    return _translation_unit(ONE_LAUNCH_NAME + ("_next_norm" if next_norm else ""), header, source,
+                             one_launch_inputs(next_norm=next_norm), one_launch_outputs(next_norm=next_norm),
+                             input_dtypes, one_launch_template(), template)
 
 
 def cuda_translation_unit(kernel: str, input_dtypes: dict[str, str], template: dict[str, object], *,

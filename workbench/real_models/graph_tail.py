@@ -40,6 +40,7 @@ import mlx.core as mx
 from workbench.fold.rotation import FoldSite
 from workbench.fold.weights import QuantizedBase, WeightMatrix
 from workbench.kernels.launch import settle_constants
+from workbench.kernels.next_norm import NextNorm
 from workbench.tail.paths import TailLaunch
 from workbench.validate import describe
 
@@ -107,8 +108,8 @@ def _parameters(base: Base) -> list[mx.array]:
     return [base]
 
 
-def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True,
-                     compiled: bool = True) -> Callable[[mx.array, mx.array], mx.array]:
+def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled: bool = True,
+                     next_norm: NextNorm | None = None) -> Callable[[mx.array, mx.array], Any]:
     """The graph tail of ``launch`` as a lazy, compiled function of ``(branch, residual)``:
     float32 ``mx.array`` of shape ``[branch]`` / ``[hidden]`` (one position) or
     ``[..., branch]`` / ``[..., hidden]`` (positions on any leading axes, as a model's block
@@ -120,12 +121,19 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True,
     the compiled graph holds them as constants; ``compiled=False`` leaves the ops as they are
     (each its own kernel), to see what the tracing buys on a device. wo's fold, if any, is applied as
     ``HadamardFold`` applies it (INPUT: rotate the branch; OUTPUT: unrotate wo's output).
+    ``next_norm``: the norm the output goes into next (``workbench.kernels.next_norm``),
+    computed in the same compiled call; the tail then returns ``(out, normed)``.
     """
     if not isinstance(launch, TailLaunch):
         raise ValueError(f"launch: must be a TailLaunch (workbench.tail.tail_launch(weights)), got {describe(launch)}")
     for name, flag in (("stack_gate_up", stack_gate_up), ("compiled", compiled)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name}: must be True or False, got {describe(flag)}")
+    if next_norm is not None and not isinstance(next_norm, NextNorm):
+        raise ValueError(f"next_norm: must be a workbench.kernels.next_norm.NextNorm or None, got {describe(next_norm)}")
+    if next_norm is not None and next_norm.width != int(launch.ffn_norm.shape[0]):
+        raise ValueError(f"next_norm: its weight has {next_norm.width} entries, the tail's hidden width is "
+                         f"{int(launch.ffn_norm.shape[0])}")
     fold = launch.fold  # launch.wo is the stored base alone; the launch carries its rotation
     wo = _wide_base(launch.wo.launch_parts()[0])
     gate, up, down = (_wide_base(m.launch_parts()[0]) for m in (launch.gate, launch.up, launch.down))
@@ -134,7 +142,10 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True,
     norm = launch.ffn_norm.astype(mx.float32)
     eps = float(launch.eps)
     prepared = [wo, down, *([gate_up] if gate_up is not None else [gate, up])]
-    settle_constants(norm, *[a for base in prepared for a in _parameters(base)])  # before mx.compile traces
+    next_w = None if next_norm is None else mx.array(next_norm.weight)
+    next_eps = None if next_norm is None else next_norm.eps
+    settle_constants(norm, *([] if next_w is None else [next_w]),
+                     *[a for base in prepared for a in _parameters(base)])  # before mx.compile traces
     wo_mv, down_mv = _product(wo), _product(down)
     if gate_up is not None:
         gu_mv = _product(gate_up)
@@ -148,7 +159,7 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True,
         def gate_and_up(n: mx.array) -> tuple[mx.array, mx.array]:
             return g_mv(n), u_mv(n)
 
-    def rows(branch: mx.array, residual: mx.array) -> mx.array:
+    def rows(branch: mx.array, residual: mx.array) -> Any:
         x = branch.astype(mx.float32)
         if fold is not None and fold.site is FoldSite.INPUT:
             x = fold.rotate(x)
@@ -157,25 +168,30 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True,
             projected = fold.unrotate(projected)
         h = residual.astype(mx.float32) + projected
         g, u = gate_and_up(mx.fast.rms_norm(h, norm, eps))
-        return h + down_mv((g * mx.sigmoid(g)) * u)
+        out = h + down_mv((g * mx.sigmoid(g)) * u)
+        if next_w is None:
+            return out
+        return out, mx.fast.rms_norm(out, next_w, next_eps)
 
     body = mx.compile(rows) if compiled else rows
 
-    def tail(branch: mx.array, residual: mx.array) -> mx.array:
+    def tail(branch: mx.array, residual: mx.array) -> Any:
         if branch.ndim == 1:  # a reshape is a view; an index ([0]) would be a gather kernel on a GPU
-            return body(branch.reshape(1, -1), residual.reshape(1, -1)).reshape(-1)
+            got = body(branch.reshape(1, -1), residual.reshape(1, -1))
+            return tuple(a.reshape(-1) for a in got) if isinstance(got, tuple) else got.reshape(-1)
         return body(branch, residual)
 
     return tail
 
 
 #: The model graph tails :func:`prepared_graph_tail` made, per weights object (held weakly:
-#: they live as long as the weights do).
-_PREPARED: weakref.WeakKeyDictionary[Any, Callable[[mx.array, mx.array], mx.array]] = weakref.WeakKeyDictionary()
+#: they live as long as the weights do) and next norm.
+_PREPARED: weakref.WeakKeyDictionary[Any, dict[Any, Callable[[mx.array, mx.array], Any]]] = weakref.WeakKeyDictionary()
 
 
-def prepared_graph_tail(launch: TailLaunch) -> Callable[[mx.array, mx.array], mx.array]:
-    """:func:`model_graph_tail` of ``launch``, made once per weights object.
+def prepared_graph_tail(launch: TailLaunch, next_norm: NextNorm | None = None) -> Callable[[mx.array, mx.array], Any]:
+    """:func:`model_graph_tail` of ``launch`` (with ``next_norm``), made once per weights
+    object and next norm.
 
     Preparing widens and stacks the weights, and ``mx.compile`` traces the tail once per
     input shape: done again each time a model's tails are swapped in, a decode's first step
@@ -183,7 +199,9 @@ def prepared_graph_tail(launch: TailLaunch) -> Callable[[mx.array, mx.array], mx
     (``workbench.kernels.launch.prepared``), the swap costs nothing the second time."""
     if not isinstance(launch, TailLaunch):
         raise ValueError(f"launch: must be a TailLaunch (workbench.tail.tail_launch(weights)), got {describe(launch)}")
-    fn = _PREPARED.get(launch.weights)
+    per = _PREPARED.setdefault(launch.weights, {})
+    key = None if next_norm is None else next_norm.key
+    fn = per.get(key)
     if fn is None:
-        fn = _PREPARED[launch.weights] = model_graph_tail(launch)
+        fn = per[key] = model_graph_tail(launch, next_norm=next_norm)
     return fn

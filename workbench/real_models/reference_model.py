@@ -41,6 +41,7 @@ from workbench import backends
 from workbench import tail as tails
 from workbench.kernels import emulated, one_launch
 from workbench.kernels import launch as kernel_launch
+from workbench.kernels.next_norm import NextNorm
 from workbench.real_models.checkpoint import Checkpoint, Tensor
 from workbench.real_models.graph_tail import prepared_graph_tail
 from workbench.tail.weights import TailWeights
@@ -330,7 +331,8 @@ def composes_lazily(backend: str) -> bool:
     return one_of("backend", backend, MODEL_BACKENDS) in LAZY_BACKENDS
 
 
-def vector_tail(launch: tails.TailLaunch, backend: str) -> Callable[[mx.array, mx.array], mx.array]:
+def vector_tail(launch: tails.TailLaunch, backend: str,
+                next_norm: NextNorm | None = None) -> Callable[[mx.array, mx.array], Any]:
     """One tail on one position, as a function of ``(branch, residual)`` float32
     ``mx.array`` of one position each (``[branch]`` / ``[hidden]``, or any shape of that size,
     such as a block's ``[1, 1, hidden]``) to a lazy float32 array of the residual's shape, for
@@ -345,21 +347,88 @@ def vector_tail(launch: tails.TailLaunch, backend: str) -> Callable[[mx.array, m
     * ``metal-emulated``: evaluated here, on the host (the emulator runs on the CPU), its
       result a new array.
 
+    ``next_norm``: the norm the tail's output goes into next (the next block's input norm,
+    or the model's final norm); the function then returns ``(out, normed)``. The one CUDA
+    launch and the graph tail compute it in their own launch / compiled call (one launch a
+    layer fewer on a GPU, ``workbench.kernels.next_norm``); the three launches and the
+    emulator follow it with ``mx.fast.rms_norm``, the same map.
+
     Raises ``BackendUnavailable`` where the backend's device is absent.
     """
     name = one_of("backend", backend, MODEL_BACKENDS)
+    if next_norm is not None and not isinstance(next_norm, NextNorm):
+        raise ValueError(f"next_norm: must be a workbench.kernels.next_norm.NextNorm or None, got {describe(next_norm)}")
     backends.resolve_backend(name)
     if name == "graph":
-        return prepared_graph_tail(launch)
-    if name == "metal-emulated":
-        return lambda b, r: mx.array(emulated.emulated_tail(launch, np.asarray(b).reshape(-1),
-                                                            np.asarray(r).reshape(-1)).reshape(r.shape))
+        return prepared_graph_tail(launch, next_norm)
     if name == "cuda":
-        one = one_launch.for_launch(launch)
+        one = one_launch.for_launch(launch, next_norm=next_norm)
         if one is not None:
             return one.compiled()  # takes and gives any shape of one position: no reshape op
-    three = kernel_launch.prepared(launch, name).compiled()
-    return lambda b, r: three(b, r) if b.ndim == 1 else three(b.reshape(-1), r.reshape(-1)).reshape(r.shape)
+    if name == "metal-emulated":
+        def tail(b: mx.array, r: mx.array) -> mx.array:
+            return mx.array(emulated.emulated_tail(launch, np.asarray(b).reshape(-1),
+                                                   np.asarray(r).reshape(-1)).reshape(r.shape))
+    else:
+        three = kernel_launch.prepared(launch, name).compiled()
+
+        def tail(b: mx.array, r: mx.array) -> mx.array:
+            return three(b, r) if b.ndim == 1 else three(b.reshape(-1), r.reshape(-1)).reshape(r.shape)
+    if next_norm is None:
+        return tail
+    weight, eps = mx.array(next_norm.weight), next_norm.eps
+    mx.eval(weight)
+
+    def carried(b: mx.array, r: mx.array) -> tuple[mx.array, mx.array]:
+        out = tail(b, r)
+        return out, mx.fast.rms_norm(out, weight, eps)
+
+    return carried
+
+
+class _Handoff:
+    """Where a fused block leaves the norm of its output for the module that reads that
+    output next: ``normed`` is valid for exactly the array ``source`` (checked by identity,
+    so any other input is normed by the reader's own module)."""
+
+    __slots__ = ("source", "normed")
+
+    def __init__(self) -> None:
+        self.source: mx.array | None = None
+        self.normed: mx.array | None = None
+
+    def put(self, source: mx.array, normed: mx.array) -> None:
+        self.source, self.normed = source, normed
+
+    def take(self, x: mx.array) -> mx.array | None:
+        """The carried norm of ``x``, or None where ``x`` is not the array it was computed for;
+        emptied either way (holding no arrays past their step)."""
+        normed = self.normed if self.source is x else None
+        self.source = self.normed = None
+        return normed
+
+
+def carried_norm(norm: Any) -> NextNorm | None:
+    """``norm`` (a module the model applies to a block's output) as a :class:`NextNorm`
+    where it is exactly mlx's ``nn.RMSNorm`` (``x * rsqrt(mean(x^2) + eps) * weight``), else
+    None: a norm of any other form (a ``1 + weight`` norm, a LayerNorm) is left to its module."""
+    if type(norm) is not nn.RMSNorm:
+        return None
+    return NextNorm(np.asarray(norm.weight.astype(mx.float32)), float(norm.eps))
+
+
+class _CarriedNormStandIn(nn.Module):
+    """Stands in for the model's final norm: the last fused block's carried norm where the
+    input is that block's output, else the norm module itself."""
+
+    def __init__(self, inner: nn.Module, handoff: _Handoff):
+        super().__init__()
+        self.inner = inner
+        self._handoff = handoff
+
+    def __call__(self, x: mx.array) -> mx.array:
+        normed = self._handoff.take(x)
+        return self.inner(x) if normed is None else normed
 
 
 class _FusedTailBlock(_BlockStandIn):
@@ -379,14 +448,20 @@ class _FusedTailBlock(_BlockStandIn):
     (:meth:`bare`) rather than swapped in and out on every call.
     """
 
-    def __init__(self, block: nn.Module, weights: TailWeights, backend: str):
+    def __init__(self, block: nn.Module, weights: TailWeights, backend: str, next_norm: NextNorm | None = None,
+                 handoff: _Handoff | None = None, incoming: _Handoff | None = None):
         super().__init__(block)
         self._weights = weights
         self._backend = backend
         self._launch = tails.tail_launch(weights)  # the rules are asked here, once
-        self._tail = vector_tail(self._launch, backend)
+        self._tail = vector_tail(self._launch, backend, next_norm)
         self._rows = backend == "graph"  # the graph tail takes [n, width] rows in one call
         self._bare = False
+        # With a next norm, the tail also returns the norm its output goes into next, left in
+        # `handoff` for the reader (the next fused block, or the final norm's stand-in);
+        # `incoming` is where the previous fused block leaves this block's input norm.
+        self._handoff = handoff if next_norm is not None else None
+        self._incoming = incoming
 
     @contextlib.contextmanager
     def bare(self) -> Iterator[None]:
@@ -403,26 +478,40 @@ class _FusedTailBlock(_BlockStandIn):
             attn.o_proj = o_proj
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        normed = self._incoming.take(x) if self._incoming is not None else None
+        if normed is None:
+            normed = self.block.input_layernorm(x)
         if self._bare:
-            branch = self.block.self_attn(self.block.input_layernorm(x), mask, cache)
+            branch = self.block.self_attn(normed, mask, cache)
         else:
             with self.bare():
-                branch = self.block.self_attn(self.block.input_layernorm(x), mask, cache)
+                branch = self.block.self_attn(normed, mask, cache)
         b = branch if branch.dtype == mx.float32 else branch.astype(mx.float32)
         r = x if x.dtype == mx.float32 else x.astype(mx.float32)
         if self._rows:  # the graph takes the block's [batch, tokens, width] as it is: no reshape
-            out = self._tail(b, r)
+            got = self._tail(b, r)
         elif b.size == b.shape[-1]:  # a kernel, a decode step: one position, in the block's shape
             # (the one launch takes it as it is; an index, b[0], would be a gather kernel on a GPU)
-            out = self._tail(b, r)
+            got = self._tail(b, r)
         else:  # the kernels take one position a launch: a prompt's positions one after another
             bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
-            out = mx.stack([self._tail(bf[i], rf[i]) for i in range(bf.shape[0])]).reshape(x.shape)
-        return out if out.dtype == x.dtype else out.astype(x.dtype)
+            each = [self._tail(bf[i], rf[i]) for i in range(bf.shape[0])]
+            if self._handoff is None:
+                got = mx.stack(each).reshape(x.shape)
+            else:
+                got = tuple(mx.stack([e[k] for e in each]).reshape(x.shape) for k in (0, 1))
+        out, carried = got if self._handoff is not None else (got, None)
+        if out.dtype != x.dtype:
+            # the reader norms the rounded output itself: the carried norm is of the float32 one
+            return out.astype(x.dtype)
+        if carried is not None:
+            self._handoff.put(out, carried)
+        return out
 
 
 @contextlib.contextmanager
-def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, backend: str = "graph") -> Iterator[nn.Module]:
+def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, backend: str = "graph",
+                carry_norm: bool = True) -> Iterator[nn.Module]:
     """Within the block, every layer of ``model`` with a ``TailWeights`` runs its fused tail.
 
     ``weights``: one entry a layer, ``ckpt.tail_weights(i)`` (or a re-quantized / folded
@@ -435,15 +524,26 @@ def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, back
     and evaluates on its own (:func:`composes_lazily` says which). A layer the rules refuse
     raises ``TailRefused``, an absent backend ``BackendUnavailable``, before anything runs.
     The model's own layers are put back on exit.
+
+    ``carry_norm``: a fused tail whose output goes straight into the next fused block's
+    input norm, or (the last block) into the model's final norm, also computes that norm,
+    when it is mlx's ``nn.RMSNorm`` (:func:`carried_norm`): in the one CUDA launch, one
+    launch a layer fewer (``workbench.kernels.next_norm``). The reader takes it only for
+    the very array it was computed from (a bfloat16 model rounds the output first, and its
+    reader norms the rounded array itself). False: every block norms its own input.
     """
-    blocks = _fused_blocks(model, weights, backend)
-    with _swapped_in(model, blocks):
+    if not isinstance(carry_norm, bool):
+        raise ValueError(f"carry_norm: must be True or False, got {describe(carry_norm)}")
+    blocks, final = _fused_blocks(model, weights, backend, carry_norm)
+    with _swapped_in(model, blocks, final):
         yield model
 
 
-def _fused_blocks(model: nn.Module, weights: Sequence[TailWeights | None], backend: str) -> list[nn.Module]:
+def _fused_blocks(model: nn.Module, weights: Sequence[TailWeights | None], backend: str,
+                  carry_norm: bool = True) -> tuple[list[nn.Module], _Handoff | None]:
     """The model's blocks with a :class:`_FusedTailBlock` wherever ``weights`` has an entry
-    (checked as :func:`fused_tails` documents; the rules asked here, once)."""
+    (checked as :func:`fused_tails` documents; the rules asked here, once), and the
+    handoff the last block leaves the final norm in (None where it carries none)."""
     backend = one_of("backend", backend, MODEL_BACKENDS)
     original = list(_layer_owner(model).layers)
     weights = list(weights)
@@ -457,25 +557,49 @@ def _fused_blocks(model: nn.Module, weights: Sequence[TailWeights | None], backe
         if w.layer is not None and int(w.layer) != i:
             raise ValueError(f"weights[{i}]: TailWeights of layer {int(w.layer)}, not of layer {i} (the rules were "
                              f"asked about layer {int(w.layer)}); pass ckpt.tail_weights({i})")
-    return [blk if w is None else _FusedTailBlock(blk, w, backend) for blk, w in zip(original, weights)]
+    owner = _layer_owner(model)
+    n = len(original)
+    # The module that reads layer i's output next: layer i + 1's input norm (only a fused
+    # block asks its handoff), or after the last layer the model's final norm.
+    readers = [getattr(original[i + 1], "input_layernorm", None) if i + 1 < n and weights[i + 1] is not None
+               else (getattr(owner, "norm", None) if i + 1 == n else None) for i in range(n)]
+    handoffs = [_Handoff() for _ in range(n)]
+    blocks: list[nn.Module] = []
+    final = None
+    for i, (blk, w) in enumerate(zip(original, weights)):
+        if w is None:
+            blocks.append(blk)
+            continue
+        nxt = carried_norm(readers[i]) if carry_norm else None
+        incoming = handoffs[i - 1] if i > 0 and weights[i - 1] is not None else None
+        blocks.append(_FusedTailBlock(blk, w, backend, nxt, handoffs[i], incoming))
+        if i + 1 == n and nxt is not None:
+            final = handoffs[i]
+    return blocks, final
 
 
 @contextlib.contextmanager
-def _swapped_in(model: nn.Module, blocks: Sequence[nn.Module]) -> Iterator[None]:
+def _swapped_in(model: nn.Module, blocks: Sequence[nn.Module], final: _Handoff | None = None) -> Iterator[None]:
     """Within the block, ``blocks`` (from :func:`_fused_blocks`) are the model's layers, each
-    fused one's ``o_proj`` the identity; all put back on exit. Entering costs attribute sets
-    only, so a decoding may switch between two layer sets at every step."""
+    fused one's ``o_proj`` the identity, and with ``final`` the model's final norm a
+    stand-in that takes the last block's carried norm; all put back on exit. Entering costs
+    attribute sets only, so a decoding may switch between two layer sets at every step."""
     owner = _layer_owner(model)
     original = list(owner.layers)
+    norm = getattr(owner, "norm", None)
     with contextlib.ExitStack() as bare:
         for blk in blocks:
             if isinstance(blk, _FusedTailBlock):
                 bare.enter_context(blk.bare())
         owner.layers = list(blocks)
+        if final is not None:
+            owner.norm = _CarriedNormStandIn(norm, final)
         try:
             yield
         finally:
             owner.layers = original
+            if final is not None:
+                owner.norm = norm
 
 
 # ---------------------------------------------------------------------------------------
@@ -706,13 +830,13 @@ def greedy_beside(model: nn.Module, prompt: Sequence[int], n: int, weights: Sequ
     """
     if not isinstance(capture, bool):
         raise ValueError(f"capture: must be True or False, got {describe(capture)}")
-    blocks = _fused_blocks(model, weights, backend)
+    blocks, final = _fused_blocks(model, weights, backend)
     ref, var = _Greedy(model, prompt, n, capture), _Greedy(model, prompt, n, capture)
     s_ref, s_var = _pass_streams(2)
     for _ in range(ref.n):
         with mx.stream(s_ref):
             built_ref = ref.build()
-        with _swapped_in(model, blocks), mx.stream(s_var):
+        with _swapped_in(model, blocks, final), mx.stream(s_var):
             built_var = var.build()
         mx.eval(*built_ref, *built_var)
         ref.take(*built_ref)
