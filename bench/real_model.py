@@ -11,7 +11,10 @@ machine's load hits each alike):
   ``mx.compile`` traces, in every variant alike), then ``--tokens`` greedy steps timed, with mlx-lm's layers
   (``reference``) and with the fused tail in all 30 layers (``fused-<backend>``), each built
   lazily inside the model's forward pass (``workbench.real_models.reference_model.fused_tails``:
-  a token is one evaluation in every variant). Every variant's tokens are checked equal to
+  a token is one evaluation in every variant; each fused tail also computes the norm its
+  output goes into next, the next block's input norm or the final norm, and
+  ``fused-<backend>-own-norm`` is the same with every block norming its own input:
+  ``fused_tails(carry_norm=False)``). Every variant's tokens are checked equal to
   the reference's. Beside tokens a second, tokens a CPU second of this process: where the
   two ratios agree, the decode is bound by the host building each step's graph (on a GPU),
   and on a CPU shared with other work the CPU seconds are what the wall clock blurs.
@@ -441,6 +444,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     variants: dict[str, Any] = {"reference": None}
     for b in names:
         variants[f"fused-{b}"] = (lambda b=b: fused_tails(rm.model, weights, backend=b))
+    for b in names:  # the same, each block norming its own input: what carrying the norm saves
+        variants[f"fused-{b}-own-norm"] = (lambda b=b: fused_tails(rm.model, weights, backend=b, carry_norm=False))
     best = best_one_launch(rows[0])
     chosen = None
     if cuda and "cuda" in names and best is not None and best != "cuda-1:rule":
