@@ -534,9 +534,11 @@ def test_fused_tail_on_cuda_raises_when_a_barrier_gave_up(monkeypatch):
     import mlx.core as mx
 
     def flagged(**kw):
-        got = dict(zip(ks.one_launch_inputs(), kw["inputs"]))
-        prep = one_launch.for_launch(tail.tail_launch(w)).prep
-        got["work"][one_launch.sync_at(prep) + 32] = mx.array(1, dtype=mx.uint32).view(mx.float32)
+        # what a launch whose barrier gave up leaves in its memory: the flag up. The real kernel
+        # writes the launch's `work` in place on the device; here the tail's own array is set
+        # (inside mx.compile's trace, kw["inputs"] holds stand-ins for it, not the array)
+        one = one_launch.for_launch(tail.tail_launch(w))
+        one.work[one_launch.sync_at(one.prep) + 32] = mx.array(1, dtype=mx.uint32).view(mx.float32)
         return [mx.full((kw["output_shapes"][0][0],), float("nan"))]
 
     _fake_cuda(monkeypatch, flagged)
@@ -614,3 +616,28 @@ def test_another_kernel_folder_gets_its_own_one_launch_under_its_own_name(tmp_pa
     br, res = tail.random_inputs(w, seed=6)
     one(mx.array(br), mx.array(res))
     assert seen == [copy]
+
+
+def test_tails_of_one_form_share_one_compiled_launch_each_passing_its_own_weights(monkeypatch):
+    """``OneLaunchTail.compiled`` traces the launch once for every tail of the same form (a
+    model's layers): two tails with different weights share the traced function, MLX traces
+    it once, and each call hands the kernel that tail's own weights and memory."""
+    import mlx.core as mx
+
+    traces = []
+
+    def launch(**kw):
+        traces.append(kw)
+        got = dict(zip(ks.one_launch_inputs(), kw["inputs"]))
+        return [got["residual"] + got["wd"].astype(mx.float32).sum()]
+
+    _fake_cuda(monkeypatch, launch)
+    ws = [tail.TailWeights.random(128, 512, 1024, seed=s, fold_block=256, dtype="bfloat16") for s in (5, 6)]
+    ones = [one_launch.for_launch(tail.tail_launch(w)) for w in ws]
+    br, res = tail.random_inputs(ws[0], seed=7)
+    b, r = mx.array(br.astype("float32")), mx.array(res.astype("float32"))
+    got = [one.compiled()(b, r) for one in ones] + [ones[0].compiled()(b, r)]
+    assert len(traces) == 1  # one trace for both tails (the same shapes)
+    for one, out in zip(ones + ones[:1], got):
+        want = r + one.prep.down.w.astype(mx.float32).sum()
+        assert mx.array_equal(out, want).item()

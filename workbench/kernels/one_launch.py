@@ -221,6 +221,25 @@ def _check_barrier_limit(barrier_limit_ms: Any) -> None:
                          f"got {validate.describe(barrier_limit_ms)}")
 
 
+@lru_cache(maxsize=None)
+def _shared_trace(kernel: Any, next_norm: bool, template: tuple, groups: int, nt: int) -> Any:
+    """The one launch of one form (its MLX kernel object, next norm, template values, grid)
+    as ONE ``mx.compile``-d function of all its inputs in ``one_launch_inputs``' order,
+    shared by every tail of that form (``OneLaunchTail.compiled``). The outputs take the
+    residual's shape, as :meth:`OneLaunchTail._launch` gives them."""
+    names = kernel_source.one_launch_inputs(next_norm=next_norm)
+    residual_at = names.index("residual")
+    n_out = 2 if next_norm else 1
+
+    def launch(*arrays: mx.array) -> Any:
+        shape = arrays[residual_at].shape
+        outs = kernel(inputs=list(arrays), template=list(template), grid=(groups * nt, 1, 1), threadgroup=(nt, 1, 1),
+                      output_shapes=[shape] * n_out, output_dtypes=[mx.float32] * n_out)
+        return (outs[0], outs[1]) if next_norm else outs[0]
+
+    return mx.compile(launch)
+
+
 class OneLaunchTail:
     """A prepared tail's three phases as one CUDA launch (see the module's doc).
 
@@ -316,12 +335,27 @@ class OneLaunchTail:
         return got
 
     def compiled(self) -> Any:
-        """:meth:`__call__` with the launch traced once by ``mx.compile`` (less Python a call)."""
+        """:meth:`__call__` through ``mx.compile`` (less Python and MLX graph work a call).
+
+        Every array, the weights included, is an input of the traced function, and the
+        function is shared by every one launch of the same form (:func:`_shared_trace`): a
+        model's layers have the same shapes, so one trace serves them all, and each layer's
+        call finds it in MLX's compile cache. A compiled function of its own a layer, its
+        weights traced in as constants, cost the host more a call (thirty distinct functions
+        against one, on the CPU: docs/JOURNAL.md)."""
         if self._compiled is None:
-            traced = mx.compile(lambda b, r, a: self._launch(b, r, a))
+            carried = self.next_norm is not None
+            names = kernel_source.one_launch_inputs(next_norm=carried)
+            kernel = _kernel(self.prep.kernel_dir, self.compact_source, carried)
+            traced = _shared_trace(kernel, carried, tuple(self.template), self.groups, self.shape.nt)
+            fixed = [self._consts.get(n) for n in names]
+            at = {n: names.index(n) for n in ("x", "residual", "work", "after")}
 
             def call(branch: mx.array, residual: mx.array) -> mx.array | tuple[mx.array, mx.array]:
-                got = traced(branch, residual, self._last if self._last is not None else self._none)
+                args = list(fixed)
+                args[at["x"]], args[at["residual"]], args[at["work"]] = branch, residual, self.work
+                args[at["after"]] = self._last if self._last is not None else self._none
+                got = traced(*args)
                 self._last = got[0] if isinstance(got, tuple) else got
                 return got
 
@@ -334,8 +368,8 @@ class OneLaunchTail:
         return bool(np.array(self.work[self.sync_at + 32 : self.sync_at + 33]).view(np.uint32)[0] != 0)
 
     def reset(self) -> None:
-        """The launch's memory zeroed again (counter and flag), for a fresh start. The
-        compiled form traced the old memory in, so it is traced again on next use."""
+        """The launch's memory zeroed again (counter and flag), for a fresh start (a new
+        array: the compiled form takes it as an input on its next call)."""
         self.work = mx.zeros(self.work.shape, dtype=mx.float32)
         mx.eval(self.work)
         self._last = None

@@ -21,7 +21,8 @@ prepared ONCE when the tail is built rather than on every call. Each rule, and w
   product over the same weights, so the map is the same.
 * **The norm as ``mx.fast.rms_norm``**: one kernel on a GPU where the formula written out is a
   reduction and element-wise ops; it accumulates in float32, as the formula does.
-* **Traced once by ``mx.compile``**, so the element-wise ops (the adds, silu times up) fuse.
+* **Traced once by ``mx.compile``**, so the element-wise ops (the adds, silu times up) fuse;
+  the weights are the traced function's inputs, and tails of one form share it.
 
 Activations stay float32: the dtype ``reference_model`` gives SmolLM2's activations (mlx-lm's
 own layers then run in float32 too), and the dtype the kernels accumulate in. Rounding the
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from functools import lru_cache
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -92,20 +94,75 @@ def _stacked(a: Base, b: Base) -> Base | None:
     return None
 
 
-def _product(base: Base) -> Callable[[mx.array], mx.array]:
-    """``x @ base.T`` for float32 rows ``x`` [..., in] (at least 2-D: MLX 0.32.4's CUDA
-    ``quantized_matmul`` fails on a 1-D input)."""
+#: How a matrix is multiplied, without its arrays: ``("q", mode, bits, group_size, biased)``
+#: for a quantized base, ``("dense",)`` for a dense one. Tails whose matrices have the same
+#: forms (a model's layers) share one traced function (:func:`_shared_rows`).
+Form = tuple
+
+
+def _form(base: Base) -> Form:
     if isinstance(base, QuantizedBase):
-        q = base
-        return lambda x: mx.quantized_matmul(x, q.w, q.scales, q.biases, transpose=True,
-                                             group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode)
-    return lambda x: x @ base.T
+        return ("q", base.spec.mode, base.spec.bits, base.spec.group_size, base.biases is not None)
+    return ("dense",)
+
+
+def _product(form: Form, x: mx.array, arrays: tuple[mx.array, ...]) -> mx.array:
+    """``x @ base.T`` for float32 rows ``x`` [..., in] (at least 2-D: MLX 0.32.4's CUDA
+    ``quantized_matmul`` fails on a 1-D input), the base given by its form and its
+    :func:`_parameters`."""
+    if form[0] == "q":
+        w, s, b = arrays if form[4] else (*arrays, None)
+        return mx.quantized_matmul(x, w, s, b, transpose=True, group_size=form[3], bits=form[2], mode=form[1])
+    return x @ arrays[0].T
 
 
 def _parameters(base: Base) -> list[mx.array]:
     if isinstance(base, QuantizedBase):
         return [a for a in (base.w, base.scales, base.biases) if a is not None]
     return [base]
+
+
+def _rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps: float, next_eps: float | None,
+          fold: Any) -> Callable[..., Any]:
+    """The tail as a function of ``(branch, residual, *params)``: ``params`` each matrix's
+    :func:`_parameters` (wo, then gate_up or gate and up, then down; ``counts`` arrays
+    each), the FFN norm's weight, and the next norm's weight where ``next_eps`` is given."""
+    bounds = [sum(counts[:i]) for i in range(len(counts) + 1)]
+    stacked = len(forms) == 3
+
+    def rows(branch: mx.array, residual: mx.array, *params: mx.array) -> Any:
+        mats = [params[bounds[i]:bounds[i + 1]] for i in range(len(forms))]
+        norm = params[bounds[-1]]
+        x = branch.astype(mx.float32)
+        if fold is not None and fold.site is FoldSite.INPUT:
+            x = fold.rotate(x)
+        projected = _product(forms[0], x, mats[0])
+        if fold is not None and fold.site is FoldSite.OUTPUT:
+            projected = fold.unrotate(projected)
+        h = residual.astype(mx.float32) + projected
+        n = mx.fast.rms_norm(h, norm, eps)
+        if stacked:
+            y = _product(forms[1], n, mats[1])
+            g, u = y[..., :ffn], y[..., ffn:]
+        else:
+            g, u = _product(forms[1], n, mats[1]), _product(forms[2], n, mats[2])
+        out = h + _product(forms[-1], (g * mx.sigmoid(g)) * u, mats[-1])
+        if next_eps is None:
+            return out
+        return out, mx.fast.rms_norm(out, params[bounds[-1] + 1], next_eps)
+
+    return rows
+
+
+@lru_cache(maxsize=256)
+def _shared_rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps: float,
+                 next_eps: float | None) -> Callable[..., Any]:
+    """:func:`_rows` of one form (no fold) traced by ``mx.compile``, ONE function for every tail
+    of that form: a model's layers share their shapes, so it is traced once and each layer's
+    call finds the trace in MLX's compile cache. A compiled function a tail, its weights
+    traced in as constants, cost the host more a call (thirty of them against one shared, on
+    the CPU: docs/JOURNAL.md)."""
+    return mx.compile(_rows(forms, counts, ffn, eps, next_eps, None))
 
 
 def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled: bool = True,
@@ -117,8 +174,9 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled
     ``[..., hidden]``.
 
     Weights are prepared here, once (module docstring): scales and half-precision matrices
-    widened to float32, gate and up stacked (``stack_gate_up``), all evaluated now so that
-    the compiled graph holds them as constants; ``compiled=False`` leaves the ops as they are
+    widened to float32, gate and up stacked (``stack_gate_up``), all evaluated now; the
+    compiled function takes them as inputs and is shared by every tail of the same form
+    (:func:`_shared_rows`; with a fold, the tail's own); ``compiled=False`` leaves the ops as they are
     (each its own kernel), to see what the tracing buys on a device. wo's fold, if any, is applied as
     ``HadamardFold`` applies it (INPUT: rotate the branch; OUTPUT: unrotate wo's output).
     ``next_norm``: the norm the output goes into next (``workbench.kernels.next_norm``),
@@ -141,39 +199,21 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled
     gate_up = _stacked(gate, up) if stack_gate_up else None
     norm = launch.ffn_norm.astype(mx.float32)
     eps = float(launch.eps)
-    prepared = [wo, down, *([gate_up] if gate_up is not None else [gate, up])]
+    prepared = [wo, *([gate_up] if gate_up is not None else [gate, up]), down]
     next_w = None if next_norm is None else mx.array(next_norm.weight)
     next_eps = None if next_norm is None else next_norm.eps
-    settle_constants(norm, *([] if next_w is None else [next_w]),
-                     *[a for base in prepared for a in _parameters(base)])  # before mx.compile traces
-    wo_mv, down_mv = _product(wo), _product(down)
-    if gate_up is not None:
-        gu_mv = _product(gate_up)
+    params = [a for base in prepared for a in _parameters(base)] + [norm] + ([] if next_w is None else [next_w])
+    settle_constants(*params)  # evaluated once, here, not inside every call's graph
+    forms = tuple(_form(b) for b in prepared)
+    counts = tuple(len(_parameters(b)) for b in prepared)
+    if fold is None and compiled:
+        body_of = _shared_rows(forms, counts, ffn, eps, next_eps)
+    else:  # a fold's rotation carries arrays of its own: this tail's function alone
+        rows = _rows(forms, counts, ffn, eps, next_eps, fold)
+        body_of = mx.compile(rows) if compiled else rows
 
-        def gate_and_up(n: mx.array) -> tuple[mx.array, mx.array]:
-            y = gu_mv(n)
-            return y[..., :ffn], y[..., ffn:]
-    else:
-        g_mv, u_mv = _product(gate), _product(up)
-
-        def gate_and_up(n: mx.array) -> tuple[mx.array, mx.array]:
-            return g_mv(n), u_mv(n)
-
-    def rows(branch: mx.array, residual: mx.array) -> Any:
-        x = branch.astype(mx.float32)
-        if fold is not None and fold.site is FoldSite.INPUT:
-            x = fold.rotate(x)
-        projected = wo_mv(x)
-        if fold is not None and fold.site is FoldSite.OUTPUT:
-            projected = fold.unrotate(projected)
-        h = residual.astype(mx.float32) + projected
-        g, u = gate_and_up(mx.fast.rms_norm(h, norm, eps))
-        out = h + down_mv((g * mx.sigmoid(g)) * u)
-        if next_w is None:
-            return out
-        return out, mx.fast.rms_norm(out, next_w, next_eps)
-
-    body = mx.compile(rows) if compiled else rows
+    def body(branch: mx.array, residual: mx.array) -> Any:
+        return body_of(branch, residual, *params)
 
     def tail(branch: mx.array, residual: mx.array) -> Any:
         if branch.ndim == 1:  # a reshape is a view; an index ([0]) would be a gather kernel on a GPU
