@@ -82,3 +82,22 @@ def test_bad_arguments_are_named(kwargs, match):
         model_graph_tail(launch, **args)
     with pytest.raises(ValueError, match="launch: must be a TailLaunch"):
         widen_scales(w)
+
+
+def test_tails_of_one_form_share_a_trace_yet_each_runs_its_own_weights():
+    """A model's layers have matrices of one form, so their graph tails share one compiled
+    function (their weights its inputs): each still computes its own tail (within
+    frink-models' criterion of its own float64 tail; the three outputs differ)."""
+    from workbench.real_models import graph_tail
+
+    ws = [tail.TailWeights.random(64, 96, 128, seed=s, dtype="float16", quantize=AFFINE4) for s in (11, 12, 13)]
+    fns = [model_graph_tail(tail.tail_launch(w)) for w in ws]
+    before = graph_tail._shared_rows.cache_info().currsize
+    model_graph_tail(tail.tail_launch(ws[0]))
+    assert graph_tail._shared_rows.cache_info().currsize == before  # no new function for the same form
+    br, res = tail.random_inputs(ws[0], seed=14)
+    b, r = mx.array(br.astype(np.float32)), mx.array(res.astype(np.float32))
+    outs = [np.asarray(f(b, r)) for f in fns]
+    for w, out in zip(ws, outs):
+        assert compare(out, tail.host_tail(w, br, res)).passed
+    assert not np.array_equal(outs[0], outs[1]) and not np.array_equal(outs[1], outs[2])

@@ -23,7 +23,7 @@ import numpy as np
 
 from workbench.validate import describe
 
-__all__ = ["NextNorm"]
+__all__ = ["NextNorm", "checked"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,3 +73,16 @@ class NextNorm:
             raise ValueError(f"out: must have last axis {self.width}, got shape {x.shape}")
         inv = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + float(np.float32(self.eps)))
         return x * inv * self.weight.astype(np.float64)
+
+
+def checked(next_norm: Any, width: int | None = None) -> NextNorm | None:
+    """``next_norm`` where it is None or a :class:`NextNorm` (of ``width`` entries, where
+    given), else ``ValueError`` naming the parameter: the one check of every call that
+    takes a next norm."""
+    if next_norm is None:
+        return None
+    if not isinstance(next_norm, NextNorm):
+        raise ValueError(f"next_norm: must be a workbench.kernels.next_norm.NextNorm or None, got {describe(next_norm)}")
+    if width is not None and next_norm.width != width:
+        raise ValueError(f"next_norm: its weight has {next_norm.width} entries, the tail's hidden width is {width}")
+    return next_norm

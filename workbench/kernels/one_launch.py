@@ -59,7 +59,7 @@ from workbench.kernels import run as kernel_run
 from workbench.kernels import source as kernel_source
 from workbench.kernels.launch import PreparedTail, as_mx32, prepared, settle_constants
 from workbench.kernels.matrices import threadgroup_bytes, units_for
-from workbench.kernels.next_norm import NextNorm
+from workbench.kernels.next_norm import NextNorm, checked
 from workbench.kernels.tuning import MAX_GROUP_THREADS, MAX_UNITS, KernelTuning
 
 if TYPE_CHECKING:
@@ -221,23 +221,25 @@ def _check_barrier_limit(barrier_limit_ms: Any) -> None:
                          f"got {validate.describe(barrier_limit_ms)}")
 
 
+def _call_kernel(kernel: Any, inputs: list[mx.array], next_norm: bool, template: tuple | list, groups: int, nt: int,
+                 verbose: bool = False) -> mx.array | tuple[mx.array, mx.array]:
+    """The one launch of ``kernel`` on ``inputs`` (``one_launch_inputs``' order): ``out``, or
+    ``(out, nxt)`` with the next norm. The outputs take the residual's shape: the kernel
+    reads and writes flat rows, so a model's [1, 1, hidden] goes in and comes out as it is,
+    with no reshape op either side."""
+    shape = inputs[kernel_source.one_launch_inputs(next_norm=next_norm).index("residual")].shape
+    n_out = 2 if next_norm else 1
+    outs = kernel(inputs=inputs, template=list(template), grid=(groups * nt, 1, 1), threadgroup=(nt, 1, 1),
+                  output_shapes=[shape] * n_out, output_dtypes=[mx.float32] * n_out, verbose=verbose)
+    return (outs[0], outs[1]) if next_norm else outs[0]
+
+
 @lru_cache(maxsize=None)
 def _shared_trace(kernel: Any, next_norm: bool, template: tuple, groups: int, nt: int) -> Any:
-    """The one launch of one form (its MLX kernel object, next norm, template values, grid)
-    as ONE ``mx.compile``-d function of all its inputs in ``one_launch_inputs``' order,
-    shared by every tail of that form (``OneLaunchTail.compiled``). The outputs take the
-    residual's shape, as :meth:`OneLaunchTail._launch` gives them."""
-    names = kernel_source.one_launch_inputs(next_norm=next_norm)
-    residual_at = names.index("residual")
-    n_out = 2 if next_norm else 1
-
-    def launch(*arrays: mx.array) -> Any:
-        shape = arrays[residual_at].shape
-        outs = kernel(inputs=list(arrays), template=list(template), grid=(groups * nt, 1, 1), threadgroup=(nt, 1, 1),
-                      output_shapes=[shape] * n_out, output_dtypes=[mx.float32] * n_out)
-        return (outs[0], outs[1]) if next_norm else outs[0]
-
-    return mx.compile(launch)
+    """:func:`_call_kernel` for one form of launch (its MLX kernel object, next norm, template
+    values, grid) as ONE ``mx.compile``-d function of all its inputs, shared by every tail
+    of that form (``OneLaunchTail.compiled``)."""
+    return mx.compile(lambda *arrays: _call_kernel(kernel, list(arrays), next_norm, template, groups, nt))
 
 
 class OneLaunchTail:
@@ -269,13 +271,7 @@ class OneLaunchTail:
         shape = shape or OneLaunchShape()
         if not isinstance(shape, OneLaunchShape):
             raise ValueError(f"shape must be a OneLaunchShape; got {type(shape).__name__}")
-        if next_norm is not None:
-            if not isinstance(next_norm, NextNorm):
-                raise ValueError(f"next_norm: must be a workbench.kernels.next_norm.NextNorm or None, got "
-                                 f"{validate.describe(next_norm)}")
-            if next_norm.width != prep.hidden:
-                raise ValueError(f"next_norm: its weight has {next_norm.width} entries, the tail's hidden width is "
-                                 f"{prep.hidden}")
+        next_norm = checked(next_norm, prep.hidden)
         used = static_shared_bytes(prep, shape, next_norm is not None)
         if used > STATIC_SHARED_LIMIT:
             raise ValueError(f"hidden ({prep.hidden}) / branch ({prep.branch_dim}): the one launch would declare {used} "
@@ -315,12 +311,7 @@ class OneLaunchTail:
         carried = self.next_norm is not None
         inputs = [arrays[n] for n in kernel_source.one_launch_inputs(next_norm=carried)]
         kernel = _kernel(self.prep.kernel_dir, self.compact_source, carried)  # the tail's kernel folder (None: kernels/)
-        # The outputs take the residual's shape: the kernel reads and writes flat rows, so a
-        # model's [1, 1, hidden] goes in and comes out as it is, with no reshape op either side.
-        outs = kernel(inputs=inputs, template=self.template, grid=(self.groups * self.shape.nt, 1, 1),
-                      threadgroup=(self.shape.nt, 1, 1), output_shapes=[residual.shape] * (2 if carried else 1),
-                      output_dtypes=[mx.float32] * (2 if carried else 1), verbose=verbose)
-        return (outs[0], outs[1]) if carried else outs[0]
+        return _call_kernel(kernel, inputs, carried, self.template, self.groups, self.shape.nt, verbose)
 
     def __call__(self, branch: mx.array, residual: mx.array, *, after: mx.array | None = None,
                  verbose: bool = False) -> mx.array | tuple[mx.array, mx.array]:
@@ -493,9 +484,7 @@ def for_launch(launch: TailLaunch, tuning: KernelTuning | None = None,
     the launch also writes the norm its output goes into next (a call then returns
     ``(out, normed)``). Raises ``BackendUnavailable`` where MLX's CUDA back-end is absent."""
     backends.resolve_backend("cuda")
-    if next_norm is not None and not isinstance(next_norm, NextNorm):
-        raise ValueError(f"next_norm: must be a workbench.kernels.next_norm.NextNorm or None, got "
-                         f"{validate.describe(next_norm)}")
+    next_norm = checked(next_norm)
     prep = prepared(launch, "cuda", tuning)
     per = _TAILS.setdefault(launch.weights, {})
     shape = shape_for(prep)

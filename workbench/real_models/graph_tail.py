@@ -42,7 +42,7 @@ import mlx.core as mx
 from workbench.fold.rotation import FoldSite
 from workbench.fold.weights import QuantizedBase, WeightMatrix
 from workbench.kernels.launch import settle_constants
-from workbench.kernels.next_norm import NextNorm
+from workbench.kernels.next_norm import NextNorm, checked
 from workbench.tail.paths import TailLaunch
 from workbench.validate import describe
 
@@ -128,7 +128,7 @@ def _rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps: float
     :func:`_parameters` (wo, then gate_up or gate and up, then down; ``counts`` arrays
     each), the FFN norm's weight, and the next norm's weight where ``next_eps`` is given."""
     bounds = [sum(counts[:i]) for i in range(len(counts) + 1)]
-    stacked = len(forms) == 3
+    stacked = len(forms) == 3  # wo, gate_up, down; else wo, gate, up, down
 
     def rows(branch: mx.array, residual: mx.array, *params: mx.array) -> Any:
         mats = [params[bounds[i]:bounds[i + 1]] for i in range(len(forms))]
@@ -187,11 +187,7 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled
     for name, flag in (("stack_gate_up", stack_gate_up), ("compiled", compiled)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name}: must be True or False, got {describe(flag)}")
-    if next_norm is not None and not isinstance(next_norm, NextNorm):
-        raise ValueError(f"next_norm: must be a workbench.kernels.next_norm.NextNorm or None, got {describe(next_norm)}")
-    if next_norm is not None and next_norm.width != int(launch.ffn_norm.shape[0]):
-        raise ValueError(f"next_norm: its weight has {next_norm.width} entries, the tail's hidden width is "
-                         f"{int(launch.ffn_norm.shape[0])}")
+    next_norm = checked(next_norm, int(launch.ffn_norm.shape[0]))
     fold = launch.fold  # launch.wo is the stored base alone; the launch carries its rotation
     wo = _wide_base(launch.wo.launch_parts()[0])
     gate, up, down = (_wide_base(m.launch_parts()[0]) for m in (launch.gate, launch.up, launch.down))

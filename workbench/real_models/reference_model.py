@@ -41,7 +41,7 @@ from workbench import backends
 from workbench import tail as tails
 from workbench.kernels import emulated, one_launch
 from workbench.kernels import launch as kernel_launch
-from workbench.kernels.next_norm import NextNorm
+from workbench.kernels.next_norm import NextNorm, checked
 from workbench.real_models.checkpoint import Checkpoint, Tensor
 from workbench.real_models.graph_tail import prepared_graph_tail
 from workbench.tail.weights import TailWeights
@@ -356,8 +356,7 @@ def vector_tail(launch: tails.TailLaunch, backend: str,
     Raises ``BackendUnavailable`` where the backend's device is absent.
     """
     name = one_of("backend", backend, MODEL_BACKENDS)
-    if next_norm is not None and not isinstance(next_norm, NextNorm):
-        raise ValueError(f"next_norm: must be a workbench.kernels.next_norm.NextNorm or None, got {describe(next_norm)}")
+    next_norm = checked(next_norm, int(launch.ffn_norm.shape[0]))
     backends.resolve_backend(name)
     if name == "graph":
         return prepared_graph_tail(launch, next_norm)
