@@ -78,7 +78,7 @@ def test_a_cuda_source_runs_on_an_nvidia_gpu():
         backends.resolve_backend("cuda")
     except backends.BackendUnavailable as e:
         pytest.skip(f"cuda: {e}")
-    # Metal's `uint` is no CUDA type (NVRTC compiles without the system headers that define it)
+    # Metal's `uint` is no CUDA type: NVRTC compiles without the system headers that define it
     src = (TAIL_SOURCE.replace("uint ", "unsigned int ").replace("thread_position_in_threadgroup.x", "threadIdx.x")
            .replace("threadgroup float", "__shared__ float")
            .replace("threadgroup_barrier(metal::mem_flags::mem_threadgroup);", "__syncthreads();")
