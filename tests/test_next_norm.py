@@ -4,9 +4,7 @@ of the launch's epilogue (compiled here where nvcc is)."""
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import mlx.core as mx
@@ -22,6 +20,7 @@ from workbench.kernels.next_norm import NextNorm
 from workbench.real_models.graph_tail import model_graph_tail
 from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_TOL
+from tests.test_one_launch import _ptxas
 
 
 def _norm(width: int, seed: int = 0) -> NextNorm:
@@ -108,16 +107,6 @@ def test_the_epilogue_is_composed_only_when_asked_and_only_where_marked(tmp_path
     ks.compose_one_launch(kernel_dir=old)  # an older folder still composes without it
     with pytest.raises(ValueError, match="cannot carry the next norm"):
         ks.compose_one_launch(kernel_dir=old, next_norm=True)
-
-
-def _ptxas(src: Path) -> tuple[int, int, str]:
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(src.with_suffix(".cubin")), "-Xptxas", "-v",
-                        str(src)], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "0 bytes spill stores" in r.stderr, r.stderr[-2000:]
-    m = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", r.stderr)
-    assert m, r.stderr[-2000:]
-    return int(m.group(1)), int(m.group(2)), r.stderr
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")

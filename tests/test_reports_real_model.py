@@ -133,3 +133,15 @@ def test_the_graph_calls_of_a_step_in_ms():
     assert len(graph) == 4 and ms["reference"] == pytest.approx(t.loc[graph, "reference"].sum() / 1e3)
     assert ms["fused-cuda"] < ms["reference"]
     assert R.graph_call_ms(records.load("real_model", "real_model-nvidia-h200-20261202T175659Z")) == {}
+
+
+def test_runs_stack_into_one_table_by_run_and_variant():
+    recs = {r["file"] if "file" in r else str(i): r for i, r in enumerate(_records()[-2:])}
+    both = R.decode_runs(recs)
+    assert both.index.names == ["run", "variant"]
+    for label, rec in recs.items():
+        one = R.decode_table(rec).set_index("variant")
+        assert list(both.loc[label].index) == list(one.index)
+        assert both.loc[label].tokens_per_s.equals(one.tokens_per_s)
+    with pytest.raises(ValueError, match="runs: must map labels to real_model records"):
+        R.decode_runs({})

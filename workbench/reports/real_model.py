@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe
 
-__all__ = ["load_records", "chain_comparable", "decode_table", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "best_cuda"]
+__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "best_cuda"]
 
 nan = float("nan")
 
@@ -108,6 +108,18 @@ def decode_table(rec: Mapping) -> Any:
             "pipelined_same_tokens": bool(d.get("pipelined_same_tokens", d["same_tokens"])),
         })
     return pd.DataFrame(rows)
+
+
+def decode_runs(runs: Mapping[str, Mapping]) -> Any:
+    """Several runs' :func:`decode_table` in one ``pandas.DataFrame`` indexed by ``(run,
+    variant)``: ``runs`` maps a label to a real_model record, in the order to show them.
+    Ratios of one run are comparable with another's; rates are each machine's own."""
+    import pandas as pd
+
+    if not isinstance(runs, Mapping) or not runs:
+        raise ValueError(f"runs: must map labels to real_model records, at least one, got {describe(runs)}")
+    return pd.concat({str(label): decode_table(rec).set_index("variant") for label, rec in runs.items()},
+                     names=["run", "variant"])
 
 
 def host_api_table(rec: Mapping) -> Any:
