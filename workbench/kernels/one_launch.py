@@ -366,15 +366,18 @@ class OneLaunchTail:
         self._last = None
         self._compiled = None
 
-    def run(self, branch: Any, residual: Any) -> np.ndarray:
-        """One evaluation of the tail, float32 numpy out; :class:`GridBarrierTimeout`
-        (after zeroing the launch's memory) if a barrier gave up."""
-        b = as_mx32(branch)
-        r = as_mx32(residual)
+    def _vectors(self, branch: Any, residual: Any) -> tuple[mx.array, mx.array]:
+        """``branch`` and ``residual`` as float32 MLX vectors of this tail's widths, or ValueError."""
+        b, r = as_mx32(branch), as_mx32(residual)
         for name, a, n in (("branch", b, self.prep.branch_dim), ("residual", r, self.prep.hidden)):
             if a.shape != (n,):
                 raise ValueError(f"{name} must have shape ({n},) for this tail; got {tuple(a.shape)}")
-        got = self(b, r)
+        return b, r
+
+    def run(self, branch: Any, residual: Any) -> np.ndarray:
+        """One evaluation of the tail, float32 numpy out; :class:`GridBarrierTimeout`
+        (after zeroing the launch's memory) if a barrier gave up."""
+        got = self(*self._vectors(branch, residual))
         mx.eval(got)
         self.raise_if_barrier_failed()
         return np.array(got[0]) if isinstance(got, tuple) else np.array(got)
@@ -384,12 +387,7 @@ class OneLaunchTail:
         from the one evaluation."""
         if self.next_norm is None:
             raise ValueError("run_carried: this launch carries no next norm (OneLaunchTail(..., next_norm=NextNorm(...)))")
-        b = as_mx32(branch)
-        r = as_mx32(residual)
-        for name, a, n in (("branch", b, self.prep.branch_dim), ("residual", r, self.prep.hidden)):
-            if a.shape != (n,):
-                raise ValueError(f"{name} must have shape ({n},) for this tail; got {tuple(a.shape)}")
-        out, normed = self(b, r)
+        out, normed = self(*self._vectors(branch, residual))
         mx.eval(out, normed)
         self.raise_if_barrier_failed()
         return np.array(out), np.array(normed)
