@@ -123,3 +123,28 @@ def test_the_one_launch_grid_rule_counts_busy_groups():
     assert one_launch.groups_for(Prep(5120, 17408), shape) is None
     with pytest.raises(ValueError, match="groups"):
         one_launch.OneLaunchShape(groups=0)
+
+
+def test_carry_norm_must_be_a_flag():
+    model = tiny_llama(8)
+    ckpt = load_checkpoint(model)
+    with pytest.raises(ValueError, match="carry_norm: must be True or False, got"):
+        with rmod.fused_tails(model, [ckpt.tail_weights(i) for i in range(2)], carry_norm="yes"):
+            pass
+
+
+def test_the_carried_norm_is_the_readers_own_and_a_rounded_output_is_normed_by_its_reader():
+    """float32 activations: carrying the norm gives the logits of every block norming its own
+    input, bit for bit (the same mx.fast.rms_norm of the same array). bfloat16 activations:
+    the block rounds its output, so nothing is carried (the norm of the float32 output would
+    not be the reader's), and both ways are the same bits too."""
+    for dtype in (mx.float32, mx.bfloat16):
+        model = tiny_llama(9)
+        model.set_dtype(dtype)
+        ckpt = load_checkpoint(model)
+        ws = [ckpt.tail_weights(i) for i in range(2)]
+        logits = []
+        for carry in (True, False):
+            with rmod.fused_tails(model, ws, carry_norm=carry):
+                logits.append(_logits(model))
+        assert np.array_equal(logits[0], logits[1]), dtype
