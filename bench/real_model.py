@@ -29,7 +29,8 @@ machine's load hits each alike):
 * **one tail, one evaluation** (inputs resident on the device, the output evaluated once:
   what a tail alone costs with its wait) and **in a chain** (``--chain`` tails, each
   taking the previous one's output as its residual, in ONE evaluation, per tail: what a
-  tail costs inside a model's graph, the wait shared), at SmolLM2's shape (its layer
+  tail costs inside a model's graph, the wait shared; the chain also split as a decode step
+  is, into building its graph, encoding it and the wait, host us a tail), at SmolLM2's shape (its layer
   ``--layer``, real weights, and synthetic bf16), a mid size (hidden 2048, FFN 8192, a 1B
   Llama's) and Bonsai-27B's (5120 / 6144 / 17408), each in bf16 and in the GGUF's affine
   4-bit (group 32, float16 scales and biases). Variants: ``reference`` (the ops mlx-lm
@@ -314,8 +315,35 @@ def time_tail(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.ar
 
     single = record.time_rounds({k: one(f) for k, f in fns.items()}, repeats, warmup=5)
     chains = record.time_rounds({k: chained(f) for k, f in fns.items()}, max(5, repeats // 5), warmup=2)
-    return {k: {**record.summarize(single[k]), "chain_ms_per_tail": float(np.median(chains[k])) / chain}
+    split = chain_split(fns, b, r, max(5, repeats // 5), chain)
+    return {k: {**record.summarize(single[k]), "chain_ms_per_tail": float(np.median(chains[k])) / chain, **split[k]}
             for k in fns}
+
+
+def chain_split(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.array, r: mx.array,
+                rounds: int, chain: int, warmup: int = 2) -> dict[str, dict[str, float]]:
+    """Per variant, a chain of ``chain`` tails split as a decode step is (``_steps``): building
+    the chain's graph, encoding it (``mx.async_eval``) and the wait, each in us a tail, medians
+    over ``rounds`` (variants interleaved round by round, the order reversed every other round).
+    Where a model's decode is the host's, build and encode are what a tail costs it."""
+    parts: dict[str, list[tuple[float, float, float]]] = {k: [] for k in fns}
+    order = list(fns)
+    for i in range(warmup + rounds):
+        for k in (order if i % 2 == 0 else order[::-1]):
+            t0 = time.perf_counter()
+            out = r
+            for _ in range(chain):
+                out = fns[k](b, out)
+            t1 = time.perf_counter()
+            mx.async_eval(out)
+            t2 = time.perf_counter()
+            mx.eval(out)
+            t3 = time.perf_counter()
+            if i >= warmup:
+                parts[k].append((t1 - t0, t2 - t1, t3 - t2))
+    med = {k: np.median(np.asarray(v), axis=0) * 1e6 / chain for k, v in parts.items()}
+    return {k: {"chain_build_us": float(m[0]), "chain_encode_us": float(m[1]), "chain_wait_us": float(m[2])}
+            for k, m in med.items()}
 
 
 def bench_shape(label: str, w: tail.TailWeights, reference: Callable[[mx.array, mx.array], mx.array] | None,
@@ -376,11 +404,12 @@ def print_tails(rows: list[dict[str, Any]]) -> None:
               f"({row['weight_bytes'] / 1e6:.2f} MB), reference activations {row['activations']}, "
               f"floor {row['floor_ms']:.4f} ms")
         print(f"{'variant':<20}{'one eval ms':>12}{'vs ref':>8}{'chain ms/tail':>15}{'vs ref':>8}{'x floor':>9}"
-              f"{'worst vs f64':>14}")
+              f"{'worst vs f64':>14}{'build us':>10}{'encode us':>11}{'wait us':>9}")
         for k, v in row["variants"].items():
             print(f"{k:<20}{v['median_ms']:>12.4f}{ref['median_ms'] / v['median_ms']:>7.2f}x"
                   f"{v['chain_ms_per_tail']:>15.4f}{ref['chain_ms_per_tail'] / v['chain_ms_per_tail']:>7.2f}x"
-                  f"{v['median_ms'] / row['floor_ms']:>9.1f}{v['worst_vs_float64']:>14.2e}")
+                  f"{v['median_ms'] / row['floor_ms']:>9.1f}{v['worst_vs_float64']:>14.2e}"
+                  f"{v['chain_build_us']:>10.2f}{v['chain_encode_us']:>11.2f}{v['chain_wait_us']:>9.2f}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

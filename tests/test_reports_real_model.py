@@ -145,3 +145,16 @@ def test_runs_stack_into_one_table_by_run_and_variant():
         assert both.loc[label].tokens_per_s.equals(one.tokens_per_s)
     with pytest.raises(ValueError, match="runs: must map labels to real_model records"):
         R.decode_runs({})
+
+
+def test_the_chain_split_reads_where_a_record_has_it_and_is_empty_where_not():
+    old = _records()[-1]
+    assert R.chain_split_table(old).empty or "chain_build_us" in old["tails"][0]["variants"]["reference"]
+    rec = copy.deepcopy(old)
+    for t in rec["tails"]:
+        for i, v in enumerate(t["variants"].values()):
+            v.update(chain_build_us=1.0 + i, chain_encode_us=2.0, chain_wait_us=3.0)
+    split = R.chain_split_table(rec)
+    assert len(split) == sum(len(t["variants"]) for t in rec["tails"])
+    first = split.iloc[0]
+    assert (first.variant, first.build_us, first.host_us, first.wait_us) == ("reference", 1.0, 3.0, 3.0)

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe
 
-__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "best_cuda"]
+__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "best_cuda"]
 
 nan = float("nan")
 
@@ -216,3 +216,28 @@ def tail_table(rec: Mapping) -> Any:
         row["reference_worst"] = float(v["reference"]["worst_vs_float64"])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+#: The per-tail split of a chain (``bench.real_model.chain_split``), host us a tail.
+CHAIN_SPLIT = ("chain_build_us", "chain_encode_us", "chain_wait_us")
+
+
+def chain_split_table(rec: Mapping) -> Any:
+    """A ``pandas.DataFrame``, one row a shape and variant whose record has the split of a
+    chain as a decode step splits (``bench.real_model.chain_split``): ``shape``, ``variant``,
+    ``build_us`` (making a tail's ops, Python and MLX), ``encode_us`` (MLX turning them into
+    device work), ``wait_us`` and ``host_us`` (build and encode: what a tail costs the host
+    where a decode is the host's), each a tail's share of the chain. Empty for records made
+    before the bench split its chains."""
+    import pandas as pd
+
+    rec = _record(rec)
+    rows = []
+    for t in _tails(rec):
+        for name, v in t["variants"].items():
+            if not all(k in v for k in CHAIN_SPLIT):
+                continue
+            build, encode, wait = (float(v[k]) for k in CHAIN_SPLIT)
+            rows.append({"shape": t["label"], "variant": name, "build_us": build, "encode_us": encode,
+                         "wait_us": wait, "host_us": build + encode})
+    return pd.DataFrame(rows, columns=["shape", "variant", "build_us", "encode_us", "wait_us", "host_us"])
