@@ -24,8 +24,9 @@ machine's load hits each alike):
   Ratios are given as medians over rounds and paired (each round's ratio, median). Beside
   them the ops in one step's graph (each is host work on every device), and with
   ``--profile`` (CUDA, PyTorch installed) the kernels a step, their device time and the
-  host's CUDA calls. MLX's settings from the environment (``MLX_USE_CUDA_GRAPHS``) go into
-  the record.
+  host's CUDA calls; with ``--host-profile`` (any device) the functions that building a step
+  spends the host's time in, under Python's profiler. MLX's settings from the environment
+  (``MLX_USE_CUDA_GRAPHS``) go into the record.
 * **one tail, one evaluation** (inputs resident on the device, the output evaluated once:
   what a tail alone costs with its wait) and **in a chain** (``--chain`` tails, each
   taking the previous one's output as its residual, in ONE evaluation, per tail: what a
@@ -188,10 +189,26 @@ def step_ops(model: Any, prompt: tuple[int, ...]) -> dict[str, int]:
     return ops
 
 
+def host_profile(model: Any, prompt: tuple[int, ...], steps: int) -> list[dict[str, Any]]:
+    """The top functions of ``steps`` decode steps' graph building (``step_profile.build_profile``),
+    after the warm-up, step after step."""
+    cache, out = _primed(model, prompt, WARMUP)
+    tok = [out[-1]]
+
+    def build() -> mx.array:
+        return mx.argmax(model(mx.array([[tok[0]]], dtype=mx.int32), cache=cache)[0, -1])
+
+    def take(y: mx.array) -> None:
+        tok[0] = int(y.item())
+
+    return step_profile.build_profile(build, take, steps)
+
+
 def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, rounds: int,
-                 profile: bool = False) -> dict[str, Any]:
+                 profile: bool = False, host: bool = False) -> dict[str, Any]:
     """``variants``: name -> a context manager factory (``None`` for mlx-lm's own layers).
-    ``profile``: also each variant's kernels a step (``step_profile.device_profile``)."""
+    ``profile``: also each variant's kernels a step (``step_profile.device_profile``);
+    ``host``: also where building a step spends the host's time (:func:`host_profile`)."""
     rates: dict[str, list[float]] = {k: [] for k in variants}
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     piped: dict[str, list[float]] = {k: [] for k in variants}
@@ -200,6 +217,7 @@ def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, r
     piped_same: dict[str, bool] = {}
     ops: dict[str, dict[str, int]] = {}
     prof: dict[str, dict[str, Any]] = {}
+    hosts: dict[str, list[dict[str, Any]]] = {}
     order = list(variants)
     for i in range(rounds):
         for name in (order if i % 2 == 0 else order[::-1]):  # no variant always first after the prefill
@@ -214,6 +232,8 @@ def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, r
                 if profile and i == rounds - 1:
                     cache, out = _primed(rm.model, rm.prompt_ids, WARMUP)
                     prof[name] = step_profile.device_profile(lambda: _steps(rm.model, cache, out, tokens), tokens)
+                if host and i == rounds - 1:
+                    hosts[name] = host_profile(rm.model, rm.prompt_ids, tokens)
             rates[name].append(tokens / secs)
             cpu[name].append(tokens / cpu_secs)
             seqs.setdefault(name, seq)
@@ -236,7 +256,8 @@ def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, r
                    "step_split_ms": split_ms(name),
                    "same_tokens": seqs[name] == ref, "tokens": seqs[name],
                    "ops_per_step": sum(ops[name].values()), "ops": ops[name],
-                   **({"device_profile": prof[name]} if name in prof else {})}
+                   **({"device_profile": prof[name]} if name in prof else {}),
+                   **({"build_profile": hosts[name]} if name in hosts else {})}
             for name, v in rates.items()}
 
 
@@ -426,6 +447,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--formats", default=",".join(FORMATS), help="weight formats of the per-layer comparison")
     p.add_argument("--profile", action="store_true",
                    help="also each decode variant's kernels and device time a step (PyTorch's profiler, CUDA only)")
+    p.add_argument("--host-profile", action="store_true",
+                   help="also where building a decode step spends the host's time, per variant (Python's profiler)")
     args = p.parse_args(argv)
     names = record.comma_list(p, "--backends", args.backends, lazy)
     shapes = record.comma_list(p, "--shapes", args.shapes, list(SHAPES)) if args.shapes else []
@@ -492,7 +515,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 one_launch.set_default_shape(None)
 
         variants[f"fused-cuda-{best.split(':', 1)[1]}"] = best_shape
-    decode = bench_decode(rm, variants, args.tokens, args.rounds, profile=args.profile)
+    decode = bench_decode(rm, variants, args.tokens, args.rounds, profile=args.profile, host=args.host_profile)
     ref_tps = decode["reference"]["tokens_per_s_median"]
     print(f"\nSmolLM2-135M Q4_1, prompt {PROMPT!r} ({len(rm.prompt_ids)} tokens), {args.tokens} decode steps x "
           f"{args.rounds} rounds")
@@ -512,6 +535,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name:<22}{sp['build_ms']:>10.3f}{sp['encode_ms']:>11.3f}{sp['wait_ms']:>9.3f}"
               f"{d['pipelined_tokens_per_s_median']:>17.2f}{d['pipelined_tokens_per_s_median'] / ref_piped:>13.2f}x"
               f"{d['pipelined_vs_reference_paired']:>7.2f}x{str(d['pipelined_same_tokens']):>13}")
+    if args.host_profile:
+        for name, d in decode.items():
+            print(f"\n{name}: building a step, the functions with the most own time (us a step, profiled)")
+            for f in d["build_profile"][:10]:
+                print(f"  {f['own_us_per_step']:>9.1f} own {f['cum_us_per_step']:>9.1f} cum {f['calls_per_step']:>7.1f} calls"
+                      f"  {f['function']}")
     if args.profile:
         print(f"\n{'variant':<22}{'kernels a step':>16}{'device us a step':>18}{'graph launches':>16}")
         for name, d in decode.items():

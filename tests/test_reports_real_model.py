@@ -158,3 +158,13 @@ def test_the_chain_split_reads_where_a_record_has_it_and_is_empty_where_not():
     assert len(split) == sum(len(t["variants"]) for t in rec["tails"])
     first = split.iloc[0]
     assert (first.variant, first.build_us, first.host_us, first.wait_us) == ("reference", 1.0, 3.0, 3.0)
+
+
+def test_the_build_profile_reads_where_a_record_has_it():
+    rec = copy.deepcopy(_records()[-1])
+    assert R.build_profile_table(rec).empty
+    rec["decode"]["reference"]["build_profile"] = [
+        {"function": "models/llama.py:74(__call__)", "calls_per_step": 30.0, "own_us_per_step": 400.0,
+         "cum_us_per_step": 2500.0}]
+    table = R.build_profile_table(rec)
+    assert list(table.variant) == ["reference"] and table.own_us_per_step.iloc[0] == 400.0

@@ -47,3 +47,26 @@ def test_device_profile_refuses_without_torch_or_cuda():
 def test_device_profile_steps_must_be_a_positive_integer(steps):
     with pytest.raises(ValueError, match="steps: must be an integer >= 1"):
         step_profile.device_profile(lambda: None, steps)
+
+
+def test_the_build_profile_names_the_functions_a_step_spends_its_host_time_in():
+    import mlx.core as mx
+
+    from bench.common import step_profile as sp
+
+    x = mx.ones((8,))
+    taken = []
+
+    def build():
+        return mx.sum(x * 2.0)
+
+    rows = sp.build_profile(build, lambda y: taken.append(float(y.item())), steps=4, top=5)
+    assert taken == [16.0] * 4  # every step was read, outside the profile
+    assert 0 < len(rows) <= 5 and all(set(r) == {"function", "calls_per_step", "own_us_per_step", "cum_us_per_step"}
+                                      for r in rows)
+    assert any("build" in r["function"] for r in rows)
+    own = [r["own_us_per_step"] for r in rows]
+    assert own == sorted(own, reverse=True)  # most own time first
+    assert not any(r["function"].startswith("/") for r in rows)  # no machine paths in a record
+    with pytest.raises(ValueError, match="steps: must be an integer >= 1, got 0"):
+        sp.build_profile(build, lambda y: None, steps=0)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-__all__ = ["graph_ops", "device_profile", "check_available", "ProfileUnavailable"]
+__all__ = ["graph_ops", "build_profile", "device_profile", "check_available", "ProfileUnavailable"]
 
 _PRIMITIVE = re.compile(r'\[label ="([^"]+)", shape=rectangle\]')
 
@@ -44,6 +44,38 @@ def graph_ops(*outputs: mx.array) -> dict[str, int]:
     finally:
         os.unlink(path)
     return dict(counts.most_common())
+
+
+def _where(filename: str, line: int, name: str) -> str:
+    """A profiled function as ``folder/file.py:line(name)``: the last two parts of its path,
+    so a record names the code (``models/llama.py``, ``real_models/graph_tail.py``), not the
+    machine's folders."""
+    parts = filename.replace("\\", "/").split("/")
+    return f"{'/'.join(parts[-2:])}:{line}({name})"
+
+
+def build_profile(build: Callable[[], Any], take: Callable[[Any], None], steps: int,
+                  top: int = 20) -> list[dict[str, Any]]:
+    """Where the host's time goes while it builds a decode step's graph: ``steps`` steps, each
+    ``build()`` (the lazy step) run under Python's profiler and ``take(result)`` (the read, the
+    next token) outside it. The ``top`` functions by their own time, each with its calls and
+    its own and cumulative time a step (us). The profiler slows every Python call alike, so
+    the figures compare variants; they are not the step's unprofiled time."""
+    import cProfile
+    import pstats
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: must be an integer >= 1, got {steps!r}")
+    prof = cProfile.Profile()
+    for _ in range(steps):
+        prof.enable()
+        got = build()
+        prof.disable()
+        take(got)
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, calls, tottime, cumtime, callers)
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [{"function": _where(*fn), "calls_per_step": s[1] / steps, "own_us_per_step": s[2] / steps * 1e6,
+             "cum_us_per_step": s[3] / steps * 1e6} for fn, s in ranked]
 
 
 def check_available() -> None:

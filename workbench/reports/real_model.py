@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe
 
-__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "best_cuda"]
+__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "build_profile_table", "best_cuda"]
 
 nan = float("nan")
 
@@ -241,3 +241,16 @@ def chain_split_table(rec: Mapping) -> Any:
             rows.append({"shape": t["label"], "variant": name, "build_us": build, "encode_us": encode,
                          "wait_us": wait, "host_us": build + encode})
     return pd.DataFrame(rows, columns=["shape", "variant", "build_us", "encode_us", "wait_us", "host_us"])
+
+
+def build_profile_table(rec: Mapping) -> Any:
+    """A ``pandas.DataFrame``, one row a decode variant and function, from a run with
+    ``--host-profile``: ``variant``, ``function`` (``folder/file.py:line(name)``),
+    ``calls_per_step``, ``own_us_per_step`` and ``cum_us_per_step`` (under Python's
+    profiler, which slows every call alike: figures to compare variants by, not a step's
+    time). Empty for a record made without it."""
+    import pandas as pd
+
+    rec = _record(rec)
+    rows = [{"variant": name, **f} for name, d in rec["decode"].items() for f in d.get("build_profile", ())]
+    return pd.DataFrame(rows, columns=["variant", "function", "calls_per_step", "own_us_per_step", "cum_us_per_step"])
