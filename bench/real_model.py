@@ -127,6 +127,11 @@ def _primed(model: Any, prompt: tuple[int, ...], warmup: int, pipelined: bool = 
     return cache, out
 
 
+def _step(model: Any, cache: Any, tok: int) -> mx.array:
+    """One greedy decode step's lazy token after ``tok``, through mlx-lm's KV cache."""
+    return mx.argmax(model(mx.array([[tok]], dtype=mx.int32), cache=cache)[0, -1])
+
+
 def _steps(model: Any, cache: Any, out: list[int], n: int, split: list[tuple[float, float, float]] | None = None) -> None:
     """``n`` greedy steps from ``out[-1]``, their tokens appended to ``out``; with
     ``split``, each step's seconds appended to it in three parts: building the step's
@@ -135,7 +140,7 @@ def _steps(model: Any, cache: Any, out: list[int], n: int, split: list[tuple[flo
     tok = out[-1]
     for _ in range(n):
         t0 = time.perf_counter()
-        y = mx.argmax(model(mx.array([[tok]], dtype=mx.int32), cache=cache)[0, -1])
+        y = _step(model, cache, tok)
         t1 = time.perf_counter()
         mx.async_eval(y)
         t2 = time.perf_counter()
@@ -196,7 +201,7 @@ def host_profile(model: Any, prompt: tuple[int, ...], steps: int) -> list[dict[s
     tok = [out[-1]]
 
     def build() -> mx.array:
-        return mx.argmax(model(mx.array([[tok[0]]], dtype=mx.int32), cache=cache)[0, -1])
+        return _step(model, cache, tok[0])
 
     def take(y: mx.array) -> None:
         tok[0] = int(y.item())
@@ -321,32 +326,25 @@ def tail_variants(w: tail.TailWeights, cuda: bool) -> dict[str, Callable[[mx.arr
 def time_tail(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.array, r: mx.array,
               repeats: int, chain: int) -> dict[str, dict[str, float]]:
     """Per variant: one tail in one evaluation (ms, median of ``repeats``) and a tail in a
-    chain of ``chain`` in one evaluation (ms a tail, median of ``max(5, repeats // 5)``)."""
+    chain of ``chain`` in one evaluation (ms a tail, median of ``max(5, repeats // 5)``
+    chains, each also split into build, encode and wait: :func:`chain_split`)."""
 
     def one(fn: Callable) -> Callable[[], None]:
         return lambda: mx.eval(fn(b, r))
 
-    def chained(fn: Callable) -> Callable[[], None]:
-        def run() -> None:
-            out = r
-            for _ in range(chain):
-                out = fn(b, out)
-            mx.eval(out)
-        return run
-
     single = record.time_rounds({k: one(f) for k, f in fns.items()}, repeats, warmup=5)
-    chains = record.time_rounds({k: chained(f) for k, f in fns.items()}, max(5, repeats // 5), warmup=2)
-    split = chain_split(fns, b, r, max(5, repeats // 5), chain)
-    return {k: {**record.summarize(single[k]), "chain_ms_per_tail": float(np.median(chains[k])) / chain, **split[k]}
-            for k in fns}
+    chains = chain_split(fns, b, r, max(5, repeats // 5), chain)
+    return {k: {**record.summarize(single[k]), **chains[k]} for k in fns}
 
 
 def chain_split(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.array, r: mx.array,
                 rounds: int, chain: int, warmup: int = 2) -> dict[str, dict[str, float]]:
-    """Per variant, a chain of ``chain`` tails split as a decode step is (``_steps``): building
-    the chain's graph, encoding it (``mx.async_eval``) and the wait, each in us a tail, medians
-    over ``rounds`` (variants interleaved round by round, the order reversed every other round).
-    Where a model's decode is the host's, build and encode are what a tail costs it."""
+    """Per variant, a chain of ``chain`` tails in one evaluation: ``chain_ms_per_tail`` (the
+    whole chain's wall time, median over ``rounds``, a tail's share) and the chain split as a
+    decode step is (``_steps``) into building its graph, encoding it (``mx.async_eval``) and
+    the wait, each a median in us a tail; variants interleaved round by round, the order
+    reversed every other round. Where a model's decode is the host's, build and encode are
+    what a tail costs it."""
     parts: dict[str, list[tuple[float, float, float]]] = {k: [] for k in fns}
     order = list(fns)
     for i in range(warmup + rounds):
@@ -362,9 +360,13 @@ def chain_split(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.
             t3 = time.perf_counter()
             if i >= warmup:
                 parts[k].append((t1 - t0, t2 - t1, t3 - t2))
-    med = {k: np.median(np.asarray(v), axis=0) * 1e6 / chain for k, v in parts.items()}
-    return {k: {"chain_build_us": float(m[0]), "chain_encode_us": float(m[1]), "chain_wait_us": float(m[2])}
-            for k, m in med.items()}
+    out: dict[str, dict[str, float]] = {}
+    for k, v in parts.items():
+        a = np.asarray(v)
+        m = np.median(a, axis=0) * 1e6 / chain
+        out[k] = {"chain_ms_per_tail": float(np.median(a.sum(axis=1))) * 1e3 / chain, "chain_build_us": float(m[0]),
+                  "chain_encode_us": float(m[1]), "chain_wait_us": float(m[2])}
+    return out
 
 
 def bench_shape(label: str, w: tail.TailWeights, reference: Callable[[mx.array, mx.array], mx.array] | None,

@@ -307,12 +307,16 @@ NEXT_NORM_BODY = "next_norm.body"
 NEXT_NORM_MARK = "//== epilogue next_norm =="
 
 
+def _one_launch_name(next_norm: bool) -> str:
+    return ONE_LAUNCH_NAME + ("_next_norm" if next_norm else "")
+
+
 def one_launch_mlx_name(*, kernel_dir: str | Path | None = None, next_norm: bool = False) -> str:
     """:data:`ONE_LAUNCH_NAME` for the repository's kernels (``_next_norm`` appended for the
     launch with the next norm's epilogue); another folder's one launch gets a digest of its
     composed text appended, as :func:`mlx_name` names another folder's launches (MLX keys
     compiled kernels by name and template values only)."""
-    base = ONE_LAUNCH_NAME + ("_next_norm" if next_norm else "")
+    base = _one_launch_name(next_norm)
     if kernel_dir is None or _folder(kernel_dir) == KERNEL_DIR:
         return base
     text = "".join(compose_one_launch(kernel_dir=kernel_dir, next_norm=next_norm))
@@ -465,7 +469,7 @@ def one_launch_translation_unit(input_dtypes: dict[str, str], template: dict[str
     as :func:`cuda_translation_unit` for the three launches (``next_norm``: with the next
     norm's epilogue, its input and output)."""
     header, source = compose_one_launch(kernel_dir=kernel_dir, next_norm=next_norm)
-    return _translation_unit(ONE_LAUNCH_NAME + ("_next_norm" if next_norm else ""), header, source,
+    return _translation_unit(_one_launch_name(next_norm), header, source,
                              one_launch_inputs(next_norm=next_norm), one_launch_outputs(next_norm=next_norm),
                              input_dtypes, one_launch_template(), template)
 
