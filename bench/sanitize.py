@@ -11,7 +11,9 @@ MLX names start ``fat_``, are instrumented; MLX's own kernels run as they are). 
 evaluates, for every weight format the kernels read (float32, bfloat16, affine 4- and
 8-bit, mxfp4, nvfp4), the parts asked for (``--parts``): the tail's three launches, the
 same tail as one launch (``workbench.kernels.one_launch``, checked against the three, which
-therefore run with it) and the head launch, at a small shape (hidden 256, branch 1024, ffn
+therefore run with it), that one launch carrying the next layer's input norm
+(``workbench.kernels.next_norm``: its ``out`` checked against the three launches, its norm
+against the float64 norm of that ``out``) and the head launch, at a small shape (hidden 256, branch 1024, ffn
 2048, wo folded with block 256; head 1024 -> 1024 + 256 + 256) and at Bonsai-27B's (5120,
 6144, 17408, block 1024; head 5120 -> 12288 + 1024 + 1024; folding its three matrices in
 float64 took 1.5-1.9 s per 1,024 rows on a 2-core machine, so ~25 s a format), and checks
@@ -75,8 +77,9 @@ SHAPES: dict[str, tuple[tuple[int, int, int], int, tuple[int, int, int]]] = {
 FORMATS = sanitizer_coverage.FORMATS
 
 
-#: What the child can run: the tail's three launches, the tail as one launch, the head launch.
-PARTS: tuple[str, ...] = ("tail", "one-launch", "head")
+#: What the child can run: the tail's three launches, the tail as one launch, the same one
+#: launch carrying the next layer's input norm (``kernels/next_norm.body``), the head launch.
+PARTS: tuple[str, ...] = ("tail", "one-launch", "next-norm", "head")
 
 
 def part_groups(parts: list[str]) -> list[list[str]]:
@@ -93,9 +96,10 @@ def part_groups(parts: list[str]) -> list[list[str]]:
 
 
 def parts_to_run(parts: list[str]) -> list[str]:
-    """``parts`` in PARTS order, with the tail added where the one launch is asked for (the
-    one launch is checked against the three launches' output, so they run with it)."""
-    wanted = set(parts) | ({"tail"} if "one-launch" in parts else set())
+    """``parts`` in PARTS order, with the tail added where a one launch is asked for (a one
+    launch, carrying the next norm or not, is checked against the three launches' output, so
+    they run with it)."""
+    wanted = set(parts) | ({"tail"} if {"one-launch", "next-norm"} & set(parts) else set())
     return [p for p in PARTS if p in wanted]
 
 
@@ -176,7 +180,8 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
     for sname in shapes:
         for i, fmt in enumerate(formats):
             if "tail" in parts:
-                bad += _tail_parts(sname, fmt, i, "one-launch" in parts, device_inputs, one_launch_nt)
+                bad += _tail_parts(sname, fmt, i, "one-launch" in parts, device_inputs, one_launch_nt,
+                                   carried="next-norm" in parts)
             if "head" in parts:
                 bad += _head_part(sname, fmt, i)
     return 1 if bad else 0
@@ -193,16 +198,20 @@ def _elapsed() -> str:
     return f" [{time.perf_counter() - _CHILD_T0:.0f} s]"
 
 
-def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, one_nt: int | None = None) -> int:
+def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, one_nt: int | None = None,
+                carried: bool = False) -> int:
     """The tail's three launches at shape ``sname`` in ``fmt`` (the small shape checked
     against the float64 oracle, Bonsai's for finite outputs), and with ``one`` the same tail
     as one launch (``one_nt`` threads a group; None: fused_tail's for the format) checked against them;
-    prints a line each (the one launch's names its threads a group), returns the number failed."""
+    with ``carried`` the one launch that also writes the next layer's input norm, its ``out``
+    checked against the three launches and its norm against the float64 norm of that ``out``;
+    prints a line each (a one launch's names its threads a group), returns the number failed."""
     import mlx.core as mx
 
     from workbench import tail
     from workbench.kernels import launch as kernel_launch
     from workbench.kernels import one_launch
+    from workbench.kernels.next_norm import NextNorm
     from workbench.tail.comparison import compare
     from workbench.decode.matvec import worst_scaled_error
     from workbench.studies.exact_oracle import host_tail_exact, tolerance_for
@@ -240,13 +249,27 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
         # exceeded under initcheck (one_launch.SANITIZER_BARRIER_LIMIT_MS)
         tail1 = one_launch.OneLaunchTail(prep, shape, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
         if device_inputs:
-            tail1.work = device_copy(tail1.work)  # its zeros were written by MLX's own kernel
-            mx.eval(tail1.work)
+            tail1.copy_constants(device_copy)  # its zeros and constants were written by MLX's own kernels
         worst = worst_scaled_error(tail1.run(b_in, r_in), out)
         agrees = worst <= SEED_TOL  # frink-models' criterion: the sums only run in another order
         bad += not agrees
         print(f"one-launch {sname} {fmt} ({shape.nt} threads a group): {'agrees' if agrees else 'DISAGREES'} "
               f"with the three launches (worst scaled {worst:.3g}){_elapsed()}", flush=True)
+    if carried:  # the one launch with the next norm's epilogue (its last group writes rms_norm(out) * w)
+        shape = one_launch.shape_for(prep) if one_nt is None else one_launch.OneLaunchShape(nt=one_nt)
+        norm = NextNorm(np.random.default_rng(9 + i).uniform(0.5, 1.5, prep.hidden), 1e-5)
+        tailn = one_launch.OneLaunchTail(prep, shape, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS,
+                                         next_norm=norm)
+        if device_inputs:
+            tailn.copy_constants(device_copy)
+        got, normed = tailn.run_carried(b_in, r_in)
+        worst_out = worst_scaled_error(got, out)
+        worst_norm = worst_scaled_error(normed, norm.oracle(got))
+        agrees = max(worst_out, worst_norm) <= SEED_TOL
+        bad += not agrees
+        print(f"next-norm {sname} {fmt} ({shape.nt} threads a group): {'agrees' if agrees else 'DISAGREES'} "
+              f"(out against the three launches: worst scaled {worst_out:.3g}; the norm against float64: "
+              f"{worst_norm:.3g}){_elapsed()}", flush=True)
     return bad
 
 
@@ -350,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help=f"comma list of {PARTS}: tail the three launches, one-launch the same tail as one "
-                         "launch (checked against the three, so they run with it), head the head launch")
+                         "launch (checked against the three, so they run with it), next-norm that launch also "
+                         "writing the next layer's input norm, head the head launch")
     ap.add_argument("--device-written", action="store_true",
                     help="the tail's weights and inputs copied by a GPU kernel first (initcheck: tells host-written "
                          "memory apart from a real uninitialized read)")

@@ -377,18 +377,19 @@ def test_sanitize_jobs_run_the_head_apart_from_the_tail(tmp_path, monkeypatch) -
             raise subprocess.TimeoutExpired(cmd, kw["timeout"], output="")
         Path(cmd[cmd.index("--log-file") + 1]).write_text("========= ERROR SUMMARY: 0 errors\n")
         return subprocess.CompletedProcess(cmd, 0, stdout="tail bonsai affine4: outputs finite [41 s]\n"
-                                           "one-launch bonsai affine4 (640 threads a group): agrees [97 s]\n", stderr="")
+                                           "one-launch bonsai affine4 (640 threads a group): agrees [97 s]\n"
+                                           "next-norm bonsai affine4 (640 threads a group): agrees [99 s]\n", stderr="")
 
     monkeypatch.setattr(sanitize.bounded_run, "run_bounded", fake_run)
     assert sanitize.main(["--tools", "memcheck", "--shapes", "bonsai", "--formats", "affine4", "--jobs", "2",
                           "--out-dir", str(tmp_path)]) == 1
-    assert sorted(c[c.index("--parts") + 1] for c in calls) == ["head", "tail,one-launch"]
+    assert sorted(c[c.index("--parts") + 1] for c in calls) == ["head", "tail,one-launch,next-norm"]
     rec = json.loads(next(tmp_path.glob("sanitize-*.json")).read_text())
     assert sorted((r["parts"], r["passed"]) for r in rec["runs"]) == [(["head"], False),
-                                                                      (["tail", "one-launch"], True)]
+                                                                      (["tail", "one-launch", "next-norm"], True)]
     from workbench.reports.sanitize import coverage
 
-    assert coverage([rec]).loc[("bonsai", "affine4"), "memcheck"] == "T1"
+    assert coverage([rec]).loc[("bonsai", "affine4"), "memcheck"] == "T1N"
 
 
 @pytest.mark.parametrize("parts, groups", [
@@ -425,8 +426,10 @@ def test_sanitize_says_a_run_killed_at_its_limit_timed_out(tmp_path, monkeypatch
 @pytest.mark.parametrize("asked, runs", [
     (["head"], ["head"]),                                   # the head alone: no tail before it
     (["one-launch"], ["tail", "one-launch"]),               # the one launch is checked against the tail
+    (["next-norm"], ["tail", "next-norm"]),                 # so is the one launch carrying the next norm
     (["head", "tail"], ["tail", "head"]),                   # PARTS order
     (["tail", "one-launch", "head"], ["tail", "one-launch", "head"]),
+    (["head", "next-norm", "one-launch"], ["tail", "one-launch", "next-norm", "head"]),
 ])
 def test_sanitize_parts_to_run(asked, runs) -> None:
     from bench import sanitize
@@ -441,13 +444,16 @@ def test_sanitize_child_runs_the_parts_asked_for_in_every_format_and_shape(monke
 
     calls = []
     monkeypatch.setattr(sanitize, "_tail_parts",
-                        lambda s, f, i, one, dev, nt: calls.append(("tail", s, f, one, nt)) or 0)
+                        lambda s, f, i, one, dev, nt, carried: calls.append(("tail", s, f, one, nt, carried)) or 0)
     monkeypatch.setattr(sanitize, "_head_part", lambda s, f, i: calls.append(("head", s, f)) or (f == "nvfp4"))
     assert sanitize._child(["bonsai"], ["affine4", "nvfp4"], ["head"]) == 1  # nvfp4's head "failed"
     assert calls == [("head", "bonsai", "affine4"), ("head", "bonsai", "nvfp4")]
     calls.clear()
     assert sanitize._child(["small"], ["bfloat16"], ["one-launch"], one_launch_nt=640) == 0
-    assert calls == [("tail", "small", "bfloat16", True, 640)]
+    assert calls == [("tail", "small", "bfloat16", True, 640, False)]
+    calls.clear()
+    assert sanitize._child(["small"], ["affine4"], ["next-norm"]) == 0  # the carrying launch without the plain one
+    assert calls == [("tail", "small", "affine4", False, None, True)]
 
 
 def test_sanitize_passes_the_one_launch_threads_to_every_child(tmp_path, monkeypatch) -> None:

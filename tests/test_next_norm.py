@@ -145,3 +145,23 @@ def test_the_one_launch_carries_the_norm_of_its_own_output(quantize):
     truth = nn.oracle(tail.host_tail(w, br, res))
     verdict = compare(normed, truth, tol=SEED_TOL)
     assert verdict.passed, verdict
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not B.cuda_available(), reason="needs an NVIDIA GPU with MLX's CUDA back-end (mlx[cuda13])")
+def test_a_launch_with_its_constants_copied_gives_the_same_bits():
+    """``copy_constants`` (what ``bench.sanitize --device-written`` does to a launch) swaps
+    every array the launch reads for a copy, the next norm's weight included: the same
+    tail, bit for bit."""
+    w = tail.TailWeights.random(576, 576, 1536, seed=14, fold_block=64, dtype="bfloat16",
+                                quantize={"bits": 4, "group_size": 32})
+    prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
+    nn = _norm(576, 15)
+    br, res = tail.random_inputs(w, seed=16)
+    first = one_launch.OneLaunchTail(prep, one_launch.shape_for(prep), next_norm=nn)
+    want = first.run_carried(br, res)
+    copied = one_launch.OneLaunchTail(prep, one_launch.shape_for(prep), next_norm=nn)
+    copied.copy_constants(lambda a: mx.array(np.array(a)))
+    got = copied.run_carried(br, res)
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(g, e)

@@ -47,7 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import mlx.core as mx
 import numpy as np
@@ -352,6 +352,17 @@ class OneLaunchTail:
 
             self._compiled = call
         return self._compiled
+
+    def copy_constants(self, copy: Callable[[mx.array], mx.array]) -> None:
+        """Every array the launch reads but the activations (weights, constants, the next
+        norm's weight, its memory) replaced by ``copy(array)``, evaluated now; ``copy`` must
+        return the same bits. For instrumented runs: compute-sanitizer's initcheck counts as
+        written only what an instrumented kernel wrote (``bench.sanitize --device-written``)."""
+        self._consts = {name: copy(a) for name, a in self._consts.items()}
+        self.work = copy(self.work)
+        mx.eval(self.work, *self._consts.values())
+        self._last = None
+        self._compiled = None
 
     def barrier_failed(self) -> bool:
         """Whether a launch since the last reset found a barrier that waited too long

@@ -18,7 +18,9 @@ prepared ONCE when the tail is built rather than on every call. Each rule, and w
   twice the memory of a half-precision matrix.
 * **gate and up stacked into one matrix** (same format only): one matrix product instead of
   two, which is one kernel launch fewer a tail on a GPU. Each output row is the same dot
-  product over the same weights, so the map is the same.
+  product over the same weights, so the map is the same. The product is cut in two by one
+  ``mx.split`` (one op, two views of its buffer), not two slices: in a small model's decode
+  each op in the graph is host work (``bench.real_model``'s ops a step).
 * **The norm as ``mx.fast.rms_norm``**: one kernel on a GPU where the formula written out is a
   reduction and element-wise ops; it accumulates in float32, as the formula does.
 * **Traced once by ``mx.compile``**, so the element-wise ops (the adds, silu times up) fuse;
@@ -143,7 +145,7 @@ def _rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps: float
         n = mx.fast.rms_norm(h, norm, eps)
         if stacked:
             y = _product(forms[1], n, mats[1])
-            g, u = y[..., :ffn], y[..., ffn:]
+            g, u = mx.split(y, [ffn], axis=-1)  # one op with two views; two slices would be two ops
         else:
             g, u = _product(forms[1], n, mats[1]), _product(forms[2], n, mats[2])
         out = h + _product(forms[-1], (g * mx.sigmoid(g)) * u, mats[-1])

@@ -1,7 +1,7 @@
 """What compute-sanitizer has found clean, read from ``python -m bench.sanitize`` records.
 
 A sanitizer run (``bench.sanitize``) runs a child that evaluates the kernels of a tail
-(its three launches, the same tail as one launch, the head launch) at some shapes and
+(its three launches, the same tail as one launch, that launch carrying the next norm, the head launch) at some shapes and
 weight formats, and prints one line a case (``tail small bfloat16: PASS ...``). A run
 passes only when the sanitizer printed its summary with no error (racecheck: no hazard)
 and the child exited 0; a run stopped at its time limit proves nothing about the cases it
@@ -31,8 +31,9 @@ FORMATS: tuple[str, ...] = tuple(f.name for f in KERNEL_FORMATS)
 SHAPES: tuple[str, ...] = ("small", "bonsai")
 
 #: What a case line starts with, and its letter in :func:`coverage`'s cells: T the tail's
-#: three launches, 1 the tail as one launch, H the head launch.
-PART_LETTERS: dict[str, str] = {"tail": "T", "one-launch": "1", "head": "H"}
+#: three launches, 1 the tail as one launch, N that launch carrying the next layer's input
+#: norm (``workbench.kernels.next_norm``; kernel text since ``a5b094e07023``), H the head launch.
+PART_LETTERS: dict[str, str] = {"tail": "T", "one-launch": "1", "next-norm": "N", "head": "H"}
 
 
 def load_records(folder: str | os.PathLike | None = None) -> list[dict[str, Any]]:
