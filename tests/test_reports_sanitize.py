@@ -22,8 +22,8 @@ def _rec(runs: list[dict] | None = None, tools: dict | None = None) -> dict:
 
 def test_the_committed_records():
     """Every tool clean for every part and format at both shapes, over all records and over
-    the runs of one kernel text (``c60431e0a55f``, whose Bonsai runs finished it; notebook 08
-    prints these tables). The bench's names and orders are the table's."""
+    the runs of one kernel text (``c60431e0a55f``, whose Bonsai runs finished it, and
+    ``a5b094e07023``, with the next norm's epilogue; notebook 08 prints these tables). The bench's names and orders are the table's."""
     from bench import sanitize
 
     assert tuple(sanitize.SHAPES) == sc.SHAPES and sanitize.FORMATS == sc.FORMATS and sanitize.TOOLS == sc.TOOLS
@@ -32,13 +32,19 @@ def test_the_committed_records():
     assert every == records.load_all("sanitize") and len(every) >= 49
     cov = sc.coverage(every)
     assert list(cov.columns) == list(sc.TOOLS)
-    assert len(cov) == len(sc.SHAPES) * len(sc.FORMATS) and (cov == "T1H").all().all()
+    assert len(cov) == len(sc.SHAPES) * len(sc.FORMATS) and (cov == "T1NH").all().all()
     # one kernel text alone: the head launch at Bonsai's shape too (sanitize-…195746Z and on)
     one_text = sc.coverage(sc.of_kernel_text(every, "c60431e0a55f"))
     assert len(one_text) == len(sc.SHAPES) * len(sc.FORMATS) and (one_text == "T1H").all().all()
     for shape in sc.SHAPES:
         for part in ("tail", "one-launch", "head"):  # that text had no next-norm epilogue
             assert sc.not_yet_clean(one_text, shape, part) == {t: [] for t in sc.TOOLS}
+    # the text with the next norm's epilogue (a5b094e07023): every part, the carrying launch too
+    carried = sc.coverage(sc.of_kernel_text(every, "a5b094e07023"))
+    assert len(carried) == len(sc.SHAPES) * len(sc.FORMATS) and (carried == "T1NH").all().all()
+    for shape in sc.SHAPES:
+        for part in sc.PART_LETTERS:
+            assert sc.not_yet_clean(carried, shape, part) == {t: [] for t in sc.TOOLS}
 
 
 def test_only_passed_runs_count_and_both_record_layouts_are_read():
