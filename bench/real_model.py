@@ -14,7 +14,11 @@ machine's load hits each alike):
   a token is one evaluation in every variant; each fused tail also computes the norm its
   output goes into next, the next block's input norm or the final norm, and
   ``fused-<backend>-own-norm`` is the same with every block norming its own input:
-  ``fused_tails(carry_norm=False)``). Every variant's tokens are checked equal to
+  ``fused_tails(carry_norm=False)``). ``reference-qkv`` is mlx-lm's layers with each
+  attention's q, k and v projections as one product (``reference_model.stacked_qkv``), and
+  ``fused-<backend>-qkv`` the fused tails with the same (``fused_tails(stack_qkv=True)``):
+  a change to the attention, not to the tail, so what the tails earn with it is read
+  against ``reference-qkv`` (``reports.real_model.paired_ratio``). Every variant's tokens are checked equal to
   the reference's. Beside tokens a second, tokens a CPU second of this process: where the
   two ratios agree, the decode is bound by the host building each step's graph (on a GPU),
   and on a CPU shared with other work the CPU seconds are what the wall clock blurs.
@@ -75,7 +79,7 @@ from workbench.kernels import one_launch
 from workbench.models.config import BONSAI_SHAPE
 from workbench.real_models.end_to_end import PROMPT, smollm2
 from workbench.real_models.graph_tail import model_graph_tail
-from workbench.real_models.reference_model import LAZY_BACKENDS, capture_layers, fused_tails, vector_tail
+from workbench.real_models.reference_model import LAZY_BACKENDS, capture_layers, fused_tails, stacked_qkv, vector_tail
 from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_TOL
 
@@ -500,6 +504,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         variants[f"fused-{b}"] = (lambda b=b: fused_tails(rm.model, weights, backend=b))
     for b in names:  # the same, each block norming its own input: what carrying the norm saves
         variants[f"fused-{b}-own-norm"] = (lambda b=b: fused_tails(rm.model, weights, backend=b, carry_norm=False))
+    # each attention's q, k, v as one product: in mlx-lm's layers alone, and beside the fused tails
+    variants["reference-qkv"] = lambda: stacked_qkv(rm.model)
+    for b in names:
+        variants[f"fused-{b}-qkv"] = (lambda b=b: fused_tails(rm.model, weights, backend=b, stack_qkv=True))
     best = best_one_launch(rows[0])
     chosen = None
     if cuda and "cuda" in names and best is not None and best != "cuda-1:rule":

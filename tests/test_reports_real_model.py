@@ -161,10 +161,38 @@ def test_the_chain_split_reads_where_a_record_has_it_and_is_empty_where_not():
 
 
 def test_the_build_profile_reads_where_a_record_has_it():
-    rec = copy.deepcopy(_records()[-1])
+    from workbench.reports import records
+
+    profiled = R.build_profile_table(records.load("real_model", "real_model-nvidia-h200-20261203T090055Z"))
+    assert set(profiled.variant) >= {"reference", "fused-cuda", "fused-graph"} and (profiled.own_us_per_step > 0).all()
+    rec = copy.deepcopy(records.load("real_model", "real_model-nvidia-h200-20261203T064802Z"))
     assert R.build_profile_table(rec).empty
     rec["decode"]["reference"]["build_profile"] = [
         {"function": "models/llama.py:74(__call__)", "calls_per_step": 30.0, "own_us_per_step": 400.0,
          "cum_us_per_step": 2500.0}]
     table = R.build_profile_table(rec)
     assert list(table.variant) == ["reference"] and table.own_us_per_step.iloc[0] == 400.0
+
+
+def test_the_paired_ratio_of_any_two_variants_is_the_median_of_their_rounds():
+    from workbench.reports import records
+
+    rec = records.load("real_model", "real_model-nvidia-h200-20261203T090055Z")
+    d = R.decode_table(rec).set_index("variant")
+    # against the reference it is the record's own paired figure, both loops
+    assert R.paired_ratio(rec, "fused-cuda", "reference") == pytest.approx(d.loc["fused-cuda", "paired"], rel=1e-12)
+    assert R.paired_ratio(rec, "fused-cuda", "reference", pipelined=True) == \
+        pytest.approx(d.loc["fused-cuda", "pipelined_paired"], rel=1e-12)
+    # between two fused variants, the median of the per-round ratios
+    made = copy.deepcopy(rec)
+    made["decode"]["fused-graph"]["tokens_per_s"] = [2.0, 4.0, 9.0]
+    made["decode"]["fused-cuda"]["tokens_per_s"] = [1.0, 1.0, 3.0]
+    assert R.paired_ratio(made, "fused-graph", "fused-cuda") == 3.0
+    with pytest.raises(ValueError, match=r"against: must be one of the record's decode variants"):
+        R.paired_ratio(rec, "fused-cuda", "nothing")
+    with pytest.raises(ValueError, match="ran different numbers of rounds"):
+        R.paired_ratio(made, "fused-graph", "reference")
+    old = records.load("real_model", "real_model-nvidia-h200-20261202T062208Z")
+    if not isinstance(old["decode"]["reference"].get("pipelined_tokens_per_s"), list):
+        with pytest.raises(ValueError, match="no per-round"):
+            R.paired_ratio(old, "reference", "reference", pipelined=True)

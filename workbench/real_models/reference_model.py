@@ -44,6 +44,7 @@ from workbench.kernels import launch as kernel_launch
 from workbench.kernels.next_norm import NextNorm, checked
 from workbench.real_models.checkpoint import Checkpoint, Tensor
 from workbench.real_models.graph_tail import prepared_graph_tail
+from workbench.real_models.stacked_qkv import swapped_attention
 from workbench.tail.weights import TailWeights
 from workbench.validate import describe, integer, one_of, token_ids
 
@@ -53,6 +54,7 @@ __all__ = [
     "LayerCapture",
     "capture_layers",
     "fused_tails",
+    "stacked_qkv",
     "vocab_size",
     "LAZY_BACKENDS",
     "MODEL_BACKENDS",
@@ -510,7 +512,7 @@ class _FusedTailBlock(_BlockStandIn):
 
 @contextlib.contextmanager
 def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, backend: str = "graph",
-                carry_norm: bool = True) -> Iterator[nn.Module]:
+                carry_norm: bool = True, stack_qkv: bool = False) -> Iterator[nn.Module]:
     """Within the block, every layer of ``model`` with a ``TailWeights`` runs its fused tail.
 
     ``weights``: one entry a layer, ``ckpt.tail_weights(i)`` (or a re-quantized / folded
@@ -530,11 +532,43 @@ def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, back
     launch a layer fewer (``workbench.kernels.next_norm``). The reader takes it only for
     the very array it was computed from (a bfloat16 model rounds the output first, and its
     reader norms the rounded array itself). False: every block norms its own input.
+
+    ``stack_qkv``: every layer whose attention is mlx-lm's Llama attention also runs its
+    q, k and v projections as one product (``workbench.real_models.stacked_qkv``: the same
+    map, two ops and two GPU kernels a layer fewer). That is a change to the attention, not
+    to the tail, so it is off by default; :func:`stacked_qkv` makes the same change to the
+    model's own layers, for a comparison that tells the two apart.
     """
     if not isinstance(carry_norm, bool):
         raise ValueError(f"carry_norm: must be True or False, got {describe(carry_norm)}")
+    if not isinstance(stack_qkv, bool):
+        raise ValueError(f"stack_qkv: must be True or False, got {describe(stack_qkv)}")
     blocks, final = _fused_blocks(model, weights, backend, carry_norm)
-    with _swapped_in(model, blocks, final):
+    with contextlib.ExitStack() as inside:
+        if stack_qkv:  # first: the fused blocks then take o_proj out of the stand-ins
+            _stacked_in(model, inside)
+        inside.enter_context(_swapped_in(model, blocks, final))
+        yield model
+
+
+def _stacked_in(model: nn.Module, stack: contextlib.ExitStack) -> None:
+    """Every stackable attention of ``model``'s layers swapped for its stacked stand-in
+    until ``stack`` closes; ValueError where none is (``stack_qkv`` would change nothing,
+    and a comparison made with it would be mislabelled)."""
+    if stack.enter_context(swapped_attention(_layers(model))) == 0:
+        raise ValueError("stack_qkv: no layer's attention is mlx-lm's Llama Attention with q, k, v projections of "
+                         f"one format and no bias (workbench.real_models.stacked_qkv.stackable), in {describe(model)}")
+
+
+@contextlib.contextmanager
+def stacked_qkv(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the block, the model's own layers with each attention's q, k and v projections
+    as one product (``workbench.real_models.stacked_qkv``), every layer's own module put
+    back on exit: mlx-lm's layers with only that change, the comparison that tells what
+    ``fused_tails(stack_qkv=True)`` owes to the stacking and what to the tails. ValueError
+    where no layer's attention is stackable."""
+    with contextlib.ExitStack() as inside:
+        _stacked_in(model, inside)
         yield model
 
 

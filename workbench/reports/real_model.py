@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe
 
-__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "build_profile_table", "best_cuda"]
+__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "paired_ratio", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "build_profile_table", "best_cuda"]
 
 nan = float("nan")
 
@@ -120,6 +120,32 @@ def decode_runs(runs: Mapping[str, Mapping]) -> Any:
         raise ValueError(f"runs: must map labels to real_model records, at least one, got {describe(runs)}")
     return pd.concat({str(label): decode_table(rec).set_index("variant") for label, rec in runs.items()},
                      names=["run", "variant"])
+
+
+def paired_ratio(rec: Mapping, variant: str, against: str, *, pipelined: bool = False) -> float:
+    """The decode rate of ``variant`` over that of ``against``, paired: the median over the
+    record's rounds of the two rates' ratio in the same round (a round's load hits both
+    alike), step after step or (``pipelined``) in mlx-lm's loop. What :func:`decode_table`'s
+    ``paired`` is against the reference, for any two variants of one run (a fused variant
+    with stacked q, k, v against ``reference-qkv``: what the tails earn beside that change)."""
+    import numpy as np
+
+    rec = _record(rec)
+    decode = rec["decode"]
+    key = "pipelined_tokens_per_s" if pipelined else "tokens_per_s"
+    rates = []
+    for name, arg in ((variant, "variant"), (against, "against")):
+        if not isinstance(name, str) or name not in decode:
+            raise ValueError(f"{arg}: must be one of the record's decode variants {sorted(decode)}, got "
+                             f"{describe(name)}")
+        got = decode[name].get(key)
+        if not isinstance(got, list) or not got:
+            raise ValueError(f"rec['decode'][{name!r}]: has no per-round {key!r} list (an older record)")
+        rates.append(np.asarray(got, dtype=float))
+    if rates[0].shape != rates[1].shape:
+        raise ValueError(f"rec['decode']: {variant!r} and {against!r} ran different numbers of rounds "
+                         f"({rates[0].size} and {rates[1].size})")
+    return float(np.median(rates[0] / rates[1]))
 
 
 def host_api_table(rec: Mapping) -> Any:

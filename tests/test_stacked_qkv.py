@@ -1,0 +1,86 @@
+"""workbench.real_models.stacked_qkv: an attention's q, k and v projections as one product,
+swapped into mlx-lm's Llama layers alone (``reference_model.stacked_qkv``) and beside the
+fused tails (``fused_tails(stack_qkv=True)``): the same bits as the three projections, the
+same logits as the model's own layers, and the model's own modules back on exit."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from tests.test_checkpoint import TOKENS, _logits, tiny_llama
+from workbench.real_models import reference_model as rmod
+from workbench.real_models.checkpoint import load_checkpoint
+from workbench.real_models.stacked_qkv import StackedAttention, StackedQKV, stackable
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["dense", "affine4"])
+def test_the_stacked_product_gives_the_three_projections_bits(quantized):
+    attn = tiny_llama(4, quantized=quantized).layers[1].self_attn
+    assert stackable(attn)
+    x = mx.random.normal((2, 3, attn.q_proj.weight.shape[1] * (8 if quantized else 1)), key=mx.random.key(5))
+    got = StackedQKV(attn)(x)
+    for g, proj in zip(got, (attn.q_proj, attn.k_proj, attn.v_proj)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(proj(x)))
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["dense", "affine4"])
+def test_the_models_layers_with_stacked_projections_give_its_logits_bit_for_bit(quantized):
+    model = tiny_llama(6, quantized=quantized)
+    ref = _logits(model)
+    own = [layer.self_attn for layer in model.layers]
+    with rmod.stacked_qkv(model) as m:
+        assert m is model and all(isinstance(layer.self_attn, StackedAttention) for layer in model.layers)
+        stacked = _logits(model)
+    assert [layer.self_attn for layer in model.layers] == own  # put back on exit
+    np.testing.assert_array_equal(stacked, ref)
+
+
+def test_stacked_projections_beside_the_fused_tails_decode_as_the_model_does():
+    """Prefill and one decode step with a KV cache: the fused tails with stacked projections
+    against the fused tails without (the same tails: only the attention's product differs),
+    and the model's own output projections back on exit."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = tiny_llama(7, quantized=True)
+    ckpt = load_checkpoint(model)
+    weights = [ckpt.tail_weights(i) for i in range(len(model.layers))]
+    o_projs = [layer.self_attn.o_proj for layer in model.layers]
+
+    def decode() -> list[np.ndarray]:
+        cache = make_prompt_cache(model)
+        first = model(mx.array([TOKENS]), cache=cache)[0, -1]
+        step = model(mx.array([[TOKENS[0]]]), cache=cache)[0, -1]
+        return [np.asarray(first), np.asarray(step)]
+
+    with rmod.fused_tails(model, weights, backend="graph"):
+        plain = decode()
+    with rmod.fused_tails(model, weights, backend="graph", stack_qkv=True):
+        assert all(isinstance(layer.block.self_attn, StackedAttention) for layer in model.layers)
+        stacked = decode()
+    for s, p in zip(stacked, plain):
+        np.testing.assert_array_equal(s, p)
+    assert [layer.self_attn.o_proj for layer in model.layers] == o_projs
+    assert not any(isinstance(layer.self_attn, StackedAttention) for layer in model.layers)
+
+
+def test_what_cannot_be_stacked_is_left_alone_or_refused():
+    model = tiny_llama(8)
+    attn = model.layers[0].self_attn
+    assert not stackable(None) and not stackable(nn.Linear(4, 4))
+    attn.k_proj = nn.Linear(attn.k_proj.weight.shape[1], attn.k_proj.weight.shape[0], bias=True)
+    assert not stackable(attn)  # a bias: not the form StackedQKV computes
+    with pytest.raises(ValueError, match="attn: must be mlx-lm's Llama Attention"):
+        StackedQKV(attn)
+    with rmod.stacked_qkv(model):  # the other layer is still stacked
+        assert model.layers[0].self_attn is attn and isinstance(model.layers[1].self_attn, StackedAttention)
+    for layer in model.layers:
+        layer.self_attn = nn.Identity()
+    with pytest.raises(ValueError, match="no layer's attention is mlx-lm's Llama Attention"):
+        with rmod.stacked_qkv(model):
+            pass
+    with pytest.raises(ValueError, match="stack_qkv: must be True or False"):
+        with rmod.fused_tails(model, [None] * len(model.layers), stack_qkv=1):
+            pass

@@ -1,0 +1,147 @@
+"""An attention layer's three input projections as one matrix product: ``q | k | v = W x``.
+
+In a decoder's attention layer, the query, key and value projections read the same normed
+vector. mlx-lm runs them as three products (three ops in the step's graph, three kernels
+on a GPU); stacked into one matrix they are one product and one split. Each output row is
+the same dot product over the same stored weights, so the map is the same (the tests
+compare the bits). frink-models' head launch does the same on the device
+(``kernels/head_qkv.body``: one stack of NQ + NK + NV rows).
+
+Why it matters here: in a small model's decode on a GPU a step's time is the host's work
+for each op and kernel (SmolLM2-135M on the H200: ``bench.real_model`` counts ops and
+kernels a step), so two ops and two kernels fewer a layer is time off every token.
+
+:class:`StackedQKV` is the stacked product of one attention module;
+:class:`StackedAttention` stands in for that module in the model's block and runs the rest
+of the attention as the model's own module does (the rotary embedding, the KV cache,
+scaled dot-product attention), then the module's ``o_proj``. Only mlx-lm's Llama
+attention (``mlx_lm.models.llama.Attention``: SmolLM2, Llama, and every model mlx-lm
+builds from it) is taken: its forward pass is the one :meth:`StackedAttention.__call__`
+follows, and another family's attention may differ (biases, norms on q and k, other
+rotary embeddings). :func:`swapped_attention` swaps it into a model's layers
+(``reference_model.stacked_qkv(model)`` for the model's own layers,
+``reference_model.fused_tails(stack_qkv=True)`` beside the fused tails).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from workbench.validate import describe
+
+__all__ = ["StackedQKV", "StackedAttention", "stackable", "swapped_attention"]
+
+
+def _llama_attention() -> type | None:
+    try:
+        from mlx_lm.models import llama  # noqa: PLC0415 -- mlx-lm is only needed with a model
+    except ImportError:
+        return None
+    return llama.Attention
+
+
+def stackable(attn: Any) -> bool:
+    """Whether ``attn`` is an attention module whose projections :class:`StackedQKV` stacks:
+    exactly mlx-lm's Llama ``Attention``, its q, k and v projections all ``nn.QuantizedLinear``
+    of one quantization (mode, bits, group size) or all ``nn.Linear`` of one dtype, none with
+    a bias."""
+    cls = _llama_attention()
+    if cls is None or type(attn) is not cls:
+        return False
+    projs = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+    if any("bias" in p for p in projs if isinstance(p, nn.Module)):
+        return False
+    if all(type(p) is nn.QuantizedLinear for p in projs):
+        return len({(p.mode, p.bits, p.group_size, p.weight.shape[1], p.scales.dtype,
+                     "biases" in p) for p in projs}) == 1
+    if all(type(p) is nn.Linear for p in projs):
+        return len({(p.weight.dtype, p.weight.shape[1]) for p in projs}) == 1
+    return False
+
+
+class StackedQKV:
+    """The q, k and v projections of ``attn`` (:func:`stackable`) as one product: calling it
+    on ``x`` [..., hidden] gives ``(q, k, v)`` [..., rows] each, the same values as the
+    three projections. The stacked weights are made and evaluated once, here (they take the
+    three matrices' memory again while the stand-in lives)."""
+
+    def __init__(self, attn: Any) -> None:
+        if not stackable(attn):
+            raise ValueError("attn: must be mlx-lm's Llama Attention with q, k, v projections of one format "
+                             f"and no bias, got {describe(attn)}")
+        q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+        self.rows = (int(q.weight.shape[0]), int(k.weight.shape[0]), int(v.weight.shape[0]))
+        self._at = [self.rows[0], self.rows[0] + self.rows[1]]
+        self.quantized = type(q) is nn.QuantizedLinear
+        if self.quantized:
+            self._spec = {"group_size": q.group_size, "bits": q.bits, "mode": q.mode}
+            self._w = mx.concatenate([q.weight, k.weight, v.weight])
+            self._s = mx.concatenate([q.scales, k.scales, v.scales])
+            self._b = mx.concatenate([q.biases, k.biases, v.biases]) if "biases" in q else None
+            mx.eval(*[a for a in (self._w, self._s, self._b) if a is not None])
+        else:
+            self._w = mx.concatenate([q.weight, k.weight, v.weight]).T  # [hidden, rows], as x @ W.T reads it
+            mx.eval(self._w)
+
+    def __call__(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        if self.quantized:
+            y = mx.quantized_matmul(x, self._w, self._s, self._b, transpose=True, **self._spec)
+        else:
+            y = x @ self._w
+        q, k, v = mx.split(y, self._at, axis=-1)  # one op, three views of its buffer
+        return q, k, v
+
+
+class StackedAttention(nn.Module):
+    """Stands in for an mlx-lm Llama attention module (``attn``): its projections as one
+    :class:`StackedQKV` product, the rest of its forward pass as the module runs it (the
+    heads laid out, the rotary embedding at the cache's offset, the cache updated, scaled
+    dot-product attention over it, the heads joined), then ``o_proj``.
+
+    ``o_proj`` is this stand-in's own attribute, the module's at first: a caller that takes
+    the output projection out (``reference_model``'s fused blocks set it to the identity)
+    sets it here."""
+
+    def __init__(self, attn: Any) -> None:
+        super().__init__()
+        self.qkv = StackedQKV(attn)
+        self.inner = attn
+        self.o_proj = attn.o_proj
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        from mlx_lm.models.base import scaled_dot_product_attention  # noqa: PLC0415
+
+        attn = self["inner"]
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x)
+        q = q.reshape(b, n, attn.n_heads, -1).transpose(0, 2, 1, 3)
+        k = k.reshape(b, n, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = v.reshape(b, n, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        if cache is not None:
+            q = attn.rope(q, offset=cache.offset)
+            k = attn.rope(k, offset=cache.offset)
+            k, v = cache.update_and_fetch(k, v)
+        else:
+            q, k = attn.rope(q), attn.rope(k)
+        out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
+        return self["o_proj"](out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+
+
+@contextlib.contextmanager
+def swapped_attention(layers: list[Any]) -> Iterator[int]:
+    """Within the block, every one of ``layers`` whose ``self_attn`` is :func:`stackable`
+    runs it as a :class:`StackedAttention` (the number swapped is what the block gets);
+    every layer's own module is put back on exit."""
+    swapped = [(layer, layer.self_attn) for layer in layers if stackable(getattr(layer, "self_attn", None))]
+    stand_ins = [StackedAttention(attn) for _, attn in swapped]
+    try:
+        for (layer, _), s in zip(swapped, stand_ins):
+            layer.self_attn = s
+        yield len(swapped)
+    finally:
+        for layer, attn in swapped:
+            layer.self_attn = attn
