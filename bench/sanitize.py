@@ -242,9 +242,9 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
         finite = bool(np.isfinite(out).all())
         bad += not finite
         print(f"tail {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}{_elapsed()}", flush=True)
+    # a one launch's shape: fused_tail's for this format (one_launch.shape_for), unless --one-launch-nt says
+    shape = one_launch.shape_for(prep) if one_nt is None else one_launch.OneLaunchShape(nt=one_nt)
     if one:  # the same tail as ONE launch (its phases between grid barriers), against the three
-        # fused_tail's shape for this format (one_launch.shape_for), unless --one-launch-nt says
-        shape = one_launch.shape_for(prep) if one_nt is None else one_launch.OneLaunchShape(nt=one_nt)
         # instrumented groups run many times slower: a barrier's default 4 s limit was
         # exceeded under initcheck (one_launch.SANITIZER_BARRIER_LIMIT_MS)
         tail1 = one_launch.OneLaunchTail(prep, shape, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
@@ -256,7 +256,6 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
         print(f"one-launch {sname} {fmt} ({shape.nt} threads a group): {'agrees' if agrees else 'DISAGREES'} "
               f"with the three launches (worst scaled {worst:.3g}){_elapsed()}", flush=True)
     if carried:  # the one launch with the next norm's epilogue (its last group writes rms_norm(out) * w)
-        shape = one_launch.shape_for(prep) if one_nt is None else one_launch.OneLaunchShape(nt=one_nt)
         norm = NextNorm(np.random.default_rng(9 + i).uniform(0.5, 1.5, prep.hidden), 1e-5)
         tailn = one_launch.OneLaunchTail(prep, shape, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS,
                                          next_norm=norm)

@@ -78,9 +78,14 @@ def test_what_cannot_be_stacked_is_left_alone_or_refused():
         assert model.layers[0].self_attn is attn and isinstance(model.layers[1].self_attn, StackedAttention)
     for layer in model.layers:
         layer.self_attn = nn.Identity()
-    with pytest.raises(ValueError, match="no layer's attention is mlx-lm's Llama Attention"):
+    with pytest.raises(ValueError, match="model: no layer's attention is mlx-lm's Llama Attention"):
         with rmod.stacked_qkv(model):
             pass
+    weights = [None] * len(model.layers)
+    with pytest.raises(ValueError, match="stack_qkv: no layer's attention is mlx-lm's Llama Attention"):
+        with rmod.fused_tails(model, weights, stack_qkv=True):
+            pass
+    assert all(isinstance(layer.self_attn, nn.Identity) for layer in model.layers)  # nothing left swapped
     with pytest.raises(ValueError, match="stack_qkv: must be True or False"):
         with rmod.fused_tails(model, [None] * len(model.layers), stack_qkv=1):
             pass

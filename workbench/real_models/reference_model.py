@@ -546,17 +546,17 @@ def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, back
     blocks, final = _fused_blocks(model, weights, backend, carry_norm)
     with contextlib.ExitStack() as inside:
         if stack_qkv:  # first: the fused blocks then take o_proj out of the stand-ins
-            _stacked_in(model, inside)
+            _stacked_in(model, inside, "stack_qkv")
         inside.enter_context(_swapped_in(model, blocks, final))
         yield model
 
 
-def _stacked_in(model: nn.Module, stack: contextlib.ExitStack) -> None:
+def _stacked_in(model: nn.Module, stack: contextlib.ExitStack, name: str) -> None:
     """Every stackable attention of ``model``'s layers swapped for its stacked stand-in
-    until ``stack`` closes; ValueError where none is (``stack_qkv`` would change nothing,
-    and a comparison made with it would be mislabelled)."""
+    until ``stack`` closes; ValueError naming the parameter ``name`` where none is (the
+    change would change nothing, and a comparison made with it would be mislabelled)."""
     if stack.enter_context(swapped_attention(_layers(model))) == 0:
-        raise ValueError("stack_qkv: no layer's attention is mlx-lm's Llama Attention with q, k, v projections of "
+        raise ValueError(f"{name}: no layer's attention is mlx-lm's Llama Attention with q, k, v projections of "
                          f"one format and no bias (workbench.real_models.stacked_qkv.stackable), in {describe(model)}")
 
 
@@ -568,7 +568,7 @@ def stacked_qkv(model: nn.Module) -> Iterator[nn.Module]:
     ``fused_tails(stack_qkv=True)`` owes to the stacking and what to the tails. ValueError
     where no layer's attention is stackable."""
     with contextlib.ExitStack() as inside:
-        _stacked_in(model, inside)
+        _stacked_in(model, inside, "model")
         yield model
 
 
