@@ -196,3 +196,17 @@ def test_the_paired_ratio_of_any_two_variants_is_the_median_of_their_rounds():
     if not isinstance(old["decode"]["reference"].get("pipelined_tokens_per_s"), list):
         with pytest.raises(ValueError, match="no per-round"):
             R.paired_ratio(old, "reference", "reference", pipelined=True)
+
+
+def test_the_paired_table_puts_each_variant_against_each_baseline_in_both_loops():
+    from workbench.reports import records
+
+    rec = records.load("real_model", "real_model-nvidia-h200-20261203T093147Z")
+    table = R.paired_table(rec, ["fused-cuda-qkv", "fused-graph-qkv"], ["reference", "reference-qkv"])
+    assert list(table.index) == ["fused-cuda-qkv", "fused-graph-qkv"]
+    assert list(table.columns) == [(loop, b) for loop in ("step after step", "pipelined")
+                                   for b in ("reference", "reference-qkv")]
+    assert table.loc["fused-graph-qkv", ("pipelined", "reference-qkv")] == \
+        R.paired_ratio(rec, "fused-graph-qkv", "reference-qkv", pipelined=True)
+    with pytest.raises(ValueError, match="against: must be a non-empty list"):
+        R.paired_table(rec, ["fused-cuda-qkv"], "reference")

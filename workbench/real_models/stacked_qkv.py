@@ -108,13 +108,14 @@ class StackedAttention(nn.Module):
 
     def __init__(self, attn: Any) -> None:
         super().__init__()
-        self.qkv = StackedQKV(attn)
+        self.qkv = StackedQKV(attn)  # stackable(attn) holds, so mlx-lm is importable
         self.inner = attn
         self.o_proj = attn.o_proj
-
-    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         from mlx_lm.models.base import scaled_dot_product_attention  # noqa: PLC0415
 
+        self._attend = scaled_dot_product_attention  # looked up once, not on every decode step
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         attn = self["inner"]
         b, n, _ = x.shape
         q, k, v = self.qkv(x)
@@ -127,7 +128,7 @@ class StackedAttention(nn.Module):
             k, v = cache.update_and_fetch(k, v)
         else:
             q, k = attn.rope(q), attn.rope(k)
-        out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
+        out = self._attend(q, k, v, cache=cache, scale=attn.scale, mask=mask)
         return self["o_proj"](out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
 

@@ -19,12 +19,12 @@ says which records are clear of it; :func:`tail_table` leaves those chain column
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe
 
-__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "paired_ratio", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "build_profile_table", "best_cuda"]
+__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "paired_ratio", "paired_table", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "build_profile_table", "best_cuda"]
 
 nan = float("nan")
 
@@ -146,6 +146,21 @@ def paired_ratio(rec: Mapping, variant: str, against: str, *, pipelined: bool = 
         raise ValueError(f"rec['decode']: {variant!r} and {against!r} ran different numbers of rounds "
                          f"({rates[0].size} and {rates[1].size})")
     return float(np.median(rates[0] / rates[1]))
+
+
+def paired_table(rec: Mapping, variants: Sequence[str], against: Sequence[str]) -> Any:
+    """A ``pandas.DataFrame`` of :func:`paired_ratio`: one row a variant of ``variants``, one
+    column a (loop, variant of ``against``) pair, the loops ``"step after step"`` and
+    ``"pipelined"``: the fused tails with stacked q, k, v against mlx-lm's layers and against
+    mlx-lm's layers with the same stacking, in one table."""
+    import pandas as pd
+
+    for name, given in (("variants", variants), ("against", against)):
+        if isinstance(given, str) or not isinstance(given, Sequence) or not given:
+            raise ValueError(f"{name}: must be a non-empty list of decode variant names, got {describe(given)}")
+    loops = (("step after step", False), ("pipelined", True))
+    return pd.DataFrame({(loop, b): {a: paired_ratio(rec, a, b, pipelined=piped) for a in variants}
+                         for loop, piped in loops for b in against})
 
 
 def host_api_table(rec: Mapping) -> Any:
