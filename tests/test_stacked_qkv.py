@@ -38,6 +38,56 @@ def test_the_models_layers_with_stacked_projections_give_its_logits_bit_for_bit(
     np.testing.assert_array_equal(stacked, ref)
 
 
+def _cached_decode(model: nn.Module, steps: int) -> list[np.ndarray]:
+    """The prompt's last logits, then ``steps`` decode steps (one position each, KV cache)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    got = [np.asarray(model(mx.array([TOKENS]), cache=cache)[0, -1])]
+    for t in TOKENS[:steps]:
+        got.append(np.asarray(model(mx.array([[t]]), cache=cache)[0, -1]))
+    return got
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["dense", "affine4"])
+def test_decode_steps_take_the_heads_layout_in_one_reshape_with_the_models_bits(quantized):
+    """A decode step's one position takes the heads' layout with one reshape and one split
+    (StackedAttention's decode path): the same logits, bit for bit, as the model's own
+    layers through a prefill and cached steps, with fewer ops in a step's graph."""
+    model = tiny_llama(9, quantized=quantized)
+    ref = _cached_decode(model, 3)
+    with rmod.stacked_qkv(model):
+        got = _cached_decode(model, 3)
+    for g, r in zip(got, ref):
+        np.testing.assert_array_equal(g, r)
+
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from bench.common.step_profile import graph_ops
+
+    def step_ops() -> dict[str, int]:
+        cache = make_prompt_cache(model)
+        mx.eval(model(mx.array([TOKENS]), cache=cache))
+        return graph_ops(model(mx.array([[TOKENS[0]]]), cache=cache))
+
+    own = step_ops()
+    with rmod.stacked_qkv(model):
+        stacked = step_ops()
+    n = len(model.layers)
+    matmul = "QuantizedMatmul" if quantized else "Matmul"
+    # a layer's three products and their layout (3 reshapes, 3 transposes) become one product,
+    # one reshape and one split; the heads are joined by one reshape instead of a transpose and one
+    # (dense: nn.Linear's x @ W.T is a transpose op of each weight too; the stacked matrix is
+    # stored transposed, evaluated once)
+    weight_t = 0 if quantized else 3
+    assert stacked[matmul] == own[matmul] - 2 * n
+    assert stacked.get("Transpose", 0) == own.get("Transpose", 0) - (4 + weight_t) * n
+    assert stacked["Reshape"] == own["Reshape"] - 2 * n
+    assert stacked["Split"] == own.get("Split", 0) + n
+    if quantized:  # (a dense 3-D product is also a flatten and an unflatten op each)
+        assert sum(stacked.values()) == sum(own.values()) - 7 * n
+
+
 def test_stacked_projections_beside_the_fused_tails_decode_as_the_model_does():
     """Prefill and one decode step with a KV cache: the fused tails with stacked projections
     against the fused tails without (the same tails: only the attention's product differs),
