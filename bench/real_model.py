@@ -18,7 +18,11 @@ machine's load hits each alike):
   attention's q, k and v projections as one product (``reference_model.stacked_qkv``), and
   ``fused-<backend>-qkv`` the fused tails with the same (``fused_tails(stack_qkv=True)``):
   a change to the attention, not to the tail, so what the tails earn with it is read
-  against ``reference-qkv`` (``reports.real_model.paired_ratio``). Every variant's tokens are checked equal to
+  against ``reference-qkv`` (``reports.real_model.paired_ratio``); with it a decode step's attention also
+  takes its heads' layout in one reshape (``stacked_qkv.StackedAttention``). ``fused-<backend>-qkv-per-layer``
+  is ``fused-<backend>-qkv`` with each tail's compiled call traced on its own, its weights captured,
+  instead of one trace shared by the 30 layers (``fused_tails(trace="per-layer")``). Every variant's tokens
+  are checked equal to
   the reference's. Beside tokens a second, tokens a CPU second of this process: where the
   two ratios agree, the decode is bound by the host building each step's graph (on a GPU),
   and on a CPU shared with other work the CPU seconds are what the wall clock blurs.
@@ -508,6 +512,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     variants["reference-qkv"] = lambda: stacked_qkv(rm.model)
     for b in names:
         variants[f"fused-{b}-qkv"] = (lambda b=b: fused_tails(rm.model, weights, backend=b, stack_qkv=True))
+    for b in (n for n in names if n in ("graph", "cuda")):  # the two with a choice of trace
+        variants[f"fused-{b}-qkv-per-layer"] = (
+            lambda b=b: fused_tails(rm.model, weights, backend=b, stack_qkv=True, trace="per-layer"))
     best = best_one_launch(rows[0])
     chosen = None
     if cuda and "cuda" in names and best is not None and best != "cuda-1:rule":
@@ -530,19 +537,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"\nSmolLM2-135M Q4_1, prompt {PROMPT!r} ({len(rm.prompt_ids)} tokens), {args.tokens} decode steps x "
           f"{args.rounds} rounds")
     ref_cpu = decode["reference"]["tokens_per_cpu_s_median"]
-    print(f"{'variant':<22}{'tokens/s':>10}{'vs reference':>14}{'paired':>8}{'tokens/CPU s':>14}{'vs reference':>14}"
+    print(f"{'variant':<28}{'tokens/s':>10}{'vs reference':>14}{'paired':>8}{'tokens/CPU s':>14}{'vs reference':>14}"
           f"{'ops a step':>12}{'same tokens':>13}")
     for name, d in decode.items():
-        print(f"{name:<22}{d['tokens_per_s_median']:>10.2f}{d['tokens_per_s_median'] / ref_tps:>13.2f}x"
+        print(f"{name:<28}{d['tokens_per_s_median']:>10.2f}{d['tokens_per_s_median'] / ref_tps:>13.2f}x"
               f"{d['vs_reference_paired']:>7.2f}x"
               f"{d['tokens_per_cpu_s_median']:>14.2f}{d['tokens_per_cpu_s_median'] / ref_cpu:>13.2f}x"
               f"{d['ops_per_step']:>12d}{str(d['same_tokens']):>13}")
     ref_piped = decode["reference"]["pipelined_tokens_per_s_median"]
-    print(f"\n{'variant':<22}{'build ms':>10}{'encode ms':>11}{'wait ms':>9}"
+    print(f"\n{'variant':<28}{'build ms':>10}{'encode ms':>11}{'wait ms':>9}"
           f"{'pipelined tok/s':>17}{'vs reference':>14}{'paired':>8}{'same tokens':>13}")
     for name, d in decode.items():
         sp = d["step_split_ms"]
-        print(f"{name:<22}{sp['build_ms']:>10.3f}{sp['encode_ms']:>11.3f}{sp['wait_ms']:>9.3f}"
+        print(f"{name:<28}{sp['build_ms']:>10.3f}{sp['encode_ms']:>11.3f}{sp['wait_ms']:>9.3f}"
               f"{d['pipelined_tokens_per_s_median']:>17.2f}{d['pipelined_tokens_per_s_median'] / ref_piped:>13.2f}x"
               f"{d['pipelined_vs_reference_paired']:>7.2f}x{str(d['pipelined_same_tokens']):>13}")
     if args.host_profile:
@@ -552,10 +559,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"  {f['own_us_per_step']:>9.1f} own {f['cum_us_per_step']:>9.1f} cum {f['calls_per_step']:>7.1f} calls"
                       f"  {f['function']}")
     if args.profile:
-        print(f"\n{'variant':<22}{'kernels a step':>16}{'device us a step':>18}{'graph launches':>16}")
+        print(f"\n{'variant':<28}{'kernels a step':>16}{'device us a step':>18}{'graph launches':>16}")
         for name, d in decode.items():
             pr = d["device_profile"]
-            print(f"{name:<22}{pr['kernels_per_step']:>16.1f}{pr['device_us_per_step']:>18.1f}"
+            print(f"{name:<28}{pr['kernels_per_step']:>16.1f}{pr['device_us_per_step']:>18.1f}"
                   f"{pr['graph_launches_per_step']:>16.1f}")
         for name, d in decode.items():
             calls = d["device_profile"]["host_api"]

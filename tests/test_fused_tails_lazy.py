@@ -49,7 +49,9 @@ def test_a_kernel_backend_gets_mlx_vectors_and_stays_in_the_graph(monkeypatch, c
         def __init__(self, launch, next_norm):
             self.launch, self.next_norm = launch, next_norm
 
-        def compiled(self):
+        def compiled(self, trace="shared"):
+            assert trace == "shared"  # fused_tails' default
+
             def call(b, r):
                 seen.append((type(b), b.ndim, b.dtype, type(r), r.ndim))
                 out = tail_graph(self.launch, b, r)
@@ -123,6 +125,32 @@ def test_the_one_launch_grid_rule_counts_busy_groups():
     assert one_launch.groups_for(Prep(5120, 17408), shape) is None
     with pytest.raises(ValueError, match="groups"):
         one_launch.OneLaunchShape(groups=0)
+
+
+def test_a_trace_of_its_own_a_layer_gives_the_shared_traces_bits():
+    """``fused_tails(trace="per-layer")``: each graph tail traced on its own with its weights
+    captured gives the logits of the shared trace bit for bit, prefill and a cached decode
+    step; another trace is refused by name."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = tiny_llama(5, quantized=True)
+    ckpt = load_checkpoint(model)
+    weights = [ckpt.tail_weights(i) for i in range(2)]
+
+    def decode() -> list[np.ndarray]:
+        cache = make_prompt_cache(model)
+        first = model(mx.array([TOKENS]), cache=cache)[0, -1]
+        return [np.asarray(first), np.asarray(model(mx.array([[TOKENS[1]]]), cache=cache)[0, -1])]
+
+    with rmod.fused_tails(model, weights, backend="graph"):
+        shared = decode()
+    with rmod.fused_tails(model, weights, backend="graph", trace="per-layer"):
+        own = decode()
+    for a, b in zip(own, shared):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="trace: must be one of"):
+        with rmod.fused_tails(model, weights, trace="captured"):
+            pass
 
 
 def test_carry_norm_must_be_a_flag():

@@ -641,3 +641,36 @@ def test_tails_of_one_form_share_one_compiled_launch_each_passing_its_own_weight
     for one, out in zip(ones + ones[:1], got):
         want = r + one.prep.down.w.astype(mx.float32).sum()
         assert mx.array_equal(out, want).item()
+
+
+def test_a_per_layer_trace_captures_its_own_weights_and_still_orders_its_launches(monkeypatch):
+    """``compiled(trace="per-layer")``: each tail traces its own function (its weights captured
+    in it), a call hands over only the activations, the memory and ``after``, gives what the
+    shared trace gives, and still names the previous launch's output as ``after``."""
+    import mlx.core as mx
+
+    traces = []
+
+    def launch(**kw):
+        traces.append(kw)
+        got = dict(zip(ks.one_launch_inputs(), kw["inputs"]))
+        return [got["residual"] + got["wd"].astype(mx.float32).sum() + got["after"][: got["residual"].size]]
+
+    _fake_cuda(monkeypatch, launch)
+    ws = [tail.TailWeights.random(128, 512, 1024, seed=s, fold_block=256, dtype="bfloat16") for s in (5, 6)]
+    ones = [one_launch.for_launch(tail.tail_launch(w)) for w in ws]
+    br, res = tail.random_inputs(ws[0], seed=7)
+    b, r = mx.array(br.astype("float32")), mx.array(res.astype("float32"))
+    own = [one.compiled("per-layer") for one in ones]
+    assert own[0] is ones[0].compiled("per-layer") and own[0] is not ones[0].compiled("shared")
+    first = own[0](b, r)
+    second = own[0](b, r)  # after = the first call's output
+    assert len(traces) == 1
+    want = r + ones[0].prep.down.w.astype(mx.float32).sum()
+    assert mx.array_equal(first, want).item() and mx.array_equal(second, want + first).item()
+    assert ones[0]._last is second
+    other = own[1](b, r)
+    assert len(traces) == 2  # another layer: its own trace, with its own weights
+    assert mx.array_equal(other, r + ones[1].prep.down.w.astype(mx.float32).sum()).item()
+    with pytest.raises(ValueError, match="trace: must be one of"):
+        ones[0].compiled("captured")

@@ -114,6 +114,12 @@ MAX_BARRIER_LIMIT_MS = 3_600_000
 CHOICE_MARGIN = 0.08
 
 
+#: What :meth:`OneLaunchTail.compiled`'s traced function takes: ``"shared"``, every array
+#: as an input, one trace for every launch of the same form; ``"per-layer"``, a launch's own
+#: trace with its weights captured in it.
+TRACES = ("shared", "per-layer")
+
+
 class GridBarrierTimeout(RuntimeError):
     """A one-launch tail's grid barrier waited too long: not every group was resident."""
 
@@ -303,7 +309,7 @@ class OneLaunchTail:
             self._consts["next_nw"] = next_norm.packed()
         self._none = mx.zeros((prep.hidden,), dtype=mx.float32)  # `after` for the first launch
         settle_constants(self._none, *self._consts.values())  # before compiled() traces
-        self._compiled: Any = None
+        self._compiled: dict[str, Any] = {}
 
     def _launch(self, branch: mx.array, residual: mx.array, after: mx.array,
                 verbose: bool = False) -> mx.array | tuple[mx.array, mx.array]:
@@ -325,33 +331,56 @@ class OneLaunchTail:
         self._last = got[0] if isinstance(got, tuple) else got
         return got
 
-    def compiled(self) -> Any:
-        """:meth:`__call__` through ``mx.compile`` (less Python and MLX graph work a call).
+    def compiled(self, trace: str = "shared") -> Any:
+        """:meth:`__call__` through ``mx.compile`` (less Python and MLX graph work a call), a
+        function of ``(branch, residual)``.
 
-        Every array, the weights included, is an input of the traced function, and the
-        function is shared by every one launch of the same form (:func:`_shared_trace`): a
-        model's layers have the same shapes, so one trace serves them all, and each layer's
-        call finds it in MLX's compile cache. A compiled function of its own a layer, its
-        weights traced in as constants, cost the host more a call (thirty distinct functions
-        against one, on the CPU: docs/JOURNAL.md)."""
-        if self._compiled is None:
+        ``trace`` (:data:`TRACES`) says what the traced function takes:
+
+        * ``"shared"``: every array, the weights included, is an input, and the function is
+          shared by every one launch of the same form (:func:`_shared_trace`): a model's
+          layers have the same shapes, so one trace serves them all;
+        * ``"per-layer"``: this launch's own function of the activations, the launch memory
+          and ``after`` alone, its weights and constants captured in the trace: four inputs
+          a call to hand over and match instead of twenty, one trace a layer.
+
+        Which costs the host less a call in a model is measured, not assumed
+        (``bench.real_model``'s ``-per-layer`` variants)."""
+        if trace not in TRACES:
+            raise ValueError(f"trace: must be one of {TRACES}, got {validate.describe(trace)}")
+        if trace not in self._compiled:
             carried = self.next_norm is not None
             names = kernel_source.one_launch_inputs(next_norm=carried)
             kernel = _kernel(self.prep.kernel_dir, self.compact_source, carried)
-            traced = _shared_trace(kernel, carried, tuple(self.template), self.groups, self.shape.nt)
-            fixed = [self._consts.get(n) for n in names]
             at = {n: names.index(n) for n in ("x", "residual", "work", "after")}
+            if trace == "shared":
+                traced = _shared_trace(kernel, carried, tuple(self.template), self.groups, self.shape.nt)
+                fixed = [self._consts.get(n) for n in names]
 
-            def call(branch: mx.array, residual: mx.array) -> mx.array | tuple[mx.array, mx.array]:
-                args = list(fixed)
-                args[at["x"]], args[at["residual"]], args[at["work"]] = branch, residual, self.work
-                args[at["after"]] = self._last if self._last is not None else self._none
-                got = traced(*args)
-                self._last = got[0] if isinstance(got, tuple) else got
-                return got
+                def call(branch: mx.array, residual: mx.array) -> mx.array | tuple[mx.array, mx.array]:
+                    args = list(fixed)
+                    args[at["x"]], args[at["residual"]], args[at["work"]] = branch, residual, self.work
+                    args[at["after"]] = self._last if self._last is not None else self._none
+                    got = traced(*args)
+                    self._last = got[0] if isinstance(got, tuple) else got
+                    return got
+            else:
+                consts = dict(self._consts)
+                template, groups, nt = tuple(self.template), self.groups, self.shape.nt
 
-            self._compiled = call
-        return self._compiled
+                def launch(branch: mx.array, residual: mx.array, work: mx.array, after: mx.array) -> Any:
+                    arrays = {**consts, "x": branch, "residual": residual, "work": work, "after": after}
+                    return _call_kernel(kernel, [arrays[n] for n in names], carried, template, groups, nt)
+
+                own = mx.compile(launch)
+
+                def call(branch: mx.array, residual: mx.array) -> mx.array | tuple[mx.array, mx.array]:
+                    got = own(branch, residual, self.work, self._last if self._last is not None else self._none)
+                    self._last = got[0] if isinstance(got, tuple) else got
+                    return got
+
+            self._compiled[trace] = call
+        return self._compiled[trace]
 
     def copy_constants(self, copy: Callable[[mx.array], mx.array]) -> None:
         """Every array the launch reads but the activations (weights, constants, the next
@@ -362,7 +391,7 @@ class OneLaunchTail:
         self.work = copy(self.work)
         mx.eval(self.work, *self._consts.values())
         self._last = None
-        self._compiled = None
+        self._compiled = {}
 
     def barrier_failed(self) -> bool:
         """Whether a launch since the last reset found a barrier that waited too long
@@ -375,7 +404,7 @@ class OneLaunchTail:
         self.work = mx.zeros(self.work.shape, dtype=mx.float32)
         mx.eval(self.work)
         self._last = None
-        self._compiled = None
+        self._compiled = {}
 
     def _vectors(self, branch: Any, residual: Any) -> tuple[mx.array, mx.array]:
         """``branch`` and ``residual`` as float32 MLX vectors of this tail's widths, or ValueError."""

@@ -48,7 +48,7 @@ from workbench.kernels.next_norm import NextNorm, checked
 from workbench.tail.paths import TailLaunch
 from workbench.validate import describe
 
-__all__ = ["widen_scales", "model_graph_tail", "prepared_graph_tail"]
+__all__ = ["TRACES", "widen_scales", "model_graph_tail", "prepared_graph_tail"]
 
 Base = mx.array | QuantizedBase
 
@@ -167,8 +167,14 @@ def _shared_rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps
     return mx.compile(_rows(forms, counts, ffn, eps, next_eps, None))
 
 
+#: What a compiled graph tail's traced function takes (as ``one_launch.TRACES``): ``"shared"``,
+#: the weights as inputs, one trace for every tail of the same form; ``"per-layer"``, a tail's
+#: own trace with its weights captured in it.
+TRACES = ("shared", "per-layer")
+
+
 def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled: bool = True,
-                     next_norm: NextNorm | None = None) -> Callable[[mx.array, mx.array], Any]:
+                     next_norm: NextNorm | None = None, trace: str = "shared") -> Callable[[mx.array, mx.array], Any]:
     """The graph tail of ``launch`` as a lazy, compiled function of ``(branch, residual)``:
     float32 ``mx.array`` of shape ``[branch]`` / ``[hidden]`` (one position) or
     ``[..., branch]`` / ``[..., hidden]`` (positions on any leading axes, as a model's block
@@ -183,12 +189,16 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled
     ``HadamardFold`` applies it (INPUT: rotate the branch; OUTPUT: unrotate wo's output).
     ``next_norm``: the norm the output goes into next (``workbench.kernels.next_norm``),
     computed in the same compiled call; the tail then returns ``(out, normed)``.
+    ``trace`` (:data:`TRACES`): ``"per-layer"`` traces this tail's own function of the two
+    activations, its weights captured as constants (a fold's tail always has its own).
     """
     if not isinstance(launch, TailLaunch):
         raise ValueError(f"launch: must be a TailLaunch (workbench.tail.tail_launch(weights)), got {describe(launch)}")
     for name, flag in (("stack_gate_up", stack_gate_up), ("compiled", compiled)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name}: must be True or False, got {describe(flag)}")
+    if trace not in TRACES:
+        raise ValueError(f"trace: must be one of {TRACES}, got {describe(trace)}")
     next_norm = checked(next_norm, int(launch.ffn_norm.shape[0]))
     fold = launch.fold  # launch.wo is the stored base alone; the launch carries its rotation
     wo = _wide_base(launch.wo.launch_parts()[0])
@@ -204,14 +214,18 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled
     settle_constants(*params)  # evaluated once, here, not inside every call's graph
     forms = tuple(_form(b) for b in prepared)
     counts = tuple(len(_parameters(b)) for b in prepared)
-    if fold is None and compiled:
+    if fold is None and compiled and trace == "shared":
         body_of = _shared_rows(forms, counts, ffn, eps, next_eps)
+
+        def body(branch: mx.array, residual: mx.array) -> Any:
+            return body_of(branch, residual, *params)
     else:  # a fold's rotation carries arrays of its own: this tail's function alone
         rows = _rows(forms, counts, ffn, eps, next_eps, fold)
-        body_of = mx.compile(rows) if compiled else rows
-
-    def body(branch: mx.array, residual: mx.array) -> Any:
-        return body_of(branch, residual, *params)
+        if compiled:  # the weights captured: the traced function takes the activations alone
+            body = mx.compile(lambda branch, residual: rows(branch, residual, *params))
+        else:
+            def body(branch: mx.array, residual: mx.array) -> Any:
+                return rows(branch, residual, *params)
 
     def tail(branch: mx.array, residual: mx.array) -> Any:
         if branch.ndim == 1:  # a reshape is a view; an index ([0]) would be a gather kernel on a GPU
@@ -227,9 +241,10 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled
 _PREPARED: weakref.WeakKeyDictionary[Any, dict[Any, Callable[[mx.array, mx.array], Any]]] = weakref.WeakKeyDictionary()
 
 
-def prepared_graph_tail(launch: TailLaunch, next_norm: NextNorm | None = None) -> Callable[[mx.array, mx.array], Any]:
-    """:func:`model_graph_tail` of ``launch`` (with ``next_norm``), made once per weights
-    object and next norm.
+def prepared_graph_tail(launch: TailLaunch, next_norm: NextNorm | None = None,
+                        trace: str = "shared") -> Callable[[mx.array, mx.array], Any]:
+    """:func:`model_graph_tail` of ``launch`` (with ``next_norm``, traced as ``trace``), made
+    once per weights object, next norm and trace.
 
     Preparing widens and stacks the weights, and ``mx.compile`` traces the tail once per
     input shape: done again each time a model's tails are swapped in, a decode's first step
@@ -237,9 +252,11 @@ def prepared_graph_tail(launch: TailLaunch, next_norm: NextNorm | None = None) -
     (``workbench.kernels.launch.prepared``), the swap costs nothing the second time."""
     if not isinstance(launch, TailLaunch):
         raise ValueError(f"launch: must be a TailLaunch (workbench.tail.tail_launch(weights)), got {describe(launch)}")
+    if trace not in TRACES:
+        raise ValueError(f"trace: must be one of {TRACES}, got {describe(trace)}")
     per = _PREPARED.setdefault(launch.weights, {})
-    key = None if next_norm is None else next_norm.key
+    key = (None if next_norm is None else next_norm.key, trace)
     fn = per.get(key)
     if fn is None:
-        fn = per[key] = model_graph_tail(launch, next_norm=next_norm)
+        fn = per[key] = model_graph_tail(launch, next_norm=next_norm, trace=trace)
     return fn

@@ -43,6 +43,7 @@ from workbench.kernels import emulated, one_launch
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels.next_norm import NextNorm, checked
 from workbench.real_models.checkpoint import Checkpoint, Tensor
+from workbench.real_models import graph_tail
 from workbench.real_models.graph_tail import prepared_graph_tail
 from workbench.real_models.stacked_qkv import swapped_attention
 from workbench.tail.weights import TailWeights
@@ -57,6 +58,7 @@ __all__ = [
     "stacked_qkv",
     "vocab_size",
     "LAZY_BACKENDS",
+    "TRACES",
     "MODEL_BACKENDS",
     "composes_lazily",
     "vector_tail",
@@ -325,6 +327,11 @@ LAZY_BACKENDS: tuple[str, ...] = ("graph", "cuda", "metal")
 #: The backends ``fused_tails`` takes.
 MODEL_BACKENDS: tuple[str, ...] = LAZY_BACKENDS + ("metal-emulated",)
 
+#: What a fused tail's compiled call takes (:func:`vector_tail`): the weights as inputs of
+#: one trace shared by every layer of the same form, or a trace of its own a layer with its
+#: weights captured (the graph tail's and the one launch's ``TRACES``, the same names).
+TRACES: tuple[str, ...] = graph_tail.TRACES
+
 
 def composes_lazily(backend: str) -> bool:
     """Whether ``fused_tails(..., backend=backend)`` builds each tail inside the model's graph
@@ -333,8 +340,8 @@ def composes_lazily(backend: str) -> bool:
     return one_of("backend", backend, MODEL_BACKENDS) in LAZY_BACKENDS
 
 
-def vector_tail(launch: tails.TailLaunch, backend: str,
-                next_norm: NextNorm | None = None) -> Callable[[mx.array, mx.array], Any]:
+def vector_tail(launch: tails.TailLaunch, backend: str, next_norm: NextNorm | None = None,
+                trace: str = "shared") -> Callable[[mx.array, mx.array], Any]:
     """One tail on one position, as a function of ``(branch, residual)`` float32
     ``mx.array`` of one position each (``[branch]`` / ``[hidden]``, or any shape of that size,
     such as a block's ``[1, 1, hidden]``) to a lazy float32 array of the residual's shape, for
@@ -355,17 +362,23 @@ def vector_tail(launch: tails.TailLaunch, backend: str,
     layer fewer on a GPU, ``workbench.kernels.next_norm``); the three launches and the
     emulator follow it with ``mx.fast.rms_norm``, the same map.
 
+    ``trace`` (:data:`TRACES`): what the graph tail's or the one CUDA launch's compiled
+    function takes: ``"shared"``, the weights as inputs of one trace every layer of the same
+    form shares; ``"per-layer"``, a tail's own trace with its weights captured in it (the
+    three launches always trace each tail on its own, and the emulator traces nothing).
+
     Raises ``BackendUnavailable`` where the backend's device is absent.
     """
     name = one_of("backend", backend, MODEL_BACKENDS)
+    trace = one_of("trace", trace, TRACES)
     next_norm = checked(next_norm, int(launch.ffn_norm.shape[0]))
     backends.resolve_backend(name)
     if name == "graph":
-        return prepared_graph_tail(launch, next_norm)
+        return prepared_graph_tail(launch, next_norm, trace)
     if name == "cuda":
         one = one_launch.for_launch(launch, next_norm=next_norm)
         if one is not None:
-            return one.compiled()  # takes and gives any shape of one position: no reshape op
+            return one.compiled(trace)  # takes and gives any shape of one position: no reshape op
     if name == "metal-emulated":
         def tail(b: mx.array, r: mx.array) -> mx.array:
             return mx.array(emulated.emulated_tail(launch, np.asarray(b).reshape(-1),
@@ -450,12 +463,12 @@ class _FusedTailBlock(_BlockStandIn):
     """
 
     def __init__(self, block: nn.Module, weights: TailWeights, backend: str, next_norm: NextNorm | None = None,
-                 handoff: _Handoff | None = None, incoming: _Handoff | None = None):
+                 handoff: _Handoff | None = None, incoming: _Handoff | None = None, trace: str = "shared"):
         super().__init__(block)
         self._weights = weights
         self._backend = backend
         self._launch = tails.tail_launch(weights)  # the rules are asked here, once
-        self._tail = vector_tail(self._launch, backend, next_norm)
+        self._tail = vector_tail(self._launch, backend, next_norm, trace)
         self._rows = backend == "graph"  # the graph tail takes [n, width] rows in one call
         self._bare = False
         # With a next norm, the tail also returns the norm its output goes into next, left in
@@ -512,7 +525,7 @@ class _FusedTailBlock(_BlockStandIn):
 
 @contextlib.contextmanager
 def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, backend: str = "graph",
-                carry_norm: bool = True, stack_qkv: bool = False) -> Iterator[nn.Module]:
+                carry_norm: bool = True, stack_qkv: bool = False, trace: str = "shared") -> Iterator[nn.Module]:
     """Within the block, every layer of ``model`` with a ``TailWeights`` runs its fused tail.
 
     ``weights``: one entry a layer, ``ckpt.tail_weights(i)`` (or a re-quantized / folded
@@ -538,12 +551,16 @@ def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, back
     map, two ops and two GPU kernels a layer fewer). That is a change to the attention, not
     to the tail, so it is off by default; :func:`stacked_qkv` makes the same change to the
     model's own layers, for a comparison that tells the two apart.
+
+    ``trace``: what each tail's compiled call takes (:func:`vector_tail`): ``"shared"``, one
+    trace for every layer of the same form, the weights passed as inputs; ``"per-layer"``, a
+    trace of its own a layer, its weights captured.
     """
     if not isinstance(carry_norm, bool):
         raise ValueError(f"carry_norm: must be True or False, got {describe(carry_norm)}")
     if not isinstance(stack_qkv, bool):
         raise ValueError(f"stack_qkv: must be True or False, got {describe(stack_qkv)}")
-    blocks, final = _fused_blocks(model, weights, backend, carry_norm)
+    blocks, final = _fused_blocks(model, weights, backend, carry_norm, trace)
     with contextlib.ExitStack() as inside:
         if stack_qkv:  # first: the fused blocks then take o_proj out of the stand-ins
             _stacked_in(model, inside, "stack_qkv")
@@ -573,11 +590,12 @@ def stacked_qkv(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def _fused_blocks(model: nn.Module, weights: Sequence[TailWeights | None], backend: str,
-                  carry_norm: bool = True) -> tuple[list[nn.Module], _Handoff | None]:
+                  carry_norm: bool = True, trace: str = "shared") -> tuple[list[nn.Module], _Handoff | None]:
     """The model's blocks with a :class:`_FusedTailBlock` wherever ``weights`` has an entry
     (checked as :func:`fused_tails` documents; the rules asked here, once), and the
     handoff the last block leaves the final norm in (None where it carries none)."""
     backend = one_of("backend", backend, MODEL_BACKENDS)
+    trace = one_of("trace", trace, TRACES)
     original = list(_layer_owner(model).layers)
     weights = list(weights)
     if len(weights) != len(original):
@@ -605,7 +623,7 @@ def _fused_blocks(model: nn.Module, weights: Sequence[TailWeights | None], backe
             continue
         nxt = carried_norm(readers[i]) if carry_norm else None
         incoming = handoffs[i - 1] if i > 0 and weights[i - 1] is not None else None
-        blocks.append(_FusedTailBlock(blk, w, backend, nxt, handoffs[i], incoming))
+        blocks.append(_FusedTailBlock(blk, w, backend, nxt, handoffs[i], incoming, trace))
         if i + 1 == n and nxt is not None:
             final = handoffs[i]
     return blocks, final
