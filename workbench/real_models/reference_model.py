@@ -492,14 +492,18 @@ class _FusedTailBlock(_BlockStandIn):
             attn.o_proj = o_proj
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        # The block's modules are read from the module's own dict (``self["block"]``), not as
+        # attributes: an attribute of an mlx module is a Python-level lookup (this stand-in's
+        # __getattr__, then nn.Module's), microseconds a layer on every decode step.
+        block = self["block"]
         normed = self._incoming.take(x) if self._incoming is not None else None
         if normed is None:
-            normed = self.block.input_layernorm(x)
+            normed = block["input_layernorm"](x)
         if self._bare:
-            branch = self.block.self_attn(normed, mask, cache)
+            branch = block["self_attn"](normed, mask, cache)
         else:
             with self.bare():
-                branch = self.block.self_attn(normed, mask, cache)
+                branch = block["self_attn"](normed, mask, cache)
         b = branch if branch.dtype == mx.float32 else branch.astype(mx.float32)
         r = x if x.dtype == mx.float32 else x.astype(mx.float32)
         if self._rows:  # the graph takes the block's [batch, tokens, width] as it is: no reshape

@@ -125,6 +125,9 @@ class StackedAttention(nn.Module):
         # a plain attribute: nn.Module keeps tuples in its tree of parameters, and a lookup there
         # costs more on every step
         object.__setattr__(self, "_heads", heads)
+        # the module's rotary embedding, also a plain attribute: reading a child of an mlx module
+        # as an attribute is a Python-level lookup on every step
+        object.__setattr__(self, "_rope", attn.rope)
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         attn = self["inner"]
@@ -140,12 +143,13 @@ class StackedAttention(nn.Module):
             q = q.reshape(b, n, attn.n_heads, -1).transpose(0, 2, 1, 3)
             k = k.reshape(b, n, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
             v = v.reshape(b, n, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        rope = self._rope
         if cache is not None:
-            q = attn.rope(q, offset=cache.offset)
-            k = attn.rope(k, offset=cache.offset)
+            q = rope(q, offset=cache.offset)
+            k = rope(k, offset=cache.offset)
             k, v = cache.update_and_fetch(k, v)
         else:
-            q, k = attn.rope(q), attn.rope(k)
+            q, k = rope(q), rope(k)
         out = self._attend(q, k, v, cache=cache, scale=attn.scale, mask=mask)
         # [b, heads, n, d] -> [b, n, heads x d]; with one position the transpose moves an axis
         # of one element, so a reshape alone gives the same values (a view where out is
