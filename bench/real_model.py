@@ -448,6 +448,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lazy = [b for b in LAZY_BACKENDS]
     p.add_argument("--backends", default=",".join(b for b in backends.available_backends() if b in lazy),
                    help="fused backends of the decode comparison, comma-separated (default: every lazy one here)")
+    p.add_argument("--variants", default="",
+                   help="decode variants to run, comma-separated (default: all; reference is always run)")
     p.add_argument("--tokens", type=int, default=32, help="greedy decode steps timed per round")
     p.add_argument("--rounds", type=int, default=5, help="decode rounds per variant")
     p.add_argument("--repeats", type=int, default=50, help="timed one-evaluation runs of each tail variant")
@@ -471,6 +473,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(f"--layer must be in 0..29; got {args.layer}")
     for b in names:
         backends.resolve_backend(b)  # BackendUnavailable names what is missing
+    # checked now, not after the minutes the tails take: every name the decode can run
+    known = ["reference", "reference-qkv"] + [f"fused-{b}{s}" for b in names for s in ("", "-own-norm", "-qkv")]
+    known += [f"fused-{b}-qkv-per-layer" for b in names if b in ("graph", "cuda")]
+    known += [f"fused-cuda-{c}" for c in CANDIDATES if c != "rule" and "cuda" in names]
+    asked = record.comma_list(p, "--variants", args.variants, known) if args.variants else known
     if args.profile:
         try:
             step_profile.check_available()
@@ -532,6 +539,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 one_launch.set_default_shape(None)
 
         variants[f"fused-cuda-{best.split(':', 1)[1]}"] = best_shape
+    if args.variants:
+        variants = {k: v for k, v in variants.items() if k == "reference" or k in asked}
     decode = bench_decode(rm, variants, args.tokens, args.rounds, profile=args.profile, host=args.host_profile)
     ref_tps = decode["reference"]["tokens_per_s_median"]
     print(f"\nSmolLM2-135M Q4_1, prompt {PROMPT!r} ({len(rm.prompt_ids)} tokens), {args.tokens} decode steps x "

@@ -183,6 +183,8 @@ def test_wait_price_add_reports_or_refuses_a_replaced_entry(tmp_path: Path, caps
     ("split_price", ["--n", "2"], "--n must be >= 5"),
     ("tail_bench", ["--repeats", "0"], "--repeats must be >= 1"),
     ("one_launch", ["--repeats", "0"], "--repeats must be >= 1"),
+    ("real_model", ["--backends", "graph", "--variants", "fused-graph,fused-metal"],
+     "--variants must be a comma-separated list of ['fused-graph', "),
 ])
 def test_bad_arguments_are_usage_errors(bench: str, argv: list[str], says: str, capsys) -> None:
     main = importlib.import_module(f"bench.{bench}").main
