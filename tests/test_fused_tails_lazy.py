@@ -66,9 +66,14 @@ def test_a_kernel_backend_gets_mlx_vectors_and_stays_in_the_graph(monkeypatch, c
 
     monkeypatch.setattr(backends, "resolve_backend", lambda name: name)
     monkeypatch.setattr(one_launch, "for_launch", for_launch)
-    ref = _logits(model)
-    with rmod.fused_tails(model, [ckpt.tail_weights(i) for i in range(2)], backend="cuda", carry_norm=carry_norm):
-        fused = _logits(model)
+    # The arithmetic on the CPU on every machine: TOL is a CPU float32 figure, and on a GPU
+    # both sides' products round differently (2.3e-3 apart on the H200); what this test
+    # checks is what the block hands a launch, not a device's rounding.
+    with mx.stream(mx.cpu):
+        ref = _logits(model)
+        with rmod.fused_tails(model, [ckpt.tail_weights(i) for i in range(2)], backend="cuda",
+                              carry_norm=carry_norm):
+            fused = _logits(model)
     assert compare(fused, ref, tol=TOL).passed
     assert len(seen) == 2 * len(TOKENS)  # one launch a position a layer
     assert all(s == (mx.array, 1, mx.float32, mx.array, 1) for s in seen)
