@@ -47,6 +47,9 @@ machine's load hits each alike):
   activations in the weights' float dtype as mlx-lm keeps them; for the real layer, the
   model's own modules), ``graph`` (the fused tail's MLX ops as ``fused_tails`` runs them:
   ``workbench.real_models.graph_tail.model_graph_tail``, weights prepared once, compiled),
+  ``graph-stored`` (the same with its activations in the weights' half-precision dtype, as
+  mlx-lm keeps a bf16 or float16 model's: ``model_graph_tail(activations="stored")``; only for
+  half-precision weights; its error reported beside the reference's, not judged),
   ``graph-eager`` (the same, not traced by ``mx.compile``), ``graph-ops`` (``tail_graph``'s ops as written, scales as stored, compiled: what the
   preparation saves), and where CUDA is here ``cuda-3`` (the kernels'
   three launches) and ``cuda-1:<shape>`` (the one launch in each candidate shape:
@@ -82,8 +85,10 @@ from workbench.kernels import launch as kernel_launch
 from workbench.kernels import one_launch
 from workbench.models.config import BONSAI_SHAPE
 from workbench.real_models.end_to_end import PROMPT, smollm2
+from workbench.real_models import graph_tail
 from workbench.real_models.graph_tail import model_graph_tail
 from workbench.real_models.reference_model import LAZY_BACKENDS, capture_layers, fused_tails, stacked_qkv, vector_tail
+from workbench.reports.real_model import STORED_GRAPH, UNJUDGED
 from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_TOL
 
@@ -310,14 +315,19 @@ def act_dtype(w: tail.TailWeights) -> Any:
     return dt if dt in (mx.bfloat16, mx.float16) else mx.float32
 
 
-def tail_variants(w: tail.TailWeights, cuda: bool) -> dict[str, Callable[[mx.array, mx.array], mx.array]]:
-    """Every fused variant of ``w``'s tail as a lazy function of (branch, residual) float32 vectors."""
+def tail_variants(w: tail.TailWeights, cuda: bool,
+                  act: Any = mx.float32) -> dict[str, Callable[[mx.array, mx.array], mx.array]]:
+    """Every fused variant of ``w``'s tail as a lazy function of (branch, residual) float32
+    vectors; with ``act`` (the activations' dtype the reference runs in) half precision, also
+    the graph tail in it (``graph-stored``)."""
     launch = tail.tail_launch(w)
     fns: dict[str, Callable[[mx.array, mx.array], mx.array]] = {
         "graph": vector_tail(launch, "graph"),
         "graph-eager": model_graph_tail(launch, compiled=False),
         "graph-ops": mx.compile(lambda b, r: tail.tail_graph(launch, b, r)),
     }
+    if act != mx.float32 and graph_tail.stored_dtype(launch) == act:  # the activations as mlx-lm keeps them
+        fns[STORED_GRAPH] = model_graph_tail(launch, activations="stored")
     if cuda:
         prep = kernel_launch.prepared(launch, "cuda")
         fns["cuda-3"] = prep.compiled()
@@ -389,7 +399,7 @@ def bench_tail_inputs(label: str, w: tail.TailWeights, br: np.ndarray, res: np.n
                       repeats: int, chain: int, bandwidth: float) -> dict[str, Any]:
     truth = tail.host_tail(w, br, res)
     launch = tail.tail_launch(w)
-    fused = tail_variants(w, cuda)
+    fused = tail_variants(w, cuda, act)
     ref = reference or mlx_lm_style(launch, act)
     b32, r32 = mx.array(br.astype(np.float32)), mx.array(res.astype(np.float32))
     b_act = b32.astype(act)
@@ -404,7 +414,9 @@ def bench_tail_inputs(label: str, w: tail.TailWeights, br: np.ndarray, res: np.n
     fns: dict[str, Callable[[mx.array, mx.array], mx.array]] = {"reference": reference_fn}
     fns.update(fused)
     checks = {k: compare(np.asarray(fn(b32, r32).astype(mx.float32)), truth) for k, fn in fns.items()}
-    judged = {k: c for k, c in checks.items() if k != "reference" or act == mx.float32}
+    # the reference and the stored-activation graph round their activations where they are
+    # half precision: reported, not judged (mlx-lm's rounding)
+    judged = {k: c for k, c in checks.items() if k not in UNJUDGED or act == mx.float32}
     failed = {k: str(c) for k, c in judged.items() if not c.passed}
     if failed:
         raise SystemExit(f"{label}: a tail disagrees with the float64 host tail: {failed}")

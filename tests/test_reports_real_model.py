@@ -210,3 +210,21 @@ def test_the_paired_table_puts_each_variant_against_each_baseline_in_both_loops(
         R.paired_ratio(rec, "fused-graph-qkv", "reference-qkv", pipelined=True)
     with pytest.raises(ValueError, match="against: must be a non-empty list"):
         R.paired_table(rec, ["fused-cuda-qkv"], "reference")
+
+
+def test_the_stored_activation_graph_is_shown_where_a_record_has_it_and_not_judged():
+    """``graph-stored`` (half-precision activations): its time and ratio where a shape has it,
+    NaN where not (older records, float32 weights); its error is reported in its own column
+    and kept out of ``worst``, the judged variants' figure."""
+    from workbench.reports import records
+
+    rec = copy.deepcopy(records.load("real_model", "real_model-nvidia-h200-20261203T064802Z"))
+    assert R.tail_table(rec).graph_stored_ms.isna().all()  # made before the variant existed
+    row = rec["tails"][1]
+    stored = dict(row["variants"]["graph"], median_ms=row["variants"]["reference"]["median_ms"] / 2,
+                  worst_vs_float64=0.5, passed=False)
+    row["variants"]["graph-stored"] = stored
+    t = R.tail_table(rec)
+    assert t.graph_stored_vs_ref.iloc[1] == 2.0 and t.graph_stored_worst.iloc[1] == 0.5
+    assert t.graph_stored_ms.drop(index=1).isna().all()
+    assert t.worst.iloc[1] < 0.5 and t.worst.iloc[1] <= rec["tolerance"]

@@ -26,10 +26,19 @@ prepared ONCE when the tail is built rather than on every call. Each rule, and w
 * **Traced once by ``mx.compile``**, so the element-wise ops (the adds, silu times up) fuse;
   the weights are the traced function's inputs, and tails of one form share it.
 
-Activations stay float32: the dtype ``reference_model`` gives SmolLM2's activations (mlx-lm's
-own layers then run in float32 too), and the dtype the kernels accumulate in. Rounding the
-normed vector to bfloat16 instead put a tail 1.5e-2 off the float64 truth (``tail.ops``), 75
+Activations stay float32 by default: the dtype ``reference_model`` gives SmolLM2's activations
+(mlx-lm's own layers then run in float32 too), and the dtype the kernels accumulate in. Rounding
+the normed vector to bfloat16 instead put a tail 1.5e-2 off the float64 truth (``tail.ops``), 75
 times frink-models' 2e-4, so a bfloat16 model's block converts to float32 around the tail.
+
+``activations="stored"`` is the other choice, for speed where the weights are half precision:
+the activations in the weights' own float dtype (a dense matrix's, a quantized one's scales'),
+as mlx-lm keeps a bfloat16 or float16 model's. Nothing is widened then, so each product reads
+the stored bytes and no float32 copy (at Bonsai-27B's shape the float32 tail reads a bfloat16
+matrix's copy, twice its bytes). The products and the norm still accumulate in float32 inside
+MLX's kernels, but every activation between them is rounded to half precision: the error cost
+of mlx-lm's own ops, many times frink-models' 2e-4 (``bench.real_model`` reports it beside the
+float32 tail's, ``worst vs f64``).
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ from workbench.kernels.next_norm import NextNorm, checked
 from workbench.tail.paths import TailLaunch
 from workbench.validate import describe
 
-__all__ = ["TRACES", "widen_scales", "model_graph_tail", "prepared_graph_tail"]
+__all__ = ["TRACES", "ACTIVATIONS", "widen_scales", "model_graph_tail", "prepared_graph_tail", "stored_dtype"]
 
 Base = mx.array | QuantizedBase
 
@@ -125,23 +134,24 @@ def _parameters(base: Base) -> list[mx.array]:
 
 
 def _rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps: float, next_eps: float | None,
-          fold: Any) -> Callable[..., Any]:
+          fold: Any, act: Any = mx.float32) -> Callable[..., Any]:
     """The tail as a function of ``(branch, residual, *params)``: ``params`` each matrix's
     :func:`_parameters` (wo, then gate_up or gate and up, then down; ``counts`` arrays
-    each), the FFN norm's weight, and the next norm's weight where ``next_eps`` is given."""
+    each), the FFN norm's weight, and the next norm's weight where ``next_eps`` is given.
+    Every activation is ``act`` (float32, or the weights' half dtype: module doc)."""
     bounds = [sum(counts[:i]) for i in range(len(counts) + 1)]
     stacked = len(forms) == 3  # wo, gate_up, down; else wo, gate, up, down
 
     def rows(branch: mx.array, residual: mx.array, *params: mx.array) -> Any:
         mats = [params[bounds[i]:bounds[i + 1]] for i in range(len(forms))]
         norm = params[bounds[-1]]
-        x = branch.astype(mx.float32)
+        x = branch.astype(act)
         if fold is not None and fold.site is FoldSite.INPUT:
             x = fold.rotate(x)
         projected = _product(forms[0], x, mats[0])
         if fold is not None and fold.site is FoldSite.OUTPUT:
             projected = fold.unrotate(projected)
-        h = residual.astype(mx.float32) + projected
+        h = residual.astype(act) + projected
         n = mx.fast.rms_norm(h, norm, eps)
         if stacked:
             y = _product(forms[1], n, mats[1])
@@ -158,13 +168,36 @@ def _rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps: float
 
 @lru_cache(maxsize=256)
 def _shared_rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps: float,
-                 next_eps: float | None) -> Callable[..., Any]:
+                 next_eps: float | None, act: Any = mx.float32) -> Callable[..., Any]:
     """:func:`_rows` of one form (no fold) traced by ``mx.compile``, ONE function for every tail
     of that form: a model's layers share their shapes, so it is traced once and each layer's
     call finds the trace in MLX's compile cache. A compiled function a tail, its weights
     traced in as constants, cost the host more a call (thirty of them against one shared, on
     the CPU: docs/JOURNAL.md)."""
-    return mx.compile(_rows(forms, counts, ffn, eps, next_eps, None))
+    return mx.compile(_rows(forms, counts, ffn, eps, next_eps, None, act))
+
+
+#: The activations' dtype a graph tail computes in (:func:`model_graph_tail`): ``"float32"``,
+#: or ``"stored"``, the weights' own float dtype (:func:`stored_dtype`).
+ACTIVATIONS = ("float32", "stored")
+
+
+def _float_dtype(base: Base) -> Any:
+    dt = base.scales.dtype if isinstance(base, QuantizedBase) else base.dtype
+    return dt if dt in (mx.bfloat16, mx.float16) else mx.float32
+
+
+def stored_dtype(launch: TailLaunch) -> Any:
+    """The float dtype ``launch``'s weights are stored in, which a model built on them keeps
+    its activations in (mlx-lm): a dense matrix's dtype, a quantized one's scales' (bfloat16
+    or float16; float32 for anything else, such as fp4's 8-bit scale codes). ValueError where
+    the four matrices differ (no one dtype fits every product)."""
+    if not isinstance(launch, TailLaunch):
+        raise ValueError(f"launch: must be a TailLaunch (workbench.tail.tail_launch(weights)), got {describe(launch)}")
+    found = {str(_float_dtype(m.launch_parts()[0])) for m in (launch.wo, launch.gate, launch.up, launch.down)}
+    if len(found) != 1:
+        raise ValueError(f"activations: 'stored' needs one float dtype in all four matrices, got {sorted(found)}")
+    return _float_dtype(launch.wo.launch_parts()[0])
 
 
 #: What a compiled graph tail's traced function takes (as ``one_launch.TRACES``): ``"shared"``,
@@ -174,7 +207,8 @@ TRACES = ("shared", "per-layer")
 
 
 def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled: bool = True,
-                     next_norm: NextNorm | None = None, trace: str = "shared") -> Callable[[mx.array, mx.array], Any]:
+                     next_norm: NextNorm | None = None, trace: str = "shared",
+                     activations: str = "float32") -> Callable[[mx.array, mx.array], Any]:
     """The graph tail of ``launch`` as a lazy, compiled function of ``(branch, residual)``:
     float32 ``mx.array`` of shape ``[branch]`` / ``[hidden]`` (one position) or
     ``[..., branch]`` / ``[..., hidden]`` (positions on any leading axes, as a model's block
@@ -191,6 +225,9 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled
     computed in the same compiled call; the tail then returns ``(out, normed)``.
     ``trace`` (:data:`TRACES`): ``"per-layer"`` traces this tail's own function of the two
     activations, its weights captured as constants (a fold's tail always has its own).
+    ``activations`` (:data:`ACTIVATIONS`): ``"stored"`` computes in the weights' own float
+    dtype (:func:`stored_dtype`: nothing widened, the output in that dtype; the module doc
+    gives the error cost), ``"float32"`` (the default) as described above.
     """
     if not isinstance(launch, TailLaunch):
         raise ValueError(f"launch: must be a TailLaunch (workbench.tail.tail_launch(weights)), got {describe(launch)}")
@@ -199,28 +236,33 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled
             raise ValueError(f"{name}: must be True or False, got {describe(flag)}")
     if trace not in TRACES:
         raise ValueError(f"trace: must be one of {TRACES}, got {describe(trace)}")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations: must be one of {ACTIVATIONS}, got {describe(activations)}")
     next_norm = checked(next_norm, int(launch.ffn_norm.shape[0]))
+    act = mx.float32 if activations == "float32" else stored_dtype(launch)
+    keep = act != mx.float32  # half-precision activations read the weights as stored
     fold = launch.fold  # launch.wo is the stored base alone; the launch carries its rotation
-    wo = _wide_base(launch.wo.launch_parts()[0])
-    gate, up, down = (_wide_base(m.launch_parts()[0]) for m in (launch.gate, launch.up, launch.down))
+    wide = (lambda base: base) if keep else _wide_base
+    wo = wide(launch.wo.launch_parts()[0])
+    gate, up, down = (wide(m.launch_parts()[0]) for m in (launch.gate, launch.up, launch.down))
     ffn = int(launch.gate.shape[0])
     gate_up = _stacked(gate, up) if stack_gate_up else None
-    norm = launch.ffn_norm.astype(mx.float32)
+    norm = launch.ffn_norm.astype(act)
     eps = float(launch.eps)
     prepared = [wo, *([gate_up] if gate_up is not None else [gate, up]), down]
-    next_w = None if next_norm is None else mx.array(next_norm.weight)
+    next_w = None if next_norm is None else mx.array(next_norm.weight).astype(act)
     next_eps = None if next_norm is None else next_norm.eps
     params = [a for base in prepared for a in _parameters(base)] + [norm] + ([] if next_w is None else [next_w])
     settle_constants(*params)  # evaluated once, here, not inside every call's graph
     forms = tuple(_form(b) for b in prepared)
     counts = tuple(len(_parameters(b)) for b in prepared)
     if fold is None and compiled and trace == "shared":
-        body_of = _shared_rows(forms, counts, ffn, eps, next_eps)
+        body_of = _shared_rows(forms, counts, ffn, eps, next_eps, act)
 
         def body(branch: mx.array, residual: mx.array) -> Any:
             return body_of(branch, residual, *params)
     else:  # a fold's rotation carries arrays of its own: this tail's function alone
-        rows = _rows(forms, counts, ffn, eps, next_eps, fold)
+        rows = _rows(forms, counts, ffn, eps, next_eps, fold, act)
         if compiled:  # the weights captured: the traced function takes the activations alone
             body = mx.compile(lambda branch, residual: rows(branch, residual, *params))
         else:

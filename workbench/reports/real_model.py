@@ -215,6 +215,13 @@ def best_cuda(row: Mapping, key: str = "median_ms") -> str | None:
     return min(cands, key=cands.get) if cands else None
 
 
+#: The per-tail variant of the fused graph with half-precision activations (``bench.real_model``).
+STORED_GRAPH = "graph-stored"
+
+#: The per-tail variants reported but not judged against float64 (their activations round).
+UNJUDGED = ("reference", STORED_GRAPH)
+
+
 def tail_table(rec: Mapping) -> Any:
     """A ``pandas.DataFrame``, one row a shape and weight format: ``shape``, ``weights``,
     ``weight_mb``, ``floor_ms``; then, one evaluation each, ``reference_ms`` (the ops mlx-lm
@@ -225,7 +232,10 @@ def tail_table(rec: Mapping) -> Any:
     ``*_chain_vs_ref``; ``cuda_chain``: the fastest CUDA variant in a chain). Every fused variant shown passed the float64 check (the bench stops
     otherwise); ``worst`` is the largest of their worst scaled errors; ``reference_worst``
     the reference's own (reported, not judged: in half-precision activations its rounding is
-    mlx-lm's)."""
+    mlx-lm's). Where the record has it (half-precision weights, records since
+    ``graph_tail``'s ``activations="stored"``): ``graph_stored_ms``, ``graph_stored_vs_ref``
+    (and ``graph_stored_chain_*``) and ``graph_stored_worst``, the fused graph with the
+    activations in the weights' dtype, reported, not judged, as the reference is; NaN elsewhere."""
     import pandas as pd
 
     rec = _record(rec)
@@ -253,7 +263,15 @@ def tail_table(rec: Mapping) -> Any:
                 "cuda_chain_ms": nan if cc is None else float(v[cc]["chain_ms_per_tail"]),
                 "cuda_chain_vs_ref": nan if cc is None else ref["chain_ms_per_tail"] / v[cc]["chain_ms_per_tail"],
             })
-        row["worst"] = max(float(x["worst_vs_float64"]) for k, x in v.items() if k != "reference")
+        stored = v.get(STORED_GRAPH)
+        row["graph_stored_ms"] = nan if stored is None else float(stored["median_ms"])
+        row["graph_stored_vs_ref"] = nan if stored is None else ref["median_ms"] / stored["median_ms"]
+        if chained:
+            row["graph_stored_chain_ms"] = nan if stored is None else float(stored["chain_ms_per_tail"])
+            row["graph_stored_chain_vs_ref"] = (nan if stored is None
+                                                else ref["chain_ms_per_tail"] / stored["chain_ms_per_tail"])
+        row["graph_stored_worst"] = nan if stored is None else float(stored["worst_vs_float64"])
+        row["worst"] = max(float(x["worst_vs_float64"]) for k, x in v.items() if k not in UNJUDGED)
         row["reference_worst"] = float(v["reference"]["worst_vs_float64"])
         rows.append(row)
     return pd.DataFrame(rows)
