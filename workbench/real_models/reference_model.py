@@ -42,8 +42,8 @@ from workbench import tail as tails
 from workbench.kernels import emulated, one_launch
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels.next_norm import NextNorm, checked
-from workbench.real_models.checkpoint import Checkpoint, Tensor
 from workbench.real_models import graph_tail
+from workbench.real_models.checkpoint import Checkpoint, Tensor
 from workbench.real_models.graph_tail import prepared_graph_tail
 from workbench.real_models.stacked_qkv import swapped_attention
 from workbench.tail.weights import TailWeights
