@@ -309,10 +309,8 @@ def mlx_lm_style(launch: tail.TailLaunch, act: Any) -> Callable[[mx.array, mx.ar
 
 def act_dtype(w: tail.TailWeights) -> Any:
     """The activations' dtype mlx-lm keeps for weights like ``w``'s: their float dtype (a
-    quantized matrix's: its scales')."""
-    base, _ = w.gate.launch_parts()
-    dt = base.scales.dtype if isinstance(base, QuantizedBase) else base.dtype
-    return dt if dt in (mx.bfloat16, mx.float16) else mx.float32
+    quantized matrix's: its scales'), ``graph_tail.stored_dtype``."""
+    return graph_tail.stored_dtype(tail.tail_launch(w))
 
 
 def tail_variants(w: tail.TailWeights, cuda: bool,
@@ -455,6 +453,25 @@ def print_tails(rows: list[dict[str, Any]]) -> None:
                   f"{v['chain_build_us']:>10.2f}{v['chain_encode_us']:>11.2f}{v['chain_wait_us']:>9.2f}")
 
 
+def decode_variants(model: Any, weights: list[Any], names: list[str]) -> dict[str, Callable[[], Any] | None]:
+    """The decode comparison's variants, each a factory of the context manager it runs in
+    (``None``: mlx-lm's own layers), for the fused backends ``names``; nothing is built until
+    a factory is called."""
+    variants: dict[str, Callable[[], Any] | None] = {"reference": None}
+    for b in names:
+        variants[f"fused-{b}"] = (lambda b=b: fused_tails(model, weights, backend=b))
+    for b in names:  # the same, each block norming its own input: what carrying the norm saves
+        variants[f"fused-{b}-own-norm"] = (lambda b=b: fused_tails(model, weights, backend=b, carry_norm=False))
+    # each attention's q, k, v as one product: in mlx-lm's layers alone, and beside the fused tails
+    variants["reference-qkv"] = lambda: stacked_qkv(model)
+    for b in names:
+        variants[f"fused-{b}-qkv"] = (lambda b=b: fused_tails(model, weights, backend=b, stack_qkv=True))
+    for b in (n for n in names if n in ("graph", "cuda")):  # the two with a choice of trace
+        variants[f"fused-{b}-qkv-per-layer"] = (
+            lambda b=b: fused_tails(model, weights, backend=b, stack_qkv=True, trace="per-layer"))
+    return variants
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = record.parser("real_model", __doc__)
     lazy = [b for b in LAZY_BACKENDS]
@@ -485,9 +502,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(f"--layer must be in 0..29; got {args.layer}")
     for b in names:
         backends.resolve_backend(b)  # BackendUnavailable names what is missing
-    # checked now, not after the minutes the tails take: every name the decode can run
-    known = ["reference", "reference-qkv"] + [f"fused-{b}{s}" for b in names for s in ("", "-own-norm", "-qkv")]
-    known += [f"fused-{b}-qkv-per-layer" for b in names if b in ("graph", "cuda")]
+    # checked now, not after the minutes the tails take: every name the decode can run (the
+    # variants' factories are only named here, not called; the best shape's is added later)
+    known = list(decode_variants(None, [], names))
     known += [f"fused-cuda-{c}" for c in CANDIDATES if c != "rule" and "cuda" in names]
     asked = record.comma_list(p, "--variants", args.variants, known) if args.variants else known
     if args.profile:
@@ -522,18 +539,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # decode: mlx-lm's layers against every lazy backend; with CUDA, also the one launch in
     # the candidate shape that was fastest in a chain at the real layer, where it is not the rule
     weights = rm.tail_weights()
-    variants: dict[str, Any] = {"reference": None}
-    for b in names:
-        variants[f"fused-{b}"] = (lambda b=b: fused_tails(rm.model, weights, backend=b))
-    for b in names:  # the same, each block norming its own input: what carrying the norm saves
-        variants[f"fused-{b}-own-norm"] = (lambda b=b: fused_tails(rm.model, weights, backend=b, carry_norm=False))
-    # each attention's q, k, v as one product: in mlx-lm's layers alone, and beside the fused tails
-    variants["reference-qkv"] = lambda: stacked_qkv(rm.model)
-    for b in names:
-        variants[f"fused-{b}-qkv"] = (lambda b=b: fused_tails(rm.model, weights, backend=b, stack_qkv=True))
-    for b in (n for n in names if n in ("graph", "cuda")):  # the two with a choice of trace
-        variants[f"fused-{b}-qkv-per-layer"] = (
-            lambda b=b: fused_tails(rm.model, weights, backend=b, stack_qkv=True, trace="per-layer"))
+    variants = decode_variants(rm.model, weights, names)
     best = best_one_launch(rows[0])
     chosen = None
     if cuda and "cuda" in names and best is not None and best != "cuda-1:rule":
