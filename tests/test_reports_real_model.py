@@ -228,3 +228,27 @@ def test_the_stored_activation_graph_is_shown_where_a_record_has_it_and_not_judg
     assert t.graph_stored_vs_ref.iloc[1] == 2.0 and t.graph_stored_worst.iloc[1] == 0.5
     assert t.graph_stored_ms.drop(index=1).isna().all()
     assert t.worst.iloc[1] < 0.5 and t.worst.iloc[1] <= rec["tolerance"]
+
+
+def test_one_comparison_run_by_run_and_a_profiled_calls_own_time():
+    """``paired_across`` is ``paired_ratio`` record by record, in order; ``own_us_per_call``
+    divides a profiled function's own time a step by its calls a step, and names what is
+    wrong where the function is not one of the variant's."""
+    from workbench.reports import records
+
+    recs = [records.load("real_model", f"real_model-nvidia-h200-20261203T{t}") for t in ("123708Z", "124438Z")]
+    got = R.paired_across(recs, "fused-cuda-qkv", "reference-qkv", "pipelined")
+    assert got == [R.paired_ratio(r, "fused-cuda-qkv", "reference-qkv", pipelined=True) for r in recs]
+    assert R.paired_across(recs[:1], "fused-cuda-qkv", "reference", "step after step") == [
+        R.paired_ratio(recs[0], "fused-cuda-qkv", "reference")]
+    with pytest.raises(ValueError, match="loop: must be one of"):
+        R.paired_across(recs, "fused-cuda-qkv", "reference", "piped")
+    with pytest.raises(ValueError, match="recs: must be a non-empty list"):
+        R.paired_across(recs[0], "fused-cuda-qkv", "reference", "pipelined")
+    f = next(x for x in recs[0]["decode"]["fused-cuda-qkv"]["build_profile"]
+             if x["function"].startswith("kernels/one_launch.py"))
+    assert R.own_us_per_call(recs[0], "fused-cuda-qkv", "kernels/one_launch.py") == f["own_us_per_step"] / f["calls_per_step"]
+    with pytest.raises(ValueError, match="where: must name one profiled function of 'fused-cuda-qkv', got 0"):
+        R.own_us_per_call(recs[0], "fused-cuda-qkv", "no/such.py")
+    with pytest.raises(ValueError, match="got 0 matching"):
+        R.own_us_per_call(recs[1], "fused-cuda-qkv", "kernels/one_launch.py")  # made without --host-profile

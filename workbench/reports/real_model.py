@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe
 
-__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "paired_ratio", "paired_table", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "build_profile_table", "best_cuda"]
+__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "paired_ratio", "paired_table", "paired_across", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "build_profile_table", "own_us_per_call", "best_cuda", "STORED_GRAPH", "UNJUDGED"]
 
 nan = float("nan")
 
@@ -151,16 +151,30 @@ def paired_ratio(rec: Mapping, variant: str, against: str, *, pipelined: bool = 
 def paired_table(rec: Mapping, variants: Sequence[str], against: Sequence[str]) -> Any:
     """A ``pandas.DataFrame`` of :func:`paired_ratio`: one row a variant of ``variants``, one
     column a (loop, variant of ``against``) pair, the loops ``"step after step"`` and
-    ``"pipelined"``: the fused tails with stacked q, k, v against mlx-lm's layers and against
-    mlx-lm's layers with the same stacking, in one table."""
+    ``"pipelined"`` (:data:`LOOPS`): for instance the fused tails with stacked q, k, v against
+    mlx-lm's layers and against mlx-lm's layers with the same stacking, in one table."""
     import pandas as pd
 
     for name, given in (("variants", variants), ("against", against)):
         if isinstance(given, str) or not isinstance(given, Sequence) or not given:
             raise ValueError(f"{name}: must be a non-empty list of decode variant names, got {describe(given)}")
-    loops = (("step after step", False), ("pipelined", True))
     return pd.DataFrame({(loop, b): {a: paired_ratio(rec, a, b, pipelined=piped) for a in variants}
-                         for loop, piped in loops for b in against})
+                         for loop, piped in LOOPS.items() for b in against})
+
+
+#: The two decode loops a record times, by the name the tables give them: whether the loop is
+#: mlx-lm's pipelined one.
+LOOPS = {"step after step": False, "pipelined": True}
+
+
+def paired_across(recs: Sequence[Mapping], variant: str, against: str, loop: str) -> list[float]:
+    """:func:`paired_ratio` of ``variant`` against ``against`` in ``loop`` (:data:`LOOPS`),
+    one figure a record of ``recs``, in their order: one comparison run by run."""
+    if loop not in LOOPS:
+        raise ValueError(f"loop: must be one of {list(LOOPS)}, got {describe(loop)}")
+    if isinstance(recs, (str, Mapping)) or not isinstance(recs, Sequence) or not recs:
+        raise ValueError(f"recs: must be a non-empty list of real_model records, got {describe(recs)}")
+    return [paired_ratio(rec, variant, against, pipelined=LOOPS[loop]) for rec in recs]
 
 
 def host_api_table(rec: Mapping) -> Any:
@@ -313,3 +327,15 @@ def build_profile_table(rec: Mapping) -> Any:
     rec = _record(rec)
     rows = [{"variant": name, **f} for name, d in rec["decode"].items() for f in d.get("build_profile", ())]
     return pd.DataFrame(rows, columns=["variant", "function", "calls_per_step", "own_us_per_step", "cum_us_per_step"])
+
+
+def own_us_per_call(rec: Mapping, variant: str, where: str) -> float:
+    """The host time a call of the profiled function at ``where`` (the start of a
+    :func:`build_profile_table` ``function``, such as ``"kernels/one_launch.py"``) spends in
+    itself, in us, in ``variant``'s decode step: its own time a step over its calls a step.
+    ValueError unless exactly one function of that variant starts so."""
+    table = build_profile_table(rec)
+    hits = table[(table.variant == variant) & table.function.str.startswith(where)]
+    if len(hits) != 1:
+        raise ValueError(f"where: must name one profiled function of {variant!r}, got {len(hits)} matching {where!r}")
+    return float(hits.own_us_per_step.iloc[0] / hits.calls_per_step.iloc[0])
