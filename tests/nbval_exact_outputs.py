@@ -27,12 +27,17 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import importlib.util
 import shutil
 from pathlib import Path
 
 import nbformat
 import pytest
+
+# The notebooks' kernels inherit this process's environment: MLX's float32 matrix products in
+# full float32 there too, as in the unit tests (tests/conftest.py says why).
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 
 def why_not_compared() -> str | None:

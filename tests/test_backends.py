@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -103,3 +105,20 @@ def test_device_description_names_mlx():
 def test_device_kind_names_the_backend_of_a_device():
     assert B.device_kind(mx.Device(mx.cpu)) == "cpu"
     assert B.device_kind() in ("cpu", "cuda", "metal")
+
+
+def test_reduced_float32_products_follows_mlx_enable_tf32(monkeypatch):
+    gpu, cpu = mx.Device(mx.gpu), mx.Device(mx.cpu)
+    monkeypatch.delenv(B.TF32_VARIABLE, raising=False)
+    assert B.reduced_float32_products(gpu)  # MLX's default on a GPU
+    assert not B.reduced_float32_products(cpu)  # the CPU computes in float32 always
+    monkeypatch.setenv(B.TF32_VARIABLE, "0")
+    assert not B.reduced_float32_products(gpu)
+    monkeypatch.setenv(B.TF32_VARIABLE, "1")
+    assert B.reduced_float32_products(gpu)
+    assert B.device_description(cpu)["float32_products"] == "float32"
+
+
+def test_the_tests_choose_mlx_s_float32_products_explicitly():
+    # tests/conftest.py sets it (to 0, full float32) unless the run did: never MLX's silent default
+    assert os.environ.get(B.TF32_VARIABLE) is not None

@@ -20,7 +20,9 @@ A backend asked for and absent raises :class:`BackendUnavailable` saying what is
 missing; nothing falls back silently, since a graph result mistaken for a kernel result
 would hide exactly the bugs the kernels are checked for.
 
-:func:`device_description` is the one description of a device that every record carries.
+:func:`device_description` is the one description of a device that every record carries;
+:func:`reduced_float32_products` says whether MLX's own float32 matrix products there are
+full float32 (a record carries that too).
 """
 
 from __future__ import annotations
@@ -119,6 +121,29 @@ def resolve_backend(name: str) -> str:
     return name
 
 
+#: The environment variable MLX reads, once, when it first multiplies float32 matrices: ``0``
+#: keeps float32 matrix products in full float32; unset or any other value lets MLX run them
+#: at reduced precision where the hardware has matrix units (MLX's "Numerical Precision" page).
+TF32_VARIABLE = "MLX_ENABLE_TF32"
+
+
+def reduced_float32_products(device: mx.Device | None = None) -> bool:
+    """Whether MLX may run float32 matrix products on ``device`` (default: MLX's default) at
+    reduced, TF32-class precision (a 10-bit mantissa for each input).
+
+    On a GPU it does unless ``MLX_ENABLE_TF32=0`` was set before the process's first float32
+    product: MLX 0.32's CUDA back-end then asks cuBLAS for its TF32 tensor-core mode, and a
+    product of more than one row lands ~1e-3 off (a tail's 2e-4 criterion fails); one row
+    (a decode step's matrix-vector product) is computed in float32 either way. Quantized
+    products of many rows take the same reduced path on sm90. The CPU always computes in float32.
+    Every kernel of the workbench accumulates in float32 itself; this concerns MLX's own
+    products (the graph tail, mlx-lm's layers, a reference)."""
+    dev = device if device is not None else mx.default_device()
+    if dev.type == mx.cpu:
+        return False
+    return os.environ.get(TF32_VARIABLE, "1").strip() != "0"
+
+
 def device_kind(device: mx.Device | None = None) -> str:
     """``cpu``, ``cuda`` or ``metal``: which MLX backend runs ``device`` (default: MLX's default
     device). Records and the wait-price ledger file their measurements by it."""
@@ -152,4 +177,5 @@ def device_description(device: mx.Device | None = None) -> dict[str, str]:
             pass
         info["device_name"] = name
     info["platform"] = f"{platform.system()} {platform.machine()}"
+    info["float32_products"] = "reduced (TF32-class)" if reduced_float32_products(dev) else "float32"
     return info

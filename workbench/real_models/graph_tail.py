@@ -26,6 +26,12 @@ prepared ONCE when the tail is built rather than on every call. Each rule, and w
 * **Traced once by ``mx.compile``**, so the element-wise ops (the adds, silu times up) fuse;
   the weights are the traced function's inputs, and tails of one form share it.
 
+On a GPU, "float32" means what MLX's products give there: with MLX's default
+(``MLX_ENABLE_TF32`` unset) a product of more than one row runs at TF32-class precision, about
+1e-3 off at these widths (five times the 2e-4 criterion, on the H200); one row, a decode step,
+is float32 either way. ``workbench.backends.reduced_float32_products`` says which holds;
+``MLX_ENABLE_TF32=0`` before the first product makes every row float32.
+
 Activations stay float32 by default: the dtype ``reference_model`` gives SmolLM2's activations
 (mlx-lm's own layers then run in float32 too), and the dtype the kernels accumulate in. Rounding
 the normed vector to bfloat16 instead put a tail 1.5e-2 off the float64 truth (``tail.ops``), 75
