@@ -139,3 +139,46 @@ def test_what_cannot_be_stacked_is_left_alone_or_refused():
     with pytest.raises(ValueError, match="stack_qkv: must be True or False"):
         with rmod.fused_tails(model, [None] * len(model.layers), stack_qkv=1):
             pass
+
+
+def test_a_decode_steps_cache_update_is_mlx_lms_own_bit_for_bit_across_its_growth():
+    """StackedAttention's one-position cache update against mlx-lm's ``update_and_fetch``:
+    a prefill, then steps across the buffer's growth (mlx-lm's step of 256 positions) and the
+    step that fills it exactly; the same keys and values returned, the same buffers and
+    offsets after, the same ops in the graph."""
+    from mlx_lm.models.cache import KVCache
+
+    from bench.common.step_profile import graph_ops
+    from workbench.real_models.stacked_qkv import _appended
+
+    def kv(n: int, seed: int) -> tuple[mx.array, mx.array]:
+        k = mx.random.normal((1, 2, n, 8), key=mx.random.key(seed))
+        return k, -k
+
+    ours, theirs = KVCache(), KVCache()
+    first = kv(250, 0)
+    ours.update_and_fetch(*first)
+    theirs.update_and_fetch(*first)
+    for step in range(12):  # positions 251..262: the buffer fills at 256 and grows at 257
+        k, v = kv(1, step + 1)
+        got, want = _appended(ours, k, v), theirs.update_and_fetch(k, v)
+        assert ours.offset == theirs.offset
+        assert graph_ops(got[0]) == graph_ops(want[0])
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    np.testing.assert_array_equal(np.asarray(ours.keys), np.asarray(theirs.keys))
+    np.testing.assert_array_equal(np.asarray(ours.values), np.asarray(theirs.values))
+
+
+def test_another_cache_kind_keeps_its_own_update():
+    from workbench.real_models.stacked_qkv import _appended
+
+    class Cache:  # a cache StackedAttention does not know: its own update_and_fetch runs
+        keys = mx.zeros((1, 1, 4, 2))
+        offset = 0
+
+        def update_and_fetch(self, k, v):
+            return "own", "update"
+
+    assert _appended(Cache(), mx.zeros((1, 1, 1, 2)), mx.zeros((1, 1, 1, 2))) == ("own", "update")
