@@ -252,3 +252,27 @@ def test_one_comparison_run_by_run_and_a_profiled_calls_own_time():
         R.own_us_per_call(recs[0], "fused-cuda-qkv", "no/such.py")
     with pytest.raises(ValueError, match="got 0 matching"):
         R.own_us_per_call(recs[1], "fused-cuda-qkv", "kernels/one_launch.py")  # made without --host-profile
+
+
+def test_the_graph_tail_as_the_model_keeps_its_activations_and_the_graphs_a_step():
+    """``graph_kept_vs_ref`` is the float32 graph tail's ratio where the model's activations
+    are float32 and the stored-activation tail's where they are half precision; a profiled
+    record gives the CUDA graphs a step, NaN where it has no profile."""
+    from workbench.reports import records
+
+    rec = records.load("real_model", "real_model-nvidia-h200-20261203T142214Z")
+    t = R.tail_table(rec)
+    wide = t.activations == "float32"
+    assert wide.sum() == 1 and (t.activations[~wide] != "float32").all()  # the real layer alone is float32
+    assert (t.graph_kept_vs_ref[wide] == t.graph_vs_ref[wide]).all()
+    assert (t.graph_kept_vs_ref[~wide] == t.graph_stored_vs_ref[~wide]).all()
+    assert (t.graph_kept_chain_vs_ref[~wide] == t.graph_stored_chain_vs_ref[~wide]).all()
+    old = R.tail_table(records.load("real_model", "real_model-nvidia-h200-20261203T064802Z"))
+    assert old.graph_kept_vs_ref[old.activations != "float32"].isna().all()  # no stored tail then
+
+    profiled = records.load("real_model", "real_model-nvidia-h200-20261203T142000Z")
+    dec = R.decode_table(profiled).set_index("variant")
+    for name, d in profiled["decode"].items():
+        assert dec.graph_launches_per_step[name] == d["device_profile"]["graph_launches_per_step"]
+    assert R.decode_table(rec).graph_launches_per_step.isna().all()
+    assert R.mlx_settings(profiled) == {"MLX_MAX_OPS_PER_BUFFER": "200"}

@@ -61,7 +61,9 @@ def decode_table(rec: Mapping) -> Any:
     over the rounds), ``vs_reference`` (its ratio to mlx-lm's own layers), ``tokens_per_cpu_s``
     and its ratio (NaN in records that lack them), ``same_tokens``, ``ops_per_step`` (the ops
     in one step's graph: host work on every device) and, from a ``--profile`` run,
-    ``kernels_per_step``, ``device_ms_per_step`` and ``device_share`` (the device's kernel
+    ``kernels_per_step``, ``device_ms_per_step``, ``graph_launches_per_step`` (the CUDA graphs
+    MLX handed the device a step: one every ``MLX_MAX_OPS_PER_BUFFER`` ops or so, each a
+    launch the host pays for) and ``device_share`` (the device's kernel
     time over a step's wall time: how little of a step the device is busy; NaN where the
     record lacks them). Newer records add ``paired`` (the median over rounds of the ratio to
     the reference in the same round: a round's load hits both alike), the step split into
@@ -94,6 +96,7 @@ def decode_table(rec: Mapping) -> Any:
             "ops_per_step": float(d.get("ops_per_step", nan)),
             "kernels_per_step": float(d.get("device_profile", {}).get("kernels_per_step", nan)),
             "device_ms_per_step": float(d.get("device_profile", {}).get("device_us_per_step", nan)) / 1e3,
+            "graph_launches_per_step": float(d.get("device_profile", {}).get("graph_launches_per_step", nan)),
         })
         rows[-1]["device_share"] = rows[-1]["device_ms_per_step"] * rows[-1]["tokens_per_s"] / 1e3
         split = d.get("step_split_ms", {})
@@ -249,7 +252,11 @@ def tail_table(rec: Mapping) -> Any:
     mlx-lm's). Where the record has it (half-precision weights, records since
     ``graph_tail``'s ``activations="stored"``): ``graph_stored_ms``, ``graph_stored_vs_ref``
     (and ``graph_stored_chain_*``) and ``graph_stored_worst``, the fused graph with the
-    activations in the weights' dtype, reported, not judged, as the reference is; NaN elsewhere."""
+    activations in the weights' dtype, reported, not judged, as the reference is; NaN elsewhere.
+    ``activations`` is the dtype the model keeps its activations in (the reference's), and
+    ``graph_kept_vs_ref`` (``graph_kept_chain_vs_ref``) the ratio of the graph tail that keeps
+    them so: the float32 tail for float32, the stored-activation tail for half precision (NaN
+    where the record lacks it)."""
     import pandas as pd
 
     rec = _record(rec)
@@ -285,6 +292,13 @@ def tail_table(rec: Mapping) -> Any:
             row["graph_stored_chain_vs_ref"] = (nan if stored is None
                                                 else ref["chain_ms_per_tail"] / stored["chain_ms_per_tail"])
         row["graph_stored_worst"] = nan if stored is None else float(stored["worst_vs_float64"])
+        # the graph tail with the activations in the dtype the model keeps them in: the float32
+        # tail where the model computes in float32, the stored-activation one where it is half
+        row["activations"] = str(t.get("activations", "float32"))
+        kept = graph if row["activations"] == "float32" else stored
+        row["graph_kept_vs_ref"] = nan if kept is None else ref["median_ms"] / kept["median_ms"]
+        if chained:
+            row["graph_kept_chain_vs_ref"] = nan if kept is None else ref["chain_ms_per_tail"] / kept["chain_ms_per_tail"]
         row["worst"] = max(float(x["worst_vs_float64"]) for k, x in v.items() if k not in UNJUDGED)
         row["reference_worst"] = float(v["reference"]["worst_vs_float64"])
         rows.append(row)
