@@ -19,6 +19,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import shlex
 import re
 import statistics
 import sys
@@ -142,7 +143,8 @@ def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
     return {
         "bench": bench,
         "schema": schema,
-        "command": " ".join(["python -m bench." + bench, *args]),
+        # quoted as a shell needs it (an empty argument, a space): the line runs as written
+        "command": " ".join(["python -m bench." + bench, shlex.join(args)]).rstrip(),
         "date": now.isoformat(timespec="seconds"),
         "device": backends.device_description(),
         "device_kind": device_kind(),
