@@ -18,7 +18,7 @@ INVALID_BLOCKS = [3, 36, 44, 72, 0, -1, -16, 6, 9, 100]
 @pytest.mark.parametrize("n", VALID_BLOCKS)
 def test_matrix_is_what_mlx_computes(n: int) -> None:
     # mx.hadamard_transform(e_i, scale=1) is row i of I @ M.T, i.e. column i of M.
-    from_mlx = np.array(mx.hadamard_transform(mx.eye(n), scale=1.0))
+    from_mlx = np.array(mx.hadamard_transform(mx.eye(n), scale=1.0, stream=mx.cpu))
     assert np.array_equal(from_mlx, hadamard.hadamard_matrix(n).T)
 
 
@@ -39,7 +39,7 @@ def test_mlx_accepts_36_and_is_not_orthogonal_which_is_why_we_validate() -> None
     # The MLX behaviour the workbench guards against (a bug in MLX 0.32); if MLX fixes
     # it, this test says so and the guard stays harmless.
     try:
-        h = np.array(mx.hadamard_transform(mx.eye(36)))
+        h = np.array(mx.hadamard_transform(mx.eye(36), stream=mx.cpu))
     except ValueError:
         pytest.skip("this MLX rejects n = 36 itself")
     assert not np.allclose(h @ h.T, np.eye(36), atol=1e-3)
@@ -107,3 +107,14 @@ def test_float64_rows_do_not_depend_on_the_batch(block: int, transpose: bool) ->
     h = hadamard.hadamard_matrix(block).astype(np.float64) / np.sqrt(block)
     ref = (x.reshape(37, 3, block) @ (h if transpose else h.T)).reshape(x.shape)
     np.testing.assert_allclose(full, ref, rtol=0, atol=1e-14 * np.sqrt(block))
+
+
+def test_a_block_mlx_cannot_compile_on_cuda_runs_on_the_cpu_stream_with_the_same_bits(monkeypatch):
+    # on an NVIDIA GPU (MLX 0.32) blocks with an m > 1 factor go to the CPU stream: the same
+    # values as on the CPU, both directions
+    x = mx.random.normal((3, 48), key=mx.random.key(4))
+    plain = [np.array(hadamard.block_transform_mx(x, 12, transpose=t)) for t in (False, True)]
+    monkeypatch.setattr(hadamard, "_cuda_device", lambda: True)
+    routed = [np.array(hadamard.block_transform_mx(x, 12, transpose=t)) for t in (False, True)]
+    for a, b in zip(plain, routed):
+        np.testing.assert_array_equal(a, b)

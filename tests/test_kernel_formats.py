@@ -158,7 +158,9 @@ def test_dequantize_exact_matches_mlx_bit_for_bit(name, dtype):
     b = wm.launch_parts()[0]
     scales = b.scales if b.scales.dtype == mx.uint8 else b.scales.astype(mx.float32)
     biases = None if b.biases is None else b.biases.astype(mx.float32)
-    ref = np.array(mx.dequantize(b.w, scales, biases, **q.as_quantize(), dtype=mx.float32))
+    # MLX's CPU: on an H200 MLX's dequantize differed from this by one float32 ulp in 44% of
+    # the weights (its multiply-add rounds once there); the oracle's claim is about the CPU's map
+    ref = np.array(mx.dequantize(b.w, scales, biases, **q.as_quantize(), dtype=mx.float32, stream=mx.cpu))
     got = dequantize_exact(wm)
     assert got.dtype == np.float64
     if q.mode == "affine" and dtype == mx.float32:

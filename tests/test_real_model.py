@@ -4,6 +4,7 @@ CPU; notebook 06 runs the whole prompt and 8 tokens."""
 
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -71,7 +72,10 @@ def test_every_layers_tail_reproduces_mlx_lms_layer_on_real_activations(rm, capt
     errs = layer_errors(rm.checkpoint, captures)
     assert len(errs) == 30
     assert (errs.host_worst <= SEED_TOL).all(), errs[["layer", "host_worst"]]
-    assert (errs.graph_worst == 0).all()  # the same ops on the same stored arrays: bit for bit
+    if mx.default_device().type == mx.cpu:
+        assert (errs.graph_worst == 0).all()  # the same ops on the same stored arrays: bit for bit
+    else:  # on an H200 the compiled kernels round apart (2.6e-6 at worst): float32 rounding
+        assert (errs.graph_worst <= 1e-5).all(), errs.graph_worst.max()
     assert errs.peak.max() > 10_000 and set(errs.peak_pos[errs.peak > 10_000]) == {0}
 
 

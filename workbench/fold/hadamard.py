@@ -24,7 +24,7 @@ from typing import TypeVar
 import mlx.core as mx
 import numpy as np
 
-from workbench import validate
+from workbench import backends, validate
 
 #: The odd factors MLX (and so the kernels) have tables for.
 ALLOWED_M: tuple[int, ...] = (1, 12, 20, 28)
@@ -265,6 +265,9 @@ def block_transform_mx(x: mx.array, block: int, *, transpose: bool = False) -> m
     ``B^T`` for ``m > 1``: ``H_b = kron(A, S)`` with ``A = H_m`` and ``S`` Sylvester
     (symmetric), so on a block reshaped to ``X`` (m x 2^k) ``H_b^T x`` is ``A^T X S``:
     MLX's transform over the 2^k axis, then a small matmul with ``A^T`` over the m axis.
+
+    Where MLX's default device is an NVIDIA GPU, a block with ``m > 1`` is computed on MLX's
+    CPU stream (the code says why); powers of two stay on the GPU.
     """
     m, k = factor_block(block)
     if not isinstance(x, mx.array) or not mx.issubdtype(x.dtype, mx.floating):
@@ -274,6 +277,23 @@ def block_transform_mx(x: mx.array, block: int, *, transpose: bool = False) -> m
         # An empty batch (a leading axis of 0) rotates to an empty batch, as the numpy path
         # answers; mx.hadamard_transform refuses empty arrays in its own words.
         return x
+    if m > 1 and _cuda_device():
+        # MLX 0.32's CUDA back-end fails to compile hadamard_transform for these sizes (its
+        # kernel divides by a task count that is zero when 2^k is small: seen for 12, 20, 28,
+        # 36 on an H200), and the transpose's product below would run at TF32-class precision
+        # there (workbench.backends.reduced_float32_products). On the CPU stream both are
+        # MLX's exact float32 ops; the result stays lazy and feeds the GPU's graph as any array.
+        with mx.stream(mx.cpu):
+            return _blocks(x, block, m, k, transpose)
+    return _blocks(x, block, m, k, transpose)
+
+
+def _cuda_device() -> bool:
+    """Whether MLX's default device is a GPU of its CUDA back-end."""
+    return mx.default_device().type == mx.gpu and backends.cuda_available()
+
+
+def _blocks(x: mx.array, block: int, m: int, k: int, transpose: bool) -> mx.array:
     lead = x.shape[:-1]
     nblocks = x.shape[-1] // block
     if not transpose or m == 1:
