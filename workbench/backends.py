@@ -146,6 +146,12 @@ def reduced_float32_products(device: mx.Device | None = None) -> bool:
     return os.environ.get(TF32_VARIABLE, "1").strip() != "0"
 
 
+def cuda_is_default() -> bool:
+    """Whether MLX's default device is a GPU of its CUDA back-end: where the workbench routes the
+    few MLX ops that back-end gets wrong to MLX's CPU stream (``fold.hadamard``, ``studies.sweeps``)."""
+    return mx.default_device().type == mx.gpu and cuda_available()
+
+
 def device_kind(device: mx.Device | None = None) -> str:
     """``cpu``, ``cuda`` or ``metal``: which MLX backend runs ``device`` (default: MLX's default
     device). Records and the wait-price ledger file their measurements by it."""

@@ -277,7 +277,7 @@ def block_transform_mx(x: mx.array, block: int, *, transpose: bool = False) -> m
         # An empty batch (a leading axis of 0) rotates to an empty batch, as the numpy path
         # answers; mx.hadamard_transform refuses empty arrays in its own words.
         return x
-    if m > 1 and _cuda_device():
+    if m > 1 and backends.cuda_is_default():
         # MLX 0.32's CUDA back-end fails to compile hadamard_transform for these sizes (its
         # kernel divides by a task count that is zero when 2^k is small: seen for 12, 20, 28,
         # 36 on an H200), and the transpose's product below would run at TF32-class precision
@@ -286,11 +286,6 @@ def block_transform_mx(x: mx.array, block: int, *, transpose: bool = False) -> m
         with mx.stream(mx.cpu):
             return _blocks(x, block, m, k, transpose)
     return _blocks(x, block, m, k, transpose)
-
-
-def _cuda_device() -> bool:
-    """Whether MLX's default device is a GPU of its CUDA back-end."""
-    return mx.default_device().type == mx.gpu and backends.cuda_available()
 
 
 def _blocks(x: mx.array, block: int, m: int, k: int, transpose: bool) -> mx.array:

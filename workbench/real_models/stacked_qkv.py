@@ -26,6 +26,7 @@ rotary embeddings). :func:`swapped_attention` swaps it into a model's layers
 from __future__ import annotations
 
 import contextlib
+from functools import lru_cache
 from typing import Any, Iterator
 
 import mlx.core as mx
@@ -98,8 +99,10 @@ class StackedQKV:
         return q, k, v
 
 
+@lru_cache(maxsize=1)
 def _plain_cache() -> type | None:
-    """mlx-lm's ``KVCache`` (the plain one a Llama's prompt cache holds), or None without mlx-lm."""
+    """mlx-lm's ``KVCache`` (the plain one a Llama's prompt cache holds), or None without mlx-lm;
+    looked up at the first decode step, not at import (mlx-lm is only needed with a model)."""
     try:
         from mlx_lm.models.cache import KVCache  # noqa: PLC0415 -- mlx-lm is only needed with a model
     except ImportError:
@@ -119,7 +122,7 @@ def _appended(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]
     else (a cache of another kind, a full buffer that must grow) goes through the cache's
     own ``update_and_fetch``."""
     keys = cache.keys
-    if type(cache) is not _CACHE or keys is None:
+    if keys is None or type(cache) is not _plain_cache():
         return cache.update_and_fetch(k, v)
     start = cache.offset
     end = start + 1
@@ -135,8 +138,6 @@ def _appended(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]
     upto = (slice(None), slice(None), slice(0, end))
     return keys[upto], cache.values[upto]
 
-
-_CACHE = _plain_cache()
 
 
 class StackedAttention(nn.Module):
