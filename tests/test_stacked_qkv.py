@@ -182,3 +182,13 @@ def test_another_cache_kind_keeps_its_own_update():
             return "own", "update"
 
     assert _appended(Cache(), mx.zeros((1, 1, 1, 2)), mx.zeros((1, 1, 1, 2))) == ("own", "update")
+
+
+def test_a_cache_without_keys_keeps_its_own_update():
+    from workbench.real_models.stacked_qkv import _appended
+
+    class State:  # a recurrent layer's cache: no keys at all
+        def update_and_fetch(self, k, v):
+            return "own", "update"
+
+    assert _appended(State(), mx.zeros((1, 1, 1, 2)), mx.zeros((1, 1, 1, 2))) == ("own", "update")

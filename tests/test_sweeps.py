@@ -64,12 +64,13 @@ def test_batched_rows_are_the_per_case_tails_bit_for_bit(dtype, fold, quant, out
     truth = sweeps._truth(st_, c, fold, frink_case.SEED_EPS)
     for i, s in enumerate(seeds):
         w, b, r = sweep_cases.case_weights(shape, s, dtype=dtype, fold=fold, quantize=quant, wo_outliers=outliers)
-        with mx.stream(mx.cpu if mx.default_device().type == mx.cpu or quant is not None else mx.gpu):
-            # the rows equal a case's own graph on the device the batch ran on (on an NVIDIA
-            # GPU a quantized batch runs on MLX's CPU: sweeps._graph_start); a dense batch on a
-            # GPU is a matrix product where one case is a vector product, so it rounds apart there
+        # the rows equal a case's own graph on the device the batch ran on (on an NVIDIA GPU a
+        # quantized batch runs on MLX's CPU: sweeps._graph_start); a dense batch on a GPU is a
+        # matrix product where one case is a vector product, so it rounds apart there
+        on_cpu = mx.default_device().type == mx.cpu or quant is not None
+        with mx.stream(mx.cpu if on_cpu else mx.default_device()):
             want = tail.fused_tail(w, b, r, backend="graph")
-        if mx.default_device().type == mx.cpu or quant is not None:
+        if on_cpu:
             np.testing.assert_array_equal(graph[i], want)
         else:
             assert comparison.compare(graph[i], want, tol=1e-5).passed

@@ -121,9 +121,9 @@ def _appended(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]
     (on a 2-core CPU, building one layer's update took 22 us with mlx-lm's call and 14 us here). Anything
     else (a cache of another kind, a full buffer that must grow) goes through the cache's
     own ``update_and_fetch``."""
-    keys = cache.keys
-    if keys is None or type(cache) is not _plain_cache():
+    if type(cache) is not _plain_cache() or cache.keys is None:  # (other caches may hold no keys)
         return cache.update_and_fetch(k, v)
+    keys = cache.keys
     start = cache.offset
     end = start + 1
     size = keys.shape[2]
@@ -137,7 +137,6 @@ def _appended(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]
         return keys, cache.values
     upto = (slice(None), slice(None), slice(0, end))
     return keys[upto], cache.values[upto]
-
 
 
 class StackedAttention(nn.Module):
