@@ -260,8 +260,13 @@ def test_compiled_layers_decode_the_same_tokens(tiny, decoded):
     res = [comp.step(st, 5) for _ in range(3)]
     assert [r.waits for r in res] == [waits.waits_per_token(tiny.cfg, 5)] * 3
     assert [r.next_token for r in res] == [r.next_token for r in decoded[5]]
-    for a, b in zip(res, decoded[5]):  # fused elementwise ops round differently: float32 rounding apart
-        assert np.abs(a.logits - b.logits).max() <= 1e-4 * max(1.0, np.abs(b.logits).max())
+    # Fused elementwise ops round differently: on MLX's CPU float32 rounding apart over the
+    # tiny model's 64 layers. MLX's GPU kernels round apart from its CPU's by more (on an H200
+    # the uncompiled step was 2.9e-4 from the CPU's, the compiled one 1.1e-3, scaled by the
+    # largest logit); there the claim is the waits and the tokens, the logits held to 3e-3.
+    tol = 1e-4 if mx.default_device().type == mx.cpu else 3e-3
+    for a, b in zip(res, decoded[5]):
+        assert np.abs(a.logits - b.logits).max() <= tol * max(1.0, np.abs(b.logits).max())
         assert 0 < a.eval_seconds <= a.seconds
 
 

@@ -45,9 +45,13 @@ def test_batched_rows_are_host_tail_and_fused_tail(dtype, fold, quant, outliers)
         w, b, r = sweep_cases.case_weights(shape, s, dtype=dtype, fold=fold, quantize=quant, wo_outliers=outliers)
         truth = tail.host_tail(w, b, r)
         fused = tail.fused_tail(w, b, r, backend="graph")
-        # the batched graph evaluates the same tail_mx: the same error, to float32 rounding
-        assert df.worst[i] == pytest.approx(comparison.worst_scaled_error(fused, truth)[()], rel=0.5, abs=2e-7)
-        assert df.nmse[i] == pytest.approx(comparison.nmse(fused, truth)[()], rel=0.6, abs=1e-14)
+        # the batched graph evaluates the same tail_mx: the same error, to float32 rounding. On a
+        # GPU a batch's products are matrix products and one case's vector products, which round
+        # apart (worst 6.1e-7 against 3.2e-7 on an H200): there both are held to a few float32 ulps.
+        on_cpu = mx.default_device().type == mx.cpu
+        worst_abs, nmse_abs = (2e-7, 1e-14) if on_cpu else (1e-6, 5e-14)
+        assert df.worst[i] == pytest.approx(comparison.worst_scaled_error(fused, truth)[()], rel=0.5, abs=worst_abs)
+        assert df.nmse[i] == pytest.approx(comparison.nmse(fused, truth)[()], rel=0.6, abs=nmse_abs)
 
 
 @pytest.mark.parametrize("dtype,fold,quant,outliers", [CONFIGS[i] for i in (0, 1, 2, 4, 8)])
@@ -64,12 +68,10 @@ def test_batched_rows_are_the_per_case_tails_bit_for_bit(dtype, fold, quant, out
     truth = sweeps._truth(st_, c, fold, frink_case.SEED_EPS)
     for i, s in enumerate(seeds):
         w, b, r = sweep_cases.case_weights(shape, s, dtype=dtype, fold=fold, quantize=quant, wo_outliers=outliers)
-        # the rows equal a case's own graph on the device the batch ran on (on an NVIDIA GPU a
-        # quantized batch runs on MLX's CPU: sweeps._graph_start); a dense batch on a GPU is a
+        # the rows equal a case's own graph, bit for bit on MLX's CPU; on a GPU a batch is a
         # matrix product where one case is a vector product, so it rounds apart there
-        on_cpu = mx.default_device().type == mx.cpu or quant is not None
-        with mx.stream(mx.cpu if on_cpu else mx.default_device()):
-            want = tail.fused_tail(w, b, r, backend="graph")
+        on_cpu = mx.default_device().type == mx.cpu
+        want = tail.fused_tail(w, b, r, backend="graph")
         if on_cpu:
             np.testing.assert_array_equal(graph[i], want)
         else:

@@ -148,7 +148,7 @@ def reduced_float32_products(device: mx.Device | None = None) -> bool:
 
 def cuda_is_default() -> bool:
     """Whether MLX's default device is a GPU of its CUDA back-end: where the workbench routes the
-    few MLX ops that back-end gets wrong to MLX's CPU stream (``fold.hadamard``, ``studies.sweeps``)."""
+    few MLX ops that back-end gets wrong to MLX's CPU stream (``fold.hadamard``, ``fold.weights``)."""
     return mx.default_device().type == mx.gpu and cuda_available()
 
 

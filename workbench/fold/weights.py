@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import mlx.core as mx
 import numpy as np
 
-from workbench import validate
+from workbench import backends, validate
 from workbench.fold import formats
 from workbench.fold.rotation import FoldSite, HadamardFold
 
@@ -209,6 +209,22 @@ def _dtype_name(dt: mx.Dtype) -> str:
     return {v: k for k, v in DENSE_DTYPES.items()}[dt]
 
 
+def cuda_quantized_rows_wrong(in_dim: int, group_size: int, rows: int) -> bool:
+    """Whether MLX 0.32.4's CUDA ``quantized_matmul`` is known to give a wrong product here.
+
+    With the in dimension one group long (``in_dim == group_size``, seen for 64) and more
+    than one row of x, the CUDA product is wrong: on an H200, 4-bit with groups of 64 and
+    an in dimension of 64 came out 100% off (sometimes NaN) for 2 and 3 rows, in every
+    layout (x [S, K] or [S, 1, K], weights [N, K] or one per row), while one row, an in
+    dimension of 128 with groups of 64, and groups of 32 over an in dimension of 32 or 64
+    were right (``docs/GPU.md``). Groups of 128 over 128 were not tried, so every group
+    size from 64 up is treated alike. ``WeightMatrix.matvec_base`` runs such a product on
+    MLX's CPU stream when MLX's default device is a CUDA GPU: a right answer at a CPU's
+    speed, for shapes (a 64-wide matrix) no real model has.
+    """
+    return rows > 1 and in_dim == group_size and group_size >= 64
+
+
 class WeightMatrix:
     """A [out, in] weight: dense (f32/f16/bf16) or MLX-quantized, optionally folded.
 
@@ -383,10 +399,13 @@ class WeightMatrix:
                 # A 1-D vector goes in as one row: MLX 0.32.4's CUDA quantized_matmul fails
                 # on 1-D input ("SmallVector out of range"; seen on the H200).
                 xr = x.astype(mx.float32)
-                y = mx.quantized_matmul(
-                    xr[None] if x.ndim == 1 else xr, q.w, q.scales, q.biases, transpose=True,
-                    group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode,
-                )
+                rows = math.prod(x.shape[:-1])
+                wrong_here = cuda_quantized_rows_wrong(in_dim, q.spec.group_size, rows) and backends.cuda_is_default()
+                with mx.stream(mx.cpu if wrong_here else mx.default_device()):
+                    y = mx.quantized_matmul(
+                        xr[None] if x.ndim == 1 else xr, q.w, q.scales, q.biases, transpose=True,
+                        group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode,
+                    )
                 return y[0] if x.ndim == 1 else y
             return x.astype(mx.float32) @ self._base.astype(mx.float32).T
         x = validate.float_array("x", x)
