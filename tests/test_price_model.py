@@ -184,6 +184,35 @@ def test_a_pairs_measured_saving_comes_with_its_interval():
     assert verdict["settled_ratio_max"] == pytest.approx(pairs.loc[(1, 2), "ratio_model"])
 
 
+def test_a_saving_splits_into_the_kernels_change_and_the_idle_time():
+    """With every stage's device time a token in the record, each saving is the kernels'
+    change plus the idle time the removed waits took; the model is judged on the latter."""
+    import copy
+
+    rec = copy.deepcopy(records.load("schedule_run", "schedule_run-nvidia-h200-20261202T174651Z.json"))
+    base = schedule_report.pair_table(rec).set_index(["from", "to"])
+    assert base["idle_saved_ms"].isna().all() and base["device_saved_ms"].isna().all()
+    with pytest.raises(ValueError, match="saving: 'idle' needs a record profiled at every stage"):
+        schedule_report.pair_verdicts(rec, saving="idle")
+    with pytest.raises(ValueError, match="saving"):
+        schedule_report.pair_verdicts(rec, saving="wall")
+    # kernels 2 ms a token slower at every later stage: each adjacent saving's idle part is 2 ms larger
+    for i, r in enumerate(rec["stages"]):
+        r["device_ms_per_token"] = 15.0 + 2 * i
+    t = schedule_report.pair_table(rec).set_index(["from", "to"])
+    assert (t["measured_ms"] == base["measured_ms"]).all()
+    assert t.loc[(4, 5), "device_saved_ms"] == pytest.approx(-2.0)
+    assert t.loc[(1, 4), "device_saved_ms"] == pytest.approx(-6.0)
+    assert (t["idle_saved_ms"] == t["measured_ms"] - t["device_saved_ms"]).all()
+    assert t.loc[(3, 4), "ratio_model_idle"] == pytest.approx(t.loc[(3, 4), "idle_saved_ms"] / t.loc[(3, 4), "model_ms"])
+    # the model's saving at 3 -> 4 is 1.61 ms, the clock's 0.93 (0.72-1.18): with 2 ms of kernel time added
+    # the idle part is 2.93 (2.72-3.18): settled, and outside the band the other way
+    assert not t.loc[(3, 4), "model_within"] and t.loc[(3, 4), "ratio_model_idle"] > 1.2
+    assert t.loc[(3, 4), "idle_noise_decided"]
+    v = schedule_report.pair_verdicts(rec, saving="idle")
+    assert v["pairs"] == 4 and v["settled"] <= 4
+
+
 def test_measure_splits_on_a_small_step(bonsai):
     geom = geometry.Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True, gdn_k_heads=2,
                              gdn_v_heads=4, gdn_k_dim=8, gdn_v_dim=8, conv_kernel=4, vocab=64)

@@ -296,6 +296,30 @@ def test_the_schedule_bench_prices_each_kind(tmp_path):
     assert all("ms_eval_median" in r and "x_floor" in r for r in rec["stages"])
 
 
+def test_the_schedule_bench_profiles_every_stage(tmp_path, monkeypatch):
+    """--profile times every stage's kernels (the price model assumes they do not change). The
+    profiler needs CUDA; a stand-in that counts the tokens it is handed stands in for it here."""
+    from bench import schedule_run
+    from bench.common import step_profile
+
+    seen = []
+
+    def fake_profile(run, steps):
+        out = run()
+        seen.append((len(out), steps))
+        return {"steps": steps, "kernels_per_step": 10.0 * len(seen), "device_us_per_step": 1000.0 * len(seen),
+                "graph_launches_per_step": 1.0, "top_kernels": [], "host_api": []}
+
+    monkeypatch.setattr(step_profile, "check_available", lambda: None)
+    monkeypatch.setattr(step_profile, "device_profile", fake_profile)
+    rec = schedule_run.main(["--stages", "1,4,5", "--tokens", "2", "--rounds", "1", "--warmup", "0", "--price-n", "20",
+                             "--vocab", "64", "--split-n", "0", "--profile", "--no-record"])
+    assert seen == [(2, 2)] * 3
+    assert [r["device_ms_per_token"] for r in rec["stages"]] == [1.0, 2.0, 3.0]
+    assert [r["kernels_per_token"] for r in rec["stages"]] == [10.0, 20.0, 30.0]
+    assert rec["device_profile"]["stage"] == 5 and rec["device_profile"]["device_us_per_step"] == 3000.0
+
+
 @pytest.mark.parametrize("stage", [5, 6])
 def test_overlapped_submissions_decode_the_same_bits_with_the_same_waits(tiny, decoded, bonsai, stage):
     """overlap hands the graph built so far to the device with mx.async_eval every few

@@ -18,7 +18,7 @@ import numpy as np
 
 from workbench.decode.savings import check_rows
 from workbench.reports.records import check as check_record, load_all
-from workbench.validate import describe, integer
+from workbench.validate import describe, integer, one_of
 from workbench.waits import plan as waits
 
 
@@ -175,13 +175,23 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
     price model's, the measured one (paired by round when the record has it) with its 95%
     interval (:func:`paired_interval`), the two ratios, whether the model's is within
     ``within`` (20%), and whether the interval settles that (``noise_decided``: wholly
-    inside the band or wholly outside it; False means more tokens are needed to say)."""
+    inside the band or wholly outside it; False means more tokens are needed to say).
+
+    A record profiled at every stage (``bench.schedule_run --profile``) also splits each
+    measured saving in two: ``device_saved_ms``, the change in the kernels' own time a
+    token (the model assumes none: every stage runs the same kernels), and
+    ``idle_saved_ms``, the rest, the device's idle time the removed waits took with them:
+    what the price model prices. ``ratio_model_idle``, ``idle_within`` and
+    ``idle_noise_decided`` judge the model on that part; the interval is the measured one
+    shifted by the device change (a profile of a few tokens, taken as exact). Without the
+    profiles these columns are None."""
     import pandas as pd
 
     rec = _record(rec)
     comps = check_rows("rec['comparisons']", rec["comparisons"], ("from", "to", "waits_saved", "ms_saved_predicted",
                                                              "ms_saved_measured", "same_work"))
     each = {r.get("stage"): r.get("ms_each") for r in rec.get("stages", [])}
+    device = {r.get("stage"): r.get("device_ms_per_token") for r in rec.get("stages", [])}
     out = []
     for c in comps:
         measured = c.get("ms_saved_paired", c["ms_saved_measured"])
@@ -193,27 +203,47 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
             band = sorted((model * (1 - within), model * (1 + within)))
             # the interval wholly inside the band, or wholly outside it: more tokens would not change the verdict
             decided = (band[0] <= lo and hi <= band[1]) or hi < band[0] or lo > band[1]
+        da, db = device.get(c["from"]), device.get(c["to"])
+        dev_saved = da - db if da is not None and db is not None else None
+        idle = idle_ratio = idle_decided = None
+        if dev_saved is not None:
+            idle = measured - dev_saved
+            idle_ratio = idle / model if model else None
+            if model and lo is not None:
+                ilo, ihi = lo - dev_saved, hi - dev_saved
+                idle_decided = (band[0] <= ilo and ihi <= band[1]) or ihi < band[0] or ilo > band[1]
         out.append({"from": c["from"], "to": c["to"], "waits_saved": c["waits_saved"], "same_work": c["same_work"],
                     "tiny_ms": c["ms_saved_predicted"], "model_ms": model, "measured_ms": measured,
                     "measured_lo_ms": lo, "measured_hi_ms": hi,
                     "ratio_tiny": measured / c["ms_saved_predicted"] if c["ms_saved_predicted"] else None,
                     "ratio_model": ratio, "model_within": None if ratio is None else abs(ratio - 1) <= within,
-                    "noise_decided": decided})
+                    "noise_decided": decided, "device_saved_ms": dev_saved, "idle_saved_ms": idle,
+                    "ratio_model_idle": idle_ratio,
+                    "idle_within": None if idle_ratio is None else abs(idle_ratio - 1) <= within,
+                    "idle_noise_decided": idle_decided})
     return pd.DataFrame(out)
 
 
-def pair_verdicts(rec: Mapping, *, within: float = 0.2) -> dict[str, Any]:
+def pair_verdicts(rec: Mapping, *, within: float = 0.2, saving: str = "clock") -> dict[str, Any]:
     """The adjacent same-work stage pairs of :func:`pair_table` in a few numbers: how many
     there are (``pairs``), how many the interval settles (``settled``), how many of those
     are within ``within`` of the price model (``settled_within``), and the measured over the
     model's saving among the settled ones (``settled_ratio_min``, ``settled_ratio_max``;
-    None when none is settled)."""
+    None when none is settled). ``saving``: ``"clock"`` judges the whole measured saving,
+    ``"idle"`` the part left after the kernels' own change (a record profiled at every
+    stage; ValueError without it)."""
+    one_of("saving", saving, ("clock", "idle"))
     t = pair_table(rec, within=within)
     adjacent = t[t["same_work"] & (t["to"] == t["from"] + 1)]
-    settled = adjacent[adjacent["noise_decided"].fillna(False).astype(bool)]
-    ratios = settled["ratio_model"].astype(float)
+    ratio_col, within_col, decided_col = (("ratio_model", "model_within", "noise_decided") if saving == "clock"
+                                          else ("ratio_model_idle", "idle_within", "idle_noise_decided"))
+    if saving == "idle" and adjacent["idle_saved_ms"].isna().any():
+        raise ValueError("saving: 'idle' needs a record profiled at every stage (bench.schedule_run --profile, "
+                         "device_ms_per_token in each stage's row); this one is not")
+    settled = adjacent[adjacent[decided_col].fillna(False).astype(bool)]
+    ratios = settled[ratio_col].astype(float)
     return {"pairs": len(adjacent), "settled": len(settled),
-            "settled_within": int(settled["model_within"].astype(bool).sum()),
+            "settled_within": int(settled[within_col].astype(bool).sum()),
             "settled_ratio_min": float(ratios.min()) if len(settled) else None,
             "settled_ratio_max": float(ratios.max()) if len(settled) else None}
 
