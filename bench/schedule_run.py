@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{r['split']:<12} {r['ms']:>9.4f} {r['p10_ms']:>8.4f} {r['p90_ms']:>8.4f} {r['split_ms']:>9.4f} "
                   f"{r['joined_ms']:>10.4f}", flush=True)
     split_prices = {r["split"]: r["ms"] for r in splits} or None
+    split_rounds = {r["split"]: r["diffs_ms"] for r in splits} or None
 
     try:
         from tqdm.auto import tqdm
@@ -228,7 +229,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         run = schedule.run_stages(sched, stages=stages, tokens=args.tokens, rounds=args.rounds, warmup=args.warmup,
                                   context=args.context, price_ms=price["ms"], progress=progress,
-                                  time_budget_s=args.budget_s, split_prices=split_prices)
+                                  time_budget_s=args.budget_s, split_prices=split_prices,
+                                  split_rounds=split_rounds)
     if bar is not None:
         bar.close()
     rows = run["stages"]
@@ -279,6 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
             prof = step_profile.device_profile(lambda: [sched.step(state, n) for _ in range(args.tokens)], args.tokens)
             r["device_ms_per_token"] = prof["device_us_per_step"] / 1e3
             r["kernels_per_token"] = prof["kernels_per_step"]
+            r["top_kernels"] = prof["top_kernels"][:6]  # where a stage's kernel time goes
             print(f"{n:>5} {prof['kernels_per_step']:>8.1f} {prof['device_us_per_step'] / 1e3:>10.3f}", flush=True)
             if n == last:
                 profile = {"stage": last, **prof}

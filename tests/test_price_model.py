@@ -213,6 +213,21 @@ def test_a_saving_splits_into_the_kernels_change_and_the_idle_time():
     assert v["pairs"] == 4 and v["settled"] <= 4
 
 
+def test_the_models_interval_resamples_each_kinds_rounds():
+    steady = {"a": [0.1] * 30, "b": [0.2] * 30}
+    assert savings.model_interval({"a": 16, "b": -15}, steady) == pytest.approx((16 * 0.1 - 15 * 0.2,) * 2)
+    assert savings.model_interval({"a": 2}, steady, fixed_ms=1.0) == pytest.approx((1.2, 1.2))
+    rng = np.random.default_rng(1)
+    noisy = {"a": (0.1 + rng.normal(0, 0.1, 30)).tolist()}
+    lo, hi = savings.model_interval({"a": 16}, noisy)
+    assert lo < 16 * np.median(noisy["a"]) < hi and hi - lo > 0.2  # sixteen noisy prices: a wide interval
+    assert savings.model_interval({"a": 16}, noisy) == (lo, hi)  # seeded
+    assert savings.model_interval({"c": 1}, noisy) is None  # a kind without rounds: no interval
+    # a record from before the rounds were kept: the pair table says nothing about the model's interval
+    t = schedule_report.pair_table(records.load("schedule_run", "schedule_run-nvidia-h200-20261203T171315Z.json"))
+    assert t["model_lo_ms"].isna().all() and t["both_decided"].isna().all()
+
+
 def test_measure_splits_on_a_small_step(bonsai):
     geom = geometry.Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True, gdn_k_heads=2,
                              gdn_v_heads=4, gdn_k_dim=8, gdn_v_dim=8, conv_kernel=4, vocab=64)

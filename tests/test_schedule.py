@@ -8,6 +8,7 @@ import pytest
 
 from workbench.decode.geometry import Geometry, geometry_of
 from workbench.decode.layers import fast_gdn_available, gated_delta_ops
+from workbench.decode import savings
 from workbench.decode.savings import MEASURED_SPLITS, compare_savings, fit_price
 from workbench.decode.schedule import Schedule, run_stages
 from workbench.decode.state import HybridWeights, new_state
@@ -293,6 +294,11 @@ def test_the_schedule_bench_prices_each_kind(tmp_path):
     prices = {s["split"]: s["ms"] for s in rec["splits"]}
     want = waits.model_saving(load_model("bonsai-27b"), 1, 2, prices, rec["price"]["ms"])["ms"]
     assert comps[(1, 2)]["ms_saved_model"] == pytest.approx(want)
+    # the model's interval, from the split rounds the record keeps: ordered, and about a one-kind sum's median
+    assert all(len(s["diffs_ms"]) == 5 for s in rec["splits"])
+    assert comps[(1, 2)]["ms_saved_model_lo"] <= comps[(1, 2)]["ms_saved_model_hi"]
+    one_kind = savings.model_interval({"layer|qkv": 16}, {s["split"]: s["diffs_ms"] for s in rec["splits"]})
+    assert one_kind[0] <= 16 * prices["layer|qkv"] <= one_kind[1]
     assert all("ms_eval_median" in r and "x_floor" in r for r in rec["stages"])
 
 

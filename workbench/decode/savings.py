@@ -40,8 +40,34 @@ def check_rows(name: str, rows: Any, keys: Sequence[str]) -> list[Mapping]:
     return list(rows)
 
 
+#: Resamples of the price model's bootstrap interval (:func:`model_interval`), and its seed.
+MODEL_RESAMPLES = 2000
+MODEL_SEED = 0
+
+
+def model_interval(counts: Mapping[str, int], split_rounds: Mapping[str, Sequence[float]], *, fixed_ms: float = 0.0,
+                   level: float = 0.95) -> tuple[float, float] | None:
+    """A ``level`` interval for a price-model saving ``fixed_ms + sum(counts[k] * price[k])``,
+    each kind's price the median of its measured rounds (``split_rounds[k]``: every round's
+    split - joined, ``measure_split_between``'s ``diffs_ms``): the percentile bootstrap, each
+    kind's rounds resampled on their own. None when a kind in ``counts`` has no rounds (a
+    record from before the rounds were kept). ``counts``: waits removed (positive) or added
+    (negative) of each kind; ``fixed_ms``: the part priced at a flat price."""
+    rng = np.random.default_rng(MODEL_SEED)
+    total = np.full(MODEL_RESAMPLES, float(fixed_ms))
+    for kind, count in counts.items():
+        rounds = split_rounds.get(kind)
+        if not rounds:
+            return None
+        d = np.asarray(rounds, dtype=np.float64)
+        total += count * np.median(d[rng.integers(0, d.size, size=(MODEL_RESAMPLES, d.size))], axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(total, tail)), float(np.percentile(total, 100 - tail))
+
+
 def compare_savings(rows: Sequence[Mapping], price_ms: float, *, split_prices: Mapping[str, float] | None = None,
-                    cfg=None, eligible: Sequence[int] | None = None) -> list[dict]:
+                    cfg=None, eligible: Sequence[int] | None = None,
+                    split_rounds: Mapping[str, Sequence[float]] | None = None) -> list[dict]:
     """Measured against predicted savings: each stage against the one before, and against stage 1.
 
     ``same_work`` is False for a pair of which one stage runs the attention on the device
@@ -51,7 +77,10 @@ def compare_savings(rows: Sequence[Mapping], price_ms: float, *, split_prices: M
     With ``split_prices`` (and ``cfg``, the model decoded) each pair also carries the price
     model's prediction (``waits.model_saving``): ``ms_saved_model``, ``model_priced``
     (every split kind the pair removes has a measured price), ``ratio_model`` and, when
-    paired times exist, ``ratio_model_paired``.
+    paired times exist, ``ratio_model_paired``. With ``split_rounds`` (each kind's measured
+    rounds) also ``ms_saved_model_lo`` / ``ms_saved_model_hi``: the model's own 95% interval
+    (:func:`model_interval`), which a check of the model against the clock needs beside the
+    clock's.
     """
     rows = check_rows("rows", rows, ("stage", "waits_predicted", "ms_median"))
     price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
@@ -85,6 +114,11 @@ def compare_savings(rows: Sequence[Mapping], price_ms: float, *, split_prices: M
             m = waits.model_saving(cfg, a, b, split_prices, price_ms, plan=plan, eligible=eligible)
             row["ms_saved_model"] = m["ms"]
             row["model_priced"] = m["priced"]
+            if split_rounds is not None and m["priced"]:
+                counts = {**m["removed"], **{k: -c for k, c in m["added"].items()}}
+                iv = model_interval(counts, split_rounds)
+                if iv is not None:
+                    row["ms_saved_model_lo"], row["ms_saved_model_hi"] = iv
             row["ratio_model"] = measured / m["ms"] if m["ms"] else None
             if "ms_saved_paired" in row:
                 row["ratio_model_paired"] = row["ms_saved_paired"] / m["ms"] if m["ms"] else None

@@ -255,6 +255,7 @@ def run_stages(
     progress=None,
     time_budget_s: float | None = None,
     split_prices: Mapping[str, float] | None = None,
+    split_rounds: Mapping[str, Sequence[float]] | None = None,
 ) -> dict:
     """Time ``tokens`` tokens per round at every stage, rounds interleaved; compare with the table.
 
@@ -264,7 +265,9 @@ def run_stages(
     each round's tokens would attend over a longer context than the round before, and
     the stages that attend on the host would drift apart from round to round by more
     than a pair of stages differs. ``time_budget_s``: stop after the first round that ends
-    past it (the record says how many rounds ran). Returns a record: per stage, the waits the executor made a token (and
+    past it (the record says how many rounds ran). ``split_prices`` / ``split_rounds``: the
+    measured split prices by kind and their rounds, for the price model's prediction and its
+    interval beside each pair (``savings.compare_savings``). Returns a record: per stage, the waits the executor made a token (and
     whether they equal ``waits_per_token``) and the median ms a token; per pair of
     consecutive stages (and each stage against stage 1), the measured saving and the
     predicted one (waits saved x ``price_ms``) with their ratio.
@@ -333,5 +336,5 @@ def run_stages(
     rec: dict[str, Any] = {"stages": rows, "rounds_run": done}
     if price_ms is not None:
         rec["comparisons"] = compare_savings(rows, price_ms, split_prices=split_prices, cfg=sched.cfg,
-                                             eligible=sched.eligible)
+                                             eligible=sched.eligible, split_rounds=split_rounds)
     return rec

@@ -100,7 +100,9 @@ def clock_table(rec: Mapping):
     """A record's stages against its floor: ms a token (median), the floor (weight bytes a
     token / the copy bandwidth of the same run), their ratio, what the price model says
     the waits cost and that cost's share of the token, and the time inside ``mx.eval``
-    against the host's (graph building, attention, reads). A ``pandas.DataFrame``."""
+    against the host's (graph building, attention, reads), and, in a record profiled at
+    every stage, the kernels' own time a token (``kernel_ms``; None otherwise). A
+    ``pandas.DataFrame``."""
     import pandas as pd
 
     if "floor_ms" not in _record(rec):
@@ -110,9 +112,26 @@ def clock_table(rec: Mapping):
         "stage": r["stage"], "waits": r["waits_predicted"], "ms": r["ms_median"], "floor_ms": rec["floor_ms"],
         "x_floor": r["ms_median"] / rec["floor_ms"], "waits_ms_model": r.get("ms_waits_model"),
         "wait_share": r.get("wait_share_model"), "in_eval_ms": r.get("ms_eval_median"),
-        "host_ms": r.get("ms_host_median"),
+        "host_ms": r.get("ms_host_median"), "kernel_ms": r.get("device_ms_per_token"),
     } for r in rows])
     return df
+
+
+def split_prices_across(recs: Sequence[Mapping]):
+    """The split prices by kind (ms, the median of each run's rounds) of several records side by
+    side: one column a record (its file name), one row a kind. How far the price model's inputs
+    move from run to run. A ``pandas.DataFrame``."""
+    import pandas as pd
+
+    if isinstance(recs, Mapping) or not isinstance(recs, Sequence) or not recs:
+        raise ValueError(f"recs: must be a non-empty list of schedule records, got {describe(recs)}")
+    cols = {}
+    for i, rec in enumerate(recs):
+        if not _record(rec, f"recs[{i}]").get("splits"):
+            raise ValueError(f"recs[{i}]: has no split prices ('splits'), got {describe(rec)}")
+        rows = check_rows(f"recs[{i}]['splits']", rec["splits"], ("split", "ms"))
+        cols[rec.get("file", f"recs[{i}]")] = {r["split"]: r["ms"] for r in rows}
+    return pd.DataFrame(cols)
 
 
 def stage_comparison(runs: Mapping[str, Mapping], stage: int = 6):
@@ -184,7 +203,13 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
     what the price model prices. ``ratio_model_idle``, ``idle_within`` and
     ``idle_noise_decided`` judge the model on that part; the interval is the measured one
     shifted by the device change (a profile of a few tokens, taken as exact). Without the
-    profiles these columns are None."""
+    profiles these columns are None.
+
+    The model's saving is a sum of split prices, each a median of a few dozen rounds, so it
+    has an interval too (``model_lo_ms``, ``model_hi_ms``; a record that kept the split
+    rounds). ``ratio_lo`` / ``ratio_hi`` bound the measured over the model's saving by both
+    intervals, and ``both_decided`` says whether that range is wholly inside the band or
+    wholly outside it: the verdict neither the clock's noise nor the model's can move."""
     import pandas as pd
 
     rec = _record(rec)
@@ -212,6 +237,11 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
             if model and lo is not None:
                 ilo, ihi = lo - dev_saved, hi - dev_saved
                 idle_decided = (band[0] <= ilo and ihi <= band[1]) or ihi < band[0] or ilo > band[1]
+        mlo, mhi = c.get("ms_saved_model_lo"), c.get("ms_saved_model_hi")
+        rlo = rhi = both = None
+        if lo is not None and mlo is not None and mlo > 0:
+            rlo, rhi = lo / mhi, hi / mlo
+            both = (1 - within <= rlo and rhi <= 1 + within) or rhi < 1 - within or rlo > 1 + within
         out.append({"from": c["from"], "to": c["to"], "waits_saved": c["waits_saved"], "same_work": c["same_work"],
                     "tiny_ms": c["ms_saved_predicted"], "model_ms": model, "measured_ms": measured,
                     "measured_lo_ms": lo, "measured_hi_ms": hi,
@@ -220,7 +250,8 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
                     "noise_decided": decided, "device_saved_ms": dev_saved, "idle_saved_ms": idle,
                     "ratio_model_idle": idle_ratio,
                     "idle_within": None if idle_ratio is None else abs(idle_ratio - 1) <= within,
-                    "idle_noise_decided": idle_decided})
+                    "idle_noise_decided": idle_decided, "model_lo_ms": mlo, "model_hi_ms": mhi,
+                    "ratio_lo": rlo, "ratio_hi": rhi, "both_decided": both})
     return pd.DataFrame(out)
 
 

@@ -362,7 +362,7 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3, rea
     round is noise of a millisecond and more).
 
     Returns ``ms`` (median of ``split - joined``), ``p10_ms``, ``p90_ms``, ``split_ms`` and
-    ``joined_ms`` (medians), ``n``, ``warmup`` and ``method``. :func:`measure_split_price`
+    ``joined_ms`` (medians), ``n``, ``warmup``, ``diffs_ms`` (every round's difference) and ``method``. :func:`measure_split_price`
     is the same with one step on both sides and the host re-uploading between them.
     """
     n = integer("n", n, minimum=5)
@@ -424,6 +424,9 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3, rea
     return {"ms": statistics.median(diffs), "p10_ms": q[0], "p90_ms": q[8], "split_ms": statistics.median(ss),
             "joined_ms": statistics.median(js), "n": n, "warmup": warmup,
             "phases_ms": {k: statistics.median(v) for k, v in phases.items()},
+            # every round's split - joined, in order: what an interval for the price (and for a
+            # prediction that sums such prices) resamples
+            "diffs_ms": [round(d, 5) for d in diffs],
             "method": SPLIT_BETWEEN_METHOD.format(n=n, warmup=warmup)}
 
 
