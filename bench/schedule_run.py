@@ -264,12 +264,11 @@ def main(argv: list[str] | None = None) -> dict:
     profile = None
     if args.profile and rows:
         # Every stage's kernels and their device time a token. The price model prices the
-        # waits a stage removes, assuming the same kernel time in every stage; with MLX's
-        # CUDA memory (managed: a buffer the host wrote or read moves back when a kernel
-        # touches it) the same kernels take longer where the host touches more buffers, so
-        # the record keeps each stage's device time beside its clock
-        # (workbench.reports.schedule_run.pair_table splits each saving into the two).
-        # The last stage (stage 6, one wait a token) keeps its whole profile, as before.
+        # waits a stage removes and assumes the same kernel time in every stage; on MLX's
+        # CUDA back-end the same kernels can take longer where the host touches more of the
+        # buffers they read (managed memory, docs/GPU.md), so the record keeps each stage's
+        # kernel time beside its clock (workbench.reports.schedule_run.pair_table splits each
+        # saving into the two). The last stage (one wait a token) keeps its whole profile.
         from workbench.decode.state import new_state
         last = max(r["stage"] for r in rows)
         print(f"\n{'stage':>5} {'kernels':>8} {'device ms':>10}  ({args.tokens} tokens profiled a stage)")

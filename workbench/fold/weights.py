@@ -214,7 +214,7 @@ def cuda_quantized_rows_wrong(in_dim: int, group_size: int, rows: int) -> bool:
 
     With the in dimension one group long (``in_dim == group_size``, seen for 64) and more
     than one row of x, the CUDA product is wrong: on an H200, 4-bit with groups of 64 and
-    an in dimension of 64 came out 100% off (sometimes NaN) for 2 and 3 rows, in every
+    an in dimension of 64 (and 8-bit, in a sweep) came out 100% off (sometimes NaN) for 2 and 3 rows, in every
     layout (x [S, K] or [S, 1, K], weights [N, K] or one per row), while one row, an in
     dimension of 128 with groups of 64, and groups of 32 over an in dimension of 32 or 64
     were right (``docs/GPU.md``). Groups of 128 over 128 were not tried, so every group
