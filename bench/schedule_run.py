@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="hand a submission to the device every N layers with mx.async_eval (no wait), so the device "
                         "runs while the host builds the rest (0: each submission whole at its one wait)")
     p.add_argument("--split-n", type=int, default=20, help="rounds a split kind's price is measured over (0: none)")
+    p.add_argument("--in-token-share", type=int, default=0,
+                   help="also price each kind of wait inside the token: beside every stage, its token with 1/N of "
+                        "that kind's waits joined, at the first stage where the kind has N or more (0: not)")
     p.add_argument("--profile", action="store_true",
                    help="also every stage's kernels and their device time a token, the last stage's in full (PyTorch's "
                         "profiler, CUDA only)")
@@ -94,7 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     for flag, value, least in (("--tokens", args.tokens, 1), ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0),
                                ("--context", args.context, 1), ("--price-n", args.price_n, 10),
-                               ("--split-n", args.split_n, 0), ("--overlap", args.overlap, 0)):
+                               ("--split-n", args.split_n, 0), ("--overlap", args.overlap, 0),
+                               ("--in-token-share", args.in_token_share, 0)):
         if value < least:
             p.error(f"{flag} must be >= {least}; got {value}")
     # The KV caches are allocated whole before the first token (workbench.decode.state.MAX_TOKENS).
@@ -222,6 +226,24 @@ def main(argv: list[str] | None = None) -> dict:
             bar.total = n
             bar.update(r - bar.n)
 
+    # In-token probes: for each kind of wait, the first timed stage with at least N of them,
+    # its token with every N-th of them joined (waits.join_splits), timed beside the stages.
+    probes, joined = {}, {}
+    if args.in_token_share:
+        timed_stages = stages if stages is not None else numbers
+        for kind in savings.MEASURED_SPLITS:
+            if kind.startswith("qkv" + waits.HOST_READ):
+                continue  # the host attends between the two submissions: not a wait a stage can join
+            for n in sorted(timed_stages):
+                have = waits.split_kinds(cfg, n, eligible=sched.eligible).get(kind, 0)
+                if have >= args.in_token_share:
+                    count = have // args.in_token_share
+                    name = f"stage {n}, {count} of {have} {kind} joined"
+                    probes[name] = (n, waits.join_splits(sched.submissions(n), kind, count))
+                    joined[name] = (kind, count)
+                    break
+        print(f"in-token probes: {list(probes) or 'none (no kind has enough waits in the stages timed)'}", flush=True)
+
     timed = check is None or check["passed"]
     if not timed:
         print("the check failed: nothing is timed", flush=True)
@@ -230,10 +252,22 @@ def main(argv: list[str] | None = None) -> dict:
         run = schedule.run_stages(sched, stages=stages, tokens=args.tokens, rounds=args.rounds, warmup=args.warmup,
                                   context=args.context, price_ms=price["ms"], progress=progress,
                                   time_budget_s=args.budget_s, split_prices=split_prices,
-                                  split_rounds=split_rounds)
+                                  split_rounds=split_rounds, probes=probes or None)
     if bar is not None:
         bar.close()
     rows = run["stages"]
+    in_token = None
+    if joined and run.get("probes"):
+        in_token = savings.in_token_prices(rows, run["probes"], joined)
+        prices_in_token = {**(split_prices or {}), **{k: v["ms"] for k, v in in_token.items()}}
+        for c in run["comparisons"]:
+            m = waits.model_saving(cfg, c["from"], c["to"], prices_in_token, price["ms"], eligible=sched.eligible)
+            c["ms_saved_model_in_token"] = m["ms"]
+        print(f"\n{'kind':<16} {'in-token ms':>12} {'95% interval':>18} {'alone ms':>9}  (joined at stage, count)")
+        for k, v in in_token.items():
+            alone = (split_prices or {}).get(k, float("nan"))
+            print(f"{k:<16} {v['ms']:>12.4f} {v['lo_ms']:>8.4f}-{v['hi_ms']:<9.4f} {alone:>9.4f}  "
+                  f"({v['stage']}, {v['count']})", flush=True)
     fit = savings.fit_price(rows) if len({r["waits_predicted"] for r in rows}) > 1 else None
     for r in rows:
         r["x_floor"] = r["ms_median"] / floor_ms
@@ -325,6 +359,8 @@ def main(argv: list[str] | None = None) -> dict:
         "price": {k: price[k] for k in ("ms", "p10_ms", "p90_ms", "iqr_ms", "eval_only_ms", "n", "method")},
         "stages": rows,
         "comparisons": run["comparisons"],
+        "probes": run.get("probes", []),
+        "in_token_prices": in_token,
         "fit": fit,
         "all_waits_match": bool(rows) and all(r["waits_match"] for r in rows),
         "device_profile": profile,

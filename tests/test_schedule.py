@@ -130,9 +130,9 @@ def test_every_round_starts_from_the_same_state(tiny, monkeypatch):
     seen: list[tuple[int, int]] = []
     step = Schedule.step
 
-    def spy(self, state, stage):
+    def spy(self, state, stage, **kw):
         seen.append((stage, state.length))
-        return step(self, state, stage)
+        return step(self, state, stage, **kw)
 
     monkeypatch.setattr(Schedule, "step", spy)
     run_stages(tiny, stages=[1, 6], tokens=3, rounds=4, warmup=2, context=4)
@@ -365,3 +365,74 @@ def test_the_device_profile_table_reads_a_profiled_record():
     unprofiled = recs["schedule_run-nvidia-h200-20261202T151247Z.json"]
     with pytest.raises(ValueError, match="no device profile"):
         schedule_report.device_profile_table(unprofiled)
+
+
+@pytest.mark.parametrize("stage,kind,count", [(1, "layer|layer", 8), (1, "wo>host|ffn", 4), (2, "ffn|layer", 5)])
+def test_a_token_with_some_waits_joined_decodes_the_same_bits(tiny, decoded, bonsai, stage, kind, count):
+    """Other groupings of the same pieces (a share of one kind of wait joined): the same
+    logits bit for bit on MLX's CPU, as many waits fewer as were joined."""
+    subs = waits.join_splits(tiny.submissions(stage), kind, count)
+    st = new_state(tiny.w, context=4, max_new=8)
+    res = [tiny.step(st, stage, submissions=subs) for _ in range(3)]
+    assert [r.waits for r in res] == [waits.waits_per_token(bonsai, stage) - count] * 3
+    for a, b in zip(res, decoded[stage]):
+        if mx.default_device().type == mx.cpu:
+            np.testing.assert_array_equal(a.logits, b.logits)
+        assert a.next_token == b.next_token
+
+
+def test_other_submissions_are_checked(tiny):
+    own = tiny.submissions(1)
+    with pytest.raises(ValueError, match="must hold stage 1's pieces in its order"):
+        tiny.check_submissions(1, own[1:])
+    qkv_at = next(i for i, s in enumerate(own) if s[-1].kind == "qkv")
+    with pytest.raises(ValueError, match=f"submissions\\[{qkv_at}\\]: goes on past a layer's Q/K/V"):
+        tiny.check_submissions(1, own[:qkv_at] + [own[qkv_at] + own[qkv_at + 1]] + own[qkv_at + 2:])
+    with pytest.raises(ValueError, match="submissions: must be a non-empty list"):
+        tiny.step(new_state(tiny.w, context=4, max_new=2), 1, submissions=[])
+
+
+def test_probes_are_timed_beside_the_stages_and_price_a_wait_inside_the_token(tiny):
+    subs = waits.join_splits(tiny.submissions(1), "layer|layer", 8)
+    rec = run_stages(tiny, stages=[1, 4], tokens=2, rounds=2, warmup=1, context=4, price_ms=0.03,
+                     probes={"eight joined": (1, subs)})
+    (probe,) = rec["probes"]
+    assert probe["waits_match"] and probe["waits_predicted"] == len(subs) and probe["tokens"] == 4
+    prices = savings.in_token_prices(rec["stages"], rec["probes"], {"eight joined": ("layer|layer", 8)})
+    p = prices["layer|layer"]
+    base = next(r for r in rec["stages"] if r["stage"] == 1)
+    assert p["ms"] == pytest.approx(float(np.median((np.asarray(base["ms_each"]) - probe["ms_each"]) / 8)))
+    assert p["lo_ms"] <= p["hi_ms"] and p["stage"] == 1 and p["count"] == 8 and p["tokens"] == 4
+    with pytest.raises(ValueError, match="probes\\['x'\\]: must be \\(stage, submissions\\)"):
+        run_stages(tiny, stages=[1], tokens=1, rounds=1, probes={"x": subs})
+    with pytest.raises(ValueError, match="joined: probe 'y' is not among the probes timed"):
+        savings.in_token_prices(rec["stages"], rec["probes"], {"y": ("layer|layer", 8)})
+
+
+def test_in_token_prices_pair_each_token_with_its_stage():
+    stage = [{"stage": 1, "ms_each": [10.0, 11.0, 12.0, 10.5]}]
+    probe = [{"name": "p", "stage": 1, "ms_each": [9.0, 10.0, 11.0, 9.5]}]
+    prices = savings.in_token_prices(stage, probe, {"p": ("layer|layer", 4)})
+    assert prices["layer|layer"]["ms"] == pytest.approx(0.25) and prices["layer|layer"]["lo_ms"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="do not pair"):
+        savings.in_token_prices(stage, [{**probe[0], "ms_each": [9.0]}], {"p": ("layer|layer", 4)})
+    with pytest.raises(ValueError, match="its stage 2 was not timed"):
+        savings.in_token_prices(stage, [{**probe[0], "stage": 2}], {"p": ("layer|layer", 4)})
+
+
+def test_the_schedule_bench_prices_waits_inside_the_token():
+    from bench import schedule_run
+
+    rec = schedule_run.main(["--stages", "1,2,4,5", "--tokens", "1", "--rounds", "2", "--warmup", "0", "--price-n",
+                             "20", "--vocab", "64", "--split-n", "5", "--in-token-share", "4", "--no-record"])
+    kinds = rec["in_token_prices"]
+    # each joinable kind at the first timed stage with four or more of it
+    assert {k: (v["stage"], v["count"]) for k, v in kinds.items()} == {
+        "wo>host|ffn": (1, 4), "ffn>host|layer": (1, 3), "layer|qkv": (1, 4), "ffn|layer": (2, 3),
+        "layer|layer": (1, 8)}
+    assert all(p["waits_match"] for p in rec["probes"]) and len(rec["probes"]) == 5
+    prices = {s["split"]: s["ms"] for s in rec["splits"]} | {k: v["ms"] for k, v in kinds.items()}
+    c45 = next(c for c in rec["comparisons"] if (c["from"], c["to"]) == (4, 5))
+    assert c45["ms_saved_model_in_token"] == pytest.approx(32 * prices["layer|layer"])
+    t = schedule_report.pair_table(rec).set_index(["from", "to"])
+    assert t.loc[(4, 5), "in_token_model_ms"] == pytest.approx(c45["ms_saved_model_in_token"])

@@ -289,3 +289,38 @@ def test_split_price_bench_runs_small(tmp_path) -> None:
     assert rec["command"].startswith("python -m bench.split_price --n 5")
     (path,) = tmp_path.glob("split_price-*.json")  # split_price-<device>-<UTC time>.json
     assert json.loads(path.read_text())["command"] == rec["command"]
+
+
+@pytest.mark.parametrize("stage,kind,count", [(1, "layer|layer", 8), (1, "wo>host|ffn", 4), (1, "ffn>host|layer", 3),
+                                              (2, "ffn|layer", 5), (4, "layer|layer", 32)])
+def test_joining_a_share_of_one_kind_of_wait(bonsai, stage, kind, count):
+    """join_splits removes exactly ``count`` waits of ``kind``, spread over the token, and
+    changes nothing else: the same pieces in order, every other kind of wait as many."""
+    subs = waits.submissions(bonsai, stage)
+    joined = waits.join_splits(subs, kind, count)
+    assert [p for s in joined for p in s] == [p for s in subs for p in s]
+    assert len(joined) == len(subs) - count
+    before = waits.split_kinds(bonsai, stage)
+    after: dict[str, int] = {}
+    for a, b in zip(joined, joined[1:]):
+        k = waits.split_kind(a[-1], b[0])
+        after[k] = after.get(k, 0) + 1
+    assert after.get(kind, 0) == before[kind] - count
+    assert {k: v for k, v in after.items() if k != kind} == {k: v for k, v in before.items()
+                                                             if k not in (kind, "logits|host")}
+    # spread: the joined waits fall in the first and the last half of the token alike
+    gone = [i for i, s in enumerate(joined) if len(s) > max(len(t) for t in subs)] if stage == 1 else []
+    if len(gone) >= 2:
+        assert gone[0] < len(joined) // 2 <= gone[-1]
+
+
+def test_joining_refuses_what_a_token_cannot_join(bonsai):
+    subs = waits.submissions(bonsai, 1)
+    with pytest.raises(ValueError, match="cannot be joined: the host attends"):
+        waits.join_splits(subs, "qkv>host|wo", 1)
+    with pytest.raises(ValueError, match="count: the token has 16 waits of kind 'layer\\|qkv', got 17"):
+        waits.join_splits(subs, "layer|qkv", 17)
+    with pytest.raises(ValueError, match="count"):
+        waits.join_splits(subs, "layer|qkv", 0)
+    with pytest.raises(ValueError, match="kind"):
+        waits.join_splits(subs, "layer-layer", 1)

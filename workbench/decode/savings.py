@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from workbench.validate import describe, number
+from workbench.validate import describe, integer, number
 from workbench.waits import plan as waits
 
 
@@ -63,6 +63,42 @@ def model_interval(counts: Mapping[str, int], split_rounds: Mapping[str, Sequenc
         total += count * np.median(d[rng.integers(0, d.size, size=(MODEL_RESAMPLES, d.size))], axis=1)
     tail = (1 - level) / 2 * 100
     return float(np.percentile(total, tail)), float(np.percentile(total, 100 - tail))
+
+
+def in_token_prices(stage_rows: Sequence[Mapping], probe_rows: Sequence[Mapping],
+                    joined: Mapping[str, tuple[str, int]], *, level: float = 0.95) -> dict[str, dict]:
+    """The price of a wait of each kind inside a token, from probes timed beside the stages.
+
+    A probe (``run_stages``' ``probes``) decodes the tokens of one stage with ``count`` of
+    its waits of ``kind`` joined (``joined[probe name] = (kind, count)``); token i of the
+    probe and token i of its stage ran in the same round, so the paired median of
+    ``(stage - probe) / count`` is that kind's price where the token pays it, with the
+    host's work and the device's overlap around it as they are. Returns, a kind: ``ms``,
+    ``lo_ms`` / ``hi_ms`` (a ``level`` bootstrap interval over the token pairs), ``stage``,
+    ``count`` and ``tokens``. ValueError naming a probe whose stage was not timed or whose
+    tokens do not pair with the stage's.
+    """
+    by_stage = {r["stage"]: r for r in check_rows("stage_rows", stage_rows, ("stage", "ms_each"))}
+    by_name = {r["name"]: r for r in check_rows("probe_rows", probe_rows, ("name", "stage", "ms_each"))}
+    out: dict[str, dict] = {}
+    rng = np.random.default_rng(MODEL_SEED)
+    tail = (1 - level) / 2 * 100
+    for name, (kind, count) in joined.items():
+        if name not in by_name:
+            raise ValueError(f"joined: probe {name!r} is not among the probes timed ({sorted(by_name)})")
+        probe = by_name[name]
+        base = by_stage.get(probe["stage"])
+        if base is None:
+            raise ValueError(f"probe_rows[{name!r}]: its stage {probe['stage']} was not timed")
+        a, b = np.asarray(base["ms_each"], dtype=np.float64), np.asarray(probe["ms_each"], dtype=np.float64)
+        if a.size != b.size or a.size == 0:
+            raise ValueError(f"probe_rows[{name!r}]: {b.size} tokens do not pair with stage {probe['stage']}'s {a.size}")
+        d = (a - b) / integer("count", count, minimum=1)
+        meds = np.median(d[rng.integers(0, d.size, size=(MODEL_RESAMPLES, d.size))], axis=1)
+        out[kind] = {"ms": float(np.median(d)), "lo_ms": float(np.percentile(meds, tail)),
+                     "hi_ms": float(np.percentile(meds, 100 - tail)), "stage": int(probe["stage"]),
+                     "count": int(count), "tokens": int(d.size)}
+    return out
 
 
 def compare_savings(rows: Sequence[Mapping], price_ms: float, *, split_prices: Mapping[str, float] | None = None,

@@ -105,6 +105,7 @@ class Schedule:
         self.eligible = tuple(waits.eligible_layers(cfg) if eligible is None else eligible)
         waits.submissions(cfg, self.plan.stages[0], plan=self.plan, eligible=self.eligible)  # checks eligible
         self._subs: dict[int, list] = {}
+        self._checked: dict[tuple[int, int], tuple[Any, list]] = {}  # lists given to step, checked once
 
     def submissions(self, stage) -> list:
         st = self.plan.stage(stage)
@@ -129,16 +130,44 @@ class Schedule:
             self._layer_keep.append(lw)
         return fn
 
-    def step(self, state: DecodeState, stage) -> TokenResult:
+    def check_submissions(self, stage, subs: Sequence) -> list:
+        """``subs`` as a list of submissions ``step`` can run at ``stage`` in place of the
+        stage's own: the stage's pieces in the same order, only grouped otherwise (e.g.
+        ``waits.join_splits`` of them), and no submission going on past Q/K/V that the host
+        attends with (a stage that attends on the host). ValueError naming what differs."""
+        st = self.plan.stage(stage)
+        if isinstance(subs, (str, bytes)) or not isinstance(subs, Sequence) or not subs:
+            raise ValueError(f"submissions: must be a non-empty list of tuples of pieces, got {describe(subs)}")
+        subs = [tuple(sub) for sub in subs]
+        own = [p for sub in self.submissions(st) for p in sub]
+        if [p for sub in subs for p in sub] != own:
+            raise ValueError(f"submissions: must hold stage {st.number}'s pieces in its order, grouped otherwise")
+        if not st.attention_on_device:
+            for i, sub in enumerate(subs):
+                if any(p.kind == "qkv" for p in sub[:-1]):
+                    raise ValueError(f"submissions[{i}]: goes on past a layer's Q/K/V, which the host attends with "
+                                     f"at stage {st.number}; end the submission there")
+        return subs
+
+    def step(self, state: DecodeState, stage, *, submissions: Sequence | None = None) -> TokenResult:
         """Decode one token at ``stage``: build each submission lazily, evaluate it once.
 
-        ValueError when ``state`` is not a ``DecodeState`` or its KV caches are full (it
-        was made by ``new_state`` for fewer tokens than it is asked for).
+        ``submissions``: the token's submissions in place of the stage's own, checked by
+        :meth:`check_submissions` (once for a list passed again): the same pieces with some
+        waits joined, to price a kind of wait inside a token. ValueError when ``state`` is
+        not a ``DecodeState`` or its KV caches are full (it was made by ``new_state`` for
+        fewer tokens than it is asked for).
         """
         g, layers = self.geom, self.w.layers
         if not isinstance(state, DecodeState):
             raise ValueError(f"state: must be a DecodeState (new_state), got {describe(state)}")
-        subs = self.submissions(stage)
+        if submissions is None:
+            subs = self.submissions(stage)
+        else:
+            key = (self.plan.stage(stage).number, id(submissions))
+            if self._checked.get(key, (None,))[0] is not submissions:
+                self._checked[key] = (submissions, self.check_submissions(stage, submissions))
+            subs = self._checked[key][1]
         caps = {int(c.shape[0]) for c in state.host_k.values()}
         if caps and state.length >= min(caps):
             raise ValueError(f"state: its KV caches hold {min(caps)} tokens and all are used (length "
@@ -256,6 +285,7 @@ def run_stages(
     time_budget_s: float | None = None,
     split_prices: Mapping[str, float] | None = None,
     split_rounds: Mapping[str, Sequence[float]] | None = None,
+    probes: Mapping[str, tuple[int, Sequence]] | None = None,
 ) -> dict:
     """Time ``tokens`` tokens per round at every stage, rounds interleaved; compare with the table.
 
@@ -267,7 +297,11 @@ def run_stages(
     than a pair of stages differs. ``time_budget_s``: stop after the first round that ends
     past it (the record says how many rounds ran). ``split_prices`` / ``split_rounds``: the
     measured split prices by kind and their rounds, for the price model's prediction and its
-    interval beside each pair (``savings.compare_savings``). Returns a record: per stage, the waits the executor made a token (and
+    interval beside each pair (``savings.compare_savings``). ``probes``: name -> (stage,
+    submissions), tokens decoded with other submissions than a stage's own
+    (``Schedule.step``'s ``submissions``, e.g. a share of one kind of wait joined by
+    ``waits.join_splits``), timed in the same rounds as the stages, each from the same
+    start; their rows go to ``probes`` in the record. Returns a record: per stage, the waits the executor made a token (and
     whether they equal ``waits_per_token``) and the median ms a token; per pair of
     consecutive stages (and each stage against stage 1), the measured saving and the
     predicted one (waits saved x ``price_ms``) with their ratio.
@@ -288,28 +322,38 @@ def run_stages(
     numbers = [s.number for s in plan.stages] if stages is None else [plan.stage(s).number for s in stages]
     if not numbers or len(set(numbers)) != len(numbers):
         raise ValueError(f"stages: must name one or more distinct stages of the plan, got {describe(stages)}")
-    made: dict[int, set] = {n: set() for n in numbers}
-    times: dict[int, list] = {n: [] for n in numbers}
-    evals: dict[int, list] = {n: [] for n in numbers}
-    for n in numbers:  # warm-up: compile kernels, fault in the weights
+    if probes is not None and not isinstance(probes, Mapping):
+        raise ValueError(f"probes: must be None or a mapping of name to (stage, submissions), got {describe(probes)}")
+    probe_runs: dict[str, tuple[int, list]] = {}
+    for name, probe in (probes or {}).items():
+        if not isinstance(probe, (tuple, list)) or len(probe) != 2:
+            raise ValueError(f"probes[{name!r}]: must be (stage, submissions), got {describe(probe)}")
+        n = plan.stage(probe[0]).number
+        probe_runs[str(name)] = (n, sched.check_submissions(n, probe[1]))
+    # What a round decodes: every stage with its own submissions, then every probe with its.
+    runs: list[tuple[Any, int, list | None]] = [(n, n, None) for n in numbers]
+    runs += [(name, n, subs) for name, (n, subs) in probe_runs.items()]
+    made: dict[Any, set] = {key: set() for key, _, _ in runs}
+    times: dict[Any, list] = {key: [] for key, _, _ in runs}
+    evals: dict[Any, list] = {key: [] for key, _, _ in runs}
+    for key, n, subs in runs:  # warm-up: compile kernels, fault in the weights
         warm = new_state(sched.w, context=context, max_new=warmup + 1)
         for _ in range(warmup):
-            made[n].add(sched.step(warm, n).waits)
-    del warm
+            made[key].add(sched.step(warm, n, submissions=subs).waits)
     start = time.perf_counter()
     done = 0
     gc_was = gc.isenabled()
     gc.disable()  # a collection inside a token is noise of a millisecond and more: collect between rounds
     try:
         for r in range(rounds):
-            states = {n: new_state(sched.w, context=context, max_new=tokens + 1) for n in numbers}
+            states = {key: new_state(sched.w, context=context, max_new=tokens + 1) for key, _, _ in runs}
             gc.collect()
-            for n in numbers:
+            for key, n, subs in runs:
                 for _ in range(tokens):
-                    res = sched.step(states[n], n)
-                    made[n].add(res.waits)
-                    times[n].append(res.seconds * 1e3)
-                    evals[n].append(res.eval_seconds * 1e3)
+                    res = sched.step(states[key], n, submissions=subs)
+                    made[key].add(res.waits)
+                    times[key].append(res.seconds * 1e3)
+                    evals[key].append(res.eval_seconds * 1e3)
             done = r + 1
             if progress is not None:
                 progress(done, rounds)
@@ -333,7 +377,15 @@ def run_stages(
             "ms_eval_median": float(np.median(evals[n])), "ms_host_median": float(np.median(t - np.asarray(evals[n]))),
             "ms_each": [round(float(v), 4) for v in t],  # in time order, round by round
         })
+    probe_rows = []
+    for name, (n, subs) in probe_runs.items():
+        t = np.asarray(times[name])
+        probe_rows.append({"name": name, "stage": n, "waits_predicted": len(subs), "waits_made": sorted(made[name]),
+                           "waits_match": made[name] == {len(subs)}, "ms_median": float(np.median(t)),
+                           "tokens": int(t.size), "ms_each": [round(float(v), 4) for v in t]})
     rec: dict[str, Any] = {"stages": rows, "rounds_run": done}
+    if probe_rows:
+        rec["probes"] = probe_rows
     if price_ms is not None:
         rec["comparisons"] = compare_savings(rows, price_ms, split_prices=split_prices, cfg=sched.cfg,
                                              eligible=sched.eligible, split_rounds=split_rounds)

@@ -209,7 +209,12 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
     has an interval too (``model_lo_ms``, ``model_hi_ms``; a record that kept the split
     rounds). ``ratio_lo`` / ``ratio_hi`` bound the measured over the model's saving by both
     intervals, and ``both_decided`` says whether that range is wholly inside the band or
-    wholly outside it: the verdict neither the clock's noise nor the model's can move."""
+    wholly outside it: the verdict neither the clock's noise nor the model's can move.
+
+    A record with in-token prices (``bench.schedule_run --in-token-share N``) also carries
+    the model with those prices in place of the split prices where it has them
+    (``in_token_model_ms``), its ratio (``ratio_in_token``) and whether that is within
+    ``within`` (``in_token_within``); None otherwise."""
     import pandas as pd
 
     rec = _record(rec)
@@ -251,7 +256,12 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
                     "ratio_model_idle": idle_ratio,
                     "idle_within": None if idle_ratio is None else abs(idle_ratio - 1) <= within,
                     "idle_noise_decided": idle_decided, "model_lo_ms": mlo, "model_hi_ms": mhi,
-                    "ratio_lo": rlo, "ratio_hi": rhi, "both_decided": both})
+                    "ratio_lo": rlo, "ratio_hi": rhi, "both_decided": both,
+                    "in_token_model_ms": c.get("ms_saved_model_in_token"),
+                    "ratio_in_token": (measured / c["ms_saved_model_in_token"]
+                                       if c.get("ms_saved_model_in_token") else None),
+                    "in_token_within": (abs(measured / c["ms_saved_model_in_token"] - 1) <= within
+                                        if c.get("ms_saved_model_in_token") else None)})
     return pd.DataFrame(out)
 
 

@@ -341,6 +341,34 @@ def split_kinds(cfg, stage: int | str | Stage, *, plan: Plan | None = None, elig
     return out
 
 
+def join_splits(subs: Sequence[tuple[Piece, ...]], kind: str, count: int) -> list[tuple[Piece, ...]]:
+    """``subs`` (a token's submissions, :func:`submissions`) with ``count`` of its waits of
+    ``kind`` (:func:`split_kind`) removed: at each, the two submissions become one.
+
+    The joined splits are spread evenly over the token's splits of that kind, so a token
+    with a share of them joined samples the whole token (its early and late layers alike).
+    What it is for: pricing a kind of wait inside the token (the token against itself with
+    a few of those waits gone) rather than between two submissions alone. A wait after
+    Q/K/V the host reads for its attention (``qkv>host|...``) cannot be joined: the next
+    submission needs what the host computes between them.
+    """
+    kind = check_split_kind("kind", kind)
+    if kind.startswith("qkv" + HOST_READ):
+        raise ValueError(f"kind: {kind!r} cannot be joined: the host attends between the two submissions")
+    bounds = [i for i, (a, b) in enumerate(zip(subs, subs[1:])) if split_kind(a[-1], b[0]) == kind]
+    count = integer("count", count, minimum=1)
+    if count > len(bounds):
+        raise ValueError(f"count: the token has {len(bounds)} waits of kind {kind!r}, got {count}")
+    joined = {bounds[int((j + 0.5) * len(bounds) / count)] for j in range(count)}
+    out: list[tuple[Piece, ...]] = [tuple(subs[0])]
+    for i, sub in enumerate(subs[1:]):
+        if i in joined:  # the split between subs[i] and subs[i + 1] is gone
+            out[-1] = out[-1] + tuple(sub)
+        else:
+            out.append(tuple(sub))
+    return out
+
+
 def _split_prices(split_prices: Any) -> dict[str, float]:
     if not isinstance(split_prices, Mapping):
         raise ValueError(f"split_prices: must be a mapping of split kind to ms, got {describe(split_prices)}")
