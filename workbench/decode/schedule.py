@@ -105,7 +105,7 @@ class Schedule:
         self.eligible = tuple(waits.eligible_layers(cfg) if eligible is None else eligible)
         waits.submissions(cfg, self.plan.stages[0], plan=self.plan, eligible=self.eligible)  # checks eligible
         self._subs: dict[int, list] = {}
-        self._checked: dict[tuple[int, int], tuple[Any, list]] = {}  # lists given to step, checked once
+        self._checked: dict[int, tuple[Any, list]] = {}  # per stage, the last list given to step and its check
 
     def submissions(self, stage) -> list:
         st = self.plan.stage(stage)
@@ -164,10 +164,10 @@ class Schedule:
         if submissions is None:
             subs = self.submissions(stage)
         else:
-            key = (self.plan.stage(stage).number, id(submissions))
-            if self._checked.get(key, (None,))[0] is not submissions:
-                self._checked[key] = (submissions, self.check_submissions(stage, submissions))
-            subs = self._checked[key][1]
+            n = self.plan.stage(stage).number
+            if self._checked.get(n, (None,))[0] is not submissions:  # the last list checked, per stage
+                self._checked[n] = (submissions, self.check_submissions(n, submissions))
+            subs = self._checked[n][1]
         caps = {int(c.shape[0]) for c in state.host_k.values()}
         if caps and state.length >= min(caps):
             raise ValueError(f"state: its KV caches hold {min(caps)} tokens and all are used (length "
