@@ -226,22 +226,10 @@ def main(argv: list[str] | None = None) -> dict:
             bar.total = n
             bar.update(r - bar.n)
 
-    # In-token probes: for each kind of wait, the first timed stage with at least N of them,
-    # its token with every N-th of them joined (waits.join_splits), timed beside the stages.
     probes, joined = {}, {}
     if args.in_token_share:
-        timed_stages = stages if stages is not None else numbers
-        for kind in savings.MEASURED_SPLITS:
-            if kind.startswith("qkv" + waits.HOST_READ):
-                continue  # the host attends between the two submissions: not a wait a stage can join
-            for n in sorted(timed_stages):
-                have = waits.split_kinds(cfg, n, eligible=sched.eligible).get(kind, 0)
-                if have >= args.in_token_share:
-                    count = have // args.in_token_share
-                    name = f"stage {n}, {count} of {have} {kind} joined"
-                    probes[name] = (n, waits.join_splits(sched.submissions(n), kind, count))
-                    joined[name] = (kind, count)
-                    break
+        probes, joined = schedule.in_token_probes(sched, stages if stages is not None else numbers,
+                                                  args.in_token_share)
         print(f"in-token probes: {list(probes) or 'none (no kind has enough waits in the stages timed)'}", flush=True)
 
     timed = check is None or check["passed"]

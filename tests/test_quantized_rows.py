@@ -1,8 +1,9 @@
 """The quantized product of several rows where MLX's CUDA back-end gets it wrong.
 
 MLX 0.32.4's CUDA ``quantized_matmul`` is wrong for more than one row of x when the in
-dimension is one group long (``fold.weights.cuda_quantized_rows_wrong``); ``matvec_base``
-then runs the product on MLX's CPU. These tests hold the rule's cases, the product's value
+dimension is one group long (``fold.weights.cuda_quantized_rows_wrong``);
+``fold.weights.quantized_matmul``, which ``matvec_base`` and the real-model graphs call, then
+runs the product on MLX's CPU. These tests hold the rule's cases, the product's value
 on a route through the CPU (on any machine) and, on a CUDA GPU, the product against MLX's
 CPU for the shapes the rule covers and some it leaves on the GPU.
 """
@@ -56,3 +57,16 @@ def test_on_a_cuda_gpu_several_rows_agree_with_the_cpu(in_dim, group):
     with mx.stream(mx.cpu):
         want = np.array(m.matvec_base(x))
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_the_route_holds_inside_a_compiled_graph(monkeypatch):
+    """The graph tail traces its products with mx.compile: the routed product traces too,
+    and gives the plain product's bits (on MLX's CPU both are the CPU's)."""
+    w = mx.array(np.random.default_rng(3).standard_normal((128, 64)).astype(np.float32))
+    wq, scales, biases = mx.quantize(w, group_size=64, bits=4)
+    x = mx.array(np.random.default_rng(4).standard_normal((3, 64)).astype(np.float32))
+    with mx.stream(mx.cpu):
+        want = np.array(mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=64, bits=4))
+    monkeypatch.setattr(backends, "cuda_is_default", lambda: True)
+    routed = mx.compile(lambda v: weights.quantized_matmul(v, wq, scales, biases, group_size=64, bits=4) + 0.0)
+    np.testing.assert_array_equal(np.array(routed(x)), want)

@@ -10,7 +10,7 @@ from workbench.decode.geometry import Geometry, geometry_of
 from workbench.decode.layers import fast_gdn_available, gated_delta_ops
 from workbench.decode import savings
 from workbench.decode.savings import MEASURED_SPLITS, compare_savings, fit_price
-from workbench.decode.schedule import Schedule, run_stages
+from workbench.decode.schedule import Schedule, in_token_probes, run_stages
 from workbench.decode.state import HybridWeights, new_state
 from workbench.reports import schedule_run as schedule_report
 from workbench import tail
@@ -405,6 +405,13 @@ def test_probes_are_timed_beside_the_stages_and_price_a_wait_inside_the_token(ti
     assert p["lo_ms"] <= p["hi_ms"] and p["stage"] == 1 and p["count"] == 8 and p["tokens"] == 4
     with pytest.raises(ValueError, match="probes\\['x'\\]: must be \\(stage, submissions\\)"):
         run_stages(tiny, stages=[1], tokens=1, rounds=1, probes={"x": subs})
+    probes, joined = in_token_probes(tiny, [2, 1], 4)
+    assert joined["stage 1, 8 of 32 layer|layer joined"] == ("layer|layer", 8)
+    # each kind at the first of the stages that has four of it: ffn|layer first appears at stage 2
+    assert {name: probes[name][0] for name in joined}["stage 2, 3 of 15 ffn|layer joined"] == 2
+    assert ("ffn|layer", 3) in joined.values() and "qkv>host|wo" not in {k for k, _ in joined.values()}
+    with pytest.raises(ValueError, match="share"):
+        in_token_probes(tiny, [1], 0)
     with pytest.raises(ValueError, match="joined: probe 'y' is not among the probes timed"):
         savings.in_token_prices(rec["stages"], rec["probes"], {"y": ("layer|layer", 8)})
 

@@ -40,9 +40,24 @@ def check_rows(name: str, rows: Any, keys: Sequence[str]) -> list[Mapping]:
     return list(rows)
 
 
-#: Resamples of the price model's bootstrap interval (:func:`model_interval`), and its seed.
-MODEL_RESAMPLES = 2000
-MODEL_SEED = 0
+#: Resamples of the percentile bootstraps below (a median's interval, a sum of medians'), and
+#: their seed: an interval is the same every time it is computed from the same numbers.
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+
+
+def resampled_medians(d: Any, rng: np.random.Generator | None = None) -> np.ndarray:
+    """:data:`BOOTSTRAP_RESAMPLES` medians of ``d`` resampled with replacement (a fresh
+    seeded generator unless ``rng`` is given): what every interval here is read from."""
+    d = np.asarray(d, dtype=np.float64)
+    rng = np.random.default_rng(BOOTSTRAP_SEED) if rng is None else rng
+    return np.median(d[rng.integers(0, d.size, size=(BOOTSTRAP_RESAMPLES, d.size))], axis=1)
+
+
+def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The central ``level`` share of ``samples``: the percentile bootstrap's interval."""
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(samples, tail)), float(np.percentile(samples, 100 - tail))
 
 
 def model_interval(counts: Mapping[str, int], split_rounds: Mapping[str, Sequence[float]], *, fixed_ms: float = 0.0,
@@ -53,16 +68,14 @@ def model_interval(counts: Mapping[str, int], split_rounds: Mapping[str, Sequenc
     kind's rounds resampled on their own. None when a kind in ``counts`` has no rounds (a
     record from before the rounds were kept). ``counts``: waits removed (positive) or added
     (negative) of each kind; ``fixed_ms``: the part priced at a flat price."""
-    rng = np.random.default_rng(MODEL_SEED)
-    total = np.full(MODEL_RESAMPLES, float(fixed_ms))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    total = np.full(BOOTSTRAP_RESAMPLES, float(fixed_ms))
     for kind, count in counts.items():
         rounds = split_rounds.get(kind)
         if not rounds:
             return None
-        d = np.asarray(rounds, dtype=np.float64)
-        total += count * np.median(d[rng.integers(0, d.size, size=(MODEL_RESAMPLES, d.size))], axis=1)
-    tail = (1 - level) / 2 * 100
-    return float(np.percentile(total, tail)), float(np.percentile(total, 100 - tail))
+        total += count * resampled_medians(rounds, rng)
+    return percentile_interval(total, level)
 
 
 def in_token_prices(stage_rows: Sequence[Mapping], probe_rows: Sequence[Mapping],
@@ -81,8 +94,6 @@ def in_token_prices(stage_rows: Sequence[Mapping], probe_rows: Sequence[Mapping]
     by_stage = {r["stage"]: r for r in check_rows("stage_rows", stage_rows, ("stage", "ms_each"))}
     by_name = {r["name"]: r for r in check_rows("probe_rows", probe_rows, ("name", "stage", "ms_each"))}
     out: dict[str, dict] = {}
-    rng = np.random.default_rng(MODEL_SEED)
-    tail = (1 - level) / 2 * 100
     for name, (kind, count) in joined.items():
         if name not in by_name:
             raise ValueError(f"joined: probe {name!r} is not among the probes timed ({sorted(by_name)})")
@@ -94,9 +105,8 @@ def in_token_prices(stage_rows: Sequence[Mapping], probe_rows: Sequence[Mapping]
         if a.size != b.size or a.size == 0:
             raise ValueError(f"probe_rows[{name!r}]: {b.size} tokens do not pair with stage {probe['stage']}'s {a.size}")
         d = (a - b) / integer("count", count, minimum=1)
-        meds = np.median(d[rng.integers(0, d.size, size=(MODEL_RESAMPLES, d.size))], axis=1)
-        out[kind] = {"ms": float(np.median(d)), "lo_ms": float(np.percentile(meds, tail)),
-                     "hi_ms": float(np.percentile(meds, 100 - tail)), "stage": int(probe["stage"]),
+        lo, hi = percentile_interval(resampled_medians(d), level)
+        out[kind] = {"ms": float(np.median(d)), "lo_ms": lo, "hi_ms": hi, "stage": int(probe["stage"]),
                      "count": int(count), "tokens": int(d.size)}
     return out
 

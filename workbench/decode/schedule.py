@@ -38,7 +38,7 @@ import numpy as np
 
 from workbench.decode import matvec as decode_matvec
 from workbench.decode.layers import GDN_PATHS, attend_mx, attend_np, recurrent_layer
-from workbench.decode.savings import compare_savings
+from workbench.decode.savings import MEASURED_SPLITS, compare_savings
 from workbench.decode.state import DecodeState, HybridWeights, new_state
 from workbench.validate import describe, flag, integer, number, one_of
 from workbench.waits import plan as waits
@@ -270,6 +270,33 @@ def check_step(sched: Schedule, ref: Schedule, *, stages: Sequence[int] = (5, 6)
 
 # ---------------------------------------------------------------------------------------
 # Stages against the table
+
+
+def in_token_probes(sched: Schedule, stages: Sequence[int], share: int) -> tuple[dict, dict]:
+    """Tokens that price each kind of wait inside a token, for ``run_stages``' ``probes``.
+
+    For each kind the price model needs (``savings.MEASURED_SPLITS``) but the one after Q/K/V
+    read for the host's attention (which no grouping can join), the first of ``stages``
+    with at least ``share`` waits of that kind: its token with every ``share``-th of them
+    joined (``waits.join_splits``). Returns ``(probes, joined)``: name -> (stage,
+    submissions), and name -> (kind, count) for ``savings.in_token_prices``.
+    """
+    share = integer("share", share, minimum=1)
+    numbers = sorted(sched.plan.stage(n).number for n in stages)
+    probes: dict[str, tuple[int, list]] = {}
+    joined: dict[str, tuple[str, int]] = {}
+    for kind in MEASURED_SPLITS:
+        if kind.startswith("qkv" + waits.HOST_READ):
+            continue
+        for n in numbers:
+            have = waits.split_kinds(sched.cfg, n, plan=sched.plan, eligible=sched.eligible).get(kind, 0)
+            if have >= share:
+                count = have // share
+                name = f"stage {n}, {count} of {have} {kind} joined"
+                probes[name] = (n, waits.join_splits(sched.submissions(n), kind, count))
+                joined[name] = (kind, count)
+                break
+    return probes, joined
 
 
 def run_stages(

@@ -218,11 +218,25 @@ def cuda_quantized_rows_wrong(in_dim: int, group_size: int, rows: int) -> bool:
     layout (x [S, K] or [S, 1, K], weights [N, K] or one per row), while one row, an in
     dimension of 128 with groups of 64, and groups of 32 over an in dimension of 32 or 64
     were right (``docs/GPU.md``). Groups of 128 over 128 were not tried, so every group
-    size from 64 up is treated alike. ``WeightMatrix.matvec_base`` runs such a product on
+    size from 64 up is treated alike. :func:`quantized_matmul` runs such a product on
     MLX's CPU stream when MLX's default device is a CUDA GPU: a right answer at a CPU's
     speed, for shapes (a 64-wide matrix) no real model has.
     """
     return rows > 1 and in_dim == group_size and group_size >= 64
+
+
+def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, *, group_size: int,
+                     bits: int, mode: str = "affine") -> mx.array:
+    """``mx.quantized_matmul(x, w, scales, biases, transpose=True, ...)`` (x at least 2-D), on
+    MLX's CPU stream where MLX's CUDA product is known to be wrong
+    (:func:`cuda_quantized_rows_wrong`), on the default device otherwise. Every quantized
+    product of the workbench's graphs goes through here, so the rule is kept in one place;
+    the in dimension is compared first, so a real model's product pays one comparison."""
+    in_dim = x.shape[-1]
+    wrong = (in_dim == group_size and cuda_quantized_rows_wrong(in_dim, group_size, math.prod(x.shape[:-1]))
+             and backends.cuda_is_default())
+    return mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits, mode=mode,
+                               stream=mx.cpu if wrong else None)
 
 
 class WeightMatrix:
@@ -399,13 +413,8 @@ class WeightMatrix:
                 # A 1-D vector goes in as one row: MLX 0.32.4's CUDA quantized_matmul fails
                 # on 1-D input ("SmallVector out of range"; seen on the H200).
                 xr = x.astype(mx.float32)
-                rows = math.prod(x.shape[:-1])
-                wrong_here = cuda_quantized_rows_wrong(in_dim, q.spec.group_size, rows) and backends.cuda_is_default()
-                with mx.stream(mx.cpu if wrong_here else mx.default_device()):
-                    y = mx.quantized_matmul(
-                        xr[None] if x.ndim == 1 else xr, q.w, q.scales, q.biases, transpose=True,
-                        group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode,
-                    )
+                y = quantized_matmul(xr[None] if x.ndim == 1 else xr, q.w, q.scales, q.biases,
+                                     group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode)
                 return y[0] if x.ndim == 1 else y
             return x.astype(mx.float32) @ self._base.astype(mx.float32).T
         x = validate.float_array("x", x)

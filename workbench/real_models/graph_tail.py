@@ -57,7 +57,7 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from workbench.fold.rotation import FoldSite
-from workbench.fold.weights import QuantizedBase, WeightMatrix
+from workbench.fold.weights import QuantizedBase, WeightMatrix, quantized_matmul
 from workbench.kernels.launch import settle_constants
 from workbench.kernels.next_norm import NextNorm, checked
 from workbench.tail.paths import TailLaunch
@@ -129,7 +129,7 @@ def _product(form: Form, x: mx.array, arrays: tuple[mx.array, ...]) -> mx.array:
     :func:`_parameters`."""
     if form[0] == "q":
         w, s, b = arrays if form[4] else (*arrays, None)
-        return mx.quantized_matmul(x, w, s, b, transpose=True, group_size=form[3], bits=form[2], mode=form[1])
+        return quantized_matmul(x, w, s, b, group_size=form[3], bits=form[2], mode=form[1])
     return x @ arrays[0].T
 
 

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import mlx.core as mx
 import mlx.nn as nn
 
+from workbench.fold.weights import quantized_matmul
 from workbench.validate import describe
 
 __all__ = ["StackedQKV", "StackedAttention", "stackable", "swapped_attention"]
@@ -91,7 +92,7 @@ class StackedQKV:
     def product(self, x: mx.array) -> mx.array:
         """``q | k | v`` of ``x`` [..., hidden] as one array [..., sum(rows)], unsplit."""
         if self.quantized:
-            return mx.quantized_matmul(x, self._w, self._s, self._b, transpose=True, **self._spec)
+            return quantized_matmul(x, self._w, self._s, self._b, **self._spec)
         return x @ self._w
 
     def __call__(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from workbench.decode.savings import check_rows
+from workbench.decode.savings import check_rows, percentile_interval, resampled_medians
 from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe, integer, one_of
 from workbench.waits import plan as waits
@@ -189,6 +189,15 @@ def device_profile_table(rec: Mapping, top: int = 6):
     return pd.DataFrame(rows), summary
 
 
+def _settles(lo: float | None, hi: float | None, band: Sequence[float] | None) -> bool | None:
+    """Whether the interval [lo, hi] settles a verdict against ``band`` (low, high): wholly
+    inside it or wholly outside it, so more tokens would not change the verdict. None when
+    either is missing."""
+    if lo is None or hi is None or band is None:
+        return None
+    return (band[0] <= lo and hi <= band[1]) or hi < band[0] or lo > band[1]
+
+
 def pair_table(rec: Mapping, *, within: float = 0.2):
     """A record's stage pairs: waits saved, the saving the flat tiny price predicts, the
     price model's, the measured one (paired by round when the record has it) with its 95%
@@ -228,25 +237,23 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
         model = c.get("ms_saved_model")
         ratio = measured / model if model else None
         lo, hi = paired_interval(each.get(c["from"]), each.get(c["to"]))
-        decided = None
-        if model and lo is not None:
-            band = sorted((model * (1 - within), model * (1 + within)))
-            # the interval wholly inside the band, or wholly outside it: more tokens would not change the verdict
-            decided = (band[0] <= lo and hi <= band[1]) or hi < band[0] or lo > band[1]
+        # the measured interval against the band around the model's saving
+        band = sorted((model * (1 - within), model * (1 + within))) if model else None
+        decided = _settles(lo, hi, band)
         da, db = device.get(c["from"]), device.get(c["to"])
         dev_saved = da - db if da is not None and db is not None else None
         idle = idle_ratio = idle_decided = None
         if dev_saved is not None:
             idle = measured - dev_saved
             idle_ratio = idle / model if model else None
-            if model and lo is not None:
-                ilo, ihi = lo - dev_saved, hi - dev_saved
-                idle_decided = (band[0] <= ilo and ihi <= band[1]) or ihi < band[0] or ilo > band[1]
+            idle_decided = _settles(None if lo is None else lo - dev_saved, None if hi is None else hi - dev_saved, band)
         mlo, mhi = c.get("ms_saved_model_lo"), c.get("ms_saved_model_hi")
         rlo = rhi = both = None
         if lo is not None and mlo is not None and mlo > 0:
             rlo, rhi = lo / mhi, hi / mlo
-            both = (1 - within <= rlo and rhi <= 1 + within) or rhi < 1 - within or rlo > 1 + within
+            both = _settles(rlo, rhi, (1 - within, 1 + within))
+        in_token = c.get("ms_saved_model_in_token")
+        ratio_in_token = measured / in_token if in_token else None
         out.append({"from": c["from"], "to": c["to"], "waits_saved": c["waits_saved"], "same_work": c["same_work"],
                     "tiny_ms": c["ms_saved_predicted"], "model_ms": model, "measured_ms": measured,
                     "measured_lo_ms": lo, "measured_hi_ms": hi,
@@ -257,11 +264,8 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
                     "idle_within": None if idle_ratio is None else abs(idle_ratio - 1) <= within,
                     "idle_noise_decided": idle_decided, "model_lo_ms": mlo, "model_hi_ms": mhi,
                     "ratio_lo": rlo, "ratio_hi": rhi, "both_decided": both,
-                    "in_token_model_ms": c.get("ms_saved_model_in_token"),
-                    "ratio_in_token": (measured / c["ms_saved_model_in_token"]
-                                       if c.get("ms_saved_model_in_token") else None),
-                    "in_token_within": (abs(measured / c["ms_saved_model_in_token"] - 1) <= within
-                                        if c.get("ms_saved_model_in_token") else None)})
+                    "in_token_model_ms": in_token, "ratio_in_token": ratio_in_token,
+                    "in_token_within": None if ratio_in_token is None else abs(ratio_in_token - 1) <= within})
     return pd.DataFrame(out)
 
 
@@ -289,25 +293,17 @@ def pair_verdicts(rec: Mapping, *, within: float = 0.2, saving: str = "clock") -
             "settled_ratio_max": float(ratios.max()) if len(settled) else None}
 
 
-#: Resamples of :func:`paired_interval`'s bootstrap, and its seed (the interval is the
-#: same every time the table is made).
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
-
-
 def paired_interval(a: Sequence[float] | None, b: Sequence[float] | None,
                     level: float = 0.95) -> tuple[float | None, float | None]:
     """A ``level`` interval for the paired saving ``median(a_i - b_i)`` of two stages'
     per-token times (token i of each ran in the same round), by the percentile bootstrap
-    over the token pairs: how far the measured saving could move with other tokens of the
-    same run. ``(None, None)`` without per-token times of equal length (older records)."""
+    over the token pairs (``savings.resampled_medians``, seeded: the same interval every
+    time the table is made): how far the measured saving could move with other tokens of
+    the same run. ``(None, None)`` without per-token times of equal length (older records)."""
     if not a or not b or len(a) != len(b):
         return None, None
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    meds = np.median(d[rng.integers(0, d.size, size=(BOOTSTRAP_RESAMPLES, d.size))], axis=1)
-    tail = (1 - level) / 2 * 100
-    return float(np.percentile(meds, tail)), float(np.percentile(meds, 100 - tail))
+    return percentile_interval(resampled_medians(d), level)
 
 
 def split_table(rec: Mapping):
