@@ -254,3 +254,16 @@ def test_one_stage_of_several_records_side_by_side():
         schedule_report.stage_comparison({"as run": rec}, stage=7)
     with pytest.raises(ValueError, match="runs: must be a non-empty mapping"):
         schedule_report.stage_comparison({})
+
+
+def test_the_in_token_prices_sit_beside_the_prices_alone():
+    rec = records.load("schedule_run", "schedule_run-nvidia-h200-20261203T191426Z.json")
+    t = schedule_report.in_token_table(rec)
+    assert list(t.index) == list(rec["in_token_prices"])
+    alone = {s["split"]: s["ms"] for s in rec["splits"]}
+    for kind, row in t.iterrows():
+        p = rec["in_token_prices"][kind]
+        assert row["alone_ms"] == alone[kind] and row["in_token_ms"] == p["ms"]
+        assert row["lo_ms"] <= row["in_token_ms"] <= row["hi_ms"] and row["count"] >= 1
+    with pytest.raises(ValueError, match="has no in-token prices"):
+        schedule_report.in_token_table(records.load("schedule_run", "schedule_run-nvidia-h200-20261203T171315Z.json"))

@@ -322,3 +322,23 @@ def split_table(rec: Mapping):
         "device_first_ms": r.get("device_ms", {}).get("first"), "device_second_ms": r.get("device_ms", {}).get("second"),
         "idle_split_ms": r.get("split_idle_ms"), "idle_joined_ms": r.get("joined_idle_ms"),
     } for r in rows])
+
+
+def in_token_table(rec: Mapping):
+    """A record's waits priced inside the token beside their prices alone, one row a kind
+    (``bench.schedule_run --in-token-share N``): ``alone_ms`` (the split price, two
+    submissions alone), ``in_token_ms`` and its 95% interval (``lo_ms``, ``hi_ms``: the paired
+    median of a stage's token less the same token with ``count`` of the kind's waits joined,
+    over ``count``), the ``stage`` it was joined in and the ``count``. A kind's price moving
+    between the two columns is what an additive price model cannot hold. A
+    ``pandas.DataFrame`` indexed by kind; ``ValueError`` for a record without in-token prices."""
+    import pandas as pd
+
+    prices = _record(rec).get("in_token_prices")
+    if not isinstance(prices, Mapping) or not prices:
+        raise ValueError(f"rec: has no in-token prices (bench.schedule_run --in-token-share N makes them), got "
+                         f"{describe(prices)}")
+    alone = {r["split"]: r["ms"] for r in check_rows("rec['splits']", rec.get("splits") or [], ("split", "ms"))}
+    return pd.DataFrame([{"kind": kind, "alone_ms": alone.get(kind), "in_token_ms": p["ms"], "lo_ms": p["lo_ms"],
+                          "hi_ms": p["hi_ms"], "stage": p["stage"], "count": p["count"]}
+                         for kind, p in prices.items()]).set_index("kind")
