@@ -276,3 +276,26 @@ def test_the_graph_tail_as_the_model_keeps_its_activations_and_the_graphs_a_step
         assert dec.graph_launches_per_step[name] == d["device_profile"]["graph_launches_per_step"]
     assert R.decode_table(rec).graph_launches_per_step.isna().all()
     assert R.mlx_settings(profiled) == {"MLX_MAX_OPS_PER_BUFFER": "200"}
+
+
+def test_the_paired_interval_is_a_seeded_bootstrap_of_the_rounds_ratios():
+    from workbench.reports import records
+
+    rec = records.load("real_model", "real_model-nvidia-h200-20261203T141632Z")
+    lo, hi = R.paired_interval(rec, "fused-cuda-qkv", "reference")
+    med = R.paired_ratio(rec, "fused-cuda-qkv", "reference")
+    assert lo < med < hi and R.paired_interval(rec, "fused-cuda-qkv", "reference") == (lo, hi)
+    assert R.paired_interval(rec, "fused-cuda-qkv", "reference", level=0.5)[0] > lo  # a narrower level, inside
+    made = copy.deepcopy(rec)
+    n = len(made["decode"]["reference"]["tokens_per_s"])
+    made["decode"]["fused-cuda"]["tokens_per_s"] = [3.0 * r for r in made["decode"]["reference"]["tokens_per_s"]]
+    assert R.paired_interval(made, "fused-cuda", "reference") == pytest.approx((3.0, 3.0), rel=1e-12)  # no noise
+    table = R.paired_interval_table(rec, ["fused-cuda-qkv", "fused-graph"], "reference")
+    assert list(table.index) == [(loop, v) for loop in R.LOOPS for v in ("fused-cuda-qkv", "fused-graph")]
+    assert table.loc[("step after step", "fused-cuda-qkv"), "lo"] == lo and (table.rounds == n).all()
+    assert table.loc[("pipelined", "fused-graph"), "paired"] == R.paired_ratio(rec, "fused-graph", "reference",
+                                                                                pipelined=True)
+    with pytest.raises(ValueError, match="level: must be a number strictly between 0 and 1"):
+        R.paired_interval(rec, "fused-cuda", "reference", level=95)
+    with pytest.raises(ValueError, match="variants: must be a non-empty list"):
+        R.paired_interval_table(rec, "fused-cuda", "reference")

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 from workbench.reports.records import check as check_record, load_all
 from workbench.validate import describe
 
-__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "paired_ratio", "paired_table", "paired_across", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "build_profile_table", "own_us_per_call", "best_cuda", "STORED_GRAPH", "UNJUDGED"]
+__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "paired_ratio", "paired_interval", "paired_interval_table", "paired_table", "paired_across", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "build_profile_table", "own_us_per_call", "best_cuda", "STORED_GRAPH", "UNJUDGED"]
 
 nan = float("nan")
 
@@ -125,12 +125,8 @@ def decode_runs(runs: Mapping[str, Mapping]) -> Any:
                      names=["run", "variant"])
 
 
-def paired_ratio(rec: Mapping, variant: str, against: str, *, pipelined: bool = False) -> float:
-    """The decode rate of ``variant`` over that of ``against``, paired: the median over the
-    record's rounds of the two rates' ratio in the same round (a round's load hits both
-    alike), step after step or (``pipelined``) in mlx-lm's loop. What :func:`decode_table`'s
-    ``paired`` is against the reference, for any two variants of one run (a fused variant
-    with stacked q, k, v against ``reference-qkv``: what the tails earn beside that change)."""
+def _round_ratios(rec: Mapping, variant: str, against: str, pipelined: bool):
+    """The per-round ratios of ``variant``'s decode rate to ``against``'s, as a float64 array."""
     import numpy as np
 
     rec = _record(rec)
@@ -148,7 +144,49 @@ def paired_ratio(rec: Mapping, variant: str, against: str, *, pipelined: bool = 
     if rates[0].shape != rates[1].shape:
         raise ValueError(f"rec['decode']: {variant!r} and {against!r} ran different numbers of rounds "
                          f"({rates[0].size} and {rates[1].size})")
-    return float(np.median(rates[0] / rates[1]))
+    return rates[0] / rates[1]
+
+
+def paired_ratio(rec: Mapping, variant: str, against: str, *, pipelined: bool = False) -> float:
+    """The decode rate of ``variant`` over that of ``against``, paired: the median over the
+    record's rounds of the two rates' ratio in the same round (a round's load hits both
+    alike), step after step or (``pipelined``) in mlx-lm's loop. What :func:`decode_table`'s
+    ``paired`` is against the reference, for any two variants of one run (a fused variant
+    with stacked q, k, v against ``reference-qkv``: what the tails earn beside that change)."""
+    import numpy as np
+
+    return float(np.median(_round_ratios(rec, variant, against, pipelined)))
+
+
+def paired_interval(rec: Mapping, variant: str, against: str, *, pipelined: bool = False,
+                    level: float = 0.95) -> tuple[float, float]:
+    """A ``level`` interval for :func:`paired_ratio`: the percentile bootstrap over the
+    record's rounds (``decode.savings.resampled_medians``, seeded, so the same interval every
+    time). A claim such as "at least 1.2x mlx-lm's layers" is settled by a run only where the
+    interval's low end clears it; a median past the mark with the low end under it says the
+    run had too few rounds for its noise."""
+    from workbench.decode.savings import percentile_interval, resampled_medians
+
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ValueError(f"level: must be a number strictly between 0 and 1, got {describe(level)}")
+    return percentile_interval(resampled_medians(_round_ratios(rec, variant, against, pipelined)), float(level))
+
+
+def paired_interval_table(rec: Mapping, variants: Sequence[str], against: str, *, level: float = 0.95) -> Any:
+    """A ``pandas.DataFrame`` of :func:`paired_ratio` and :func:`paired_interval` of each of
+    ``variants`` against ``against``, one row a (loop, variant) with the loops of
+    :data:`LOOPS`: ``paired``, ``lo``, ``hi`` and ``rounds``."""
+    import pandas as pd
+
+    if isinstance(variants, str) or not isinstance(variants, Sequence) or not variants:
+        raise ValueError(f"variants: must be a non-empty list of decode variant names, got {describe(variants)}")
+    rows = []
+    for loop, piped in LOOPS.items():
+        for v in variants:
+            lo, hi = paired_interval(rec, v, against, pipelined=piped, level=level)
+            rows.append({"loop": loop, "variant": v, "paired": paired_ratio(rec, v, against, pipelined=piped),
+                         "lo": lo, "hi": hi, "rounds": int(_round_ratios(rec, v, against, piped).size)})
+    return pd.DataFrame(rows).set_index(["loop", "variant"])
 
 
 def paired_table(rec: Mapping, variants: Sequence[str], against: Sequence[str]) -> Any:
