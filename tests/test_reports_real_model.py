@@ -299,3 +299,5 @@ def test_the_paired_interval_is_a_seeded_bootstrap_of_the_rounds_ratios():
         R.paired_interval(rec, "fused-cuda", "reference", level=95)
     with pytest.raises(ValueError, match="variants: must be a non-empty list"):
         R.paired_interval_table(rec, "fused-cuda", "reference")
+    with pytest.raises(ValueError, match="level: must be a number strictly between 0 and 1"):
+        R.paired_interval_table(rec, ["fused-cuda"], "reference", level=1.0)

@@ -158,6 +158,12 @@ def paired_ratio(rec: Mapping, variant: str, against: str, *, pipelined: bool = 
     return float(np.median(_round_ratios(rec, variant, against, pipelined)))
 
 
+def _check_level(level: Any) -> None:
+    """ValueError unless ``level`` (an interval's coverage) is a number strictly between 0 and 1."""
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ValueError(f"level: must be a number strictly between 0 and 1, got {describe(level)}")
+
+
 def paired_interval(rec: Mapping, variant: str, against: str, *, pipelined: bool = False,
                     level: float = 0.95) -> tuple[float, float]:
     """A ``level`` interval for :func:`paired_ratio`: the percentile bootstrap over the
@@ -167,8 +173,7 @@ def paired_interval(rec: Mapping, variant: str, against: str, *, pipelined: bool
     run had too few rounds for its noise."""
     from workbench.decode.savings import percentile_interval, resampled_medians
 
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
-        raise ValueError(f"level: must be a number strictly between 0 and 1, got {describe(level)}")
+    _check_level(level)
     return percentile_interval(resampled_medians(_round_ratios(rec, variant, against, pipelined)), float(level))
 
 
@@ -180,12 +185,17 @@ def paired_interval_table(rec: Mapping, variants: Sequence[str], against: str, *
 
     if isinstance(variants, str) or not isinstance(variants, Sequence) or not variants:
         raise ValueError(f"variants: must be a non-empty list of decode variant names, got {describe(variants)}")
+    import numpy as np
+    from workbench.decode.savings import percentile_interval, resampled_medians
+
+    _check_level(level)
     rows = []
     for loop, piped in LOOPS.items():
         for v in variants:
-            lo, hi = paired_interval(rec, v, against, pipelined=piped, level=level)
-            rows.append({"loop": loop, "variant": v, "paired": paired_ratio(rec, v, against, pipelined=piped),
-                         "lo": lo, "hi": hi, "rounds": int(_round_ratios(rec, v, against, piped).size)})
+            r = _round_ratios(rec, v, against, piped)  # once a row: the median and its interval from the same rounds
+            lo, hi = percentile_interval(resampled_medians(r), float(level))
+            rows.append({"loop": loop, "variant": v, "paired": float(np.median(r)), "lo": lo, "hi": hi,
+                         "rounds": int(r.size)})
     return pd.DataFrame(rows).set_index(["loop", "variant"])
 
 
