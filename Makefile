@@ -1,7 +1,8 @@
 # The workbench's commands. Each one makes its own environment (.venv) on first use,
 # so a fresh clone needs nothing but Python >= 3.11 and make.
 #   make lab     set up, then serve notebooks/ in JupyterLab (prints the URL with its token)
-#   make test    set up, then the unit tests and strict nbval over every notebook
+#   make test    set up, then ruff (lint and format check), the unit tests and strict nbval
+#                over every notebook
 #   make report  set up, then execute every notebook headless and write report/*.html
 #                (its math renders offline: MathJax is copied into report/mathjax)
 #   make normal-form  write notebooks/*.ipynb in the form JupyterLab saves (after nbconvert --execute)
@@ -20,7 +21,7 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanit
 # JupyterLab refuses to run as root without this flag (containers, CI runners).
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: venv lab test unit nbval report normal-form clean
+.PHONY: venv lab test lint unit nbval report normal-form clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -47,7 +48,12 @@ unit: $(STAMP)
 nbval: $(STAMP)
 	$(BIN)/python -m pytest -q $(NBVAL) notebooks
 
-test: unit nbval
+# ruff's lint and its formatter's check, as pyproject.toml configures them (notebooks excluded).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint unit nbval
 
 report: $(STAMP)
 	$(BIN)/python tools/report.py --execute --out report notebooks/*.ipynb

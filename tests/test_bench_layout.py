@@ -5,8 +5,8 @@ other commands from ``bench.common``, never another command: so a command can be
 and changed alone, and a helper has one home. ``bench.common`` imports no command and no
 experiment. An experiment (``python -m experiments.NAME``) may build on another experiment
 and on ``bench.common``, never on a command. No import circle anywhere among them. As in
-``tests/test_layout.py``, every import counts, at a module's top or inside a function,
-except those under ``if TYPE_CHECKING:``.
+``tests/test_layout.py``, every import counts: at a module's top, inside a function, or
+under ``if TYPE_CHECKING:``.
 """
 
 from __future__ import annotations
@@ -77,11 +77,13 @@ def test_no_import_circle():
 
 def test_the_checker_sees_a_command_imported_inside_a_function(tmp_path):
     """The rules above read function-level imports too (a command that imports another
-    lazily still depends on it)."""
+    lazily still depends on it), and those for type checkers."""
     f = tmp_path / "m.py"
     f.write_text("def main():\n    from bench import gpu_check\n    from bench.common.kernels import BONSAI\n"
                  "if TYPE_CHECKING:\n    from bench import one_launch\n")
-    assert imports_of(f) == {"bench.gpu_check", "bench.common.kernels"}
+    assert import_graph.imports_of(f, TOPS, MODULES, type_checking=False) == {"bench.gpu_check",
+                                                                             "bench.common.kernels"}
+    assert imports_of(f) == {"bench.gpu_check", "bench.common.kernels", "bench.one_launch"}
 
 
 @pytest.mark.parametrize("module", EXPERIMENTS)

@@ -6,9 +6,11 @@ modules every part may use (``validate``, ``files``, ``backends``). Each part si
 level and imports only parts on lower levels, or modules of its own part, so a part can
 be read with only what is below it in mind; ``docs/LAYOUT.md`` is the same map in prose.
 
-Every import counts, at a module's top or inside a function, except those under
-``if TYPE_CHECKING:`` (names for type checkers, never executed). Within one part, the
-modules must not import each other in a circle either.
+Every import counts: at a module's top, inside a function, or under ``if TYPE_CHECKING:``
+(a type a module names is part of what it means, so a circle there is still a circle).
+Within one part, the modules must not import each other in a circle either. The package
+also holds three size and shape rules here: no module over 600 lines, one module that
+switches over the kernel backends, and no process-wide default a call cannot see.
 """
 
 from __future__ import annotations
@@ -93,11 +95,93 @@ def test_the_import_graph_has_no_circle():
 
 def test_the_checker_sees_imports_inside_functions_and_private_reads(tmp_path):
     """The rules above read function-level imports (a lazy import is still a dependency),
-    not those for type checkers, and a private name read off an imported module."""
+    those for type checkers, and a private name read off an imported module."""
     f = tmp_path / "m.py"
     f.write_text("from workbench.tail import paths as P\n"
                  "def f():\n    from workbench.decode import schedule\n    return P._empty_batch\n"
                  "if TYPE_CHECKING:\n    from workbench.reports import plots\n")
-    assert imports_of(f) == {"workbench.tail.paths", "workbench.decode.schedule"}
+    executed = import_graph.imports_of(f, ["workbench"], MODULES, type_checking=False)
+    assert executed == {"workbench.tail.paths", "workbench.decode.schedule"}
+    assert imports_of(f) == {"workbench.tail.paths", "workbench.decode.schedule", "workbench.reports.plots"}
     assert import_graph.private_reads(f, ["workbench"]) == ["workbench.tail.paths._empty_batch"]
     assert import_graph.circle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ("a", "b", "c", "a")
+
+
+#: The most lines a module of the package may have: past it a module holds more than one
+#: concept, and a reader has to hold them all to change one.
+MAX_MODULE_LINES = 600
+
+
+@pytest.mark.parametrize("module", PACKAGE_MODULES)
+def test_no_module_is_over_the_line_limit(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{module}: {lines} lines (at most {MAX_MODULE_LINES}: split it by concept)"
+
+
+#: The one module that switches over the kernel backends (``workbench.backends`` resolves
+#: which exist on this machine; ``workbench.kernels.run`` is the door every launch goes through).
+BACKEND_SWITCHES = {"workbench.backends", "workbench.kernels.run"}
+
+
+#: The kernel backends by name, and the constants that stand for one of them.
+KERNEL_BACKEND_NAMES = {"metal", "cuda", "metal-emulated"}
+KERNEL_BACKEND_CONSTANTS = {"METAL", "CUDA", "METAL_EMULATED"}
+
+
+def backend_comparisons(path: Path) -> list[str]:
+    """Each ``==``, ``!=``, ``in`` or ``not in`` that asks whether a value named
+    ``...backend`` or ``...dialect`` (a variable, an attribute, a key) is one particular
+    kernel backend (a name of one, a constant for one, or a literal collection of them):
+    a switch over the kernel backends, as ``line: source``. Membership in the whole set of
+    backends is validation, and comparing two backend values is a filter; neither is a switch."""
+
+    def named(n: ast.AST) -> bool:
+        if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant):
+            name = str(n.slice.value)
+        else:
+            name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else ""
+        return name.lower().endswith(("backend", "dialect"))
+
+    def one_backend(n: ast.AST) -> bool:
+        if isinstance(n, ast.Constant):
+            return n.value in KERNEL_BACKEND_NAMES
+        if isinstance(n, (ast.Tuple, ast.List, ast.Set)):
+            return any(one_backend(e) for e in n.elts)
+        name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else ""
+        return name in KERNEL_BACKEND_CONSTANTS
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        if not all(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+            continue
+        sides = [node.left, *node.comparators]
+        if any(named(n) for n in sides) and any(one_backend(n) for n in sides if not named(n)):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return sorted(found, key=lambda f: int(f.split(":")[0]))
+
+
+@pytest.mark.parametrize("module", sorted(set(PACKAGE_MODULES) - BACKEND_SWITCHES))
+def test_only_the_kernel_door_switches_over_kernel_backends(module):
+    found = backend_comparisons(MODULES[module])
+    assert not found, (f"{module} switches over kernel backends ({found}): ask workbench.kernels.run, "
+                       f"the one door every kernel launch goes through")
+
+
+def test_the_backend_switch_checker_sees_comparisons(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("if self.backend == 'metal-emulated': pass\nif dialect in KERNEL_BACKENDS: pass\n"
+                 "if backend == 'graph': pass\nif backend is None: pass\nif d['backend'] != backend: pass\n"
+                 "if dialect in ('metal', METAL_EMULATED): pass\nif x.dialect != k.CUDA: pass\n")
+    assert backend_comparisons(f) == ["1: self.backend == 'metal-emulated'",
+                                      "6: dialect in ('metal', METAL_EMULATED)", "7: x.dialect != k.CUDA"]
+
+
+@pytest.mark.parametrize("module", PACKAGE_MODULES)
+def test_no_process_wide_default_changes_what_a_call_runs(module):
+    # A default a bench flips (``set_default_tuning``) makes a result depend on call history;
+    # what a call runs with is an argument.
+    tree = ast.parse(MODULES[module].read_text())
+    setters = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("set_default")]
+    assert not setters, f"{module} defines {setters}: pass the value as an argument instead"

@@ -2,9 +2,10 @@
 
 ``tests/test_layout.py`` (the package's parts and levels) and ``tests/test_bench_layout.py``
 (bench commands, their shared helpers, experiments) hold rules over the same graph, read
-here once. Every import counts, at a module's top or inside a function (a lazy import is
-still a dependency), except those under ``if TYPE_CHECKING:`` (names for type checkers,
-never executed).
+here once. Every import counts, at a module's top, inside a function (a lazy import is
+still a dependency) or under ``if TYPE_CHECKING:``: a name a module's types need is a
+dependency of its meaning even where it is never executed, so a circle hidden there is
+still a circle. ``imports_of(..., type_checking=False)`` gives the executed ones alone.
 """
 
 from __future__ import annotations
@@ -35,13 +36,16 @@ def _executed(tree: ast.AST) -> list[ast.AST]:
     return [node for node in ast.walk(tree) if id(node) not in skip]
 
 
-def imports_of(path: Path, tops: Iterable[str], known: Mapping[str, Path]) -> set[str]:
+def imports_of(path: Path, tops: Iterable[str], known: Mapping[str, Path], *,
+               type_checking: bool = True) -> set[str]:
     """The modules of ``tops`` that ``path`` imports: ``from a.b import c`` counts as
     ``a.b.c`` where that is a module of ``known``, else as ``a.b``; the bare top packages
-    themselves are left out."""
+    themselves are left out. ``type_checking=False`` leaves out the imports under
+    ``if TYPE_CHECKING:``."""
     tops = tuple(tops)
     found: set[str] = set()
-    for node in _executed(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in (ast.walk(tree) if type_checking else _executed(tree)):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in tops:
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
