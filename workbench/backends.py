@@ -1,28 +1,18 @@
 """Which fused-tail backends this machine has, and the error for one that is absent.
 
-Backends of :func:`workbench.tail.fused_tail`:
-
-* ``"graph"``: the whole tail as MLX ops evaluated once; runs wherever MLX runs (CPU,
-  Apple GPU, NVIDIA GPU), so it is always available.
-* ``"metal"``: the fused kernels through ``mx.fast.metal_kernel``; needs an Apple GPU
-  with MLX's Metal back-end.
-* ``"cuda"``: their twin through ``mx.fast.cuda_kernel``; needs an NVIDIA GPU with
-  MLX's CUDA back-end (``mlx[cuda13]``).
-* ``"metal-emulated"``: the Metal kernels compiled by clang against the project's
-  stand-in ``<metal_stdlib>`` and executed on the CPU by its emulator
-  (:mod:`workbench.kernels.metal_emulation`); needs clang. A checking tool, slow, and never
-  picked by ``"auto"``: it is asked for by name.
-* ``"auto"``: the first available of cuda, metal, graph.
-
-The kernels themselves and their launches live in :mod:`workbench.kernels.launch`; both
-always exist in code, so a kernel backend is unavailable only when its device is absent.
-A backend asked for and absent raises :class:`BackendUnavailable` saying what is
-missing; nothing falls back silently, since a graph result mistaken for a kernel result
-would hide exactly the bugs the kernels are checked for.
+The backends of :func:`workbench.tail.fused_tail`: ``"graph"`` (the tail as MLX ops evaluated
+once, wherever MLX runs); ``"metal"`` (the fused kernels through ``mx.fast.metal_kernel``, on an
+Apple GPU); ``"cuda"`` (their twin through ``mx.fast.cuda_kernel``, on an NVIDIA GPU with
+``mlx[cuda13]``); ``"metal-emulated"`` (the Metal kernels compiled by clang and run on the CPU by
+:mod:`workbench.kernels.metal_emulation`: a slow checking tool, only ever asked for by name);
+``"auto"`` (the first available of cuda, metal, graph). The kernels always exist in code
+(:mod:`workbench.kernels.launch`), so a kernel backend is unavailable only when its device is.
+One asked for and absent raises :class:`BackendUnavailable` saying what is missing; nothing
+falls back silently, since a graph result mistaken for a kernel result would hide exactly the
+bugs the kernels are checked for.
 
 :func:`device_description` is the one description of a device that every record carries;
-:func:`reduced_float32_products` says whether MLX's own float32 matrix products there are
-full float32 (a record carries that too).
+:func:`reduced_float32_products` says whether MLX's float32 matrix products there are full float32.
 """
 
 from __future__ import annotations

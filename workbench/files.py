@@ -1,25 +1,17 @@
 """Files that are never lost or left half-written: atomic writes and locked updates.
 
 Every record, ledger and plan the workbench writes goes through here, because a plain
-``Path.write_text`` truncates the file first and then writes: a process killed in
-between, or a full disk, leaves an empty or half-written file, and two processes that
-read, change and write the same file lose each other's changes. Here:
+``Path.write_text`` truncates first and then writes: a process killed in between leaves a
+half-written file, and two processes that read, change and write one file lose each other's
+changes. :func:`write_atomic` writes a temporary file in the same folder, ``fsync``\\ s it and
+``os.replace``\\ s it over the target, so a reader sees the old file or the new one, never a
+mix; with ``overwrite=False`` the last step is an exclusive create (``os.link``), so "never
+replace an existing record" holds even when two processes pick the same name at once.
+:func:`locked` holds an inter-process lock (``filelock``) beside a shared file, and
+:func:`update_json` reads, changes and writes the file under it, so no writer's entry is lost.
 
-* :func:`write_atomic` writes a temporary file in the same folder, flushes and
-  ``fsync``\\ s it, then ``os.replace``\\ s it over the target (atomic on POSIX and on
-  Windows within one file system). A reader sees the old file or the new one, never a
-  mix; a failure leaves the old file and removes the temporary one.
-* ``overwrite=False`` makes the last step an exclusive create (``os.link`` of the
-  temporary file, which fails if the target exists), so "never replace an existing
-  record" holds even when two processes pick the same name at the same moment.
-* :func:`locked` holds an inter-process lock (``filelock``, a well-kept library that
-  does this portably) beside a shared file; :func:`update_json` reads, changes and
-  writes the file atomically under that lock, so concurrent writers each see the
-  other's committed changes and no entry is lost.
-
-It also names the project's folders (:data:`PROJECT_ROOT`, :data:`DATA_DIR`), found from
-this file, so every module reads the models' configs, the plan, the ledger and the bench
-records from one place, wherever the process was started.
+It also names the project's folders (:data:`PROJECT_ROOT`, :data:`DATA_DIR`), found from this
+file, so every module reads configs, plan, ledger and records from one place.
 """
 
 from __future__ import annotations
