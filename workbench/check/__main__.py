@@ -6,26 +6,14 @@
         --grid 32 --threadgroup 32 --template HIDDEN=hidden,BRANCH=branch,FFN=ffn --mutants
     python -m workbench.check --dump dumps/ --tolerance 2e-4
 
-The implementation is one of: a callable by import path (``module:function``, handed one
-``workbench.check.StoredCase`` a call); a kernels folder (``--kernels-dir``, run on the
-CPU emulator); a Metal kernel body (``--source``, with its launch: the inputs' names from
-``workbench.check.source_launch.SOURCE_INPUTS``, 1-D grid and threadgroup in threads,
-template values as numbers or the case's dimensions by name), run on the CPU emulator,
-or with ``--run-on device`` on its GPU (``--language cuda`` for a CUDA body); or safetensors
-files an engine dumped (``--dump``, a file or a folder; docs/DUMP_LAYOUT.md).
-``--mutants`` (kernels folder or Metal source on the emulator) also runs the source-level
-mutants of the user's text through the same check and prints which the check catches.
-
-Prints the verdict and the tables, writes the JSON record where ``--record`` says (never
-over an existing file), and exits 0 when the verdict passes, 1 when it fails, and 2 when
-nothing could be judged: a bad argument, a path that is not what its option needs, a
-module that does not import, a kernel text that does not compile, or a form that cannot
-run here (e.g. a CUDA source without an NVIDIA GPU). Exit 2 comes with ONE line on stderr,
-``python -m workbench.check: error: <option>: <what is wrong>``, never a traceback: a CI log
-shows the line that matters, and 2 is never mistaken for a failing verdict (1).
-``WORKBENCH_TRACEBACK=1`` keeps the traceback. Every argument is checked before any case
-runs, so a typo in ``--record`` never costs the check it came with. The user's files are
-only read (importing a module writes no bytecode beside it).
+The implementation is a callable (``module:function``, handed one ``StoredCase`` a call), a
+kernels folder or a Metal (``--language cuda``: CUDA) kernel body with its launch, run on the CPU
+emulator or (``--run-on device``) its GPU, or an engine's safetensors dumps (docs/DUMP_LAYOUT.md).
+``--mutants`` also runs source-level mutants of the user's text and prints which the check catches.
+Exit 0: the verdict passes; 1: it fails; 2: nothing could be judged (a bad argument, a module that
+does not import, a kernel that does not compile, a form that cannot run here), with ONE line on
+stderr and no traceback (``WORKBENCH_TRACEBACK=1`` keeps it), so a CI log shows the line that
+matters. Every argument is checked before any case runs; the user's files are only read.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """The workbench's side of a check, a block of cases at a time: the stored weights, the
 float64 truth and the graph reference of up to ``CASE_BLOCK`` seeds in one call each.
 
-A check runs the user's implementation one case a call (one weight set a call is what a
-kernel takes), but nothing obliges the workbench's own work to follow it: built case by
-case through ``TailWeights`` and ``host_tail`` / ``fused_tail``, the truth and the
-reference cost about ten times a small numpy tail (the check_rate record of the first
-version). Here they are computed for a block at once, with the SAME bits as the per-case
-path (``tests/test_check_blocks.py`` holds it, case by case):
-
-- the stored weights follow ``TailWeights.from_arrays``' order (round to the dtype; fold
-  ``wo`` in float64 from the rounded weights, store the fold as float32 then the dtype;
-  quantize last), on a batch;
-- the truth is ``tail_np``'s five ops in float64 with every product in the same form as
-  the per-case call (``x @ W^T`` with the input scales as the rows: numpy's stacked
-  ``matmul`` runs the same BLAS product per case, where a batched matrix-vector form
-  would sum in another order);
-- the reference is ``tail_mx`` on the batch, evaluated once (MLX gives each case the bits
-  of its own one-case evaluation);
-- a fold's per-case signs are applied to the activations first (exact: a sign flip),
-  then the shared block transform, as ``HadamardFold.rotate`` does.
+The user's implementation runs one case a call (one weight set a call is what a kernel
+takes), but built case by case the truth and the reference cost several times a small numpy
+tail. Here they are computed for a block at once, with the SAME bits as the per-case path
+(``tests/test_check_blocks.py`` holds it, case by case): the stored weights follow
+``TailWeights.from_arrays``' order (round to the dtype; fold ``wo`` in float64 from the rounded
+weights, store the fold as float32 then the dtype; quantize last); the truth is ``tail_np``'s
+five ops in float64 with every product as ``x @ W^T`` with the input scales as the rows
+(numpy's stacked ``matmul`` runs the per-case BLAS product, where a batched matrix-vector form
+would sum in another order); the reference is ``tail_mx`` on the batch, evaluated once (MLX
+gives each case the bits of its own evaluation); a fold's per-case signs are applied to the
+activations first (exact), then the shared block transform, as ``HadamardFold.rotate`` does.
 """
 
 from __future__ import annotations
@@ -124,9 +117,9 @@ def reference(st: StoredBlock, branch: np.ndarray, residual: np.ndarray) -> np.n
 
     Always the CPU, whatever MLX's default device: the verdict compares the implementation's
     errors with these, and its thresholds were calibrated against the CPU's. On a GPU the
-    same graph sums in another order and came out about four times more accurate (an H200),
-    so a correct kernel emulated on the host was judged worse than the reference there
-    and not on a CPU. Pinned, a verdict is the same on every machine."""
+    same graph sums in another order and comes out more accurate, so a correct kernel
+    emulated on the host would be judged worse than the reference there and not on a CPU.
+    Pinned, a verdict is the same on every machine."""
     with mx.stream(mx.cpu):
         x = mx.array(_signed(st, branch.astype(np.float32)))
         fold = None if st.fold is None else HadamardFold(int(st.fold))

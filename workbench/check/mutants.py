@@ -1,36 +1,20 @@
 """Source-level mutants of a user's kernel, generated from its text and run through the same check.
 
-A check is only as good as the bugs it would catch. The fault models
-(:mod:`workbench.check.faults`) are bugs of the math; a kernel's own source has bugs of
-its own: a missing barrier, a loop that stops one short or runs one past, a value taken
-from the wrong lane. :func:`source_mutants` writes such variants of the user's source
-text, one change each:
-
-- ``dropped barrier``: one barrier statement removed (``threadgroup_barrier(...)``, a
-  ``*_BARRIER()`` macro, ``__syncthreads()``);
-- ``bound +1`` / ``bound -1``: one ``<`` (or ``<=``) in a ``for`` condition or an ``if``
-  guard made one step looser (``<=``) or tighter (``< (B) - 1``);
-- ``wrong lane``: the lane (or XOR mask, or offset) argument of one SIMD-group shuffle or
-  broadcast changed to ``(A) ^ 1``: a lane that exists, but the wrong one. (``(A) + 1`` was
-  tried first: on an XOR butterfly over masks 16..1 it gives masks 17, 9, 5, 3, 2, which
-  still reach all 32 lanes once each, so the mutant only reorders the sum: a rounding
-  change that a correct check must let pass);
-- ``wrong index``: one read of a ``threadgroup`` array taken at the next element.
+The fault models (:mod:`workbench.check.faults`) are bugs of the math; a kernel's source has
+bugs of its own. :func:`source_mutants` writes variants of the source with one change each:
+``dropped barrier`` (one barrier statement removed); ``bound +1`` / ``bound -1`` (one ``<`` or
+``<=`` of a ``for`` condition or ``if`` guard made ``<=`` or ``< (B) - 1``); ``wrong lane`` (the
+lane, mask or offset of one SIMD-group shuffle made ``(A) ^ 1``: ``(A) + 1`` would still reach
+every lane of an XOR butterfly once and only reorder the sum); ``wrong index`` (one read of a
+``threadgroup`` array taken at the next element). Only ``<`` / ``<=`` bounds are mutated: a
+loosened ``>`` bound of a loop counting an unsigned index down never ends, and a hang cannot be
+stopped from Python (:mod:`workbench.check.time_limit`).
 
 :func:`mutant_study` runs the original and each mutant through :func:`~workbench.check.run.check_kernel`
-on the same cases, in several thread schedules of the CPU emulator, keeping every output.
-A mutant whose outputs are the original's bits in every schedule and case, and that runs
-without error, is **equivalent** (e.g. a barrier that guards nothing): it is named as
-such, never counted as a miss. Every other mutant either fails the check (**caught**) or
-passes it (**missed**: the check, at the user's tolerance, would let that change through;
-a mutant that only reorders a floating-point sum lands here too, and should: its errors
-are those of a correct float32 tail, so read the missed ones before calling them bugs).
-The original must give the same bits in every schedule (``original_same_bits``); a
-kernel whose result depends on the thread order has a race before any mutant is tried.
-
-Only ``<`` / ``<=`` bounds are mutated: loosening a ``>`` bound of a loop that counts
-down an unsigned index (``o > 0``) never ends, and a hang cannot be stopped from Python
-(:mod:`workbench.check.time_limit`).
+on the same cases in several thread schedules of the CPU emulator. A mutant that gives the
+original's bits everywhere is **equivalent**, never a miss; every other one is **caught** or
+**missed** (a mutant that only reorders a float sum is rightly missed: read misses before calling
+them bugs). The original must give the same bits in every schedule, or it has a race.
 """
 
 from __future__ import annotations

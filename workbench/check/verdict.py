@@ -1,19 +1,15 @@
 """Are these the errors of a correct float32 tail? A paired sign test against the reference.
 
 Pass/fail at one tolerance says little: a tail with eps outside the square root passes
-frink-models' 2e-4 on ordinary inputs. The question asked here is whether the errors of
-the implementation under test are those of a correct float32 tail, and the workbench's
-own graph tail on the SAME cases is the yardstick (same stored weights, same inputs,
-same float64 truth).
-
-The test: for each case, is the implementation's worst scaled error more than
-:data:`RATIO` times the reference's? Two correct float32 tails differ only in rounding
-order, so that happens on at most a share :data:`NULL_SHARE` of cases (measured: an
-independent numpy float32 tail against the graph, ``tests/test_check_verdict.py``). A one-sided
-exact binomial (sign) test of ``H0: share <= NULL_SHARE`` at level ``alpha`` (split over
-the input scales, Bonferroni) rejects when the count reaches :func:`critical_count`. Its
-power against an implementation whose errors exceed the ratio on a share
-:data:`POWER_SHARE` of cases is stated with every verdict (:func:`power`).
+frink-models' 2e-4 on ordinary inputs. So the yardstick is the workbench's own graph tail on
+the SAME cases (same stored weights, inputs and float64 truth): for each case, is the
+implementation's worst scaled error more than :data:`RATIO` times the reference's? Two correct
+float32 tails differ only in rounding order, so that happens on at most a share
+:data:`NULL_SHARE` of cases (measured: an independent numpy float32 tail against the graph,
+``tests/test_check_verdict.py``). A one-sided exact binomial (sign) test of
+``H0: share <= NULL_SHARE`` at level ``alpha`` (Bonferroni over the input scales) rejects when
+the count reaches :func:`critical_count`; its power against errors over the ratio on a share
+:data:`POWER_SHARE` of cases comes with every verdict (:func:`power`).
 """
 
 from __future__ import annotations
