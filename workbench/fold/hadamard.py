@@ -5,11 +5,9 @@ A block size is ``b = m * 2**k`` with ``m`` in {1, 12, 20, 28}: the sizes
 order; for ``m > 1`` it is ``kron(H_m, H_{2^k})`` and the transform is ``y = M x`` (MLX
 applies it as ``x @ M.T``; the 20 and 28 tables are not symmetric, so the order matters).
 
-Two paths, one meaning:
-
-* numpy (:func:`block_transform`): dense block matrices, any float dtype, float64 for
-  the oracle;
-* MLX (:func:`block_transform_mx`): ``mx.hadamard_transform`` on each block.
+Two paths, one meaning: numpy (:func:`block_transform`: dense block matrices, any float
+dtype, float64 for the oracle) and MLX (:func:`block_transform_mx`: ``mx.hadamard_transform``
+on each block).
 
 Every size is validated HERE before MLX sees it, because ``mx.hadamard_transform``
 accepts n = 36 (m = 9 is not a Hadamard order) and silently returns a matrix that is not
