@@ -1,34 +1,19 @@
 """Reading a Hugging Face ``config.json``, family by family, into a `ModelConfig`.
 
-:func:`from_hf_config` reads a config (a path, a folder holding one, or a dict) and hands
-it to its family's reader in :data:`FAMILIES` (keyed by ``model_type``); each reader
-answers, for every layer, what the refusal rules ask (``workbench.models.config``).
-Every missing or ill-typed key is a ValueError naming the key and the family.
-
-Decisions (each one a place where a config could be misread):
-
-* **Multi-head attention is GQA.** frink-models refuses ``!AttnShape::Gqa``; plain
-  multi-head attention is GQA with a group size of 1 (q heads == kv heads), so OLMo 2
-  (32/32) is `Mixer.ATTENTION`. Only a mixer that is not softmax attention at all
-  (Gated DeltaNet, Mamba-2, an MLP-only block) fails that rule.
-* **``post_attention_layernorm`` is not a post-attention norm** in Llama/Qwen/Mistral/
-  Granite/Jamba/gpt-oss code: it is the norm BEFORE the FFN (the FFN norm the fused tail
-  applies). Only Gemma 2/3 (``post_attention_layernorm`` beside a
-  ``pre_feedforward_layernorm``) and OLMo 2 (norm after attention, no pre-norm) carry
-  a norm on the attention output; ``post_attn_norm`` is set from the family, never
-  from a weight name.
-* **The attention output gate is not a refusal.** Qwen3.5/3.6 (Bonsai) and Qwen3-Next
-  multiply the attention output by ``sigmoid(gate)`` BEFORE ``wo``; the fused tail
-  starts at ``wo(branch)`` with the gated branch, so ``attn_output_gate`` is recorded
-  but no rule reads it.
-* **A residual multiplier of exactly 1 is no residual scale** (Granite's
-  ``residual_multiplier`` is 0.22 in the shipped configs).
-* Activations are named for the GLU they form: ``silu`` gating -> ``"swiglu"``,
-  ``gelu_pytorch_tanh`` gating -> ``"geglu"``, Nemotron-H's squared ReLU (no gate)
-  -> ``"relu2"``, gpt-oss's clamped ``(up + 1) * gate * sigmoid(1.702 gate)`` ->
-  ``"swiglu_oai"`` (not the plain ``silu(gate) * up`` the fused kernel computes).
-
-Layer indices are 0-based throughout.
+:func:`from_hf_config` reads a config (a path, a folder holding one, or a dict) and hands it to
+its family's reader in :data:`FAMILIES` (keyed by ``model_type``), which answers for every layer
+what the refusal rules ask (``workbench.models.config``); a missing or ill-typed key is a
+ValueError naming the key and the family. Layer indices are 0-based. Where a config could be
+misread: **multi-head attention is GQA** with groups of 1 (OLMo 2 is `Mixer.ATTENTION`; only a
+mixer that is not softmax attention fails frink-models' ``!AttnShape::Gqa``);
+**``post_attention_layernorm`` is the norm BEFORE the FFN** in Llama/Qwen/Mistral/Granite/Jamba/
+gpt-oss code, and ``post_attn_norm`` (a norm on the attention output: Gemma 2/3, beside a
+``pre_feedforward_layernorm``, and OLMo 2) is set from the family, never from a weight name;
+**the attention output gate is not a refusal** (Qwen3.5/3.6, Qwen3-Next gate before ``wo``, and
+the tail starts at ``wo`` of the gated branch); **a residual multiplier of exactly 1 is no
+residual scale**; activations are named for the GLU they form (``"swiglu"``, ``"geglu"``,
+Nemotron-H's ungated ``"relu2"``, gpt-oss's clamped ``"swiglu_oai"``, which is not the
+``silu(gate) * up`` the fused kernel computes).
 """
 
 from __future__ import annotations

@@ -1,27 +1,18 @@
 """Which attention tails may run fused, and every reason the others may not.
 
 frink-models' ``fused_attention_refusals`` is one ``||`` chain that stops at the first
-condition that holds; `refusals` asks the same questions, in the same order, and
-returns EVERY one that holds, because a user deciding what to change in a model (or in
-the kernels) needs the whole list. `eligible` is ``not refusals(...)``: one body, and
-the tail's launch builder calls that same `refusals` before it builds anything, so
-eligibility and the launch cannot disagree (frink-models' own rule: "One body, two
-callers").
+condition that holds; `refusals` asks the same questions in the same order and returns EVERY
+one that holds, because a user deciding what to change in a model (or the kernels) needs the
+whole list. `eligible` is ``not refusals(...)``, and the tail's launch builder calls that same
+`refusals` first, so eligibility and the launch cannot disagree ("One body, two callers").
+A layer with no FFN (``ffn_dim == 0``) is refused ``NO_FFN`` only, not also ``NOT_ALL_SWIGLU``
+and ``NO_DENSE_FFN``, so one cause is not counted three times; ``NO_DENSE_FFN`` is
+``LayerFfnParts::for_layer`` returning ``None`` (routed experts, with or without a shared one).
 
-Two readings of frink-models that a user could trip on are fixed here, and tested:
-
-* ``NOT_ALL_SWIGLU`` and ``NO_DENSE_FFN`` ask about an FFN; a layer with no FFN at all
-  (``ffn_dim == 0``) is refused ``NO_FFN`` and not also those two, so one cause is
-  not counted three times. (frink-models never reaches them there: it stops at NO_FFN.)
-* ``NO_DENSE_FFN`` is frink-models' ``LayerFfnParts::for_layer`` returning ``None``: the
-  layer's FFN is not three dense matrices (routed experts, with or without a shared
-  expert beside them).
-
-`head_launch_refusals` is frink-models' ``attn_head_launch``: the Q/K/V launches that can
-be encoded at the end of the preceding recurrent run. Its ``q_bias.is_some() && false``
-clause is dead: ``x && false`` is false for every ``x``, so a Q bias never refuses (the
-host applies the projection biases after the launch). The ``q_bias`` parameter is kept
-so that a test and notebook 02 can show it.
+`head_launch_refusals` is frink-models' ``attn_head_launch``: the Q/K/V launches that can be
+encoded at the end of the preceding recurrent run. Its ``q_bias.is_some() && false`` clause is
+dead, so a Q bias never refuses (the host applies the biases after the launch); the ``q_bias``
+parameter is kept so that a test and notebook 02 can show it.
 """
 
 from __future__ import annotations
