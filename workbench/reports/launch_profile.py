@@ -1,22 +1,15 @@
 """What bounds each kernel launch, read from ``python -m bench.launch_profile --stalls`` records.
 
-Nsight Compute runs each launch once (caches flushed) and reports, beside its time and
-DRAM bytes, the warp scheduler's figures: how often a scheduler issued an instruction,
-how busy the FMA pipe (float multiply-adds) and the ALU pipe (integer, bitwise and shift
-instructions, at half the FMA pipe's rate on an H200) were, and why warps waited
-(stall reasons, in cycles per instruction issued). :func:`bound_table` puts them side by
-side and :func:`bound_of` names the bound each row shows, by a rule written down here so
-a notebook can assert it rather than a reader eyeballing a table:
-
-* **memory**: the top stall is ``long_scoreboard`` (waiting on a global load) and no pipe
-  is over half busy: the launch waits on DRAM; more bytes in flight or fewer bytes move it.
-* **ALU pipe** / **FMA pipe**: that pipe is over half busy and at least
-  :data:`PIPE_DOMINANCE` times the other: the launch is bound by the instructions on that
-  pipe; fewer of *those* move it, fewer instructions on the other pipe do not.
-* **unclear**: anything else (a record needs a closer look).
-
-It lives here, not in the bench, so notebooks can show it (profiling needs a GPU;
-reading its record does not).
+Nsight Compute runs each launch once (caches flushed) and reports, beside its time and DRAM
+bytes, how often a warp scheduler issued, how busy the FMA pipe (float multiply-adds) and the
+ALU pipe (integer, bitwise and shift instructions) were, and why warps waited (stall cycles
+per instruction issued). :func:`bound_table` puts them side by side and :func:`bound_of`
+names the bound by a rule written here, so a notebook can assert it: **memory** when the top
+stall is ``long_scoreboard`` (a global load) and no pipe is over half busy (more bytes in
+flight or fewer bytes move it); **ALU pipe** / **FMA pipe** when that pipe is over half busy
+and at least :data:`PIPE_DOMINANCE` times the other (fewer instructions on *that* pipe move
+it); **unclear** otherwise. It lives here, not in the bench, so notebooks can show it
+(profiling needs a GPU; reading its record does not).
 """
 
 from __future__ import annotations

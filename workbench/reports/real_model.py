@@ -9,11 +9,10 @@ floor: the tail's weight bytes over the device's copy rate). These functions tur
 into the notebooks' tables; each refuses a dict that is not such a record
 (``records.RecordError``) or lacks what it reads (``ValueError`` naming it).
 
-**Chains before the fix.** In records written before ``bench.real_model`` began timing the
-``graph-ops`` variant, the reference of a chain ignored the residual handed to it, so only
-the last of its chained tails was in the evaluated graph: its chain figure is the host's
-graph building over the chain plus ONE tail, not a tail's cost. :func:`chain_comparable`
-says which records are clear of it; :func:`tail_table` leaves those chain columns out.
+Records that do not time the ``graph-ops`` variant come from a bench whose chained reference
+ignored the residual handed to it, so their chain figure is not a tail's cost:
+:func:`chain_comparable` says which records are clear of it, and :func:`tail_table` leaves
+the others' chain columns out.
 """
 
 from __future__ import annotations

@@ -2,28 +2,16 @@
 
 A bench record is one JSON object in the project's ``data/bench/``, written by ``python -m
 bench.NAME`` (through ``bench.common.record``) as ``NAME-<device>-<UTC time>.json``. Its
-*kind* is the command that wrote it; each kind (:data:`KINDS`) has a schema version and
-the top-level keys every record of the kind carries. The writer stamps the schema and
-checks the record before writing it; every reader checks it before reading it. So a
-record of another kind, of a newer layout than this workbench knows, or without a key
-its kind promises is one clear :class:`RecordError` at either end, not a ``KeyError``
-deep inside a table.
-
-The rules :func:`check` applies:
-
-* **Kind**: the record's ``"bench"`` string. Records of ``gpu_check`` and ``kernel_bench``
-  that ran the benchmark hold its results under ``"bench"``, and the first ``wait_price``
-  records have no ``"bench"``: for those the kind is the module of the record's command
-  (``python -m bench.NAME ...``), which every record carries.
-* **Schema**: the record's ``"schema"``, 1 where absent (records made before the writers
-  stamped one). A reader reads every schema up to its kind's; a newer one means the
-  record was written by a newer workbench than the one reading it.
-* **Keys**: every committed record of the kind has them and its writer always writes
-  them. Keys only some records have (a layout that grew, a run that stopped early) are
-  read with ``.get`` by the report that needs them.
-
-Notebooks show a record through :func:`load` / :func:`load_all` / :func:`newest` and
-:func:`headline`, never by opening the file.
+*kind* (:data:`KINDS`) has a schema version and the top-level keys every record of the kind
+carries; the writer stamps the schema and checks the record, and every reader checks it
+before reading, so a record of another kind, of a newer layout, or without a promised key is
+one clear :class:`RecordError` at either end, not a ``KeyError`` deep inside a table.
+:func:`check`'s rules: the **kind** is the record's ``"bench"`` string, or, where that holds
+results or is absent (some ``gpu_check``, ``kernel_bench`` and ``wait_price`` records), the
+module of its ``command``; the **schema** is ``"schema"``, 1 where absent, and a reader reads
+every schema up to its kind's; the **keys** are those every committed record of the kind has
+(keys only some have are read with ``.get`` by the report that needs them). Notebooks show
+a record through :func:`load` / :func:`load_all` / :func:`newest` and :func:`headline`.
 """
 
 from __future__ import annotations
