@@ -1,15 +1,11 @@
 """The Metal kernels run live (emulated on the CPU) beside the graph tail and the float64 oracle.
 
-:func:`metal_check` is what notebook 03 shows: for frink-models' case and one folded
-random case, the fused tail's Metal launches (MLX's generated Metal source compiled by
-clang and executed by the emulator) in every schedule of
-:data:`workbench.kernels.metal_emulation.SCHEDULES` (the SIMD-groups in step in three thread
-orders, and apart as on an Apple GPU in three more) and in every math variant of
-:data:`workbench.studies.metal_math_modes.VARIANTS` (the host's exp and rsqrt, then Metal's
-precise and fast contracts with each result at either edge of its bound or seeded random in
-it), and the graph tail, each compared with the float64 oracle
-(:func:`workbench.studies.exact_oracle.host_tail_exact`) at the case's tolerance
-(:func:`workbench.studies.exact_oracle.tolerance_for`; 2e-4 on both cases here).
+:func:`metal_check` is what notebook 03 shows: for frink-models' case and one folded random
+case, the fused tail's Metal launches (MLX's generated Metal source compiled by clang and run
+by the emulator) in every schedule of :data:`workbench.kernels.metal_emulation.SCHEDULES` and
+every math variant of :data:`workbench.studies.metal_math_modes.VARIANTS`, and the graph tail,
+each compared with the float64 oracle (:func:`workbench.studies.exact_oracle.host_tail_exact`)
+at the case's tolerance (:func:`workbench.studies.exact_oracle.tolerance_for`).
 
 Bits must agree across schedules (a difference is a race); they may differ across math
 variants (that is the point of them), so each variant's worst error is also given as a

@@ -1,23 +1,16 @@
 """The resident-state plan: what a decoded token waits for, stage by stage, and its price.
 
-A *wait* is one GPU submission whose result the host waits for. frink-models' fused
-attention tail saves one a token for every attention layer it fuses, and its doc comment
-prices a wait at about 0.17 ms; the plan it cites (``gdn-resident-state``,
-reconstructed in ``data/plans/gdn-resident-state.json``) carries those savings down to a
-floor. This module turns the plan into numbers for any ``ModelConfig``:
-
-- :func:`load_plan` reads the stages (name, what each changes, its grouping rules and the
-  submissions each kind of layer costs under them), checked field by field
-  (:func:`parse_plan`) and read afresh on every call;
-- :func:`submissions` walks a model's layers and groups the GPU pieces of one token the
-  way a stage groups them; :func:`waits_per_token` is the number of groups. The same
-  grouping is what ``workbench.decode.schedule`` executes, so the count and the clock check one
-  thing;
-- :func:`split_kinds` names each wait by the submissions on either side of it, and
-  :func:`priced_waits` prices each by its kind (the price model);
-- :func:`wait_table` prices every stage from the wait-price ledger
-  (``workbench.waits.ledger``, ``data/ledger/wait_prices.json``).
-
+A *wait* is one GPU submission whose result the host waits for. frink-models' fused attention
+tail saves one a token for every attention layer it fuses (its own price of a wait is the
+ledger's ``seed`` entry); the plan it cites (``gdn-resident-state``, reconstructed in
+``data/plans/gdn-resident-state.json``) carries those savings down to a floor. Here:
+:func:`load_plan` reads the stages (what each changes, its grouping rules, the submissions each
+kind of layer costs under them), checked field by field (:func:`parse_plan`), afresh each call;
+:func:`submissions` groups the GPU pieces of one token of a ``ModelConfig`` the way a stage does
+and :func:`waits_per_token` counts the groups (``workbench.decode.schedule`` executes the same
+grouping, so the count and the clock check one thing); :func:`split_kinds` names each wait by the
+submissions on either side and :func:`priced_waits` prices it by that kind; :func:`wait_table`
+prices every stage from the ledger (``workbench.waits.ledger``, ``data/ledger/wait_prices.json``).
 Which attention layers fuse is decided ONLY by ``workbench.models.refusals.eligible``.
 """
 
