@@ -214,7 +214,7 @@ def _read(path: Path, kind: str) -> dict[str, Any]:
 def load(kind: str, name: str | os.PathLike, folder: str | os.PathLike | None = None) -> dict[str, Any]:
     """One ``kind`` record, checked, with its ``file`` name added. ``name`` is the record's
     name as its bench wrote it, ``<kind>-<device>-<UTC time>`` (``"one_launch-nvidia-h200-
-    20261201T131203Z"``; ``.json`` may be given too), looked up in ``folder`` (default the
+    YYYYMMDDTHHMMSSZ"``; ``.json`` may be given too), looked up in ``folder`` (default the
     project's ``data/bench``), or a path with a folder in it, read as given. So a notebook
     names the evidence it shows and never a file. :class:`RecordError` for a missing
     record, bad JSON, a non-object or a record that fails :func:`check`."""
@@ -269,13 +269,13 @@ def newest(kind: str, folder: str | os.PathLike | None = None,
     return max(chosen, key=lambda r: (_when(r), r["file"]))
 
 
-#: A record's UTC time as its name ends: ``...-20261201T131203Z`` (``-2`` where a second
+#: A record's UTC time as its name ends: ``...-YYYYMMDDTHHMMSSZ`` (``-2`` where a second
 #: record of the same second was written beside it).
 _STAMP = re.compile(r"-(\d{8}T\d{6}Z)(?:-\d+)?(?:\.json)?$")
 
 
 def stamp(record: Mapping[str, Any]) -> str:
-    """The UTC time in a loaded record's name (``"20261201T131203Z"``): how tables tell a
+    """The UTC time in a loaded record's name (``"YYYYMMDDTHHMMSSZ"``): how tables tell a
     kind's runs apart in one column. :class:`RecordError` for a record loaded from no file
     or whose name carries no time (the first records, such as ``schedule-cpu.json``)."""
     name = record.get("file") if isinstance(record, Mapping) else None
