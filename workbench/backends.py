@@ -124,9 +124,9 @@ def reduced_float32_products(device: mx.Device | None = None) -> bool:
     On a GPU it does unless ``MLX_ENABLE_TF32=0`` was set before the process's first float32
     product: MLX 0.32's CUDA back-end then asks cuBLAS for its TF32 tensor-core mode, and a
     product of more than one row lands ~1e-3 off (a tail's 2e-4 criterion fails); one row
-    (a decode step's matrix-vector product) is computed in float32 either way (both measured on
-    an H200). MLX's sm90 kernels for quantized products of many rows are built on TF32
-    tensor-core instructions too (their names in its library say so). The CPU always computes
+    (a decode step's matrix-vector product) is computed in float32 either way. MLX's sm90
+    kernels for quantized products of many rows are built on TF32 tensor-core instructions
+    too (their names in its library say so). The CPU always computes
     in float32.
     Every kernel of the workbench accumulates in float32 itself; this concerns MLX's own
     products (the graph tail, mlx-lm's layers, a reference)."""

@@ -277,8 +277,8 @@ def block_transform_mx(x: mx.array, block: int, *, transpose: bool = False) -> m
         return x
     if m > 1 and backends.cuda_is_default():
         # MLX 0.32's CUDA back-end fails to compile hadamard_transform for these sizes (its
-        # kernel divides by a task count that is zero when 2^k is small: seen for 12, 20, 28,
-        # 36 on an H200), and the transpose's product below would run at TF32-class precision
+        # kernel divides by a task count that is zero when 2^k is small), and the
+        # transpose's product below would run at TF32-class precision
         # there (workbench.backends.reduced_float32_products). On the CPU stream both are
         # MLX's exact float32 ops; the result stays lazy and feeds the GPU's graph as any array.
         with mx.stream(mx.cpu):

@@ -212,15 +212,13 @@ def _dtype_name(dt: mx.Dtype) -> str:
 def cuda_quantized_rows_wrong(in_dim: int, group_size: int, rows: int) -> bool:
     """Whether MLX 0.32.4's CUDA ``quantized_matmul`` is known to give a wrong product here.
 
-    With the in dimension one group long (``in_dim == group_size``, seen for 64) and more
-    than one row of x, the CUDA product is wrong: on an H200, 4-bit with groups of 64 and
-    an in dimension of 64 (and 8-bit, in a sweep) came out 100% off (sometimes NaN) for 2 and 3 rows, in every
-    layout (x [S, K] or [S, 1, K], weights [N, K] or one per row), while one row, an in
-    dimension of 128 with groups of 64, and groups of 32 over an in dimension of 32 or 64
-    were right (``docs/GPU.md``). Groups of 128 over 128 were not tried, so every group
-    size from 64 up is treated alike. :func:`quantized_matmul` runs such a product on
-    MLX's CPU stream when MLX's default device is a CUDA GPU: a right answer at a CPU's
-    speed, for shapes (a 64-wide matrix) no real model has.
+    With the in dimension one group long (``in_dim == group_size``) and more than one row
+    of x, the CUDA product comes out wrong (100% off, sometimes NaN) in every layout, where
+    one row or a longer in dimension is right (``docs/GPU.md`` has what was tried). Groups of
+    64 are known wrong and larger ones untried, so every group size from 64 up is treated
+    alike. :func:`quantized_matmul` runs such a product on MLX's CPU stream when MLX's
+    default device is a CUDA GPU: a right answer at a CPU's speed, for shapes (a 64-wide
+    matrix) no real model has.
     """
     return rows > 1 and in_dim == group_size and group_size >= 64
 
@@ -411,7 +409,7 @@ class WeightMatrix:
             if isinstance(self._base, QuantizedBase):
                 q = self._base
                 # A 1-D vector goes in as one row: MLX 0.32.4's CUDA quantized_matmul fails
-                # on 1-D input ("SmallVector out of range"; seen on the H200).
+                # on 1-D input ("SmallVector out of range").
                 xr = x.astype(mx.float32)
                 y = quantized_matmul(xr[None] if x.ndim == 1 else xr, q.w, q.scales, q.biases,
                                      group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode)
