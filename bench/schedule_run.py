@@ -49,7 +49,7 @@ MIN_SPLIT_N = 5
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = record.parser("schedule_run", __doc__, writes=(
+    p = cli.parser("schedule_run", __doc__, writes=(
         "writes a JSON record to OUT_DIR/schedule_run-<device>-<UTC time>.json (or --out); never replaces an "
         "existing file without --force; also copies it to $OUT when that is set"))
     p.add_argument("--model", default="bonsai-27b", help="a shipped Gated DeltaNet hybrid")
@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.check_tol is not None and not (math.isfinite(args.check_tol) and args.check_tol > 0):
         p.error(f"--check-tol must be a finite number > 0; got {args.check_tol}")
     if args.out is not None and not args.no_record:
-        record.refuse_existing(p, args.out, args.force)
+        cli.refuse_existing(p, args.out, args.force)
 
-    from bench.common import decode_timing, step_profile
+    from bench.common import decode_timing, step_profile, timing
     if args.profile:
         try:
             step_profile.check_available()
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"device {price['device']} ({price['backend']}, MLX {price['mlx_version']}); "
           f"one wait {price['ms']:.4f} ms (p10 {price['p10_ms']:.4f}, p90 {price['p90_ms']:.4f})", flush=True)
 
-    bandwidth = decode_timing.copy_bandwidth(nbytes=1 << 30 if price["backend"] != "cpu" else 1 << 26)
+    bandwidth = timing.copy_bandwidth(nbytes=1 << 30 if price["backend"] != "cpu" else 1 << 26)
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s (chained x + 1 over float32, read + write, marginal)", flush=True)
 
     t0 = time.perf_counter()
