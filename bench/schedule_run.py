@@ -13,7 +13,7 @@ where no kernel backend exists) one token at stages 5 and 6 checked against the 
 step with float32 activations (``schedule.check_step``; the timing is skipped when it
 fails); the price of a wait of each kind the plan's stage pairs remove, measured between
 the step's own submissions (``bench.common.decode_timing.measure_splits``, ``--split-n``);
-then ``workbench.decode.schedule.run_stages``: every stage decodes its own copy of the same
+then ``bench.common.stages.run_stages``: every stage decodes its own copy of the same
 tokens, rounds interleaved (so drift in a shared machine's load hits every stage alike),
 the executor counting the waits it made (they must equal ``waits.waits_per_token``) and
 the clock giving ms a token. Then, for each pair of stages, the measured saving against
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
         if value < least:
             p.error(f"{flag} must be >= {least}; got {value}")
     # The KV caches are allocated whole before the first token (workbench.decode.state.MAX_TOKENS).
-    # Every round starts from a new state (workbench.decode.schedule.run_stages), so a cache holds
+    # Every round starts from a new state (bench.common.stages.run_stages), so a cache holds
     # the warm-up's tokens or one round's, never the rounds' together.
     if args.context > MAX_TOKENS or max(args.warmup, args.tokens) + 1 > MAX_TOKENS:
         p.error(f"--context, and the larger of --warmup and --tokens, + 1, must each be <= {MAX_TOKENS} (the KV "
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out is not None and not args.no_record:
         cli.refuse_existing(p, args.out, args.force)
 
-    from bench.common import decode_timing, step_profile, timing
+    from bench.common import decode_timing, stages as stage_timing, step_profile, timing
     if args.profile:
         try:
             step_profile.check_available()
@@ -237,10 +237,10 @@ def main(argv: list[str] | None = None) -> dict:
         print("the check failed: nothing is timed", flush=True)
         run = {"stages": [], "rounds_run": 0, "comparisons": []}
     else:
-        run = schedule.run_stages(sched, stages=stages, tokens=args.tokens, rounds=args.rounds, warmup=args.warmup,
-                                  context=args.context, price_ms=price["ms"], progress=progress,
-                                  time_budget_s=args.budget_s, split_prices=split_prices,
-                                  split_rounds=split_rounds, probes=probes or None)
+        run = stage_timing.run_stages(sched, stages=stages, tokens=args.tokens, rounds=args.rounds,
+                                      warmup=args.warmup, context=args.context, price_ms=price["ms"],
+                                      progress=progress, time_budget_s=args.budget_s, split_prices=split_prices,
+                                      split_rounds=split_rounds, probes=probes or None)
     if bar is not None:
         bar.close()
     rows = run["stages"]
