@@ -40,7 +40,7 @@ def numpy_tail(case):
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = record.parser("check_rate", __doc__)
+    p = cli.parser("check_rate", __doc__)
     p.add_argument("--cases", type=int, default=10_000, help="cases (seeds) to check")
     p.add_argument("--faults", action="store_true", help="also run every fault model on every case")
     p.add_argument("--tag", default="", help="appended to the record's file name")

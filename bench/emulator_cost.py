@@ -2,7 +2,7 @@
 the CPU by the emulator, at the test shape (frink-models' seed case), beside the graph tail.
 
 The target is <= 3 ms an emulated tail; the table gives the median, minimum and 90th
-percentile of each, timed in interleaved rounds (``bench.common.record.time_rounds``), and
+percentile of each, timed in interleaved rounds (``bench.common.timing.time_rounds``), and
 the emulated tail's ratio to the graph tail. On a machine others share, wall time mostly
 measures the others: the CPU time this process spends a tail (``time.process_time``, every
 thread of it, over ``--n`` more calls of each) is given beside it, and the emulated tail's
@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from bench.common import cli
-from bench.common import record
+from bench.common import record, timing
 from workbench import fused_tail, seed_case
 from workbench.kernels import metal_emulation
 from workbench.kernels.emulated import emulated_tail
@@ -33,7 +33,7 @@ TARGET_MS = 3.0
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = record.parser("emulator_cost", __doc__)
+    p = cli.parser("emulator_cost", __doc__)
     p.add_argument("--n", type=int, default=20, help="timed rounds")
     p.add_argument("--order", default="ascending", choices=metal_emulation.SCHEDULES,
                    help="the emulator's schedule (thread order; SIMD-groups in step or apart)")
@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cold = (time.perf_counter() - t0) * 1e3
     paths = {"metal-emulated": emulated, "graph": graph}
     mapped = metal_emulation.buffers_mapped()
-    times = record.time_rounds(paths, args.n, warmup=2)
+    times = timing.time_rounds(paths, args.n, warmup=2)
     mapped = metal_emulation.buffers_mapped() - mapped  # after the warm-up's first tails: 0 expected
-    rows = [{"path": k, **record.summarize(v)} for k, v in times.items()]
+    rows = [{"path": k, **timing.summarize(v)} for k, v in times.items()]
     for r in rows:
         c0 = time.process_time()
         for _ in range(args.n):

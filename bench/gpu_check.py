@@ -218,7 +218,7 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = record.parser("gpu_check", __doc__)
+    ap = cli.parser("gpu_check", __doc__)
     ap.add_argument("--quick", action="store_true", help="small checks only and a short benchmark")
     ap.add_argument("--checks-only", action="store_true", help="no benchmark")
     ap.add_argument("--repeats", type=int, default=50, help="timed rounds per variant")

@@ -41,14 +41,14 @@ from workbench import backends
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = record.parser("kernel_bench", __doc__)
+    ap = cli.parser("kernel_bench", __doc__)
     ap.add_argument("--repeats", type=int, default=50, help="timed rounds per variant")
     ap.add_argument("--quick", action="store_true", help="no tuning sweep")
     ap.add_argument("--formats", default=",".join(BENCH_FORMATS),
                     help=f"comma list of quantized formats after bf16 (default {','.join(BENCH_FORMATS)})")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    formats = tuple(record.comma_list(ap, "--formats", a.formats, BENCH_FORMATS))
+    formats = tuple(cli.comma_list(ap, "--formats", a.formats, BENCH_FORMATS))
     cli.at_least(ap, "--repeats", a.repeats, 1)
     cli.at_least(ap, "--seed", a.seed, 0)
     dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)

@@ -24,7 +24,7 @@ order swapped every round), medians:
 * device time a tail: N tails encoded in one evaluation, per tail (``bench.common.kernels.batched_ms``:
   MLX's per-evaluation cost amortised away);
 * each launch alone, the same way (``bench.common.kernels.per_launch_ms``), with its bandwidth;
-* one evaluation = one wait, inputs resident (``record.time_rounds``);
+* one evaluation = one wait, inputs resident (``timing.time_rounds``);
 * the head launch's device time, as the tail's;
 * on CUDA, the tail as ONE launch (``workbench.kernels.one_launch``, in the shape
   ``fused_tail(backend="cuda")`` runs: ``one_launch.shape_for``) from each side's folder,
@@ -54,8 +54,8 @@ import numpy as np
 
 from bench.common import cli
 from bench.common import kernels
-from bench.common import record
-from bench.common.kernels import interleaved
+from bench.common import record, timing
+from bench.common.timing import interleaved
 from workbench import backends, tail
 from workbench.kernels import head as kernel_head
 from workbench.kernels import launch as kernel_launch
@@ -166,13 +166,13 @@ def tail_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_tuni
                             for s, p in preps.items()}, rounds)
     launches = interleaved({s: (lambda p=p: kernels.per_launch_ms(p, b, r)) for s, p in preps.items()},
                            max(3, rounds // 3))
-    one_wait = record.time_rounds({s: (lambda p=p: mx.eval(p(b, r))) for s, p in preps.items()}, rounds * 2, 3)
+    one_wait = timing.time_rounds({s: (lambda p=p: mx.eval(p(b, r))) for s, p in preps.items()}, rounds * 2, 3)
     lb = kernels.launch_bytes(preps["new"])
-    entry["device_ms_per_tail"] = {s: record.summarize(v) for s, v in per_tail.items()}
+    entry["device_ms_per_tail"] = {s: timing.summarize(v) for s, v in per_tail.items()}
     entry["launch_device_ms"] = {s: _median_of(v) for s, v in launches.items()}
     entry["launch_bandwidth_GBps"] = {s: {k: lb[k] / (ms * 1e-3) / 1e9 for k, ms in v.items()}
                                       for s, v in entry["launch_device_ms"].items()}
-    entry["one_wait_ms"] = {s: record.summarize(v) for s, v in one_wait.items()}
+    entry["one_wait_ms"] = {s: timing.summarize(v) for s, v in one_wait.items()}
     entry["n_tails_per_evaluation"] = n_tails
     if dialect == "cuda" and (old_dir / kernel_source.ONE_LAUNCH_BODY).is_file() and one_launch.fits(preps["new"]):
         entry["one_launch"] = one_launch_case(preps, br, res, truth, tol, rounds=rounds, n_tails=n_tails)
@@ -196,11 +196,11 @@ def one_launch_case(preps: dict[str, kernel_launch.PreparedTail], br: np.ndarray
     per_tail = interleaved({s: (lambda one=one: kernels.batched_ms(lambda: one(b, r), n=n_tails, repeats=1))
                             for s, one in ones.items()}, rounds)
     compiled = {s: one.compiled() for s, one in ones.items()}
-    one_wait = record.time_rounds({s: (lambda c=c: mx.eval(c(b, r))) for s, c in compiled.items()}, rounds * 2, 3)
+    one_wait = timing.time_rounds({s: (lambda c=c: mx.eval(c(b, r))) for s, c in compiled.items()}, rounds * 2, 3)
     for one in ones.values():
         one.raise_if_barrier_failed()
-    entry["device_ms_per_tail"] = {s: record.summarize(v) for s, v in per_tail.items()}
-    entry["one_wait_ms"] = {s: record.summarize(v) for s, v in one_wait.items()}
+    entry["device_ms_per_tail"] = {s: timing.summarize(v) for s, v in per_tail.items()}
+    entry["one_wait_ms"] = {s: timing.summarize(v) for s, v in one_wait.items()}
     return entry
 
 
@@ -242,7 +242,7 @@ def head_case(label: str, hidden: int, rows: tuple[int, int, int], dialect: str,
     if entry["check"]["passed"]:
         per = interleaved({s: (lambda s=s: kernels.batched_ms(lambda: launch(s), n=n_launches, repeats=1))
                            for s in SIDES}, rounds)
-        entry["device_ms_per_launch"] = {s: record.summarize(t) for s, t in per.items()}
+        entry["device_ms_per_launch"] = {s: timing.summarize(t) for s, t in per.items()}
         entry["n_launches_per_evaluation"] = n_launches
     return entry
 
@@ -334,7 +334,7 @@ def run(dialect: str, old_dir: Path, *, rounds: int, n_tails: int, seed: int, he
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = record.parser("kernel_bodies", __doc__)
+    ap = cli.parser("kernel_bodies", __doc__)
     ap.add_argument("--old", required=True, help="a copy of an older kernels/ folder (e.g. from git archive)")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per timing")
     ap.add_argument("--tails", type=int, default=10, help="tails (head launches) in one timed evaluation")
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", default=None, metavar="H,B,F,BLOCK",
                     help="hidden, branch, ffn and wo's fold block instead of Bonsai-27B's 5120,6144,17408,1024")
     a = ap.parse_args(argv)
-    formats = tuple(record.comma_list(ap, "--formats", a.formats, tuple(FORMATS)))
+    formats = tuple(cli.comma_list(ap, "--formats", a.formats, tuple(FORMATS)))
     cli.at_least(ap, "--rounds", a.rounds, 1)
     cli.at_least(ap, "--tails", a.tails, 1)
     cli.at_least(ap, "--seed", a.seed, 0)

@@ -24,7 +24,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.common import cli  # noqa: E402
-from bench.common import record  # noqa: E402
 from workbench.reports import records  # noqa: E402
 
 #: The record kinds whose ``bench`` section holds the kernel benchmark's cases.
@@ -70,7 +69,7 @@ def plot(rec: dict[str, Any], path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = record.parser("kernel_plot", __doc__, record_options=False,
+    ap = cli.parser("kernel_plot", __doc__, record_options=False,
                        writes="writes RECORD's figure beside it, as RECORD with .png for .json; never replaces "
                               "an existing PNG without --force")
     ap.add_argument("record", help="a kernel_bench (or gpu_check) JSON record")

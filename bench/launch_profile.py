@@ -166,9 +166,9 @@ def _rows(text: str) -> list[dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.common import bounded_run, record
+    from bench.common import bounded_run, cli, record
 
-    ap = record.parser("launch_profile", __doc__)
+    ap = cli.parser("launch_profile", __doc__)
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds allowed the whole ncu run")
     ap.add_argument("--tuning", default="", help="KernelTuning fields as name=value,... (default: its defaults)")
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the warp scheduler's figures: stall reasons, issue slots busy, FMA/ALU pipes busy")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
+    formats = cli.comma_list(ap, "--formats", a.formats, FORMATS)
     try:
         tuning_of(a.tuning)
     except ValueError as e:

@@ -50,7 +50,7 @@ import numpy as np
 
 from bench.common import cli
 from bench.common import kernels
-from bench.common import record
+from bench.common import record, timing
 from workbench import backends, tail
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import tuning as kernel_tuning
@@ -268,7 +268,7 @@ def time_case(label: str, w: tail.TailWeights, tuning: kernel_tuning.KernelTunin
     if peer is not None:
         fns["torch_cuda_graph"] = peer["graph"]
         fns["torch_eager"] = peer["eager"]
-    resident = kernels.time_rounds(fns, repeats)
+    resident = timing.summaries(timing.time_rounds(fns, repeats))
     device = {"three_launches": kernels.batched_ms(lambda: prep(b, r)), "one_launch": chained_ms(one, b, r)}
     if peer is not None:
         device["torch_cuda_graph"] = peer["graph_device_ms"]()
@@ -299,11 +299,11 @@ def fixed_cost(repeats: int) -> dict[str, float]:
     b, r = mx.array(c.branch), mx.array(c.residual)
     c3, c1 = prep.compiled(), one.compiled()
     tiny = mx.array(np.ones(8, np.float32))
-    t = kernels.time_rounds({"three_launches": lambda: mx.eval(prep(b, r)),
-                                  "three_launches_compiled": lambda: mx.eval(c3(b, r)),
-                                  "one_launch": lambda: mx.eval(one(b, r)),
-                                  "one_launch_compiled": lambda: mx.eval(c1(b, r)),
-                                  "one_tiny_eval": lambda: mx.eval(tiny + 1)}, repeats)
+    t = timing.summaries(timing.time_rounds({"three_launches": lambda: mx.eval(prep(b, r)),
+                                               "three_launches_compiled": lambda: mx.eval(c3(b, r)),
+                                               "one_launch": lambda: mx.eval(one(b, r)),
+                                               "one_launch_compiled": lambda: mx.eval(c1(b, r)),
+                                               "one_tiny_eval": lambda: mx.eval(tiny + 1)}, repeats))
     return {k: v["median_ms"] for k, v in t.items()}
 
 
@@ -387,7 +387,7 @@ def print_case(c: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = record.parser("one_launch", __doc__)
+    ap = cli.parser("one_launch", __doc__)
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
     ap.add_argument("--repeats", type=int, default=40, help="timed rounds a variant")
     ap.add_argument("--seed", type=int, default=0)
@@ -398,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list of the formats whose own sweep of the variants chooses their timing's "
                          "variant (default: the first of --formats; the others take its choice)")
     a = ap.parse_args(argv)
-    formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
-    sweep_formats = (record.comma_list(ap, "--sweep-formats", a.sweep_formats, formats)
+    formats = cli.comma_list(ap, "--formats", a.formats, FORMATS)
+    sweep_formats = (cli.comma_list(ap, "--sweep-formats", a.sweep_formats, formats)
                      if a.sweep_formats is not None else None)
     if a.no_sweep and sweep_formats is not None:
         ap.error("--no-sweep and --sweep-formats exclude each other")

@@ -76,9 +76,7 @@ import mlx.core as mx
 import numpy as np
 
 from bench.common import cli
-from bench.common import record
-from bench.common import step_profile
-from bench.common.decode_timing import copy_bandwidth
+from bench.common import record, step_profile, timing
 from workbench import backends, tail
 from workbench.fold.weights import QuantizedBase, WeightMatrix
 from workbench.kernels import launch as kernel_launch
@@ -348,9 +346,9 @@ def time_tail(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.ar
     def one(fn: Callable) -> Callable[[], None]:
         return lambda: mx.eval(fn(b, r))
 
-    single = record.time_rounds({k: one(f) for k, f in fns.items()}, repeats, warmup=5)
+    single = timing.time_rounds({k: one(f) for k, f in fns.items()}, repeats, warmup=5)
     chains = chain_split(fns, b, r, max(5, repeats // 5), chain)
-    return {k: {**record.summarize(single[k]), **chains[k]} for k in fns}
+    return {k: {**timing.summarize(single[k]), **chains[k]} for k in fns}
 
 
 def chain_split(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.array, r: mx.array,
@@ -473,7 +471,7 @@ def decode_variants(model: Any, weights: list[Any], names: list[str]) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = record.parser("real_model", __doc__)
+    p = cli.parser("real_model", __doc__)
     lazy = [b for b in LAZY_BACKENDS]
     p.add_argument("--backends", default=",".join(b for b in backends.available_backends() if b in lazy),
                    help="fused backends of the decode comparison, comma-separated (default: every lazy one here)")
@@ -491,9 +489,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--host-profile", action="store_true",
                    help="also where building a decode step spends the host's time, per variant (Python's profiler)")
     args = p.parse_args(argv)
-    names = record.comma_list(p, "--backends", args.backends, lazy)
-    shapes = record.comma_list(p, "--shapes", args.shapes, list(SHAPES)) if args.shapes else []
-    formats = record.comma_list(p, "--formats", args.formats, list(FORMATS)) if args.formats else []
+    names = cli.comma_list(p, "--backends", args.backends, lazy)
+    shapes = cli.comma_list(p, "--shapes", args.shapes, list(SHAPES)) if args.shapes else []
+    formats = cli.comma_list(p, "--formats", args.formats, list(FORMATS)) if args.formats else []
     for flag, v in (("--tokens", args.tokens), ("--rounds", args.rounds), ("--repeats", args.repeats),
                     ("--chain", args.chain)):
         if v < 1:
@@ -506,7 +504,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # variants' factories are only named here, not called; the best shape's is added later)
     known = list(decode_variants(None, [], names))
     known += [f"fused-cuda-{c}" for c in CANDIDATES if c != "rule" and "cuda" in names]
-    asked = record.comma_list(p, "--variants", args.variants, known) if args.variants else known
+    asked = cli.comma_list(p, "--variants", args.variants, known) if args.variants else known
     if args.profile:
         try:
             step_profile.check_available()
@@ -515,7 +513,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cuda = "cuda" in backends.available_backends()
 
     rm = smollm2()
-    bandwidth = copy_bandwidth(1 << 28)
+    bandwidth = timing.copy_bandwidth(1 << 28)
 
     # one tail: SmolLM2's real layer first, then the synthetic shapes
     cap = capture_layers(rm.model, rm.prompt_ids)[args.layer]

@@ -366,7 +366,7 @@ def read_log(path: Path) -> tuple[dict[str, int], list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = record.parser("sanitize", __doc__)
+    ap = cli.parser("sanitize", __doc__)
     ap.add_argument("--tools", default=",".join(TOOLS), help=f"comma list of {TOOLS}")
     ap.add_argument("--shapes", default="small,bonsai", help=f"comma list of {tuple(SHAPES)}")
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
@@ -387,10 +387,10 @@ def main(argv: list[str] | None = None) -> int:
                          "fused_tail(backend='cuda') runs for the format, workbench.kernels.one_launch.shape_for)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    tools = record.comma_list(ap, "--tools", a.tools, TOOLS)
-    shapes = record.comma_list(ap, "--shapes", a.shapes, SHAPES)
-    formats = record.comma_list(ap, "--formats", a.formats, FORMATS)
-    parts = parts_to_run(record.comma_list(ap, "--parts", a.parts, PARTS))
+    tools = cli.comma_list(ap, "--tools", a.tools, TOOLS)
+    shapes = cli.comma_list(ap, "--shapes", a.shapes, SHAPES)
+    formats = cli.comma_list(ap, "--formats", a.formats, FORMATS)
+    parts = parts_to_run(cli.comma_list(ap, "--parts", a.parts, PARTS))
     if a.jobs < 1:
         ap.error(f"--jobs must be >= 1; got {a.jobs}")
     cli.finite_positive(ap, "--timeout", a.timeout)

@@ -285,7 +285,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = record.parser("sass_counts", __doc__)
+    ap = cli.parser("sass_counts", __doc__)
     ap.add_argument("--old", default=None, help="a copy of an older kernels/ folder to count beside kernels/")
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {tuple(FORMATS)}")
     ap.add_argument("--launches", default=",".join(LAUNCHES),
@@ -293,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default="sm_90", help="the GPU architecture nvcc compiles for")
     ap.add_argument("--jobs", type=int, default=2, help="compilations at once")
     a = ap.parse_args(argv)
-    formats = tuple(record.comma_list(ap, "--formats", a.formats, tuple(FORMATS)))
-    launches = tuple(k for k in LAUNCHES if k in record.comma_list(ap, "--launches", a.launches, LAUNCHES))
+    formats = tuple(cli.comma_list(ap, "--formats", a.formats, tuple(FORMATS)))
+    launches = tuple(k for k in LAUNCHES if k in cli.comma_list(ap, "--launches", a.launches, LAUNCHES))
     if not re.fullmatch(r"sm_\d{2,3}a?", a.arch):
         ap.error(f"--arch must name a GPU architecture such as sm_90; got {a.arch!r}")
     cli.at_least(ap, "--jobs", a.jobs, 1)

@@ -13,7 +13,7 @@ where no kernel backend exists) one token at stages 5 and 6 checked against the 
 step with float32 activations (``schedule.check_step``; the timing is skipped when it
 fails); the price of a wait of each kind the plan's stage pairs remove, measured between
 the step's own submissions (``bench.common.decode_timing.measure_splits``, ``--split-n``);
-then ``workbench.decode.schedule.run_stages``: every stage decodes its own copy of the same
+then ``bench.common.stages.run_stages``: every stage decodes its own copy of the same
 tokens, rounds interleaved (so drift in a shared machine's load hits every stage alike),
 the executor counting the waits it made (they must equal ``waits.waits_per_token``) and
 the clock giving ms a token. Then, for each pair of stages, the measured saving against
@@ -49,7 +49,7 @@ MIN_SPLIT_N = 5
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = record.parser("schedule_run", __doc__, writes=(
+    p = cli.parser("schedule_run", __doc__, writes=(
         "writes a JSON record to OUT_DIR/schedule_run-<device>-<UTC time>.json (or --out); never replaces an "
         "existing file without --force; also copies it to $OUT when that is set"))
     p.add_argument("--model", default="bonsai-27b", help="a shipped Gated DeltaNet hybrid")
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
         if value < least:
             p.error(f"{flag} must be >= {least}; got {value}")
     # The KV caches are allocated whole before the first token (workbench.decode.state.MAX_TOKENS).
-    # Every round starts from a new state (workbench.decode.schedule.run_stages), so a cache holds
+    # Every round starts from a new state (bench.common.stages.run_stages), so a cache holds
     # the warm-up's tokens or one round's, never the rounds' together.
     if args.context > MAX_TOKENS or max(args.warmup, args.tokens) + 1 > MAX_TOKENS:
         p.error(f"--context, and the larger of --warmup and --tokens, + 1, must each be <= {MAX_TOKENS} (the KV "
@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.check_tol is not None and not (math.isfinite(args.check_tol) and args.check_tol > 0):
         p.error(f"--check-tol must be a finite number > 0; got {args.check_tol}")
     if args.out is not None and not args.no_record:
-        record.refuse_existing(p, args.out, args.force)
+        cli.refuse_existing(p, args.out, args.force)
 
-    from bench.common import decode_timing, step_profile
+    from bench.common import decode_timing, stages as stage_timing, step_profile, timing
     if args.profile:
         try:
             step_profile.check_available()
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"device {price['device']} ({price['backend']}, MLX {price['mlx_version']}); "
           f"one wait {price['ms']:.4f} ms (p10 {price['p10_ms']:.4f}, p90 {price['p90_ms']:.4f})", flush=True)
 
-    bandwidth = decode_timing.copy_bandwidth(nbytes=1 << 30 if price["backend"] != "cpu" else 1 << 26)
+    bandwidth = timing.copy_bandwidth(nbytes=1 << 30 if price["backend"] != "cpu" else 1 << 26)
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s (chained x + 1 over float32, read + write, marginal)", flush=True)
 
     t0 = time.perf_counter()
@@ -237,10 +237,10 @@ def main(argv: list[str] | None = None) -> dict:
         print("the check failed: nothing is timed", flush=True)
         run = {"stages": [], "rounds_run": 0, "comparisons": []}
     else:
-        run = schedule.run_stages(sched, stages=stages, tokens=args.tokens, rounds=args.rounds, warmup=args.warmup,
-                                  context=args.context, price_ms=price["ms"], progress=progress,
-                                  time_budget_s=args.budget_s, split_prices=split_prices,
-                                  split_rounds=split_rounds, probes=probes or None)
+        run = stage_timing.run_stages(sched, stages=stages, tokens=args.tokens, rounds=args.rounds,
+                                      warmup=args.warmup, context=args.context, price_ms=price["ms"],
+                                      progress=progress, time_budget_s=args.budget_s, split_prices=split_prices,
+                                      split_rounds=split_rounds, probes=probes or None)
     if bar is not None:
         bar.close()
     rows = run["stages"]

@@ -38,6 +38,7 @@ import mlx.core as mx
 
 from bench.common import cli
 from bench.common import record
+from bench.common.ledger import add_to_ledger
 from workbench import backends, tail
 from workbench.kernels import launch as kernel_launch
 from workbench.waits import measurement as wait_measurement
@@ -114,12 +115,12 @@ def add(p, record_path: str, ledger: str | None, force: bool) -> list[dict]:
         except ValueError as err:
             p.error(f"--add: {err}")
     for e in entries:
-        record.add_to_ledger(p, e, ledger, force)
+        add_to_ledger(p, e, ledger, force)
     return entries
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = record.parser("split_price", __doc__)
+    p = cli.parser("split_price", __doc__)
     p.add_argument("--n", type=int, default=50, help="timed rounds per step")
     p.add_argument("--bonsai", action="store_true", help="also Bonsai-27B's tail (5120, 6144, 17408), bf16")
     p.add_argument("--add", metavar="RECORD", help="put a bench.schedule_run record's split prices into the ledger "
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         steps = tail_steps(shape, block, "bfloat16", seed=7)
         h = mx.random.uniform(-1, 1, (shape[0],), key=mx.random.key(8))
         mx.eval(h)
-        for name, step in record.progress(steps.items(), len(steps), f"{label} tails"):
+        for name, step in cli.progress(steps.items(), len(steps), f"{label} tails"):
             rows.append({"step": name, "shape": label, **wait_measurement.measure_split_price(step, h, n=args.n)})
         del steps
 

@@ -56,7 +56,7 @@ CONFIGS: dict[str, tuple[tuple[int, int, int], str, Any, Any]] = {
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = record.parser("sweep_rate", __doc__)
+    p = cli.parser("sweep_rate", __doc__)
     p.add_argument("--seeds", type=int, default=100_000, help="cases per configuration")
     p.add_argument("--configs", default="f32", help=f"comma-separated, of {sorted(CONFIGS)}")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars (tqdm)")
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="also run notebook 03's Bonsai-27B float64 path beside its numpy twin, this many rounds, "
                         "each in a fresh process (0: none)")
     args = p.parse_args(argv)
-    names = record.comma_list(p, "--configs", args.configs, CONFIGS)
+    names = cli.comma_list(p, "--configs", args.configs, CONFIGS)
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
     if args.bonsai < 0:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from bench.common import cli
-from bench.common import record
+from bench.common import record, timing
 from workbench import backends, tail
 from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_SHAPE
@@ -73,8 +73,8 @@ def bench_shape(name: str, dtype: str, repeats: int, warmup: int, seed: int, ban
         waits[k] = n.n
     agreement = compare(tail.fused_tail(w, br, res, backend="graph"), tail.unfused_tail(w, br, res))
 
-    times = record.time_rounds(fns, repeats, warmup, desc=f"{name} rounds")
-    variants = {k: {**record.summarize(ts), "waits": waits[k]} for k, ts in times.items()}
+    times = timing.time_rounds(fns, repeats, warmup, desc=f"{name} rounds")
+    variants = {k: {**timing.summarize(ts), "waits": waits[k]} for k, ts in times.items()}
     floor_ms = w.nbytes / bandwidth * 1e3
     return {
         "shape": name,
@@ -114,7 +114,7 @@ def print_table(rows: list[dict[str, Any]], bandwidth: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = record.parser("tail_bench", __doc__)
+    p = cli.parser("tail_bench", __doc__)
     p.add_argument("--shapes", default="seed,bonsai27b", help=f"comma-separated, of {sorted(SHAPES)}")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"],
                    help="the weights' dtype (activations are float32 always)")
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="use this bandwidth for the floor instead of measuring a copy (None: measure)")
     args = p.parse_args(argv)
 
-    shapes = record.comma_list(p, "--shapes", args.shapes, SHAPES)
+    shapes = cli.comma_list(p, "--shapes", args.shapes, SHAPES)
     for flag in ("repeats", "warmup"):
         if getattr(args, flag) < (1 if flag == "repeats" else 0):
             p.error(f"--{flag} must be >= {1 if flag == 'repeats' else 0}")
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     if args.bandwidth_gbps is not None and not (math.isfinite(args.bandwidth_gbps) and args.bandwidth_gbps > 0):
         p.error(f"--bandwidth-gbps must be a finite number > 0, got {args.bandwidth_gbps}")
-    bandwidth = args.bandwidth_gbps * 1e9 if args.bandwidth_gbps is not None else record.copy_bandwidth()
+    bandwidth = args.bandwidth_gbps * 1e9 if args.bandwidth_gbps is not None else timing.copy_bandwidth()
     rows = []
     for name in shapes:
         large = SHAPES[name][0][0] >= 1024
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "backends_available": backends.available_backends(),
         "copy_bandwidth_GBps": bandwidth / 1e9,
         "bandwidth_measured": args.bandwidth_gbps is None,
-        "copy_method": record.copy_method() if args.bandwidth_gbps is None else "given as --bandwidth-gbps",
+        "copy_method": timing.copy_method() if args.bandwidth_gbps is None else "given as --bandwidth-gbps",
         "notes": (
             "medians over interleaved rounds; unfused = wo submission + host add/norm + FFN submission "
             "(numpy in/out); fused = one MLX graph evaluated once (numpy in/out); fused_resident = the graph "

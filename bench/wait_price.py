@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bench.common import cli
 from bench.common import record
+from bench.common.ledger import add_to_ledger
 
 
 def _entry_id(rec: dict) -> str:
@@ -53,12 +54,12 @@ def add(p: argparse.ArgumentParser, record_path: str, ledger: str | None, force:
         p.error(f"--add: {record_path} is not a wait_price record (a JSON object)")
     rec.setdefault("record", record.project_relative(record_path))
     entry = ledger_entry(rec)
-    record.add_to_ledger(p, entry, ledger, force)
+    add_to_ledger(p, entry, ledger, force)
     return entry
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = record.parser("wait_price", __doc__, writes=(
+    p = cli.parser("wait_price", __doc__, writes=(
         "writes a JSON record to OUT_DIR/wait_price-<device>-<UTC time>.json (or --out); with --add, changes only "
         "the ledger; never replaces a file or a ledger entry without --force"))
     p.add_argument("--out", type=cli.out_file, default=None, help="write the JSON record to this file instead of OUT_DIR")
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.add is not None:  # --add "" names no record: refused when read, never a measurement instead
         return add(p, args.add, args.ledger, args.force)
     if args.out is not None and not args.no_record:
-        record.refuse_existing(p, args.out, args.force)
+        cli.refuse_existing(p, args.out, args.force)
 
     import mlx.core as mx
 

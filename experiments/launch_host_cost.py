@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench.common import record
+from bench.common import cli, record
 
 #: The kernel's body (the source handed to MLX after any padding header).
 BODY = (Path(__file__).with_suffix(".cu")).read_text()
@@ -142,7 +142,7 @@ def print_table(res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = record.parser("launch_host_cost", __doc__)
+    ap = cli.parser("launch_host_cost", __doc__)
     ap.prog = "python -m experiments.launch_host_cost"
     ap.add_argument("--links", type=int, default=30, help="launches a chain (a model's layers)")
     ap.add_argument("--repeats", type=int, default=200, help="timed chains a variant")

@@ -67,7 +67,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench.common import record
+from bench.common import cli, record
 
 #: The folder of this file and of its CUDA source.
 HERE = Path(__file__).resolve().parent
@@ -271,11 +271,12 @@ def measure(variants: dict[str, Any], truth: np.ndarray, scale: np.ndarray, nbyt
     returning y) against ``truth`` (the exact map in float64) at :data:`CHECK_TOL` of
     ``scale`` (sum |w||x| a row); then device time a matvec (``chain`` of them in one
     evaluation, ``bench.common.kernels.batched_ms``, which warms each up first), the variants
-    alternating round after round (``kernels.interleaved``), median of ``repeats``,
+    alternating round after round (``timing.interleaved``), median of ``repeats``,
     beside the floor (``nbytes`` over ``kernels.floor_bandwidth``) and as a ratio to
     ``base``'s time. ``all_checks_passed`` leaves out ``references`` (reported the same
     way, not required to pass). The record's copy bandwidth, floor, tolerance and rows."""
-    from bench.common.kernels import batched_ms, floor_bandwidth, interleaved
+    from bench.common.kernels import batched_ms, floor_bandwidth
+    from bench.common.timing import interleaved
 
     checks = {}
     for name, fn in variants.items():
@@ -336,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
-    """A bench command's parser (``record.parser``: the same record options, the record to
+    """A bench command's parser (``cli.parser``: the same record options, the record to
     ``data/bench/``) for the experiment ``name``, run as ``python -m experiments.<name>``."""
-    ap = record.parser(name, doc)
+    ap = cli.parser(name, doc)
     ap.prog = f"python -m experiments.{name}"
     return ap
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import record
+from bench.common import cli, record
 from workbench.reports import records
 from workbench.reports import schedule_run as schedule_report
 from workbench.waits import ledger as wait_ledger
@@ -60,11 +60,11 @@ def test_record_names_and_folder() -> None:
     assert re.fullmatch(rf"tail_bench-[a-z0-9-]+-{STAMP}", record.record_stem("tail_bench"))
     assert re.fullmatch(rf"sweep_rate-nvidia-h200-{STAMP}-my-tag", record.record_stem("sweep_rate", "NVIDIA H200", tag="My tag"))
     assert record.RECORD_DIR == ROOT / "data" / "bench"
-    assert record.parser("x", "doc").parse_args([]).out_dir == ROOT / "data" / "bench"
+    assert cli.parser("x", "doc").parse_args([]).out_dir == ROOT / "data" / "bench"
 
 
 def test_the_record_folder_is_the_projects_wherever_the_command_starts(tmp_path: Path) -> None:
-    code = "from bench.common import record; print(record.parser('x', '').parse_args([]).out_dir)"
+    code = "from bench.common import cli; print(cli.parser('x', '').parse_args([]).out_dir)"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.stdout.strip() == str(ROOT / "data" / "bench"), done.stderr

@@ -1,13 +1,14 @@
 """The plain numpy twins the benchmarks time the workbench against give the workbench's bits,
 so a ratio between them compares the same work (``bench.common.numpy_twins``); and the CPU
-floor is a copy that reaches the machine's rate (``bench.common.record.copy_bandwidth``)."""
+floor is a copy that reaches the machine's rate (``bench.common.timing.copy_bandwidth``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.common import numpy_twins, record, twin_rates
+from bench.common import numpy_twins, timing, twin_rates
+from workbench import backends
 from workbench.fold import hadamard
 from workbench.fold.rotation import FoldSite, HadamardFold
 from workbench.studies import cases, sweeps
@@ -87,12 +88,12 @@ def test_the_sweep_twin_draws_the_same_cases_and_truth() -> None:
 
 def test_the_cpu_copy_floor_is_numpys_copy() -> None:
     """On the CPU the floor is numpy's copyto, and the record states the method beside the figure."""
-    floor = record.copy_floor(1 << 22, repeats=2)
+    floor = timing.copy_floor(1 << 22, repeats=2)
     assert set(floor) == {"bytes_per_s", "method", "nbytes", "repeats"} and floor["bytes_per_s"] > 0
-    if record.device_kind() == "cpu":
-        assert floor["method"] == record.COPY_METHODS["cpu"] and "numpy copyto" in floor["method"]
+    if backends.device_kind() == "cpu":
+        assert floor["method"] == timing.COPY_METHODS["cpu"] and "numpy copyto" in floor["method"]
     with pytest.raises(ValueError, match="nbytes and repeats must be >= 1"):
-        record.copy_bandwidth(0)
+        timing.copy_bandwidth(0)
 
 
 def test_twin_rates_measure_every_path_small() -> None:

@@ -409,7 +409,7 @@ def test_the_benchs_run_times_each_format_with_its_own_choice(monkeypatch):
     monkeypatch.setattr(bench, "seed_case", lambda: type("C", (), {"weights": "seed", "branch": 0, "residual": 0}))
     monkeypatch.setattr(bench, "_check", lambda label, w, br, res, oracle: {"case": label, "passed": True})
     monkeypatch.setattr(bench.kernels, "copy_bandwidth_torch", lambda: 4e12)
-    monkeypatch.setattr(bench.record, "copy_bandwidth", lambda *a, **k: 4e12)
+    monkeypatch.setattr(bench.kernels.timing, "copy_bandwidth", lambda *a, **k: 4e12)
     monkeypatch.setattr(bench, "fixed_cost", lambda repeats: {"one_tiny_eval": 0.03})
     fast = {"bfloat16": "u8_nt640", "nvfp4": "gps2"}  # each format's clear winner
     monkeypatch.setattr(bench, "sweep", lambda w, b, r, br, res: {

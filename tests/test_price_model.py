@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bench import split_price
-from bench.common import decode_timing
+from bench.common import decode_timing, timing
 from workbench.reports import records
 from workbench.reports import schedule_run as schedule_report
 from workbench.decode import geometry, savings, schedule, state
@@ -237,7 +237,7 @@ def test_measure_splits_on_a_small_step(bonsai):
     assert all(r["device_ms"]["first"] is not None and "phases_ms" in r for r in rows)
     with pytest.raises(ValueError, match="cannot be built"):
         decode_timing.measure_splits(sched, ["qkv>host|layer"], n=5)
-    assert decode_timing.copy_bandwidth(1 << 24, k=4, n=3) > 0  # 16 MB: each copy well above a loaded clock's noise
+    assert timing.copy_bandwidth(1 << 24, repeats=3, chain=4) > 0  # 16 MB: each copy well above a loaded clock's noise
 
 
 def test_one_stage_of_several_records_side_by_side():

@@ -10,7 +10,8 @@ from workbench.decode.geometry import Geometry, geometry_of
 from workbench.decode.layers import fast_gdn_available, gated_delta_ops
 from workbench.decode import savings
 from workbench.decode.savings import MEASURED_SPLITS, compare_savings, fit_price
-from workbench.decode.schedule import Schedule, in_token_probes, run_stages
+from bench.common.stages import run_stages
+from workbench.decode.schedule import Schedule, in_token_probes
 from workbench.decode.state import HybridWeights, new_state
 from workbench.reports import schedule_run as schedule_report
 from workbench import tail

@@ -1,19 +1,17 @@
-"""A bench command's entry point, and argument types that check a path before any measuring.
+"""A bench command's command line: its parser, its entry point, and argument checks made before any measuring.
 
-A command is run for its numbers, often for minutes, so two rules hold for every one:
+A command is run for its numbers, often for minutes, so three rules hold for every one:
 
-* bad input (an argument, a record file, a folder it cannot write) ends in ONE line naming
-  what was wrong and a non-zero exit, never a traceback: a traceback buries the one line
-  that matters under frames of the workbench's internals, and a user reads it as a bug.
-  :func:`run` is each command's ``__main__``: the workbench's refusals are ``ValueError``
-  (``workbench.validate``'s form, records' ``RecordError``), an absent backend is
-  ``BackendUnavailable`` and a file that cannot be read or written is an ``OSError``; those
-  are printed as ``<prog>: error: <message>`` and exit 2, argparse's own usage-error
-  status. Anything else is a defect of the command and keeps its traceback.
-  ``WORKBENCH_TRACEBACK=1`` in the environment keeps the traceback of every error.
+* bad input ends in ONE line naming what was wrong and a non-zero exit, never a traceback
+  (a traceback buries that line under the workbench's frames, and reads as a bug).
+  :func:`run` is each command's ``__main__``: a ``ValueError``, ``BackendUnavailable`` or
+  ``OSError`` is printed as ``<prog>: error: <message>`` and exits 2 (argparse's usage-error
+  status); anything else is a defect of the command and keeps its traceback, as every error
+  does with ``WORKBENCH_TRACEBACK=1``.
+* every command starts from the same :func:`parser` (its record options, its help), and
+  says a bad option's value the same way (:func:`comma_list`, :func:`at_least`, ...).
 * a path the record goes to is checked when the arguments are parsed (:func:`out_dir`,
-  :func:`out_file`), not when the record is written after the measuring, so a typo in
-  ``--out-dir`` never costs the run it came with.
+  :func:`out_file`, :func:`refuse_existing`), so a typo never costs the run it came with.
 """
 
 from __future__ import annotations
@@ -24,9 +22,10 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from workbench.backends import BackendUnavailable
+from workbench.reports.records import RECORD_DIR
 
 #: The errors that mean "the input was bad", not "the command is wrong" (see the module's docstring).
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, BackendUnavailable)
@@ -124,3 +123,78 @@ def existing_file(value: str) -> Path:
         what = "is a folder" if value.strip() and path.is_dir() else "is not a file that exists"
         raise argparse.ArgumentTypeError(f"{value!r} {what}")
     return path
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after every option's help (argparse's own formatter), the
+    description's layout kept; left out where they say nothing (an off switch, None) or
+    the help already says its default in words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if any(action.default is v for v in (None, False, argparse.SUPPRESS)) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def parser(bench: str, doc: str | None, *, writes: str | None = None,
+           record_options: bool = True) -> argparse.ArgumentParser:
+    """The argument parser every bench command starts from.
+
+    ``prog`` is how the command is run (``python -m bench.<bench>``), defaults show in
+    ``--help``, the description is the first paragraph of the module's docstring and the
+    epilog says what the command writes. With ``record_options``: ``--out-dir`` (default
+    the project's ``data/bench/``), ``--no-record`` and ``--force``.
+    """
+    first = (doc or "").strip().split("\n\n")[0]
+    if writes is None:
+        writes = (f"writes a JSON record (device, date, MLX version, the command line) to "
+                  f"OUT_DIR/{bench}-<device>-<UTC time>.json; never replaces an existing file without --force; "
+                  "also copies it to $OUT when that is set")
+    p = argparse.ArgumentParser(prog=f"python -m bench.{bench}", description=first, epilog=writes,
+                                formatter_class=_HelpFormatter)
+    if record_options:
+        add_record_options(p)
+    return p
+
+
+def add_record_options(p: argparse.ArgumentParser) -> None:
+    """``--out-dir``, ``--no-record`` and ``--force``, the same in every command."""
+    p.add_argument("--out-dir", type=out_dir, default=RECORD_DIR,
+                   help="the folder the JSON record goes to (default: the project's data/bench/, wherever the "
+                        "command is started)")
+    p.add_argument("--no-record", action="store_true", help="print only; write no JSON record")
+    p.add_argument("--force", action="store_true", help="replace an existing record of the same name")
+
+
+def refuse_existing(p: argparse.ArgumentParser, path: Path, force: bool) -> None:
+    """The parser's usage error if ``path`` exists and ``--force`` was not given: checked
+    before any measuring, so a run is never wasted on a record it may not write."""
+    if Path(path).exists() and not force:
+        p.error(f"{path} exists; pass --force to replace it, or name another file")
+
+
+def comma_list(parser: argparse.ArgumentParser, flag: str, value: str, allowed: Iterable[str]) -> list[str]:
+    """``value`` split at commas, every item one of ``allowed``; else the parser's usage error
+    naming ``flag``, what was given and what is allowed (so each command says it the same way)."""
+    allowed = sorted(allowed)
+    items = [s.strip() for s in value.split(",") if s.strip()]
+    if not items or any(s not in allowed for s in items):
+        parser.error(f"{flag} must be a comma-separated list of {allowed}; got {value!r}")
+    return items
+
+
+def progress(iterable: Iterable, total: int | None = None, desc: str = "") -> Iterator:
+    """``iterable`` with a progress bar on stderr: tqdm where installed, else a line every
+    tenth of the way (a GPU machine may have only numpy and MLX)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        n = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
+        step = max(1, (n or 10) // 10)
+        for i, item in enumerate(iterable, 1):
+            yield item
+            if i % step == 0 or i == n:
+                print(f"  {desc} {i}/{n if n is not None else '?'}", file=sys.stderr, flush=True)
+        return
+    yield from tqdm(iterable, total=total, desc=desc, leave=False, file=sys.stderr)

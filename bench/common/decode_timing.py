@@ -1,74 +1,27 @@
-"""Micro-benchmarks of the decode step's pieces: copy bandwidth, one piece's device time, a wait by its kind.
+"""The price of a wait by its kind, measured between the decode step's own submissions.
 
-``bench.schedule_run`` measures these in the run they serve, beside the clock of
-``workbench.decode.schedule.run_stages``: the device's streaming bandwidth
-(:func:`copy_bandwidth`, for the weight-bytes floor of a token) and the price of a wait of
-each kind between the step's own submissions (:func:`measure_splits`, for the price model
-of ``workbench.waits.plan.model_saving``), with each side's device time
-(:func:`piece_device_ms`). They time the device; nothing in the package calls them.
+``bench.schedule_run`` measures it in the run it serves, beside the clock of
+``bench.common.stages.run_stages``: the step's submissions as callables
+(:func:`split_pieces`) and the price of a wait of each kind between them
+(:func:`measure_splits`, for the price model of ``workbench.waits.plan.model_saving``),
+with each side's device time (``timing.piece_device_ms``). They time the device; nothing
+in the package calls them.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
 import mlx.core as mx
 import numpy as np
 
-from bench.common import record
+from bench.common.timing import piece_device_ms
 from workbench.decode.layers import attend_mx, attend_np, recurrent_layer
 from workbench.decode.savings import MEASURED_SPLITS
 from workbench.decode.schedule import Schedule
 from workbench.decode.state import DecodeState, new_state
-from workbench.validate import integer
 from workbench.waits import measurement as wait_measurement
 from workbench.waits import plan as waits
-
-
-def copy_bandwidth(nbytes: int = 1 << 30, *, k: int = 8, n: int = 5) -> float:
-    """The device's streaming bandwidth (bytes/s): ``k`` chained ``y + 1`` over ``nbytes``
-    of float32 in ONE evaluation against one, each op a read and a write of ``nbytes``;
-    the marginal time, so the wait and the allocation drop out (one ``x + 1`` with its
-    wait read 2.8 TB/s on the H200 where the kernels stream at 4 TB/s). On the CPU it is
-    ``record.copy_bandwidth``'s numpy copy, ``n`` times: MLX's CPU ``x + 1`` moves a tenth of
-    the machine's rate, and a floor divided by it would flatter every CPU path tenfold."""
-    nbytes = integer("nbytes", nbytes, minimum=1024)
-    if record.device_kind() == "cpu":
-        return record.copy_bandwidth(nbytes, repeats=integer("n", n, minimum=1))
-    x = mx.zeros((nbytes // 4,), dtype=mx.float32)
-    mx.eval(x)
-    ms = piece_device_ms(lambda y: (y + 1.0,), x, k=k, n=n)
-    del x
-    if ms <= 0:
-        # k copies measured no slower than one: the clock's noise is larger than the copy
-        # (a loaded host, or nbytes too small for this device). A bandwidth would be a lie.
-        raise RuntimeError(f"copy_bandwidth: {k} chained copies of {nbytes} bytes took no longer than one "
-                           f"(marginal {ms:.4f} ms): the clock is noisier than the copy; use more nbytes or n")
-    return 2 * nbytes / (ms / 1e3)
-
-
-def piece_device_ms(piece, x: mx.array, *, k: int = 8, n: int = 5) -> float:
-    """What one more copy of submission ``piece`` (a callable of :func:`split_pieces`) adds
-    to ONE evaluation: ``k`` copies chained against one, ``(t_k - t_1) / (k - 1)``, the
-    median of ``n`` (the wait and the fixed costs are in both, so they drop out). That is
-    the device's time for it, or MLX's time to encode and launch it where that is longer
-    (a recurrent layer's ~20 launches on the H200: the same in bf16 and 4-bit)."""
-    k = integer("k", k, minimum=2)
-    n = integer("n", n, minimum=1)
-
-    def run(m: int) -> float:
-        y, outs = x, []
-        t0 = time.perf_counter()
-        for _ in range(m):
-            o = piece(y)
-            y, outs = o[0], outs + list(o[1:])
-        mx.eval(y, *outs)
-        return time.perf_counter() - t0
-
-    run(k)  # warm
-    diffs = sorted((run(k) - run(1)) / (k - 1) * 1e3 for _ in range(n))
-    return float(diffs[len(diffs) // 2])
 
 
 def split_pieces(sched: Schedule, state: DecodeState) -> dict[str, Any]:
@@ -125,7 +78,8 @@ HOST_READS: dict[str, Any] = {
 }
 
 
-def _NOTHING(out) -> tuple:  # noqa: N802 -- a constant's role: the host reads nothing
+def _nothing(out: Any) -> tuple:
+    """What the host reads after a piece no wait follows: nothing."""
     return ()
 
 
@@ -160,7 +114,7 @@ def measure_splits(sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n
         else:
             second_piece = pieces["layer2" if (a, b) == ("layer", "layer") else b]
             res = wait_measurement.measure_split_between(first, lambda t, f=second_piece: f(t[0]), x, n=n,
-                                                         warmup=warmup, read_first=HOST_READS[a] if reads else _NOTHING,
+                                                         warmup=warmup, read_first=HOST_READS[a] if reads else _nothing,
                                                          read_second=HOST_READS[b])
             dev = {"first": piece_device_ms(first, x), "second": piece_device_ms(second_piece, x)}
         # The device's idle time in the split round: its wall time less the two submissions' work.

@@ -19,7 +19,8 @@ import mlx.core as mx
 import numpy as np
 
 from bench.common.kernels import (BENCH_FORMATS, BONSAI, batched_ms, build_eval_split, floor_bandwidth, launch_bytes,
-                                  per_launch_ms, time_rounds, torch_peer)
+                                  per_launch_ms, torch_peer)
+from bench.common.timing import summaries, time_rounds
 from workbench import tail
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import tuning as kernel_tuning
@@ -47,7 +48,7 @@ def sweep(w: tail.TailWeights, dialect: str, tunings: dict[str, kernel_tuning.Ke
             device[k] = batched_ms(lambda p=p: p(b, r))
         except Exception as e:  # noqa: BLE001
             print(f"tuning {k} failed: {e}")
-    return time_rounds(fns, repeats), device
+    return summaries(time_rounds(fns, repeats)), device
 
 
 def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_tuning.KernelTuning, bandwidth: float,
@@ -84,7 +85,7 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_tun
     if peer is not None:
         resident["torch_eager"] = peer["eager"]
         resident["torch_cuda_graph"] = peer["graph"]
-    t_res = time_rounds(resident, repeats)
+    t_res = summaries(time_rounds(resident, repeats))
 
     def e2e_parts() -> None:
         t0 = time.perf_counter()
@@ -105,12 +106,12 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_tun
     if graph_ok:
         e2e["unfused_two_waits"] = lambda: tail.unfused_tail(w, brg, resg)
         e2e["mlx_graph"] = lambda: tail.fused_tail(w, brg, resg, backend="graph")
-    t_e2e = time_rounds(e2e, max(10, repeats // 2))
+    t_e2e = summaries(time_rounds(e2e, max(10, repeats // 2)))
     parts = parts[-max(10, repeats // 2):]
     e2e_split = {k: statistics.median(p[i] for p in parts) for i, k in enumerate(("make_inputs", "eval", "read_back"))}
     resident_split = build_eval_split(lambda: prep(b, r), repeats)
     tiny = mx.array(np.ones(8, np.float32))
-    t_wait = time_rounds({"tiny_eval": lambda: mx.eval(tiny + 1)}, repeats)["tiny_eval"]
+    t_wait = summaries(time_rounds({"tiny_eval": lambda: mx.eval(tiny + 1)}, repeats))["tiny_eval"]
 
     dev = {"kernels": batched_ms(lambda: prep(b, r))}
     if graph_ok:
@@ -233,9 +234,9 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
     sl = tail.tail_launch(c.weights)
     sp = kernel_launch.prepared(sl, dialect)
     sb, sr = mx.array(c.branch), mx.array(c.residual)
-    fixed = time_rounds({"kernels": lambda: mx.eval(sp(sb, sr)),
-                         "mlx_graph": lambda: mx.eval(tail.tail_graph(sl, sb, sr)),
-                         "one_tiny_eval": lambda: mx.eval(sb + 1)}, repeats)
+    fixed = summaries(time_rounds({"kernels": lambda: mx.eval(sp(sb, sr)),
+                                   "mlx_graph": lambda: mx.eval(tail.tail_graph(sl, sb, sr)),
+                                   "one_tiny_eval": lambda: mx.eval(sb + 1)}, repeats))
     out["seed_size_resident_ms"] = {k: v["median_ms"] for k, v in fixed.items()}
     log("fixed cost at frink-models' test size (resident, median ms): "
         + ", ".join(f"{k} {v:.4f}" for k, v in out["seed_size_resident_ms"].items()))

@@ -1,16 +1,14 @@
 """What the kernel benchmarks share: Bonsai-27B's shape, the floor's bandwidth, and device time.
 
-Every CUDA or Metal bench of the kernels times the same way and divides by the same floor,
-so their figures compare across records:
+Every CUDA or Metal bench of the kernels times the same way (``bench.common.timing``) and
+divides by the same floor, so their figures compare across records:
 
 * :data:`BONSAI` is the shape they run at, and :data:`BENCH_FORMATS` the quantized weight
   formats they run after bf16;
 * :func:`floor_bandwidth` measures the copy bandwidth a floor divides weight bytes by;
 * :func:`batched_ms` is device time a call (``n`` calls in one evaluation, MLX's
   per-evaluation cost amortised away), :func:`per_launch_ms` the same for each of a tail's
-  three launches, :func:`build_eval_split` where one evaluation's time goes, and
-  :func:`time_rounds` / :func:`interleaved` run variants in alternating rounds, so drift in
-  a shared machine's load hits each alike;
+  three launches, and :func:`build_eval_split` where one evaluation's time goes;
 * :func:`torch_peer` is PyTorch's tail on the same weights, the peer a bench sets beside
   the kernels where PyTorch and CUDA are here.
 """
@@ -24,7 +22,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
-from bench.common import record
+from bench.common import timing
 from workbench import tail
 from workbench.fold import hadamard
 from workbench.kernels import launch as kernel_launch
@@ -44,24 +42,6 @@ def _torch() -> Any:
         return torch if torch.cuda.is_available() else None
     except Exception:  # noqa: BLE001 -- no PyTorch, or a broken one: the peer is left out
         return None
-
-
-def time_rounds(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3) -> dict[str, dict[str, float]]:
-    """Each callable's wall-time summary (ms), interleaved round by round (``bench.common.record``)."""
-    return {k: record.summarize(v) for k, v in record.time_rounds(fns, repeats, warmup).items()}
-
-
-def interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[Any]]:
-    """Each callable's results, ``rounds`` times (rounded up to even), alternating: every
-    round runs each once, the order reversed every other round, so each side runs first
-    in exactly half the rounds (with an odd count, a median of few rounds can lean
-    towards whichever side ran first more often)."""
-    out: dict[str, list[Any]] = {k: [] for k in fns}
-    names = list(fns)
-    for i in range(rounds + rounds % 2):
-        for k in names if i % 2 == 0 else names[::-1]:
-            out[k].append(fns[k]())
-    return out
 
 
 def copy_bandwidth_torch(nbytes: int = 1 << 30, repeats: int = 20) -> float | None:
@@ -89,13 +69,11 @@ def copy_bandwidth_torch(nbytes: int = 1 << 30, repeats: int = 20) -> float | No
 def floor_bandwidth() -> dict[str, float | None]:
     """The copy bandwidths a CUDA bench divides bytes by for its floor, measured now:
     ``torch_copy`` (:func:`copy_bandwidth_torch`, device time by CUDA events; None without
-    PyTorch), ``mlx_x_plus_1`` (``record.copy_bandwidth``: host time around one MLX
-    evaluation, which on the H200 read about half the device's rate, 2.1 against 4.1 TB/s in
-    ``one_launch-…200209Z``) and ``used_for_floor``, the
-    first where there is one. Every bench that writes a floor takes it from here, so
-    floors from different benches divide by the same measure."""
+    PyTorch), ``mlx_x_plus_1`` (``timing.copy_bandwidth``, measured as ``timing.copy_method``
+    says) and ``used_for_floor``, the first where there is one. Every bench that writes a
+    floor takes it from here, so floors from different benches divide by the same measure."""
     bw_torch = copy_bandwidth_torch()
-    bw_mlx = record.copy_bandwidth(1 << 30, repeats=10)
+    bw_mlx = timing.copy_bandwidth(1 << 30, repeats=10)
     return {"torch_copy": bw_torch, "mlx_x_plus_1": bw_mlx, "used_for_floor": bw_torch or bw_mlx}
 
 

@@ -1,10 +1,9 @@
-"""What every benchmark record carries, where it goes, and the helpers the commands share.
+"""A benchmark record: what every one carries, its name, and writing it.
 
 One place, because every record must say the same things the same way (device, date,
 MLX version, the command that produced it), land in the same folder under the same kind
-of name, and never replace another record unasked; and every benchmark times its
-variants the same way (interleaved rounds, so drift in a shared machine's load hits each
-alike). A second copy in each command would be a second place to keep in step.
+of name, and never replace another record unasked. A second copy in each command would
+be a second place to keep in step.
 
 Records go to the project's ``data/bench/`` (found from this file, not from the folder the
 command is started in), named ``<bench>-<device>-<UTC time YYYYMMDDTHHMMSSZ>.json``, and
@@ -14,28 +13,22 @@ replaced only with ``--force``.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import os
 import platform
-import shlex
 import re
-import statistics
+import shlex
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-from bench.common import cli
-from workbench import backends
+from workbench import backends, files
 from workbench.kernels import source as kernel_source
-from workbench import files
 from workbench.reports import records
-from workbench.waits import ledger as wait_ledger
 
 #: The project's root and its folder of records, wherever a command is started from.
 ROOT = files.PROJECT_ROOT
@@ -72,64 +65,6 @@ def record_stem(bench: str, device: str | None = None, when: _dt.datetime | None
 def device_kind() -> str:
     """``cuda``, ``metal`` or ``cpu``: which MLX backend this run measured (MLX's default device)."""
     return backends.device_kind()
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown after every option's help (argparse's own formatter), the
-    description's layout kept; left out where they say nothing (an off switch, None) or
-    the help already says its default in words."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if any(action.default is v for v in (None, False, argparse.SUPPRESS)) or "default" in text:
-            return text
-        return super()._get_help_string(action)
-
-
-def parser(bench: str, doc: str | None, *, writes: str | None = None, record_options: bool = True) -> argparse.ArgumentParser:
-    """The argument parser every bench command starts from.
-
-    ``prog`` is how the command is run (``python -m bench.<bench>``), defaults show in
-    ``--help``, the description is the first paragraph of the module's docstring and the
-    epilog says what the command writes. With ``record_options``: ``--out-dir`` (default
-    the project's ``data/bench/``), ``--no-record`` and ``--force``.
-    """
-    first = (doc or "").strip().split("\n\n")[0]
-    if writes is None:
-        writes = (f"writes a JSON record (device, date, MLX version, the command line) to "
-                  f"OUT_DIR/{bench}-<device>-<UTC time>.json; never replaces an existing file without --force; "
-                  "also copies it to $OUT when that is set")
-    p = argparse.ArgumentParser(prog=f"python -m bench.{bench}", description=first, epilog=writes,
-                                formatter_class=_HelpFormatter)
-    if record_options:
-        add_record_options(p)
-    return p
-
-
-def add_record_options(p: argparse.ArgumentParser) -> None:
-    """``--out-dir``, ``--no-record`` and ``--force``, the same in every command."""
-    p.add_argument("--out-dir", type=cli.out_dir, default=RECORD_DIR,
-                   help="the folder the JSON record goes to (default: the project's data/bench/, wherever the "
-                        "command is started)")
-    p.add_argument("--no-record", action="store_true", help="print only; write no JSON record")
-    p.add_argument("--force", action="store_true", help="replace an existing record of the same name")
-
-
-def refuse_existing(p: argparse.ArgumentParser, path: Path, force: bool) -> None:
-    """The parser's usage error if ``path`` exists and ``--force`` was not given: checked
-    before any measuring, so a run is never wasted on a record it may not write."""
-    if Path(path).exists() and not force:
-        p.error(f"{path} exists; pass --force to replace it, or name another file")
-
-
-def comma_list(parser: argparse.ArgumentParser, flag: str, value: str, allowed: Iterable[str]) -> list[str]:
-    """``value`` split at commas, every item one of ``allowed``; else the parser's usage error
-    naming ``flag``, what was given and what is allowed (so each command says it the same way)."""
-    allowed = sorted(allowed)
-    items = [s.strip() for s in value.split(",") if s.strip()]
-    if not items or any(s not in allowed for s in items):
-        parser.error(f"{flag} must be a comma-separated list of {allowed}; got {value!r}")
-    return items
 
 
 def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
@@ -230,98 +165,6 @@ def _write_new(text: str, out: Path, stem: str, force: bool) -> Path:
     return path
 
 
-def progress(iterable: Iterable, total: int | None = None, desc: str = "") -> Iterator:
-    """``iterable`` with a progress bar on stderr: tqdm where installed, else a line every
-    tenth of the way (a GPU machine may have only numpy and MLX)."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        n = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
-        step = max(1, (n or 10) // 10)
-        for i, item in enumerate(iterable, 1):
-            yield item
-            if i % step == 0 or i == n:
-                print(f"  {desc} {i}/{n if n is not None else '?'}", file=sys.stderr, flush=True)
-        return
-    yield from tqdm(iterable, total=total, desc=desc, leave=False, file=sys.stderr)
-
-
-def time_rounds(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int,
-                desc: str | None = None) -> dict[str, list[float]]:
-    """Wall times (ms) of each callable, interleaved: each round runs each once, in order.
-    ``desc`` shows a progress bar over the rounds (for runs longer than a few seconds)."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    rounds: Iterable[int] = range(repeats) if desc is None else progress(range(repeats), repeats, desc)
-    for _ in rounds:
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            out[name].append((time.perf_counter() - t0) * 1e3)
-    return out
-
-
-def summarize(ts: list[float]) -> dict[str, float]:
-    """Median, minimum and 90th percentile (ms) of a list of times, and how many."""
-    s = sorted(ts)
-    return {"median_ms": statistics.median(s), "min_ms": s[0], "p90_ms": s[min(len(s) - 1, int(0.9 * len(s)))],
-            "n": len(s)}
-
-
-#: How :func:`copy_bandwidth` measures, by the device kind MLX runs on (a record states it
-#: beside the figure, :func:`copy_floor`).
-COPY_METHODS = {
-    "cpu": "numpy copyto between two buffers of nbytes (read + write), median of the repeats",
-    "gpu": "MLX x + 1 over nbytes of float32, one evaluation a repeat (read + write), median of the repeats",
-}
-
-
-def copy_method() -> str:
-    """How :func:`copy_bandwidth` measures on this machine: one of :data:`COPY_METHODS`' texts."""
-    return COPY_METHODS["cpu" if device_kind() == "cpu" else "gpu"]
-
-
-def copy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
-    """This device's streaming bandwidth in bytes/s, counted as one read and one write of
-    ``nbytes``, median of ``repeats`` (after one warm-up); :func:`copy_method` says how.
-
-    On the CPU the copy is numpy's ``copyto`` (a ``memcpy``): MLX's CPU ``x + 1`` moves a
-    seventh of the machine's rate (1.4 against 10 GB/s, journal 2026-12-02 "the Bonsai-27B
-    float64 path, lean"), and a floor divided by it would flatter every CPU path sevenfold.
-    On a GPU the copy is MLX's ``x + 1`` on the device, as the kernels' floors have used.
-    """
-    nbytes = int(nbytes)
-    if nbytes < 1 or repeats < 1:
-        raise ValueError(f"copy_bandwidth: nbytes and repeats must be >= 1, got {nbytes} and {repeats}")
-    times = []
-    if device_kind() == "cpu":
-        src = np.ones(max(1, nbytes // 8), dtype=np.float64)  # written once, so its pages are real
-        dst = np.empty_like(src)
-        for i in range(repeats + 1):
-            t0 = time.perf_counter()
-            np.copyto(dst, src)
-            if i:
-                times.append(time.perf_counter() - t0)
-        return 2 * src.nbytes / statistics.median(times)
-    x = mx.zeros((max(1, nbytes // 4),), dtype=mx.float32)
-    mx.eval(x)
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        mx.eval(x + 1)
-        if i:
-            times.append(time.perf_counter() - t0)
-    return 2 * x.nbytes / statistics.median(times)
-
-
-def copy_floor(nbytes: int = 1 << 28, repeats: int = 5) -> dict[str, Any]:
-    """:func:`copy_bandwidth` with what a record states beside it: the method, the bytes and
-    the repeats (``{"bytes_per_s", "method", "nbytes", "repeats"}``)."""
-    return {"bytes_per_s": copy_bandwidth(nbytes, repeats), "method": copy_method(), "nbytes": int(nbytes),
-            "repeats": int(repeats)}
-
-
 def project_relative(path: str | Path) -> str:
     """``path`` relative to the project when it lies inside it (what a record or a ledger
     entry should say: the project speaks for itself), else as given."""
@@ -329,19 +172,3 @@ def project_relative(path: str | Path) -> str:
         return str(Path(path).resolve().relative_to(ROOT))
     except ValueError:
         return str(path)
-
-
-def add_to_ledger(p: argparse.ArgumentParser, entry: dict[str, Any], ledger: str | Path | None,
-                  force: bool) -> dict[str, Any] | None:
-    """Put ``entry`` into the wait-price ledger (``wait_ledger.add_price``: checked, under a lock),
-    say so, and say what it replaced; a refusal is ``p``'s usage error naming ``--add``.
-    The one way every bench files a price, so each says it the same way."""
-    try:
-        old = wait_ledger.add_price(entry, ledger, replace=force)
-    except ValueError as err:
-        p.error(f"--add: {err}" + ("" if force else " (--force replaces it)"))
-    print(f"added {entry['id']}: {entry['ms']:.4f} ms to {ledger or wait_ledger.LEDGER_PATH}")
-    if old is not None:
-        print(f"replaced {old['id']}: {old['ms']:.4f} ms, measured {old.get('date')} "
-              f"by {old.get('command', old.get('source'))}")
-    return old

@@ -11,7 +11,7 @@ The rows (twins in ``bench.common.numpy_twins``):
 * ``sweep``: ``studies.sweeps.sweep`` over N blocks of 256 cases at the test shape;
 * the sweep's float32 tail on one block: MLX's graph against numpy (what bounds the sweep);
 * ``block transform``: ``hadamard.block_transform`` of a float64 matrix, block 1024;
-* ``copy``: MLX's ``x + 1`` beside numpy's ``copyto`` (the CPU floor's method, ``record.copy_method``).
+* ``copy``: MLX's ``x + 1`` beside numpy's ``copyto`` (the CPU floor's method, ``timing.copy_method``).
 
 :func:`bonsai` (``bench.sweep_rate --bonsai N``) times notebook 03's Bonsai-27B path (the tail's
 random bf16 weights, wo folded with block 1024, through ``three_way_table``) beside
@@ -38,7 +38,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
-from bench.common import bounded_run, numpy_twins, record
+from bench.common import bounded_run, numpy_twins, timing
 from workbench import files, validate
 from workbench.fold import hadamard
 from workbench.models.config import BONSAI_SHAPE
@@ -88,7 +88,7 @@ def limits(copy_bytes: int = 1 << 28, gemm_n: int = 2048) -> dict[str, float]:
     raw = np.random.default_rng(0).bit_generator
     words = 1 << 22
     tr = min(_timed(lambda: raw.random_raw(words)) for _ in range(3))
-    return {"copy_Bps": record.copy_bandwidth(copy_bytes, repeats=5), "dgemm_flops": 2 * n ** 3 / t,
+    return {"copy_Bps": timing.copy_bandwidth(copy_bytes, repeats=5), "dgemm_flops": 2 * n ** 3 / t,
             "draw_Bps": 8 * words / tr}
 
 
@@ -181,7 +181,7 @@ def copy_row(lim: dict[str, float], nbytes: int, repeats: int) -> dict[str, Any]
     ms = _median_ms({"workbench": lambda: mx.eval(x + 1), "twin": lambda: np.copyto(dst, src)}, repeats)
     rate = {k: 2 * nbytes / v / 1e6 if v > 0 else math.nan for k, v in ms.items()}  # ms -> GB/s
     return _row(f"copy, {nbytes >> 20} MiB (read + write)", "GB/s", rate, 1.0,
-                limit=lim["copy_Bps"] / 1e9, same_bits=None, floor_method=record.copy_method())
+                limit=lim["copy_Bps"] / 1e9, same_bits=None, floor_method=timing.copy_method())
 
 
 def measure(blocks: int, *, transform_rows: int = 2048, copy_bytes: int = 1 << 28, repeats: int = 5,

@@ -166,8 +166,13 @@ def _subject(subject: Any) -> Any:
     return CallableSubject(subject)
 
 
-def _metric_columns(out: np.ndarray, truth: np.ndarray) -> dict[str, np.ndarray]:
-    return {"worst": worst_scaled_error(out, truth), "max_abs": max_abs_error(out, truth), "nmse": nmse(out, truth)}
+def _metric_columns(out: np.ndarray, truth: np.ndarray, ref: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The per-row metrics of ``out`` against ``truth`` (``worst``, ``max_abs``, ``nmse``), and,
+    given the graph reference ``ref``, its ``ref_worst``: the one place every table's columns come from."""
+    cols = {"worst": worst_scaled_error(out, truth), "max_abs": max_abs_error(out, truth), "nmse": nmse(out, truth)}
+    if ref is not None:
+        cols["ref_worst"] = worst_scaled_error(ref, truth)
+    return cols
 
 
 def _frame(base: dict[str, Any], seeds: np.ndarray, scales: list[float], metrics: Mapping[str, np.ndarray]):
@@ -279,8 +284,7 @@ def check_kernel(subject: Any, *, shapes: Sequence[Sequence[int]] = ((64, 96, 80
                    for i, s in enumerate(c.seeds)]
             out = _run_calls(subject, caller, scs, c, scales=scale_labels, dtype=dtype, fold=fold, spec=spec,
                              eps=eps, problems=problems)
-            frames.append(_frame(base, c.seeds, scale_labels,
-                                 {**_metric_columns(out, truth), "ref_worst": worst_scaled_error(ref, truth)}))
+            frames.append(_frame(base, c.seeds, scale_labels, _metric_columns(out, truth, ref)))
             for f in faults:
                 if not applies(f, scs[0]):  # a fold and a quantized wo are the same for every case of a block
                     continue
@@ -317,8 +321,7 @@ def check_dump(path: Any, *, tolerance: Any = None, flake_rate: float = 1e-4,
         out = layer.output
         h, b, f_ = w.shape
         base = {"hidden": h, "branch": b, "ffn": f_, "dtype": w.wo.dtype, "fold": repr(w.wo.fold), "file": file.name}
-        metrics = {"worst": worst_scaled_error(out, truth), "max_abs": max_abs_error(out, truth),
-                   "nmse": nmse(out, truth), "ref_worst": worst_scaled_error(ref, truth)}
+        metrics = _metric_columns(out, truth, ref)
         for j in range(len(B)):
             rows.append({**base, "seed": j, "scale": 1.0, **{k: float(v[j]) for k, v in metrics.items()}})
         sc = stored_case(w, B, R, file.name)
@@ -326,7 +329,7 @@ def check_dump(path: Any, *, tolerance: Any = None, flake_rate: float = 1e-4,
             if not applies(flt, sc):
                 continue
             fo = faulty_tail(sc, flt)
-            fm = {"worst": worst_scaled_error(fo, truth), "max_abs": max_abs_error(fo, truth), "nmse": nmse(fo, truth)}
+            fm = _metric_columns(fo, truth)
             for j in range(len(B)):
                 frows.append({**base, "fault": flt, "seed": j, "scale": 1.0, **{k: float(v[j]) for k, v in fm.items()}})
     if not rows:

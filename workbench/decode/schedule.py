@@ -22,13 +22,12 @@ float32 activations), so a stage can split the tail (wo and the FFN in two submi
 stage 1) or join it to the next recurrent run (stage 4 and the floor) on either path.
 :func:`check_step` checks the kernels' token against the MLX-ops one. The next token's
 input is a row of a small host table picked by the argmax of the logits (the embedding
-lookup is host work). :func:`run_stages` times every stage and compares the savings with
-the table's (:mod:`workbench.decode.savings`).
+lookup is host work). :func:`in_token_probes` builds the tokens that price a wait inside a
+token; timing the stages is a benchmark's (``bench.common.stages.run_stages``).
 """
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -38,7 +37,7 @@ import numpy as np
 
 from workbench.decode import matvec as decode_matvec
 from workbench.decode.layers import GDN_PATHS, attend_mx, attend_np, recurrent_layer
-from workbench.decode.savings import MEASURED_SPLITS, compare_savings
+from workbench.decode.savings import MEASURED_SPLITS
 from workbench.decode.state import DecodeState, HybridWeights, new_state
 from workbench.validate import describe, flag, integer, number, one_of
 from workbench.waits import plan as waits
@@ -269,11 +268,11 @@ def check_step(sched: Schedule, ref: Schedule, *, stages: Sequence[int] = (5, 6)
 
 
 # ---------------------------------------------------------------------------------------
-# Stages against the table
+# Tokens that price a wait inside a token
 
 
 def in_token_probes(sched: Schedule, stages: Sequence[int], share: int) -> tuple[dict, dict]:
-    """Tokens that price each kind of wait inside a token, for ``run_stages``' ``probes``.
+    """Tokens that price each kind of wait inside a token, for ``bench.common.stages.run_stages``' ``probes``.
 
     For each kind the price model needs (``savings.MEASURED_SPLITS``) but the one after Q/K/V
     read for the host's attention (which no grouping can join), the first of ``stages``
@@ -297,123 +296,3 @@ def in_token_probes(sched: Schedule, stages: Sequence[int], share: int) -> tuple
                 joined[name] = (kind, count)
                 break
     return probes, joined
-
-
-def run_stages(
-    sched: Schedule,
-    *,
-    stages: Sequence[int] | None = None,
-    tokens: int = 8,
-    rounds: int = 5,
-    warmup: int = 2,
-    context: int = 32,
-    price_ms: float | None = None,
-    progress=None,
-    time_budget_s: float | None = None,
-    split_prices: Mapping[str, float] | None = None,
-    split_rounds: Mapping[str, Sequence[float]] | None = None,
-    probes: Mapping[str, tuple[int, Sequence]] | None = None,
-) -> dict:
-    """Time ``tokens`` tokens per round at every stage, rounds interleaved; compare with the table.
-
-    Every stage decodes its own state from the same start, so all stages compute the
-    same tokens; and every round starts again from that start (a new state, made between
-    rounds, off the clock), so every round is the same work: were the states carried on,
-    each round's tokens would attend over a longer context than the round before, and
-    the stages that attend on the host would drift apart from round to round by more
-    than a pair of stages differs. ``time_budget_s``: stop after the first round that ends
-    past it (the record says how many rounds ran). ``split_prices`` / ``split_rounds``: the
-    measured split prices by kind and their rounds, for the price model's prediction and its
-    interval beside each pair (``savings.compare_savings``). ``probes``: name -> (stage,
-    submissions), tokens decoded with other submissions than a stage's own
-    (``Schedule.step``'s ``submissions``, e.g. a share of one kind of wait joined by
-    ``waits.join_splits``), timed in the same rounds as the stages, each from the same
-    start; their rows go to ``probes`` in the record. Returns a record: per stage, the waits the executor made a token (and
-    whether they equal ``waits_per_token``) and the median ms a token; per pair of
-    consecutive stages (and each stage against stage 1), the measured saving and the
-    predicted one (waits saved x ``price_ms``) with their ratio.
-    """
-    if not isinstance(sched, Schedule):
-        raise ValueError(f"sched: must be a Schedule, got {describe(sched)}")
-    tokens = integer("tokens", tokens, minimum=1)
-    rounds = integer("rounds", rounds, minimum=1)
-    warmup = integer("warmup", warmup, minimum=0)
-    context = integer("context", context, minimum=1)
-    if price_ms is not None:
-        price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
-    if time_budget_s is not None:
-        time_budget_s = number("time_budget_s", time_budget_s, minimum=0)
-    if progress is not None and not callable(progress):
-        raise ValueError(f"progress: must be None or a callable (round, rounds), got {describe(progress)}")
-    plan = sched.plan
-    numbers = [s.number for s in plan.stages] if stages is None else [plan.stage(s).number for s in stages]
-    if not numbers or len(set(numbers)) != len(numbers):
-        raise ValueError(f"stages: must name one or more distinct stages of the plan, got {describe(stages)}")
-    if probes is not None and not isinstance(probes, Mapping):
-        raise ValueError(f"probes: must be None or a mapping of name to (stage, submissions), got {describe(probes)}")
-    probe_runs: dict[str, tuple[int, list]] = {}
-    for name, probe in (probes or {}).items():
-        if not isinstance(probe, (tuple, list)) or len(probe) != 2:
-            raise ValueError(f"probes[{name!r}]: must be (stage, submissions), got {describe(probe)}")
-        n = plan.stage(probe[0]).number
-        probe_runs[str(name)] = (n, sched.check_submissions(n, probe[1]))
-    # What a round decodes: every stage with its own submissions, then every probe with its.
-    runs: list[tuple[Any, int, list | None]] = [(n, n, None) for n in numbers]
-    runs += [(name, n, subs) for name, (n, subs) in probe_runs.items()]
-    made: dict[Any, set] = {key: set() for key, _, _ in runs}
-    times: dict[Any, list] = {key: [] for key, _, _ in runs}
-    evals: dict[Any, list] = {key: [] for key, _, _ in runs}
-    for key, n, subs in runs:  # warm-up: compile kernels, fault in the weights
-        warm = new_state(sched.w, context=context, max_new=warmup + 1)
-        for _ in range(warmup):
-            made[key].add(sched.step(warm, n, submissions=subs).waits)
-    start = time.perf_counter()
-    done = 0
-    gc_was = gc.isenabled()
-    gc.disable()  # a collection inside a token is noise of a millisecond and more: collect between rounds
-    try:
-        for r in range(rounds):
-            states = {key: new_state(sched.w, context=context, max_new=tokens + 1) for key, _, _ in runs}
-            gc.collect()
-            for key, n, subs in runs:
-                for _ in range(tokens):
-                    res = sched.step(states[key], n, submissions=subs)
-                    made[key].add(res.waits)
-                    times[key].append(res.seconds * 1e3)
-                    evals[key].append(res.eval_seconds * 1e3)
-            done = r + 1
-            if progress is not None:
-                progress(done, rounds)
-            if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
-                break
-    finally:
-        if gc_was:
-            gc.enable()
-    rows = []
-    for n in numbers:
-        st = plan.stage(n)
-        predicted = len(sched.submissions(n))
-        t = np.asarray(times[n])
-        rows.append({
-            "stage": n, "name": st.name, "waits_predicted": predicted, "waits_made": sorted(made[n]),
-            "waits_match": made[n] == {predicted},
-            "ms_median": float(np.median(t)), "ms_p10": float(np.percentile(t, 10)),
-            "ms_p90": float(np.percentile(t, 90)), "tokens": int(t.size),
-            # Inside mx.eval (encoding, submitting, waiting) against outside (building the
-            # lazy graphs in Python, the host's attention, reads): the device idles for the latter.
-            "ms_eval_median": float(np.median(evals[n])), "ms_host_median": float(np.median(t - np.asarray(evals[n]))),
-            "ms_each": [round(float(v), 4) for v in t],  # in time order, round by round
-        })
-    probe_rows = []
-    for name, (n, subs) in probe_runs.items():
-        t = np.asarray(times[name])
-        probe_rows.append({"name": name, "stage": n, "waits_predicted": len(subs), "waits_made": sorted(made[name]),
-                           "waits_match": made[name] == {len(subs)}, "ms_median": float(np.median(t)),
-                           "tokens": int(t.size), "ms_each": [round(float(v), 4) for v in t]})
-    rec: dict[str, Any] = {"stages": rows, "rounds_run": done}
-    if probe_rows:
-        rec["probes"] = probe_rows
-    if price_ms is not None:
-        rec["comparisons"] = compare_savings(rows, price_ms, split_prices=split_prices, cfg=sched.cfg,
-                                             eligible=sched.eligible, split_rounds=split_rounds)
-    return rec

@@ -8,7 +8,9 @@ its weights and fold plan; ``run`` runs a tail on ``metal`` or ``metal-emulated`
 CUDA path's fallback); ``head`` the Q/K/V launch; ``emulated`` the Metal launches on the
 CPU and the Metal source MLX generates; ``one_launch`` the CUDA tail as ONE launch with
 grid barriers; ``next_norm`` the next layer's input norm a tail's launch also computes; ``gdn_step`` a Gated DeltaNet decode step as one launch;
-``metal_emulation`` compiles Metal with clang against a stand-in ``<metal_stdlib>`` and
-runs it on the CPU; ``metal_drop_in`` is ``metal_kernel``, a drop-in for
+``metal_emulation`` compiles Metal and runs it on the CPU (the emulated kernel, its launch
+and schedules) over ``metal_translation`` (MLX's Metal source made C++), ``metal_toolchain``
+(clang against a stand-in ``<metal_stdlib>``, the compile cache) and ``metal_memory`` (the
+fiber stacks and guarded buffers kept between launches); ``metal_drop_in`` is ``metal_kernel``, a drop-in for
 ``mx.fast.metal_kernel`` that runs a user's Metal source there; ``cuda_device`` reads the GPU's multiprocessor count.
 """

@@ -59,6 +59,7 @@ from workbench.studies.cases import (
     check_case_memory,
     check_fold,
     check_outliers,
+    check_quant_fits,
     check_seeds,
     check_shape,
     draw_block,
@@ -269,11 +270,7 @@ def _configs(dtypes: Sequence[str], folds: Sequence[Any], quantize: Sequence[Any
         for f in folds:
             for q in quantize:
                 label, spec = quant_spec(q)
-                # mx.quantize groups along each matrix's IN axis: branch (wo), hidden (gate,
-                # up) and ffn (down) must all be multiples of the group.
-                if spec is not None and any(n % spec.group_size for n in shape):
-                    raise ValueError(f"quantize: {label} needs hidden, branch and ffn {shape} to be multiples of "
-                                     f"its group_size {spec.group_size}")
+                check_quant_fits(spec, shape)
                 for bk in backends:
                     out.append((d, f, label, spec, bk))
     return out

@@ -1,0 +1,154 @@
+"""The emulator's clang toolchain: finding clang, its flags, and the compile cache of kernels' shared objects.
+
+A kernel's translation unit (``metal_translation``) is compiled with clang as C++17 against
+the stand-in ``<metal_stdlib>`` (``kernels/metal_emulation/``) and linked with the
+emulator's runtime (C11, compiled once). Compiling takes seconds, so every object is cached
+by the hash of everything that goes into it (the translation unit, the stand-in header, the
+runtime, the flags, clang's version) in ``$WORKBENCH_METAL_EMULATION_CACHE`` or else a
+folder in the system's temporary directory; an entry is written atomically under its lock,
+with its size and SHA-256 beside it, and verified before every load (ctypes loading a bad
+shared object can crash the process rather than raise), a bad entry rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+from workbench import files
+from workbench.backends import BackendUnavailable, clang
+from workbench.kernels.metal_translation import MetalCompileError
+from workbench.kernels.source import KERNEL_DIR
+
+#: The stand-in ``<metal_stdlib>`` and the emulator's runtime.
+SUPPORT_DIR = KERNEL_DIR / "metal_emulation"
+
+#: clang's flags: C++17; no floating-point contraction beyond the source's own fma calls
+#: (so results do not depend on the optimiser); an unsuffixed literal such as ``0.1`` is a
+#: float, as Metal compiles it (Metal has no double, so ``x * 0.1`` is float arithmetic
+#: there; computed in double here it would round differently); unknown Metal attributes
+#: ([[kernel]], [[buffer(i)]]) ignored. The ``double`` type itself is refused by the
+#: stand-in header.
+#: On Linux, -Bsymbolic binds each kernel's calls into the runtime to its own copy (every
+#: kernel's shared object carries the runtime; ctypes loads them side by side).
+CLANG_FLAGS: tuple[str, ...] = ("-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
+                                "-fno-strict-aliasing", "-Wno-unknown-attributes", "-cl-single-precision-constant",
+                                *(("-Wl,-Bsymbolic",) if sys.platform.startswith("linux") else ()))
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept (``$WORKBENCH_METAL_EMULATION_CACHE``, else a folder
+    of this user's in the system's temporary directory)."""
+    env = os.environ.get("WORKBENCH_METAL_EMULATION_CACHE")
+    if env:
+        return Path(env)
+    return Path(tempfile.gettempdir()) / f"workbench-metal-emulation-{os.getuid()}"
+
+
+# Keyed by the clang's path; a few entries: each lookup runs a process, and a launch asks.
+@lru_cache(maxsize=8)
+def clang_version(path: str) -> str:
+    """The first line of ``path --version``: part of every cache key (another clang, another object)."""
+    return subprocess.run([path, "--version"], capture_output=True, text=True, check=False).stdout.splitlines()[0]
+
+
+def support_text() -> str:
+    """The stand-in header and the runtime's text: part of every kernel's cache key."""
+    return "".join((SUPPORT_DIR / f).read_text() for f in ("metal_stdlib", "runtime.c"))
+
+
+def _sum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sum")
+
+
+def _digest(path: Path) -> str:
+    data = path.read_bytes()
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+
+
+def cached_entry_ok(path: Path) -> bool:
+    """Whether a compile-cache entry is whole: its size and SHA-256 match the ``.sum`` written
+    beside it when it was built. Checked before every load, because ctypes loading a
+    truncated, scrambled or swapped shared object can crash the process rather than raise."""
+    try:
+        return _sum_path(path).read_text().strip() == _digest(path)
+    except OSError:
+        return False
+
+
+def _cached(target: Path, build: Callable[[Path], None]) -> Path:
+    """``target`` from the compile cache, verified; (re)built under the entry's lock when
+    missing or bad: ``build(out)`` writes a fresh file, which replaces ``target`` atomically,
+    then its ``.sum``."""
+    if cached_entry_ok(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with files.locked(target):
+        if cached_entry_ok(target):  # another process rebuilt it while this one waited
+            return target
+        with tempfile.TemporaryDirectory(dir=target.parent) as d:
+            out = Path(d) / target.name
+            build(out)
+            digest = _digest(out)
+            os.replace(out, target)
+        files.write_atomic(_sum_path(target), digest + "\n")
+    return target
+
+
+def _runtime_object(cc: str, folder: Path) -> Path:
+    """The emulator's runtime compiled once (C11) for every kernel to link, cached by hash."""
+    text = (SUPPORT_DIR / "runtime.c").read_text()
+    key = hashlib.sha256("\0".join((text, clang_version(cc))).encode()).hexdigest()[:24]
+
+    def build(out: Path) -> None:
+        r = subprocess.run([cc, "-x", "c", "-std=c11", "-O2", "-fPIC", "-c", "-o", str(out),
+                            str(SUPPORT_DIR / "runtime.c")], capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise MetalCompileError(f"the emulator's runtime does not compile:\n{r.stderr[-4000:]}")
+
+    return _cached(folder / f"runtime-{key}.o", build)
+
+
+# Keyed by the values of the two variables clang is found by; a few entries: the search
+# stats a dozen paths, and a launch asks for it, while changed variables are still seen.
+@lru_cache(maxsize=16)
+def _clang_for(workbench_clang: str | None, path: str | None) -> str | None:
+    return clang()
+
+
+def clang_path() -> str | None:
+    """The clang++ the emulator compiles with (``backends.clang``), looked up once for each
+    value of the variables it is found by, ``$WORKBENCH_CLANG`` and ``$PATH``."""
+    return _clang_for(os.environ.get("WORKBENCH_CLANG"), os.environ.get("PATH"))
+
+
+def shared_object(tu: str, name: str) -> Path:
+    """The translation unit ``tu`` (of the kernel ``name``) compiled and linked with the
+    runtime: the cached shared object's path, built when missing or bad.
+
+    Raises :class:`MetalCompileError` with clang's diagnostics (lines numbered as in the
+    Metal source) when it does not compile, and ``BackendUnavailable`` without clang.
+    """
+    cc = clang()
+    if cc is None:
+        raise BackendUnavailable("compiling Metal source for the emulator needs clang++: apt-get install clang "
+                                 "(Debian/Ubuntu), or set $WORKBENCH_CLANG to a clang++ on the PATH")
+    key = hashlib.sha256("\0".join((tu, support_text(), " ".join(CLANG_FLAGS), clang_version(cc))).encode())
+    folder = cache_dir()
+
+    def build(out: Path) -> None:
+        runtime = _runtime_object(cc, folder)
+        cpp = out.with_name("kernel.cpp")
+        cpp.write_text(tu)
+        r = subprocess.run([cc, *CLANG_FLAGS, "-I", str(SUPPORT_DIR), "-o", str(out), str(cpp), str(runtime)],
+                           capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise MetalCompileError(f"the Metal source of {name} does not compile against the "
+                                    f"stand-in <metal_stdlib>:\n{r.stderr[-6000:]}")
+
+    return _cached(folder / f"{key.hexdigest()[:24]}.so", build)
