@@ -13,7 +13,8 @@ Each lives in a module named after its concept (``workbench.fold.rotation``, ``w
 ...); docs/LAYOUT.md is the map. Importing this package imports none of them: a name's
 module is imported when the name is first used, so ``import workbench`` costs little beside
 MLX and numpy, and never loads pandas or matplotlib (tables and figures import those when
-they are made).
+they are made). Each part lists its own public names the same way (:func:`public_names`), so
+``from workbench.fold import HadamardFold`` works as ``from workbench import HadamardFold`` does.
 """
 
 import importlib
