@@ -13,121 +13,85 @@ Each lives in a module named after its concept (``workbench.fold.rotation``, ``w
 ...); docs/LAYOUT.md is the map. Importing this package imports none of them: a name's
 module is imported when the name is first used, so ``import workbench`` costs little beside
 MLX and numpy, and never loads pandas or matplotlib (tables and figures import those when
-they are made).
+they are made). Each part lists its own public names the same way (:func:`public_names`), so
+``from workbench.fold import HadamardFold`` works as ``from workbench import HadamardFold`` does.
 """
 
 import importlib
 import importlib.util
-from typing import Any
-
-#: Where each public name lives. A name's home module is imported when the name is first
-#: read (``from workbench import host_tail`` or ``workbench.host_tail``), not when the package
-#: is: the parts together take longer to import than MLX and numpy, and most programs use a few.
-_HOMES: dict[str, str] = {
-    "BackendUnavailable": "workbench.backends",
-    "available_backends": "workbench.backends",
-    "CheckReport": "workbench.check.run",
-    "check_kernel": "workbench.check.run",
-    "REFERENCE_TOLERANCES": "workbench.studies.calibration",
-    "Tolerance": "workbench.studies.calibration",
-    "calibrate_by": "workbench.studies.calibration",
-    "calibrate_tolerance": "workbench.studies.calibration",
-    "catch_rates": "workbench.studies.calibration",
-    "Comparison": "workbench.tail.comparison",
-    "compare": "workbench.tail.comparison",
-    "FoldSite": "workbench.fold.rotation",
-    "HadamardFold": "workbench.fold.rotation",
-    "SEED_TOL": "workbench.tail.frink_case",
-    "seed_case": "workbench.tail.frink_case",
-    "ModelConfig": "workbench.models.config",
-    "list_models": "workbench.models.loader",
-    "load_model": "workbench.models.loader",
-    "Refusal": "workbench.models.refusals",
-    "eligible": "workbench.models.refusals",
-    "explain": "workbench.models.refusals",
-    "refusal_table": "workbench.models.refusals",
-    "mutation_sweep": "workbench.studies.sweeps",
-    "sweep": "workbench.studies.sweeps",
-    "TailRefused": "workbench.tail.weights",
-    "TailWeights": "workbench.tail.weights",
-    "random_inputs": "workbench.tail.weights",
-    "fused_tail": "workbench.tail.paths",
-    "host_tail": "workbench.tail.paths",
-    "unfused_tail": "workbench.tail.paths",
-    "three_way_table": "workbench.studies.three_way",
-    "count_waits": "workbench.waits.measurement",
-    "load_plan": "workbench.waits.plan",
-    "wait_table": "workbench.waits.plan",
-    "waits_per_token": "workbench.waits.plan",
-    "QUANT_FORMATS": "workbench.fold.weights",
-    "WeightMatrix": "workbench.fold.weights",
-    "metal_kernel": "workbench.kernels.metal_drop_in",
-}
+import sys
+from typing import Any, Callable, Iterable, Mapping
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its home module on first use (and kept as an attribute);
-    a part of the package (``workbench.tail``), imported when first read as an attribute."""
-    home = _HOMES.get(name)
-    if home is not None:
-        value = getattr(importlib.import_module(home), name)
-    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        value = importlib.import_module(f"{__name__}.{name}")
-    else:
-        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
-    globals()[name] = value
-    return value
+def public_names(package: str, homes: Mapping[str, Iterable[str]], namespaces: Iterable[str] = ()
+                 ) -> tuple[dict[str, str], Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's public names, imported on first use: the one mechanism every ``__init__`` here uses.
+
+    ``homes`` maps a module of ``package`` (relative: ``"fold.rotation"``) to the names it gives;
+    ``namespaces`` are submodules that are public names themselves. Returns the table (name ->
+    home module; the package's ``__all__`` is its keys) and the package's ``__getattr__`` and
+    ``__dir__``: a name's home is imported when the name is first read and the value kept as the
+    package's attribute; any other name that is a submodule is imported when read as an attribute.
+    """
+    table: dict[str, str] = {}
+    for module, names in homes.items():
+        for name in names:
+            if name in table:
+                raise ValueError(f"{package}: {name!r} is listed twice")
+            table[name] = f"{package}.{module}"
+    for name in namespaces:
+        if name in table:
+            raise ValueError(f"{package}: {name!r} is listed twice")
+        table[name] = f"{package}.{name}"
+
+    def __getattr__(name: str) -> Any:
+        home = table.get(name)
+        if home == f"{package}.{name}":
+            value = importlib.import_module(home)
+        elif home is not None:
+            value = getattr(importlib.import_module(home), name)
+        elif not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}") is not None:
+            value = importlib.import_module(f"{package}.{name}")
+        else:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(sys.modules[package])) | set(table))
+
+    return table, __getattr__, __dir__
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
-
+#: Where each public name lives: the one list. A name's home module is imported when the name
+#: is first read (``from workbench import host_tail`` or ``workbench.host_tail``), not when the
+#: package is: the parts together take longer to import than MLX and numpy, and most programs use a few.
+_HOMES, __getattr__, __dir__ = public_names(__name__, {
+    # the fold and the weights it folds into
+    "fold.rotation": ("HadamardFold", "FoldSite"),
+    "fold.weights": ("WeightMatrix", "QUANT_FORMATS"),
+    # real models and the refusal rules
+    "models.config": ("ModelConfig",),
+    "models.loader": ("load_model", "list_models"),
+    "models.refusals": ("Refusal", "eligible", "refusal_table", "explain"),
+    # the tail, its three paths, and comparing them
+    "tail.weights": ("TailWeights", "TailRefused", "random_inputs"),
+    "tail.paths": ("host_tail", "unfused_tail", "fused_tail"),
+    "backends": ("BackendUnavailable", "available_backends"),
+    "kernels.metal_drop_in": ("metal_kernel",),
+    "tail.comparison": ("Comparison", "compare"),
+    "studies.three_way": ("three_way_table",),
+    "tail.frink_case": ("seed_case", "SEED_TOL"),
+    # error distributions and tolerances
+    "studies.sweeps": ("sweep", "mutation_sweep"),
+    "studies.calibration": ("Tolerance", "calibrate_tolerance", "calibrate_by", "catch_rates", "REFERENCE_TOLERANCES"),
+    # a user's own tail checked against the oracle
+    "check.run": ("check_kernel", "CheckReport"),
+    # waits: counted, planned, priced
+    "waits.measurement": ("count_waits",),
+    "waits.plan": ("load_plan", "waits_per_token", "wait_table"),
+})
 
 __version__ = "0.1.0"
 
-__all__ = [
-    # the fold and the weights it folds into
-    "HadamardFold",
-    "FoldSite",
-    "WeightMatrix",
-    "QUANT_FORMATS",
-    # real models and the refusal rules
-    "ModelConfig",
-    "load_model",
-    "list_models",
-    "Refusal",
-    "eligible",
-    "refusal_table",
-    "explain",
-    # the tail, its three paths, and comparing them
-    "TailWeights",
-    "TailRefused",
-    "random_inputs",
-    "host_tail",
-    "unfused_tail",
-    "fused_tail",
-    "BackendUnavailable",
-    "available_backends",
-    "metal_kernel",
-    "Comparison",
-    "compare",
-    "three_way_table",
-    "seed_case",
-    "SEED_TOL",
-    # error distributions and tolerances
-    "sweep",
-    "mutation_sweep",
-    "Tolerance",
-    "calibrate_tolerance",
-    "calibrate_by",
-    "catch_rates",
-    "REFERENCE_TOLERANCES",
-    # a user's own tail checked against the oracle
-    "check_kernel",
-    "CheckReport",
-    # waits: counted, planned, priced
-    "count_waits",
-    "load_plan",
-    "waits_per_token",
-    "wait_table",
-]
+__all__ = list(_HOMES)

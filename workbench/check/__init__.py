@@ -10,18 +10,22 @@ layers (read and written); ``mutants`` source-level mutants of a user's kernel t
 through the same check; ``tolerances`` tolerances per input scale, their catches beside
 their flakes; ``blocks`` the check's own work (stored weights, truth, reference) a block
 of cases at a time.
+
+The names below are the part's API, importable from ``workbench.check`` itself; each module
+is imported when one of its names is first read.
 """
 
-from workbench.check.dump import write_layer
-from workbench.check.faults import FAULTS, faulty_tail
-from workbench.check.mutants import Mutant, MutantStudy, folder_mutant_study, mutant_study, source_mutants
-from workbench.check.run import CheckReport, check_dump, check_kernel
-from workbench.check.source_launch import SourceLaunch
-from workbench.check.stored import StoredCase, StoredMatrix
-from workbench.check.subjects import CallableSubject, KernelsFolderSubject, SourceSubject, SubjectError
-from workbench.check.tolerances import calibrated_per_scale, catch_and_flake
+from workbench import public_names
 
-__all__ = ["FAULTS", "faulty_tail", "CheckReport", "check_kernel", "check_dump", "write_layer", "SourceLaunch",
-           "StoredCase", "StoredMatrix", "CallableSubject", "KernelsFolderSubject", "SourceSubject", "SubjectError",
-           "Mutant", "MutantStudy", "source_mutants", "mutant_study", "folder_mutant_study", "calibrated_per_scale",
-           "catch_and_flake"]
+_HOMES, __getattr__, __dir__ = public_names(__name__, {
+    "faults": ("FAULTS", "faulty_tail"),
+    "run": ("CheckReport", "check_kernel", "check_dump"),
+    "dump": ("write_layer", "read_layer", "DumpError"),
+    "source_launch": ("SourceLaunch",),
+    "stored": ("StoredCase", "StoredMatrix", "stored_case"),
+    "subjects": ("CallableSubject", "KernelsFolderSubject", "SourceSubject", "SubjectError"),
+    "mutants": ("Mutant", "MutantStudy", "source_mutants", "mutant_study", "folder_mutant_study"),
+    "tolerances": ("calibrated_per_scale", "catch_and_flake"),
+})
+
+__all__ = list(_HOMES)

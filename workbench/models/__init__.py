@@ -5,4 +5,19 @@ layer); ``families`` reads a Hugging Face ``config.json`` into it, one reader a 
 (each says which keys it takes); ``loader`` loads the fifteen real models shipped in
 ``data/models/`` by name; ``refusals`` holds the rules frink-models applies before it
 fuses an attention tail, every one that holds for a layer with its reason.
+
+The names below are the part's API, importable from ``workbench.models`` itself; each module
+is imported when one of its names is first read.
 """
+
+from workbench import public_names
+
+_HOMES, __getattr__, __dir__ = public_names(__name__, {
+    "config": ("ModelConfig", "LayerConfig", "Mixer", "BONSAI_SHAPE", "MODELS_DIR"),
+    "families": ("from_hf_config",),
+    "loader": ("load_model", "list_models"),
+    "refusals": ("Refusal", "HeadRefusal", "eligible", "explain", "refusal_table", "head_launch_refusals",
+                 "model_summary", "tail_verdicts", "reason_counts", "format_reason_counts"),
+})
+
+__all__ = list(_HOMES)
