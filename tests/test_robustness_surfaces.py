@@ -209,8 +209,8 @@ def test_real_model_helpers_refuse_ids_outside_the_vocabulary(tokens, bad):
 
 
 def test_smollm2_helpers_refuse_bad_ids_and_an_unbounded_n():
-    from workbench.real_models import checkpoint as CK
-    from workbench.real_models import reference_model as RM
+    from workbench import real_models as CK
+    from workbench import real_models as RM
 
     try:
         path = CK.smollm2_gguf_path()

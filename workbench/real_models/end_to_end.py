@@ -31,22 +31,16 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import backends as backend_list
-from workbench.real_models.checkpoint import Checkpoint, load_checkpoint, smollm2_gguf_path
+from workbench.real_models.capture import LayerCapture
+from workbench.real_models.checkpoint import load_checkpoint, smollm2_gguf_path
+from workbench.real_models.decoding import Generation, first_departures, greedy, greedy_beside, greedy_captured
+from workbench.real_models.loaded_checkpoint import Checkpoint
+from workbench.real_models.mlx_lm_model import reference_model
+from workbench.real_models.reference_model import fused_tails
+from workbench.real_models.tokenizer import gguf_tokenizer
 from workbench.tail.comparison import compare
 from workbench.fold.rotation import FoldSite, HadamardFold
 from workbench.tail.frink_case import SEED_TOL
-from workbench.real_models.reference_model import (
-    Generation,
-    LayerCapture,
-    capture_layers,
-    first_departures,
-    fused_tails,
-    greedy,
-    greedy_beside,
-    greedy_captured,
-    gguf_tokenizer,
-    reference_model,
-)
 from workbench.tail.weights import TailWeights
 from workbench.tail.paths import fused_tail, host_tail
 from workbench.validate import describe, integer, one_of
