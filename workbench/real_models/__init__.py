@@ -12,7 +12,8 @@ every module here reaches into), ``capture`` (each layer's residual, branch and 
 quietly). The fused tail inside it: ``reference_model`` swaps it in (``fused_tails``);
 ``graph_tail`` is the tail as an MLX graph, its weights prepared once; ``stacked_qkv`` an
 attention's q, k and v projections as one product. ``end_to_end`` is the SmolLM2-135M study
-notebook 06 shows. The names a user reaches for first are re-exported here.
+notebook 06 shows. The names a user reaches for first are re-exported here, all but the
+function ``reference_model`` (``mlx_lm_model.reference_model``): its name is the module's.
 """
 
 from workbench.real_models.capture import LayerCapture, capture_layers
@@ -27,7 +28,6 @@ from workbench.real_models.decoding import (
     greedy_captured,
 )
 from workbench.real_models.loaded_checkpoint import Checkpoint
-from workbench.real_models.mlx_lm_model import reference_model
 from workbench.real_models.model_parts import vocab_size
 from workbench.real_models.reference_model import fused_tails, stacked_qkv
 from workbench.real_models.tokenizer import gguf_tokenizer
@@ -46,7 +46,6 @@ __all__ = [
     "greedy_beside",
     "greedy_captured",
     "load_checkpoint",
-    "reference_model",
     "smollm2_gguf_path",
     "stacked_qkv",
     "vocab_size",
