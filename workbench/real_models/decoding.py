@@ -160,8 +160,8 @@ def greedy_captured(model: nn.Module, prompt: Sequence[int], n: int) -> tuple[Ge
     them, but through the KV cache the decoding then continues from).
 
     On a CPU a prompt pass costs time in proportion to its tokens (MLX's quantized products
-    run at about a billion multiply-adds a second there), so the pass that starts the
-    decoding is the one captured, not a second pass over the same tokens.
+    there are linear in rows), so the pass that starts the decoding is the one captured,
+    not a second pass over the same tokens.
     """
     gen, captures = _greedy(model, prompt, n, capture=True)
     assert captures is not None
