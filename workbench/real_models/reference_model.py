@@ -24,6 +24,7 @@ from workbench.kernels import emulated, one_launch
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels.next_norm import NextNorm, checked
 from workbench.real_models import graph_tail
+from workbench.real_models.capture import capture_layers  # still importable from here: notebook 07's import
 from workbench.real_models.graph_tail import prepared_graph_tail
 from workbench.real_models.model_parts import BlockStandIn, decoder_layers, layer_owner
 from workbench.real_models.stacked_qkv import swapped_attention
@@ -34,6 +35,7 @@ __all__ = [
     "LAZY_BACKENDS",
     "MODEL_BACKENDS",
     "TRACES",
+    "capture_layers",
     "carried_norm",
     "composes_lazily",
     "fused_blocks",
