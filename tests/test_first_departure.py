@@ -9,15 +9,15 @@ import pytest
 
 from tests.test_checkpoint import tiny_llama
 from workbench.real_models.checkpoint import load_checkpoint
-from workbench.real_models.reference_model import (
+from workbench.real_models.decoding import (
     first_departure,
     first_departures,
     forced_choices,
-    fused_tails,
     greedy,
     greedy_beside,
     greedy_captured,
 )
+from workbench.real_models.reference_model import fused_tails
 
 PROMPT = [3, 17, 42, 99, 5]
 
@@ -75,7 +75,7 @@ def test_first_departures_count_each_set_as_first_departure_does_alone():
 def test_greedy_captured_is_greedy_and_captures_the_prompts_pass():
     """The tokens and margins are greedy's, and the captures those of a pass over the
     prompt alone, bit for bit (the pass through the cache is the model's own arithmetic)."""
-    from workbench.real_models.reference_model import capture_layers
+    from workbench.real_models.capture import capture_layers
 
     model = tiny_llama(3)
     gen, caps = greedy_captured(model, PROMPT, 4)

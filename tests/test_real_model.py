@@ -21,7 +21,9 @@ from workbench.real_models.end_to_end import (
     same_tokens,
     smollm2,
 )
-from workbench.real_models.reference_model import capture_layers, fused_tails, greedy
+from workbench.real_models.capture import capture_layers
+from workbench.real_models.decoding import greedy
+from workbench.real_models.reference_model import fused_tails
 
 
 @pytest.fixture(scope="module")

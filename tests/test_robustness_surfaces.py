@@ -209,14 +209,15 @@ def test_real_model_helpers_refuse_ids_outside_the_vocabulary(tokens, bad):
 
 
 def test_smollm2_helpers_refuse_bad_ids_and_an_unbounded_n():
-    from workbench.real_models import checkpoint as CK
-    from workbench.real_models import reference_model as RM
+    from workbench import real_models as CK
+    from workbench import real_models as RM
+    from workbench.real_models.mlx_lm_model import reference_model
 
     try:
         path = CK.smollm2_gguf_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    model = RM.reference_model(CK.load_checkpoint(path))
+    model = reference_model(CK.load_checkpoint(path))
     vocab = RM.vocab_size(model)
     assert vocab == 49152
     for call in (lambda: RM.capture_layers(model, [1, vocab]), lambda: RM.greedy(model, [1, -3], 1),

@@ -2,7 +2,7 @@
 
 Every tail checked elsewhere in the workbench was drawn from a random generator; this
 module asks the same questions of a real checkpoint, with mlx-lm's own model carrying it
-as the reference (``workbench.real_models.reference_model``):
+as the reference (``workbench.real_models.mlx_lm_model``):
 
 * :func:`layer_errors` -- for every layer, the workbench's tails (host float64, the fused
   graph, any kernel backend) given the layer's captured residual and branch, against the
@@ -31,22 +31,16 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import backends as backend_list
-from workbench.real_models.checkpoint import Checkpoint, load_checkpoint, smollm2_gguf_path
+from workbench.real_models.capture import LayerCapture
+from workbench.real_models.checkpoint import load_checkpoint, smollm2_gguf_path
+from workbench.real_models.decoding import Generation, first_departures, greedy, greedy_beside, greedy_captured
+from workbench.real_models.loaded_checkpoint import Checkpoint
+from workbench.real_models.mlx_lm_model import reference_model
+from workbench.real_models.reference_model import fused_tails
+from workbench.real_models.tokenizer import gguf_tokenizer
 from workbench.tail.comparison import compare
 from workbench.fold.rotation import FoldSite, HadamardFold
 from workbench.tail.frink_case import SEED_TOL
-from workbench.real_models.reference_model import (
-    Generation,
-    LayerCapture,
-    capture_layers,
-    first_departures,
-    fused_tails,
-    greedy,
-    greedy_beside,
-    greedy_captured,
-    gguf_tokenizer,
-    reference_model,
-)
 from workbench.tail.weights import TailWeights
 from workbench.tail.paths import fused_tail, host_tail
 from workbench.validate import describe, integer, one_of
@@ -244,7 +238,7 @@ def same_tokens(rm: RealModel, n: int = 32, *, backend: str = "graph",
     (``backend``) swapped into every layer (``weights``: the checkpoint's by default).
 
     Without ``reference`` the two decodings run side by side, each step of both evaluated
-    together (``reference_model.greedy_beside``); ``reference``: a reference generation
+    together (``decoding.greedy_beside``); ``reference``: a reference generation
     already made (only the variant is decoded). ``capture``: also record every layer on the
     prompt, during the prompt's own pass (``TokenComparison.variant_captures``, and
     ``reference_captures`` where the reference is decoded here; :func:`layer_match`
@@ -368,12 +362,12 @@ def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", b
     ``fmt``, without and with the fold: one row each, ``agree`` (how many of the
     reference's tokens the variant reproduces before its first different choice) of ``n``.
 
-    Teacher forcing (``reference_model.first_departure``): the variant's argmax at each step,
+    Teacher forcing (``decoding.first_departure``): the variant's argmax at each step,
     given the reference's history, is what its greedy decoding would choose there, so the
     first step where it differs is exactly where its own greedy decoding would first leave
     the reference: the prompt in one pass, and the reference's tokens in one more only
     where the first choice agrees (two passes at most instead of ``n`` steps). The two
-    variants' prompt passes run side by side (``reference_model.first_departures``).
+    variants' prompt passes run side by side (``decoding.first_departures``).
     """
     import pandas as pd
 

@@ -11,7 +11,7 @@ prepared ONCE when the tail is built rather than on every call. Each rule, and w
   float16 scale times a 4- or 8-bit code needs at most 16 significant bits). With
   float32 activations and float16 scales MLX converts the scales and biases on every call:
   about a tenth of a SmolLM2 tail on the CPU, and on a GPU extra kernels a tail. mlx-lm
-  widens them the same way when it loads the checkpoint (``reference_model``).
+  widens them the same way when it loads the checkpoint (``mlx_lm_model.reference_model``).
 * **Half-precision dense matrices widened to float32 once.** Exact (float16 and bfloat16
   are subsets of float32). Otherwise ``x @ W.astype(float32).T`` converts the whole matrix
   on every call, reading and writing 3x its bytes before the product reads them again. Cost:
