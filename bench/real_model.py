@@ -3,65 +3,19 @@
     python -m bench.real_model                              # this device, every part
     python -m bench.real_model --shapes smollm2 --formats affine4 --tokens 16 --rounds 3   # a quick CPU run
 
-Everything side by side in one run, variants interleaved round by round (drift in a shared
-machine's load hits each alike):
+* **decode**: SmolLM2-135M's (Q4_1 GGUF) greedy tokens a second and a CPU second, after :data:`WARMUP` untimed
+  steps, with mlx-lm's layers (``reference``, ``reference-qkv``) and the fused tail in all 30 layers
+  (:func:`decode_variants`); every variant's tokens must equal the reference's. Each step is also split into
+  building, encoding and waiting, and timed as mlx-lm's own loop runs it; ``--profile`` (CUDA) and
+  ``--host-profile`` add where the device's and the host's time goes.
+* **one tail**: one evaluation and ``--chain`` tails in one evaluation, at SmolLM2's shape (layer ``--layer``
+  and synthetic), a 1B Llama's and Bonsai-27B's, in bf16 and affine 4-bit: the ops mlx-lm runs (``reference``)
+  against the fused tail's variants (:func:`tail_variants`), each first checked against the float64 host
+  tail (2e-4), beside the floor (weight bytes over this device's copy bandwidth).
 
-* **decode tokens/s** of SmolLM2-135M (Q4_1 GGUF): the prompt prefilled once into mlx-lm's
-  KV cache and :data:`WARMUP` greedy steps taken (not timed: the first steps trace what
-  ``mx.compile`` traces, in every variant alike), then ``--tokens`` greedy steps timed, with mlx-lm's layers
-  (``reference``) and with the fused tail in all 30 layers (``fused-<backend>``), each built
-  lazily inside the model's forward pass (``workbench.real_models.reference_model.fused_tails``:
-  a token is one evaluation in every variant; each fused tail also computes the norm its
-  output goes into next, the next block's input norm or the final norm, and
-  ``fused-<backend>-own-norm`` is the same with every block norming its own input:
-  ``fused_tails(carry_norm=False)``). ``reference-qkv`` is mlx-lm's layers with each
-  attention's q, k and v projections as one product (``reference_model.stacked_qkv``), and
-  ``fused-<backend>-qkv`` the fused tails with the same (``fused_tails(stack_qkv=True)``):
-  a change to the attention, not to the tail, so what the tails earn with it is read
-  against ``reference-qkv`` (``reports.real_model.paired_ratio``); with it a decode step's attention also
-  takes its heads' layout in one reshape (``stacked_qkv.StackedAttention``). ``fused-<backend>-qkv-per-layer``
-  is ``fused-<backend>-qkv`` with each tail's compiled call traced on its own, its weights captured,
-  instead of one trace shared by the 30 layers (``fused_tails(trace="per-layer")``). Every variant's tokens
-  are checked equal to
-  the reference's. Beside tokens a second, tokens a CPU second of this process: where the
-  two ratios agree, the decode is bound by the host building each step's graph (on a GPU),
-  and on a CPU shared with other work the CPU seconds are what the wall clock blurs.
-  Each step is also split into building its graph, encoding it (``mx.async_eval``) and
-  waiting for the token; and every variant is timed a second way, as mlx-lm's own
-  generation loop runs it (the next step built and handed over before this one is read).
-  Ratios are given as medians over rounds and paired (each round's ratio, median). Beside
-  them the ops in one step's graph (each is host work on every device), and with
-  ``--profile`` (CUDA, PyTorch installed) the kernels a step, their device time and the
-  host's CUDA calls; with ``--host-profile`` (any device) the functions that building a step
-  spends the host's time in, under Python's profiler. MLX's settings from the environment
-  (``MLX_USE_CUDA_GRAPHS``) go into the record.
-* **one tail, one evaluation** (inputs resident on the device, the output evaluated once:
-  what a tail alone costs with its wait) and **in a chain** (``--chain`` tails, each
-  taking the previous one's output as its residual, in ONE evaluation, per tail: what a
-  tail costs inside a model's graph, the wait shared; the chain also split as a decode step
-  is, into building its graph, encoding it and the wait, host us a tail), at SmolLM2's shape (its layer
-  ``--layer``, real weights, and synthetic bf16), a mid size (hidden 2048, FFN 8192, a 1B
-  Llama's) and Bonsai-27B's (5120 / 6144 / 17408), each in bf16 and in the GGUF's affine
-  4-bit (group 32, float16 scales and biases). Variants: ``reference`` (the ops mlx-lm
-  runs: ``o_proj``, the add, ``mx.fast.rms_norm``, gate / up, silu times up, down, the add,
-  activations in the weights' float dtype as mlx-lm keeps them; for the real layer, the
-  model's own modules), ``graph`` (the fused tail's MLX ops as ``fused_tails`` runs them:
-  ``workbench.real_models.graph_tail.model_graph_tail``, weights prepared once, compiled),
-  ``graph-stored`` (the same with its activations in the weights' half-precision dtype, as
-  mlx-lm keeps a bf16 or float16 model's: ``model_graph_tail(activations="stored")``; only for
-  half-precision weights; its error reported beside the reference's, not judged),
-  ``graph-eager`` (the same, not traced by ``mx.compile``), ``graph-ops`` (``tail_graph``'s ops as written, scales as stored, compiled: what the
-  preparation saves), and where CUDA is here ``cuda-3`` (the kernels'
-  three launches) and ``cuda-1:<shape>`` (the one launch in each candidate shape:
-  ``rule`` is ``workbench.kernels.one_launch.shape_for``'s; ``cuda-1:annotated`` is the
-  rule's shape with its text handed to MLX as composed, comments and header inline: what
-  ``kernel_source.cuda_launch_text`` saves a launch). Every variant is checked
-  against the float64 host tail first (frink-models' criterion, 2e-4; ``reference`` with
-  bf16 activations is reported, not judged: its rounding is mlx-lm's). Beside them the
-  floor: the tail's weight bytes over this device's copy bandwidth.
-
-Prints the tables and writes a record (device, date, MLX version, command) to
-``data/bench/`` unless ``--no-record``; ``workbench.reports.real_model`` reads it.
+Variants are interleaved round by round, so drift in a shared machine's load hits each alike. Prints tables and
+writes ``data/bench/real_model-<device>-<UTC time>.json`` unless ``--no-record``
+(``workbench.reports.real_model`` reads it).
 """
 
 from __future__ import annotations
@@ -315,8 +269,11 @@ def act_dtype(w: tail.TailWeights) -> Any:
 def tail_variants(w: tail.TailWeights, cuda: bool,
                   act: Any = mx.float32) -> dict[str, Callable[[mx.array, mx.array], mx.array]]:
     """Every fused variant of ``w``'s tail as a lazy function of (branch, residual) float32
-    vectors; with ``act`` (the activations' dtype the reference runs in) half precision, also
-    the graph tail in it (``graph-stored``)."""
+    vectors: ``graph`` (as ``fused_tails`` runs it, weights prepared once, compiled), ``graph-eager``
+    (not compiled), ``graph-ops`` (``tail_graph``'s ops as written: what the preparation saves) and, on
+    CUDA, ``cuda-3`` (three launches) and ``cuda-1:<shape>`` (one launch a candidate shape; ``annotated``:
+    the rule's shape with its comments handed to MLX). With ``act`` (the activations' dtype the reference
+    runs in) half precision, also the graph tail in it (``graph-stored``: reported, not judged)."""
     launch = tail.tail_launch(w)
     fns: dict[str, Callable[[mx.array, mx.array], mx.array]] = {
         "graph": vector_tail(launch, "graph"),
