@@ -4,33 +4,15 @@
     python -m bench.gpu_check --quick          # the checks and a short benchmark (no tuning sweep)
     python -m bench.gpu_check --checks-only    # no benchmark
 
-On an NVIDIA GPU (MLX's CUDA back-end) it runs the CUDA kernels; on an Apple GPU the
-Metal ones. Checks, each against the float64 oracle (``workbench.studies.exact_oracle``, numpy);
-on CUDA each tail case checks both what ``fused_tail(backend="cuda")`` runs (the tail as
-one launch, ``workbench.kernels.one_launch``) and the three launches (``three_launches_worst``):
+Runs the CUDA kernels on an NVIDIA GPU, the Metal ones on an Apple GPU (on CUDA, both the one-launch tail
+``fused_tail(backend="cuda")`` runs and the three launches). Checks, each against the float64 oracle
+(``workbench.studies.exact_oracle``): frink-models' test case; random shapes and folds, float32 and bf16; every
+quantized format the kernels read; Bonsai-27B's tail; the head launch; and determinism (the same inputs twice
+give the same bits: a race would not). Each case's tolerance is ``max(2e-4, 2 x`` the float32 oracle's own error
+there) (``exact_oracle.tolerance_for``): frink-models' 2e-4 wherever float32 itself is inside it.
 
-* frink-models' test case (hidden 64, branch 96, ffn 80, wo folded with block 16 and its signs);
-* random shapes and folds: blocks 12 x 2^k, 20 x 2^k, 28 x 2^k and 2^k, with and without
-  a permutation, float32 and bfloat16 weights, a tail without a fold, a batch of three;
-* the quantized formats the kernels read (affine 8-bit, mxfp4, nvfp4 beside affine 4-bit),
-  rows interleaved and not;
-* Bonsai-27B's (5120, 6144, 17408), wo folded with block 1024, in float32 and bfloat16
-  weights, and in affine 4- and 8-bit, mxfp4 and nvfp4 weights (the oracle dequantizes the
-  same codes exactly, in numpy);
-* the head launch (Q, K, V with one shared rotation) at a small shape and Bonsai's, and
-  in each of the new quantized formats;
-* determinism: the same inputs twice give the same bits (a race would not).
-
-The tolerance of each case is the one the float32 oracle itself needs there
-(``exact_oracle.tolerance_for``): the float32 host tail (frink-models' "host") is compared
-with float64 by frink-models' criterion ``|x - y| <= tol * max(|y|, 1)``, and the kernels
-must meet ``max(2e-4, 2 x that error)`` -- frink-models' 2e-4 wherever float32 itself is
-inside it. Both numbers are recorded.
-
-Then ``bench.kernel_bench``'s benchmark (``bench.common.kernel_tail.run``: Bonsai-27B, bf16
-and every quantized format the kernels read; about 7 minutes in all on the H200). The record goes through
-``bench.common.record`` to ``data/bench/gpu_check-<device>-<date>.json`` (and to ``$OUT`` when
-set, for the lent machine's copy-back). Exit status 1 if any check fails.
+Then ``bench.common.kernel_tail.run``'s benchmark (``bench.kernel_bench``). Writes
+``data/bench/gpu_check-<device>-<UTC time>.json``; exit status 1 if any check fails.
 """
 
 from __future__ import annotations

@@ -3,29 +3,16 @@
     python -m bench.kernel_bench                 # Bonsai-27B, bf16 and every quantized format, on this GPU
     python -m bench.gpu_check                    # the checks AND this benchmark, one record
 
-At Bonsai-27B's tail (hidden 5120, branch 6144, ffn 17408; wo folded with block 1024),
-side by side in one run and interleaved round by round:
+At Bonsai-27B's tail (5120 / 6144 / 17408, wo folded with block 1024), interleaved round by round: one
+evaluation with resident inputs (the MLX graph, the kernels, PyTorch eager and its CUDA-graph replay in bf16);
+end to end as the engine runs a layer (the unfused tail's two waits, the graph and the kernels through
+``tail.fused_tail``, the kernels' path split into its parts); device time (ten tails in one evaluation, and
+each launch alone, with its bandwidth). Each against the floor: weight bytes over the copy bandwidth measured
+in the same run. Then the same in each quantized format of :data:`BENCH_FORMATS` (no PyTorch: it has no
+matching matvec), against its own floor (codes + scales bytes).
 
-* resident (inputs already on the device, one evaluation = one wait, timed from submit
-  to result): the MLX graph (``tail.tail_graph``), the kernel tail (three launches in one
-  evaluation), PyTorch eager and PyTorch replaying a CUDA graph of the same five ops
-  (bf16 weights; PyTorch's matvec needs its vector in the weights' dtype, so its
-  activations are bf16: its error against the float64 oracle is recorded beside it);
-* end to end, as the engine runs a layer (branch and residual from the host, the result
-  back to the host): the unfused tail (two waits), the graph and the kernels through
-  ``tail.fused_tail``, and the kernels' path split into its parts (making the inputs,
-  the evaluation, the read back);
-* device time: 10 tails in one evaluation, per tail (no per-wait overhead), and each
-  launch alone the same way, with its bandwidth;
-
-against the floor: weight bytes over the copy bandwidth measured in the same run
-(PyTorch's device-to-device copy, bytes read plus written; MLX's ``x + 1`` beside it).
-The same again with each quantized format the kernels read (:data:`BENCH_FORMATS`:
-affine 4- and 8-bit group 64, mxfp4, nvfp4; MLX's layouts), where PyTorch has no
-matching matvec and is left out; each against its own floor (codes + scales bytes).
-
-The benchmark itself is ``bench.common.kernel_tail``, which ``bench.gpu_check`` also runs
-and records.
+Prints tables and writes ``data/bench/kernel_bench-<device>-<UTC time>.json`` unless ``--no-record``; the
+benchmark itself is ``bench.common.kernel_tail``, which ``bench.gpu_check`` also runs and records.
 """
 
 from __future__ import annotations
