@@ -1,41 +1,18 @@
 """Older kernel sources against the current ones, on one GPU in one run: same answers, and how fast.
 
     python -m bench.kernel_bodies --old DIR     # DIR: a copy of an older kernels/ folder
-
-For instance, the bodies before a rewrite, beside the rewrite:
-
     git archive HEAD~1 kernels | tar -x -C /tmp/old && python -m bench.kernel_bodies --old /tmp/old/kernels
 
-At Bonsai-27B's tail (hidden 5120, branch 6144, ffn 17408; wo folded with block 1024), in
-bfloat16 and in every quantized format the kernels read (affine 4- and 8-bit g64, mxfp4,
-nvfp4: ``--formats`` picks), each tail is prepared twice from the same
-weights and tuning: its kernels composed from DIR ("old") and from the repository's
-``kernels/`` ("new") (``kernel_launch.prepare_tail(..., kernel_dir=...)``, which names
-another folder's kernels apart, ``kernel_source.mlx_name``: MLX caches compiled kernels
-by name). Then the head launch (Q, K, V with one shared rotation) at Bonsai's shape in
-bfloat16, the same way.
+At Bonsai-27B's tail, in bf16 and each quantized format (``--formats``), and its head launch in bf16, each
+launch is prepared twice from the same weights and tuning, composed from DIR ("old") and from ``kernels/``
+("new") (``kernel_launch.prepare_tail(..., kernel_dir=...)``; MLX caches compiled kernels by name, so another
+folder's are named apart). Correctness first: both against the float64 oracle at ``bench.gpu_check``'s
+tolerance, and against each other; nothing is timed unless both pass. Then, old and new alternating round by
+round, medians: device time a tail (``bench.common.kernels.batched_ms``) and a launch, one evaluation with its
+wait, and on CUDA the tail as one launch where the old folder has its body; beside the copy-bandwidth floor.
 
-Correctness first: both outputs against the float64 oracle (``exact_oracle``: the
-tolerance the float32 oracle itself needs there, as ``bench.gpu_check`` holds the kernels
-to), and against each other (largest difference, how many elements have the same bits).
-Nothing is timed unless both pass. Then, old and new alternating round by round (their
-order swapped every round), medians:
-
-* device time a tail: N tails encoded in one evaluation, per tail (``bench.common.kernels.batched_ms``:
-  MLX's per-evaluation cost amortised away);
-* each launch alone, the same way (``bench.common.kernels.per_launch_ms``), with its bandwidth;
-* one evaluation = one wait, inputs resident (``timing.time_rounds``);
-* the head launch's device time, as the tail's;
-* on CUDA, the tail as ONE launch (``workbench.kernels.one_launch``, in the shape
-  ``fused_tail(backend="cuda")`` runs: ``one_launch.shape_for``) from each side's folder,
-  where the older folder has its body: checked the same way, then device time a tail
-  (launches chained in one evaluation) and one wait (compiled), alternating as above;
-
-beside the floor, weight bytes over this device's copy bandwidth (PyTorch's
-device-to-device copy when PyTorch is here, else MLX's ``x + 1``; ``bench.common.kernels``).
-A table on stdout, the record through ``bench.common.record`` to
-``data/bench/kernel_bodies-<device>-<date>.json``. Exit status: 0; 1 when a check fails
-(nothing timed); 2 without a GPU back-end or with a DIR that is not a kernels folder.
+Writes ``data/bench/kernel_bodies-<device>-<UTC time>.json``. Exit status: 0; 1 when a check fails (nothing
+timed); 2 without a GPU back-end or with a DIR that is not a kernels folder.
 """
 
 from __future__ import annotations

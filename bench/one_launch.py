@@ -1,40 +1,21 @@
 """The tail as ONE CUDA launch against its three launches: checked, then timed, one record.
 
     python -m bench.one_launch                         # checks, the bf16 sweep, every format
-    python -m bench.one_launch --formats bfloat16      # bf16 only
-    python -m bench.one_launch --no-timeout-check      # skip the 8-second barrier-timeout check
-    python -m bench.one_launch --sweep-formats bfloat16,mxfp4,nvfp4   # a sweep of their own
-    python -m bench.one_launch --no-sweep              # each format as fused_tail(backend="cuda") runs it
+    python -m bench.one_launch --formats bfloat16 --no-sweep   # bf16, in the shape fused_tail(backend="cuda") runs
 
-What it answers: where a tail's one evaluation spends the time beyond its device time
-(MLX's cost per custom kernel evaluated, measured at frink-models' test size where
-nothing is streamed), and whether the one-launch tail (``workbench.kernels.one_launch``: the three
-bodies as phases between grid barriers) removes it, with the same inputs, in one run:
+Whether the one-launch tail (``workbench.kernels.one_launch``: the three bodies as phases between grid barriers)
+removes what a tail's evaluation costs beyond its device time (MLX's cost a custom kernel evaluated), in one run:
 
-1. **Checks first** (nothing is timed that has not passed), each of the one launch in the
-   shape ``fused_tail(backend="cuda")`` runs it (``one_launch.shape_for``):
-   * frink-models' test case and a small folded tail (256, 1024, 2048; block 256) in every
-     weight format, against the float64 oracle at ``bench.gpu_check``'s tolerance rule
-     (``exact_oracle.tolerance_for``: max(2e-4, twice the float32 oracle's own error));
-   * Bonsai-27B's tail (5120, 6144, 17408; block 1024) in every format against the
-     three launches (which ``bench.gpu_check`` checks against float64), and in bf16
-     against the float64 oracle too; the same inputs twice give the same bits;
-   * the safety net: the grid sized for twice the SMs there are (so half its groups
-     cannot be resident) must raise ``GridBarrierTimeout`` after its barriers give up,
-     and the next launch must be right again.
-2. **A sweep** of the one launch's shape and loads (``VARIANTS``; device time a tail, ten
-   chained launches in one evaluation) on the first format's tail, or on each of
-   ``--sweep-formats``; each format is timed below with its own sweep's fastest variant
-   where it beats the default by more than ``CHOICE_MARGIN`` (else the default), or with
-   the first swept format's choice. ``--no-sweep``: no sweep; each format is timed in the
-   shape ``fused_tail(backend="cuda")`` runs it (``one_launch.shape_for``, variant
-   ``"fused_tail"`` in the record).
-3. **Per format**, interleaved round by round: one evaluation with its wait, resident
-   inputs, for the three launches (plain and ``mx.compile``d), the one launch (plain and
-   compiled), PyTorch's CUDA-graph replay (bf16) and one tiny evaluation; device time a
-   tail; the floor (weight bytes over the device's copy bandwidth).
+1. **Checks first** (nothing is timed that has not passed), in ``one_launch.shape_for``'s shape: small tails in
+   every format against the float64 oracle at ``bench.gpu_check``'s tolerance; Bonsai-27B's against the three
+   launches (and in bf16 the oracle), the same bits twice; and a grid twice the SMs must raise
+   ``GridBarrierTimeout`` and leave the next launch right (``--no-timeout-check`` skips it).
+2. **A sweep** of the launch's shape and loads (``VARIANTS``) on the first format or each of
+   ``--sweep-formats``; a variant is chosen only where it beats the default by more than ``CHOICE_MARGIN``.
+3. **Per format**, interleaved round by round: one evaluation with its wait (three launches and one, plain and
+   compiled; PyTorch's CUDA-graph replay in bf16; a tiny evaluation), device time a tail, and the floor.
 
-The record goes to ``data/bench/one_launch-<device>-<date>.json``.
+Writes ``data/bench/one_launch-<device>-<UTC time>.json``.
 """
 
 from __future__ import annotations
