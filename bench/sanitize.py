@@ -1,43 +1,19 @@
 """Every kernel and weight format under NVIDIA's compute-sanitizer, one record.
 
     python -m bench.sanitize                      # memcheck, racecheck, synccheck, initcheck
-    python -m bench.sanitize --tools memcheck     # one tool
-    python -m bench.sanitize --shapes small       # the small shape only
-    python -m bench.sanitize --parts head         # the head launch alone
+    python -m bench.sanitize --tools memcheck --shapes small --parts head   # a part of it
 
-Each tool runs ``python -m bench.sanitize --child`` in a process of its own under
-``compute-sanitizer --tool T --kernel-name kns=fat_`` (only the workbench's kernels, whose
-MLX names start ``fat_``, are instrumented; MLX's own kernels run as they are). The child
-evaluates, for every weight format the kernels read (float32, bfloat16, affine 4- and
-8-bit, mxfp4, nvfp4), the parts asked for (``--parts``): the tail's three launches, the
-same tail as one launch (``workbench.kernels.one_launch``, checked against the three, which
-therefore run with it), that one launch carrying the next layer's input norm
-(``workbench.kernels.next_norm``: its ``out`` checked against the three launches, its norm
-against the float64 norm of that ``out``) and the head launch, at a small shape (hidden 256, branch 1024, ffn
-2048, wo folded with block 256; head 1024 -> 1024 + 256 + 256) and at Bonsai-27B's (5120,
-6144, 17408, block 1024; head 5120 -> 12288 + 1024 + 1024; folding its three matrices in
-float64 took 1.5-1.9 s per 1,024 rows on a 2-core machine, so ~25 s a format), and checks
-each small tail against the float64 oracle at the tolerance
-``bench.gpu_check`` uses (a sanitizer that changed results would show; at Bonsai's shape,
-that every output is finite: its oracle is gpu_check's). A tool passes when its summary reports
-no error (racecheck: no hazard) and the child exits 0.
+Each run is ``python -m bench.sanitize --child`` under ``compute-sanitizer --tool T --kernel-name kns=fat_``
+(only the workbench's kernels, whose MLX names start ``fat_``, are instrumented). The child runs the parts
+asked for (``--parts``) in every weight format the kernels read, at a small shape and at Bonsai-27B's, and
+checks each small tail against the float64 oracle at ``bench.gpu_check``'s tolerance (a sanitizer that changed
+results would show), each Bonsai output for being finite. A tool passes when its summary reports no error
+(racecheck: no hazard) and the child exits 0; a run stopped at ``--timeout`` (with every process it started,
+``bench.common.bounded_run``) has no verdict. ``--jobs N`` runs one a tool, shape, format and part group
+(``part_groups``), N at a time; keep 1 on a single GPU: runs at once slowed each other several-fold.
 
-With ``--jobs N`` the runs are one a tool, shape, format and part group (the tail with its
-one launch; the head apart: ``part_groups``), N at a time. Runs at once on one GPU cost far
-more than they save, so keep the default (1) on a single GPU: on the H200, memcheck of the
-tail and one launch at Bonsai's shape took 59 s for all six formats alone, one run after
-another in one child, against 310-315 s a run with four at a time and no verdict in 540 s
-with six at a time; every tool, part and format at Bonsai's shape took 457 s of runs one
-at a time (docs/JOURNAL.md, "Sanitized at Bonsai-27B's shape", names the records). A run
-stopped at ``--timeout``
-is stopped with every process it started (``bench.common.bounded_run``). Each case line ends
-with the seconds since its child started, so a record shows where a slow run spent them.
-The record
-(``data/bench/sanitize-<device>-<date>.json``) holds, per run (``runs``; records before
-``--jobs`` hold one a tool under ``tools``), the tool, shapes and formats, the command,
-exit status, the summary lines, the seconds it took, its reports counted by kernel (the
-sanitizer writes every report, backtraces off, to a log file read a line at a time), the
-first reports whole and the output's tail.
+Writes ``data/bench/sanitize-<device>-<UTC time>.json``: per run, the command, exit status, summary lines,
+seconds, reports counted by kernel, the first reports whole and the output's tail.
 """
 
 from __future__ import annotations
