@@ -2,28 +2,18 @@
 
     python -m bench.sass_counts                  # the kernels as they are
     python -m bench.sass_counts --old DIR        # an older kernels/ folder beside them
-    python -m bench.sass_counts --launches one_launch --formats affine8   # a part of it
 
-Compiles each launch of the tail (wo_residual, ffn_gate_up, ffn_down) and the tail as one
-launch (one_launch) in each weight format, at Bonsai-27B's shape with the template values
-the launches take by default, as the CUDA file MLX would compile (``nvcc -arch=sm_90
--cubin``), and reads the machine code (``cuobjdump -sass``). It prints, in at most 100
-columns: for each of the three launches, its registers, bytes spilled, instructions, and
-its row loop's instructions by class (``bench.common.sass.CLASSES``: fma, int, memory, other); for the
-one launch, a line a phase (its outer loops' instructions by class, the loops inside them,
-the registers of the phase compiled alone) and its registers and spills in all. With
-``--old``, each row also gives the old folder's count and new / old. These are static
-counts, what one pass through a loop issues, not what a launch executes
-(``bench.launch_profile`` measures that on a GPU): they say in seconds whether an edit of
-the kernel text cut instructions, and which.
+Compiles each launch of the tail (wo_residual, ffn_gate_up, ffn_down) and the tail as one launch in each weight
+format (``--launches``, ``--formats``), at Bonsai-27B's shape with the launches' default template values, as
+MLX would (``nvcc -arch=sm_90 -cubin``), and reads the machine code (``cuobjdump -sass``): registers, bytes
+spilled, instructions, and the row loop's (for the one launch, each phase's) instructions by class
+(``bench.common.sass.CLASSES``); with ``--old``, the old folder's counts and new / old. These are static counts,
+one pass through a loop, not what a launch executes (``bench.launch_profile`` measures that on a GPU): they say
+in seconds whether an edit of the kernel text cut instructions, and which.
 
-Needs nvcc (CUDA 12 or 13), cuobjdump and nvdisasm: on PATH, or NVIDIA's
-``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` wheels (the ``test`` extra installs
-them on x86-64 Linux). Writes the record through ``bench.common.record`` to
-``data/bench/sass_counts-<host>-<date>.json``, with the compilers' versions
-(``workbench.reports.kernel_bodies.sass_table`` reads it). Exit status: 0; 2 without those
-tools, with a DIR that is not a kernels folder, or (a usage error) for a ``--formats`` or
-``--launches`` item it does not know.
+Needs nvcc (CUDA 12 or 13), cuobjdump and nvdisasm (on PATH, or the ``test`` extra's NVIDIA wheels). Writes
+``data/bench/sass_counts-<host>-<UTC time>.json`` with the compilers' versions. Exit status: 0; 2 without those
+tools, with a DIR that is not a kernels folder, or for an unknown ``--formats`` or ``--launches`` item.
 """
 
 from __future__ import annotations

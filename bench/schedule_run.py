@@ -1,37 +1,19 @@
 """Run a hybrid's decode step at every stage of the resident-state plan, count and time it.
 
     python -m bench.schedule_run                                  # here: scaled-down Bonsai, float32
-    PYTHONPATH=. python3 -m bench.schedule_run --geometry full --dtype bfloat16   # a GPU: Bonsai-27B's widths
-    PYTHONPATH=. python3 -m bench.schedule_run --geometry full --dtype bfloat16 --matvec kernels --compiled \
-        [--quant affine4]                                         # the step on the project's kernels
-    ... --matvec kernels --compiled --gdn kernel                  # and each recurrent step as one launch
+    python -m bench.schedule_run --geometry full --dtype bfloat16 --matvec kernels --compiled --gdn kernel  # a GPU
 
-One process: first the price of one wait on this device (``wait_measurement.measure_wait_price``)
-and its copy bandwidth (the floor: the weight bytes a token streams / that bandwidth);
-with ``--matvec kernels`` (the project's kernels for every weight; ``BackendUnavailable``
-where no kernel backend exists) one token at stages 5 and 6 checked against the MLX-ops
-step with float32 activations (``schedule.check_step``; the timing is skipped when it
-fails); the price of a wait of each kind the plan's stage pairs remove, measured between
-the step's own submissions (``bench.common.decode_timing.measure_splits``, ``--split-n``);
-then ``bench.common.stages.run_stages``: every stage decodes its own copy of the same
-tokens, rounds interleaved (so drift in a shared machine's load hits every stage alike),
-the executor counting the waits it made (they must equal ``waits.waits_per_token``) and
-the clock giving ms a token. Then, for each pair of stages, the measured saving against
-the table's prediction (waits saved x the price just measured) and the price model's
-(each removed wait priced by its kind, ``waits.model_saving``), and the price a least-
-squares line through (waits, ms a token) implies.
+One process: the price of one wait and the copy bandwidth (the floor); with ``--matvec kernels`` one token at
+stages 5 and 6 checked against the MLX-ops step (``schedule.check_step``; no timing if it fails); the price of
+each kind of wait the stage pairs remove, measured between the step's own submissions
+(``bench.common.decode_timing.measure_splits``); then ``bench.common.stages.run_stages``: every stage decodes
+the same tokens, rounds interleaved (so a shared machine's drift hits every stage alike), its counted waits
+checked against ``waits.waits_per_token``. For each stage pair: the measured saving against the table's and the
+price model's predictions, and the wait price a least-squares line through (waits, ms a token) implies.
 
-``--geometry cpu`` is ``workbench.decode.geometry.CPU_GEOMETRY`` (Bonsai's 64-layer pattern
-at about 1/20 of its widths); ``full`` is the model's own (Bonsai-27B: hidden 5120, FFN 17408, ...).
-Weights are random; by default one layer's weights serve every layer of its kind
-(``--distinct`` gives each layer its own: ~50 GB of bf16 at Bonsai's widths). Each
-layer's matrices are far larger than any cache, so a token streams the same bytes either
-way.
-
-The record goes to ``data/bench/schedule_run-<device>-<UTC time>.json`` (or ``--out``);
-``workbench.reports.schedule_run.load_records`` reads these and the older ``schedule-*.json``.
-
-Needs only numpy and MLX (the workbench's pandas imports are for tables, inside them).
+``--geometry cpu`` is Bonsai's 64-layer pattern at about 1/20 of its widths, ``full`` Bonsai-27B's own; weights
+are random, one layer's serving every layer of its kind unless ``--distinct`` (a token streams the same bytes
+either way). Writes ``data/bench/schedule_run-<device>-<UTC time>.json`` (or ``--out``); needs only numpy and MLX.
 """
 
 from __future__ import annotations
