@@ -1,29 +1,17 @@
 """What a wait costs between two real submissions: the split price, beside the tiny one.
 
-    python -m bench.split_price                                  # here: tiny step and a small tail
-    PYTHONPATH=. python3 -m bench.split_price --bonsai       # on a GPU: Bonsai-27B's tail too
+    python -m bench.split_price                  # here: tiny step and a small tail; --bonsai: Bonsai-27B's tail too
+    python -m bench.split_price --add data/bench/schedule_run-<device>-<UTC time>.json   # its split prices, ledgered
 
-The plan's table prices a wait at the smallest submission's round trip
-(``wait_measurement.measure_wait_price``). An engine's waits sit between real submissions, where the
-device also idles while the host reads back, encodes and submits the next one. This
-command measures that (``wait_measurement.measure_split_price``): a step run twice, dependent, as
-two submissions with the host between them, against the same two steps in one. Steps:
+The plan's table prices a wait at the smallest submission's round trip; an engine's waits sit between real
+submissions, where the device also idles while the host reads back, encodes and submits. This measures that
+(``wait_measurement.measure_split_price``): a step run twice, dependent, as two submissions against the same two
+in one, for ``tiny`` (``x * 0.5 + 1`` on a scalar), ``tail-graph`` (the tail as one MLX graph) and, on a GPU,
+``tail-kernels``. Writes ``data/bench/split_price-<device>-<UTC time>.json``.
 
-* ``tiny``: ``x * 0.5 + 1`` on a scalar: should come out at about the tiny wait price;
-* ``tail-graph``: the tail as one MLX graph, ``h -> tail(branch, residual=h)``;
-* ``tail-kernels`` (on a GPU): the same through the kernel tail (three launches).
-
-The record (device, date, MLX version, command) goes to
-``data/bench/split_price-<device>-<UTC time>.json``.
-
-The split prices BY KIND (the wait between two given kinds of the decode step's
-submissions, ``bench.common.decode_timing.measure_splits``) are measured by ``bench.schedule_run``
-in the run they price; ``--add RECORD`` puts a schedule_run record's split prices into the
-ledger (``data/ledger/wait_prices.json``, under a lock, one entry a kind, id
-``split-<backend>-<device>-<matvec>-<dtype>-<kind>``; an entry of that id is replaced only
-with ``--force``, which says what it replaced):
-
-    python -m bench.split_price --add data/bench/schedule_run-nvidia-h200-<UTC time>.json
+The split prices BY KIND are measured by ``bench.schedule_run`` in the run they price; ``--add`` puts them into
+``data/ledger/wait_prices.json`` under a lock, one entry a kind
+(``split-<backend>-<device>-<matvec>-<dtype>-<kind>``), replacing an entry only with ``--force``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """Throughput of ``workbench.studies.sweeps.sweep``: cases a second, against a 60 s budget.
 
-The target: ``sweep(shapes=[(64, 96, 80)], seeds=range(100_000))`` in at most 60 s on a
-2-core machine, so a tolerance can be calibrated on 100,000 cases in a notebook's run. This command runs that sweep (or ``--seeds N`` of it, and optionally
-other weight configurations), prints cases/s and the seconds 100,000 cases would take, and
-writes a JSON record (device, date, MLX version, command line) to
-``data/bench/sweep_rate-<device>-<UTC time>.json``. Speed
-is never asserted in a test; the record is the evidence.
-
     python -m bench.sweep_rate                     # 100,000 seeds, float32, no fold
     python -m bench.sweep_rate --seeds 20000 --configs f32,f32-b16,bf16-b16,nvfp4-b16
 
-With ``--twins N`` it also times each workbench path (the float64 host tail a call, the sweep
-over N blocks, the float64 block transform, the CPU copy floor) beside its plain numpy twin
-and the machine's limit (``bench.common.twin_rates``), as ratios from the same run.
-
-With ``--bonsai N`` it also runs notebook 03's Bonsai-27B float64 path (the tail's weights made,
-then ``three_way_table``) beside its plain numpy twin, N rounds, each in a fresh process: seconds
-and peak memory, as ratios (``bench.common.twin_rates.bonsai``). ``--no-sweeps`` skips the sweeps:
-
-    python -m bench.sweep_rate --no-sweeps --bonsai 3 --tag bonsai
-
-With ``--calibrate`` each configuration's worst scaled errors also go through
-``calibration.calibrate_tolerance`` (flake rate 1e-6 per case) and the tolerance is recorded;
-``--mutations N`` adds the catch rates of every mutation on N fresh seeds (float32, with
-and without the fold) for the reference tolerances and the calibrated float32 one.
+The target: ``sweep(shapes=[(64, 96, 80)], seeds=range(100_000))`` in at most 60 s on a 2-core machine, so a
+tolerance can be calibrated on 100,000 cases in a notebook's run. Prints cases/s and the seconds 100,000 cases
+would take, and writes ``data/bench/sweep_rate-<device>-<UTC time>.json``: speed is never asserted in a test;
+the record is the evidence. ``--twins N`` also times each workbench path beside its plain numpy twin and the
+machine's limit (``bench.common.twin_rates``); ``--bonsai N`` notebook 03's Bonsai-27B float64 path beside its
+twin, each round in a fresh process (``--no-sweeps`` skips the sweeps); ``--calibrate`` records each
+configuration's calibrated tolerance (flake rate 1e-6 a case); ``--mutations N`` adds every mutation's catch
+rate on N fresh seeds.
 """
 
 from __future__ import annotations

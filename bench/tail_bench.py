@@ -2,26 +2,15 @@
 
     python -m bench.tail_bench                      # seed shape and Bonsai-27B, bf16
     python -m bench.tail_bench --shapes seed        # just frink-models' shape (seconds)
-    PYTHONPATH=. python3 -m bench.tail_bench       # on a GPU machine without the install (100 rounds)
 
-For each shape it times, in one run and interleaved round by round (so drift in a shared
-machine's load hits every variant alike):
-
-* ``unfused``: :func:`workbench.tail.unfused_tail`, numpy in and out: wo as one MLX
-  submission, add and norm on the host, the FFN as a second submission (two waits);
-* ``fused``: :func:`workbench.tail.fused_tail` with ``backend="graph"``, numpy in and
-  out: the whole tail evaluated once (one wait);
-* ``fused_resident``: the same graph with its inputs already MLX arrays and the launch
-  built once, timing only the evaluation (what a kernel launch inside an engine costs).
-
-and prints medians, the ratio unfused / fused, the weight bytes and the bandwidth floor
-(weight bytes / this device's measured copy bandwidth: no tail can stream its weights
-faster). The waits each variant costs are counted with :func:`workbench.count_waits`
-outside the timed loop. A JSON record (device, date, MLX version, command) goes to
-``data/bench/tail_bench-<device>-<UTC time>.json`` unless ``--no-record``.
-
-Runs with nothing but numpy and MLX installed (from the checkout with ``PYTHONPATH=.``
-where the project is not installed).
+For each shape, interleaved round by round (so a shared machine's drift hits every variant alike):
+``unfused`` (:func:`workbench.tail.unfused_tail`, numpy in and out: wo, then add and norm on the host, then the
+FFN: two waits), ``fused`` (:func:`workbench.tail.fused_tail`, ``backend="graph"``: one wait) and
+``fused_resident`` (the same graph, inputs already MLX arrays, the launch built once: what a kernel launch
+inside an engine costs). Prints medians, unfused / fused, the weight bytes and the floor (weight bytes over
+this device's measured copy bandwidth); waits are counted with :func:`workbench.count_waits` outside the timed
+loop. Writes ``data/bench/tail_bench-<device>-<UTC time>.json`` unless ``--no-record``. Needs only numpy and
+MLX (``PYTHONPATH=.`` from a checkout where the project is not installed).
 """
 
 from __future__ import annotations
