@@ -1,21 +1,17 @@
 """Each launch of the kernel tail under Nsight Compute: its own device time and DRAM traffic.
 
     python -m bench.launch_profile                   # Bonsai-27B, bf16 and every quantized format
-    python -m bench.launch_profile --one-launch      # and each tail as one launch, beside its three
-    python -m bench.launch_profile --stalls          # and why: stall reasons, issue slots, pipes busy
+    python -m bench.launch_profile --one-launch --stalls   # also each tail as one launch, and why: stall reasons
 
-Runs ``python -m bench.launch_profile --child`` under ``ncu --kernel-name regex:fat_``
-(only the workbench's kernels: MLX's CUDA back-end names them ``custom_kernel_fat_...``,
-so the pattern is not anchored; anchored, it matched nothing and ncu profiled nothing). The child evaluates each
-format's tail twice (a warm-up, then the measured one), one evaluation each, as a decoder
-does: so ncu's figures are a launch run ONCE, caches flushed before it (ncu's default
-``--cache-control all``), its ramp-up and last partial wave included -- the single-shot
-cost that the amortized device time (``bench.common.kernels.batched_ms``: ten tails in one evaluation)
-hides. Per launch: ``gpu__time_duration.sum`` (ns), DRAM bytes read, DRAM throughput and
-SM throughput as % of peak, achieved occupancy, registers a thread, grid.
+Runs ``python -m bench.launch_profile --child`` under ``ncu --kernel-name regex:fat_`` (only the workbench's
+kernels; the pattern is not anchored, as MLX's CUDA back-end names them ``custom_kernel_fat_...``). The child
+evaluates each format's tail twice (a warm-up, then the measured one) as a decoder does, so ncu's figures are a
+launch run ONCE, caches flushed before it, ramp-up and last partial wave included: the single-shot cost the
+amortized device time (``bench.common.kernels.batched_ms``) hides. Per launch: device time, DRAM bytes read,
+DRAM and SM throughput as % of peak, achieved occupancy, registers a thread, grid.
 
-Record: ``data/bench/launch_profile-<device>-<date>.json`` with the command and ncu's
-rows, and a table: per format and launch, ms, TB/s read and % of peak.
+Prints per format and launch ms, TB/s read and % of peak, and writes
+``data/bench/launch_profile-<device>-<UTC time>.json`` with the command and ncu's rows.
 """
 
 from __future__ import annotations

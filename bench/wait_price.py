@@ -1,19 +1,14 @@
 """Measure what one wait costs on this machine's MLX device, for the price ledger.
 
     python -m bench.wait_price                                    # a record in data/bench/
-    PYTHONPATH=. python3 -m bench.wait_price                      # on a GPU machine without the install
-    python -m bench.wait_price --add data/bench/wait_price-nvidia-h200-20261129T201349Z.json   # into the ledger
+    python -m bench.wait_price --add data/bench/wait_price-<device>-<UTC time>.json   # into the ledger
 
-A wait is the smallest submission plus its round trip to the host
-(``workbench.waits.measurement.measure_wait_price``: ``(x + 1).item()`` on a resident scalar, warmed
-up, the median of many with its spread). The record (device, date, MLX version, method,
-the command line) goes to ``data/bench/wait_price-<device>-<UTC time>.json`` (or ``--out``);
-``--add`` copies a record into ``data/ledger/wait_prices.json`` (``--ledger``) under the id
-``measured-<backend>-<device>``, and refuses to replace an entry of that id unless
-``--force`` (then it says which entry it replaced and its price). With ``--device cpu`` a
-machine with a GPU measures its CPU stream instead.
-
-Needs only numpy and MLX (a GPU machine may have no pandas, no tqdm).
+A wait is the smallest submission plus its round trip to the host (``workbench.waits.measurement.
+measure_wait_price``: ``(x + 1).item()`` on a resident scalar, warmed up, the median of many with its spread);
+``--device cpu`` measures a GPU machine's CPU stream instead. Writes ``data/bench/wait_price-<device>-<UTC
+time>.json`` (or ``--out``). ``--add`` copies a record into ``data/ledger/wait_prices.json`` (``--ledger``) as
+``measured-<backend>-<device>``, replacing an entry of that id only with ``--force`` (and saying which).
+Needs only numpy and MLX (``PYTHONPATH=.`` on a GPU machine without the install).
 """
 
 from __future__ import annotations
