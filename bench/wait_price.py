@@ -3,11 +3,12 @@
     python -m bench.wait_price                                    # a record in data/bench/
     python -m bench.wait_price --add data/bench/wait_price-<device>-<UTC time>.json   # into the ledger
 
-A wait is the smallest submission plus its round trip to the host (``workbench.waits.measurement.
-measure_wait_price``: ``(x + 1).item()`` on a resident scalar, warmed up, the median of many with its spread);
-``--device cpu`` measures a GPU machine's CPU stream instead. Writes ``data/bench/wait_price-<device>-<UTC
-time>.json`` (or ``--out``). ``--add`` copies a record into ``data/ledger/wait_prices.json`` (``--ledger``) as
-``measured-<backend>-<device>``, replacing an entry of that id only with ``--force`` (and saying which).
+A wait is the smallest submission plus its round trip to the host
+(``workbench.waits.measurement.measure_wait_price``: ``(x + 1).item()`` on a resident scalar, warmed up, the
+median of many with its spread); ``--device cpu`` measures a GPU machine's CPU stream instead. Writes
+``data/bench/wait_price-<device>-<UTC time>.json`` (or ``--out``). ``--add`` copies a record into
+``data/ledger/wait_prices.json`` (``--ledger``) as ``measured-<backend>-<device>``, replacing an entry of that
+id only with ``--force`` (and saying which).
 Needs only numpy and MLX (``PYTHONPATH=.`` on a GPU machine without the install).
 """
 
