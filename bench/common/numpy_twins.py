@@ -1,19 +1,14 @@
 """Plain numpy twins of the workbench's hot paths: the same work, without checks or dispatch.
 
-A benchmark states a workbench path as a ratio to its twin, timed in the same run, so the
-figure says what the workbench's own machinery costs (argument checks, dispatch, caches,
-MLX on the CPU) and not how loaded the machine was. Each twin is written the way a person
-would write the work in numpy from the design's formulas, and gives the same bits as the
-workbench path it stands beside where the work is the same (``tests/test_numpy_twins.py``
-holds them), so a ratio compares like with like:
+A benchmark states a workbench path as a ratio to its twin timed in the same run, so the figure says what the
+workbench's own machinery costs (checks, dispatch, caches, MLX on the CPU), not how loaded the machine was.
+Each twin is the work as a person would write it in numpy from the design's formulas, and gives the same bits
+as its workbench path where the work is the same (``tests/test_numpy_twins.py``):
 
-* :func:`host_tail`: the float64 oracle for one case with its fold (signs, then the block
-  products, padded to a multiple of 8 rows as ``workbench.fold.hadamard`` does);
+* :func:`host_tail`: the float64 oracle for one case with its fold (padded to 8 rows as ``fold.hadamard`` does);
 * :func:`block_transform`: ``B x`` for a large float64 matrix as one product;
-* :func:`sweep_block`: one block of a sweep's cases (float32 weights, no fold): the same
-  bulk draw, the float64 truth, the float32 tail, the per-case metrics. Its float32 tail
-  runs in numpy where the sweep runs MLX's graph (the fused tail under study), so that
-  part of the ratio is MLX's CPU against numpy's.
+* :func:`sweep_block`: one block of a sweep's cases (float32, no fold); its float32 tail runs in numpy where the
+  sweep runs MLX's graph, so that part of the ratio is MLX's CPU against numpy's.
 """
 
 from __future__ import annotations

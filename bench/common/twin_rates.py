@@ -1,26 +1,16 @@
 """Each workbench path beside its plain numpy twin and the machine's limit, timed in one run.
 
-What ``bench.sweep_rate --twins N`` prints and records. Every figure is a ratio taken in the
-same run, the variants interleaved round by round, so a shared machine's load hits each
-alike, in wall time and in the process's processor time (which the load inflates less); the
-absolute times say how loaded the machine was.
+What ``bench.sweep_rate --twins N`` prints and records. Every figure is a ratio taken in the same run, variants
+interleaved round by round so a shared machine's load hits each alike, in wall time and in the process's
+processor time (which the load inflates less); the absolute times say how loaded the machine was. Rows (twins
+in ``bench.common.numpy_twins``): ``host tail`` (``tail.host_tail`` on frink-models' case), ``sweep`` (N blocks of
+256 cases), the sweep's float32 tail on one block (MLX's graph against numpy: what bounds the sweep), ``block
+transform`` (block 1024) and ``copy`` (the CPU floor's method, ``timing.copy_method``).
 
-The rows (twins in ``bench.common.numpy_twins``):
-
-* ``host tail``: ``tail.host_tail`` (float64) on frink-models' test case, one call;
-* ``sweep``: ``studies.sweeps.sweep`` over N blocks of 256 cases at the test shape;
-* the sweep's float32 tail on one block: MLX's graph against numpy (what bounds the sweep);
-* ``block transform``: ``hadamard.block_transform`` of a float64 matrix, block 1024;
-* ``copy``: MLX's ``x + 1`` beside numpy's ``copyto`` (the CPU floor's method, ``timing.copy_method``).
-
-:func:`bonsai` (``bench.sweep_rate --bonsai N``) times notebook 03's Bonsai-27B path (the tail's
-random bf16 weights, wo folded with block 1024, through ``three_way_table``) beside
-``numpy_twins.bonsai_truth``, each in a fresh process so its peak memory is its own
-(``ru_maxrss``), alternating N rounds; the two truths' SHA-256 say whether the bits are the same.
-
-The limit beside each is the larger of its bytes over the copy rate and its floating-point
-operations over the rate of a large float64 matrix product, both measured in the run
-(``limits``); for the sweep, the generator's raw rate for the bits it draws.
+:func:`bonsai` (``--bonsai N``) times notebook 03's Bonsai-27B path beside ``numpy_twins.bonsai_truth``, each in a
+fresh process so its peak memory (``ru_maxrss``) is its own; the truths' SHA-256 say whether the bits agree.
+The limit beside each row is the larger of its bytes over the copy rate and its flops over a large float64
+matrix product's rate, both measured in the run (``limits``); for the sweep, the generator's raw rate.
 """
 
 from __future__ import annotations
