@@ -4,10 +4,7 @@
 tools that start the workbench's Python in turn (``compute-sanitizer ... python -m
 bench.sanitize --child``, ``ncu ... python -m bench.launch_profile --child``): killing the
 tool at its limit left that Python child running, orphaned, still evaluating kernels on
-the GPU. Measured on the H200: six memcheck runs stopped at 540 s kept running into the
-next device call, whose six runs then did not finish even the part the first six had
-finished within their limit ("got as far as: nothing" in 470 s; docs/JOURNAL.md, "After
-the cuts", names the records).
+the GPU, slowing the next runs.
 
 :func:`run_bounded` therefore starts the command as the leader of a new process group
 (a new session) and, at the limit, kills the whole group before it collects the output.

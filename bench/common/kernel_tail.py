@@ -60,8 +60,8 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_tun
     b, r = mx.array(br), mx.array(res)
     mx.eval(b, r)
     truth = host_tail_exact(w, br, res)
-    # MLX 0.32.4's CUDA quantized_matmul raised "SmallVector out of range" on a 1-D vector
-    # (seen on the H200); with a batch axis of one it runs, so the graph gets that shape.
+    # MLX's CUDA quantized_matmul refuses a 1-D vector (docs/JOURNAL.md); with a batch axis
+    # of one it runs, so the graph gets that shape.
     lead = (1,) if w.wo.quantization is not None else ()
     bg, rg = b.reshape(*lead, -1), r.reshape(*lead, -1)
     brg, resg = br.reshape(*lead, -1), res.reshape(*lead, -1)
@@ -248,7 +248,7 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
     sw, sw_device = sweep(w16, dialect, tunings, b16, r16, max(10, repeats // 2))
     # Chosen by device time: what a tuning changes is the launches' work; the one-wait
     # figure adds MLX's per-evaluation cost, the same for every tuning and noisier than the
-    # differences between them (one sweep: 0.400-0.426 ms for eight tunings).
+    # differences between them.
     best = min(sw_device, key=sw_device.__getitem__) if sw_device else "default"
     out["tuning_sweep_ms"] = {k: v["median_ms"] for k, v in sw.items()}
     out["tuning_sweep_device_ms"] = sw_device
