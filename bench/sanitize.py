@@ -63,10 +63,8 @@ def part_groups(parts: list[str]) -> list[list[str]]:
     separate children with ``--jobs``: the tail with its one launch, and the head apart.
 
     Why apart: a run's verdict is all or nothing (the sanitizer's summary comes when its
-    child exits), and at Bonsai's shape under memcheck six runs of all three parts were
-    stopped at 540 s in the head launch after the tail and its one launch had finished
-    (``sanitize-…182203Z``): nothing was recorded clean. Apart, the tail's verdict does
-    not wait on the head's."""
+    child exits), so a head stopped at its limit would take a finished tail's verdict with
+    it. Apart, the tail's verdict does not wait on the head's."""
     tail = [p for p in parts if p != "head"]
     return [g for g in (tail, [p for p in parts if p == "head"]) if g]
 
