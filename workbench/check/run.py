@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from workbench.tail.frink_case import SEED_TOL
 from workbench.tail.paths import fused_tail, host_tail
 from workbench.tail.weights import DEFAULT_EPS
 
+if TYPE_CHECKING:  # pandas for the report's tables only: a check imports it when it builds them
+    import pandas as pd
+
 #: The input scales a check sweeps by default: small activations (where eps shows) to large.
 DEFAULT_SCALES: tuple[float, ...] = (0.01, 1.0, 100.0)
 
@@ -48,12 +51,12 @@ class CheckReport:
 
     subject: str
     kind: str
-    cases: Any
-    faults: Any
+    cases: pd.DataFrame
+    faults: pd.DataFrame
     tolerances: dict[str, tuple[str, float]]
     calibrated: Tolerance | None
     calibration_note: str
-    tests: list
+    tests: list[verdict_mod.ScaleTest]
     problems: list[str]
     user_tolerance: str | None
     reasons: list[str] = field(default_factory=list)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -41,6 +41,10 @@ from workbench.decode.savings import MEASURED_SPLITS
 from workbench.decode.state import DecodeState, HybridWeights, new_state
 from workbench.validate import describe, flag, integer, number, one_of
 from workbench.waits import plan as waits
+
+if TYPE_CHECKING:
+    from workbench.kernels.tuning import KernelTuning
+    from workbench.models.config import ModelConfig
 
 
 @dataclass
@@ -78,9 +82,10 @@ class Schedule:
     The waits, the ops and the values are the same; only when the device starts changes.
     """
 
-    def __init__(self, cfg, weights: HybridWeights, *, eligible: Sequence[int] | None = None, plan=None,
-                 gdn: str = "fast", matvec: str = "mlx", activations: str = "weights", tuning=None,
-                 compiled: bool = False, overlap: int = 0):
+    def __init__(self, cfg: ModelConfig, weights: HybridWeights, *, eligible: Sequence[int] | None = None,
+                 plan: waits.Plan | None = None, gdn: str = "fast", matvec: str = "mlx",
+                 activations: str = "weights", tuning: KernelTuning | None = None, compiled: bool = False,
+                 overlap: int = 0) -> None:
         one_of("activations", activations, decode_matvec.ACTIVATIONS)
         if gdn not in GDN_PATHS:
             raise ValueError(f"gdn: must be 'fast' (mx.fast.gated_delta_update), 'ops' (gated_delta_ops) or 'kernel' "
