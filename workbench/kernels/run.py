@@ -76,13 +76,13 @@ def check_group_memory(backend: str, kernel: str, template: list[tuple[str, Any]
 
 
 def launch(backend: str, kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, order: str = "ascending",
-           seed: int = 0) -> list[mx.array]:
+           seed: int = 0, verbose: bool = False) -> list[mx.array]:
     """One launch of ``kernel`` (from :func:`compiled_kernel`) on ``backend``: lazy outputs on a
-    device; on ``"metal-emulated"`` run on the CPU at once, in thread ``order`` (``seed`` for
-    the random schedules), the outputs new arrays."""
+    device (``verbose``: MLX prints the generated source); on ``"metal-emulated"`` run on the
+    CPU at once, in thread ``order`` (``seed`` for the random schedules), the outputs new arrays."""
     if is_emulated(backend):
         return [mx.array(o) for o in emulated.emulate_launch(kernel, inputs, kw, order=order, seed=seed)]
-    return list(kernel(inputs=inputs, **kw))
+    return list(kernel(inputs=inputs, verbose=verbose, **kw))
 
 
 def source_kernel(backend: str, name: str, input_names: Sequence[str], output_names: Sequence[str], source: str,
