@@ -147,7 +147,8 @@ def run_cuda_tail(launch: TailLaunch, branch: Any, residual: Any, *, tuning: Ker
     """
     one = one_launch.for_launch(launch, tuning, shape=checked_shape(shape))
     if one is None:
-        return run_kernel_tail("cuda", launch, branch, residual, tuning=tuning)
+        given = {} if tuning is None else {"tuning": tuning}  # only what the caller named is passed on
+        return run_kernel_tail("cuda", launch, branch, residual, **given)
     b, r = as_mx32(branch), as_mx32(residual)
     out = one.compiled()(b, r) if b.ndim == 1 else each_row(one, b, r, one.prep.hidden, mx.stack)
     mx.eval(out)  # the ONE submission: every row's launch
