@@ -5,10 +5,9 @@ the door, in the shape ``one_launch_shape.shape_for`` gives each weight format u
 caller passes one).
 
 ``workbench.kernels.launch.PreparedTail`` encodes a tail as three launches (wo_residual,
-ffn_gate_up, ffn_down) in one evaluation. On the H200, MLX's cost of evaluating those
-three custom kernels and waiting was ~0.1 ms at frink-models' test size (nothing
-streamed), against ~0.03 ms for one tiny evaluation (docs/JOURNAL.md, "The rotation in
-registers, and what bounds each launch"). This module runs the same three bodies as
+ffn_gate_up, ffn_down) in one evaluation, and MLX's cost a custom kernel dominates a small
+tail (docs/JOURNAL.md, "The rotation in registers, and what bounds each launch"). This
+module runs the same three bodies as
 the phases of ONE kernel (``kernels/tail_one_launch.body``, composed by
 ``kernel_source.compose_one_launch``): every group does its share of wo, waits at a
 grid-wide barrier until all of h exists, does its share of gate/up, waits again,
@@ -75,9 +74,8 @@ STATIC_SHARED_LIMIT = 48 * 1024
 
 #: How long a grid barrier waits before it gives up (ms), by default: no barrier of an
 #: uninstrumented launch legitimately waits this long (a phase takes well under a
-#: millisecond at Bonsai-27B's size). Instrumented launches are another matter: under
-#: compute-sanitizer's initcheck a barrier at the small shape waited over 4 s
-#: (``sanitize-nvidia-h200-20261201T112956Z``), so ``bench.sanitize`` passes
+#: millisecond at Bonsai-27B's size). Instrumented launches are another matter (under
+#: compute-sanitizer a barrier can wait seconds), so ``bench.sanitize`` passes
 #: :data:`SANITIZER_BARRIER_LIMIT_MS` through ``OneLaunchTail(barrier_limit_ms=...)``.
 BARRIER_LIMIT_MS = 4000
 
@@ -92,8 +90,7 @@ MAX_BARRIER_LIMIT_MS = 3_600_000
 #: How much faster than the default a swept variant must be (a fraction of the default's
 #: device time) for ``python -m bench.one_launch`` to choose it: the same variant's device
 #: time moves by up to 8% between two machine starts, so a smaller gain in one sweep is not
-#: a finding (u8_down_u32: 0.193 ms in one sweep, 0.178 in
-#: ``one_launch-nvidia-h200-20261201T112516Z.json``).
+#: a finding (docs/JOURNAL.md).
 CHOICE_MARGIN = 0.08
 
 
@@ -293,10 +290,8 @@ class OneLaunchTail:
           and ``after`` alone, its weights and constants captured in the trace: four inputs
           a call to hand over and match instead of twenty, one trace a layer.
 
-        Measured in SmolLM2-135M's decode on the H200 (``bench.real_model``'s ``-per-layer``
-        variants, ``real_model-nvidia-h200-20261203T123708Z`` and ``…124438Z``): a call of its own
-        trace cost 10.1 us of host time against 12.3 us shared, yet the decode was never faster
-        with it, so ``"shared"`` is the default."""
+        A call of its own trace costs less host time, yet a model's decode was never faster
+        with it (docs/JOURNAL.md), so ``"shared"`` is the default."""
         if trace not in TRACES:
             raise ValueError(f"trace: must be one of {TRACES}, got {validate.describe(trace)}")
         if trace not in self._compiled:
