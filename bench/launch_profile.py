@@ -121,19 +121,18 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
     from workbench import tail
     from workbench.kernels import head as kernel_head
     from workbench.kernels import launch as kernel_launch
-    from workbench.kernels import tuning as kernel_tuning
     from workbench.kernels import one_launch
     from workbench.fold.rotation import HadamardFold
     from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
-    kernel_tuning.set_default_tuning(tuning_of(tuning_text))
+    tuning = tuning_of(tuning_text)
     (hidden, branch, ffn), block = BONSAI
     for i, fmt in enumerate(formats):
         q = QUANT_FORMATS.get(fmt)
         spec = q.as_quantize() if q else None
         w = tail.TailWeights.random(hidden, branch, ffn, seed=3 + i, fold_block=block, dtype="bfloat16", quantize=spec)
         b, r = (mx.array(a) for a in tail.random_inputs(w, seed=4 + i))
-        prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
+        prep = kernel_launch.prepared(tail.tail_launch(w), "cuda", tuning)
         for _ in range(2):  # warm-up, then the measured one: one evaluation each
             mx.eval(prep(b, r))
         if one:  # the same tail as one launch (workbench.kernels.one_launch), warm-up then measured
@@ -151,7 +150,7 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
         x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
         nw = (1 + rng.uniform(-0.25, 0.25, hidden)).astype(np.float32)
         for _ in range(2):
-            mx.eval(*kernel_head.head_launch(x, nw, 1e-6, q, k, v, "cuda"))
+            mx.eval(*kernel_head.head_launch(x, nw, 1e-6, q, k, v, "cuda", tuning))
         print("profiled head", flush=True)
     return 0
 

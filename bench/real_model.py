@@ -505,12 +505,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         @contextlib.contextmanager
         def best_shape() -> Any:
-            one_launch.set_default_shape(chosen)
-            try:
-                with fused_tails(rm.model, weights, backend="cuda"):
-                    yield
-            finally:
-                one_launch.set_default_shape(None)
+            with fused_tails(rm.model, weights, backend="cuda", shape=chosen):
+                yield
 
         variants[f"fused-cuda-{best.split(':', 1)[1]}"] = best_shape
     if args.variants:

@@ -51,7 +51,7 @@ def test_a_kernel_backend_is_available_exactly_when_its_device_is(monkeypatch):
         B.resolve_backend("metal")
 
 
-@pytest.mark.parametrize("dialect,runner", [("cuda", (OL, "run_cuda_tail")), ("metal", (KR, "run_kernel_tail"))])
+@pytest.mark.parametrize("dialect,runner", [("cuda", (KR, "run_cuda_tail")), ("metal", (KR, "run_kernel_tail"))])
 def test_fused_tail_runs_a_kernel_backend_through_the_one_launch_builder(monkeypatch, dialect, runner):
     """auto picks the kernel backend that is here; CUDA runs the tail as one launch
     (workbench.kernels.one_launch), Metal its three launches; both get the one builder's TailLaunch."""

@@ -100,7 +100,7 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_tun
 
     parts: list[tuple[float, float, float]] = []
     e2e = {
-        "kernels": lambda: tail.fused_tail(w, br, res, backend=dialect),
+        "kernels": lambda: tail.fused_tail(w, br, res, backend=dialect, tuning=tuning),
         "kernels_parts": e2e_parts,
     }
     if graph_ok:
@@ -256,7 +256,6 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
     log("tuning sweep (kernel tail; one wait resident / device a tail, median ms): "
         + ", ".join(f"{k} {sw[k]['median_ms']:.3f}/{sw_device[k]:.3f}" for k in sw_device) + f" -> {best}")
     tuning = tunings[best]
-    kernel_tuning.set_default_tuning(tuning)  # fused_tail(backend=...) below uses it too
 
     def case(label: str, make: Callable[[], tail.TailWeights], s: int) -> None:
         try:
@@ -270,15 +269,12 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
                 log(f"{label} tuning sweep (device ms a tail): "
                     + ", ".join(f"{k} {v:.3f}" for k, v in times.items()) + f" -> {best_q}")
                 t = dataclasses.replace(tuning, **QUANT_TUNINGS[best_q])
-            kernel_tuning.set_default_tuning(t)  # fused_tail(backend=...) in the case uses it too
             out["cases"].append(bench_case(label, w, dialect, t, bandwidth, repeats, s))
         except Exception as e:  # noqa: BLE001 -- record it and go on to the next case
             import traceback
 
             traceback.print_exc()
             out.setdefault("errors", {})[label] = f"{type(e).__name__}: {e}"
-        finally:
-            kernel_tuning.set_default_tuning(tuning)
 
     case("bonsai27b-bf16", lambda: w16, seed + 2)
     del w16

@@ -6,9 +6,9 @@ input names say which tensor of the case each input is (:data:`SOURCE_INPUTS`); 
 template value may be a number or one of the case's dimensions by name (``"hidden"``,
 ``"branch"``, ``"ffn"``), so one launch serves every shape.
 
-:func:`run_metal_emulated` is the ONE place a Metal source meets the CPU emulator
-(``workbench.kernels.metal_drop_in.metal_kernel``, the drop-in for ``mx.fast.metal_kernel``), so moving to another emulator entry
-point is a change here only.
+Its kernel objects are made by the kernels' door (``workbench.kernels.run.source_kernel``:
+``mx.fast.metal_kernel`` / ``mx.fast.cuda_kernel``, or on ``"metal-emulated"`` the drop-in
+that runs Metal on the CPU), so which backend runs a source is said in one place.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import backends
+from workbench.kernels import run as kernel_run
 from workbench.validate import describe
 
 #: The tensors a source's inputs may name: the activations, the stored dense weights (in
@@ -93,9 +94,8 @@ class SourceLaunch:
         the body, since MLX caches kernels by name (two bodies under one name once ran the first's code)."""
         if language not in self._kernels:
             digest = hashlib.sha256((self.header + self.source).encode()).hexdigest()[:12]
-            make = mx.fast.metal_kernel if language == "metal" else mx.fast.cuda_kernel
-            self._kernels[language] = make(name=f"{self.name}_{digest}", input_names=list(self.inputs),
-                                           output_names=[self.output], source=self.source, header=self.header)
+            self._kernels[language] = kernel_run.source_kernel(language, f"{self.name}_{digest}", self.inputs,
+                                                               [self.output], self.source, self.header)
         return self._kernels[language]
 
     def launch_args(self, shape: tuple[int, int, int]) -> dict[str, Any]:
@@ -111,15 +111,9 @@ def source_inputs(launch: SourceLaunch, tensors: Mapping[str, Any]) -> list[mx.a
 def run_metal_emulated(launch: SourceLaunch, inputs: Sequence[mx.array], shape: tuple[int, int, int], *,
                        order: str = "ascending", seed: int = 0) -> np.ndarray:
     """The launch's Metal source run on the CPU by the workbench's emulator; float32 [hidden]."""
-    from workbench.kernels.metal_drop_in import metal_kernel  # noqa: PLC0415 -- clang and ctypes only when asked
-
-    backends.resolve_backend("metal-emulated")  # without clang: BackendUnavailable saying what to install
-    key = "emulated"
-    if key not in launch._kernels:
-        digest = hashlib.sha256((launch.header + launch.source).encode()).hexdigest()[:12]
-        launch._kernels[key] = metal_kernel(name=f"{launch.name}_{digest}", input_names=list(launch.inputs),
-                                            output_names=[launch.output], source=launch.source, header=launch.header)
-    (out,) = launch._kernels[key](inputs=list(inputs), **launch.launch_args(shape), order=order, seed=seed)
+    backends.resolve_backend(kernel_run.METAL_EMULATED)  # without clang: BackendUnavailable saying what to install
+    (out,) = launch.kernel(kernel_run.METAL_EMULATED)(inputs=list(inputs), **launch.launch_args(shape), order=order,
+                                                      seed=seed)
     return np.asarray(out, dtype=np.float32)
 
 

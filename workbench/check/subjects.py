@@ -19,6 +19,7 @@ import numpy as np
 from workbench import backends
 from workbench.check.source_launch import SourceLaunch, run_metal_emulated, run_on_device, source_inputs
 from workbench.check.stored import ARRAY_KINDS, StoredCase, as_numpy, convert
+from workbench.kernels import run as kernel_run
 from workbench.tail.weights import TailWeights
 from workbench.validate import describe, flag, one_of
 
@@ -86,7 +87,7 @@ def _check_folder_texts(folder: Path, dialect: str) -> None:
     composed of (the dialect's prelude, ``common.h``, each launch's body) is there, is UTF-8
     and is shaped as composing needs: a missing body is said once, here, not as a failure
     of every case of the check."""
-    from workbench.kernels import source as kernel_source  # noqa: PLC0415 -- only this form reads kernel texts
+    from workbench.kernels import source as kernel_source  # only this form reads kernel texts
 
     for kernel in kernel_source.TAIL_KERNELS:
         try:
@@ -121,21 +122,21 @@ class KernelsFolderSubject:
         if not folder.is_dir():
             raise ValueError(f"folder: must be a folder shaped like kernels/, got {str(self.folder)!r} (not a folder)")
         object.__setattr__(self, "folder", folder)
-        one_of("backend", self.backend, ("metal-emulated", "metal", "cuda"))
+        one_of("backend", self.backend, (kernel_run.METAL_EMULATED,) + kernel_run.DEVICE_BACKENDS)
         one_of("order", self.order, EMULATOR_ORDERS)
-        _check_folder_texts(folder, "cuda" if self.backend == "cuda" else "metal")
+        _check_folder_texts(folder, kernel_run.source_dialect(self.backend))
         backends.resolve_backend(self.backend)
         if not self.name:
             object.__setattr__(self, "name", folder.name)
 
     def run(self, w: TailWeights, branch: np.ndarray, residual: np.ndarray) -> np.ndarray:
-        from workbench.kernels.emulated import emulated_tail  # noqa: PLC0415 -- only this form needs the kernels
-        from workbench.kernels.launch import prepared  # noqa: PLC0415
-        from workbench.tail.paths import tail_launch  # noqa: PLC0415
+        from workbench.kernels.emulated import emulated_tail  # only this form needs the emulator
+        from workbench.tail.paths import tail_launch
 
         launch = tail_launch(w)
-        if self.backend == "metal-emulated" and self.order == EVERY:
-            from workbench.kernels.metal_emulation import SCHEDULES  # noqa: PLC0415
+        emulated = kernel_run.is_emulated(self.backend)
+        if emulated and self.order == EVERY:
+            from workbench.kernels.metal_emulation import SCHEDULES
 
             outs = {o: emulated_tail(launch, branch, residual, kernel_dir=self.folder, order=o) for o in SCHEDULES}
             first = outs[SCHEDULES[0]]
@@ -144,12 +145,9 @@ class KernelsFolderSubject:
                     raise SubjectError(f"different bits in schedules {SCHEDULES[0]!r} and {o!r} (a race between "
                                        "threads: a missing barrier, or a read of memory another thread writes)")
             return first
-        if self.backend == "metal-emulated":
+        if emulated:
             return emulated_tail(launch, branch, residual, kernel_dir=self.folder, order=self.order)
-        prep = prepared(launch, self.backend, None, kernel_dir=self.folder)
-        out = mx.stack([prep(mx.array(b), mx.array(r)) for b, r in zip(branch, residual)])
-        mx.eval(out)
-        return np.array(out)
+        return kernel_run.run_kernel_tail(self.backend, launch, branch, residual, kernel_dir=self.folder)
 
     def calls(self, sc: StoredCase, w: TailWeights) -> list[tuple[Callable[[], np.ndarray], tuple[int, ...]]]:
         return [(lambda: self.run(w, sc.branch, sc.residual), (sc.branch.shape[0], sc.shape[0]))]

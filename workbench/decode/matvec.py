@@ -49,9 +49,10 @@ from workbench import backends
 from workbench.kernels import gdn_step as gdn_kernel
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import matrices as kernel_matrices
+from workbench.kernels import run as kernel_run
 from workbench.kernels import tuning as kernel_tuning
+from workbench.kernels.contract import TailLaunch
 from workbench.kernels.tuning import KernelTuning
-from workbench.tail.paths import TailLaunch
 from workbench.validate import one_of
 from workbench.fold.weights import QuantizedBase, WeightMatrix
 
@@ -186,12 +187,11 @@ def matvec_launch(dialect: str, w: mx.array | QuantizedBase, t: KernelTuning, na
     template = [("NT", t.wo_nt), ("FMT", m.fmt), ("SFMT", m.sfmt), ("GS", m.gs), ("QI", m.qi), ("WIDTH", m.cols),
                 ("ROWS", m.rows), ("ROT", False), ("M", 1), ("LOGP", 0),
                 ("U", kernel_matrices.units_for(m.fmt, t.u_wo)), ("PRE", bool(t.pre_wo))]
-    if dialect == "metal":
-        kernel_matrices.check_threadgroup_memory("wo_residual", template, f"{name}'s in dimension ({m.cols})")
+    kernel_run.check_group_memory(dialect, "wo_residual", template, f"{name}'s in dimension ({m.cols})")
     kw = dict(template=template, grid=(kernel_tuning.grid_size(m.rows, t.wo_nt, t, t.wo_groups_per_sm), 1, 1),
               threadgroup=(t.wo_nt, 1, 1), output_shapes=[(m.rows,)], output_dtypes=[mx.float32])
     consts = (rot["sdest"], rot["table"], kernel_launch.params_array(0.0, 1.0), m.w, m.s, m.b)
-    return Launch(kernel_launch.compiled_kernel(dialect, "wo_residual"), consts, kw, split=True)
+    return Launch(kernel_run.compiled_kernel(dialect, "wo_residual"), consts, kw, split=True)
 
 
 def _head_launch(dialect: str, norm: mx.array, eps: float, mats: list[tuple[str, Any]], t: KernelTuning) -> Launch:
@@ -207,14 +207,13 @@ def _head_launch(dialect: str, norm: mx.array, eps: float, mats: list[tuple[str,
     template = [("NT", t.head_nt), ("FMT", m0.fmt), ("SFMT", m0.sfmt), ("GS", m0.gs), ("QI", m0.qi), ("HID", hid),
                 ("NQ", nq), ("NK", nk), ("NV", nv), ("ROT", False), ("M", 1), ("LOGP", 0),
                 ("U", kernel_matrices.units_for(m0.fmt, t.u_head)), ("PRE", bool(t.pre_head))]
-    if dialect == "metal":
-        kernel_matrices.check_threadgroup_memory("head_qkv", template, f"hidden ({hid})")
+    kernel_run.check_group_memory(dialect, "head_qkv", template, f"hidden ({hid})")
     consts: list[mx.array] = [norm.astype(mx.float32), kernel_launch.params_array(eps, 1.0), rot["sdest"], rot["table"]]
     for m in ms:
         consts += [m.w, m.s, m.b]
     kw = dict(template=template, grid=(kernel_tuning.grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
               threadgroup=(t.head_nt, 1, 1), output_shapes=[(nq,), (nk,), (nv,)], output_dtypes=[mx.float32] * 3)
-    return Launch(kernel_launch.compiled_kernel(dialect, "head_qkv"), tuple(consts), kw)
+    return Launch(kernel_run.compiled_kernel(dialect, "head_qkv"), tuple(consts), kw)
 
 
 def _rows(w: mx.array | QuantizedBase, start: int, stop: int) -> mx.array | QuantizedBase:
@@ -244,19 +243,22 @@ class KernelMatvecs:
         one_of("dialect", dialect, kernel_launch.KERNEL_BACKENDS)
         self.eps = float(eps)
         self.dialect = dialect
-        self.tuning = tuning or kernel_tuning.DEFAULT_TUNING
-        self._prepared: dict[int, dict[str, Any]] = {}
-        self._keep: list = []  # the dicts prepared for, so their ids stay theirs
+        self.tuning = kernel_tuning.checked_tuning(tuning)
+        # Launches by layer-weights dict (a dict can be neither hashed nor weakly referenced):
+        # each entry holds its dict, so the dict outlives its key and no other can take its
+        # id. Bounded by the layers this object is handed; it dies with this object.
+        self._prepared: dict[int, tuple[Mapping[str, Any], dict[str, Any]]] = {}
+        self._keep: list = []  # lm_head stand-ins (_head_key)
 
     def describe(self) -> str:
         return (f"the project's kernels ({self.dialect}): head_qkv, wo_residual, ffn_gate_up, ffn_down; weights in "
                 "their stored format, float32 activations")
 
     def _for(self, lw: Mapping[str, Any], what: str, make) -> Any:
-        per = self._prepared.get(id(lw))
-        if per is None:
-            per = self._prepared[id(lw)] = {}
-            self._keep.append(lw)
+        entry = self._prepared.get(id(lw))
+        if entry is None:
+            entry = self._prepared[id(lw)] = (lw, {})
+        per = entry[1]
         if what not in per:
             per[what] = make()
         return per[what]

@@ -16,19 +16,17 @@ import contextlib
 import os
 import sys
 import tempfile
-import weakref
+from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
 import numpy as np
 
 from workbench import backends
+from workbench.kernels.contract import TailLaunch, each_row
 from workbench.kernels.launch import PreparedTail, as_mx32, prepare_tail, prepared
 from workbench.kernels.tuning import KernelTuning
-
-if TYPE_CHECKING:  # tail imports the kernels at its top; a runtime import back would be a circle
-    from workbench.tail.paths import TailLaunch
 
 #: The backend that compiles the Metal kernels with clang and runs them on the CPU
 #: (:mod:`workbench.kernels.metal_emulation`): the same launches as ``"metal"``, emulated.
@@ -80,11 +78,13 @@ def metal_tail_source(launch: TailLaunch, tuning: KernelTuning | None = None) ->
 
 # -- the Metal kernels on the CPU (backend "metal-emulated") ------------------------------
 
-#: Generated Metal sources, by kernel, template values and input dtypes (all the generated
-#: text depends on). The kernel is keyed by its id() and kept alive in the entry: an id is
-#: reused only after its object dies, and a key's object never dies while the entry holds
-#: it, so a new kernel can never be handed a dead one's text.
-_EMULATED_SOURCES: dict[tuple, tuple[Any, str]] = {}
+#: Generated Metal sources, by kernel object, template values and input dtypes (all the
+#: generated text depends on; the kernel object itself is in the key, so it is never
+#: another's), the least recently used dropped past :data:`MAX_SOURCES`.
+_SOURCES: OrderedDict[tuple, str] = OrderedDict()
+
+#: How many generated sources are kept (a model's launches in a few forms each).
+MAX_SOURCES = 256
 
 
 def _host(a: mx.array) -> np.ndarray:
@@ -95,12 +95,16 @@ def _host(a: mx.array) -> np.ndarray:
 def launch_source(kernel: Any, inputs: list[mx.array], kw: dict[str, Any]) -> str:
     """The Metal source MLX generates for ``kernel(inputs=inputs, **kw)`` (made once per
     kernel, template values and input dtypes)."""
-    key = (id(kernel), tuple((n, str(v)) for n, v in kw["template"]),
+    key = (kernel, tuple((n, str(v)) for n, v in kw["template"]),
            tuple((str(a.dtype), a.size < 8) for a in inputs))
-    if key not in _EMULATED_SOURCES:
-        (src,) = generated_source(lambda *xs: kernel(inputs=list(xs), verbose=True, **kw), *inputs).values()
-        _EMULATED_SOURCES[key] = (kernel, src)
-    return _EMULATED_SOURCES[key][1]
+    if key in _SOURCES:
+        _SOURCES.move_to_end(key)
+        return _SOURCES[key]
+    (src,) = generated_source(lambda *xs: kernel(inputs=list(xs), verbose=True, **kw), *inputs).values()
+    _SOURCES[key] = src
+    while len(_SOURCES) > MAX_SOURCES:
+        _SOURCES.popitem(last=False)
+    return src
 
 
 def emulated_tail_sources(launch: TailLaunch, tuning: KernelTuning | None = None, *,
@@ -129,24 +133,16 @@ class _EmulatedCall(NamedTuple):
     outputs: list[tuple[tuple[int, ...], Any]]
 
 
-#: Each prepared tail's three launches ready for the emulator, by the clang that compiled
-#: them. The constants are converted to numpy once: they are the prepared tail's own arrays,
-#: made from the weights once and never written, the rule ``prepared`` already rests on by
-#: keeping them on the device. (A cache of a caller's arrays could not rest on that: an
-#: ``mx.array`` is written in place by ``a[i] = v``, keeping its identity and its buffer's
-#: address, so only reading every byte would tell, which costs what the conversion does.)
-#: Keyed by the prepared tail's id() (a dataclass compares by value and has no hash); a
-#: finalizer drops the entry when the prepared tail dies, before its id can be reused.
-_TAIL_PLANS: dict[int, dict[str, list[_EmulatedCall]]] = {}
-
-
 def _tail_plan(prep: PreparedTail, clang: str) -> list[_EmulatedCall]:
-    from workbench.kernels import metal_emulation  # noqa: PLC0415 -- only this backend needs clang and ctypes
+    """The prepared tail's three launches ready for the emulator, kept on the prepared tail
+    itself (``PreparedTail.emulated_plans``, by the clang that compiled them), so they die
+    with it. The constants are converted to numpy once: they are the prepared tail's own
+    arrays, made from the weights once and never written, the rule ``prepared`` already
+    rests on. (A cache of a caller's arrays could not rest on that: an ``mx.array`` is
+    written in place by ``a[i] = v``, keeping its identity and its buffer's address.)"""
+    from workbench.kernels import metal_emulation  # only this backend needs clang and ctypes
 
-    per = _TAIL_PLANS.get(id(prep))
-    if per is None:
-        per = _TAIL_PLANS[id(prep)] = {}
-        weakref.finalize(prep, _TAIL_PLANS.pop, id(prep), None)
+    per = prep.emulated_plans
     if clang not in per:
         plan = []
         for call, source in zip(prep.calls().values(), _tail_sources(prep)):
@@ -166,7 +162,7 @@ def emulate_launch(kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, o
     the thread ``order`` (schedule) given, with ``math_mode`` / ``math_error``
     (``metal_emulation.MATH_MODES`` / ``MATH_ERRORS``). Raises ``metal_emulation.EmulationError`` /
     ``MetalCompileError`` with the diagnosis."""
-    from workbench.kernels import metal_emulation  # noqa: PLC0415 -- only this backend needs clang and ctypes
+    from workbench.kernels import metal_emulation  # only this backend needs clang and ctypes
 
     compiled = metal_emulation.compile_source(launch_source(kernel, inputs, kw))
     threads = int(kw["threadgroup"][0])
@@ -191,7 +187,7 @@ def emulated_tail(launch: TailLaunch, branch: Any, residual: Any, *, order: str 
     the host's functions, or Metal's precise or fast contract at a bound's edge or random
     within it).
     """
-    from workbench.kernels import metal_emulation  # noqa: PLC0415 -- only this backend needs clang and ctypes
+    from workbench.kernels import metal_emulation  # only this backend needs clang and ctypes
 
     clang = metal_emulation.clang_path()
     if clang is None:
@@ -200,13 +196,12 @@ def emulated_tail(launch: TailLaunch, branch: Any, residual: Any, *, order: str 
     wo, gu, dn = _tail_plan(prep, clang)
     b = np.asarray(_host(as_mx32(branch)), dtype=np.float32)
     r = np.asarray(_host(as_mx32(residual)), dtype=np.float32)
-    lead = b.shape[:-1]
-    bf, rf = b.reshape(-1, b.shape[-1]), r.reshape(-1, r.shape[-1])
     run = {"order": order, "seed": seed, "math_mode": math_mode, "math_error": math_error}
-    rows = []
-    for i in range(bf.shape[0]):
-        (h,) = wo.kernel.launch([bf[i], *wo.consts, rf[i]], wo.outputs, groups=wo.groups, threads=wo.threads, **run)
+
+    def row(b1: np.ndarray, r1: np.ndarray) -> np.ndarray:
+        (h,) = wo.kernel.launch([b1, *wo.consts, r1], wo.outputs, groups=wo.groups, threads=wo.threads, **run)
         (act,) = gu.kernel.launch([h, *gu.consts], gu.outputs, groups=gu.groups, threads=gu.threads, **run)
         (out,) = dn.kernel.launch([act, h, *dn.consts], dn.outputs, groups=dn.groups, threads=dn.threads, **run)
-        rows.append(out)
-    return np.stack(rows).reshape(*lead, prep.hidden)
+        return out
+
+    return each_row(row, b, r, prep.hidden, np.stack)

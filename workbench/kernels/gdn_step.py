@@ -36,14 +36,13 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import backends
+from workbench.kernels import run as kernel_run
 from workbench.kernels import source as kernel_source
-from workbench.kernels.emulated import METAL_EMULATED, emulate_launch
-from workbench.kernels.launch import compiled_kernel
 from workbench.kernels.tuning import MAX_GROUP_THREADS, METAL_THREADGROUP_LIMIT
 from workbench.validate import describe, integer, number, one_of
 
 #: Where :class:`GdnStep` runs: MLX's CUDA or Metal kernels, or the Metal source emulated on the CPU.
-GDN_BACKENDS: tuple[str, ...] = ("cuda", "metal", METAL_EMULATED)
+GDN_BACKENDS: tuple[str, ...] = ("cuda", "metal", kernel_run.METAL_EMULATED)
 
 #: The L2 norm's epsilon on q and k (``workbench.decode.layers.recurrent_layer``'s ``1e-6``, a constant of the
 #: model family, not the layer's RMS eps).
@@ -175,8 +174,8 @@ class GdnStep:
     def __init__(self, shape: GdnShape, backend: str, threads: int, consts: tuple[mx.array, ...]):
         self.shape, self.backend, self.threads = shape, backend, threads
         self.consts = consts
-        self.dialect = "metal" if backend == METAL_EMULATED else backend
-        self.kernel = compiled_kernel(self.dialect, "gdn_step")
+        self.dialect = kernel_run.source_dialect(backend)
+        self.kernel = kernel_run.compiled_kernel(backend, "gdn_step")
         s = shape
         self.kw = dict(template=template(s, threads), grid=(s.hv * threads, 1, 1), threadgroup=(threads, 1, 1),
                        output_shapes=[(s.vd,), (s.kw - 1, s.channels), (s.hv, s.dv, s.dk)],
@@ -201,12 +200,7 @@ class GdnStep:
                  seed: int = 0) -> tuple[mx.array, mx.array, mx.array]:
         ins = self.inputs(mixed, z, ba, conv_state, state)
         state_shape = tuple(ins[4].shape)
-        if self.backend == METAL_EMULATED:
-            outs = [mx.array(a) for a in emulate_launch(self.kernel, ins, self.kw, order=order,
-                                                                      seed=seed)]
-        else:
-            outs = self.kernel(inputs=ins, **self.kw)
-        out, conv, st = outs
+        out, conv, st = kernel_run.launch(self.backend, self.kernel, ins, self.kw, order=order, seed=seed)
         return out, conv, st.reshape(state_shape)
 
 

@@ -17,11 +17,11 @@ import numpy as np
 from workbench import backends
 from workbench.fold.rotation import FoldSite
 from workbench.fold.weights import WeightMatrix
+from workbench.kernels import run as kernel_run
 from workbench.kernels import source as kernel_source
 from workbench.kernels import tuning as kernel_tuning
-from workbench.kernels.emulated import METAL_EMULATED, emulate_launch
-from workbench.kernels.launch import compiled_kernel, params_array, rotation_template
-from workbench.kernels.matrices import check_threadgroup_memory, check_width, kernel_matrix, units_for
+from workbench.kernels.launch import params_array, rotation_template
+from workbench.kernels.matrices import check_width, kernel_matrix, units_for
 from workbench.kernels.tuning import KernelTuning, grid_size
 from workbench.models import config as model
 from workbench.models import refusals
@@ -56,10 +56,9 @@ def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: WeightMatrix, k
     ``kernel_dir``: as for ``launch.prepare_tail``. Raises ``ValueError`` listing every
     head refusal.
     """
-    emulated = dialect == METAL_EMULATED
-    if emulated:
+    kernel_source.check_dialect(kernel_run.DIALECT_OF.get(dialect, dialect) if isinstance(dialect, str) else dialect)
+    if kernel_run.is_emulated(dialect):
         backends.resolve_backend(dialect)  # without clang, say so before building anything
-    kernel_source.check_dialect("metal" if emulated else dialect)
     found = head_refusals(q, k, v)
     if found:
         raise ValueError("the head launch refuses these projections: " + ", ".join(r.name for r in found))
@@ -71,7 +70,7 @@ def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: WeightMatrix, k
         raise ValueError("q, k and v must have the same weight format (one launch reads all three)")
     hid = mats[0].cols
     check_width("hidden", hid)
-    t = tuning or kernel_tuning.DEFAULT_TUNING
+    t = kernel_tuning.checked_tuning(tuning)
     rot = rotation_template(None if fold is None else fold.plan(hid), hid)
     nq, nk, nv = (m.rows for m in mats)
     m0 = mats[0]
@@ -80,16 +79,12 @@ def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: WeightMatrix, k
                 ("LOGP", rot["LOGP"]), ("U", units_for(m0.fmt, t.u_head)), ("PRE", bool(t.pre_head))]
     norm = attn_norm.astype(mx.float32) if isinstance(attn_norm, mx.array) else mx.array(
         np.asarray(attn_norm, dtype=np.float32))
-    if dialect != "cuda":
-        check_threadgroup_memory("head_qkv", template, f"hidden ({hid})")
+    kernel_run.check_group_memory(dialect, "head_qkv", template, f"hidden ({hid})")
     inputs = [hidden.astype(mx.float32), norm, params_array(eps, rot["scale"]), rot["sdest"], rot["table"]]
     for m in mats:
         inputs += [m.w, m.s, m.b]
-    kernel = compiled_kernel("metal" if emulated else dialect, "head_qkv", None if kernel_dir is None else Path(kernel_dir))
+    kernel = kernel_run.compiled_kernel(dialect, "head_qkv", kernel_dir)
     kw = dict(template=template, grid=(grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
               threadgroup=(t.head_nt, 1, 1), output_shapes=[(nq,), (nk,), (nv,)], output_dtypes=[mx.float32] * 3)
-    if emulated:
-        q_out, k_out, v_out = (mx.array(o) for o in emulate_launch(kernel, inputs, kw))
-        return q_out, k_out, v_out
-    outs = kernel(inputs=inputs, verbose=verbose, **kw)
-    return outs[0], outs[1], outs[2]
+    q_out, k_out, v_out = kernel_run.launch(dialect, kernel, inputs, kw, verbose=verbose)
+    return q_out, k_out, v_out

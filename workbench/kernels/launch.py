@@ -4,14 +4,11 @@
 One tail is three launches encoded in ONE evaluation, as frink-models' ``launch_attn_tail``
 encodes them in one command buffer: ``wo_residual`` (``h = residual + wo' R x``),
 ``ffn_gate_up`` (``act = silu(gate n) * up n``, ``n = rms_norm(h) * ffn_norm``) and
-``ffn_down`` (``h + down act``). ``workbench.kernels.source`` composes the sources; this
-module decides which values the launches take (weight formats, shapes, the fold's plan)
-and builds them (:func:`prepare_tail`, once per weights object: :func:`prepared`).
-
-The rest of the kernels' Python reads from here: ``tuning`` (group sizes and grids),
-``matrices`` (a weight matrix as kernel inputs, group memory), ``run`` (a tail on a
-kernel backend, what ``fused_tail`` calls), ``head`` (the Q/K/V launch), ``emulated``
-(the Metal launches on the CPU) and ``one_launch`` (the CUDA tail as one launch).
+``ffn_down`` (``h + down act``). This module decides which values the launches take
+(weight formats, shapes, the fold's plan) from a ``workbench.kernels.contract.TailLaunch``
+and builds them (:func:`prepare_tail`; :func:`prepared` keeps one per contract owner,
+held weakly by it, so the constants stay on the device exactly as long as the weights).
+It chooses no backend: ``workbench.kernels.run`` is the door every launch goes through.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ import weakref
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -28,6 +25,7 @@ import numpy as np
 from workbench.fold.rotation import FoldPlan, FoldSite
 from workbench.kernels import source as kernel_source
 from workbench.kernels import tuning as kernel_tuning
+from workbench.kernels.contract import TailLaunch
 from workbench.kernels.matrices import (
     KernelMatrix,
     check_threadgroup_memory,
@@ -36,10 +34,6 @@ from workbench.kernels.matrices import (
     units_for,
 )
 from workbench.kernels.tuning import KernelTuning, grid_size
-
-if TYPE_CHECKING:  # tail imports this module at its top; a runtime import back would be a circle
-    from workbench.tail.paths import TailLaunch
-    from workbench.tail.weights import TailWeights
 
 #: The backends of ``fused_tail`` that run these kernels; each name is also the dialect
 #: its sources are composed in (``kernel_source.DIALECTS``).
@@ -58,22 +52,22 @@ def settle_constants(*arrays: mx.array) -> None:
     mx.eval(*arrays)
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=64)
 def compiled_kernel(dialect: str, kernel: str, kernel_dir: Path | None = None) -> Any:
     """The MLX kernel object for ``kernel`` in ``dialect``, its bodies read from
-    ``kernel_dir`` (default: ``kernels/``); built once per the three."""
+    ``kernel_dir`` (default: ``kernels/``); built once per the three (keyed by value and
+    bounded: a few kernels in two dialects, and the folders a benchmark compares)."""
     spec = kernel_source.KERNELS[kernel]
+    text = kernel_source.dialect_text(dialect)
     # MLX keys its compiled kernels by name and template values only: another folder's
     # sources under the plain name would run whichever was compiled first.
     name = kernel_source.mlx_name(kernel, kernel_dir=kernel_dir)
     header, source = kernel_source.compose(dialect, kernel, kernel_dir=kernel_dir)
-    if dialect == "metal":  # Metal's kernel object keys its library by name: the text's length costs once
-        return mx.fast.metal_kernel(name=name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                                    source=source, header=header, ensure_row_contiguous=True)
-    # CUDA's hashes the whole text on every launch: the header goes in a file, the source without comments
-    header, source = kernel_source.cuda_launch_text(header, source)
-    return mx.fast.cuda_kernel(name=name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                               source=source, header=header, ensure_row_contiguous=True)
+    if text.compact:  # the header in a file, the source without comments (DialectText.compact)
+        header, source = kernel_source.cuda_launch_text(header, source)
+    make = getattr(mx.fast, text.maker)
+    return make(name=name, input_names=list(spec.inputs), output_names=list(spec.outputs),
+                source=source, header=header, ensure_row_contiguous=True)
 
 
 def rotation_template(plan: FoldPlan | None, width: int) -> dict[str, Any]:
@@ -137,6 +131,9 @@ class PreparedTail:
     params: mx.array
     tuning: KernelTuning = field(default_factory=KernelTuning)
     kernel_dir: Path | None = None
+    #: What the CPU emulator made of these launches, by the clang that compiled them
+    #: (``workbench.kernels.emulated``): it lives and dies with this prepared tail.
+    emulated_plans: dict = field(default_factory=dict, repr=False, compare=False)
 
     def weight_bytes(self) -> int:
         """Bytes of every weight the three launches read (codes, scales and biases where quantized)."""
@@ -202,8 +199,7 @@ class PreparedTail:
         return k(inputs=[act, h, *consts], verbose=verbose, **kw)[0]
 
     def compiled(self) -> Callable[[mx.array, mx.array], mx.array]:
-        """``self`` traced once by ``mx.compile``: the same launches with less Python a call
-        (measured on the H200: about 0.05-0.09 ms less per one-wait tail)."""
+        """``self`` traced once by ``mx.compile``: the same launches with less Python a call."""
         if getattr(self, "_compiled", None) is None:
             self._compiled = mx.compile(lambda b, r: self(b, r))
         return self._compiled
@@ -217,7 +213,7 @@ class PreparedTail:
 
 def prepare_tail(launch: TailLaunch, dialect: str, tuning: KernelTuning | None = None, *,
                  kernel_dir: Path | None = None) -> PreparedTail:
-    """The kernel form of a :class:`workbench.tail.TailLaunch` (from ``tail.tail_launch``).
+    """The kernel form of a ``workbench.kernels.contract.TailLaunch`` (from ``tail.tail_launch``).
 
     ``kernel_dir``: the folder the kernel bodies are read from (default: ``kernels/``), so
     that a benchmark can prepare the same launch from two source folders and compare them
@@ -245,25 +241,29 @@ def prepare_tail(launch: TailLaunch, dialect: str, tuning: KernelTuning | None =
     rot = rotation_template(launch.fold_plan, branch_dim)
     prep = PreparedTail(dialect, hidden, branch_dim, ffn, wo, gate, up, down, rot,
                         launch.ffn_norm.astype(mx.float32), params_array(launch.eps, rot["scale"]),
-                        tuning or kernel_tuning.DEFAULT_TUNING, None if kernel_dir is None else Path(kernel_dir))
-    if dialect == "metal":
+                        kernel_tuning.checked_tuning(tuning), None if kernel_dir is None else Path(kernel_dir))
+    if kernel_source.dialect_text(dialect).group_memory_checked:
         for kernel, width in (("wo_residual", f"branch ({branch_dim})"), ("ffn_gate_up", f"hidden ({hidden})"),
                               ("ffn_down", f"hidden ({hidden})")):
             check_threadgroup_memory(kernel, prep.templates()[kernel], width)
     return prep
 
 
-#: Prepared tails per weights object, held weakly: they live as long as the weights do.
-_PREPARED: weakref.WeakKeyDictionary[TailWeights, dict[tuple, PreparedTail]] = weakref.WeakKeyDictionary()
+#: Prepared tails per contract owner (the weights), held weakly: they live as long as the
+#: weights do; within an owner, one per dialect, tuning and kernel folder.
+_PREPARED: weakref.WeakKeyDictionary[Any, dict[tuple, PreparedTail]] = weakref.WeakKeyDictionary()
 
 
 def prepared(launch: TailLaunch, dialect: str, tuning: KernelTuning | None = None, *,
              kernel_dir: Path | None = None) -> PreparedTail:
-    """:func:`prepare_tail`, made once per weights object, dialect, tuning and kernel
-    folder (the constants then stay on the device, as an engine keeps them)."""
-    tuning = tuning or kernel_tuning.DEFAULT_TUNING
+    """:func:`prepare_tail`, made once per contract owner, dialect, tuning and kernel
+    folder (the constants then stay on the device, as an engine keeps them); a contract
+    without an owner is prepared anew on every call."""
+    tuning = kernel_tuning.checked_tuning(tuning)
     kernel_dir = None if kernel_dir is None else Path(kernel_dir)
-    per = _PREPARED.setdefault(launch.weights, {})
+    if launch.owner is None:
+        return prepare_tail(launch, dialect, tuning, kernel_dir=kernel_dir)
+    per = _PREPARED.setdefault(launch.owner, {})
     key = (dialect, tuning, kernel_dir)
     if key not in per:
         per[key] = prepare_tail(launch, dialect, tuning, kernel_dir=kernel_dir)

@@ -37,6 +37,30 @@ KERNEL_DIR = files.PROJECT_ROOT / "kernels"
 #: The dialects, one prelude each.
 DIALECTS: tuple[str, ...] = ("metal", "cuda")
 
+
+@dataclass(frozen=True)
+class DialectText:
+    """How a dialect's composed text reaches MLX, and the limits the text must respect there:
+    ``maker`` the ``mx.fast`` constructor's name; ``compact`` the header handed over as an
+    included file and the source without comments (:func:`cuda_launch_text`: MLX's CUDA
+    path hashes the whole text on every launch); ``group_memory_checked`` a launch is
+    checked against Apple GPUs' threadgroup memory before it is built (a pipeline over it
+    fails to build); ``grid_barriers`` groups may wait on each other (CUDA's residency;
+    Metal promises no forward progress between threadgroups)."""
+
+    maker: str
+    compact: bool
+    group_memory_checked: bool
+    grid_barriers: bool
+
+
+#: Each dialect's text facts (:class:`DialectText`); which backend runs which dialect is
+#: ``workbench.kernels.run``'s to say.
+DIALECT_TEXT: dict[str, DialectText] = {
+    "metal": DialectText("metal_kernel", compact=False, group_memory_checked=True, grid_barriers=False),
+    "cuda": DialectText("cuda_kernel", compact=True, group_memory_checked=False, grid_barriers=True),
+}
+
 #: The line that splits a prelude into its header part and its body part.
 BODY_MARK = "//== body =="
 
@@ -106,8 +130,15 @@ TAIL_KERNELS: tuple[str, ...] = ("wo_residual", "ffn_gate_up", "ffn_down")
 
 
 def check_dialect(dialect: str) -> None:
-    if dialect not in DIALECTS:
+    dialect_text(dialect)
+
+
+def dialect_text(dialect: str) -> DialectText:
+    """``dialect``'s :class:`DialectText`, or ValueError naming the dialects."""
+    found = DIALECT_TEXT.get(dialect) if isinstance(dialect, str) else None
+    if found is None:
         raise ValueError(f"dialect must be one of {DIALECTS}; got {dialect!r}")
+    return found
 
 
 def _check_kernel(kernel: str) -> KernelSpec:
@@ -121,7 +152,7 @@ def _folder(kernel_dir: str | Path | None) -> Path:
     return KERNEL_DIR if kernel_dir is None else Path(kernel_dir).resolve()
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=256)
 def _read(folder: Path, filename: str) -> str:
     path = folder / filename
     if not path.is_file():

@@ -2,10 +2,9 @@
 hardware limits they must respect.
 
 :class:`KernelTuning` holds every choice a launch makes that changes its speed and never
-its result; :data:`DEFAULT_TUNING` is what a launch that names none uses
-(``bench.kernel_bench`` sets the best its sweep measured with :func:`set_default_tuning`).
-Read it as ``tuning.DEFAULT_TUNING`` at call time, not imported by name, so a new
-default reaches every launch.
+its result; :data:`DEFAULT_TUNING` is what a launch that names none uses. It is a
+constant: a caller that wants another tuning passes it (``fused_tail(..., tuning=...)``),
+so what a call runs is always in its arguments, never in state another caller changed.
 """
 
 from __future__ import annotations
@@ -103,16 +102,17 @@ class KernelTuning:
         return 132  # an H200 / H100 SXM; only the grid's size depends on it, never a result
 
 
-#: The tuning used when none is given (``bench.common.kernel_tail.run`` sets the best its sweep measured).
+#: The tuning used when none is given.
 DEFAULT_TUNING = KernelTuning()
 
 
-def set_default_tuning(tuning: KernelTuning) -> None:
-    """Use ``tuning`` for every launch that names none (``fused_tail``'s kernel backends among them)."""
-    global DEFAULT_TUNING
+def checked_tuning(tuning: KernelTuning | None) -> KernelTuning:
+    """``tuning``, or :data:`DEFAULT_TUNING` for None; ValueError for anything else."""
+    if tuning is None:
+        return DEFAULT_TUNING
     if not isinstance(tuning, KernelTuning):
-        raise ValueError(f"tuning must be a KernelTuning; got {type(tuning).__name__}")
-    DEFAULT_TUNING = tuning
+        raise ValueError(f"tuning must be a KernelTuning or None; got {type(tuning).__name__}")
+    return tuning
 
 
 def grid_size(rows: int, nt: int, t: KernelTuning, groups_per_sm: int) -> int:

@@ -20,11 +20,9 @@ import numpy as np
 
 from workbench import backends
 from workbench import tail as tails
-from workbench.kernels import emulated, one_launch
-from workbench.kernels import launch as kernel_launch
+from workbench.kernels import run as kernel_run
 from workbench.kernels.next_norm import NextNorm, checked
 from workbench.real_models import graph_tail
-from workbench.real_models.capture import capture_layers  # still importable from here: notebook 07's import
 from workbench.real_models.graph_tail import prepared_graph_tail
 from workbench.real_models.model_parts import BlockStandIn, decoder_layers, layer_owner
 from workbench.real_models.stacked_qkv import swapped_attention
@@ -35,7 +33,6 @@ __all__ = [
     "LAZY_BACKENDS",
     "MODEL_BACKENDS",
     "TRACES",
-    "capture_layers",
     "carried_norm",
     "composes_lazily",
     "fused_blocks",
@@ -74,7 +71,8 @@ def composes_lazily(backend: str) -> bool:
 
 
 def vector_tail(launch: tails.TailLaunch, backend: str, next_norm: NextNorm | None = None,
-                trace: str = "shared") -> Callable[[mx.array, mx.array], Any]:
+                trace: str = "shared", *, tuning: Any = None,
+                shape: Any = None) -> Callable[[mx.array, mx.array], Any]:
     """One tail on one position, as a function of ``(branch, residual)`` float32
     ``mx.array`` of one position each (``[branch]`` / ``[hidden]``, or any shape of that size,
     such as a block's ``[1, 1, hidden]``) to a lazy float32 array of the residual's shape, for
@@ -83,8 +81,8 @@ def vector_tail(launch: tails.TailLaunch, backend: str, next_norm: NextNorm | No
     * ``graph``: the tail's MLX ops with the weights prepared once and traced by
       ``mx.compile`` (``graph_tail.model_graph_tail``: scales widened, gate and up stacked,
       ``mx.fast.rms_norm``; its element-wise ops fuse);
-    * ``cuda``: the tail as one launch (``workbench.kernels.one_launch``, in
-      ``one_launch.shape_for``'s shape), or its three launches where that does not fit;
+    * ``cuda``: the tail as one launch (``workbench.kernels.one_launch``, in ``shape`` or
+      ``one_launch.shape_for``'s), or its three launches where that does not fit;
     * ``metal``: the three launches, encoded in the caller's evaluation;
     * ``metal-emulated``: evaluated here, on the host (the emulator runs on the CPU), its
       result a new array.
@@ -100,7 +98,9 @@ def vector_tail(launch: tails.TailLaunch, backend: str, next_norm: NextNorm | No
     form shares; ``"per-layer"``, a tail's own trace with its weights captured in it (the
     three launches always trace each tail on its own, and the emulator traces nothing).
 
-    Raises ``BackendUnavailable`` where the backend's device is absent.
+    The kernel backends are reached through their door, ``workbench.kernels.run.lazy_tail``
+    (``tuning``, ``shape``: as for ``fused_tail``). Raises ``BackendUnavailable`` where the
+    backend's device is absent.
     """
     name = one_of("backend", backend, MODEL_BACKENDS)
     trace = one_of("trace", trace, TRACES)
@@ -108,29 +108,7 @@ def vector_tail(launch: tails.TailLaunch, backend: str, next_norm: NextNorm | No
     backends.resolve_backend(name)
     if name == "graph":
         return prepared_graph_tail(launch, next_norm, trace)
-    if name == "cuda":
-        one = one_launch.for_launch(launch, next_norm=next_norm)
-        if one is not None:
-            return one.compiled(trace)  # takes and gives any shape of one position: no reshape op
-    if name == "metal-emulated":
-        def tail(b: mx.array, r: mx.array) -> mx.array:
-            return mx.array(emulated.emulated_tail(launch, np.asarray(b).reshape(-1),
-                                                   np.asarray(r).reshape(-1)).reshape(r.shape))
-    else:
-        three = kernel_launch.prepared(launch, name).compiled()
-
-        def tail(b: mx.array, r: mx.array) -> mx.array:
-            return three(b, r) if b.ndim == 1 else three(b.reshape(-1), r.reshape(-1)).reshape(r.shape)
-    if next_norm is None:
-        return tail
-    weight, eps = mx.array(next_norm.weight), next_norm.eps
-    mx.eval(weight)
-
-    def carried(b: mx.array, r: mx.array) -> tuple[mx.array, mx.array]:
-        out = tail(b, r)
-        return out, mx.fast.rms_norm(out, weight, eps)
-
-    return carried
+    return kernel_run.lazy_tail(name, launch, next_norm, trace, tuning=tuning, shape=shape)
 
 
 class _Handoff:
@@ -196,12 +174,13 @@ class _FusedTailBlock(BlockStandIn):
     """
 
     def __init__(self, block: nn.Module, weights: TailWeights, backend: str, next_norm: NextNorm | None = None,
-                 handoff: _Handoff | None = None, incoming: _Handoff | None = None, trace: str = "shared"):
+                 handoff: _Handoff | None = None, incoming: _Handoff | None = None, trace: str = "shared",
+                 shape: Any = None):
         super().__init__(block)
         self._weights = weights
         self._backend = backend
         self._launch = tails.tail_launch(weights)  # the rules are asked here, once
-        self._tail = vector_tail(self._launch, backend, next_norm, trace)
+        self._tail = vector_tail(self._launch, backend, next_norm, trace, shape=shape)
         self._rows = backend == "graph"  # the graph tail takes [n, width] rows in one call
         self._bare = False
         # With a next norm, the tail also returns the norm its output goes into next, left in
@@ -262,7 +241,8 @@ class _FusedTailBlock(BlockStandIn):
 
 @contextlib.contextmanager
 def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, backend: str = "graph",
-                carry_norm: bool = True, stack_qkv: bool = False, trace: str = "shared") -> Iterator[nn.Module]:
+                carry_norm: bool = True, stack_qkv: bool = False, trace: str = "shared",
+                shape: Any = None) -> Iterator[nn.Module]:
     """Within the block, every layer of ``model`` with a ``TailWeights`` runs its fused tail.
 
     ``weights``: one entry a layer, ``ckpt.tail_weights(i)`` (or a re-quantized / folded
@@ -297,7 +277,7 @@ def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, back
         raise ValueError(f"carry_norm: must be True or False, got {describe(carry_norm)}")
     if not isinstance(stack_qkv, bool):
         raise ValueError(f"stack_qkv: must be True or False, got {describe(stack_qkv)}")
-    blocks, final = fused_blocks(model, weights, backend, carry_norm, trace)
+    blocks, final = fused_blocks(model, weights, backend, carry_norm, trace, shape)
     with contextlib.ExitStack() as inside:
         if stack_qkv:  # first: the fused blocks then take o_proj out of the stand-ins
             _stacked_in(model, inside, "stack_qkv")
@@ -327,7 +307,8 @@ def stacked_qkv(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def fused_blocks(model: nn.Module, weights: Sequence[TailWeights | None], backend: str,
-                  carry_norm: bool = True, trace: str = "shared") -> tuple[list[nn.Module], _Handoff | None]:
+                 carry_norm: bool = True, trace: str = "shared",
+                 shape: Any = None) -> tuple[list[nn.Module], _Handoff | None]:
     """The model's blocks with a :class:`_FusedTailBlock` wherever ``weights`` has an entry
     (checked as :func:`fused_tails` documents; the rules asked here, once), and the
     handoff the last block leaves the final norm in (None where it carries none)."""
@@ -360,7 +341,7 @@ def fused_blocks(model: nn.Module, weights: Sequence[TailWeights | None], backen
             continue
         nxt = carried_norm(readers[i]) if carry_norm else None
         incoming = handoffs[i - 1] if i > 0 and weights[i - 1] is not None else None
-        blocks.append(_FusedTailBlock(blk, w, backend, nxt, handoffs[i], incoming, trace))
+        blocks.append(_FusedTailBlock(blk, w, backend, nxt, handoffs[i], incoming, trace, shape))
         if i + 1 == n and nxt is not None:
             final = handoffs[i]
     return blocks, final

@@ -7,10 +7,11 @@
   add and the norm on the host, the FFN as a second submission, the last add on the
   host. Two waits;
 * :func:`fused_tail` -- one submission. ``backend="graph"`` builds the whole tail as MLX
-  ops and evaluates it once (any MLX device); ``"metal"`` / ``"cuda"`` run the kernels
-  (``workbench.kernels``). Every backend goes through ONE launch builder,
-  :func:`tail_launch`, which asks the refusal rules first, as the engine's
-  ``attn_tail_launch`` does.
+  ops and evaluates it once (any MLX device); ``"metal"`` / ``"cuda"`` /
+  ``"metal-emulated"`` run the kernels through their one door (``workbench.kernels.run``).
+  Every backend goes through ONE launch builder, :func:`tail_launch` (the kernels'
+  contract, ``workbench.kernels.contract.TailLaunch``, re-exported here), which asks the
+  refusal rules first, as the engine's ``attn_tail_launch`` does.
 
 ``branch`` is the attention output BEFORE ``wo`` (for a gated attention, after its output
 gate); frink-models 0.48.0 runs this tail in one Metal submission instead of two.
@@ -18,15 +19,16 @@ gate); frink-models 0.48.0 runs this tail in one Metal submission instead of two
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from workbench import backends, validate
-from workbench.fold.rotation import FoldPlan, FoldSite, HadamardFold
+from workbench.fold.rotation import FoldSite
 from workbench.fold.weights import WeightMatrix
+from workbench.kernels.contract import TailLaunch
+from workbench.kernels.tuning import KernelTuning, checked_tuning
 from workbench.models import config as model
 from workbench.models import refusals
 from workbench.tail.ops import rms_norm_np, tail_mx, tail_np
@@ -163,28 +165,6 @@ def unfused_tail(w: TailWeights, branch: Any, residual: Any) -> np.ndarray:
     return h + ffn
 
 
-@dataclass(frozen=True)
-class TailLaunch:
-    """What every fused backend needs, assembled in ONE place (frink-models' ``attn_tail_launch``).
-
-    ``wo`` is wo's stored base as a matrix WITHOUT its fold (the same stored arrays,
-    dense or quantized), and ``fold`` / ``fold_plan`` the rotation the backend must apply
-    around it (``None`` without a fold): kept apart, as ``WeightMatrix.launch_parts``
-    gives them, because a kernel applies the rotation itself. The FFN parts:
-    ``ffn_norm`` (float32 ``mx.array``), ``eps``, and ``gate`` / ``up`` / ``down``.
-    """
-
-    weights: TailWeights
-    wo: WeightMatrix
-    fold: HadamardFold | None
-    fold_plan: FoldPlan | None
-    ffn_norm: mx.array
-    eps: float
-    gate: WeightMatrix
-    up: WeightMatrix
-    down: WeightMatrix
-
-
 def tail_refusals(w: TailWeights, *, kernels_enabled: bool = True) -> list:
     """Every ``Refusal`` the rules find for the layer ``w`` stands for (empty: it fuses).
 
@@ -237,6 +217,8 @@ def fused_tail(
     backend: str = "auto",
     return_backend: bool = False,
     kernels_enabled: bool = True,
+    tuning: KernelTuning | None = None,
+    shape: Any = None,
 ) -> np.ndarray | tuple[np.ndarray, str]:
     """The tail in ONE submission; float32 numpy out, with the inputs' batch axes.
 
@@ -251,8 +233,13 @@ def fused_tail(
     Raises :class:`TailRefused` (with every reason) for a layer the rules refuse, before
     anything is built or run; ``kernels_enabled=False`` is the engine's first rule (the
     engine's dense kernels switched off), so it refuses every layer.
+
+    ``tuning`` (a ``workbench.kernels.tuning.KernelTuning``) and ``shape`` (the CUDA one
+    launch's ``workbench.kernels.one_launch_shape.OneLaunchShape``): how the kernel backends
+    launch, None for their defaults; they never change a result, only its speed.
     """
     name = backends.resolve_backend(validate.one_of("backend", backend, backends.BACKENDS))
+    tuning = checked_tuning(tuning) if tuning is not None else None
     return_backend = validate.flag("return_backend", return_backend)
     branch, residual = check_inputs(w, branch, residual)
     # Every backend computes in float32; a float64 value beyond float32's range would become
@@ -269,14 +256,10 @@ def fused_tail(
         out = tail_graph(launch, to_mx(branch), to_mx(residual))
         mx.eval(out)  # the one submission
         result = np.asarray(out)  # already evaluated: reading it waits on nothing more
-    elif name == "cuda":
-        # The kernels' modules are imported by the backends that run them, so the oracle
-        # and the graph tail (most callers) do not pay for them.
-        from workbench.kernels import one_launch
-
-        result = one_launch.run_cuda_tail(launch, branch, residual)
     else:
+        # The kernels' door is imported by the backends that run them, so the oracle and
+        # the graph tail (most callers) do not pay for it.
         from workbench.kernels import run as kernel_run
 
-        result = kernel_run.run_kernel_tail(name, launch, branch, residual)
+        result = kernel_run.run_tail(name, launch, branch, residual, tuning=tuning, shape=shape)
     return (result, name) if return_backend else result
