@@ -40,7 +40,7 @@ from workbench.real_models import graph_tail
 from workbench.real_models.capture import capture_layers
 from workbench.real_models.end_to_end import PROMPT, smollm2
 from workbench.real_models.graph_tail import model_graph_tail
-from workbench.real_models.reference_model import LAZY_BACKENDS, fused_tails, stacked_qkv, vector_tail
+from workbench.real_models.fused_layers import LAZY_BACKENDS, fused_tails, stacked_qkv, vector_tail
 from workbench.reports.real_model import STORED_GRAPH, UNJUDGED
 from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_TOL

@@ -23,7 +23,7 @@ from workbench.real_models.gguf_checkpoint import unpermute_rope_rows
 from workbench.real_models.loaded_checkpoint import Checkpoint
 from workbench.real_models.mlx_lm_model import reference_model
 from workbench.tail.comparison import compare
-from workbench.real_models.reference_model import fused_tails
+from workbench.real_models.fused_layers import fused_tails
 from workbench.tail import fused_tail, host_tail
 
 llama = pytest.importorskip("mlx_lm.models.llama")

@@ -1,4 +1,4 @@
-"""reference_model.first_departure: where teacher forcing first leaves a reference, in at most two passes;
+"""real_models.decoding.first_departure: where teacher forcing first leaves a reference, in at most two passes;
 first_departures: the same count for several weight sets, their prompt passes side by side;
 greedy_captured and greedy_beside: greedy's tokens, with each prompt pass captured."""
 
@@ -17,7 +17,7 @@ from workbench.real_models.decoding import (
     greedy_beside,
     greedy_captured,
 )
-from workbench.real_models.reference_model import fused_tails
+from workbench.real_models.fused_layers import fused_tails
 
 PROMPT = [3, 17, 42, 99, 5]
 

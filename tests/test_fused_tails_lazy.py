@@ -10,7 +10,7 @@ from tests.test_checkpoint import TOKENS, TOL, _logits, tiny_llama
 from workbench import backends
 from workbench.backends import BackendUnavailable
 from workbench.kernels import one_launch
-from workbench.real_models import reference_model as rmod
+from workbench.real_models import fused_layers as rmod
 from workbench.real_models.checkpoint import load_checkpoint
 from workbench.tail import tail_graph
 from workbench.tail.comparison import compare

@@ -391,10 +391,10 @@ def test_metal_check_table():
     """Every schedule and every math variant, on both cases: same bits across schedules, the
     oracle's tolerance held, and the backend's own call is the ascending host run."""
     from workbench.kernels.metal_emulation import SCHEDULES
-    from workbench.studies.metal_check import PROVES, SAME_BITS, metal_check
+    from workbench.studies.metal_check import PROVES, SAME_BITS, metal_check_table
     from workbench.studies.metal_math_modes import VARIANTS
 
-    df = metal_check()
+    df = metal_check_table()
     assert len(SCHEDULES) == 6 and len(VARIANTS) == 7
     assert list(df["path"]) == (["metal-emulated"] * len(VARIANTS) + ["graph"]) * 2
     metal = df[df["path"] == "metal-emulated"]
@@ -406,7 +406,7 @@ def test_metal_check_table():
     assert metal.groupby("case")["worst"].nunique().gt(1).all(), df.to_string()
     assert "does not" in PROVES and "8.4" in PROVES and "Mac" not in PROVES
     with pytest.raises(ValueError, match="seed"):
-        metal_check(seed=-1)
+        metal_check_table(seed=-1)
 
 
 def test_without_clang_every_entry_says_what_to_install(monkeypatch):

@@ -67,15 +67,8 @@ def test_no_public_name_hides_a_module():
 
 SUBPACKAGES = sorted(m.name for m in pkgutil.iter_modules(workbench.__path__) if m.ispkg)
 SHARED = sorted(m.name for m in pkgutil.iter_modules(workbench.__path__) if not m.ispkg)
-#: The parts whose names are imported on first use through ``workbench.public_names``.
-LAZY = ("check", "decode", "fold", "models", "reports", "studies", "waits")
-#: Parts that export their names after the merge of the modules now moving in them; until
-#: then a notebook may import their modules directly. To be emptied after the merge.
-NOT_YET_PUBLIC = {"kernels", "tail", "real_models"}
-#: Functions named after their own module: as a public name of the part each would hide the
-#: module (``from workbench.studies import metal_check`` would hand back the one or the other,
-#: depending on what was imported first). A notebook imports them from the module until renamed.
-NEEDS_A_RENAME = {("workbench.models.refusals", "refusals"), ("workbench.studies.metal_check", "metal_check")}
+#: The parts whose names are imported on first use through ``workbench.public_names``: every one.
+LAZY = tuple(SUBPACKAGES)
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
 
@@ -85,7 +78,7 @@ def test_the_top_level_names_are_one_list():
         assert getattr(workbench, name) is getattr(importlib.import_module(home), name), name
 
 
-@pytest.mark.parametrize("part", [p for p in SUBPACKAGES if p not in NOT_YET_PUBLIC])
+@pytest.mark.parametrize("part", SUBPACKAGES)
 def test_a_part_exports_its_public_names(part):
     assert part in LAZY, f"workbench.{part}: list its public names through workbench.public_names"
     pkg = importlib.import_module(f"workbench.{part}")
@@ -162,13 +155,5 @@ def test_a_notebook_imports_only_public_names(path):
     imports = notebook_imports(path)
     assert imports, f"{path.name}: no workbench import found"
     internal = [f"from {m} import {n}" for m, n in imports
-                if m.split(".")[1:2] != [] and m.split(".")[1] not in NOT_YET_PUBLIC and (m, n) not in NEEDS_A_RENAME
-                and not public_in(m, n)]
+                if m.split(".")[1:2] != [] and not public_in(m, n)]
     assert not internal, f"{path.name} imports names that are not public: {internal}"
-
-
-def test_the_known_exceptions_are_still_needed():
-    # A name renamed, or a part exporting its names, leaves its entry here to be removed.
-    seen = {mn for p in NOTEBOOKS for mn in notebook_imports(p)}
-    assert NEEDS_A_RENAME <= seen
-    assert all(not public_in(m, n) for m, n in NEEDS_A_RENAME)

@@ -23,7 +23,7 @@ from workbench.real_models.end_to_end import (
 )
 from workbench.real_models.capture import capture_layers
 from workbench.real_models.decoding import greedy
-from workbench.real_models.reference_model import fused_tails
+from workbench.real_models.fused_layers import fused_tails
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,8 @@ from workbench.models.refusals import (
     explain,
     head_launch_refusals,
     model_summary,
+    layer_refusals,
     refusal_table,
-    refusals,
     tail_verdicts,
 )
 
@@ -111,7 +111,7 @@ def test_every_shipped_model_has_hand_derived_verdicts():
 def test_per_layer_verdicts_match_the_hand_derivation(name):
     cfg = load_model(name)
     for l in range(cfg.num_layers):
-        assert refusals(cfg, l) == EXPECTED[name](l), f"{name} layer {l}"
+        assert layer_refusals(cfg, l) == EXPECTED[name](l), f"{name} layer {l}"
 
 
 @pytest.mark.parametrize(
@@ -150,29 +150,29 @@ def test_trap_qwen35_output_gate_does_not_refuse():
 
 def test_trap_gemma_and_olmo2_post_attention_norm_refuses():
     for name in ("gemma-2-9b", "gemma-3-1b", "olmo-2-7b"):
-        assert R.POST_ATTN_NORM in refusals(load_model(name), 0)
+        assert R.POST_ATTN_NORM in layer_refusals(load_model(name), 0)
 
 
 def test_trap_nemotron_attention_block_has_no_ffn():
-    assert refusals(load_model("nemotron-h-8b"), 7) == [R.NO_FFN]
+    assert layer_refusals(load_model("nemotron-h-8b"), 7) == [R.NO_FFN]
 
 
 def test_trap_jamba_attention_layers_fuse_though_the_model_has_experts():
     jamba = load_model("jamba-v0.1")
     assert [l for l in range(32) if eligible(jamba, l)] == [4, 12, 20, 28]
-    assert R.NO_DENSE_FFN in refusals(jamba, 5)
+    assert R.NO_DENSE_FFN in layer_refusals(jamba, 5)
 
 
 def test_trap_granite_residual_multiplier_refuses():
-    assert refusals(load_model("granite-3.1-8b"), 0) == [R.RESIDUAL_SCALE]
+    assert layer_refusals(load_model("granite-3.1-8b"), 0) == [R.RESIDUAL_SCALE]
 
 
 def test_trap_falcon_h1_parallel_mamba_refuses():
-    assert refusals(load_model("falcon-h1-7b"), 0) == [R.PARALLEL_SSM]
+    assert layer_refusals(load_model("falcon-h1-7b"), 0) == [R.PARALLEL_SSM]
 
 
 def test_trap_gpt_oss_bias_and_experts_refuse():
-    found = refusals(load_model("gpt-oss-20b"), 1)
+    found = layer_refusals(load_model("gpt-oss-20b"), 1)
     assert {R.GPT_OSS, R.O_BIAS, R.NO_DENSE_FFN} <= set(found)
 
 
@@ -199,21 +199,21 @@ ONE_AT_A_TIME = {
 
 
 def test_the_plain_synthetic_layer_is_eligible():
-    assert refusals(PLAIN, 0) == [] and eligible(PLAIN, 0)
+    assert layer_refusals(PLAIN, 0) == [] and eligible(PLAIN, 0)
 
 
 @pytest.mark.parametrize("reason", list(ONE_AT_A_TIME), ids=lambda r: r.name)
 def test_each_condition_alone_refuses_with_exactly_its_reason(reason):
     cfg = ONE_AT_A_TIME[reason](PLAIN)
-    assert refusals(cfg, 0) == [reason]
+    assert layer_refusals(cfg, 0) == [reason]
     assert not eligible(cfg, 0)
 
 
 def test_kernels_disabled_refuses_everything_and_comes_first():
-    assert refusals(PLAIN, 0, kernels_enabled=False) == [R.KERNELS_DISABLED]
+    assert layer_refusals(PLAIN, 0, kernels_enabled=False) == [R.KERNELS_DISABLED]
     assert not eligible(PLAIN, 0, kernels_enabled=False)
     gem = load_model("gemma-2-9b")
-    assert refusals(gem, 3, kernels_enabled=False) == [R.KERNELS_DISABLED, R.NOT_ALL_SWIGLU, R.POST_ATTN_NORM]
+    assert layer_refusals(gem, 3, kernels_enabled=False) == [R.KERNELS_DISABLED, R.NOT_ALL_SWIGLU, R.POST_ATTN_NORM]
 
 
 @settings(max_examples=200, deadline=None)
@@ -227,7 +227,7 @@ def test_all_reasons_come_back_in_the_seeds_order(chosen):
     expect = set(chosen)
     if R.NO_FFN in expect:
         expect -= {R.NOT_ALL_SWIGLU, R.NO_DENSE_FFN, R.FFN_BIAS}
-    found = refusals(cfg, 0)
+    found = layer_refusals(cfg, 0)
     assert set(found) == expect
     assert found == sorted(found, key=lambda r: r.value)
     assert eligible(cfg, 0) == (not found)
@@ -259,35 +259,35 @@ def test_eligible_agrees_with_refusals_everywhere(name):
     cfg = load_model(name)
     for l in range(cfg.num_layers):
         for k in (True, False):
-            assert eligible(cfg, l, kernels_enabled=k) == (refusals(cfg, l, kernels_enabled=k) == [])
+            assert eligible(cfg, l, kernels_enabled=k) == (layer_refusals(cfg, l, kernels_enabled=k) == [])
 
 
 def test_eligible_is_decided_by_the_refusals_body(monkeypatch):
     # eligible holds no rule of its own: replace the body and eligible follows it. The
-    # tail's launch builder calls the same `refusals`, so the two cannot disagree.
+    # tail's launch builder calls the same `layer_refusals`, so the two cannot disagree.
     calls = []
 
     def fake(cfg, layer, *, kernels_enabled=True):
         calls.append((cfg.name, layer, kernels_enabled))
         return [R.SKIP_STREAM]
 
-    monkeypatch.setattr(refusals_mod, "refusals", fake)
+    monkeypatch.setattr(refusals_mod, "layer_refusals", fake)
     assert refusals_mod.eligible(PLAIN, 0) is False
     assert calls == [("synthetic", 0, True)]
 
 
 def test_refusals_is_pure():
     cfg = load_model("gpt-oss-20b")
-    a = refusals(cfg, 0)
+    a = layer_refusals(cfg, 0)
     a.clear()
-    assert refusals(cfg, 0) == [R.GPT_OSS, R.NOT_ALL_SWIGLU, R.O_BIAS, R.NO_DENSE_FFN]
+    assert layer_refusals(cfg, 0) == [R.GPT_OSS, R.NOT_ALL_SWIGLU, R.O_BIAS, R.NO_DENSE_FFN]
     assert cfg == load_model("gpt-oss-20b")
 
 
 @pytest.mark.parametrize("l", [-1, 64, 2.0])
 def test_layer_out_of_range_is_a_clear_error(l):
     cfg = load_model("bonsai-27b")
-    for f in (refusals, eligible, head_launch_refusals):
+    for f in (layer_refusals, eligible, head_launch_refusals):
         with pytest.raises(ValueError, match=r"layer: .*0\.\.63"):
             f(cfg, l)
 

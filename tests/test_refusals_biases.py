@@ -9,7 +9,7 @@ import pytest
 from workbench.models.config import MODELS_DIR, ModelConfig
 from workbench.models.families import from_hf_config
 from workbench.models.loader import list_models, load_model
-from workbench.models.refusals import Refusal, refusals, tail_verdicts
+from workbench.models.refusals import Refusal, layer_refusals, tail_verdicts
 
 HYBRIDS = ("qwen3-next-80b-a3b", "qwen3.5-9b", "bonsai-27b")
 
@@ -42,7 +42,7 @@ def test_granite_reads_mlp_bias_too():
     raw = {"model_type": "granite", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "intermediate_size": 96, "hidden_act": "silu", "rms_norm_eps": 1e-5,
            "mlp_bias": True}
-    assert refusals(from_hf_config(raw), 1) == [Refusal.FFN_BIAS]
+    assert layer_refusals(from_hf_config(raw), 1) == [Refusal.FFN_BIAS]
 
 
 @pytest.mark.parametrize("name", list_models())

@@ -205,9 +205,9 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("replace_layer foo=1", lambda: M.replace_layer(BONSAI, 3, foo=1), "changes"),
     ("replace_layer layer 300", lambda: M.replace_layer(BONSAI, 300, ffn_dim=3), "layer"),
     # refusals
-    ("refusals layer '3'", lambda: R.refusals(BONSAI, "3"), "layer"),
-    ("refusals cfg 'bonsai'", lambda: R.refusals("bonsai", 3), "cfg"),
-    ("kernels_enabled 'no'", lambda: R.refusals(BONSAI, 3, kernels_enabled="no"), "kernels_enabled"),
+    ("refusals layer '3'", lambda: R.layer_refusals(BONSAI, "3"), "layer"),
+    ("refusals cfg 'bonsai'", lambda: R.layer_refusals("bonsai", 3), "cfg"),
+    ("kernels_enabled 'no'", lambda: R.layer_refusals(BONSAI, 3, kernels_enabled="no"), "kernels_enabled"),
     ("refusal_table(None)", lambda: R.refusal_table(None), "cfg"),
     ("model_summary of names", lambda: R.model_summary(["bonsai"]), "cfgs[0]"),
     ("head_launch_refusals layer 'x'", lambda: R.head_launch_refusals(BONSAI, "x"), "layer"),
@@ -372,7 +372,7 @@ NATURAL: list[tuple[str, Callable[[], Any]]] = [
     ("numpy bits", lambda: WeightMatrix.quantize(np.ones((8, 64), np.float32), bits=np.int64(4)).dtype
      == "affine4-g64"),
     ("cfg.layer(np.int64(3))", lambda: BONSAI.layer(np.int64(3)).index == 3),
-    ("refusals at a numpy layer", lambda: R.refusals(BONSAI, np.int64(3)) == R.refusals(BONSAI, 3)),
+    ("refusals at a numpy layer", lambda: R.layer_refusals(BONSAI, np.int64(3)) == R.layer_refusals(BONSAI, 3)),
     ("host_tail of an MLX bfloat16 branch", lambda: T.host_tail(WTS, mx.array(BR).astype(mx.bfloat16), RES).shape
      == (32,)),
     ("host_tail of lists", lambda: np.array_equal(T.host_tail(WTS, list(BR), list(RES)), T.host_tail(WTS, BR, RES))),
@@ -581,7 +581,7 @@ CALLS: list[tuple[str, Callable[..., Any], dict]] = [
                                                                 outlier_scale=3.0, seed=0)),
     ("ModelConfig.synthetic", lambda **k: M.ModelConfig.synthetic(**k),
      dict(hidden=64, ffn_dim=32, num_q_heads=2, num_kv_heads=1, head_dim=16, rms_norm_eps=1e-6)),
-    ("refusals", lambda **k: R.refusals(**k), dict(cfg=BONSAI, layer=3, kernels_enabled=True)),
+    ("refusals", lambda **k: R.layer_refusals(**k), dict(cfg=BONSAI, layer=3, kernels_enabled=True)),
     ("host_tail", lambda **k: T.host_tail(**k), dict(w=WTS, branch=BR, residual=RES, dtype=np.float64)),
     ("fused_tail", lambda **k: T.fused_tail(**k), dict(w=WTS, branch=BR, residual=RES, backend="graph")),
     ("unfused_tail", lambda **k: T.unfused_tail(**k), dict(w=WTS, branch=BR, residual=RES)),
@@ -624,7 +624,7 @@ def test_configs_valid_or_clearly_refused(hidden, layers, heads, eps):
     if math.isfinite(eps) and eps > 0:
         c = cfg(d)
         assert c.num_layers == layers and c.attention_layers() == list(range(layers))
-        assert c.rms_norm_eps == eps and not R.refusals(c, layers - 1)
+        assert c.rms_norm_eps == eps and not R.layer_refusals(c, layers - 1)
     else:
         assert_clear(lambda: cfg(d), "rms_norm_eps")
 

@@ -1,5 +1,5 @@
-"""workbench.real_models.stacked_qkv: an attention's q, k and v projections as one product,
-swapped into mlx-lm's Llama layers alone (``reference_model.stacked_qkv``) and beside the
+"""workbench.real_models.stacked_attention: an attention's q, k and v projections as one product,
+swapped into mlx-lm's Llama layers alone (``fused_layers.stacked_qkv``) and beside the
 fused tails (``fused_tails(stack_qkv=True)``): the same bits as the three projections, the
 same logits as the model's own layers, and the model's own modules back on exit."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from tests.test_checkpoint import TOKENS, _logits, tiny_llama
-from workbench.real_models import reference_model as rmod
+from workbench.real_models import fused_layers as rmod
 from workbench.real_models.checkpoint import load_checkpoint
-from workbench.real_models.stacked_qkv import StackedAttention, StackedQKV, stackable
+from workbench.real_models.stacked_attention import StackedAttention, StackedQKV, stackable
 
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["dense", "affine4"])
@@ -149,7 +149,7 @@ def test_a_decode_steps_cache_update_is_mlx_lms_own_bit_for_bit_across_its_growt
     from mlx_lm.models.cache import KVCache
 
     from bench.common.step_profile import graph_ops
-    from workbench.real_models.stacked_qkv import _appended
+    from workbench.real_models.stacked_attention import _appended
 
     def kv(n: int, seed: int) -> tuple[mx.array, mx.array]:
         k = mx.random.normal((1, 2, n, 8), key=mx.random.key(seed))
@@ -172,7 +172,7 @@ def test_a_decode_steps_cache_update_is_mlx_lms_own_bit_for_bit_across_its_growt
 
 
 def test_another_cache_kind_keeps_its_own_update():
-    from workbench.real_models.stacked_qkv import _appended
+    from workbench.real_models.stacked_attention import _appended
 
     class Cache:  # a cache StackedAttention does not know: its own update_and_fetch runs
         keys = mx.zeros((1, 1, 4, 2))
@@ -185,7 +185,7 @@ def test_another_cache_kind_keeps_its_own_update():
 
 
 def test_a_cache_without_keys_keeps_its_own_update():
-    from workbench.real_models.stacked_qkv import _appended
+    from workbench.real_models.stacked_attention import _appended
 
     class State:  # a recurrent layer's cache: no keys at all
         def update_and_fetch(self, k, v):

@@ -1,16 +1,37 @@
 """The GPU kernels: their source, their launches, and Metal on a CPU.
 
-``source`` composes ``kernels/`` (one body an algorithm over ``common.h``) into the Metal
-or CUDA text MLX compiles, and fingerprints it. ``tuning`` holds the launches' group
-sizes and grids and the hardware limits; ``matrices`` a weight matrix as kernel inputs
-and the group memory a launch declares; ``launch`` prepares a tail's three launches from
-its weights and fold plan; ``run`` runs a tail on ``metal`` or ``metal-emulated`` (and the
-CUDA path's fallback); ``head`` the Q/K/V launch; ``emulated`` the Metal launches on the
-CPU and the Metal source MLX generates; ``one_launch`` the CUDA tail as ONE launch with
-grid barriers; ``next_norm`` the next layer's input norm a tail's launch also computes; ``gdn_step`` a Gated DeltaNet decode step as one launch;
-``metal_emulation`` compiles Metal and runs it on the CPU (the emulated kernel, its launch
-and schedules) over ``metal_translation`` (MLX's Metal source made C++), ``metal_toolchain``
-(clang against a stand-in ``<metal_stdlib>``, the compile cache) and ``metal_memory`` (the
-fiber stacks and guarded buffers kept between launches); ``metal_drop_in`` is ``metal_kernel``, a drop-in for
-``mx.fast.metal_kernel`` that runs a user's Metal source there; ``cuda_device`` reads the GPU's multiprocessor count.
+``source`` composes ``kernels/`` (one body an algorithm over ``common.h``) into the Metal or
+CUDA text MLX compiles, and fingerprints it; ``tuning`` holds the launches' group sizes and
+the hardware limits; ``matrices`` a weight matrix as kernel inputs. ``contract`` is the launch
+contract a caller builds (``TailLaunch``: weights, fold plan, norm, eps); ``run`` is the one
+door every launch goes through to its backend (``metal``, ``cuda``, ``metal-emulated``),
+eager or inside a model's graph. Behind it: ``launch`` (a tail's three launches prepared),
+``one_launch`` and ``one_launch_shape`` (the CUDA tail as one launch, and its shape),
+``next_norm``, ``head`` (Q/K/V), ``gdn_step`` (a Gated DeltaNet step), ``emulated`` and
+``metal_emulation`` with ``metal_translation``, ``metal_toolchain`` and ``metal_memory``
+(Metal compiled by clang and run on the CPU); ``metal_drop_in`` is ``metal_kernel``, a drop-in
+for ``mx.fast.metal_kernel`` running a user's Metal there. The names below are the part's API,
+importable from ``workbench.kernels``; each module is imported when one of its names is first read.
 """
+
+from workbench import public_names
+
+_HOMES, __getattr__, __dir__ = public_names(__name__, {
+    "contract": ("TailLaunch", "each_row"),
+    "run": ("METAL_EMULATED", "DEVICE_BACKENDS", "KERNEL_BACKENDS", "check_backend", "is_emulated", "compiled_kernel",
+            "source_kernel", "run_tail", "lazy_tail", "run_kernel_tail", "run_cuda_tail"),
+    "source": ("KERNELS", "DIALECTS", "TAIL_KERNELS", "compose", "fingerprint", "one_launch_inputs"),
+    "tuning": ("KernelTuning", "DEFAULT_TUNING", "checked_tuning"),
+    "launch": ("PreparedTail", "prepare_tail", "prepared", "settle_constants"),
+    "one_launch": ("OneLaunchTail", "GridBarrierTimeout", "CHOICE_MARGIN", "for_launch", "fits"),
+    "one_launch_shape": ("OneLaunchShape", "shape_for", "shape_for_formats", "DEFAULT_NT", "FOUR_BIT_NT",
+                         "FOUR_BIT_ROW_UNITS"),
+    "next_norm": ("NextNorm",),
+    "head": ("head_launch", "head_refusals"),
+    "gdn_step": ("GdnShape", "GdnStep", "recurrent_step_exact"),
+    "emulated": ("metal_tail_source",),
+    "metal_emulation": ("SCHEDULES", "MATH_MODES", "EmulatedKernel"),
+    "metal_drop_in": ("metal_kernel", "GridWarning"),
+})
+
+__all__ = list(_HOMES)

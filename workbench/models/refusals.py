@@ -3,7 +3,7 @@
 frink-models' ``fused_attention_refusals`` is one ``||`` chain that stops at the first
 condition that holds; `refusals` asks the same questions in the same order and returns EVERY
 one that holds, because a user deciding what to change in a model (or the kernels) needs the
-whole list. `eligible` is ``not refusals(...)``, and the tail's launch builder calls that same
+whole list. `eligible` is ``not layer_refusals(...)``, and the tail's launch builder calls that same
 `refusals` first, so eligibility and the launch cannot disagree ("One body, two callers").
 A layer with no FFN (``ffn_dim == 0``) is refused ``NO_FFN`` only, not also ``NOT_ALL_SWIGLU``
 and ``NO_DENSE_FFN``, so one cause is not counted three times; ``NO_DENSE_FFN`` is
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pandas for the tables only: the rules themselves need none 
 __all__ = [
     "Refusal",
     "HeadRefusal",
-    "refusals",
+    "layer_refusals",
     "eligible",
     "tail_verdicts",
     "refusal_table",
@@ -121,7 +121,7 @@ def _layer_refusals(cfg: ModelConfig, lc: LayerConfig, kernels_enabled: bool) ->
     return out
 
 
-def refusals(cfg: ModelConfig, layer: int, *, kernels_enabled: bool = True) -> list[Refusal]:
+def layer_refusals(cfg: ModelConfig, layer: int, *, kernels_enabled: bool = True) -> list[Refusal]:
     """EVERY reason layer ``layer``'s tail may not run fused, in frink-models' order; [] = eligible.
 
     The one body: `eligible` and the tail's launch builder both call this. Raises
@@ -138,13 +138,13 @@ def _check_cfg(cfg: object, name: str = "cfg") -> None:
 
 def eligible(cfg: ModelConfig, layer: int, *, kernels_enabled: bool = True) -> bool:
     """Whether layer ``layer``'s tail may run fused: `refusals` returned nothing."""
-    return not refusals(cfg, layer, kernels_enabled=kernels_enabled)
+    return not layer_refusals(cfg, layer, kernels_enabled=kernels_enabled)
 
 
 def tail_verdicts(cfg: ModelConfig, *, kernels_enabled: bool = True) -> dict[int, list[Refusal]]:
     """``{attention layer: its refusals}`` for every attention layer (the tails there are)."""
     _check_cfg(cfg)
-    return {l: refusals(cfg, l, kernels_enabled=kernels_enabled) for l in cfg.attention_layers()}
+    return {l: layer_refusals(cfg, l, kernels_enabled=kernels_enabled) for l in cfg.attention_layers()}
 
 
 def refusal_table(cfg: ModelConfig, *, kernels_enabled: bool = True) -> "pd.DataFrame":
@@ -155,7 +155,7 @@ def refusal_table(cfg: ModelConfig, *, kernels_enabled: bool = True) -> "pd.Data
     _check_cfg(cfg)
     rows = []
     for lc in cfg.layers:
-        found = refusals(cfg, lc.index, kernels_enabled=kernels_enabled)
+        found = layer_refusals(cfg, lc.index, kernels_enabled=kernels_enabled)
         rows.append(
             {
                 "layer": lc.index,

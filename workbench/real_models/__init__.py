@@ -9,44 +9,28 @@ stored tensors. mlx-lm's model carrying them: ``mlx_lm_model`` (the reference fo
 pass), ``tokenizer`` (a GGUF file's own), ``model_parts`` (the layers, head and vocabulary
 every module here reaches into), ``capture`` (each layer's residual, branch and output),
 ``decoding`` (greedy decoding, first departures), ``transformers_advice`` (mlx-lm imported
-quietly). The fused tail inside it: ``reference_model`` swaps it in (``fused_tails``);
-``graph_tail`` is the tail as an MLX graph, its weights prepared once; ``stacked_qkv`` an
-attention's q, k and v projections as one product. ``end_to_end`` is the SmolLM2-135M study
-notebook 06 shows. The names a user reaches for first are re-exported here, all but the
-function ``reference_model`` (``mlx_lm_model.reference_model``): its name is the module's.
+quietly). The fused tail inside it: ``fused_layers`` swaps it in (``fused_tails``);
+``graph_tail`` is the tail as an MLX graph, its weights prepared once; ``stacked_attention``
+an attention's q, k and v projections as one product. ``end_to_end`` is the SmolLM2-135M
+study notebook 06 shows. The names below are the part's API, importable from
+``workbench.real_models``; each module is imported when one of its names is first read.
 """
 
-from workbench.real_models.capture import LayerCapture, capture_layers
-from workbench.real_models.checkpoint import load_checkpoint, smollm2_gguf_path
-from workbench.real_models.decoding import (
-    Generation,
-    first_departure,
-    first_departures,
-    forced_choices,
-    greedy,
-    greedy_beside,
-    greedy_captured,
-)
-from workbench.real_models.loaded_checkpoint import Checkpoint
-from workbench.real_models.model_parts import vocab_size
-from workbench.real_models.reference_model import fused_tails, stacked_qkv
-from workbench.real_models.tokenizer import gguf_tokenizer
+from workbench import public_names
 
-__all__ = [
-    "Checkpoint",
-    "Generation",
-    "LayerCapture",
-    "capture_layers",
-    "first_departure",
-    "first_departures",
-    "forced_choices",
-    "fused_tails",
-    "gguf_tokenizer",
-    "greedy",
-    "greedy_beside",
-    "greedy_captured",
-    "load_checkpoint",
-    "smollm2_gguf_path",
-    "stacked_qkv",
-    "vocab_size",
-]
+_HOMES, __getattr__, __dir__ = public_names(__name__, {
+    "checkpoint": ("load_checkpoint", "smollm2_gguf_path"),
+    "loaded_checkpoint": ("Checkpoint",),
+    "mlx_lm_model": ("reference_model",),
+    "tokenizer": ("gguf_tokenizer",),
+    "model_parts": ("vocab_size",),
+    "capture": ("LayerCapture", "capture_layers"),
+    "decoding": ("Generation", "first_departure", "first_departures", "forced_choices", "greedy", "greedy_beside",
+                 "greedy_captured"),
+    "fused_layers": ("LAZY_BACKENDS", "MODEL_BACKENDS", "fused_tails", "stacked_qkv", "vector_tail"),
+    "graph_tail": ("model_graph_tail", "prepared_graph_tail"),
+    "end_to_end": ("PROMPT", "FOLD_FORMATS", "RealModel", "smollm2", "layer_errors", "kernel_errors",
+                   "TokenComparison", "same_tokens", "layer_match", "fold_errors", "fold_tokens", "requantized_wo"),
+})
+
+__all__ = list(_HOMES)

@@ -22,7 +22,7 @@ import numpy as np
 
 from workbench.real_models.capture import LayerCapture, tapped
 from workbench.real_models.model_parts import head, layer_owner, vocab_size
-from workbench.real_models.reference_model import fused_blocks, swapped_in
+from workbench.real_models.fused_layers import fused_blocks, swapped_in
 from workbench.real_models.transformers_advice import without_transformers_advice
 from workbench.tail.weights import TailWeights
 from workbench.validate import describe, integer, token_ids
@@ -66,7 +66,7 @@ def first_departure(model: nn.Module, prompt: Sequence[int], tokens: Sequence[in
 def first_departures(model: nn.Module, prompt: Sequence[int], tokens: Sequence[int],
                      weight_sets: Sequence[Sequence[TailWeights | None]], *, backend: str = "graph") -> list[int]:
     """:func:`first_departure` of ``model`` with each of ``weight_sets`` swapped in
-    (as :func:`~workbench.real_models.reference_model.fused_tails` swaps them, ``backend``),
+    (as :func:`~workbench.real_models.fused_layers.fused_tails` swaps them, ``backend``),
     one count a set.
 
     The sets' prompt passes are independent, so each is built on a stream of its own and all

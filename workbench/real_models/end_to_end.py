@@ -36,7 +36,7 @@ from workbench.real_models.checkpoint import load_checkpoint, smollm2_gguf_path
 from workbench.real_models.decoding import Generation, first_departures, greedy, greedy_beside, greedy_captured
 from workbench.real_models.loaded_checkpoint import Checkpoint
 from workbench.real_models.mlx_lm_model import reference_model
-from workbench.real_models.reference_model import fused_tails
+from workbench.real_models.fused_layers import fused_tails
 from workbench.real_models.tokenizer import gguf_tokenizer
 from workbench.tail.comparison import compare
 from workbench.fold.rotation import FoldSite, HadamardFold

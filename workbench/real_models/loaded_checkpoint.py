@@ -77,7 +77,7 @@ class Checkpoint:
             )
         found = self.biases_of(layer)
         if found:
-            reasons = refusals.refusals(self.config, layer)
+            reasons = refusals.layer_refusals(self.config, layer)
             raise ValueError(
                 f"layer: {layer} of {self.config.name} carries biases the fused tail does not add "
                 f"({', '.join(found)}); "

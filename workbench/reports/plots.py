@@ -19,7 +19,7 @@ from workbench import backends, validate
 from workbench.waits import plan as waits
 from workbench.fold.rotation import HadamardFold
 from workbench.models.config import Mixer, ModelConfig
-from workbench.models.refusals import Refusal, refusals
+from workbench.models.refusals import Refusal, layer_refusals
 from workbench.reports.schedule_run import clock_table
 
 
@@ -97,7 +97,7 @@ def plot_refusal_map(cfgs: Sequence, *, ax=None, kernels_enabled: bool = True):
             if layer.mixer is not Mixer.ATTENTION:
                 code = 1
             else:
-                found = refusals(cfg, layer.index, kernels_enabled=kernels_enabled)
+                found = layer_refusals(cfg, layer.index, kernels_enabled=kernels_enabled)
                 code = 2 if not found else 3 + reasons.index(found[0])
             grid[r, layer.index] = code
             used.add(code)

@@ -24,7 +24,7 @@ _HOMES, __getattr__, __dir__ = public_names(__name__, {
                     "REFERENCE_TOLERANCES"),
     "three_way": ("three_way_table", "FAULTS", "VERDICTS"),
     "exact_oracle": ("host_tail_exact", "dequantize_exact", "oracle_tolerance", "tolerance_for"),
-    "metal_check": ("PROVES", "SAME_BITS"),
+    "metal_check": ("PROVES", "SAME_BITS", "metal_check_table"),
 }, namespaces=("metal_math_modes",))
 
 __all__ = list(_HOMES)

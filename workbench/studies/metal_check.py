@@ -1,6 +1,6 @@
 """The Metal kernels run live (emulated on the CPU) beside the graph tail and the float64 oracle.
 
-:func:`metal_check` is what notebook 03 shows: for frink-models' case and one folded random
+:func:`metal_check_table` is what notebook 03 shows: for frink-models' case and one folded random
 case, the fused tail's Metal launches (MLX's generated Metal source compiled by clang and run
 by the emulator) in every schedule of :data:`workbench.kernels.metal_emulation.SCHEDULES` and
 every math variant of :data:`workbench.studies.metal_math_modes.VARIANTS`, and the graph tail,
@@ -29,7 +29,7 @@ from workbench.tail.frink_case import seed_case
 from workbench.tail.paths import fused_tail, tail_launch
 from workbench.tail.weights import TailWeights, random_inputs
 
-#: What :func:`metal_check` establishes, and what it does not.
+#: What :func:`metal_check_table` establishes, and what it does not.
 PROVES = ("The Metal source MLX would compile for these launches compiles against a strict stand-in of "
           "<metal_stdlib> and, executed thread by thread with real barrier, SIMD-group and 32 KB "
           "threadgroup-memory semantics, gives the same bits in every schedule (SIMD-groups in step, and "
@@ -51,7 +51,7 @@ def _variant_name(mode: str, error: str) -> str:
     return mode if error == "none" else f"{mode} {error}"
 
 
-def metal_check(seed: int = 0) -> pd.DataFrame:
+def metal_check_table(seed: int = 0) -> pd.DataFrame:
     """One row a (case, path, math variant): ``worst`` scaled error against the float64
     oracle, ``x host`` (that worst over the host variant's worst on the case), the
     tolerance, pass, and for the emulated Metal kernels whether all schedules gave the same

@@ -168,7 +168,7 @@ def unfused_tail(w: TailWeights, branch: Any, residual: Any) -> np.ndarray:
 def tail_refusals(w: TailWeights, *, kernels_enabled: bool = True) -> list:
     """Every ``Refusal`` the rules find for the layer ``w`` stands for (empty: it fuses).
 
-    The ONE body (``workbench.models.refusals.refusals``) that the launch builder asks too, so
+    The ONE body (``workbench.models.refusals.layer_refusals``) that the launch builder asks too, so
     the two cannot disagree. Bare weights (``config is None``) are a plain GQA layer with
     a dense SwiGLU FFN; they are asked about as such, not waved through.
     """
@@ -179,7 +179,7 @@ def tail_refusals(w: TailWeights, *, kernels_enabled: bool = True) -> list:
         layer = 0
     else:
         cfg, layer = w.config, int(w.layer)
-    return list(refusals.refusals(cfg, layer, kernels_enabled=kernels_enabled))
+    return list(refusals.layer_refusals(cfg, layer, kernels_enabled=kernels_enabled))
 
 
 def tail_launch(w: TailWeights, *, kernels_enabled: bool = True) -> TailLaunch:

@@ -25,7 +25,7 @@ import numpy as np
 from workbench import files
 from workbench.models.config import ModelConfig
 from workbench.models.loader import list_models
-from workbench.models.refusals import format_reason_counts, reason_counts, refusals
+from workbench.models.refusals import format_reason_counts, layer_refusals, reason_counts
 from workbench.validate import describe, flag, integer, number
 from workbench.waits.ledger import ledger_entries, ledger_price
 from workbench.waits.schema import (FINAL_SPLIT, HOST_READ, check_split_kind, read_json, strict_object, text,
@@ -205,7 +205,7 @@ def _has_ffn(cfg, l: int) -> bool:
 def eligible_layers(cfg, *, kernels_enabled: bool = True) -> tuple[int, ...]:
     """The attention layers whose tail fuses, by ``workbench.models.refusals`` alone."""
     return tuple(
-        sorted(l for l in _attention_indices(cfg) if not refusals(cfg, l, kernels_enabled=kernels_enabled))
+        sorted(l for l in _attention_indices(cfg) if not layer_refusals(cfg, l, kernels_enabled=kernels_enabled))
     )
 
 

@@ -19,8 +19,8 @@ attention (``mlx_lm.models.llama.Attention``: SmolLM2, Llama, and every model ml
 builds from it) is taken: its forward pass is the one :meth:`StackedAttention.__call__`
 follows, and another family's attention may differ (biases, norms on q and k, other
 rotary embeddings). :func:`swapped_attention` swaps it into a model's layers
-(``reference_model.stacked_qkv(model)`` for the model's own layers,
-``reference_model.fused_tails(stack_qkv=True)`` beside the fused tails).
+(``fused_layers.stacked_qkv(model)`` for the model's own layers,
+``fused_layers.fused_tails(stack_qkv=True)`` beside the fused tails).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class StackedAttention(nn.Module):
     a reshape: the same values, six ops a layer fewer.
 
     ``o_proj`` is this stand-in's own attribute, the module's at first: a caller that takes
-    the output projection out (``reference_model``'s fused blocks set it to the identity)
+    the output projection out (``fused_layers``' fused blocks set it to the identity)
     sets it here."""
 
     def __init__(self, attn: Any) -> None:

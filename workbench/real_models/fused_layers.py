@@ -25,7 +25,7 @@ from workbench.kernels.next_norm import NextNorm, checked
 from workbench.real_models import graph_tail
 from workbench.real_models.graph_tail import prepared_graph_tail
 from workbench.real_models.model_parts import BlockStandIn, decoder_layers, layer_owner
-from workbench.real_models.stacked_qkv import swapped_attention
+from workbench.real_models.stacked_attention import swapped_attention
 from workbench.tail.weights import TailWeights
 from workbench.validate import describe, one_of
 
@@ -264,7 +264,7 @@ def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, back
     reader norms the rounded array itself). False: every block norms its own input.
 
     ``stack_qkv``: every layer whose attention is mlx-lm's Llama attention also runs its
-    q, k and v projections as one product (``workbench.real_models.stacked_qkv``: the same
+    q, k and v projections as one product (``workbench.real_models.stacked_attention``: the same
     map, two ops and two GPU kernels a layer fewer). That is a change to the attention, not
     to the tail, so it is off by default; :func:`stacked_qkv` makes the same change to the
     model's own layers, for a comparison that tells the two apart.
@@ -291,13 +291,13 @@ def _stacked_in(model: nn.Module, stack: contextlib.ExitStack, name: str) -> Non
     change would change nothing, and a comparison made with it would be mislabelled)."""
     if stack.enter_context(swapped_attention(decoder_layers(model))) == 0:
         raise ValueError(f"{name}: no layer's attention is mlx-lm's Llama Attention with q, k, v projections of "
-                         f"one format and no bias (workbench.real_models.stacked_qkv.stackable), in {describe(model)}")
+                         f"one format and no bias (workbench.real_models.stacked_attention.stackable), in {describe(model)}")
 
 
 @contextlib.contextmanager
 def stacked_qkv(model: nn.Module) -> Iterator[nn.Module]:
     """Within the block, the model's own layers with each attention's q, k and v projections
-    as one product (``workbench.real_models.stacked_qkv``), every layer's own module put
+    as one product (``workbench.real_models.stacked_attention``), every layer's own module put
     back on exit: mlx-lm's layers with only that change, the comparison that tells what
     ``fused_tails(stack_qkv=True)`` owes to the stacking and what to the tails. ValueError
     where no layer's attention is stackable."""
