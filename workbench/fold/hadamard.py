@@ -122,7 +122,7 @@ def factor_block(block: int) -> tuple[int, int]:
     )
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=8)  # m is one of four block factors
 def _table(m: int) -> np.ndarray:
     if m == 1:
         return np.ones((1, 1), dtype=np.int8)
@@ -130,7 +130,7 @@ def _table(m: int) -> np.ndarray:
     return np.array([[1 if c == "+" else -1 for c in row] for row in rows], dtype=np.int8)
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=32)  # k < 32: a block past 2**31 is refused first
 def _sylvester(k: int) -> np.ndarray:
     h = np.ones((1, 1), dtype=np.int8)
     for _ in range(k):
@@ -251,7 +251,7 @@ def _rows_times(rows: np.ndarray, m: np.ndarray) -> np.ndarray:
     return out
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=32)
 def _table_t_mx(m: int, dtype: mx.Dtype) -> mx.array:
     """``H_m^T / sqrt(m)`` as an MLX constant, made once per (m, dtype)."""
     return mx.array(_table(m).T.astype(np.float32) / np.sqrt(m), dtype=dtype)

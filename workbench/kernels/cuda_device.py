@@ -39,7 +39,7 @@ def _check(what: str, status: int) -> None:
         raise BackendUnavailable(f"the CUDA driver's {what} returned error {status} (CUresult): no usable NVIDIA GPU")
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=16)
 def multiprocessor_count(device: int = 0) -> int:
     """The SM count of CUDA device ``device`` (0: the one MLX uses), from the driver.
 
