@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import cli
-from bench.common import record
+from bench.common import cli, record
 from workbench.check import check_kernel
 from workbench.studies import sweeps
 

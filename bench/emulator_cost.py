@@ -19,10 +19,8 @@ import time
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
-from bench.common import cli
-from bench.common import record, timing
+from bench.common import cli, record, timing
 from workbench import fused_tail, seed_case
 from workbench.kernels import metal_emulation
 from workbench.kernels.emulated import emulated_tail

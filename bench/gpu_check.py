@@ -21,23 +21,23 @@ import datetime as _dt
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-from bench.common import cli
-from bench.common import kernel_tail, record
+from bench.common import cli, kernel_tail, record
 from bench.common.kernels import BONSAI
 from workbench import backends, tail
+from workbench.fold.rotation import HadamardFold
+from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 from workbench.kernels import head as kernel_head
 from workbench.kernels import run as kernel_run
-from workbench.tail.comparison import compare
 from workbench.studies.exact_oracle import dequantize_exact, host_tail_exact, oracle_tolerance, tolerance_for
-from workbench.fold.rotation import HadamardFold
+from workbench.tail.comparison import compare
 from workbench.tail.frink_case import seed_case
-from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -116,7 +116,7 @@ def _guarded(name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kw: Any
     """``fn(*args)``, or a failed entry carrying the exception (so one broken case keeps the rest)."""
     try:
         return fn(*args, **kw)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         import traceback
 
         traceback.print_exc()
@@ -239,12 +239,12 @@ def main(argv: list[str] | None = None) -> int:
             rec["bench"] = kernel_tail.run(dialect, repeats=max(10, a.repeats // (3 if a.quick else 1)),
                                            seed=seed, quick=a.quick)
             kernel_tail.print_table(rec["bench"])
-        except Exception as e:  # noqa: BLE001 -- keep the checks' record even if the benchmark breaks
+        except Exception as e:
             import traceback
 
             traceback.print_exc()
             rec["bench_error"] = repr(e)
-    rec["seconds"] = (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds()
+    rec["seconds"] = (_dt.datetime.now(_dt.UTC) - started).total_seconds()
     if not a.no_record:
         print()
         record.write(rec, a.out_dir, record.record_stem("gpu_check", device, started), force=a.force)

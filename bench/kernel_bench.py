@@ -20,8 +20,7 @@ from __future__ import annotations
 import datetime as _dt
 import sys
 
-from bench.common import cli
-from bench.common import record
+from bench.common import cli, record
 from bench.common.kernel_tail import print_table, run
 from bench.common.kernels import BENCH_FORMATS
 from workbench import backends

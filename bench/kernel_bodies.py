@@ -23,26 +23,25 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-from bench.common import cli
-from bench.common import kernels
-from bench.common import record, timing
+from bench.common import cli, kernels, record, timing
 from bench.common.timing import interleaved
 from workbench import backends, tail
-from workbench.kernels import head as kernel_head
-from workbench.kernels import launch as kernel_launch
-from workbench.kernels import tuning as kernel_tuning
-from workbench.kernels import source as kernel_source
-from workbench.kernels import one_launch
-from workbench.tail.comparison import compare
-from workbench.studies.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
 from workbench.fold.rotation import HadamardFold
 from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
+from workbench.kernels import head as kernel_head
+from workbench.kernels import launch as kernel_launch
+from workbench.kernels import one_launch
+from workbench.kernels import source as kernel_source
+from workbench.kernels import tuning as kernel_tuning
+from workbench.studies.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
+from workbench.tail.comparison import compare
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,10 +21,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from bench.common import cli  # noqa: E402
-from workbench.reports import records  # noqa: E402
+from bench.common import cli
+from workbench.reports import records
 
 #: The record kinds whose ``bench`` section holds the kernel benchmark's cases.
 PLOTTED = ("kernel_bench", "gpu_check")

@@ -119,11 +119,11 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
 
     from bench.common.kernels import BONSAI
     from workbench import tail
+    from workbench.fold.rotation import HadamardFold
+    from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
     from workbench.kernels import head as kernel_head
     from workbench.kernels import launch as kernel_launch
     from workbench.kernels import one_launch
-    from workbench.fold.rotation import HadamardFold
-    from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
     tuning = tuning_of(tuning_text)
     (hidden, branch, ffn), block = BONSAI

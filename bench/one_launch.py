@@ -24,23 +24,22 @@ import dataclasses
 import datetime as _dt
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-from bench.common import cli
-from bench.common import kernels
-from bench.common import record, timing
+from bench.common import cli, kernels, record, timing
 from workbench import backends, tail
-from workbench.kernels import launch as kernel_launch
-from workbench.kernels import tuning as kernel_tuning
-from workbench.kernels import one_launch
-from workbench.tail.comparison import compare
 from workbench.decode.matvec import worst_scaled_error
-from workbench.studies.exact_oracle import host_tail_exact, tolerance_for
-from workbench.tail.frink_case import SEED_TOL, seed_case
 from workbench.fold.weights import QUANT_FORMATS
+from workbench.kernels import launch as kernel_launch
+from workbench.kernels import one_launch
+from workbench.kernels import tuning as kernel_tuning
+from workbench.studies.exact_oracle import host_tail_exact, tolerance_for
+from workbench.tail.comparison import compare
+from workbench.tail.frink_case import SEED_TOL, seed_case
 
 #: Weight formats: bfloat16 and the quantized ones the kernels read.
 FORMATS: tuple[str, ...] = ("bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
@@ -223,7 +222,7 @@ def sweep(w: tail.TailWeights, b: mx.array, r: mx.array, br: np.ndarray, res: np
                          "changes": changes, "shape": dataclasses.asdict(shape)}
             print(f"variant {name}: {out[name]['device_ms']:.4f} ms a tail (agrees with default to {agree:.2g})",
                   flush=True)
-        except Exception as e:  # noqa: BLE001 -- a variant the device cannot launch: say why, go on
+        except Exception as e:
             out[name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"variant {name} failed: {out[name]['error']}", flush=True)
     return out
@@ -347,7 +346,7 @@ def run(formats: list[str], repeats: int, seed: int, timeout: bool,
                                           seed + 400 + i))
             out["cases"][-1]["variant"] = out["variant_chosen"][fmt]
             print_case(out["cases"][-1])
-        except Exception as e:  # noqa: BLE001 -- record it and go on to the next format
+        except Exception as e:
             out.setdefault("errors", {})[fmt] = f"{type(e).__name__}: {e}"
             print(f"{fmt}: {out['errors'][fmt]}", flush=True)
     return out

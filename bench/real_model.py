@@ -20,17 +20,17 @@ writes ``data/bench/real_model-<device>-<UTC time>.json`` unless ``--no-record``
 
 from __future__ import annotations
 
-import sys
 import contextlib
 import dataclasses
+import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-from bench.common import cli
-from bench.common import record, step_profile, timing
+from bench.common import cli, record, step_profile, timing
 from workbench import backends, tail
 from workbench.fold.weights import QuantizedBase, WeightMatrix
 from workbench.kernels import launch as kernel_launch
@@ -39,8 +39,8 @@ from workbench.models.config import BONSAI_SHAPE
 from workbench.real_models import graph_tail
 from workbench.real_models.capture import capture_layers
 from workbench.real_models.end_to_end import PROMPT, smollm2
-from workbench.real_models.graph_tail import model_graph_tail
 from workbench.real_models.fused_layers import LAZY_BACKENDS, fused_tails, stacked_qkv, vector_tail
+from workbench.real_models.graph_tail import model_graph_tail
 from workbench.reports.real_model import STORED_GRAPH, UNJUDGED
 from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_TOL
@@ -202,7 +202,7 @@ def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, r
                     ops[name] = step_ops(rm.model, rm.prompt_ids)
                 if profile and i == rounds - 1:
                     cache, out = _primed(rm.model, rm.prompt_ids, WARMUP)
-                    prof[name] = step_profile.device_profile(lambda: _steps(rm.model, cache, out, tokens), tokens)
+                    prof[name] = step_profile.device_profile(lambda c=cache, o=out: _steps(rm.model, c, o, tokens), tokens)
                 if host and i == rounds - 1:
                     hosts[name] = host_profile(rm.model, rm.prompt_ids, tokens)
             rates[name].append(tokens / secs)

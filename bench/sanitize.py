@@ -35,8 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import cli
-from bench.common import bounded_run, record
+from bench.common import bounded_run, cli, record
 from workbench.reports import sanitize as sanitizer_coverage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,14 +182,14 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
     import mlx.core as mx
 
     from workbench import tail
+    from workbench.decode.matvec import worst_scaled_error
+    from workbench.fold.weights import QUANT_FORMATS
     from workbench.kernels import launch as kernel_launch
     from workbench.kernels import one_launch
     from workbench.kernels.next_norm import NextNorm
-    from workbench.tail.comparison import compare
-    from workbench.decode.matvec import worst_scaled_error
     from workbench.studies.exact_oracle import host_tail_exact, tolerance_for
+    from workbench.tail.comparison import compare
     from workbench.tail.frink_case import SEED_TOL
-    from workbench.fold.weights import QUANT_FORMATS
 
     (hidden, branch, ffn), block, _ = SHAPES[sname]
     q = QUANT_FORMATS.get(fmt)
@@ -252,9 +251,9 @@ def _head_part(sname: str, fmt: str, i: int) -> int:
     is finite (its oracle check is bench.gpu_check's), returns 1 if not."""
     import mlx.core as mx
 
-    from workbench.kernels import head as kernel_head
     from workbench.fold.rotation import HadamardFold
     from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
+    from workbench.kernels import head as kernel_head
 
     (hidden, _, _), block, (nq, nk, nv) = SHAPES[sname]
     q = QUANT_FORMATS.get(fmt)

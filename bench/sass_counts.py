@@ -27,8 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import cli
-from bench.common import kernels, record
+from bench.common import cli, kernels, record
 from bench.common.sass import CLASSES, compile_sass, find_tool, parse_sass, sass_counts, tool_version
 from workbench.fold import formats as weight_formats
 from workbench.fold.formats import Format

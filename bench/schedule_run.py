@@ -22,8 +22,7 @@ import math
 import sys
 import time
 
-from bench.common import cli
-from bench.common import record
+from bench.common import cli, record
 from workbench.decode.state import MAX_TOKENS
 
 #: The fewest rounds a split kind's price is measured over (``measure_split_between``'s own minimum).
@@ -101,20 +100,20 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out is not None and not args.no_record:
         cli.refuse_existing(p, args.out, args.force)
 
-    from bench.common import decode_timing, stages as stage_timing, step_profile, timing
+    from bench.common import decode_timing, step_profile, timing
+    from bench.common import stages as stage_timing
     if args.profile:
         try:
             step_profile.check_available()
         except step_profile.ProfileUnavailable as e:
             p.error(f"--profile: {e}")
-    from workbench.decode import geometry, layers, schedule, savings
+    from workbench.backends import BackendUnavailable
+    from workbench.decode import geometry, layers, savings, schedule
     from workbench.decode import matvec as decode_matvec
     from workbench.decode.state import HybridWeights
+    from workbench.models.loader import load_model
     from workbench.waits import measurement as wait_measurement
     from workbench.waits import plan as waits
-    from workbench.models.loader import load_model
-
-    from workbench.backends import BackendUnavailable
 
     try:  # kernels without a kernel backend: said now, never a fall back to MLX ops
         decode_matvec.resolve_matvec(args.matvec)
@@ -281,7 +280,8 @@ def main(argv: list[str] | None = None) -> dict:
             state = new_state(wts, context=args.context, max_new=args.warmup + args.tokens + 1)
             for _ in range(args.warmup):
                 sched.step(state, n)
-            prof = step_profile.device_profile(lambda: [sched.step(state, n) for _ in range(args.tokens)], args.tokens)
+            prof = step_profile.device_profile(lambda s=state, n=n: [sched.step(s, n) for _ in range(args.tokens)],
+                                               args.tokens)
             r["device_ms_per_token"] = prof["device_us_per_step"] / 1e3
             r["kernels_per_token"] = prof["kernels_per_step"]
             r["top_kernels"] = prof["top_kernels"][:6]  # where a stage's kernel time goes

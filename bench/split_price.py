@@ -16,21 +16,21 @@ The split prices BY KIND are measured by ``bench.schedule_run`` in the run they 
 
 from __future__ import annotations
 
-import sys
 import json
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 
-from bench.common import cli
-from bench.common import record
+from bench.common import cli, record
 from bench.common.ledger import add_to_ledger
 from workbench import backends, tail
 from workbench.kernels import launch as kernel_launch
-from workbench.waits import measurement as wait_measurement
 from workbench.models.config import BONSAI_SHAPE
+from workbench.waits import measurement as wait_measurement
 
 
 def tail_steps(shape: tuple[int, int, int], block: int, dtype: str, seed: int) -> dict[str, Callable]:

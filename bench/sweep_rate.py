@@ -15,16 +15,13 @@ rate on N fresh seeds.
 
 from __future__ import annotations
 
-import sys
 import argparse
+import sys
 import time
 from typing import Any
 
-from bench.common import cli
-from bench.common import record
-from bench.common import twin_rates
-from workbench.studies import calibration
-from workbench.studies import sweeps
+from bench.common import cli, record, twin_rates
+from workbench.studies import calibration, sweeps
 from workbench.studies.cases import CASE_BLOCK
 
 #: name -> (shape, dtype, fold, quantize); quantized ones need in-dims divisible by 64.

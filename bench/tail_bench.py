@@ -16,18 +16,17 @@ MLX (``PYTHONPATH=.`` from a checkout where the project is not installed).
 from __future__ import annotations
 
 import math
-
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 
-from bench.common import cli
-from bench.common import record, timing
+from bench.common import cli, record, timing
 from workbench import backends, tail
+from workbench.models.config import BONSAI_SHAPE
 from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_SHAPE
-from workbench.models.config import BONSAI_SHAPE
 from workbench.waits.measurement import count_waits
 
 #: (name, (hidden, branch, ffn), fold block): Bonsai folds wo's input with block 1024

@@ -20,8 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from bench.common import cli
-from bench.common import record
+from bench.common import cli, record
 from bench.common.ledger import add_to_ledger
 
 

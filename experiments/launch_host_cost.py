@@ -30,11 +30,11 @@ goes to ``data/bench/``. Needs MLX's CUDA backend (exit 2 without it).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

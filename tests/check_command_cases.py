@@ -232,7 +232,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def check_outcomes() -> tuple[str, list[dict], list[dict], list[str]]:
     """``(case folder, bad cases' outcomes, verdict cases' outcomes, files changed in the
     folder)``: every case run once in one child (bytecode writing on), the folder compared
@@ -347,6 +347,6 @@ def _api_clear(call, name: str) -> bool:
         call()
     except ValueError as e:
         return str(e).startswith(f"{name}: ") and "\n" not in str(e)
-    except Exception:  # noqa: BLE001 -- anything else is what this counts as a defect
+    except Exception:
         return False
     return False

@@ -14,6 +14,7 @@ def correct_mlx(case):
     """The same tail handed MLX arrays (``--arrays mlx``): converted to numpy and back."""
     import mlx.core as mx
     import numpy as np
+
     from workbench.check import StoredCase, StoredMatrix
 
     def mat(m):  # float32 numpy of what the matrix stands for (this test's weights are dense)

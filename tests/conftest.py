@@ -18,10 +18,10 @@ import os
 # A run can still ask for the reduced mode: ``MLX_ENABLE_TF32=1 make unit``.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
-import pytest  # noqa: E402
-from hypothesis import settings  # noqa: E402
+import pytest
+from hypothesis import settings
 
-from workbench import backends  # noqa: E402
+from workbench import backends
 
 settings.register_profile("workbench", derandomize=True, deadline=None, print_blob=True)
 settings.register_profile("explore", deadline=None, print_blob=True)

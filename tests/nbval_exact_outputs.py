@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import copy
 import difflib
-import os
 import importlib.util
+import os
 import shutil
 from pathlib import Path
 

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
+from workbench import tail as T
 from workbench.kernels import emulated as KE
 from workbench.kernels import launch as KL
 from workbench.kernels import run as KR
 from workbench.kernels import source as ks
-from workbench.kernels import one_launch as OL
-from workbench import tail as T
 from workbench.tail.frink_case import seed_case
 
 

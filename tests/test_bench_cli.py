@@ -261,8 +261,8 @@ def test_sanitize_device_written_copies_keep_every_value(monkeypatch) -> None:
 
     from bench import sanitize
     from workbench import tail
-    from workbench.kernels import launch as kernel_launch
     from workbench.fold.weights import QUANT_FORMATS
+    from workbench.kernels import launch as kernel_launch
 
     copied: list[int] = []
 

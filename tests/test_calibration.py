@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.studies import calibration
+from workbench.studies import calibration, sweeps
 from workbench.tail import frink_case
-from workbench.studies import sweeps
 
 SEED_SHAPE = frink_case.SEED_SHAPE  # (64, 96, 80)
 QSHAPE = (64, 128, 128)  # every in-dimension a multiple of 64, so every format quantizes

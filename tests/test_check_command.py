@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from workbench import backends
-from workbench.check.__main__ import main
 from tests.test_check_dump import _write
 from tests.test_check_source import TAIL_SOURCE
+from workbench import backends
+from workbench.check.__main__ import main
 
 LAUNCH_ARGS = ["--inputs", "branch,residual,wo,ffn_norm,gate,up,down,eps", "--grid", "32", "--threadgroup", "32",
                "--template", "HIDDEN=hidden,BRANCH=branch,FFN=ffn,THREADS=32"]

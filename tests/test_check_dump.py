@@ -7,7 +7,6 @@ from safetensors.numpy import save_file
 
 from workbench.check import check_dump
 from workbench.check.dump import DumpError, read_layer
-from workbench.tail.ops import tail_np
 
 
 def _write(path, n=40, seed=0, eps_outside=False, drop=None, bad_shape=None):

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
+from tests.test_check_source import LAUNCH, TAIL_SOURCE
 from workbench.check import SourceLaunch
 from workbench.check.mutants import KINDS, folder_mutant_study, mutant_study, source_mutants
-from tests.test_check_source import LAUNCH, TAIL_SOURCE
 
 #: A tail of one SIMD-group whose sum of squares is a shuffle butterfly (the wrong-lane family).
 SHUFFLE_TAIL = """

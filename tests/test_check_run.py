@@ -7,7 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from workbench.check import FAULTS, CallableSubject, check_kernel as check, faulty_tail
+from workbench.check import FAULTS, CallableSubject, faulty_tail
+from workbench.check import check_kernel as check
 from workbench.check.stored import stored_case
 from workbench.check.verdict import NULL_SHARE, RATIO
 from workbench.studies.cases import case_weights

@@ -1,7 +1,6 @@
 """A Metal tail source of this test's own, checked on the CPU emulator; the CUDA source form
 runs on an NVIDIA GPU only and skips here naming why."""
 
-import numpy as np
 import pytest
 
 from workbench import backends

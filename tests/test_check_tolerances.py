@@ -5,9 +5,9 @@ catch rate comes with the flake rate the same tolerance costs the correct tail."
 import numpy as np
 import pytest
 
+from tests.test_check_run import user_tail
 from workbench.check import check_kernel
 from workbench.check.tolerances import calibrated_per_scale, catch_and_flake
-from tests.test_check_run import user_tail
 
 SEEDS = range(150)
 

@@ -19,12 +19,12 @@ from mlx.utils import tree_flatten
 
 from workbench.real_models.capture import capture_layers
 from workbench.real_models.checkpoint import load_checkpoint
+from workbench.real_models.fused_layers import fused_tails
 from workbench.real_models.gguf_checkpoint import unpermute_rope_rows
 from workbench.real_models.loaded_checkpoint import Checkpoint
 from workbench.real_models.mlx_lm_model import reference_model
-from workbench.tail.comparison import compare
-from workbench.real_models.fused_layers import fused_tails
 from workbench.tail import fused_tail, host_tail
+from workbench.tail.comparison import compare
 
 llama = pytest.importorskip("mlx_lm.models.llama")
 

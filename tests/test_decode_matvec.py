@@ -13,10 +13,10 @@ import pytest
 
 from workbench import backends
 from workbench.decode import matvec as D
-from workbench.kernels import emulated as K
 from workbench.decode.geometry import Geometry
 from workbench.decode.schedule import Schedule
 from workbench.decode.state import HybridWeights, new_state
+from workbench.kernels import emulated as K
 from workbench.models.loader import load_model
 
 #: Bonsai's layer pattern at widths every format serves (in dimensions multiples of 64).

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from workbench import tail as T
-from workbench.tail.comparison import compare
+from workbench.fold.weights import WeightMatrix
 from workbench.studies.exact_oracle import (
     dequantize_exact,
     host_tail_exact,
@@ -14,8 +14,8 @@ from workbench.studies.exact_oracle import (
     oracle_tolerance,
     tolerance_for,
 )
+from workbench.tail.comparison import compare
 from workbench.tail.frink_case import seed_case
-from workbench.fold.weights import WeightMatrix
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from workbench import tail as T
-from workbench.tail.comparison import compare
 from workbench.fold.rotation import FoldSite
+from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_LCG_START, SEED_SHAPE, lcg_stream, seed_arrays, seed_case
 
 

@@ -34,15 +34,15 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
-from workbench.decode import matvec as D
-from workbench.kernels import gdn_step as G
-from workbench.kernels import source as ks
 from workbench.decode import layers
+from workbench.decode import matvec as D
 from workbench.decode import schedule as S
 from workbench.decode.geometry import Geometry
 from workbench.decode.state import DecodeState, HybridWeights, new_state
-from workbench.waits import plan as waits
+from workbench.kernels import gdn_step as G
+from workbench.kernels import source as ks
 from workbench.models.loader import load_model
+from workbench.waits import plan as waits
 
 needs_clang = pytest.mark.skipif(not B.clang_available(),
                                  reason="the Metal emulation needs clang (apt-get install clang)")
@@ -437,7 +437,7 @@ def test_a_decode_with_the_kernel_step_is_the_mlx_ops_decode(bonsai):
     assert rec_calls.count("gdn_step") == n_rec == 48
     first = emu.calls.index("gdn_in")
     assert emu.calls[first: first + 4] == ["gdn_in", "gdn_step", "out_add:out", "ffn"]
-    for l in new_state(w).ssm:  # the states the kernel carried are the ops path's (rounding apart:
+    for li in new_state(w).ssm:  # the states the kernel carried are the ops path's (rounding apart:
         # each layer's input x went through every layer before it, on two paths)
-        assert D.worst_scaled_error(np.array(sa.ssm[l]), np.array(sb.ssm[l])) <= TOL
-        assert D.worst_scaled_error(np.array(sa.conv[l]), np.array(sb.conv[l])) <= TOL
+        assert D.worst_scaled_error(np.array(sa.ssm[li]), np.array(sb.ssm[li])) <= TOL
+        assert D.worst_scaled_error(np.array(sa.conv[li]), np.array(sb.conv[li])) <= TOL

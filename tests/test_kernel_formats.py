@@ -13,16 +13,15 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from workbench import tail as T
 from workbench.fold import formats as F
+from workbench.fold.weights import DENSE_DTYPES, QUANT_FORMATS, WeightMatrix
 from workbench.kernels import emulated as KE
 from workbench.kernels import launch as KL
 from workbench.kernels import matrices as KM
-from workbench.kernels import tuning as KT
 from workbench.kernels import source as ks
-from workbench import tail as T
+from workbench.kernels import tuning as KT
 from workbench.studies.exact_oracle import E2M1_VALUES, dequantize_exact, e4m3_values, e8m0_values
-from workbench.fold.weights import DENSE_DTYPES, QUANT_FORMATS, WeightMatrix
-
 
 #: kernels/common.h's names for the weight codes (WF_*) and scale codes (SF_*), and the
 #: formats of workbench.fold.formats each names.
@@ -139,7 +138,7 @@ def test_scale_bytes_decode_as_the_oracle_does():
     e8 = np.where(b > 0, _as_f32(b << np.uint32(23)), 2.0**-127)
     np.testing.assert_array_equal(e8[:255], e8m0_values(b)[:255])  # 255 = 2^128: infinite in float32
     # e4m3_float: the seven low bits at half bits 7-13, the sign at bit 15, times 256
-    e4 = _halves((((b << np.uint32(7)) & np.uint32(0x3F80)) | ((b << np.uint32(8)) & np.uint32(0x8000))))[0] * 256
+    e4 = _halves(((b << np.uint32(7)) & np.uint32(0x3F80)) | ((b << np.uint32(8)) & np.uint32(0x8000)))[0] * 256
     finite = (b & 0x7F) != 0x7F
     np.testing.assert_array_equal(e4[finite], e4m3_values(b)[finite])
     np.testing.assert_array_equal(np.abs(e4[~finite]), 480.0)  # E4M3's NaN codes: 480, as the kernels always gave

@@ -25,19 +25,19 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
+from workbench import tail as T
 from workbench.fold import formats as F
+from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.fold.weights import WeightMatrix
 from workbench.kernels import emulated as KE
 from workbench.kernels import head as KH
 from workbench.kernels import launch as KL
 from workbench.kernels import matrices as KM
-from workbench.kernels import tuning as KT
 from workbench.kernels import source as ks
-from workbench import tail as T
-from workbench.tail.comparison import compare
-from workbench.fold.rotation import FoldSite, HadamardFold
-from workbench.tail.frink_case import SEED_TOL, seed_case
+from workbench.kernels import tuning as KT
 from workbench.models.config import BONSAI_SHAPE
-from workbench.fold.weights import WeightMatrix
+from workbench.tail.comparison import compare
+from workbench.tail.frink_case import SEED_TOL, seed_case
 
 #: Text that belongs to one dialect only; the bodies and common.h must hold none of it.
 DIALECT_TOKENS = ("__syncthreads", "__shfl", "threadIdx", "blockIdx", "gridDim", "__global__", "__device__",

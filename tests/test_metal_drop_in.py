@@ -149,7 +149,7 @@ def test_launch_source_never_hands_a_new_kernel_a_dead_ones_text():
     """launch_source keys kernels by id(); a freed kernel's id is reused by the next object,
     so the cache keeps each kernel alive: every kernel here, made and dropped in turn, gets
     its own text."""
-    from workbench.kernels.emulated import launch_source  # noqa: PLC0415
+    from workbench.kernels.emulated import launch_source
 
     a = mx.zeros((64,))
     kw = {"template": [], "grid": (64, 1, 1), "threadgroup": (64, 1, 1), "output_shapes": [(64,)],

@@ -23,22 +23,22 @@ import numpy as np
 import pytest
 
 from workbench import backends as B
+from workbench import tail as T
 from workbench.fold import formats as F
+from workbench.fold.rotation import HadamardFold
+from workbench.fold.weights import WeightMatrix
 from workbench.kernels import emulated as KE
 from workbench.kernels import head as KH
 from workbench.kernels import launch as KL
 from workbench.kernels import matrices as KM
-from workbench.kernels import tuning as KT
-from workbench.kernels import source as ks
 from workbench.kernels import metal_emulation as ME
+from workbench.kernels import source as ks
+from workbench.kernels import tuning as KT
 from workbench.models import config as model
 from workbench.models import loader
-from workbench import tail as T
-from workbench.tail.comparison import compare
 from workbench.studies.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
-from workbench.fold.rotation import HadamardFold
+from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_TOL, seed_case
-from workbench.fold.weights import WeightMatrix
 
 pytestmark = pytest.mark.skipif(ME.clang() is None, reason="clang++ is not installed (apt-get install clang)")
 
@@ -275,7 +275,7 @@ def test_common_h_tiles_the_formats_the_launch_builder_counts():
     (expr,) = re.findall(r"^#define TILED_X\(FMT\) (.+)$", text, flags=re.M)
     codes = {m.group(1): m.group(2) for m in re.finditer(r"^#define (WF_\w+) (\d+)", text, flags=re.M)}
     tiled = [int(c) for c in codes.values()
-             if eval(re.sub(r"WF_\w+", lambda m: codes[m.group(0)], expr.replace("FMT", c)))]  # noqa: S307
+             if eval(re.sub(r"WF_\w+", lambda m: codes[m.group(0)], expr.replace("FMT", c)))]
     assert tiled == [f.code for f in KM.TILED_X_FORMATS]
 
 

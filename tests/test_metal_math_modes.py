@@ -131,11 +131,11 @@ def test_the_projects_tail_passes_in_both_math_modes_at_every_place_in_the_bound
     norm) at either edge of Metal's bounds or random inside them: within frink-models' 2e-4,
     within 1e-5 (the tail's float32 error is a few 1e-7), and at most 4x the worst error
     with the host's functions (notebook 04 holds the sweep against the calibrated tolerance)."""
-    from workbench.kernels.emulated import emulated_tail  # noqa: PLC0415
-    from workbench.studies.exact_oracle import host_tail_exact  # noqa: PLC0415
-    from workbench.tail.comparison import compare  # noqa: PLC0415
-    from workbench.tail.frink_case import SEED_TOL, seed_case  # noqa: PLC0415
-    from workbench.tail.paths import tail_launch  # noqa: PLC0415
+    from workbench.kernels.emulated import emulated_tail
+    from workbench.studies.exact_oracle import host_tail_exact
+    from workbench.tail.comparison import compare
+    from workbench.tail.frink_case import SEED_TOL, seed_case
+    from workbench.tail.paths import tail_launch
 
     c = seed_case()
     truth = host_tail_exact(c.weights, c.branch, c.residual)
@@ -148,7 +148,7 @@ def test_the_projects_tail_passes_in_both_math_modes_at_every_place_in_the_bound
 
 
 def test_the_sweep_has_a_row_a_case_and_variant_and_names_bad_arguments():
-    from workbench.studies import metal_math_modes as MM  # noqa: PLC0415
+    from workbench.studies import metal_math_modes as MM
 
     sweep = MM.math_mode_sweep(1, first_seed=3)
     assert len(sweep) == len(MM.VARIANTS) + 1 and set(sweep["mode"]) == {"host", "precise", "fast", "graph"}

@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.kernels import emulated as KE
-from workbench.kernels import source as ks
-from workbench.kernels import metal_emulation as ME
 from workbench import tail as T
-from workbench.tail.comparison import compare
+from workbench.kernels import emulated as KE
+from workbench.kernels import metal_emulation as ME
+from workbench.kernels import source as ks
 from workbench.studies.exact_oracle import host_tail_exact
+from workbench.tail.comparison import compare
 
 pytestmark = pytest.mark.skipif(ME.clang() is None, reason="clang++ is not installed (apt-get install clang)")
 

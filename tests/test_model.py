@@ -69,15 +69,15 @@ def test_geometry_matches_the_public_config(name, n, hidden, q, kv, hd, ffn, att
     cfg = load_model(name)
     assert (cfg.num_layers, cfg.hidden_size) == (n, hidden)
     assert cfg.attention_layers() == attn
-    for l in attn:
-        lc = cfg.layer(l)
+    for li in attn:
+        lc = cfg.layer(li)
         assert (lc.num_q_heads, lc.num_kv_heads, lc.head_dim, lc.ffn_dim) == (q, kv, hd, ffn)
         assert lc.group_size == q // kv
 
 
 def test_multi_head_attention_counts_as_gqa_with_group_size_one():
     olmo = load_model("olmo-2-7b")
-    assert all(olmo.layer(l).mixer is Mixer.ATTENTION for l in range(32))
+    assert all(olmo.layer(li).mixer is Mixer.ATTENTION for li in range(32))
     assert olmo.layer(0).group_size == 1
 
 
@@ -103,7 +103,7 @@ def test_post_attention_layernorm_of_llama_style_code_is_the_pre_ffn_norm(name):
 
 @pytest.mark.parametrize("name", ["gemma-2-9b", "gemma-3-1b", "olmo-2-7b"])
 def test_gemma_and_olmo2_have_a_real_post_attention_norm(name):
-    assert all(load_model(name).layer(l).post_attn_norm for l in load_model(name).attention_layers())
+    assert all(load_model(name).layer(li).post_attn_norm for li in load_model(name).attention_layers())
 
 
 def test_olmo2_has_no_norm_before_qkv():
@@ -114,21 +114,21 @@ def test_olmo2_has_no_norm_before_qkv():
 @pytest.mark.parametrize("name", ["bonsai-27b", "qwen3.5-9b", "qwen3-next-80b-a3b"])
 def test_qwen_hybrids_gate_the_attention_output(name):
     cfg = load_model(name)
-    assert all(cfg.layer(l).attn_output_gate for l in cfg.attention_layers())
+    assert all(cfg.layer(li).attn_output_gate for li in cfg.attention_layers())
 
 
 def test_nemotron_h_attention_blocks_have_no_ffn():
     nem = load_model("nemotron-h-8b")
-    for l in (7, 18, 29, 40):
-        assert (nem.layer(l).ffn_dim, nem.layer(l).ffn_kind) == (0, "none")
+    for li in (7, 18, 29, 40):
+        assert (nem.layer(li).ffn_dim, nem.layer(li).ffn_kind) == (0, "none")
     assert (nem.layer(1).ffn_dim, nem.layer(1).ffn_act) == (21504, "relu2")
 
 
 def test_jamba_attention_layers_are_dense_though_odd_layers_have_experts():
     jamba = load_model("jamba-v0.1")
     # expert_layer_period 2, offset 1: the odd layers; attention at 4, 12, 20, 28 is even.
-    for l in range(32):
-        assert jamba.layer(l).ffn_kind == ("experts" if l % 2 == 1 else "dense")
+    for li in range(32):
+        assert jamba.layer(li).ffn_kind == ("experts" if li % 2 == 1 else "dense")
     assert jamba.layer(1).num_experts == 16
 
 
@@ -345,10 +345,10 @@ def test_load_model_unknown_name_lists_the_shipped_ones():
         load_model("llama-9")
 
 
-@pytest.mark.parametrize("l", [-1, 32, 1000, 1.0, "3", True, None])
-def test_layer_out_of_range_names_layer_and_the_range(l):
+@pytest.mark.parametrize("li", [-1, 32, 1000, 1.0, "3", True, None])
+def test_layer_out_of_range_names_layer_and_the_range(li):
     with pytest.raises(ValueError, match=r"layer: .*0\.\.31"):
-        load_model("llama-3.1-8b").layer(l)
+        load_model("llama-3.1-8b").layer(li)
 
 
 def test_layer_config_rejects_inconsistent_fields():

@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.nbval_exact_outputs import CPU_DIGITS, why_not_compared, describe
+from tests.nbval_exact_outputs import CPU_DIGITS, describe, why_not_compared
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from tests.test_one_launch import _ptxas
 from workbench import backends as B
 from workbench import tail
 from workbench.kernels import launch as kernel_launch
@@ -20,7 +21,6 @@ from workbench.kernels.next_norm import NextNorm
 from workbench.real_models.graph_tail import model_graph_tail
 from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_TOL
-from tests.test_one_launch import _ptxas
 
 
 def _norm(width: int, seed: int = 0) -> NextNorm:

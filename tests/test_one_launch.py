@@ -25,16 +25,15 @@ import pytest
 
 from workbench import backends, tail
 from workbench.fold import formats as F
-from workbench.reports import one_launch as one_launch_report
-from workbench.reports import records
-from workbench.kernels import cuda_device
+from workbench.kernels import cuda_device, one_launch
 from workbench.kernels import emulated as kernel_emulated
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import matrices as kernel_matrices
 from workbench.kernels import run as kernel_run
-from workbench.kernels import tuning as kernel_tuning
 from workbench.kernels import source as ks
-from workbench.kernels import one_launch
+from workbench.kernels import tuning as kernel_tuning
+from workbench.reports import one_launch as one_launch_report
+from workbench.reports import records
 
 
 def test_each_phase_is_its_launch_body_verbatim_in_order():
@@ -220,9 +219,9 @@ def test_the_bodies_at_the_group_sizes_the_one_launch_sweeps_match_float64(nt, f
     quantized formats with more units in flight (640 threads and u 8 is the shape
     fused_tail(backend="cuda") runs every 4-bit format in, one_launch.shape_for): the
     three bodies at those sizes, run by the Metal emulator, against the float64 oracle."""
-    from workbench.tail.comparison import compare
-    from workbench.studies.exact_oracle import host_tail_exact
     from workbench.fold.weights import QUANT_FORMATS
+    from workbench.studies.exact_oracle import host_tail_exact
+    from workbench.tail.comparison import compare
 
     quant = QUANT_FORMATS[fmt].as_quantize() if fmt else None
     w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16", quantize=quant)
@@ -274,7 +273,6 @@ def test_each_launch_passes_its_inputs_by_name_and_names_the_previous_output(mon
 def test_a_reset_retraces_the_compiled_launch_with_the_new_memory(monkeypatch):
     """After a barrier timeout, run() zeroes the launch's memory by making a new array;
     the compiled form traced the old one in, so it must be traced again."""
-    import mlx.core as mx
 
     prep = _cuda_prep_without_gpu(monkeypatch)
     echo = lambda **kw: [kw["inputs"][-2][: kw["output_shapes"][0][0]] + 0]  # noqa: E731

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.waits import plan as waits
 from workbench.models.loader import load_model
+from workbench.waits import plan as waits
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 RULES = ("fuse_tail", "qkv_into_previous", "tail_into_next", "resident_runs", "attention_on_device")

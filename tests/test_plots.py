@@ -12,15 +12,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
 
-from workbench import backends  # noqa: E402
-from workbench.decode import savings  # noqa: E402
-from workbench.reports import plots  # noqa: E402
-from workbench.reports import schedule_run as schedule_report  # noqa: E402
-from workbench.studies import sweeps  # noqa: E402
+from workbench import backends
+from workbench.decode import savings
+from workbench.reports import plots
+from workbench.reports import schedule_run as schedule_report
+from workbench.studies import sweeps
 
 RECORDS = schedule_report.load_records()
 
@@ -37,7 +37,7 @@ def _legend_outside_the_axes(fig, ax) -> bool:
 def test_the_schedule_figure_has_one_entry_a_setup_and_axes_that_fit():
     fig = plots.plot_schedule_runs(RECORDS)
     ax = fig.axes[0]
-    setups = {plots._run_label(r) for r in RECORDS}  # noqa: SLF001 -- the test names what one entry stands for
+    setups = {plots._run_label(r) for r in RECORDS}
     texts = [t.get_text() for t in ax.get_legend().get_texts()]
     assert len(texts) == len(set(texts)) <= len(setups) + 3  # + the hollow markers, the line and the band
     assert _legend_outside_the_axes(fig, ax)
@@ -77,7 +77,7 @@ def small_sweep():
 ])
 def test_a_sweep_figure_says_what_and_where_it_was_measured(small_sweep, draw):
     fig = draw(small_sweep)
-    titles = [fig._suptitle.get_text() if fig._suptitle else ""] + [a.get_title() for a in fig.axes]  # noqa: SLF001
+    titles = [fig._suptitle.get_text() if fig._suptitle else ""] + [a.get_title() for a in fig.axes]
     where = f"on MLX's {plots.DEVICE_KINDS[backends.device_kind()]}"
     assert any(where in t and f"{len(small_sweep)} cases" in t for t in titles), titles
     plt.close(fig)

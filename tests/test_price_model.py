@@ -11,13 +11,13 @@ import pytest
 
 from bench import split_price
 from bench.common import decode_timing, timing
-from workbench.reports import records
-from workbench.reports import schedule_run as schedule_report
 from workbench.decode import geometry, savings, schedule, state
-from workbench.waits import plan as waits
-from workbench.waits import ledger as wait_ledger
 from workbench.models.config import replace_layer
 from workbench.models.loader import load_model
+from workbench.reports import records
+from workbench.reports import schedule_run as schedule_report
+from workbench.waits import ledger as wait_ledger
+from workbench.waits import plan as waits
 from workbench.waits.measurement import JOINED_PHASES, SPLIT_PHASES, measure_split_between
 
 BENCH = records.RECORD_DIR

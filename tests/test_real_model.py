@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from workbench.models import refusals
+from workbench.real_models.capture import capture_layers
 from workbench.real_models.checkpoint import smollm2_gguf_path
-from workbench.tail.comparison import compare
-from workbench.tail.frink_case import SEED_TOL
+from workbench.real_models.decoding import greedy
 from workbench.real_models.end_to_end import (
     fold_errors,
     fold_tokens,
@@ -21,9 +21,9 @@ from workbench.real_models.end_to_end import (
     same_tokens,
     smollm2,
 )
-from workbench.real_models.capture import capture_layers
-from workbench.real_models.decoding import greedy
 from workbench.real_models.fused_layers import fused_tails
+from workbench.tail.comparison import compare
+from workbench.tail.frink_case import SEED_TOL
 
 
 @pytest.fixture(scope="module")

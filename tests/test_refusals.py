@@ -30,8 +30,8 @@ from workbench.models.refusals import (
     eligible,
     explain,
     head_launch_refusals,
-    model_summary,
     layer_refusals,
+    model_summary,
     refusal_table,
     tail_verdicts,
 )
@@ -110,8 +110,8 @@ def test_every_shipped_model_has_hand_derived_verdicts():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_per_layer_verdicts_match_the_hand_derivation(name):
     cfg = load_model(name)
-    for l in range(cfg.num_layers):
-        assert layer_refusals(cfg, l) == EXPECTED[name](l), f"{name} layer {l}"
+    for li in range(cfg.num_layers):
+        assert layer_refusals(cfg, li) == EXPECTED[name](li), f"{name} layer {li}"
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_eligible_tail_counts(name, n_attn, n_ok):
     cfg = load_model(name)
     verdicts = tail_verdicts(cfg)
     assert len(verdicts) == n_attn
-    assert sum(eligible(cfg, l) for l in verdicts) == n_ok
+    assert sum(eligible(cfg, li) for li in verdicts) == n_ok
 
 
 def test_bonsai_all_sixteen_tails_fuse_saving_sixteen_waits():
@@ -140,7 +140,7 @@ def test_bonsai_all_sixteen_tails_fuse_saving_sixteen_waits():
 
 
 def test_trap_llama_post_attention_layernorm_does_not_refuse():
-    assert all(eligible(load_model("llama-3.1-8b"), l) for l in range(32))
+    assert all(eligible(load_model("llama-3.1-8b"), li) for li in range(32))
 
 
 def test_trap_qwen35_output_gate_does_not_refuse():
@@ -159,7 +159,7 @@ def test_trap_nemotron_attention_block_has_no_ffn():
 
 def test_trap_jamba_attention_layers_fuse_though_the_model_has_experts():
     jamba = load_model("jamba-v0.1")
-    assert [l for l in range(32) if eligible(jamba, l)] == [4, 12, 20, 28]
+    assert [li for li in range(32) if eligible(jamba, li)] == [4, 12, 20, 28]
     assert R.NO_DENSE_FFN in layer_refusals(jamba, 5)
 
 
@@ -257,9 +257,9 @@ def test_explain_prints_one_line_a_reason():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_eligible_agrees_with_refusals_everywhere(name):
     cfg = load_model(name)
-    for l in range(cfg.num_layers):
+    for li in range(cfg.num_layers):
         for k in (True, False):
-            assert eligible(cfg, l, kernels_enabled=k) == (layer_refusals(cfg, l, kernels_enabled=k) == [])
+            assert eligible(cfg, li, kernels_enabled=k) == (layer_refusals(cfg, li, kernels_enabled=k) == [])
 
 
 def test_eligible_is_decided_by_the_refusals_body(monkeypatch):
@@ -284,12 +284,12 @@ def test_refusals_is_pure():
     assert cfg == load_model("gpt-oss-20b")
 
 
-@pytest.mark.parametrize("l", [-1, 64, 2.0])
-def test_layer_out_of_range_is_a_clear_error(l):
+@pytest.mark.parametrize("li", [-1, 64, 2.0])
+def test_layer_out_of_range_is_a_clear_error(li):
     cfg = load_model("bonsai-27b")
     for f in (layer_refusals, eligible, head_launch_refusals):
         with pytest.raises(ValueError, match=r"layer: .*0\.\.63"):
-            f(cfg, l)
+            f(cfg, li)
 
 
 # -- tables ------------------------------------------------------------------------------------
@@ -327,8 +327,8 @@ def test_the_dead_q_bias_clause_never_refuses(name):
     # frink-models: `!Gqa || layer.attn.q_bias.is_some() && false`; `&&` binds tighter, and
     # `x && false` is false for every x, so a Q bias changes nothing anywhere.
     cfg = load_model(name)
-    for l in range(cfg.num_layers):
-        assert head_launch_refusals(cfg, l, q_bias=True) == head_launch_refusals(cfg, l, q_bias=False)
+    for li in range(cfg.num_layers):
+        assert head_launch_refusals(cfg, li, q_bias=True) == head_launch_refusals(cfg, li, q_bias=False)
 
 
 def test_head_launch_refuses_what_is_not_gqa_and_olmo2s_missing_pre_norm():

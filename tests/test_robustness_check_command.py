@@ -27,8 +27,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.check_command_cases import (API_CASES, BAD_CASES, CALLABLE, PROG, ROOT, VERDICT_CASES, bad_case_verdict,
-                                       check_outcomes)
+from tests.check_command_cases import (
+    API_CASES,
+    BAD_CASES,
+    CALLABLE,
+    PROG,
+    ROOT,
+    VERDICT_CASES,
+    bad_case_verdict,
+    check_outcomes,
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +45,7 @@ def outcomes():
         from workbench import backends
 
         backends.resolve_backend("metal-emulated")
-    except Exception as e:  # noqa: BLE001 -- the kernel forms' cases need the emulator's compiler
+    except Exception as e:
         pytest.skip(f"metal-emulated: {e}")
     return check_outcomes()
 

@@ -20,31 +20,32 @@ from __future__ import annotations
 import math
 import re
 import tracemalloc
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.tail import comparison as C
-from workbench.studies import exact_oracle as EO
-from workbench.tail import frink_case as FC
+from workbench import tail as T
+from workbench.backends import BackendUnavailable, available_backends
 from workbench.fold import hadamard
+from workbench.fold import weights as W
+from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.fold.weights import WeightMatrix
 from workbench.kernels import tuning as KL
 from workbench.models import config as M
 from workbench.models import families as MF
 from workbench.models import loader as ML
 from workbench.models import refusals as R
 from workbench.studies import cases as SC
+from workbench.studies import exact_oracle as EO
 from workbench.studies import sweeps
-from workbench import tail as T
 from workbench.studies import three_way as TW
-from workbench.fold import weights as W
-from workbench.backends import BackendUnavailable, available_backends
-from workbench.fold.rotation import FoldSite, HadamardFold
-from workbench.fold.weights import WeightMatrix
+from workbench.tail import comparison as C
+from workbench.tail import frink_case as FC
 
 NAN, INF = float("nan"), float("inf")
 
@@ -502,7 +503,7 @@ def test_configs_and_folds_are_frozen_with_read_only_arrays():
     c = cfg(qwen3())
     with pytest.raises(TypeError):
         c.raw["hidden_size"] = 1  # a read-only mapping
-    with pytest.raises(Exception):
+    with pytest.raises(AttributeError):  # dataclasses.FrozenInstanceError
         c.rms_norm_eps = 2.0
     signs = np.array([1.0, -1.0, 1.0, 1.0])
     f = HadamardFold(4, signs)
@@ -513,7 +514,7 @@ def test_configs_and_folds_are_frozen_with_read_only_arrays():
         f.signs[0] = -1.0
     plan = f.plan(4)
     assert not plan.signs.flags.writeable and not plan.perm.flags.writeable
-    with pytest.raises(Exception):
+    with pytest.raises(AttributeError):  # dataclasses.FrozenInstanceError
         f.block = 8
     wm = WeightMatrix(np.ones((4, 4), np.float32))
     assert not wm.dense(np.float64).flags.writeable

@@ -14,10 +14,10 @@ import pytest
 from bench import sass_counts as sc
 from bench.common import sass as machine_code
 from workbench import tail
+from workbench.fold.weights import QUANT_FORMATS
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import one_launch
 from workbench.kernels import source as ks
-from workbench.fold.weights import QUANT_FORMATS
 
 #: A row loop as cuobjdump prints one: a backward branch to 0x0040 closes a span holding
 #: a shorter loop (0x0060-0x0080); a forward branch and a predicated one do not count.

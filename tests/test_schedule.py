@@ -6,20 +6,20 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from bench.common.stages import run_stages
+from workbench import tail
+from workbench.decode import savings
 from workbench.decode.geometry import Geometry, geometry_of
 from workbench.decode.layers import fast_gdn_available, gated_delta_ops
-from workbench.decode import savings
 from workbench.decode.savings import MEASURED_SPLITS, compare_savings, fit_price
-from bench.common.stages import run_stages
 from workbench.decode.schedule import Schedule, in_token_probes
 from workbench.decode.state import HybridWeights, new_state
-from workbench.reports import schedule_run as schedule_report
-from workbench import tail
-from workbench.waits import plan as waits
-from workbench.waits import ledger as wait_ledger
-from workbench.tail.comparison import compare
 from workbench.models.config import replace_layer
 from workbench.models.loader import load_model
+from workbench.reports import schedule_run as schedule_report
+from workbench.tail.comparison import compare
+from workbench.waits import ledger as wait_ledger
+from workbench.waits import plan as waits
 from workbench.waits.measurement import count_waits
 
 #: Bonsai's 64-layer pattern at toy widths: the waits a token are Bonsai's, the work tiny.

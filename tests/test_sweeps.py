@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 
 from workbench import tail
-from workbench.tail import comparison
-from workbench.tail import frink_case
+from workbench.fold.rotation import FoldSite, HadamardFold
 from workbench.studies import cases as sweep_cases
 from workbench.studies import sweeps
-from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.tail import comparison, frink_case
 
 SEED_SHAPE = frink_case.SEED_SHAPE  # (64, 96, 80)
 QSHAPE = (64, 128, 128)  # every in-dimension a multiple of 64, so every format quantizes

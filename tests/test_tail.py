@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from workbench import backends as B
 from workbench import tail as T
 from workbench.backends import BackendUnavailable
-from workbench.tail.comparison import compare
 from workbench.fold.rotation import FoldSite, HadamardFold
-from workbench.tail.frink_case import seed_arrays, seed_case
 from workbench.models.config import BONSAI_SHAPE, ModelConfig, replace_layer
 from workbench.models.refusals import Refusal
+from workbench.tail.comparison import compare
+from workbench.tail.frink_case import seed_arrays, seed_case
 from workbench.waits.measurement import count_waits
 
 # Block sizes m * 2^k for each family the kernels serve (m = 1, 12, 20, 28).

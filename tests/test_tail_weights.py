@@ -9,8 +9,8 @@ import pytest
 
 from workbench import tail as T
 from workbench.fold.rotation import HadamardFold
-from workbench.tail.frink_case import seed_arrays
 from workbench.models.config import ModelConfig
+from workbench.tail.frink_case import seed_arrays
 
 
 def _weights(**kw) -> T.TailWeights:

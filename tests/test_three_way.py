@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 
 from workbench import tail as T
-from workbench.tail.comparison import compare
-from workbench.tail.frink_case import seed_case
 from workbench.studies.three_way import (
     FAULTS,
     VERDICTS,
@@ -15,6 +13,8 @@ from workbench.studies.three_way import (
     three_way_table,
     verdict,
 )
+from workbench.tail.comparison import compare
+from workbench.tail.frink_case import seed_case
 
 
 def test_three_way_on_the_seed_case():

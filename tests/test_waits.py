@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.waits import plan as waits
-from workbench.waits import ledger as wait_ledger
-from workbench.reports import schedule_run as schedule_report
 from workbench.models.config import LayerConfig, Mixer, ModelConfig, replace_layer
 from workbench.models.loader import load_model
+from workbench.reports import schedule_run as schedule_report
+from workbench.waits import ledger as wait_ledger
+from workbench.waits import plan as waits
 from workbench.waits.measurement import count_waits, measure_split_price, measure_wait_price
 
 BONSAI = [97, 81, 65, 49, 17, 1]  # design.md: 97, 81, 65, 49, 17; the device floor 1

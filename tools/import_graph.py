@@ -11,8 +11,8 @@ still a circle. ``imports_of(..., type_checking=False)`` gives the executed ones
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 
 def modules(root: Path, tops: Iterable[str]) -> dict[str, Path]:

@@ -60,7 +60,7 @@ def notebook_text(path: str | Path) -> str:
     try:
         nb = nbformat.reads(text, as_version=4)
         nbformat.validate(nb)
-    except Exception as err:  # noqa: BLE001 -- nbformat's schema errors have no one base class
+    except Exception as err:
         first = (str(getattr(err, "message", "")) or str(err) or type(err).__name__).splitlines()[0]
         raise _refuse(path, f"fails nbformat's schema ({first})") from None
     return text

@@ -20,7 +20,8 @@ they are made). Each part lists its own public names the same way (:func:`public
 import importlib
 import importlib.util
 import sys
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 
 def public_names(package: str, homes: Mapping[str, Iterable[str]], namespaces: Iterable[str] = ()

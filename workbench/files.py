@@ -20,8 +20,9 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 __all__ = ["DATA_DIR", "PROJECT_ROOT", "RecordExists", "lock_path", "locked", "update_json", "write_atomic", "write_json"]
 

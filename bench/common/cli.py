@@ -21,8 +21,9 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from workbench.backends import BackendUnavailable
 from workbench.reports.records import RECORD_DIR

@@ -10,7 +10,8 @@ in the package calls them.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -110,7 +111,7 @@ def measure_splits(sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n
                                                          read_first=HOST_READS["qkv"], read_second=HOST_READS["wo"],
                                                          second_split=pieces["host_attend_wo"])
             dev = {"first": piece_device_ms(first, x),
-                   "second": piece_device_ms(lambda y: pieces["attend_wo"](first(y)), x) - piece_device_ms(first, x)}
+                   "second": piece_device_ms(lambda y, f=first: pieces["attend_wo"](f(y)), x) - piece_device_ms(first, x)}
         else:
             second_piece = pieces["layer2" if (a, b) == ("layer", "layer") else b]
             res = wait_measurement.measure_split_between(first, lambda t, f=second_piece: f(t[0]), x, n=n,

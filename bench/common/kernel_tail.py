@@ -13,21 +13,30 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-from bench.common.kernels import (BENCH_FORMATS, BONSAI, batched_ms, build_eval_split, floor_bandwidth, launch_bytes,
-                                  per_launch_ms, torch_peer)
+from bench.common.kernels import (
+    BENCH_FORMATS,
+    BONSAI,
+    batched_ms,
+    build_eval_split,
+    floor_bandwidth,
+    launch_bytes,
+    per_launch_ms,
+    torch_peer,
+)
 from bench.common.timing import summaries, time_rounds
 from workbench import tail
+from workbench.fold.weights import QUANT_FORMATS
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import tuning as kernel_tuning
-from workbench.tail.comparison import compare
 from workbench.studies.exact_oracle import host_tail_exact
+from workbench.tail.comparison import compare
 from workbench.tail.frink_case import seed_case
-from workbench.fold.weights import QUANT_FORMATS
 
 #: The 4-bit format benchmarked: MLX affine, group 64 (mlx-lm's default).
 Q4 = {"mode": "affine", "bits": 4, "group_size": 64}
@@ -46,7 +55,7 @@ def sweep(w: tail.TailWeights, dialect: str, tunings: dict[str, kernel_tuning.Ke
             mx.eval(p(b, r))
             fns[k] = lambda p=p: mx.eval(p(b, r))
             device[k] = batched_ms(lambda p=p: p(b, r))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             print(f"tuning {k} failed: {e}")
     return summaries(time_rounds(fns, repeats)), device
 
@@ -71,14 +80,14 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_tun
     try:  # MLX's quantized_matmul may not serve every format on every back-end: recorded, not fatal
         mx.eval(tail.tail_graph(launch, bg, rg))
         resident["mlx_graph"] = lambda: mx.eval(tail.tail_graph(launch, bg, rg))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         graph_ok = False
         print(f"{label}: the MLX graph failed: {type(e).__name__}: {e}")
     try:  # the same three launches traced once by mx.compile (less Python per call)
         compiled = mx.compile(lambda x, y: prep(x, y))
         mx.eval(compiled(b, r))
         resident["kernels_compiled"] = lambda: mx.eval(compiled(b, r))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         compiled = None
         print(f"mx.compile of the kernel tail failed: {e}")
     peer = torch_peer(w, br, res)
@@ -212,7 +221,7 @@ def quant_sweep(w: tail.TailWeights, dialect: str, base: kernel_tuning.KernelTun
         try:
             p = kernel_launch.prepared(launch, dialect, dataclasses.replace(base, **change))
             times[name] = batched_ms(lambda p=p: p(b, r))
-        except Exception as e:  # noqa: BLE001 -- registers or group memory over a limit: recorded, not fatal
+        except Exception as e:
             log(f"  quantized tuning {name} failed: {type(e).__name__}: {e}")
     best = min(times, key=times.__getitem__) if times else "as_bf16"
     return best, times
@@ -270,13 +279,13 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
                     + ", ".join(f"{k} {v:.3f}" for k, v in times.items()) + f" -> {best_q}")
                 t = dataclasses.replace(tuning, **QUANT_TUNINGS[best_q])
             out["cases"].append(bench_case(label, w, dialect, t, bandwidth, repeats, s))
-        except Exception as e:  # noqa: BLE001 -- record it and go on to the next case
+        except Exception as e:
             import traceback
 
             traceback.print_exc()
             out.setdefault("errors", {})[label] = f"{type(e).__name__}: {e}"
 
-    case("bonsai27b-bf16", lambda: w16, seed + 2)
+    case("bonsai27b-bf16", lambda w=w16: w, seed + 2)
     del w16
     for i, name in enumerate(formats):
         q = QUANT_FORMATS[name]

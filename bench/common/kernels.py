@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -40,7 +41,7 @@ def _torch() -> Any:
         import torch
 
         return torch if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001 -- no PyTorch, or a broken one: the peer is left out
+    except Exception:
         return None
 
 

@@ -53,8 +53,8 @@ def device_slug(name: str | None = None) -> str:
 
 def utc_stamp(when: _dt.datetime | None = None) -> str:
     """``when`` (default now) in UTC as ``YYYYMMDDTHHMMSSZ``, the one time format of record names."""
-    when = when or _dt.datetime.now(_dt.timezone.utc)
-    return when.astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    when = when or _dt.datetime.now(_dt.UTC)
+    return when.astimezone(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 def record_stem(bench: str, device: str | None = None, when: _dt.datetime | None = None, tag: str = "") -> str:
@@ -73,7 +73,7 @@ def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
     (``kernel_source.fingerprint``). ``bench`` must be a kind of ``records.KINDS``."""
     schema = records.lookup(bench).schema
     args = argv if argv is not None else sys.argv[1:]
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "bench": bench,

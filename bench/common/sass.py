@@ -21,7 +21,6 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-
 #: Instruction classes, by opcode (the mnemonic before its first dot). ``fma`` is what
 #: issues to the FMA pipes (float multiply-adds and adds, half-precision pairs, integer
 #: multiply-adds); ``int`` the integer and logic pipe's (logic, shifts, byte permutes,
@@ -216,7 +215,7 @@ def control_flow(instrs: list[Instruction]) -> ControlFlow:
     bounds = list(zip(starts, [*starts[1:], len(instrs)]))
     succ: list[list[int]] = []
     div_targets = []
-    for b, (lo, hi) in enumerate(bounds):
+    for b, (_lo, hi) in enumerate(bounds):
         last = instrs[hi - 1]
         nxt = [b + 1] if hi < len(instrs) else []
         if last.opcode in ("BRA", "JMP", "CALL"):
@@ -384,7 +383,7 @@ def find_tool(name: str) -> str | None:
     if found:
         return found
     try:
-        import nvidia  # noqa: PLC0415 -- a namespace package, present only with NVIDIA's wheels
+        import nvidia
     except ImportError:
         return None
     for root in getattr(nvidia, "__path__", []):

@@ -17,7 +17,8 @@ import os
 import re
 import tempfile
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 

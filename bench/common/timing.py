@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

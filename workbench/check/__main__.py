@@ -26,7 +26,7 @@ import os
 import platform
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,6 @@ from workbench.check.run import DEFAULT_SCALES, check_dump, check_kernel
 from workbench.check.source_launch import SHAPE_NAMES, SOURCE_INPUTS, SourceLaunch
 from workbench.check.stored import ARRAY_KINDS
 from workbench.check.subjects import CallableSubject, KernelsFolderSubject, SourceSubject
-
 
 #: The exit status of a usage error (argparse's own), distinct from a failing verdict's 1.
 USAGE_ERROR = 2
@@ -157,7 +156,7 @@ def _callable(path: str):
             raise ValueError(f"implementation: importing {mod!r} raised {type(e).__name__}: {e}") from None
         raise ValueError(f"implementation: cannot import {mod!r} ({e}); is its folder on the path "
                          "(run from there, or set PYTHONPATH)?") from None
-    except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's module failed: said in one line
+    except (Exception, SystemExit) as e:
         raise ValueError(f"implementation: importing {mod!r} raised {type(e).__name__}: {e}") from None
     finally:
         sys.dont_write_bytecode = keep
@@ -209,11 +208,11 @@ def _launch(a: argparse.Namespace) -> SourceLaunch:
 def _provenance(argv: list[str] | None) -> dict[str, Any]:
     """Where and when the check ran, as the bench records say it: date (UTC), the command
     line, MLX's version and device, numpy's, Python's, the platform."""
-    import mlx.core as mx  # noqa: PLC0415
-    import numpy as np  # noqa: PLC0415
+    import mlx.core as mx
+    import numpy as np
 
     args = sys.argv[1:] if argv is None else list(argv)
-    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    return {"date": datetime.now(UTC).isoformat(timespec="seconds"),
             "command": " ".join(["python -m workbench.check", *args]), "mlx_version": mx.__version__,
             "mlx_device": str(mx.default_device()), "numpy_version": np.__version__,
             "python": platform.python_version(), "platform": f"{platform.system()} {platform.machine()}"}
@@ -227,12 +226,12 @@ def _compile_error(subject: Any, time_limit: float) -> str | None:
 
     Without this, a text that does not compile is compiled again for each of its hundreds
     of case runs, and ends as a failing verdict (1) although nothing was judged."""
-    import inspect  # noqa: PLC0415
+    import inspect
 
-    from workbench.check.time_limit import LimitedCaller  # noqa: PLC0415
-    from workbench.kernels.metal_emulation import MetalCompileError  # noqa: PLC0415
-    from workbench.studies.cases import case_arrays, case_row_weights  # noqa: PLC0415
-    from workbench.tail.weights import DEFAULT_EPS  # noqa: PLC0415
+    from workbench.check.time_limit import LimitedCaller
+    from workbench.kernels.metal_emulation import MetalCompileError
+    from workbench.studies.cases import case_arrays, case_row_weights
+    from workbench.tail.weights import DEFAULT_EPS
 
     shape = inspect.signature(check_kernel).parameters["shapes"].default[0]  # the shape the check runs
     w, b, r = case_row_weights(case_arrays(shape, [0]), 0, dtype="float32", fold=None, spec=None, eps=DEFAULT_EPS)
@@ -369,7 +368,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
         common = {"seeds": range(a.seeds), "scales": a.scales, "tolerance": a.tolerance, "time_limit": a.time_limit}
         rep = check_kernel(subject, folds=folds, **common)
         if a.mutants:
-            from workbench.check.mutants import folder_mutant_study, mutant_study  # noqa: PLC0415
+            from workbench.check.mutants import folder_mutant_study, mutant_study
 
             few = {**common, "seeds": range(min(a.seeds, 8)), "time_limit": max(a.time_limit, 120.0)}
             study = (folder_mutant_study(a.kernels_dir, files=chosen, folds=folds, **few) if a.kernels_dir

@@ -71,7 +71,7 @@ def _matrix(path: Path, t: dict, meta: dict, name: str, shape: tuple[int, int], 
     qb = QuantizedBase(t[f"{name}.codes"], t[f"{name}.scales"], t.get(f"{name}.biases"), spec, shape)
     try:
         qb.dequantize()
-    except Exception as e:  # noqa: BLE001 -- MLX's message, under the file's and tensor's names
+    except Exception as e:
         raise DumpError(f"{path.name}: tensor {name}.codes/.scales do not make a {shape} {spec} matrix: {e}") from None
     return WeightMatrix(qb, fold)
 
@@ -86,7 +86,7 @@ def read_layer(path: str | Path) -> DumpedLayer:
         check_safetensors_header(path)
         t, meta = mx.load(str(path), return_metadata=True)
         meta = dict(meta or {})
-    except Exception as e:  # noqa: BLE001 -- not a safetensors file: said with its name
+    except Exception as e:
         raise DumpError(f"{path.name}: not a readable safetensors file: {e}") from None
     for k in ("ffn_norm", "branch", "residual", "output"):
         if k not in t:

@@ -22,9 +22,10 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -300,8 +301,9 @@ def _run_all(make_subject: Callable[[str], Any], orders: Sequence[str],
 def _study(name: str, mutants: Sequence[tuple[str, Mutant]], make: Callable[[tuple[str, Mutant] | None, str], Any],
            orders: Sequence[str], check_args: dict) -> MutantStudy:
     """The original (``make(None, order)``) and each ``(file, mutant)`` in every order."""
-    import pandas as pd  # noqa: PLC0415
-    from workbench.kernels.metal_emulation import SCHEDULES  # noqa: PLC0415 -- the emulator only when mutants run
+    import pandas as pd
+
+    from workbench.kernels.metal_emulation import SCHEDULES
 
     orders = tuple(validate.one_of("orders", o, SCHEDULES) for o in validate.sequence("orders", orders, what="schedules"))
     ok, base, _, _ = _run_all(lambda o: make(None, o), orders, check_args)

@@ -11,23 +11,31 @@ beside the mean square), and hides when they are large.
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from workbench import validate
+from workbench.check import blocks
 from workbench.check import verdict as verdict_mod
 from workbench.check.faults import FAULTS, applies, faulty_tail
-from workbench.check import blocks
 from workbench.check.stored import StoredCase, stored_case
 from workbench.check.subjects import CallableSubject, SubjectError, checked_output
 from workbench.check.time_limit import LimitedCaller
-from workbench.studies.calibration import Tolerance, calibrate_tolerance
 from workbench.fold.weights import DENSE_DTYPES
-from workbench.studies.cases import (CASE_BLOCK, case_arrays, case_row_weights, check_fold, check_quant_fits,
-                                     check_seeds, check_shape, quant_spec)
+from workbench.studies.calibration import Tolerance, calibrate_tolerance
+from workbench.studies.cases import (
+    CASE_BLOCK,
+    case_arrays,
+    case_row_weights,
+    check_fold,
+    check_quant_fits,
+    check_seeds,
+    check_shape,
+    quant_spec,
+)
 from workbench.tail.comparison import max_abs_error, nmse, worst_scaled_error
 from workbench.tail.frink_case import SEED_TOL
 from workbench.tail.paths import fused_tail, host_tail
@@ -181,7 +189,7 @@ def _metric_columns(out: np.ndarray, truth: np.ndarray, ref: np.ndarray | None =
 def _frame(base: dict[str, Any], seeds: np.ndarray, scales: list[float], metrics: Mapping[str, np.ndarray]):
     """One DataFrame for a block: a row per case and input scale, case-major (as the
     per-case loop wrote them), the ``base`` columns first."""
-    import pandas as pd  # noqa: PLC0415
+    import pandas as pd
 
     n = len(scales)
     cols: dict[str, Any] = {k: [v] * (len(seeds) * n) for k, v in base.items()}
@@ -275,7 +283,7 @@ def check_kernel(subject: Any, *, shapes: Sequence[Sequence[int]] = ((64, 96, 80
                     check_quant_fits(spec, shp)
                     configs.append((shp, dtype, fold, qlabel, spec))
     chunks = [seed_arr[k:k + CASE_BLOCK] for k in range(0, len(seed_arr), CASE_BLOCK)]
-    for order, (shp, dtype, fold, qlabel, spec) in enumerate(configs):
+    for shp, dtype, fold, qlabel, spec in configs:
         base = {"hidden": shp[0], "branch": shp[1], "ffn": shp[2], "dtype": dtype, "fold": str(fold), "quant": qlabel}
         for chunk in chunks:
             c = case_arrays(shp, chunk)
@@ -306,7 +314,7 @@ def check_dump(path: Any, *, tolerance: Any = None, flake_rate: float = 1e-4,
     beside the workbench's graph tail and the fault models on the same rows (input scale 1:
     the engine's own activations). A file that does not follow the layout is reported by
     name and tensor; the others are still checked."""
-    from workbench.check.dump import DumpError, dump_files, read_layer  # noqa: PLC0415 -- safetensors only here
+    from workbench.check.dump import DumpError, dump_files, read_layer
 
     user = _user_tolerance(tolerance)
     flake_rate = _flake_rate(flake_rate)
@@ -337,7 +345,7 @@ def check_dump(path: Any, *, tolerance: Any = None, flake_rate: float = 1e-4,
                 frows.append({**base, "fault": flt, "seed": j, "scale": 1.0, **{k: float(v[j]) for k, v in fm.items()}})
     if not rows:
         raise ValueError(f"path: no dump file could be read: {problems[0] if problems else 'none found'}")
-    import pandas as pd  # noqa: PLC0415
+    import pandas as pd
 
     return _report(pd.DataFrame(rows), pd.DataFrame(frows) if frows else None, problems, user, flake_rate, str(path),
                    "dump")

@@ -14,8 +14,9 @@ that runs Metal on the CPU), so which backend runs a source is said in one place
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -80,7 +81,7 @@ class SourceLaunch:
                 raise ValueError(f"template[{item[0]!r}]: a name must be one of {SHAPE_NAMES}, got {v!r}")
         object.__setattr__(self, "template", tpl)
 
-    def with_source(self, source: str, name: str | None = None) -> "SourceLaunch":
+    def with_source(self, source: str, name: str | None = None) -> SourceLaunch:
         """The same launch around another body (a generated mutant)."""
         return SourceLaunch(source, self.inputs, self.output, self.grid, self.threadgroup, self.template,
                             self.header, name or self.name)

@@ -119,7 +119,7 @@ def _to(kind: str, a: Any) -> Any:
         return a
     if kind == "mlx":
         return mx.array(a)
-    import torch  # noqa: PLC0415 -- only a caller who asks for torch arrays needs torch
+    import torch
 
     return torch.from_numpy(np.ascontiguousarray(a))
 

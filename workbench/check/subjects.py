@@ -9,11 +9,11 @@ input-scale axes) into float32 outputs [..., hidden]; what goes wrong is raised 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import mlx.core as mx
 import numpy as np
 
 from workbench import backends
@@ -22,7 +22,6 @@ from workbench.check.stored import ARRAY_KINDS, StoredCase, as_numpy, convert
 from workbench.kernels import run as kernel_run
 from workbench.tail.weights import TailWeights
 from workbench.validate import describe, flag, one_of
-
 
 #: ``order=`` of the emulated forms: one schedule of ``workbench.kernels.metal_emulation.SCHEDULES``,
 #: or ``"every"`` (each case in all of them, the bits compared). Spelled out here so that

@@ -18,8 +18,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class LimitedCaller:
                 fn, args, done = jobs.get()
                 try:
                     done.put(Outcome(value=fn(*args)))
-                except BaseException as e:  # noqa: BLE001 -- any failure of the user's code is a verdict
+                except BaseException as e:
                     done.put(Outcome(error=e))
 
         threading.Thread(target=work, daemon=True, name="workbench-check-call").start()
@@ -81,7 +82,7 @@ class LimitedCaller:
                 for k in range(first, len(fns)):
                     try:
                         result = Outcome(value=fns[k]())
-                    except BaseException as e:  # noqa: BLE001 -- any failure of the user's code is a verdict
+                    except BaseException as e:
                         result = Outcome(error=e)
                     with lock:
                         if state["cancelled"]:

@@ -13,7 +13,8 @@ implementation's cases the same tolerance fails.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def catch_and_flake(correct: Any, wrong: Any, tolerances: Mapping[str, float | M
 
     ``correct`` and ``wrong``: two :class:`~workbench.check.run.CheckReport` of the same
     cases and scales (a correct implementation and a wrong one)."""
-    import pandas as pd  # noqa: PLC0415
+    import pandas as pd
 
     scales = _scales(correct)
     if _scales(wrong) != scales:

@@ -15,7 +15,7 @@ attention (host work of a few microseconds), no Hadamard fold on wo.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import mlx.core as mx
 import numpy as np
@@ -51,7 +51,7 @@ def fast_gdn_available() -> tuple[bool, str]:
         g = mx.ones((1, 1, 1))
         mx.eval(mx.fast.gated_delta_update(q, q, v, g, g, initial_state=mx.zeros((1, 1, 4, 4))))
         return True, ""
-    except Exception as e:  # noqa: BLE001 - any failure means: not here
+    except Exception as e:
         return False, f"{type(e).__name__}: {e}"
 
 
@@ -59,7 +59,7 @@ def fast_gdn_available() -> tuple[bool, str]:
 GDN_PATHS: tuple[str, ...] = ("fast", "ops", "kernel")
 
 
-def recurrent_layer(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: DecodeState, l: int,
+def recurrent_layer(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: DecodeState, li: int,
                     gdn: str, mv) -> mx.array:
     """Recurrent layer ``l`` of one token, lazy: the Gated DeltaNet mixer, then the FFN; returns the new hidden.
 
@@ -74,11 +74,11 @@ def recurrent_layer(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: 
     kd, vd = g.gdn_k_heads * g.gdn_k_dim, g.gdn_v_heads * g.gdn_v_dim
     mixed, z, ba = mv.gdn_in(w, x, 2 * kd + vd)
     if gdn == "kernel":  # everything below, to the z gate, in ONE launch (workbench.kernels.gdn_step)
-        o, st.conv[l], st.ssm[l] = mv.gdn_step(w, g.gdn_k_heads, mixed, z, ba, st.conv[l], st.ssm[l])
+        o, st.conv[li], st.ssm[li] = mv.gdn_step(w, g.gdn_k_heads, mixed, z, ba, st.conv[li], st.ssm[li])
         x = mv.out_add(w, "out", o, x)
         return mv.ffn(w, x)
-    window = mx.concatenate([st.conv[l], mixed[None]], axis=0)  # [K, C]: the short convolution
-    st.conv[l] = window[1:]
+    window = mx.concatenate([st.conv[li], mixed[None]], axis=0)  # [K, C]: the short convolution
+    st.conv[li] = window[1:]
     c = (window * w["conv"]).sum(axis=0)
     c = c * mx.sigmoid(c)
     q = c[:kd].reshape(1, 1, g.gdn_k_heads, g.gdn_k_dim)
@@ -90,9 +90,9 @@ def recurrent_layer(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: 
     beta = mx.sigmoid(b).reshape(1, 1, -1)
     gamma = mx.exp(-mx.exp(w["a_log"]) * mx.logaddexp(a + w["dt_bias"], 0.0)).reshape(1, 1, -1)
     if gdn == "fast":
-        o, st.ssm[l] = mx.fast.gated_delta_update(q, k, v, gamma, beta, initial_state=st.ssm[l])
+        o, st.ssm[li] = mx.fast.gated_delta_update(q, k, v, gamma, beta, initial_state=st.ssm[li])
     else:
-        o, st.ssm[l] = gated_delta_ops(q, k, v, gamma, beta, st.ssm[l])
+        o, st.ssm[li] = gated_delta_ops(q, k, v, gamma, beta, st.ssm[li])
     o = matvec.rms(o.reshape(g.gdn_v_heads, g.gdn_v_dim), w["o_norm"], g.eps)
     zz = z.reshape(g.gdn_v_heads, g.gdn_v_dim)
     o = (o * (zz * mx.sigmoid(zz))).reshape(vd)

@@ -39,13 +39,15 @@ little Python.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from workbench import backends
+from workbench.fold.weights import QuantizedBase, WeightMatrix
 from workbench.kernels import gdn_step as gdn_kernel
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import matrices as kernel_matrices
@@ -54,7 +56,6 @@ from workbench.kernels import tuning as kernel_tuning
 from workbench.kernels.contract import TailLaunch
 from workbench.kernels.tuning import KernelTuning
 from workbench.validate import one_of
-from workbench.fold.weights import QuantizedBase, WeightMatrix
 
 #: The decode step's matvec paths.
 MATVEC_PATHS: tuple[str, ...] = ("mlx", "kernels")

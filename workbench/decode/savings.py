@@ -10,13 +10,13 @@ and :func:`check_rows` names what a record from an older or foreign run lacks.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from workbench.validate import describe, integer, number
 from workbench.waits import plan as waits
-
 
 #: The split kinds the plan's consecutive stage pairs remove from Bonsai's token (``waits.model_saving``;
 #: checked in tests/test_schedule.py): the kinds the price model needs a measured price for, and those the

@@ -29,8 +29,9 @@ token; timing the stages is a benchmark's (``bench.common.stages.run_stages``).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
@@ -195,25 +196,25 @@ class Schedule:
                         mx.async_eval(x, *outs[handed:])
                         handed = len(outs)
                     begun += 1
-                l = piece.layer
+                li = piece.layer
                 if piece.kind == "layer":
-                    x, state.conv[l], state.ssm[l] = self._recurrent_fn(layers[l].w)(x, state.conv[l], state.ssm[l])
-                    outs += [state.ssm[l], state.conv[l]]
+                    x, state.conv[li], state.ssm[li] = self._recurrent_fn(layers[li].w)(x, state.conv[li], state.ssm[li])
+                    outs += [state.ssm[li], state.conv[li]]
                 elif piece.kind == "qkv":
-                    qkv[l] = self.mv.attn_qkv(layers[l].w, x)
-                    outs += list(qkv[l])
+                    qkv[li] = self.mv.attn_qkv(layers[li].w, x)
+                    outs += list(qkv[li])
                 elif piece.kind == "attention":  # the device floor: cache and softmax on the device
-                    q, k, v = qkv.pop(l)
-                    state.dev_k[l] = mx.concatenate([state.dev_k[l], k.reshape(1, g.n_kv, g.head_dim)])
-                    state.dev_v[l] = mx.concatenate([state.dev_v[l], v.reshape(1, g.n_kv, g.head_dim)])
-                    branch[l] = attend_mx(g, q, state.dev_k[l], state.dev_v[l])
-                    outs += [state.dev_k[l], state.dev_v[l]]
+                    q, k, v = qkv.pop(li)
+                    state.dev_k[li] = mx.concatenate([state.dev_k[li], k.reshape(1, g.n_kv, g.head_dim)])
+                    state.dev_v[li] = mx.concatenate([state.dev_v[li], v.reshape(1, g.n_kv, g.head_dim)])
+                    branch[li] = attend_mx(g, q, state.dev_k[li], state.dev_v[li])
+                    outs += [state.dev_k[li], state.dev_v[li]]
                 elif piece.kind in ("tail", "wo"):
-                    x = self.mv.out_add(layers[l].w, "wo", branch[l], x)
+                    x = self.mv.out_add(layers[li].w, "wo", branch[li], x)
                     if piece.kind == "tail":
-                        x = self.mv.ffn(layers[l].w, x)
+                        x = self.mv.ffn(layers[li].w, x)
                 elif piece.kind == "ffn":
-                    x = self.mv.ffn(layers[l].w, x)
+                    x = self.mv.ffn(layers[li].w, x)
                 elif piece.kind == "logits":
                     logits = self.mv.logits(self.w.lm_head, self.w.final_norm, x)
                     outs.append(logits)
@@ -225,11 +226,11 @@ class Schedule:
             if last.kind in ("wo", "ffn"):  # unfused or refused: the host takes the result back
                 np.asarray(x)
             elif last.kind == "qkv":  # the host needs this layer's Q/K/V: attention on the host
-                l = last.layer
-                q, k, v = (np.asarray(a) for a in qkv.pop(l))
-                state.host_k[l][pos] = k.reshape(g.n_kv, g.head_dim)
-                state.host_v[l][pos] = v.reshape(g.n_kv, g.head_dim)
-                branch[l] = mx.array(attend_np(g, q, state.host_k[l][: pos + 1], state.host_v[l][: pos + 1]))
+                li = last.layer
+                q, k, v = (np.asarray(a) for a in qkv.pop(li))
+                state.host_k[li][pos] = k.reshape(g.n_kv, g.head_dim)
+                state.host_v[li][pos] = v.reshape(g.n_kv, g.head_dim)
+                branch[li] = mx.array(attend_np(g, q, state.host_k[li][: pos + 1], state.host_v[li][: pos + 1]))
         assert logits is not None
         out = np.asarray(logits)
         nxt = int(np.argmax(out))  # sampling is host work

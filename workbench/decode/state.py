@@ -169,17 +169,17 @@ def new_state(wts: HybridWeights, *, context: int = 32, max_new: int = 4096, see
     rng = np.random.default_rng(seed)
     ssm, conv, hk, hv, dk, dv = {}, {}, {}, {}, {}, {}
     conv_c = 2 * g.gdn_k_heads * g.gdn_k_dim + g.gdn_v_heads * g.gdn_v_dim
-    for l, layer in enumerate(wts.layers):
+    for li, layer in enumerate(wts.layers):
         if layer.kind == "recurrent":
-            ssm[l] = mx.zeros((1, g.gdn_v_heads, g.gdn_v_dim, g.gdn_k_dim), dtype=mx.float32)
-            conv[l] = mx.zeros((g.conv_kernel - 1, conv_c), dtype=mx.float32)
+            ssm[li] = mx.zeros((1, g.gdn_v_heads, g.gdn_v_dim, g.gdn_k_dim), dtype=mx.float32)
+            conv[li] = mx.zeros((g.conv_kernel - 1, conv_c), dtype=mx.float32)
         else:
             cap = context + max_new
-            hk[l] = np.zeros((cap, g.n_kv, g.head_dim), dtype=np.float32)
-            hv[l] = np.zeros((cap, g.n_kv, g.head_dim), dtype=np.float32)
-            hk[l][:context] = rng.standard_normal((context, g.n_kv, g.head_dim)).astype(np.float32)
-            hv[l][:context] = rng.standard_normal((context, g.n_kv, g.head_dim)).astype(np.float32)
-            dk[l] = mx.array(hk[l][:context])
-            dv[l] = mx.array(hv[l][:context])
+            hk[li] = np.zeros((cap, g.n_kv, g.head_dim), dtype=np.float32)
+            hv[li] = np.zeros((cap, g.n_kv, g.head_dim), dtype=np.float32)
+            hk[li][:context] = rng.standard_normal((context, g.n_kv, g.head_dim)).astype(np.float32)
+            hv[li][:context] = rng.standard_normal((context, g.n_kv, g.head_dim)).astype(np.float32)
+            dk[li] = mx.array(hk[li][:context])
+            dv[li] = mx.array(hv[li][:context])
     mx.eval(list(ssm.values()), list(conv.values()), list(dk.values()), list(dv.values()))
     return DecodeState(ssm, conv, hk, hv, dk, dv, context)

@@ -130,7 +130,7 @@ def _table(m: int) -> np.ndarray:
     return np.array([[1 if c == "+" else -1 for c in row] for row in rows], dtype=np.int8)
 
 
-@lru_cache(maxsize=32)  # k < 32: a block past 2**31 is refused first
+@lru_cache(maxsize=32)  # k: the log2 of a block's power of two, a few values
 def _sylvester(k: int) -> np.ndarray:
     h = np.ones((1, 1), dtype=np.int8)
     for _ in range(k):

@@ -97,7 +97,7 @@ def _validate_perm(perm: object) -> np.ndarray:
     return out
 
 
-def _checked_input(name: str, x: object) -> "np.ndarray | mx.array":
+def _checked_input(name: str, x: object) -> np.ndarray | mx.array:
     """``x`` as numpy in its own float dtype (float64 for ints: a rotation of ints is not ints), or
     an MLX array as given (ints cast to float32); at least one axis; a ValueError naming ``name`` else."""
     if isinstance(x, mx.array):
@@ -164,7 +164,7 @@ class HadamardFold:
         seed: int,
         permute: bool = False,
         site: FoldSite = FoldSite.INPUT,
-    ) -> "HadamardFold":
+    ) -> HadamardFold:
         """Random signs (and optionally a random permutation) over ``dim``, seeded."""
         hadamard.factor_block(block)
         dim = validate.integer("dim", dim, minimum=1)
@@ -204,7 +204,7 @@ class HadamardFold:
         if width % self.block != 0:
             raise ValueError(f"width: must be a multiple of block ({self.block}), got width ({width})")
 
-    def same_rotation(self, other: "HadamardFold | None") -> bool:
+    def same_rotation(self, other: HadamardFold | None) -> bool:
         """Whether ``other`` is the same rotation by value (block, signs, perm; site ignored).
 
         ``None`` (no fold) is a valid answer to "which rotation" and is simply not this one;
@@ -317,7 +317,7 @@ class HadamardFold:
             has_perm=self.perm is not None,
         )
 
-    def with_site(self, site: FoldSite) -> "HadamardFold":
+    def with_site(self, site: FoldSite) -> HadamardFold:
         """The same rotation folded at the other site."""
         if not isinstance(site, FoldSite):
             raise ValueError(f"site: must be FoldSite.INPUT or FoldSite.OUTPUT, got {validate.describe(site)}")

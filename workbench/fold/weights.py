@@ -282,7 +282,7 @@ class WeightMatrix:
         bits: int = 4,
         group_size: int = 64,
         fold: HadamardFold | None = None,
-    ) -> "WeightMatrix":
+    ) -> WeightMatrix:
         """Quantize ``w`` with ``mx.quantize``; with ``fold``, fold FIRST, then quantize.
 
         That is the order an engine stores pre-rotated quantized weights in, and the only
@@ -306,7 +306,7 @@ class WeightMatrix:
         mx.eval(wq, scales, *([biases] if biases is not None else []))
         return cls(QuantizedBase(wq, scales, biases, spec, (int(out_dim), int(in_dim))), fold)
 
-    def fold_hadamard(self, fold: HadamardFold) -> "WeightMatrix":
+    def fold_hadamard(self, fold: HadamardFold) -> WeightMatrix:
         """A new matrix, the same linear map, with ``fold`` folded in.
 
         INPUT: base becomes ``W R^T``; OUTPUT: ``R W``. Computed in float64 and stored in
@@ -492,7 +492,7 @@ def quantization_study(
     w: np.ndarray,
     folds: dict[str, HadamardFold | None],
     formats: tuple[tuple[str, str], ...] = STUDY_FORMATS,
-) -> "pd.DataFrame":
+) -> pd.DataFrame:
     """One row per format (``(label, name in QUANT_FORMATS)``), one column per fold:
     :func:`quantization_error` of each pair."""
     import pandas as pd

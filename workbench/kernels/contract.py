@@ -10,8 +10,9 @@ never found by hashing the weights or by ``id()``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 

@@ -17,8 +17,9 @@ import os
 import sys
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import numpy as np

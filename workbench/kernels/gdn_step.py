@@ -29,8 +29,9 @@ raises ``backends.BackendUnavailable``; nothing falls back to MLX ops.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

@@ -14,10 +14,11 @@ It chooses no backend: ``workbench.kernels.run`` is the door every launch goes t
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import numpy as np

@@ -53,7 +53,8 @@ never a silent approximation):
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

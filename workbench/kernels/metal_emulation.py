@@ -17,8 +17,9 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -17,9 +17,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 from workbench import files
 from workbench.backends import BackendUnavailable, clang

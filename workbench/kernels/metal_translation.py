@@ -13,8 +13,8 @@ launch's buffers and the thread's ids, by the names in MLX's generated signature
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 #: MLX's thread attributes -> the C expression of the emulator's per-thread ids.
 _ATTRIBUTES: dict[str, tuple[str, str, str]] = {

@@ -42,9 +42,10 @@ as frink-models does.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -57,14 +58,9 @@ from workbench.kernels.launch import PreparedTail, as_mx32, prepared, settle_con
 from workbench.kernels.matrices import threadgroup_bytes, units_for
 from workbench.kernels.next_norm import NextNorm, checked
 from workbench.kernels.one_launch_shape import (  # the shape policy, re-exported: one_launch.shape_for
-    DEFAULT_NT,
-    FOUR_BIT_NT,
-    FOUR_BIT_ROW_UNITS,
     OneLaunchShape,
     checked_shape,
-    groups_for,
     shape_for,
-    shape_for_formats,
 )
 from workbench.kernels.tuning import KernelTuning
 

@@ -14,8 +14,9 @@ contract's owner (``workbench.kernels.launch.prepared``, ``one_launch.for_launch
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

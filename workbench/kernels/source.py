@@ -469,7 +469,7 @@ def input_dtypes(names: tuple[str, ...] | list[str], fmt: int, sfmt: int) -> dic
     fp4 formats' absent biases and every dense format's scales a float32 dummy; ``sdest``
     int32, ``table`` int8, the rest float32. For a standalone translation unit
     (:func:`cuda_translation_unit`), which names each input's type."""
-    import re  # noqa: PLC0415 -- only this helper matches names
+    import re
 
     codes = sorted({f.code for f in formats.KERNEL_FORMATS})
     if isinstance(fmt, bool) or fmt not in codes:

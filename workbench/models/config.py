@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from workbench import files
-from workbench import validate
+from workbench import files, validate
 
 __all__ = [
     "Mixer",
@@ -170,16 +170,16 @@ class ModelConfig:
                 raise ValueError(f"layers: entry {i} has index {lc.index}; indices must run 0..n-1")
 
     # -- queries -----------------------------------------------------------------------
-    def layer(self, l: int) -> LayerConfig:
-        """Layer ``l``'s config; ValueError naming ``layer`` and the allowed range."""
-        if isinstance(l, bool) or not isinstance(l, (int, np.integer)):
-            raise ValueError(f"layer: must be an int in 0..{self.num_layers - 1}, got {l!r}")
-        l = int(l)
-        if not 0 <= l < self.num_layers:
+    def layer(self, index: int) -> LayerConfig:
+        """Layer ``index``'s config; ValueError naming ``layer`` and the allowed range."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise ValueError(f"layer: must be an int in 0..{self.num_layers - 1}, got {index!r}")
+        index = int(index)
+        if not 0 <= index < self.num_layers:
             raise ValueError(
-                f"layer: {l} is out of range for {self.name} (allowed 0..{self.num_layers - 1})"
+                f"layer: {index} is out of range for {self.name} (allowed 0..{self.num_layers - 1})"
             )
-        return self.layers[l]
+        return self.layers[index]
 
     def attention_layers(self) -> list[int]:
         """Indices of the layers whose mixer is attention (the tails there are to fuse)."""
@@ -197,7 +197,7 @@ class ModelConfig:
         head_dim: int | None = None,
         rms_norm_eps: float = 1e-6,
         name: str = "synthetic",
-    ) -> "ModelConfig":
+    ) -> ModelConfig:
         """One plain GQA layer with a dense SwiGLU FFN: nothing refuses it.
 
         For tail weights that do not come from a real model (frink-models' test case is
@@ -245,15 +245,15 @@ class ModelConfig:
     plain_layer = synthetic  # the same constructor, by what it makes: one plain layer
 
 
-def replace_layer(cfg: ModelConfig, l: int, **changes: Any) -> ModelConfig:
-    """A copy of ``cfg`` with layer ``l``'s fields changed (for what-if questions and tests)."""
+def replace_layer(cfg: ModelConfig, layer: int, **changes: Any) -> ModelConfig:
+    """A copy of ``cfg`` with layer ``layer``'s fields changed (for what-if questions and tests)."""
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg: must be a ModelConfig, got {validate.describe(cfg)}")
     fields = {f.name for f in dataclasses.fields(LayerConfig)} - {"index"}
     unknown = sorted(set(changes) - fields)
     if unknown:
         raise ValueError(f"changes: {', '.join(unknown)} not a LayerConfig field; allowed: {', '.join(sorted(fields))}")
-    l = int(cfg.layer(l).index)
-    lc = dataclasses.replace(cfg.layer(l), **changes)
-    layers = cfg.layers[:l] + (lc,) + cfg.layers[l + 1 :]
+    layer = int(cfg.layer(layer).index)
+    lc = dataclasses.replace(cfg.layer(layer), **changes)
+    layers = cfg.layers[:layer] + (lc,) + cfg.layers[layer + 1 :]
     return dataclasses.replace(cfg, layers=layers)

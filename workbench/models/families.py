@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from workbench import validate
 from workbench.models.config import MAX_LAYERS, LayerConfig, Mixer, ModelConfig
@@ -113,7 +114,7 @@ class _Reader:
         self.family = family
         self.scope = raw if scope is None else scope
 
-    def nested(self, key: str) -> "_Reader":
+    def nested(self, key: str) -> _Reader:
         """Read from ``key`` (a sub-object) when present, else from the top level."""
         sub = self.scope.get(key)
         if sub is None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from typing import TYPE_CHECKING, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from workbench import validate
 from workbench.models.config import LayerConfig, Mixer, ModelConfig
@@ -144,10 +145,10 @@ def eligible(cfg: ModelConfig, layer: int, *, kernels_enabled: bool = True) -> b
 def tail_verdicts(cfg: ModelConfig, *, kernels_enabled: bool = True) -> dict[int, list[Refusal]]:
     """``{attention layer: its refusals}`` for every attention layer (the tails there are)."""
     _check_cfg(cfg)
-    return {l: layer_refusals(cfg, l, kernels_enabled=kernels_enabled) for l in cfg.attention_layers()}
+    return {li: layer_refusals(cfg, li, kernels_enabled=kernels_enabled) for li in cfg.attention_layers()}
 
 
-def refusal_table(cfg: ModelConfig, *, kernels_enabled: bool = True) -> "pd.DataFrame":
+def refusal_table(cfg: ModelConfig, *, kernels_enabled: bool = True) -> pd.DataFrame:
     """One row per layer: ``layer``, ``mixer`` (its value, e.g. "attention"), ``eligible``,
     ``reasons`` (the names, comma-separated; "" when eligible)."""
     import pandas as pd
@@ -180,7 +181,7 @@ def format_reason_counts(counts: Counter[Refusal]) -> str:
     return ", ".join(f"{r.name} x{counts[r]}" for r in Refusal if counts[r])
 
 
-def model_summary(cfgs: Iterable[ModelConfig], *, kernels_enabled: bool = True) -> "pd.DataFrame":
+def model_summary(cfgs: Iterable[ModelConfig], *, kernels_enabled: bool = True) -> pd.DataFrame:
     """One row per model: what the fusion does for it.
 
     Columns: ``model``, ``layers``, ``attention_layers``, ``eligible_tails``,

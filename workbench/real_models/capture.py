@@ -10,8 +10,9 @@ prompt's pass through the same taps.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn

@@ -13,16 +13,17 @@ passes share the cores instead of queueing on one; each stream's arithmetic is i
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from workbench.real_models.capture import LayerCapture, tapped
-from workbench.real_models.model_parts import head, layer_owner, vocab_size
 from workbench.real_models.fused_layers import fused_blocks, swapped_in
+from workbench.real_models.model_parts import head, layer_owner, vocab_size
 from workbench.real_models.transformers_advice import without_transformers_advice
 from workbench.tail.weights import TailWeights
 from workbench.validate import describe, integer, token_ids
@@ -90,7 +91,7 @@ def _prompt_and_tokens(model: nn.Module, prompt: Sequence[int],
 
 
 def _departures(model: nn.Module, ids: np.ndarray, toks: np.ndarray,
-                layer_sets: Sequence[Callable[[], ContextManager[object]]]) -> list[int]:
+                layer_sets: Sequence[Callable[[], AbstractContextManager[object]]]) -> list[int]:
     """The first departure of ``toks`` after ``ids`` inside each of ``layer_sets`` (each a
     context in which the model runs one set of layers), in at most two passes a set: every
     set's prompt pass built (each on a stream of its own where there are several) and

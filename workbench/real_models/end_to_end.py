@@ -24,27 +24,28 @@ around zero; the scaled error is relative where ``|y| > 1`` and absolute below.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
 
 from workbench import backends as backend_list
+from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 from workbench.real_models.capture import LayerCapture
 from workbench.real_models.checkpoint import load_checkpoint, smollm2_gguf_path
 from workbench.real_models.decoding import Generation, first_departures, greedy, greedy_beside, greedy_captured
+from workbench.real_models.fused_layers import fused_tails
 from workbench.real_models.loaded_checkpoint import Checkpoint
 from workbench.real_models.mlx_lm_model import reference_model
-from workbench.real_models.fused_layers import fused_tails
 from workbench.real_models.tokenizer import gguf_tokenizer
 from workbench.tail.comparison import compare
-from workbench.fold.rotation import FoldSite, HadamardFold
 from workbench.tail.frink_case import SEED_TOL
-from workbench.tail.weights import TailWeights
 from workbench.tail.paths import fused_tail, host_tail
+from workbench.tail.weights import TailWeights
 from workbench.validate import describe, integer, one_of
-from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -113,7 +114,7 @@ def _check_backends(backends: Sequence[str]) -> list[str]:
 
 
 def layer_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backends: Sequence[str] = ("graph",),
-                 tol: float = SEED_TOL) -> "pd.DataFrame":
+                 tol: float = SEED_TOL) -> pd.DataFrame:
     """One row per layer: each tail against the layer's captured output, and the residual's peak.
 
     Columns: ``layer``; ``peak`` (the largest ``|residual|`` entering the layer), ``peak_pos``
@@ -145,7 +146,7 @@ def layer_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backends
 
 
 def kernel_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backend: str,
-                  positions: Sequence[int] = (0, -1), tol: float = SEED_TOL) -> "pd.DataFrame":
+                  positions: Sequence[int] = (0, -1), tol: float = SEED_TOL) -> pd.DataFrame:
     """One row per layer: a kernel backend's tail at a few positions against the float64
     truth of the stored weights (the host tail) and against mlx-lm's layer output.
 
@@ -266,7 +267,7 @@ def same_tokens(rm: RealModel, n: int = 32, *, backend: str = "graph",
 
 
 def layer_match(reference: Sequence[LayerCapture], variant: Sequence[LayerCapture], *,
-                tol: float = SEED_TOL) -> "pd.DataFrame":
+                tol: float = SEED_TOL) -> pd.DataFrame:
     """One row per layer: a variant model's output against the reference's, on the same prompt.
 
     Both captured from the prompt's pass (``greedy_captured``; ``same_tokens(...,
@@ -320,7 +321,7 @@ def _fold_for(width: int, block: int, seed: int) -> HadamardFold:
 
 
 def fold_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, formats: Sequence[str] = FOLD_FORMATS,
-                block: int = 64, seed: int = 0) -> "pd.DataFrame":
+                block: int = 64, seed: int = 0) -> pd.DataFrame:
     """One row per layer and format: ``wo`` re-quantized with and without a block-``block``
     Hadamard fold, its error on the layer's REAL branches, and the outlier columns.
 
@@ -357,7 +358,7 @@ def fold_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, formats: 
 
 
 def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", block: int = 64,
-                seed: int = 0) -> "pd.DataFrame":
+                seed: int = 0) -> pd.DataFrame:
     """Whether the reference's greedy tokens survive every layer's ``wo`` re-quantized as
     ``fmt``, without and with the fold: one row each, ``agree`` (how many of the
     reference's tokens the variant reproduces before its first different choice) of ``n``.

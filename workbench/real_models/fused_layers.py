@@ -12,7 +12,8 @@ every step. :func:`stacked_qkv` makes the stacked-attention change alone, for co
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn

@@ -11,8 +11,9 @@ trusts it, sees the file.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

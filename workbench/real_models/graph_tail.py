@@ -51,8 +51,9 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 

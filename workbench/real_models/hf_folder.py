@@ -11,8 +11,8 @@ raw folder (``"zero_centred"``) from a converted one (``"plain"``) here.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import mlx.core as mx
 

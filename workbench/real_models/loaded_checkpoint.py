@@ -10,8 +10,9 @@ for a model that is not there.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

@@ -26,8 +26,9 @@ rotary embeddings). :func:`swapped_attention` swaps it into a model's layers
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -40,7 +41,7 @@ __all__ = ["StackedQKV", "StackedAttention", "stackable", "swapped_attention"]
 
 def _llama_attention() -> type | None:
     try:
-        from mlx_lm.models import llama  # noqa: PLC0415 -- mlx-lm is only needed with a model
+        from mlx_lm.models import llama
     except ImportError:
         return None
     return llama.Attention
@@ -105,7 +106,7 @@ def _plain_cache() -> type | None:
     """mlx-lm's ``KVCache`` (the plain one a Llama's prompt cache holds), or None without mlx-lm;
     looked up at the first decode step, not at import (mlx-lm is only needed with a model)."""
     try:
-        from mlx_lm.models.cache import KVCache  # noqa: PLC0415 -- mlx-lm is only needed with a model
+        from mlx_lm.models.cache import KVCache
     except ImportError:
         return None
     return KVCache
@@ -158,7 +159,7 @@ class StackedAttention(nn.Module):
         self.qkv = StackedQKV(attn)  # stackable(attn) holds, so mlx-lm is importable
         self.inner = attn
         self.o_proj = attn.o_proj
-        from mlx_lm.models.base import scaled_dot_product_attention  # noqa: PLC0415
+        from mlx_lm.models.base import scaled_dot_product_attention
 
         self._attend = scaled_dot_product_attention  # looked up once, not on every decode step
         # Where every projection's rows are whole heads of one width: the heads of q, of

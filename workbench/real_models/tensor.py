@@ -9,8 +9,9 @@ a quantized matrix's bits and group size come from the config's quantization ent
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -59,7 +60,7 @@ class Tensor:
         assert isinstance(m, QuantizedBase)
         return m.dequantize().astype(dtype)
 
-    def take_rows(self, index: np.ndarray) -> "Tensor":
+    def take_rows(self, index: np.ndarray) -> Tensor:
         """The same tensor with its rows (axis 0) reordered; quantization groups run along a
         row, so the packed words, scales and biases move together and nothing is re-rounded."""
         idx = mx.array(index.astype(np.int32))

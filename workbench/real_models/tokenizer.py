@@ -7,7 +7,8 @@ template, so the file alone is enough to encode a prompt: no Hugging Face downlo
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

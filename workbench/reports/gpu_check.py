@@ -47,7 +47,7 @@ def gpu_check_table(record: dict[str, Any]) -> Any:
     was the CUDA path), the float32 oracle's own worst error, and whether the case passed.
     Errors print with two significant digits. Raises ``ValueError`` for a dict that is not
     such a record."""
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     checks = check_record(record, "gpu_check")["checks"]
     if not isinstance(checks, list) or not checks or not all(isinstance(c, dict) and "worst" in c for c in checks):
@@ -79,7 +79,7 @@ def format_summary(record: dict[str, Any]) -> Any:
     passed (errors and tolerance as text, two and one significant digits). A format is its
     name without the group size (``affine4-g64`` -> ``affine4``). Raises what
     :func:`gpu_check_table` raises."""
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     table = gpu_check_table(record)
     table["format"] = table["weights"].str.split("-").str[0]
@@ -108,7 +108,7 @@ def reproduced(first: dict[str, Any], second: dict[str, Any]) -> Any:
     any difference is a change in what the kernels or the oracle compute. Raises
     ``ValueError`` when the records are not such records, ran other seeds, or checked other
     cases."""
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     a, b = check_record(first, "gpu_check", name="first"), check_record(second, "gpu_check", name="second")
     if a.get("seed") != b.get("seed"):

@@ -13,6 +13,7 @@ from typing import Any
 from workbench import validate
 from workbench.reports.records import check as check_record
 
+
 def _bench_payload(record: dict[str, Any]) -> dict[str, Any]:
     """A kernel_bench record's measurements (its ``bench`` dict: the record names its kind by
     its command, and keeps what it measured under that key); ``ValueError`` otherwise."""
@@ -30,7 +31,7 @@ def floor_table(record: dict[str, Any]) -> Any:
     device"``: ten tails in one evaluation, over ten); NaN where the run did not time that
     path in that format (PyTorch ran bf16 only). Raises ``ValueError`` for a dict that is
     not such a record."""
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     cols: dict[str, dict[str, float]] = {}
     for c in _bench_payload(record)["cases"]:

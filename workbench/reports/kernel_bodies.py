@@ -25,7 +25,7 @@ def versions_table(record: dict[str, Any]) -> Any:
     (medians) and new / old, and one wait new / old; where the record also ran the tail as
     one launch (CUDA), the same rows for it, prefixed ``one launch:`` (blank for a case
     without). Raises ``ValueError`` for a dict that is not such a record."""
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     cases = check_record(record, "kernel_bodies")["cases"]
     if not cases or not all(isinstance(c, dict) and "device_ms_per_tail" in c for c in cases):
@@ -88,7 +88,7 @@ def sass_table(record: dict[str, Any]) -> Any:
     which phase asks for them); then ``one_launch``, every phase's loops summed, with the
     launch's own registers. A one launch the older text lacked has NaN old columns.
     Older records (no one launch) read as before."""
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     rows = check_record(record, "sass_counts")["rows"]
     rows_ok = isinstance(rows, list) and all(isinstance(r, dict) for r in rows)

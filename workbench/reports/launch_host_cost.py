@@ -4,7 +4,8 @@ whether ``mx.compile`` traced the call), beside an ordinary MLX op's."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from workbench.reports.records import check as check_record
 from workbench.validate import describe

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from workbench import validate
-from workbench.reports.records import check as check_record, kind_of
+from workbench.reports.records import check as check_record
+from workbench.reports.records import kind_of
 
 #: How many times busier one pipe must be than the other for :func:`bound_of` to name it.
 PIPE_DOMINANCE = 1.5
@@ -70,7 +71,7 @@ def bound_table(profile: dict[str, Any]) -> Any:
     FMA and ALU pipes busy (%), warp instructions executed (millions), the top stall reason
     with its cycles per instruction issued, and :func:`bound_of`. Raises ``ValueError`` for
     a record that is not a ``bench.launch_profile --stalls`` record."""
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     rows = []
     for r in _stalls_rows(profile):
@@ -100,7 +101,7 @@ def bound_change(before: dict[str, Any], after: dict[str, Any]) -> Any:
     side (pandas, :data:`CHANGE_COLUMNS`): time, ALU-pipe warp instructions (millions) and
     how busy that pipe was, and :func:`bound_of`, before and after a change of the kernels.
     Raises ``ValueError`` for records that are not such records or share no launch."""
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     def keyed(profile: dict[str, Any], name: str) -> dict[tuple[str, str], dict[str, Any]]:
         return {(r["format"], _launch_name(r["kernel"])): r for r in _stalls_rows(profile, name)}
@@ -126,7 +127,7 @@ def row_dot_table(record: dict[str, Any], copy_bandwidth_Bps: float | None = Non
     over ``copy_bandwidth_Bps`` where given (a device-timed copy from another record of the
     same machine: the first tensor-core record divided by MLX's host-timed copy, about half
     the device's rate), else over the record's own ``used_for_floor``."""
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     # either row-dot bench; anything else is named as not a tensor_core_rowdot record
     check_record(record, "async_copy_rowdot" if kind_of(record) == "async_copy_rowdot" else "tensor_core_rowdot")

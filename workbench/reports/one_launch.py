@@ -27,7 +27,7 @@ def record_tables(record: dict[str, Any]) -> tuple[Any, Any]:
     one), and the ratios the kernel issue's targets are about. Raises ``ValueError`` for a
     dict that is not such a record.
     """
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     check_record(record, "one_launch")  # its checks are a key every such record has
     checks = pd.DataFrame([{
@@ -59,7 +59,7 @@ def sweep_table(record: dict[str, Any]) -> Any:
     or disagreed with the default, both recorded as failed), and a last row ``chosen``: the
     variant each format was timed with (the bench's rule, ``workbench.kernels.one_launch.CHOICE_MARGIN``). Raises
     ``ValueError`` for a record that is not such a record or has no sweep."""
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     if not check_record(record, "one_launch").get("sweeps"):
         raise ValueError(f"record must be a bench.one_launch record with its sweeps; got {validate.describe(record)}")
@@ -84,7 +84,7 @@ def wait_breakdown(record: dict[str, Any], profile: dict[str, Any]) -> Any:
     time would mean the wait pays a ramp; the rest of the wait is the framework's.
     Raises ``ValueError`` for records that are not these, or that share no format.
     """
-    import pandas as pd  # noqa: PLC0415 -- only the notebooks' tables need it
+    import pandas as pd
 
     if "cases" not in check_record(record, "one_launch"):
         raise ValueError(f"record must be a bench.one_launch record with timed cases; got {validate.describe(record)}")

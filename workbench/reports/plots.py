@@ -8,7 +8,7 @@ never loads matplotlib).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -16,11 +16,11 @@ from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
 from workbench import backends, validate
-from workbench.waits import plan as waits
 from workbench.fold.rotation import HadamardFold
 from workbench.models.config import Mixer, ModelConfig
 from workbench.models.refusals import Refusal, layer_refusals
 from workbench.reports.schedule_run import clock_table
+from workbench.waits import plan as waits
 
 
 def _frame(name: str, df, columns: dict[str, str] | None = None):

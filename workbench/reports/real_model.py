@@ -18,9 +18,11 @@ the others' chain columns out.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from workbench.reports.records import check as check_record, load_all
+from workbench.reports.records import check as check_record
+from workbench.reports.records import load_all
 from workbench.validate import describe
 
 __all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "paired_ratio", "paired_interval", "paired_interval_table", "paired_table", "paired_across", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "build_profile_table", "own_us_per_call", "best_cuda", "STORED_GRAPH", "UNJUDGED"]
@@ -185,6 +187,7 @@ def paired_interval_table(rec: Mapping, variants: Sequence[str], against: str, *
     if isinstance(variants, str) or not isinstance(variants, Sequence) or not variants:
         raise ValueError(f"variants: must be a non-empty list of decode variant names, got {describe(variants)}")
     import numpy as np
+
     from workbench.decode.savings import percentile_interval, resampled_medians
 
     _check_level(level)

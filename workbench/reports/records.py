@@ -20,9 +20,10 @@ import datetime as _dt
 import json
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypedDict
+from typing import Any, TypedDict
 
 from workbench import files
 from workbench.validate import describe
@@ -253,7 +254,7 @@ def _when(rec: Mapping[str, Any]) -> _dt.datetime:
     except (TypeError, ValueError):
         raise RecordError(f"{rec.get('file', 'record')}: date must be an ISO 8601 date, got "
                           f"{describe(rec['date'])}") from None
-    return when if when.tzinfo else when.replace(tzinfo=_dt.timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=_dt.UTC)
 
 
 def newest(kind: str, folder: str | os.PathLike | None = None,
@@ -298,7 +299,7 @@ def headline(record: Mapping[str, Any]) -> str:
     device = record["device"]
     if isinstance(device, Mapping):
         device = device.get("device_name") or device.get("mlx_device") or "?"
-    when = _when(record).astimezone(_dt.timezone.utc)
+    when = _when(record).astimezone(_dt.UTC)
     shown = when.strftime("%Y-%m-%d") if len(str(record["date"])) <= 10 else when.strftime("%Y-%m-%d %H:%M UTC")
     where = f"{record['file']}: " if record.get("file") else ""
     return (f"{where}{device}, {shown}, MLX {record['mlx_version']}, "

@@ -18,7 +18,8 @@ from typing import Any
 
 from workbench import validate
 from workbench.fold.formats import KERNEL_FORMATS
-from workbench.reports.records import check as check_record, load_all
+from workbench.reports.records import check as check_record
+from workbench.reports.records import load_all
 
 #: compute-sanitizer's tools, in the order the bench runs them.
 TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "synccheck", "initcheck")
@@ -66,7 +67,7 @@ def coverage(records: list[dict[str, Any]]) -> Any:
     none did (no rows for no records). Raises ``records.RecordError`` (a ``ValueError``)
     for anything that is not a sanitize record. For what covers the kernels as they are
     now, pass :func:`of_kernel_text`'s records."""
-    import pandas as pd  # noqa: PLC0415 -- only the tables need it
+    import pandas as pd
 
     seen: dict[tuple[str, str], dict[str, set[str]]] = {}
     for i, rec in enumerate(records):
@@ -114,7 +115,7 @@ def runs_table(records: dict[str, dict[str, Any]]) -> Any:
     tail was device-written, whether it was clean, its errors and its seconds (pandas).
     Raises ``records.RecordError`` (a ``ValueError``) for anything that is not a sanitize
     record."""
-    import pandas as pd  # noqa: PLC0415 -- only the tables need it
+    import pandas as pd
 
     rows = []
     for name, rec in records.items():

@@ -12,12 +12,14 @@ refuses a dict that is not such a record with a ``ValueError`` naming what it la
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from workbench.decode.savings import check_rows, percentile_interval, resampled_medians
-from workbench.reports.records import check as check_record, load_all
+from workbench.reports.records import check as check_record
+from workbench.reports.records import load_all
 from workbench.validate import describe, integer, one_of
 from workbench.waits import plan as waits
 

@@ -14,8 +14,9 @@ A tolerance is a (metric, limit) pair over a sweep's per-case columns
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -14,17 +14,18 @@ checked against ``tail.host_tail`` / ``tail.fused_tail`` case by case (a test do
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from workbench import validate
 from workbench.fold import hadamard
 from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.fold.weights import DENSE_DTYPES, QUANT_FORMATS, QuantSpec, check_quant_spec
 from workbench.tail.frink_case import SEED_LCG_START
 from workbench.tail.weights import DEFAULT_EPS, TailWeights, case_recipe
-from workbench.fold.weights import DENSE_DTYPES, QUANT_FORMATS, QuantSpec, check_quant_spec
 
 #: Salt of the sweep's streams: frink-models' test's LCG start value, for want of a better number.
 SWEEP_SALT = SEED_LCG_START
@@ -74,7 +75,7 @@ def check_case_memory(shape: tuple[int, int, int], n_cases: int) -> None:
 
 def check_seeds(seeds: Iterable[int]) -> np.ndarray:
     """``seeds`` as a 1-D int64 array of non-negative ints, or ``ValueError`` naming ``seeds``."""
-    allowed = f"a non-empty 1-D sequence of ints in 0..2**62 (e.g. range(1000))"
+    allowed = "a non-empty 1-D sequence of ints in 0..2**62 (e.g. range(1000))"
     if isinstance(seeds, (range, np.ndarray)):
         s = np.asarray(seeds)
     else:
@@ -111,7 +112,7 @@ class CaseArrays:
         _, h, b = self.wo.shape
         return h, b, self.gate.shape[1]
 
-    def rows(self, idx: Any) -> "CaseArrays":
+    def rows(self, idx: Any) -> CaseArrays:
         return CaseArrays(*(getattr(self, k)[idx] for k in self.__dataclass_fields__))
 
 

@@ -24,9 +24,9 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import tail, validate
+from workbench.fold.weights import QuantizedBase, WeightMatrix
 from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_TOL
-from workbench.fold.weights import QuantizedBase, WeightMatrix
 
 
 def nice_ceil(x: float) -> float:

@@ -32,24 +32,18 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from workbench import validate
-from workbench.fold import hadamard
 from workbench.backends import BACKENDS, resolve_backend
-from workbench.tail.comparison import (
-    max_abs_error,
-    max_rel_error,
-    nmse,
-    torch_ratio,
-    ulp_distance,
-    worst_scaled_error,
-)
+from workbench.fold import hadamard
 from workbench.fold.rotation import FoldSite, HadamardFold
+from workbench.fold.weights import DENSE_DTYPES, QuantizedBase, QuantSpec, WeightMatrix
 from workbench.studies.cases import (
     BYTES_PER_CASE_FLOAT,
     CASE_BLOCK,
@@ -67,10 +61,17 @@ from workbench.studies.cases import (
     quant_spec,
     with_outliers,
 )
-from workbench.tail.weights import DEFAULT_EPS
-from workbench.tail.paths import fused_tail
+from workbench.tail.comparison import (
+    max_abs_error,
+    max_rel_error,
+    nmse,
+    torch_ratio,
+    ulp_distance,
+    worst_scaled_error,
+)
 from workbench.tail.ops import tail_mx, tail_np
-from workbench.fold.weights import DENSE_DTYPES, QuantizedBase, QuantSpec, WeightMatrix
+from workbench.tail.paths import fused_tail
+from workbench.tail.weights import DEFAULT_EPS
 
 #: The deliberately wrong tails (see :func:`mutation_sweep`).
 MUTATIONS: tuple[str, ...] = (
@@ -327,7 +328,7 @@ def _run(
             # where two blocks fit in memory at once.
             ahead = 2 * BYTES_PER_CASE_FLOAT * per_block * case_floats(shp) <= validate.memory_cap_bytes()
             c_next = draw(blocks[0])
-            for bi, blk in enumerate(blocks):
+            for bi in range(len(blocks)):
                 c, c_next = c_next, None
                 m64 = model = None
                 for ci, (dtype, fold, qlabel, spec, bk) in enumerate(configs):

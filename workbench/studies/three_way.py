@@ -11,8 +11,9 @@ wrong fused variants (:data:`FAULTS`) show what the comparison tells apart, and
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -20,9 +21,9 @@ import numpy as np
 from workbench import validate
 from workbench.tail.comparison import Comparison, compare
 from workbench.tail.frink_case import SEED_TOL
-from workbench.tail.weights import TailWeights
-from workbench.tail.paths import check_inputs, fused_tail, host_tail, tail_launch, to_mx, unfused_tail
 from workbench.tail.ops import tail_mx
+from workbench.tail.paths import check_inputs, fused_tail, host_tail, tail_launch, to_mx, unfused_tail
+from workbench.tail.weights import TailWeights
 from workbench.waits.measurement import count_waits
 
 #: Deliberately wrong fused variants, to show what the three-way comparison tells apart:
@@ -139,7 +140,7 @@ def _sig(x: float) -> str:
 
 
 def three_way_table(cases: Sequence[tuple[str, TailWeights, Any, Any]], *, tol: float = SEED_TOL,
-                    fault: str | None = None, figures: bool = True) -> "Any":
+                    fault: str | None = None, figures: bool = True) -> Any:
     """One row per ``(label, weights, branch, residual)``: the three-way comparison.
 
     ``figures=True``: the worst scaled errors (2 significant digits) and NMSE, which vary

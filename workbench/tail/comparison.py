@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from workbench import validate
-from workbench.tail.frink_case import SEED_TOL
 from workbench.fold.weights import DENSE_DTYPES
+from workbench.tail.frink_case import SEED_TOL
 
 #: ``torch.testing.assert_close`` defaults (rtol, atol) per dtype (PyTorch's
 #: ``torch.testing.assert_close`` documentation);

@@ -10,8 +10,9 @@ the batched sweeps of ``workbench.studies`` follow too.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -280,7 +281,7 @@ class TailWeights:
         config: Any = None,
         layer: int | None = None,
         norm_convention: str = "plain",
-    ) -> "TailWeights":
+    ) -> TailWeights:
         """Tail weights from dense [out, in] arrays (the UNFOLDED ``wo``; ``fold`` is folded in).
 
         ``eps``: ``None`` takes the config's ``rms_norm_eps`` when a config is given (else
@@ -338,7 +339,7 @@ class TailWeights:
         eps: float | None = None,
         config: Any = None,
         layer: int | None = None,
-    ) -> "TailWeights":
+    ) -> TailWeights:
         """Random tail weights, seeded, drawn by :func:`case_recipe` (wo, gate, up, down,
         ffn_norm, in that order, from one generator).
 
@@ -386,7 +387,7 @@ class TailWeights:
                                config=config, layer=layer)
 
     @classmethod
-    def for_layer(cls, config: Any, layer: int, *, seed: int, **kwargs: Any) -> "TailWeights":
+    def for_layer(cls, config: Any, layer: int, *, seed: int, **kwargs: Any) -> TailWeights:
         """Random weights of the shapes of ``config``'s layer ``layer``, carrying that layer.
 
         ``hidden`` is the model's, ``branch`` = q heads x head_dim (hidden for a layer

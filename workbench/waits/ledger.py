@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from workbench import files
 from workbench.validate import describe, flag, integer, number, one_of

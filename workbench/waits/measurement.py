@@ -19,8 +19,9 @@ import datetime as _dt
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -261,7 +262,7 @@ def measure_wait_price(device=None, *, n: int = 2000, warmup: int = 200) -> dict
         "n": n,
         "warmup": warmup,
         "kind": "measured",
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"),
         "method": WAIT_METHOD.format(n=n, warmup=warmup),
         **info,
     }

@@ -16,9 +16,10 @@ Which attention layers fuse is decided ONLY by ``workbench.models.refusals.eligi
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,8 +29,16 @@ from workbench.models.loader import list_models
 from workbench.models.refusals import format_reason_counts, layer_refusals, reason_counts
 from workbench.validate import describe, flag, integer, number
 from workbench.waits.ledger import ledger_entries, ledger_price
-from workbench.waits.schema import (FINAL_SPLIT, HOST_READ, check_split_kind, read_json, strict_object, text,
-                                    texts, where)
+from workbench.waits.schema import (
+    FINAL_SPLIT,
+    HOST_READ,
+    check_split_kind,
+    read_json,
+    strict_object,
+    text,
+    texts,
+    where,
+)
 
 PLAN_PATH = files.DATA_DIR / "plans" / "gdn-resident-state.json"
 
@@ -198,14 +207,14 @@ def _attention_indices(cfg) -> set[int]:
     return {a if isinstance(a, int) else a.index for a in cfg.attention_layers()}
 
 
-def _has_ffn(cfg, l: int) -> bool:
-    return int(getattr(cfg.layer(l), "ffn_dim", 0) or 0) > 0
+def _has_ffn(cfg, li: int) -> bool:
+    return int(getattr(cfg.layer(li), "ffn_dim", 0) or 0) > 0
 
 
 def eligible_layers(cfg, *, kernels_enabled: bool = True) -> tuple[int, ...]:
     """The attention layers whose tail fuses, by ``workbench.models.refusals`` alone."""
     return tuple(
-        sorted(l for l in _attention_indices(cfg) if not layer_refusals(cfg, l, kernels_enabled=kernels_enabled))
+        sorted(li for li in _attention_indices(cfg) if not layer_refusals(cfg, li, kernels_enabled=kernels_enabled))
     )
 
 
@@ -237,7 +246,7 @@ def submissions(
     elif isinstance(eligible, (str, bytes)) or not isinstance(eligible, Iterable):
         raise ValueError(f"eligible: must be layer indices (integers), got {describe(eligible)}")
     else:
-        ok = {integer("eligible[]", l, minimum=0) for l in eligible}
+        ok = {integer("eligible[]", li, minimum=0) for li in eligible}
     bad = ok - attn
     if bad:
         raise ValueError(f"eligible: layers {sorted(bad)} are not attention layers of {cfg.name}")
@@ -245,22 +254,22 @@ def submissions(
     # The token's pieces in order, each marked with whether the host needs its result.
     pieces: list[tuple[Piece, bool]] = []
     for layer in cfg.layers:
-        l = layer.index
-        if l not in attn:
-            pieces.append((Piece("layer", l), False))
+        li = layer.index
+        if li not in attn:
+            pieces.append((Piece("layer", li), False))
             continue
-        fused = st.fuse_tail and l in ok and _has_ffn(cfg, l)
-        pieces.append((Piece("qkv", l), not st.attention_on_device))
+        fused = st.fuse_tail and li in ok and _has_ffn(cfg, li)
+        pieces.append((Piece("qkv", li), not st.attention_on_device))
         if st.attention_on_device:
-            pieces.append((Piece("attention", l), False))
+            pieces.append((Piece("attention", li), False))
         if fused:
-            pieces.append((Piece("tail", l), False))
+            pieces.append((Piece("tail", li), False))
         else:
             # Unfused or refused: the host takes wo's result (and the FFN's) back.
             refused_need = not st.attention_on_device
-            pieces.append((Piece("wo", l), refused_need))
-            if _has_ffn(cfg, l):
-                pieces.append((Piece("ffn", l), refused_need))
+            pieces.append((Piece("wo", li), refused_need))
+            if _has_ffn(cfg, li):
+                pieces.append((Piece("ffn", li), refused_need))
     pieces.append((Piece("logits"), True))
 
     if st.resident_runs:
@@ -413,11 +422,11 @@ def waits_by_rule(cfg, stage: int | str | Stage, *, plan: Plan | None = None) ->
     ok = set(eligible_layers(cfg))
     n = st.costs["logits"]
     for layer in cfg.layers:
-        l = layer.index
-        if l not in attn:
+        li = layer.index
+        if li not in attn:
             n += st.costs["non_attention"]
         else:
-            n += st.costs["attention" if l in ok else "attention_refused"]
+            n += st.costs["attention" if li in ok else "attention_refused"]
     return n
 
 

@@ -10,8 +10,9 @@ a token's waits by kind and the ledger prices them by kind, so both check the na
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from workbench.validate import describe
 
