@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{'variant':<34} {'cases':>7} {'seconds':>8} {'cases/s':>8} {'ratio':>6}")
     print(f"{'check_kernel(numpy callable)':<34} {args.cases:>7} {t_check:>8.2f} {args.cases / t_check:>8.0f} "
           f"{t_check / t_sweep:>6.1f}")
-    print(f"{'sweeps.sweep (graph, batched)':<34} {args.cases:>7} {t_sweep:>8.2f} {args.cases / t_sweep:>8.0f} {1.0:>6.1f}")
+    print(f"{'sweeps.sweep (graph, batched)':<34} {args.cases:>7} {t_sweep:>8.2f} {args.cases / t_sweep:>8.0f} "
+          f"{1.0:>6.1f}")
     print(f"verdict: {'PASS' if rep.passed else 'FAIL'}")
     rec = {**record.provenance("check_rate", argv),
            "target": "10,000 cases at (64, 96, 80) through a numpy callable in <= 30 s on 2 cores",

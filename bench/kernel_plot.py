@@ -58,7 +58,8 @@ def plot(rec: dict[str, Any], path: Path) -> Path:
     ax.set_xticklabels([f"{c['case'].removeprefix('bonsai27b-')}\n{c['weight_bytes'] / 1e6:.0f} MB" for c in cases])
     ax.set_ylabel("ms per tail")
     bw = rec["bench"]["copy_bandwidth_Bps"]["used_for_floor"]
-    ax.set_title(f"Bonsai-27B tail on {rec.get('device', {}).get('device_name', '') if isinstance(rec.get('device'), dict) else rec.get('device', '')}"
+    ax.set_title("Bonsai-27B tail on "
+        + (rec["device"].get("device_name", "") if isinstance(rec.get("device"), dict) else str(rec.get("device", "")))
                  f" (MLX {rec.get('mlx_version', '?')}): ms against the floor (bytes / {bw / 1e12:.2f} TB/s)")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the ratios above the tallest bars
     ax.legend(fontsize=8, loc="upper left")

@@ -535,7 +535,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name, d in decode.items():
             print(f"\n{name}: building a step, the functions with the most own time (us a step, profiled)")
             for f in d["build_profile"][:10]:
-                print(f"  {f['own_us_per_step']:>9.1f} own {f['cum_us_per_step']:>9.1f} cum {f['calls_per_step']:>7.1f} calls"
+                print(f"  {f['own_us_per_step']:>9.1f} own {f['cum_us_per_step']:>9.1f} cum "
+                      f"{f['calls_per_step']:>7.1f} calls"
                       f"  {f['function']}")
     if args.profile:
         print(f"\n{'variant':<28}{'kernels a step':>16}{'device us a step':>18}{'graph launches':>16}")

@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"{'waits ms':>9} {'in eval':>8} {'host':>7}  name")
     for r in rows:
         print(f"{r['stage']:>5} {r['waits_predicted']:>6} {str(r['waits_made']):>6} {r['ms_median']:>9.3f} "
-              f"{r['ms_p10']:>8.3f} {r['ms_p90']:>8.3f} {r['x_floor']:>8.2f} {r.get('ms_waits_model', float('nan')):>9.3f}"
+              f"{r['ms_p10']:>8.3f} {r['ms_p90']:>8.3f} {r['x_floor']:>8.2f} "
+              f"{r.get('ms_waits_model', float('nan')):>9.3f}"
               f" {r['ms_eval_median']:>8.3f} {r['ms_host_median']:>7.3f}  {r['name']}")
     print(f"floor {floor_ms:.3f} ms ({weight_bytes / 1e9:.2f} GB at {bandwidth / 1e9:.0f} GB/s)")
     print(f"\n{'from':>4} {'to':>3} {'saved':>6} {'predicted ms':>13} {'model ms':>9} {'measured ms':>12} {'ratio':>6} "

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sweeps.sweep(shapes=[(64, 96, 80)], seeds=range(8), progress=False)  # warm up (imports, first graphs)
     rows = []
     if names:
-        print(f"{'config':<12} {'shape':<14} {'cases':>8} {'seconds':>8} {'cases/s':>9} {'s per 100k':>10} {'max worst':>11}")
+        print(f"{'config':<12} {'shape':<14} {'cases':>8} {'seconds':>8} {'cases/s':>9} "
+              f"{'s per 100k':>10} {'max worst':>11}")
     for name in names:
         shape, dtype, fold, quant = CONFIGS[name]
         t0 = time.perf_counter()

@@ -16,7 +16,8 @@ time is host time:
 - ``k<N>``: the kernel with ``N`` inputs (``x``, ``after`` and ``N - 2`` small arrays it never
   reads), its text as short as it gets;
 - ``k<N>-pad<K>k``: the same kernel behind a header of about ``K`` kB of unused device
-  functions (``launch_host_cost.cuh``'s one line repeated: text length alone; the one-launch tail hands MLX about 25 kB without its
+  functions (``launch_host_cost.cuh``'s one line repeated: text length alone; the one-launch tail
+  hands MLX about 25 kB without its
   comments, 57 kB with them);
 - ``...-compiled``: the call traced once by ``mx.compile``.
 

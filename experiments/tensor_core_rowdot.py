@@ -35,7 +35,8 @@ mapping in numpy, tested on the CPU):
   each product is exact and the three columns sum to q x within float32 rounding) in
   columns 0-2; columns 3-7 zero. Each block writes every lane's B registers for every
   group into group memory once (the prologue), so a lane reads them as two 16-byte loads
-  a group (lanes of the zero columns read one zeroed pair, group after group), and one read of x serves 16 rows instead of one.
+  a group (lanes of the zero columns read one zeroed pair, group after group), and one read of x
+  serves 16 rows instead of one.
 - C: lane (g, 0) holds columns 0 and 1 (the hi and mid sums) of rows g and g + 8, lane
   (g, 1) column 2 (lo). A group's sums are scaled once (scale x (c0 + c1)), the bias
   added once (bias x the group's sum of x, by lane t = 0); lanes t and t ^ 1 are added at

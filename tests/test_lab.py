@@ -1,6 +1,7 @@
 """The README's main-job command (`make lab`) brings up JupyterLab serving notebooks/.
 
-Runs the real command, reads the URL with its token from what it prints, and asks `/api/status`: 200 with the token, 403 without it; `/api/contents`
+Runs the real command, reads the URL with its token from what it prints, and asks `/api/status`:
+200 with the token, 403 without it; `/api/contents`
 lists the notebooks, so it serves notebooks/ and not some other folder.
 """
 

@@ -4,7 +4,8 @@ Every case: MLX's generated Metal source for the launch, compiled against the st
 ``<metal_stdlib>``, run by the emulator in each of its schedules (``ME.SCHEDULES``: threads and groups in
 ascending, descending and shuffled order with the SIMD-groups in step, and the SIMD-groups
 running apart: one at a time in either order, or a seeded random thread at every step);
-every schedule's result must be the same bits (a race between barriers would differ) and match the float64 oracle (``exact_oracle.host_tail_exact``,
+every schedule's result must be the same bits (a race between barriers would differ) and match the
+float64 oracle (``exact_oracle.host_tail_exact``,
 4-bit codes unpacked in numpy) at the tolerance the H200 check uses
 (``exact_oracle.tolerance_for``: max(2e-4, 2 x the float32 oracle's own error)),
 frink-models' case at its 2e-4. The kernels are compiled first, all at once, two clang

@@ -23,7 +23,8 @@ def _rec(runs: list[dict] | None = None, tools: dict | None = None) -> dict:
 def test_the_committed_records():
     """Every tool clean for every part and format at both shapes, over all records and over
     the runs of one kernel text (``c60431e0a55f``, whose Bonsai runs finished it, and
-    ``a5b094e07023``, with the next norm's epilogue; notebook 08 prints these tables). The bench's names and orders are the table's."""
+    ``a5b094e07023``, with the next norm's epilogue; notebook 08 prints these tables). The bench's
+    names and orders are the table's."""
     from bench import sanitize
 
     assert tuple(sanitize.SHAPES) == sc.SHAPES and sanitize.FORMATS == sc.FORMATS and sanitize.TOOLS == sc.TOOLS

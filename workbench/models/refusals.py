@@ -70,11 +70,15 @@ _EXPLANATIONS = {
     Refusal.KERNELS_DISABLED: "the dense GPU kernels are switched off, so there is nothing to fuse into",
     Refusal.NOT_GQA: "the layer's mixer is not GQA softmax attention (Gated DeltaNet, Mamba-2, MLP-only block)",
     Refusal.NO_FFN: "the layer has no FFN of its own (ffn_dim 0), so there is no wo + FFN pair to join",
-    Refusal.RESIDUAL_SCALE: "the residual branches are scaled (e.g. Granite's residual_multiplier); the kernel adds them unscaled",
+    Refusal.RESIDUAL_SCALE: (
+        "the residual branches are scaled (e.g. Granite's residual_multiplier); the kernel adds them unscaled"
+    ),
     Refusal.NORMED_RESIDUAL_SCALE: "a normed residual scale is applied between wo and the FFN; the kernel has none",
     Refusal.SKIP_STREAM: "the model carries a skip stream beside the residual; the kernel updates only the residual",
     Refusal.GPT_OSS: "gpt-oss's block (sinks, clamped SwiGLU, biases) is handled by its own host path",
-    Refusal.NOT_ALL_SWIGLU: "the FFN activation is not plain SwiGLU silu(gate) * up (GeGLU, squared ReLU, clamped SwiGLU)",
+    Refusal.NOT_ALL_SWIGLU: (
+        "the FFN activation is not plain SwiGLU silu(gate) * up (GeGLU, squared ReLU, clamped SwiGLU)"
+    ),
     Refusal.O_SCALE: "wo's output carries a scale companion the host applies and the launch does not",
     Refusal.O_BIAS: "wo has an output bias the host adds and the launch does not",
     Refusal.ATTN_VALUE_SCALE: "an attention value scale is applied after wo by the host",

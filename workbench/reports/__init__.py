@@ -5,7 +5,8 @@ command that writes it: ``load``, ``load_all``, ``newest``, ``check``, ``headlin
 module a record kind, named after the bench command that writes it (``gpu_check``,
 ``kernel_bench``, ``one_launch``, ``launch_profile``, ``kernel_bodies``, ``sanitize``,
 ``schedule_run``, ``real_model``, ``launch_host_cost``), each turning records into tables;
-``tables`` cuts text tables to fit 100 columns; ``plots`` draws the notebooks' figures. Reports may import any part; no part
+``tables`` cuts text tables to fit 100 columns; ``plots`` draws the notebooks' figures. Reports may
+import any part; no part
 imports them. Notebooks read records only through here, never from a file themselves.
 
 The record modules, ``plots`` and ``tables`` are public names themselves, as namespaces (their

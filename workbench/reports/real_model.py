@@ -296,7 +296,8 @@ def tail_table(rec: Mapping) -> Any:
     CUDA variant, by one evaluation) and ``cuda_ms``, and each one's ratio to the reference
     (``graph_vs_ref``, ``cuda_vs_ref``: above 1 is faster); where the record's chains compare
     (:func:`chain_comparable`), the same a tail inside a chain (``*_chain_ms``,
-    ``*_chain_vs_ref``; ``cuda_chain``: the fastest CUDA variant in a chain). Every fused variant shown passed the float64 check (the bench stops
+    ``*_chain_vs_ref``; ``cuda_chain``: the fastest CUDA variant in a chain). Every fused variant
+    shown passed the float64 check (the bench stops
     otherwise); ``worst`` is the largest of their worst scaled errors; ``reference_worst``
     the reference's own (reported, not judged: in half-precision activations its rounding is
     mlx-lm's). Where the record has it (half-precision weights, records since

@@ -1,7 +1,8 @@
 """What compute-sanitizer has found clean, read from ``python -m bench.sanitize`` records.
 
 A sanitizer run (``bench.sanitize``) runs a child that evaluates the kernels of a tail
-(its three launches, the same tail as one launch, that launch carrying the next norm, the head launch) at some shapes and
+(its three launches, the same tail as one launch, that launch carrying the next norm, the head
+launch) at some shapes and
 weight formats, and prints one line a case (``tail small bfloat16: PASS ...``). A run
 passes only when the sanitizer printed its summary with no error (racecheck: no hazard)
 and the child exited 0; a run stopped at its time limit proves nothing about the cases it

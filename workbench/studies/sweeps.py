@@ -420,7 +420,8 @@ def sweep(
     """The correct fused tail against the float64 truth, every combination, one row per case.
 
     ``shapes``: (hidden, branch, ffn) triples; ``seeds``: non-negative ints (a case depends
-    only on its seed and shape; repeats are swept once); ``dtypes``: weight dtypes in ``weights.DENSE_DTYPES``; ``folds``:
+    only on its seed and shape; repeats are swept once); ``dtypes``: weight dtypes in
+    ``weights.DENSE_DTYPES``; ``folds``:
     ``None``, a block size (per-case random signs on wo's input, as frink-models' test folds it) or a
     ``HadamardFold`` (the same one for every case); ``quantize``: ``None``, a name in
     :data:`~workbench.fold.weights.QUANT_FORMATS` or a dict of mode/bits/group_size (all four matrices, wo folded

@@ -363,7 +363,8 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3, rea
     round is noise of a millisecond and more).
 
     Returns ``ms`` (median of ``split - joined``), ``p10_ms``, ``p90_ms``, ``split_ms`` and
-    ``joined_ms`` (medians), ``n``, ``warmup``, ``diffs_ms`` (every round's difference) and ``method``. :func:`measure_split_price`
+    ``joined_ms`` (medians), ``n``, ``warmup``, ``diffs_ms`` (every round's difference) and
+    ``method``. :func:`measure_split_price`
     is the same with one step on both sides and the host re-uploading between them.
     """
     n = integer("n", n, minimum=5)
