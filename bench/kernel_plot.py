@@ -33,7 +33,8 @@ PLOTTED = ("kernel_bench", "gpu_check")
 SERIES: tuple[tuple[str, Any], ...] = (
     ("floor", lambda c: c["floor_ms"]),
     ("kernels, device time", lambda c: c["device_ms_per_tail"]["kernels"]),
-    ("kernels, one wait (compiled)", lambda c: c["resident_ms"].get("kernels_compiled", c["resident_ms"]["kernels"])["median_ms"]),
+    ("kernels, one wait (compiled)",
+     lambda c: c["resident_ms"].get("kernels_compiled", c["resident_ms"]["kernels"])["median_ms"]),
     ("PyTorch CUDA graph, one wait", lambda c: c["resident_ms"].get("torch_cuda_graph", {}).get("median_ms")),
 )
 
@@ -58,8 +59,9 @@ def plot(rec: dict[str, Any], path: Path) -> Path:
     ax.set_xticklabels([f"{c['case'].removeprefix('bonsai27b-')}\n{c['weight_bytes'] / 1e6:.0f} MB" for c in cases])
     ax.set_ylabel("ms per tail")
     bw = rec["bench"]["copy_bandwidth_Bps"]["used_for_floor"]
-    ax.set_title("Bonsai-27B tail on "
-        + (rec["device"].get("device_name", "") if isinstance(rec.get("device"), dict) else str(rec.get("device", "")))
+    device = rec.get("device", "")
+    device = device.get("device_name", "") if isinstance(device, dict) else device
+    ax.set_title(f"Bonsai-27B tail on {device}"
                  f" (MLX {rec.get('mlx_version', '?')}): ms against the floor (bytes / {bw / 1e12:.2f} TB/s)")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the ratios above the tallest bars
     ax.legend(fontsize=8, loc="upper left")

@@ -26,6 +26,11 @@ SAFETENSORS_DTYPE_BYTES = {
 _MAX_HEADER = 100_000_000
 
 
+def non_negative_ints(v: object) -> bool:
+    """Whether ``v`` is a list of non-negative ints (bools excluded), as a header's shapes and offsets are."""
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+
+
 def check_safetensors_header(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``{name: (dtype, shape)}`` from ``path``'s header, or ``ValueError`` naming the file.
 
@@ -67,10 +72,9 @@ def check_safetensors_header(path: str | Path) -> dict[str, tuple[str, tuple[int
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if dtype not in SAFETENSORS_DTYPE_BYTES:
             fail(f"tensor {name!r} has dtype {dtype!r}, not one of {sorted(SAFETENSORS_DTYPE_BYTES)}")
-        ints = lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)  # noqa: E731
-        if not ints(shape):
+        if not non_negative_ints(shape):
             fail(f"tensor {name!r} has shape {shape!r}, not a list of non-negative integers")
-        if not (ints(offsets) and len(offsets) == 2 and offsets[0] <= offsets[1]):
+        if not (non_negative_ints(offsets) and len(offsets) == 2 and offsets[0] <= offsets[1]):
             fail(f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end] with begin <= end")
         count = 1
         for d in shape:
