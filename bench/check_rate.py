@@ -49,23 +49,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seeds = range(args.cases)
     check_kernel(numpy_tail, seeds=range(100), scales=(1.0,), faults=())  # warm up
     t0 = time.perf_counter()
-    rep = check_kernel(numpy_tail, seeds=seeds, scales=(1.0,), folds=(16,),
-                       **({} if args.faults else {"faults": ()}))
+    rep = check_kernel(numpy_tail, seeds=seeds, scales=(1.0,), folds=(16,), **({} if args.faults else {"faults": ()}))
     t_check = time.perf_counter() - t0
     t0 = time.perf_counter()
     sweeps.sweep(shapes=[SHAPE], seeds=seeds, folds=(16,), progress=False)
     t_sweep = time.perf_counter() - t0
     print(f"{'variant':<34} {'cases':>7} {'seconds':>8} {'cases/s':>8} {'ratio':>6}")
-    print(f"{'check_kernel(numpy callable)':<34} {args.cases:>7} {t_check:>8.2f} {args.cases / t_check:>8.0f} "
-          f"{t_check / t_sweep:>6.1f}")
-    print(f"{'sweeps.sweep (graph, batched)':<34} {args.cases:>7} {t_sweep:>8.2f} {args.cases / t_sweep:>8.0f} "
-          f"{1.0:>6.1f}")
+    print(
+        f"{'check_kernel(numpy callable)':<34} {args.cases:>7} {t_check:>8.2f} {args.cases / t_check:>8.0f} "
+        f"{t_check / t_sweep:>6.1f}"
+    )
+    print(
+        f"{'sweeps.sweep (graph, batched)':<34} {args.cases:>7} {t_sweep:>8.2f} {args.cases / t_sweep:>8.0f} "
+        f"{1.0:>6.1f}"
+    )
     print(f"verdict: {'PASS' if rep.passed else 'FAIL'}")
-    rec = {**record.provenance("check_rate", argv),
-           "target": "10,000 cases at (64, 96, 80) through a numpy callable in <= 30 s on 2 cores",
-           "notes": "wall time; the machine was shared with other developers' jobs",
-           "results": {"cases": args.cases, "faults": bool(args.faults), "check_s": t_check, "sweep_s": t_sweep,
-                       "ratio": t_check / t_sweep, "verdict": rep.passed}}
+    rec = {
+        **record.provenance("check_rate", argv),
+        "target": "10,000 cases at (64, 96, 80) through a numpy callable in <= 30 s on 2 cores",
+        "notes": "wall time; the machine was shared with other developers' jobs",
+        "results": {
+            "cases": args.cases,
+            "faults": bool(args.faults),
+            "check_s": t_check,
+            "sweep_s": t_sweep,
+            "ratio": t_check / t_sweep,
+            "verdict": rep.passed,
+        },
+    }
     if not args.no_record:
         record.write(rec, args.out_dir, record.record_stem("check_rate", tag=args.tag), force=args.force)
     return rec

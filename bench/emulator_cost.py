@@ -33,8 +33,12 @@ TARGET_MS = 3.0
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = cli.parser("emulator_cost", __doc__)
     p.add_argument("--n", type=int, default=20, help="timed rounds")
-    p.add_argument("--order", default="ascending", choices=metal_emulation.SCHEDULES,
-                   help="the emulator's schedule (thread order; SIMD-groups in step or apart)")
+    p.add_argument(
+        "--order",
+        default="ascending",
+        choices=metal_emulation.SCHEDULES,
+        help="the emulator's schedule (thread order; SIMD-groups in step or apart)",
+    )
     args = p.parse_args(argv)
     if args.n < 3:
         p.error(f"--n must be >= 3, got {args.n}")
@@ -66,13 +70,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{'path':<16} {'median ms':>10} {'min ms':>8} {'p90 ms':>8} {'CPU ms':>8}")
     for r in rows:
         print(f"{r['path']:<16} {r['median_ms']:>10.3f} {r['min_ms']:>8.3f} {r['p90_ms']:>8.3f} {r['cpu_ms']:>8.3f}")
-    print(f"emulated / graph: {ratio:.1f}x wall, {cpu_ratio:.1f}x CPU; target {TARGET_MS} ms a tail: "
-          f"{'met' if rows[0]['median_ms'] <= TARGET_MS else 'NOT met'}; first call {cold:.1f} ms")
-    print(f"{threads} emulated GPU threads a tail: {rows[0]['cpu_ms'] * 1e3 / threads:.2f} us of CPU a thread; "
-          f"device buffers mapped over the timed tails: {mapped}")
-    rec = {**record.provenance("emulator_cost", argv), "what": "the fused tail emulated on the CPU vs the graph tail, "
-           "frink-models' seed case", "target_ms": TARGET_MS, "cold_ms": cold, "ratio": ratio,
-           "cpu_ratio": cpu_ratio, "threads_per_tail": threads, "buffers_mapped_timed": mapped, "results": rows}
+    print(
+        f"emulated / graph: {ratio:.1f}x wall, {cpu_ratio:.1f}x CPU; target {TARGET_MS} ms a tail: "
+        f"{'met' if rows[0]['median_ms'] <= TARGET_MS else 'NOT met'}; first call {cold:.1f} ms"
+    )
+    print(
+        f"{threads} emulated GPU threads a tail: {rows[0]['cpu_ms'] * 1e3 / threads:.2f} us of CPU a thread; "
+        f"device buffers mapped over the timed tails: {mapped}"
+    )
+    rec = {
+        **record.provenance("emulator_cost", argv),
+        "what": "the fused tail emulated on the CPU vs the graph tail, frink-models' seed case",
+        "target_ms": TARGET_MS,
+        "cold_ms": cold,
+        "ratio": ratio,
+        "cpu_ratio": cpu_ratio,
+        "threads_per_tail": threads,
+        "buffers_mapped_timed": mapped,
+        "results": rows,
+    }
     if not args.no_record:
         record.write(rec, args.out_dir, record.record_stem("emulator_cost"), force=args.force)
     return rec

@@ -42,18 +42,31 @@ from workbench.tail.frink_case import seed_case
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _tail_case(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, dialect: str,
-               *, twice: bool = False) -> dict[str, Any]:
+def _tail_case(
+    name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, dialect: str, *, twice: bool = False
+) -> dict[str, Any]:
     truth = host_tail_exact(w, br, res)
     tol, f32 = tolerance_for(w, br, res, truth)
     t0 = time.perf_counter()
     out = tail.fused_tail(w, br, res, backend=dialect)
     ms = (time.perf_counter() - t0) * 1e3
     c = compare(out, truth, tol=tol)
-    entry = {"case": name, "shape": list(w.shape), "batch": list(np.shape(br)[:-1]), "weights": w.wo.dtype,
-             "oracle": "host_tail float64" + (" (weights dequantized exactly)" if w.wo.quantization else ""),
-             "fold": repr(w.wo.fold), "tol": tol, "f32_oracle_worst": f32, "worst": c.worst, "nmse": c.nmse,
-             "max_abs": c.max_abs, "passed": bool(c.passed), "result": str(c), "first_call_ms": ms}
+    entry = {
+        "case": name,
+        "shape": list(w.shape),
+        "batch": list(np.shape(br)[:-1]),
+        "weights": w.wo.dtype,
+        "oracle": "host_tail float64" + (" (weights dequantized exactly)" if w.wo.quantization else ""),
+        "fold": repr(w.wo.fold),
+        "tol": tol,
+        "f32_oracle_worst": f32,
+        "worst": c.worst,
+        "nmse": c.nmse,
+        "max_abs": c.max_abs,
+        "passed": bool(c.passed),
+        "result": str(c),
+        "first_call_ms": ms,
+    }
     if dialect == "cuda":  # fused_tail ran the one launch; the three launches answer to the same oracle
         three = compare(kernel_run.run_kernel_tail("cuda", tail.tail_launch(w), br, res), truth, tol=tol)
         entry["three_launches_worst"], entry["three_launches_passed"] = three.worst, bool(three.passed)
@@ -62,13 +75,25 @@ def _tail_case(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, 
         entry["vs_host_tail_mx_dequantize"] = compare(out, tail.host_tail(w, br, res), tol=tol).worst
     if twice:
         again = tail.fused_tail(w, br, res, backend=dialect)
-        entry["deterministic"] = bool(np.array_equal(np.asarray(out).view(np.uint32), np.asarray(again).view(np.uint32)))
+        entry["deterministic"] = bool(
+            np.array_equal(np.asarray(out).view(np.uint32), np.asarray(again).view(np.uint32))
+        )
         entry["passed"] = entry["passed"] and entry["deterministic"]
     return entry
 
 
-def _head_case(name: str, hidden: int, nq: int, nk: int, nv: int, block: int | None, dtype: str, seed: int,
-               dialect: str, quant: str | None = None) -> dict[str, Any]:
+def _head_case(
+    name: str,
+    hidden: int,
+    nq: int,
+    nk: int,
+    nv: int,
+    block: int | None,
+    dtype: str,
+    seed: int,
+    dialect: str,
+    quant: str | None = None,
+) -> dict[str, Any]:
     """The head launch against float64; ``quant`` (a name in ``QUANT_FORMATS``): the three
     matrices folded, then quantized (the oracle dequantizes their codes exactly)."""
     rng = np.random.default_rng(seed)
@@ -107,9 +132,19 @@ def _head_case(name: str, hidden: int, nq: int, nk: int, nv: int, block: int | N
     worst32 = compare(np.concatenate(f32), t).worst
     tol = oracle_tolerance(worst32)
     c = compare(np.concatenate([np.array(g) for g in got]), t, tol=tol)
-    return {"case": name, "shape": [hidden, nq, nk, nv], "weights": q.dtype, "fold": repr(fold), "tol": tol,
-            "f32_oracle_worst": worst32, "worst": c.worst, "nmse": c.nmse, "max_abs": c.max_abs,
-            "passed": bool(c.passed), "result": str(c)}
+    return {
+        "case": name,
+        "shape": [hidden, nq, nk, nv],
+        "weights": q.dtype,
+        "fold": repr(fold),
+        "tol": tol,
+        "f32_oracle_worst": worst32,
+        "worst": c.worst,
+        "nmse": c.nmse,
+        "max_abs": c.max_abs,
+        "passed": bool(c.passed),
+        "result": str(c),
+    }
 
 
 def _guarded(name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kw: Any) -> dict[str, Any]:
@@ -124,8 +159,9 @@ def _guarded(name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kw: Any
         return {"case": label, "passed": False, "error": f"{type(e).__name__}: {e}"[:2000]}
 
 
-def run_checks(dialect: str, seed: int, quick: bool = False,
-               log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def run_checks(
+    dialect: str, seed: int, quick: bool = False, log: Callable[[str], None] = print
+) -> list[dict[str, Any]]:
     """Every correctness check; each entry says its tolerance and why it passed or not."""
     results: list[dict[str, Any]] = []
 
@@ -135,57 +171,141 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
             log(f"  FAIL {e['case']:<50} {e['error']}")
             return
         three = f"; three launches {e['three_launches_worst']:.3g}" if "three_launches_worst" in e else ""
-        log(f"  {'ok  ' if e['passed'] else 'FAIL'} {e['case']:<50} tol {e['tol']:.0e} "
-            f"worst {e['worst']:.3g}{three} (f32 oracle {e['f32_oracle_worst']:.3g})")
+        log(
+            f"  {'ok  ' if e['passed'] else 'FAIL'} {e['case']:<50} tol {e['tol']:.0e} "
+            f"worst {e['worst']:.3g}{three} (f32 oracle {e['f32_oracle_worst']:.3g})"
+        )
 
     c = seed_case()
-    add(_guarded("tail", _tail_case, "seed (64, 96, 80), block 16", c.weights, c.branch, c.residual, dialect, twice=True))
+    add(
+        _guarded(
+            "tail", _tail_case, "seed (64, 96, 80), block 16", c.weights, c.branch, c.residual, dialect, twice=True
+        )
+    )
 
     small = [  # (hidden, branch, ffn, block, permute, dtype)
-        (128, 192, 256, 192, True, "float32"),      # m = 12, k = 4
-        (256, 320, 512, 320, True, "bfloat16"),     # m = 20, k = 4
-        (96, 448, 200, 448, True, "float32"),       # m = 28, k = 4
-        (160, 336, 88, 28, False, "bfloat16"),      # m = 28, k = 0, twelve blocks
+        (128, 192, 256, 192, True, "float32"),  # m = 12, k = 4
+        (256, 320, 512, 320, True, "bfloat16"),  # m = 20, k = 4
+        (96, 448, 200, 448, True, "float32"),  # m = 28, k = 4
+        (160, 336, 88, 28, False, "bfloat16"),  # m = 28, k = 0, twelve blocks
         (512, 1024, 1536, 1024, False, "bfloat16"),  # m = 1, k = 10
-        (64, 240, 120, 12, True, "float32"),        # m = 12, k = 0
-        (72, 128, 104, None, False, "float32"),     # no fold
+        (64, 240, 120, 12, True, "float32"),  # m = 12, k = 0
+        (72, 128, 104, None, False, "float32"),  # no fold
     ]
     for i, (h, b, f, blk, perm, dt) in enumerate(small):
         w = tail.TailWeights.random(h, b, f, seed=seed + 10 + i, fold_block=blk, fold_permute=perm, dtype=dt)
         br, res = tail.random_inputs(w, seed=seed + 100 + i)
-        add(_guarded("tail", _tail_case, f"random ({h}, {b}, {f}) block {blk}{' perm' if perm else ''} {dt}", w, br, res, dialect))
+        add(
+            _guarded(
+                "tail",
+                _tail_case,
+                f"random ({h}, {b}, {f}) block {blk}{' perm' if perm else ''} {dt}",
+                w,
+                br,
+                res,
+                dialect,
+            )
+        )
     w = tail.TailWeights.random(128, 256, 384, seed=seed + 30, fold_block=64, dtype="float32")
     br, res = tail.random_inputs(w, seed=seed + 31, batch=3)
     add(_guarded("tail", _tail_case, "batch of 3 (128, 256, 384) block 64", w, br, res, dialect))
-    wq = tail.TailWeights.random(256, 512, 768, seed=seed + 40, fold_block=128, dtype="bfloat16",
-                                 quantize={"mode": "affine", "bits": 4, "group_size": 64})
+    wq = tail.TailWeights.random(
+        256,
+        512,
+        768,
+        seed=seed + 40,
+        fold_block=128,
+        dtype="bfloat16",
+        quantize={"mode": "affine", "bits": 4, "group_size": 64},
+    )
     br, res = tail.random_inputs(wq, seed=seed + 41)
     add(_guarded("tail", _tail_case, "random (256, 512, 768) affine4 g64", wq, br, res, dialect))
-    wq = tail.TailWeights.random(256, 1024, 2048, seed=seed + 42, fold_block=256, dtype="bfloat16",
-                                 quantize={"mode": "affine", "bits": 4, "group_size": 32})
+    wq = tail.TailWeights.random(
+        256,
+        1024,
+        2048,
+        seed=seed + 42,
+        fold_block=256,
+        dtype="bfloat16",
+        quantize={"mode": "affine", "bits": 4, "group_size": 32},
+    )
     br, res = tail.random_inputs(wq, seed=seed + 43)  # wo and down rows interleave their words (Q4_WORD)
     add(_guarded("tail", _tail_case, "random (256, 1024, 2048) affine4 g32", wq, br, res, dialect))
     # The other quantized formats the kernels read: rows interleaved (128 words a row or a
     # multiple) and not, every scale format, group sizes 16 to 64.
-    for i, (name, shape, blk) in enumerate((("affine8", (256, 512, 768), 128), ("affine8", (256, 1024, 2048), 256),
-                                            ("mxfp4", (256, 512, 768), 128), ("mxfp4", (256, 1024, 2048), 256),
-                                            ("nvfp4", (256, 512, 768), 128), ("nvfp4", (256, 1024, 2048), 256))):
+    for i, (name, shape, blk) in enumerate(
+        (
+            ("affine8", (256, 512, 768), 128),
+            ("affine8", (256, 1024, 2048), 256),
+            ("mxfp4", (256, 512, 768), 128),
+            ("mxfp4", (256, 1024, 2048), 256),
+            ("nvfp4", (256, 512, 768), 128),
+            ("nvfp4", (256, 1024, 2048), 256),
+        )
+    ):
         q = QUANT_FORMATS[name]
-        wq = tail.TailWeights.random(*shape, seed=seed + 80 + i, fold_block=blk, dtype="bfloat16",
-                                     quantize=q.as_quantize())
+        wq = tail.TailWeights.random(
+            *shape, seed=seed + 80 + i, fold_block=blk, dtype="bfloat16", quantize=q.as_quantize()
+        )
         br, res = tail.random_inputs(wq, seed=seed + 90 + i)
         add(_guarded("tail", _tail_case, f"random {shape} {name} g{q.group_size}", wq, br, res, dialect))
-    add(_guarded("head", _head_case, "head (1280; 2048, 256, 256) block 20x64", 1280, 2048, 256, 256, 1280, "float32", seed + 50,
-                   dialect))
+    add(
+        _guarded(
+            "head",
+            _head_case,
+            "head (1280; 2048, 256, 256) block 20x64",
+            1280,
+            2048,
+            256,
+            256,
+            1280,
+            "float32",
+            seed + 50,
+            dialect,
+        )
+    )
     for i, name in enumerate(("affine8", "mxfp4", "nvfp4")):
-        add(_guarded("head", _head_case, f"head (1024; 1024, 256, 256) block 1024 {name}", 1024, 1024, 256, 256, 1024,
-                     "bfloat16", seed + 52 + i, dialect, quant=name))
-    add(_guarded("head", _head_case, "head (512; 512, 128, 128) no fold bf16", 512, 512, 128, 128, None, "bfloat16", seed + 51,
-                   dialect))
+        add(
+            _guarded(
+                "head",
+                _head_case,
+                f"head (1024; 1024, 256, 256) block 1024 {name}",
+                1024,
+                1024,
+                256,
+                256,
+                1024,
+                "bfloat16",
+                seed + 52 + i,
+                dialect,
+                quant=name,
+            )
+        )
+    add(
+        _guarded(
+            "head",
+            _head_case,
+            "head (512; 512, 128, 128) no fold bf16",
+            512,
+            512,
+            128,
+            128,
+            None,
+            "bfloat16",
+            seed + 51,
+            dialect,
+        )
+    )
     if not quick:
         (hidden, branch, ffn), block = BONSAI
-        for dt, qname in (("float32", None), ("bfloat16", None), ("bfloat16", "affine4"), ("bfloat16", "affine8"),
-                          ("bfloat16", "mxfp4"), ("bfloat16", "nvfp4")):
+        for dt, qname in (
+            ("float32", None),
+            ("bfloat16", None),
+            ("bfloat16", "affine4"),
+            ("bfloat16", "affine8"),
+            ("bfloat16", "mxfp4"),
+            ("bfloat16", "nvfp4"),
+        ):
             qs = QUANT_FORMATS[qname] if qname else None
             q = qs.as_quantize() if qs else None
             w = tail.TailWeights.random(hidden, branch, ffn, seed=seed + 60, fold_block=block, dtype=dt, quantize=q)
@@ -194,8 +314,21 @@ def run_checks(dialect: str, seed: int, quick: bool = False,
             add(_guarded("tail", _tail_case, label, w, br, res, dialect, twice=True))
             del w
         # Bonsai's head: q_proj 24 heads x 256 x 2 (the output gate), k and v 4 x 256.
-        add(_guarded("head", _head_case, f"head Bonsai ({hidden}; {2 * branch}, 1024, 1024) bf16", hidden, 2 * branch, 1024, 1024,
-                       hidden, "bfloat16", seed + 70, dialect))
+        add(
+            _guarded(
+                "head",
+                _head_case,
+                f"head Bonsai ({hidden}; {2 * branch}, 1024, 1024) bf16",
+                hidden,
+                2 * branch,
+                1024,
+                1024,
+                hidden,
+                "bfloat16",
+                seed + 70,
+                dialect,
+            )
+        )
     return results
 
 
@@ -211,8 +344,10 @@ def main(argv: list[str] | None = None) -> int:
 
     dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)
     if dialect is None:
-        print("no GPU here: mx.cuda.is_available() and mx.metal.is_available() are both False; "
-              "the kernel checks need MLX's CUDA back-end (mlx[cuda13]) or an Apple GPU")
+        print(
+            "no GPU here: mx.cuda.is_available() and mx.metal.is_available() are both False; "
+            "the kernel checks need MLX's CUDA back-end (mlx[cuda13]) or an Apple GPU"
+        )
         return 2
     seed = a.seed if a.seed is not None else int(time.time()) % 100_000
     prov = record.provenance("gpu_check", argv)
@@ -236,8 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not a.checks_only:
         try:
-            rec["bench"] = kernel_tail.run(dialect, repeats=max(10, a.repeats // (3 if a.quick else 1)),
-                                           seed=seed, quick=a.quick)
+            rec["bench"] = kernel_tail.run(
+                dialect, repeats=max(10, a.repeats // (3 if a.quick else 1)), seed=seed, quick=a.quick
+            )
             kernel_tail.print_table(rec["bench"])
         except Exception as e:
             import traceback

@@ -30,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = cli.parser("kernel_bench", __doc__)
     ap.add_argument("--repeats", type=int, default=50, help="timed rounds per variant")
     ap.add_argument("--quick", action="store_true", help="no tuning sweep")
-    ap.add_argument("--formats", default=",".join(BENCH_FORMATS),
-                    help=f"comma list of quantized formats after bf16 (default {','.join(BENCH_FORMATS)})")
+    ap.add_argument(
+        "--formats",
+        default=",".join(BENCH_FORMATS),
+        help=f"comma list of quantized formats after bf16 (default {','.join(BENCH_FORMATS)})",
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     formats = tuple(cli.comma_list(ap, "--formats", a.formats, BENCH_FORMATS))
@@ -47,9 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     print_table(bench)
     if not a.no_record:
         device = prov["device"].get("device_name", f"{dialect} GPU")
-        record.write({"what": "kernel tail benchmark: every weight format against its floor", **prov,
-                      "dialect": dialect, "bench": bench},
-                     a.out_dir, record.record_stem("kernel_bench", device, started), force=a.force)
+        record.write(
+            {
+                "what": "kernel tail benchmark: every weight format against its floor",
+                **prov,
+                "dialect": dialect,
+                "bench": bench,
+            },
+            a.out_dir,
+            record.record_stem("kernel_bench", device, started),
+            force=a.force,
+        )
     return 0
 
 

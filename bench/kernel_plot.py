@@ -33,8 +33,10 @@ PLOTTED = ("kernel_bench", "gpu_check")
 SERIES: tuple[tuple[str, Any], ...] = (
     ("floor", lambda c: c["floor_ms"]),
     ("kernels, device time", lambda c: c["device_ms_per_tail"]["kernels"]),
-    ("kernels, one wait (compiled)",
-     lambda c: c["resident_ms"].get("kernels_compiled", c["resident_ms"]["kernels"])["median_ms"]),
+    (
+        "kernels, one wait (compiled)",
+        lambda c: c["resident_ms"].get("kernels_compiled", c["resident_ms"]["kernels"])["median_ms"],
+    ),
     ("PyTorch CUDA graph, one wait", lambda c: c["resident_ms"].get("torch_cuda_graph", {}).get("median_ms")),
 )
 
@@ -53,16 +55,19 @@ def plot(rec: dict[str, Any], path: Path) -> Path:
                 cs.append(c)
         bars = ax.bar(xs, ys, width, label=label)
         for b, v, c in zip(bars, ys, cs):
-            ax.annotate(f"{v / c['floor_ms']:.2f}x", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom",
-                        fontsize=7)
+            ax.annotate(
+                f"{v / c['floor_ms']:.2f}x", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=7
+            )
     ax.set_xticks(range(len(cases)))
     ax.set_xticklabels([f"{c['case'].removeprefix('bonsai27b-')}\n{c['weight_bytes'] / 1e6:.0f} MB" for c in cases])
     ax.set_ylabel("ms per tail")
     bw = rec["bench"]["copy_bandwidth_Bps"]["used_for_floor"]
     device = rec.get("device", "")
     device = device.get("device_name", "") if isinstance(device, dict) else device
-    ax.set_title(f"Bonsai-27B tail on {device}"
-                 f" (MLX {rec.get('mlx_version', '?')}): ms against the floor (bytes / {bw / 1e12:.2f} TB/s)")
+    ax.set_title(
+        f"Bonsai-27B tail on {device}"
+        f" (MLX {rec.get('mlx_version', '?')}): ms against the floor (bytes / {bw / 1e12:.2f} TB/s)"
+    )
     ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the ratios above the tallest bars
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
@@ -72,9 +77,13 @@ def plot(rec: dict[str, Any], path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = cli.parser("kernel_plot", __doc__, record_options=False,
-                       writes="writes RECORD's figure beside it, as RECORD with .png for .json; never replaces "
-                              "an existing PNG without --force")
+    ap = cli.parser(
+        "kernel_plot",
+        __doc__,
+        record_options=False,
+        writes="writes RECORD's figure beside it, as RECORD with .png for .json; never replaces "
+        "an existing PNG without --force",
+    )
     ap.add_argument("record", help="a kernel_bench (or gpu_check) JSON record")
     ap.add_argument("--force", action="store_true", help="replace the PNG if it exists")
     a = ap.parse_args(argv)
@@ -91,12 +100,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"record: {src} holds a JSON {type(rec).__name__}, not a record (an object)")
     kind = records.kind_of(rec)
     if kind not in PLOTTED:
-        ap.error(f"record: {src} is {'no bench record' if kind is None else f'a {kind} record'}; this plot reads "
-                 f"a record of {' or '.join(PLOTTED)}")
+        ap.error(
+            f"record: {src} is {'no bench record' if kind is None else f'a {kind} record'}; this plot reads "
+            f"a record of {' or '.join(PLOTTED)}"
+        )
     section = rec.get("bench")
     if not isinstance(section, dict) or not isinstance(section.get("cases"), list) or not section["cases"]:
-        ap.error(f"record: {src} has no benchmark cases (a 'bench' section with a list of 'cases'); "
-                 "a gpu_check record run with --checks-only has none")
+        ap.error(
+            f"record: {src} has no benchmark cases (a 'bench' section with a list of 'cases'); "
+            "a gpu_check record run with --checks-only has none"
+        )
     out = src.with_suffix(".png")
     if out.exists() and not a.force:
         ap.error(f"{out} exists; pass --force to replace it")

@@ -50,9 +50,24 @@ METRICS: tuple[str, ...] = (
 # A launch bound by instructions shows issue slots near 100% or a pipe near its peak; one
 # waiting on memory shows long_scoreboard on top; one short of warps, little of either.
 STALL_REASONS: tuple[str, ...] = (
-    "long_scoreboard", "short_scoreboard", "wait", "barrier", "mio_throttle", "lg_throttle",
-    "math_pipe_throttle", "not_selected", "selected", "dispatch_stall", "no_instruction",
-    "branch_resolving", "membar", "drain", "sleeping", "tex_throttle", "imc_miss", "misc",
+    "long_scoreboard",
+    "short_scoreboard",
+    "wait",
+    "barrier",
+    "mio_throttle",
+    "lg_throttle",
+    "math_pipe_throttle",
+    "not_selected",
+    "selected",
+    "dispatch_stall",
+    "no_instruction",
+    "branch_resolving",
+    "membar",
+    "drain",
+    "sleeping",
+    "tex_throttle",
+    "imc_miss",
+    "misc",
 )
 STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 SCHEDULER_METRICS: tuple[str, ...] = (
@@ -67,8 +82,10 @@ SCHEDULER_METRICS: tuple[str, ...] = (
 # launches' bound was about (docs/JOURNAL.md, "What bounds the 4-bit launches").
 PIPES: tuple[str, ...] = ("alu", "fma", "lsu", "xu", "adu", "cbu")
 PIPE_METRIC = "smsp__inst_executed_pipe_{}.sum"
-LOAD_METRICS: dict[str, str] = {"global_ld": "smsp__sass_inst_executed_op_global_ld.sum",
-                                "shared_ld": "smsp__sass_inst_executed_op_shared_ld.sum"}
+LOAD_METRICS: dict[str, str] = {
+    "global_ld": "smsp__sass_inst_executed_op_global_ld.sum",
+    "shared_ld": "smsp__sass_inst_executed_op_shared_ld.sum",
+}
 SCHEDULER_METRICS += tuple(PIPE_METRIC.format(pipe) for pipe in PIPES) + tuple(LOAD_METRICS.values())
 STALL_METRICS: tuple[str, ...] = tuple(STALL_METRIC.format(r) for r in STALL_REASONS) + SCHEDULER_METRICS
 
@@ -78,16 +95,24 @@ def stall_summary(launch: dict[str, Any], top: int = 4) -> dict[str, Any]:
     warp takes per instruction, FMA / ALU pipe busy (%), warp instructions executed (all,
     by pipe, and the global and shared loads; None where the record has no such metric),
     and the ``top`` stall reasons as (reason, cycles an issued instruction), largest first."""
-    stalls = sorted(((r, launch[STALL_METRIC.format(r)]) for r in STALL_REASONS
-                     if isinstance(launch.get(STALL_METRIC.format(r)), float)), key=lambda rv: -rv[1])
-    return {"issue_active_pct": launch.get("smsp__issue_active.avg.pct_of_peak_sustained_active"),
-            "cycles_per_issue": launch.get("smsp__average_warp_latency_per_inst_issued.ratio"),
-            "fma_pipe_pct": launch.get("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"),
-            "alu_pipe_pct": launch.get("sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active"),
-            "instructions": launch.get("smsp__inst_executed.sum"),
-            "instructions_by_pipe": {pipe: launch.get(PIPE_METRIC.format(pipe)) for pipe in PIPES},
-            "loads": {k: launch.get(m) for k, m in LOAD_METRICS.items()},
-            "top_stalls": [[r, v] for r, v in stalls[:top]]}
+    stalls = sorted(
+        (
+            (r, launch[STALL_METRIC.format(r)])
+            for r in STALL_REASONS
+            if isinstance(launch.get(STALL_METRIC.format(r)), float)
+        ),
+        key=lambda rv: -rv[1],
+    )
+    return {
+        "issue_active_pct": launch.get("smsp__issue_active.avg.pct_of_peak_sustained_active"),
+        "cycles_per_issue": launch.get("smsp__average_warp_latency_per_inst_issued.ratio"),
+        "fma_pipe_pct": launch.get("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"),
+        "alu_pipe_pct": launch.get("sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active"),
+        "instructions": launch.get("smsp__inst_executed.sum"),
+        "instructions_by_pipe": {pipe: launch.get(PIPE_METRIC.format(pipe)) for pipe in PIPES},
+        "loads": {k: launch.get(m) for k, m in LOAD_METRICS.items()},
+        "top_stalls": [[r, v] for r, v in stalls[:top]],
+    }
 
 
 def tuning_of(text: str) -> Any:
@@ -145,8 +170,12 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
         rng = np.random.default_rng(5)
         fold = HadamardFold.random(hidden, hidden, seed=6, permute=True)
         a = math.sqrt(3.0 / hidden)
-        q, k, v = (WeightMatrix(mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(mx.bfloat16))
-                   .fold_hadamard(fold) for rows in (2 * branch, 1024, 1024))
+        q, k, v = (
+            WeightMatrix(
+                mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(mx.bfloat16)
+            ).fold_hadamard(fold)
+            for rows in (2 * branch, 1024, 1024)
+        )
         x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
         nw = (1 + rng.uniform(-0.25, 0.25, hidden)).astype(np.float32)
         for _ in range(2):
@@ -168,10 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds allowed the whole ncu run")
     ap.add_argument("--tuning", default="", help="KernelTuning fields as name=value,... (default: its defaults)")
     ap.add_argument("--head", action="store_true", help="also Bonsai-27B's head launch (bf16)")
-    ap.add_argument("--one-launch", action="store_true",
-                    help="also each format's tail as one launch (workbench.kernels.one_launch): its single-shot time")
-    ap.add_argument("--stalls", action="store_true",
-                    help="also the warp scheduler's figures: stall reasons, issue slots busy, FMA/ALU pipes busy")
+    ap.add_argument(
+        "--one-launch",
+        action="store_true",
+        help="also each format's tail as one launch (workbench.kernels.one_launch): its single-shot time",
+    )
+    ap.add_argument(
+        "--stalls",
+        action="store_true",
+        help="also the warp scheduler's figures: stall reasons, issue slots busy, FMA/ALU pipes busy",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     formats = cli.comma_list(ap, "--formats", a.formats, FORMATS)
@@ -190,16 +225,37 @@ def main(argv: list[str] | None = None) -> int:
     prov = record.provenance("launch_profile", argv)
     started = _dt.datetime.fromisoformat(prov["date"])
     metrics = METRICS + (STALL_METRICS if a.stalls else ())
-    cmd = [exe, "--kernel-name", "regex:fat_", "--metrics", ",".join(metrics), "--csv", "--print-units", "base",
-           sys.executable, "-m", "bench.launch_profile", "--child", "--formats", ",".join(formats),
-           "--tuning", a.tuning] + (["--head"] if a.head else []) + (["--one-launch"] if a.one_launch else [])
+    cmd = (
+        [
+            exe,
+            "--kernel-name",
+            "regex:fat_",
+            "--metrics",
+            ",".join(metrics),
+            "--csv",
+            "--print-units",
+            "base",
+            sys.executable,
+            "-m",
+            "bench.launch_profile",
+            "--child",
+            "--formats",
+            ",".join(formats),
+            "--tuning",
+            a.tuning,
+        ]
+        + (["--head"] if a.head else [])
+        + (["--one-launch"] if a.one_launch else [])
+    )
     try:
         # run_bounded, not subprocess.run: at the limit ncu's Python child must stop too
         # (bench/common/bounded_run.py says what an orphaned one cost)
         p = bounded_run.run_bounded(cmd, timeout=a.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired as e:
-        print(f"ncu did not finish within --timeout {a.timeout:g} s; it and its child were stopped, "
-              f"no record written. Its output's tail:\n{(e.output or '')[-2000:]}")
+        print(
+            f"ncu did not finish within --timeout {a.timeout:g} s; it and its child were stopped, "
+            f"no record written. Its output's tail:\n{(e.output or '')[-2000:]}"
+        )
         return 1
     rows = _rows(p.stdout)
     per: dict[int, dict[str, Any]] = {}
@@ -215,43 +271,67 @@ def main(argv: list[str] | None = None) -> int:
     # eight with --one-launch (then its warm-up and measured launch); then two head
     # launches (warm-up, measured) with --head.
     per_format = 8 if a.one_launch else 6
-    picks = [(fmt, launches[per_format * i + 3: per_format * i + (8 if a.one_launch else 6)]) for i, fmt in
-             enumerate(formats)]
+    picks = [
+        (fmt, launches[per_format * i + 3 : per_format * i + (8 if a.one_launch else 6)])
+        for i, fmt in enumerate(formats)
+    ]
     picks = [(fmt, chosen[:3] + chosen[4:]) for fmt, chosen in picks]  # the one launch's warm-up left out
     if a.head:
-        picks.append(("bfloat16", launches[per_format * len(formats) + 1: per_format * len(formats) + 2]))
+        picks.append(("bfloat16", launches[per_format * len(formats) + 1 : per_format * len(formats) + 2]))
     for fmt, chosen in picks:
         for e in chosen:
             ns = e.get("gpu__time_duration.sum", float("nan"))
             rd = e.get("dram__bytes_read.sum", float("nan"))
-            table.append({"format": fmt, "kernel": e["kernel"], "ms": ns / 1e6, "dram_read_MB": rd / 1e6,
-                          "l2_MB": e.get("lts__t_bytes.sum", float("nan")) / 1e6,
-                          "read_TBps": rd / ns / 1e3 if ns else None,
-                          "dram_pct_peak": e.get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
-                          "sm_pct_peak": e.get("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
-                          "occupancy_pct": e.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
-                          "registers": e.get("launch__registers_per_thread"), "grid": e.get("launch__grid_size"),
-                          "block": e.get("launch__block_size"),
-                          **({"scheduler": stall_summary(e)} if a.stalls else {})})
-    print(f"{'format':<10}{'kernel':<34}{'ms':>8}{'MB read':>9}{'L2 MB':>8}{'TB/s':>7}{'DRAM%':>7}{'SM%':>6}"
-          f"{'occ%':>6}{'regs':>6}")
+            table.append(
+                {
+                    "format": fmt,
+                    "kernel": e["kernel"],
+                    "ms": ns / 1e6,
+                    "dram_read_MB": rd / 1e6,
+                    "l2_MB": e.get("lts__t_bytes.sum", float("nan")) / 1e6,
+                    "read_TBps": rd / ns / 1e3 if ns else None,
+                    "dram_pct_peak": e.get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+                    "sm_pct_peak": e.get("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+                    "occupancy_pct": e.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
+                    "registers": e.get("launch__registers_per_thread"),
+                    "grid": e.get("launch__grid_size"),
+                    "block": e.get("launch__block_size"),
+                    **({"scheduler": stall_summary(e)} if a.stalls else {}),
+                }
+            )
+    print(
+        f"{'format':<10}{'kernel':<34}{'ms':>8}{'MB read':>9}{'L2 MB':>8}{'TB/s':>7}{'DRAM%':>7}{'SM%':>6}"
+        f"{'occ%':>6}{'regs':>6}"
+    )
     for t in table:
-        print(f"{t['format']:<10}{t['kernel'][:33]:<34}{t['ms']:>8.4f}{t['dram_read_MB']:>9.1f}{t['l2_MB']:>8.1f}"
-              f"{(t['read_TBps'] or 0):>7.2f}{(t['dram_pct_peak'] or 0):>7.1f}{(t['sm_pct_peak'] or 0):>6.1f}"
-              f"{(t['occupancy_pct'] or 0):>6.1f}{(t['registers'] or 0):>6.0f}")
+        print(
+            f"{t['format']:<10}{t['kernel'][:33]:<34}{t['ms']:>8.4f}{t['dram_read_MB']:>9.1f}{t['l2_MB']:>8.1f}"
+            f"{(t['read_TBps'] or 0):>7.2f}{(t['dram_pct_peak'] or 0):>7.1f}{(t['sm_pct_peak'] or 0):>6.1f}"
+            f"{(t['occupancy_pct'] or 0):>6.1f}{(t['registers'] or 0):>6.0f}"
+        )
     if a.stalls:
-        print(f"\n{'format':<10}{'kernel':<34}{'issue%':>7}{'cyc/ins':>8}{'FMA%':>6}{'ALU%':>6}{'M ALU':>7}"
-              f"{'M FMA':>7}  top stalls (cycles an issued instruction)")
+        print(
+            f"\n{'format':<10}{'kernel':<34}{'issue%':>7}{'cyc/ins':>8}{'FMA%':>6}{'ALU%':>6}{'M ALU':>7}"
+            f"{'M FMA':>7}  top stalls (cycles an issued instruction)"
+        )
         for t in table:
             sc = t["scheduler"]
             by_pipe = sc["instructions_by_pipe"]
-            print(f"{t['format']:<10}{t['kernel'][:33]:<34}{(sc['issue_active_pct'] or 0):>7.1f}"
-                  f"{(sc['cycles_per_issue'] or 0):>8.2f}{(sc['fma_pipe_pct'] or 0):>6.1f}"
-                  f"{(sc['alu_pipe_pct'] or 0):>6.1f}{(by_pipe['alu'] or 0) / 1e6:>7.2f}"
-                  f"{(by_pipe['fma'] or 0) / 1e6:>7.2f}  " + ", ".join(f"{r} {v:.2f}" for r, v in sc["top_stalls"]))
-    rec = {"what": "each tail launch once under Nsight Compute (single shot, caches flushed)", **prov,
-           "ncu_command": " ".join(cmd), "returncode": p.returncode, "table": table, "launches": launches,
-           "output_tail": (p.stdout + p.stderr)[-3000:] if not table else p.stderr[-1500:]}
+            print(
+                f"{t['format']:<10}{t['kernel'][:33]:<34}{(sc['issue_active_pct'] or 0):>7.1f}"
+                f"{(sc['cycles_per_issue'] or 0):>8.2f}{(sc['fma_pipe_pct'] or 0):>6.1f}"
+                f"{(sc['alu_pipe_pct'] or 0):>6.1f}{(by_pipe['alu'] or 0) / 1e6:>7.2f}"
+                f"{(by_pipe['fma'] or 0) / 1e6:>7.2f}  " + ", ".join(f"{r} {v:.2f}" for r, v in sc["top_stalls"])
+            )
+    rec = {
+        "what": "each tail launch once under Nsight Compute (single shot, caches flushed)",
+        **prov,
+        "ncu_command": " ".join(cmd),
+        "returncode": p.returncode,
+        "table": table,
+        "launches": launches,
+        "output_tail": (p.stdout + p.stderr)[-3000:] if not table else p.stderr[-1500:],
+    }
     if not a.no_record:
         device = prov["device"].get("device_name", "gpu")
         record.write(rec, a.out_dir, record.record_stem("launch_profile", device, started), force=a.force)

@@ -70,8 +70,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
     # Bonsai's shape: 62-80 registers a thread in affine4 and nvfp4, no spills, all under
     # the 102 that one 640-thread group an SM leaves a thread)
     "u8_nt640_down_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32}, one_launch.OneLaunchShape(nt=640)),
-    "u8_nt640_down_r8_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32},
-                             one_launch.OneLaunchShape(nt=640, down_rows=8)),
+    "u8_nt640_down_r8_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32}, one_launch.OneLaunchShape(nt=640, down_rows=8)),
     "u16_nt640": ({"u_wo": 16, "u_gate_up": 16}, one_launch.OneLaunchShape(nt=640)),
     # two 512-thread groups an SM (32 warps, twice the default's 16): only where a thread
     # needs at most 64 registers (nvcc, Bonsai's shape: affine4 44, affine8 56, mxfp4 64;
@@ -99,13 +98,15 @@ AGREE_TOL = SEED_TOL
 CHOICE_MARGIN = one_launch.CHOICE_MARGIN
 
 
-def chosen_variants(formats: list[str], sweeps: dict[str, dict[str, Any]],
-                    margin: float = CHOICE_MARGIN) -> dict[str, str]:
+def chosen_variants(
+    formats: list[str], sweeps: dict[str, dict[str, Any]], margin: float = CHOICE_MARGIN
+) -> dict[str, str]:
     """The variant each format is timed with: the fastest of its own sweep (device time a
     tail) where it was swept, else the first swept format's choice. The fastest replaces
     ``"default"`` only when it beats the default's time by more than ``margin`` (a
     fraction), and ``"default"`` stands where no variant of a sweep launched. Pure, so
     testable without a GPU."""
+
     def fastest(results: dict[str, Any]) -> str:
         ok = {k: v["device_ms"] for k, v in results.items() if "device_ms" in v}
         if not ok:
@@ -122,32 +123,47 @@ def chosen_variants(formats: list[str], sweeps: dict[str, dict[str, Any]],
 def _weights(fmt: str, shape: tuple[int, int, int], block: int, seed: int) -> tail.TailWeights:
     q = QUANT_FORMATS.get(fmt)
     spec = q.as_quantize() if q else None
-    return tail.TailWeights.random(*shape, seed=seed, fold_block=block, dtype=fmt if q is None else "bfloat16",
-                                   quantize=spec)
+    return tail.TailWeights.random(
+        *shape, seed=seed, fold_block=block, dtype=fmt if q is None else "bfloat16", quantize=spec
+    )
 
 
-def _one(w: tail.TailWeights, tuning: kernel_tuning.KernelTuning | None = None,
-         shape: one_launch.OneLaunchShape | None = None) -> tuple[kernel_launch.PreparedTail, one_launch.OneLaunchTail]:
+def _one(
+    w: tail.TailWeights,
+    tuning: kernel_tuning.KernelTuning | None = None,
+    shape: one_launch.OneLaunchShape | None = None,
+) -> tuple[kernel_launch.PreparedTail, one_launch.OneLaunchTail]:
     """The prepared three launches and the one launch for ``w``; ``shape`` None: the shape
     ``fused_tail(backend="cuda")`` runs (``one_launch.shape_for``), which the checks check."""
     prep = kernel_launch.prepared(tail.tail_launch(w), "cuda", tuning)
     return prep, one_launch.OneLaunchTail(prep, shape or one_launch.shape_for(prep))
 
 
-def _check(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, oracle: bool,
-           tuning: kernel_tuning.KernelTuning | None = None,
-           shape: one_launch.OneLaunchShape | None = None) -> dict[str, Any]:
+def _check(
+    name: str,
+    w: tail.TailWeights,
+    br: np.ndarray,
+    res: np.ndarray,
+    oracle: bool,
+    tuning: kernel_tuning.KernelTuning | None = None,
+    shape: one_launch.OneLaunchShape | None = None,
+) -> dict[str, Any]:
     """One case: the one launch against the three and (``oracle``) the float64 oracle."""
     prep, one = _one(w, tuning, shape)
     got = one.run(br, res)
     again = one.run(br, res)
     three = np.array(prep(mx.array(br), mx.array(res)))
     entry: dict[str, Any] = {
-        "case": name, "shape": list(w.shape), "format": w.wo.dtype if w.wo.quantization is None else
-        str(w.wo.quantization), "groups": one.groups, "nt": one.shape.nt, "row_units": one.shape.row_units,
+        "case": name,
+        "shape": list(w.shape),
+        "format": w.wo.dtype if w.wo.quantization is None else str(w.wo.quantization),
+        "groups": one.groups,
+        "nt": one.shape.nt,
+        "row_units": one.shape.row_units,
         "vs_three_launches_worst_scaled": worst_scaled_error(got, three),
         "bits_equal_three_launches": int(np.sum(got.view(np.uint32) == three.view(np.uint32))),
-        "outputs": int(got.size), "deterministic": bool(np.array_equal(got.view(np.uint32), again.view(np.uint32))),
+        "outputs": int(got.size),
+        "deterministic": bool(np.array_equal(got.view(np.uint32), again.view(np.uint32))),
         "finite": bool(np.isfinite(got).all()),
     }
     passed = entry["deterministic"] and entry["finite"]
@@ -161,10 +177,13 @@ def _check(name: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray, orac
         entry["tolerance_vs_three"] = AGREE_TOL
         passed = passed and entry["vs_three_launches_worst_scaled"] <= AGREE_TOL
     entry["passed"] = bool(passed)
-    print(f"check {name}: {'PASS' if passed else 'FAIL'}; " + (f"{entry['vs_float64']}; " if oracle else "")
-          + f"vs three launches {entry['vs_three_launches_worst_scaled']:.3g} scaled, bits equal "
-          f"{entry['bits_equal_three_launches']}/{entry['outputs']}, deterministic {entry['deterministic']}",
-          flush=True)
+    print(
+        f"check {name}: {'PASS' if passed else 'FAIL'}; "
+        + (f"{entry['vs_float64']}; " if oracle else "")
+        + f"vs three launches {entry['vs_three_launches_worst_scaled']:.3g} scaled, bits equal "
+        f"{entry['bits_equal_three_launches']}/{entry['outputs']}, deterministic {entry['deterministic']}",
+        flush=True,
+    )
     return entry
 
 
@@ -186,10 +205,19 @@ def timeout_check(w: tail.TailWeights, br: np.ndarray, res: np.ndarray) -> dict[
     good = one_launch.OneLaunchTail(prep, one_launch.shape_for(prep)).run(br, res)
     three = np.array(prep(mx.array(br), mx.array(res)))
     ok_after = worst_scaled_error(good, three) <= AGREE_TOL
-    out = {"sm_count": sms, "groups_launched": 2 * sms, "raised": raised, "seconds": seconds,
-           "right_after": ok_after, "passed": raised is not None and ok_after}
-    print(f"check barrier timeout: {'PASS' if out['passed'] else 'FAIL'}: raised after {seconds:.1f} s: {raised}; "
-          f"the next launch right: {ok_after}", flush=True)
+    out = {
+        "sm_count": sms,
+        "groups_launched": 2 * sms,
+        "raised": raised,
+        "seconds": seconds,
+        "right_after": ok_after,
+        "passed": raised is not None and ok_after,
+    }
+    print(
+        f"check barrier timeout: {'PASS' if out['passed'] else 'FAIL'}: raised after {seconds:.1f} s: {raised}; "
+        f"the next launch right: {ok_after}",
+        flush=True,
+    )
     return out
 
 
@@ -214,22 +242,37 @@ def sweep(w: tail.TailWeights, b: mx.array, r: mx.array, br: np.ndarray, res: np
             ref = got if ref is None else ref
             agree = worst_scaled_error(got, ref)
             if not agree <= AGREE_TOL:  # a variant that computes another tail is never chosen
-                out[name] = {"error": f"disagrees with the default variant: worst scaled {agree:.3g} > {AGREE_TOL:g}",
-                             "vs_default_worst_scaled": agree}
+                out[name] = {
+                    "error": f"disagrees with the default variant: worst scaled {agree:.3g} > {AGREE_TOL:g}",
+                    "vs_default_worst_scaled": agree,
+                }
                 print(f"variant {name} failed: {out[name]['error']}", flush=True)
                 continue
-            out[name] = {"device_ms": chained_ms(one, b, r), "vs_default_worst_scaled": agree,
-                         "changes": changes, "shape": dataclasses.asdict(shape)}
-            print(f"variant {name}: {out[name]['device_ms']:.4f} ms a tail (agrees with default to {agree:.2g})",
-                  flush=True)
+            out[name] = {
+                "device_ms": chained_ms(one, b, r),
+                "vs_default_worst_scaled": agree,
+                "changes": changes,
+                "shape": dataclasses.asdict(shape),
+            }
+            print(
+                f"variant {name}: {out[name]['device_ms']:.4f} ms a tail (agrees with default to {agree:.2g})",
+                flush=True,
+            )
         except Exception as e:
             out[name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"variant {name} failed: {out[name]['error']}", flush=True)
     return out
 
 
-def time_case(label: str, w: tail.TailWeights, tuning: kernel_tuning.KernelTuning, shape: one_launch.OneLaunchShape,
-              bandwidth: float, repeats: int, seed: int) -> dict[str, Any]:
+def time_case(
+    label: str,
+    w: tail.TailWeights,
+    tuning: kernel_tuning.KernelTuning,
+    shape: one_launch.OneLaunchShape,
+    bandwidth: float,
+    repeats: int,
+    seed: int,
+) -> dict[str, Any]:
     br, res = tail.random_inputs(w, seed=seed)
     b, r = mx.array(br), mx.array(res)
     mx.eval(b, r)
@@ -258,13 +301,18 @@ def time_case(label: str, w: tail.TailWeights, tuning: kernel_tuning.KernelTunin
     floor = prep.weight_bytes() / bandwidth * 1e3
     med = {k: v["median_ms"] for k, v in resident.items()}
     entry = {
-        "case": label, "weight_bytes": prep.weight_bytes(), "floor_ms": floor, "resident_ms": resident,
+        "case": label,
+        "weight_bytes": prep.weight_bytes(),
+        "floor_ms": floor,
+        "resident_ms": resident,
         "device_ms_per_tail": device,
         "one_launch_split_ms": split,
         "one_launch_compiled_over_three_compiled": med["one_launch_compiled"] / med["three_launches_compiled"],
         "device_one_over_three": device["one_launch"] / device["three_launches"],
         "device_over_floor": {k: v / floor for k, v in device.items()},
-        "groups": one.groups, "nt": one.shape.nt, "row_units": one.shape.row_units,
+        "groups": one.groups,
+        "nt": one.shape.nt,
+        "row_units": one.shape.row_units,
     }
     if peer is not None:
         entry["one_launch_compiled_over_torch_graph"] = med["one_launch_compiled"] / med["torch_cuda_graph"]
@@ -279,16 +327,24 @@ def fixed_cost(repeats: int) -> dict[str, float]:
     b, r = mx.array(c.branch), mx.array(c.residual)
     c3, c1 = prep.compiled(), one.compiled()
     tiny = mx.array(np.ones(8, np.float32))
-    t = timing.summaries(timing.time_rounds({"three_launches": lambda: mx.eval(prep(b, r)),
-                                               "three_launches_compiled": lambda: mx.eval(c3(b, r)),
-                                               "one_launch": lambda: mx.eval(one(b, r)),
-                                               "one_launch_compiled": lambda: mx.eval(c1(b, r)),
-                                               "one_tiny_eval": lambda: mx.eval(tiny + 1)}, repeats))
+    t = timing.summaries(
+        timing.time_rounds(
+            {
+                "three_launches": lambda: mx.eval(prep(b, r)),
+                "three_launches_compiled": lambda: mx.eval(c3(b, r)),
+                "one_launch": lambda: mx.eval(one(b, r)),
+                "one_launch_compiled": lambda: mx.eval(c1(b, r)),
+                "one_tiny_eval": lambda: mx.eval(tiny + 1),
+            },
+            repeats,
+        )
+    )
     return {k: v["median_ms"] for k, v in t.items()}
 
 
-def run(formats: list[str], repeats: int, seed: int, timeout: bool,
-        sweep_formats: list[str] | None = None) -> dict[str, Any]:
+def run(
+    formats: list[str], repeats: int, seed: int, timeout: bool, sweep_formats: list[str] | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {"checks": [], "formats": formats}
     small = ((256, 1024, 2048), 256)
     c = seed_case()
@@ -309,7 +365,8 @@ def run(formats: list[str], repeats: int, seed: int, timeout: bool,
         br, res = tail.random_inputs(first, seed=seed + 200)
         out["timeout_check"] = timeout_check(first, br, res)
     out["all_checks_passed"] = all(e["passed"] for e in out["checks"]) and (
-        not timeout or out["timeout_check"]["passed"])
+        not timeout or out["timeout_check"]["passed"]
+    )
     if not out["all_checks_passed"]:
         print("a check failed: nothing is timed")
         return out
@@ -317,8 +374,11 @@ def run(formats: list[str], repeats: int, seed: int, timeout: bool,
     out["copy_bandwidth_Bps"] = kernels.floor_bandwidth()
     bandwidth = out["copy_bandwidth_Bps"]["used_for_floor"]
     out["seed_size_resident_ms"] = fixed_cost(repeats)
-    print("one evaluation at frink-models' test size (median ms): "
-          + ", ".join(f"{k} {v:.4f}" for k, v in out["seed_size_resident_ms"].items()), flush=True)
+    print(
+        "one evaluation at frink-models' test size (median ms): "
+        + ", ".join(f"{k} {v:.4f}" for k, v in out["seed_size_resident_ms"].items()),
+        flush=True,
+    )
 
     # the sweep on each of sweep_formats (bf16 alone by default), each format timed with its
     # own sweep's fastest variant (or the first swept format's)
@@ -342,8 +402,9 @@ def run(formats: list[str], repeats: int, seed: int, timeout: bool,
             changes, shape = VARIANTS[out["variant_chosen"][fmt]]
             tuning = dataclasses.replace(kernel_tuning.DEFAULT_TUNING, **changes)
         try:
-            out["cases"].append(time_case(f"bonsai27b-{fmt}", bonsai[fmt], tuning, shape, bandwidth, repeats,
-                                          seed + 400 + i))
+            out["cases"].append(
+                time_case(f"bonsai27b-{fmt}", bonsai[fmt], tuning, shape, bandwidth, repeats, seed + 400 + i)
+            )
             out["cases"][-1]["variant"] = out["variant_chosen"][fmt]
             print_case(out["cases"][-1])
         except Exception as e:
@@ -353,17 +414,24 @@ def run(formats: list[str], repeats: int, seed: int, timeout: bool,
 
 
 def print_case(c: dict[str, Any]) -> None:
-    print(f"\n{c['case']}: {c['weight_bytes'] / 1e6:.1f} MB, floor {c['floor_ms']:.3f} ms; grid {c['groups']} x {c['nt']}")
+    print(
+        f"\n{c['case']}: {c['weight_bytes'] / 1e6:.1f} MB, floor {c['floor_ms']:.3f} ms; grid {c['groups']} x {c['nt']}"
+    )
     print(f"  {'one evaluation, resident':<28}{'median ms':>10}{'x floor':>9}")
     for name, v in c["resident_ms"].items():
         print(f"  {name:<28}{v['median_ms']:>10.3f}{v['median_ms'] / c['floor_ms']:>9.2f}")
-    print("  device ms a tail: " + ", ".join(f"{k} {v:.3f} ({c['device_over_floor'][k]:.2f}x floor)"
-                                              for k, v in c["device_ms_per_tail"].items()))
+    print(
+        "  device ms a tail: "
+        + ", ".join(f"{k} {v:.3f} ({c['device_over_floor'][k]:.2f}x floor)" for k, v in c["device_ms_per_tail"].items())
+    )
     line = f"  one launch compiled / three compiled: {c['one_launch_compiled_over_three_compiled']:.2f}"
     if "one_launch_compiled_over_torch_graph" in c:
         line += f"; / PyTorch CUDA graph: {c['one_launch_compiled_over_torch_graph']:.2f}"
-    print(line + f"; one launch's build / eval+wait: {c['one_launch_split_ms']['build_graph']:.3f} / "
-          f"{c['one_launch_split_ms']['eval_and_wait']:.3f} ms", flush=True)
+    print(
+        line + f"; one launch's build / eval+wait: {c['one_launch_split_ms']['build_graph']:.3f} / "
+        f"{c['one_launch_split_ms']['eval_and_wait']:.3f} ms",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -372,15 +440,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=40, help="timed rounds a variant")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-timeout-check", action="store_true", help="skip the barrier-timeout check (8 s)")
-    ap.add_argument("--no-sweep", action="store_true",
-                    help="no sweep: each format timed in the shape fused_tail(backend='cuda') runs it")
-    ap.add_argument("--sweep-formats", default=None,
-                    help="comma list of the formats whose own sweep of the variants chooses their timing's "
-                         "variant (default: the first of --formats; the others take its choice)")
+    ap.add_argument(
+        "--no-sweep",
+        action="store_true",
+        help="no sweep: each format timed in the shape fused_tail(backend='cuda') runs it",
+    )
+    ap.add_argument(
+        "--sweep-formats",
+        default=None,
+        help="comma list of the formats whose own sweep of the variants chooses their timing's "
+        "variant (default: the first of --formats; the others take its choice)",
+    )
     a = ap.parse_args(argv)
     formats = cli.comma_list(ap, "--formats", a.formats, FORMATS)
-    sweep_formats = (cli.comma_list(ap, "--sweep-formats", a.sweep_formats, formats)
-                     if a.sweep_formats is not None else None)
+    sweep_formats = (
+        cli.comma_list(ap, "--sweep-formats", a.sweep_formats, formats) if a.sweep_formats is not None else None
+    )
     if a.no_sweep and sweep_formats is not None:
         ap.error("--no-sweep and --sweep-formats exclude each other")
     if a.no_sweep:

@@ -98,7 +98,9 @@ def _step(model: Any, cache: Any, tok: int) -> mx.array:
     return mx.argmax(model(mx.array([[tok]], dtype=mx.int32), cache=cache)[0, -1])
 
 
-def _steps(model: Any, cache: Any, out: list[int], n: int, split: list[tuple[float, float, float]] | None = None) -> None:
+def _steps(
+    model: Any, cache: Any, out: list[int], n: int, split: list[tuple[float, float, float]] | None = None
+) -> None:
     """``n`` greedy steps from ``out[-1]``, their tokens appended to ``out``; with
     ``split``, each step's seconds appended to it in three parts: building the step's
     graph (Python and MLX making the ops), encoding it (``mx.async_eval``: MLX turning the
@@ -134,9 +136,14 @@ def _pipelined_steps(model: Any, cache: Any, out: list[int], n: int) -> None:
         y = nxt
 
 
-def decode_rate(model: Any, prompt: tuple[int, ...], n: int, warmup: int = WARMUP,
-                split: list[tuple[float, float, float]] | None = None,
-                pipelined: bool = False) -> tuple[float, float, list[int]]:
+def decode_rate(
+    model: Any,
+    prompt: tuple[int, ...],
+    n: int,
+    warmup: int = WARMUP,
+    split: list[tuple[float, float, float]] | None = None,
+    pipelined: bool = False,
+) -> tuple[float, float, list[int]]:
     """Wall seconds and this process's CPU seconds for ``n`` greedy decode steps after a
     prefilled prompt and ``warmup`` untimed steps, and the tokens. The CPU seconds (all
     threads) are what a variant costs on a CPU shared with other work, where the wall
@@ -175,8 +182,9 @@ def host_profile(model: Any, prompt: tuple[int, ...], steps: int) -> list[dict[s
     return step_profile.build_profile(build, take, steps)
 
 
-def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, rounds: int,
-                 profile: bool = False, host: bool = False) -> dict[str, Any]:
+def bench_decode(
+    rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, rounds: int, profile: bool = False, host: bool = False
+) -> dict[str, Any]:
     """``variants``: name -> a context manager factory (``None`` for mlx-lm's own layers).
     ``profile``: also each variant's kernels a step (``step_profile.device_profile``);
     ``host``: also where building a step spends the host's time (:func:`host_profile`)."""
@@ -191,9 +199,9 @@ def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, r
     hosts: dict[str, list[dict[str, Any]]] = {}
     order = list(variants)
     for i in range(rounds):
-        for name in (order if i % 2 == 0 else order[::-1]):  # no variant always first after the prefill
+        for name in order if i % 2 == 0 else order[::-1]:  # no variant always first after the prefill
             ctx = variants[name]
-            with (ctx() if ctx is not None else contextlib.nullcontext()):
+            with ctx() if ctx is not None else contextlib.nullcontext():
                 secs, cpu_secs, seq = decode_rate(rm.model, rm.prompt_ids, tokens, split=splits[name])
                 p_secs, _, p_seq = decode_rate(rm.model, rm.prompt_ids, tokens, pipelined=True)
                 piped[name].append(tokens / p_secs)
@@ -202,7 +210,9 @@ def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, r
                     ops[name] = step_ops(rm.model, rm.prompt_ids)
                 if profile and i == rounds - 1:
                     cache, out = _primed(rm.model, rm.prompt_ids, WARMUP)
-                    prof[name] = step_profile.device_profile(lambda c=cache, o=out: _steps(rm.model, c, o, tokens), tokens)
+                    prof[name] = step_profile.device_profile(
+                        lambda c=cache, o=out: _steps(rm.model, c, o, tokens), tokens
+                    )
                 if host and i == rounds - 1:
                     hosts[name] = host_profile(rm.model, rm.prompt_ids, tokens)
             rates[name].append(tokens / secs)
@@ -217,19 +227,28 @@ def bench_decode(rm: Any, variants: dict[str, Callable[[], Any]], tokens: int, r
         parts = np.asarray(splits[name]) * 1e3
         return {k: float(np.median(parts[:, j])) for j, k in enumerate(("build_ms", "encode_ms", "wait_ms"))}
 
-    return {name: {"tokens_per_s_median": float(np.median(v)), "tokens_per_s": v,
-                   "tokens_per_cpu_s_median": float(np.median(cpu[name])), "tokens_per_cpu_s": cpu[name],
-                   "pipelined_tokens_per_s_median": float(np.median(piped[name])),
-                   "pipelined_tokens_per_s": piped[name], "pipelined_same_tokens": piped_same[name],
-                   # the ratio to the reference round by round (the same round's load on both), median
-                   "vs_reference_paired": paired(v, rates["reference"]),
-                   "pipelined_vs_reference_paired": paired(piped[name], piped["reference"]),
-                   "step_split_ms": split_ms(name),
-                   "same_tokens": seqs[name] == ref, "tokens": seqs[name],
-                   "ops_per_step": sum(ops[name].values()), "ops": ops[name],
-                   **({"device_profile": prof[name]} if name in prof else {}),
-                   **({"build_profile": hosts[name]} if name in hosts else {})}
-            for name, v in rates.items()}
+    return {
+        name: {
+            "tokens_per_s_median": float(np.median(v)),
+            "tokens_per_s": v,
+            "tokens_per_cpu_s_median": float(np.median(cpu[name])),
+            "tokens_per_cpu_s": cpu[name],
+            "pipelined_tokens_per_s_median": float(np.median(piped[name])),
+            "pipelined_tokens_per_s": piped[name],
+            "pipelined_same_tokens": piped_same[name],
+            # the ratio to the reference round by round (the same round's load on both), median
+            "vs_reference_paired": paired(v, rates["reference"]),
+            "pipelined_vs_reference_paired": paired(piped[name], piped["reference"]),
+            "step_split_ms": split_ms(name),
+            "same_tokens": seqs[name] == ref,
+            "tokens": seqs[name],
+            "ops_per_step": sum(ops[name].values()),
+            "ops": ops[name],
+            **({"device_profile": prof[name]} if name in prof else {}),
+            **({"build_profile": hosts[name]} if name in hosts else {}),
+        }
+        for name, v in rates.items()
+    }
 
 
 # -- one tail ------------------------------------------------------------------------------
@@ -243,8 +262,16 @@ def mlx_lm_style(launch: tail.TailLaunch, act: Any) -> Callable[[mx.array, mx.ar
         base, _ = m.launch_parts()
         if isinstance(base, QuantizedBase):
             q = base
-            return lambda x: mx.quantized_matmul(x, q.w, q.scales, q.biases, transpose=True,
-                                                 group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode)
+            return lambda x: mx.quantized_matmul(
+                x,
+                q.w,
+                q.scales,
+                q.biases,
+                transpose=True,
+                group_size=q.spec.group_size,
+                bits=q.spec.bits,
+                mode=q.spec.mode,
+            )
         w = base.astype(act)
         return lambda x: x @ w.T
 
@@ -266,8 +293,9 @@ def act_dtype(w: tail.TailWeights) -> Any:
     return graph_tail.stored_dtype(tail.tail_launch(w))
 
 
-def tail_variants(w: tail.TailWeights, cuda: bool,
-                  act: Any = mx.float32) -> dict[str, Callable[[mx.array, mx.array], mx.array]]:
+def tail_variants(
+    w: tail.TailWeights, cuda: bool, act: Any = mx.float32
+) -> dict[str, Callable[[mx.array, mx.array], mx.array]]:
     """Every fused variant of ``w``'s tail as a lazy function of (branch, residual) float32
     vectors: ``graph`` (as ``fused_tails`` runs it, weights prepared once, compiled), ``graph-eager``
     (not compiled), ``graph-ops`` (``tail_graph``'s ops as written: what the preparation saves) and, on
@@ -295,8 +323,9 @@ def tail_variants(w: tail.TailWeights, cuda: bool,
     return fns
 
 
-def time_tail(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.array, r: mx.array,
-              repeats: int, chain: int) -> dict[str, dict[str, float]]:
+def time_tail(
+    fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.array, r: mx.array, repeats: int, chain: int
+) -> dict[str, dict[str, float]]:
     """Per variant: one tail in one evaluation (ms, median of ``repeats``) and a tail in a
     chain of ``chain`` in one evaluation (ms a tail, median of ``max(5, repeats // 5)``
     chains, each also split into build, encode and wait: :func:`chain_split`)."""
@@ -309,8 +338,14 @@ def time_tail(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.ar
     return {k: {**timing.summarize(single[k]), **chains[k]} for k in fns}
 
 
-def chain_split(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.array, r: mx.array,
-                rounds: int, chain: int, warmup: int = 2) -> dict[str, dict[str, float]]:
+def chain_split(
+    fns: dict[str, Callable[[mx.array, mx.array], mx.array]],
+    b: mx.array,
+    r: mx.array,
+    rounds: int,
+    chain: int,
+    warmup: int = 2,
+) -> dict[str, dict[str, float]]:
     """Per variant, a chain of ``chain`` tails in one evaluation: ``chain_ms_per_tail`` (the
     whole chain's wall time, median over ``rounds``, a tail's share) and the chain split as a
     decode step is (``_steps``) into building its graph, encoding it (``mx.async_eval``) and
@@ -320,7 +355,7 @@ def chain_split(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.
     parts: dict[str, list[tuple[float, float, float]]] = {k: [] for k in fns}
     order = list(fns)
     for i in range(warmup + rounds):
-        for k in (order if i % 2 == 0 else order[::-1]):
+        for k in order if i % 2 == 0 else order[::-1]:
             t0 = time.perf_counter()
             out = r
             for _ in range(chain):
@@ -336,21 +371,43 @@ def chain_split(fns: dict[str, Callable[[mx.array, mx.array], mx.array]], b: mx.
     for k, v in parts.items():
         a = np.asarray(v)
         m = np.median(a, axis=0) * 1e6 / chain
-        out[k] = {"chain_ms_per_tail": float(np.median(a.sum(axis=1))) * 1e3 / chain, "chain_build_us": float(m[0]),
-                  "chain_encode_us": float(m[1]), "chain_wait_us": float(m[2])}
+        out[k] = {
+            "chain_ms_per_tail": float(np.median(a.sum(axis=1))) * 1e3 / chain,
+            "chain_build_us": float(m[0]),
+            "chain_encode_us": float(m[1]),
+            "chain_wait_us": float(m[2]),
+        }
     return out
 
 
-def bench_shape(label: str, w: tail.TailWeights, reference: Callable[[mx.array, mx.array], mx.array] | None,
-                act: Any, cuda: bool, repeats: int, chain: int, bandwidth: float, seed: int = 0) -> dict[str, Any]:
+def bench_shape(
+    label: str,
+    w: tail.TailWeights,
+    reference: Callable[[mx.array, mx.array], mx.array] | None,
+    act: Any,
+    cuda: bool,
+    repeats: int,
+    chain: int,
+    bandwidth: float,
+    seed: int = 0,
+) -> dict[str, Any]:
     """One tail's variants at one shape and format: checked against float64, then timed."""
     br, res = tail.random_inputs(w, seed=seed)
     return bench_tail_inputs(label, w, br, res, reference, act, cuda, repeats, chain, bandwidth)
 
 
-def bench_tail_inputs(label: str, w: tail.TailWeights, br: np.ndarray, res: np.ndarray,
-                      reference: Callable[[mx.array, mx.array], mx.array] | None, act: Any, cuda: bool,
-                      repeats: int, chain: int, bandwidth: float) -> dict[str, Any]:
+def bench_tail_inputs(
+    label: str,
+    w: tail.TailWeights,
+    br: np.ndarray,
+    res: np.ndarray,
+    reference: Callable[[mx.array, mx.array], mx.array] | None,
+    act: Any,
+    cuda: bool,
+    repeats: int,
+    chain: int,
+    bandwidth: float,
+) -> dict[str, Any]:
     truth = tail.host_tail(w, br, res)
     launch = tail.tail_launch(w)
     fused = tail_variants(w, cuda, act)
@@ -377,17 +434,23 @@ def bench_tail_inputs(label: str, w: tail.TailWeights, br: np.ndarray, res: np.n
     times = time_tail(fns, b32, r32, repeats, chain)
     hidden, branch, ffn = w.shape
     return {
-        "label": label, "hidden": hidden, "branch": branch, "ffn": ffn, "weights": w.wo.dtype,
+        "label": label,
+        "hidden": hidden,
+        "branch": branch,
+        "ffn": ffn,
+        "weights": w.wo.dtype,
         "activations": str(act).replace("mlx.core.", ""),
-        "weight_bytes": int(w.nbytes), "floor_ms": w.nbytes / bandwidth * 1e3,
+        "weight_bytes": int(w.nbytes),
+        "floor_ms": w.nbytes / bandwidth * 1e3,
         "variants": {k: {**times[k], "worst_vs_float64": checks[k].worst, "passed": checks[k].passed} for k in fns},
     }
 
 
 def best_one_launch(row: dict[str, Any], key: str = "chain_ms_per_tail") -> str | None:
     """The one-launch candidate with the least ``key`` in a shape's row (None without CUDA)."""
-    cands = {k: v[key] for k, v in row["variants"].items()
-             if k.startswith("cuda-1:") and k.split(":", 1)[1] in CANDIDATES}
+    cands = {
+        k: v[key] for k, v in row["variants"].items() if k.startswith("cuda-1:") and k.split(":", 1)[1] in CANDIDATES
+    }
     return min(cands, key=cands.get) if cands else None
 
 
@@ -397,16 +460,22 @@ def best_one_launch(row: dict[str, Any], key: str = "chain_ms_per_tail") -> str 
 def print_tails(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         ref = row["variants"]["reference"]
-        print(f"\n{row['label']}: hidden {row['hidden']}, branch {row['branch']}, FFN {row['ffn']}, {row['weights']} "
-              f"({row['weight_bytes'] / 1e6:.2f} MB), reference activations {row['activations']}, "
-              f"floor {row['floor_ms']:.4f} ms")
-        print(f"{'variant':<20}{'one eval ms':>12}{'vs ref':>8}{'chain ms/tail':>15}{'vs ref':>8}{'x floor':>9}"
-              f"{'worst vs f64':>14}{'build us':>10}{'encode us':>11}{'wait us':>9}")
+        print(
+            f"\n{row['label']}: hidden {row['hidden']}, branch {row['branch']}, FFN {row['ffn']}, {row['weights']} "
+            f"({row['weight_bytes'] / 1e6:.2f} MB), reference activations {row['activations']}, "
+            f"floor {row['floor_ms']:.4f} ms"
+        )
+        print(
+            f"{'variant':<20}{'one eval ms':>12}{'vs ref':>8}{'chain ms/tail':>15}{'vs ref':>8}{'x floor':>9}"
+            f"{'worst vs f64':>14}{'build us':>10}{'encode us':>11}{'wait us':>9}"
+        )
         for k, v in row["variants"].items():
-            print(f"{k:<20}{v['median_ms']:>12.4f}{ref['median_ms'] / v['median_ms']:>7.2f}x"
-                  f"{v['chain_ms_per_tail']:>15.4f}{ref['chain_ms_per_tail'] / v['chain_ms_per_tail']:>7.2f}x"
-                  f"{v['median_ms'] / row['floor_ms']:>9.1f}{v['worst_vs_float64']:>14.2e}"
-                  f"{v['chain_build_us']:>10.2f}{v['chain_encode_us']:>11.2f}{v['chain_wait_us']:>9.2f}")
+            print(
+                f"{k:<20}{v['median_ms']:>12.4f}{ref['median_ms'] / v['median_ms']:>7.2f}x"
+                f"{v['chain_ms_per_tail']:>15.4f}{ref['chain_ms_per_tail'] / v['chain_ms_per_tail']:>7.2f}x"
+                f"{v['median_ms'] / row['floor_ms']:>9.1f}{v['worst_vs_float64']:>14.2e}"
+                f"{v['chain_build_us']:>10.2f}{v['chain_encode_us']:>11.2f}{v['chain_wait_us']:>9.2f}"
+            )
 
 
 def decode_variants(model: Any, weights: list[Any], names: list[str]) -> dict[str, Callable[[], Any] | None]:
@@ -415,26 +484,31 @@ def decode_variants(model: Any, weights: list[Any], names: list[str]) -> dict[st
     a factory is called."""
     variants: dict[str, Callable[[], Any] | None] = {"reference": None}
     for b in names:
-        variants[f"fused-{b}"] = (lambda b=b: fused_tails(model, weights, backend=b))
+        variants[f"fused-{b}"] = lambda b=b: fused_tails(model, weights, backend=b)
     for b in names:  # the same, each block norming its own input: what carrying the norm saves
-        variants[f"fused-{b}-own-norm"] = (lambda b=b: fused_tails(model, weights, backend=b, carry_norm=False))
+        variants[f"fused-{b}-own-norm"] = lambda b=b: fused_tails(model, weights, backend=b, carry_norm=False)
     # each attention's q, k, v as one product: in mlx-lm's layers alone, and beside the fused tails
     variants["reference-qkv"] = lambda: stacked_qkv(model)
     for b in names:
-        variants[f"fused-{b}-qkv"] = (lambda b=b: fused_tails(model, weights, backend=b, stack_qkv=True))
+        variants[f"fused-{b}-qkv"] = lambda b=b: fused_tails(model, weights, backend=b, stack_qkv=True)
     for b in (n for n in names if n in ("graph", "cuda")):  # the two with a choice of trace
-        variants[f"fused-{b}-qkv-per-layer"] = (
-            lambda b=b: fused_tails(model, weights, backend=b, stack_qkv=True, trace="per-layer"))
+        variants[f"fused-{b}-qkv-per-layer"] = lambda b=b: fused_tails(
+            model, weights, backend=b, stack_qkv=True, trace="per-layer"
+        )
     return variants
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = cli.parser("real_model", __doc__)
     lazy = [b for b in LAZY_BACKENDS]
-    p.add_argument("--backends", default=",".join(b for b in backends.available_backends() if b in lazy),
-                   help="fused backends of the decode comparison, comma-separated (default: every lazy one here)")
-    p.add_argument("--variants", default="",
-                   help="decode variants to run, comma-separated (default: all; reference is always run)")
+    p.add_argument(
+        "--backends",
+        default=",".join(b for b in backends.available_backends() if b in lazy),
+        help="fused backends of the decode comparison, comma-separated (default: every lazy one here)",
+    )
+    p.add_argument(
+        "--variants", default="", help="decode variants to run, comma-separated (default: all; reference is always run)"
+    )
     p.add_argument("--tokens", type=int, default=32, help="greedy decode steps timed per round")
     p.add_argument("--rounds", type=int, default=5, help="decode rounds per variant")
     p.add_argument("--repeats", type=int, default=50, help="timed one-evaluation runs of each tail variant")
@@ -442,16 +516,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--layer", type=int, default=15, help="SmolLM2's layer whose tail is timed")
     p.add_argument("--shapes", default=",".join(SHAPES), help="synthetic shapes of the per-layer comparison")
     p.add_argument("--formats", default=",".join(FORMATS), help="weight formats of the per-layer comparison")
-    p.add_argument("--profile", action="store_true",
-                   help="also each decode variant's kernels and device time a step (PyTorch's profiler, CUDA only)")
-    p.add_argument("--host-profile", action="store_true",
-                   help="also where building a decode step spends the host's time, per variant (Python's profiler)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also each decode variant's kernels and device time a step (PyTorch's profiler, CUDA only)",
+    )
+    p.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="also where building a decode step spends the host's time, per variant (Python's profiler)",
+    )
     args = p.parse_args(argv)
     names = cli.comma_list(p, "--backends", args.backends, lazy)
     shapes = cli.comma_list(p, "--shapes", args.shapes, list(SHAPES)) if args.shapes else []
     formats = cli.comma_list(p, "--formats", args.formats, list(FORMATS)) if args.formats else []
-    for flag, v in (("--tokens", args.tokens), ("--rounds", args.rounds), ("--repeats", args.repeats),
-                    ("--chain", args.chain)):
+    for flag, v in (
+        ("--tokens", args.tokens),
+        ("--rounds", args.rounds),
+        ("--repeats", args.repeats),
+        ("--chain", args.chain),
+    ):
         if v < 1:
             p.error(f"{flag} must be >= 1; got {v}")
     if not 0 <= args.layer < 30:
@@ -482,9 +566,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         h = r[None] + block.self_attn.o_proj(b[None])
         return (h + block.mlp(block.post_attention_layernorm(h)))[0]
 
-    rows = [bench_tail_inputs(f"SmolLM2-135M layer {args.layer} (real, Q4_1)", rm.checkpoint.tail_weights(args.layer),
-                              cap.branch[-1], cap.residual[-1], model_ops, mx.float32, cuda, args.repeats,
-                              args.chain, bandwidth)]
+    rows = [
+        bench_tail_inputs(
+            f"SmolLM2-135M layer {args.layer} (real, Q4_1)",
+            rm.checkpoint.tail_weights(args.layer),
+            cap.branch[-1],
+            cap.residual[-1],
+            model_ops,
+            mx.float32,
+            cuda,
+            args.repeats,
+            args.chain,
+            bandwidth,
+        )
+    ]
     for s in shapes:
         for f in formats:
             w = tail.TailWeights.random(*SHAPES[s], seed=0, **FORMATS[f])
@@ -513,41 +608,57 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         variants = {k: v for k, v in variants.items() if k == "reference" or k in asked}
     decode = bench_decode(rm, variants, args.tokens, args.rounds, profile=args.profile, host=args.host_profile)
     ref_tps = decode["reference"]["tokens_per_s_median"]
-    print(f"\nSmolLM2-135M Q4_1, prompt {PROMPT!r} ({len(rm.prompt_ids)} tokens), {args.tokens} decode steps x "
-          f"{args.rounds} rounds")
+    print(
+        f"\nSmolLM2-135M Q4_1, prompt {PROMPT!r} ({len(rm.prompt_ids)} tokens), {args.tokens} decode steps x "
+        f"{args.rounds} rounds"
+    )
     ref_cpu = decode["reference"]["tokens_per_cpu_s_median"]
-    print(f"{'variant':<28}{'tokens/s':>10}{'vs reference':>14}{'paired':>8}{'tokens/CPU s':>14}{'vs reference':>14}"
-          f"{'ops a step':>12}{'same tokens':>13}")
+    print(
+        f"{'variant':<28}{'tokens/s':>10}{'vs reference':>14}{'paired':>8}{'tokens/CPU s':>14}{'vs reference':>14}"
+        f"{'ops a step':>12}{'same tokens':>13}"
+    )
     for name, d in decode.items():
-        print(f"{name:<28}{d['tokens_per_s_median']:>10.2f}{d['tokens_per_s_median'] / ref_tps:>13.2f}x"
-              f"{d['vs_reference_paired']:>7.2f}x"
-              f"{d['tokens_per_cpu_s_median']:>14.2f}{d['tokens_per_cpu_s_median'] / ref_cpu:>13.2f}x"
-              f"{d['ops_per_step']:>12d}{str(d['same_tokens']):>13}")
+        print(
+            f"{name:<28}{d['tokens_per_s_median']:>10.2f}{d['tokens_per_s_median'] / ref_tps:>13.2f}x"
+            f"{d['vs_reference_paired']:>7.2f}x"
+            f"{d['tokens_per_cpu_s_median']:>14.2f}{d['tokens_per_cpu_s_median'] / ref_cpu:>13.2f}x"
+            f"{d['ops_per_step']:>12d}{str(d['same_tokens']):>13}"
+        )
     ref_piped = decode["reference"]["pipelined_tokens_per_s_median"]
-    print(f"\n{'variant':<28}{'build ms':>10}{'encode ms':>11}{'wait ms':>9}"
-          f"{'pipelined tok/s':>17}{'vs reference':>14}{'paired':>8}{'same tokens':>13}")
+    print(
+        f"\n{'variant':<28}{'build ms':>10}{'encode ms':>11}{'wait ms':>9}"
+        f"{'pipelined tok/s':>17}{'vs reference':>14}{'paired':>8}{'same tokens':>13}"
+    )
     for name, d in decode.items():
         sp = d["step_split_ms"]
-        print(f"{name:<28}{sp['build_ms']:>10.3f}{sp['encode_ms']:>11.3f}{sp['wait_ms']:>9.3f}"
-              f"{d['pipelined_tokens_per_s_median']:>17.2f}{d['pipelined_tokens_per_s_median'] / ref_piped:>13.2f}x"
-              f"{d['pipelined_vs_reference_paired']:>7.2f}x{str(d['pipelined_same_tokens']):>13}")
+        print(
+            f"{name:<28}{sp['build_ms']:>10.3f}{sp['encode_ms']:>11.3f}{sp['wait_ms']:>9.3f}"
+            f"{d['pipelined_tokens_per_s_median']:>17.2f}{d['pipelined_tokens_per_s_median'] / ref_piped:>13.2f}x"
+            f"{d['pipelined_vs_reference_paired']:>7.2f}x{str(d['pipelined_same_tokens']):>13}"
+        )
     if args.host_profile:
         for name, d in decode.items():
             print(f"\n{name}: building a step, the functions with the most own time (us a step, profiled)")
             for f in d["build_profile"][:10]:
-                print(f"  {f['own_us_per_step']:>9.1f} own {f['cum_us_per_step']:>9.1f} cum "
-                      f"{f['calls_per_step']:>7.1f} calls"
-                      f"  {f['function']}")
+                print(
+                    f"  {f['own_us_per_step']:>9.1f} own {f['cum_us_per_step']:>9.1f} cum "
+                    f"{f['calls_per_step']:>7.1f} calls"
+                    f"  {f['function']}"
+                )
     if args.profile:
         print(f"\n{'variant':<28}{'kernels a step':>16}{'device us a step':>18}{'graph launches':>16}")
         for name, d in decode.items():
             pr = d["device_profile"]
-            print(f"{name:<28}{pr['kernels_per_step']:>16.1f}{pr['device_us_per_step']:>18.1f}"
-                  f"{pr['graph_launches_per_step']:>16.1f}")
+            print(
+                f"{name:<28}{pr['kernels_per_step']:>16.1f}{pr['device_us_per_step']:>18.1f}"
+                f"{pr['graph_launches_per_step']:>16.1f}"
+            )
         for name, d in decode.items():
             calls = d["device_profile"]["host_api"]
-            print(f"\n{name}: CUDA API calls, host us a step: "
-                  + ", ".join(f"{c['name']} {c['us_per_step']:.1f} ({c['per_step']:.0f})" for c in calls))
+            print(
+                f"\n{name}: CUDA API calls, host us a step: "
+                + ", ".join(f"{c['name']} {c['us_per_step']:.1f} ({c['per_step']:.0f})" for c in calls)
+            )
 
     rec = {
         **record.provenance("real_model", argv),
@@ -565,8 +676,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "tolerance": SEED_TOL,
     }
     if not args.no_record:
-        record.write(rec, args.out_dir, record.record_stem("real_model", rec["device"].get("device_name")),
-                     force=args.force)
+        record.write(
+            rec, args.out_dir, record.record_stem("real_model", rec["device"].get("device_name")), force=args.force
+        )
     return rec
 
 

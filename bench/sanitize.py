@@ -100,8 +100,9 @@ for (unsigned long b = words * 16 + i; b < (unsigned long)NBYTES; b += threads) 
 def _device_copy_kernel() -> Any:
     import mlx.core as mx
 
-    return mx.fast.cuda_kernel(name=DEVICE_COPY_NAME, input_names=["src"], output_names=["dst"],
-                               source=_DEVICE_COPY_SOURCE)
+    return mx.fast.cuda_kernel(
+        name=DEVICE_COPY_NAME, input_names=["src"], output_names=["dst"], source=_DEVICE_COPY_SOURCE
+    )
 
 
 def device_copy(a: Any) -> Any:
@@ -111,8 +112,14 @@ def device_copy(a: Any) -> Any:
         return a
     nt = 256
     threads = max(a.nbytes // 16, 1)
-    return _device_copy_kernel()(inputs=[a], template=[("NBYTES", a.nbytes)], grid=(-(-threads // nt) * nt, 1, 1),
-                                 threadgroup=(nt, 1, 1), output_shapes=[a.shape], output_dtypes=[a.dtype])[0]
+    return _device_copy_kernel()(
+        inputs=[a],
+        template=[("NBYTES", a.nbytes)],
+        grid=(-(-threads // nt) * nt, 1, 1),
+        threadgroup=(nt, 1, 1),
+        output_shapes=[a.shape],
+        output_dtypes=[a.dtype],
+    )[0]
 
 
 def device_written(prep: Any) -> Any:
@@ -136,15 +143,35 @@ def device_written(prep: Any) -> Any:
         return dataclasses.replace(m, w=device_copy(m.w), s=device_copy(m.s), b=device_copy(m.b))
 
     rot = dict(prep.rot, sdest=device_copy(prep.rot["sdest"]), table=device_copy(prep.rot["table"]))
-    copy = dataclasses.replace(prep, wo=mat(prep.wo), gate=mat(prep.gate), up=mat(prep.up), down=mat(prep.down),
-                               rot=rot, norm=device_copy(prep.norm), params=device_copy(prep.params))
-    mx.eval([copy.norm, copy.params, rot["sdest"], rot["table"],
-             *[a for m in (copy.wo, copy.gate, copy.up, copy.down) for a in (m.w, m.s, m.b)]])
+    copy = dataclasses.replace(
+        prep,
+        wo=mat(prep.wo),
+        gate=mat(prep.gate),
+        up=mat(prep.up),
+        down=mat(prep.down),
+        rot=rot,
+        norm=device_copy(prep.norm),
+        params=device_copy(prep.params),
+    )
+    mx.eval(
+        [
+            copy.norm,
+            copy.params,
+            rot["sdest"],
+            rot["table"],
+            *[a for m in (copy.wo, copy.gate, copy.up, copy.down) for a in (m.w, m.s, m.b)],
+        ]
+    )
     return copy
 
 
-def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None,
-           device_inputs: bool = False, one_launch_nt: int | None = None) -> int:
+def _child(
+    shapes: list[str],
+    formats: list[str],
+    parts: list[str] | None = None,
+    device_inputs: bool = False,
+    one_launch_nt: int | None = None,
+) -> int:
     """Run every kernel of ``parts`` once per (shape, format); 1 if an output misses its check.
     ``device_inputs``: the tail's arrays and inputs written by GPU kernels (:func:`device_written`);
     ``one_launch_nt``: the one launch's threads a group (None: ``one_launch.shape_for``'s, as fused_tail)."""
@@ -153,8 +180,9 @@ def _child(shapes: list[str], formats: list[str], parts: list[str] | None = None
     for sname in shapes:
         for i, fmt in enumerate(formats):
             if "tail" in parts:
-                bad += _tail_parts(sname, fmt, i, "one-launch" in parts, device_inputs, one_launch_nt,
-                                   carried="next-norm" in parts)
+                bad += _tail_parts(
+                    sname, fmt, i, "one-launch" in parts, device_inputs, one_launch_nt, carried="next-norm" in parts
+                )
             if "head" in parts:
                 bad += _head_part(sname, fmt, i)
     return 1 if bad else 0
@@ -171,8 +199,9 @@ def _elapsed() -> str:
     return f" [{time.perf_counter() - _CHILD_T0:.0f} s]"
 
 
-def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, one_nt: int | None = None,
-                carried: bool = False) -> int:
+def _tail_parts(
+    sname: str, fmt: str, i: int, one: bool, device_inputs: bool, one_nt: int | None = None, carried: bool = False
+) -> int:
     """The tail's three launches at shape ``sname`` in ``fmt`` (the small shape checked
     against the float64 oracle, Bonsai's for finite outputs), and with ``one`` the same tail
     as one launch (``one_nt`` threads a group; None: fused_tail's for the format) checked against them;
@@ -194,8 +223,9 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
     (hidden, branch, ffn), block, _ = SHAPES[sname]
     q = QUANT_FORMATS.get(fmt)
     dtype = fmt if q is None else "bfloat16"
-    w = tail.TailWeights.random(hidden, branch, ffn, seed=7 + i, fold_block=block, dtype=dtype,
-                                quantize=q.as_quantize() if q else None)
+    w = tail.TailWeights.random(
+        hidden, branch, ffn, seed=7 + i, fold_block=block, dtype=dtype, quantize=q.as_quantize() if q else None
+    )
     br, res = tail.random_inputs(w, seed=8 + i)
     prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")  # the three launches
     b_in, r_in = mx.array(br), mx.array(res)
@@ -226,12 +256,16 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
         worst = worst_scaled_error(tail1.run(b_in, r_in), out)
         agrees = worst <= SEED_TOL  # frink-models' criterion: the sums only run in another order
         bad += not agrees
-        print(f"one-launch {sname} {fmt} ({shape.nt} threads a group): {'agrees' if agrees else 'DISAGREES'} "
-              f"with the three launches (worst scaled {worst:.3g}){_elapsed()}", flush=True)
+        print(
+            f"one-launch {sname} {fmt} ({shape.nt} threads a group): {'agrees' if agrees else 'DISAGREES'} "
+            f"with the three launches (worst scaled {worst:.3g}){_elapsed()}",
+            flush=True,
+        )
     if carried:  # the one launch with the next norm's epilogue (its last group writes rms_norm(out) * w)
         norm = NextNorm(np.random.default_rng(9 + i).uniform(0.5, 1.5, prep.hidden), 1e-5)
-        tailn = one_launch.OneLaunchTail(prep, shape, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS,
-                                         next_norm=norm)
+        tailn = one_launch.OneLaunchTail(
+            prep, shape, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS, next_norm=norm
+        )
         if device_inputs:
             tailn.copy_constants(device_copy)
         got, normed = tailn.run_carried(b_in, r_in)
@@ -239,9 +273,12 @@ def _tail_parts(sname: str, fmt: str, i: int, one: bool, device_inputs: bool, on
         worst_norm = worst_scaled_error(normed, norm.oracle(got))
         agrees = max(worst_out, worst_norm) <= SEED_TOL
         bad += not agrees
-        print(f"next-norm {sname} {fmt} ({shape.nt} threads a group): {'agrees' if agrees else 'DISAGREES'} "
-              f"(out against the three launches: worst scaled {worst_out:.3g}; the norm against float64: "
-              f"{worst_norm:.3g}){_elapsed()}", flush=True)
+        print(
+            f"next-norm {sname} {fmt} ({shape.nt} threads a group): {'agrees' if agrees else 'DISAGREES'} "
+            f"(out against the three launches: worst scaled {worst_out:.3g}; the norm against float64: "
+            f"{worst_norm:.3g}){_elapsed()}",
+            flush=True,
+        )
     return bad
 
 
@@ -263,9 +300,11 @@ def _head_part(sname: str, fmt: str, i: int) -> int:
     mats = []
     for rows in (nq, nk, nv):
         dense = mx.array(rng.uniform(-a, a, (rows, hidden)).astype(np.float32)).astype(
-            mx.float32 if fmt == "float32" else mx.bfloat16)
-        mats.append(WeightMatrix.quantize(dense, **q.as_quantize(), fold=fold)
-                    if q else WeightMatrix(dense).fold_hadamard(fold))
+            mx.float32 if fmt == "float32" else mx.bfloat16
+        )
+        mats.append(
+            WeightMatrix.quantize(dense, **q.as_quantize(), fold=fold) if q else WeightMatrix(dense).fold_hadamard(fold)
+        )
     x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
     got = kernel_head.head_launch(x, np.ones(hidden, np.float32), 1e-6, *mats, "cuda")
     mx.eval(*got)
@@ -343,21 +382,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tools", default=",".join(TOOLS), help=f"comma list of {TOOLS}")
     ap.add_argument("--shapes", default="small,bonsai", help=f"comma list of {tuple(SHAPES)}")
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {FORMATS}")
-    ap.add_argument("--parts", default=",".join(PARTS),
-                    help=f"comma list of {PARTS}: tail the three launches, one-launch the same tail as one "
-                         "launch (checked against the three, so they run with it), next-norm that launch also "
-                         "writing the next layer's input norm, head the head launch")
-    ap.add_argument("--device-written", action="store_true",
-                    help="the tail's weights and inputs copied by a GPU kernel first (initcheck: tells host-written "
-                         "memory apart from a real uninitialized read)")
+    ap.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"comma list of {PARTS}: tail the three launches, one-launch the same tail as one "
+        "launch (checked against the three, so they run with it), next-norm that launch also "
+        "writing the next layer's input norm, head the head launch",
+    )
+    ap.add_argument(
+        "--device-written",
+        action="store_true",
+        help="the tail's weights and inputs copied by a GPU kernel first (initcheck: tells host-written "
+        "memory apart from a real uninitialized read)",
+    )
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds allowed each sanitizer run")
-    ap.add_argument("--jobs", type=int, default=1,
-                    help="sanitizer runs at once: 1 runs one a tool over every shape and format; N > 1 runs one a "
-                         "tool, shape and format, N at a time (one record either way). On one GPU, 1 is fastest: "
-                         "runs at once slowed each other several-fold on the H200 (the module's doc)")
-    ap.add_argument("--one-launch-nt", type=int, default=None,
-                    help="the one launch's threads a group, a multiple of 32 up to 1024 (default: what "
-                         "fused_tail(backend='cuda') runs for the format, workbench.kernels.one_launch.shape_for)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="sanitizer runs at once: 1 runs one a tool over every shape and format; N > 1 runs one a "
+        "tool, shape and format, N at a time (one record either way). On one GPU, 1 is fastest: "
+        "runs at once slowed each other several-fold on the H200 (the module's doc)",
+    )
+    ap.add_argument(
+        "--one-launch-nt",
+        type=int,
+        default=None,
+        help="the one launch's threads a group, a multiple of 32 up to 1024 (default: what "
+        "fused_tail(backend='cuda') runs for the format, workbench.kernels.one_launch.shape_for)",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     tools = cli.comma_list(ap, "--tools", a.tools, TOOLS)
@@ -380,27 +433,59 @@ def main(argv: list[str] | None = None) -> int:
     # one child a tool over every shape and format, or (--jobs N > 1) one a tool, shape
     # and format, and part group (part_groups), N at a time: the GPU is shared, so each runs
     # slower, but the host's folding and the sanitizer's own CPU work run side by side
-    units = ([(tool, shapes, formats, parts) for tool in tools] if a.jobs == 1 else
-             [(tool, [s], [f], g) for tool in tools for s in shapes for f in formats for g in part_groups(parts)])
+    units = (
+        [(tool, shapes, formats, parts) for tool in tools]
+        if a.jobs == 1
+        else [(tool, [s], [f], g) for tool in tools for s in shapes for f in formats for g in part_groups(parts)]
+    )
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        runs = list(pool.map(lambda u: sanitize_run(exe, u[0], u[1], u[2], u[3], a.device_written, a.timeout,
-                                                    a.one_launch_nt), units))
-    rec = {"what": "compute-sanitizer on every kernel and weight format", **prov,
-           "shapes": {s: SHAPES[s] for s in shapes}, "formats": formats, "parts": parts,
-           "device_written": a.device_written, "one_launch_nt": a.one_launch_nt, "jobs": a.jobs, "runs": runs,
-           "all_clean": all(r["passed"] for r in runs)}
+        runs = list(
+            pool.map(
+                lambda u: sanitize_run(exe, u[0], u[1], u[2], u[3], a.device_written, a.timeout, a.one_launch_nt), units
+            )
+        )
+    rec = {
+        "what": "compute-sanitizer on every kernel and weight format",
+        **prov,
+        "shapes": {s: SHAPES[s] for s in shapes},
+        "formats": formats,
+        "parts": parts,
+        "device_written": a.device_written,
+        "one_launch_nt": a.one_launch_nt,
+        "jobs": a.jobs,
+        "runs": runs,
+        "all_clean": all(r["passed"] for r in runs),
+    }
     if not a.no_record:
         device = prov["device"].get("device_name", "gpu")
         record.write(rec, a.out_dir, record.record_stem("sanitize", device, started), force=a.force)
     return 0 if rec["all_clean"] else 1
 
 
-def sanitize_run(exe: str, tool: str, shapes: list[str], formats: list[str], parts: list[str], device_written: bool,
-                 timeout: float, one_launch_nt: int | None = None) -> dict[str, Any]:
+def sanitize_run(
+    exe: str,
+    tool: str,
+    shapes: list[str],
+    formats: list[str],
+    parts: list[str],
+    device_written: bool,
+    timeout: float,
+    one_launch_nt: int | None = None,
+) -> dict[str, Any]:
     """One child (``--child``: every kernel of ``parts`` at ``shapes`` x ``formats``) under
     ``compute-sanitizer --tool TOOL``: the record's entry for it, also printed as one line."""
-    child = [sys.executable, "-m", "bench.sanitize", "--child", "--shapes", ",".join(shapes),
-             "--formats", ",".join(formats), "--parts", ",".join(parts)]
+    child = [
+        sys.executable,
+        "-m",
+        "bench.sanitize",
+        "--child",
+        "--shapes",
+        ",".join(shapes),
+        "--formats",
+        ",".join(formats),
+        "--parts",
+        ",".join(parts),
+    ]
     child += ["--device-written"] if device_written else []
     child += [] if one_launch_nt is None else ["--one-launch-nt", str(one_launch_nt)]
     # initcheck also checks host API copies by default, and MLX's allocator copies whole
@@ -408,14 +493,28 @@ def sanitize_run(exe: str, tool: str, shapes: list[str], formats: list[str], par
     # reports are MLX's, not the kernels', so initcheck checks device accesses only.
     api = ["--check-api-memory-access", "no"] if tool == "initcheck" else []
     log = Path(tempfile.mkdtemp(prefix="sanitize-")) / f"{tool}.log"
-    head = [exe, "--tool", tool, *api, "--kernel-name", "kns=fat_", "--print-limit", str(PRINT_LIMIT),
-            "--show-backtrace", "no"]
+    head = [
+        exe,
+        "--tool",
+        tool,
+        *api,
+        "--kernel-name",
+        "kns=fat_",
+        "--print-limit",
+        str(PRINT_LIMIT),
+        "--show-backtrace",
+        "no",
+    ]
     t0 = time.perf_counter()
     try:
         # run_bounded, not subprocess.run: at the limit the sanitizer's Python child must
         # stop too (bench/common/bounded_run.py says what an orphaned one cost).
-        p = bounded_run.run_bounded([*head, "--log-file", str(log), *child], timeout=timeout, cwd=ROOT,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        p = bounded_run.run_bounded(
+            [*head, "--log-file", str(log), *child],
+            timeout=timeout,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         text, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -423,18 +522,37 @@ def sanitize_run(exe: str, tool: str, shapes: list[str], formats: list[str], par
     by_kernel, first, summary = read_log(log) if log.exists() else ({}, [], [])
     shutil.rmtree(log.parent, ignore_errors=True)
     errors = _errors(tool, "\n".join(summary))
-    run = {"tool": tool, "shapes": shapes, "formats": formats, "parts": parts, "command": " ".join(head + child),
-           "returncode": rc,
-           "seconds": time.perf_counter() - t0, "errors": errors, "summary": summary,
-           "reports_by_kernel": by_kernel, "first_reports": first,
-           "cases": [ln for ln in text.splitlines() if ln.split(" ", 1)[0] in sanitizer_coverage.PART_LETTERS],
-           "passed": rc == 0 and errors == 0, "timed_out": rc is None, "output_tail": text[-4000:]}
+    run = {
+        "tool": tool,
+        "shapes": shapes,
+        "formats": formats,
+        "parts": parts,
+        "command": " ".join(head + child),
+        "returncode": rc,
+        "seconds": time.perf_counter() - t0,
+        "errors": errors,
+        "summary": summary,
+        "reports_by_kernel": by_kernel,
+        "first_reports": first,
+        "cases": [ln for ln in text.splitlines() if ln.split(" ", 1)[0] in sanitizer_coverage.PART_LETTERS],
+        "passed": rc == 0 and errors == 0,
+        "timed_out": rc is None,
+        "output_tail": text[-4000:],
+    }
     # A run killed at its time limit found nothing either way: say so, rather than "not
     # clean", which would read as a finding (its cases show how far it got).
-    verdict = ("TIMED OUT (no verdict; got as far as: " + ("; ".join(run["cases"]) or "nothing") + ")"
-               if rc is None else "clean" if run["passed"] else "NOT CLEAN")
-    print(f"{tool:<10} {','.join(shapes)} {','.join(formats)} {'+'.join(parts)}: {verdict}: "
-          f"errors {errors}, exit {rc}, {run['seconds']:.0f} s; reports by kernel {by_kernel or 'none'}", flush=True)
+    verdict = (
+        "TIMED OUT (no verdict; got as far as: " + ("; ".join(run["cases"]) or "nothing") + ")"
+        if rc is None
+        else "clean"
+        if run["passed"]
+        else "NOT CLEAN"
+    )
+    print(
+        f"{tool:<10} {','.join(shapes)} {','.join(formats)} {'+'.join(parts)}: {verdict}: "
+        f"errors {errors}, exit {rc}, {run['seconds']:.0f} s; reports by kernel {by_kernel or 'none'}",
+        flush=True,
+    )
     return run
 
 

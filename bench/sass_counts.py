@@ -73,8 +73,10 @@ def format_codes(fmt_label: str) -> tuple[int, int]:
     assert fmt.code is not None  # every counted format is one the kernels read
     return fmt.code, fmt.scale_code("bfloat16")
 
-def launch_templates(fmt_label: str, tuning: KernelTuning | None = None,
-                     shape: dict[str, int] | None = None) -> dict[str, list[tuple[str, Any]]]:
+
+def launch_templates(
+    fmt_label: str, tuning: KernelTuning | None = None, shape: dict[str, int] | None = None
+) -> dict[str, list[tuple[str, Any]]]:
     """The three launches' template values for ``fmt_label`` at ``shape`` (default:
     :data:`BONSAI`) with ``tuning`` (default ``KernelTuning()``), written out as
     ``PreparedTail.templates`` builds them from prepared weights (every matrix in one
@@ -93,12 +95,33 @@ def launch_templates(fmt_label: str, tuning: KernelTuning | None = None,
 
     h, b, f = sh["hidden"], sh["branch"], sh["ffn"]
     return {
-        "wo_residual": [("NT", t.wo_nt), *base(b), ("WIDTH", b), ("ROWS", h), ("ROT", True), ("M", sh["m"]),
-                        ("LOGP", sh["logp"]), ("U", u(code, t.u_wo)), ("PRE", bool(t.pre_wo))],
-        "ffn_gate_up": [("NT", t.rows_nt), *base(h), ("HID", h), ("FFN", f), ("U", u(code, t.u_gate_up)),
-                        ("PRE", bool(t.pre_gate_up))],
-        "ffn_down": [("NT", t.down_nt), *base(f), ("HID", h), ("FFN", f),
-                     ("U", max(1, u(code, t.u_down) // t.down_rows)), ("DR", t.down_rows)],
+        "wo_residual": [
+            ("NT", t.wo_nt),
+            *base(b),
+            ("WIDTH", b),
+            ("ROWS", h),
+            ("ROT", True),
+            ("M", sh["m"]),
+            ("LOGP", sh["logp"]),
+            ("U", u(code, t.u_wo)),
+            ("PRE", bool(t.pre_wo)),
+        ],
+        "ffn_gate_up": [
+            ("NT", t.rows_nt),
+            *base(h),
+            ("HID", h),
+            ("FFN", f),
+            ("U", u(code, t.u_gate_up)),
+            ("PRE", bool(t.pre_gate_up)),
+        ],
+        "ffn_down": [
+            ("NT", t.down_nt),
+            *base(f),
+            ("HID", h),
+            ("FFN", f),
+            ("U", max(1, u(code, t.u_down) // t.down_rows)),
+            ("DR", t.down_rows),
+        ],
     }
 
 
@@ -111,9 +134,12 @@ def one_launch_shape(fmt_label: str) -> one_launch.OneLaunchShape:
     return one_launch.shape_for_formats([FORMATS[fmt_label]])
 
 
-def one_launch_templates(fmt_label: str, tuning: KernelTuning | None = None,
-                         shape: dict[str, int] | None = None,
-                         launch_shape: one_launch.OneLaunchShape | None = None) -> list[tuple[str, Any]]:
+def one_launch_templates(
+    fmt_label: str,
+    tuning: KernelTuning | None = None,
+    shape: dict[str, int] | None = None,
+    launch_shape: one_launch.OneLaunchShape | None = None,
+) -> list[tuple[str, Any]]:
     """The one launch's template values for ``fmt_label`` at ``shape`` (default:
     :data:`BONSAI`) with ``tuning`` (default ``KernelTuning()``) in ``launch_shape``
     (default :func:`one_launch_shape`'s), written out as ``one_launch.OneLaunchTail``
@@ -132,26 +158,52 @@ def one_launch_templates(fmt_label: str, tuning: KernelTuning | None = None,
             phases[k]["U"] = units_for(fmt, ls.row_units)
     phases["ffn_down"].update(DR=ls.down_rows, U=max(1, units_for(fmt, t.u_down) // ls.down_rows))
     h, f = sh["hidden"], sh["ffn"]
-    template: list[tuple[str, Any]] = [("NT", ls.nt), ("HID", h), ("FFN", f), ("SYNC_AT", -(-(h + f) // 32) * 32),
-                                       ("BARRIER_LIMIT_MS", one_launch.BARRIER_LIMIT_MS)]
+    template: list[tuple[str, Any]] = [
+        ("NT", ls.nt),
+        ("HID", h),
+        ("FFN", f),
+        ("SYNC_AT", -(-(h + f) // 32) * 32),
+        ("BARRIER_LIMIT_MS", one_launch.BARRIER_LIMIT_MS),
+    ]
     for kernel, prefix in kernel_source.ONE_LAUNCH_PHASES:
         template += [(prefix + k, v) for k, v in phases[kernel].items() if k != "NT"]
     return template
 
 
-def count_launch(source: str, workdir: Path, stem: str, *, nvcc: str, cuobjdump: str, nvdisasm: str,
-                 arch: str, phases: tuple[str, ...] | None = None) -> dict[str, Any]:
+def count_launch(
+    source: str,
+    workdir: Path,
+    stem: str,
+    *,
+    nvcc: str,
+    cuobjdump: str,
+    nvdisasm: str,
+    arch: str,
+    phases: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
     """Compile one translation unit; its registers, spills and instruction counts
     (:func:`sass_counts`; ``phases`` for the one launch)."""
     report, sass = compile_sass(source, workdir, stem, nvcc=nvcc, cuobjdump=cuobjdump, nvdisasm=nvdisasm, arch=arch)
     regs = re.search(r"Used (\d+) registers", report)
     spill = re.search(r"(\d+) bytes spill stores", report)
-    return {"registers": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else None,
-            **sass_counts(parse_sass(sass), phases)}
+    return {
+        "registers": int(regs.group(1)) if regs else None,
+        "spill_bytes": int(spill.group(1)) if spill else None,
+        **sass_counts(parse_sass(sass), phases),
+    }
 
 
-def run(formats: tuple[str, ...], *, old_dir: Path | None, nvcc: str, cuobjdump: str, nvdisasm: str, arch: str,
-        jobs: int = 2, launches: tuple[str, ...] = LAUNCHES) -> list[dict[str, Any]]:
+def run(
+    formats: tuple[str, ...],
+    *,
+    old_dir: Path | None,
+    nvcc: str,
+    cuobjdump: str,
+    nvdisasm: str,
+    arch: str,
+    jobs: int = 2,
+    launches: tuple[str, ...] = LAUNCHES,
+) -> list[dict[str, Any]]:
     """Every launch of ``launches`` (default: the three and the one launch) and format,
     each side with ``old_dir``: one row each. The one launch's old side only where
     ``old_dir`` has its body (a folder from before it has none). A text both sides share
@@ -177,8 +229,11 @@ def run(formats: tuple[str, ...], *, old_dir: Path | None, nvcc: str, cuobjdump:
                 work.append(({"launch": ONE_LAUNCH, "format": label, "side": side, "template": template}, text))
                 for kernel, values in phase_templates(template).items():  # each phase compiled alone
                     text = kernel_source.cuda_translation_unit(
-                        kernel, kernel_source.input_dtypes(kernel_source.KERNELS[kernel].inputs, fmt, sfmt), values,
-                        kernel_dir=folder)
+                        kernel,
+                        kernel_source.input_dtypes(kernel_source.KERNELS[kernel].inputs, fmt, sfmt),
+                        values,
+                        kernel_dir=folder,
+                    )
                     work.append(({"launch": ONE_LAUNCH, "format": label, "side": side, "alone": kernel}, text))
     phases = tuple(k for k, _ in kernel_source.ONE_LAUNCH_PHASES)
 
@@ -186,8 +241,16 @@ def run(formats: tuple[str, ...], *, old_dir: Path | None, nvcc: str, cuobjdump:
         key = w[0]
         stem = "-".join(str(key[k]) for k in ("side", "launch", "alone", "format") if k in key)
         one = key["launch"] == ONE_LAUNCH and "alone" not in key
-        return count_launch(w[1], Path(tmp), stem, nvcc=nvcc, cuobjdump=cuobjdump, nvdisasm=nvdisasm, arch=arch,
-                            phases=phases if one else None)
+        return count_launch(
+            w[1],
+            Path(tmp),
+            stem,
+            nvcc=nvcc,
+            cuobjdump=cuobjdump,
+            nvdisasm=nvdisasm,
+            arch=arch,
+            phases=phases if one else None,
+        )
 
     # Each distinct text is compiled once: the old folder's text of a launch is often the new
     # one's (an unchanged launch, or a copy of kernels/), and a compile is seconds of nvcc.
@@ -207,7 +270,10 @@ def run(formats: tuple[str, ...], *, old_dir: Path | None, nvcc: str, cuobjdump:
     for (key, _), res in zip(work, counted):
         if "alone" in key:
             by[(key["launch"], key["format"], key["side"])]["phases"][key["alone"]]["alone"] = {
-                "registers": res["registers"], "spill_bytes": res["spill_bytes"], "instructions": res["instructions"]}
+                "registers": res["registers"],
+                "spill_bytes": res["spill_bytes"],
+                "instructions": res["instructions"],
+            }
     return rows
 
 
@@ -215,9 +281,12 @@ def phase_templates(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each phase of the one launch as a launch of its own with the one launch's values for
     it (its prefixed values unprefixed, NT the one launch's): compiled alone, ptxas says
     the registers that phase asks for; the one launch's count is one number for all three."""
-    return {kernel: {t: template["NT"] if t == "NT" else template[prefix + t]
-                     for t in kernel_source.KERNELS[kernel].template}
-            for kernel, prefix in kernel_source.ONE_LAUNCH_PHASES}
+    return {
+        kernel: {
+            t: template["NT"] if t == "NT" else template[prefix + t] for t in kernel_source.KERNELS[kernel].template
+        }
+        for kernel, prefix in kernel_source.ONE_LAUNCH_PHASES
+    }
 
 
 #: How the one launch's phases are named in the table (and in ``kernel_versions.sass_table``).
@@ -241,8 +310,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for launch, fmt, side in three:
         r = by[(launch, fmt, side)]
         cls = r["loop_classes"]
-        line = (f"{launch.replace('ffn_', ''):<12}{fmt:<9}{r['registers']!s:>5}{r['spill_bytes']!s:>6}"
-                f"{r['instructions']:>7}{r['loop_instructions']:>6}" + "".join(f"{cls[c]:>8}" for c in cls))
+        line = (
+            f"{launch.replace('ffn_', ''):<12}{fmt:<9}{r['registers']!s:>5}{r['spill_bytes']!s:>6}"
+            f"{r['instructions']:>7}{r['loop_instructions']:>6}" + "".join(f"{cls[c]:>8}" for c in cls)
+        )
         if two:
             old = by[(launch, fmt, "old")]["loop_instructions"]
             line += f"{old:>10}{r['loop_instructions'] / old:>9.3f}" if old else f"{'-':>10}{'-':>9}"
@@ -250,35 +321,47 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     formats = list(dict.fromkeys(k[1] for k in by if k[0] == ONE_LAUNCH))
     if not formats:
         return
-    print(("\n" if three else "") + "the one launch, a phase a line: instr = its instructions, loops = its outer "
-          "loops'\n(cold paths out) by class, inner = the loops in those, alone = registers compiled alone")
-    print(f"{'phase':<10}{'format':<9}{'side':<5}{'instr':>6}{'loops':>7}" + "".join(f"{c:>8}" for c in classes)
-          + f"{'inner':>7}{'alone':>6}{'new/old':>9}")
+    print(
+        ("\n" if three else "") + "the one launch, a phase a line: instr = its instructions, loops = its outer "
+        "loops'\n(cold paths out) by class, inner = the loops in those, alone = registers compiled alone"
+    )
+    print(
+        f"{'phase':<10}{'format':<9}{'side':<5}{'instr':>6}{'loops':>7}"
+        + "".join(f"{c:>8}" for c in classes)
+        + f"{'inner':>7}{'alone':>6}{'new/old':>9}"
+    )
     for fmt in formats:
         sides = [s for s in ("old", "new") if (ONE_LAUNCH, fmt, s) in by]
         for phase, short in _PHASE_SHORT.items():
             for side in sides:
                 ph = by[(ONE_LAUNCH, fmt, side)]["phases"][phase]
                 alone = ph.get("alone", {}).get("registers", "")
-                line = (f"{short:<10}{fmt:<9}{side:<5}{ph['instructions']:>6}{ph['loop_instructions']:>7}"
-                        + "".join(f"{ph['loop_classes'][c]:>8}" for c in classes)
-                        + f"{ph['inner_instructions']:>7}{alone!s:>6}")
+                line = (
+                    f"{short:<10}{fmt:<9}{side:<5}{ph['instructions']:>6}{ph['loop_instructions']:>7}"
+                    + "".join(f"{ph['loop_classes'][c]:>8}" for c in classes)
+                    + f"{ph['inner_instructions']:>7}{alone!s:>6}"
+                )
                 old = by.get((ONE_LAUNCH, fmt, "old"))
                 if side == "new" and old and old["phases"][phase]["loop_instructions"]:
                     line += f"{ph['loop_instructions'] / old['phases'][phase]['loop_instructions']:>9.3f}"
                 print(line)
         for side in sides:
             r = by[(ONE_LAUNCH, fmt, side)]
-            print(f"{'all':<10}{fmt:<9}{side:<5}{r['instructions']:>6}  registers {r['registers']}, "
-                  f"spilled {r['spill_bytes']} bytes")
+            print(
+                f"{'all':<10}{fmt:<9}{side:<5}{r['instructions']:>6}  registers {r['registers']}, "
+                f"spilled {r['spill_bytes']} bytes"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = cli.parser("sass_counts", __doc__)
     ap.add_argument("--old", default=None, help="a copy of an older kernels/ folder to count beside kernels/")
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {tuple(FORMATS)}")
-    ap.add_argument("--launches", default=",".join(LAUNCHES),
-                    help=f"comma list of {LAUNCHES} ({ONE_LAUNCH}: the tail as one launch, by phase)")
+    ap.add_argument(
+        "--launches",
+        default=",".join(LAUNCHES),
+        help=f"comma list of {LAUNCHES} ({ONE_LAUNCH}: the tail as one launch, by phase)",
+    )
     ap.add_argument("--arch", default="sm_90", help="the GPU architecture nvcc compiles for")
     ap.add_argument("--jobs", type=int, default=2, help="compilations at once")
     a = ap.parse_args(argv)
@@ -290,32 +373,55 @@ def main(argv: list[str] | None = None) -> int:
     old_dir = None
     if a.old is not None:
         old_dir = Path(a.old).resolve()
-        needed = ["common.h", "prelude_cuda.h",
-                  *sorted({kernel_source.KERNELS[k].body for k in launches if k != ONE_LAUNCH})]
+        needed = [
+            "common.h",
+            "prelude_cuda.h",
+            *sorted({kernel_source.KERNELS[k].body for k in launches if k != ONE_LAUNCH}),
+        ]
         missing = [n for n in needed if not (old_dir / n).is_file()]
         if missing:
             ap.error(f"--old must be a kernels folder holding {', '.join(needed)}; {old_dir} lacks {missing}")
         if ONE_LAUNCH in launches and not (old_dir / kernel_source.ONE_LAUNCH_BODY).is_file():
-            print(f"{old_dir} has no {kernel_source.ONE_LAUNCH_BODY} (older than the one launch): "
-                  "the one launch is counted from kernels/ alone")
+            print(
+                f"{old_dir} has no {kernel_source.ONE_LAUNCH_BODY} (older than the one launch): "
+                "the one launch is counted from kernels/ alone"
+            )
     nvcc, cuobjdump, nvdisasm = shutil.which("nvcc"), find_tool("cuobjdump"), find_tool("nvdisasm")
     if nvcc is None or cuobjdump is None or nvdisasm is None:
-        print("needs nvcc (the CUDA toolkit), cuobjdump and nvdisasm (on PATH, or `pip install nvidia-cuda-cuobjdump "
-              f"nvidia-cuda-nvdisasm`); found nvcc: {nvcc}, cuobjdump: {cuobjdump}, nvdisasm: {nvdisasm}")
+        print(
+            "needs nvcc (the CUDA toolkit), cuobjdump and nvdisasm (on PATH, or `pip install nvidia-cuda-cuobjdump "
+            f"nvidia-cuda-nvdisasm`); found nvcc: {nvcc}, cuobjdump: {cuobjdump}, nvdisasm: {nvdisasm}"
+        )
         return 2
     prov = record.provenance("sass_counts", argv)
     versions = {"nvcc": tool_version(nvcc), "cuobjdump": tool_version(cuobjdump)}
-    print(f"nvcc {versions['nvcc']}\ncuobjdump {versions['cuobjdump']}\n{a.arch}: kernels/ ({prov['kernel_text']})"
-          + (f" against\n{old_dir} ({kernel_source.fingerprint(kernel_dir=old_dir)})" if old_dir else ""))
-    rows = run(formats, old_dir=old_dir, nvcc=nvcc, cuobjdump=cuobjdump, nvdisasm=nvdisasm, arch=a.arch, jobs=a.jobs,
-               launches=launches)
+    print(
+        f"nvcc {versions['nvcc']}\ncuobjdump {versions['cuobjdump']}\n{a.arch}: kernels/ ({prov['kernel_text']})"
+        + (f" against\n{old_dir} ({kernel_source.fingerprint(kernel_dir=old_dir)})" if old_dir else "")
+    )
+    rows = run(
+        formats,
+        old_dir=old_dir,
+        nvcc=nvcc,
+        cuobjdump=cuobjdump,
+        nvdisasm=nvdisasm,
+        arch=a.arch,
+        jobs=a.jobs,
+        launches=launches,
+    )
     print_table(rows)
-    rec = {"what": "registers, spills and static instruction counts of the tail's kernels as nvcc compiles them",
-           **prov,
-           **versions, "arch": a.arch, "shape": BONSAI, "launches": list(launches),
-           "old_dir": a.old,  # as given: the fingerprint below says which text it held
-           "old_kernel_text": kernel_source.fingerprint(kernel_dir=old_dir) if old_dir else None,
-           "classes": {c: sorted(ops) for c, ops in CLASSES.items()}, "rows": rows}
+    rec = {
+        "what": "registers, spills and static instruction counts of the tail's kernels as nvcc compiles them",
+        **prov,
+        **versions,
+        "arch": a.arch,
+        "shape": BONSAI,
+        "launches": list(launches),
+        "old_dir": a.old,  # as given: the fingerprint below says which text it held
+        "old_kernel_text": kernel_source.fingerprint(kernel_dir=old_dir) if old_dir else None,
+        "classes": {c: sorted(ops) for c, ops in CLASSES.items()},
+        "rows": rows,
+    }
     if not a.no_record:
         print()
         record.write(rec, a.out_dir, record.record_stem("sass_counts"), force=a.force)

@@ -62,23 +62,39 @@ def split_entries(rec: dict, source: str) -> list[dict]:
     out = []
     for r in rec["splits"]:
         if not r["ms"] > 0:
-            raise ValueError(f"split {r['split']!r}: its measured price is {r['ms']:.4f} ms (split no slower than "
-                             "joined), which is no price; not entered")
-        out.append({
-            "id": f"split-{rec['backend']}-{dev}-{rec['matvec']}-{dtype}-{r['split']}", "kind": "measured",
-            "ms": r["ms"], "p90_ms": r["p90_ms"], "n": r["n"],
-            "warmup": r["warmup"], "device": rec["device"], "backend": rec["backend"], "date": rec["date"][:10],
-            "mlx_version": rec["mlx_version"], "command": _without_out(rec["command"]), "split": r["split"],
-            "matvec": rec["matvec"], "dtype": dtype,
-            "method": r["method"] + f" Submissions: the {rec['model']} decode step's own ({rec['geometry']} geometry, "
-                      f"{rec.get('matvec_detail', rec['matvec'])}).",
-            "source": source,
-        })
+            raise ValueError(
+                f"split {r['split']!r}: its measured price is {r['ms']:.4f} ms (split no slower than "
+                "joined), which is no price; not entered"
+            )
+        out.append(
+            {
+                "id": f"split-{rec['backend']}-{dev}-{rec['matvec']}-{dtype}-{r['split']}",
+                "kind": "measured",
+                "ms": r["ms"],
+                "p90_ms": r["p90_ms"],
+                "n": r["n"],
+                "warmup": r["warmup"],
+                "device": rec["device"],
+                "backend": rec["backend"],
+                "date": rec["date"][:10],
+                "mlx_version": rec["mlx_version"],
+                "command": _without_out(rec["command"]),
+                "split": r["split"],
+                "matvec": rec["matvec"],
+                "dtype": dtype,
+                "method": r["method"]
+                + f" Submissions: the {rec['model']} decode step's own ({rec['geometry']} geometry, "
+                f"{rec.get('matvec_detail', rec['matvec'])}).",
+                "source": source,
+            }
+        )
         if r["p10_ms"] >= 0:
             out[-1]["p10_ms"] = r["p10_ms"]
         else:  # a spread below zero is no price: said, not clipped
-            out[-1]["method"] += (f" Its 10th percentile, {r['p10_ms']:.4f} ms, is below zero (in some rounds the split "
-                                  "ran faster than the joined), so only the 90th is entered; the record has both.")
+            out[-1]["method"] += (
+                f" Its 10th percentile, {r['p10_ms']:.4f} ms, is below zero (in some rounds the split "
+                "ran faster than the joined), so only the 90th is entered; the record has both."
+            )
     return out
 
 
@@ -111,9 +127,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = cli.parser("split_price", __doc__)
     p.add_argument("--n", type=int, default=50, help="timed rounds per step")
     p.add_argument("--bonsai", action="store_true", help="also Bonsai-27B's tail (5120, 6144, 17408), bf16")
-    p.add_argument("--add", metavar="RECORD", help="put a bench.schedule_run record's split prices into the ledger "
-                                                   "and stop (measures nothing)")
-    p.add_argument("--ledger", type=cli.existing_file, default=None, help="the ledger file (default: the project's data/ledger/wait_prices.json)")
+    p.add_argument(
+        "--add",
+        metavar="RECORD",
+        help="put a bench.schedule_run record's split prices into the ledger and stop (measures nothing)",
+    )
+    p.add_argument(
+        "--ledger",
+        type=cli.existing_file,
+        default=None,
+        help="the ledger file (default: the project's data/ledger/wait_prices.json)",
+    )
     args = p.parse_args(argv)
     if args.add is not None:  # --add "" names no record: refused when read, never a measurement instead
         return {"added": add(p, args.add, args.ledger, args.force)}
@@ -121,10 +145,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error("--n must be >= 5")
 
     tiny = wait_measurement.measure_wait_price(n=max(200, args.n * 4), warmup=50)
-    rows = [{"step": "tiny wait (measure_wait_price)", "shape": "scalar", "ms": tiny["ms"], "p10_ms": tiny["p10_ms"],
-             "p90_ms": tiny["p90_ms"]}]
+    rows = [
+        {
+            "step": "tiny wait (measure_wait_price)",
+            "shape": "scalar",
+            "ms": tiny["ms"],
+            "p10_ms": tiny["p10_ms"],
+            "p90_ms": tiny["p90_ms"],
+        }
+    ]
     x = mx.array(1.0)
-    rows.append({"step": "tiny", "shape": "scalar", **wait_measurement.measure_split_price(lambda a: a * 0.5 + 1.0, x, n=args.n)})
+    rows.append(
+        {
+            "step": "tiny",
+            "shape": "scalar",
+            **wait_measurement.measure_split_price(lambda a: a * 0.5 + 1.0, x, n=args.n),
+        }
+    )
     shapes = [("small", (256, 384, 704), 128)]
     if args.bonsai:
         shapes.append(("bonsai27b", BONSAI_SHAPE, 1024))
@@ -138,11 +175,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     print(f"{'step':<32} {'shape':<10} {'price ms':>9} {'p10':>8} {'p90':>8} {'split ms':>9} {'joined ms':>10}")
     for r in rows:
-        print(f"{r['step']:<32} {r['shape']:<10} {r['ms']:>9.4f} {r['p10_ms']:>8.4f} {r['p90_ms']:>8.4f} "
-              f"{r.get('split_ms', float('nan')):>9.4f} {r.get('joined_ms', float('nan')):>10.4f}")
-    rec = {**record.provenance("split_price", argv),
-           "method": wait_measurement.measure_split_price.__doc__.split("\n\n")[1].strip(),
-           "results": rows}
+        print(
+            f"{r['step']:<32} {r['shape']:<10} {r['ms']:>9.4f} {r['p10_ms']:>8.4f} {r['p90_ms']:>8.4f} "
+            f"{r.get('split_ms', float('nan')):>9.4f} {r.get('joined_ms', float('nan')):>10.4f}"
+        )
+    rec = {
+        **record.provenance("split_price", argv),
+        "method": wait_measurement.measure_split_price.__doc__.split("\n\n")[1].strip(),
+        "results": rows,
+    }
     if not args.no_record:
         record.write(rec, args.out_dir, record.record_stem("split_price"), force=args.force)
     return rec

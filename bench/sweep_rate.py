@@ -47,14 +47,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--calibrate", action="store_true", help="calibrate a tolerance per configuration (1e-6/case)")
     p.add_argument("--mutations", type=int, default=0, help="catch rates on this many fresh seeds (0: none)")
     p.add_argument("--tag", default="", help="appended to the record's file name")
-    p.add_argument("--twins", type=int, default=0,
-                   help="also time each workbench path beside its plain numpy twin and the machine's limit, the "
-                        "sweep over this many blocks of 256 cases (0: none)")
-    p.add_argument("--sweeps", action=argparse.BooleanOptionalAction, default=True,
-                   help="time the sweeps of --configs (--no-sweeps: only the --twins / --bonsai rows)")
-    p.add_argument("--bonsai", type=int, default=0,
-                   help="also run notebook 03's Bonsai-27B float64 path beside its numpy twin, this many rounds, "
-                        "each in a fresh process (0: none)")
+    p.add_argument(
+        "--twins",
+        type=int,
+        default=0,
+        help="also time each workbench path beside its plain numpy twin and the machine's limit, the "
+        "sweep over this many blocks of 256 cases (0: none)",
+    )
+    p.add_argument(
+        "--sweeps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time the sweeps of --configs (--no-sweeps: only the --twins / --bonsai rows)",
+    )
+    p.add_argument(
+        "--bonsai",
+        type=int,
+        default=0,
+        help="also run notebook 03's Bonsai-27B float64 path beside its numpy twin, this many rounds, "
+        "each in a fresh process (0: none)",
+    )
     args = p.parse_args(argv)
     names = cli.comma_list(p, "--configs", args.configs, CONFIGS)
     if args.seeds < 1:
@@ -72,27 +84,56 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sweeps.sweep(shapes=[(64, 96, 80)], seeds=range(8), progress=False)  # warm up (imports, first graphs)
     rows = []
     if names:
-        print(f"{'config':<12} {'shape':<14} {'cases':>8} {'seconds':>8} {'cases/s':>9} "
-              f"{'s per 100k':>10} {'max worst':>11}")
+        print(
+            f"{'config':<12} {'shape':<14} {'cases':>8} {'seconds':>8} {'cases/s':>9} "
+            f"{'s per 100k':>10} {'max worst':>11}"
+        )
     for name in names:
         shape, dtype, fold, quant = CONFIGS[name]
         t0 = time.perf_counter()
-        df = sweeps.sweep(shapes=[shape], seeds=range(args.seeds), dtypes=(dtype,), folds=(fold,),
-                          quantize=(quant,), progress=args.progress)
+        df = sweeps.sweep(
+            shapes=[shape],
+            seeds=range(args.seeds),
+            dtypes=(dtype,),
+            folds=(fold,),
+            quantize=(quant,),
+            progress=args.progress,
+        )
         dt = time.perf_counter() - t0
         rate = len(df) / dt
-        row = {"config": name, "shape": list(shape), "dtype": dtype, "fold": fold, "quantize": quant,
-               "cases": len(df), "seconds": dt, "cases_per_s": rate, "s_per_100k": 1e5 / rate,
-               "max_worst": float(df.worst.max())}
+        row = {
+            "config": name,
+            "shape": list(shape),
+            "dtype": dtype,
+            "fold": fold,
+            "quantize": quant,
+            "cases": len(df),
+            "seconds": dt,
+            "cases_per_s": rate,
+            "s_per_100k": 1e5 / rate,
+            "max_worst": float(df.worst.max()),
+        }
         if args.calibrate:
             t = calibration.calibrate_tolerance(df.worst.to_numpy(), flake_rate=1e-6)
-            row["calibrated"] = {"value": t.value, "low": t.low, "high": t.high, "recommended": t.recommended,
-                                 "xi": t.xi, "threshold": t.threshold, "n_tail": t.n_tail,
-                                 "observed_max": t.observed_max, "flake_rate": t.flake_rate, "method": t.method,
-                                 "degenerate": t.degenerate}
+            row["calibrated"] = {
+                "value": t.value,
+                "low": t.low,
+                "high": t.high,
+                "recommended": t.recommended,
+                "xi": t.xi,
+                "threshold": t.threshold,
+                "n_tail": t.n_tail,
+                "observed_max": t.observed_max,
+                "flake_rate": t.flake_rate,
+                "method": t.method,
+                "degenerate": t.degenerate,
+            }
         rows.append(row)
-        print(f"{name:<12} {str(shape):<14} {len(df):>8} {dt:>8.2f} {rate:>9.0f} {1e5 / rate:>10.1f} "
-              f"{row['max_worst']:>11.3g}", flush=True)
+        print(
+            f"{name:<12} {str(shape):<14} {len(df):>8} {dt:>8.2f} {rate:>9.0f} {1e5 / rate:>10.1f} "
+            f"{row['max_worst']:>11.3g}",
+            flush=True,
+        )
         if args.calibrate:
             print(f"{'':<12} calibrated: {t}", flush=True)
 
@@ -102,20 +143,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f32 = next((r for r in rows if r["config"] == "f32-b16" and "calibrated" in r), None)
         if f32 is not None:
             tols["calibrated f32-b16"] = ("worst", f32["calibrated"]["recommended"])
-        mu = sweeps.mutation_sweep(shapes=[(64, 96, 80)], seeds=range(10**7, 10**7 + args.mutations),
-                                  folds=(None, 16), progress=args.progress)
+        mu = sweeps.mutation_sweep(
+            shapes=[(64, 96, 80)], seeds=range(10**7, 10**7 + args.mutations), folds=(None, 16), progress=args.progress
+        )
         rates = calibration.catch_rates(mu, tols)
         print(rates.round(4).to_string())
-        catch = {"seeds": f"range({10**7}, {10**7 + args.mutations})", "folds": ["none", "b16"],
-                 "rates": {m: {k: float(v) for k, v in r.items()} for m, r in rates.iterrows()},
-                 "tolerances": {k: list(v) for k, v in tols.items()}}
+        catch = {
+            "seeds": f"range({10**7}, {10**7 + args.mutations})",
+            "folds": ["none", "b16"],
+            "rates": {m: {k: float(v) for k, v in r.items()} for m, r in rates.iterrows()},
+            "tolerances": {k: list(v) for k, v in tols.items()},
+        }
 
     rec = {
         **record.provenance("sweep_rate", argv),
         "target": "sweep(shapes=[(64, 96, 80)], seeds=range(100_000)) in <= 60 s on 2 cores",
-        "notes": ("wall time of sweeps.sweep per configuration (graph backend, blocks of "
-                  f"{CASE_BLOCK} cases, float64 truth via tail.tail_np, fused via tail.tail_mx); "
-                  "the machine was shared with other developers' jobs (see load average)"),
+        "notes": (
+            "wall time of sweeps.sweep per configuration (graph backend, blocks of "
+            f"{CASE_BLOCK} cases, float64 truth via tail.tail_np, fused via tail.tail_mx); "
+            "the machine was shared with other developers' jobs (see load average)"
+        ),
         "results": rows,
         "mutation_catch_rates": catch,
     }

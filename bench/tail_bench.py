@@ -85,34 +85,52 @@ def bench_shape(name: str, dtype: str, repeats: int, warmup: int, seed: int, ban
 
 
 def print_table(rows: list[dict[str, Any]], bandwidth: float) -> None:
-    print(f"copy bandwidth here: {bandwidth / 1e9:.1f} GB/s (floor = weight bytes / this); "
-          "times are medians in ms, (min) = the ratio of the fastest runs")
-    head = (f"{'shape':<10} {'dtype':<9} {'weights':>10} {'floor ms':>9} {'unfused ms':>11} {'fused ms':>9} "
-            f"{'resident ms':>12} {'unf/fused':>9} {'(min)':>6} {'waits':>7}  agree")
+    print(
+        f"copy bandwidth here: {bandwidth / 1e9:.1f} GB/s (floor = weight bytes / this); "
+        "times are medians in ms, (min) = the ratio of the fastest runs"
+    )
+    head = (
+        f"{'shape':<10} {'dtype':<9} {'weights':>10} {'floor ms':>9} {'unfused ms':>11} {'fused ms':>9} "
+        f"{'resident ms':>12} {'unf/fused':>9} {'(min)':>6} {'waits':>7}  agree"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         v = r["variants"]
         waits = f"{v['unfused']['waits']}/{v['fused']['waits']}"
-        print(f"{r['shape']:<10} {r['dtype']:<9} {r['weight_bytes'] / 1e6:>8.2f}MB {r['floor_ms']:>9.4f} "
-              f"{v['unfused']['median_ms']:>11.4f} {v['fused']['median_ms']:>9.4f} "
-              f"{v['fused_resident']['median_ms']:>12.4f} {r['ratio_unfused_over_fused']:>9.2f} "
-              f"{r['ratio_unfused_over_fused_min']:>6.2f} {waits:>7}  "
-              f"{'PASS' if r['fused_vs_unfused_passed'] else 'FAIL'}")
+        print(
+            f"{r['shape']:<10} {r['dtype']:<9} {r['weight_bytes'] / 1e6:>8.2f}MB {r['floor_ms']:>9.4f} "
+            f"{v['unfused']['median_ms']:>11.4f} {v['fused']['median_ms']:>9.4f} "
+            f"{v['fused_resident']['median_ms']:>12.4f} {r['ratio_unfused_over_fused']:>9.2f} "
+            f"{r['ratio_unfused_over_fused_min']:>6.2f} {waits:>7}  "
+            f"{'PASS' if r['fused_vs_unfused_passed'] else 'FAIL'}"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = cli.parser("tail_bench", __doc__)
     p.add_argument("--shapes", default="seed,bonsai27b", help=f"comma-separated, of {sorted(SHAPES)}")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"],
-                   help="the weights' dtype (activations are float32 always)")
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["float32", "float16", "bfloat16"],
+        help="the weights' dtype (activations are float32 always)",
+    )
     p.add_argument("--repeats", type=int, default=100, help="timed rounds for small shapes")
-    p.add_argument("--large-repeats", type=int, default=None,
-                   help="timed rounds for Bonsai-size shapes (None: 100 on a GPU, 5 on a CPU)")
+    p.add_argument(
+        "--large-repeats",
+        type=int,
+        default=None,
+        help="timed rounds for Bonsai-size shapes (None: 100 on a GPU, 5 on a CPU)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
-    p.add_argument("--bandwidth-gbps", type=float, default=None,
-                   help="use this bandwidth for the floor instead of measuring a copy (None: measure)")
+    p.add_argument(
+        "--bandwidth-gbps",
+        type=float,
+        default=None,
+        help="use this bandwidth for the floor instead of measuring a copy (None: measure)",
+    )
     args = p.parse_args(argv)
 
     shapes = cli.comma_list(p, "--shapes", args.shapes, SHAPES)

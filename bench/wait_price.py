@@ -31,8 +31,22 @@ def _entry_id(rec: dict) -> str:
 
 def ledger_entry(rec: dict) -> dict:
     """The ledger's entry for a measurement record."""
-    keep = ("ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms", "n", "warmup", "device", "backend", "date",
-            "mlx_version", "method", "command")
+    keep = (
+        "ms",
+        "p10_ms",
+        "p90_ms",
+        "iqr_ms",
+        "mean_ms",
+        "eval_only_ms",
+        "n",
+        "warmup",
+        "device",
+        "backend",
+        "date",
+        "mlx_version",
+        "method",
+        "command",
+    )
     entry = {"id": _entry_id(rec), "kind": "measured"}
     entry.update({k: rec[k] for k in keep if k in rec})
     entry["source"] = rec.get("record", "bench/wait_price.py")
@@ -54,15 +68,27 @@ def add(p: argparse.ArgumentParser, record_path: str, ledger: str | None, force:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = cli.parser("wait_price", __doc__, writes=(
-        "writes a JSON record to OUT_DIR/wait_price-<device>-<UTC time>.json (or --out); with --add, changes only "
-        "the ledger; never replaces a file or a ledger entry without --force"))
-    p.add_argument("--out", type=cli.out_file, default=None, help="write the JSON record to this file instead of OUT_DIR")
+    p = cli.parser(
+        "wait_price",
+        __doc__,
+        writes=(
+            "writes a JSON record to OUT_DIR/wait_price-<device>-<UTC time>.json (or --out); with --add, changes only "
+            "the ledger; never replaces a file or a ledger entry without --force"
+        ),
+    )
+    p.add_argument(
+        "--out", type=cli.out_file, default=None, help="write the JSON record to this file instead of OUT_DIR"
+    )
     p.add_argument("--n", type=int, default=5000, help="timed waits")
     p.add_argument("--warmup", type=int, default=500, help="untimed waits first")
     p.add_argument("--device", choices=("default", "cpu", "gpu"), default="default", help="MLX device to measure")
     p.add_argument("--add", metavar="RECORD", help="add this record to the ledger and stop (measures nothing)")
-    p.add_argument("--ledger", type=cli.existing_file, default=None, help="the ledger file (default: the project's data/ledger/wait_prices.json)")
+    p.add_argument(
+        "--ledger",
+        type=cli.existing_file,
+        default=None,
+        help="the ledger file (default: the project's data/ledger/wait_prices.json)",
+    )
     args = p.parse_args(argv)
     if args.n < 10:
         p.error(f"--n must be >= 10; got {args.n}")
@@ -86,7 +112,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{k:>12}  {rec[k]:.4f}")
     print(f"{'n':>12}  {rec['n']} (after {rec['warmup']} warm-up)")
     if not args.no_record:
-        out = args.out if args.out is not None else args.out_dir / (record.record_stem("wait_price", rec["device"]) + ".json")
+        out = (
+            args.out
+            if args.out is not None
+            else args.out_dir / (record.record_stem("wait_price", rec["device"]) + ".json")
+        )
         rec["record"] = record.project_relative(out)
         path = record.write(rec, out.parent, out.stem, force=args.force)
         rec["record"] = record.project_relative(path)

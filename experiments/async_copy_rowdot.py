@@ -93,12 +93,13 @@ def check_shape(rows: int, cols: int, threads: int, stages: int) -> None:
         raise ValueError(f"stages must be an integer >= 2; got {stages!r}")
     need = shared_bytes(cols, threads, stages)
     if need > STATIC_SHARED_LIMIT:
-        raise ValueError(f"stages: {stages} stages of {threads // 32} warps at cols {cols} need {need} bytes of "
-                         f"group memory, over CUDA's static limit of {STATIC_SHARED_LIMIT}")
+        raise ValueError(
+            f"stages: {stages} stages of {threads // 32} warps at cols {cols} need {need} bytes of "
+            f"group memory, over CUDA's static limit of {STATIC_SHARED_LIMIT}"
+        )
 
 
-def step_model(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.ndarray,
-               warps: int) -> np.ndarray:
+def step_model(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.ndarray, warps: int) -> np.ndarray:
     """The kernel's index arithmetic in numpy, for a grid of ``warps`` warps: each warp's
     rows and steps, each lane's unit, its scale and bias as the step's copied slots hold
     them, its x read from the padded layout, summed as the body sums (here in float64).
@@ -118,30 +119,42 @@ def step_model(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.
         for j in range(len(rows_of) * spr):
             row, st = rows_of[j // spr], j % spr
             # what the step's copies put in its slot: the units, then 16 scales and 16 biases
-            slot_scales = scales.reshape(rows * groups)[row * groups + st * 16: row * groups + st * 16 + 16]
-            slot_biases = biases.reshape(rows * groups)[row * groups + st * 16: row * groups + st * 16 + 16]
+            slot_scales = scales.reshape(rows * groups)[row * groups + st * 16 : row * groups + st * 16 + 16]
+            slot_biases = biases.reshape(rows * groups)[row * groups + st * 16 : row * groups + st * 16 + 16]
             for lane in range(STEP_UNITS):
                 unit = st * STEP_UNITS + lane
-                xv = xs[unit * X_PITCH: unit * X_PITCH + 32]
+                xv = xs[unit * X_PITCH : unit * X_PITCH + 32]
                 d = sum(words[row, unit, i, n] * xv[8 * i + n] for i in range(4) for n in range(8))
                 y[row] += slot_scales[lane >> 1] * d + slot_biases[lane >> 1] * xu[unit]
     return y
 
 
-def async_row_dots(q: Any, x: Any, rows: int, cols: int, *, threads: int, blocks: int,
-                   stages: list[int]) -> dict[str, Any]:
+def async_row_dots(
+    q: Any, x: Any, rows: int, cols: int, *, threads: int, blocks: int, stages: list[int]
+) -> dict[str, Any]:
     """The row dot fed by asynchronous copies on ``q``, ``x``, one variant a ring depth."""
     import mlx.core as mx
 
-    kernel = mx.fast.cuda_kernel(name="fat_async_copy_rowdot", input_names=["w", "s", "b", "x"], output_names=["y"],
-                                 source=SOURCE, header=HEADER, ensure_row_contiguous=True)
+    kernel = mx.fast.cuda_kernel(
+        name="fat_async_copy_rowdot",
+        input_names=["w", "s", "b", "x"],
+        output_names=["y"],
+        source=SOURCE,
+        header=HEADER,
+        ensure_row_contiguous=True,
+    )
 
     def matvec(st: int) -> Any:
         def run() -> Any:
-            return kernel(inputs=[q.w, q.scales, q.biases, x],
-                          template=[("K", cols), ("R", rows), ("NT", threads), ("ST", st)],
-                          grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1), output_shapes=[(rows,)],
-                          output_dtypes=[mx.float32])[0]
+            return kernel(
+                inputs=[q.w, q.scales, q.biases, x],
+                template=[("K", cols), ("R", rows), ("NT", threads), ("ST", st)],
+                grid=(blocks * threads, 1, 1),
+                threadgroup=(threads, 1, 1),
+                output_shapes=[(rows,)],
+                output_dtypes=[mx.float32],
+            )[0]
+
         return run
 
     return {variant_name(st): matvec(st) for st in stages}
@@ -152,8 +165,17 @@ def variant_name(stages: int) -> str:
     return f"CUDA cores, cp.async {stages} stages"
 
 
-def run(rows: int, cols: int, *, threads: int = 128, blocks_per_sm: int = 4, stages: list[int] | None = None,
-        repeats: int = 30, chain: int = 10, seed: int = 0) -> dict[str, Any]:
+def run(
+    rows: int,
+    cols: int,
+    *,
+    threads: int = 128,
+    blocks_per_sm: int = 4,
+    stages: list[int] | None = None,
+    repeats: int = 30,
+    chain: int = 10,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Check and time the row dots on one random matrix (see the module's doc).
     ``all_checks_passed`` covers every variant but MLX's (a reference)."""
     from workbench.kernels import cuda_device
@@ -166,13 +188,24 @@ def run(rows: int, cols: int, *, threads: int = 128, blocks_per_sm: int = 4, sta
     warps_per_block = threads // 32
     blocks = min(sms * blocks_per_sm, -(-rows // warps_per_block))
     tensor = tc.tensor_core_row_dots(q, x, rows, cols, units=4, threads=256, blocks=min(sms * 2, rows // tc.TILE_ROWS))
-    variants = {**async_row_dots(q, x, rows, cols, threads=threads, blocks=blocks, stages=stages),
-                tc.TENSOR_BF16: tensor[tc.TENSOR_BF16], **tc.reference_row_dots(q, x, rows)}
+    variants = {
+        **async_row_dots(q, x, rows, cols, threads=threads, blocks=blocks, stages=stages),
+        tc.TENSOR_BF16: tensor[tc.TENSOR_BF16],
+        **tc.reference_row_dots(q, x, rows),
+    }
     nbytes = q.w.nbytes + q.scales.nbytes + q.biases.nbytes
-    return {"shape": [rows, cols], "threads": threads, "blocks": blocks, "stages": stages, "chain": chain,
-            "repeats": repeats, "seed": seed, "weight_bytes": nbytes,
-            "shared_bytes": {str(st): shared_bytes(cols, threads, st) for st in stages},
-            **tc.measure(variants, truth, scale, nbytes, repeats=repeats, chain=chain)}
+    return {
+        "shape": [rows, cols],
+        "threads": threads,
+        "blocks": blocks,
+        "stages": stages,
+        "chain": chain,
+        "repeats": repeats,
+        "seed": seed,
+        "weight_bytes": nbytes,
+        "shared_bytes": {str(st): shared_bytes(cols, threads, st) for st in stages},
+        **tc.measure(variants, truth, scale, nbytes, repeats=repeats, chain=chain),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,10 +229,23 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     tc.check_counts(ap, a)
-    return tc.run_and_record("async_copy_rowdot", "an affine 4-bit row dot fed by asynchronous copies beside the "
-                             "kernels' and MLX's", argv, a, "cp.async",
-                             lambda: run(a.rows, a.cols, threads=a.threads, blocks_per_sm=a.blocks_per_sm,
-                                         stages=stages, repeats=a.repeats, chain=a.chain, seed=a.seed))
+    return tc.run_and_record(
+        "async_copy_rowdot",
+        "an affine 4-bit row dot fed by asynchronous copies beside the kernels' and MLX's",
+        argv,
+        a,
+        "cp.async",
+        lambda: run(
+            a.rows,
+            a.cols,
+            threads=a.threads,
+            blocks_per_sm=a.blocks_per_sm,
+            stages=stages,
+            repeats=a.repeats,
+            chain=a.chain,
+            seed=a.seed,
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,14 @@ from bench.common import cli, record
 BODY = (Path(__file__).with_suffix(".cu")).read_text()
 
 #: The padding's one function (``launch_host_cost.cuh``'s code line), ``PAD_INDEX`` to fill in.
-PAD_LINE = next(line for line in Path(__file__).with_suffix(".cuh").read_text().splitlines()
-                if line.strip() and not line.startswith("//")) + "\n"
+PAD_LINE = (
+    next(
+        line
+        for line in Path(__file__).with_suffix(".cuh").read_text().splitlines()
+        if line.strip() and not line.startswith("//")
+    )
+    + "\n"
+)
 
 #: Elements a launch: a kernel of one small group.
 ELEMENTS = 256
@@ -79,15 +85,26 @@ def padding(kb: int) -> str:
 def make_variant(mx: Any, inputs: int, pad_kb: int, compiled: bool, x: Any) -> Callable[[Any], Any]:
     """A function ``after -> out`` that launches the kernel once with ``inputs`` inputs."""
     names = ["x", "after"] + [f"c{j}" for j in range(inputs - 2)]
-    kernel = mx.fast.cuda_kernel(name=f"launch_host_cost_{inputs}_{pad_kb}", input_names=names,
-                                 output_names=["out"], source=BODY, header=padding(pad_kb),
-                                 ensure_row_contiguous=True)
+    kernel = mx.fast.cuda_kernel(
+        name=f"launch_host_cost_{inputs}_{pad_kb}",
+        input_names=names,
+        output_names=["out"],
+        source=BODY,
+        header=padding(pad_kb),
+        ensure_row_contiguous=True,
+    )
     extra = [mx.full((64,), float(j), dtype=mx.float32) for j in range(inputs - 2)]
     mx.eval(*extra)
 
     def launch(after: Any) -> Any:
-        return kernel(inputs=[x, after, *extra], template=[("N", ELEMENTS)], grid=(ELEMENTS, 1, 1),
-                      threadgroup=(ELEMENTS, 1, 1), output_shapes=[(ELEMENTS,)], output_dtypes=[mx.float32])[0]
+        return kernel(
+            inputs=[x, after, *extra],
+            template=[("N", ELEMENTS)],
+            grid=(ELEMENTS, 1, 1),
+            threadgroup=(ELEMENTS, 1, 1),
+            output_shapes=[(ELEMENTS,)],
+            output_dtypes=[mx.float32],
+        )[0]
 
     return mx.compile(launch) if compiled else launch
 
@@ -123,13 +140,23 @@ def run(links: int, repeats: int) -> dict[str, Any]:
         a = np.asarray(ts) * 1e6
         build, encode, wait = (float(np.median(a[:, j])) for j in range(3))
         spec = VARIANTS.get(name)
-        variants[name] = {"inputs": None if spec is None else spec[0], "pad_kb": None if spec is None else spec[1],
-                          "compiled": None if spec is None else spec[2],
-                          "build_us_per_launch": build / links, "encode_us_per_launch": encode / links,
-                          "wait_us_per_chain": wait, "host_us_per_launch": (build + encode) / links,
-                          "check_passed": checks[name]}
-    return {"links": links, "repeats": repeats, "elements": ELEMENTS, "variants": variants,
-            "all_checks_passed": all(checks.values())}
+        variants[name] = {
+            "inputs": None if spec is None else spec[0],
+            "pad_kb": None if spec is None else spec[1],
+            "compiled": None if spec is None else spec[2],
+            "build_us_per_launch": build / links,
+            "encode_us_per_launch": encode / links,
+            "wait_us_per_chain": wait,
+            "host_us_per_launch": (build + encode) / links,
+            "check_passed": checks[name],
+        }
+    return {
+        "links": links,
+        "repeats": repeats,
+        "elements": ELEMENTS,
+        "variants": variants,
+        "all_checks_passed": all(checks.values()),
+    }
 
 
 def print_table(res: dict[str, Any]) -> None:
@@ -137,9 +164,11 @@ def print_table(res: dict[str, Any]) -> None:
     print(f"{res['links']} launches a chain, medians of {res['repeats']} chains; host us a launch")
     print(f"{'variant':<22}{'build':>8}{'encode':>8}{'host':>8}{'x an op':>9}{'wait us':>9}{'exact':>7}")
     for name, v in res["variants"].items():
-        print(f"{name:<22}{v['build_us_per_launch']:>8.2f}{v['encode_us_per_launch']:>8.2f}"
-              f"{v['host_us_per_launch']:>8.2f}{v['host_us_per_launch'] / ops:>9.2f}{v['wait_us_per_chain']:>9.1f}"
-              f"{str(v['check_passed']):>7}")
+        print(
+            f"{name:<22}{v['build_us_per_launch']:>8.2f}{v['encode_us_per_launch']:>8.2f}"
+            f"{v['host_us_per_launch']:>8.2f}{v['host_us_per_launch'] / ops:>9.2f}{v['wait_us_per_chain']:>9.1f}"
+            f"{str(v['check_passed']):>7}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     prov["command"] = prov["command"].replace("python -m bench.", "python -m experiments.", 1)
     res = run(a.links, a.repeats)
     print_table(res)
-    rec = {"what": "what one mx.fast.cuda_kernel launch costs the host: text length, inputs, mx.compile",
-           **prov, **res}
+    rec = {"what": "what one mx.fast.cuda_kernel launch costs the host: text length, inputs, mx.compile", **prov, **res}
     if not a.no_record:
         device = prov["device"].get("device_name", "gpu")
         print(f"record: {record.write(rec, a.out_dir, record.record_stem('launch_host_cost', device), force=a.force)}")

@@ -112,6 +112,7 @@ def split_bf16(x: np.ndarray) -> np.ndarray:
     """x (float32) as three bfloat16 parts, returned as float32 values [3, n]: hi the
     rounding of x, mid of what hi left, lo of what both left (round to nearest even, as
     ``__float2bfloat16_rn``)."""
+
     def rn(v: np.ndarray) -> np.ndarray:
         bits = v.astype(np.float32).view(np.uint32).astype(np.uint64)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16  # round to nearest even
@@ -144,8 +145,9 @@ def split_f16(x: np.ndarray) -> np.ndarray:
     return np.stack([hi, mid, lo])
 
 
-def fragment_model(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.ndarray,
-                   subnormal: bool = False) -> np.ndarray:
+def fragment_model(
+    codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.ndarray, subnormal: bool = False
+) -> np.ndarray:
     """The kernel's arithmetic in numpy, lane by lane, as :data:`SOURCE` maps it: for each
     tile and group, each lane's A slots (its own words' nibbles, in the order the body
     puts them) against B slots built the way the prologue builds them, summed per column
@@ -158,7 +160,7 @@ def fragment_model(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, x:
     rows, cols = codes.shape
     if subnormal:  # codes times 2^-24, x times 2^e in float16 parts; each group's sum times 2^(24 - e)
         e = x_scale_exponent(x)
-        parts = split_f16(np.float32(x) * np.float32(2.0 ** e)).astype(np.float64) * 2.0 ** -e
+        parts = split_f16(np.float32(x) * np.float32(2.0**e)).astype(np.float64) * 2.0**-e
     else:
         parts = split_bf16(x).astype(np.float64)
     xsum = x.astype(np.float64).reshape(-1, GROUP).sum(axis=1)
@@ -172,8 +174,7 @@ def fragment_model(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, x:
                 for t in range(4):
                     j, p = i // 2, 2 * (i % 2)
                     base = GROUP * grp + 16 * t + 8 * j  # the k of nibble 0 of the lane's word j
-                    slots = {2 * t: base + p, 2 * t + 1: base + p + 4, 2 * t + 8: base + p + 1,
-                             2 * t + 9: base + p + 5}
+                    slots = {2 * t: base + p, 2 * t + 1: base + p + 4, 2 * t + 8: base + p + 1, 2 * t + 9: base + p + 5}
                     for g in range(8):
                         for slot, k in slots.items():
                             a[g, slot] = codes[TILE_ROWS * tile + g, k]
@@ -224,33 +225,53 @@ def reference_row_dots(q: Any, x: Any, rows: int) -> dict[str, Any]:
         return launch(x, zero)[0]
 
     def mlx_qmm() -> Any:
-        return mx.quantized_matmul(x[None, :], q.w, q.scales, q.biases, transpose=True, group_size=GROUP,
-                                   bits=4)[0]
+        return mx.quantized_matmul(x[None, :], q.w, q.scales, q.biases, transpose=True, group_size=GROUP, bits=4)[0]
 
     return {CUDA_CORES: cuda_core, MLX_QMM: mlx_qmm}
 
 
-def tensor_core_row_dots(q: Any, x: Any, rows: int, cols: int, *, units: int, threads: int,
-                         blocks: int) -> dict[str, Any]:
+def tensor_core_row_dots(
+    q: Any, x: Any, rows: int, cols: int, *, units: int, threads: int, blocks: int
+) -> dict[str, Any]:
     """The two tensor-core row dots (:data:`TENSOR_BF16`, :data:`TENSOR_F16_SUBNORMAL`) on ``q``, ``x``."""
     import mlx.core as mx
 
-    kernel = mx.fast.cuda_kernel(name="fat_tensor_core_rowdot", input_names=["w", "s", "b", "x"], output_names=["y"],
-                                 source=SOURCE, header=HEADER, ensure_row_contiguous=True)
+    kernel = mx.fast.cuda_kernel(
+        name="fat_tensor_core_rowdot",
+        input_names=["w", "s", "b", "x"],
+        output_names=["y"],
+        source=SOURCE,
+        header=HEADER,
+        ensure_row_contiguous=True,
+    )
 
     def tensor_core(subnormal: bool) -> Any:
         def matvec() -> Any:
-            return kernel(inputs=[q.w, q.scales, q.biases, x],
-                          template=[("K", cols), ("R", rows), ("NT", threads), ("UG", units), ("SUB", subnormal)],
-                          grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1), output_shapes=[(rows,)],
-                          output_dtypes=[mx.float32])[0]
+            return kernel(
+                inputs=[q.w, q.scales, q.biases, x],
+                template=[("K", cols), ("R", rows), ("NT", threads), ("UG", units), ("SUB", subnormal)],
+                grid=(blocks * threads, 1, 1),
+                threadgroup=(threads, 1, 1),
+                output_shapes=[(rows,)],
+                output_dtypes=[mx.float32],
+            )[0]
+
         return matvec
 
     return {TENSOR_BF16: tensor_core(False), TENSOR_F16_SUBNORMAL: tensor_core(True)}
 
 
-def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_sm: int = 2,
-        repeats: int = 30, chain: int = 10, seed: int = 0) -> dict[str, Any]:
+def run(
+    rows: int,
+    cols: int,
+    *,
+    units: int = 4,
+    threads: int = 256,
+    blocks_per_sm: int = 2,
+    repeats: int = 30,
+    chain: int = 10,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Check and time the four row dots on one random matrix (see the module's doc).
     ``all_checks_passed`` covers the tensor-core variants and the kernels' row dot; MLX's
     own is checked and reported the same way, as a reference, not required to pass."""
@@ -259,16 +280,35 @@ def run(rows: int, cols: int, *, units: int = 4, threads: int = 256, blocks_per_
     check_shape(rows, cols, units)
     q, x, truth, scale = matrix_case(rows, cols, seed)
     blocks = min(cuda_device.multiprocessor_count() * blocks_per_sm, rows // TILE_ROWS)
-    variants = {**tensor_core_row_dots(q, x, rows, cols, units=units, threads=threads, blocks=blocks),
-                **reference_row_dots(q, x, rows)}
+    variants = {
+        **tensor_core_row_dots(q, x, rows, cols, units=units, threads=threads, blocks=blocks),
+        **reference_row_dots(q, x, rows),
+    }
     nbytes = q.w.nbytes + q.scales.nbytes + q.biases.nbytes
-    return {"shape": [rows, cols], "units": units, "threads": threads, "blocks": blocks, "chain": chain,
-            "repeats": repeats, "seed": seed, "weight_bytes": nbytes,
-            **measure(variants, truth, scale, nbytes, repeats=repeats, chain=chain)}
+    return {
+        "shape": [rows, cols],
+        "units": units,
+        "threads": threads,
+        "blocks": blocks,
+        "chain": chain,
+        "repeats": repeats,
+        "seed": seed,
+        "weight_bytes": nbytes,
+        **measure(variants, truth, scale, nbytes, repeats=repeats, chain=chain),
+    }
 
 
-def measure(variants: dict[str, Any], truth: np.ndarray, scale: np.ndarray, nbytes: int, *, repeats: int,
-            chain: int, base: str = CUDA_CORES, references: tuple[str, ...] = (MLX_QMM,)) -> dict[str, Any]:
+def measure(
+    variants: dict[str, Any],
+    truth: np.ndarray,
+    scale: np.ndarray,
+    nbytes: int,
+    *,
+    repeats: int,
+    chain: int,
+    base: str = CUDA_CORES,
+    references: tuple[str, ...] = (MLX_QMM,),
+) -> dict[str, Any]:
     """Check, then time, row dots of one matrix: each of ``variants`` (name: a function
     returning y) against ``truth`` (the exact map in float64) at :data:`CHECK_TOL` of
     ``scale`` (sum |w||x| a row); then device time a matvec (``chain`` of them in one
@@ -286,32 +326,44 @@ def measure(variants: dict[str, Any], truth: np.ndarray, scale: np.ndarray, nbyt
         err = np.abs(got - truth) / np.maximum(scale, 1e-30)
         checks[name] = {"worst_scaled_error": float(err.max()), "passed": bool(err.max() <= CHECK_TOL)}
     bws = floor_bandwidth()  # the floor every CUDA bench divides by
-    times = interleaved({name: (lambda fn=fn: batched_ms(fn, n=chain, repeats=1))
-                         for name, fn in variants.items()}, repeats)
+    times = interleaved(
+        {name: (lambda fn=fn: batched_ms(fn, n=chain, repeats=1)) for name, fn in variants.items()}, repeats
+    )
     floor_ms = nbytes / bws["used_for_floor"] * 1e3
-    rows_out = {name: {"device_ms": statistics.median(ts), "floor_x": statistics.median(ts) / floor_ms,
-                       **checks[name]} for name, ts in times.items()}
+    rows_out = {
+        name: {"device_ms": statistics.median(ts), "floor_x": statistics.median(ts) / floor_ms, **checks[name]}
+        for name, ts in times.items()
+    }
     for r in rows_out.values():
         r["vs_cuda_cores"] = r["device_ms"] / rows_out[base]["device_ms"]
-    return {"copy_bandwidth_Bps": bws, "floor_ms": floor_ms, "check_tol": CHECK_TOL, "variants": rows_out,
-            "all_checks_passed": all(c["passed"] for name, c in checks.items() if name not in references)}
+    return {
+        "copy_bandwidth_Bps": bws,
+        "floor_ms": floor_ms,
+        "check_tol": CHECK_TOL,
+        "variants": rows_out,
+        "all_checks_passed": all(c["passed"] for name, c in checks.items() if name not in references),
+    }
 
 
 #: The check: every output within this of the exact map, relative to sum |w| |x| of its
 #: row (the scale float32 rounding errors of a dot product grow with): 2^-16, far above a
 #: float32 dot of 5120 terms summed in blocks (~1e-7 measured for the kernels, notebook 03)
 #: and far below what a wrong mapping gives (a code at the wrong k: order 1e-2).
-CHECK_TOL = 2.0 ** -16
+CHECK_TOL = 2.0**-16
 
 
 def print_table(res: dict[str, Any]) -> None:
     rows, cols = res["shape"]
-    print(f"{rows} x {cols} affine 4-bit (group {GROUP}), {res['weight_bytes'] / 1e6:.1f} MB; copy bandwidth "
-          f"{res['copy_bandwidth_Bps']['used_for_floor'] / 1e12:.2f} TB/s, floor {res['floor_ms']:.4f} ms")
+    print(
+        f"{rows} x {cols} affine 4-bit (group {GROUP}), {res['weight_bytes'] / 1e6:.1f} MB; copy bandwidth "
+        f"{res['copy_bandwidth_Bps']['used_for_floor'] / 1e12:.2f} TB/s, floor {res['floor_ms']:.4f} ms"
+    )
     print(f"{'row dot':<35}{'device ms':>10}{'x floor':>9}{'/ CUDA cores':>14}{'worst err':>11}  check")
     for name, r in res["variants"].items():
-        print(f"{name:<35}{r['device_ms']:>10.4f}{r['floor_x']:>9.2f}{r['vs_cuda_cores']:>14.3f}"
-              f"{r['worst_scaled_error']:>11.2e}  {'ok' if r['passed'] else 'FAILED'}")
+        print(
+            f"{name:<35}{r['device_ms']:>10.4f}{r['floor_x']:>9.2f}{r['vs_cuda_cores']:>14.3f}"
+            f"{r['worst_scaled_error']:>11.2e}  {'ok' if r['passed'] else 'FAILED'}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,10 +384,23 @@ def main(argv: list[str] | None = None) -> int:
     if a.threads < 32 or a.threads % 32 or a.threads > 1024:
         ap.error(f"--threads must be a multiple of 32 from 32 to 1024; got {a.threads}")
     check_counts(ap, a)
-    return run_and_record("tensor_core_rowdot", "a tensor-core row dot for affine 4-bit weights beside the kernels' "
-                          "and MLX's", argv, a, "mma.sync",
-                          lambda: run(a.rows, a.cols, units=a.units, threads=a.threads, blocks_per_sm=a.blocks_per_sm,
-                                      repeats=a.repeats, chain=a.chain, seed=a.seed))
+    return run_and_record(
+        "tensor_core_rowdot",
+        "a tensor-core row dot for affine 4-bit weights beside the kernels' and MLX's",
+        argv,
+        a,
+        "mma.sync",
+        lambda: run(
+            a.rows,
+            a.cols,
+            units=a.units,
+            threads=a.threads,
+            blocks_per_sm=a.blocks_per_sm,
+            repeats=a.repeats,
+            chain=a.chain,
+            seed=a.seed,
+        ),
+    )
 
 
 def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
@@ -353,8 +418,9 @@ def check_counts(ap: Any, a: Any) -> None:
             ap.error(f"{flag} must be >= 1; got {v}")
 
 
-def run_and_record(bench: str, what: str, argv: list[str] | None, a: Any, needs: str,
-                   compute: Callable[[], dict[str, Any]]) -> int:
+def run_and_record(
+    bench: str, what: str, argv: list[str] | None, a: Any, needs: str, compute: Callable[[], dict[str, Any]]
+) -> int:
     """A row-dot bench's end: exit 2 (saying so) without MLX's CUDA back-end (the kernel
     uses ``needs``), else ``compute()``'s result printed as :func:`print_table` prints it
     and written as ``bench``'s record (unless ``--no-record``); 0 if every required check

@@ -43,8 +43,9 @@ def check_case_files(d: Path) -> None:
     (d / "bad_dumps" / "a.safetensors").write_bytes(bytes(range(256)))
     (d / "mixed_dumps").mkdir()
     _write(d / "mixed_dumps" / "good.safetensors", n=8)
-    (d / "mixed_dumps" / "zz_truncated.safetensors").write_bytes((d / "mixed_dumps" / "good.safetensors")
-                                                                  .read_bytes()[:300])
+    (d / "mixed_dumps" / "zz_truncated.safetensors").write_bytes(
+        (d / "mixed_dumps" / "good.safetensors").read_bytes()[:300]
+    )
     _write(d / "good.safetensors", n=8)
     for name, change in (("k_missing", "drop"), ("k_broken", "break"), ("k_no_prelude", "prelude")):
         k = d / name
@@ -87,41 +88,55 @@ BAD_CASES: list[tuple[list[str], str]] = [
     (["mod_raises:tail"], "implementation: importing 'mod_raises' raised RuntimeError: the user module fails"),
     (["mod_syntax:tail"], "implementation: importing 'mod_syntax' raised SyntaxError"),
     (["mod_exits:tail"], "implementation: importing 'mod_exits' raised SystemExit: 3"),
-    (["mod_missing_dep:tail"], "implementation: importing 'mod_missing_dep' raised ModuleNotFoundError: No module "
-                                "named 'a_package_that_is_not_installed'"),
+    (
+        ["mod_missing_dep:tail"],
+        "implementation: importing 'mod_missing_dep' raised ModuleNotFoundError: No module "
+        "named 'a_package_that_is_not_installed'",
+    ),
     (["..:tail"], "implementation: the module must be named in full (mypkg.tails), got '..'"),
     ([".tails:tail"], "implementation: the module must be named in full"),
     ([CALLABLE, "--arrays", "jax"], "argument --arrays: invalid choice: 'jax'"),
     # numbers
-    *[([CALLABLE, "--tolerance", v], f"argument --tolerance: must be a finite number >= 0, got '{v}'")
-      for v in ("nan", "inf", "-1")],
+    *[
+        ([CALLABLE, "--tolerance", v], f"argument --tolerance: must be a finite number >= 0, got '{v}'")
+        for v in ("nan", "inf", "-1")
+    ],
     ([CALLABLE, "--tolerance=-1e-9"], "argument --tolerance: must be a finite number >= 0, got '-1e-9'"),
     ([CALLABLE, "--tolerance=-inf"], "argument --tolerance: must be a finite number >= 0, got '-inf'"),
     ([CALLABLE, "--tolerance", "-inf"], "argument --tolerance: expected one argument"),  # argparse: an option
     ([CALLABLE, "--tolerance", "tiny"], "argument --tolerance: must be a number, got 'tiny'"),
     ([CALLABLE, "--tolerance"], "argument --tolerance: expected one argument"),
-    *[([CALLABLE, "--time-limit", v], f"argument --time-limit: must be a finite number > 0, got '{v}'")
-      for v in ("nan", "inf", "0", "-5")],
-    *[([CALLABLE, "--seeds", v], "argument --seeds: must be an integer in 1..1000000")
-      for v in ("0", "-1", "1000000000000")],
+    *[
+        ([CALLABLE, "--time-limit", v], f"argument --time-limit: must be a finite number > 0, got '{v}'")
+        for v in ("nan", "inf", "0", "-5")
+    ],
+    *[
+        ([CALLABLE, "--seeds", v], "argument --seeds: must be an integer in 1..1000000")
+        for v in ("0", "-1", "1000000000000")
+    ],
     ([CALLABLE, "--seeds", "1.5"], "argument --seeds: must be an integer, got '1.5'"),
     ([CALLABLE, "--seeds", "nan"], "argument --seeds: must be an integer, got 'nan'"),
-    *[([CALLABLE, "--scales", v], f"argument --scales: must be a finite number > 0, got '{v.split(',')[-1]}'")
-      for v in ("nan", "inf", "0", "-1", "1,-0.5")],
-    *[([CALLABLE, "--scales", v], "argument --scales: must be comma-separated numbers > 0")
-      for v in ("", ",", "1,,2")],
+    *[
+        ([CALLABLE, "--scales", v], f"argument --scales: must be a finite number > 0, got '{v.split(',')[-1]}'")
+        for v in ("nan", "inf", "0", "-1", "1,-0.5")
+    ],
+    *[([CALLABLE, "--scales", v], "argument --scales: must be comma-separated numbers > 0") for v in ("", ",", "1,,2")],
     ([CALLABLE, "--scales", "one"], "argument --scales: must be a number, got 'one'"),
     ([CALLABLE, "--fold", "-1"], "argument --fold: must be an integer in 0..1048576, got -1"),
     ([CALLABLE, "--fold", "x"], "argument --fold: must be an integer, got 'x'"),
     ([CALLABLE, "--fold", "7"], "--fold: block: must be m * 2**k"),
     ([CALLABLE, "--fold", "1024"], "--fold"),
     # --record: checked before the check runs
-    ([CALLABLE, "--record", "{d}/a_file/r.json"], "argument --record: {d}/a_file/r.json lies under {d}/a_file, "
-                                                  "which is not a folder"),
+    (
+        [CALLABLE, "--record", "{d}/a_file/r.json"],
+        "argument --record: {d}/a_file/r.json lies under {d}/a_file, which is not a folder",
+    ),
     ([CALLABLE, "--record", "{d}/a_file/deeper/r.json"], "lies under {d}/a_file, which is not a folder"),
     ([CALLABLE, "--record", "{d}/folder"], "argument --record: {d}/folder is a folder; name the record's file"),
-    ([CALLABLE, "--record", "{d}/existing.json"], "argument --record: {d}/existing.json exists; a record is never "
-                                                  "overwritten"),
+    (
+        [CALLABLE, "--record", "{d}/existing.json"],
+        "argument --record: {d}/existing.json exists; a record is never overwritten",
+    ),
     ([CALLABLE, "--record", ""], "argument --record: an empty path"),
     ([CALLABLE, "--record", "/proc/r.json"], "argument --record: /proc/r.json: /proc cannot be written"),
     # the forms, given together, not at all, or empty
@@ -129,8 +144,10 @@ BAD_CASES: list[tuple[list[str], str]] = [
     ([CALLABLE, "--dump", "{d}/good.safetensors"], "give exactly one of"),
     (["--kernels-dir", "{d}/k_missing", "--source", "{d}/good.metal"], "give exactly one of"),
     ([CALLABLE, "--mutants"], "--mutants: only with --kernels-dir or a --source run on the emulator"),
-    (["--dump", "{d}/good.safetensors", "--mutant-files", "common.h"], "--mutant-files: only with --mutants and "
-                                                                      "--kernels-dir"),
+    (
+        ["--dump", "{d}/good.safetensors", "--mutant-files", "common.h"],
+        "--mutant-files: only with --mutants and --kernels-dir",
+    ),
     (["--unknown-option"], "unrecognized arguments: --unknown-option"),
     # --dump
     (["--dump", ""], "argument --dump: an empty path"),
@@ -147,28 +164,44 @@ BAD_CASES: list[tuple[list[str], str]] = [
     (["--kernels-dir", ""], "argument --kernels-dir: an empty path"),
     (["--kernels-dir", "{d}/missing"], "--kernels-dir: must be a folder shaped like kernels/, got '{d}/missing'"),
     (["--kernels-dir", "{d}/a_file"], "--kernels-dir: must be a folder shaped like kernels/, got '{d}/a_file'"),
-    (["--kernels-dir", "{d}/folder"], "--kernels-dir: {d}/folder is not shaped like kernels/: kernel source "
-                                      "'prelude_metal.h' not found"),
-    (["--kernels-dir", "{d}/k_missing"], "--kernels-dir: {d}/k_missing is not shaped like kernels/: kernel source "
-                                         "'ffn_down.body' not found"),
+    (
+        ["--kernels-dir", "{d}/folder"],
+        "--kernels-dir: {d}/folder is not shaped like kernels/: kernel source 'prelude_metal.h' not found",
+    ),
+    (
+        ["--kernels-dir", "{d}/k_missing"],
+        "--kernels-dir: {d}/k_missing is not shaped like kernels/: kernel source 'ffn_down.body' not found",
+    ),
     (["--kernels-dir", "{d}/k_no_prelude"], "--kernels-dir: {d}/k_no_prelude: prelude_metal.h must contain"),
-    (["--kernels-dir", "{d}/k_broken", "--seeds", "2"], "--kernels-dir: {d}/k_broken does not compile for the "
-                                                        "emulator: metal_source:"),
-    (["--kernels-dir", str(ROOT / "kernels"), "--mutants", "--mutant-files", "nope.body"],
-     "--mutant-files: 'nope.body' is not a file of"),
-    (["--kernels-dir", str(ROOT / "kernels"), "--mutants", "--mutant-files", ""],
-     "--mutant-files: must be comma-separated file names"),
-    (["--kernels-dir", str(ROOT / "kernels"), "--mutants", "--mutant-files", "common.h,,ffn_down.body"],
-     "--mutant-files: must be comma-separated file names"),
+    (
+        ["--kernels-dir", "{d}/k_broken", "--seeds", "2"],
+        "--kernels-dir: {d}/k_broken does not compile for the emulator: metal_source:",
+    ),
+    (
+        ["--kernels-dir", str(ROOT / "kernels"), "--mutants", "--mutant-files", "nope.body"],
+        "--mutant-files: 'nope.body' is not a file of",
+    ),
+    (
+        ["--kernels-dir", str(ROOT / "kernels"), "--mutants", "--mutant-files", ""],
+        "--mutant-files: must be comma-separated file names",
+    ),
+    (
+        ["--kernels-dir", str(ROOT / "kernels"), "--mutants", "--mutant-files", "common.h,,ffn_down.body"],
+        "--mutant-files: must be comma-separated file names",
+    ),
     # --source and its launch
     (["--source", ""], "argument --source: an empty path"),
-    (["--source", "{d}/missing.metal", *INPUTS], "--source: must be a file holding the kernel body, got "
-                                                 "'{d}/missing.metal' (not a file)"),
+    (
+        ["--source", "{d}/missing.metal", *INPUTS],
+        "--source: must be a file holding the kernel body, got '{d}/missing.metal' (not a file)",
+    ),
     (["--source", "{d}/folder", *INPUTS], "--source: must be a file holding the kernel body, got '{d}/folder'"),
     (["--source", "{d}/empty.metal", *INPUTS], "--source: must be the kernel body as a non-empty string"),
     (["--source", "{d}/binary.metal", *INPUTS], "--source: {d}/binary.metal is not UTF-8 text (byte 0)"),
-    (["--source", "{d}/broken.metal", *INPUTS, *TEMPLATE], "--source: {d}/broken.metal does not compile for the "
-                                                           "emulator: metal_source:"),
+    (
+        ["--source", "{d}/broken.metal", *INPUTS, *TEMPLATE],
+        "--source: {d}/broken.metal does not compile for the emulator: metal_source:",
+    ),
     (["--source", "{d}/good.metal"], "--inputs: a source needs its inputs' names"),
     (["--source", "{d}/good.metal", "--inputs", "branch,nope"], "--inputs: must be distinct names of"),
     (["--source", "{d}/good.metal", "--inputs", "branch,branch"], "--inputs: must be distinct names of"),
@@ -176,16 +209,24 @@ BAD_CASES: list[tuple[list[str], str]] = [
     (["--source", "{d}/good.metal", *INPUTS, "--output", ""], "--output: must be an identifier other than"),
     (["--source", "{d}/good.metal", *INPUTS, "--output", "branch"], "--output: must be an identifier other than"),
     (["--source", "{d}/good.metal", *INPUTS, "--output", "a b"], "--output: must be an identifier other than"),
-    *[(["--source", "{d}/good.metal", *INPUTS, "--grid", v], "argument --grid: must be an integer")
-      for v in ("0", "-32", "x", "4294967296")],
-    *[(["--source", "{d}/good.metal", *INPUTS, "--threadgroup", v], "argument --threadgroup: must be an integer")
-      for v in ("0", "-1", "1025", "32.0")],
+    *[
+        (["--source", "{d}/good.metal", *INPUTS, "--grid", v], "argument --grid: must be an integer")
+        for v in ("0", "-32", "x", "4294967296")
+    ],
+    *[
+        (["--source", "{d}/good.metal", *INPUTS, "--threadgroup", v], "argument --threadgroup: must be an integer")
+        for v in ("0", "-1", "1025", "32.0")
+    ],
     (["--source", "{d}/good.metal", *INPUTS, "--template", "HIDDEN"], "--template: items must be NAME=value"),
     (["--source", "{d}/good.metal", *INPUTS, "--template", "=3"], "--template: items must be NAME=value"),
-    (["--source", "{d}/good.metal", *INPUTS, "--template", "HIDDEN=lots"], "--template: HIDDEN's value must be a "
-                                                                          "finite number or one of"),
-    (["--source", "{d}/good.metal", *INPUTS, "--template", "HIDDEN=nan"], "--template: HIDDEN's value must be a "
-                                                                         "finite number"),
+    (
+        ["--source", "{d}/good.metal", *INPUTS, "--template", "HIDDEN=lots"],
+        "--template: HIDDEN's value must be a finite number or one of",
+    ),
+    (
+        ["--source", "{d}/good.metal", *INPUTS, "--template", "HIDDEN=nan"],
+        "--template: HIDDEN's value must be a finite number",
+    ),
     (["--source", "{d}/good.metal", *INPUTS, "--template", "HIDDEN=1e999"], "--template: HIDDEN's value must be"),
     (["--source", "{d}/good.metal", *INPUTS, "--language", "cuda"], "--run-on: a CUDA source runs on the device only"),
     (["--source", "{d}/good.metal", *INPUTS, "--language", "fortran"], "argument --language: invalid choice"),
@@ -228,8 +269,11 @@ for argv in cases:
 
 def _snapshot(folder: Path) -> dict[str, str]:
     """Every file under ``folder`` (relative name -> SHA-256 of its bytes)."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @functools.cache
@@ -242,14 +286,21 @@ def check_outcomes() -> tuple[str, list[dict], list[dict], list[str]]:
     before = _snapshot(d)
     argvs = [[a.replace("{d}", str(d)) for a in argv] for argv, _ in BAD_CASES + VERDICT_CASES]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "WORKBENCH_TRACEBACK")}
-    r = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps([argvs, str(d)]), capture_output=True,
-                       text=True, timeout=900, cwd=ROOT, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        input=json.dumps([argvs, str(d)]),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env=env,
+    )
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert r.returncode == 0 and len(rows) == len(argvs), (r.returncode, r.stderr[-3000:])
     after = _snapshot(d)
     record = "new/sub/record.json"
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and k != record)
-    return str(d), rows[:len(BAD_CASES)], rows[len(BAD_CASES):], changed
+    return str(d), rows[: len(BAD_CASES)], rows[len(BAD_CASES) :], changed
 
 
 def bad_case_verdict(outcome: dict, expected: str, folder: str) -> str:
@@ -275,9 +326,10 @@ def tally_rows() -> dict[str, tuple[int, int]]:
     clear = sum(bad_case_verdict(o, e, folder) == "clear" for o, (_, e) in zip(bad, BAD_CASES))
     right = sum(o["rc"] == want and o["leak"] is None for o, (_, want) in zip(verdicts, VERDICT_CASES))
     api = [_api_clear(call, name) for name, call in API_CASES]
-    return {"python -m workbench.check": (len(bad) + len(verdicts), clear + right),
-            "check_kernel/dump calls": (len(api), sum(api))}
-
+    return {
+        "python -m workbench.check": (len(bad) + len(verdicts), clear + right),
+        "check_kernel/dump calls": (len(api), sum(api)),
+    }
 
 
 def _tail(case):

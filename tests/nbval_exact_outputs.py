@@ -77,20 +77,31 @@ def describe(fresh: list, committed: list) -> list[str]:
     (committed, then this run's)."""
     out = []
     if len(fresh) != len(committed):
-        out.append(f"{len(fresh)} outputs in this run, {len(committed)} committed: "
-                   f"{[o.get('name', o.get('output_type')) for o in fresh]} vs "
-                   f"{[o.get('name', o.get('output_type')) for o in committed]}")
+        out.append(
+            f"{len(fresh)} outputs in this run, {len(committed)} committed: "
+            f"{[o.get('name', o.get('output_type')) for o in fresh]} vs "
+            f"{[o.get('name', o.get('output_type')) for o in committed]}"
+        )
     for i, (a, b) in enumerate(zip(fresh, committed)):
         if a == b:
             continue
         kind = a.get("name") or a.get("output_type")
         if a.get("output_type") == b.get("output_type") == "stream":
-            diff = list(difflib.unified_diff(b.get("text", "").splitlines(), a.get("text", "").splitlines(),
-                                             "committed", "this run", n=0, lineterm=""))
+            diff = list(
+                difflib.unified_diff(
+                    b.get("text", "").splitlines(),
+                    a.get("text", "").splitlines(),
+                    "committed",
+                    "this run",
+                    n=0,
+                    lineterm="",
+                )
+            )
             out.append(f"output {i} ({kind}) differs:\n" + "\n".join(diff[:12]))
             continue
-        keys = sorted(k for k in {*a.get("data", {}), *b.get("data", {})}
-                      if a.get("data", {}).get(k) != b.get("data", {}).get(k))
+        keys = sorted(
+            k for k in {*a.get("data", {}), *b.get("data", {})} if a.get("data", {}).get(k) != b.get("data", {}).get(k)
+        )
         rest = sorted(k for k in {*a, *b} - {"data"} if a.get(k) != b.get(k))
         out.append(f"output {i} ({kind}) differs in {', '.join(keys + rest)}")
     return out
@@ -111,9 +122,13 @@ def pytest_runtest_call(item: pytest.Item):
     _state["cells"] += 1
     _state["notebooks"].add(str(item.parent.path))
     if fresh != committed:
-        raise NbCellError(item.cell_num, "Cell outputs differ from the committed ones byte for byte "
-                          "(a save from JupyterLab after this run would change the file)",
-                          item.cell.source, "\n".join(describe(fresh, committed)))
+        raise NbCellError(
+            item.cell_num,
+            "Cell outputs differ from the committed ones byte for byte "
+            "(a save from JupyterLab after this run would change the file)",
+            item.cell.source,
+            "\n".join(describe(fresh, committed)),
+        )
     return result
 
 
@@ -121,9 +136,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if not config.getoption("nbval", default=False):
         return
     if _state["why_not"] is not None:
-        terminalreporter.write_line(f"outputs not compared byte for byte with the committed ones: "
-                                    f"{_state['why_not']} (the JupyterLab check does not run here)")
+        terminalreporter.write_line(
+            f"outputs not compared byte for byte with the committed ones: "
+            f"{_state['why_not']} (the JupyterLab check does not run here)"
+        )
     else:
-        terminalreporter.write_line(f"outputs compared byte for byte with the committed ones: {_state['cells']} "
-                                    f"cells in {len(_state['notebooks'])} notebooks; {_state['cpu_cells']} cells "
-                                    f"tagged {CPU_DIGITS!r} not compared")
+        terminalreporter.write_line(
+            f"outputs compared byte for byte with the committed ones: {_state['cells']} "
+            f"cells in {len(_state['notebooks'])} notebooks; {_state['cpu_cells']} cells "
+            f"tagged {CPU_DIGITS!r} not compared"
+        )

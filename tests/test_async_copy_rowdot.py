@@ -26,8 +26,9 @@ def _exact(codes, scales, biases, x) -> tuple[np.ndarray, np.ndarray]:
     return w @ x.astype(np.float64), np.abs(w) @ np.abs(x.astype(np.float64))
 
 
-@pytest.mark.parametrize("rows, cols, warps, seed", [(5, 1024, 2, 0), (7, 2048, 3, 1), (3, 1024, 8, 2),
-                                                     (4, 3072, 4, 3)])
+@pytest.mark.parametrize(
+    "rows, cols, warps, seed", [(5, 1024, 2, 0), (7, 2048, 3, 1), (3, 1024, 8, 2), (4, 3072, 4, 3)]
+)
 def test_every_code_meets_its_own_x_scale_and_bias_once(rows, cols, warps, seed) -> None:
     """The model of the warps' rows, the steps' slots and the lanes' units gives the exact
     map: any number of warps, rows not a multiple of them, more warps than rows."""
@@ -63,10 +64,18 @@ def test_the_default_shape_fits_static_group_memory() -> None:
     assert ac.shared_bytes(5120, 128, 8) == 160 * 36 * 4 + 160 * 4 + 4 * 8 * 36 * 16
 
 
-@pytest.mark.parametrize("rows, cols, threads, stages, word", [
-    (0, 1024, 128, 4, "rows"), (8, 1000, 128, 4, "cols"), (8, 512, 128, 4, "cols"), (8, 1024, 100, 4, "threads"),
-    (8, 1024, 2048, 4, "threads"), (8, 1024, 128, 1, "stages"), (8, 5120, 1024, 8, "stages"),
-])
+@pytest.mark.parametrize(
+    "rows, cols, threads, stages, word",
+    [
+        (0, 1024, 128, 4, "rows"),
+        (8, 1000, 128, 4, "cols"),
+        (8, 512, 128, 4, "cols"),
+        (8, 1024, 100, 4, "threads"),
+        (8, 1024, 2048, 4, "threads"),
+        (8, 1024, 128, 1, "stages"),
+        (8, 5120, 1024, 8, "stages"),
+    ],
+)
 def test_shapes_the_kernel_cannot_take_are_refused_by_name(rows, cols, threads, stages, word) -> None:
     with pytest.raises(ValueError, match=f"^{word}"):
         ac.check_shape(rows, cols, threads, stages)
@@ -81,10 +90,15 @@ def test_without_cuda_it_says_so(capsys) -> None:
     assert "CUDA backend is not available" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, words", [(["--cols", "1000"], "cols must be a positive multiple of 1024"),
-                                         (["--stages", "4,x"], "--stages must be a comma list"),
-                                         (["--stages", "1"], "stages must be an integer >= 2"),
-                                         (["--chain", "0"], "--chain must be >= 1")])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--cols", "1000"], "cols must be a positive multiple of 1024"),
+        (["--stages", "4,x"], "--stages must be a comma list"),
+        (["--stages", "1"], "stages must be an integer >= 2"),
+        (["--chain", "0"], "--chain must be >= 1"),
+    ],
+)
 def test_a_bad_option_is_a_usage_error_naming_it(capsys, argv, words) -> None:
     with pytest.raises(SystemExit) as done:
         ac.main(argv)
@@ -107,10 +121,15 @@ def test_the_kernel_compiles_for_the_h200_without_spills(tmp_path, stages) -> No
         "__global__ void rowdot(const unsigned int* w, const __nv_bfloat16* s, const __nv_bfloat16* b, "
         "const float* x, float* y) {\n" + ac.SOURCE + f"}}\ntemplate __global__ void rowdot<5120, 34816, "
         f"128, {stages}>(const unsigned int*, const __nv_bfloat16*, const __nv_bfloat16*, const float*, float*);\n",
-        tmp_path, "rowdot", nvcc="nvcc", cuobjdump=cuobjdump)
+        tmp_path,
+        "rowdot",
+        nvcc="nvcc",
+        cuobjdump=cuobjdump,
+    )
     assert "0 bytes spill stores" in report
-    (row_loop,) = [lp for lp in machine_code.outer_loop_counts(sass)
-                   if "LDGSTS" in lp["opcodes"] and "FFMA" in lp["opcodes"]]
+    (row_loop,) = [
+        lp for lp in machine_code.outer_loop_counts(sass) if "LDGSTS" in lp["opcodes"] and "FFMA" in lp["opcodes"]
+    ]
     ops = row_loop["opcodes"]
     assert ops["LDGSTS"] >= 2 and "LDGDEPBAR" in ops and "DEPBAR" in ops
     assert "LDG" not in ops  # no weight passes through a register on its way in

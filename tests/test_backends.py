@@ -100,7 +100,6 @@ def test_device_description_names_mlx():
     assert d["mlx_version"] and d["mlx_device"].startswith("Device(")
 
 
-
 def test_device_kind_names_the_backend_of_a_device():
     assert B.device_kind(mx.Device(mx.cpu)) == "cpu"
     assert B.device_kind() in ("cpu", "cuda", "metal")

@@ -24,8 +24,24 @@ from workbench.reports import schedule_run as schedule_report
 from workbench.waits import ledger as wait_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("check_rate", "emulator_cost", "gpu_check", "kernel_bench", "kernel_bodies", "kernel_plot", "launch_profile", "one_launch", "real_model", "sanitize",
-           "sass_counts", "schedule_run", "split_price", "sweep_rate", "tail_bench", "wait_price")
+BENCHES = (
+    "check_rate",
+    "emulator_cost",
+    "gpu_check",
+    "kernel_bench",
+    "kernel_bodies",
+    "kernel_plot",
+    "launch_profile",
+    "one_launch",
+    "real_model",
+    "sanitize",
+    "sass_counts",
+    "schedule_run",
+    "split_price",
+    "sweep_rate",
+    "tail_bench",
+    "wait_price",
+)
 #: Commands that write no JSON record of their own: kernel_bench prints tables for
 #: gpu_check, which writes its record; kernel_plot draws a record's figure beside it.
 NO_RECORD_OPTIONS = ("kernel_bench", "kernel_plot")
@@ -58,15 +74,23 @@ def test_record_names_and_folder() -> None:
     assert record.device_slug("Intel(R) Xeon(R) Processor @ 2.00GHz") == "intel-xeon"
     assert record.device_slug("Apple M3 Max") == "apple-m3-max"
     assert re.fullmatch(rf"tail_bench-[a-z0-9-]+-{STAMP}", record.record_stem("tail_bench"))
-    assert re.fullmatch(rf"sweep_rate-nvidia-h200-{STAMP}-my-tag", record.record_stem("sweep_rate", "NVIDIA H200", tag="My tag"))
+    assert re.fullmatch(
+        rf"sweep_rate-nvidia-h200-{STAMP}-my-tag", record.record_stem("sweep_rate", "NVIDIA H200", tag="My tag")
+    )
     assert record.RECORD_DIR == ROOT / "data" / "bench"
     assert cli.parser("x", "doc").parse_args([]).out_dir == ROOT / "data" / "bench"
 
 
 def test_the_record_folder_is_the_projects_wherever_the_command_starts(tmp_path: Path) -> None:
     code = "from bench.common import cli; print(cli.parser('x', '').parse_args([]).out_dir)"
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert done.stdout.strip() == str(ROOT / "data" / "bench"), done.stderr
 
 
@@ -144,8 +168,19 @@ def test_wait_price_add_reports_or_refuses_a_replaced_entry(tmp_path: Path, caps
 
     ledger = tmp_path / "ledger.json"
     shutil.copy(wait_ledger.LEDGER_PATH, ledger)
-    rec = {"ms": 0.05, "p10_ms": 0.04, "p90_ms": 0.07, "n": 100, "warmup": 10, "device": "Test GPU", "backend": "cuda",
-           "date": "2026-11-30", "mlx_version": "0.32.4", "method": "m", "command": "python -m bench.wait_price"}
+    rec = {
+        "ms": 0.05,
+        "p10_ms": 0.04,
+        "p90_ms": 0.07,
+        "n": 100,
+        "warmup": 10,
+        "device": "Test GPU",
+        "backend": "cuda",
+        "date": "2026-11-30",
+        "mlx_version": "0.32.4",
+        "method": "m",
+        "command": "python -m bench.wait_price",
+    }
     (tmp_path / "r.json").write_text(json.dumps(rec))
     wait_price.main(["--add", str(tmp_path / "r.json"), "--ledger", str(ledger)])
     assert wait_ledger.ledger_price("measured-cuda-test-gpu", ledger) == 0.05
@@ -162,9 +197,12 @@ def test_wait_price_add_reports_or_refuses_a_replaced_entry(tmp_path: Path, caps
     assert wait_ledger.ledger_price("measured-cuda-test-gpu", ledger) == 0.06
 
     before = ledger.read_bytes()
-    for content, says in [(json.dumps({**rec, "ms": "abc"}), "ms: must be a finite number > 0"),
-                          (json.dumps({**rec, "ms": float("nan")}), "ms: must be a finite number > 0"),
-                          ("", "cannot read the record"), ("[1]", "not a wait_price record")]:
+    for content, says in [
+        (json.dumps({**rec, "ms": "abc"}), "ms: must be a finite number > 0"),
+        (json.dumps({**rec, "ms": float("nan")}), "ms: must be a finite number > 0"),
+        ("", "cannot read the record"),
+        ("[1]", "not a wait_price record"),
+    ]:
         (tmp_path / "bad.json").write_text(content)
         with pytest.raises(SystemExit):
             wait_price.main(["--add", str(tmp_path / "bad.json"), "--ledger", str(ledger)])
@@ -172,20 +210,30 @@ def test_wait_price_add_reports_or_refuses_a_replaced_entry(tmp_path: Path, caps
     assert ledger.read_bytes() == before
 
 
-@pytest.mark.parametrize("bench, argv, says", [
-    ("wait_price", ["--n", "1"], "--n must be >= 10"),
-    ("schedule_run", ["--tokens", "0"], "--tokens must be >= 1"),
-    ("schedule_run", ["--stages", "1,x", "--no-record"], "--stages must be comma-separated stage numbers"),
-    ("schedule_run", ["--gdn", "kernel", "--no-record"], "--gdn kernel: the gdn_step kernel runs with the project's "
-                                                         "kernels only (--matvec kernels); got --matvec mlx"),
-    ("sweep_rate", ["--seeds", "0"], "--seeds must be >= 1"),
-    ("sweep_rate", ["--configs", "f64"], "--configs must be a comma-separated list"),
-    ("split_price", ["--n", "2"], "--n must be >= 5"),
-    ("tail_bench", ["--repeats", "0"], "--repeats must be >= 1"),
-    ("one_launch", ["--repeats", "0"], "--repeats must be >= 1"),
-    ("real_model", ["--backends", "graph", "--variants", "fused-graph,fused-metal"],
-     "--variants must be a comma-separated list of ['fused-graph', "),
-])
+@pytest.mark.parametrize(
+    "bench, argv, says",
+    [
+        ("wait_price", ["--n", "1"], "--n must be >= 10"),
+        ("schedule_run", ["--tokens", "0"], "--tokens must be >= 1"),
+        ("schedule_run", ["--stages", "1,x", "--no-record"], "--stages must be comma-separated stage numbers"),
+        (
+            "schedule_run",
+            ["--gdn", "kernel", "--no-record"],
+            "--gdn kernel: the gdn_step kernel runs with the project's "
+            "kernels only (--matvec kernels); got --matvec mlx",
+        ),
+        ("sweep_rate", ["--seeds", "0"], "--seeds must be >= 1"),
+        ("sweep_rate", ["--configs", "f64"], "--configs must be a comma-separated list"),
+        ("split_price", ["--n", "2"], "--n must be >= 5"),
+        ("tail_bench", ["--repeats", "0"], "--repeats must be >= 1"),
+        ("one_launch", ["--repeats", "0"], "--repeats must be >= 1"),
+        (
+            "real_model",
+            ["--backends", "graph", "--variants", "fused-graph,fused-metal"],
+            "--variants must be a comma-separated list of ['fused-graph', ",
+        ),
+    ],
+)
 def test_bad_arguments_are_usage_errors(bench: str, argv: list[str], says: str, capsys) -> None:
     main = importlib.import_module(f"bench.{bench}").main
     with pytest.raises(SystemExit) as done:
@@ -243,8 +291,9 @@ def test_quant_sweep_takes_the_fastest_tuning_and_records_one_that_fails(monkeyp
 
     # device time falls with the units a 4-bit lane loads, and the early batch costs a little
     monkeypatch.setattr(kernel_launch, "prepared", fake_prepared)
-    monkeypatch.setattr(kb, "batched_ms", lambda make: 1.0 / make().u_gate_up + 0.01 * make().pre_gate_up
-                        + 0.001 * make().u_down)
+    monkeypatch.setattr(
+        kb, "batched_ms", lambda make: 1.0 / make().u_gate_up + 0.01 * make().pre_gate_up + 0.001 * make().u_down
+    )
     w = tail.TailWeights.random(64, 128, 128, seed=1, fold_block=64, dtype="bfloat16", quantize=kb.Q4)
     base = kernel_tuning.KernelTuning(wo_nt=256)
     best, times = kb.quant_sweep(w, "cuda", base, mx.zeros(128), mx.zeros(64))
@@ -272,15 +321,21 @@ def test_sanitize_device_written_copies_keep_every_value(monkeypatch) -> None:
 
     monkeypatch.setattr(sanitize, "device_copy", stand_in)
     q = QUANT_FORMATS["affine4"]
-    w = tail.TailWeights.random(128, 512, 1024, seed=1, fold_block=256, dtype="bfloat16",
-                                quantize=q.as_quantize())
+    w = tail.TailWeights.random(128, 512, 1024, seed=1, fold_block=256, dtype="bfloat16", quantize=q.as_quantize())
     prep = kernel_launch.prepare_tail(tail.tail_launch(w), "metal")
     copy = sanitize.device_written(prep)
     assert copy.templates() == prep.templates()
-    pairs = [(prep.norm, copy.norm), (prep.params, copy.params), (prep.rot["sdest"], copy.rot["sdest"]),
-             (prep.rot["table"], copy.rot["table"])]
-    pairs += [(getattr(prep, m).__dict__[k], getattr(copy, m).__dict__[k]) for m in ("wo", "gate", "up", "down")
-              for k in ("w", "s", "b")]
+    pairs = [
+        (prep.norm, copy.norm),
+        (prep.params, copy.params),
+        (prep.rot["sdest"], copy.rot["sdest"]),
+        (prep.rot["table"], copy.rot["table"]),
+    ]
+    pairs += [
+        (getattr(prep, m).__dict__[k], getattr(copy, m).__dict__[k])
+        for m in ("wo", "gate", "up", "down")
+        for k in ("w", "s", "b")
+    ]
     assert len(copied) == len(pairs) and set(copied) == {id(old) for old, _ in pairs}
     for old, new in pairs:
         assert old is not new and old.dtype == new.dtype and bool(mx.array_equal(old, new))
@@ -293,15 +348,21 @@ def test_sanitize_counts_reports_by_kernel(tmp_path) -> None:
     from bench import sanitize
 
     def report(kernel: str, size: int) -> str:
-        return (f"========= Uninitialized __global__ memory read of size {size} bytes\n"
-                f"=========     at mlx::core::cu::custom_kernel_{kernel}(const float *, float *)+0xf0\n"
-                "=========     by thread (19,0,0) in block (12,0,0)\n"
-                "=========     Address 0x48ea0e4530\n=========\n")
+        return (
+            f"========= Uninitialized __global__ memory read of size {size} bytes\n"
+            f"=========     at mlx::core::cu::custom_kernel_{kernel}(const float *, float *)+0xf0\n"
+            "=========     by thread (19,0,0) in block (12,0,0)\n"
+            "=========     Address 0x48ea0e4530\n=========\n"
+        )
 
     log = tmp_path / "initcheck.log"
-    log.write_text("========= COMPUTE-SANITIZER\n" + report("fat_device_copy_4096", 2) * 3
-                   + report("fat_wo_residual_512_1_0_32_f_1024_256_t_1_8_4_t", 16)
-                   + report("fat_tail_one_launch", 4) * 2 + "========= ERROR SUMMARY: 6 errors\n")
+    log.write_text(
+        "========= COMPUTE-SANITIZER\n"
+        + report("fat_device_copy_4096", 2) * 3
+        + report("fat_wo_residual_512_1_0_32_f_1024_256_t_1_8_4_t", 16)
+        + report("fat_tail_one_launch", 4) * 2
+        + "========= ERROR SUMMARY: 6 errors\n"
+    )
     by_kernel, first, summary = sanitize.read_log(log)
     assert by_kernel == {"fat_device_copy": 3, "fat_wo_residual": 1, "fat_tail_one_launch": 2}
     assert summary == ["========= ERROR SUMMARY: 6 errors"] and sanitize._errors("initcheck", summary[0]) == 6
@@ -317,11 +378,14 @@ def test_sanitize_device_copy_source_compiles_for_every_dtype(tmp_path, ctype) -
     from bench import sanitize
 
     src = tmp_path / "copy.cu"
-    src.write_text("#include <cuda_bf16.h>\ntemplate <int NBYTES>\n"
-                   f"__global__ void copy(const {ctype}* src, {ctype}* dst) {{\n{sanitize._DEVICE_COPY_SOURCE}}}\n"
-                   f"template __global__ void copy<4098>(const {ctype}*, {ctype}*);\n")
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-c", "-o", str(tmp_path / "copy.o"), str(src)],
-                       capture_output=True, text=True)
+    src.write_text(
+        "#include <cuda_bf16.h>\ntemplate <int NBYTES>\n"
+        f"__global__ void copy(const {ctype}* src, {ctype}* dst) {{\n{sanitize._DEVICE_COPY_SOURCE}}}\n"
+        f"template __global__ void copy<4098>(const {ctype}*, {ctype}*);\n"
+    )
+    r = subprocess.run(
+        ["nvcc", "-arch=sm_90", "-c", "-o", str(tmp_path / "copy.o"), str(src)], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -339,22 +403,42 @@ def test_sanitize_jobs_run_one_child_a_tool_shape_and_format(tmp_path, monkeypat
         log = Path(cmd[cmd.index("--log-file") + 1])
         shape, fmt = cmd[cmd.index("--shapes") + 1], cmd[cmd.index("--formats") + 1]
         bad = cmd[cmd.index("--tool") + 1] == "racecheck" and fmt == "nvfp4"
-        log.write_text("========= COMPUTE-SANITIZER\n"
-                       + (f"========= RACECHECK SUMMARY: {int(bad)} hazards displayed\n" if "racecheck" in cmd else "")
-                       + "========= ERROR SUMMARY: 0 errors\n")
+        log.write_text(
+            "========= COMPUTE-SANITIZER\n"
+            + (f"========= RACECHECK SUMMARY: {int(bad)} hazards displayed\n" if "racecheck" in cmd else "")
+            + "========= ERROR SUMMARY: 0 errors\n"
+        )
         out = f"tail {shape} {fmt}: PASS\none-launch {shape} {fmt}: agrees\n"
         return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
 
     monkeypatch.setattr(sanitize.bounded_run, "run_bounded", fake_run)
-    rc = sanitize.main(["--tools", "memcheck,racecheck", "--shapes", "small", "--formats", "bfloat16,nvfp4",
-                        "--parts", "one-launch", "--jobs", "2", "--out-dir", str(tmp_path)])
+    rc = sanitize.main(
+        [
+            "--tools",
+            "memcheck,racecheck",
+            "--shapes",
+            "small",
+            "--formats",
+            "bfloat16,nvfp4",
+            "--parts",
+            "one-launch",
+            "--jobs",
+            "2",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 1 and len(calls) == 4
     (path,) = tmp_path.glob("sanitize-*.json")
     rec = json.loads(path.read_text())
     assert rec["jobs"] == 2 and not rec["all_clean"]
     got = {(r["tool"], r["formats"][0]): r["passed"] for r in rec["runs"]}
-    assert got == {("memcheck", "bfloat16"): True, ("memcheck", "nvfp4"): True,
-                   ("racecheck", "bfloat16"): True, ("racecheck", "nvfp4"): False}
+    assert got == {
+        ("memcheck", "bfloat16"): True,
+        ("memcheck", "nvfp4"): True,
+        ("racecheck", "bfloat16"): True,
+        ("racecheck", "nvfp4"): False,
+    }
     assert all("--log-file" not in r["command"] for r in rec["runs"])  # a temporary path, not the record's
     from workbench.reports.sanitize import coverage
 
@@ -378,27 +462,52 @@ def test_sanitize_jobs_run_the_head_apart_from_the_tail(tmp_path, monkeypatch) -
         if parts == "head":
             raise subprocess.TimeoutExpired(cmd, kw["timeout"], output="")
         Path(cmd[cmd.index("--log-file") + 1]).write_text("========= ERROR SUMMARY: 0 errors\n")
-        return subprocess.CompletedProcess(cmd, 0, stdout="tail bonsai affine4: outputs finite [41 s]\n"
-                                           "one-launch bonsai affine4 (640 threads a group): agrees [97 s]\n"
-                                           "next-norm bonsai affine4 (640 threads a group): agrees [99 s]\n", stderr="")
+        return subprocess.CompletedProcess(
+            cmd,
+            0,
+            stdout="tail bonsai affine4: outputs finite [41 s]\n"
+            "one-launch bonsai affine4 (640 threads a group): agrees [97 s]\n"
+            "next-norm bonsai affine4 (640 threads a group): agrees [99 s]\n",
+            stderr="",
+        )
 
     monkeypatch.setattr(sanitize.bounded_run, "run_bounded", fake_run)
-    assert sanitize.main(["--tools", "memcheck", "--shapes", "bonsai", "--formats", "affine4", "--jobs", "2",
-                          "--out-dir", str(tmp_path)]) == 1
+    assert (
+        sanitize.main(
+            [
+                "--tools",
+                "memcheck",
+                "--shapes",
+                "bonsai",
+                "--formats",
+                "affine4",
+                "--jobs",
+                "2",
+                "--out-dir",
+                str(tmp_path),
+            ]
+        )
+        == 1
+    )
     assert sorted(c[c.index("--parts") + 1] for c in calls) == ["head", "tail,one-launch,next-norm"]
     rec = json.loads(next(tmp_path.glob("sanitize-*.json")).read_text())
-    assert sorted((r["parts"], r["passed"]) for r in rec["runs"]) == [(["head"], False),
-                                                                      (["tail", "one-launch", "next-norm"], True)]
+    assert sorted((r["parts"], r["passed"]) for r in rec["runs"]) == [
+        (["head"], False),
+        (["tail", "one-launch", "next-norm"], True),
+    ]
     from workbench.reports.sanitize import coverage
 
     assert coverage([rec]).loc[("bonsai", "affine4"), "memcheck"] == "T1N"
 
 
-@pytest.mark.parametrize("parts, groups", [
-    (["tail", "one-launch", "head"], [["tail", "one-launch"], ["head"]]),
-    (["head"], [["head"]]),
-    (["tail", "one-launch"], [["tail", "one-launch"]]),
-])
+@pytest.mark.parametrize(
+    "parts, groups",
+    [
+        (["tail", "one-launch", "head"], [["tail", "one-launch"], ["head"]]),
+        (["head"], [["head"]]),
+        (["tail", "one-launch"], [["tail", "one-launch"]]),
+    ],
+)
 def test_sanitize_part_groups(parts, groups) -> None:
     from bench import sanitize
 
@@ -416,8 +525,22 @@ def test_sanitize_says_a_run_killed_at_its_limit_timed_out(tmp_path, monkeypatch
         raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=b"tail bonsai bfloat16: outputs finite\n")
 
     monkeypatch.setattr(sanitize.bounded_run, "run_bounded", slow_run)
-    rc = sanitize.main(["--tools", "racecheck", "--shapes", "small", "--formats", "bfloat16", "--parts", "head",
-                        "--timeout", "5", "--out-dir", str(tmp_path)])
+    rc = sanitize.main(
+        [
+            "--tools",
+            "racecheck",
+            "--shapes",
+            "small",
+            "--formats",
+            "bfloat16",
+            "--parts",
+            "head",
+            "--timeout",
+            "5",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 1
     (run,) = json.loads(next(tmp_path.glob("sanitize-*.json")).read_text())["runs"]
     assert run["timed_out"] and not run["passed"] and run["returncode"] is None
@@ -425,14 +548,17 @@ def test_sanitize_says_a_run_killed_at_its_limit_timed_out(tmp_path, monkeypatch
     assert "TIMED OUT (no verdict; got as far as: tail bonsai bfloat16: outputs finite)" in out
 
 
-@pytest.mark.parametrize("asked, runs", [
-    (["head"], ["head"]),                                   # the head alone: no tail before it
-    (["one-launch"], ["tail", "one-launch"]),               # the one launch is checked against the tail
-    (["next-norm"], ["tail", "next-norm"]),                 # so is the one launch carrying the next norm
-    (["head", "tail"], ["tail", "head"]),                   # PARTS order
-    (["tail", "one-launch", "head"], ["tail", "one-launch", "head"]),
-    (["head", "next-norm", "one-launch"], ["tail", "one-launch", "next-norm", "head"]),
-])
+@pytest.mark.parametrize(
+    "asked, runs",
+    [
+        (["head"], ["head"]),  # the head alone: no tail before it
+        (["one-launch"], ["tail", "one-launch"]),  # the one launch is checked against the tail
+        (["next-norm"], ["tail", "next-norm"]),  # so is the one launch carrying the next norm
+        (["head", "tail"], ["tail", "head"]),  # PARTS order
+        (["tail", "one-launch", "head"], ["tail", "one-launch", "head"]),
+        (["head", "next-norm", "one-launch"], ["tail", "one-launch", "next-norm", "head"]),
+    ],
+)
 def test_sanitize_parts_to_run(asked, runs) -> None:
     from bench import sanitize
 
@@ -445,8 +571,11 @@ def test_sanitize_child_runs_the_parts_asked_for_in_every_format_and_shape(monke
     from bench import sanitize
 
     calls = []
-    monkeypatch.setattr(sanitize, "_tail_parts",
-                        lambda s, f, i, one, dev, nt, carried: calls.append(("tail", s, f, one, nt, carried)) or 0)
+    monkeypatch.setattr(
+        sanitize,
+        "_tail_parts",
+        lambda s, f, i, one, dev, nt, carried: calls.append(("tail", s, f, one, nt, carried)) or 0,
+    )
     monkeypatch.setattr(sanitize, "_head_part", lambda s, f, i: calls.append(("head", s, f)) or (f == "nvfp4"))
     assert sanitize._child(["bonsai"], ["affine4", "nvfp4"], ["head"]) == 1  # nvfp4's head "failed"
     assert calls == [("head", "bonsai", "affine4"), ("head", "bonsai", "nvfp4")]
@@ -468,12 +597,30 @@ def test_sanitize_passes_the_one_launch_threads_to_every_child(tmp_path, monkeyp
     def fake_run(cmd, **kw):
         calls.append(cmd)
         Path(cmd[cmd.index("--log-file") + 1]).write_text("========= ERROR SUMMARY: 0 errors\n")
-        return subprocess.CompletedProcess(cmd, 0, stdout="one-launch small affine4 (640 threads a group): agrees\n",
-                                           stderr="")
+        return subprocess.CompletedProcess(
+            cmd, 0, stdout="one-launch small affine4 (640 threads a group): agrees\n", stderr=""
+        )
 
     monkeypatch.setattr(sanitize.bounded_run, "run_bounded", fake_run)
-    assert sanitize.main(["--tools", "memcheck", "--shapes", "small", "--formats", "affine4", "--parts", "one-launch",
-                          "--one-launch-nt", "640", "--out-dir", str(tmp_path)]) == 0
+    assert (
+        sanitize.main(
+            [
+                "--tools",
+                "memcheck",
+                "--shapes",
+                "small",
+                "--formats",
+                "affine4",
+                "--parts",
+                "one-launch",
+                "--one-launch-nt",
+                "640",
+                "--out-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     (cmd,) = calls
     assert cmd[cmd.index("--one-launch-nt") + 1] == "640" and cmd[cmd.index("--parts") + 1] == "tail,one-launch"
     rec = json.loads(next(tmp_path.glob("sanitize-*.json")).read_text())
@@ -489,7 +636,9 @@ def test_sanitize_refuses_one_launch_threads_that_are_not_whole_warps(nt, capsys
 
     with pytest.raises(SystemExit):
         sanitize.main(["--one-launch-nt", nt])
-    assert f"--one-launch-nt must be a multiple of 32 from 32 to 1024 (whole warps); got {nt}" in capsys.readouterr().err
+    assert (
+        f"--one-launch-nt must be a multiple of 32 from 32 to 1024 (whole warps); got {nt}" in capsys.readouterr().err
+    )
 
 
 def test_sanitize_refuses_no_jobs(capsys) -> None:

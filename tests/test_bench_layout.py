@@ -49,7 +49,9 @@ def test_a_command_or_an_experiment_is_something_to_run(module):
     tree = ast.parse(MODULES[module].read_text())
     names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     runs = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
-    assert "main" in names and runs, f"{module}: not a command (no main() run under __main__); a helper goes to bench/common"
+    assert "main" in names and runs, (
+        f"{module}: not a command (no main() run under __main__); a helper goes to bench/common"
+    )
 
 
 @pytest.mark.parametrize("module", COMMANDS)
@@ -79,10 +81,11 @@ def test_the_checker_sees_a_command_imported_inside_a_function(tmp_path):
     """The rules above read function-level imports too (a command that imports another
     lazily still depends on it), and those for type checkers."""
     f = tmp_path / "m.py"
-    f.write_text("def main():\n    from bench import gpu_check\n    from bench.common.kernels import BONSAI\n"
-                 "if TYPE_CHECKING:\n    from bench import one_launch\n")
-    assert import_graph.imports_of(f, TOPS, MODULES, type_checking=False) == {"bench.gpu_check",
-                                                                             "bench.common.kernels"}
+    f.write_text(
+        "def main():\n    from bench import gpu_check\n    from bench.common.kernels import BONSAI\n"
+        "if TYPE_CHECKING:\n    from bench import one_launch\n"
+    )
+    assert import_graph.imports_of(f, TOPS, MODULES, type_checking=False) == {"bench.gpu_check", "bench.common.kernels"}
     assert imports_of(f) == {"bench.gpu_check", "bench.common.kernels", "bench.one_launch"}
 
 

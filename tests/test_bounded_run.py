@@ -23,8 +23,9 @@ def _gone(pid: int) -> bool:
 
 
 def test_a_finished_command_returns_its_output_and_status() -> None:
-    done = run_bounded([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
-                       timeout=60)
+    done = run_bounded(
+        [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"], timeout=60
+    )
     assert done.returncode == 3 and done.stdout == "out\n" and done.stderr == "err\n"
 
 
@@ -33,14 +34,16 @@ def test_the_limit_stops_the_command_and_what_it_started(tmp_path) -> None:
     """The shape of compute-sanitizer / ncu: a process that starts a child and waits on it.
     At the limit both are gone, and what was printed before it comes back."""
     pid_file = tmp_path / "grandchild.pid"
-    parent = ("import subprocess, sys, time\n"
-              # the grandchild's output not piped back: were it left running, this test
-              # would then fail, not hang on pipes it holds open
-              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
-              "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-              f"open({str(pid_file)!r}, 'w').write(str(c.pid))\n"
-              "print('started', flush=True)\n"
-              "c.wait()\n")
+    parent = (
+        "import subprocess, sys, time\n"
+        # the grandchild's output not piped back: were it left running, this test
+        # would then fail, not hang on pipes it holds open
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+        "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(c.pid))\n"
+        "print('started', flush=True)\n"
+        "c.wait()\n"
+    )
     t0 = time.perf_counter()
     with pytest.raises(subprocess.TimeoutExpired) as caught:
         run_bounded([sys.executable, "-c", parent], timeout=3)

@@ -59,18 +59,23 @@ def test_calibration_is_seeded() -> None:
 
 
 def _finite(t: calibration.Tolerance) -> bool:
-    return all(math.isfinite(getattr(t, f)) for f in ("value", "low", "high", "recommended", "xi", "sigma",
-                                                       "threshold", "observed_max"))
+    return all(
+        math.isfinite(getattr(t, f))
+        for f in ("value", "low", "high", "recommended", "xi", "sigma", "threshold", "observed_max")
+    )
 
 
-@pytest.mark.parametrize("name, errors", [
-    ("all zeros (bit-exact)", np.zeros(1000)),
-    ("one constant", np.full(500, 3e-5)),
-    ("ULP counts 0..3", np.random.default_rng(5).integers(0, 4, 2000).astype(float)),
-    ("ULP counts, skewed", np.minimum(np.random.default_rng(6).poisson(0.5, 5000), 6).astype(float)),
-    ("two values", np.r_[np.zeros(990), np.ones(10)]),
-    ("integers as ints", np.random.default_rng(7).integers(0, 3, 400)),
-])
+@pytest.mark.parametrize(
+    "name, errors",
+    [
+        ("all zeros (bit-exact)", np.zeros(1000)),
+        ("one constant", np.full(500, 3e-5)),
+        ("ULP counts 0..3", np.random.default_rng(5).integers(0, 4, 2000).astype(float)),
+        ("ULP counts, skewed", np.minimum(np.random.default_rng(6).poisson(0.5, 5000), 6).astype(float)),
+        ("two values", np.r_[np.zeros(990), np.ones(10)]),
+        ("integers as ints", np.random.default_rng(7).integers(0, 3, 400)),
+    ],
+)
 def test_a_discrete_or_tied_tail_gives_the_largest_error_not_nan(name, errors) -> None:
     """Regression: tied top errors made value, recommendation and shape NaN (and every catch
     rate 0). The defined answer: the largest error seen, flagged, with the method saying so."""
@@ -83,8 +88,9 @@ def test_a_discrete_or_tied_tail_gives_the_largest_error_not_nan(name, errors) -
     # ... and the rates built on it are rates, not all zeros from a NaN limit.
     import pandas as pd
 
-    df = pd.DataFrame({"worst": np.asarray(errors, dtype=float), "mutation": "none", "dtype": "f", "fold": "n",
-                       "quant": "q"})
+    df = pd.DataFrame(
+        {"worst": np.asarray(errors, dtype=float), "mutation": "none", "dtype": "f", "fold": "n", "quant": "q"}
+    )
     assert calibration.pass_rates(df, {"cal": t.as_criterion()}).iloc[0, 0] == 1.0
 
 
@@ -102,20 +108,23 @@ def test_continuous_tails_are_not_called_discrete() -> None:
     assert not t.degenerate and t.value > t.observed_max
 
 
-@pytest.mark.parametrize("kw, field", [
-    ({"errors": ["a"] * 200}, "errors: must be an array of numbers"),
-    ({"errors": [[1.0, 2.0], [3.0]] * 60}, "errors: must be an array of numbers"),
-    ({"errors": -np.ones(200)}, "errors: must be finite and >= 0"),
-    ({"flake_rate": np.nan}, "flake_rate: must be a finite number"),
-    ({"flake_rate": "1e-6"}, "flake_rate: must be a finite number"),
-    ({"flake_rate": 0.9}, "flake_rate: must be a finite number > 0 and <= 0.5"),
-    ({"tail_fraction": 0}, "tail_fraction"),
-    ({"level": 1}, "level"),
-    ({"n_boot": 10.0}, "n_boot: must be an integer"),
-    ({"n_boot": True}, "n_boot: must be an integer"),
-    ({"min_tail": 2}, "min_tail: must be an integer >= 10"),
-    ({"seed": -1}, "seed: must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"errors": ["a"] * 200}, "errors: must be an array of numbers"),
+        ({"errors": [[1.0, 2.0], [3.0]] * 60}, "errors: must be an array of numbers"),
+        ({"errors": -np.ones(200)}, "errors: must be finite and >= 0"),
+        ({"flake_rate": np.nan}, "flake_rate: must be a finite number"),
+        ({"flake_rate": "1e-6"}, "flake_rate: must be a finite number"),
+        ({"flake_rate": 0.9}, "flake_rate: must be a finite number > 0 and <= 0.5"),
+        ({"tail_fraction": 0}, "tail_fraction"),
+        ({"level": 1}, "level"),
+        ({"n_boot": 10.0}, "n_boot: must be an integer"),
+        ({"n_boot": True}, "n_boot: must be an integer"),
+        ({"min_tail": 2}, "min_tail: must be an integer >= 10"),
+        ({"seed": -1}, "seed: must be an integer >= 0"),
+    ],
+)
 def test_calibration_names_bad_arguments(kw, field) -> None:
     args = {"errors": np.random.default_rng(9).exponential(size=200), **kw}
     with pytest.raises(ValueError) as err:
@@ -129,11 +138,13 @@ def test_rates_name_bad_arguments() -> None:
     df = pd.DataFrame({"worst": [1e-5, np.nan, 3e-4], "mutation": ["a", "a", "b"]})
     assert calibration.catch_rates(df, {"t": ("worst", 2e-4)}).to_dict()["t"] == {"a": 0.5, "b": 1.0}
     assert calibration.pass_rates(df, {"t": ("worst", 2e-4)}, by=["mutation"]).to_dict()["t"] == {"a": 0.5, "b": 0.0}
-    for tolerances, field in [({}, "tolerances: must be a non-empty mapping"),
-                              ({"t": ("nope", 1e-4)}, "tolerances['t']: metric must be a column"),
-                              ({"t": ("worst", np.nan)}, "tolerances['t']: limit: must be a finite number"),
-                              ({"t": ("worst", -1)}, "tolerances['t']: limit"),
-                              ({"t": "worst"}, "tolerances['t']: must be a (metric, limit) pair")]:
+    for tolerances, field in [
+        ({}, "tolerances: must be a non-empty mapping"),
+        ({"t": ("nope", 1e-4)}, "tolerances['t']: metric must be a column"),
+        ({"t": ("worst", np.nan)}, "tolerances['t']: limit: must be a finite number"),
+        ({"t": ("worst", -1)}, "tolerances['t']: limit"),
+        ({"t": "worst"}, "tolerances['t']: must be a (metric, limit) pair"),
+    ]:
         with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
             calibration.catch_rates(df, tolerances)
     with pytest.raises(ValueError, match="by: must name one or more columns"):
@@ -154,20 +165,30 @@ def test_rates_name_bad_arguments() -> None:
 @pytest.fixture(scope="module")
 def calibrated() -> dict:
     """float32 and bf16 weights, with and without a fold, at frink-models' test shape: 4096 cases each."""
-    df = sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(4096), dtypes=("float32", "bfloat16"), folds=(None, 16),
-                      progress=False)
-    return {k: calibration.calibrate_tolerance(g.worst.to_numpy(), n_boot=100)
-            for k, g in df.groupby(["dtype", "fold"], observed=True)}
+    df = sweeps.sweep(
+        shapes=[SEED_SHAPE], seeds=range(4096), dtypes=("float32", "bfloat16"), folds=(None, 16), progress=False
+    )
+    return {
+        k: calibration.calibrate_tolerance(g.worst.to_numpy(), n_boot=100)
+        for k, g in df.groupby(["dtype", "fold"], observed=True)
+    }
 
 
 @settings(max_examples=8, deadline=None)
-@given(start=st.integers(10_000, 10_000_000), cfg=st.sampled_from([("float32", "none"), ("float32", "b16"),
-                                                                      ("bfloat16", "none"), ("bfloat16", "b16")]))
+@given(
+    start=st.integers(10_000, 10_000_000),
+    cfg=st.sampled_from([("float32", "none"), ("float32", "b16"), ("bfloat16", "none"), ("bfloat16", "b16")]),
+)
 def test_fresh_seeds_stay_within_the_calibrated_tolerance(calibrated, start, cfg) -> None:
     dtype, fold = cfg
     tol = calibrated[cfg]
-    df = sweeps.sweep(shapes=[SEED_SHAPE], seeds=range(start, start + 64), dtypes=(dtype,),
-                      folds=(None if fold == "none" else 16,), progress=False)
+    df = sweeps.sweep(
+        shapes=[SEED_SHAPE],
+        seeds=range(start, start + 64),
+        dtypes=(dtype,),
+        folds=(None if fold == "none" else 16,),
+        progress=False,
+    )
     assert (df.worst <= tol.recommended).all(), (tol, df.worst.max())
 
 
@@ -190,8 +211,13 @@ def test_the_seed_tolerance_misses_a_wrong_eps() -> None:
 
 
 def test_rotation_skipped_only_where_there_is_a_fold() -> None:
-    mu = sweeps.mutation_sweep(shapes=[SEED_SHAPE], seeds=range(8), folds=(None, 16),
-                               mutations=("rotation_skipped", "sign_flipped"), progress=False)
+    mu = sweeps.mutation_sweep(
+        shapes=[SEED_SHAPE],
+        seeds=range(8),
+        folds=(None, 16),
+        mutations=("rotation_skipped", "sign_flipped"),
+        progress=False,
+    )
     skipped = mu[mu.mutation == "rotation_skipped"]
     assert set(skipped.fold) == {"b16"}
     assert len(mu[mu.mutation == "sign_flipped"]) == 16
@@ -212,8 +238,21 @@ def test_calibrate_by_groups() -> None:
 def test_sweep_rate_bench_runs_small(tmp_path, capsys) -> None:
     from bench import sweep_rate
 
-    rec = sweep_rate.main(["--seeds", "128", "--configs", "f32-b16", "--calibrate", "--mutations", "8",
-                           "--out-dir", str(tmp_path), "--tag", "t"])
+    rec = sweep_rate.main(
+        [
+            "--seeds",
+            "128",
+            "--configs",
+            "f32-b16",
+            "--calibrate",
+            "--mutations",
+            "8",
+            "--out-dir",
+            str(tmp_path),
+            "--tag",
+            "t",
+        ]
+    )
     (path,) = tmp_path.glob("sweep_rate-*-t.json")  # sweep_rate-<device>-<UTC time>-<tag>.json
     row = rec["results"][0]
     assert row["cases"] == 128 and row["calibrated"]["recommended"] >= row["max_worst"]

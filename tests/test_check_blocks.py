@@ -69,10 +69,12 @@ def test_a_check_does_not_depend_on_how_its_seeds_are_blocked():
     together = check_kernel(tail, seeds=[1, 2, 257, 700], faults=("wrong_eps",))
     apart = [check_kernel(tail, seeds=[s], faults=("wrong_eps",)) for s in (1, 2, 257, 700)]
     for col in ("worst", "max_abs", "nmse", "ref_worst"):
-        np.testing.assert_array_equal(together.cases[col].to_numpy(),
-                                      np.concatenate([a.cases[col].to_numpy() for a in apart]))
-    np.testing.assert_array_equal(together.faults.worst.to_numpy(),
-                                  np.concatenate([a.faults.worst.to_numpy() for a in apart]))
+        np.testing.assert_array_equal(
+            together.cases[col].to_numpy(), np.concatenate([a.cases[col].to_numpy() for a in apart])
+        )
+    np.testing.assert_array_equal(
+        together.faults.worst.to_numpy(), np.concatenate([a.faults.worst.to_numpy() for a in apart])
+    )
 
 
 def test_the_block_takes_block_sizes_only():

@@ -10,8 +10,16 @@ from tests.test_check_source import TAIL_SOURCE
 from workbench import backends
 from workbench.check.__main__ import main
 
-LAUNCH_ARGS = ["--inputs", "branch,residual,wo,ffn_norm,gate,up,down,eps", "--grid", "32", "--threadgroup", "32",
-               "--template", "HIDDEN=hidden,BRANCH=branch,FFN=ffn,THREADS=32"]
+LAUNCH_ARGS = [
+    "--inputs",
+    "branch,residual,wo,ffn_norm,gate,up,down,eps",
+    "--grid",
+    "32",
+    "--threadgroup",
+    "32",
+    "--template",
+    "HIDDEN=hidden,BRANCH=branch,FFN=ffn,THREADS=32",
+]
 
 
 def test_a_dump_folder_exits_by_its_verdict(tmp_path, capsys):
@@ -35,8 +43,22 @@ def test_a_metal_source_and_its_mutants(tmp_path, capsys, emulator):
     src = tmp_path / "tail.metal"
     src.write_text(TAIL_SOURCE)
     rec = tmp_path / "r.json"
-    code = main(["--source", str(src), *LAUNCH_ARGS, "--seeds", "4", "--scales", "0.01,1", "--tolerance", "1e-4",
-                 "--mutants", "--record", str(rec)])
+    code = main(
+        [
+            "--source",
+            str(src),
+            *LAUNCH_ARGS,
+            "--seeds",
+            "4",
+            "--scales",
+            "0.01,1",
+            "--tolerance",
+            "1e-4",
+            "--mutants",
+            "--record",
+            str(rec),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     r = json.loads(rec.read_text())
@@ -50,13 +72,16 @@ def test_a_callable_handed_mlx_arrays(capsys):
     assert "PASS" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["tests.check_user_tails:correct", "--dump", "x"], "exactly one"),
-    (["--source", "absent.metal", *LAUNCH_ARGS], "--source"),
-    (["--dump", "absent_folder"], "--dump: must be a dump file"),
-    (["tests.check_user_tails:correct", "--mutants"], "--mutants"),
-    (["--dump", "x", "--mutant-files", "a.body"], "--mutant-files"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["tests.check_user_tails:correct", "--dump", "x"], "exactly one"),
+        (["--source", "absent.metal", *LAUNCH_ARGS], "--source"),
+        (["--dump", "absent_folder"], "--dump: must be a dump file"),
+        (["tests.check_user_tails:correct", "--mutants"], "--mutants"),
+        (["--dump", "x", "--mutant-files", "a.body"], "--mutant-files"),
+    ],
+)
 def test_bad_arguments_exit_2_naming_them(args, msg, capsys):
     with pytest.raises(SystemExit) as e:
         main(args)
@@ -81,11 +106,14 @@ def test_a_bad_template_is_named(tmp_path, capsys):
     assert e.value.code == 2 and "--template" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("extra,named", [
-    (["--seeds", "5"], "--seeds"),
-    (["--scales=0.01,1", "--fold", "0"], "--fold, --scales"),
-    (["--grid", "64"], "--grid"),
-])
+@pytest.mark.parametrize(
+    "extra,named",
+    [
+        (["--seeds", "5"], "--seeds"),
+        (["--scales=0.01,1", "--fold", "0"], "--fold, --scales"),
+        (["--grid", "64"], "--grid"),
+    ],
+)
 def test_an_option_the_dump_form_does_not_read_is_refused(tmp_path, capsys, extra, named):
     """A dump is judged as dumped (its own cases, fold and weights): an option that would
     change the check elsewhere is refused, not ignored."""

@@ -12,10 +12,15 @@ from workbench.check.dump import DumpError, read_layer
 def _write(path, n=40, seed=0, eps_outside=False, drop=None, bad_shape=None):
     rng = np.random.default_rng(seed)
     h, b, f = 64, 96, 80
-    t = {"wo": rng.uniform(-.17, .17, (h, b)), "gate": rng.uniform(-.2, .2, (f, h)),
-         "up": rng.uniform(-.2, .2, (f, h)), "down": rng.uniform(-.19, .19, (h, f)),
-         "ffn_norm": 1 + rng.uniform(-.25, .25, h), "branch": rng.uniform(-1, 1, (n, b)) * 0.01,
-         "residual": rng.uniform(-1, 1, (n, h)) * 0.01}
+    t = {
+        "wo": rng.uniform(-0.17, 0.17, (h, b)),
+        "gate": rng.uniform(-0.2, 0.2, (f, h)),
+        "up": rng.uniform(-0.2, 0.2, (f, h)),
+        "down": rng.uniform(-0.19, 0.19, (h, f)),
+        "ffn_norm": 1 + rng.uniform(-0.25, 0.25, h),
+        "branch": rng.uniform(-1, 1, (n, b)) * 0.01,
+        "residual": rng.uniform(-1, 1, (n, h)) * 0.01,
+    }
     t = {k: v.astype(np.float32) for k, v in t.items()}
     x = t["residual"] + t["branch"] @ t["wo"].T
     ms = (x * x).mean(-1, keepdims=True)
@@ -56,8 +61,10 @@ def test_bad_dumps_name_the_file_and_the_tensor(tmp_path):
     assert not rep.passed and any("a.safetensors" in p for p in rep.problems)
 
 
-@pytest.mark.parametrize("dtype,quant,fold", [("float32", None, 16), ("bfloat16", None, None),
-                                             ("float16", {"mode": "affine", "bits": 4, "group_size": 32}, 16)])
+@pytest.mark.parametrize(
+    "dtype,quant,fold",
+    [("float32", None, 16), ("bfloat16", None, None), ("float16", {"mode": "affine", "bits": 4, "group_size": 32}, 16)],
+)
 def test_write_layer_round_trips_the_stored_weights(tmp_path, dtype, quant, fold):
     from workbench.check.dump import write_layer
     from workbench.studies.cases import case_weights

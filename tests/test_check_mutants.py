@@ -41,8 +41,14 @@ for (uint i = t; i < HIDDEN; i += 32) {
   out[i] = h[i] + s;
 }
 """
-SHUFFLE_LAUNCH = SourceLaunch(SHUFFLE_TAIL, LAUNCH.inputs, grid=(32, 1, 1), threadgroup=(32, 1, 1),
-                              template={"HIDDEN": "hidden", "BRANCH": "branch", "FFN": "ffn"}, name="shuffle_tail")
+SHUFFLE_LAUNCH = SourceLaunch(
+    SHUFFLE_TAIL,
+    LAUNCH.inputs,
+    grid=(32, 1, 1),
+    threadgroup=(32, 1, 1),
+    template={"HIDDEN": "hidden", "BRANCH": "branch", "FFN": "ffn"},
+    name="shuffle_tail",
+)
 
 FAST = {"seeds": range(4), "scales": (0.01, 1.0), "orders": ("ascending", "simd-groups-random"), "tolerance": 1e-4}
 
@@ -86,10 +92,12 @@ def test_every_mutant_that_changes_results_is_caught(emulator, launch):
 def test_a_kernels_folder_file_is_mutated_in_a_copy(emulator, tmp_path):
     folder = tmp_path / "my_kernels"
     from workbench.kernels.source import KERNEL_DIR
+
     shutil.copytree(KERNEL_DIR, folder)
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-    study = folder_mutant_study(folder, files=["wo_residual.body"], seeds=range(3), scales=(1.0,),
-                                orders=("ascending",), tolerance=1e-4)
+    study = folder_mutant_study(
+        folder, files=["wo_residual.body"], seeds=range(3), scales=(1.0,), orders=("ascending",), tolerance=1e-4
+    )
     assert study.original_passed and len(study.table) >= 2 and study.missed.empty, str(study)
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before  # only read
     with pytest.raises(ValueError, match="files"):

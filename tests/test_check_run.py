@@ -76,15 +76,19 @@ def test_faulty_tail_without_fault_is_correct():
     w, b, r = case_weights((64, 96, 80), 3, fold=16)
     sc = stored_case(w, b[None], r[None], "x")
     from workbench.tail import host_tail
+
     assert np.abs(faulty_tail(sc, None) - host_tail(w, b[None], r[None])).max() < 1e-5
 
 
-@pytest.mark.parametrize("fn,msg", [
-    (lambda c: np.zeros(3), "shape"),
-    (lambda c: "nope", "not an array"),
-    (lambda c: 1 / 0, "ZeroDivisionError"),
-    (lambda c: np.full(64, np.nan, np.float32), "NaN"),
-])
+@pytest.mark.parametrize(
+    "fn,msg",
+    [
+        (lambda c: np.zeros(3), "shape"),
+        (lambda c: "nope", "not an array"),
+        (lambda c: 1 / 0, "ZeroDivisionError"),
+        (lambda c: np.full(64, np.nan, np.float32), "NaN"),
+    ],
+)
 def test_bad_callables_are_reported_naming_the_case(fn, msg):
     rep = check(fn, seeds=range(2), faults=())
     assert not rep.passed
@@ -95,12 +99,14 @@ def test_a_hanging_callable_is_reported_and_the_check_goes_on():
     def hang(c):
         time.sleep(3)
         return user_tail(c)
+
     rep = check(CallableSubject(hang, batched=False), seeds=range(1), scales=(1.0,), faults=(), time_limit=0.2)
     assert "limit" in rep.problems[0]
 
 
 def test_the_command_exits_by_the_verdict(tmp_path):
     from workbench.check.__main__ import main
+
     rec = tmp_path / "r.json"
     assert main(["tests.check_user_tails:correct", "--seeds", "40", "--record", str(rec)]) == 0
     assert rec.exists()
@@ -119,10 +125,15 @@ def test_a_batched_callable_gets_every_input_scale_in_one_call():
 
     def batched(case):
         calls.append(case.branch.shape)
-        return np.stack([user_tail(StoredCase(**{**case.__dict__, "branch": b, "residual": r}))
-                         for b, r in zip(case.branch, case.residual)])
+        return np.stack(
+            [
+                user_tail(StoredCase(**{**case.__dict__, "branch": b, "residual": r}))
+                for b, r in zip(case.branch, case.residual)
+            ]
+        )
 
     from workbench.check import StoredCase
+
     rep = check(CallableSubject(batched, batched=True), seeds=range(30), faults=())
     assert rep.passed and not rep.problems and len(calls) == 30 and calls[0] == (3, 96)
     per_case = check(user_tail, seeds=range(30), faults=())

@@ -41,10 +41,14 @@ for (uint i = t; i < HIDDEN; i += THREADS) {
 }
 """
 
-LAUNCH = SourceLaunch(TAIL_SOURCE, ("branch", "residual", "wo", "ffn_norm", "gate", "up", "down", "eps"),
-                      grid=(32, 1, 1), threadgroup=(32, 1, 1),
-                      template={"HIDDEN": "hidden", "BRANCH": "branch", "FFN": "ffn", "THREADS": 32},
-                      name="test_tail")
+LAUNCH = SourceLaunch(
+    TAIL_SOURCE,
+    ("branch", "residual", "wo", "ffn_norm", "gate", "up", "down", "eps"),
+    grid=(32, 1, 1),
+    threadgroup=(32, 1, 1),
+    template={"HIDDEN": "hidden", "BRANCH": "branch", "FFN": "ffn", "THREADS": 32},
+    name="test_tail",
+)
 
 
 def test_a_correct_metal_source_on_the_emulator_is_judged_correct(emulator):
@@ -60,7 +64,7 @@ def test_a_dropped_barrier_is_caught(emulator):
     first = TAIL_SOURCE.index(bar)
     second = TAIL_SOURCE.index(bar, first + 1)
     for cut, changes in ((first, False), (second, True)):
-        broken = LAUNCH.with_source(TAIL_SOURCE[:cut] + TAIL_SOURCE[cut + len(bar):], name=f"no_barrier_{cut}")
+        broken = LAUNCH.with_source(TAIL_SOURCE[:cut] + TAIL_SOURCE[cut + len(bar) :], name=f"no_barrier_{cut}")
         rep = check_kernel(SourceSubject(broken, order="descending"), seeds=range(40), folds=(None,), faults=())
         assert rep.passed is not changes, str(rep)
 
@@ -78,14 +82,25 @@ def test_a_cuda_source_runs_on_an_nvidia_gpu():
     except backends.BackendUnavailable as e:
         pytest.skip(f"cuda: {e}")
     # Metal's `uint` is no CUDA type: NVRTC compiles without the system headers that define it
-    src = (TAIL_SOURCE.replace("uint ", "unsigned int ").replace("thread_position_in_threadgroup.x", "threadIdx.x")
-           .replace("threadgroup float", "__shared__ float")
-           .replace("threadgroup_barrier(metal::mem_flags::mem_threadgroup);", "__syncthreads();")
-           .replace("metal::rsqrt", "rsqrtf").replace("metal::exp", "expf"))
-    launch = SourceLaunch(src, LAUNCH.inputs, grid=(32, 1, 1), threadgroup=(32, 1, 1),
-                          template=dict(LAUNCH.template), name="test_tail_cuda")
-    rep = check_kernel(SourceSubject(launch, language="cuda", run_on="device"), seeds=range(40), folds=(None,),
-                       faults=())
+    src = (
+        TAIL_SOURCE.replace("uint ", "unsigned int ")
+        .replace("thread_position_in_threadgroup.x", "threadIdx.x")
+        .replace("threadgroup float", "__shared__ float")
+        .replace("threadgroup_barrier(metal::mem_flags::mem_threadgroup);", "__syncthreads();")
+        .replace("metal::rsqrt", "rsqrtf")
+        .replace("metal::exp", "expf")
+    )
+    launch = SourceLaunch(
+        src,
+        LAUNCH.inputs,
+        grid=(32, 1, 1),
+        threadgroup=(32, 1, 1),
+        template=dict(LAUNCH.template),
+        name="test_tail_cuda",
+    )
+    rep = check_kernel(
+        SourceSubject(launch, language="cuda", run_on="device"), seeds=range(40), folds=(None,), faults=()
+    )
     assert rep.passed, str(rep)
 
 

@@ -30,8 +30,15 @@ def test_per_scale_tolerances_follow_each_scales_errors(reports):
 
 def test_the_per_scale_tolerance_sees_what_the_pooled_one_misses(reports):
     good, bad = reports
-    t = catch_and_flake(good, bad, {"pooled": good.calibrated.recommended,
-                                    "per scale": calibrated_per_scale(good, flake_rate=1e-3), "frink": 2e-4})
+    t = catch_and_flake(
+        good,
+        bad,
+        {
+            "pooled": good.calibrated.recommended,
+            "per scale": calibrated_per_scale(good, flake_rate=1e-3),
+            "frink": 2e-4,
+        },
+    )
     assert list(t.columns[:3]) == ["limit 0.01", "limit 1", "limit 100"]
     assert t.loc["per scale", "catch 1"] > 0.3 > 0.1 > t.loc["pooled", "catch 1"]
     assert t.loc["frink", "catch 0.01"] == 1 and t.loc["frink", "catch 1"] == 0

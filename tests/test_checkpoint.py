@@ -30,16 +30,29 @@ llama = pytest.importorskip("mlx_lm.models.llama")
 
 TOL = 2e-4
 TOKENS = [3, 17, 42, 99, 5, 64, 7, 120, 31, 8]
-LLAMA = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=96, num_attention_heads=4,
-             num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=128, rope_theta=10000.0, tie_word_embeddings=True,
-             hidden_act="silu")
+LLAMA = dict(
+    model_type="llama",
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    vocab_size=128,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+)
 
 
 def _randomize_norms(model: nn.Module, seed: int, centre: float = 1.0) -> None:
     """Norm weights that are not all ones (a norm of ones hides a missing or doubled weight)."""
     rng = np.random.default_rng(seed)
-    updates = [(k, mx.array(centre + rng.uniform(-0.5, 0.5, v.shape).astype(np.float32)))
-               for k, v in tree_flatten(model.parameters()) if k.endswith("layernorm.weight") or k == "model.norm.weight"]
+    updates = [
+        (k, mx.array(centre + rng.uniform(-0.5, 0.5, v.shape).astype(np.float32)))
+        for k, v in tree_flatten(model.parameters())
+        if k.endswith("layernorm.weight") or k == "model.norm.weight"
+    ]
     model.load_weights(updates, strict=False)
     mx.eval(model.parameters())
 
@@ -119,9 +132,17 @@ def test_hf_folder(tmp_path, quantized):
 
 # -- (a) a GGUF file -----------------------------------------------------------------------
 
-_TO_GGUF = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-            "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-            "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+_TO_GGUF = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
 
 def permute_like_llama_cpp(w: np.ndarray, heads: int) -> np.ndarray:
@@ -149,7 +170,8 @@ def write_gguf(model: nn.Module, path: Path) -> Path:
             w = permute_like_llama_cpp(w, a.num_key_value_heads)
         arrays[f"{g}.weight"] = mx.array(w)
     meta = {
-        "general.architecture": "llama", "general.name": "tiny llama",
+        "general.architecture": "llama",
+        "general.name": "tiny llama",
         "llama.block_count": mx.array(a.num_hidden_layers, dtype=mx.uint32),
         "llama.embedding_length": mx.array(a.hidden_size, dtype=mx.uint32),
         "llama.feed_forward_length": mx.array(a.intermediate_size, dtype=mx.uint32),
@@ -209,15 +231,39 @@ def test_biases_are_refused_never_dropped():
 
 # -- a zero-centred Qwen3.5 folder, as Hugging Face ships it -----------------------------------
 
-QWEN35_TEXT = dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_value_heads=4,
-                   linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
-                   linear_conv_kernel_dim=4, full_attention_interval=2, vocab_size=128, rms_norm_eps=1e-6,
-                   tie_word_embeddings=False, hidden_act="silu", attn_output_gate=True,
-                   rope_parameters={"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                                    "mrope_section": [1, 1, 0]})
-_ZERO_CENTRED_KEYS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
-                      ".q_norm.weight", ".k_norm.weight")
+QWEN35_TEXT = dict(
+    model_type="qwen3_5_text",
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=2,
+    vocab_size=128,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    hidden_act="silu",
+    attn_output_gate=True,
+    rope_parameters={
+        "type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [1, 1, 0],
+    },
+)
+_ZERO_CENTRED_KEYS = (
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    "model.norm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+)
 
 
 def _as_hf_qwen35(weights: dict) -> dict:
@@ -257,7 +303,9 @@ def test_zero_centred_qwen35_folder_against_mlx_lms_conversion(qwen35_folder):
     plain = load_checkpoint(qwen35_folder, norm_convention="plain")
     cap = capture_layers(model, TOKENS)[1]
     assert not compare(host_tail(plain.tail_weights(1), cap.branch, cap.residual), cap.output, tol=TOL).passed
-    with pytest.raises(ValueError, match=r"^layer: 0 of .* is linear_attention, not attention; its attention layers are \[1, 3\]"):
+    with pytest.raises(
+        ValueError, match=r"^layer: 0 of .* is linear_attention, not attention; its attention layers are \[1, 3\]"
+    ):
         ckpt.tail_weights(0)
 
 

@@ -20,8 +20,20 @@ from workbench.kernels import emulated as K
 from workbench.models.loader import load_model
 
 #: Bonsai's layer pattern at widths every format serves (in dimensions multiples of 64).
-SMALL = Geometry(hidden=64, ffn=128, n_q=4, n_kv=1, head_dim=16, attn_output_gate=True,
-                 gdn_k_heads=2, gdn_v_heads=4, gdn_k_dim=16, gdn_v_dim=16, conv_kernel=4, vocab=64)
+SMALL = Geometry(
+    hidden=64,
+    ffn=128,
+    n_q=4,
+    n_kv=1,
+    head_dim=16,
+    attn_output_gate=True,
+    gdn_k_heads=2,
+    gdn_v_heads=4,
+    gdn_k_dim=16,
+    gdn_v_dim=16,
+    conv_kernel=4,
+    vocab=64,
+)
 MIXED = 2 * SMALL.gdn_k_heads * SMALL.gdn_k_dim + SMALL.gdn_v_heads * SMALL.gdn_v_dim
 
 #: Each product is one float32 dot product a row on both sides, summed in another order:
@@ -50,8 +62,10 @@ def test_every_kernel_launch_of_the_step_is_the_mlx_product(bonsai, quant):
     attn, rec = w.layers[3].w, w.layers[0].w
     assert w.layers[3].kind == "attention" and w.layers[0].kind == "recurrent"
     errors = {}
-    for name, got, want in (("qkv", _emulate(km.qkv_launch(attn), x), ref.attn_qkv(attn, x)),
-                            ("gdn_in", _emulate(km.gdn_in_launch(rec, MIXED), x), ref.gdn_in(rec, x, MIXED))):
+    for name, got, want in (
+        ("qkv", _emulate(km.qkv_launch(attn), x), ref.attn_qkv(attn, x)),
+        ("gdn_in", _emulate(km.gdn_in_launch(rec, MIXED), x), ref.gdn_in(rec, x, MIXED)),
+    ):
         assert [g.shape for g in got] == [tuple(v.shape) for v in want]
         errors[name] = max(D.worst_scaled_error(g, np.array(v)) for g, v in zip(got, want))
     launch, zeros = km.logits_launch(w.lm_head)
@@ -102,8 +116,13 @@ def test_float32_activations_and_quantized_weights_decode(bonsai):
             toks[n] = [sched.step(st, n).next_token for _ in range(2)]
         assert toks[1] == toks[2] == toks[5]
     dense = HybridWeights(bonsai, SMALL, dtype="bfloat16", seed=3, share=True)
-    elems = sum(SMALL.layer_params("attention" if lc.index in set(bonsai.attention_layers()) else "recurrent")
-                for lc in bonsai.layers) + SMALL.vocab * SMALL.hidden
+    elems = (
+        sum(
+            SMALL.layer_params("attention" if lc.index in set(bonsai.attention_layers()) else "recurrent")
+            for lc in bonsai.layers
+        )
+        + SMALL.vocab * SMALL.hidden
+    )
     assert dense.bytes_per_token() > 2 * elems  # the matrices, and the small float32 vectors beside them
     assert dense.bytes_per_token() < 2 * elems * 1.1
     # 4-bit g64 with bf16 scales and biases: 4 + 32/64 bits a weight, about 0.28 of bf16's 16.

@@ -20,8 +20,9 @@ from workbench.tail.frink_case import seed_case
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 def test_exact_dequantization_matches_mlx_with_float32_scales(group_size: int):
-    w = WeightMatrix.quantize(np.random.default_rng(1).standard_normal((8, 256)).astype(np.float32), bits=4,
-                              group_size=group_size)
+    w = WeightMatrix.quantize(
+        np.random.default_rng(1).standard_normal((8, 256)).astype(np.float32), bits=4, group_size=group_size
+    )
     np.testing.assert_allclose(dequantize_exact(w), w.dense(np.float64), rtol=0, atol=1e-6)
 
 
@@ -49,16 +50,18 @@ def test_the_seed_case_is_held_to_2e_4():
 
 
 def test_a_quantized_tail_uses_the_exact_weights():
-    w = T.TailWeights.random(64, 128, 128, seed=3, fold_block=128, dtype="bfloat16",
-                             quantize={"mode": "affine", "bits": 4, "group_size": 64})
+    w = T.TailWeights.random(
+        64, 128, 128, seed=3, fold_block=128, dtype="bfloat16", quantize={"mode": "affine", "bits": 4, "group_size": 64}
+    )
     br, res = T.random_inputs(w, seed=4)
     exact = host_tail_exact(w, br, res)
     by_mlx = T.host_tail(w, br, res)  # dequantized by MLX with float32 scales: the same map
     assert compare(exact, by_mlx, tol=1e-6).passed
 
 
-@pytest.mark.parametrize("x,want", [(1.3e-4, 2e-4), (2e-4, 2e-4), (6e-5, 1e-4), (3e-3, 5e-3), (7e-2, 1e-1),
-                                    (1.0, 1.0), (0.0, 0.0)])
+@pytest.mark.parametrize(
+    "x,want", [(1.3e-4, 2e-4), (2e-4, 2e-4), (6e-5, 1e-4), (3e-3, 5e-3), (7e-2, 1e-1), (1.0, 1.0), (0.0, 0.0)]
+)
 def test_nice_ceil_rounds_up_to_1_2_5(x: float, want: float):
     assert nice_ceil(x) == pytest.approx(want, rel=1e-12)
 

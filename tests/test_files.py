@@ -29,8 +29,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _entry(i: int | str, **kw) -> dict:
-    return {"id": f"test-{i}", "kind": "published", "ms": 0.1, "device": "d", "backend": "cpu", "method": "m",
-            "source": "s", **kw}
+    return {
+        "id": f"test-{i}",
+        "kind": "published",
+        "ms": 0.1,
+        "device": "d",
+        "backend": "cpu",
+        "method": "m",
+        "source": "s",
+        **kw,
+    }
 
 
 @pytest.fixture
@@ -102,9 +110,11 @@ def test_a_held_lock_times_out_with_a_clear_error(tmp_path: Path) -> None:
     files.write_json(path, {})
     with files.locked(path):
         # filelock's locks are per process and re-entrant within it: a child must contend.
-        code = (f"from workbench import files\n"
-                f"try:\n    files.update_json({str(path)!r}, lambda d: d, timeout=0.2)\n"
-                f"except ValueError as e:\n    print(e)\n")
+        code = (
+            f"from workbench import files\n"
+            f"try:\n    files.update_json({str(path)!r}, lambda d: d, timeout=0.2)\n"
+            f"except ValueError as e:\n    print(e)\n"
+        )
         done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "is locked by another process" in done.stdout, done.stderr
 
@@ -128,8 +138,13 @@ _PAUSED_WRITER = textwrap.dedent("""
 
 def test_a_writer_killed_mid_write_leaves_the_old_ledger(ledger: Path) -> None:
     before = ledger.read_bytes()
-    child = subprocess.Popen([sys.executable, "-c", _PAUSED_WRITER, str(ledger)], cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_WRITER, str(ledger)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "paused", child.stderr.read()
         # The new content is in a temporary file now, half a megabyte, not yet synced.
@@ -166,8 +181,13 @@ _FULL_DISK_WRITER = textwrap.dedent("""
 def test_a_full_disk_leaves_the_old_ledger(ledger: Path) -> None:
     before = ledger.read_bytes()
     limit = len(before) + 1000  # room for the old ledger, not for the new one
-    done = subprocess.run([sys.executable, "-c", _FULL_DISK_WRITER, str(ledger), str(limit)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_WRITER, str(ledger), str(limit)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 3, done.stdout + done.stderr
     assert "refused: 27" in done.stdout  # EFBIG: the file-size limit, as a full disk would refuse
     assert ledger.read_bytes() == before and _leftovers(ledger.parent) == []
@@ -193,8 +213,15 @@ def test_concurrent_writers_lose_no_entry(ledger: Path, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     gate.mkdir()
     base = [e["id"] for e in wait_ledger.load_ledger(ledger)]
-    procs = [subprocess.Popen([sys.executable, "-c", _ADDER, str(ledger), str(w), str(n_each), str(gate)], cwd=ROOT,
-                              stderr=subprocess.PIPE, text=True) for w in range(n_writers)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _ADDER, str(ledger), str(w), str(n_each), str(gate)],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(n_writers)
+    ]
     try:
         deadline = time.monotonic() + 120
         while len(list(gate.glob("ready-*"))) < n_writers:
@@ -210,7 +237,7 @@ def test_concurrent_writers_lose_no_entry(ledger: Path, tmp_path: Path) -> None:
                 p.kill()
     ids = [e["id"] for e in wait_ledger.load_ledger(ledger)]
     expected = {f"w{w}-{i}" for w in range(n_writers) for i in range(n_each)}
-    assert ids[: len(base)] == base and set(ids[len(base):]) == expected and len(ids) == len(base) + len(expected)
+    assert ids[: len(base)] == base and set(ids[len(base) :]) == expected and len(ids) == len(base) + len(expected)
     assert _leftovers(ledger.parent) == []
 
 
@@ -243,8 +270,10 @@ def test_a_replaced_file_keeps_its_mode(tmp_path: Path) -> None:
 def test_command_shown_drops_only_the_out_dir():
     from workbench.files import command_shown
 
-    assert command_shown("python -m bench.gpu_check --checks-only --out-dir /root/out/bench") == \
-        "python -m bench.gpu_check --checks-only"
+    assert (
+        command_shown("python -m bench.gpu_check --checks-only --out-dir /root/out/bench")
+        == "python -m bench.gpu_check --checks-only"
+    )
     assert command_shown("python -m bench.x --out-dir=/tmp/o --rounds 8") == "python -m bench.x --rounds 8"
     assert command_shown("python -m bench.kernel_bench") == "python -m bench.kernel_bench"
     with pytest.raises(ValueError, match="command must be a str"):

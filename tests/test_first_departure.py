@@ -40,12 +40,15 @@ def test_it_counts_as_one_pass_over_the_sequence_does():
     assert first_departure(model, PROMPT, cases[2]) == 3
 
 
-@pytest.mark.parametrize("prompt,tokens,match", [
-    ([], [1], "prompt: must hold at least one"),
-    ([1], [], "tokens: must hold at least one"),
-    ([1], [128], "tokens"),
-    ([-1], [2], "prompt"),
-])
+@pytest.mark.parametrize(
+    "prompt,tokens,match",
+    [
+        ([], [1], "prompt: must hold at least one"),
+        ([1], [], "tokens: must hold at least one"),
+        ([1], [128], "tokens"),
+        ([-1], [2], "prompt"),
+    ],
+)
 def test_bad_arguments_are_named(prompt, tokens, match):
     with pytest.raises(ValueError, match=match):
         first_departure(tiny_llama(1), prompt, tokens)

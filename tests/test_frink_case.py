@@ -18,8 +18,9 @@ def test_lcg_first_values_by_hand():
     v, state = lcg_stream(3, 1.0, 6_180_339)
     assert state == 252105560
     assert v.dtype == np.float32
-    np.testing.assert_array_equal(v, np.array([-0.05855214595794678, -0.20414817333221436, -0.44130218029022217],
-                                              dtype=np.float32))
+    np.testing.assert_array_equal(
+        v, np.array([-0.05855214595794678, -0.20414817333221436, -0.44130218029022217], dtype=np.float32)
+    )
     a = seed_arrays()
     np.testing.assert_array_equal(a.wo.ravel()[:3], v)  # wo is drawn first, row-major
 
@@ -31,8 +32,16 @@ def test_seed_arrays_order_and_shapes():
     # replay the stream by hand in frink-models' test's order
     s = SEED_LCG_START
     chunks = {}
-    for name, n, scale in [("wo", h * b, 1.0), ("gate", f * h, 1.0), ("up", f * h, 1.0), ("down", h * f, 1.0),
-                           ("norm", h, 0.5), ("branch", b, 1.0), ("residual", h, 1.0), ("signs", b, 2.0)]:
+    for name, n, scale in [
+        ("wo", h * b, 1.0),
+        ("gate", f * h, 1.0),
+        ("up", f * h, 1.0),
+        ("down", h * f, 1.0),
+        ("norm", h, 0.5),
+        ("branch", b, 1.0),
+        ("residual", h, 1.0),
+        ("signs", b, 2.0),
+    ]:
         chunks[name], s = lcg_stream(n, scale, s)
     np.testing.assert_array_equal(a.down.ravel(), chunks["down"])
     np.testing.assert_array_equal(a.ffn_norm, np.float32(1) + chunks["norm"])

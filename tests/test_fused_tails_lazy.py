@@ -58,6 +58,7 @@ def test_a_kernel_backend_gets_mlx_vectors_and_stays_in_the_graph(monkeypatch, c
                 if self.next_norm is None:
                     return out
                 return out, mx.fast.rms_norm(out, mx.array(self.next_norm.weight), self.next_norm.eps)
+
             return call
 
     def for_launch(launch, tuning=None, next_norm=None):
@@ -71,8 +72,7 @@ def test_a_kernel_backend_gets_mlx_vectors_and_stays_in_the_graph(monkeypatch, c
     # checks is what the block hands a launch, not a device's rounding.
     with mx.stream(mx.cpu):
         ref = _logits(model)
-        with rmod.fused_tails(model, [ckpt.tail_weights(i) for i in range(2)], backend="cuda",
-                              carry_norm=carry_norm):
+        with rmod.fused_tails(model, [ckpt.tail_weights(i) for i in range(2)], backend="cuda", carry_norm=carry_norm):
             fused = _logits(model)
     assert compare(fused, ref, tol=TOL).passed
     assert len(seen) == 2 * len(TOKENS)  # one launch a position a layer

@@ -44,8 +44,9 @@ from workbench.kernels import source as ks
 from workbench.models.loader import load_model
 from workbench.waits import plan as waits
 
-needs_clang = pytest.mark.skipif(not B.clang_available(),
-                                 reason="the Metal emulation needs clang (apt-get install clang)")
+needs_clang = pytest.mark.skipif(
+    not B.clang_available(), reason="the Metal emulation needs clang (apt-get install clang)"
+)
 
 #: See the module's docstring.
 TOL = 1e-5
@@ -71,10 +72,17 @@ def _case(shape: G.GdnShape, seed: int) -> dict[str, np.ndarray]:
     def u(*dims: int, a: float = 1.0) -> np.ndarray:
         return rng.uniform(-a, a, dims).astype(np.float32)
 
-    return dict(mixed=u(s.channels), z=u(s.vd, a=3.0), ba=u(2 * s.hv, a=3.0), conv_state=u(s.kw - 1, s.channels),
-                conv_w=u(s.kw, s.channels, a=math.sqrt(3.0 / s.kw)),
-                a_log=np.log(rng.uniform(1.0, 16.0, s.hv)).astype(np.float32), dt_bias=u(s.hv),
-                o_norm=(1.0 + u(s.dv, a=0.25)).astype(np.float32), state=u(s.hv, s.dv, s.dk, a=0.5))
+    return dict(
+        mixed=u(s.channels),
+        z=u(s.vd, a=3.0),
+        ba=u(2 * s.hv, a=3.0),
+        conv_state=u(s.kw - 1, s.channels),
+        conv_w=u(s.kw, s.channels, a=math.sqrt(3.0 / s.kw)),
+        a_log=np.log(rng.uniform(1.0, 16.0, s.hv)).astype(np.float32),
+        dt_bias=u(s.hv),
+        o_norm=(1.0 + u(s.dv, a=0.25)).astype(np.float32),
+        state=u(s.hv, s.dv, s.dk, a=0.5),
+    )
 
 
 def _kernel(c: dict, shape: G.GdnShape, order: str = "ascending", seed: int = 0) -> list[np.ndarray]:
@@ -108,16 +116,32 @@ class _Around:
 
 
 def _geometry(shape: G.GdnShape) -> Geometry:
-    return Geometry(hidden=32, ffn=32, n_q=1, n_kv=1, head_dim=8, attn_output_gate=False, gdn_k_heads=shape.hk,
-                    gdn_v_heads=shape.hv, gdn_k_dim=shape.dk, gdn_v_dim=shape.dv, conv_kernel=shape.kw, vocab=8,
-                    eps=EPS)
+    return Geometry(
+        hidden=32,
+        ffn=32,
+        n_q=1,
+        n_kv=1,
+        head_dim=8,
+        attn_output_gate=False,
+        gdn_k_heads=shape.hk,
+        gdn_v_heads=shape.hv,
+        gdn_k_dim=shape.dk,
+        gdn_v_dim=shape.dv,
+        conv_kernel=shape.kw,
+        vocab=8,
+        eps=EPS,
+    )
 
 
 def _mlx_ops(c: dict, shape: G.GdnShape, gdn: str) -> list[np.ndarray]:
     """``layers.recurrent_layer``'s ops (``gdn``: ``"ops"`` or ``"fast"``) on the case: (o, conv', state')."""
     mv = _Around(mx.array(c["mixed"]), mx.array(c["z"]), mx.array(c["ba"]))
-    w = {"conv": mx.array(c["conv_w"]), "a_log": mx.array(c["a_log"]), "dt_bias": mx.array(c["dt_bias"]),
-         "o_norm": mx.array(c["o_norm"])}
+    w = {
+        "conv": mx.array(c["conv_w"]),
+        "a_log": mx.array(c["a_log"]),
+        "dt_bias": mx.array(c["dt_bias"]),
+        "o_norm": mx.array(c["o_norm"]),
+    }
     st = DecodeState({0: mx.array(c["state"])[None]}, {0: mx.array(c["conv_state"])}, {}, {}, {}, {}, 0)
     layers.recurrent_layer(_geometry(shape), w, mx.zeros((32,)), st, 0, gdn, mv)
     assert mv.o is not None
@@ -198,15 +222,24 @@ def test_a_wrong_formula_is_caught():
     def swap_key_heads(a: np.ndarray) -> np.ndarray:  # key heads' q and k channels in reverse order
         a = a.copy()
         for lo in (0, kd):
-            a[..., lo: lo + kd] = a[..., lo: lo + kd].reshape(*a.shape[:-1], hk, dk)[..., ::-1, :].reshape(
-                *a.shape[:-1], kd)
+            a[..., lo : lo + kd] = (
+                a[..., lo : lo + kd].reshape(*a.shape[:-1], hk, dk)[..., ::-1, :].reshape(*a.shape[:-1], kd)
+            )
         return a
 
     errs = {
         "gate without dt_bias": max(_errors(got, oracle(dt_bias=np.zeros_like(c["dt_bias"])))),
         "b and a swapped": max(_errors(got, oracle(ba=np.concatenate([c["ba"][hv:], c["ba"][:hv]])))),
-        "key heads h % Hk": max(_errors(got, oracle(mixed=swap_key_heads(c["mixed"]), conv_w=swap_key_heads(
-            c["conv_w"]), conv_state=swap_key_heads(c["conv_state"])))),
+        "key heads h % Hk": max(
+            _errors(
+                got,
+                oracle(
+                    mixed=swap_key_heads(c["mixed"]),
+                    conv_w=swap_key_heads(c["conv_w"]),
+                    conv_state=swap_key_heads(c["conv_state"]),
+                ),
+            )
+        ),
     }
     big = [np.array(a) for a in G.gdn_step(**c, k_heads=hk, eps=0.5, backend="metal-emulated")]
     assert max(_errors(big, oracle(eps=0.5))) <= TOL  # a large eps, where it is
@@ -218,10 +251,22 @@ def test_a_wrong_formula_is_caught():
 # -- Bonsai-27B's whole layer: on a GPU (skipped here, saying why) and emulated ------------------
 
 _GPU = [
-    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-        not B.cuda_available(), reason="needs an NVIDIA GPU with MLX's CUDA back-end (mlx[cuda13])")]),
-    pytest.param("metal", marks=[pytest.mark.metal, pytest.mark.skipif(
-        not B.metal_available(), reason="needs an Apple GPU with MLX's Metal back-end")]),
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(
+                not B.cuda_available(), reason="needs an NVIDIA GPU with MLX's CUDA back-end (mlx[cuda13])"
+            ),
+        ],
+    ),
+    pytest.param(
+        "metal",
+        marks=[
+            pytest.mark.metal,
+            pytest.mark.skipif(not B.metal_available(), reason="needs an Apple GPU with MLX's Metal back-end"),
+        ],
+    ),
     pytest.param("metal-emulated", marks=needs_clang),  # here too: ~3 s on the CPU
 ]
 
@@ -259,8 +304,12 @@ def test_bonsai_layer_matches_float64_and_steps_in_a_row(dialect: str):
 def _nvcc(src) -> subprocess.CompletedProcess:
     # Device code only (-cubin), as MLX compiles a kernel (NVRTC): the host pass is most of
     # nvcc's time and gives nothing this test reads.
-    return subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(src.with_suffix(".cubin")), "-Xptxas", "-v",
-                           str(src)], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["nvcc", "-arch=sm_90", "-cubin", "-o", str(src.with_suffix(".cubin")), "-Xptxas", "-v", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
@@ -360,8 +409,20 @@ def test_an_absent_backend_raises_and_never_falls_back():
 # -- in the schedule ----------------------------------------------------------------------------
 
 #: Bonsai's 64-layer pattern at toy widths whose key head dim the kernel serves (a multiple of 32).
-TINY = Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True, gdn_k_heads=2,
-                gdn_v_heads=4, gdn_k_dim=32, gdn_v_dim=32, conv_kernel=4, vocab=64)
+TINY = Geometry(
+    hidden=32,
+    ffn=48,
+    n_q=4,
+    n_kv=1,
+    head_dim=8,
+    attn_output_gate=True,
+    gdn_k_heads=2,
+    gdn_v_heads=4,
+    gdn_k_dim=32,
+    gdn_v_dim=32,
+    conv_kernel=4,
+    vocab=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -400,8 +461,15 @@ class _EmulatedGdn(D.MlxMatvecs):
     def gdn_step(self, lw, k_heads, mixed, z, ba, conv, ssm):
         self.calls.append("gdn_step")
         if id(lw) not in self.prepared:
-            self.prepared[id(lw)] = G.prepare(lw["conv"], lw["a_log"], lw["dt_bias"], lw["o_norm"], self.eps,
-                                              k_heads=k_heads, backend="metal-emulated")
+            self.prepared[id(lw)] = G.prepare(
+                lw["conv"],
+                lw["a_log"],
+                lw["dt_bias"],
+                lw["o_norm"],
+                self.eps,
+                k_heads=k_heads,
+                backend="metal-emulated",
+            )
         return self.prepared[id(lw)](mixed, z, ba, conv, ssm)
 
     def out_add(self, lw, name, v, x):
@@ -436,7 +504,7 @@ def test_a_decode_with_the_kernel_step_is_the_mlx_ops_decode(bonsai):
     rec_calls = [c for c in emu.calls if c != "out_add:wo"]
     assert rec_calls.count("gdn_step") == n_rec == 48
     first = emu.calls.index("gdn_in")
-    assert emu.calls[first: first + 4] == ["gdn_in", "gdn_step", "out_add:out", "ffn"]
+    assert emu.calls[first : first + 4] == ["gdn_in", "gdn_step", "out_add:out", "ffn"]
     for li in new_state(w).ssm:  # the states the kernel carried are the ops path's (rounding apart:
         # each layer's input x went through every layer before it, on two paths)
         assert D.worst_scaled_error(np.array(sa.ssm[li]), np.array(sb.ssm[li])) <= TOL

@@ -30,8 +30,9 @@ def test_the_model_graph_tail_matches_the_float64_host_tail(dtype, quantize, fol
     """frink-models' criterion (|x - y| <= 2e-4 max(|y|, 1), the project's tolerance for a
     float32 tail against float64): the preparation (widening, stacking, the fast norm) keeps
     the map, so it passes with the same margin as the graph tail."""
-    w = tail.TailWeights.random(64, 96, 128, seed=3, dtype=dtype, quantize=quantize, fold_block=fold_block,
-                                fold_site=site)
+    w = tail.TailWeights.random(
+        64, 96, 128, seed=3, dtype=dtype, quantize=quantize, fold_block=fold_block, fold_site=site
+    )
     br, res = tail.random_inputs(w, seed=5, batch=(4,))
     truth = tail.host_tail(w, br, res)
     fn = model_graph_tail(tail.tail_launch(w), stack_gate_up=stack, compiled=compiled)
@@ -39,8 +40,9 @@ def test_the_model_graph_tail_matches_the_float64_host_tail(dtype, quantize, fol
     one = np.asarray(fn(mx.array(br[1].astype(np.float32)), mx.array(res[1].astype(np.float32))))
     assert rows.shape == (4, 64) and one.shape == (64,) and rows.dtype == np.float32
     assert compare(rows, truth).passed and compare(one, truth[1]).passed
-    graph = np.asarray(tail.tail_graph(tail.tail_launch(w), mx.array(br.astype(np.float32)),
-                                       mx.array(res.astype(np.float32))))
+    graph = np.asarray(
+        tail.tail_graph(tail.tail_launch(w), mx.array(br.astype(np.float32)), mx.array(res.astype(np.float32)))
+    )
     # the same map as the ops written out, to float32 rounding (not a tolerance of its own:
     # both are float32 tails of the same weights, so they agree far inside 2e-4)
     assert compare(rows, graph, tol=SEED_TOL / 20).passed
@@ -69,11 +71,14 @@ def test_stacking_gate_and_up_gives_the_same_bits_on_this_device():
     assert np.array_equal(stacked, apart)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"launch": "wo"}, "launch: must be a TailLaunch"),
-    ({"stack_gate_up": 1}, "stack_gate_up: must be True or False"),
-    ({"compiled": "yes"}, "compiled: must be True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"launch": "wo"}, "launch: must be a TailLaunch"),
+        ({"stack_gate_up": 1}, "stack_gate_up: must be True or False"),
+        ({"compiled": "yes"}, "compiled: must be True or False"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, match):
     w = tail.TailWeights.random(64, 96, 128, seed=1)
     args = {"launch": tail.tail_launch(w), **kwargs}
@@ -112,8 +117,9 @@ def _half_ops_tail(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, act) ->
         base, _ = m.launch_parts()
         if isinstance(base, QuantizedBase):
             s = base.spec
-            return mx.quantized_matmul(x, base.w, base.scales, base.biases, transpose=True, group_size=s.group_size,
-                                       bits=s.bits, mode=s.mode)
+            return mx.quantized_matmul(
+                x, base.w, base.scales, base.biases, transpose=True, group_size=s.group_size, bits=s.bits, mode=s.mode
+            )
         return x @ base.T
 
     x, r = mx.array(br.astype(np.float32)).astype(act)[None], mx.array(res.astype(np.float32)).astype(act)[None]

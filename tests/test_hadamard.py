@@ -103,7 +103,9 @@ def test_float64_rows_do_not_depend_on_the_batch(block: int, transpose: bool) ->
     full = hadamard.block_transform(x, block, transpose=transpose)
     for i in range(0, 37, 5):
         np.testing.assert_array_equal(full[i], hadamard.block_transform(x[i], block, transpose=transpose))
-        np.testing.assert_array_equal(full[i:i + 11], hadamard.block_transform(x[i:i + 11], block, transpose=transpose))
+        np.testing.assert_array_equal(
+            full[i : i + 11], hadamard.block_transform(x[i : i + 11], block, transpose=transpose)
+        )
     h = hadamard.hadamard_matrix(block).astype(np.float64) / np.sqrt(block)
     ref = (x.reshape(37, 3, block) @ (h if transpose else h.T)).reshape(x.shape)
     np.testing.assert_allclose(full, ref, rtol=0, atol=1e-14 * np.sqrt(block))

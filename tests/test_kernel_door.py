@@ -14,8 +14,13 @@ def test_the_kernels_never_import_the_tail():
     # Not even under TYPE_CHECKING: the launch contract is the kernels' own (kernels/contract.py).
     for path in sorted((PACKAGE / "kernels").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             assert not any(n == "workbench.tail" or n.startswith("workbench.tail.") for n in names), path.name
 
 
@@ -23,5 +28,8 @@ def test_no_module_default_is_left_to_flip():
     for root in (PACKAGE, PACKAGE.parent / "bench"):
         for path in root.rglob("*.py"):
             text = path.read_text()
-            assert "def set_default_" not in text and ".set_default_tuning" not in text \
-                and ".set_default_shape" not in text, path
+            assert (
+                "def set_default_" not in text
+                and ".set_default_tuning" not in text
+                and ".set_default_shape" not in text
+            ), path

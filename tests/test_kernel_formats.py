@@ -25,8 +25,13 @@ from workbench.studies.exact_oracle import E2M1_VALUES, dequantize_exact, e4m3_v
 
 #: kernels/common.h's names for the weight codes (WF_*) and scale codes (SF_*), and the
 #: formats of workbench.fold.formats each names.
-_COMMON_H_WEIGHTS = {"WF_F32": ["float32"], "WF_BF16": ["bfloat16"], "WF_Q4": ["affine4"], "WF_Q8": ["affine8"],
-                     "WF_FP4": ["mxfp4", "nvfp4"]}
+_COMMON_H_WEIGHTS = {
+    "WF_F32": ["float32"],
+    "WF_BF16": ["bfloat16"],
+    "WF_Q4": ["affine4"],
+    "WF_Q8": ["affine8"],
+    "WF_FP4": ["mxfp4", "nvfp4"],
+}
 _COMMON_H_SCALES = {"SF_F32": "float32", "SF_BF16": "bfloat16", "SF_E8M0": "e8m0", "SF_E4M3": "e4m3"}
 
 
@@ -40,7 +45,8 @@ def test_the_format_table_has_the_kernels_codes():
         assert [f.name for f in F.by_code(defined[macro])] == names
     assert sorted(f.name for f in F.KERNEL_FORMATS) == sorted(n for ns in _COMMON_H_WEIGHTS.values() for n in ns)
     assert {macro: F.SCALE_CODES[name] for macro, name in _COMMON_H_SCALES.items()} == {
-        macro: defined[macro] for macro in _COMMON_H_SCALES}
+        macro: defined[macro] for macro in _COMMON_H_SCALES
+    }
     assert F.MXFP4.scale_code() == defined["SF_E8M0"] and F.NVFP4.scale_code() == defined["SF_E4M3"]
     assert F.AFFINE4.scale_code("float32") == defined["SF_F32"] and F.AFFINE8.scale_code() == defined["SF_BF16"]
 
@@ -96,8 +102,12 @@ def test_fp4_pairs_decode_every_e2m1_code_as_a_half():
     the 2 e2m1 the byte tables gave before (so dot_fp4x8's sums are that power of two
     times the old ones)."""
     rng = np.random.default_rng(0)
-    v = np.concatenate([rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32),
-                        np.array([0x11111111 * c for c in range(16)], dtype=np.uint32)])
+    v = np.concatenate(
+        [
+            rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32),
+            np.array([0x11111111 * c for c in range(16)], dtype=np.uint32),
+        ]
+    )
     codes = np.stack([(v >> np.uint32(4 * i)) & np.uint32(15) for i in range(8)], 1)
     got = np.zeros((v.size, 8))
     for n in range(4):
@@ -112,12 +122,18 @@ def test_fp4_pairs_decode_every_e2m1_code_as_a_half():
 def test_q4_codes_are_placed_by_one_mask_and_or_exactly():
     """dot_q4x8: code n of a word (n <= 4) or-ed where it lies into 2^(23 - 4n), minus that,
     is q; codes 5-7 the same after the word is moved down 12 bits. Exact in float32."""
-    v = np.concatenate([np.random.default_rng(2).integers(0, 2**32, 5000, dtype=np.uint64).astype(np.uint32),
-                        np.array([0, 0xFFFFFFFF, 0x88888888, 0x77777777], dtype=np.uint32)])
+    v = np.concatenate(
+        [
+            np.random.default_rng(2).integers(0, 2**32, 5000, dtype=np.uint64).astype(np.uint32),
+            np.array([0, 0xFFFFFFFF, 0x88888888, 0x77777777], dtype=np.uint32),
+        ]
+    )
     q = np.stack([(v >> np.uint32(4 * i)) & np.uint32(15) for i in range(8)], 1).astype(np.float64)
     h = v >> np.uint32(12)
-    got = np.stack([_placed(v, 0xF << (4 * n), 4 * n) for n in range(5)]
-                   + [_placed(h, 0xF << (4 * n), 4 * n) for n in (2, 3, 4)], 1)
+    got = np.stack(
+        [_placed(v, 0xF << (4 * n), 4 * n) for n in range(5)] + [_placed(h, 0xF << (4 * n), 4 * n) for n in (2, 3, 4)],
+        1,
+    )
     np.testing.assert_array_equal(got.astype(np.float64), q)
 
 
@@ -174,14 +190,18 @@ def test_dequantize_exact_matches_mlx_bit_for_bit(name, dtype):
         np.testing.assert_array_equal(got, ref.astype(np.float64))
 
 
-@pytest.mark.parametrize("name,fmt,sfmt,gs", [("affine4", F.AFFINE4.code, F.SCALE_CODES["bfloat16"], 64),
-                                              ("affine8", F.AFFINE8.code, F.SCALE_CODES["bfloat16"], 64),
-                                              ("mxfp4", F.MXFP4.code, F.SCALE_CODES["e8m0"], 32),
-                                              ("nvfp4", F.NVFP4.code, F.SCALE_CODES["e4m3"], 16)])
+@pytest.mark.parametrize(
+    "name,fmt,sfmt,gs",
+    [
+        ("affine4", F.AFFINE4.code, F.SCALE_CODES["bfloat16"], 64),
+        ("affine8", F.AFFINE8.code, F.SCALE_CODES["bfloat16"], 64),
+        ("mxfp4", F.MXFP4.code, F.SCALE_CODES["e8m0"], 32),
+        ("nvfp4", F.NVFP4.code, F.SCALE_CODES["e4m3"], 16),
+    ],
+)
 def test_launch_builder_takes_each_format(name, fmt, sfmt, gs):
     q = QUANT_FORMATS[name]
-    w = T.TailWeights.random(128, 1024, 512, seed=3, fold_block=256, dtype="bfloat16",
-                             quantize=q.as_quantize())
+    w = T.TailWeights.random(128, 1024, 512, seed=3, fold_block=256, dtype="bfloat16", quantize=q.as_quantize())
     prep = KL.prepare_tail(T.tail_launch(w), "metal")
     wo = dict(prep.templates()["wo_residual"])
     assert (wo["FMT"], wo["SFMT"], wo["GS"]) == (fmt, sfmt, gs) and prep.wo.format is F.by_name(name)
@@ -191,8 +211,10 @@ def test_launch_builder_takes_each_format(name, fmt, sfmt, gs):
     src = KE.metal_tail_source(T.tail_launch(w))
     assert len(src) == 3
     if sfmt in (F.SCALE_CODES["e8m0"], F.SCALE_CODES["e4m3"]):
-        assert all("const device uint8_t* ws" in s or "const device uint8_t* wgs" in s or "const device uint8_t* wds" in s
-                   for s in src.values())
+        assert all(
+            "const device uint8_t* ws" in s or "const device uint8_t* wgs" in s or "const device uint8_t* wds" in s
+            for s in src.values()
+        )
 
 
 def test_units_are_sixteen_bytes_of_each_format():

@@ -40,9 +40,25 @@ from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_TOL, seed_case
 
 #: Text that belongs to one dialect only; the bodies and common.h must hold none of it.
-DIALECT_TOKENS = ("__syncthreads", "__shfl", "threadIdx", "blockIdx", "gridDim", "__global__", "__device__",
-                  "__shared__", "__ldcs", "make_uint4", "threadgroup", "simd_", "metal::", "as_type",
-                  "thread_position", "device ", "[[")
+DIALECT_TOKENS = (
+    "__syncthreads",
+    "__shfl",
+    "threadIdx",
+    "blockIdx",
+    "gridDim",
+    "__global__",
+    "__device__",
+    "__shared__",
+    "__ldcs",
+    "make_uint4",
+    "threadgroup",
+    "simd_",
+    "metal::",
+    "as_type",
+    "thread_position",
+    "device ",
+    "[[",
+)
 
 
 #: The kernels built on common.h's row dot (the tail's three and the head launch), which
@@ -85,16 +101,46 @@ CUDA_ONLY = {"grid_barrier", "load_acquire", "global_ns"}
 def test_the_two_preludes_define_the_same_names():
     metal, cuda = _interface("metal"), _interface("cuda")
     assert metal == cuda - CUDA_ONLY, f"only Metal: {metal - cuda}; only CUDA: {cuda - CUDA_ONLY - metal}"
-    assert {"KFN", "DEV", "GRP", "GROUP_SHARED", "GROUP_BARRIER", "warp_sum", "lid", "gid", "ngroups", "lane",
-            "warp"} <= metal
+    assert {
+        "KFN",
+        "DEV",
+        "GRP",
+        "GROUP_SHARED",
+        "GROUP_BARRIER",
+        "warp_sum",
+        "lid",
+        "gid",
+        "ngroups",
+        "lane",
+        "warp",
+    } <= metal
 
 
 #: What only common.h's primitives may spell out: the weight loads and per-unit dot
 #: products (the row dot's tuned load pattern lives in lane_dot alone), the sign-bit test
 #: of the signed scatter, the rms scale.
-_PRIMITIVE_INTERNALS = ("LOAD_STREAM", "LOAD_UNIT(", "UNIT_DOT(", "load_unit", "unit_dot", "q4_word_dot",
-                        "q8_word_dot", "fp4_word_dot", "dot_bf16x8", "dot_f32x4", "dot_q4x8", "dot_q8x4",
-                        "dot_fp4x8", "fp4_pair", "half_lo", "half_hi", "Q_WORD", "& 1)", "RSQRTF", "sumsq4")
+_PRIMITIVE_INTERNALS = (
+    "LOAD_STREAM",
+    "LOAD_UNIT(",
+    "UNIT_DOT(",
+    "load_unit",
+    "unit_dot",
+    "q4_word_dot",
+    "q8_word_dot",
+    "fp4_word_dot",
+    "dot_bf16x8",
+    "dot_f32x4",
+    "dot_q4x8",
+    "dot_q8x4",
+    "dot_fp4x8",
+    "fp4_pair",
+    "half_lo",
+    "half_hi",
+    "Q_WORD",
+    "& 1)",
+    "RSQRTF",
+    "sumsq4",
+)
 
 
 @pytest.mark.parametrize("kernel", ROW_KERNELS)
@@ -175,14 +221,18 @@ def test_compact_keeps_every_token_and_directive_line():
 
 
 def test_compact_edge_cases():
-    text = ('  const char* s = "a // b /* c */";  // gone\n'
-            "  char q = '/'; int d = a / b; /* one\n two */ int e = 1;\n"
-            "#define M(x) \\\n  (x) // tail\n\n\n  int f = M(2);\n"
-            "#define N 1 \\\n\nint g = N;\n")
-    assert ks.compact(text) == ('const char* s = "a // b /* c */";\n'
-                                "char q = '/'; int d = a / b;\nint e = 1;\n"
-                                "#define M(x) \\\n(x)\nint f = M(2);\n"
-                                "#define N 1 \\\n\nint g = N;\n")
+    text = (
+        '  const char* s = "a // b /* c */";  // gone\n'
+        "  char q = '/'; int d = a / b; /* one\n two */ int e = 1;\n"
+        "#define M(x) \\\n  (x) // tail\n\n\n  int f = M(2);\n"
+        "#define N 1 \\\n\nint g = N;\n"
+    )
+    assert ks.compact(text) == (
+        'const char* s = "a // b /* c */";\n'
+        "char q = '/'; int d = a / b;\nint e = 1;\n"
+        "#define M(x) \\\n(x)\nint f = M(2);\n"
+        "#define N 1 \\\n\nint g = N;\n"
+    )
     assert ks.compact("") == "\n" and ks.compact("// only a comment\n") == "\n"
 
 
@@ -251,8 +301,13 @@ def test_metal_inputs_and_outputs_in_device_memory(seed_metal):
                 # every array is in device memory (none under 8 elements, which MLX puts in `constant`)
                 want = "device float*" if name in spec.outputs else "const device"
                 assert p.startswith(want), p
-        for attr in ("thread_position_in_threadgroup", "threadgroup_position_in_grid", "threadgroups_per_grid",
-                     "thread_index_in_simdgroup", "simdgroup_index_in_threadgroup"):
+        for attr in (
+            "thread_position_in_threadgroup",
+            "threadgroup_position_in_grid",
+            "threadgroups_per_grid",
+            "thread_index_in_simdgroup",
+            "simdgroup_index_in_threadgroup",
+        ):
             assert f"[[{attr}]]" in src, (kernel, attr)
 
 
@@ -286,8 +341,15 @@ def test_metal_types_follow_the_weight_format():
     src = list(_metal_for(w16).values())[0]
     iw = ks.KERNELS["wo_residual"].inputs.index("w")
     assert f"const device bfloat16_t* w [[buffer({iw})]]" in src
-    q = T.TailWeights.random(64, 1024, 128, seed=2, fold_block=1024, dtype="bfloat16",
-                             quantize={"mode": "affine", "bits": 4, "group_size": 64})
+    q = T.TailWeights.random(
+        64,
+        1024,
+        128,
+        seed=2,
+        fold_block=1024,
+        dtype="bfloat16",
+        quantize={"mode": "affine", "bits": 4, "group_size": 64},
+    )
     prep = KL.prepared(T.tail_launch(q), "metal")
     src = list(_metal_for(q).values())[0]
     assert f"const device uint32_t* w [[buffer({iw})]]" in src and "const device bfloat16_t* ws" in src
@@ -298,18 +360,29 @@ def test_metal_types_follow_the_weight_format():
 
 def test_metal_head_launch_source():
     fold = HadamardFold.random(1280, 1280, seed=3, permute=True)  # m = 20, k = 6
-    mats = [WeightMatrix(np.random.default_rng(i).standard_normal((r, 1280)).astype(np.float32)).fold_hadamard(fold)
-            for i, r in enumerate((256, 64, 64))]
-    src = KE.generated_source(lambda x: KH.head_launch(x, np.ones(1280, np.float32), 1e-6, *mats, "metal",
-                                                     verbose=True)[0], mx.zeros((1280,)))
-    (name, text), = src.items()
+    mats = [
+        WeightMatrix(np.random.default_rng(i).standard_normal((r, 1280)).astype(np.float32)).fold_hadamard(fold)
+        for i, r in enumerate((256, 64, 64))
+    ]
+    src = KE.generated_source(
+        lambda x: KH.head_launch(x, np.ones(1280, np.float32), 1e-6, *mats, "metal", verbose=True)[0], mx.zeros((1280,))
+    )
+    ((name, text),) = src.items()
     assert name == "fat_head_qkv" and "void custom_kernel_fat_head_qkv__" in text
     assert [p.split("[[")[0].split("*")[1].strip() for p in _signature(text) if "[[buffer(" in p] == list(
-        ks.KERNELS["head_qkv"].inputs + ks.KERNELS["head_qkv"].outputs)
+        ks.KERNELS["head_qkv"].inputs + ks.KERNELS["head_qkv"].outputs
+    )
     inst = re.search(r"decltype\(\w+<([^>]*)>\)", text).group(1).replace(" ", "").split(",")
     t = dict(zip(ks.KERNELS["head_qkv"].template, inst))
-    assert (t["HID"], t["NQ"], t["NK"], t["NV"], t["ROT"], t["M"], t["LOGP"]) == ("1280", "256", "64", "64", "1",
-                                                                              "20", "6")
+    assert (t["HID"], t["NQ"], t["NK"], t["NV"], t["ROT"], t["M"], t["LOGP"]) == (
+        "1280",
+        "256",
+        "64",
+        "64",
+        "1",
+        "20",
+        "6",
+    )
 
 
 # -- the CUDA source, compiled here when nvcc is --------------------------------------
@@ -331,25 +404,38 @@ _BONSAI_T = {
 #: format and both quantized word orders, and a first batch loaded early or not (the row
 #: dot's two forms), so every branch of common.h's templates is instantiated somewhere.
 _SF = F.SCALE_CODES
-_FORMATS = [(F.FLOAT32.code, 0, 32, False, True), (F.BFLOAT16.code, 0, 32, False, True),
-            (F.AFFINE4.code, _SF["bfloat16"], 64, True, True), (F.AFFINE4.code, _SF["float32"], 64, False, False),
-            (F.AFFINE8.code, _SF["bfloat16"], 64, True, True), (F.AFFINE8.code, _SF["float32"], 32, False, False),
-            (F.MXFP4.code, _SF["e8m0"], 32, True, True), (F.NVFP4.code, _SF["e4m3"], 16, True, False)]
+_FORMATS = [
+    (F.FLOAT32.code, 0, 32, False, True),
+    (F.BFLOAT16.code, 0, 32, False, True),
+    (F.AFFINE4.code, _SF["bfloat16"], 64, True, True),
+    (F.AFFINE4.code, _SF["float32"], 64, False, False),
+    (F.AFFINE8.code, _SF["bfloat16"], 64, True, True),
+    (F.AFFINE8.code, _SF["float32"], 32, False, False),
+    (F.MXFP4.code, _SF["e8m0"], 32, True, True),
+    (F.NVFP4.code, _SF["e4m3"], 16, True, False),
+]
 
 
 #: The tiled rows' variants compiled too: the formats TILED_X leaves out, in a copy of
 #: kernels/ that tiles them (measured, not kept: the kernels README), so the next
 #: measurement can compare that copy with kernels/ (bench.kernel_bodies --old).
-_TILED = [(k, f, s, g) for f, s, g in [(F.AFFINE4.code, _SF["bfloat16"], 64), (F.NVFP4.code, _SF["e4m3"], 16)]
-          for k in ("wo_residual", "ffn_gate_up", "head_qkv")]
+_TILED = [
+    (k, f, s, g)
+    for f, s, g in [(F.AFFINE4.code, _SF["bfloat16"], 64), (F.NVFP4.code, _SF["e4m3"], 16)]
+    for k in ("wo_residual", "ffn_gate_up", "head_qkv")
+]
 _TILED_IDS = [f"{k}-{'affine4' if f == F.AFFINE4.code else 'nvfp4'}" for k, f, _, _ in _TILED]
 
 
 def _nvcc(src: Path) -> subprocess.CompletedProcess:
     # Device code only (-cubin), as MLX compiles a kernel (NVRTC): the host pass (gcc over
     # CUDA's headers) took two thirds of a unit's time and gives nothing these tests read.
-    return subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(src.with_suffix(".cubin")), "-Xptxas", "-v",
-                           str(src)], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["nvcc", "-arch=sm_90", "-cubin", "-o", str(src.with_suffix(".cubin")), "-Xptxas", "-v", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +449,8 @@ def nvcc_results(tmp_path_factory) -> dict:
     text = (tiled_dir / "common.h").read_text()
     assert text.count("#define TILED_X(FMT) ((FMT) == WF_Q8)") == 1
     (tiled_dir / "common.h").write_text(
-        text.replace("#define TILED_X(FMT) ((FMT) == WF_Q8)", "#define TILED_X(FMT) ((FMT) >= WF_Q4)"))
+        text.replace("#define TILED_X(FMT) ((FMT) == WF_Q8)", "#define TILED_X(FMT) ((FMT) >= WF_Q4)")
+    )
     sources = {}
     for kernel in ROW_KERNELS:
         for fmt, sfmt, gs, qi, pre in _FORMATS:
@@ -406,8 +493,11 @@ def test_4bit_rows_read_tiled_compile_without_spills(nvcc_results, kernel, fmt, 
 
 
 def test_cuda_translation_unit_writes_mlx_signature():
-    tu = ks.cuda_translation_unit("ffn_down", _dtypes("ffn_down", F.BFLOAT16.code), dict(NT=64, FMT=1, SFMT=0, GS=32,
-                                                                                    QI=False, HID=64, FFN=80, U=16, DR=1))
+    tu = ks.cuda_translation_unit(
+        "ffn_down",
+        _dtypes("ffn_down", F.BFLOAT16.code),
+        dict(NT=64, FMT=1, SFMT=0, GS=32, QI=False, HID=64, FFN=80, U=16, DR=1),
+    )
     assert "__global__ void custom_kernel_fat_ffn_down(" in tu
     assert "const __nv_bfloat16* wd" in tu and "float* out) {" in tu
     assert "constexpr int FFN = 80;" in tu and "constexpr bool QI = false;" in tu
@@ -510,9 +600,20 @@ def test_group_hadamards_schedule_gives_the_stage_by_stage_bits(logp, runs):
     assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("block,width,permute", [(16, 96, False), (12, 48, True), (192, 384, True),
-                                                 (20, 40, True), (320, 640, False), (28, 56, True),
-                                                 (448, 896, True), (1024, 2048, True), (1, 8, True)])
+@pytest.mark.parametrize(
+    "block,width,permute",
+    [
+        (16, 96, False),
+        (12, 48, True),
+        (192, 384, True),
+        (20, 40, True),
+        (320, 640, False),
+        (28, 56, True),
+        (448, 896, True),
+        (1024, 2048, True),
+        (1, 8, True),
+    ],
+)
 def test_the_kernels_rotation_is_the_folds(block, width, permute):
     fold = HadamardFold.random(width, block, seed=block + width, permute=permute)
     x = np.random.default_rng(block).standard_normal(width)
@@ -654,18 +755,31 @@ def _gpu_case(dialect: str, w: T.TailWeights, seed: int, tol: float = SEED_TOL) 
 
 
 _GPU_DIALECTS = [
-    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-        not B.cuda_available(), reason="needs an NVIDIA GPU with MLX's CUDA back-end (mlx[cuda13])")]),
-    pytest.param("metal", marks=[pytest.mark.metal, pytest.mark.skipif(
-        not B.metal_available(), reason="needs an Apple GPU with MLX's Metal back-end")]),
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(
+                not B.cuda_available(), reason="needs an NVIDIA GPU with MLX's CUDA back-end (mlx[cuda13])"
+            ),
+        ],
+    ),
+    pytest.param(
+        "metal",
+        marks=[
+            pytest.mark.metal,
+            pytest.mark.skipif(not B.metal_available(), reason="needs an Apple GPU with MLX's Metal back-end"),
+        ],
+    ),
 ]
 
 
 @pytest.mark.parametrize("dialect", _GPU_DIALECTS)
 def test_seed_case_and_random_folds_match_the_float64_oracle(dialect: str):
     c = seed_case()
-    r = compare(T.fused_tail(c.weights, c.branch, c.residual, backend=dialect),
-                  T.host_tail(c.weights, c.branch, c.residual))
+    r = compare(
+        T.fused_tail(c.weights, c.branch, c.residual, backend=dialect), T.host_tail(c.weights, c.branch, c.residual)
+    )
     assert r.passed, str(r)
     for i, (blk, dt) in enumerate(((192, "float32"), (320, "bfloat16"), (448, "float32"))):
         _gpu_case(dialect, T.TailWeights.random(128, blk, 256, seed=i, fold_block=blk, fold_permute=True, dtype=dt), i)

@@ -25,7 +25,6 @@ from tests.lab_processes import free_port, stop_group
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
 def _get(url: str, token: str | None) -> tuple[int, bytes]:
     req = urllib.request.Request(url, headers={"Authorization": f"token {token}"} if token else {})
     try:
@@ -42,7 +41,11 @@ def test_make_lab_serves_the_notebooks() -> None:
     env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"}  # let it make its own
     proc = subprocess.Popen(
         ["make", "-s", "lab", f"PORT={port}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     lines: list[str] = []
     url_re = re.compile(rf"http://127\.0\.0\.1:{port}/lab\?token=([0-9a-f]+)")

@@ -59,7 +59,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
 pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium; CI installs it)")
+    CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium; CI installs it)"
+)
 
 
 def _run_in_ui() -> list[Path]:
@@ -75,7 +76,6 @@ def _run_in_ui() -> list[Path]:
 
 #: What a notebook may take to run all its cells in the lab on 2 busy cores.
 RUN_TIMEOUT_MS = 600_000
-
 
 
 def _lab_settings(folder: Path) -> Path:
@@ -94,17 +94,37 @@ def _start_lab(serve: Path, tmp: Path, port: int, token: str) -> subprocess.Pope
     config = tmp / "jupyter-config"
     config.mkdir()
     # Lab's own state (settings, workspaces) in the scratch folder, not the user's home.
-    (config / "jupyter_server_config.json").write_text(json.dumps({"LabApp": {
-        "user_settings_dir": str(_lab_settings(tmp / "lab-settings")), "workspaces_dir": str(tmp / "workspaces")}}))
-    env = dict(os.environ, JUPYTER_TOKEN=token, JUPYTER_CONFIG_DIR=str(config),
-               PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    (config / "jupyter_server_config.json").write_text(
+        json.dumps(
+            {
+                "LabApp": {
+                    "user_settings_dir": str(_lab_settings(tmp / "lab-settings")),
+                    "workspaces_dir": str(tmp / "workspaces"),
+                }
+            }
+        )
+    )
+    env = dict(
+        os.environ,
+        JUPYTER_TOKEN=token,
+        JUPYTER_CONFIG_DIR=str(config),
+        PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+    )
     if (ROOT / ".venv" / ".installed").exists() and shutil.which("make"):
         cmd = ["make", "-s", "lab", f"PORT={port}", f"NOTEBOOKS={serve}"]
     else:  # the Makefile's lab command, from this Python's environment
-        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-               f"--ServerApp.root_dir={serve}"] + (["--allow-root"] if os.geteuid() == 0 else [])
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--ServerApp.root_dir={serve}",
+        ] + (["--allow-root"] if os.geteuid() == 0 else [])
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
 
 
 def _wait_until_up(base: str, token: str, proc: subprocess.Popen, timeout_s: float = 180) -> None:
@@ -171,8 +191,11 @@ def differences(saved: dict, committed: dict) -> list[str]:
     the output that depends on the run (a table id, a timing, an address, a figure)."""
     out = []
     if saved.get("metadata") != committed.get("metadata"):
-        keys = sorted(k for k in {*saved.get("metadata", {}), *committed.get("metadata", {})}
-                      if saved.get("metadata", {}).get(k) != committed.get("metadata", {}).get(k))
+        keys = sorted(
+            k
+            for k in {*saved.get("metadata", {}), *committed.get("metadata", {})}
+            if saved.get("metadata", {}).get(k) != committed.get("metadata", {}).get(k)
+        )
         out.append(f"notebook metadata {keys}")
     if len(saved["cells"]) != len(committed["cells"]):
         return out + [f"{len(saved['cells'])} cells saved, {len(committed['cells'])} committed"]
@@ -182,9 +205,15 @@ def differences(saved: dict, committed: dict) -> list[str]:
         what = [k for k in sorted({*a, *b}) if k != "outputs" and a.get(k) != b.get(k)]
         outs_a, outs_b = a.get("outputs", []), b.get("outputs", [])
         if outs_a != outs_b:
-            kinds = sorted({m for oa, ob in zip(outs_a, outs_b) if oa != ob
-                            for m in ({*oa.get("data", {}), *ob.get("data", {})} or {oa.get("output_type")})
-                            if oa.get("data", {}).get(m) != ob.get("data", {}).get(m) or "data" not in oa})
+            kinds = sorted(
+                {
+                    m
+                    for oa, ob in zip(outs_a, outs_b)
+                    if oa != ob
+                    for m in ({*oa.get("data", {}), *ob.get("data", {})} or {oa.get("output_type")})
+                    if oa.get("data", {}).get(m) != ob.get("data", {}).get(m) or "data" not in oa
+                }
+            )
             what.append(f"outputs ({', '.join(kinds) or f'{len(outs_a)} saved, {len(outs_b)} committed'})")
         head = "".join(b.get("source", ""))[:50].replace("\n", " ")
         out.append(f"cell {i} ({head!r}...): {', '.join(what)}")
@@ -258,7 +287,9 @@ def _run_all(lab: Lab, name: str) -> list[str]:
     page.locator(".lm-Menu-itemLabel", has_text="Clear Outputs of All Cells").click()
     page.wait_for_function(
         """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt')]
-                 .every(p => !/\\d/.test(p.textContent))""", timeout=30_000)
+                 .every(p => !/\\d/.test(p.textContent))""",
+        timeout=30_000,
+    )
     page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").click()
     page.locator(".lm-Menu-itemLabel", has_text="Restart Kernel and Run All Cells").click()
     page.locator(".jp-Dialog button.jp-mod-accept").click()
@@ -277,8 +308,12 @@ def _run_all(lab: Lab, name: str) -> list[str]:
         }""",
         timeout=RUN_TIMEOUT_MS,
     )
-    return [f"{name}: {text[:500]}" for text in panel.locator(
-        ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()]
+    return [
+        f"{name}: {text[:500]}"
+        for text in panel.locator(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+        ).all_inner_texts()
+    ]
 
 
 def _save(lab: Lab) -> None:
@@ -286,8 +321,9 @@ def _save(lab: Lab) -> None:
     file is then whole on disk) and the tab is no longer marked dirty."""
     page = lab.page
     page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").click(position={"x": 5, "y": 5})
-    with page.expect_response(lambda r: r.request.method == "PUT" and "/api/contents/" in r.url,
-                              timeout=60_000) as written:
+    with page.expect_response(
+        lambda r: r.request.method == "PUT" and "/api/contents/" in r.url, timeout=60_000
+    ) as written:
         page.keyboard.press("Control+s")
     assert written.value.ok, f"JupyterLab's save failed: {written.value.status} {written.value.text()[:500]}"
     page.wait_for_function(

@@ -7,21 +7,29 @@ from bench import launch_profile
 
 
 def _launch(**stalls: float) -> dict:
-    e = {"kernel": "custom_kernel_fat_ffn_gate_up",
-         "smsp__issue_active.avg.pct_of_peak_sustained_active": 61.5,
-         "smsp__average_warp_latency_per_inst_issued.ratio": 7.25,
-         "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active": 40.0,
-         "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active": 30.0,
-         "smsp__inst_executed.sum": 1.0e6}
+    e = {
+        "kernel": "custom_kernel_fat_ffn_gate_up",
+        "smsp__issue_active.avg.pct_of_peak_sustained_active": 61.5,
+        "smsp__average_warp_latency_per_inst_issued.ratio": 7.25,
+        "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active": 40.0,
+        "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active": 30.0,
+        "smsp__inst_executed.sum": 1.0e6,
+    }
     e.update({launch_profile.STALL_METRIC.format(r): v for r, v in stalls.items()})
     return e
 
 
 def test_stall_summary_orders_reasons_largest_first_and_keeps_top() -> None:
-    s = launch_profile.stall_summary(_launch(long_scoreboard=3.5, wait=1.0, selected=1.0, not_selected=0.25,
-                                             math_pipe_throttle=2.0), top=3)
+    s = launch_profile.stall_summary(
+        _launch(long_scoreboard=3.5, wait=1.0, selected=1.0, not_selected=0.25, math_pipe_throttle=2.0), top=3
+    )
     assert s["top_stalls"] == [["long_scoreboard", 3.5], ["math_pipe_throttle", 2.0], ["wait", 1.0]]
-    assert (s["issue_active_pct"], s["cycles_per_issue"], s["fma_pipe_pct"], s["alu_pipe_pct"]) == (61.5, 7.25, 40.0, 30.0)
+    assert (s["issue_active_pct"], s["cycles_per_issue"], s["fma_pipe_pct"], s["alu_pipe_pct"]) == (
+        61.5,
+        7.25,
+        40.0,
+        30.0,
+    )
     assert s["instructions"] == 1.0e6
     assert s["instructions_by_pipe"] == dict.fromkeys(launch_profile.PIPES)  # not in this row: None, not 0
 

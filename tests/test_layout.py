@@ -30,7 +30,10 @@ LEVELS: dict[int, tuple[str, ...]] = {
     1: ("files", "backends"),  # atomic files and the project's folders; which backends this machine has
     2: ("fold",),  # the block-Hadamard transform, the fold, and the weight matrices that carry it
     3: ("models",),  # real models' configs and the refusal rules over them
-    4: ("kernels", "waits"),  # kernel sources and launches, one launch, a GDN step, Metal on the CPU; the plan, ledger, clock
+    4: (
+        "kernels",
+        "waits",
+    ),  # kernel sources and launches, one launch, a GDN step, Metal on the CPU; the plan, ledger, clock
     5: ("tail",),  # the tail's weights, math and three paths; the comparison; frink-models' test case
     6: ("studies", "real_models"),  # error studies; checkpoints, mlx-lm's model carrying them, SmolLM2 end to end
     7: ("decode",),  # a hybrid's decode step, stage by stage of the plan
@@ -76,7 +79,8 @@ def test_a_module_imports_only_lower_levels_or_its_own_part(module):
         if theirs == mine:
             continue
         assert LEVEL_OF[theirs] < LEVEL_OF[mine], (
-            f"{module} ({mine}, level {LEVEL_OF[mine]}) imports {dep} ({theirs}, level {LEVEL_OF[theirs]})")
+            f"{module} ({mine}, level {LEVEL_OF[mine]}) imports {dep} ({theirs}, level {LEVEL_OF[theirs]})"
+        )
 
 
 @pytest.mark.parametrize("module", PACKAGE_MODULES)
@@ -97,9 +101,11 @@ def test_the_checker_sees_imports_inside_functions_and_private_reads(tmp_path):
     """The rules above read function-level imports (a lazy import is still a dependency),
     those for type checkers, and a private name read off an imported module."""
     f = tmp_path / "m.py"
-    f.write_text("from workbench.tail import paths as P\n"
-                 "def f():\n    from workbench.decode import schedule\n    return P._empty_batch\n"
-                 "if TYPE_CHECKING:\n    from workbench.reports import plots\n")
+    f.write_text(
+        "from workbench.tail import paths as P\n"
+        "def f():\n    from workbench.decode import schedule\n    return P._empty_batch\n"
+        "if TYPE_CHECKING:\n    from workbench.reports import plots\n"
+    )
     executed = import_graph.imports_of(f, ["workbench"], MODULES, type_checking=False)
     assert executed == {"workbench.tail.paths", "workbench.decode.schedule"}
     assert imports_of(f) == {"workbench.tail.paths", "workbench.decode.schedule", "workbench.reports.plots"}
@@ -165,14 +171,21 @@ def backend_comparisons(path: Path) -> list[str]:
 @pytest.mark.parametrize("module", sorted(set(PACKAGE_MODULES) - BACKEND_SWITCHES))
 def test_only_the_kernel_door_switches_over_kernel_backends(module):
     found = backend_comparisons(MODULES[module])
-    assert not found, (f"{module} switches over kernel backends ({found}): ask workbench.kernels.run, "
-                       f"the one door every kernel launch goes through")
+    assert not found, (
+        f"{module} switches over kernel backends ({found}): ask workbench.kernels.run, "
+        f"the one door every kernel launch goes through"
+    )
 
 
 def test_the_backend_switch_checker_sees_comparisons(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text("if self.backend == 'metal-emulated': pass\nif dialect in KERNEL_BACKENDS: pass\n"
-                 "if backend == 'graph': pass\nif backend is None: pass\nif d['backend'] != backend: pass\n"
-                 "if dialect in ('metal', METAL_EMULATED): pass\nif x.dialect != k.CUDA: pass\n")
-    assert backend_comparisons(f) == ["1: self.backend == 'metal-emulated'",
-                                      "6: dialect in ('metal', METAL_EMULATED)", "7: x.dialect != k.CUDA"]
+    f.write_text(
+        "if self.backend == 'metal-emulated': pass\nif dialect in KERNEL_BACKENDS: pass\n"
+        "if backend == 'graph': pass\nif backend is None: pass\nif d['backend'] != backend: pass\n"
+        "if dialect in ('metal', METAL_EMULATED): pass\nif x.dialect != k.CUDA: pass\n"
+    )
+    assert backend_comparisons(f) == [
+        "1: self.backend == 'metal-emulated'",
+        "6: dialect in ('metal', METAL_EMULATED)",
+        "7: x.dialect != k.CUDA",
+    ]

@@ -30,8 +30,15 @@ finite_pos = st.floats(min_value=1e-6, max_value=1e3, allow_nan=False, allow_inf
 def entries(draw, i: int) -> dict:
     kind = draw(st.sampled_from(wait_ledger.ENTRY_KINDS))
     ms = draw(finite_pos)
-    e = {"id": f"e{i}-{draw(text)}", "kind": kind, "ms": ms, "device": draw(text),
-         "backend": draw(st.sampled_from(wait_ledger.LEDGER_BACKENDS)), "method": draw(text), "source": draw(text)}
+    e = {
+        "id": f"e{i}-{draw(text)}",
+        "kind": kind,
+        "ms": ms,
+        "device": draw(text),
+        "backend": draw(st.sampled_from(wait_ledger.LEDGER_BACKENDS)),
+        "method": draw(text),
+        "source": draw(text),
+    }
     if kind == "measured" or draw(st.booleans()):
         e["date"] = f"2026-{draw(st.integers(1, 12)):02d}-{draw(st.integers(1, 28)):02d}"
         e["mlx_version"] = "0.32.4"
@@ -114,14 +121,17 @@ def test_a_broken_entry_is_named_on_load_and_on_add(tmp_path: Path, raw: dict, d
     assert json.loads(good.read_text()) == {"about": "a", "prices": []}
 
 
-@pytest.mark.parametrize("content, field", [
-    ("", "not valid JSON"),  # what a killed truncating write left
-    ('{"about": "a", "prices": [', "not valid JSON"),  # what a full disk left
-    ('{"about": "a"}', "lacks ['prices']"),
-    ('{"about": "a", "prices": {}}', "prices: must be a list"),
-    ('{"about": "a", "prices": [], "extra": 1}', "unknown keys ['extra']"),
-    ('[]', "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content, field",
+    [
+        ("", "not valid JSON"),  # what a killed truncating write left
+        ('{"about": "a", "prices": [', "not valid JSON"),  # what a full disk left
+        ('{"about": "a"}', "lacks ['prices']"),
+        ('{"about": "a", "prices": {}}', "prices: must be a list"),
+        ('{"about": "a", "prices": [], "extra": 1}', "unknown keys ['extra']"),
+        ("[]", "must be a JSON object"),
+    ],
+)
 def test_a_broken_file_is_named(tmp_path: Path, content: str, field: str) -> None:
     path = tmp_path / "ledger.json"
     path.write_text(content)

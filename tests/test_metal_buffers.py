@@ -46,8 +46,14 @@ READS_PAST = """
 
 def _run(name: str, source: str, x: np.ndarray, template=None) -> np.ndarray:
     kernel = metal_kernel(name=name, input_names=["x"], output_names=["out"], source=source)
-    (out,) = kernel(inputs=[mx.array(x)], template=template or [], grid=(x.size, 1, 1), threadgroup=(x.size, 1, 1),
-                    output_shapes=[x.shape], output_dtypes=[mx.float32])
+    (out,) = kernel(
+        inputs=[mx.array(x)],
+        template=template or [],
+        grid=(x.size, 1, 1),
+        threadgroup=(x.size, 1, 1),
+        output_shapes=[x.shape],
+        output_dtypes=[mx.float32],
+    )
     return np.array(out)
 
 
@@ -75,8 +81,13 @@ def test_the_guard_page_still_faults_on_a_reused_buffer():
 def test_a_repeated_launch_maps_no_memory():
     kernel = metal_kernel(name="copy_steady", input_names=["x"], output_names=["out"], source=COPY)
     x = np.arange(512, dtype=np.float32)
-    call = {"inputs": [mx.array(x)], "grid": (512, 1, 1), "threadgroup": (256, 1, 1), "output_shapes": [(512,)],
-            "output_dtypes": [mx.float32]}
+    call = {
+        "inputs": [mx.array(x)],
+        "grid": (512, 1, 1),
+        "threadgroup": (256, 1, 1),
+        "output_shapes": [(512,)],
+        "output_dtypes": [mx.float32],
+    }
     kernel(**call)
     before = ME.buffers_mapped()
     for order in ME.SCHEDULES:

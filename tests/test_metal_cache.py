@@ -28,8 +28,14 @@ print("ok")
 
 def _run(cache: Path, name: str = "twice", scale: str = "2.0") -> None:
     env = {**os.environ, "WORKBENCH_METAL_EMULATION_CACHE": str(cache)}
-    r = subprocess.run([sys.executable, "-c", RUN.replace("NAME", name).replace("SCALE", scale)], env=env,
-                       capture_output=True, text=True, timeout=300, check=False)
+    r = subprocess.run(
+        [sys.executable, "-c", RUN.replace("NAME", name).replace("SCALE", scale)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
 
 

@@ -52,6 +52,7 @@ def _caught(run, oracle: np.ndarray, rtol: float) -> str:
 
 # -- MLX's documentation example, as the docs show it ----------------------------------------
 
+
 def test_the_docs_exp_example_runs_as_written_in_float16():
     """Custom Metal Kernels, "Simple Example": the kernel built once, called from a
     function, with a float16 input of shape (4, 16) and a grid of a.size threads in groups
@@ -65,8 +66,15 @@ def test_the_docs_exp_example_runs_as_written_in_float16():
     kernel = metal_kernel(name="myexp", input_names=["inp"], output_names=["out"], source=source)
 
     def exp_elementwise(a: mx.array) -> mx.array:
-        outputs = kernel(inputs=[a], template=[("T", mx.float32)], grid=(a.size, 1, 1), threadgroup=(256, 1, 1),
-                         output_shapes=[a.shape], output_dtypes=[a.dtype], order="every")
+        outputs = kernel(
+            inputs=[a],
+            template=[("T", mx.float32)],
+            grid=(a.size, 1, 1),
+            threadgroup=(256, 1, 1),
+            output_shapes=[a.shape],
+            output_dtypes=[a.dtype],
+            order="every",
+        )
         return outputs[0]
 
     a = mx.array(np.random.default_rng(0).standard_normal((4, 16)).astype(np.float16))
@@ -85,17 +93,45 @@ def test_half_conversions_round_to_nearest_even_as_numpy():
     """float -> half in the stand-in header (software, clang 14 has no _Float16) against
     numpy's float16 on ties, subnormals, overflow and random values; half -> float exactly."""
     rng = np.random.default_rng(1)
-    special = np.array([0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, 1e6, -1e6, 2.0**-24, 2.0**-25, 1.5 * 2.0**-25,
-                        2.0**-14, 2.0**-14 - 2.0**-25, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, np.inf, -np.inf,
-                        5.96e-8, 6.1e-5, -3.0e-6], np.float32)
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            1.0,
+            65504.0,
+            65519.99,
+            65520.0,
+            1e6,
+            -1e6,
+            2.0**-24,
+            2.0**-25,
+            1.5 * 2.0**-25,
+            2.0**-14,
+            2.0**-14 - 2.0**-25,
+            1.0 + 2.0**-11,
+            1.0 + 3 * 2.0**-11,
+            np.inf,
+            -np.inf,
+            5.96e-8,
+            6.1e-5,
+            -3.0e-6,
+        ],
+        np.float32,
+    )
     x = np.concatenate([special, rng.standard_normal(2000).astype(np.float32) * 10.0 ** rng.integers(-8, 5, 2000)])
     x = x.astype(np.float32)
     n = x.size
     src = "uint i = thread_position_in_grid.x; if (i < N) { h[i] = x[i]; back[i] = float(h[i]); }"
     kernel = metal_kernel(name="to_half", input_names=["x"], output_names=["h", "back"], source=src)
     groups = -(-n // 256)
-    h, back = kernel(inputs=[mx.array(x)], template=[("N", n)], grid=(groups * 256, 1, 1), threadgroup=(256, 1, 1),
-                     output_shapes=[(n,), (n,)], output_dtypes=[mx.float16, mx.float32])
+    h, back = kernel(
+        inputs=[mx.array(x)],
+        template=[("N", n)],
+        grid=(groups * 256, 1, 1),
+        threadgroup=(256, 1, 1),
+        output_shapes=[(n,), (n,)],
+        output_dtypes=[mx.float16, mx.float32],
+    )
     with np.errstate(over="ignore"):  # 1e6 and 65520 overflow to infinity, as in the kernel
         want = x.astype(np.float16)
     assert np.array_equal(np.array(h).view(np.uint16), want.view(np.uint16))
@@ -118,8 +154,15 @@ SILU_N = 1000
 def _silu(source: str, name: str) -> np.ndarray:
     kernel = metal_kernel(name=name, input_names=["x"], output_names=["y"], source=source)
     x = np.linspace(-20, 20, SILU_N, dtype=np.float32)
-    (y,) = kernel(inputs=[mx.array(x)], template=[("N", SILU_N)], grid=(4 * 256, 1, 1), threadgroup=(256, 1, 1),
-                  output_shapes=[(SILU_N,)], output_dtypes=[mx.float32], order="every")
+    (y,) = kernel(
+        inputs=[mx.array(x)],
+        template=[("N", SILU_N)],
+        grid=(4 * 256, 1, 1),
+        threadgroup=(256, 1, 1),
+        output_shapes=[(SILU_N,)],
+        output_dtypes=[mx.float32],
+        order="every",
+    )
     return np.array(y)
 
 
@@ -190,9 +233,16 @@ def _softmax_x() -> np.ndarray:
 
 def _softmax(source: str, name: str) -> np.ndarray:
     kernel = metal_kernel(name=name, input_names=["x"], output_names=["y"], source=source)
-    (y,) = kernel(inputs=[mx.array(_softmax_x())], template=[("N", SM_N), ("TG", SM_TG)],
-                  grid=(SM_ROWS * SM_TG, 1, 1), threadgroup=(SM_TG, 1, 1), output_shapes=[(SM_ROWS, SM_N)],
-                  output_dtypes=[mx.float32], order="every", seed=5)
+    (y,) = kernel(
+        inputs=[mx.array(_softmax_x())],
+        template=[("N", SM_N), ("TG", SM_TG)],
+        grid=(SM_ROWS * SM_TG, 1, 1),
+        threadgroup=(SM_TG, 1, 1),
+        output_shapes=[(SM_ROWS, SM_N)],
+        output_dtypes=[mx.float32],
+        order="every",
+        seed=5,
+    )
     return np.array(y)
 
 
@@ -206,23 +256,47 @@ def test_softmax_matches_numpy_in_every_schedule():
     np.testing.assert_allclose(_softmax(SOFTMAX, "softmax"), _softmax_oracle(), rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("bug, old, new, how", [
-    # a SIMD-group that runs ahead overwrites red[] with its sum while another still reads
-    # the maxima: invisible with the SIMD-groups in step (all read before any reaches simd_sum)
-    ("missing-barrier-between-simd-groups", "threadgroup_barrier(mem_flags::mem_threadgroup);  // every max read "
-     "before red is reused", "", {"schedules", "numpy"}),
-    ("missing-barrier-before-reading-partials", "    }\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n"
-     "    m = red[0];", "    }\n    m = red[0];", {"schedules", "numpy"}),
-    ("reads-one-past-the-row", "for (uint i = tid; i < N; i += TG) {\n        m = max(m, xr[i]);",
-     "for (uint i = tid; i <= N; i += TG) {\n        m = max(m, xr[i]);", {"emulator"}),
-    ("idle-lanes-return-before-the-reduction", "    float m = -3.0e38f;",
-     "    if (tid >= N - 2 * TG) {\n        return;\n    }\n    float m = -3.0e38f;", {"emulator"}),
-    ("last-simd-group-left-out-of-the-sum", "for (uint s = 0; s < TG / 32; ++s) {\n        sum += red[s];",
-     "for (uint s = 0; s < TG / 32 - 1; ++s) {\n        sum += red[s];", {"numpy"}),
-])
+@pytest.mark.parametrize(
+    "bug, old, new, how",
+    [
+        # a SIMD-group that runs ahead overwrites red[] with its sum while another still reads
+        # the maxima: invisible with the SIMD-groups in step (all read before any reaches simd_sum)
+        (
+            "missing-barrier-between-simd-groups",
+            "threadgroup_barrier(mem_flags::mem_threadgroup);  // every max read before red is reused",
+            "",
+            {"schedules", "numpy"},
+        ),
+        (
+            "missing-barrier-before-reading-partials",
+            "    }\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n    m = red[0];",
+            "    }\n    m = red[0];",
+            {"schedules", "numpy"},
+        ),
+        (
+            "reads-one-past-the-row",
+            "for (uint i = tid; i < N; i += TG) {\n        m = max(m, xr[i]);",
+            "for (uint i = tid; i <= N; i += TG) {\n        m = max(m, xr[i]);",
+            {"emulator"},
+        ),
+        (
+            "idle-lanes-return-before-the-reduction",
+            "    float m = -3.0e38f;",
+            "    if (tid >= N - 2 * TG) {\n        return;\n    }\n    float m = -3.0e38f;",
+            {"emulator"},
+        ),
+        (
+            "last-simd-group-left-out-of-the-sum",
+            "for (uint s = 0; s < TG / 32; ++s) {\n        sum += red[s];",
+            "for (uint s = 0; s < TG / 32 - 1; ++s) {\n        sum += red[s];",
+            {"numpy"},
+        ),
+    ],
+)
 def test_softmax_planted_bugs_are_caught(bug, old, new, how):
-    got = _caught(lambda: _softmax(_plant(SOFTMAX, old, new), "softmax_" + bug.replace("-", "_")),
-                  _softmax_oracle(), 1e-5)
+    got = _caught(
+        lambda: _softmax(_plant(SOFTMAX, old, new), "softmax_" + bug.replace("-", "_")), _softmax_oracle(), 1e-5
+    )
     assert got in how, f"{bug}: caught by {got}, expected {how}"
 
 
@@ -256,16 +330,24 @@ RMS_ROWS, RMS_N, RMS_TG, RMS_EPS = 4, 1000, 256, 1e-5
 def _rms_inputs() -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(3)
     return rng.standard_normal((RMS_ROWS, RMS_N)).astype(np.float32), (1 + 0.1 * rng.standard_normal(RMS_N)).astype(
-        np.float32)
+        np.float32
+    )
 
 
 def _rms(source: str, name: str, math_mode: str = "host") -> np.ndarray:
     x, w = _rms_inputs()
     kernel = metal_kernel(name=name, input_names=["x", "w", "eps"], output_names=["y"], source=source)
-    (y,) = kernel(inputs=[mx.array(x), mx.array(w), mx.array(np.float32(RMS_EPS))],
-                  template=[("N", RMS_N), ("TG", RMS_TG)], grid=(RMS_ROWS * RMS_TG, 1, 1),
-                  threadgroup=(RMS_TG, 1, 1), output_shapes=[(RMS_ROWS, RMS_N)], output_dtypes=[mx.float32],
-                  order="every", seed=2, math_mode=math_mode)
+    (y,) = kernel(
+        inputs=[mx.array(x), mx.array(w), mx.array(np.float32(RMS_EPS))],
+        template=[("N", RMS_N), ("TG", RMS_TG)],
+        grid=(RMS_ROWS * RMS_TG, 1, 1),
+        threadgroup=(RMS_TG, 1, 1),
+        output_shapes=[(RMS_ROWS, RMS_N)],
+        output_dtypes=[mx.float32],
+        order="every",
+        seed=2,
+        math_mode=math_mode,
+    )
     return np.array(y)
 
 
@@ -279,16 +361,35 @@ def test_rms_norm_matches_numpy_in_every_schedule_and_math_mode(math_mode):
     np.testing.assert_allclose(_rms(RMS, "rms_norm", math_mode), _rms_oracle(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("bug, old, new, how", [
-    ("missing-barrier-inside-the-tree", "        }\n        threadgroup_barrier(mem_flags::mem_threadgroup);\n    }",
-     "        }\n    }", {"schedules", "numpy"}),
-    ("missing-barrier-before-the-tree", "    sums[tid] = acc;\n    threadgroup_barrier(mem_flags::mem_threadgroup);",
-     "    sums[tid] = acc;", {"schedules", "numpy"}),
-    ("reads-one-past-the-row", "    for (uint i = tid; i < N; i += TG) {\n        float v",
-     "    for (uint i = tid; i <= N; i += TG) {\n        float v", {"emulator"}),
-    ("last-lane-left-out-of-the-tree", "for (uint s = TG / 2; s > 0; s >>= 1)", "for (uint s = TG / 2; s > 1; s >>= 1)",
-     {"numpy"}),
-])
+@pytest.mark.parametrize(
+    "bug, old, new, how",
+    [
+        (
+            "missing-barrier-inside-the-tree",
+            "        }\n        threadgroup_barrier(mem_flags::mem_threadgroup);\n    }",
+            "        }\n    }",
+            {"schedules", "numpy"},
+        ),
+        (
+            "missing-barrier-before-the-tree",
+            "    sums[tid] = acc;\n    threadgroup_barrier(mem_flags::mem_threadgroup);",
+            "    sums[tid] = acc;",
+            {"schedules", "numpy"},
+        ),
+        (
+            "reads-one-past-the-row",
+            "    for (uint i = tid; i < N; i += TG) {\n        float v",
+            "    for (uint i = tid; i <= N; i += TG) {\n        float v",
+            {"emulator"},
+        ),
+        (
+            "last-lane-left-out-of-the-tree",
+            "for (uint s = TG / 2; s > 0; s >>= 1)",
+            "for (uint s = TG / 2; s > 1; s >>= 1)",
+            {"numpy"},
+        ),
+    ],
+)
 def test_rms_norm_planted_bugs_are_caught(bug, old, new, how):
     got = _caught(lambda: _rms(_plant(RMS, old, new), "rms_" + bug.replace("-", "_")), _rms_oracle(), 1e-5)
     assert got in how, f"{bug}: caught by {got}, expected {how}"
@@ -325,9 +426,16 @@ def _mv_inputs() -> tuple[np.ndarray, np.ndarray]:
 def _matvec(source: str, name: str) -> np.ndarray:
     w, x = _mv_inputs()
     kernel = metal_kernel(name=name, input_names=["W", "x"], output_names=["y"], source=source)
-    (y,) = kernel(inputs=[mx.array(w), mx.array(x)], template=[("K", MV_K), ("TG", MV_TG), ("TILE", MV_TILE)],
-                  grid=(MV_M, 1, 1), threadgroup=(MV_TG, 1, 1), output_shapes=[(MV_M,)], output_dtypes=[mx.float32],
-                  order="every", seed=9)
+    (y,) = kernel(
+        inputs=[mx.array(w), mx.array(x)],
+        template=[("K", MV_K), ("TG", MV_TG), ("TILE", MV_TILE)],
+        grid=(MV_M, 1, 1),
+        threadgroup=(MV_TG, 1, 1),
+        output_shapes=[(MV_M,)],
+        output_dtypes=[mx.float32],
+        order="every",
+        seed=9,
+    )
     return np.array(y)
 
 
@@ -340,13 +448,24 @@ def test_matvec_matches_numpy_in_every_schedule():
     np.testing.assert_allclose(_matvec(MATVEC, "matvec"), _mv_oracle(), rtol=0, atol=1e-5 * np.abs(_mv_oracle()).max())
 
 
-@pytest.mark.parametrize("bug, old, new, how", [
-    ("missing-barrier-before-the-next-tile", "        }\n        threadgroup_barrier(mem_flags::mem_threadgroup);\n    }",
-     "        }\n    }", {"schedules", "numpy"}),
-    ("missing-barrier-after-loading-the-tile", "        }\n        threadgroup_barrier(mem_flags::mem_threadgroup);\n"
-     "        uint n", "        }\n        uint n", {"schedules", "numpy"}),
-    ("tile-loaded-past-the-end-of-x", "xs[j] = k0 + j < K ? x[k0 + j] : 0.0f;", "xs[j] = x[k0 + j];", {"emulator"}),
-])
+@pytest.mark.parametrize(
+    "bug, old, new, how",
+    [
+        (
+            "missing-barrier-before-the-next-tile",
+            "        }\n        threadgroup_barrier(mem_flags::mem_threadgroup);\n    }",
+            "        }\n    }",
+            {"schedules", "numpy"},
+        ),
+        (
+            "missing-barrier-after-loading-the-tile",
+            "        }\n        threadgroup_barrier(mem_flags::mem_threadgroup);\n        uint n",
+            "        }\n        uint n",
+            {"schedules", "numpy"},
+        ),
+        ("tile-loaded-past-the-end-of-x", "xs[j] = k0 + j < K ? x[k0 + j] : 0.0f;", "xs[j] = x[k0 + j];", {"emulator"}),
+    ],
+)
 def test_matvec_planted_bugs_are_caught(bug, old, new, how):
     got = _caught(lambda: _matvec(_plant(MATVEC, old, new), "matvec_" + bug.replace("-", "_")), _mv_oracle(), 1e-5)
     assert got in how, f"{bug}: caught by {got}, expected {how}"
@@ -387,9 +506,17 @@ def _h_x() -> np.ndarray:
 def _histogram(source: str, name: str) -> np.ndarray:
     kernel = metal_kernel(name=name, input_names=["x"], output_names=["hist"], source=source, atomic_outputs=True)
     groups = -(-H_N // H_TG)
-    (h,) = kernel(inputs=[mx.array(_h_x())], template=[("N", H_N), ("BINS", H_BINS), ("TG", H_TG)],
-                  grid=(groups * H_TG, 1, 1), threadgroup=(H_TG, 1, 1), output_shapes=[(H_BINS,)],
-                  output_dtypes=[mx.uint32], init_value=0, order="every", seed=4)
+    (h,) = kernel(
+        inputs=[mx.array(_h_x())],
+        template=[("N", H_N), ("BINS", H_BINS), ("TG", H_TG)],
+        grid=(groups * H_TG, 1, 1),
+        threadgroup=(H_TG, 1, 1),
+        output_shapes=[(H_BINS,)],
+        output_dtypes=[mx.uint32],
+        init_value=0,
+        order="every",
+        seed=4,
+    )
     return np.array(h)
 
 
@@ -402,16 +529,28 @@ def test_atomic_histogram_matches_numpy_exactly_in_every_schedule():
     np.testing.assert_array_equal(_histogram(HISTOGRAM, "histogram"), _h_oracle())
 
 
-@pytest.mark.parametrize("bug, old, new, how", [
-    ("missing-barrier-after-zeroing", "    }\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n    if (i < N)",
-     "    }\n    if (i < N)", {"schedules", "numpy"}),
-    ("missing-barrier-before-flushing", "    }\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n    for (uint b",
-     "    }\n    for (uint b", {"schedules", "numpy"}),
-    ("bin-index-not-clamped", "        b = b < BINS ? b : BINS - 1;\n", "", {"emulator"}),
-])
+@pytest.mark.parametrize(
+    "bug, old, new, how",
+    [
+        (
+            "missing-barrier-after-zeroing",
+            "    }\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n    if (i < N)",
+            "    }\n    if (i < N)",
+            {"schedules", "numpy"},
+        ),
+        (
+            "missing-barrier-before-flushing",
+            "    }\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n    for (uint b",
+            "    }\n    for (uint b",
+            {"schedules", "numpy"},
+        ),
+        ("bin-index-not-clamped", "        b = b < BINS ? b : BINS - 1;\n", "", {"emulator"}),
+    ],
+)
 def test_atomic_histogram_planted_bugs_are_caught(bug, old, new, how):
-    got = _caught(lambda: _histogram(_plant(HISTOGRAM, old, new), "histogram_" + bug.replace("-", "_")),
-                  _h_oracle(), 0.0)
+    got = _caught(
+        lambda: _histogram(_plant(HISTOGRAM, old, new), "histogram_" + bug.replace("-", "_")), _h_oracle(), 0.0
+    )
     assert got in how, f"{bug}: caught by {got}, expected {how}"
 
 
@@ -420,26 +559,43 @@ def test_a_float_atomic_sum_depends_on_the_schedule_and_is_reported():
     (as it follows the GPU's timing): the emulator reports the dependence instead of
     returning one schedule's bits as the answer."""
     src = "uint i = thread_position_in_grid.x; atomic_fetch_add_explicit(&total[0], x[i], memory_order_relaxed);"
-    kernel = metal_kernel(name="float_atomic_sum", input_names=["x"], output_names=["total"], source=src,
-                          atomic_outputs=True)
+    kernel = metal_kernel(
+        name="float_atomic_sum", input_names=["x"], output_names=["total"], source=src, atomic_outputs=True
+    )
     x = (np.random.default_rng(8).standard_normal(1024) * 1e3).astype(np.float32)
     with pytest.raises(ME.ScheduleDependenceError, match=r"output 'total' differs .* first at index \(0,\)"):
-        kernel(inputs=[mx.array(x)], grid=(1024, 1, 1), threadgroup=(256, 1, 1), output_shapes=[(1,)],
-               output_dtypes=[mx.float32], init_value=0.0, order="every", seed=1)
+        kernel(
+            inputs=[mx.array(x)],
+            grid=(1024, 1, 1),
+            threadgroup=(256, 1, 1),
+            output_shapes=[(1,)],
+            output_dtypes=[mx.float32],
+            init_value=0.0,
+            order="every",
+            seed=1,
+        )
 
 
 def test_the_softmax_race_between_simd_groups_needs_the_apart_schedules():
     """The first planted softmax bug, schedule by schedule: with the SIMD-groups in step every
     thread order gives the same bits and matches numpy (every SIMD-group reads the maxima
     before any reaches simd_sum); run apart, each schedule's result is wrong."""
-    src = _plant(SOFTMAX, "threadgroup_barrier(mem_flags::mem_threadgroup);  // every max read before red is reused",
-                 "")
+    src = _plant(
+        SOFTMAX, "threadgroup_barrier(mem_flags::mem_threadgroup);  // every max read before red is reused", ""
+    )
     kernel = metal_kernel(name="softmax_race", input_names=["x"], output_names=["y"], source=src)
     outs = {}
     for order in ME.SCHEDULES:
-        (y,) = kernel(inputs=[mx.array(_softmax_x())], template=[("N", SM_N), ("TG", SM_TG)],
-                      grid=(SM_ROWS * SM_TG, 1, 1), threadgroup=(SM_TG, 1, 1), output_shapes=[(SM_ROWS, SM_N)],
-                      output_dtypes=[mx.float32], order=order, seed=5)
+        (y,) = kernel(
+            inputs=[mx.array(_softmax_x())],
+            template=[("N", SM_N), ("TG", SM_TG)],
+            grid=(SM_ROWS * SM_TG, 1, 1),
+            threadgroup=(SM_TG, 1, 1),
+            output_shapes=[(SM_ROWS, SM_N)],
+            output_dtypes=[mx.float32],
+            order=order,
+            seed=5,
+        )
         outs[order] = np.array(y)
     in_step = {outs[o].tobytes() for o in ME.ORDERS}
     assert len(in_step) == 1

@@ -32,8 +32,16 @@ def _x() -> np.ndarray:
 
 def _run(name: str, source: str, *, n: int = N, order: str = "every", seed: int = 2) -> np.ndarray:
     kernel = metal_kernel(name=name, input_names=["x"], output_names=["out"], source=source)
-    (out,) = kernel(inputs=[mx.array(_x()[:n])], grid=(n, 1, 1), threadgroup=(TG, 1, 1), output_shapes=[(n,)],
-                    output_dtypes=[mx.float32], init_value=-7.0, order=order, seed=seed)
+    (out,) = kernel(
+        inputs=[mx.array(_x()[:n])],
+        grid=(n, 1, 1),
+        threadgroup=(TG, 1, 1),
+        output_shapes=[(n,)],
+        output_dtypes=[mx.float32],
+        init_value=-7.0,
+        order=order,
+        seed=seed,
+    )
     return np.array(out)
 
 
@@ -42,13 +50,16 @@ def _lanes() -> np.ndarray:
 
 
 def test_only_lanes_below_16_call_simd_sum_and_sum_those_16():
-    out = _run("half_sum", """
+    out = _run(
+        "half_sum",
+        """
     uint i = thread_position_in_grid.x;
     uint lane = thread_index_in_simdgroup;
     if (lane < 16) {
         out[i] = simd_sum(x[i]);
     }
-""")
+""",
+    )
     x = _x().astype(np.float64).reshape(-1, 32)
     want = np.repeat(x[:, :16].sum(axis=1)[:, None], 32, axis=1)
     want[:, 16:] = -7.0  # never written: init_value
@@ -79,14 +90,17 @@ def test_lanes_past_the_end_return_before_the_reduction():
 
 
 def test_simd_max_and_a_shuffle_among_the_active_lanes():
-    out = _run("active_shuffle", """
+    out = _run(
+        "active_shuffle",
+        """
     uint i = thread_position_in_grid.x;
     uint lane = thread_index_in_simdgroup;
     if (lane >= 8 && lane < 24) {
         float m = simd_max(x[i]);
         out[i] = m - simd_shuffle(x[i], 31 - lane);  // 31 - lane: 23 .. 8, all active
     }
-""")
+""",
+    )
     x = _x().reshape(-1, 32)
     want = np.full_like(x, -7.0)
     for lane in range(8, 24):
@@ -96,23 +110,35 @@ def test_simd_max_and_a_shuffle_among_the_active_lanes():
 
 @pytest.mark.parametrize("order", ME.SCHEDULES)
 def test_a_shuffle_from_an_inactive_lane_is_refused_naming_both_lanes(order):
-    with pytest.raises(ME.EmulationError, match=r"reads an inactive lane in group \d+, SIMD-group \d+: lane 0 "
-                                                r"reads lane 16, which finished.*undefined"):
-        _run("inactive_shuffle", """
+    with pytest.raises(
+        ME.EmulationError,
+        match=r"reads an inactive lane in group \d+, SIMD-group \d+: lane 0 "
+        r"reads lane 16, which finished.*undefined",
+    ):
+        _run(
+            "inactive_shuffle",
+            """
     uint i = thread_position_in_grid.x;
     uint lane = thread_index_in_simdgroup;
     if (lane < 16) {
         out[i] = simd_shuffle(x[i], lane + 16);
     }
-""", order=order)
+""",
+            order=order,
+        )
 
 
 @pytest.mark.parametrize("order", ME.SCHEDULES)
 def test_two_different_operations_on_divergent_paths_are_refused(order):
-    with pytest.raises(ME.EmulationError, match=r"divergent SIMD-group operations in group \d+, SIMD-group \d+: "
-                                                r"lane 0 waits at the operation on line \d+, lane 16 at the one on "
-                                                r"line \d+.*reconverges"):
-        _run("two_paths", """
+    with pytest.raises(
+        ME.EmulationError,
+        match=r"divergent SIMD-group operations in group \d+, SIMD-group \d+: "
+        r"lane 0 waits at the operation on line \d+, lane 16 at the one on "
+        r"line \d+.*reconverges",
+    ):
+        _run(
+            "two_paths",
+            """
     uint i = thread_position_in_grid.x;
     uint lane = thread_index_in_simdgroup;
     float v = x[i];
@@ -120,13 +146,17 @@ def test_two_different_operations_on_divergent_paths_are_refused(order):
         v = simd_sum(v);
     }
     out[i] = simd_max(v);
-""", order=order)
+""",
+            order=order,
+        )
 
 
 def test_a_lane_at_a_barrier_is_inactive_and_the_barrier_still_holds():
     """Lanes 0-15 reduce while 16-31 already wait at the barrier; the barrier is released
     only when every thread reached it, so the staged sums are all written before any read."""
-    out = _run("sum_then_barrier", """
+    out = _run(
+        "sum_then_barrier",
+        """
     uint i = thread_position_in_grid.x;
     uint tid = thread_position_in_threadgroup.x;
     uint lane = thread_index_in_simdgroup;
@@ -139,7 +169,8 @@ def test_a_lane_at_a_barrier_is_inactive_and_the_barrier_still_holds():
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     out[i] = stage[(tid / 32 + 1) % (TG / 32)];
-""".replace("TG / 32", str(TG // 32)))
+""".replace("TG / 32", str(TG // 32)),
+    )
     x = _x().astype(np.float64).reshape(N // TG, TG // 32, 32)
     halves = x[:, :, :16].sum(axis=2)
     want = np.repeat(np.roll(halves, -1, axis=1)[:, :, None], 32, axis=2).reshape(-1)

@@ -76,8 +76,16 @@ TAIL_CASES = [
 
 def _weights(case) -> T.TailWeights:
     _, hidden, branch, ffn, block, permute, dtype, quant = case
-    return T.TailWeights.random(hidden, branch, ffn, seed=hidden + branch + ffn, fold_block=block,
-                                fold_permute=permute, dtype=dtype, quantize=quant)
+    return T.TailWeights.random(
+        hidden,
+        branch,
+        ffn,
+        seed=hidden + branch + ffn,
+        fold_block=block,
+        fold_permute=permute,
+        dtype=dtype,
+        quantize=quant,
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -172,8 +180,9 @@ def test_ffn_down_rows_a_group_change_no_bit(quant):
     assert compare(one, truth, tol=tol).passed
     for rows in (2, 4, 8):
         for order in ("ascending", "shuffled"):
-            got = KE.emulated_tail(launch, br, res, order=order, seed=rows,
-                                   tuning=KT.KernelTuning(down_rows=rows, u_down=8))
+            got = KE.emulated_tail(
+                launch, br, res, order=order, seed=rows, tuning=KT.KernelTuning(down_rows=rows, u_down=8)
+            )
             assert np.array_equal(got.view(np.uint32), one.view(np.uint32)), (rows, order)
 
 
@@ -275,8 +284,9 @@ def test_common_h_tiles_the_formats_the_launch_builder_counts():
     text = (ks.KERNEL_DIR / "common.h").read_text()
     (expr,) = re.findall(r"^#define TILED_X\(FMT\) (.+)$", text, flags=re.M)
     codes = {m.group(1): m.group(2) for m in re.finditer(r"^#define (WF_\w+) (\d+)", text, flags=re.M)}
-    tiled = [int(c) for c in codes.values()
-             if eval(re.sub(r"WF_\w+", lambda m: codes[m.group(0)], expr.replace("FMT", c)))]
+    tiled = [
+        int(c) for c in codes.values() if eval(re.sub(r"WF_\w+", lambda m: codes[m.group(0)], expr.replace("FMT", c)))
+    ]
     assert tiled == [f.code for f in KM.TILED_X_FORMATS]
 
 
@@ -288,8 +298,9 @@ def test_tiled_rows_at_hidden_8192_add_up_their_own_x_sums():
     r = compare(T.fused_tail(w, br, res, backend="metal-emulated"), host_tail_exact(w, br, res))
     assert r.passed, str(r)
     rng = np.random.default_rng(1)
-    m = WeightMatrix.quantize(mx.array(rng.uniform(-0.02, 0.02, (32, 8192)).astype(np.float32)).astype(mx.bfloat16),
-                              **quant)
+    m = WeightMatrix.quantize(
+        mx.array(rng.uniform(-0.02, 0.02, (32, 8192)).astype(np.float32)).astype(mx.bfloat16), **quant
+    )
     x = rng.uniform(-1, 1, 8192).astype(np.float32)
     got = np.array(KH.head_launch(mx.array(x), np.ones(8192, np.float32), 1e-6, m, m, m, "metal-emulated")[0])
     truth = m.apply(T.rms_norm_np(x.astype(np.float64), np.ones(8192), 1e-6))
@@ -305,8 +316,9 @@ def every_format_tiled(tmp_path_factory) -> Path:
     shutil.copytree(ks.KERNEL_DIR, d, ignore=shutil.ignore_patterns("metal_emulation"))
     text = (d / "common.h").read_text()
     assert text.count("#define TILED_X(FMT) ((FMT) == WF_Q8)") == 1
-    (d / "common.h").write_text(text.replace("#define TILED_X(FMT) ((FMT) == WF_Q8)",
-                                             "#define TILED_X(FMT) ((FMT) >= WF_Q4)"))
+    (d / "common.h").write_text(
+        text.replace("#define TILED_X(FMT) ((FMT) == WF_Q8)", "#define TILED_X(FMT) ((FMT) >= WF_Q4)")
+    )
     return d
 
 
@@ -323,23 +335,42 @@ TILED_4BIT_CASES = [
 @pytest.mark.parametrize("case", TILED_4BIT_CASES, ids=[c[0] for c in TILED_4BIT_CASES])
 def test_4bit_rows_read_tiled_match_the_float64_oracle(every_format_tiled, case):
     _, hidden, branch, ffn, block, permute, quant, dtype = case
-    w = T.TailWeights.random(hidden, branch, ffn, seed=hidden + branch, fold_block=block, fold_permute=permute,
-                             dtype=dtype, quantize=quant)
+    w = T.TailWeights.random(
+        hidden, branch, ffn, seed=hidden + branch, fold_block=block, fold_permute=permute, dtype=dtype, quantize=quant
+    )
     br, res = T.random_inputs(w, seed=5)
     orders = ME.SCHEDULES if hidden < 8192 else ME.SCHEDULES[:1]
-    outs = [KE.emulated_tail(T.tail_launch(w), br, res, order=o, seed=7, kernel_dir=every_format_tiled)
-            for o in orders]
+    outs = [KE.emulated_tail(T.tail_launch(w), br, res, order=o, seed=7, kernel_dir=every_format_tiled) for o in orders]
     assert len({o.tobytes() for o in outs}) == 1
     r = compare(outs[0], host_tail_exact(w, br, res))
     assert r.passed, str(r)
     if hidden < 8192:  # the head launch too, Q, K and V tiled
         fold = None if block is None else HadamardFold.random(hidden, hidden, seed=3, permute=permute)
         rng = np.random.default_rng(2)
-        q, k, v = (WeightMatrix.quantize(mx.array(rng.uniform(-0.1, 0.1, (n, hidden)).astype(np.float32))
-                                         .astype(getattr(mx, dtype)), fold=fold, **quant) for n in (64, 32, 32))
+        q, k, v = (
+            WeightMatrix.quantize(
+                mx.array(rng.uniform(-0.1, 0.1, (n, hidden)).astype(np.float32)).astype(getattr(mx, dtype)),
+                fold=fold,
+                **quant,
+            )
+            for n in (64, 32, 32)
+        )
         x = rng.uniform(-1, 1, hidden).astype(np.float32)
-        got = np.concatenate([np.array(a) for a in KH.head_launch(
-            mx.array(x), np.ones(hidden, np.float32), 1e-6, q, k, v, "metal-emulated", kernel_dir=every_format_tiled)])
+        got = np.concatenate(
+            [
+                np.array(a)
+                for a in KH.head_launch(
+                    mx.array(x),
+                    np.ones(hidden, np.float32),
+                    1e-6,
+                    q,
+                    k,
+                    v,
+                    "metal-emulated",
+                    kernel_dir=every_format_tiled,
+                )
+            ]
+        )
         n = T.rms_norm_np(x.astype(np.float64), np.ones(hidden), 1e-6)
         assert compare(got, np.concatenate([m.apply(n) for m in (q, k, v)])).passed
 
@@ -349,8 +380,9 @@ def test_a_launch_over_32_kb_is_refused_naming_the_width():
     assert KM.threadgroup_bytes("wo_residual", t) == 32768
     assert KM.threadgroup_bytes("ffn_gate_up", dict(t, HID=8064)) == 8064 * 4 + 32  # both fit: scratch beside n
     with pytest.raises(ValueError, match=r"branch \(8196\): wo_residual would declare 32784 bytes"):
-        KM.check_threadgroup_memory("wo_residual", [("NT", 512), ("WIDTH", 8196), ("FMT", F.FLOAT32.code), ("GS", 32)],
-                                     "branch (8196)")
+        KM.check_threadgroup_memory(
+            "wo_residual", [("NT", 512), ("WIDTH", 8196), ("FMT", F.FLOAT32.code), ("GS", 32)], "branch (8196)"
+        )
     with pytest.raises(ValueError, match="kernel must be one of"):
         KM.threadgroup_bytes("attention", t)
 
@@ -362,13 +394,27 @@ def test_every_shipped_models_widths_launch_on_apple_gpus(name):
     for layer in cfg.attention_layers():
         lc = cfg.layer(layer)
         branch, ffn = lc.num_q_heads * lc.head_dim, lc.ffn_dim or cfg.hidden_size
-        templates = {"wo_residual": dict(NT=t.wo_nt, WIDTH=branch), "ffn_gate_up": dict(NT=t.rows_nt, HID=cfg.hidden_size),
-                     "ffn_down": dict(NT=t.down_nt), "head_qkv": dict(NT=t.head_nt, HID=cfg.hidden_size)}
-        for fmt, gs in ((F.BFLOAT16.code, 32), (F.AFFINE4.code, 64), (F.AFFINE8.code, 64), (F.MXFP4.code, 32),
-                        (F.NVFP4.code, 16)):
+        templates = {
+            "wo_residual": dict(NT=t.wo_nt, WIDTH=branch),
+            "ffn_gate_up": dict(NT=t.rows_nt, HID=cfg.hidden_size),
+            "ffn_down": dict(NT=t.down_nt),
+            "head_qkv": dict(NT=t.head_nt, HID=cfg.hidden_size),
+        }
+        for fmt, gs in (
+            (F.BFLOAT16.code, 32),
+            (F.AFFINE4.code, 64),
+            (F.AFFINE8.code, 64),
+            (F.MXFP4.code, 32),
+            (F.NVFP4.code, 16),
+        ):
             for kernel, tp in templates.items():
                 assert KM.threadgroup_bytes(kernel, dict(tp, FMT=fmt, GS=gs)) <= KT.METAL_THREADGROUP_LIMIT, (
-                    name, layer, kernel, ffn, fmt)
+                    name,
+                    layer,
+                    kernel,
+                    ffn,
+                    fmt,
+                )
 
 
 # -- Bonsai-27B's shape -----------------------------------------------------------------------
@@ -429,8 +475,9 @@ def test_the_two_rewrites_and_the_entry():
     assert "[[host_name(" not in tu and "template decltype(" in tu
     assert "threadgroup metal_emulation_array_xs4& xs4 = " in tu and "GROUP_SHARED float4 xs4[" not in tu
     name, params, targs = ME.signature(src)
-    assert [p.name for p in params if p.buffer is not None] == list(ks.KERNELS["ffn_gate_up"].inputs +
-                                                                   ks.KERNELS["ffn_gate_up"].outputs)
+    assert [p.name for p in params if p.buffer is not None] == list(
+        ks.KERNELS["ffn_gate_up"].inputs + ks.KERNELS["ffn_gate_up"].outputs
+    )
     assert f"{name}<{targs}>(" in tu and 'extern "C" void metal_emulation_entry' in tu
     with pytest.raises(ME.MetalCompileError, match="no `\\[\\[kernel\\]\\] void name"):
         ME.translation_unit("int main() {}")

@@ -43,9 +43,16 @@ def _inputs() -> tuple[np.ndarray, np.ndarray]:
 def _run(mode: str, error: str = "edge-high", seed: int = 0) -> dict[str, np.ndarray]:
     kernel = metal_kernel(name="math_modes", input_names=["x", "pos"], output_names=NAMES, source=SOURCE)
     x, pos = _inputs()
-    outs = kernel(inputs=[mx.array(x), mx.array(pos)], grid=(N, 1, 1), threadgroup=(256, 1, 1),
-                  output_shapes=[(N,)] * 5, output_dtypes=[mx.float32] * 5, math_mode=mode, math_error=error,
-                  seed=seed)
+    outs = kernel(
+        inputs=[mx.array(x), mx.array(pos)],
+        grid=(N, 1, 1),
+        threadgroup=(256, 1, 1),
+        output_shapes=[(N,)] * 5,
+        output_dtypes=[mx.float32] * 5,
+        math_mode=mode,
+        math_error=error,
+        seed=seed,
+    )
     return {k: np.array(v) for k, v in zip(NAMES, outs)}
 
 
@@ -116,8 +123,13 @@ def test_fast_mode_flushes_subnormals():
     kernel = metal_kernel(name="flush", input_names=["x", "p"], output_names=["e", "r"], source=src)
     x = np.array([-100.0, -90.0, 0.0, 1.0], np.float32)  # exp(-100), exp(-90): float32 subnormals
     p = np.array([1e-40, 1e-39, 4.0, 1.0], np.float32)  # subnormal inputs
-    args = {"inputs": [mx.array(x), mx.array(p)], "grid": (4, 1, 1), "threadgroup": (4, 1, 1),
-            "output_shapes": [(4,), (4,)], "output_dtypes": [mx.float32, mx.float32]}
+    args = {
+        "inputs": [mx.array(x), mx.array(p)],
+        "grid": (4, 1, 1),
+        "threadgroup": (4, 1, 1),
+        "output_shapes": [(4,), (4,)],
+        "output_dtypes": [mx.float32, mx.float32],
+    }
     e_fast, r_fast = (np.array(a) for a in kernel(**args, math_mode="fast"))
     e_prec, r_prec = (np.array(a) for a in kernel(**args, math_mode="precise"))
     assert (e_fast[:2] == 0).all() and (e_prec[:2] > 0).all()

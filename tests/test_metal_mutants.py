@@ -45,64 +45,188 @@ class Mutant:
 _SCATTER = tuple((f"xs[d.{c} >> 1] =", f"xs[(d.{c} >> 1) + 1] =") for c in "xyzw")
 
 MUTANTS = [
-    Mutant("dropped-barrier-after-scatter", "common.h",
-           (("        xs4[i4] = v;\n      }\n    }\n  }\n  GROUP_BARRIER();\n}", "        xs4[i4] = v;\n      }\n    }\n  }\n}"),),
-           "result"),
-    Mutant("dropped-barrier-after-warp-butterflies", "common.h",
-           (("        x[i] = v[c];\n      }\n    }\n  }\n  GROUP_BARRIER();\n}",
-             "        x[i] = v[c];\n      }\n    }\n  }\n}"),), "result"),
-    Mutant("lane-butterfly-difference-reversed", "common.h",
-           (("v[c] = (lane & h) ? p - v[c] : v[c] + p;", "v[c] = (lane & h) ? v[c] - p : v[c] + p;"),), "result"),
-    Mutant("barrier-inside-if-lane-0", "common.h",
-           (("  if (lane == 0) {\n    red[warp] = v;\n  }\n  GROUP_BARRIER();",
-             "  if (lane == 0) {\n    red[warp] = v;\n    GROUP_BARRIER();\n  }"),), "emulator", "divergent barrier"),
-    Mutant("early-exit-before-group-sum", "ffn_down.body",
-           (("  const RowSums<DR> acc = group_sums<NT>(", "  if (lid >= 32) return;\n  const RowSums<DR> acc = group_sums<NT>("),),
-           "emulator", "divergent barrier.*finished"),
-    Mutant("scatter-one-past-the-end", "common.h", _SCATTER, "emulator",
-           "memory fault.*past the end of threadgroup array 'xs4'"),
-    Mutant("threadgroup-pointer-passed-as-device", "wo_residual.body",
-           (("DevVec((const DEV float4*)x)", "DevVec(xs4)"),), "compile", "DevVec"),
-    Mutant("device-pointer-passed-as-threadgroup", "ffn_down.body",
-           (("group_sums<NT>(part, red, lane, warp)", "group_sums<NT>(part, out, lane, warp)"),), "compile",
-           "address space"),
-    Mutant("as-type-of-the-wrong-size", "prelude_metal.h",
-           (("#define BITS_F32(u) as_type<float>(u)", "#define BITS_F32(u) as_type<float>((u16)(u))"),), "compile",
-           "same size"),
-    Mutant("three-component-uint4", "prelude_metal.h",
-           (("uint4((a), (b), (c), (d))", "uint4((a), (b), (c))"),), "compile", "exactly as many components"),
-    Mutant("double-accumulator", "common.h",
-           (("  float t = 0.0f;\n  for (int i = 0; i < NT / 32; ++i) {", "  double t = 0.0;\n  for (int i = 0; i < NT / 32; ++i) {"),),
-           "compile", "metal_has_no_double_type"),
-    Mutant("last-row-never-written", "wo_residual.body",
-           (("for (; r < ROWS; r += ngroups * NW)", "for (; r < ROWS - 1; r += ngroups * NW)"),), "result"),
-    Mutant("norm-read-before-staged", "common.h",
-           (("const float inv = rms_inv<W, NT, true>(", "const float inv = rms_inv<W, NT, false>("),), "result"),
-    Mutant("wrong-simd-lane", "prelude_metal.h",
-           (("const int lane = (int)thread_index_in_simdgroup;", "const int lane = (int)thread_index_in_simdgroup & 15;"),),
-           "result"),
-    Mutant("gate-up-scratch-beside-n-at-8192", "ffn_gate_up.body",  # the layout before the 32 KB fix
-           (("  GROUP_SHARED float4 xs4[F::XL4 + (STAGE ? RED4 : 0) + (SUMS ? F::SUM4 : 0)];\n"
-             "  GRP float* red = (GRP float*)(STAGE ? xs4 + F::XL4 : xs4);",
-             "  GROUP_SHARED float4 xs4[F::XL4 + (SUMS ? F::SUM4 : 0)];\n  GROUP_SHARED float red[NT / 32];"),),
-           "emulator", "threadgroup memory over the limit.*32800", wide=True),
-    Mutant("dropped-barrier-after-tile-x", "common.h",
-           (("      xs4[8 * line + (j ^ (line & 7))] = v[j];\n    }\n  }\n  GROUP_BARRIER();\n}",
-             "      xs4[8 * line + (j ^ (line & 7))] = v[j];\n    }\n  }\n}"),), "result", quantized=True),
-    Mutant("tiled-x-read-unswizzled", "common.h",
-           (("      xu.v[j] = line[(lo + j) ^ m];", "      xu.v[j] = line[lo + j];"),), "result", quantized=True),
-    Mutant("x-sums-of-a-line-all-its-first", "common.h",
-           (("          xsum[i] = block_sum<F::SB>(v + b * (F::SB / 4));", "          xsum[i] = block_sum<F::SB>(v);"),),
-           "result", quantized=True),
+    Mutant(
+        "dropped-barrier-after-scatter",
+        "common.h",
+        (
+            (
+                "        xs4[i4] = v;\n      }\n    }\n  }\n  GROUP_BARRIER();\n}",
+                "        xs4[i4] = v;\n      }\n    }\n  }\n}",
+            ),
+        ),
+        "result",
+    ),
+    Mutant(
+        "dropped-barrier-after-warp-butterflies",
+        "common.h",
+        (
+            (
+                "        x[i] = v[c];\n      }\n    }\n  }\n  GROUP_BARRIER();\n}",
+                "        x[i] = v[c];\n      }\n    }\n  }\n}",
+            ),
+        ),
+        "result",
+    ),
+    Mutant(
+        "lane-butterfly-difference-reversed",
+        "common.h",
+        (("v[c] = (lane & h) ? p - v[c] : v[c] + p;", "v[c] = (lane & h) ? v[c] - p : v[c] + p;"),),
+        "result",
+    ),
+    Mutant(
+        "barrier-inside-if-lane-0",
+        "common.h",
+        (
+            (
+                "  if (lane == 0) {\n    red[warp] = v;\n  }\n  GROUP_BARRIER();",
+                "  if (lane == 0) {\n    red[warp] = v;\n    GROUP_BARRIER();\n  }",
+            ),
+        ),
+        "emulator",
+        "divergent barrier",
+    ),
+    Mutant(
+        "early-exit-before-group-sum",
+        "ffn_down.body",
+        (
+            (
+                "  const RowSums<DR> acc = group_sums<NT>(",
+                "  if (lid >= 32) return;\n  const RowSums<DR> acc = group_sums<NT>(",
+            ),
+        ),
+        "emulator",
+        "divergent barrier.*finished",
+    ),
+    Mutant(
+        "scatter-one-past-the-end",
+        "common.h",
+        _SCATTER,
+        "emulator",
+        "memory fault.*past the end of threadgroup array 'xs4'",
+    ),
+    Mutant(
+        "threadgroup-pointer-passed-as-device",
+        "wo_residual.body",
+        (("DevVec((const DEV float4*)x)", "DevVec(xs4)"),),
+        "compile",
+        "DevVec",
+    ),
+    Mutant(
+        "device-pointer-passed-as-threadgroup",
+        "ffn_down.body",
+        (("group_sums<NT>(part, red, lane, warp)", "group_sums<NT>(part, out, lane, warp)"),),
+        "compile",
+        "address space",
+    ),
+    Mutant(
+        "as-type-of-the-wrong-size",
+        "prelude_metal.h",
+        (("#define BITS_F32(u) as_type<float>(u)", "#define BITS_F32(u) as_type<float>((u16)(u))"),),
+        "compile",
+        "same size",
+    ),
+    Mutant(
+        "three-component-uint4",
+        "prelude_metal.h",
+        (("uint4((a), (b), (c), (d))", "uint4((a), (b), (c))"),),
+        "compile",
+        "exactly as many components",
+    ),
+    Mutant(
+        "double-accumulator",
+        "common.h",
+        (
+            (
+                "  float t = 0.0f;\n  for (int i = 0; i < NT / 32; ++i) {",
+                "  double t = 0.0;\n  for (int i = 0; i < NT / 32; ++i) {",
+            ),
+        ),
+        "compile",
+        "metal_has_no_double_type",
+    ),
+    Mutant(
+        "last-row-never-written",
+        "wo_residual.body",
+        (("for (; r < ROWS; r += ngroups * NW)", "for (; r < ROWS - 1; r += ngroups * NW)"),),
+        "result",
+    ),
+    Mutant(
+        "norm-read-before-staged",
+        "common.h",
+        (("const float inv = rms_inv<W, NT, true>(", "const float inv = rms_inv<W, NT, false>("),),
+        "result",
+    ),
+    Mutant(
+        "wrong-simd-lane",
+        "prelude_metal.h",
+        (
+            (
+                "const int lane = (int)thread_index_in_simdgroup;",
+                "const int lane = (int)thread_index_in_simdgroup & 15;",
+            ),
+        ),
+        "result",
+    ),
+    Mutant(
+        "gate-up-scratch-beside-n-at-8192",
+        "ffn_gate_up.body",  # the layout before the 32 KB fix
+        (
+            (
+                "  GROUP_SHARED float4 xs4[F::XL4 + (STAGE ? RED4 : 0) + (SUMS ? F::SUM4 : 0)];\n"
+                "  GRP float* red = (GRP float*)(STAGE ? xs4 + F::XL4 : xs4);",
+                "  GROUP_SHARED float4 xs4[F::XL4 + (SUMS ? F::SUM4 : 0)];\n  GROUP_SHARED float red[NT / 32];",
+            ),
+        ),
+        "emulator",
+        "threadgroup memory over the limit.*32800",
+        wide=True,
+    ),
+    Mutant(
+        "dropped-barrier-after-tile-x",
+        "common.h",
+        (
+            (
+                "      xs4[8 * line + (j ^ (line & 7))] = v[j];\n    }\n  }\n  GROUP_BARRIER();\n}",
+                "      xs4[8 * line + (j ^ (line & 7))] = v[j];\n    }\n  }\n}",
+            ),
+        ),
+        "result",
+        quantized=True,
+    ),
+    Mutant(
+        "tiled-x-read-unswizzled",
+        "common.h",
+        (("      xu.v[j] = line[(lo + j) ^ m];", "      xu.v[j] = line[lo + j];"),),
+        "result",
+        quantized=True,
+    ),
+    Mutant(
+        "x-sums-of-a-line-all-its-first",
+        "common.h",
+        (("          xsum[i] = block_sum<F::SB>(v + b * (F::SB / 4));", "          xsum[i] = block_sum<F::SB>(v);"),),
+        "result",
+        quantized=True,
+    ),
 ]
 
 
 def _case(wide: bool, quantized: bool = False) -> tuple[T.TailWeights, np.ndarray, np.ndarray]:
     # m = 12 x 2^4 with a permutation: the scatter, the butterflies and the table mix all run.
     quant = {"mode": "affine", "bits": 8, "group_size": 64} if quantized else None
-    w = (T.TailWeights.random(8192, 64, 64, seed=9) if wide else
-         T.TailWeights.random(64, 192, 128, seed=2, fold_block=192, fold_permute=True,
-                              dtype="bfloat16" if quantized else "float32", quantize=quant))
+    w = (
+        T.TailWeights.random(8192, 64, 64, seed=9)
+        if wide
+        else T.TailWeights.random(
+            64,
+            192,
+            128,
+            seed=2,
+            fold_block=192,
+            fold_permute=True,
+            dtype="bfloat16" if quantized else "float32",
+            quantize=quant,
+        )
+    )
     br, res = T.random_inputs(w, seed=2)
     return w, br, res
 

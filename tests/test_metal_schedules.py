@@ -42,8 +42,12 @@ TG, GROUPS = 128, 3
 
 
 def _kernel(barrier: bool):
-    return metal_kernel(name="two_phases" + ("" if barrier else "_no_barrier"), input_names=["x"],
-                        output_names=["out"], source=TWO_PHASES.replace("BARRIER", BARRIER if barrier else ""))
+    return metal_kernel(
+        name="two_phases" + ("" if barrier else "_no_barrier"),
+        input_names=["x"],
+        output_names=["out"],
+        source=TWO_PHASES.replace("BARRIER", BARRIER if barrier else ""),
+    )
 
 
 def _x() -> np.ndarray:
@@ -57,9 +61,16 @@ def _oracle(x: np.ndarray) -> np.ndarray:
 
 
 def _run(kernel, order: str, seed: int = 0) -> np.ndarray:
-    (out,) = kernel(inputs=[mx.array(_x())], template=[("TG", TG)], grid=(GROUPS * TG, 1, 1),
-                    threadgroup=(TG, 1, 1), output_shapes=[(GROUPS * TG // 32,)], output_dtypes=[mx.float32],
-                    order=order, seed=seed)
+    (out,) = kernel(
+        inputs=[mx.array(_x())],
+        template=[("TG", TG)],
+        grid=(GROUPS * TG, 1, 1),
+        threadgroup=(TG, 1, 1),
+        output_shapes=[(GROUPS * TG // 32,)],
+        output_dtypes=[mx.float32],
+        order=order,
+        seed=seed,
+    )
     return np.array(out)
 
 
@@ -88,9 +99,11 @@ def test_a_missing_barrier_between_simd_reductions_is_wrong_when_simd_groups_run
 
 
 def test_every_schedule_names_the_first_differing_output_and_the_two_schedules():
-    with pytest.raises(ME.ScheduleDependenceError,
-                       match=r"output 'out' differs between schedules 'ascending' and 'simd-groups-ascending' "
-                             r"first at index \(0,\)"):
+    with pytest.raises(
+        ME.ScheduleDependenceError,
+        match=r"output 'out' differs between schedules 'ascending' and 'simd-groups-ascending' "
+        r"first at index \(0,\)",
+    ):
         _run(_kernel(False), "every", seed=3)
 
 
@@ -99,8 +112,11 @@ def test_first_difference_compares_bits_and_names_the_index():
     ME.first_difference({"p": [a, a[0]], "q": [a.copy(), a[0].copy()]}, ["y", "z"])  # NaN equals NaN bitwise
     b = a.copy()
     b[1, 0] = -0.0  # equal as a value, not as bits
-    with pytest.raises(ME.ScheduleDependenceError, match=r"output 'y' differs between schedules 'p' and 'r' first "
-                                                          r"at index \(1, 0\)"):
+    with pytest.raises(
+        ME.ScheduleDependenceError,
+        match=r"output 'y' differs between schedules 'p' and 'r' first "
+        r"at index \(1, 0\)",
+    ):
         ME.first_difference({"p": [a, a[0]], "q": [a, a[0]], "r": [b, a[0]]}, ["y", "z"])
 
 
@@ -108,8 +124,9 @@ def test_a_lane_that_skips_a_simd_reduction_is_left_out_of_it_as_on_metal():
     """Metal's SIMD-group functions combine the ACTIVE lanes: lane 7, which takes the other
     branch, contributes nothing to the first sum and keeps its own value. Every schedule
     agrees, and float64 of that rule matches; the kernel's intent (32 lanes) does not."""
-    src = TWO_PHASES.replace("BARRIER", BARRIER).replace("float s = metal::simd_sum(v);",
-                                                         "float s = lane == 7 ? v : metal::simd_sum(v);")
+    src = TWO_PHASES.replace("BARRIER", BARRIER).replace(
+        "float s = metal::simd_sum(v);", "float s = lane == 7 ? v : metal::simd_sum(v);"
+    )
     kernel = metal_kernel(name="skipping_lane", input_names=["x"], output_names=["out"], source=src)
     out = _run(kernel, "every", seed=1)
     x = _x().astype(np.float64).reshape(GROUPS, TG // 32, 32)

@@ -56,8 +56,15 @@ def _x() -> np.ndarray:
 
 def _launch(name: str, source: str, p: int, order: str = "ascending", n: int = N) -> np.ndarray:
     kernel = metal_kernel(name=name, input_names=["x"], output_names=["out"], source=source)
-    (out,) = kernel(inputs=[mx.array(_x()[:n])], template=[("P", p)], grid=(n, 1, 1), threadgroup=(TG, 1, 1),
-                    output_shapes=[(n,)], output_dtypes=[mx.float32], order=order)
+    (out,) = kernel(
+        inputs=[mx.array(_x()[:n])],
+        template=[("P", p)],
+        grid=(n, 1, 1),
+        threadgroup=(TG, 1, 1),
+        output_shapes=[(n,)],
+        output_dtypes=[mx.float32],
+        order=order,
+    )
     return np.array(out)
 
 
@@ -89,5 +96,6 @@ def test_a_launch_never_sees_what_an_earlier_launch_left_on_its_stacks():
 def test_a_private_array_larger_than_the_stack_is_a_reported_fault_not_a_crash():
     """256 KB stacks: 80,000 floats (312 KB) run past the guard page below the stack."""
     with pytest.raises(ME.EmulationError, match="memory fault"):
-        _launch("too_big_private", BIG_PRIVATE.replace("for (uint k = 0; k < P; ++k)",
-                                                       "for (uint k = P; k-- > 0;)"), 80_000)
+        _launch(
+            "too_big_private", BIG_PRIVATE.replace("for (uint k = 0; k < P; ++k)", "for (uint k = P; k-- > 0;)"), 80_000
+        )

@@ -19,9 +19,21 @@ from workbench.models.families import FAMILIES, from_hf_config
 from workbench.models.loader import list_models, load_model
 
 SHIPPED = [
-    "bonsai-27b", "qwen3.5-9b", "qwen3-next-80b-a3b", "llama-3.1-8b", "qwen3-8b",
-    "mistral-7b", "gemma-2-9b", "gemma-3-1b", "olmo-2-7b", "granite-3.1-8b",
-    "granite-4.0-h-micro", "falcon-h1-7b", "nemotron-h-8b", "jamba-v0.1", "gpt-oss-20b",
+    "bonsai-27b",
+    "qwen3.5-9b",
+    "qwen3-next-80b-a3b",
+    "llama-3.1-8b",
+    "qwen3-8b",
+    "mistral-7b",
+    "gemma-2-9b",
+    "gemma-3-1b",
+    "olmo-2-7b",
+    "granite-3.1-8b",
+    "granite-4.0-h-micro",
+    "falcon-h1-7b",
+    "nemotron-h-8b",
+    "jamba-v0.1",
+    "gpt-oss-20b",
 ]
 
 
@@ -83,10 +95,15 @@ def test_multi_head_attention_counts_as_gqa_with_group_size_one():
 
 def test_hybrid_mixers_off_the_attention_layers():
     assert {lc.mixer for lc in load_model("bonsai-27b").layers if lc.index % 4 != 3} == {Mixer.LINEAR_ATTENTION}
-    assert {lc.mixer for lc in load_model("granite-4.0-h-micro").layers if lc.index not in (5, 15, 25, 35)} == {Mixer.MAMBA2}
+    assert {lc.mixer for lc in load_model("granite-4.0-h-micro").layers if lc.index not in (5, 15, 25, 35)} == {
+        Mixer.MAMBA2
+    }
     nem = load_model("nemotron-h-8b")
     # "M-M-M-M*-...": even blocks before the first '*' are Mamba-2, odd are MLP.
-    assert [nem.layer(i).mixer for i in range(8)] == [Mixer.MAMBA2, Mixer.MLP_ONLY] * 3 + [Mixer.MAMBA2, Mixer.ATTENTION]
+    assert [nem.layer(i).mixer for i in range(8)] == [Mixer.MAMBA2, Mixer.MLP_ONLY] * 3 + [
+        Mixer.MAMBA2,
+        Mixer.ATTENTION,
+    ]
     assert sum(lc.mixer is Mixer.MAMBA2 for lc in nem.layers) == 24
     assert sum(lc.mixer is Mixer.MLP_ONLY for lc in nem.layers) == 24
 
@@ -94,7 +111,9 @@ def test_hybrid_mixers_off_the_attention_layers():
 # -- the traps ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-8b", "mistral-7b", "granite-3.1-8b", "jamba-v0.1", "gpt-oss-20b", "bonsai-27b"])
+@pytest.mark.parametrize(
+    "name", ["llama-3.1-8b", "qwen3-8b", "mistral-7b", "granite-3.1-8b", "jamba-v0.1", "gpt-oss-20b", "bonsai-27b"]
+)
 def test_post_attention_layernorm_of_llama_style_code_is_the_pre_ffn_norm(name):
     # These checkpoints all have a weight named post_attention_layernorm; it is the norm
     # before the FFN, which the fused tail applies itself.
@@ -311,10 +330,22 @@ def test_a_wrong_type_names_the_key_the_type_and_the_family(name, key, value):
         ("llama-3.1-8b", lambda d: d.update(num_key_value_heads=0), "num_key_value_heads"),
         ("llama-3.1-8b", lambda d: d.update(num_key_value_heads=5), "num_attention_heads: must be a multiple"),
         ("mistral-7b", lambda d: d.update(num_attention_heads=3), "num_attention_heads|head_dim"),
-        ("bonsai-27b", lambda d: d["text_config"].update(layer_types=["full_attention"] * 3), "layer_types: must have num_hidden_layers=64"),
-        ("bonsai-27b", lambda d: d["text_config"]["layer_types"].__setitem__(5, "sliding_attention"), r"layer_types\[5\]"),
+        (
+            "bonsai-27b",
+            lambda d: d["text_config"].update(layer_types=["full_attention"] * 3),
+            "layer_types: must have num_hidden_layers=64",
+        ),
+        (
+            "bonsai-27b",
+            lambda d: d["text_config"]["layer_types"].__setitem__(5, "sliding_attention"),
+            r"layer_types\[5\]",
+        ),
         ("bonsai-27b", lambda d: d.update(text_config=[1, 2]), "text_config: must be an object"),
-        ("nemotron-h-8b", lambda d: d.update(hybrid_override_pattern="M-M"), "hybrid_override_pattern: must have num_hidden_layers=52"),
+        (
+            "nemotron-h-8b",
+            lambda d: d.update(hybrid_override_pattern="M-M"),
+            "hybrid_override_pattern: must have num_hidden_layers=52",
+        ),
         ("nemotron-h-8b", lambda d: d.update(hybrid_override_pattern="X" * 52), r"hybrid_override_pattern\[0\]"),
         ("granite-4.0-h-micro", lambda d: d["layer_types"].__setitem__(0, "linear_attention"), r"layer_types\[0\]"),
         ("qwen3-8b", lambda d: d.update(head_dim=-128), "head_dim: must be positive"),
@@ -382,8 +413,22 @@ def test_replace_layer_changes_one_layer_only():
 
 
 def test_every_issue_family_is_known():
-    for t in ("qwen3_5", "qwen3_next", "llama", "qwen3", "mistral", "gemma2", "gemma3_text", "olmo2",
-              "granite", "granitemoehybrid", "falcon_h1", "nemotron_h", "jamba", "gpt_oss"):
+    for t in (
+        "qwen3_5",
+        "qwen3_next",
+        "llama",
+        "qwen3",
+        "mistral",
+        "gemma2",
+        "gemma3_text",
+        "olmo2",
+        "granite",
+        "granitemoehybrid",
+        "falcon_h1",
+        "nemotron_h",
+        "jamba",
+        "gpt_oss",
+    ):
         assert t in FAMILIES
 
 
@@ -403,7 +448,12 @@ def test_qwen_hybrid_attention_layers_are_exactly_the_full_attention_entries(typ
 @given(st.text(alphabet="M*-E", min_size=1, max_size=60))
 def test_nemotron_pattern_maps_each_character_to_one_block(pattern):
     d = raw("nemotron-h-8b")
-    d.update(hybrid_override_pattern=pattern, num_hidden_layers=len(pattern), moe_intermediate_size=1856, n_routed_experts=128)
+    d.update(
+        hybrid_override_pattern=pattern,
+        num_hidden_layers=len(pattern),
+        moe_intermediate_size=1856,
+        n_routed_experts=128,
+    )
     cfg = from_hf_config(d)
     assert cfg.attention_layers() == [i for i, c in enumerate(pattern) if c == "*"]
     assert [lc.ffn_dim == 0 for lc in cfg.layers] == [c in "M*" for c in pattern]

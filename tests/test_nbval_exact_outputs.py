@@ -32,24 +32,46 @@ def _cell(source: str, *outputs: dict) -> nbformat.NotebookNode:
 @pytest.mark.skipif(why_not_compared() is not None, reason=f"the plugin compares nothing here: {why_not_compared()}")
 def test_a_differing_output_fails_its_cell_and_names_it(tmp_path: Path):
     nb = nbformat.v4.new_notebook()
-    nb.cells = [_cell("print('same')", {"text": "same\n"}),
-                _cell("# NBVAL_IGNORE_OUTPUT\nprint('1.25e-06')", {"text": "1.24e-06\n"}),
-                _cell("print('a')\nprint('b')", {"text": "a\n"}, {"text": "b\n"}),
-                _cell("# NBVAL_IGNORE_OUTPUT\nimport sys\nprint('x')\nprint('warned', file=sys.stderr)", {"text": "x\n"}),
-                _cell("# NBVAL_IGNORE_OUTPUT\nprint('3.5e-07')", {"text": "3.6e-07\n"})]
+    nb.cells = [
+        _cell("print('same')", {"text": "same\n"}),
+        _cell("# NBVAL_IGNORE_OUTPUT\nprint('1.25e-06')", {"text": "1.24e-06\n"}),
+        _cell("print('a')\nprint('b')", {"text": "a\n"}, {"text": "b\n"}),
+        _cell("# NBVAL_IGNORE_OUTPUT\nimport sys\nprint('x')\nprint('warned', file=sys.stderr)", {"text": "x\n"}),
+        _cell("# NBVAL_IGNORE_OUTPUT\nprint('3.5e-07')", {"text": "3.6e-07\n"}),
+    ]
     nb.cells[-1].metadata["tags"] = [CPU_DIGITS]  # digits another CPU sums differently: not compared
     path = tmp_path / "exact.ipynb"
     nbformat.write(nb, path)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.nbval_exact_outputs", "--nbval",
-                        "--nbval-current-env", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(path)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.nbval_exact_outputs",
+            "--nbval",
+            "--nbval-current-env",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = r.stdout
     assert "2 failed, 3 passed" in out, out[-3000:]
     assert "exact.ipynb::Cell 1" in out and "exact.ipynb::Cell 3" in out, out[-3000:]
     assert "-1.24e-06\n+1.25e-06" in out, out[-3000:]  # the diff: committed, then this run
     assert "2 outputs in this run, 1 committed: ['stdout', 'stderr']" in out
-    assert ("outputs compared byte for byte with the committed ones: 4 cells in 1 notebooks; 1 cells tagged "
-            f"{CPU_DIGITS!r} not compared") in out
+    assert (
+        "outputs compared byte for byte with the committed ones: 4 cells in 1 notebooks; 1 cells tagged "
+        f"{CPU_DIGITS!r} not compared"
+    ) in out
 
 
 def test_the_description_names_each_output_that_differs():

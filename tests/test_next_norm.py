@@ -28,13 +28,16 @@ def _norm(width: int, seed: int = 0) -> NextNorm:
     return NextNorm(rng.uniform(0.5, 1.5, width).astype(np.float32), 1e-5)
 
 
-@pytest.mark.parametrize("weight,eps,match", [
-    (np.ones((2, 3)), 1e-5, "weight: must be a non-empty 1-D array"),
-    (np.array([1.0, np.nan]), 1e-5, "weight: must be a non-empty 1-D array"),
-    ("abc", 1e-5, "weight: must be a 1-D array of finite numbers"),
-    (np.ones(4), 0.0, "eps: must be a finite number > 0, got 0.0"),
-    (np.ones(4), True, "eps: must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "weight,eps,match",
+    [
+        (np.ones((2, 3)), 1e-5, "weight: must be a non-empty 1-D array"),
+        (np.array([1.0, np.nan]), 1e-5, "weight: must be a non-empty 1-D array"),
+        ("abc", 1e-5, "weight: must be a 1-D array of finite numbers"),
+        (np.ones(4), 0.0, "eps: must be a finite number > 0, got 0.0"),
+        (np.ones(4), True, "eps: must be a finite number > 0"),
+    ],
+)
 def test_a_norm_refuses_what_it_cannot_be(weight, eps, match):
     with pytest.raises(ValueError, match=match):
         NextNorm(weight, eps)
@@ -76,8 +79,7 @@ def test_the_graph_tail_carries_the_norm_of_its_own_output(quantize):
     plain = np.asarray(model_graph_tail(launch)(b, r))
     out, normed = model_graph_tail(launch, next_norm=nn)(b, r)
     np.testing.assert_array_equal(np.asarray(out), plain)
-    np.testing.assert_array_equal(np.asarray(normed),
-                                  np.asarray(mx.fast.rms_norm(out, mx.array(nn.weight), nn.eps)))
+    np.testing.assert_array_equal(np.asarray(normed), np.asarray(mx.fast.rms_norm(out, mx.array(nn.weight), nn.eps)))
     truth = nn.oracle(tail.host_tail(w, br, res))
     verdict = compare(np.asarray(normed), truth, tol=SEED_TOL)
     assert verdict.passed, verdict
@@ -118,8 +120,9 @@ def test_the_carrying_launch_compiles_without_spills_in_the_memory_it_is_said_to
     for carried in (False, True):
         dtypes = ks.input_dtypes(ks.one_launch_inputs(next_norm=carried), prep.wo.fmt, prep.wo.sfmt)
         src = tmp_path / f"one_{carried}.cu"
-        src.write_text(ks.one_launch_translation_unit(dtypes, dict(one_launch.launch_template(prep, shape)),
-                                                      next_norm=carried))
+        src.write_text(
+            ks.one_launch_translation_unit(dtypes, dict(one_launch.launch_template(prep, shape)), next_norm=carried)
+        )
         regs, smem, _ = _ptxas(src)
         est = one_launch.static_shared_bytes(prep, shape, carried)
         assert est - 16 <= smem <= est
@@ -153,8 +156,9 @@ def test_a_launch_with_its_constants_copied_gives_the_same_bits():
     """``copy_constants`` (what ``bench.sanitize --device-written`` does to a launch) swaps
     every array the launch reads for a copy, the next norm's weight included: the same
     tail, bit for bit."""
-    w = tail.TailWeights.random(576, 576, 1536, seed=14, fold_block=64, dtype="bfloat16",
-                                quantize={"bits": 4, "group_size": 32})
+    w = tail.TailWeights.random(
+        576, 576, 1536, seed=14, fold_block=64, dtype="bfloat16", quantize={"bits": 4, "group_size": 32}
+    )
     prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")
     nn = _norm(576, 15)
     br, res = tail.random_inputs(w, seed=16)

@@ -19,8 +19,11 @@ from workbench.reports.tables import WIDTH
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: Paths and words that only mean something on the machine the project was made on.
-OUTSIDE = re.compile(r"\.\./shared|/work/|shared/(?:reference|design|seeds|device)|prepare-mlx-cuda"
-                     r"|\bthe seed\b|\bthe seed's\b|\bRust test\b|\bits LCG\b", re.IGNORECASE)
+OUTSIDE = re.compile(
+    r"\.\./shared|/work/|shared/(?:reference|design|seeds|device)|prepare-mlx-cuda"
+    r"|\bthe seed\b|\bthe seed's\b|\bRust test\b|\bits LCG\b",
+    re.IGNORECASE,
+)
 
 
 def _text_outputs(nb: dict):
@@ -35,7 +38,9 @@ def _text_outputs(nb: dict):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_printed_line_fits_100_columns(path: Path):
     nb = json.loads(path.read_text(encoding="utf-8"))
-    wide = [(i, len(line), line[:60]) for i, text in _text_outputs(nb) for line in text.splitlines() if len(line) > WIDTH]
+    wide = [
+        (i, len(line), line[:60]) for i, text in _text_outputs(nb) for line in text.splitlines() if len(line) > WIDTH
+    ]
     assert not wide, f"{path.name}: lines wider than {WIDTH} (cell, width, start): {wide}"
 
 
@@ -47,8 +52,11 @@ def test_a_notebook_names_nothing_outside_the_project(path: Path):
 
 
 #: Every document a reader is sent to: the README, each file of docs/, each folder's README.
-DOCUMENTS = sorted(["README.md"] + [str(p.relative_to(ROOT)) for p in ROOT.glob("docs/*.md")]
-                   + [str(p.relative_to(ROOT)) for p in ROOT.glob("*/README.md")])
+DOCUMENTS = sorted(
+    ["README.md"]
+    + [str(p.relative_to(ROOT)) for p in ROOT.glob("docs/*.md")]
+    + [str(p.relative_to(ROOT)) for p in ROOT.glob("*/README.md")]
+)
 
 
 @pytest.mark.parametrize("doc", DOCUMENTS)
@@ -67,6 +75,10 @@ OPENS_A_FILE = re.compile(r"json\.loads?\(|\bopen\(|\.read_text\(|\.read_bytes\(
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_no_notebook_cell_opens_a_file(path: Path):
     nb = json.loads(path.read_text(encoding="utf-8"))
-    found = [(i, m.group(0)) for i, cell in enumerate(nb["cells"]) if cell["cell_type"] == "code"
-             for m in OPENS_A_FILE.finditer("".join(cell["source"]))]
+    found = [
+        (i, m.group(0))
+        for i, cell in enumerate(nb["cells"])
+        if cell["cell_type"] == "code"
+        for m in OPENS_A_FILE.finditer("".join(cell["source"]))
+    ]
     assert not found, f"{path.name}: (cell, text) {found}"

@@ -32,20 +32,29 @@ def test_a_committed_notebook_is_in_jupyterlabs_normal_form(path: Path):
     text = path.read_text(encoding="utf-8")
     assert text == normal_text(text), (
         f"{path.name} is not in the form JupyterLab saves (execution timestamps or kernelspec display "
-        f"name): run `python tools/normalize_notebooks.py notebooks/{path.name}` and commit it")
+        f"name): run `python tools/normalize_notebooks.py notebooks/{path.name}` and commit it"
+    )
 
 
 def _executed_by_nbconvert() -> str:
     """A small notebook as ``nbconvert --execute`` leaves it: timestamps and the old display name."""
     nb = {
-        "cells": [{"cell_type": "code", "execution_count": 1, "id": "a1",
-                   "metadata": {"execution": {"iopub.status.busy": "2026-11-30T21:11:09.737590Z"},
-                                "tags": ["parameters"]},
-                   "outputs": [{"name": "stdout", "output_type": "stream", "text": ["ü 1\n"]}],
-                   "source": ["print('ü', 1)"]}],
-        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                     "language_info": {"name": "python", "version": "3.11.7"}},
-        "nbformat": 4, "nbformat_minor": 5,
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": 1,
+                "id": "a1",
+                "metadata": {"execution": {"iopub.status.busy": "2026-11-30T21:11:09.737590Z"}, "tags": ["parameters"]},
+                "outputs": [{"name": "stdout", "output_type": "stream", "text": ["ü 1\n"]}],
+                "source": ["print('ü', 1)"],
+            }
+        ],
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python", "version": "3.11.7"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
     }
     return json.dumps(nb, indent=2)
 
@@ -92,4 +101,8 @@ def test_consecutive_stream_outputs_are_merged_as_jupyterlab_merges_them():
         {"name": "stdout", "output_type": "stream", "text": "d\n"},
     ]
     outs = json.loads(normal_text(json.dumps(nb)))["cells"][0]["outputs"]
-    assert [(o["name"], "".join(o["text"])) for o in outs] == [("stdout", "a\nb\nc\n"), ("stderr", "warn\n"), ("stdout", "d\n")]
+    assert [(o["name"], "".join(o["text"])) for o in outs] == [
+        ("stdout", "a\nb\nc\n"),
+        ("stderr", "warn\n"),
+        ("stdout", "d\n"),
+    ]

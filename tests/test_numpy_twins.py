@@ -22,8 +22,18 @@ SHAPE = frink_case.SEED_SHAPE
 def _twin_of(w: TailWeights, branch: np.ndarray, residual: np.ndarray) -> np.ndarray:
     wo, norm, gate, up, down = w.host_arrays(np.float64)
     f = w.wo.fold
-    return numpy_twins.host_tail(wo, f.signs.astype(np.float64), numpy_twins.orthonormal_t(f.block), norm, gate, up,
-                                 down, w.eps, branch, residual)
+    return numpy_twins.host_tail(
+        wo,
+        f.signs.astype(np.float64),
+        numpy_twins.orthonormal_t(f.block),
+        norm,
+        gate,
+        up,
+        down,
+        w.eps,
+        branch,
+        residual,
+    )
 
 
 def test_the_host_tail_is_its_twin_bit_for_bit() -> None:
@@ -57,7 +67,9 @@ def test_the_fold_and_the_block_transform_are_their_twins() -> None:
     """The float64 block transform as one product, and a fold's rotation (checked once,
     then by a few comparisons), give the twin's bits; a bad width is still refused."""
     x = np.random.default_rng(5).standard_normal((16, 6 * 64))
-    np.testing.assert_array_equal(hadamard.block_transform(x, 64), numpy_twins.block_transform(x, numpy_twins.orthonormal_t(64)))
+    np.testing.assert_array_equal(
+        hadamard.block_transform(x, 64), numpy_twins.block_transform(x, numpy_twins.orthonormal_t(64))
+    )
     np.testing.assert_array_equal(hadamard.block_transform(x, 64), hadamard.block_transform(x, np.int64(64)))
     fold = HadamardFold.random(96, 16, seed=2)
     y = x[:, :96]

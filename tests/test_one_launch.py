@@ -95,15 +95,18 @@ def test_the_launch_template_is_each_launchs_own_with_downs_rows_from_the_shape(
     assert t["SYNC_AT"] % 32 == 0 and t["SYNC_AT"] >= prep.hidden + prep.ffn
 
 
-@pytest.mark.parametrize("kw, says", [
-    (dict(nt=48), "nt: must be a multiple of 32"),
-    (dict(nt=2048), "nt"),
-    (dict(down_rows=3), "down_rows: must be 1, 2, 4 or 8"),
-    (dict(groups_per_sm=0), "groups_per_sm"),
-    (dict(sm_count=0), "sm_count"),
-    (dict(row_units=0), "row_units"),
-    (dict(row_units=65), "row_units"),
-])
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        (dict(nt=48), "nt: must be a multiple of 32"),
+        (dict(nt=2048), "nt"),
+        (dict(down_rows=3), "down_rows: must be 1, 2, 4 or 8"),
+        (dict(groups_per_sm=0), "groups_per_sm"),
+        (dict(sm_count=0), "sm_count"),
+        (dict(row_units=0), "row_units"),
+        (dict(row_units=65), "row_units"),
+    ],
+)
 def test_bad_shapes_are_refused_by_name(kw, says):
     with pytest.raises(ValueError, match=re.escape(says)):
         one_launch.OneLaunchShape(**kw)
@@ -141,12 +144,15 @@ def _bonsai_template(fmt: int, sfmt: int, gs: int) -> dict[str, object]:
     """The template values a launch passes at Bonsai-27B's shape (its defaults), written out:
     making Bonsai's weights here would take minutes of CPU."""
     base = dict(FMT=fmt, SFMT=sfmt, GS=gs, QI=F.by_code(fmt)[0].quantized)
-    t: dict[str, object] = dict(NT=512, HID=5120, FFN=17408, SYNC_AT=22528,
-                                BARRIER_LIMIT_MS=one_launch.BARRIER_LIMIT_MS)
+    t: dict[str, object] = dict(
+        NT=512, HID=5120, FFN=17408, SYNC_AT=22528, BARRIER_LIMIT_MS=one_launch.BARRIER_LIMIT_MS
+    )
     u = kernel_matrices.units_for
-    phases = {"WO_": dict(base, WIDTH=6144, ROWS=5120, ROT=True, M=1, LOGP=10, U=u(fmt, 4), PRE=True),
-              "GU_": dict(base, HID=5120, FFN=17408, U=u(fmt, 4), PRE=False),
-              "DN_": dict(base, HID=5120, FFN=17408, U=max(1, u(fmt, 16) // 4), DR=4)}
+    phases = {
+        "WO_": dict(base, WIDTH=6144, ROWS=5120, ROT=True, M=1, LOGP=10, U=u(fmt, 4), PRE=True),
+        "GU_": dict(base, HID=5120, FFN=17408, U=u(fmt, 4), PRE=False),
+        "DN_": dict(base, HID=5120, FFN=17408, U=max(1, u(fmt, 16) // 4), DR=4),
+    }
     for prefix, values in phases.items():
         t.update({prefix + k: v for k, v in values.items()})
     return t
@@ -155,8 +161,12 @@ def _bonsai_template(fmt: int, sfmt: int, gs: int) -> dict[str, object]:
 def _ptxas(src: Path) -> tuple[int, int, str]:
     # Device code only (-cubin), as MLX compiles a kernel (NVRTC): the host pass is most of
     # nvcc's time and gives nothing read here.
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(src.with_suffix(".cubin")), "-Xptxas", "-v",
-                        str(src)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        ["nvcc", "-arch=sm_90", "-cubin", "-o", str(src.with_suffix(".cubin")), "-Xptxas", "-v", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "0 bytes spill stores" in r.stderr, r.stderr[-2000:]
     m = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", r.stderr)
@@ -166,8 +176,11 @@ def _ptxas(src: Path) -> tuple[int, int, str]:
 
 #: bf16; affine 8-bit (the most shared memory: x tiled with its sums in two phases);
 #: nvfp4 (the most registers).
-_BONSAI_FORMATS = [(F.BFLOAT16.code, 0, 32), (F.AFFINE8.code, F.SCALE_CODES["bfloat16"], 64),
-                   (F.NVFP4.code, F.SCALE_CODES["e4m3"], 16)]
+_BONSAI_FORMATS = [
+    (F.BFLOAT16.code, 0, 32),
+    (F.AFFINE8.code, F.SCALE_CODES["bfloat16"], 64),
+    (F.NVFP4.code, F.SCALE_CODES["e4m3"], 16),
+]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
@@ -203,10 +216,14 @@ def test_the_committed_record_reads_into_its_tables():
     assert bf16["one launch / three (one wait)"] == pytest.approx(case["one_launch_compiled_over_three_compiled"])
 
 
-@pytest.mark.parametrize("bad, says", [(None, "record: must be a 'one_launch' record"),
-                                       ({"bench": "kernel_bench"}, "record: is a 'kernel_bench' record, expected "
-                                                                   "'one_launch'"),
-                                       ({"bench": "one_launch"}, "record: a 'one_launch' record must have")])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (None, "record: must be a 'one_launch' record"),
+        ({"bench": "kernel_bench"}, "record: is a 'kernel_bench' record, expected 'one_launch'"),
+        ({"bench": "one_launch"}, "record: a 'one_launch' record must have"),
+    ],
+)
 def test_record_tables_refuses_what_is_not_its_record(bad, says):
     with pytest.raises(records.RecordError, match=says):
         one_launch_report.record_tables(bad)
@@ -308,8 +325,9 @@ def test_the_barrier_limit_reaches_the_kernel_and_the_timeout_message(monkeypatc
         return [mx.full((kw["output_shapes"][0][0],), float("nan"))]
 
     monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None, compact=True, next_norm=False: flagged)
-    one = one_launch.OneLaunchTail(prep, one_launch.OneLaunchShape(sm_count=4),
-                                   barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
+    one = one_launch.OneLaunchTail(
+        prep, one_launch.OneLaunchShape(sm_count=4), barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS
+    )
     with pytest.raises(one_launch.GridBarrierTimeout, match="waited over 600 s"):
         one.run([1.0] * 512, [0.0] * 128)
     assert seen == [one_launch.SANITIZER_BARRIER_LIMIT_MS]
@@ -326,11 +344,14 @@ def test_the_wait_breakdown_reads_both_committed_records():
     t = one_launch_report.wait_breakdown(rec, prof)
     assert list(t.columns) == ["bfloat16", "affine4", "nvfp4"]  # the formats both records have
     bf = t["bfloat16"]
-    assert bf["MLX around the kernel, at least"] == pytest.approx(bf["evaluation and wait"] - bf["kernel run once (ncu)"])
+    assert bf["MLX around the kernel, at least"] == pytest.approx(
+        bf["evaluation and wait"] - bf["kernel run once (ncu)"]
+    )
     case = next(c for c in rec["cases"] if c["case"] == "bonsai27b-bfloat16")
     torch_wait = case["resident_ms"]["torch_cuda_graph"]["median_ms"]
     assert bf["kernel for one wait = PyTorch graph, at most"] == pytest.approx(
-        torch_wait - bf["MLX around the kernel, at least"])
+        torch_wait - bf["MLX around the kernel, at least"]
+    )
     assert bf["floor"] == pytest.approx(case["floor_ms"])
     assert t["affine4"].isna()["floor"]  # PyTorch ran bf16 only
 
@@ -356,15 +377,27 @@ def _made_up(kind: str, **fields) -> dict:
     return {key: None for key in records.KINDS[kind].keys} | {"bench": kind} | fields
 
 
-@pytest.mark.parametrize("rec, prof, says", [
-    ({"bench": "kernel_bench"}, _made_up("launch_profile", table=[]), "record: is a 'kernel_bench' record, expected "
-                                                                      "'one_launch'"),
-    (_made_up("one_launch"), _made_up("launch_profile", table=[]), "record must be a bench.one_launch record with "
-                                                                   "timed cases"),
-    (_made_up("one_launch", cases=[]), {"bench": "one_launch"}, "profile: is a 'one_launch' record, expected "
-                                                                "'launch_profile'"),
-    (_made_up("one_launch", cases=[]), _made_up("launch_profile", table=[]), "share no weight format"),
-])
+@pytest.mark.parametrize(
+    "rec, prof, says",
+    [
+        (
+            {"bench": "kernel_bench"},
+            _made_up("launch_profile", table=[]),
+            "record: is a 'kernel_bench' record, expected 'one_launch'",
+        ),
+        (
+            _made_up("one_launch"),
+            _made_up("launch_profile", table=[]),
+            "record must be a bench.one_launch record with timed cases",
+        ),
+        (
+            _made_up("one_launch", cases=[]),
+            {"bench": "one_launch"},
+            "profile: is a 'one_launch' record, expected 'launch_profile'",
+        ),
+        (_made_up("one_launch", cases=[]), _made_up("launch_profile", table=[]), "share no weight format"),
+    ],
+)
 def test_the_wait_breakdown_refuses_other_records(rec, prof, says):
     with pytest.raises(ValueError, match=says):
         one_launch_report.wait_breakdown(rec, prof)
@@ -376,9 +409,14 @@ def test_each_format_is_timed_with_its_own_sweeps_fastest_variant():
     chosen); an unswept one the first swept format's choice."""
     from bench.one_launch import chosen_variants
 
-    sweeps = {"bfloat16": {"default": {"device_ms": 0.18}, "u8": {"device_ms": 0.15}, "nt1024": {"error": "x"}},
-              "nvfp4": {"default": {"device_ms": 0.22}, "u16": {"device_ms": 0.30},
-                        "nt640": {"error": "disagrees", "vs_default_worst_scaled": 1.0}}}
+    sweeps = {
+        "bfloat16": {"default": {"device_ms": 0.18}, "u8": {"device_ms": 0.15}, "nt1024": {"error": "x"}},
+        "nvfp4": {
+            "default": {"device_ms": 0.22},
+            "u16": {"device_ms": 0.30},
+            "nt640": {"error": "disagrees", "vs_default_worst_scaled": 1.0},
+        },
+    }
     got = chosen_variants(["bfloat16", "affine4", "nvfp4"], sweeps)
     assert got == {"bfloat16": "u8", "affine4": "u8", "nvfp4": "default"}
     assert chosen_variants(["affine4"], {"affine4": {"nt1024": {"error": "x"}}}) == {"affine4": "default"}
@@ -410,8 +448,15 @@ def test_the_benchs_run_times_each_format_with_its_own_choice(monkeypatch):
     monkeypatch.setattr(bench.kernels.timing, "copy_bandwidth", lambda *a, **k: 4e12)
     monkeypatch.setattr(bench, "fixed_cost", lambda repeats: {"one_tiny_eval": 0.03})
     fast = {"bfloat16": "u8_nt640", "nvfp4": "gps2"}  # each format's clear winner
-    monkeypatch.setattr(bench, "sweep", lambda w, b, r, br, res: {
-        "default": {"device_ms": 1.0}, fast[w]: {"device_ms": 0.5}, "u16": {"device_ms": 0.9}})
+    monkeypatch.setattr(
+        bench,
+        "sweep",
+        lambda w, b, r, br, res: {
+            "default": {"device_ms": 1.0},
+            fast[w]: {"device_ms": 0.5},
+            "u16": {"device_ms": 0.9},
+        },
+    )
     timed = {}
 
     def time_case(label, w, tuning, shape, bandwidth, repeats, seed):
@@ -458,9 +503,16 @@ def _fake_cuda(monkeypatch, launch_kernel) -> None:
     monkeypatch.setattr(one_launch, "_kernel", lambda kernel_dir=None, compact=True, next_norm=False: launch_kernel)
 
 
-@pytest.mark.parametrize("fmt,nt", [(None, one_launch.DEFAULT_NT), ("affine4", one_launch.FOUR_BIT_NT),
-                                    ("affine8", one_launch.DEFAULT_NT), ("mxfp4", one_launch.FOUR_BIT_NT),
-                                    ("nvfp4", one_launch.FOUR_BIT_NT)])
+@pytest.mark.parametrize(
+    "fmt,nt",
+    [
+        (None, one_launch.DEFAULT_NT),
+        ("affine4", one_launch.FOUR_BIT_NT),
+        ("affine8", one_launch.DEFAULT_NT),
+        ("mxfp4", one_launch.FOUR_BIT_NT),
+        ("nvfp4", one_launch.FOUR_BIT_NT),
+    ],
+)
 def test_the_cuda_path_runs_4bit_tails_in_640_thread_groups_two_units_a_lane(monkeypatch, fmt, nt):
     from workbench.fold.weights import QUANT_FORMATS
 
@@ -479,14 +531,22 @@ def test_the_cuda_path_runs_4bit_tails_in_640_thread_groups_two_units_a_lane(mon
     assert shape.row_units == (one_launch.FOUR_BIT_ROW_UNITS if four_bit else None)
     for k in ("wo_residual", "ffn_gate_up"):
         assert phases[k]["U"] == (2 if four_bit else tuned[k]["U"])
-    assert phases["ffn_down"]["U"] == max(1, kernel_matrices.units_for(prep.down.fmt, prep.tuning.u_down) // shape.down_rows)
+    assert phases["ffn_down"]["U"] == max(
+        1, kernel_matrices.units_for(prep.down.fmt, prep.tuning.u_down) // shape.down_rows
+    )
 
 
-@pytest.mark.parametrize("formats,nt", [([F.FLOAT32], one_launch.DEFAULT_NT),
-                                        ([F.BFLOAT16] * 4, one_launch.DEFAULT_NT),
-                                        ([F.AFFINE8] * 4, one_launch.DEFAULT_NT),
-                                        ([F.BFLOAT16, F.AFFINE4, F.BFLOAT16, F.BFLOAT16], one_launch.FOUR_BIT_NT),
-                                        ([F.MXFP4], one_launch.FOUR_BIT_NT), ([F.NVFP4], one_launch.FOUR_BIT_NT)])
+@pytest.mark.parametrize(
+    "formats,nt",
+    [
+        ([F.FLOAT32], one_launch.DEFAULT_NT),
+        ([F.BFLOAT16] * 4, one_launch.DEFAULT_NT),
+        ([F.AFFINE8] * 4, one_launch.DEFAULT_NT),
+        ([F.BFLOAT16, F.AFFINE4, F.BFLOAT16, F.BFLOAT16], one_launch.FOUR_BIT_NT),
+        ([F.MXFP4], one_launch.FOUR_BIT_NT),
+        ([F.NVFP4], one_launch.FOUR_BIT_NT),
+    ],
+)
 def test_shape_for_formats_gives_the_4bit_shape_where_any_matrix_is_4bit(formats, nt):
     shape = one_launch.shape_for_formats(formats)
     assert shape.nt == nt and shape.groups_per_sm == 1
@@ -555,8 +615,9 @@ def test_the_cuda_path_runs_three_launches_where_the_one_does_not_fit(monkeypatc
     _fake_cuda(monkeypatch, None)
     monkeypatch.setattr(one_launch, "STATIC_SHARED_LIMIT", 1024)
     ran = []
-    monkeypatch.setattr(kernel_run, "run_kernel_tail",
-                        lambda dialect, launch, b, r: ran.append(dialect) or np.zeros(128, np.float32))
+    monkeypatch.setattr(
+        kernel_run, "run_kernel_tail", lambda dialect, launch, b, r: ran.append(dialect) or np.zeros(128, np.float32)
+    )
     w = tail.TailWeights.random(128, 512, 1024, seed=5, fold_block=256, dtype="bfloat16")
     br, res = tail.random_inputs(w, seed=6)
     assert one_launch.for_launch(tail.tail_launch(w)) is None

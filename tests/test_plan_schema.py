@@ -32,8 +32,14 @@ def plans(draw) -> dict:
     keys = draw(st.permutations(["baseline", "fused", "qkv", "tail", "floor", "device", "extra", "other"]))[:n]
     stages = []
     for i in range(n):
-        s = {"stage": i + 1, "key": keys[i], "name": f"stage {keys[i]}", "changes": "something",
-             "rules": {r: draw(st.booleans()) for r in RULES}, "costs": {c: draw(st.integers(0, 5)) for c in COSTS}}
+        s = {
+            "stage": i + 1,
+            "key": keys[i],
+            "name": f"stage {keys[i]}",
+            "changes": "something",
+            "rules": {r: draw(st.booleans()) for r in RULES},
+            "costs": {c: draw(st.integers(0, 5)) for c in COSTS},
+        }
         if draw(st.booleans()):
             s["floor"] = draw(st.booleans())
         stages.append(s)
@@ -42,26 +48,53 @@ def plans(draw) -> dict:
 
 def reference(raw: dict) -> waits.Plan:
     """The Plan a JSON states, built directly from it."""
-    return waits.Plan(raw["name"], raw["title"], raw["source"], tuple(raw["assumptions"]), tuple(
-        waits.Stage(number=s["stage"], key=s["key"], name=s["name"], changes=s["changes"], costs=dict(s["costs"]),
-                    floor=s.get("floor", False), **s["rules"]) for s in raw["stages"]))
+    return waits.Plan(
+        raw["name"],
+        raw["title"],
+        raw["source"],
+        tuple(raw["assumptions"]),
+        tuple(
+            waits.Stage(
+                number=s["stage"],
+                key=s["key"],
+                name=s["name"],
+                changes=s["changes"],
+                costs=dict(s["costs"]),
+                floor=s.get("floor", False),
+                **s["rules"],
+            )
+            for s in raw["stages"]
+        ),
+    )
 
 
 #: One way to break a stage (given the plan and the stage's index), and what the error names.
 BREAKS = {
-    "a rule as the string 'false'": ("rules: fuse_tail", lambda p, i: p["stages"][i]["rules"].update(fuse_tail="false")),
+    "a rule as the string 'false'": (
+        "rules: fuse_tail",
+        lambda p, i: p["stages"][i]["rules"].update(fuse_tail="false"),
+    ),
     "a rule as 0": ("rules: resident_runs", lambda p, i: p["stages"][i]["rules"].update(resident_runs=0)),
     "a rule missing": ("rules: lacks ['tail_into_next']", lambda p, i: p["stages"][i]["rules"].pop("tail_into_next")),
-    "an unknown rule": ("rules: unknown keys ['fuse_head']", lambda p, i: p["stages"][i]["rules"].update(fuse_head=True)),
+    "an unknown rule": (
+        "rules: unknown keys ['fuse_head']",
+        lambda p, i: p["stages"][i]["rules"].update(fuse_head=True),
+    ),
     "a negative cost": ("costs: attention", lambda p, i: p["stages"][i]["costs"].update(attention=-1)),
     "a fractional cost": ("costs: logits", lambda p, i: p["stages"][i]["costs"].update(logits=1.5)),
     "a cost as a string": ("costs: non_attention", lambda p, i: p["stages"][i]["costs"].update(non_attention="1")),
-    "a cost missing": ("costs: lacks ['attention_refused']", lambda p, i: p["stages"][i]["costs"].pop("attention_refused")),
+    "a cost missing": (
+        "costs: lacks ['attention_refused']",
+        lambda p, i: p["stages"][i]["costs"].pop("attention_refused"),
+    ),
     "rules missing": ("lacks ['rules']", lambda p, i: p["stages"][i].pop("rules")),
     "costs missing": ("lacks ['costs']", lambda p, i: p["stages"][i].pop("costs")),
     "an unknown stage key": ("unknown keys ['waits']", lambda p, i: p["stages"][i].update(waits=3)),
     "floor as a string": ("floor", lambda p, i: p["stages"][i].update(floor="true")),
-    "a stage number out of order": ("stage: stages must be numbered 1, 2, ...", lambda p, i: p["stages"][i].update(stage=i + 2)),
+    "a stage number out of order": (
+        "stage: stages must be numbered 1, 2, ...",
+        lambda p, i: p["stages"][i].update(stage=i + 2),
+    ),
     "a stage number as a string": ("stage: must be an integer", lambda p, i: p["stages"][i].update(stage=str(i + 1))),
     "a duplicate stage number": ("stage", lambda p, i: p["stages"].insert(i, copy.deepcopy(p["stages"][i]))),
     "an empty name": ("name: must be a non-empty string", lambda p, i: p["stages"][i].update(name="")),
@@ -109,13 +142,16 @@ def test_a_broken_stage_is_named(tmp_path: Path, raw: dict, data, which: str) ->
     assert str(path) in msg and "stages[" in msg and field in msg, msg
 
 
-@pytest.mark.parametrize("change, field", [
-    (lambda p: p.pop("stages"), "lacks ['stages']"),
-    (lambda p: p.update(stages=[]), "stages: must be a non-empty list"),
-    (lambda p: p.update(assumptions="one"), "assumptions: must be a list of strings"),
-    (lambda p: p.update(notes="x"), "unknown keys ['notes']"),
-    (lambda p: p.update(name=None), "name: must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda p: p.pop("stages"), "lacks ['stages']"),
+        (lambda p: p.update(stages=[]), "stages: must be a non-empty list"),
+        (lambda p: p.update(assumptions="one"), "assumptions: must be a list of strings"),
+        (lambda p: p.update(notes="x"), "unknown keys ['notes']"),
+        (lambda p: p.update(name=None), "name: must be a non-empty string"),
+    ],
+)
 def test_a_broken_top_level_is_named(tmp_path: Path, change, field: str) -> None:
     raw = json.loads(waits.PLAN_PATH.read_text())
     change(raw)
@@ -137,7 +173,9 @@ def test_the_regressions_of_the_plan(tmp_path: Path) -> None:
 
     raw["stages"][1]["rules"]["fuse_tail"] = "false"
     path.write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match=r"stages\[1\] \('fused_tail'\): rules: fuse_tail: must be True or False, got 'false'"):
+    with pytest.raises(
+        ValueError, match=r"stages\[1\] \('fused_tail'\): rules: fuse_tail: must be True or False, got 'false'"
+    ):
         waits.load_plan(path)
 
     # An edit to the same file, even within the same second and at the same size, is seen.
@@ -147,7 +185,7 @@ def test_the_regressions_of_the_plan(tmp_path: Path) -> None:
     st = path.stat()
     assert waits.waits_per_token(bonsai, 2, plan=waits.load_plan(path)) == 97
     at = unfused.index('"fuse_tail": false', unfused.index('"fused_tail"'))  # stage 2's rule
-    fused = unfused[:at] + '"fuse_tail":  true' + unfused[at + len('"fuse_tail": false'):]
+    fused = unfused[:at] + '"fuse_tail":  true' + unfused[at + len('"fuse_tail": false') :]
     assert len(fused) == len(unfused)
     path.write_text(fused)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime: only the content tells

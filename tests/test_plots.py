@@ -50,8 +50,11 @@ def test_the_schedule_figure_has_one_entry_a_setup_and_axes_that_fit():
 
 def test_the_stage_clock_names_its_device_and_starts_at_zero():
     kinds = set(savings.MEASURED_SPLITS) - {"qkv>host|wo"}
-    runs = {r.get("quant") or r["dtype"]: r for r in schedule_report.kernel_records(RECORDS)
-            if kinds <= {s["split"] for s in r["splits"]}}
+    runs = {
+        r.get("quant") or r["dtype"]: r
+        for r in schedule_report.kernel_records(RECORDS)
+        if kinds <= {s["split"] for s in r["splits"]}
+    }
     if not runs:
         pytest.skip("no kernels record with every split priced in data/bench")
     fig = plots.plot_stage_clock(runs)
@@ -66,15 +69,19 @@ def test_the_stage_clock_names_its_device_and_starts_at_zero():
 
 @pytest.fixture(scope="module")
 def small_sweep():
-    return sweeps.sweep(shapes=[(64, 128, 192)], seeds=range(16), folds=(None, 16), quantize=(None, "affine8"),
-                        progress=False)
+    return sweeps.sweep(
+        shapes=[(64, 128, 192)], seeds=range(16), folds=(None, 16), quantize=(None, "affine8"), progress=False
+    )
 
 
-@pytest.mark.parametrize("draw", [
-    lambda df: plots.plot_error_histograms(df),
-    lambda df: plots.plot_error_ecdf(df),
-    lambda df: plots.plot_fold_effect(df),
-])
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda df: plots.plot_error_histograms(df),
+        lambda df: plots.plot_error_ecdf(df),
+        lambda df: plots.plot_fold_effect(df),
+    ],
+)
 def test_a_sweep_figure_says_what_and_where_it_was_measured(small_sweep, draw):
     fig = draw(small_sweep)
     titles = [fig._suptitle.get_text() if fig._suptitle else ""] + [a.get_title() for a in fig.axes]

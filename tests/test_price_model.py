@@ -127,8 +127,9 @@ def test_split_entries_from_a_record(tmp_path):
 def test_measure_split_between_on_the_cpu():
     x = mx.ones((64,))
     mx.eval(x)
-    r = measure_split_between(lambda a: (a * 2.0, a + 1), lambda t: t[0] - 1.0, x, n=6, warmup=1,
-                              read_first=lambda out: out[:1])
+    r = measure_split_between(
+        lambda a: (a * 2.0, a + 1), lambda t: t[0] - 1.0, x, n=6, warmup=1, read_first=lambda out: out[:1]
+    )
     assert set(r["phases_ms"]) == set(SPLIT_PHASES + JOINED_PHASES)
     assert r["split_ms"] > 0 and r["joined_ms"] > 0 and r["n"] == 6 and "median over 6 rounds" in r["method"]
     with pytest.raises(ValueError, match="second: must be a callable"):
@@ -175,7 +176,9 @@ def test_a_pairs_measured_saving_comes_with_its_interval():
     # In a record: the interval sits beside the measured saving, and says whether it settles the verdict
     rec = records.load("schedule_run", "schedule_run-nvidia-h200-20261202T174651Z.json")
     pairs = schedule_report.pair_table(rec).set_index(["from", "to"])
-    assert (pairs["measured_lo_ms"] <= pairs["measured_ms"]).all() and (pairs["measured_ms"] <= pairs["measured_hi_ms"]).all()
+    assert (pairs["measured_lo_ms"] <= pairs["measured_ms"]).all() and (
+        pairs["measured_ms"] <= pairs["measured_hi_ms"]
+    ).all()
     assert pairs.loc[(1, 2), "noise_decided"] and not pairs.loc[(1, 2), "model_within"]
     assert not pairs.loc[(2, 3), "noise_decided"]
     verdict = schedule_report.pair_verdicts(rec)
@@ -204,7 +207,9 @@ def test_a_saving_splits_into_the_kernels_change_and_the_idle_time():
     assert t.loc[(4, 5), "device_saved_ms"] == pytest.approx(-2.0)
     assert t.loc[(1, 4), "device_saved_ms"] == pytest.approx(-6.0)
     assert (t["idle_saved_ms"] == t["measured_ms"] - t["device_saved_ms"]).all()
-    assert t.loc[(3, 4), "ratio_model_idle"] == pytest.approx(t.loc[(3, 4), "idle_saved_ms"] / t.loc[(3, 4), "model_ms"])
+    assert t.loc[(3, 4), "ratio_model_idle"] == pytest.approx(
+        t.loc[(3, 4), "idle_saved_ms"] / t.loc[(3, 4), "model_ms"]
+    )
     # the model's saving at 3 -> 4 is 1.61 ms, the clock's 0.93 (0.72-1.18): with 2 ms of kernel time added
     # the idle part is 2.93 (2.72-3.18): settled, and outside the band the other way
     assert not t.loc[(3, 4), "model_within"] and t.loc[(3, 4), "ratio_model_idle"] > 1.2
@@ -229,8 +234,20 @@ def test_the_models_interval_resamples_each_kinds_rounds():
 
 
 def test_measure_splits_on_a_small_step(bonsai):
-    geom = geometry.Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True, gdn_k_heads=2,
-                             gdn_v_heads=4, gdn_k_dim=8, gdn_v_dim=8, conv_kernel=4, vocab=64)
+    geom = geometry.Geometry(
+        hidden=32,
+        ffn=48,
+        n_q=4,
+        n_kv=1,
+        head_dim=8,
+        attn_output_gate=True,
+        gdn_k_heads=2,
+        gdn_v_heads=4,
+        gdn_k_dim=8,
+        gdn_v_dim=8,
+        conv_kernel=4,
+        vocab=64,
+    )
     sched = schedule.Schedule(bonsai, state.HybridWeights(bonsai, geom, seed=3, share=True))
     rows = decode_timing.measure_splits(sched, n=5, warmup=1, context=4)
     assert [r["split"] for r in rows] == list(savings.MEASURED_SPLITS)

@@ -30,8 +30,9 @@ def test_the_readme_import_works():
     from workbench import HadamardFold, compare, fused_tail, host_tail, load_model, seed_case  # noqa: F401
 
     c = seed_case()
-    assert compare(fused_tail(c.weights, c.branch, c.residual, backend="graph"),
-                   host_tail(c.weights, c.branch, c.residual)).passed
+    assert compare(
+        fused_tail(c.weights, c.branch, c.residual, backend="graph"), host_tail(c.weights, c.branch, c.residual)
+    ).passed
 
 
 def test_importing_workbench_loads_no_pandas_or_matplotlib():
@@ -43,9 +44,11 @@ def test_importing_workbench_loads_no_pandas_or_matplotlib():
 def test_a_public_name_imports_its_part_on_first_use():
     """``import workbench`` imports no part of the package; a public name imports its home
     module when first read, and a part read as an attribute (``workbench.tail``) is imported too."""
-    code = ("import sys, workbench; before = sorted(m for m in sys.modules if m.startswith('workbench.')); "
-            "f = workbench.host_tail; from workbench import compare; t = workbench.tail.paths; "
-            "print(before, f is t.host_tail, 'workbench.tail.paths' in sys.modules, 'host_tail' in dir(workbench))")
+    code = (
+        "import sys, workbench; before = sorted(m for m in sys.modules if m.startswith('workbench.')); "
+        "f = workbench.host_tail; from workbench import compare; t = workbench.tail.paths; "
+        "print(before, f is t.host_tail, 'workbench.tail.paths' in sys.modules, 'host_tail' in dir(workbench))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["[]", "True", "True", "True"]
     import pytest
@@ -115,9 +118,11 @@ def test_importing_a_part_or_one_module_imports_no_other_module_of_it():
     modules, ``import workbench.fold.hadamard`` only that one of fold (and the shared modules it
     imports), and neither loads pandas or matplotlib."""
     parts = ", ".join(f"workbench.{p}" for p in LAZY)
-    code = (f"import sys, {parts}, workbench.fold.hadamard; "
-            f"print(sorted(m for m in sys.modules if m.split('.')[:2] in [['workbench', p] for p in {LAZY}]), "
-            "'pandas' in sys.modules, 'matplotlib' in sys.modules)")
+    code = (
+        f"import sys, {parts}, workbench.fold.hadamard; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[:2] in [['workbench', p] for p in {LAZY}]), "
+        "'pandas' in sys.modules, 'matplotlib' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split("]")[0] + "]" == str(sorted([f"workbench.{p}" for p in LAZY] + ["workbench.fold.hadamard"]))
     assert out.split("]")[1].split() == ["False", "False"]
@@ -154,6 +159,5 @@ def public_in(module: str, name: str) -> bool:
 def test_a_notebook_imports_only_public_names(path):
     imports = notebook_imports(path)
     assert imports, f"{path.name}: no workbench import found"
-    internal = [f"from {m} import {n}" for m, n in imports
-                if m.split(".")[1:2] != [] and not public_in(m, n)]
+    internal = [f"from {m} import {n}" for m, n in imports if m.split(".")[1:2] != [] and not public_in(m, n)]
     assert not internal, f"{path.name} imports names that are not public: {internal}"

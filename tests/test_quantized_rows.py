@@ -18,11 +18,18 @@ from workbench import backends
 from workbench.fold import weights
 
 
-@pytest.mark.parametrize("in_dim,group,rows,wrong", [
-    (64, 64, 3, True), (64, 64, 2, True), (128, 128, 2, True),
-    (64, 64, 1, False),  # one row is right
-    (128, 64, 3, False), (64, 32, 3, False), (32, 32, 3, False),  # right on the H200
-])
+@pytest.mark.parametrize(
+    "in_dim,group,rows,wrong",
+    [
+        (64, 64, 3, True),
+        (64, 64, 2, True),
+        (128, 128, 2, True),
+        (64, 64, 1, False),  # one row is right
+        (128, 64, 3, False),
+        (64, 32, 3, False),
+        (32, 32, 3, False),  # right on the H200
+    ],
+)
 def test_the_rule_names_the_shapes_seen_wrong(in_dim, group, rows, wrong):
     assert weights.cuda_quantized_rows_wrong(in_dim, group, rows) is wrong
 
@@ -32,8 +39,9 @@ def _matrix(out_dim: int, in_dim: int, group: int) -> weights.WeightMatrix:
     return weights.WeightMatrix.quantize(mx.array(w), bits=4, group_size=group)
 
 
-@pytest.mark.parametrize("shape,routed", [((3, 64), True), ((3, 1, 64), True), ((1, 2, 64), True),
-                                          ((64,), False), ((1, 64), False)])
+@pytest.mark.parametrize(
+    "shape,routed", [((3, 64), True), ((3, 1, 64), True), ((1, 2, 64), True), ((64,), False), ((1, 64), False)]
+)
 def test_the_cpu_route_gives_the_same_product(monkeypatch, shape, routed):
     """Routed through MLX's CPU (as on a CUDA GPU) several rows give the product MLX's CPU
     computes; one row stays on the default device, whatever the rule's switch says."""

@@ -81,7 +81,7 @@ INLINE = inline_calls((ROOT / "README.md").read_text(encoding="utf-8"))
 
 
 def test_the_readme_names_calls_to_try():
-    assert "refusal_table(load_model(\"bonsai-27b\"))" in INLINE
+    assert 'refusal_table(load_model("bonsai-27b"))' in INLINE
 
 
 @pytest.mark.parametrize("call", INLINE)

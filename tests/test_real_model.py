@@ -51,8 +51,14 @@ def test_the_file_is_found_through_its_distribution():
 def test_config_from_the_files_metadata_and_every_tail_eligible_by_the_rules(rm):
     cfg = rm.checkpoint.config
     lc = cfg.layer(0)
-    assert (cfg.num_layers, cfg.hidden_size, lc.num_q_heads, lc.num_kv_heads, lc.head_dim, lc.ffn_dim) == \
-        (30, 576, 9, 3, 64, 1536)
+    assert (cfg.num_layers, cfg.hidden_size, lc.num_q_heads, lc.num_kv_heads, lc.head_dim, lc.ffn_dim) == (
+        30,
+        576,
+        9,
+        3,
+        64,
+        1536,
+    )
     assert cfg.rms_norm_eps == 1e-5 and cfg.raw["rope_theta"] == 100000.0 and cfg.raw["vocab_size"] == 49152
     verdicts = refusals.tail_verdicts(cfg)
     assert sorted(verdicts) == list(range(30)) and not any(verdicts.values())
@@ -155,7 +161,9 @@ def test_bad_arguments_are_named(rm, captures):
         smollm2("")
 
 
-@pytest.mark.skipif(__import__("shutil").which("clang++") is None, reason="clang++ is not installed (apt-get install clang)")
+@pytest.mark.skipif(
+    __import__("shutil").which("clang++") is None, reason="clang++ is not installed (apt-get install clang)"
+)
 @pytest.mark.parametrize("layer", [28, 29])
 def test_the_kernels_keep_the_criterion_where_the_stream_carries_a_massive_activation(rm, captures, layer):
     """The last layers' first position: the residual carries a massive activation (channel
@@ -173,7 +181,9 @@ def test_the_kernels_keep_the_criterion_where_the_stream_carries_a_massive_activ
     assert r.passed, str(r)
 
 
-@pytest.mark.skipif(__import__("shutil").which("clang++") is None, reason="clang++ is not installed (apt-get install clang)")
+@pytest.mark.skipif(
+    __import__("shutil").which("clang++") is None, reason="clang++ is not installed (apt-get install clang)"
+)
 def test_kernel_errors_checks_the_asked_positions_against_the_truth(rm, captures):
     from workbench.real_models.end_to_end import kernel_errors
 

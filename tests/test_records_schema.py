@@ -23,10 +23,17 @@ BENCH = records.RECORD_DIR
 
 def _made_up(kind: str, **fields) -> dict:
     """A record of ``kind`` with every key its kind promises (None where not given)."""
-    return {key: None for key in KINDS[kind].keys} | {"bench": kind, "command": f"python -m bench.{kind}",
-                                                        "date": "2026-12-01T13:12:03+00:00",
-                                                        "device": {"device_name": "Test GPU"},
-                                                        "mlx_version": "0.0.0"} | fields
+    return (
+        {key: None for key in KINDS[kind].keys}
+        | {
+            "bench": kind,
+            "command": f"python -m bench.{kind}",
+            "date": "2026-12-01T13:12:03+00:00",
+            "device": {"device_name": "Test GPU"},
+            "mlx_version": "0.0.0",
+        }
+        | fields
+    )
 
 
 def test_every_committed_record_loads_under_its_kind():
@@ -65,8 +72,11 @@ def test_check_returns_the_record_or_names_what_is_wrong():
     assert records.check(dict(rec, schema=1), "one_launch")["schema"] == 1
     with pytest.raises(RecordError, match=r"^record: is a 'sanitize' record, expected 'one_launch'$"):
         records.check(_made_up("sanitize"), "one_launch")
-    with pytest.raises(RecordError, match=r"^record: schema 3; this workbench reads 'one_launch' records up to "
-                                          r"schema 1: update the workbench$"):
+    with pytest.raises(
+        RecordError,
+        match=r"^record: schema 3; this workbench reads 'one_launch' records up to "
+        r"schema 1: update the workbench$",
+    ):
         records.check(dict(rec, schema=3), "one_launch")
     lacking = {k: v for k, v in rec.items() if k not in ("checks", "formats")}
     with pytest.raises(RecordError, match=r"record: a 'one_launch' record must have \['formats', 'checks'\]"):
@@ -104,8 +114,11 @@ def test_stamp_is_the_utc_time_a_records_name_ends_with():
 
 
 def test_load_names_a_missing_file_bad_json_and_a_non_object(tmp_path: Path):
-    with pytest.raises(RecordError, match="no record .*one_launch-x.json; its 'one_launch' records run from "
-                                          "one_launch-nvidia-h200-20261201T095241Z.json to .* \\(8\\)"):
+    with pytest.raises(
+        RecordError,
+        match="no record .*one_launch-x.json; its 'one_launch' records run from "
+        "one_launch-nvidia-h200-20261201T095241Z.json to .* \\(8\\)",
+    ):
         records.load("one_launch", "one_launch-x.json")
     with pytest.raises(RecordError, match="no record .*sanitize-x.json; it holds no 'sanitize' record"):
         records.load("sanitize", "sanitize-x.json", folder=tmp_path)
@@ -136,8 +149,11 @@ def test_load_all_reads_a_folder_and_names_what_it_cannot(tmp_path: Path):
 
 
 def test_newest_is_the_latest_date_of_those_that_satisfy_where(tmp_path: Path):
-    for name, date in [("sanitize-b-1.json", "2026-12-01T10:00:00+00:00"), ("sanitize-a-2.json", "2026-12-02"),
-                       ("sanitize-c-3.json", "2026-12-01T23:00:00+00:00")]:
+    for name, date in [
+        ("sanitize-b-1.json", "2026-12-01T10:00:00+00:00"),
+        ("sanitize-a-2.json", "2026-12-02"),
+        ("sanitize-c-3.json", "2026-12-01T23:00:00+00:00"),
+    ]:
         (tmp_path / name).write_text(json.dumps(_made_up("sanitize", date=date)))
     assert records.newest("sanitize", tmp_path)["file"] == "sanitize-a-2.json"  # by date, not by name
     assert records.newest("sanitize", tmp_path, where=lambda r: "T" in r["date"])["file"] == "sanitize-c-3.json"
@@ -155,14 +171,20 @@ def test_headline_names_the_file_device_date_mlx_and_command():
     rec = records.load("one_launch", "one_launch-nvidia-h200-20261201T131203Z.json")
     line = records.headline(rec)
     assert line.startswith("one_launch-nvidia-h200-20261201T131203Z.json: NVIDIA H200, 2026-12-01 13:12 UTC, MLX ")
-    assert line.endswith(", command: python -m bench.one_launch --sweep-formats bfloat16,affine4,mxfp4,nvfp4 "
-                         "--repeats 20 --no-timeout-check") and "\n" not in line  # without its --out-dir /tmp/rec
+    assert (
+        line.endswith(
+            ", command: python -m bench.one_launch --sweep-formats bfloat16,affine4,mxfp4,nvfp4 "
+            "--repeats 20 --no-timeout-check"
+        )
+        and "\n" not in line
+    )  # without its --out-dir /tmp/rec
     # a device named by a string, a day alone, and the --out-dir of a lent machine left out
     wait = records.headline(records.load("wait_price", "wait_price-h200.json"))
     assert wait.startswith("wait_price-h200.json: NVIDIA H200, 2026-11-29, MLX ")
     made = _made_up("sanitize", command="python -m bench.sanitize --out-dir /root/out --jobs 2")
-    assert records.headline(made) == ("Test GPU, 2026-12-01 13:12 UTC, MLX 0.0.0, "
-                                      "command: python -m bench.sanitize --jobs 2")
+    assert records.headline(made) == (
+        "Test GPU, 2026-12-01 13:12 UTC, MLX 0.0.0, command: python -m bench.sanitize --jobs 2"
+    )
     with pytest.raises(RecordError, match="record: must be a record of one of the kinds"):
         records.headline({"a": 1})
     with pytest.raises(RecordError, match="a 'sanitize' record must have"):
@@ -205,6 +227,7 @@ def test_every_bench_command_that_writes_a_record_is_a_kind():
     """provenance and write refuse a kind KINDS lacks: each command under bench/ that
     writes a record (itself, or through the row-dot benches' run_and_record) is one."""
     root = files.PROJECT_ROOT / "bench"
-    writers = {p.stem for p in root.glob("*.py") if "record.write(" in p.read_text() or
-               "run_and_record(" in p.read_text()}
+    writers = {
+        p.stem for p in root.glob("*.py") if "record.write(" in p.read_text() or "run_and_record(" in p.read_text()
+    }
     assert writers and writers <= set(KINDS), sorted(writers - set(KINDS))

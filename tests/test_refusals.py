@@ -117,11 +117,21 @@ def test_per_layer_verdicts_match_the_hand_derivation(name):
 @pytest.mark.parametrize(
     "name,n_attn,n_ok",
     [
-        ("bonsai-27b", 16, 16), ("qwen3.5-9b", 8, 8), ("qwen3-next-80b-a3b", 12, 0),
-        ("llama-3.1-8b", 32, 32), ("qwen3-8b", 36, 36), ("mistral-7b", 32, 32),
-        ("gemma-2-9b", 42, 0), ("gemma-3-1b", 26, 0), ("olmo-2-7b", 32, 0),
-        ("granite-3.1-8b", 40, 0), ("granite-4.0-h-micro", 4, 0), ("falcon-h1-7b", 44, 0),
-        ("nemotron-h-8b", 4, 0), ("jamba-v0.1", 4, 4), ("gpt-oss-20b", 24, 0),
+        ("bonsai-27b", 16, 16),
+        ("qwen3.5-9b", 8, 8),
+        ("qwen3-next-80b-a3b", 12, 0),
+        ("llama-3.1-8b", 32, 32),
+        ("qwen3-8b", 36, 36),
+        ("mistral-7b", 32, 32),
+        ("gemma-2-9b", 42, 0),
+        ("gemma-3-1b", 26, 0),
+        ("olmo-2-7b", 32, 0),
+        ("granite-3.1-8b", 40, 0),
+        ("granite-4.0-h-micro", 4, 0),
+        ("falcon-h1-7b", 44, 0),
+        ("nemotron-h-8b", 4, 0),
+        ("jamba-v0.1", 4, 4),
+        ("gpt-oss-20b", 24, 0),
     ],
 )
 def test_eligible_tail_counts(name, n_attn, n_ok):
@@ -235,9 +245,21 @@ def test_all_reasons_come_back_in_the_seeds_order(chosen):
 
 def test_refusal_members_are_the_seeds_conditions_in_its_order():
     assert [r.name for r in Refusal] == [
-        "KERNELS_DISABLED", "NOT_GQA", "NO_FFN", "RESIDUAL_SCALE", "NORMED_RESIDUAL_SCALE",
-        "SKIP_STREAM", "GPT_OSS", "NOT_ALL_SWIGLU", "O_SCALE", "O_BIAS", "ATTN_VALUE_SCALE",
-        "POST_ATTN_NORM", "PARALLEL_SSM", "NO_DENSE_FFN", "FFN_BIAS",  # the last is the workbench's
+        "KERNELS_DISABLED",
+        "NOT_GQA",
+        "NO_FFN",
+        "RESIDUAL_SCALE",
+        "NORMED_RESIDUAL_SCALE",
+        "SKIP_STREAM",
+        "GPT_OSS",
+        "NOT_ALL_SWIGLU",
+        "O_SCALE",
+        "O_BIAS",
+        "ATTN_VALUE_SCALE",
+        "POST_ATTN_NORM",
+        "PARALLEL_SSM",
+        "NO_DENSE_FFN",
+        "FFN_BIAS",  # the last is the workbench's
     ]
 
 
@@ -338,7 +360,10 @@ def test_head_launch_refuses_what_is_not_gqa_and_olmo2s_missing_pre_norm():
 
 def test_head_launch_kernels():
     cfg = load_model("llama-3.1-8b")
-    assert head_launch_refusals(cfg, 0, q_kernel=False, v_kernel=False) == [HeadRefusal.Q_NO_KERNEL, HeadRefusal.V_NO_KERNEL]
+    assert head_launch_refusals(cfg, 0, q_kernel=False, v_kernel=False) == [
+        HeadRefusal.Q_NO_KERNEL,
+        HeadRefusal.V_NO_KERNEL,
+    ]
     assert head_launch_refusals(cfg, 0, k_kernel=False) == [HeadRefusal.K_NO_KERNEL]
 
 

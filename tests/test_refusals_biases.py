@@ -39,9 +39,17 @@ def test_llama_mlp_bias_refuses_ffn_bias_alone(family_file):
 
 
 def test_granite_reads_mlp_bias_too():
-    raw = {"model_type": "granite", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "intermediate_size": 96, "hidden_act": "silu", "rms_norm_eps": 1e-5,
-           "mlp_bias": True}
+    raw = {
+        "model_type": "granite",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 96,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "mlp_bias": True,
+    }
     assert layer_refusals(from_hf_config(raw), 1) == [Refusal.FFN_BIAS]
 
 

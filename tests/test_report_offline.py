@@ -22,7 +22,9 @@ CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/ch
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium; CI installs it)")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium; CI installs it)"
+)
 def test_the_report_renders_its_math_offline(tmp_path: Path):
     page_path = write_report([ROOT / "notebooks" / "01_hadamard_fold.ipynb"], tmp_path, execute=False)[0]
     refused: list[str] = []

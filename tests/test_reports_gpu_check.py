@@ -59,11 +59,15 @@ def test_a_failed_case_shows_in_both_tables():
     assert not gpu_check.format_summary(rec).set_index("weights").loc["float32", "pass"]
 
 
-@pytest.mark.parametrize("fold, label", [
-    (None, "none"), ("None", "none"),
-    ("HadamardFold(block=16 (= 1 x 2^4), dim=96, signs=yes, perm=none, site=INPUT)", "16"),
-    ("HadamardFold(block=192 (= 12 x 2^4), dim=192, signs=yes, perm=yes, site=INPUT)", "192 perm"),
-])
+@pytest.mark.parametrize(
+    "fold, label",
+    [
+        (None, "none"),
+        ("None", "none"),
+        ("HadamardFold(block=16 (= 1 x 2^4), dim=96, signs=yes, perm=none, site=INPUT)", "16"),
+        ("HadamardFold(block=192 (= 12 x 2^4), dim=192, signs=yes, perm=yes, site=INPUT)", "192 perm"),
+    ],
+)
 def test_fold_label(fold, label):
     assert gpu_check.fold_label(fold) == label
 

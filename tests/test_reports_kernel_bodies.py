@@ -37,10 +37,14 @@ def test_what_is_not_a_timed_kernel_bodies_record_is_refused(bad):
         kv.versions_table(bad)
 
 
-@pytest.mark.parametrize("bad, says", [(None, "record: must be a 'kernel_bodies' record"),
-                                       ({"bench": "one_launch"}, "record: is a 'one_launch' record, expected "
-                                                                 "'kernel_bodies'"),
-                                       ({"bench": "kernel_bodies", "cases": []}, "a 'kernel_bodies' record must have")])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (None, "record: must be a 'kernel_bodies' record"),
+        ({"bench": "one_launch"}, "record: is a 'one_launch' record, expected 'kernel_bodies'"),
+        ({"bench": "kernel_bodies", "cases": []}, "a 'kernel_bodies' record must have"),
+    ],
+)
 def test_what_is_not_a_kernel_bodies_record_is_refused(bad, says):
     with pytest.raises(records.RecordError, match=says):
         kv.versions_table(bad)
@@ -53,12 +57,19 @@ def test_the_one_launch_rows_appear_where_the_record_ran_it():
     first, second = rec["cases"][0], rec["cases"][1]
     assert "one_launch" not in first  # recorded before the bench ran it
     timed = {"median_ms": 0.2}
-    first["one_launch"] = {"check": {"new_vs_old": {"same_bits": 5120, "elements": 5120}},
-                           "device_ms_per_tail": {"old": {"median_ms": 0.2}, "new": {"median_ms": 0.15}},
-                           "one_wait_ms": {"old": timed, "new": {"median_ms": 0.25}}}
+    first["one_launch"] = {
+        "check": {"new_vs_old": {"same_bits": 5120, "elements": 5120}},
+        "device_ms_per_tail": {"old": {"median_ms": 0.2}, "new": {"median_ms": 0.15}},
+        "one_wait_ms": {"old": timed, "new": {"median_ms": 0.25}},
+    }
     t = kv.versions_table(rec)
-    assert t.index[:5].tolist() == ["same bits", "device ms, old", "device ms, new", "device new / old",
-                                    "one wait new / old"]
+    assert t.index[:5].tolist() == [
+        "same bits",
+        "device ms, old",
+        "device ms, new",
+        "device new / old",
+        "one wait new / old",
+    ]
     col = t[first["case"]]
     assert col["one launch: same bits"] == "5120/5120"
     assert col["one launch: device new / old"] == pytest.approx(0.75)
@@ -86,8 +97,13 @@ def test_a_record_with_the_one_launch_reads_into_a_row_a_phase_after_the_three_l
     rec = records.load("sass_counts", ONE_LAUNCH_RECORD)
     t = kv.sass_table(rec)
     phases = [f"one_launch/{p}" for p in kv.SASS_PHASES]
-    assert t["launch"].tolist() == [*(["wo_residual", "ffn_gate_up", "ffn_down"] * 2), *phases, "one_launch",
-                                    *phases, "one_launch"]
+    assert t["launch"].tolist() == [
+        *(["wo_residual", "ffn_gate_up", "ffn_down"] * 2),
+        *phases,
+        "one_launch",
+        *phases,
+        "one_launch",
+    ]
     assert t["format"].tolist()[6:] == ["affine8"] * 5 + ["affine4"] * 5
     one = t[t["launch"].str.startswith("one_launch")].set_index(["launch", "format"])
     rows = {(r["launch"], r["format"], r["side"]): r for r in rec["rows"]}
@@ -124,17 +140,27 @@ def test_a_launch_of_its_own_without_its_old_row_is_refused():
         kv.sass_table(rec)
 
 
-@pytest.mark.parametrize("bad", [_made_up("sass_counts", rows=[]), _made_up("sass_counts", rows=[{"side": "new"}]),
-                                 _made_up("sass_counts", rows=[3])])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        _made_up("sass_counts", rows=[]),
+        _made_up("sass_counts", rows=[{"side": "new"}]),
+        _made_up("sass_counts", rows=[3]),
+    ],
+)
 def test_what_is_not_a_sass_counts_record_with_two_sides_is_refused(bad):
     with pytest.raises(ValueError, match="record must be a bench.sass_counts record run with --old"):
         kv.sass_table(bad)
 
 
-@pytest.mark.parametrize("bad, says", [(None, "record: must be a 'sass_counts' record"),
-                                       ({"bench": "kernel_bodies"}, "record: is a 'kernel_bodies' record, expected "
-                                                                    "'sass_counts'"),
-                                       ({"bench": "sass_counts", "rows": []}, "a 'sass_counts' record must have")])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (None, "record: must be a 'sass_counts' record"),
+        ({"bench": "kernel_bodies"}, "record: is a 'kernel_bodies' record, expected 'sass_counts'"),
+        ({"bench": "sass_counts", "rows": []}, "a 'sass_counts' record must have"),
+    ],
+)
 def test_what_is_not_a_sass_counts_record_is_refused(bad, says):
     with pytest.raises(records.RecordError, match=says):
         kv.sass_table(bad)
@@ -148,11 +174,14 @@ def test_kernel_bodies_prints_the_one_launch_rows_and_counts_its_check(capsys):
     rec = records.load("kernel_bodies", FEWER_RECORD)
     case = rec["cases"][0]
     check = {s: {"worst": 1e-6, "passed": True} for s in ("old", "new")}
-    case["one_launch"] = {"nt": 640, "row_units": 8, "groups": 132,
-                          "check": {**check, "passed": True,
-                                    "new_vs_old": {"same_bits": 5120, "elements": 5120, "max_abs_diff": 0.0}},
-                          "device_ms_per_tail": {"old": {"median_ms": 0.2}, "new": {"median_ms": 0.15}},
-                          "one_wait_ms": {"old": {"median_ms": 0.2}, "new": {"median_ms": 0.25}}}
+    case["one_launch"] = {
+        "nt": 640,
+        "row_units": 8,
+        "groups": 132,
+        "check": {**check, "passed": True, "new_vs_old": {"same_bits": 5120, "elements": 5120, "max_abs_diff": 0.0}},
+        "device_ms_per_tail": {"old": {"median_ms": 0.2}, "new": {"median_ms": 0.15}},
+        "one_wait_ms": {"old": {"median_ms": 0.2}, "new": {"median_ms": 0.25}},
+    }
     kernel_bodies.print_table(rec)
     out = capsys.readouterr().out
     assert "one launch check" in out and "5120 of 5120 same bits" in out

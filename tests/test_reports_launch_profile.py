@@ -18,28 +18,47 @@ def _profile(table: list) -> dict:
     return {key: None for key in records.KINDS["launch_profile"].keys} | {"bench": "launch_profile", "table": table}
 
 
-def _row(fma: float, alu: float, top: str = "long_scoreboard", fmt: str = "affine4",
-         kernel: str = "custom_kernel_fat_ffn_gate_up_256_2_1_64") -> dict:
-    return {"format": fmt, "kernel": kernel, "ms": 0.1, "read_TBps": 1.0,
-            "scheduler": {"issue_active_pct": 60.0, "fma_pipe_pct": fma, "alu_pipe_pct": alu,
-                          "instructions": 2.0e6, "top_stalls": [[top, 3.0], ["wait", 1.0]]}}
+def _row(
+    fma: float,
+    alu: float,
+    top: str = "long_scoreboard",
+    fmt: str = "affine4",
+    kernel: str = "custom_kernel_fat_ffn_gate_up_256_2_1_64",
+) -> dict:
+    return {
+        "format": fmt,
+        "kernel": kernel,
+        "ms": 0.1,
+        "read_TBps": 1.0,
+        "scheduler": {
+            "issue_active_pct": 60.0,
+            "fma_pipe_pct": fma,
+            "alu_pipe_pct": alu,
+            "instructions": 2.0e6,
+            "top_stalls": [[top, 3.0], ["wait", 1.0]],
+        },
+    }
 
 
-@pytest.mark.parametrize("fma,alu,top,bound", [
-    (28.0, 63.0, "not_selected", "ALU pipe"),    # affine4's gate_up on the H200
-    (70.0, 20.0, "math_pipe_throttle", "FMA pipe"),
-    (12.0, 20.0, "long_scoreboard", "memory"),   # bf16's gate_up
-    (45.0, 60.0, "not_selected", "unclear"),     # ALU busy but not 1.5x the FMA pipe
-    (24.0, 49.6, "barrier", "unclear"),          # neither pipe over half busy, not waiting on loads
-    (10.0, 30.0, "barrier", "unclear"),
-])
+@pytest.mark.parametrize(
+    "fma,alu,top,bound",
+    [
+        (28.0, 63.0, "not_selected", "ALU pipe"),  # affine4's gate_up on the H200
+        (70.0, 20.0, "math_pipe_throttle", "FMA pipe"),
+        (12.0, 20.0, "long_scoreboard", "memory"),  # bf16's gate_up
+        (45.0, 60.0, "not_selected", "unclear"),  # ALU busy but not 1.5x the FMA pipe
+        (24.0, 49.6, "barrier", "unclear"),  # neither pipe over half busy, not waiting on loads
+        (10.0, 30.0, "barrier", "unclear"),
+    ],
+)
 def test_bound_of_follows_its_rule(fma, alu, top, bound):
     assert lb.bound_of(_row(fma, alu, top)) == bound
 
 
 def test_bound_table_names_launches_and_counts_millions():
-    t = lb.bound_table(_profile([
-        _row(28.0, 63.0), _row(12.0, 20.0, fmt="bfloat16", kernel="custom_kernel_fat_tail_one_launch_512_5")]))
+    t = lb.bound_table(
+        _profile([_row(28.0, 63.0), _row(12.0, 20.0, fmt="bfloat16", kernel="custom_kernel_fat_tail_one_launch_512_5")])
+    )
     assert list(t.columns) == list(lb.COLUMNS)
     assert t["launch"].tolist() == ["ffn_gate_up", "one launch"]
     assert t["M instr."].tolist() == [2.0, 2.0] and t["top stall"].tolist()[0] == "long_scoreboard 3.0"
@@ -51,11 +70,14 @@ def test_a_record_without_scheduler_figures_is_refused(bad):
         lb.bound_table(bad)
 
 
-@pytest.mark.parametrize("bad, says", [(None, "profile: must be a 'launch_profile' record"),
-                                       ({"bench": "kernel_bench", "table": []},
-                                        "profile: is a 'kernel_bench' record, expected 'launch_profile'"),
-                                       ({"bench": "launch_profile", "table": []},
-                                        "profile: a 'launch_profile' record must have")])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (None, "profile: must be a 'launch_profile' record"),
+        ({"bench": "kernel_bench", "table": []}, "profile: is a 'kernel_bench' record, expected 'launch_profile'"),
+        ({"bench": "launch_profile", "table": []}, "profile: a 'launch_profile' record must have"),
+    ],
+)
 def test_what_is_not_a_launch_profile_record_is_refused(bad, says):
     with pytest.raises(records.RecordError, match=says):
         lb.bound_table(bad)
@@ -111,12 +133,17 @@ def _row_dot(kind: str, **fields) -> dict:
     return {key: None for key in records.KINDS[kind].keys} | {"bench": kind, "variants": {}} | fields
 
 
-@pytest.mark.parametrize("record, bw, word", [
-    ({"variants": {}}, None, "record: names no kind"), ([], None, "record: must be a 'tensor_core_rowdot' record"),
-    ({"bench": "one_launch"}, None, "record: is a 'one_launch' record, expected 'tensor_core_rowdot'"),
-    (_row_dot("async_copy_rowdot", variants=[]), None, "record must be a row-dot bench record"),
-    (_row_dot("tensor_core_rowdot", weight_bytes=1, copy_bandwidth_Bps=1.0), -1.0, "copy_bandwidth_Bps must"),
-    (_row_dot("async_copy_rowdot", weight_bytes=1, copy_bandwidth_Bps=1.0), 0, "copy_bandwidth_Bps must")])
+@pytest.mark.parametrize(
+    "record, bw, word",
+    [
+        ({"variants": {}}, None, "record: names no kind"),
+        ([], None, "record: must be a 'tensor_core_rowdot' record"),
+        ({"bench": "one_launch"}, None, "record: is a 'one_launch' record, expected 'tensor_core_rowdot'"),
+        (_row_dot("async_copy_rowdot", variants=[]), None, "record must be a row-dot bench record"),
+        (_row_dot("tensor_core_rowdot", weight_bytes=1, copy_bandwidth_Bps=1.0), -1.0, "copy_bandwidth_Bps must"),
+        (_row_dot("async_copy_rowdot", weight_bytes=1, copy_bandwidth_Bps=1.0), 0, "copy_bandwidth_Bps must"),
+    ],
+)
 def test_row_dot_table_names_what_is_wrong(record, bw, word):
     with pytest.raises(ValueError, match=word):
         lb.row_dot_table(record, bw)

@@ -25,8 +25,10 @@ def test_every_committed_record_with_tails_reads_as_both_tables():
         tails = R.tail_table(rec)
         assert len(tails) == len(rec["tails"]) and (tails.reference_ms > 0).all()
         row = rec["tails"][0]
-        assert math.isclose(tails.graph_vs_ref.iloc[0],
-                            row["variants"]["reference"]["median_ms"] / row["variants"]["graph"]["median_ms"])
+        assert math.isclose(
+            tails.graph_vs_ref.iloc[0],
+            row["variants"]["reference"]["median_ms"] / row["variants"]["graph"]["median_ms"],
+        )
         assert ("graph_chain_ms" in tails) == R.chain_comparable(rec)
 
 
@@ -41,8 +43,14 @@ def test_chains_written_before_the_fix_are_left_out():
 
 
 def test_best_cuda_picks_the_least_time_and_none_without_cuda():
-    row = {"variants": {"reference": {"median_ms": 1.0}, "graph": {"median_ms": 0.9},
-                        "cuda-3": {"median_ms": 0.8}, "cuda-1:full": {"median_ms": 0.7}}}
+    row = {
+        "variants": {
+            "reference": {"median_ms": 1.0},
+            "graph": {"median_ms": 0.9},
+            "cuda-3": {"median_ms": 0.8},
+            "cuda-1:full": {"median_ms": 0.7},
+        }
+    }
     assert R.best_cuda(row) == "cuda-1:full"
     assert R.best_cuda({"variants": {"reference": {"median_ms": 1.0}}}) is None
     with pytest.raises(ValueError, match="row: must be one shape"):
@@ -168,8 +176,13 @@ def test_the_build_profile_reads_where_a_record_has_it():
     rec = copy.deepcopy(records.load("real_model", "real_model-nvidia-h200-20261203T064802Z"))
     assert R.build_profile_table(rec).empty
     rec["decode"]["reference"]["build_profile"] = [
-        {"function": "models/llama.py:74(__call__)", "calls_per_step": 30.0, "own_us_per_step": 400.0,
-         "cum_us_per_step": 2500.0}]
+        {
+            "function": "models/llama.py:74(__call__)",
+            "calls_per_step": 30.0,
+            "own_us_per_step": 400.0,
+            "cum_us_per_step": 2500.0,
+        }
+    ]
     table = R.build_profile_table(rec)
     assert list(table.variant) == ["reference"] and table.own_us_per_step.iloc[0] == 400.0
 
@@ -181,8 +194,9 @@ def test_the_paired_ratio_of_any_two_variants_is_the_median_of_their_rounds():
     d = R.decode_table(rec).set_index("variant")
     # against the reference it is the record's own paired figure, both loops
     assert R.paired_ratio(rec, "fused-cuda", "reference") == pytest.approx(d.loc["fused-cuda", "paired"], rel=1e-12)
-    assert R.paired_ratio(rec, "fused-cuda", "reference", pipelined=True) == \
-        pytest.approx(d.loc["fused-cuda", "pipelined_paired"], rel=1e-12)
+    assert R.paired_ratio(rec, "fused-cuda", "reference", pipelined=True) == pytest.approx(
+        d.loc["fused-cuda", "pipelined_paired"], rel=1e-12
+    )
     # between two fused variants, the median of the per-round ratios
     made = copy.deepcopy(rec)
     made["decode"]["fused-graph"]["tokens_per_s"] = [2.0, 4.0, 9.0]
@@ -204,10 +218,12 @@ def test_the_paired_table_puts_each_variant_against_each_baseline_in_both_loops(
     rec = records.load("real_model", "real_model-nvidia-h200-20261203T093147Z")
     table = R.paired_table(rec, ["fused-cuda-qkv", "fused-graph-qkv"], ["reference", "reference-qkv"])
     assert list(table.index) == ["fused-cuda-qkv", "fused-graph-qkv"]
-    assert list(table.columns) == [(loop, b) for loop in ("step after step", "pipelined")
-                                   for b in ("reference", "reference-qkv")]
-    assert table.loc["fused-graph-qkv", ("pipelined", "reference-qkv")] == \
-        R.paired_ratio(rec, "fused-graph-qkv", "reference-qkv", pipelined=True)
+    assert list(table.columns) == [
+        (loop, b) for loop in ("step after step", "pipelined") for b in ("reference", "reference-qkv")
+    ]
+    assert table.loc["fused-graph-qkv", ("pipelined", "reference-qkv")] == R.paired_ratio(
+        rec, "fused-graph-qkv", "reference-qkv", pipelined=True
+    )
     with pytest.raises(ValueError, match="against: must be a non-empty list"):
         R.paired_table(rec, ["fused-cuda-qkv"], "reference")
 
@@ -221,8 +237,12 @@ def test_the_stored_activation_graph_is_shown_where_a_record_has_it_and_not_judg
     rec = copy.deepcopy(records.load("real_model", "real_model-nvidia-h200-20261203T064802Z"))
     assert R.tail_table(rec).graph_stored_ms.isna().all()  # made before the variant existed
     row = rec["tails"][1]
-    stored = dict(row["variants"]["graph"], median_ms=row["variants"]["reference"]["median_ms"] / 2,
-                  worst_vs_float64=0.5, passed=False)
+    stored = dict(
+        row["variants"]["graph"],
+        median_ms=row["variants"]["reference"]["median_ms"] / 2,
+        worst_vs_float64=0.5,
+        passed=False,
+    )
     row["variants"]["graph-stored"] = stored
     t = R.tail_table(rec)
     assert t.graph_stored_vs_ref.iloc[1] == 2.0 and t.graph_stored_worst.iloc[1] == 0.5
@@ -240,14 +260,21 @@ def test_one_comparison_run_by_run_and_a_profiled_calls_own_time():
     got = R.paired_across(recs, "fused-cuda-qkv", "reference-qkv", "pipelined")
     assert got == [R.paired_ratio(r, "fused-cuda-qkv", "reference-qkv", pipelined=True) for r in recs]
     assert R.paired_across(recs[:1], "fused-cuda-qkv", "reference", "step after step") == [
-        R.paired_ratio(recs[0], "fused-cuda-qkv", "reference")]
+        R.paired_ratio(recs[0], "fused-cuda-qkv", "reference")
+    ]
     with pytest.raises(ValueError, match="loop: must be one of"):
         R.paired_across(recs, "fused-cuda-qkv", "reference", "piped")
     with pytest.raises(ValueError, match="recs: must be a non-empty list"):
         R.paired_across(recs[0], "fused-cuda-qkv", "reference", "pipelined")
-    f = next(x for x in recs[0]["decode"]["fused-cuda-qkv"]["build_profile"]
-             if x["function"].startswith("kernels/one_launch.py"))
-    assert R.own_us_per_call(recs[0], "fused-cuda-qkv", "kernels/one_launch.py") == f["own_us_per_step"] / f["calls_per_step"]
+    f = next(
+        x
+        for x in recs[0]["decode"]["fused-cuda-qkv"]["build_profile"]
+        if x["function"].startswith("kernels/one_launch.py")
+    )
+    assert (
+        R.own_us_per_call(recs[0], "fused-cuda-qkv", "kernels/one_launch.py")
+        == f["own_us_per_step"] / f["calls_per_step"]
+    )
     with pytest.raises(ValueError, match="where: must name one profiled function of 'fused-cuda-qkv', got 0"):
         R.own_us_per_call(recs[0], "fused-cuda-qkv", "no/such.py")
     with pytest.raises(ValueError, match="got 0 matching"):
@@ -293,8 +320,9 @@ def test_the_paired_interval_is_a_seeded_bootstrap_of_the_rounds_ratios():
     table = R.paired_interval_table(rec, ["fused-cuda-qkv", "fused-graph"], "reference")
     assert list(table.index) == [(loop, v) for loop in R.LOOPS for v in ("fused-cuda-qkv", "fused-graph")]
     assert table.loc[("step after step", "fused-cuda-qkv"), "lo"] == lo and (table.rounds == n).all()
-    assert table.loc[("pipelined", "fused-graph"), "paired"] == R.paired_ratio(rec, "fused-graph", "reference",
-                                                                                pipelined=True)
+    assert table.loc[("pipelined", "fused-graph"), "paired"] == R.paired_ratio(
+        rec, "fused-graph", "reference", pipelined=True
+    )
     with pytest.raises(ValueError, match="level: must be a number strictly between 0 and 1"):
         R.paired_interval(rec, "fused-cuda", "reference", level=95)
     with pytest.raises(ValueError, match="variants: must be a non-empty list"):

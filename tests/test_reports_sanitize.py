@@ -50,22 +50,30 @@ def test_the_committed_records():
 
 def test_only_passed_runs_count_and_both_record_layouts_are_read():
     cases = ["tail small bfloat16: PASS", "one-launch small bfloat16: agrees", "head small bfloat16: outputs finite"]
-    old = _rec(tools={"memcheck": {"passed": True, "cases": cases},
-                      "racecheck": {"passed": False, "cases": cases}})  # stopped at its time limit
-    new = _rec(runs=[{"tool": "synccheck", "passed": True, "cases": cases[:2]},
-                     {"tool": "initcheck", "passed": True, "cases": ["tail bonsai nvfp4: outputs finite"]}])
+    old = _rec(
+        tools={"memcheck": {"passed": True, "cases": cases}, "racecheck": {"passed": False, "cases": cases}}
+    )  # stopped at its time limit
+    new = _rec(
+        runs=[
+            {"tool": "synccheck", "passed": True, "cases": cases[:2]},
+            {"tool": "initcheck", "passed": True, "cases": ["tail bonsai nvfp4: outputs finite"]},
+        ]
+    )
     cov = sc.coverage([old, new])
     assert cov.loc[("small", "bfloat16")].tolist() == ["T1H", "-", "T1", "-"]
     assert cov.loc[("bonsai", "nvfp4")].tolist() == ["-", "-", "-", "T"]
     assert list(cov.index) == [("small", "bfloat16"), ("bonsai", "nvfp4")]  # the bench's order
 
 
-@pytest.mark.parametrize("bad, says", [
-    ({"bench": "one_launch"}, r"records\[0\]: is a 'one_launch' record, expected 'sanitize'"),
-    ("sanitize", r"records\[0\]: must be a 'sanitize' record \(a dict\)"),
-    (None, r"records\[0\]: must be a 'sanitize' record"),
-    ({"bench": "sanitize"}, r"records\[0\]: a 'sanitize' record must have"),
-])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ({"bench": "one_launch"}, r"records\[0\]: is a 'one_launch' record, expected 'sanitize'"),
+        ("sanitize", r"records\[0\]: must be a 'sanitize' record \(a dict\)"),
+        (None, r"records\[0\]: must be a 'sanitize' record"),
+        ({"bench": "sanitize"}, r"records\[0\]: a 'sanitize' record must have"),
+    ],
+)
 def test_what_is_not_a_sanitize_record_is_refused(bad, says):
     with pytest.raises(records.RecordError, match=says):
         sc.coverage([bad])
@@ -74,9 +82,16 @@ def test_what_is_not_a_sanitize_record_is_refused(bad, says):
 
 
 def test_not_yet_clean_lists_each_tools_missing_formats():
-    new = _rec(runs=[{"tool": "racecheck", "passed": True,
-                      "cases": ["tail bonsai bfloat16: outputs finite", "one-launch bonsai bfloat16: agrees"]},
-                     {"tool": "memcheck", "passed": True, "cases": ["tail bonsai nvfp4: outputs finite"]}])
+    new = _rec(
+        runs=[
+            {
+                "tool": "racecheck",
+                "passed": True,
+                "cases": ["tail bonsai bfloat16: outputs finite", "one-launch bonsai bfloat16: agrees"],
+            },
+            {"tool": "memcheck", "passed": True, "cases": ["tail bonsai nvfp4: outputs finite"]},
+        ]
+    )
     table = sc.coverage([new])
     todo = sc.not_yet_clean(table, "bonsai", "one-launch")
     assert todo["racecheck"] == [f for f in sc.FORMATS if f != "bfloat16"]
@@ -120,13 +135,31 @@ def test_the_dequantization_rewrite_was_sanitized_at_the_small_shape():
 
 
 def test_runs_table_has_a_row_a_run_and_refuses_other_records():
-    rec = _rec(runs=[{"tool": "memcheck", "parts": ["tail", "one-launch"], "formats": ["bfloat16", "nvfp4"],
-                      "passed": True, "errors": 0, "seconds": 12.4},
-                     {"tool": "racecheck", "parts": ["head"], "formats": ["bfloat16"], "passed": False,
-                      "errors": None, "seconds": 240.0}])
+    rec = _rec(
+        runs=[
+            {
+                "tool": "memcheck",
+                "parts": ["tail", "one-launch"],
+                "formats": ["bfloat16", "nvfp4"],
+                "passed": True,
+                "errors": 0,
+                "seconds": 12.4,
+            },
+            {
+                "tool": "racecheck",
+                "parts": ["head"],
+                "formats": ["bfloat16"],
+                "passed": False,
+                "errors": None,
+                "seconds": 240.0,
+            },
+        ]
+    )
     table = sc.runs_table({"…one": dict(rec, device_written=True)})
     assert table[["tool", "parts", "formats", "device-written", "clean", "seconds"]].values.tolist() == [
-        ["memcheck", "tail+one-launch", 2, True, True, 12], ["racecheck", "head", 1, True, False, 240]]
+        ["memcheck", "tail+one-launch", 2, True, True, 12],
+        ["racecheck", "head", 1, True, False, 240],
+    ]
     with pytest.raises(records.RecordError, match=r"records\['bad'\]: is a 'one_launch' record, expected 'sanitize'"):
         sc.runs_table({"bad": {"bench": "one_launch"}})
 

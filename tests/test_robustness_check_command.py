@@ -75,16 +75,24 @@ def test_nothing_in_the_users_folder_is_written(outcomes):
     assert json.loads((Path(folder) / "existing.json").read_text()) == {"kept": True}
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["no_such_module_anywhere:tail"], "implementation: cannot import"),
-    (["tests.check_user_tails:correct", "--tolerance", "nan"], "argument --tolerance"),
-    (["--dump", "{d}/a_file"], "--dump: no dump file could be read"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["no_such_module_anywhere:tail"], "implementation: cannot import"),
+        (["tests.check_user_tails:correct", "--tolerance", "nan"], "argument --tolerance"),
+        (["--dump", "{d}/a_file"], "--dump: no dump file could be read"),
+    ],
+)
 def test_the_command_run_as_a_user_runs_it(tmp_path, argv, message):
     """The same through ``python -m``: one line, exit 2, nothing else on stderr."""
     (tmp_path / "a_file").write_text("x")
-    r = subprocess.run([sys.executable, "-m", "workbench.check", *[a.replace("{d}", str(tmp_path)) for a in argv]],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "workbench.check", *[a.replace("{d}", str(tmp_path)) for a in argv]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr and lines[-1].startswith(PROG + message), r.stderr
     assert len(lines) == 1 or lines[0].startswith("usage:"), r.stderr
@@ -104,14 +112,22 @@ def test_a_record_that_cannot_be_written_keeps_the_verdict(tmp_path, monkeypatch
         command.main([CALLABLE, "--seeds", "3", "--scales", "1", "--record", str(tmp_path / "r.json")])
     out, err = capsys.readouterr()
     assert e.value.code == 2 and out.startswith("PASS"), (out, err)
-    assert err.strip().splitlines() == [f"{PROG}--record: {tmp_path / 'r.json'} was not written ({error.strerror}); "
-                                        "the verdict printed above stands: PASS"]
+    assert err.strip().splitlines() == [
+        f"{PROG}--record: {tmp_path / 'r.json'} was not written ({error.strerror}); "
+        "the verdict printed above stands: PASS"
+    ]
 
 
 def test_the_traceback_is_kept_when_asked(tmp_path):
     """``WORKBENCH_TRACEBACK=1``: the error is raised, for a user reporting a bug in the check."""
-    r = subprocess.run([sys.executable, "-m", "workbench.check", "--dump", str(tmp_path)], capture_output=True,
-                       text=True, timeout=120, cwd=ROOT, env={**os.environ, "WORKBENCH_TRACEBACK": "1"})
+    r = subprocess.run(
+        [sys.executable, "-m", "workbench.check", "--dump", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "WORKBENCH_TRACEBACK": "1"},
+    )
     assert r.returncode == 1 and "Traceback" in r.stderr and "ValueError: path:" in r.stderr, r.stderr[-2000:]
 
 

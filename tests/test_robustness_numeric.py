@@ -65,22 +65,52 @@ ONES8 = (np.ones((8, 8)), np.ones(8), np.ones((8, 8)), np.ones((8, 8)), np.ones(
 
 def qwen3(**kw: Any) -> dict:
     """A small dense qwen3 config.json, with ``kw`` changed."""
-    d = dict(model_type="qwen3", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=128, rms_norm_eps=1e-6, hidden_act="silu")
+    d = dict(
+        model_type="qwen3",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+    )
     return {**d, **kw}
 
 
 def jamba(**kw: Any) -> dict:
-    d = dict(model_type="jamba", hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=128, rms_norm_eps=1e-6, hidden_act="silu", attn_layer_period=4, attn_layer_offset=2,
-             expert_layer_period=2, expert_layer_offset=1, num_experts=4)
+    d = dict(
+        model_type="jamba",
+        hidden_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+        attn_layer_period=4,
+        attn_layer_offset=2,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_experts=4,
+    )
     return {**d, **kw}
 
 
 def qwen_next(**kw: Any) -> dict:
-    d = dict(model_type="qwen3_next", hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, intermediate_size=128, moe_intermediate_size=32, rms_norm_eps=1e-6,
-             hidden_act="silu", full_attention_interval=2, num_experts=4)
+    d = dict(
+        model_type="qwen3_next",
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+        full_attention_interval=2,
+        num_experts=4,
+    )
     return {**d, **kw}
 
 
@@ -161,10 +191,16 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("outlier_matrix out_dim -1", lambda: W.outlier_matrix(-1, 4, n_outliers=0, outlier_scale=1.0, seed=0), "out_dim"),
     ("outlier_scale NaN", lambda: W.outlier_matrix(4, 4, n_outliers=0, outlier_scale=NAN, seed=0), "outlier_scale"),
     ("n_outliers True", lambda: W.outlier_matrix(4, 4, n_outliers=True, outlier_scale=2.0, seed=0), "n_outliers"),
-    ("quantization_error of a NaN weight",
-     lambda: W.quantization_error(W_NAN, mode="affine", bits=4, group_size=64), "w"),
-    ("a format that is not a pair", lambda: W.quantization_study(np.ones((8, 64), np.float32), {"none": None},
-                                                                  (("x",),)), "formats"),
+    (
+        "quantization_error of a NaN weight",
+        lambda: W.quantization_error(W_NAN, mode="affine", bits=4, group_size=64),
+        "w",
+    ),
+    (
+        "a format that is not a pair",
+        lambda: W.quantization_study(np.ones((8, 64), np.float32), {"none": None}, (("x",),)),
+        "formats",
+    ),
     ("a fold that is an int", lambda: W.quantization_study(np.ones((8, 64), np.float32), {"none": 3}), "folds"),
     # configs
     ("rms_norm_eps -1", lambda: cfg(qwen3(rms_norm_eps=-1)), "rms_norm_eps"),
@@ -182,8 +218,11 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("decoder_sparse_step -1", lambda: cfg(qwen_next(decoder_sparse_step=-1)), "decoder_sparse_step"),
     ("a list for a config", lambda: MF.from_hf_config([1, 2]), "path_or_dict"),
     ("hidden_size 64.0", lambda: cfg(qwen3(hidden_size=64.0)), "hidden_size"),
-    ("residual_multiplier NaN", lambda: cfg(qwen3(model_type="granite", residual_multiplier=NAN)),
-     "residual_multiplier"),
+    (
+        "residual_multiplier NaN",
+        lambda: cfg(qwen3(model_type="granite", residual_multiplier=NAN)),
+        "residual_multiplier",
+    ),
     ("name 3", lambda: MF.from_hf_config(qwen3(), name=3), "name"),
     ("layer '3'", lambda: BONSAI.layer("3"), "layer"),
     ("layer -1", lambda: BONSAI.layer(-1), "layer"),
@@ -192,14 +231,23 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("synthetic 0 heads", lambda: M.ModelConfig.synthetic(64, ffn_dim=4, num_q_heads=0), "num_q_heads"),
     ("synthetic eps -1", lambda: M.ModelConfig.synthetic(64, ffn_dim=4, rms_norm_eps=-1), "rms_norm_eps"),
     ("synthetic ffn 4.5", lambda: M.ModelConfig.synthetic(64, ffn_dim=4.5), "ffn_dim"),
-    ("LayerConfig heads '4'", lambda: M.LayerConfig(0, M.Mixer.ATTENTION, "4", 2, 16, 8, "dense", "swiglu"),
-     "num_q_heads"),
+    (
+        "LayerConfig heads '4'",
+        lambda: M.LayerConfig(0, M.Mixer.ATTENTION, "4", 2, 16, 8, "dense", "swiglu"),
+        "num_q_heads",
+    ),
     ("LayerConfig index -1", lambda: M.LayerConfig(-1, M.Mixer.MAMBA2), "index"),
     ("LayerConfig ffn_act None", lambda: M.LayerConfig(0, M.Mixer.MAMBA2, ffn_act=None), "ffn_act"),
-    ("ModelConfig name None", lambda: M.ModelConfig(None, "x", 64, 1, 1e-6, (M.LayerConfig(0, M.Mixer.MAMBA2),)),
-     "name"),
-    ("ModelConfig eps -1", lambda: M.ModelConfig("x", "x", 64, 1, -1.0, (M.LayerConfig(0, M.Mixer.MAMBA2),)),
-     "rms_norm_eps"),
+    (
+        "ModelConfig name None",
+        lambda: M.ModelConfig(None, "x", 64, 1, 1e-6, (M.LayerConfig(0, M.Mixer.MAMBA2),)),
+        "name",
+    ),
+    (
+        "ModelConfig eps -1",
+        lambda: M.ModelConfig("x", "x", 64, 1, -1.0, (M.LayerConfig(0, M.Mixer.MAMBA2),)),
+        "rms_norm_eps",
+    ),
     ("ModelConfig layers [3]", lambda: M.ModelConfig("x", "x", 64, 1, 1e-6, [3]), "layers"),
     ("load_model(3)", lambda: ML.load_model(3), "name"),
     ("load_model('../x')", lambda: ML.load_model("../x"), "name"),
@@ -220,19 +268,33 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("host_tail dtype int32", lambda: T.host_tail(WTS, BR, RES, dtype=np.int32), "dtype"),
     ("host_tail dtype 'banana'", lambda: T.host_tail(WTS, BR, RES, dtype="banana"), "dtype"),
     ("host_tail of no weights", lambda: T.host_tail(None, BR, RES), "w"),
-    ("batch axes that differ", lambda: T.host_tail(WTS, np.zeros((2, 32), np.float32), np.zeros((3, 32))),
-     "branch/residual"),
+    (
+        "batch axes that differ",
+        lambda: T.host_tail(WTS, np.zeros((2, 32), np.float32), np.zeros((3, 32))),
+        "branch/residual",
+    ),
     ("backend 'gpu'", lambda: T.fused_tail(WTS, BR, RES, backend="gpu"), "backend"),
     ("backend None", lambda: T.fused_tail(WTS, BR, RES, backend=None), "backend"),
-    ("fused branch beyond float32's range",
-     lambda: T.fused_tail(WTS, np.where(np.arange(BR.size) == 3, 1e39, BR.astype(np.float64)), RES, backend="graph"),
-     "branch"),
-    ("fused residual beyond float32's range",
-     lambda: T.fused_tail(WTS, BR, np.full(RES.shape, -1e39), backend="graph"), "residual"),
-    ("return_backend 'yes'", lambda: T.fused_tail(WTS, BR, RES, backend="graph", return_backend="yes"),
-     "return_backend"),
-    ("fused kernels_enabled 'no'", lambda: T.fused_tail(WTS, BR, RES, backend="graph", kernels_enabled="no"),
-     "kernels_enabled"),
+    (
+        "fused branch beyond float32's range",
+        lambda: T.fused_tail(WTS, np.where(np.arange(BR.size) == 3, 1e39, BR.astype(np.float64)), RES, backend="graph"),
+        "branch",
+    ),
+    (
+        "fused residual beyond float32's range",
+        lambda: T.fused_tail(WTS, BR, np.full(RES.shape, -1e39), backend="graph"),
+        "residual",
+    ),
+    (
+        "return_backend 'yes'",
+        lambda: T.fused_tail(WTS, BR, RES, backend="graph", return_backend="yes"),
+        "return_backend",
+    ),
+    (
+        "fused kernels_enabled 'no'",
+        lambda: T.fused_tail(WTS, BR, RES, backend="graph", kernels_enabled="no"),
+        "kernels_enabled",
+    ),
     ("to_mx('abc')", lambda: T.to_mx("abc"), "a"),
     ("tail_launch(None)", lambda: T.tail_launch(None), "w"),
     ("random_inputs batch -1", lambda: T.random_inputs(WTS, seed=0, batch=-1), "batch"),
@@ -243,25 +305,42 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("case_recipe hidden -1", lambda: T.case_recipe(-1, 2, 3), "hidden"),
     ("TailWeights.random seed -1", lambda: T.TailWeights.random(8, 8, 8, seed=-1), "seed"),
     ("TailWeights.random seed 1.5", lambda: T.TailWeights.random(8, 8, 8, seed=1.5), "seed"),
-    ("TailWeights.random a model's name as config",
-     lambda: T.TailWeights.random(8, 8, 8, seed=0, config="bonsai-27b", layer=3), "config"),
+    (
+        "TailWeights.random a model's name as config",
+        lambda: T.TailWeights.random(8, 8, 8, seed=0, config="bonsai-27b", layer=3),
+        "config",
+    ),
     ("TailWeights.for_layer a model's name", lambda: T.TailWeights.for_layer("bonsai-27b", 3, seed=0), "config"),
     ("TailWeights.for_layer no config", lambda: T.TailWeights.for_layer(None, 3, seed=0), "config"),
-    ("TailWeights.random quantize of an unknown key",
-     lambda: T.TailWeights.random(8, 8, 8, seed=0, quantize={"bit": 4}), "quantize"),
+    (
+        "TailWeights.random quantize of an unknown key",
+        lambda: T.TailWeights.random(8, 8, 8, seed=0, quantize={"bit": 4}),
+        "quantize",
+    ),
     ("TailWeights.random fold_block 3", lambda: T.TailWeights.random(8, 8, 8, seed=0, fold_block=3), "fold_block"),
-    ("TailWeights.random fold_permute 'yes'",
-     lambda: T.TailWeights.random(8, 8, 8, seed=0, fold_block=4, fold_permute="yes"), "fold_permute"),
-    ("TailWeights.random fold_site 'input'", lambda: T.TailWeights.random(8, 8, 8, seed=0, fold_site="input"),
-     "fold_site"),
+    (
+        "TailWeights.random fold_permute 'yes'",
+        lambda: T.TailWeights.random(8, 8, 8, seed=0, fold_block=4, fold_permute="yes"),
+        "fold_permute",
+    ),
+    (
+        "TailWeights.random fold_site 'input'",
+        lambda: T.TailWeights.random(8, 8, 8, seed=0, fold_site="input"),
+        "fold_site",
+    ),
     ("TailWeights.random hidden 2**40", lambda: T.TailWeights.random(2**40, 8, 8, seed=0), "hidden"),
     ("from_arrays wo beyond float32's range", lambda: T.TailWeights.from_arrays(F64_HUGE, *ONES8[1:]), "wo"),
-    ("from_arrays down beyond float32's range",
-     lambda: T.TailWeights.from_arrays(*ONES8[:4], F64_HUGE), "down"),
-    ("from_arrays ffn_norm beyond float32's range",
-     lambda: T.TailWeights.from_arrays(ONES8[0], np.full(8, -1e39), *ONES8[2:]), "ffn_norm"),
-    ("TailWeights of an ffn_norm beyond float32's range",
-     lambda: T.TailWeights(WTS.wo, np.full(32, 1e39), WTS.gate, WTS.up, WTS.down), "ffn_norm"),
+    ("from_arrays down beyond float32's range", lambda: T.TailWeights.from_arrays(*ONES8[:4], F64_HUGE), "down"),
+    (
+        "from_arrays ffn_norm beyond float32's range",
+        lambda: T.TailWeights.from_arrays(ONES8[0], np.full(8, -1e39), *ONES8[2:]),
+        "ffn_norm",
+    ),
+    (
+        "TailWeights of an ffn_norm beyond float32's range",
+        lambda: T.TailWeights(WTS.wo, np.full(32, 1e39), WTS.gate, WTS.up, WTS.down),
+        "ffn_norm",
+    ),
     ("from_arrays wo of strings", lambda: T.TailWeights.from_arrays("abc", *ONES8[1:]), "wo"),
     ("from_arrays a 1-D up", lambda: T.TailWeights.from_arrays(*ONES8[:3], np.ones(8), ONES8[4]), "up"),
     # comparison
@@ -310,14 +389,19 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("sweep progress 'no'", lambda: sweep1(progress="no"), "progress"),
     ("sweep wo_outliers -1", lambda: sweep1(wo_outliers=-1), "wo_outliers"),
     ("sweep of a 3 TB case", lambda: sweep1(shapes=[(5120, 6144, 10**7)]), "shapes"),
-    ("mutation_sweep mutations 'wrong'", lambda: sweeps.mutation_sweep(shapes=[(8, 8, 8)], seeds=range(2),
-                                                                         mutations="wrong"), "mutations"),
-    ("mutation_sweep mutations [None]", lambda: sweeps.mutation_sweep(shapes=[(8, 8, 8)], seeds=range(2),
-                                                                        mutations=[None]), "mutations"),
+    (
+        "mutation_sweep mutations 'wrong'",
+        lambda: sweeps.mutation_sweep(shapes=[(8, 8, 8)], seeds=range(2), mutations="wrong"),
+        "mutations",
+    ),
+    (
+        "mutation_sweep mutations [None]",
+        lambda: sweeps.mutation_sweep(shapes=[(8, 8, 8)], seeds=range(2), mutations=[None]),
+        "mutations",
+    ),
     # three-way, exact oracle
     ("three_way of a NaN branch", lambda: TW.three_way(WTS, np.where(np.arange(32) == 3, NAN, BR), RES), "branch"),
-    ("three_way of an Inf residual", lambda: TW.three_way(WTS, BR, np.where(np.arange(32) == 0, INF, RES)),
-     "residual"),
+    ("three_way of an Inf residual", lambda: TW.three_way(WTS, BR, np.where(np.arange(32) == 0, INF, RES)), "residual"),
     ("three_way tol -1", lambda: TW.three_way(WTS, BR, RES, tol=-1), "tol"),
     ("three_way fault 'bad'", lambda: TW.three_way(WTS, BR, RES, fault="bad"), "fault"),
     ("three_way backend 'bad'", lambda: TW.three_way(WTS, BR, RES, backend="bad"), "backend"),
@@ -370,20 +454,28 @@ NATURAL: list[tuple[str, Callable[[], Any]]] = [
     ("rotate a list", lambda: np.allclose(HadamardFold(4).rotate([1.0, 0, 0, 0]), 0.5)),
     ("a numpy width", lambda: HadamardFold(16).plan(np.int64(32)).width == 32),
     ("a list as a base", lambda: WeightMatrix([[1.0, 2.0], [3.0, 4.0]]).shape == (2, 2)),
-    ("numpy bits", lambda: WeightMatrix.quantize(np.ones((8, 64), np.float32), bits=np.int64(4)).dtype
-     == "affine4-g64"),
+    (
+        "numpy bits",
+        lambda: WeightMatrix.quantize(np.ones((8, 64), np.float32), bits=np.int64(4)).dtype == "affine4-g64",
+    ),
     ("cfg.layer(np.int64(3))", lambda: BONSAI.layer(np.int64(3)).index == 3),
     ("refusals at a numpy layer", lambda: R.layer_refusals(BONSAI, np.int64(3)) == R.layer_refusals(BONSAI, 3)),
-    ("host_tail of an MLX bfloat16 branch", lambda: T.host_tail(WTS, mx.array(BR).astype(mx.bfloat16), RES).shape
-     == (32,)),
+    (
+        "host_tail of an MLX bfloat16 branch",
+        lambda: T.host_tail(WTS, mx.array(BR).astype(mx.bfloat16), RES).shape == (32,),
+    ),
     ("host_tail of lists", lambda: np.array_equal(T.host_tail(WTS, list(BR), list(RES)), T.host_tail(WTS, BR, RES))),
     ("fused_tail of lists", lambda: T.fused_tail(WTS, list(BR), list(RES), backend="graph").shape == (32,)),
     ("compare(tol=np.float32(1e-3))", lambda: C.compare(np.ones(3), np.ones(3), tol=np.float32(1e-3)).passed),
     ("compare an MLX array", lambda: C.compare(mx.ones(3), np.ones(3)).passed),
-    ("three_way(tol=np.float32(1e-3))", lambda: "fused is right" in TW.three_way(WTS, BR, RES,
-                                                                                  tol=np.float32(1e-3)).verdict),
-    ("case_weights eps np.float32", lambda: SC.case_weights((8, 8, 8), np.int64(0),
-                                                            eps=np.float32(1e-5))[0].eps == np.float32(1e-5)),
+    (
+        "three_way(tol=np.float32(1e-3))",
+        lambda: "fused is right" in TW.three_way(WTS, BR, RES, tol=np.float32(1e-3)).verdict,
+    ),
+    (
+        "case_weights eps np.float32",
+        lambda: SC.case_weights((8, 8, 8), np.int64(0), eps=np.float32(1e-5))[0].eps == np.float32(1e-5),
+    ),
     ("sweep eps np.float32", lambda: len(sweep1(eps=np.float32(1e-5))) == 2),
     ("a tuning of numpy ints", lambda: KL.KernelTuning(rows_nt=np.int64(128)).rows_nt == 128),
 ]
@@ -420,8 +512,11 @@ def test_a_value_beyond_float32_is_refused_at_its_place_and_float32s_own_are_kep
 def test_an_empty_batch_rotates_in_mlx_as_in_numpy():
     # MLX's hadamard_transform refuses empty arrays in its own words; the numpy path answers
     # an empty batch with an empty batch, and so must MLX's, at every kind of block.
-    for fold in (HadamardFold.random(48, 12, seed=0, permute=True), HadamardFold(16, [1, -1] * 8),
-                 HadamardFold.random(40, 20, seed=1, site=FoldSite.OUTPUT)):
+    for fold in (
+        HadamardFold.random(48, 12, seed=0, permute=True),
+        HadamardFold(16, [1, -1] * 8),
+        HadamardFold.random(40, 20, seed=1, site=FoldSite.OUTPUT),
+    ):
         for s in ((0, fold.dim), (2, 0, fold.dim)):
             for op in (fold.rotate, fold.unrotate):
                 got = op(mx.zeros(s, dtype=mx.float32))
@@ -482,14 +577,19 @@ def test_a_sweeps_rows_match_its_single_cases():
         assert got.worst == pytest.approx(worst, rel=1e-6, abs=1e-12)
 
 
-@pytest.mark.parametrize("make, param", [
-    (lambda: qwen3(rms_norm_eps=-1), "rms_norm_eps"), (lambda: qwen3(rms_norm_eps=0), "rms_norm_eps"),
-    (lambda: qwen3(rms_norm_eps=NAN), "rms_norm_eps"), (lambda: qwen3(num_hidden_layers=10**9), "num_hidden_layers"),
-    (lambda: jamba(attn_layer_offset=4), "attn_layer_offset"),
-    (lambda: qwen_next(mlp_only_layers=["3"]), "mlp_only_layers[0]"),
-    (lambda: qwen_next(mlp_only_layers=[[3]]), "mlp_only_layers[0]"),
-    (lambda: qwen_next(num_experts=-1), "num_experts"),
-])
+@pytest.mark.parametrize(
+    "make, param",
+    [
+        (lambda: qwen3(rms_norm_eps=-1), "rms_norm_eps"),
+        (lambda: qwen3(rms_norm_eps=0), "rms_norm_eps"),
+        (lambda: qwen3(rms_norm_eps=NAN), "rms_norm_eps"),
+        (lambda: qwen3(num_hidden_layers=10**9), "num_hidden_layers"),
+        (lambda: jamba(attn_layer_offset=4), "attn_layer_offset"),
+        (lambda: qwen_next(mlp_only_layers=["3"]), "mlp_only_layers[0]"),
+        (lambda: qwen_next(mlp_only_layers=[[3]]), "mlp_only_layers[0]"),
+        (lambda: qwen_next(num_experts=-1), "num_experts"),
+    ],
+)
 def test_the_config_defects_are_refused(make, param):
     assert_clear(lambda: cfg(make()), param)
 
@@ -555,10 +655,17 @@ BLOCKS = st.sampled_from([1, 2, 4, 8, 16, 12, 24, 20, 28])
 
 #: Junk for any argument: what a careless caller passes.
 JUNK = st.one_of(
-    st.none(), st.booleans(), st.text(max_size=4), st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([np.int64(-3), np.float32(NAN), np.bool_(True)]),
-    st.lists(st.integers(-3, 3), max_size=4), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
-    st.just(object()), st.just(np.zeros((2, 0))), st.just(mx.array([1, 2])),
+    st.none(),
+    st.booleans(),
+    st.text(max_size=4),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([np.int64(-3), np.float32(NAN), np.bool_(True)]),
+    st.lists(st.integers(-3, 3), max_size=4),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+    st.just(object()),
+    st.just(np.zeros((2, 0))),
+    st.just(mx.array([1, 2])),
 )
 
 
@@ -576,12 +683,21 @@ CALLS: list[tuple[str, Callable[..., Any], dict]] = [
     ("HadamardFold", lambda **k: HadamardFold(**k), dict(block=4, signs=[1, -1, 1, 1], perm=[3, 2, 1, 0])),
     ("HadamardFold.random", lambda **k: HadamardFold.random(**k), dict(dim=8, block=4, seed=0, permute=True)),
     ("block_transform", lambda **k: hadamard.block_transform(**k), dict(x=np.ones(8), block=4)),
-    ("WeightMatrix.quantize", lambda **k: WeightMatrix.quantize(**k),
-     dict(w=np.ones((4, 64), np.float32), mode="affine", bits=4, group_size=64)),
-    ("outlier_matrix", lambda **k: W.outlier_matrix(**k), dict(out_dim=4, in_dim=8, n_outliers=1,
-                                                                outlier_scale=3.0, seed=0)),
-    ("ModelConfig.synthetic", lambda **k: M.ModelConfig.synthetic(**k),
-     dict(hidden=64, ffn_dim=32, num_q_heads=2, num_kv_heads=1, head_dim=16, rms_norm_eps=1e-6)),
+    (
+        "WeightMatrix.quantize",
+        lambda **k: WeightMatrix.quantize(**k),
+        dict(w=np.ones((4, 64), np.float32), mode="affine", bits=4, group_size=64),
+    ),
+    (
+        "outlier_matrix",
+        lambda **k: W.outlier_matrix(**k),
+        dict(out_dim=4, in_dim=8, n_outliers=1, outlier_scale=3.0, seed=0),
+    ),
+    (
+        "ModelConfig.synthetic",
+        lambda **k: M.ModelConfig.synthetic(**k),
+        dict(hidden=64, ffn_dim=32, num_q_heads=2, num_kv_heads=1, head_dim=16, rms_norm_eps=1e-6),
+    ),
     ("refusals", lambda **k: R.layer_refusals(**k), dict(cfg=BONSAI, layer=3, kernels_enabled=True)),
     ("host_tail", lambda **k: T.host_tail(**k), dict(w=WTS, branch=BR, residual=RES, dtype=np.float64)),
     ("fused_tail", lambda **k: T.fused_tail(**k), dict(w=WTS, branch=BR, residual=RES, backend="graph")),
@@ -589,13 +705,31 @@ CALLS: list[tuple[str, Callable[..., Any], dict]] = [
     ("random_inputs", lambda **k: T.random_inputs(**k), dict(w=WTS, seed=0, batch=2)),
     ("compare", lambda **k: C.compare(**k), dict(actual=np.ones(3), expected=np.ones(3), tol=1e-3)),
     ("ulp_distance", lambda **k: C.ulp_distance(**k), dict(actual=np.ones(3), expected=np.ones(3), dtype="float32")),
-    ("case_weights", lambda **k: SC.case_weights(**k), dict(shape=(8, 8, 8), seed=0, dtype="float32", fold=4,
-                                                            quantize=None, eps=1e-6, wo_outliers=1)),
-    ("sweep", lambda **k: sweeps.sweep(**k), dict(shapes=[(8, 8, 8)], seeds=[0, 1], dtypes=("float32",), folds=(4,),
-                                                  quantize=(None,), backends=("graph",), eps=1e-6, wo_outliers=0,
-                                                  progress=False)),
-    ("three_way", lambda **k: TW.three_way(**k), dict(w=WTS, branch=BR, residual=RES, tol=2e-4, backend="graph",
-                                                      fault=None)),
+    (
+        "case_weights",
+        lambda **k: SC.case_weights(**k),
+        dict(shape=(8, 8, 8), seed=0, dtype="float32", fold=4, quantize=None, eps=1e-6, wo_outliers=1),
+    ),
+    (
+        "sweep",
+        lambda **k: sweeps.sweep(**k),
+        dict(
+            shapes=[(8, 8, 8)],
+            seeds=[0, 1],
+            dtypes=("float32",),
+            folds=(4,),
+            quantize=(None,),
+            backends=("graph",),
+            eps=1e-6,
+            wo_outliers=0,
+            progress=False,
+        ),
+    ),
+    (
+        "three_way",
+        lambda **k: TW.three_way(**k),
+        dict(w=WTS, branch=BR, residual=RES, tol=2e-4, backend="graph", fault=None),
+    ),
     ("KernelTuning", lambda **k: KL.KernelTuning(**k), dict(rows_nt=256, u_wo=4, sm_count=132, pre_wo=True)),
     ("lcg_stream", lambda **k: FC.lcg_stream(**k), dict(n=3, scale=1.0, state=5)),
 ]
@@ -616,12 +750,19 @@ def test_junk_in_any_argument_gives_a_result_or_a_clear_error(name, fn, valid, d
 
 @settings(max_examples=30)
 @given(
-    hidden=st.integers(1, 4096), layers=st.integers(1, 64), heads=st.sampled_from([1, 2, 4, 8]),
+    hidden=st.integers(1, 4096),
+    layers=st.integers(1, 64),
+    heads=st.sampled_from([1, 2, 4, 8]),
     eps=st.one_of(st.floats(1e-12, 1e-2), st.floats(allow_nan=True, allow_infinity=True)),
 )
 def test_configs_valid_or_clearly_refused(hidden, layers, heads, eps):
-    d = qwen3(hidden_size=hidden * heads, num_hidden_layers=layers, num_attention_heads=heads,
-              num_key_value_heads=heads, rms_norm_eps=eps)
+    d = qwen3(
+        hidden_size=hidden * heads,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        rms_norm_eps=eps,
+    )
     if math.isfinite(eps) and eps > 0:
         c = cfg(d)
         assert c.num_layers == layers and c.attention_layers() == list(range(layers))
@@ -631,8 +772,14 @@ def test_configs_valid_or_clearly_refused(hidden, layers, heads, eps):
 
 
 @settings(max_examples=25)
-@given(block=BLOCKS, nblocks=st.integers(1, 4), seed=st.integers(0, 2**32), permute=st.booleans(),
-       site=st.sampled_from(list(FoldSite)), as_list=st.booleans())
+@given(
+    block=BLOCKS,
+    nblocks=st.integers(1, 4),
+    seed=st.integers(0, 2**32),
+    permute=st.booleans(),
+    site=st.sampled_from(list(FoldSite)),
+    as_list=st.booleans(),
+)
 def test_a_fold_preserves_the_map(block, nblocks, seed, permute, site, as_list):
     dim = block * nblocks
     rnd = HadamardFold.random(dim, block, seed=seed, permute=permute, site=site)
@@ -649,8 +796,7 @@ def test_a_fold_preserves_the_map(block, nblocks, seed, permute, site, as_list):
 
 
 @settings(max_examples=20)
-@given(rows=st.integers(1, 6), seed=st.integers(0, 1000), r=st.data(),
-       bad=st.sampled_from([NAN, INF, -INF]))
+@given(rows=st.integers(1, 6), seed=st.integers(0, 1000), r=st.data(), bad=st.sampled_from([NAN, INF, -INF]))
 def test_quantize_refuses_any_non_finite_weight_at_its_place(rows, seed, r, bad):
     w = np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
     i, j = r.draw(st.integers(0, rows - 1)), r.draw(st.integers(0, 63))
@@ -660,9 +806,15 @@ def test_quantize_refuses_any_non_finite_weight_at_its_place(rows, seed, r, bad)
 
 
 @settings(max_examples=15)
-@given(hidden=st.sampled_from([8, 16, 24]), branch=st.sampled_from([8, 16, 32]), ffn=st.sampled_from([8, 24, 64]),
-       seed=st.integers(0, 10**6), fold=st.sampled_from([None, 4, 8]), dtype=st.sampled_from(["float32", "bfloat16"]),
-       batch=st.sampled_from([(), (0,), (3,), (2, 2)]))
+@given(
+    hidden=st.sampled_from([8, 16, 24]),
+    branch=st.sampled_from([8, 16, 32]),
+    ffn=st.sampled_from([8, 24, 64]),
+    seed=st.integers(0, 10**6),
+    fold=st.sampled_from([None, 4, 8]),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    batch=st.sampled_from([(), (0,), (3,), (2, 2)]),
+)
 def test_the_tails_agree_with_the_float64_oracle(hidden, branch, ffn, seed, fold, dtype, batch):
     w = T.TailWeights.random(hidden, branch, ffn, seed=seed, fold_block=fold, dtype=dtype)
     br, res = T.random_inputs(w, seed=seed + 1, batch=batch)
@@ -674,8 +826,10 @@ def test_the_tails_agree_with_the_float64_oracle(hidden, branch, ffn, seed, fold
         return
     # The calibrated tolerance: the float32 host's own error against the truth, doubled
     # and rounded up, never under frink-models' 2e-4 (exact_oracle.oracle_tolerance).
-    f32_worst = max(C.compare(T.host_tail(w, b, r_, dtype=np.float32), T.host_tail(w, b, r_)).worst
-                    for b, r_ in zip(br.reshape(-1, branch), res.reshape(-1, hidden)))
+    f32_worst = max(
+        C.compare(T.host_tail(w, b, r_, dtype=np.float32), T.host_tail(w, b, r_)).worst
+        for b, r_ in zip(br.reshape(-1, branch), res.reshape(-1, hidden))
+    )
     tol = EO.oracle_tolerance(f32_worst)
     assert np.isfinite(fused).all() and np.isfinite(unfused).all()
     assert C.compare(fused, truth, tol=tol).passed
@@ -683,8 +837,11 @@ def test_the_tails_agree_with_the_float64_oracle(hidden, branch, ffn, seed, fold
 
 
 @settings(max_examples=8)
-@given(seeds=st.lists(st.integers(0, 2000), min_size=1, max_size=4), fold=st.sampled_from([None, 4]),
-       quant=st.sampled_from([None, "affine8"]))
+@given(
+    seeds=st.lists(st.integers(0, 2000), min_size=1, max_size=4),
+    fold=st.sampled_from([None, 4]),
+    quant=st.sampled_from([None, "affine8"]),
+)
 def test_a_sweep_is_finite_and_within_tolerance(seeds, fold, quant):
     shape = (16, 16, 64) if quant is None else (64, 64, 64)
     df = sweeps.sweep(shapes=[shape], seeds=seeds, folds=(fold,), quantize=(quant,), progress=False)
@@ -693,8 +850,10 @@ def test_a_sweep_is_finite_and_within_tolerance(seeds, fold, quant):
 
 
 @settings(max_examples=30)
-@given(x=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=16), tol=st.one_of(
-    st.floats(1e-9, 1.0), st.sampled_from([np.float32(1e-3), np.float64(2e-4), 1])))
+@given(
+    x=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=16),
+    tol=st.one_of(st.floats(1e-9, 1.0), st.sampled_from([np.float32(1e-3), np.float64(2e-4), 1])),
+)
 def test_a_comparison_of_a_value_with_itself_passes(x, tol):
     c = C.compare(x, np.asarray(x), tol=tol)
     assert c.passed and c.worst == 0 and c.n == len(x)
@@ -719,8 +878,15 @@ def test_the_figures_refuse_bad_input_clearly():
 
     from workbench.reports import plots as P
 
-    df = pd.DataFrame({"worst": [1e-6, 2e-6], "dtype": ["float32", "float32"], "quant": ["none"] * 2,
-                       "fold": ["none"] * 2, "model_nmse": [1e-9, 2e-9]})
+    df = pd.DataFrame(
+        {
+            "worst": [1e-6, 2e-6],
+            "dtype": ["float32", "float32"],
+            "quant": ["none"] * 2,
+            "fold": ["none"] * 2,
+            "model_nmse": [1e-9, 2e-9],
+        }
+    )
     for call, param in [
         (lambda: P.plot_refusal_map(["bonsai"]), "cfgs[0]"),
         (lambda: P.plot_refusal_map([]), "cfgs"),
@@ -739,8 +905,11 @@ def test_the_figures_refuse_bad_input_clearly():
         (lambda: P.plot_catch_rates(pd.DataFrame()), "rates"),
     ]:
         assert_clear(call, param)
-    for fig in (P.plot_error_histograms(df, tolerances={"2e-4": np.float32(2e-4)}), P.plot_fold_effect(df),
-                P.plot_rotation(HadamardFold(4, [1, -1, 1, 1]))):
+    for fig in (
+        P.plot_error_histograms(df, tolerances={"2e-4": np.float32(2e-4)}),
+        P.plot_fold_effect(df),
+        P.plot_rotation(HadamardFold(4, [1, -1, 1, 1])),
+    ):
         plt.close(fig)
 
 
@@ -755,8 +924,15 @@ def test_junk_in_any_key_of_a_real_config_gives_a_config_or_a_clear_error(name, 
     raw = json.loads((M.MODELS_DIR / f"{name}.json").read_text())
     scope = raw.get("text_config", raw) if data.draw(st.booleans(), label="nested") else raw
     key = data.draw(st.sampled_from(sorted(k for k in scope if not k.startswith("_"))), label="key")
-    scope[key] = data.draw(JUNK.filter(lambda v: not isinstance(v, (np.ndarray, mx.array, object().__class__))
-                                       or isinstance(v, (int, float, str, list, dict, type(None)))), label="value")
+    scope[key] = data.draw(
+        JUNK.filter(
+            lambda v: (
+                not isinstance(v, (np.ndarray, mx.array, object().__class__))
+                or isinstance(v, (int, float, str, list, dict, type(None)))
+            )
+        ),
+        label="value",
+    )
     try:
         c = MF.from_hf_config(raw, name=name)
     except ValueError as e:
@@ -768,25 +944,60 @@ def test_junk_in_any_key_of_a_real_config_gives_a_config_or_a_clear_error(name, 
 
 
 CALLS_MORE: list[tuple[str, Callable[..., Any], dict]] = [
-    ("WeightMatrix.apply", lambda **k: WeightMatrix(np.ones((4, 8), np.float32), HadamardFold(4, site=FoldSite.INPUT))
-     .apply(**k), dict(x=np.ones(8))),
+    (
+        "WeightMatrix.apply",
+        lambda **k: WeightMatrix(np.ones((4, 8), np.float32), HadamardFold(4, site=FoldSite.INPUT)).apply(**k),
+        dict(x=np.ones(8)),
+    ),
     ("HadamardFold.rotate", lambda **k: HadamardFold(4, [1, -1, 1, 1]).unrotate(**k), dict(y=np.ones((2, 4)))),
     ("case_arrays", lambda **k: SC.case_arrays(**k), dict(shape=(8, 8, 8), seeds=[3, 1, 3], wo_outliers=2)),
-    ("mutation_sweep", lambda **k: sweeps.mutation_sweep(**k), dict(shapes=[(8, 8, 8)], seeds=[0], folds=(4,),
-                                                                    mutations=("wrong_eps",), progress=False)),
-    ("three_way_table", lambda **k: TW.three_way_table(**k), dict(cases=[("a", WTS, BR, RES)], tol=2e-4,
-                                                                  figures=False)),
+    (
+        "mutation_sweep",
+        lambda **k: sweeps.mutation_sweep(**k),
+        dict(shapes=[(8, 8, 8)], seeds=[0], folds=(4,), mutations=("wrong_eps",), progress=False),
+    ),
+    (
+        "three_way_table",
+        lambda **k: TW.three_way_table(**k),
+        dict(cases=[("a", WTS, BR, RES)], tol=2e-4, figures=False),
+    ),
     ("tolerance_for", lambda **k: EO.tolerance_for(**k), dict(w=WTS, br=BR, res=RES, truth=T.host_tail(WTS, BR, RES))),
-    ("quantization_error", lambda **k: W.quantization_error(**k), dict(w=np.ones((4, 64), np.float32), mode="affine",
-                                                                       bits=8, group_size=64, fold=HadamardFold(16))),
+    (
+        "quantization_error",
+        lambda **k: W.quantization_error(**k),
+        dict(w=np.ones((4, 64), np.float32), mode="affine", bits=8, group_size=64, fold=HadamardFold(16)),
+    ),
     ("head_launch_refusals", lambda **k: R.head_launch_refusals(**k), dict(cfg=BONSAI, layer=3, q_kernel=True)),
     ("replace_layer", lambda **k: M.replace_layer(BONSAI, 3, **k), dict(ffn_dim=128, o_bias=True)),
-    ("LayerConfig", lambda **k: M.LayerConfig(**k), dict(index=0, mixer=M.Mixer.ATTENTION, num_q_heads=4,
-                                                         num_kv_heads=2, head_dim=16, ffn_dim=64, ffn_kind="dense",
-                                                         ffn_act="swiglu", num_experts=0, pre_norm="rms")),
-    ("ModelConfig", lambda **k: M.ModelConfig(**k), dict(name="x", model_type="x", hidden_size=64, num_layers=1,
-                                                         rms_norm_eps=1e-6, layers=(M.LayerConfig(0, M.Mixer.MAMBA2),),
-                                                         residual_scale=0.5)),
+    (
+        "LayerConfig",
+        lambda **k: M.LayerConfig(**k),
+        dict(
+            index=0,
+            mixer=M.Mixer.ATTENTION,
+            num_q_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            ffn_dim=64,
+            ffn_kind="dense",
+            ffn_act="swiglu",
+            num_experts=0,
+            pre_norm="rms",
+        ),
+    ),
+    (
+        "ModelConfig",
+        lambda **k: M.ModelConfig(**k),
+        dict(
+            name="x",
+            model_type="x",
+            hidden_size=64,
+            num_layers=1,
+            rms_norm_eps=1e-6,
+            layers=(M.LayerConfig(0, M.Mixer.MAMBA2),),
+            residual_scale=0.5,
+        ),
+    ),
     ("WeightMatrix.dense", lambda **k: WTS.wo.dense(**k), dict(dtype=np.float32)),
     ("oracle_tolerance", lambda **k: EO.oracle_tolerance(**k), dict(f32_worst=1e-5)),
 ]

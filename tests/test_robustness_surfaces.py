@@ -31,12 +31,21 @@ def _s(text: str, wide: bool = True) -> bytes:
     return (struct.pack("<Q", len(b)) if wide else struct.pack("<I", len(b))) + b
 
 
-def gguf_bytes(*, n_tensors: int | None = None, n_kv: int | None = None, key_len: int | None = None,
-               n_dims: int = 2, dims: tuple[int, ...] = (32, 4), ttype: int = 0, offset: int = 0,
-               data: int | None = None) -> bytes:
+def gguf_bytes(
+    *,
+    n_tensors: int | None = None,
+    n_kv: int | None = None,
+    key_len: int | None = None,
+    n_dims: int = 2,
+    dims: tuple[int, ...] = (32, 4),
+    ttype: int = 0,
+    offset: int = 0,
+    data: int | None = None,
+) -> bytes:
     """A GGUF v3 file with one key/value and one F32 tensor, fields overridable (the spec's layout)."""
     kv = (struct.pack("<Q", key_len) if key_len is not None else b"") + (
-        b"general.architecture"[: key_len] if key_len is not None and key_len < 100 else b"")
+        b"general.architecture"[:key_len] if key_len is not None and key_len < 100 else b""
+    )
     kv = kv if key_len is not None else _s("general.architecture")
     kv += struct.pack("<I", 8) + _s("llama")
     info = _s("t.weight") + struct.pack("<I", n_dims) + b"".join(struct.pack("<Q", d) for d in dims[:n_dims])
@@ -114,8 +123,12 @@ def _safetensors(header: object, data: bytes) -> bytes:
 
 
 SAFETENSORS_BAD = [
-    b"", b"\1\2", struct.pack("<Q", 1 << 40) + b"{}",
-    _safetensors(b"\xff\xfe{", b""), _safetensors(b"[1, 2]", b""), _safetensors(b"{not json", b""),
+    b"",
+    b"\1\2",
+    struct.pack("<Q", 1 << 40) + b"{}",
+    _safetensors(b"\xff\xfe{", b""),
+    _safetensors(b"[1, 2]", b""),
+    _safetensors(b"{not json", b""),
     _safetensors({"w": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]}}, bytes(10)),
     _safetensors({"w": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 60]}}, bytes(64)),
     _safetensors({"w": {"dtype": "Q9", "shape": [4], "data_offsets": [0, 16]}}, bytes(16)),
@@ -143,8 +156,16 @@ def test_config_json_not_utf8_and_zero_heads_are_clear(tmp_path):
     (tmp_path / "config.json").write_bytes(b'{"model_type": "llama", "_name": "\xff"}')
     with pytest.raises(ValueError, match="not UTF-8"):
         MF.from_hf_config(tmp_path / "config.json")
-    raw = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=0,
-               num_key_value_heads=1, intermediate_size=128, rms_norm_eps=1e-6, hidden_act="silu")
+    raw = dict(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=0,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+    )
     with pytest.raises(ValueError, match="num_attention_heads"):
         MF.from_hf_config(raw)
 
@@ -170,8 +191,20 @@ def test_schedule_step_past_its_caches_and_with_a_bad_state_is_clear():
     from workbench.decode.state import HybridWeights, new_state
 
     cfg = load_model("bonsai-27b")
-    tiny = Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True, gdn_k_heads=1,
-                    gdn_v_heads=2, gdn_k_dim=8, gdn_v_dim=8, conv_kernel=4, vocab=64)
+    tiny = Geometry(
+        hidden=32,
+        ffn=48,
+        n_q=4,
+        n_kv=1,
+        head_dim=8,
+        attn_output_gate=True,
+        gdn_k_heads=1,
+        gdn_v_heads=2,
+        gdn_k_dim=8,
+        gdn_v_dim=8,
+        conv_kernel=4,
+        vocab=64,
+    )
     w = HybridWeights(cfg, tiny, seed=3)
     sched = Schedule(cfg, w)
     st = new_state(w, context=1, max_new=1)
@@ -183,21 +216,36 @@ def test_schedule_step_past_its_caches_and_with_a_bad_state_is_clear():
             sched.step(bad, 1)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["bench.tail_bench", "--bandwidth-gbps", "0", "--no-record"], "--bandwidth-gbps must be a finite number > 0"),
-    (["bench.tail_bench", "--bandwidth-gbps=-1", "--no-record"], "--bandwidth-gbps must be a finite number > 0"),
-    (["bench.schedule_run", "--vocab", "0", "--no-record"], "--vocab must be >= 1"),
-    (["bench.schedule_run", "--model", "nope", "--no-record"], "--model nope: name: unknown model"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench.tail_bench", "--bandwidth-gbps", "0", "--no-record"], "--bandwidth-gbps must be a finite number > 0"),
+        (["bench.tail_bench", "--bandwidth-gbps=-1", "--no-record"], "--bandwidth-gbps must be a finite number > 0"),
+        (["bench.schedule_run", "--vocab", "0", "--no-record"], "--vocab must be >= 1"),
+        (["bench.schedule_run", "--model", "nope", "--no-record"], "--model nope: name: unknown model"),
+    ],
+)
 def test_bench_commands_refuse_falsy_and_unknown_values_in_one_line(argv, message):
     """Falsy values are refused, never replaced by a default; the message is one line, no traceback."""
-    r = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=120,
-                       cwd=Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [sys.executable, "-m", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
 
 
-BAD_TOKENS = [([1, 2, 10**6], "10"), ([1, -1], "-1"), ([1, 2.0], "2.0"), ([True], "True"), ([], "empty"),
-              ("12", "'12'"), (None, "None")]
+BAD_TOKENS = [
+    ([1, 2, 10**6], "10"),
+    ([1, -1], "-1"),
+    ([1, 2.0], "2.0"),
+    ([True], "True"),
+    ([], "empty"),
+    ("12", "'12'"),
+    (None, "None"),
+]
 
 
 @pytest.mark.parametrize("tokens, bad", BAD_TOKENS)
@@ -220,8 +268,11 @@ def test_smollm2_helpers_refuse_bad_ids_and_an_unbounded_n():
     model = reference_model(CK.load_checkpoint(path))
     vocab = RM.vocab_size(model)
     assert vocab == 49152
-    for call in (lambda: RM.capture_layers(model, [1, vocab]), lambda: RM.greedy(model, [1, -3], 1),
-                 lambda: RM.forced_choices(model, [1, 2.5, 3], 1)):
+    for call in (
+        lambda: RM.capture_layers(model, [1, vocab]),
+        lambda: RM.greedy(model, [1, -3], 1),
+        lambda: RM.forced_choices(model, [1, 2.5, 3], 1),
+    ):
         with pytest.raises(ValueError, match=r"^(tokens|prompt|sequence): must hold token ids"):
             call()
     with pytest.raises(ValueError, match=r"^n: "):
@@ -234,6 +285,7 @@ def test_smollm2_helpers_refuse_bad_ids_and_an_unbounded_n():
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
 #: Files the command cases below are handed, written into the case folder by :func:`_command_files`.
 def _command_files(d: Path) -> None:
     (d / "a_file").write_text("not a folder\n")
@@ -242,10 +294,12 @@ def _command_files(d: Path) -> None:
     (d / "list.json").write_text("[1, 2]\n")
     (d / "empty.json").write_bytes(b"")
     (d / "check_rate.json").write_text(json.dumps({"bench": "check_rate", "results": {}}))
-    (d / "gpu_check_no_cases.json").write_text(json.dumps({"command": "python -m bench.gpu_check",
-                                                           "bench": {"cases": []}}))
-    (d / "kernel_bench_bad_case.json").write_text(json.dumps({"command": "python -m bench.kernel_bench",
-                                                              "bench": {"cases": [{"case": "x"}]}}))
+    (d / "gpu_check_no_cases.json").write_text(
+        json.dumps({"command": "python -m bench.gpu_check", "bench": {"cases": []}})
+    )
+    (d / "kernel_bench_bad_case.json").write_text(
+        json.dumps({"command": "python -m bench.kernel_bench", "bench": {"cases": [{"case": "x"}]}})
+    )
     (d / "existing.json").write_text("{}\n")
     (d / "folder").mkdir()
     for name in ("binary", "not_json", "list", "empty"):
@@ -376,16 +430,26 @@ COMMAND_CASES: list[tuple[str, list[str], str]] = [
     ("bench.sass_counts", ["--jobs", "0"], "--jobs must be >= 1"),
     ("bench.sass_counts", ["--arch", "nope"], "--arch must name a GPU architecture"),
     # the notebook tools: every malformed notebook is named, with what is wrong with it
-    *[(tool, [*pre, "{d}/" + f], what) for tool, pre in (("tools.normalize_notebooks", []),
-                                                         ("tools.normalize_notebooks", ["--check"]),
-                                                         ("tools.report", ["--out", "{d}/report"]))
-      for f, what in (("binary.ipynb", "not a notebook: not UTF-8 text"), ("not_json.ipynb", "not a notebook: not JSON"),
-                      ("list.ipynb", "not a notebook: its JSON is a list"), ("empty.ipynb", "the file is empty"),
-                      ("no_cells.ipynb", "not a notebook: no 'cells'"),
-                      ("cells_int.ipynb", "'cells' must be a list of cell objects"),
-                      ("cell_no_source.ipynb", "fails nbformat's schema"),
-                      ("nbformat3.ipynb", "nbformat 3; these tools read version 4"),
-                      ("missing.ipynb", "no such file"), ("folder", "no such file"))],
+    *[
+        (tool, [*pre, "{d}/" + f], what)
+        for tool, pre in (
+            ("tools.normalize_notebooks", []),
+            ("tools.normalize_notebooks", ["--check"]),
+            ("tools.report", ["--out", "{d}/report"]),
+        )
+        for f, what in (
+            ("binary.ipynb", "not a notebook: not UTF-8 text"),
+            ("not_json.ipynb", "not a notebook: not JSON"),
+            ("list.ipynb", "not a notebook: its JSON is a list"),
+            ("empty.ipynb", "the file is empty"),
+            ("no_cells.ipynb", "not a notebook: no 'cells'"),
+            ("cells_int.ipynb", "'cells' must be a list of cell objects"),
+            ("cell_no_source.ipynb", "fails nbformat's schema"),
+            ("nbformat3.ipynb", "nbformat 3; these tools read version 4"),
+            ("missing.ipynb", "no such file"),
+            ("folder", "no such file"),
+        )
+    ],
     ("tools.report", ["--out", "{d}/a_file", "notebooks/01_hadamard_fold.ipynb"], "--out {d}/a_file: is a file"),
     ("tools.carry_parts", ["split", "{d}/missing", "{d}/parts"], "src: must be a readable file"),
     ("tools.carry_parts", ["split", "{d}/a_file", "{d}/parts", "--parts", "0"], "parts: must be an integer >= 1"),
@@ -433,8 +497,14 @@ def command_outcomes(tmp_path_factory) -> dict[int, dict]:
     d = tmp_path_factory.mktemp("commands")
     _command_files(d)
     cases = [(m, [a.replace("{d}", str(d)) for a in argv]) for m, argv, _ in COMMAND_CASES]
-    r = subprocess.run([sys.executable, "-c", _COMMAND_CHILD], input=json.dumps(cases), capture_output=True,
-                       text=True, timeout=1200, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", _COMMAND_CHILD],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=ROOT,
+    )
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert r.returncode == 0 and len(rows) == len(cases), (r.returncode, r.stderr[-3000:])
     return {"dir": str(d), **dict(enumerate(rows))}
@@ -448,8 +518,11 @@ def command_verdict(outcome: dict, expected: str) -> str:
     return "clear" if expected in outcome["last"] else "unclear"
 
 
-@pytest.mark.parametrize("i", range(len(COMMAND_CASES)),
-                         ids=[f"{m.split('.')[-1]} {' '.join(a)}".replace("{d}/", "") for m, a, _ in COMMAND_CASES])
+@pytest.mark.parametrize(
+    "i",
+    range(len(COMMAND_CASES)),
+    ids=[f"{m.split('.')[-1]} {' '.join(a)}".replace("{d}/", "") for m, a, _ in COMMAND_CASES],
+)
 def test_a_command_refuses_bad_input_in_one_line(command_outcomes, i):
     module, argv, expected = COMMAND_CASES[i]
     outcome = command_outcomes[i]
@@ -457,19 +530,31 @@ def test_a_command_refuses_bad_input_in_one_line(command_outcomes, i):
     assert command_verdict(outcome, expected) == "clear", (module, argv, expected, outcome)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["-m", "bench.wait_price", "--out-dir", "{d}/a_file"], "python -m bench.wait_price: error: argument --out-dir"),
-    (["-m", "bench.kernel_plot", "{d}/binary.json"], "python -m bench.kernel_plot: error: record:"),
-    (["tools/normalize_notebooks.py", "{d}/binary.ipynb"], "python tools/normalize_notebooks.py: error:"),
-    (["tools/report.py", "--out", "{d}/report", "{d}/not_json.ipynb"], "python tools/report.py: error:"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["-m", "bench.wait_price", "--out-dir", "{d}/a_file"],
+            "python -m bench.wait_price: error: argument --out-dir",
+        ),
+        (["-m", "bench.kernel_plot", "{d}/binary.json"], "python -m bench.kernel_plot: error: record:"),
+        (["tools/normalize_notebooks.py", "{d}/binary.ipynb"], "python tools/normalize_notebooks.py: error:"),
+        (["tools/report.py", "--out", "{d}/report", "{d}/not_json.ipynb"], "python tools/report.py: error:"),
+    ],
+)
 def test_commands_run_as_a_user_runs_them_end_in_one_line(tmp_path, argv, message):
     """The same through ``python -m`` / ``python tools/X.py``: the entry points are wired."""
     _command_files(tmp_path)
-    r = subprocess.run([sys.executable, *[a.replace("{d}", str(tmp_path)) for a in argv]], capture_output=True,
-                       text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1].startswith(message), \
-        r.stderr[-2000:]
+    r = subprocess.run(
+        [sys.executable, *[a.replace("{d}", str(tmp_path)) for a in argv]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert (
+        r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1].startswith(message)
+    ), r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "bench").glob("*.py")), ids=lambda p: p.stem)
@@ -482,7 +567,9 @@ def test_every_bench_command_runs_through_the_one_line_entry_point(path):
         pytest.skip("the package, not a command")
     tree = ast.parse(path.read_text(encoding="utf-8"))
     mains = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
-    assert mains and "cli.run(main" in ast.unparse(mains[-1]), f"{path.name}: __main__ must be sys.exit(cli.run(main, ...))"
+    assert mains and "cli.run(main" in ast.unparse(mains[-1]), (
+        f"{path.name}: __main__ must be sys.exit(cli.run(main, ...))"
+    )
 
 
 def test_the_report_names_a_notebook_whose_cell_raises(tmp_path):
@@ -493,8 +580,20 @@ def test_the_report_names_a_notebook_whose_cell_raises(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 / 0")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "raises.ipynb")
-    r = subprocess.run([sys.executable, "tools/report.py", "--execute", "--out", str(tmp_path / "report"),
-                        str(tmp_path / "raises.ipynb")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "tools/report.py",
+            "--execute",
+            "--out",
+            str(tmp_path / "report"),
+            str(tmp_path / "raises.ipynb"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert last.endswith("raises.ipynb: a cell raised ZeroDivisionError: division by zero"), last
@@ -513,19 +612,26 @@ def test_a_full_disk_at_the_record_loses_no_measurement(tmp_path, monkeypatch, c
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(files, "write_atomic", full)
-    rc = cli.run(wait_price.main, ["--out-dir", str(tmp_path), "--n", "10", "--warmup", "0"],
-                 prog="python -m bench.wait_price")
+    rc = cli.run(
+        wait_price.main, ["--out-dir", str(tmp_path), "--n", "10", "--warmup", "0"], prog="python -m bench.wait_price"
+    )
     out, err = capsys.readouterr()
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "No space left on device" in err
     assert str(tmp_path) in err and "its JSON is printed above" in err
-    printed = json.loads(out[out.index("{"): out.rindex("}") + 1])
+    printed = json.loads(out[out.index("{") : out.rindex("}") + 1])
     assert printed["bench"] == "wait_price" and printed["n"] == 10 and not list(tmp_path.iterdir())
 
 
 # --- Public calls that read a file, or check arrays against each other: a ValueError naming it ---
 
-BAD_FILES = {"binary": bytes(range(256)), "not JSON": b"{", "empty": b"", "a list": b"[]", "an object": b'{"a": 1}',
-             "UTF-8 BOM then binary": b"\xef\xbb\xbf\xff\xfe"}
+BAD_FILES = {
+    "binary": bytes(range(256)),
+    "not JSON": b"{",
+    "empty": b"",
+    "a list": b"[]",
+    "an object": b'{"a": 1}',
+    "UTF-8 BOM then binary": b"\xef\xbb\xbf\xff\xfe",
+}
 
 
 def _readers():
@@ -576,8 +682,17 @@ def _gdn_names(name: str) -> bool:
 
     hk, hv, dk, dv, kw = 1, 2, 32, 8, 4
     c = 2 * hk * dk + hv * dv
-    shapes = {"mixed": (c,), "z": (hv * dv,), "ba": (2 * hv,), "conv_state": (kw - 1, c), "conv_w": (kw, c),
-              "a_log": (hv,), "dt_bias": (hv,), "o_norm": (dv,), "state": (hv, dv, dk)}
+    shapes = {
+        "mixed": (c,),
+        "z": (hv * dv,),
+        "ba": (2 * hv,),
+        "conv_state": (kw - 1, c),
+        "conv_w": (kw, c),
+        "a_log": (hv,),
+        "dt_bias": (hv,),
+        "o_norm": (dv,),
+        "state": (hv, dv, dk),
+    }
     arrays = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
     arrays[name] = np.zeros(shapes[name][:-1] + (shapes[name][-1] + 1,), np.float32)
     try:
@@ -678,30 +793,40 @@ def tally(command_outcomes: dict, folder: Path) -> dict[str, tuple[int, int]]:
         return p
 
     out: dict[str, list[bool]] = {}
-    out["GGUF header"] = [_clear(lambda b=b: check_gguf_header(file_with("t.gguf", b)), r"^source: GGUF file t\.gguf")
-                          for b in CORRUPT.values()]
+    out["GGUF header"] = [
+        _clear(lambda b=b: check_gguf_header(file_with("t.gguf", b)), r"^source: GGUF file t\.gguf")
+        for b in CORRUPT.values()
+    ]
     out["safetensors header"] = [
         _clear(lambda b=b: check_safetensors_header(file_with("t.safetensors", b)), r"^source: safetensors file")
-        for b in SAFETENSORS_BAD]
+        for b in SAFETENSORS_BAD
+    ]
     fields = {f: getattr(CPU_GEOMETRY, f) for f in CPU_GEOMETRY.__dataclass_fields__}
     out["decode Geometry eps"] = [_clear(lambda e=e: Geometry(**{**fields, "eps": e}), "^eps:") for e in BAD_EPS]
     out["token ids"] = [_clear(lambda t=t: token_ids("tokens", t, 49152), "^tokens: must") for t, _ in BAD_TOKENS]
     readers = _readers()
     out["public file readers"] = [
         _clear(lambda r=r, c=c: readers[r](file_with("bad.json", BAD_FILES[c])), "bad.json")
-        for r in readers for c in BAD_FILES if not (r == "update_json" and c in ("an object", "a list"))]
+        for r in readers
+        for c in BAD_FILES
+        if not (r == "update_json" and c in ("an object", "a list"))
+    ]
     from workbench.backends import BackendUnavailable
 
     try:  # the emulator's compiler absent: that surface is not tried here
         out["gdn_step shapes"] = [_gdn_names(name) for name in GDN_ARRAYS]
     except BackendUnavailable:
         pass
-    out["wait plan: not a config"] = [_clear(lambda f=f, c=c: f(c), "^cfg: must be a ModelConfig")
-                                      for f in _wait_calls().values() for c in NOT_CONFIGS]
+    out["wait plan: not a config"] = [
+        _clear(lambda f=f, c=c: f(c), "^cfg: must be a ModelConfig")
+        for f in _wait_calls().values()
+        for c in NOT_CONFIGS
+    ]
     for i, (module, _, expected) in enumerate(COMMAND_CASES):
         surface = module.replace("tools.", "tools/") if module.startswith("tools.") else module
         out.setdefault(surface, []).append(
-            command_verdict(command_outcomes[i], expected.replace("{d}", command_outcomes["dir"])) == "clear")
+            command_verdict(command_outcomes[i], expected.replace("{d}", command_outcomes["dir"])) == "clear"
+        )
     counts = {k: (len(v), sum(v)) for k, v in out.items()}
     from tests.check_command_cases import tally_rows
 

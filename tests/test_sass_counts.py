@@ -69,18 +69,39 @@ def _listing(lines: list[str]) -> str:
 #: barrier's wait (0x80-0x90, reading the global timer, skipped by all but one thread);
 #: gate_up's loop (0xb0-0xc0); the second wait (0xe0-0xf0); down's loop (0x110-0x150) with
 #: a unit loop inside (0x120-0x130); EXIT; the cold copy; the padding nvcc ends with.
-ONE = _listing([
-    "S2R R0, SR_TID.X", "ISETP.NE.AND P0, PT, R0, RZ, PT",
-    "LDG.E R2, desc[UR4][R4.64]", "BRA.DIV UR4, 0x170", "SHFL.BFLY PT, R3, R2, 0x10, 0x1f",
-    "FFMA R8, R3, R9, R8", "@P1 BRA 0x20",
-    "@P0 BRA 0xa0", "CS2R R6, SR_GLOBALTIMERLO", "@P2 BRA 0x80", "BAR.SYNC.DEFER_BLOCKING 0x0",
-    "IADD3 R4, R4, 0x1, RZ", "@P3 BRA 0xb0",
-    "@P0 BRA 0x100", "CS2R R6, SR_GLOBALTIMERLO", "@P2 BRA 0xe0", "BAR.SYNC.DEFER_BLOCKING 0x0",
-    "LOP3.LUT R3, R2, 0xf, R6, 0xea, !PT", "HFMA2 R7, R7, R7, R7", "@P4 BRA 0x120",
-    "STG.E desc[UR4][R4.64], R8", "@P5 BRA 0x110", "EXIT",
-    "WARPSYNC.COLLECTIVE R5, 0x1a0", "SHFL.BFLY P0, R3, R2, R7, R6", "ENDCOLLECTIVE", "BRA 0x50",
-    "BRA 0x1b0", "NOP",
-])
+ONE = _listing(
+    [
+        "S2R R0, SR_TID.X",
+        "ISETP.NE.AND P0, PT, R0, RZ, PT",
+        "LDG.E R2, desc[UR4][R4.64]",
+        "BRA.DIV UR4, 0x170",
+        "SHFL.BFLY PT, R3, R2, 0x10, 0x1f",
+        "FFMA R8, R3, R9, R8",
+        "@P1 BRA 0x20",
+        "@P0 BRA 0xa0",
+        "CS2R R6, SR_GLOBALTIMERLO",
+        "@P2 BRA 0x80",
+        "BAR.SYNC.DEFER_BLOCKING 0x0",
+        "IADD3 R4, R4, 0x1, RZ",
+        "@P3 BRA 0xb0",
+        "@P0 BRA 0x100",
+        "CS2R R6, SR_GLOBALTIMERLO",
+        "@P2 BRA 0xe0",
+        "BAR.SYNC.DEFER_BLOCKING 0x0",
+        "LOP3.LUT R3, R2, 0xf, R6, 0xea, !PT",
+        "HFMA2 R7, R7, R7, R7",
+        "@P4 BRA 0x120",
+        "STG.E desc[UR4][R4.64], R8",
+        "@P5 BRA 0x110",
+        "EXIT",
+        "WARPSYNC.COLLECTIVE R5, 0x1a0",
+        "SHFL.BFLY P0, R3, R2, R7, R6",
+        "ENDCOLLECTIVE",
+        "BRA 0x50",
+        "BRA 0x1b0",
+        "NOP",
+    ]
+)
 
 PHASES = tuple(k for k, _ in ks.ONE_LAUNCH_PHASES)
 
@@ -93,7 +114,13 @@ def test_the_one_launchs_loops_are_natural_loops_not_backward_spans():
     flow = machine_code.control_flow(instrs)
     headers = [flow.blocks[lp.header][0].address for lp in machine_code.natural_loops(flow)]
     assert headers == [0x20, 0x80, 0xB0, 0xE0, 0x110, 0x120]
-    assert [flow.blocks[lp.header][0].address for lp in machine_code.outer_loops(flow)] == [0x20, 0x80, 0xB0, 0xE0, 0x110]
+    assert [flow.blocks[lp.header][0].address for lp in machine_code.outer_loops(flow)] == [
+        0x20,
+        0x80,
+        0xB0,
+        0xE0,
+        0x110,
+    ]
     assert sorted(flow.blocks[b][0].address for b in flow.cold) == [0x170]
     assert all(flow.idom[b] < 0 for b, blk in enumerate(flow.blocks) if blk[0].address >= 0x1B0)  # padding
     wo = machine_code.loop_counts(flow, machine_code.outer_loops(flow)[0])
@@ -106,8 +133,12 @@ def test_the_one_launch_is_split_into_phases_at_its_grid_barriers():
     ph = counts["phases"]
     assert list(ph) == [*PHASES, "barriers"]
     # wo: the entry, its loop, the skip before the wait and the cold copy; the padding in no phase
-    assert {k: v["instructions"] for k, v in ph.items()} == {"wo_residual": 12, "ffn_gate_up": 4, "ffn_down": 7,
-                                                             "barriers": 4}
+    assert {k: v["instructions"] for k, v in ph.items()} == {
+        "wo_residual": 12,
+        "ffn_gate_up": 4,
+        "ffn_down": 7,
+        "barriers": 4,
+    }
     assert sum(v["instructions"] for v in ph.values()) + 2 == counts["instructions"] == 29
     assert (ph["wo_residual"]["loop_instructions"], ph["wo_residual"]["loop_cold"]) == (5, 4)
     down = ph["ffn_down"]
@@ -169,9 +200,11 @@ def test_an_unknown_format_is_refused_by_name():
 
 def test_bad_arguments_exit_2(tmp_path, capsys):
     """Each bad argument: argparse's one line on stderr and exit status 2, before any compile."""
-    for args, message in ((["--arch", "ampere"], "--arch must name a GPU architecture"),
-                          (["--old", str(tmp_path)], "--old must be a kernels folder"),
-                          (["--launches", "wo_residual,one_lunch"], "--launches must be a comma-separated list")):
+    for args, message in (
+        (["--arch", "ampere"], "--arch must name a GPU architecture"),
+        (["--old", str(tmp_path)], "--old must be a kernels folder"),
+        (["--launches", "wo_residual,one_lunch"], "--launches must be a comma-separated list"),
+    ):
         with pytest.raises(SystemExit) as stop:
             sc.main(["--no-record", *args])
         assert stop.value.code == 2 and message in capsys.readouterr().err, args
@@ -189,8 +222,12 @@ def test_a_text_both_sides_share_is_compiled_once(tmp_path, monkeypatch):
         n = len(compiled)
         if phases is None:
             return {"registers": n, "spill_bytes": 0, "instructions": 10 * n}
-        return {"registers": n, "spill_bytes": 0, "instructions": 10 * n,
-                "phases": {p: {"instructions": n} for p in (*phases, "barriers")}}
+        return {
+            "registers": n,
+            "spill_bytes": 0,
+            "instructions": 10 * n,
+            "phases": {p: {"instructions": n} for p in (*phases, "barriers")},
+        }
 
     monkeypatch.setattr(sc, "count_launch", fake_count)
     rows = sc.run(("nvfp4",), old_dir=copy, nvcc="nvcc", cuobjdump="cuobjdump", nvdisasm="nvdisasm", arch="sm_90")

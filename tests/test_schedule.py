@@ -23,8 +23,20 @@ from workbench.waits import plan as waits
 from workbench.waits.measurement import count_waits
 
 #: Bonsai's 64-layer pattern at toy widths: the waits a token are Bonsai's, the work tiny.
-TINY = Geometry(hidden=32, ffn=48, n_q=4, n_kv=1, head_dim=8, attn_output_gate=True,
-                gdn_k_heads=2, gdn_v_heads=4, gdn_k_dim=8, gdn_v_dim=8, conv_kernel=4, vocab=64)
+TINY = Geometry(
+    hidden=32,
+    ffn=48,
+    n_q=4,
+    n_kv=1,
+    head_dim=8,
+    attn_output_gate=True,
+    gdn_k_heads=2,
+    gdn_v_heads=4,
+    gdn_k_dim=8,
+    gdn_v_dim=8,
+    conv_kernel=4,
+    vocab=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +100,14 @@ def test_the_schedules_tail_is_the_oracles(tiny):
     """Stage 2's fused tail piece against tail.host_tail (float64), frink-models' criterion."""
     lw = tiny.w.layers[3].w
     assert tiny.w.layers[3].kind == "attention"
-    tw = tail.TailWeights.from_arrays(np.array(lw["wo"]), np.array(lw["ffn_norm"]), np.array(lw["gate"]),
-                                      np.array(lw["up"]), np.array(lw["down"]), eps=TINY.eps)
+    tw = tail.TailWeights.from_arrays(
+        np.array(lw["wo"]),
+        np.array(lw["ffn_norm"]),
+        np.array(lw["gate"]),
+        np.array(lw["up"]),
+        np.array(lw["down"]),
+        eps=TINY.eps,
+    )
     rng = np.random.default_rng(0)
     branch = rng.uniform(-1, 1, TINY.branch).astype(np.float32)
     residual = rng.uniform(-1, 1, TINY.hidden).astype(np.float32)
@@ -180,7 +198,8 @@ def test_geometry(bonsai):
 def test_the_committed_records():
     recs = schedule_report.load_records()
     assert any(schedule_report.covers_plan(r) for r in recs) and not schedule_report.covers_plan(
-        next(r for r in recs if r["file"].startswith("schedule_run-nvidia-h200-20261202T151247Z")))
+        next(r for r in recs if r["file"].startswith("schedule_run-nvidia-h200-20261202T151247Z"))
+    )
     assert any(r["backend"] == "cpu" for r in recs), "the CPU schedule record is committed"
     for rec in recs:
         assert rec["all_waits_match"], f"{rec['file']}: the schedule made other waits than the table"
@@ -205,9 +224,29 @@ def test_the_schedule_bench(tmp_path):
     root = wait_ledger.LEDGER_PATH.parent.parent.parent
     out = tmp_path / "rec.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.schedule_run", "--stages", "1,5", "--tokens", "1", "--rounds", "1",
-         "--warmup", "0", "--price-n", "50", "--vocab", "256", "--out", str(out)],
-        cwd=root, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "bench.schedule_run",
+            "--stages",
+            "1,5",
+            "--tokens",
+            "1",
+            "--rounds",
+            "1",
+            "--warmup",
+            "0",
+            "--price-n",
+            "50",
+            "--vocab",
+            "256",
+            "--out",
+            str(out),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     rec = json.loads(out.read_text())
@@ -234,9 +273,15 @@ def test_bad_arguments_are_named(bonsai, tiny):
         new_state("w")
     with pytest.raises(ValueError, match="sched: must be a Schedule"):
         run_stages("s")
-    for kw, field in [({"tokens": 0}, "tokens"), ({"rounds": 2.0}, "rounds"), ({"warmup": -1}, "warmup"),
-                      ({"price_ms": float("nan")}, "price_ms"), ({"progress": 3}, "progress"),
-                      ({"stages": [1, 1]}, "stages"), ({"stages": [9]}, "stage")]:
+    for kw, field in [
+        ({"tokens": 0}, "tokens"),
+        ({"rounds": 2.0}, "rounds"),
+        ({"warmup": -1}, "warmup"),
+        ({"price_ms": float("nan")}, "price_ms"),
+        ({"progress": 3}, "progress"),
+        ({"stages": [1, 1]}, "stages"),
+        ({"stages": [9]}, "stage"),
+    ]:
         with pytest.raises(ValueError, match=field):
             run_stages(tiny, **kw)
 
@@ -281,10 +326,34 @@ def test_the_schedule_bench_prices_each_kind(tmp_path):
     root = wait_ledger.LEDGER_PATH.parent.parent.parent
     out = tmp_path / "rec.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.schedule_run", "--stages", "1,2,5", "--tokens", "1", "--rounds", "1",
-         "--warmup", "0", "--price-n", "50", "--vocab", "256", "--quant", "affine4", "--compiled", "--split-n", "5",
-         "--out", str(out)],
-        cwd=root, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "bench.schedule_run",
+            "--stages",
+            "1,2,5",
+            "--tokens",
+            "1",
+            "--rounds",
+            "1",
+            "--warmup",
+            "0",
+            "--price-n",
+            "50",
+            "--vocab",
+            "256",
+            "--quant",
+            "affine4",
+            "--compiled",
+            "--split-n",
+            "5",
+            "--out",
+            str(out),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     rec = json.loads(out.read_text())
@@ -314,13 +383,37 @@ def test_the_schedule_bench_profiles_every_stage(tmp_path, monkeypatch):
     def fake_profile(run, steps):
         out = run()
         seen.append((len(out), steps))
-        return {"steps": steps, "kernels_per_step": 10.0 * len(seen), "device_us_per_step": 1000.0 * len(seen),
-                "graph_launches_per_step": 1.0, "top_kernels": [], "host_api": []}
+        return {
+            "steps": steps,
+            "kernels_per_step": 10.0 * len(seen),
+            "device_us_per_step": 1000.0 * len(seen),
+            "graph_launches_per_step": 1.0,
+            "top_kernels": [],
+            "host_api": [],
+        }
 
     monkeypatch.setattr(step_profile, "check_available", lambda: None)
     monkeypatch.setattr(step_profile, "device_profile", fake_profile)
-    rec = schedule_run.main(["--stages", "1,4,5", "--tokens", "2", "--rounds", "1", "--warmup", "0", "--price-n", "20",
-                             "--vocab", "64", "--split-n", "0", "--profile", "--no-record"])
+    rec = schedule_run.main(
+        [
+            "--stages",
+            "1,4,5",
+            "--tokens",
+            "2",
+            "--rounds",
+            "1",
+            "--warmup",
+            "0",
+            "--price-n",
+            "20",
+            "--vocab",
+            "64",
+            "--split-n",
+            "0",
+            "--profile",
+            "--no-record",
+        ]
+    )
     assert seen == [(2, 2)] * 3
     assert [r["device_ms_per_token"] for r in rec["stages"]] == [1.0, 2.0, 3.0]
     assert [r["kernels_per_token"] for r in rec["stages"]] == [10.0, 20.0, 30.0]
@@ -388,15 +481,16 @@ def test_other_submissions_are_checked(tiny):
         tiny.check_submissions(1, own[1:])
     qkv_at = next(i for i, s in enumerate(own) if s[-1].kind == "qkv")
     with pytest.raises(ValueError, match=f"submissions\\[{qkv_at}\\]: goes on past a layer's Q/K/V"):
-        tiny.check_submissions(1, own[:qkv_at] + [own[qkv_at] + own[qkv_at + 1]] + own[qkv_at + 2:])
+        tiny.check_submissions(1, own[:qkv_at] + [own[qkv_at] + own[qkv_at + 1]] + own[qkv_at + 2 :])
     with pytest.raises(ValueError, match="submissions: must be a non-empty list"):
         tiny.step(new_state(tiny.w, context=4, max_new=2), 1, submissions=[])
 
 
 def test_probes_are_timed_beside_the_stages_and_price_a_wait_inside_the_token(tiny):
     subs = waits.join_splits(tiny.submissions(1), "layer|layer", 8)
-    rec = run_stages(tiny, stages=[1, 4], tokens=2, rounds=2, warmup=1, context=4, price_ms=0.03,
-                     probes={"eight joined": (1, subs)})
+    rec = run_stages(
+        tiny, stages=[1, 4], tokens=2, rounds=2, warmup=1, context=4, price_ms=0.03, probes={"eight joined": (1, subs)}
+    )
     (probe,) = rec["probes"]
     assert probe["waits_match"] and probe["waits_predicted"] == len(subs) and probe["tokens"] == 4
     prices = savings.in_token_prices(rec["stages"], rec["probes"], {"eight joined": ("layer|layer", 8)})
@@ -431,13 +525,36 @@ def test_in_token_prices_pair_each_token_with_its_stage():
 def test_the_schedule_bench_prices_waits_inside_the_token():
     from bench import schedule_run
 
-    rec = schedule_run.main(["--stages", "1,2,4,5", "--tokens", "1", "--rounds", "2", "--warmup", "0", "--price-n",
-                             "20", "--vocab", "64", "--split-n", "5", "--in-token-share", "4", "--no-record"])
+    rec = schedule_run.main(
+        [
+            "--stages",
+            "1,2,4,5",
+            "--tokens",
+            "1",
+            "--rounds",
+            "2",
+            "--warmup",
+            "0",
+            "--price-n",
+            "20",
+            "--vocab",
+            "64",
+            "--split-n",
+            "5",
+            "--in-token-share",
+            "4",
+            "--no-record",
+        ]
+    )
     kinds = rec["in_token_prices"]
     # each joinable kind at the first timed stage with four or more of it
     assert {k: (v["stage"], v["count"]) for k, v in kinds.items()} == {
-        "wo>host|ffn": (1, 4), "ffn>host|layer": (1, 3), "layer|qkv": (1, 4), "ffn|layer": (2, 3),
-        "layer|layer": (1, 8)}
+        "wo>host|ffn": (1, 4),
+        "ffn>host|layer": (1, 3),
+        "layer|qkv": (1, 4),
+        "ffn|layer": (2, 3),
+        "layer|layer": (1, 8),
+    }
     assert all(p["waits_match"] for p in rec["probes"]) and len(rec["probes"]) == 5
     prices = {s["split"]: s["ms"] for s in rec["splits"]} | {k: v["ms"] for k, v in kinds.items()}
     c45 = next(c for c in rec["comparisons"] if (c["from"], c["to"]) == (4, 5))

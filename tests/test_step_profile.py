@@ -34,6 +34,7 @@ def test_a_compiled_function_is_one_op():
 def test_device_profile_refuses_without_torch_or_cuda():
     try:
         import torch
+
         has_cuda = torch.cuda.is_available()
     except ImportError:
         has_cuda = False
@@ -62,8 +63,9 @@ def test_the_build_profile_names_the_functions_a_step_spends_its_host_time_in():
 
     rows = sp.build_profile(build, lambda y: taken.append(float(y.item())), steps=4, top=5)
     assert taken == [16.0] * 4  # every step was read, outside the profile
-    assert 0 < len(rows) <= 5 and all(set(r) == {"function", "calls_per_step", "own_us_per_step", "cum_us_per_step"}
-                                      for r in rows)
+    assert 0 < len(rows) <= 5 and all(
+        set(r) == {"function", "calls_per_step", "own_us_per_step", "cum_us_per_step"} for r in rows
+    )
     assert any("build" in r["function"] for r in rows)
     own = [r["own_us_per_step"] for r in rows]
     assert own == sorted(own, reverse=True)  # most own time first

@@ -37,8 +37,15 @@ CONFIGS = [
 def test_batched_rows_are_host_tail_and_fused_tail(dtype, fold, quant, outliers) -> None:
     shape = QSHAPE if quant is not None else SEED_SHAPE
     seeds = [3, 300, 1000]
-    df = sweeps.sweep(shapes=[shape], seeds=seeds, dtypes=(dtype,), folds=(fold,), quantize=(quant,),
-                      wo_outliers=outliers, progress=False)
+    df = sweeps.sweep(
+        shapes=[shape],
+        seeds=seeds,
+        dtypes=(dtype,),
+        folds=(fold,),
+        quantize=(quant,),
+        wo_outliers=outliers,
+        progress=False,
+    )
     assert list(df.seed) == seeds
     for i, s in enumerate(seeds):
         w, b, r = sweep_cases.case_weights(shape, s, dtype=dtype, fold=fold, quantize=quant, wo_outliers=outliers)
@@ -128,11 +135,34 @@ def test_a_case_depends_only_on_its_seed() -> None:
 
 
 def test_sweep_rows_and_columns() -> None:
-    df = sweeps.sweep(shapes=[SEED_SHAPE, (32, 64, 48)], seeds=range(5), dtypes=("float32", "bfloat16"),
-                      folds=(None, 16), progress=False)
+    df = sweeps.sweep(
+        shapes=[SEED_SHAPE, (32, 64, 48)],
+        seeds=range(5),
+        dtypes=("float32", "bfloat16"),
+        folds=(None, 16),
+        progress=False,
+    )
     assert len(df) == 2 * 5 * 2 * 2
-    for col in ("hidden", "branch", "ffn", "wo_outliers", "dtype", "fold", "quant", "backend", "seed", "worst",
-                "max_abs", "max_rel", "nmse", "torch_ratio", "ulp_max", "ulp_mean", "model_worst", "model_nmse"):
+    for col in (
+        "hidden",
+        "branch",
+        "ffn",
+        "wo_outliers",
+        "dtype",
+        "fold",
+        "quant",
+        "backend",
+        "seed",
+        "worst",
+        "max_abs",
+        "max_rel",
+        "nmse",
+        "torch_ratio",
+        "ulp_max",
+        "ulp_mean",
+        "model_worst",
+        "model_nmse",
+    ):
         assert col in df.columns
     assert set(df.fold) == {"none", "b16"}
     # tidy order: shape, then configuration as given (dtype x fold), then seed

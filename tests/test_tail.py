@@ -58,16 +58,21 @@ def test_host_tail_matches_an_independent_composition(dtype, site):
 
 
 def test_host_tail_quantized_matches_an_independent_composition():
-    w = T.TailWeights.random(64, 128, 64, seed=5, fold_block=32,
-                             quantize={"mode": "affine", "bits": 4, "group_size": 64})
+    w = T.TailWeights.random(
+        64, 128, 64, seed=5, fold_block=32, quantize={"mode": "affine", "bits": 4, "group_size": 64}
+    )
     br, res = T.random_inputs(w, seed=6)
     np.testing.assert_allclose(T.host_tail(w, br, res), independent_tail(w, br, res), rtol=0, atol=1e-12)
 
 
 def test_host_tail_seed_case_independent():
     c = seed_case()
-    np.testing.assert_allclose(T.host_tail(c.weights, c.branch, c.residual),
-                               independent_tail(c.weights, c.branch, c.residual), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        T.host_tail(c.weights, c.branch, c.residual),
+        independent_tail(c.weights, c.branch, c.residual),
+        rtol=0,
+        atol=1e-12,
+    )
 
 
 def test_host_tail_dtype_follows_the_argument():
@@ -99,8 +104,7 @@ def tail_cases(draw: st.DrawFn):
 @given(tail_cases())
 def test_graph_fused_tail_matches_the_truth(case):
     hidden, branch, ffn, block, site, seed, permute = case
-    w = T.TailWeights.random(hidden, branch, ffn, seed=seed, fold_block=block, fold_site=site,
-                             fold_permute=permute)
+    w = T.TailWeights.random(hidden, branch, ffn, seed=seed, fold_block=block, fold_site=site, fold_permute=permute)
     br, res = T.random_inputs(w, seed=seed + 1)
     r = compare(T.fused_tail(w, br, res, backend="graph"), T.host_tail(w, br, res))
     assert r.passed, str(r)
@@ -117,8 +121,9 @@ def test_graph_fused_tail_low_precision_weights_matches_the_truth(dtype):
 
 
 def test_graph_fused_tail_quantized_matches_the_truth():
-    w = T.TailWeights.random(128, 256, 128, seed=13, fold_block=128,
-                             quantize={"mode": "affine", "bits": 4, "group_size": 64})
+    w = T.TailWeights.random(
+        128, 256, 128, seed=13, fold_block=128, quantize={"mode": "affine", "bits": 4, "group_size": 64}
+    )
     br, res = T.random_inputs(w, seed=14)
     r = compare(T.fused_tail(w, br, res, backend="graph"), T.host_tail(w, br, res))
     assert r.passed, str(r)
@@ -158,9 +163,14 @@ def test_batched_weights_through_the_pure_functions():
     wo, norm, gate, up, down = (np.stack([p[i] for p in parts]) for i in range(5))
     fold = HadamardFold.random(32, 8, seed=0)  # one shared rotation for all rows
     got = T.tail_np(wo, fold, norm, gate, up, down, 1e-6, br, res)
-    graph = T.tail_mx(*(mx.array(a.astype(np.float32)) for a in (wo,)), fold,
-                      *(mx.array(a.astype(np.float32)) for a in (norm, gate, up, down)), 1e-6,
-                      mx.array(br.astype(np.float32)), mx.array(res.astype(np.float32)))
+    graph = T.tail_mx(
+        *(mx.array(a.astype(np.float32)) for a in (wo,)),
+        fold,
+        *(mx.array(a.astype(np.float32)) for a in (norm, gate, up, down)),
+        1e-6,
+        mx.array(br.astype(np.float32)),
+        mx.array(res.astype(np.float32)),
+    )
     for i in range(3):
         one = T.tail_np(wo[i], fold, norm[i], gate[i], up[i], down[i], 1e-6, br[i], res[i])
         np.testing.assert_allclose(got[i], one, rtol=0, atol=1e-12)
@@ -286,8 +296,11 @@ def test_non_finite_inputs_propagate_to_the_whole_row_and_fail_compare(where, ba
     br, res = c.branch.copy(), c.residual.copy()
     (br if where == "branch" else res)[5] = bad
     truth = T.host_tail(c.weights, c.branch, c.residual)
-    for out in (T.host_tail(c.weights, br, res), T.unfused_tail(c.weights, br, res),
-                T.fused_tail(c.weights, br, res, backend="graph")):
+    for out in (
+        T.host_tail(c.weights, br, res),
+        T.unfused_tail(c.weights, br, res),
+        T.fused_tail(c.weights, br, res, backend="graph"),
+    ):
         # wo mixes every branch element into every output, the norm's mean mixes every
         # residual element: the whole row is NaN (Inf * rsqrt(Inf) = Inf * 0 = NaN)
         assert np.isnan(out).all()
@@ -339,8 +352,9 @@ def test_tail_bench_runs_and_writes_a_record(tmp_path, capsys):
 
     from bench import tail_bench
 
-    rec = tail_bench.main(["--shapes", "seed", "--repeats", "2", "--warmup", "0", "--bandwidth-gbps", "1",
-                           "--out-dir", str(tmp_path)])
+    rec = tail_bench.main(
+        ["--shapes", "seed", "--repeats", "2", "--warmup", "0", "--bandwidth-gbps", "1", "--out-dir", str(tmp_path)]
+    )
     (path,) = tmp_path.glob("tail_bench-*.json")
     on_disk = json.loads(path.read_text())
     assert on_disk["command"].startswith("python -m bench.tail_bench --shapes seed")

@@ -68,8 +68,9 @@ def test_zero_centred_norm_adds_the_one_and_says_so():
     assert w.norm_convention == "zero_centred" and plain.norm_convention == "plain"
     np.testing.assert_array_equal(w.ffn_norm, stored + np.float32(1.0))
     c = seed_arrays()
-    np.testing.assert_allclose(T.host_tail(w, c.branch, c.residual), T.host_tail(plain, c.branch, c.residual),
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        T.host_tail(w, c.branch, c.residual), T.host_tail(plain, c.branch, c.residual), rtol=0, atol=1e-6
+    )
     assert "zero-centred" in repr(w) and "zero-centred" not in repr(plain)
     with pytest.raises(ValueError, match=r"^norm_convention: must be one of 'plain', 'zero_centred', got 'one_plus'"):
         _weights(norm_convention="one_plus")

@@ -49,8 +49,17 @@ def test_verdicts_cover_every_case():
 def test_three_way_table_columns():
     c = seed_case()
     df = three_way_table([("seed", c.weights, c.branch, c.residual)], figures=False)
-    assert list(df.columns) == ["case", "shape", "weights", "fold", "fused~truth", "host~truth", "fused~host",
-                                "waits unfused/fused/oracle", "verdict"]
+    assert list(df.columns) == [
+        "case",
+        "shape",
+        "weights",
+        "fold",
+        "fused~truth",
+        "host~truth",
+        "fused~host",
+        "waits unfused/fused/oracle",
+        "verdict",
+    ]
     assert df.iloc[0]["shape"] == "64x96x80" and df.iloc[0]["fold"] == "16/input"
     assert df.iloc[0]["waits unfused/fused/oracle"] == "2/1/0"
     full = three_way_table([("seed", c.weights, c.branch, c.residual)])

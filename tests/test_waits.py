@@ -71,7 +71,9 @@ def test_every_layer_refused_changes_nothing_before_the_floor():
     assert got[4] == 12 * 3 + 1 and got[5] == 1
 
 
-@pytest.mark.parametrize("name", ["bonsai-27b", "qwen3.5-9b", "qwen3-next-80b-a3b", "granite-4.0-h-micro", "jamba-v0.1"])
+@pytest.mark.parametrize(
+    "name", ["bonsai-27b", "qwen3.5-9b", "qwen3-next-80b-a3b", "granite-4.0-h-micro", "jamba-v0.1"]
+)
 @pytest.mark.parametrize("stage", range(1, 7))
 def test_the_walk_says_what_the_rule_says(name, stage):
     """Every shipped hybrid whose attention layers have FFNs and recurrent neighbours."""
@@ -99,7 +101,8 @@ def test_every_piece_once_in_order(name, stage):
 
 def _pattern_cfg(kinds: list[bool]) -> ModelConfig:
     layers = tuple(
-        LayerConfig(i, Mixer.ATTENTION, 4, 1, 8, 16, "dense", "swiglu") if a
+        LayerConfig(i, Mixer.ATTENTION, 4, 1, 8, 16, "dense", "swiglu")
+        if a
         else LayerConfig(i, Mixer.LINEAR_ATTENTION, ffn_dim=16, ffn_kind="dense", ffn_act="swiglu")
         for i, a in enumerate(kinds)
     )
@@ -219,8 +222,11 @@ def test_figures_draw():
     from workbench.reports import plots
 
     cfg = load_model("bonsai-27b")
-    for fig in (plots.plot_stage_ms(cfg, {"seed": 0.17}), plots.plot_wait_share(cfg, prices_ms=[0.01, 0.1]),
-                plots.plot_schedule_runs(schedule_report.load_records())):
+    for fig in (
+        plots.plot_stage_ms(cfg, {"seed": 0.17}),
+        plots.plot_wait_share(cfg, prices_ms=[0.01, 0.1]),
+        plots.plot_schedule_runs(schedule_report.load_records()),
+    ):
         assert fig.axes
         plt.close(fig)
     with pytest.raises(ValueError, match="prices"):
@@ -237,8 +243,9 @@ def test_the_wait_price_bench(tmp_path):
     shutil.copy(wait_ledger.LEDGER_PATH, ledger)
 
     def run(*args):
-        done = subprocess.run([sys.executable, "-m", "bench.wait_price", *args], cwd=root, capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.wait_price", *args], cwd=root, capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, done.stderr
 
     run("--n", "20", "--warmup", "2", "--device", "cpu", "--out", str(out))
@@ -265,7 +272,6 @@ def test_piece_validates():
 def test_split_price_counts_one_wait_more_and_prices_it() -> None:
     import mlx.core as mx
 
-
     x = mx.ones((64,))
     with count_waits() as split_waits:
         np.asarray(mx.array(np.asarray(x + 1)) + 1)
@@ -291,8 +297,16 @@ def test_split_price_bench_runs_small(tmp_path) -> None:
     assert json.loads(path.read_text())["command"] == rec["command"]
 
 
-@pytest.mark.parametrize("stage,kind,count", [(1, "layer|layer", 8), (1, "wo>host|ffn", 4), (1, "ffn>host|layer", 3),
-                                              (2, "ffn|layer", 5), (4, "layer|layer", 32)])
+@pytest.mark.parametrize(
+    "stage,kind,count",
+    [
+        (1, "layer|layer", 8),
+        (1, "wo>host|ffn", 4),
+        (1, "ffn>host|layer", 3),
+        (2, "ffn|layer", 5),
+        (4, "layer|layer", 32),
+    ],
+)
 def test_joining_a_share_of_one_kind_of_wait(bonsai, stage, kind, count):
     """join_splits removes exactly ``count`` waits of ``kind``, spread over the token, and
     changes nothing else: the same pieces in order, every other kind of wait as many."""
@@ -306,8 +320,9 @@ def test_joining_a_share_of_one_kind_of_wait(bonsai, stage, kind, count):
         k = waits.split_kind(a[-1], b[0])
         after[k] = after.get(k, 0) + 1
     assert after.get(kind, 0) == before[kind] - count
-    assert {k: v for k, v in after.items() if k != kind} == {k: v for k, v in before.items()
-                                                             if k not in (kind, "logits|host")}
+    assert {k: v for k, v in after.items() if k != kind} == {
+        k: v for k, v in before.items() if k not in (kind, "logits|host")
+    }
     # spread: the joined waits fall in the first and the last half of the token alike
     gone = [i for i, s in enumerate(joined) if len(s) > max(len(t) for t in subs)] if stage == 1 else []
     if len(gone) >= 2:

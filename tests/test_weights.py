@@ -83,7 +83,13 @@ def test_dense_dtypes_kept(dtype: str) -> None:
     "mode, bits, group, max_rel",
     # Mean relative weight error seen for Gaussian weights (MLX 0.32 on the CPU build; docs/REFERENCE.md): affine
     # 4-bit 0.096, mxfp4 0.117, nvfp4 0.091, mxfp8 0.023; limits leave headroom above those.
-    [("affine", 4, 64, 0.15), ("affine", 8, 64, 0.01), ("mxfp4", 4, 32, 0.17), ("nvfp4", 4, 16, 0.14), ("mxfp8", 8, 32, 0.05)],
+    [
+        ("affine", 4, 64, 0.15),
+        ("affine", 8, 64, 0.01),
+        ("mxfp4", 4, 32, 0.17),
+        ("nvfp4", 4, 16, 0.14),
+        ("mxfp8", 8, 32, 0.05),
+    ],
 )
 def test_quantized_apply_matches_its_dequantized_matrix(mode: str, bits: int, group: int, max_rel: float) -> None:
     rng = np.random.default_rng(1)
@@ -119,7 +125,10 @@ def test_fold_and_matrix_sizes_disagree() -> None:
         ({"mode": "fp4"}, r"mode: must be one of 'affine', 'mxfp4', 'mxfp8', 'nvfp4'"),
         ({"mode": "affine", "bits": 3}, r"bits: for mode 'affine' must be one of \(4, 8\)"),
         ({"mode": "affine", "bits": 7}, r"bits: for mode 'affine' must be one of \(4, 8\)"),
-        ({"mode": "affine", "bits": 4, "group_size": 48}, r"group_size: for mode 'affine' must be one of \(32, 64, 128\)"),
+        (
+            {"mode": "affine", "bits": 4, "group_size": 48},
+            r"group_size: for mode 'affine' must be one of \(32, 64, 128\)",
+        ),
         ({"mode": "mxfp4", "bits": 8}, r"bits: for mode 'mxfp4' must be one of \(4,\)"),
         ({"mode": "mxfp4", "bits": 4, "group_size": 64}, r"group_size: for mode 'mxfp4' must be one of \(32,\)"),
         ({"mode": "nvfp4", "bits": 4, "group_size": 32}, r"group_size: for mode 'nvfp4' must be one of \(16,\)"),
@@ -161,7 +170,9 @@ def test_bad_base(base: object, message: str) -> None:
 
 def test_input_of_the_wrong_width() -> None:
     m = WeightMatrix(np.ones((4, 32), np.float32))
-    with pytest.raises(ValueError, match=r"x: its last axis must be 32 \(the matrix's in dimension\), got shape \(16,\)"):
+    with pytest.raises(
+        ValueError, match=r"x: its last axis must be 32 \(the matrix's in dimension\), got shape \(16,\)"
+    ):
         m.apply(np.ones(16))
     with pytest.raises(ValueError, match=r"last axis must be 32"):
         m.apply(mx.ones(16))
@@ -226,8 +237,10 @@ def test_the_host_copy_is_mlxs_cast_for_every_bf16_pattern(dtype, monkeypatch) -
         monkeypatch.setattr(fw, "HOST_CHUNK", chunk)
         got = fw.host_copy(base, dtype)
         assert got.dtype == dtype and got.shape == (256, 256)
-        np.testing.assert_array_equal(got.view(np.uint64 if dtype == np.float64 else np.uint32),
-                                      want.view(np.uint64 if dtype == np.float64 else np.uint32))
+        np.testing.assert_array_equal(
+            got.view(np.uint64 if dtype == np.float64 else np.uint32),
+            want.view(np.uint64 if dtype == np.float64 else np.uint32),
+        )
     f32 = mx.array(np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32))
     np.testing.assert_array_equal(fw.host_copy(f32, dtype), np.asarray(f32).astype(dtype))
     with pytest.raises(ValueError, match="base: must be a bfloat16 or float32"):

@@ -36,8 +36,7 @@ def _executed(tree: ast.AST) -> list[ast.AST]:
     return [node for node in ast.walk(tree) if id(node) not in skip]
 
 
-def imports_of(path: Path, tops: Iterable[str], known: Mapping[str, Path], *,
-               type_checking: bool = True) -> set[str]:
+def imports_of(path: Path, tops: Iterable[str], known: Mapping[str, Path], *, type_checking: bool = True) -> set[str]:
     """The modules of ``tops`` that ``path`` imports: ``from a.b import c`` counts as
     ``a.b.c`` where that is a module of ``known``, else as ``a.b``; the bare top packages
     themselves are left out. ``type_checking=False`` leaves out the imports under
@@ -45,7 +44,7 @@ def imports_of(path: Path, tops: Iterable[str], known: Mapping[str, Path], *,
     tops = tuple(tops)
     found: set[str] = set()
     tree = ast.parse(path.read_text())
-    for node in (ast.walk(tree) if type_checking else _executed(tree)):
+    for node in ast.walk(tree) if type_checking else _executed(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in tops:
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
@@ -73,9 +72,15 @@ def private_reads(path: Path, tops: Iterable[str]) -> list[str]:
             for a in node.names:
                 if a.name.split(".")[0] in tops and a.asname:
                     aliases[a.asname] = a.name
-    found.update(f"{aliases[n.value.id]}.{n.attr}" for n in ast.walk(tree)
-                 if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases
-                 and n.attr.startswith("_") and not n.attr.startswith("__"))
+    found.update(
+        f"{aliases[n.value.id]}.{n.attr}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.value, ast.Name)
+        and n.value.id in aliases
+        and n.attr.startswith("_")
+        and not n.attr.startswith("__")
+    )
     return sorted(found)
 
 
@@ -86,7 +91,7 @@ def circle(graph: Mapping[str, Iterable[str]]) -> tuple[str, ...] | None:
 
     def visit(m: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
         if m in path:
-            return path[path.index(m):] + (m,)
+            return path[path.index(m) :] + (m,)
         if m in done:
             return None
         for dep in sorted(graph.get(m, ())):

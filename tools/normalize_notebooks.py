@@ -63,8 +63,12 @@ def _merge_streams(outputs: list) -> list:
     """``outputs`` with each run of stream outputs of the same name joined into one."""
     merged: list = []
     for out in outputs:
-        if (out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
-                and merged[-1].get("name") == out.get("name")):
+        if (
+            out.get("output_type") == "stream"
+            and merged
+            and merged[-1].get("output_type") == "stream"
+            and merged[-1].get("name") == out.get("name")
+        ):
             merged[-1]["text"] = _text(merged[-1]["text"]) + _text(out["text"])
         else:
             merged.append(out)
@@ -108,12 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python tools/normalize_notebooks.py",
         description="Write notebooks in the form JupyterLab 4 saves them in (no execution timestamps, "
-                    "the ipykernel display name), or check that they are.",
+        "the ipykernel display name), or check that they are.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("notebooks", nargs="*", type=Path,
-                        help="notebooks to normalize (default: every notebooks/*.ipynb of the project)")
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if any notebook is not in the form")
+    parser.add_argument(
+        "notebooks",
+        nargs="*",
+        type=Path,
+        help="notebooks to normalize (default: every notebooks/*.ipynb of the project)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if any notebook is not in the form"
+    )
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
     missing = [p for p in paths if not p.is_file()]
@@ -125,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             bad = not_normal(paths)
             for p in bad:
-                print(f"{os.path.relpath(p)}: not in JupyterLab's normal form "
-                      f"(run: python tools/normalize_notebooks.py {os.path.relpath(p)})")
+                print(
+                    f"{os.path.relpath(p)}: not in JupyterLab's normal form "
+                    f"(run: python tools/normalize_notebooks.py {os.path.relpath(p)})"
+                )
             return 1 if bad else 0
         for p in normalize(paths):
             print(f"normalized {os.path.relpath(p)}")

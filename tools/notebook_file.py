@@ -51,11 +51,15 @@ def notebook_text(path: str | Path) -> str:
     if missing:
         raise _refuse(path, f"no {', '.join(repr(k) for k in missing)} (an nbformat 4 notebook has {list(TOP_KEYS)})")
     if raw["nbformat"] != 4:
-        raise _refuse(path, f"nbformat {raw['nbformat']!r}; these tools read version 4 (jupyter nbconvert --to notebook "
-                            "upgrades an older one)")
+        raise _refuse(
+            path,
+            f"nbformat {raw['nbformat']!r}; these tools read version 4 (jupyter nbconvert --to notebook "
+            "upgrades an older one)",
+        )
     cells = raw["cells"]
-    if not isinstance(cells, list) or not all(isinstance(c, dict) and isinstance(c.get("cell_type"), str)
-                                              for c in cells):
+    if not isinstance(cells, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("cell_type"), str) for c in cells
+    ):
         raise _refuse(path, "'cells' must be a list of cell objects, each with a 'cell_type'")
     try:
         nb = nbformat.reads(text, as_version=4)

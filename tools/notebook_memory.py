@@ -32,9 +32,13 @@ _seconds: dict[str, float] = {}  # notebook path -> wall time from its first cel
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--notebook-memory-limit-gb", type=float, default=DEFAULT_LIMIT_GB,
-                     help="fail a notebook whose kernel's peak resident memory exceeds this many GB "
-                          f"(10^9 bytes; default {DEFAULT_LIMIT_GB:g})")
+    parser.addoption(
+        "--notebook-memory-limit-gb",
+        type=float,
+        default=DEFAULT_LIMIT_GB,
+        help="fail a notebook whose kernel's peak resident memory exceeds this many GB "
+        f"(10^9 bytes; default {DEFAULT_LIMIT_GB:g})",
+    )
 
 
 def peak_rss_bytes(pid: int) -> int | None:
@@ -85,8 +89,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     _peaks[notebook] = max(peak, _peaks.get(notebook, 0))
     limit_gb = item.config.getoption("--notebook-memory-limit-gb")
     if peak > limit_gb * 1e9:
-        pytest.fail(f"{notebook}: the kernel's peak resident memory was {peak / 1e9:.2f} GB, "
-                    f"over the {limit_gb:g} GB limit (--notebook-memory-limit-gb)", pytrace=False)
+        pytest.fail(
+            f"{notebook}: the kernel's peak resident memory was {peak / 1e9:.2f} GB, "
+            f"over the {limit_gb:g} GB limit (--notebook-memory-limit-gb)",
+            pytrace=False,
+        )
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

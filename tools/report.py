@@ -41,8 +41,10 @@ def mathjax_source() -> Path:
     try:
         import jupyter_server_mathjax
     except ImportError as e:
-        raise RuntimeError("the offline report needs the package jupyter-server-mathjax "
-                           "(pip install -e '.[test]', which `make report` runs)") from e
+        raise RuntimeError(
+            "the offline report needs the package jupyter-server-mathjax "
+            "(pip install -e '.[test]', which `make report` runs)"
+        ) from e
     src = Path(jupyter_server_mathjax.__file__).parent / "static"
     if not (src / "MathJax.js").is_file():
         raise RuntimeError(f"jupyter-server-mathjax has no MathJax.js under {src}")
@@ -71,7 +73,8 @@ def write_report(notebooks: list[Path], out: Path, *, execute: bool, timeout_s: 
         if execute:
             try:
                 ExecutePreprocessor(timeout=timeout_s, kernel_name="python3").preprocess(
-                    nb, {"metadata": {"path": str(nb_path.resolve().parent)}})
+                    nb, {"metadata": {"path": str(nb_path.resolve().parent)}}
+                )
             except CellExecutionError as err:  # the cell's own traceback is in the notebook, not here
                 raise ValueError(f"{nb_path}: a cell raised {err.ename}: {err.evalue}") from None
         body, _ = exporter.from_notebook_node(nb)

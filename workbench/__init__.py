@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
-def public_names(package: str, homes: Mapping[str, Iterable[str]], namespaces: Iterable[str] = ()
-                 ) -> tuple[dict[str, str], Callable[[str], Any], Callable[[], list[str]]]:
+def public_names(
+    package: str, homes: Mapping[str, Iterable[str]], namespaces: Iterable[str] = ()
+) -> tuple[dict[str, str], Callable[[str], Any], Callable[[], list[str]]]:
     """A package's public names, imported on first use: the one mechanism every ``__init__`` here uses.
 
     ``homes`` maps a module of ``package`` (relative: ``"fold.rotation"``) to the names it gives;
@@ -67,31 +68,40 @@ def public_names(package: str, homes: Mapping[str, Iterable[str]], namespaces: I
 #: Where each public name lives: the one list. A name's home module is imported when the name
 #: is first read (``from workbench import host_tail`` or ``workbench.host_tail``), not when the
 #: package is: the parts together take longer to import than MLX and numpy, and most programs use a few.
-_HOMES, __getattr__, __dir__ = public_names(__name__, {
-    # the fold and the weights it folds into
-    "fold.rotation": ("HadamardFold", "FoldSite"),
-    "fold.weights": ("WeightMatrix", "QUANT_FORMATS"),
-    # real models and the refusal rules
-    "models.config": ("ModelConfig",),
-    "models.loader": ("load_model", "list_models"),
-    "models.refusals": ("Refusal", "eligible", "refusal_table", "explain"),
-    # the tail, its three paths, and comparing them
-    "tail.weights": ("TailWeights", "TailRefused", "random_inputs"),
-    "tail.paths": ("host_tail", "unfused_tail", "fused_tail"),
-    "backends": ("BackendUnavailable", "available_backends"),
-    "kernels.metal_drop_in": ("metal_kernel",),
-    "tail.comparison": ("Comparison", "compare"),
-    "studies.three_way": ("three_way_table",),
-    "tail.frink_case": ("seed_case", "SEED_TOL"),
-    # error distributions and tolerances
-    "studies.sweeps": ("sweep", "mutation_sweep"),
-    "studies.calibration": ("Tolerance", "calibrate_tolerance", "calibrate_by", "catch_rates", "REFERENCE_TOLERANCES"),
-    # a user's own tail checked against the oracle
-    "check.run": ("check_kernel", "CheckReport"),
-    # waits: counted, planned, priced
-    "waits.measurement": ("count_waits",),
-    "waits.plan": ("load_plan", "waits_per_token", "wait_table"),
-})
+_HOMES, __getattr__, __dir__ = public_names(
+    __name__,
+    {
+        # the fold and the weights it folds into
+        "fold.rotation": ("HadamardFold", "FoldSite"),
+        "fold.weights": ("WeightMatrix", "QUANT_FORMATS"),
+        # real models and the refusal rules
+        "models.config": ("ModelConfig",),
+        "models.loader": ("load_model", "list_models"),
+        "models.refusals": ("Refusal", "eligible", "refusal_table", "explain"),
+        # the tail, its three paths, and comparing them
+        "tail.weights": ("TailWeights", "TailRefused", "random_inputs"),
+        "tail.paths": ("host_tail", "unfused_tail", "fused_tail"),
+        "backends": ("BackendUnavailable", "available_backends"),
+        "kernels.metal_drop_in": ("metal_kernel",),
+        "tail.comparison": ("Comparison", "compare"),
+        "studies.three_way": ("three_way_table",),
+        "tail.frink_case": ("seed_case", "SEED_TOL"),
+        # error distributions and tolerances
+        "studies.sweeps": ("sweep", "mutation_sweep"),
+        "studies.calibration": (
+            "Tolerance",
+            "calibrate_tolerance",
+            "calibrate_by",
+            "catch_rates",
+            "REFERENCE_TOLERANCES",
+        ),
+        # a user's own tail checked against the oracle
+        "check.run": ("check_kernel", "CheckReport"),
+        # waits: counted, planned, priced
+        "waits.measurement": ("count_waits",),
+        "waits.plan": ("load_plan", "waits_per_token", "wait_table"),
+    },
+)
 
 __version__ = "0.1.0"
 

@@ -82,9 +82,11 @@ def _missing(name: str) -> str | None:
             f"mx.cuda.is_available() is False on this machine (MLX {mx.__version__})"
         )
     if name == "metal-emulated" and not clang_available():
-        return ("backend 'metal-emulated' needs clang++ (C++17) to compile the Metal kernels against the "
-                "stand-in <metal_stdlib>: apt-get install clang (Debian/Ubuntu), or set $WORKBENCH_CLANG to a "
-                "clang++ on the PATH")
+        return (
+            "backend 'metal-emulated' needs clang++ (C++17) to compile the Metal kernels against the "
+            "stand-in <metal_stdlib>: apt-get install clang (Debian/Ubuntu), or set $WORKBENCH_CLANG to a "
+            "clang++ on the PATH"
+        )
     return None
 
 

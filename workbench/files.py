@@ -24,7 +24,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DATA_DIR", "PROJECT_ROOT", "RecordExists", "lock_path", "locked", "update_json", "write_atomic", "write_json"]
+__all__ = [
+    "DATA_DIR",
+    "PROJECT_ROOT",
+    "RecordExists",
+    "lock_path",
+    "locked",
+    "update_json",
+    "write_atomic",
+    "write_json",
+]
 
 #: The project's root: the folder holding ``workbench/``, ``kernels/`` and ``data/``.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +147,9 @@ def locked(path: str | Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     try:
         lock.acquire()
     except filelock.Timeout:
-        raise ValueError(f"path: {path} is locked by another process (waited {timeout:g} s for {lock_path(path)})") from None
+        raise ValueError(
+            f"path: {path} is locked by another process (waited {timeout:g} s for {lock_path(path)})"
+        ) from None
     try:
         yield
     finally:
@@ -162,7 +173,9 @@ def update_json(path: str | Path, change: Callable[[Any], Any], *, timeout: floa
         except json.JSONDecodeError as err:
             raise ValueError(f"path: {p} is not valid JSON ({err})") from None
         except UnicodeDecodeError as err:
-            raise ValueError(f"path: {p} is not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x})") from None
+            raise ValueError(
+                f"path: {p} is not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x})"
+            ) from None
         new = change(old)
         write_json(p, new)
     return new

@@ -18,8 +18,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["describe", "integer", "number", "one_of", "flag", "seed", "sequence", "float_dtype", "float_array",
-           "as_float32", "memory_cap_bytes", "within_memory", "token_ids"]
+__all__ = [
+    "describe",
+    "integer",
+    "number",
+    "one_of",
+    "flag",
+    "seed",
+    "sequence",
+    "float_dtype",
+    "float_array",
+    "as_float32",
+    "memory_cap_bytes",
+    "within_memory",
+    "token_ids",
+]
 
 
 def describe(value: Any, limit: int = 60) -> str:

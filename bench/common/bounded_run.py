@@ -19,8 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
-def run_bounded(cmd: Sequence[str], *, timeout: float, cwd: str | Path | None = None,
-                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_bounded(
+    cmd: Sequence[str], *, timeout: float, cwd: str | Path | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``cmd`` (its stdout and stderr captured as text) for at most ``timeout`` seconds.
 
     Returns the finished process. At the limit, every process of the command's group is
@@ -31,8 +32,15 @@ def run_bounded(cmd: Sequence[str], *, timeout: float, cwd: str | Path | None = 
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=cwd, env=None if env is None else dict(env), start_new_session=True)
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

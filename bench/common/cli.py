@@ -75,8 +75,11 @@ def _writable_folder(folder: Path) -> None:
     folder that is a file, lies under a file, or cannot be written."""
     base = _nearest_existing(folder)
     if not base.is_dir():
-        raise argparse.ArgumentTypeError(f"{folder} is a file, not a folder" if base == folder else
-                                         f"{folder} lies under {base}, which is not a folder")
+        raise argparse.ArgumentTypeError(
+            f"{folder} is a file, not a folder"
+            if base == folder
+            else f"{folder} lies under {base}, which is not a folder"
+        )
     try:  # a real write: permissions, a read-only or pseudo file system (root passes os.access on all)
         with tempfile.TemporaryFile(dir=base):
             pass
@@ -138,8 +141,9 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
         return super()._get_help_string(action)
 
 
-def parser(bench: str, doc: str | None, *, writes: str | None = None,
-           record_options: bool = True) -> argparse.ArgumentParser:
+def parser(
+    bench: str, doc: str | None, *, writes: str | None = None, record_options: bool = True
+) -> argparse.ArgumentParser:
     """The argument parser every bench command starts from.
 
     ``prog`` is how the command is run (``python -m bench.<bench>``), defaults show in
@@ -149,11 +153,14 @@ def parser(bench: str, doc: str | None, *, writes: str | None = None,
     """
     first = (doc or "").strip().split("\n\n")[0]
     if writes is None:
-        writes = (f"writes a JSON record (device, date, MLX version, the command line) to "
-                  f"OUT_DIR/{bench}-<device>-<UTC time>.json; never replaces an existing file without --force; "
-                  "also copies it to $OUT when that is set")
-    p = argparse.ArgumentParser(prog=f"python -m bench.{bench}", description=first, epilog=writes,
-                                formatter_class=_HelpFormatter)
+        writes = (
+            f"writes a JSON record (device, date, MLX version, the command line) to "
+            f"OUT_DIR/{bench}-<device>-<UTC time>.json; never replaces an existing file without --force; "
+            "also copies it to $OUT when that is set"
+        )
+    p = argparse.ArgumentParser(
+        prog=f"python -m bench.{bench}", description=first, epilog=writes, formatter_class=_HelpFormatter
+    )
     if record_options:
         add_record_options(p)
     return p
@@ -161,9 +168,12 @@ def parser(bench: str, doc: str | None, *, writes: str | None = None,
 
 def add_record_options(p: argparse.ArgumentParser) -> None:
     """``--out-dir``, ``--no-record`` and ``--force``, the same in every command."""
-    p.add_argument("--out-dir", type=out_dir, default=RECORD_DIR,
-                   help="the folder the JSON record goes to (default: the project's data/bench/, wherever the "
-                        "command is started)")
+    p.add_argument(
+        "--out-dir",
+        type=out_dir,
+        default=RECORD_DIR,
+        help="the folder the JSON record goes to (default: the project's data/bench/, wherever the command is started)",
+    )
     p.add_argument("--no-record", action="store_true", help="print only; write no JSON record")
     p.add_argument("--force", action="store_true", help="replace an existing record of the same name")
 

@@ -40,8 +40,11 @@ def split_pieces(sched: Schedule, state: DecodeState) -> dict[str, Any]:
     mx.eval(branch)
 
     def layer(i: int):
-        return lambda x: (recurrent_layer(g, layers[i].w, x, state, i, sched.gdn, sched.mv), state.ssm[i],
-                          state.conv[i])
+        return lambda x: (
+            recurrent_layer(g, layers[i].w, x, state, i, sched.gdn, sched.mv),
+            state.ssm[i],
+            state.conv[i],
+        )
 
     pos = state.length
 
@@ -74,7 +77,10 @@ def split_pieces(sched: Schedule, state: DecodeState) -> dict[str, Any]:
 #: nothing after a recurrent layer, x after wo or the FFN (the unfused tail), Q/K/V
 #: (attention on the host), the logits.
 HOST_READS: dict[str, Any] = {
-    "layer": lambda out: (), "wo": lambda out: out[:1], "ffn": lambda out: out[:1], "qkv": lambda out: out[1:],
+    "layer": lambda out: (),
+    "wo": lambda out: out[:1],
+    "ffn": lambda out: out[:1],
+    "qkv": lambda out: out[1:],
     "logits": lambda out: out[1:],
 }
 
@@ -84,8 +90,9 @@ def _nothing(out: Any) -> tuple:
     return ()
 
 
-def measure_splits(sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n: int = 30, warmup: int = 3,
-                   context: int = 32) -> list[dict]:
+def measure_splits(
+    sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n: int = 30, warmup: int = 3, context: int = 32
+) -> list[dict]:
     """The price of a wait of each kind in ``kinds``, measured between the step's own
     submissions (``wait_measurement.measure_split_between``): ``"wo>host|ffn"`` times wo then
     the FFN split against joined, ``"layer|layer"`` two recurrent layers, and so on."""
@@ -107,19 +114,40 @@ def measure_splits(sched: Schedule, kinds: Sequence[str] = MEASURED_SPLITS, *, n
             # attends in numpy and uploads the branch; joined, the device attends. The
             # difference is what one such wait costs the step, the host's attention and
             # the device's idle time while it runs included.
-            res = wait_measurement.measure_split_between(first, pieces["attend_wo"], x, n=n, warmup=warmup,
-                                                         read_first=HOST_READS["qkv"], read_second=HOST_READS["wo"],
-                                                         second_split=pieces["host_attend_wo"])
-            dev = {"first": piece_device_ms(first, x),
-                   "second": piece_device_ms(lambda y, f=first: pieces["attend_wo"](f(y)), x) - piece_device_ms(first, x)}
+            res = wait_measurement.measure_split_between(
+                first,
+                pieces["attend_wo"],
+                x,
+                n=n,
+                warmup=warmup,
+                read_first=HOST_READS["qkv"],
+                read_second=HOST_READS["wo"],
+                second_split=pieces["host_attend_wo"],
+            )
+            dev = {
+                "first": piece_device_ms(first, x),
+                "second": piece_device_ms(lambda y, f=first: pieces["attend_wo"](f(y)), x) - piece_device_ms(first, x),
+            }
         else:
             second_piece = pieces["layer2" if (a, b) == ("layer", "layer") else b]
-            res = wait_measurement.measure_split_between(first, lambda t, f=second_piece: f(t[0]), x, n=n,
-                                                         warmup=warmup, read_first=HOST_READS[a] if reads else _nothing,
-                                                         read_second=HOST_READS[b])
+            res = wait_measurement.measure_split_between(
+                first,
+                lambda t, f=second_piece: f(t[0]),
+                x,
+                n=n,
+                warmup=warmup,
+                read_first=HOST_READS[a] if reads else _nothing,
+                read_second=HOST_READS[b],
+            )
             dev = {"first": piece_device_ms(first, x), "second": piece_device_ms(second_piece, x)}
         # The device's idle time in the split round: its wall time less the two submissions' work.
-        out.append({"split": kind, **res, "device_ms": dev,
-                    "split_idle_ms": res["split_ms"] - dev["first"] - dev["second"],
-                    "joined_idle_ms": res["joined_ms"] - dev["first"] - dev["second"]})
+        out.append(
+            {
+                "split": kind,
+                **res,
+                "device_ms": dev,
+                "split_idle_ms": res["split_ms"] - dev["first"] - dev["second"],
+                "joined_idle_ms": res["joined_ms"] - dev["first"] - dev["second"],
+            }
+        )
     return out

@@ -42,8 +42,14 @@ from workbench.tail.frink_case import seed_case
 Q4 = {"mode": "affine", "bits": 4, "group_size": 64}
 
 
-def sweep(w: tail.TailWeights, dialect: str, tunings: dict[str, kernel_tuning.KernelTuning], b: mx.array, r: mx.array,
-          repeats: int) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+def sweep(
+    w: tail.TailWeights,
+    dialect: str,
+    tunings: dict[str, kernel_tuning.KernelTuning],
+    b: mx.array,
+    r: mx.array,
+    repeats: int,
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """The kernel tail under each tuning: resident time of one wait (interleaved) and
     device time a tail (``batched_ms``). A tuning the device cannot launch (registers,
     shared memory) is dropped, said why, not fatal."""
@@ -60,8 +66,15 @@ def sweep(w: tail.TailWeights, dialect: str, tunings: dict[str, kernel_tuning.Ke
     return summaries(time_rounds(fns, repeats)), device
 
 
-def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_tuning.KernelTuning, bandwidth: float,
-               repeats: int, seed: int) -> dict[str, Any]:
+def bench_case(
+    label: str,
+    w: tail.TailWeights,
+    dialect: str,
+    tuning: kernel_tuning.KernelTuning,
+    bandwidth: float,
+    repeats: int,
+    seed: int,
+) -> dict[str, Any]:
     """Every variant at one case; returns the record's entry (times in ms)."""
     br, res = tail.random_inputs(w, seed=seed)
     launch = tail.tail_launch(w)
@@ -116,7 +129,7 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_tun
         e2e["unfused_two_waits"] = lambda: tail.unfused_tail(w, brg, resg)
         e2e["mlx_graph"] = lambda: tail.fused_tail(w, brg, resg, backend="graph")
     t_e2e = summaries(time_rounds(e2e, max(10, repeats // 2)))
-    parts = parts[-max(10, repeats // 2):]
+    parts = parts[-max(10, repeats // 2) :]
     e2e_split = {k: statistics.median(p[i] for p in parts) for i, k in enumerate(("make_inputs", "eval", "read_back"))}
     resident_split = build_eval_split(lambda: prep(b, r), repeats)
     tiny = mx.array(np.ones(8, np.float32))
@@ -157,10 +170,12 @@ def bench_case(label: str, w: tail.TailWeights, dialect: str, tuning: kernel_tun
         "kernels_over_floor": k_ms / floor,
         "kernels_device_over_floor": dev["kernels"] / floor,
         "kernels_vs": {k: v["median_ms"] / k_ms for k, v in t_res.items() if k != "kernels"},
-        "error_vs_float64": {k: {"worst": v.worst, "nmse": v.nmse, "max_abs": v.max_abs, "str": str(v)}
-                             for k, v in errs.items()},
-        "tuning": vars(tuning) if not hasattr(tuning, "__dataclass_fields__") else
-        {f: getattr(tuning, f) for f in tuning.__dataclass_fields__},
+        "error_vs_float64": {
+            k: {"worst": v.worst, "nmse": v.nmse, "max_abs": v.max_abs, "str": str(v)} for k, v in errs.items()
+        },
+        "tuning": vars(tuning)
+        if not hasattr(tuning, "__dataclass_fields__")
+        else {f: getattr(tuning, f) for f in tuning.__dataclass_fields__},
         "torch": peer["torch"] if peer is not None else None,
     }
     return entry
@@ -206,13 +221,18 @@ QUANT_TUNINGS: dict[str, dict[str, Any]] = {
     "u2_gu_gps4": {"u_wo": 8, "u_gate_up": 8, "u_head": 8, "gu_groups_per_sm": 4},
     "down_r4": {"down_rows": 4},
     "down_r4_u32": {"down_rows": 4, "u_down": 32},
-    "u2_gu_gps4_down_r4": {"u_wo": 8, "u_gate_up": 8, "u_head": 8, "gu_groups_per_sm": 4, "down_rows": 4,
-                           "u_down": 32},
+    "u2_gu_gps4_down_r4": {"u_wo": 8, "u_gate_up": 8, "u_head": 8, "gu_groups_per_sm": 4, "down_rows": 4, "u_down": 32},
 }
 
 
-def quant_sweep(w: tail.TailWeights, dialect: str, base: kernel_tuning.KernelTuning, b: mx.array, r: mx.array,
-                log: Callable[[str], None] = print) -> tuple[str, dict[str, float]]:
+def quant_sweep(
+    w: tail.TailWeights,
+    dialect: str,
+    base: kernel_tuning.KernelTuning,
+    b: mx.array,
+    r: mx.array,
+    log: Callable[[str], None] = print,
+) -> tuple[str, dict[str, float]]:
     """Device time a tail (``batched_ms``) under each of :data:`QUANT_TUNINGS`; the best's
     name and every time (a tuning that fails to build or launch is left out, said why)."""
     launch = tail.tail_launch(w)
@@ -227,9 +247,16 @@ def quant_sweep(w: tail.TailWeights, dialect: str, base: kernel_tuning.KernelTun
     return best, times
 
 
-def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
-        shapes: tuple[tuple[int, int, int], int] = BONSAI, log: Callable[[str], None] = print,
-        formats: tuple[str, ...] = BENCH_FORMATS) -> dict[str, Any]:
+def run(
+    dialect: str,
+    *,
+    repeats: int = 50,
+    seed: int = 0,
+    quick: bool = False,
+    shapes: tuple[tuple[int, int, int], int] = BONSAI,
+    log: Callable[[str], None] = print,
+    formats: tuple[str, ...] = BENCH_FORMATS,
+) -> dict[str, Any]:
     """The whole benchmark; returns the record's ``bench`` section."""
     (hidden, branch, ffn), block = shapes
     bws = floor_bandwidth()
@@ -243,12 +270,21 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
     sl = tail.tail_launch(c.weights)
     sp = kernel_launch.prepared(sl, dialect)
     sb, sr = mx.array(c.branch), mx.array(c.residual)
-    fixed = summaries(time_rounds({"kernels": lambda: mx.eval(sp(sb, sr)),
-                                   "mlx_graph": lambda: mx.eval(tail.tail_graph(sl, sb, sr)),
-                                   "one_tiny_eval": lambda: mx.eval(sb + 1)}, repeats))
+    fixed = summaries(
+        time_rounds(
+            {
+                "kernels": lambda: mx.eval(sp(sb, sr)),
+                "mlx_graph": lambda: mx.eval(tail.tail_graph(sl, sb, sr)),
+                "one_tiny_eval": lambda: mx.eval(sb + 1),
+            },
+            repeats,
+        )
+    )
     out["seed_size_resident_ms"] = {k: v["median_ms"] for k, v in fixed.items()}
-    log("fixed cost at frink-models' test size (resident, median ms): "
-        + ", ".join(f"{k} {v:.4f}" for k, v in out["seed_size_resident_ms"].items()))
+    log(
+        "fixed cost at frink-models' test size (resident, median ms): "
+        + ", ".join(f"{k} {v:.4f}" for k, v in out["seed_size_resident_ms"].items())
+    )
 
     w16 = tail.TailWeights.random(hidden, branch, ffn, seed=seed, fold_block=block, dtype="bfloat16")
     b16, r16 = (mx.array(a) for a in tail.random_inputs(w16, seed=seed + 1))
@@ -262,8 +298,11 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
     out["tuning_sweep_ms"] = {k: v["median_ms"] for k, v in sw.items()}
     out["tuning_sweep_device_ms"] = sw_device
     out["tuning_chosen"] = best
-    log("tuning sweep (kernel tail; one wait resident / device a tail, median ms): "
-        + ", ".join(f"{k} {sw[k]['median_ms']:.3f}/{sw_device[k]:.3f}" for k in sw_device) + f" -> {best}")
+    log(
+        "tuning sweep (kernel tail; one wait resident / device a tail, median ms): "
+        + ", ".join(f"{k} {sw[k]['median_ms']:.3f}/{sw_device[k]:.3f}" for k in sw_device)
+        + f" -> {best}"
+    )
     tuning = tunings[best]
 
     def case(label: str, make: Callable[[], tail.TailWeights], s: int) -> None:
@@ -275,8 +314,11 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
                 best_q, times = quant_sweep(w, dialect, tuning, b, r, log)
                 out.setdefault("quant_tuning_sweep_device_ms", {})[label] = times
                 out.setdefault("quant_tuning_chosen", {})[label] = best_q
-                log(f"{label} tuning sweep (device ms a tail): "
-                    + ", ".join(f"{k} {v:.3f}" for k, v in times.items()) + f" -> {best_q}")
+                log(
+                    f"{label} tuning sweep (device ms a tail): "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in times.items())
+                    + f" -> {best_q}"
+                )
                 t = dataclasses.replace(tuning, **QUANT_TUNINGS[best_q])
             out["cases"].append(bench_case(label, w, dialect, t, bandwidth, repeats, s))
         except Exception as e:
@@ -290,9 +332,13 @@ def run(dialect: str, *, repeats: int = 50, seed: int = 0, quick: bool = False,
     for i, name in enumerate(formats):
         q = QUANT_FORMATS[name]
         spec = q.as_quantize()
-        case(f"bonsai27b-{name}-g{q.group_size}", lambda spec=spec, i=i: tail.TailWeights.random(
-            hidden, branch, ffn, seed=seed + 3 + 2 * i, fold_block=block, dtype="bfloat16", quantize=spec),
-            seed + 4 + 2 * i)
+        case(
+            f"bonsai27b-{name}-g{q.group_size}",
+            lambda spec=spec, i=i: tail.TailWeights.random(
+                hidden, branch, ffn, seed=seed + 3 + 2 * i, fold_block=block, dtype="bfloat16", quantize=spec
+            ),
+            seed + 4 + 2 * i,
+        )
     return out
 
 
@@ -300,12 +346,17 @@ def print_table(bench: dict[str, Any]) -> None:
     bw = bench["copy_bandwidth_Bps"]["used_for_floor"]
     print(f"\nfloor = weight bytes / {bw / 1e12:.2f} TB/s (device copy, this run)")
     for label, times in bench.get("quant_tuning_sweep_device_ms", {}).items():
-        print(f"{label}: tuning sweep, device ms a tail: " + ", ".join(f"{k} {v:.3f}" for k, v in times.items())
-              + f" -> {bench['quant_tuning_chosen'][label]}")
+        print(
+            f"{label}: tuning sweep, device ms a tail: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in times.items())
+            + f" -> {bench['quant_tuning_chosen'][label]}"
+        )
     for c in bench["cases"]:
-        print(f"\n{c['case']}: {c['weight_bytes'] / 1e6:.1f} MB, floor {c['floor_ms']:.3f} ms, "
-              f"target {c['target_ms']:.3f} ms; kernels' device time {c['device_ms_per_tail']['kernels']:.3f} ms "
-              f"= {c['device_ms_per_tail']['kernels'] / c['floor_ms']:.2f}x floor")
+        print(
+            f"\n{c['case']}: {c['weight_bytes'] / 1e6:.1f} MB, floor {c['floor_ms']:.3f} ms, "
+            f"target {c['target_ms']:.3f} ms; kernels' device time {c['device_ms_per_tail']['kernels']:.3f} ms "
+            f"= {c['device_ms_per_tail']['kernels'] / c['floor_ms']:.2f}x floor"
+        )
         print(f"  {'resident (one wait)':<26}{'median ms':>10}{'x floor':>9}{'/ kernels':>10}")
         k = c["resident_ms"]["kernels"]["median_ms"]
         for name, v in c["resident_ms"].items():
@@ -314,10 +365,18 @@ def print_table(bench: dict[str, Any]) -> None:
         rs = c.get("resident_kernel_split_ms", {})
         print("  kernels resident split: " + ", ".join(f"{n} {v:.3f}" for n, v in rs.items()))
         print(f"  {'device time per tail':<26}" + ", ".join(f"{n} {v:.3f}" for n, v in c["device_ms_per_tail"].items()))
-        print("  launches alone: " + ", ".join(
-            f"{n} {v:.3f} ms ({c['launch_bandwidth_GBps'][n] / 1e3:.2f} TB/s)" for n, v in c["launch_device_ms"].items()))
+        print(
+            "  launches alone: "
+            + ", ".join(
+                f"{n} {v:.3f} ms ({c['launch_bandwidth_GBps'][n] / 1e3:.2f} TB/s)"
+                for n, v in c["launch_device_ms"].items()
+            )
+        )
         print(f"  {'end to end':<26}" + ", ".join(f"{n} {v['median_ms']:.3f}" for n, v in c["end_to_end_ms"].items()))
-        print("  kernel e2e split: " + ", ".join(f"{n} {v:.3f}" for n, v in c["end_to_end_kernel_split_ms"].items())
-              + f"; one tiny eval {c['one_tiny_eval_ms']['median_ms']:.3f}")
+        print(
+            "  kernel e2e split: "
+            + ", ".join(f"{n} {v:.3f}" for n, v in c["end_to_end_kernel_split_ms"].items())
+            + f"; one tiny eval {c['one_tiny_eval_ms']['median_ms']:.3f}"
+        )
         for n, e in c["error_vs_float64"].items():
             print(f"  error vs float64, {n}: worst {e['worst']:.3g}, NMSE {e['nmse']:.3g}")

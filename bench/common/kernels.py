@@ -105,8 +105,11 @@ def torch_peer(w: tail.TailWeights, branch: np.ndarray, residual: np.ndarray) ->
     blk = fold.block if fold is not None else 1
     signs = torch.from_numpy(fold.plan(w.shape[1]).signs).to(dev) if fold is not None else None
     perm = torch.from_numpy(fold.plan(w.shape[1]).perm.astype(np.int64)).to(dev) if fold is not None else None
-    hbt = (torch.from_numpy((hadamard.hadamard_matrix(blk).T / np.sqrt(blk)).astype(np.float32)).to(dev)
-           if fold is not None else None)
+    hbt = (
+        torch.from_numpy((hadamard.hadamard_matrix(blk).T / np.sqrt(blk)).astype(np.float32)).to(dev)
+        if fold is not None
+        else None
+    )
     eps = w.eps
     b_in = torch.from_numpy(branch).to(dev)
     r_in = torch.from_numpy(residual).to(dev)
@@ -149,8 +152,13 @@ def torch_peer(w: tail.TailWeights, branch: np.ndarray, residual: np.ndarray) ->
         b.synchronize()
         return a.elapsed_time(b) / n
 
-    return {"eager": eager, "graph": replay, "out": lambda: replay().cpu().numpy(),
-            "graph_device_ms": lambda: device_ms(g.replay), "torch": torch.__version__}
+    return {
+        "eager": eager,
+        "graph": replay,
+        "out": lambda: replay().cpu().numpy(),
+        "graph_device_ms": lambda: device_ms(g.replay),
+        "torch": torch.__version__,
+    }
 
 
 def per_launch_ms(prep: kernel_launch.PreparedTail, b: mx.array, r: mx.array, n: int = 20) -> dict[str, float]:
@@ -158,9 +166,11 @@ def per_launch_ms(prep: kernel_launch.PreparedTail, b: mx.array, r: mx.array, n:
     h = prep.launch_wo(b, r)
     act = prep.launch_gate_up(h)
     mx.eval(h, act)
-    runs = {"wo_residual": lambda: [prep.launch_wo(b, r) for _ in range(n)],
-            "ffn_gate_up": lambda: [prep.launch_gate_up(h) for _ in range(n)],
-            "ffn_down": lambda: [prep.launch_down(act, h) for _ in range(n)]}
+    runs = {
+        "wo_residual": lambda: [prep.launch_wo(b, r) for _ in range(n)],
+        "ffn_gate_up": lambda: [prep.launch_gate_up(h) for _ in range(n)],
+        "ffn_down": lambda: [prep.launch_down(act, h) for _ in range(n)],
+    }
     out = {}
     for k, mk in runs.items():
         mx.eval(mk())
@@ -184,8 +194,10 @@ def build_eval_split(make: Callable[[], Any], repeats: int) -> dict[str, float]:
         t1 = time.perf_counter()
         mx.eval(o)
         split.append(((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3))
-    return {"build_graph": statistics.median(p[0] for p in split),
-            "eval_and_wait": statistics.median(p[1] for p in split)}
+    return {
+        "build_graph": statistics.median(p[0] for p in split),
+        "eval_and_wait": statistics.median(p[1] for p in split),
+    }
 
 
 def batched_ms(make: Callable[[], Any], n: int = 10, repeats: int = 5) -> float:

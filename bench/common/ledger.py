@@ -14,8 +14,9 @@ from typing import Any
 from workbench.waits import ledger as wait_ledger
 
 
-def add_to_ledger(p: argparse.ArgumentParser, entry: dict[str, Any], ledger: str | Path | None,
-                  force: bool) -> dict[str, Any] | None:
+def add_to_ledger(
+    p: argparse.ArgumentParser, entry: dict[str, Any], ledger: str | Path | None, force: bool
+) -> dict[str, Any] | None:
     """Put ``entry`` into the wait-price ledger (``wait_ledger.add_price``: checked, under a lock),
     say so, and say what it replaced; a refusal is ``p``'s usage error naming ``--add``."""
     try:
@@ -24,6 +25,8 @@ def add_to_ledger(p: argparse.ArgumentParser, entry: dict[str, Any], ledger: str
         p.error(f"--add: {err}" + ("" if force else " (--force replaces it)"))
     print(f"added {entry['id']}: {entry['ms']:.4f} ms to {ledger or wait_ledger.LEDGER_PATH}")
     if old is not None:
-        print(f"replaced {old['id']}: {old['ms']:.4f} ms, measured {old.get('date')} "
-              f"by {old.get('command', old.get('source'))}")
+        print(
+            f"replaced {old['id']}: {old['ms']:.4f} ms, measured {old.get('date')} "
+            f"by {old.get('command', old.get('source'))}"
+        )
     return old

@@ -38,8 +38,18 @@ def block_transform(x: np.ndarray, h_t: np.ndarray) -> np.ndarray:
     return (x.reshape(-1, b) @ h_t).reshape(x.shape)
 
 
-def host_tail(wo: np.ndarray, signs: np.ndarray, h_t: np.ndarray, norm: np.ndarray, gate: np.ndarray,
-              up: np.ndarray, down: np.ndarray, eps: float, branch: np.ndarray, residual: np.ndarray) -> np.ndarray:
+def host_tail(
+    wo: np.ndarray,
+    signs: np.ndarray,
+    h_t: np.ndarray,
+    norm: np.ndarray,
+    gate: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    eps: float,
+    branch: np.ndarray,
+    residual: np.ndarray,
+) -> np.ndarray:
     """The float64 tail of one case, wo folded at its input with ``signs`` and blocks ``h_t``:
     ``h = residual + wo (B D branch)``, ``out = h + down(silu(gate n) * up n)``, ``n`` the RMS norm.
     ``branch`` and ``residual`` as the caller has them (float32 in the test case): read as float64 here."""
@@ -58,9 +68,18 @@ def host_tail(wo: np.ndarray, signs: np.ndarray, h_t: np.ndarray, norm: np.ndarr
     return h + (act * (normed @ up.T)) @ down.T
 
 
-def tail_batched(wo: np.ndarray, norm: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, eps: float,
-                 branch: np.ndarray, residual: np.ndarray) -> np.ndarray:
+def tail_batched(
+    wo: np.ndarray,
+    norm: np.ndarray,
+    gate: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    eps: float,
+    branch: np.ndarray,
+    residual: np.ndarray,
+) -> np.ndarray:
     """The tail over a batch of cases, each with its own weights, in the arrays' dtype."""
+
     def mv(w: np.ndarray, x: np.ndarray) -> np.ndarray:
         return (w @ x[..., None])[..., 0]
 
@@ -81,7 +100,7 @@ def draw_cases(shape: tuple[int, int, int], block: int) -> dict[str, np.ndarray]
     out, o = {}, 0
     for d in recipe:
         k = math.prod(d.shape)
-        v = u[:, o:o + k]
+        v = u[:, o : o + k]
         o += k
         if d.signs:
             out[d.name] = np.where(v < 0.5, np.float32(-1.0), np.float32(1.0)).reshape((CASE_BLOCK,) + d.shape)
@@ -101,18 +120,25 @@ def sweep_block(shape: tuple[int, int, int], block: int, eps: float) -> dict[str
     ``ulp_max`` / ``ulp_mean``; ``truth`` and ``actual`` beside them."""
     c = draw_cases(shape, block)
     names = ("wo", "ffn_norm", "gate", "up", "down")
-    truth = tail_batched(*(c[k].astype(np.float64) for k in names), eps,
-                          c["branch"].astype(np.float64), c["residual"].astype(np.float64))
+    truth = tail_batched(
+        *(c[k].astype(np.float64) for k in names), eps, c["branch"].astype(np.float64), c["residual"].astype(np.float64)
+    )
     actual = tail_batched(*(c[k] for k in names), eps, c["branch"], c["residual"])
     x = actual.astype(np.float64)
     d = np.abs(x - truth)
     ax = truth.astype(np.float32).view(np.int32).astype(np.int64)
     bx = actual.view(np.int32).astype(np.int64)
     ulp = np.abs(np.where(ax < 0, -(ax & 0x7FFFFFFF), ax) - np.where(bx < 0, -(bx & 0x7FFFFFFF), bx))
-    return {"worst": (d / np.maximum(np.abs(truth), 1.0)).max(axis=-1), "max_abs": d.max(axis=-1),
-            "nmse": (d * d).sum(axis=-1) / (truth * truth).sum(axis=-1),
-            "torch_ratio": (d / (1e-5 + 1.3e-6 * np.abs(truth))).max(axis=-1),
-            "ulp_max": ulp.max(axis=-1), "ulp_mean": ulp.mean(axis=-1), "truth": truth, "actual": actual}
+    return {
+        "worst": (d / np.maximum(np.abs(truth), 1.0)).max(axis=-1),
+        "max_abs": d.max(axis=-1),
+        "nmse": (d * d).sum(axis=-1) / (truth * truth).sum(axis=-1),
+        "torch_ratio": (d / (1e-5 + 1.3e-6 * np.abs(truth))).max(axis=-1),
+        "ulp_max": ulp.max(axis=-1),
+        "ulp_mean": ulp.mean(axis=-1),
+        "truth": truth,
+        "actual": actual,
+    }
 
 
 def bf16_round(x: np.ndarray) -> np.ndarray:

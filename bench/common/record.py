@@ -120,8 +120,11 @@ def write(record: dict[str, Any], out_dir: str | Path, stem: str, *, force: bool
         # A full disk or a folder gone since the arguments were checked: the measurement
         # is printed whole, so the run is not lost with the file, and the error says so.
         sys.stdout.write(text)
-        raise OSError(err.errno, f"the record could not be written ({err.strerror}); its JSON is printed above",
-                      str(Path(out_dir) / f"{stem}.json")) from err
+        raise OSError(
+            err.errno,
+            f"the record could not be written ({err.strerror}); its JSON is printed above",
+            str(Path(out_dir) / f"{stem}.json"),
+        ) from err
     if os.environ.get("OUT") and Path(os.environ["OUT"]).resolve() != path.parent.resolve():
         # The same rule in $OUT: runs started together in one device call (one a tool, each
         # with its own out_dir) end in the same second, and their copies there once replaced
@@ -136,9 +139,11 @@ def checked(record: dict[str, Any]) -> dict[str, Any]:
     header without :func:`provenance`); the caller's dict is left as it is."""
     kind = records.kind_of(record)
     if kind not in records.KINDS:
-        raise records.RecordError(f"record: names {'no kind' if kind is None else f'the kind {kind!r}'}; a bench "
-                                  f"record names one of {sorted(records.KINDS)} by its 'bench' (or a 'python -m "
-                                  "bench.NAME' command)")
+        raise records.RecordError(
+            f"record: names {'no kind' if kind is None else f'the kind {kind!r}'}; a bench "
+            f"record names one of {sorted(records.KINDS)} by its 'bench' (or a 'python -m "
+            "bench.NAME' command)"
+        )
     records.check(record, kind)
     if "schema" in record:
         return record

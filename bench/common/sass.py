@@ -29,8 +29,30 @@ from typing import Any
 #: is ``other``.
 CLASSES: dict[str, frozenset[str]] = {
     "fma": frozenset({"FFMA", "FADD", "FMUL", "HADD2", "HFMA2", "HMUL2", "IMAD", "IMUL"}),
-    "int": frozenset({"LOP3", "SHF", "PRMT", "IADD3", "LEA", "ISETP", "FSETP", "SEL", "FSEL", "MOV", "VIADD",
-                      "IABS", "IMNMX", "FMNMX", "BMSK", "SGXT", "POPC", "FLO", "I2FP", "F2FP"}),
+    "int": frozenset(
+        {
+            "LOP3",
+            "SHF",
+            "PRMT",
+            "IADD3",
+            "LEA",
+            "ISETP",
+            "FSETP",
+            "SEL",
+            "FSEL",
+            "MOV",
+            "VIADD",
+            "IABS",
+            "IMNMX",
+            "FMNMX",
+            "BMSK",
+            "SGXT",
+            "POPC",
+            "FLO",
+            "I2FP",
+            "F2FP",
+        }
+    ),
     "memory": frozenset({"LDG", "LDS", "STS", "STG", "LDC", "LD", "ST", "ATOM", "ATOMG", "ATOMS", "RED", "LDSM"}),
 }
 
@@ -231,8 +253,9 @@ def control_flow(instrs: list[Instruction]) -> ControlFlow:
         else:
             succ.append(nxt)
     idom = _immediate_dominators(succ) if succ else []
-    flow = ControlFlow(tuple(tuple(instrs[lo:hi]) for lo, hi in bounds), tuple(tuple(s) for s in succ),
-                       tuple(idom), frozenset())
+    flow = ControlFlow(
+        tuple(tuple(instrs[lo:hi]) for lo, hi in bounds), tuple(tuple(s) for s in succ), tuple(idom), frozenset()
+    )
     cold = frozenset(b for b in range(len(bounds)) if any(flow.dominates(t, b) for t in div_targets))
     return ControlFlow(flow.blocks, flow.succ, flow.idom, cold)
 
@@ -274,13 +297,15 @@ def _inside(loops: list[Loop], outer: Loop | None) -> list[Loop]:
     """The loops directly inside ``outer`` (None: those in no other loop), header order.
     Natural loops with different headers are nested or apart, so a loop's depth is how
     many loops hold its header."""
+
     def depth(lp: Loop) -> int:
         return sum(lp.header in o.blocks for o in loops if o.header != lp.header)
 
     if outer is None:
         return [lp for lp in loops if depth(lp) == 0]
-    return [lp for lp in loops if lp.header != outer.header and lp.header in outer.blocks
-            and depth(lp) == depth(outer) + 1]
+    return [
+        lp for lp in loops if lp.header != outer.header and lp.header in outer.blocks and depth(lp) == depth(outer) + 1
+    ]
 
 
 def outer_loops(flow: ControlFlow) -> list[Loop]:
@@ -297,8 +322,13 @@ def loop_counts(flow: ControlFlow, loop: Loop, loops: list[Loop] | None = None) 
     unit loops, which run several times a row)."""
     hot = [i for b in sorted(loop.blocks - flow.cold) for i in flow.blocks[b]]
     cold = sum(len(flow.blocks[b]) for b in loop.blocks & flow.cold)
-    out = {"header": flow.blocks[loop.header][0].address, "instructions": len(hot), "cold_instructions": cold,
-           "classes": classify(hot), "opcodes": dict(Counter(i.opcode for i in hot).most_common())}
+    out = {
+        "header": flow.blocks[loop.header][0].address,
+        "instructions": len(hot),
+        "cold_instructions": cold,
+        "classes": classify(hot),
+        "opcodes": dict(Counter(i.opcode for i in hot).most_common()),
+    }
     if loops is not None:
         out["inner"] = [loop_counts(flow, lp, loops) for lp in _inside(loops, loop)]
     return out
@@ -330,8 +360,10 @@ def one_launch_phases(flow: ControlFlow, phases: tuple[str, ...]) -> dict[str, d
     loops = _inside(every, None)
     waits = [lp for lp in loops if any(BARRIER_MARK in i.text for b in lp.blocks for i in flow.blocks[b])]
     if len(waits) != len(phases) - 1:
-        raise ValueError(f"the one launch should wait at {len(phases) - 1} grid barriers (outer loops reading "
-                         f"{BARRIER_MARK}); found {len(waits)}")
+        raise ValueError(
+            f"the one launch should wait at {len(phases) - 1} grid barriers (outer loops reading "
+            f"{BARRIER_MARK}); found {len(waits)}"
+        )
     reach = []
     for w in waits:
         seen, stack = {w.header}, [w.header]
@@ -343,20 +375,25 @@ def one_launch_phases(flow: ControlFlow, phases: tuple[str, ...]) -> dict[str, d
         reach.append(seen)
     in_wait = set().union(*(w.blocks for w in waits))
     names = (*phases, "barriers")
-    owner = {b: "barriers" if b in in_wait else phases[sum(b in r for r in reach)]
-             for b in range(len(flow.blocks)) if flow.idom[b] >= 0}
+    owner = {
+        b: "barriers" if b in in_wait else phases[sum(b in r for r in reach)]
+        for b in range(len(flow.blocks))
+        if flow.idom[b] >= 0
+    }
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         own = [lp for lp in loops if owner.get(lp.header) == name]
         counted = [loop_counts(flow, lp, every) for lp in own]
         inner = [i for c in counted for i in c["inner"]]
-        out[name] = {"instructions": sum(len(flow.blocks[b]) for b, o in owner.items() if o == name),
-                     "loop_instructions": sum(c["instructions"] for c in counted),
-                     "loop_cold": sum(c["cold_instructions"] for c in counted),
-                     "loop_classes": _summed(c["classes"] for c in counted),
-                     "inner_instructions": sum(i["instructions"] for i in inner),
-                     "inner_classes": _summed(i["classes"] for i in inner),
-                     "loops": counted}
+        out[name] = {
+            "instructions": sum(len(flow.blocks[b]) for b, o in owner.items() if o == name),
+            "loop_instructions": sum(c["instructions"] for c in counted),
+            "loop_cold": sum(c["cold_instructions"] for c in counted),
+            "loop_classes": _summed(c["classes"] for c in counted),
+            "inner_instructions": sum(i["instructions"] for i in inner),
+            "inner_classes": _summed(i["classes"] for i in inner),
+            "loops": counted,
+        }
     return out
 
 
@@ -413,26 +450,43 @@ def sass_counts(instrs: list[Instruction], phases: tuple[str, ...] | None = None
     its last ``EXIT``: its row loop is the one in ``outer_loops``."""
     flow = control_flow(instrs)
     every = natural_loops(flow)
-    out: dict[str, Any] = {"instructions": len(instrs),
-                           "outer_loops": [loop_counts(flow, lp, every) for lp in _inside(every, None)]}
+    out: dict[str, Any] = {
+        "instructions": len(instrs),
+        "outer_loops": [loop_counts(flow, lp, every) for lp in _inside(every, None)],
+    }
     if phases is None:
         loop = longest_loop(instrs)
-        out.update(loop_instructions=len(loop), loop_classes=classify(loop),
-                   loop_opcodes=dict(Counter(i.opcode for i in loop).most_common()))
+        out.update(
+            loop_instructions=len(loop),
+            loop_classes=classify(loop),
+            loop_opcodes=dict(Counter(i.opcode for i in loop).most_common()),
+        )
     else:
         out["phases"] = one_launch_phases(flow, phases)
     return out
 
 
-def compile_sass(source: str, workdir: Path, stem: str, *, nvcc: str, cuobjdump: str, nvdisasm: str | None = None,
-                 arch: str = "sm_90") -> tuple[str, str]:
+def compile_sass(
+    source: str,
+    workdir: Path,
+    stem: str,
+    *,
+    nvcc: str,
+    cuobjdump: str,
+    nvdisasm: str | None = None,
+    arch: str = "sm_90",
+) -> tuple[str, str]:
     """Compile one translation unit (``workdir/stem.cu``) to a cubin; ptxas's report (``-v``:
     registers, spills) and the cubin's SASS listing. RuntimeError naming ``stem`` if a tool fails."""
     src = workdir / f"{stem}.cu"
     src.write_text(source)
     cubin = src.with_suffix(".cubin")
-    done = subprocess.run([nvcc, f"-arch={arch}", "-cubin", "-o", str(cubin), "-Xptxas", "-v", str(src)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [nvcc, f"-arch={arch}", "-cubin", "-o", str(cubin), "-Xptxas", "-v", str(src)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"nvcc failed on {stem}: {done.stderr[-2000:]}")
     env = {**os.environ, **({"NVDISASM_PATH": str(Path(nvdisasm).parent)} if nvdisasm else {})}

@@ -119,26 +119,44 @@ def run_stages(
         st = plan.stage(n)
         predicted = len(sched.submissions(n))
         t = np.asarray(times[n])
-        rows.append({
-            "stage": n, "name": st.name, "waits_predicted": predicted, "waits_made": sorted(made[n]),
-            "waits_match": made[n] == {predicted},
-            "ms_median": float(np.median(t)), "ms_p10": float(np.percentile(t, 10)),
-            "ms_p90": float(np.percentile(t, 90)), "tokens": int(t.size),
-            # Inside mx.eval (encoding, submitting, waiting) against outside (building the
-            # lazy graphs in Python, the host's attention, reads): the device idles for the latter.
-            "ms_eval_median": float(np.median(evals[n])), "ms_host_median": float(np.median(t - np.asarray(evals[n]))),
-            "ms_each": [round(float(v), 4) for v in t],  # in time order, round by round
-        })
+        rows.append(
+            {
+                "stage": n,
+                "name": st.name,
+                "waits_predicted": predicted,
+                "waits_made": sorted(made[n]),
+                "waits_match": made[n] == {predicted},
+                "ms_median": float(np.median(t)),
+                "ms_p10": float(np.percentile(t, 10)),
+                "ms_p90": float(np.percentile(t, 90)),
+                "tokens": int(t.size),
+                # Inside mx.eval (encoding, submitting, waiting) against outside (building the
+                # lazy graphs in Python, the host's attention, reads): the device idles for the latter.
+                "ms_eval_median": float(np.median(evals[n])),
+                "ms_host_median": float(np.median(t - np.asarray(evals[n]))),
+                "ms_each": [round(float(v), 4) for v in t],  # in time order, round by round
+            }
+        )
     probe_rows = []
     for name, (n, subs) in probe_runs.items():
         t = np.asarray(times[name])
-        probe_rows.append({"name": name, "stage": n, "waits_predicted": len(subs), "waits_made": sorted(made[name]),
-                           "waits_match": made[name] == {len(subs)}, "ms_median": float(np.median(t)),
-                           "tokens": int(t.size), "ms_each": [round(float(v), 4) for v in t]})
+        probe_rows.append(
+            {
+                "name": name,
+                "stage": n,
+                "waits_predicted": len(subs),
+                "waits_made": sorted(made[name]),
+                "waits_match": made[name] == {len(subs)},
+                "ms_median": float(np.median(t)),
+                "tokens": int(t.size),
+                "ms_each": [round(float(v), 4) for v in t],
+            }
+        )
     rec: dict[str, Any] = {"stages": rows, "rounds_run": done}
     if probe_rows:
         rec["probes"] = probe_rows
     if price_ms is not None:
-        rec["comparisons"] = compare_savings(rows, price_ms, split_prices=split_prices, cfg=sched.cfg,
-                                             eligible=sched.eligible, split_rounds=split_rounds)
+        rec["comparisons"] = compare_savings(
+            rows, price_ms, split_prices=split_prices, cfg=sched.cfg, eligible=sched.eligible, split_rounds=split_rounds
+        )
     return rec

@@ -55,8 +55,9 @@ def _where(filename: str, line: int, name: str) -> str:
     return f"{'/'.join(parts[-2:])}:{line}({name})"
 
 
-def build_profile(build: Callable[[], Any], take: Callable[[Any], None], steps: int,
-                  top: int = 20) -> list[dict[str, Any]]:
+def build_profile(
+    build: Callable[[], Any], take: Callable[[Any], None], steps: int, top: int = 20
+) -> list[dict[str, Any]]:
     """Where the host's time goes while it builds a decode step's graph: ``steps`` steps, each
     ``build()`` (the lazy step) run under Python's profiler and ``take(result)`` (the read, the
     next token) outside it. The ``top`` functions by their own time, each with its calls and
@@ -75,8 +76,15 @@ def build_profile(build: Callable[[], Any], take: Callable[[Any], None], steps: 
         take(got)
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, calls, tottime, cumtime, callers)
     ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
-    return [{"function": _where(*fn), "calls_per_step": s[1] / steps, "own_us_per_step": s[2] / steps * 1e6,
-             "cum_us_per_step": s[3] / steps * 1e6} for fn, s in ranked]
+    return [
+        {
+            "function": _where(*fn),
+            "calls_per_step": s[1] / steps,
+            "own_us_per_step": s[2] / steps * 1e6,
+            "cum_us_per_step": s[3] / steps * 1e6,
+        }
+        for fn, s in ranked
+    ]
 
 
 def check_available() -> None:
@@ -85,8 +93,10 @@ def check_available() -> None:
     try:
         import torch
     except ImportError as e:
-        raise ProfileUnavailable(f"the device profile reads CUDA's activity records through PyTorch's profiler; "
-                                 f"PyTorch is not importable here ({e})") from None
+        raise ProfileUnavailable(
+            f"the device profile reads CUDA's activity records through PyTorch's profiler; "
+            f"PyTorch is not importable here ({e})"
+        ) from None
     if not torch.cuda.is_available():
         raise ProfileUnavailable("the device profile needs a CUDA device; torch.cuda.is_available() is False")
 

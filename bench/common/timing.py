@@ -24,8 +24,9 @@ from workbench import backends
 from workbench.validate import integer
 
 
-def time_rounds(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3,
-                desc: str | None = None) -> dict[str, list[float]]:
+def time_rounds(
+    fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3, desc: str | None = None
+) -> dict[str, list[float]]:
     """Wall times (ms) of each callable, interleaved: each round runs each once, in order,
     after ``warmup`` such rounds. ``desc`` shows a progress bar over the rounds (for runs
     longer than a few seconds); :func:`summaries` turns the lists into summaries."""
@@ -45,8 +46,12 @@ def time_rounds(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3
 def summarize(ts: list[float]) -> dict[str, float]:
     """Median, minimum and 90th percentile (ms) of a list of times, and how many."""
     s = sorted(ts)
-    return {"median_ms": statistics.median(s), "min_ms": s[0], "p90_ms": s[min(len(s) - 1, int(0.9 * len(s)))],
-            "n": len(s)}
+    return {
+        "median_ms": statistics.median(s),
+        "min_ms": s[0],
+        "p90_ms": s[min(len(s) - 1, int(0.9 * len(s)))],
+        "n": len(s),
+    }
 
 
 def summaries(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
@@ -93,7 +98,7 @@ def piece_device_ms(piece: Callable[[mx.array], tuple], x: mx.array, *, k: int =
 COPY_METHODS = {
     "cpu": "numpy copyto between two buffers of nbytes (read + write), median of the repeats",
     "gpu": "MLX y + 1 over nbytes of float32, chain copies in ONE evaluation against one (read + write each), "
-           "the marginal time of a copy, median of the repeats",
+    "the marginal time of a copy, median of the repeats",
 }
 
 
@@ -128,13 +133,19 @@ def copy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5, *, chain: int = 8) -
     size = x.nbytes
     del x
     if ms <= 0:
-        raise RuntimeError(f"copy_bandwidth: {chain} chained copies of {size} bytes took no longer than one "
-                           f"(marginal {ms:.4f} ms): the clock is noisier than the copy; use more nbytes or repeats")
+        raise RuntimeError(
+            f"copy_bandwidth: {chain} chained copies of {size} bytes took no longer than one "
+            f"(marginal {ms:.4f} ms): the clock is noisier than the copy; use more nbytes or repeats"
+        )
     return 2 * size / (ms / 1e3)
 
 
 def copy_floor(nbytes: int = 1 << 28, repeats: int = 5) -> dict[str, Any]:
     """:func:`copy_bandwidth` with what a record states beside it: the method, the bytes and
     the repeats (``{"bytes_per_s", "method", "nbytes", "repeats"}``)."""
-    return {"bytes_per_s": copy_bandwidth(nbytes, repeats), "method": copy_method(), "nbytes": int(nbytes),
-            "repeats": int(repeats)}
+    return {
+        "bytes_per_s": copy_bandwidth(nbytes, repeats),
+        "method": copy_method(),
+        "nbytes": int(nbytes),
+        "repeats": int(repeats),
+    }

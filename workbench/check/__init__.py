@@ -17,15 +17,18 @@ is imported when one of its names is first read.
 
 from workbench import public_names
 
-_HOMES, __getattr__, __dir__ = public_names(__name__, {
-    "faults": ("FAULTS", "faulty_tail"),
-    "run": ("CheckReport", "check_kernel", "check_dump"),
-    "dump": ("write_layer", "read_layer", "DumpError"),
-    "source_launch": ("SourceLaunch",),
-    "stored": ("StoredCase", "StoredMatrix", "stored_case"),
-    "subjects": ("CallableSubject", "KernelsFolderSubject", "SourceSubject", "SubjectError"),
-    "mutants": ("Mutant", "MutantStudy", "source_mutants", "mutant_study", "folder_mutant_study"),
-    "tolerances": ("calibrated_per_scale", "catch_and_flake"),
-})
+_HOMES, __getattr__, __dir__ = public_names(
+    __name__,
+    {
+        "faults": ("FAULTS", "faulty_tail"),
+        "run": ("CheckReport", "check_kernel", "check_dump"),
+        "dump": ("write_layer", "read_layer", "DumpError"),
+        "source_launch": ("SourceLaunch",),
+        "stored": ("StoredCase", "StoredMatrix", "stored_case"),
+        "subjects": ("CallableSubject", "KernelsFolderSubject", "SourceSubject", "SubjectError"),
+        "mutants": ("Mutant", "MutantStudy", "source_mutants", "mutant_study", "folder_mutant_study"),
+        "tolerances": ("calibrated_per_scale", "catch_and_flake"),
+    },
+)
 
 __all__ = list(_HOMES)

@@ -45,11 +45,25 @@ MAX_SEEDS = 1_000_000
 
 #: The check's parameters (as its ``ValueError`` messages name them) -> the options a user
 #: typed: an error the check raises about a parameter is reported under the option.
-OPTIONS: dict[str, str] = {"fn": "implementation", "folder": "--kernels-dir", "path": "--dump", "source": "--source",
-                           "inputs": "--inputs", "output": "--output", "grid": "--grid",
-                           "threadgroup": "--threadgroup", "template": "--template", "language": "--language",
-                           "run_on": "--run-on", "seeds": "--seeds", "scales": "--scales", "folds": "--fold",
-                           "tolerance": "--tolerance", "time_limit": "--time-limit", "files": "--mutant-files"}
+OPTIONS: dict[str, str] = {
+    "fn": "implementation",
+    "folder": "--kernels-dir",
+    "path": "--dump",
+    "source": "--source",
+    "inputs": "--inputs",
+    "output": "--output",
+    "grid": "--grid",
+    "threadgroup": "--threadgroup",
+    "template": "--template",
+    "language": "--language",
+    "run_on": "--run-on",
+    "seeds": "--seeds",
+    "scales": "--scales",
+    "folds": "--fold",
+    "tolerance": "--tolerance",
+    "time_limit": "--time-limit",
+    "files": "--mutant-files",
+}
 
 
 def as_option(message: str) -> str:
@@ -58,7 +72,7 @@ def as_option(message: str) -> str:
     text = " ".join(str(message).split())
     head, sep, rest = text.partition(": ")
     base = head.split("[", 1)[0]
-    return f"{OPTIONS[base]}{head[len(base):]}: {rest}" if sep and base in OPTIONS else text
+    return f"{OPTIONS[base]}{head[len(base) :]}: {rest}" if sep and base in OPTIONS else text
 
 
 def _one_line(err: BaseException) -> str:
@@ -71,6 +85,7 @@ def _one_line(err: BaseException) -> str:
 
 def _count(least: int, most: int):
     """argparse type: an int in [least, most]."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -79,6 +94,7 @@ def _count(least: int, most: int):
         if not least <= value <= most:
             raise argparse.ArgumentTypeError(f"must be an integer in {least}..{most}, got {value}")
         return value
+
     return parse
 
 
@@ -122,8 +138,11 @@ def _record(text: str) -> Path:
     be written; checked before the check runs, not after its minutes of work."""
     path = Path(_path(text))
     if path.exists() or path.is_symlink():
-        what = "is a folder; name the record's file" if path.is_dir() else \
-            "exists; a record is never overwritten (give a new name)"
+        what = (
+            "is a folder; name the record's file"
+            if path.is_dir()
+            else "exists; a record is never overwritten (give a new name)"
+        )
         raise argparse.ArgumentTypeError(f"{text} {what}")
     base = path.parent
     while not base.exists() and base != base.parent:
@@ -154,8 +173,10 @@ def _callable(path: str):
     except ModuleNotFoundError as e:
         if e.name is None or not (mod == e.name or mod.startswith(e.name + ".")):  # the module's own import failed
             raise ValueError(f"implementation: importing {mod!r} raised {type(e).__name__}: {e}") from None
-        raise ValueError(f"implementation: cannot import {mod!r} ({e}); is its folder on the path "
-                         "(run from there, or set PYTHONPATH)?") from None
+        raise ValueError(
+            f"implementation: cannot import {mod!r} ({e}); is its folder on the path "
+            "(run from there, or set PYTHONPATH)?"
+        ) from None
     except (Exception, SystemExit) as e:
         raise ValueError(f"implementation: importing {mod!r} raised {type(e).__name__}: {e}") from None
     finally:
@@ -186,8 +207,9 @@ def _template(text: str | None) -> dict[str, Any]:
             except ValueError:
                 out[name] = math.nan
             if not math.isfinite(out[name]):
-                raise ValueError(f"--template: {name}'s value must be a finite number or one of {SHAPE_NAMES}, "
-                                 f"got {value!r}") from None
+                raise ValueError(
+                    f"--template: {name}'s value must be a finite number or one of {SHAPE_NAMES}, got {value!r}"
+                ) from None
     return out
 
 
@@ -201,8 +223,15 @@ def _launch(a: argparse.Namespace) -> SourceLaunch:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"--source: {a.source} is not UTF-8 text (byte {e.start}); is it the kernel body?") from None
-    return SourceLaunch(text, tuple(a.inputs.split(",")), output=a.output, grid=(a.grid, 1, 1),
-                        threadgroup=(a.threadgroup, 1, 1), template=_template(a.template), name=path.stem)
+    return SourceLaunch(
+        text,
+        tuple(a.inputs.split(",")),
+        output=a.output,
+        grid=(a.grid, 1, 1),
+        threadgroup=(a.threadgroup, 1, 1),
+        template=_template(a.template),
+        name=path.stem,
+    )
 
 
 def _provenance(argv: list[str] | None) -> dict[str, Any]:
@@ -212,10 +241,15 @@ def _provenance(argv: list[str] | None) -> dict[str, Any]:
     import numpy as np
 
     args = sys.argv[1:] if argv is None else list(argv)
-    return {"date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "command": " ".join(["python -m workbench.check", *args]), "mlx_version": mx.__version__,
-            "mlx_device": str(mx.default_device()), "numpy_version": np.__version__,
-            "python": platform.python_version(), "platform": f"{platform.system()} {platform.machine()}"}
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python -m workbench.check", *args]),
+        "mlx_version": mx.__version__,
+        "mlx_device": str(mx.default_device()),
+        "numpy_version": np.__version__,
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+    }
 
 
 def _compile_error(subject: Any, time_limit: float) -> str | None:
@@ -265,39 +299,77 @@ def main(argv: list[str] | None = None) -> int:
     """The command: the exit status (0 pass, 1 fail); a usage error is argparse's
     ``SystemExit(2)`` with one line on stderr (see the module's docstring)."""
     # allow_abbrev off: which options were given is read from argv (below), by full name
-    p = argparse.ArgumentParser(prog="python -m workbench.check", description=__doc__, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m workbench.check",
+        description=__doc__,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("implementation", nargs="?", help="module:function of a callable tail")
     p.add_argument("--kernels-dir", type=_path, help="a folder shaped like kernels/ (run on the CPU emulator)")
-    p.add_argument("--source", type=_path,
-                   help="a file holding a Metal (or CUDA) kernel body, with the launch options below")
+    p.add_argument(
+        "--source", type=_path, help="a file holding a Metal (or CUDA) kernel body, with the launch options below"
+    )
     p.add_argument("--dump", type=_path, help="a safetensors dump file or a folder of them (docs/DUMP_LAYOUT.md)")
-    p.add_argument("--arrays", choices=ARRAY_KINDS, default="numpy",
-                   help="the arrays a callable is handed and returns (default numpy)")
-    p.add_argument("--batched", action="store_true",
-                   help="the callable takes a case's input scales as a leading axis ([n, branch] in, [n, hidden] out)")
+    p.add_argument(
+        "--arrays",
+        choices=ARRAY_KINDS,
+        default="numpy",
+        help="the arrays a callable is handed and returns (default numpy)",
+    )
+    p.add_argument(
+        "--batched",
+        action="store_true",
+        help="the callable takes a case's input scales as a leading axis ([n, branch] in, [n, hidden] out)",
+    )
     g = p.add_argument_group("the launch of --source")
-    g.add_argument("--inputs", help=f"the body's input names in order, comma-separated, from {', '.join(SOURCE_INPUTS)}")
+    g.add_argument(
+        "--inputs", help=f"the body's input names in order, comma-separated, from {', '.join(SOURCE_INPUTS)}"
+    )
     g.add_argument("--output", default="out", help="the output's name ([hidden] float32; default out)")
     g.add_argument("--grid", type=_count(1, 2**31 - 1), default=32, help="threads in the grid, 1-D (default 32)")
-    g.add_argument("--threadgroup", type=_count(1, 1024), default=32,
-                   help="threads in a threadgroup, at most 1024 as on Metal and CUDA (default 32)")
+    g.add_argument(
+        "--threadgroup",
+        type=_count(1, 1024),
+        default=32,
+        help="threads in a threadgroup, at most 1024 as on Metal and CUDA (default 32)",
+    )
     g.add_argument("--template", help=f"NAME=value,... (a number, or one of {', '.join(SHAPE_NAMES)})")
     g.add_argument("--language", choices=("metal", "cuda"), default="metal", help="the body's language (default metal)")
-    g.add_argument("--run-on", choices=("emulator", "device"), default="emulator",
-                   help="the CPU emulator (Metal only) or the GPU (default emulator)")
-    p.add_argument("--seeds", type=_count(1, MAX_SEEDS), default=100,
-                   help=f"seeded cases a configuration, 1 to {MAX_SEEDS} (default 100)")
-    p.add_argument("--scales", type=_scales, default=list(DEFAULT_SCALES),
-                   help="input scales, comma-separated (default " + ",".join(f"{s:g}" for s in DEFAULT_SCALES) + ")")
-    p.add_argument("--fold", type=_count(0, 2**20), default=16, help="fold block on wo's input (0: none; default 16; "
-                   "a --source takes unfolded weights only)")
+    g.add_argument(
+        "--run-on",
+        choices=("emulator", "device"),
+        default="emulator",
+        help="the CPU emulator (Metal only) or the GPU (default emulator)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=_count(1, MAX_SEEDS),
+        default=100,
+        help=f"seeded cases a configuration, 1 to {MAX_SEEDS} (default 100)",
+    )
+    p.add_argument(
+        "--scales",
+        type=_scales,
+        default=list(DEFAULT_SCALES),
+        help="input scales, comma-separated (default " + ",".join(f"{s:g}" for s in DEFAULT_SCALES) + ")",
+    )
+    p.add_argument(
+        "--fold",
+        type=_count(0, 2**20),
+        default=16,
+        help="fold block on wo's input (0: none; default 16; a --source takes unfolded weights only)",
+    )
     p.add_argument("--tolerance", type=_non_negative, help="your own tolerance on the worst scaled error")
     p.add_argument("--time-limit", type=_positive, default=30.0, help="seconds a case may take (default 30)")
-    p.add_argument("--mutants", action="store_true",
-                   help="also run source-level mutants of --kernels-dir or an emulated --source")
-    p.add_argument("--mutant-files", help="with --kernels-dir: the files to mutate, comma-separated (default: every "
-                   "*.body and *.h; each mutant recompiles, so a large folder takes long)")
+    p.add_argument(
+        "--mutants", action="store_true", help="also run source-level mutants of --kernels-dir or an emulated --source"
+    )
+    p.add_argument(
+        "--mutant-files",
+        help="with --kernels-dir: the files to mutate, comma-separated (default: every "
+        "*.body and *.h; each mutant recompiles, so a large folder takes long)",
+    )
     p.add_argument("--record", type=_record, help="write the JSON record here (refused if the file exists)")
     a = p.parse_args(argv)
     forms = [x for x in (a.implementation, a.kernels_dir, a.source, a.dump) if x is not None]
@@ -371,23 +443,31 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
             from workbench.check.mutants import folder_mutant_study, mutant_study
 
             few = {**common, "seeds": range(min(a.seeds, 8)), "time_limit": max(a.time_limit, 120.0)}
-            study = (folder_mutant_study(a.kernels_dir, files=chosen, folds=folds, **few) if a.kernels_dir
-                     else mutant_study(launch, **few))
+            study = (
+                folder_mutant_study(a.kernels_dir, files=chosen, folds=folds, **few)
+                if a.kernels_dir
+                else mutant_study(launch, **few)
+            )
     print(rep)
     record = {**rep.to_record(), **_provenance(argv)}
     if study is not None:
         print()
         print(study)
-        record["mutants"] = {"counts": study.counts(), "original_same_bits": study.original_same_bits,
-                             "orders": list(study.orders),
-                             "table": json.loads(study.table.to_json(orient="records"))}
+        record["mutants"] = {
+            "counts": study.counts(),
+            "original_same_bits": study.original_same_bits,
+            "orders": list(study.orders),
+            "table": json.loads(study.table.to_json(orient="records")),
+        }
     if a.record is not None:
         try:
             files.write_atomic(a.record, json.dumps(record, indent=1) + "\n", overwrite=False)
         except (OSError, ValueError) as e:  # a race with another writer, a full disk: the verdict stays printed
             reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())
-            raise ValueError(f"--record: {a.record} was not written ({reason}); the verdict printed above "
-                             f"stands: {'PASS' if rep.passed else 'FAIL'}") from None
+            raise ValueError(
+                f"--record: {a.record} was not written ({reason}); the verdict printed above "
+                f"stands: {'PASS' if rep.passed else 'FAIL'}"
+            ) from None
     return 0 if rep.passed else 1
 
 

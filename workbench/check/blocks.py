@@ -85,9 +85,11 @@ def stored_block(c: CaseArrays, *, dtype: str, fold: Any, spec: QuantSpec | None
         f32[k] = np.array(deq)
         np64[k] = f32[k].astype(np.float64)
         graph[k] = WeightMatrix(qb)
-        quant[k] = (np.array(qb.w),
-                    np.array(qb.scales.astype(mx.float32)) if qb.scales.dtype != mx.uint8 else np.array(qb.scales),
-                    None if biases is None else np.array(biases.astype(mx.float32)))
+        quant[k] = (
+            np.array(qb.w),
+            np.array(qb.scales.astype(mx.float32)) if qb.scales.dtype != mx.uint8 else np.array(qb.scales),
+            None if biases is None else np.array(biases.astype(mx.float32)),
+        )
     return StoredBlock(c, dtype, fold, spec, float(eps), f32, np64, graph, quant)
 
 
@@ -124,8 +126,17 @@ def reference(st: StoredBlock, branch: np.ndarray, residual: np.ndarray) -> np.n
         x = mx.array(_signed(st, branch.astype(np.float32)))
         fold = None if st.fold is None else HadamardFold(int(st.fold))
         g = st.graph
-        out = tail_mx(g["wo"], fold, mx.array(st.c.ffn_norm[:, None, :]), g["gate"], g["up"], g["down"], st.eps, x,
-                      mx.array(residual.astype(np.float32)))
+        out = tail_mx(
+            g["wo"],
+            fold,
+            mx.array(st.c.ffn_norm[:, None, :]),
+            g["gate"],
+            g["up"],
+            g["down"],
+            st.eps,
+            x,
+            mx.array(residual.astype(np.float32)),
+        )
         mx.eval(out)
     return np.array(out)
 
@@ -137,9 +148,17 @@ def _matrix(st: StoredBlock, k: str, i: int) -> StoredMatrix:
         return StoredMatrix(shape=dense.shape, dtype=st.dtype, values=values)
     codes, scales, biases = st.quant[k]
     s = st.spec
-    return StoredMatrix(shape=dense.shape, dtype=str(s), codes=codes[i], scales=scales[i],
-                        biases=None if biases is None else biases[i], mode=s.mode, bits=s.bits, group_size=s.group_size,
-                        _dense=dense)
+    return StoredMatrix(
+        shape=dense.shape,
+        dtype=str(s),
+        codes=codes[i],
+        scales=scales[i],
+        biases=None if biases is None else biases[i],
+        mode=s.mode,
+        bits=s.bits,
+        group_size=s.group_size,
+        _dense=dense,
+    )
 
 
 def case(st: StoredBlock, i: int, branch: np.ndarray, residual: np.ndarray, name: str) -> StoredCase:
@@ -148,9 +167,18 @@ def case(st: StoredBlock, i: int, branch: np.ndarray, residual: np.ndarray, name
     fold = fold_for_case(st.fold, st.c.signs[i])
     if fold is not None and fold.site is not FoldSite.INPUT:  # pragma: no cover -- fold_for_case folds at INPUT
         raise ValueError("fold: the batched check folds wo at its input")
-    return StoredCase(case=name, wo=_matrix(st, "wo", i), gate=_matrix(st, "gate", i), up=_matrix(st, "up", i),
-                      down=_matrix(st, "down", i), ffn_norm=st.c.ffn_norm[i], eps=st.eps, fold=fold,
-                      branch=np.asarray(branch, dtype=np.float32), residual=np.asarray(residual, dtype=np.float32))
+    return StoredCase(
+        case=name,
+        wo=_matrix(st, "wo", i),
+        gate=_matrix(st, "gate", i),
+        up=_matrix(st, "up", i),
+        down=_matrix(st, "down", i),
+        ffn_norm=st.c.ffn_norm[i],
+        eps=st.eps,
+        fold=fold,
+        branch=np.asarray(branch, dtype=np.float32),
+        residual=np.asarray(residual, dtype=np.float32),
+    )
 
 
 def faulty(st: StoredBlock, branch: np.ndarray, residual: np.ndarray, fault: str) -> np.ndarray:
@@ -159,6 +187,18 @@ def faulty(st: StoredBlock, branch: np.ndarray, residual: np.ndarray, fault: str
     bias = None
     if st.spec is not None and st.quant["wo"][2] is not None:
         bias = st.quant["wo"][2][:, 0, 0]
-    return faulty_block(st.f32["wo"], st.f32["gate"], st.f32["up"], st.f32["down"], st.c.ffn_norm, st.eps, branch,
-                        residual, fault, fold_block=None if st.fold is None else int(st.fold), signs=st.c.signs,
-                        group_size=None if st.spec is None else st.spec.group_size, wo_bias=bias)
+    return faulty_block(
+        st.f32["wo"],
+        st.f32["gate"],
+        st.f32["up"],
+        st.f32["down"],
+        st.c.ffn_norm,
+        st.eps,
+        branch,
+        residual,
+        fault,
+        fold_block=None if st.fold is None else int(st.fold),
+        signs=st.c.signs,
+        group_size=None if st.spec is None else st.spec.group_size,
+        wo_bias=bias,
+    )

@@ -58,14 +58,17 @@ def _matrix(path: Path, t: dict, meta: dict, name: str, shape: tuple[int, int], 
         if tuple(a.shape) != shape:
             raise DumpError(f"{path.name}: tensor {name!r} has shape {tuple(a.shape)}, expected {shape}")
         if not mx.issubdtype(a.dtype, mx.floating):
-            raise DumpError(f"{path.name}: tensor {name!r} has dtype {a.dtype}, expected a float dtype "
-                            f"(or {name}.codes/.scales for quantized weights)")
+            raise DumpError(
+                f"{path.name}: tensor {name!r} has dtype {a.dtype}, expected a float dtype "
+                f"(or {name}.codes/.scales for quantized weights)"
+            )
         return WeightMatrix(a, fold)
     if f"{name}.codes" not in t or f"{name}.scales" not in t:
         raise DumpError(f"{path.name}: tensor {name!r} is missing (neither {name!r} nor {name}.codes + {name}.scales)")
     try:
-        spec = check_quant_spec(meta.get("quant_mode", ""), int(meta.get("quant_bits", "0")),
-                                int(meta.get("quant_group_size", "0")))
+        spec = check_quant_spec(
+            meta.get("quant_mode", ""), int(meta.get("quant_bits", "0")), int(meta.get("quant_group_size", "0"))
+        )
     except ValueError as e:
         raise DumpError(f"{path.name}: metadata quant_mode/quant_bits/quant_group_size: {e}") from None
     qb = QuantizedBase(t[f"{name}.codes"], t[f"{name}.scales"], t.get(f"{name}.biases"), spec, shape)
@@ -99,8 +102,10 @@ def read_layer(path: str | Path) -> DumpedLayer:
         raise DumpError(f"{path.name}: metadata 'eps' must be a number, got {meta['eps']!r}") from None
     branch, residual, output = (np.array(t[k].astype(mx.float32)) for k in ("branch", "residual", "output"))
     if branch.ndim != 2 or residual.ndim != 2 or output.shape != residual.shape or len(branch) != len(residual):
-        raise DumpError(f"{path.name}: tensors 'branch' [n, branch], 'residual' and 'output' [n, hidden] disagree: "
-                        f"{branch.shape}, {residual.shape}, {output.shape}")
+        raise DumpError(
+            f"{path.name}: tensors 'branch' [n, branch], 'residual' and 'output' [n, hidden] disagree: "
+            f"{branch.shape}, {residual.shape}, {output.shape}"
+        )
     n_hidden, n_branch = residual.shape[1], branch.shape[1]
     gate_rows = t["gate"].shape[0] if "gate" in t else int(t["gate.scales"].shape[0]) if "gate.scales" in t else None
     if gate_rows is None:
@@ -112,12 +117,17 @@ def read_layer(path: str | Path) -> DumpedLayer:
             fold = HadamardFold(int(meta["fold_block"]), signs)
         except ValueError as e:
             raise DumpError(f"{path.name}: metadata fold_block / tensor fold.signs: {e}") from None
-    shapes = {"wo": (n_hidden, n_branch), "gate": (gate_rows, n_hidden), "up": (gate_rows, n_hidden),
-              "down": (n_hidden, gate_rows)}
+    shapes = {
+        "wo": (n_hidden, n_branch),
+        "gate": (gate_rows, n_hidden),
+        "up": (gate_rows, n_hidden),
+        "down": (n_hidden, gate_rows),
+    }
     mats = {k: _matrix(path, t, meta, k, shapes[k], fold if k == "wo" else None) for k in MATRICES}
     try:
-        w = TailWeights(mats["wo"], np.array(t["ffn_norm"].astype(mx.float32)), mats["gate"], mats["up"], mats["down"],
-                        eps=eps)
+        w = TailWeights(
+            mats["wo"], np.array(t["ffn_norm"].astype(mx.float32)), mats["gate"], mats["up"], mats["down"], eps=eps
+        )
     except ValueError as e:
         raise DumpError(f"{path.name}: {e}") from None
     return DumpedLayer(path, w, branch, residual, output, meta)
@@ -149,8 +159,17 @@ def _layout_tensors(name: str, m: WeightMatrix) -> tuple[dict[str, mx.array], An
     return {name: base}, None
 
 
-def write_layer(path: str | Path, weights: TailWeights, branch: Any, residual: Any, output: Any, *,
-                model: str | None = None, layer: int | None = None, overwrite: bool = False) -> Path:
+def write_layer(
+    path: str | Path,
+    weights: TailWeights,
+    branch: Any,
+    residual: Any,
+    output: Any,
+    *,
+    model: str | None = None,
+    layer: int | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write one dump file in the layout: ``weights`` as STORED (dtype or quantized codes, the
     fold's signs and block), the activations ``branch`` [n, branch], ``residual`` [n, hidden]
     and the engine's ``output`` [n, hidden] (float32). Written atomically; an existing file
@@ -167,8 +186,10 @@ def write_layer(path: str | Path, weights: TailWeights, branch: Any, residual: A
             raise ValueError(f"{name}: must be [n, {width}] (one row a case), got shape {arr.shape}")
         acts[name] = mx.array(arr)
     if not len({int(a.shape[0]) for a in acts.values()}) == 1:
-        raise ValueError(f"branch, residual, output: must have the same number of rows, got "
-                         f"{[int(a.shape[0]) for a in acts.values()]}")
+        raise ValueError(
+            f"branch, residual, output: must have the same number of rows, got "
+            f"{[int(a.shape[0]) for a in acts.values()]}"
+        )
     tensors: dict[str, mx.array] = {**acts, "ffn_norm": mx.array(np.asarray(weights.ffn_norm, dtype=np.float32))}
     meta = {"eps": repr(float(weights.eps))}
     specs = set()
@@ -185,8 +206,9 @@ def write_layer(path: str | Path, weights: TailWeights, branch: Any, residual: A
     fold = weights.wo.fold
     if fold is not None:
         if fold.site is not FoldSite.INPUT or fold.perm is not None:
-            raise ValueError("weights: the layout holds a fold on wo's input without a permutation "
-                             f"(block and signs), got {fold!r}")
+            raise ValueError(
+                f"weights: the layout holds a fold on wo's input without a permutation (block and signs), got {fold!r}"
+            )
         meta["fold_block"] = str(fold.block)
         if fold.signs is not None:
             tensors["fold.signs"] = mx.array(np.asarray(fold.signs, dtype=np.float32))

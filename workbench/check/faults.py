@@ -72,8 +72,19 @@ def _mv(w: np.ndarray, x: np.ndarray, f16: bool) -> np.ndarray:
     return np.cumsum(prods, axis=-1, dtype=np.float16)[..., -1].astype(np.float32)
 
 
-def _faulty(wo: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, ffn_norm: np.ndarray, eps: float,
-            x: np.ndarray, r: np.ndarray, fault: str | None, rotate: Any, unrotate: Any) -> np.ndarray:
+def _faulty(
+    wo: np.ndarray,
+    gate: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    ffn_norm: np.ndarray,
+    eps: float,
+    x: np.ndarray,
+    r: np.ndarray,
+    fault: str | None,
+    rotate: Any,
+    unrotate: Any,
+) -> np.ndarray:
     """The float32 tail with ``fault`` on arrays (one case, or a block with a leading case
     axis on every array); ``rotate`` / ``unrotate``: the fold around ``wo`` (or None)."""
     h_dim, b_dim = wo.shape[-2], wo.shape[-1]
@@ -126,14 +137,37 @@ def faulty_tail(sc: StoredCase, fault: str | None) -> np.ndarray:
     fold = sc.fold
     rotate = fold.rotate if fold is not None and fold.site is FoldSite.INPUT else None
     unrotate = fold.unrotate if fold is not None and fold.site is FoldSite.OUTPUT else None
-    return _faulty(wo, _dense(sc.gate), _dense(sc.up), _dense(sc.down), sc.ffn_norm, sc.eps, sc.branch, sc.residual,
-                   fault, rotate, unrotate)
+    return _faulty(
+        wo,
+        _dense(sc.gate),
+        _dense(sc.up),
+        _dense(sc.down),
+        sc.ffn_norm,
+        sc.eps,
+        sc.branch,
+        sc.residual,
+        fault,
+        rotate,
+        unrotate,
+    )
 
 
-def faulty_block(wo: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, ffn_norm: np.ndarray,
-                 eps: float, branch: np.ndarray, residual: np.ndarray, fault: str | None, *,
-                 fold_block: int | None = None, signs: np.ndarray | None = None, group_size: int | None = None,
-                 wo_bias: np.ndarray | None = None) -> np.ndarray:
+def faulty_block(
+    wo: np.ndarray,
+    gate: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    ffn_norm: np.ndarray,
+    eps: float,
+    branch: np.ndarray,
+    residual: np.ndarray,
+    fault: str | None,
+    *,
+    fold_block: int | None = None,
+    signs: np.ndarray | None = None,
+    group_size: int | None = None,
+    wo_bias: np.ndarray | None = None,
+) -> np.ndarray:
     """:func:`faulty_tail` for a block of cases at once: dense float32 weights [S, out, in],
     ``ffn_norm`` [S, hidden], ``branch`` [S, n, branch], ``residual`` [S, n, hidden]; a fold
     on ``wo``'s input of ``fold_block`` with each case's ``signs`` [S, branch]; for
@@ -153,5 +187,7 @@ def faulty_block(wo: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndar
 
         def rotate(v: np.ndarray) -> np.ndarray:  # R x = B (D x), each case its own D
             return hadamard.block_transform(v * d.astype(v.dtype), int(fold_block))
-    return _faulty(wo, gate, up, down, np.asarray(ffn_norm, np.float32)[:, None, :], eps, branch, residual, fault,
-                   rotate, None)
+
+    return _faulty(
+        wo, gate, up, down, np.asarray(ffn_norm, np.float32)[:, None, :], eps, branch, residual, fault, rotate, None
+    )

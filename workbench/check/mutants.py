@@ -43,8 +43,14 @@ STUDY_ORDERS: tuple[str, ...] = ("ascending", "descending", "simd-groups-random"
 
 #: Calls whose second argument is a lane (or a lane mask): Metal's SIMD-group shuffles and
 #: broadcast, and the kernels folder's ``lane_xor`` helper.
-LANE_CALLS: tuple[str, ...] = ("simd_shuffle_xor", "simd_shuffle_down", "simd_shuffle_up", "simd_shuffle",
-                               "simd_broadcast", "lane_xor")
+LANE_CALLS: tuple[str, ...] = (
+    "simd_shuffle_xor",
+    "simd_shuffle_down",
+    "simd_shuffle_up",
+    "simd_shuffle",
+    "simd_broadcast",
+    "lane_xor",
+)
 
 _BARRIER = re.compile(r"(?:\bmetal::)?\b(?:\w*barrier\w*|__syncthreads)\s*\([^;]*\)\s*;", re.IGNORECASE)
 _FOR = re.compile(r"\bfor\s*\(")
@@ -87,7 +93,7 @@ def _close(text: str, open_at: int) -> int:
 def _line_of(text: str, i: int) -> tuple[int, str]:
     start = text.rfind("\n", 0, i) + 1
     end = text.find("\n", i)
-    return text.count("\n", 0, i) + 1, text[start: end if end >= 0 else len(text)]
+    return text.count("\n", 0, i) + 1, text[start : end if end >= 0 else len(text)]
 
 
 def _mutant(kind: str, text: str, start: int, end: int, replacement: str) -> Mutant:
@@ -164,7 +170,7 @@ def _lanes(text: str) -> list[Mutant]:
     out = []
     for m in _LANE_CALL.finditer(text):
         close = _close(text, m.end() - 1)
-        args = text[m.end():close]
+        args = text[m.end() : close]
         depth, comma = 0, -1
         for i, c in enumerate(args):
             depth += c == "("
@@ -189,12 +195,16 @@ def _indices(text: str) -> list[Mutant]:
     for name in sorted(names):
         for m in re.finditer(rf"\b{re.escape(name)}\s*\[", text):
             close = text.find("]", m.end())
-            after = text[close + 1:close + 4].lstrip() if close > 0 else ""
-            declared = _DECLARED.search(text[max(0, m.start() - 60):m.start()]) is not None
-            if close < 0 or (after.startswith("=") and not after.startswith("==")) or after[:2] in ("+=", "-=") \
-                    or declared:
+            after = text[close + 1 : close + 4].lstrip() if close > 0 else ""
+            declared = _DECLARED.search(text[max(0, m.start() - 60) : m.start()]) is not None
+            if (
+                close < 0
+                or (after.startswith("=") and not after.startswith("=="))
+                or after[:2] in ("+=", "-=")
+                or declared
+            ):
                 continue  # a write, or the declaration: only reads are moved
-            out.append(_mutant("wrong index", text, m.end(), close, f"({text[m.end():close]}) + 1"))
+            out.append(_mutant("wrong index", text, m.end(), close, f"({text[m.end() : close]}) + 1"))
     return out
 
 
@@ -240,6 +250,7 @@ class _Recording:
                 v = call()
                 self.outputs[key] = np.array(v, dtype=np.float32, copy=True)
                 return v
+
             out.append((run, want))
         return out
 
@@ -268,7 +279,9 @@ class MutantStudy:
     orders: tuple[str, ...]
 
     def counts(self) -> dict[str, int]:
-        return {s: int((self.table["status"] == s).sum()) for s in ("caught", "missed", "equivalent", "does not compile")}
+        return {
+            s: int((self.table["status"] == s).sum()) for s in ("caught", "missed", "equivalent", "does not compile")
+        }
 
     @property
     def missed(self) -> Any:
@@ -276,16 +289,19 @@ class MutantStudy:
 
     def __str__(self) -> str:
         c = self.counts()
-        head = (f"{self.subject}: {len(self.table)} mutants; caught {c['caught']}, missed {c['missed']}, "
-                f"equivalent {c['equivalent']}, not compiling {c['does not compile']}; original "
-                f"{'passes' if self.original_passed else 'FAILS'} the check, "
-                f"{'the same bits' if self.original_same_bits else 'DIFFERENT bits'} in {len(self.orders)} schedules")
+        head = (
+            f"{self.subject}: {len(self.table)} mutants; caught {c['caught']}, missed {c['missed']}, "
+            f"equivalent {c['equivalent']}, not compiling {c['does not compile']}; original "
+            f"{'passes' if self.original_passed else 'FAILS'} the check, "
+            f"{'the same bits' if self.original_same_bits else 'DIFFERENT bits'} in {len(self.orders)} schedules"
+        )
         cols = ["kind", "line", "after", "status"]
         return head + "\n" + self.table[cols].to_string(index=False, max_colwidth=60)
 
 
-def _run_all(make_subject: Callable[[str], Any], orders: Sequence[str],
-             check_args: dict) -> tuple[bool, dict, list[str], list[str]]:
+def _run_all(
+    make_subject: Callable[[str], Any], orders: Sequence[str], check_args: dict
+) -> tuple[bool, dict, list[str], list[str]]:
     """One variant in every order: (passed in all, {order: outputs}, runs with no result, verdict reasons)."""
     passed, outs, errors, reasons = True, {}, [], []
     for o in orders:
@@ -298,14 +314,21 @@ def _run_all(make_subject: Callable[[str], Any], orders: Sequence[str],
     return passed, outs, errors, reasons
 
 
-def _study(name: str, mutants: Sequence[tuple[str, Mutant]], make: Callable[[tuple[str, Mutant] | None, str], Any],
-           orders: Sequence[str], check_args: dict) -> MutantStudy:
+def _study(
+    name: str,
+    mutants: Sequence[tuple[str, Mutant]],
+    make: Callable[[tuple[str, Mutant] | None, str], Any],
+    orders: Sequence[str],
+    check_args: dict,
+) -> MutantStudy:
     """The original (``make(None, order)``) and each ``(file, mutant)`` in every order."""
     import pandas as pd
 
     from workbench.kernels.metal_emulation import SCHEDULES
 
-    orders = tuple(validate.one_of("orders", o, SCHEDULES) for o in validate.sequence("orders", orders, what="schedules"))
+    orders = tuple(
+        validate.one_of("orders", o, SCHEDULES) for o in validate.sequence("orders", orders, what="schedules")
+    )
     ok, base, _, _ = _run_all(lambda o: make(None, o), orders, check_args)
     same = all(_same_bits(base[orders[0]], base[o]) for o in orders[1:])
     rows = []
@@ -318,21 +341,44 @@ def _study(name: str, mutants: Sequence[tuple[str, Mutant]], make: Callable[[tup
             status = "equivalent"
         else:
             status = "missed" if passed else "caught"
-        rows.append({"file": where, "kind": m.kind, "line": m.line, "before": m.before, "after": m.after,
-                     "status": status, "reason": (reasons or [""])[0]})
+        rows.append(
+            {
+                "file": where,
+                "kind": m.kind,
+                "line": m.line,
+                "before": m.before,
+                "after": m.after,
+                "status": status,
+                "reason": (reasons or [""])[0],
+            }
+        )
     table = pd.DataFrame(rows, columns=["file", "kind", "line", "before", "after", "status", "reason"])
     return MutantStudy(name, table, ok, same, orders)
 
 
-def _check_args(seeds: Iterable[int], scales: Sequence[float], tolerance: Any, time_limit: float,
-                folds: Sequence[Any]) -> dict:
-    return {"seeds": list(seeds), "scales": scales, "folds": folds, "faults": (), "tolerance": tolerance,
-            "time_limit": time_limit}
+def _check_args(
+    seeds: Iterable[int], scales: Sequence[float], tolerance: Any, time_limit: float, folds: Sequence[Any]
+) -> dict:
+    return {
+        "seeds": list(seeds),
+        "scales": scales,
+        "folds": folds,
+        "faults": (),
+        "tolerance": tolerance,
+        "time_limit": time_limit,
+    }
 
 
-def mutant_study(launch: SourceLaunch, *, seeds: Iterable[int] = range(8), scales: Sequence[float] = DEFAULT_SCALES,
-                 tolerance: Any = None, orders: Sequence[str] = STUDY_ORDERS, kinds: Sequence[str] = KINDS,
-                 time_limit: float = 120.0) -> MutantStudy:
+def mutant_study(
+    launch: SourceLaunch,
+    *,
+    seeds: Iterable[int] = range(8),
+    scales: Sequence[float] = DEFAULT_SCALES,
+    tolerance: Any = None,
+    orders: Sequence[str] = STUDY_ORDERS,
+    kinds: Sequence[str] = KINDS,
+    time_limit: float = 120.0,
+) -> MutantStudy:
     """Every mutant of ``launch``'s Metal source (:func:`source_mutants`) run on the CPU
     emulator through :func:`~workbench.check.run.check_kernel` (dense, unfolded cases, as the
     source form takes them), in each of ``orders``, beside the original on the same cases.
@@ -346,14 +392,27 @@ def mutant_study(launch: SourceLaunch, *, seeds: Iterable[int] = range(8), scale
         run = launch if variant is None else launch.with_source(variant[1].source, name=f"{launch.name}_mutant")
         return SourceSubject(run, order=order)
 
-    return _study(launch.name, [("source", m) for m in found], make, orders,
-                  _check_args(seeds, scales, tolerance, time_limit, (None,)))
+    return _study(
+        launch.name,
+        [("source", m) for m in found],
+        make,
+        orders,
+        _check_args(seeds, scales, tolerance, time_limit, (None,)),
+    )
 
 
-def folder_mutant_study(folder: str | Path, *, files: Sequence[str] | None = None, seeds: Iterable[int] = range(8),
-                        scales: Sequence[float] = DEFAULT_SCALES, folds: Sequence[Any] = (16,), tolerance: Any = None,
-                        orders: Sequence[str] = STUDY_ORDERS, kinds: Sequence[str] = KINDS,
-                        time_limit: float = 120.0) -> MutantStudy:
+def folder_mutant_study(
+    folder: str | Path,
+    *,
+    files: Sequence[str] | None = None,
+    seeds: Iterable[int] = range(8),
+    scales: Sequence[float] = DEFAULT_SCALES,
+    folds: Sequence[Any] = (16,),
+    tolerance: Any = None,
+    orders: Sequence[str] = STUDY_ORDERS,
+    kinds: Sequence[str] = KINDS,
+    time_limit: float = 120.0,
+) -> MutantStudy:
     """Mutants of a kernels folder's files (``files``: names in the folder; default every
     ``*.body`` and ``*.h``), each run as a copy of the folder with that one file changed, on
     the CPU emulator. The user's folder is only read."""
@@ -363,7 +422,9 @@ def folder_mutant_study(folder: str | Path, *, files: Sequence[str] | None = Non
     names = sorted(p.name for p in src.iterdir() if p.suffix in (".body", ".h")) if files is None else list(files)
     for n in names:
         if not (src / n).is_file():
-            raise ValueError(f"files: {n!r} is not a file of {src.name}/ (it has {sorted(p.name for p in src.iterdir())})")
+            raise ValueError(
+                f"files: {n!r} is not a file of {src.name}/ (it has {sorted(p.name for p in src.iterdir())})"
+            )
     work = Path(tempfile.mkdtemp(prefix="workbench-mutants-"))
     try:
         original = work / "original"

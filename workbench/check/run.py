@@ -79,10 +79,17 @@ class CheckReport:
 
         rows = []
         for t in self.tests:
-            rows.append({"scale": t.scale, "n": t.n, **{f"{k}": v for k, v in t.quantiles.items()},
-                         **{f"ref_{k}": v for k, v in t.reference_quantiles.items()},
-                         f"past {verdict_mod.RATIO:g}x ref": t.exceed, "rejects at": t.critical,
-                         "power": round(t.power, 4)})
+            rows.append(
+                {
+                    "scale": t.scale,
+                    "n": t.n,
+                    **{f"{k}": v for k, v in t.quantiles.items()},
+                    **{f"ref_{k}": v for k, v in t.reference_quantiles.items()},
+                    f"past {verdict_mod.RATIO:g}x ref": t.exceed,
+                    "rejects at": t.critical,
+                    "power": round(t.power, 4),
+                }
+            )
         return pd.DataFrame(rows).set_index("scale")
 
     def catch_table(self):
@@ -120,15 +127,29 @@ class CheckReport:
     def to_record(self) -> dict[str, Any]:
         """A JSON-ready record (as the benches write): verdict, tolerances, tables."""
         return {
-            "kind": "check", "subject": self.subject, "form": self.kind, "passed": self.passed,
-            "reasons": self.reasons, "problems": self.problems,
+            "kind": "check",
+            "subject": self.subject,
+            "form": self.kind,
+            "passed": self.passed,
+            "reasons": self.reasons,
+            "problems": self.problems,
             "tolerances": {k: list(v) for k, v in self.tolerances.items()},
-            "calibrated": None if self.calibrated is None else {
-                "recommended": self.calibrated.recommended, "value": self.calibrated.value,
-                "flake_rate": self.calibrated.flake_rate, "method": self.calibrated.method},
+            "calibrated": None
+            if self.calibrated is None
+            else {
+                "recommended": self.calibrated.recommended,
+                "value": self.calibrated.value,
+                "flake_rate": self.calibrated.flake_rate,
+                "method": self.calibrated.method,
+            },
             "calibration_note": self.calibration_note,
-            "test": {"name": verdict_mod.TEST_NAME, "ratio": verdict_mod.RATIO, "null_share": verdict_mod.NULL_SHARE,
-                     "alpha": verdict_mod.ALPHA, "power_against_share": verdict_mod.POWER_SHARE},
+            "test": {
+                "name": verdict_mod.TEST_NAME,
+                "ratio": verdict_mod.RATIO,
+                "null_share": verdict_mod.NULL_SHARE,
+                "alpha": verdict_mod.ALPHA,
+                "power_against_share": verdict_mod.POWER_SHARE,
+            },
             "errors": json.loads(self.error_table().reset_index().to_json(orient="records")),
             "catch_rates": json.loads(self.catch_table().reset_index().to_json(orient="records")),
         }
@@ -172,8 +193,10 @@ def _subject(subject: Any) -> Any:
         return subject
     if not callable(subject):
         hint = " (an import path is for `python -m workbench.check`)" if isinstance(subject, str) else ""
-        raise ValueError(f"subject: must be a callable (case -> output array) or a CallableSubject, "
-                         f"KernelsFolderSubject or SourceSubject, got {validate.describe(subject)}{hint}")
+        raise ValueError(
+            f"subject: must be a callable (case -> output array) or a CallableSubject, "
+            f"KernelsFolderSubject or SourceSubject, got {validate.describe(subject)}{hint}"
+        )
     return CallableSubject(subject)
 
 
@@ -199,8 +222,19 @@ def _frame(base: dict[str, Any], seeds: np.ndarray, scales: list[float], metrics
     return pd.DataFrame(cols)
 
 
-def _run_calls(subject: Any, caller: LimitedCaller, scs: list[StoredCase], c: Any, *, scales: list[float],
-               dtype: str, fold: Any, spec: Any, eps: float, problems: list[str]) -> np.ndarray:
+def _run_calls(
+    subject: Any,
+    caller: LimitedCaller,
+    scs: list[StoredCase],
+    c: Any,
+    *,
+    scales: list[float],
+    dtype: str,
+    fold: Any,
+    spec: Any,
+    eps: float,
+    problems: list[str],
+) -> np.ndarray:
     """The implementation under test on every case of a block: float32 [S, n, hidden], NaN
     where a call gave no usable result (``problems`` says why, naming the case)."""
     calls, where = [], []
@@ -213,8 +247,9 @@ def _run_calls(subject: Any, caller: LimitedCaller, scs: list[StoredCase], c: An
             made = subject.calls(sc, w)
         for j, (call, want) in enumerate(made):
             calls.append(call)
-            where.append((i, j if len(made) > 1 else None, want,
-                          name if len(made) == 1 else f"{name} scale {scales[j]:g}"))
+            where.append(
+                (i, j if len(made) > 1 else None, want, name if len(made) == 1 else f"{name} scale {scales[j]:g}")
+            )
     n_rows, hidden = scs[0].branch.shape[0], scs[0].shape[0]
     out = np.full((len(scs), n_rows, hidden), np.nan, dtype=np.float32)
     for o, (i, j, want, label) in zip(caller.run_all(calls), where):
@@ -239,11 +274,21 @@ def _run_calls(subject: Any, caller: LimitedCaller, scs: list[StoredCase], c: An
     return out
 
 
-def check_kernel(subject: Any, *, shapes: Sequence[Sequence[int]] = ((64, 96, 80),), seeds: Iterable[int] = range(100),
-          scales: Sequence[float] = DEFAULT_SCALES, dtypes: Sequence[str] = ("float32",),
-          folds: Sequence[Any] = (16,), quantize: Sequence[Any] = (None,), tolerance: Any = None,
-          flake_rate: float = 1e-4, faults: Sequence[str] = tuple(FAULTS), time_limit: float = 30.0,
-          eps: float = DEFAULT_EPS) -> CheckReport:
+def check_kernel(
+    subject: Any,
+    *,
+    shapes: Sequence[Sequence[int]] = ((64, 96, 80),),
+    seeds: Iterable[int] = range(100),
+    scales: Sequence[float] = DEFAULT_SCALES,
+    dtypes: Sequence[str] = ("float32",),
+    folds: Sequence[Any] = (16,),
+    quantize: Sequence[Any] = (None,),
+    tolerance: Any = None,
+    flake_rate: float = 1e-4,
+    faults: Sequence[str] = tuple(FAULTS),
+    time_limit: float = 30.0,
+    eps: float = DEFAULT_EPS,
+) -> CheckReport:
     """Check ``subject`` (a callable, or a form of :mod:`workbench.check.subjects`) on every
     combination of ``shapes`` x ``dtypes`` x ``folds`` x ``quantize`` x ``seeds``, each at every
     input scale. ``tolerance``: the user's own (a limit on ``worst``, or ``(metric, limit)``);
@@ -261,8 +306,10 @@ def check_kernel(subject: Any, *, shapes: Sequence[Sequence[int]] = ((64, 96, 80
     flake_rate = _flake_rate(flake_rate)
     # The inputs are multiplied in float32; the rows are labelled with the scales as given
     # (0.01, not float32's 0.009999999776...), so a table is indexed by what was asked for.
-    scale_labels = [float(validate.number("scales", s, minimum=0, exclusive_minimum=True))
-                    for s in validate.sequence("scales", scales, what="positive numbers")]
+    scale_labels = [
+        float(validate.number("scales", s, minimum=0, exclusive_minimum=True))
+        for s in validate.sequence("scales", scales, what="positive numbers")
+    ]
     scale_arr = np.array(scale_labels, dtype=np.float32)
     faults = _faults(faults)
     caller = LimitedCaller(validate.number("time_limit", time_limit, minimum=0, exclusive_minimum=True))
@@ -282,7 +329,7 @@ def check_kernel(subject: Any, *, shapes: Sequence[Sequence[int]] = ((64, 96, 80
                     qlabel, spec = quant_spec(q)
                     check_quant_fits(spec, shp)
                     configs.append((shp, dtype, fold, qlabel, spec))
-    chunks = [seed_arr[k:k + CASE_BLOCK] for k in range(0, len(seed_arr), CASE_BLOCK)]
+    chunks = [seed_arr[k : k + CASE_BLOCK] for k in range(0, len(seed_arr), CASE_BLOCK)]
     for shp, dtype, fold, qlabel, spec in configs:
         base = {"hidden": shp[0], "branch": shp[1], "ffn": shp[2], "dtype": dtype, "fold": str(fold), "quant": qlabel}
         for chunk in chunks:
@@ -291,10 +338,22 @@ def check_kernel(subject: Any, *, shapes: Sequence[Sequence[int]] = ((64, 96, 80
             B = c.branch[:, None, :] * scale_arr[None, :, None]
             R = c.residual[:, None, :] * scale_arr[None, :, None]
             truth, ref = blocks.truth(st, B, R), blocks.reference(st, B, R)
-            scs = [blocks.case(st, i, B[i], R[i], f"shape {shp} {dtype} fold {fold} quant {qlabel} seed {int(s)}")
-                   for i, s in enumerate(c.seeds)]
-            out = _run_calls(subject, caller, scs, c, scales=scale_labels, dtype=dtype, fold=fold, spec=spec,
-                             eps=eps, problems=problems)
+            scs = [
+                blocks.case(st, i, B[i], R[i], f"shape {shp} {dtype} fold {fold} quant {qlabel} seed {int(s)}")
+                for i, s in enumerate(c.seeds)
+            ]
+            out = _run_calls(
+                subject,
+                caller,
+                scs,
+                c,
+                scales=scale_labels,
+                dtype=dtype,
+                fold=fold,
+                spec=spec,
+                eps=eps,
+                problems=problems,
+            )
             frames.append(_frame(base, c.seeds, scale_labels, _metric_columns(out, truth, ref)))
             for f in faults:
                 if not applies(f, scs[0]):  # a fold and a quantized wo are the same for every case of a block
@@ -303,12 +362,14 @@ def check_kernel(subject: Any, *, shapes: Sequence[Sequence[int]] = ((64, 96, 80
                 fframes.append(_frame({**base, "fault": f}, c.seeds, scale_labels, _metric_columns(fo, truth)))
     cases = pd.concat(frames, ignore_index=True)
     fault_df = pd.concat(fframes, ignore_index=True) if fframes else None
-    return _report(cases, fault_df, problems, user, flake_rate, getattr(subject, "name", "?"),
-                   getattr(subject, "kind", "callable"))
+    return _report(
+        cases, fault_df, problems, user, flake_rate, getattr(subject, "name", "?"), getattr(subject, "kind", "callable")
+    )
 
 
-def check_dump(path: Any, *, tolerance: Any = None, flake_rate: float = 1e-4,
-               faults: Sequence[str] = tuple(FAULTS)) -> CheckReport:
+def check_dump(
+    path: Any, *, tolerance: Any = None, flake_rate: float = 1e-4, faults: Sequence[str] = tuple(FAULTS)
+) -> CheckReport:
     """Check the outputs an engine dumped (:mod:`workbench.check.dump`: a file, or a folder of
     them): each row of each file against the float64 truth of the file's stored weights,
     beside the workbench's graph tail and the fault models on the same rows (input scale 1:
@@ -347,12 +408,20 @@ def check_dump(path: Any, *, tolerance: Any = None, flake_rate: float = 1e-4,
         raise ValueError(f"path: no dump file could be read: {problems[0] if problems else 'none found'}")
     import pandas as pd
 
-    return _report(pd.DataFrame(rows), pd.DataFrame(frows) if frows else None, problems, user, flake_rate, str(path),
-                   "dump")
+    return _report(
+        pd.DataFrame(rows), pd.DataFrame(frows) if frows else None, problems, user, flake_rate, str(path), "dump"
+    )
 
 
-def _report(cases: Any, fault_df: Any, problems: list[str], user: tuple[str, float] | None, flake_rate: float,
-            name: str, kind: str) -> CheckReport:
+def _report(
+    cases: Any,
+    fault_df: Any,
+    problems: list[str],
+    user: tuple[str, float] | None,
+    flake_rate: float,
+    name: str,
+    kind: str,
+) -> CheckReport:
     """The tolerances, calibration, sign tests and verdict over a check's rows (``fault_df``:
     None when no fault model ran)."""
     import pandas as pd
@@ -381,14 +450,27 @@ def _report(cases: Any, fault_df: Any, problems: list[str], user: tuple[str, flo
         bad = cases[~(cases[metric] <= limit)]
         if len(bad):
             row = bad.iloc[0]
-            reasons.append(f"{len(bad)} case run(s) fail the {tol_name} tolerance ({metric} <= {limit:g}), first: seed "
-                           f"{row['seed']} at scale {row['scale']:g} ({metric} {row[metric]:.3g})")
+            reasons.append(
+                f"{len(bad)} case run(s) fail the {tol_name} tolerance ({metric} <= {limit:g}), first: seed "
+                f"{row['seed']} at scale {row['scale']:g} ({metric} {row[metric]:.3g})"
+            )
     for t in tests:
         if t.rejected:
-            reasons.append(f"at input scale {t.scale:g} the errors are not those of a correct float32 tail: "
-                           f"{t.exceed} of {t.n} cases are past {verdict_mod.RATIO:g}x the reference's "
-                           f"(the {verdict_mod.TEST_NAME} rejects at {t.critical}; p = {t.p_value:.2g})")
-    return CheckReport(subject=name, kind=kind, cases=cases,
-                       faults=fault_df, tolerances=tols, calibrated=calibrated, calibration_note=note, tests=tests,
-                       problems=problems, user_tolerance=None if user is None else f"{user[0]} <= {user[1]:g}",
-                       reasons=reasons)
+            reasons.append(
+                f"at input scale {t.scale:g} the errors are not those of a correct float32 tail: "
+                f"{t.exceed} of {t.n} cases are past {verdict_mod.RATIO:g}x the reference's "
+                f"(the {verdict_mod.TEST_NAME} rejects at {t.critical}; p = {t.p_value:.2g})"
+            )
+    return CheckReport(
+        subject=name,
+        kind=kind,
+        cases=cases,
+        faults=fault_df,
+        tolerances=tols,
+        calibrated=calibrated,
+        calibration_note=note,
+        tests=tests,
+        problems=problems,
+        user_tolerance=None if user is None else f"{user[0]} <= {user[1]:g}",
+        reasons=reasons,
+    )

@@ -63,9 +63,14 @@ class SourceLaunch:
             raise ValueError(f"output: must be an identifier other than the inputs' names, got {describe(self.output)}")
         for name in ("grid", "threadgroup"):
             v = getattr(self, name)
-            if (not isinstance(v, (tuple, list)) or len(v) != 3
-                    or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1 for x in v)):
-                raise ValueError(f"{name}: must be three positive ints (threads, as MLX counts them), got {describe(v)}")
+            if (
+                not isinstance(v, (tuple, list))
+                or len(v) != 3
+                or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1 for x in v)
+            ):
+                raise ValueError(
+                    f"{name}: must be three positive ints (threads, as MLX counts them), got {describe(v)}"
+                )
             object.__setattr__(self, name, tuple(int(x) for x in v))
         if isinstance(self.template, Mapping):
             tpl = tuple(self.template.items())
@@ -83,8 +88,9 @@ class SourceLaunch:
 
     def with_source(self, source: str, name: str | None = None) -> SourceLaunch:
         """The same launch around another body (a generated mutant)."""
-        return SourceLaunch(source, self.inputs, self.output, self.grid, self.threadgroup, self.template,
-                            self.header, name or self.name)
+        return SourceLaunch(
+            source, self.inputs, self.output, self.grid, self.threadgroup, self.template, self.header, name or self.name
+        )
 
     def resolved_template(self, shape: tuple[int, int, int]) -> list[tuple[str, Any]]:
         dims = dict(zip(SHAPE_NAMES, shape))
@@ -95,13 +101,19 @@ class SourceLaunch:
         the body, since MLX caches kernels by name (two bodies under one name once ran the first's code)."""
         if language not in self._kernels:
             digest = hashlib.sha256((self.header + self.source).encode()).hexdigest()[:12]
-            self._kernels[language] = kernel_run.source_kernel(language, f"{self.name}_{digest}", self.inputs,
-                                                               [self.output], self.source, self.header)
+            self._kernels[language] = kernel_run.source_kernel(
+                language, f"{self.name}_{digest}", self.inputs, [self.output], self.source, self.header
+            )
         return self._kernels[language]
 
     def launch_args(self, shape: tuple[int, int, int]) -> dict[str, Any]:
-        return dict(template=self.resolved_template(shape), grid=self.grid, threadgroup=self.threadgroup,
-                    output_shapes=[(shape[0],)], output_dtypes=[mx.float32])
+        return dict(
+            template=self.resolved_template(shape),
+            grid=self.grid,
+            threadgroup=self.threadgroup,
+            output_shapes=[(shape[0],)],
+            output_dtypes=[mx.float32],
+        )
 
 
 def source_inputs(launch: SourceLaunch, tensors: Mapping[str, Any]) -> list[mx.array]:
@@ -109,17 +121,25 @@ def source_inputs(launch: SourceLaunch, tensors: Mapping[str, Any]) -> list[mx.a
     return [t if isinstance(t, mx.array) else mx.array(t) for t in (tensors[n] for n in launch.inputs)]
 
 
-def run_metal_emulated(launch: SourceLaunch, inputs: Sequence[mx.array], shape: tuple[int, int, int], *,
-                       order: str = "ascending", seed: int = 0) -> np.ndarray:
+def run_metal_emulated(
+    launch: SourceLaunch,
+    inputs: Sequence[mx.array],
+    shape: tuple[int, int, int],
+    *,
+    order: str = "ascending",
+    seed: int = 0,
+) -> np.ndarray:
     """The launch's Metal source run on the CPU by the workbench's emulator; float32 [hidden]."""
     backends.resolve_backend(kernel_run.METAL_EMULATED)  # without clang: BackendUnavailable saying what to install
-    (out,) = launch.kernel(kernel_run.METAL_EMULATED)(inputs=list(inputs), **launch.launch_args(shape), order=order,
-                                                      seed=seed)
+    (out,) = launch.kernel(kernel_run.METAL_EMULATED)(
+        inputs=list(inputs), **launch.launch_args(shape), order=order, seed=seed
+    )
     return np.asarray(out, dtype=np.float32)
 
 
-def run_on_device(launch: SourceLaunch, language: str, inputs: Sequence[mx.array],
-                  shape: tuple[int, int, int]) -> np.ndarray:
+def run_on_device(
+    launch: SourceLaunch, language: str, inputs: Sequence[mx.array], shape: tuple[int, int, int]
+) -> np.ndarray:
     """The launch on its device (``"metal"``: an Apple GPU; ``"cuda"``: an NVIDIA GPU);
     ``BackendUnavailable`` where that device is absent."""
     backends.resolve_backend(language)

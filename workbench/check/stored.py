@@ -95,12 +95,17 @@ def _stored_matrix(m: WeightMatrix) -> StoredMatrix:
     base, _ = m.launch_parts()
     if isinstance(base, QuantizedBase):
         spec = base.spec
-        return StoredMatrix(shape=base.shape, dtype=str(spec), codes=np.array(base.w),
-                            scales=np.array(base.scales.astype(mx.float32)) if base.scales.dtype != mx.uint8
-                            else np.array(base.scales),
-                            biases=None if base.biases is None else np.array(base.biases.astype(mx.float32)),
-                            mode=spec.mode, bits=spec.bits, group_size=spec.group_size,
-                            _dense=m.dense(np.float32))
+        return StoredMatrix(
+            shape=base.shape,
+            dtype=str(spec),
+            codes=np.array(base.w),
+            scales=np.array(base.scales.astype(mx.float32)) if base.scales.dtype != mx.uint8 else np.array(base.scales),
+            biases=None if base.biases is None else np.array(base.biases.astype(mx.float32)),
+            mode=spec.mode,
+            bits=spec.bits,
+            group_size=spec.group_size,
+            _dense=m.dense(np.float32),
+        )
     values = m.dense(np.float32)
     if m.dtype == "float16":
         values = values.astype(np.float16)
@@ -109,9 +114,18 @@ def _stored_matrix(m: WeightMatrix) -> StoredMatrix:
 
 def stored_case(w: TailWeights, branch: np.ndarray, residual: np.ndarray, case: str) -> StoredCase:
     """The :class:`StoredCase` of ``w`` and the activations (numpy)."""
-    return StoredCase(case=case, wo=_stored_matrix(w.wo), gate=_stored_matrix(w.gate), up=_stored_matrix(w.up),
-                      down=_stored_matrix(w.down), ffn_norm=w.ffn_norm, eps=float(w.eps), fold=w.wo.fold,
-                      branch=np.asarray(branch, dtype=np.float32), residual=np.asarray(residual, dtype=np.float32))
+    return StoredCase(
+        case=case,
+        wo=_stored_matrix(w.wo),
+        gate=_stored_matrix(w.gate),
+        up=_stored_matrix(w.up),
+        down=_stored_matrix(w.down),
+        ffn_norm=w.ffn_norm,
+        eps=float(w.eps),
+        fold=w.wo.fold,
+        branch=np.asarray(branch, dtype=np.float32),
+        residual=np.asarray(residual, dtype=np.float32),
+    )
 
 
 def _to(kind: str, a: Any) -> Any:
@@ -131,13 +145,31 @@ def convert(sc: StoredCase, kind: str) -> StoredCase:
         return sc
 
     def mat(m: StoredMatrix) -> StoredMatrix:
-        return StoredMatrix(shape=m.shape, dtype=m.dtype, values=_to(kind, m.values), codes=_to(kind, m.codes),
-                            scales=_to(kind, m.scales), biases=_to(kind, m.biases), mode=m.mode, bits=m.bits,
-                            group_size=m.group_size, _dense=_to(kind, m._dense))
+        return StoredMatrix(
+            shape=m.shape,
+            dtype=m.dtype,
+            values=_to(kind, m.values),
+            codes=_to(kind, m.codes),
+            scales=_to(kind, m.scales),
+            biases=_to(kind, m.biases),
+            mode=m.mode,
+            bits=m.bits,
+            group_size=m.group_size,
+            _dense=_to(kind, m._dense),
+        )
 
-    return StoredCase(case=sc.case, wo=mat(sc.wo), gate=mat(sc.gate), up=mat(sc.up), down=mat(sc.down),
-                      ffn_norm=_to(kind, sc.ffn_norm), eps=sc.eps, fold=sc.fold, branch=_to(kind, sc.branch),
-                      residual=_to(kind, sc.residual))
+    return StoredCase(
+        case=sc.case,
+        wo=mat(sc.wo),
+        gate=mat(sc.gate),
+        up=mat(sc.up),
+        down=mat(sc.down),
+        ffn_norm=_to(kind, sc.ffn_norm),
+        eps=sc.eps,
+        fold=sc.fold,
+        branch=_to(kind, sc.branch),
+        residual=_to(kind, sc.residual),
+    )
 
 
 def as_numpy(value: Any) -> np.ndarray | None:

@@ -27,8 +27,15 @@ from workbench.validate import describe, flag, one_of
 #: or ``"every"`` (each case in all of them, the bits compared). Spelled out here so that
 #: validating an order does not load the emulator.
 EVERY = "every"
-EMULATOR_ORDERS: tuple[str, ...] = ("ascending", "descending", "shuffled", "simd-groups-ascending",
-                                    "simd-groups-descending", "simd-groups-random", EVERY)
+EMULATOR_ORDERS: tuple[str, ...] = (
+    "ascending",
+    "descending",
+    "shuffled",
+    "simd-groups-ascending",
+    "simd-groups-descending",
+    "simd-groups-random",
+    EVERY,
+)
 
 
 class SubjectError(RuntimeError):
@@ -94,8 +101,9 @@ def _check_folder_texts(folder: Path, dialect: str) -> None:
         except FileNotFoundError as e:
             raise ValueError(f"folder: {folder} is not shaped like kernels/: {e}") from None
         except UnicodeDecodeError as e:
-            raise ValueError(f"folder: {folder} holds a kernel text that is not UTF-8 (byte {e.start}: {e.reason})") \
-                from None
+            raise ValueError(
+                f"folder: {folder} holds a kernel text that is not UTF-8 (byte {e.start}: {e.reason})"
+            ) from None
         except ValueError as e:
             raise ValueError(f"folder: {folder}: {e}") from None
 
@@ -115,8 +123,9 @@ class KernelsFolderSubject:
 
     def __post_init__(self) -> None:
         if not isinstance(self.folder, (str, os.PathLike)) or not str(self.folder).strip():
-            raise ValueError(f"folder: must be a folder shaped like kernels/ (a str or Path), "
-                             f"got {describe(self.folder)}")
+            raise ValueError(
+                f"folder: must be a folder shaped like kernels/ (a str or Path), got {describe(self.folder)}"
+            )
         folder = Path(self.folder)
         if not folder.is_dir():
             raise ValueError(f"folder: must be a folder shaped like kernels/, got {str(self.folder)!r} (not a folder)")
@@ -141,8 +150,10 @@ class KernelsFolderSubject:
             first = outs[SCHEDULES[0]]
             for o, v in outs.items():
                 if not np.array_equal(first.view(np.uint32), v.view(np.uint32)):
-                    raise SubjectError(f"different bits in schedules {SCHEDULES[0]!r} and {o!r} (a race between "
-                                       "threads: a missing barrier, or a read of memory another thread writes)")
+                    raise SubjectError(
+                        f"different bits in schedules {SCHEDULES[0]!r} and {o!r} (a race between "
+                        "threads: a missing barrier, or a read of memory another thread writes)"
+                    )
             return first
         if emulated:
             return emulated_tail(launch, branch, residual, kernel_dir=self.folder, order=self.order)
@@ -181,13 +192,20 @@ class SourceSubject:
     def run_one(self, w: TailWeights, b: np.ndarray, r: np.ndarray) -> np.ndarray:
         if w.wo.fold is not None or w.wo.quantization is not None:
             raise SubjectError("the source form takes dense, unfolded weights; this case is folded or quantized")
-        tensors = {"branch": b, "residual": r, "ffn_norm": w.ffn_norm, "eps": np.array([w.eps], np.float32),
-                   **{k: getattr(w, k).launch_parts()[0] for k in ("wo", "gate", "up", "down")}}
+        tensors = {
+            "branch": b,
+            "residual": r,
+            "ffn_norm": w.ffn_norm,
+            "eps": np.array([w.eps], np.float32),
+            **{k: getattr(w, k).launch_parts()[0] for k in ("wo", "gate", "up", "down")},
+        }
         inputs = source_inputs(self.launch, tensors)
         if self.run_on == "emulator":
             return run_metal_emulated(self.launch, inputs, w.shape, order=self.order)
         return run_on_device(self.launch, self.language, inputs, w.shape)
 
     def calls(self, sc: StoredCase, w: TailWeights) -> list[tuple[Callable[[], np.ndarray], tuple[int, ...]]]:
-        return [(lambda i=i: self.run_one(w, sc.branch[i], sc.residual[i]), (sc.shape[0],))
-                for i in range(sc.branch.shape[0])]
+        return [
+            (lambda i=i: self.run_one(w, sc.branch[i], sc.residual[i]), (sc.shape[0],))
+            for i in range(sc.branch.shape[0])
+        ]

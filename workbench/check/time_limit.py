@@ -77,8 +77,12 @@ class LimitedCaller:
             state = {"index": start, "since": time.monotonic(), "cancelled": False}
             finished = threading.Event()
 
-            def work(first: int = start, state: dict = state, lock: threading.Lock = lock,
-                     finished: threading.Event = finished) -> None:
+            def work(
+                first: int = start,
+                state: dict = state,
+                lock: threading.Lock = lock,
+                finished: threading.Event = finished,
+            ) -> None:
                 for k in range(first, len(fns)):
                     try:
                         result = Outcome(value=fns[k]())

@@ -38,8 +38,9 @@ def calibrated_per_scale(report: Any, *, flake_rate: float = 1e-4, metric: str =
     return out
 
 
-def catch_and_flake(correct: Any, wrong: Any, tolerances: Mapping[str, float | Mapping[float, float]], *,
-                    metric: str = "worst"):
+def catch_and_flake(
+    correct: Any, wrong: Any, tolerances: Mapping[str, float | Mapping[float, float]], *, metric: str = "worst"
+):
     """One row a tolerance (a limit, or input scale -> limit): its limit at each scale
     (``limit <s>``), the share of ``wrong``'s cases it fails there (``catch <s>``) and the
     share of ``correct``'s (``flake <s>``).

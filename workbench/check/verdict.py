@@ -43,8 +43,10 @@ def _binom_sf(c: int, n: int, p: float) -> float:
     if c > n:
         return 0.0
     lp, lq = math.log(p), math.log1p(-p)
-    terms = [math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lp + (n - k) * lq
-             for k in range(c, n + 1)]
+    terms = [
+        math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lp + (n - k) * lq
+        for k in range(c, n + 1)
+    ]
     m = max(terms)
     return min(1.0, math.exp(m) * sum(math.exp(t - m) for t in terms))
 
@@ -91,8 +93,9 @@ def _quantiles(v: np.ndarray) -> dict[str, float]:
     return {f"q{int(q * 100)}": float(np.quantile(v, q)) for q in QUANTILES}
 
 
-def sign_tests(scales: np.ndarray, subject: np.ndarray, reference: np.ndarray, *,
-               alpha: float = ALPHA) -> list[ScaleTest]:
+def sign_tests(
+    scales: np.ndarray, subject: np.ndarray, reference: np.ndarray, *, alpha: float = ALPHA
+) -> list[ScaleTest]:
     """One :class:`ScaleTest` per input scale (``alpha`` split evenly over them).
 
     ``subject`` / ``reference``: per-case worst scaled errors, paired; a NaN in the
@@ -107,6 +110,16 @@ def sign_tests(scales: np.ndarray, subject: np.ndarray, reference: np.ndarray, *
         past = ~(sub <= RATIO * ref)  # NaN counts past
         n, k = int(m.sum()), int(past.sum())
         crit = critical_count(n, a)
-        out.append(ScaleTest(scale=float(s), n=n, exceed=k, critical=crit, p_value=_binom_sf(k, n, NULL_SHARE),
-                             power=power(n, a), quantiles=_quantiles(sub), reference_quantiles=_quantiles(ref)))
+        out.append(
+            ScaleTest(
+                scale=float(s),
+                n=n,
+                exceed=k,
+                critical=crit,
+                p_value=_binom_sf(k, n, NULL_SHARE),
+                power=power(n, a),
+                quantiles=_quantiles(sub),
+                reference_quantiles=_quantiles(ref),
+            )
+        )
     return out

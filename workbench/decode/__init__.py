@@ -12,14 +12,31 @@ is imported when one of its names is first read.
 
 from workbench import public_names
 
-_HOMES, __getattr__, __dir__ = public_names(__name__, {
-    "geometry": ("Geometry", "CPU_GEOMETRY", "geometry_of"),
-    "state": ("HybridWeights", "DecodeState", "MAX_TOKENS", "new_state"),
-    "layers": ("recurrent_layer", "attend_mx", "attend_np", "fast_gdn_available"),
-    "schedule": ("Schedule", "CHECK_TOL", "check_step", "in_token_probes"),
-    "savings": ("MEASURED_SPLITS", "compare_savings", "fit_price", "in_token_prices", "check_rows",
-                "percentile_interval", "resampled_medians"),
-    "matvec": ("MlxMatvecs", "KernelMatvecs", "make_matvecs", "resolve_matvec", "matvec_launch", "worst_scaled_error"),
-})
+_HOMES, __getattr__, __dir__ = public_names(
+    __name__,
+    {
+        "geometry": ("Geometry", "CPU_GEOMETRY", "geometry_of"),
+        "state": ("HybridWeights", "DecodeState", "MAX_TOKENS", "new_state"),
+        "layers": ("recurrent_layer", "attend_mx", "attend_np", "fast_gdn_available"),
+        "schedule": ("Schedule", "CHECK_TOL", "check_step", "in_token_probes"),
+        "savings": (
+            "MEASURED_SPLITS",
+            "compare_savings",
+            "fit_price",
+            "in_token_prices",
+            "check_rows",
+            "percentile_interval",
+            "resampled_medians",
+        ),
+        "matvec": (
+            "MlxMatvecs",
+            "KernelMatvecs",
+            "make_matvecs",
+            "resolve_matvec",
+            "matvec_launch",
+            "worst_scaled_error",
+        ),
+    },
+)
 
 __all__ = list(_HOMES)

@@ -34,8 +34,19 @@ class Geometry:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "ffn", "n_q", "n_kv", "head_dim", "gdn_k_heads", "gdn_v_heads", "gdn_k_dim",
-                     "gdn_v_dim", "conv_kernel", "vocab"):
+        for name in (
+            "hidden",
+            "ffn",
+            "n_q",
+            "n_kv",
+            "head_dim",
+            "gdn_k_heads",
+            "gdn_v_heads",
+            "gdn_k_dim",
+            "gdn_v_dim",
+            "conv_kernel",
+            "vocab",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name}: must be a positive int, got {v!r}")
@@ -46,7 +57,9 @@ class Geometry:
         if self.n_q % self.n_kv:
             raise ValueError(f"n_q: must be a multiple of n_kv ({self.n_kv}), got {self.n_q}")
         if self.gdn_v_heads % self.gdn_k_heads:
-            raise ValueError(f"gdn_v_heads: must be a multiple of gdn_k_heads ({self.gdn_k_heads}), got {self.gdn_v_heads}")
+            raise ValueError(
+                f"gdn_v_heads: must be a multiple of gdn_k_heads ({self.gdn_k_heads}), got {self.gdn_v_heads}"
+            )
 
     @property
     def branch(self) -> int:
@@ -69,8 +82,18 @@ class Geometry:
 #: A scaled-down Bonsai for 2 CPU cores: the same 64-layer pattern (so the same waits a
 #: token), widths / 20 or so, a 2k vocabulary. About 60 MB of float32 weights.
 CPU_GEOMETRY = Geometry(
-    hidden=256, ffn=768, n_q=6, n_kv=1, head_dim=32, attn_output_gate=True,
-    gdn_k_heads=2, gdn_v_heads=6, gdn_k_dim=32, gdn_v_dim=32, conv_kernel=4, vocab=2048,
+    hidden=256,
+    ffn=768,
+    n_q=6,
+    n_kv=1,
+    head_dim=32,
+    attn_output_gate=True,
+    gdn_k_heads=2,
+    gdn_v_heads=6,
+    gdn_k_dim=32,
+    gdn_v_dim=32,
+    conv_kernel=4,
+    vocab=2048,
 )
 
 
@@ -85,17 +108,26 @@ def geometry_of(cfg, *, vocab: int | None = None) -> Geometry:
         raise ValueError(f"cfg: {cfg.name} has no attention layer")
     kinds = {lc.mixer for lc in cfg.layers} - {Mixer.ATTENTION}
     if kinds - {Mixer.LINEAR_ATTENTION}:
-        raise ValueError(f"cfg: the schedule runs Gated DeltaNet hybrids; {cfg.name} has {sorted(k.value for k in kinds)}")
+        raise ValueError(
+            f"cfg: the schedule runs Gated DeltaNet hybrids; {cfg.name} has {sorted(k.value for k in kinds)}"
+        )
     need = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
     missing = [k for k in need if k not in text]
     if missing:
         raise ValueError(f"cfg: {cfg.name}'s config lacks {missing}")
     a = cfg.layer(attn[0])
     return Geometry(
-        hidden=cfg.hidden_size, ffn=a.ffn_dim, n_q=a.num_q_heads, n_kv=a.num_kv_heads, head_dim=a.head_dim,
+        hidden=cfg.hidden_size,
+        ffn=a.ffn_dim,
+        n_q=a.num_q_heads,
+        n_kv=a.num_kv_heads,
+        head_dim=a.head_dim,
         attn_output_gate=bool(a.attn_output_gate),
-        gdn_k_heads=int(text["linear_num_key_heads"]), gdn_v_heads=int(text["linear_num_value_heads"]),
-        gdn_k_dim=int(text["linear_key_head_dim"]), gdn_v_dim=int(text["linear_value_head_dim"]),
+        gdn_k_heads=int(text["linear_num_key_heads"]),
+        gdn_v_heads=int(text["linear_num_value_heads"]),
+        gdn_k_dim=int(text["linear_key_head_dim"]),
+        gdn_v_dim=int(text["linear_value_head_dim"]),
         conv_kernel=int(text.get("linear_conv_kernel_dim", 4)),
-        vocab=int(vocab if vocab is not None else text.get("vocab_size", 32000)), eps=float(cfg.rms_norm_eps),
+        vocab=int(vocab if vocab is not None else text.get("vocab_size", 32000)),
+        eps=float(cfg.rms_norm_eps),
     )

@@ -59,8 +59,9 @@ def fast_gdn_available() -> tuple[bool, str]:
 GDN_PATHS: tuple[str, ...] = ("fast", "ops", "kernel")
 
 
-def recurrent_layer(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: DecodeState, li: int,
-                    gdn: str, mv) -> mx.array:
+def recurrent_layer(
+    geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: DecodeState, li: int, gdn: str, mv
+) -> mx.array:
     """Recurrent layer ``l`` of one token, lazy: the Gated DeltaNet mixer, then the FFN; returns the new hidden.
 
     ``w``: the layer's weights (:class:`~workbench.decode.state.HybridWeights`); ``st``: the
@@ -82,11 +83,11 @@ def recurrent_layer(geom: Geometry, w: Mapping[str, mx.array], x: mx.array, st: 
     c = (window * w["conv"]).sum(axis=0)
     c = c * mx.sigmoid(c)
     q = c[:kd].reshape(1, 1, g.gdn_k_heads, g.gdn_k_dim)
-    k = c[kd: 2 * kd].reshape(1, 1, g.gdn_k_heads, g.gdn_k_dim)
-    v = c[2 * kd:].reshape(1, 1, g.gdn_v_heads, g.gdn_v_dim)
+    k = c[kd : 2 * kd].reshape(1, 1, g.gdn_k_heads, g.gdn_k_dim)
+    v = c[2 * kd :].reshape(1, 1, g.gdn_v_heads, g.gdn_v_dim)
     q = q * mx.rsqrt((q * q).sum(-1, keepdims=True) + 1e-6) / math.sqrt(g.gdn_k_dim)
     k = k * mx.rsqrt((k * k).sum(-1, keepdims=True) + 1e-6)
-    b, a = ba[: g.gdn_v_heads], ba[g.gdn_v_heads:]
+    b, a = ba[: g.gdn_v_heads], ba[g.gdn_v_heads :]
     beta = mx.sigmoid(b).reshape(1, 1, -1)
     gamma = mx.exp(-mx.exp(w["a_log"]) * mx.logaddexp(a + w["dt_bias"], 0.0)).reshape(1, 1, -1)
     if gdn == "fast":
@@ -113,7 +114,7 @@ def attend_np(geom: Geometry, q: np.ndarray, kc: np.ndarray, vc: np.ndarray) -> 
     p = s / s.sum(-1, keepdims=True)
     o = np.einsum("hgt,thd->hgd", p, vc).reshape(g.branch)
     if g.attn_output_gate:
-        gate = q[g.branch:]
+        gate = q[g.branch :]
         o = o / (1.0 + np.exp(-gate))
     return o.astype(np.float32)
 
@@ -125,5 +126,5 @@ def attend_mx(geom: Geometry, q: mx.array, kc: mx.array, vc: mx.array) -> mx.arr
     s = mx.einsum("hgd,thd->hgt", qq, kc) / math.sqrt(g.head_dim)
     o = mx.einsum("hgt,thd->hgd", mx.softmax(s, axis=-1), vc).reshape(g.branch)
     if g.attn_output_gate:
-        o = o * mx.sigmoid(q[g.branch:])
+        o = o * mx.sigmoid(q[g.branch :])
     return o

@@ -87,7 +87,8 @@ def resolve_matvec(matvec: str) -> tuple[str, str | None]:
     if dialect is None:
         raise backends.BackendUnavailable(
             "matvec: 'kernels' needs a kernel backend (MLX with CUDA on an NVIDIA GPU, or Metal on an Apple GPU); "
-            f"this MLX runs on {backends.device_kind()}. Use matvec='mlx' (MLX ops) here.")
+            f"this MLX runs on {backends.device_kind()}. Use matvec='mlx' (MLX ops) here."
+        )
     return "kernels", dialect
 
 
@@ -101,8 +102,16 @@ def mlx_matvec(w: mx.array | QuantizedBase, x: mx.array, activations: str = "wei
     if isinstance(w, QuantizedBase):
         s = w.spec
         # One row in: MLX 0.32.4's CUDA quantized_matmul fails on 1-D input.
-        return mx.quantized_matmul(x.astype(mx.float32)[None], w.w, w.scales, w.biases, transpose=True,
-                                   group_size=s.group_size, bits=s.bits, mode=s.mode)[0].astype(mx.float32)
+        return mx.quantized_matmul(
+            x.astype(mx.float32)[None],
+            w.w,
+            w.scales,
+            w.biases,
+            transpose=True,
+            group_size=s.group_size,
+            bits=s.bits,
+            mode=s.mode,
+        )[0].astype(mx.float32)
     if activations == "float32":
         return x.astype(mx.float32) @ w.astype(mx.float32).T
     return (x.astype(w.dtype) @ w.T).astype(mx.float32)
@@ -123,8 +132,11 @@ class MlxMatvecs:
         self.activations = one_of("activations", activations, ACTIVATIONS)
 
     def describe(self) -> str:
-        how = ("x cast to the weights' dtype" if self.activations == "weights"
-               else "float32 activations, each weight cast to float32 per call")
+        how = (
+            "x cast to the weights' dtype"
+            if self.activations == "weights"
+            else "float32 activations, each weight cast to float32 per call"
+        )
         return f"MLX ops ({how}; quantized weights through mx.quantized_matmul)"
 
     def _mv(self, w, x):
@@ -185,12 +197,28 @@ def matvec_launch(dialect: str, w: mx.array | QuantizedBase, t: KernelTuning, na
     m = _kernel_matrix(name, w)
     kernel_matrices.check_width(f"{name}'s in dimension", m.cols)
     rot = kernel_launch.rotation_template(None, m.cols)
-    template = [("NT", t.wo_nt), ("FMT", m.fmt), ("SFMT", m.sfmt), ("GS", m.gs), ("QI", m.qi), ("WIDTH", m.cols),
-                ("ROWS", m.rows), ("ROT", False), ("M", 1), ("LOGP", 0),
-                ("U", kernel_matrices.units_for(m.fmt, t.u_wo)), ("PRE", bool(t.pre_wo))]
+    template = [
+        ("NT", t.wo_nt),
+        ("FMT", m.fmt),
+        ("SFMT", m.sfmt),
+        ("GS", m.gs),
+        ("QI", m.qi),
+        ("WIDTH", m.cols),
+        ("ROWS", m.rows),
+        ("ROT", False),
+        ("M", 1),
+        ("LOGP", 0),
+        ("U", kernel_matrices.units_for(m.fmt, t.u_wo)),
+        ("PRE", bool(t.pre_wo)),
+    ]
     kernel_run.check_group_memory(dialect, "wo_residual", template, f"{name}'s in dimension ({m.cols})")
-    kw = dict(template=template, grid=(kernel_tuning.grid_size(m.rows, t.wo_nt, t, t.wo_groups_per_sm), 1, 1),
-              threadgroup=(t.wo_nt, 1, 1), output_shapes=[(m.rows,)], output_dtypes=[mx.float32])
+    kw = dict(
+        template=template,
+        grid=(kernel_tuning.grid_size(m.rows, t.wo_nt, t, t.wo_groups_per_sm), 1, 1),
+        threadgroup=(t.wo_nt, 1, 1),
+        output_shapes=[(m.rows,)],
+        output_dtypes=[mx.float32],
+    )
     consts = (rot["sdest"], rot["table"], kernel_launch.params_array(0.0, 1.0), m.w, m.s, m.b)
     return Launch(kernel_run.compiled_kernel(dialect, "wo_residual"), consts, kw, split=True)
 
@@ -205,15 +233,33 @@ def _head_launch(dialect: str, norm: mx.array, eps: float, mats: list[tuple[str,
     rot = kernel_launch.rotation_template(None, hid)
     m0 = ms[0]
     nq, nk, nv = (m.rows for m in ms)
-    template = [("NT", t.head_nt), ("FMT", m0.fmt), ("SFMT", m0.sfmt), ("GS", m0.gs), ("QI", m0.qi), ("HID", hid),
-                ("NQ", nq), ("NK", nk), ("NV", nv), ("ROT", False), ("M", 1), ("LOGP", 0),
-                ("U", kernel_matrices.units_for(m0.fmt, t.u_head)), ("PRE", bool(t.pre_head))]
+    template = [
+        ("NT", t.head_nt),
+        ("FMT", m0.fmt),
+        ("SFMT", m0.sfmt),
+        ("GS", m0.gs),
+        ("QI", m0.qi),
+        ("HID", hid),
+        ("NQ", nq),
+        ("NK", nk),
+        ("NV", nv),
+        ("ROT", False),
+        ("M", 1),
+        ("LOGP", 0),
+        ("U", kernel_matrices.units_for(m0.fmt, t.u_head)),
+        ("PRE", bool(t.pre_head)),
+    ]
     kernel_run.check_group_memory(dialect, "head_qkv", template, f"hidden ({hid})")
     consts: list[mx.array] = [norm.astype(mx.float32), kernel_launch.params_array(eps, 1.0), rot["sdest"], rot["table"]]
     for m in ms:
         consts += [m.w, m.s, m.b]
-    kw = dict(template=template, grid=(kernel_tuning.grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
-              threadgroup=(t.head_nt, 1, 1), output_shapes=[(nq,), (nk,), (nv,)], output_dtypes=[mx.float32] * 3)
+    kw = dict(
+        template=template,
+        grid=(kernel_tuning.grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
+        threadgroup=(t.head_nt, 1, 1),
+        output_shapes=[(nq,), (nk,), (nv,)],
+        output_dtypes=[mx.float32] * 3,
+    )
     return Launch(kernel_run.compiled_kernel(dialect, "head_qkv"), tuple(consts), kw)
 
 
@@ -252,8 +298,10 @@ class KernelMatvecs:
         self._keep: list = []  # lm_head stand-ins (_head_key)
 
     def describe(self) -> str:
-        return (f"the project's kernels ({self.dialect}): head_qkv, wo_residual, ffn_gate_up, ffn_down; weights in "
-                "their stored format, float32 activations")
+        return (
+            f"the project's kernels ({self.dialect}): head_qkv, wo_residual, ffn_gate_up, ffn_down; weights in "
+            "their stored format, float32 activations"
+        )
 
     def _for(self, lw: Mapping[str, Any], what: str, make) -> Any:
         entry = self._prepared.get(id(lw))
@@ -269,35 +317,63 @@ class KernelMatvecs:
 
     def qkv_launch(self, lw: Mapping[str, Any]) -> Launch:
         """The attention layer's head launch: q, k, v of ``rms_norm(x) * norm``; input x."""
-        return self._for(lw, "attn_qkv", lambda: _head_launch(
-            self.dialect, lw["norm"], self.eps, [("wq", lw["wq"]), ("wk", lw["wk"]), ("wv", lw["wv"])], self.tuning))
+        return self._for(
+            lw,
+            "attn_qkv",
+            lambda: _head_launch(
+                self.dialect, lw["norm"], self.eps, [("wq", lw["wq"]), ("wk", lw["wk"]), ("wv", lw["wv"])], self.tuning
+            ),
+        )
 
     def gdn_in_launch(self, lw: Mapping[str, Any], mixed: int) -> Launch:
         """The Gated DeltaNet input projection as one head launch: rows ``:mixed`` of
         in_qkvz (q, k, v before the convolution), the rest (z), and in_ba; input x."""
+
         def make() -> Launch:
             w = lw["in_qkvz"]
             rows = w.shape[0]
-            return _head_launch(self.dialect, lw["norm"], self.eps,
-                                [("in_qkvz[:mixed]", _rows(w, 0, mixed)), ("in_qkvz[mixed:]", _rows(w, mixed, rows)),
-                                 ("in_ba", lw["in_ba"])], self.tuning)
+            return _head_launch(
+                self.dialect,
+                lw["norm"],
+                self.eps,
+                [
+                    ("in_qkvz[:mixed]", _rows(w, 0, mixed)),
+                    ("in_qkvz[mixed:]", _rows(w, mixed, rows)),
+                    ("in_ba", lw["in_ba"]),
+                ],
+                self.tuning,
+            )
 
         return self._for(lw, f"gdn_in:{mixed}", make)
 
     def gdn_step_launch(self, lw: Mapping[str, Any], k_heads: int) -> gdn_kernel.GdnStep:
         """The Gated DeltaNet layer's recurrent step as ONE launch (``kernels/gdn_step.body``):
         inputs mixed, z, ba (gdn_in's outputs), the conv state and the recurrent state."""
-        return self._for(lw, f"gdn_step:{k_heads}", lambda: gdn_kernel.prepare(
-            lw["conv"], lw["a_log"], lw["dt_bias"], lw["o_norm"], self.eps, k_heads=k_heads, backend=self.dialect))
+        return self._for(
+            lw,
+            f"gdn_step:{k_heads}",
+            lambda: gdn_kernel.prepare(
+                lw["conv"], lw["a_log"], lw["dt_bias"], lw["o_norm"], self.eps, k_heads=k_heads, backend=self.dialect
+            ),
+        )
 
-    def gdn_step(self, lw: Mapping[str, Any], k_heads: int, mixed: mx.array, z: mx.array, ba: mx.array,
-                 conv: mx.array, ssm: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    def gdn_step(
+        self,
+        lw: Mapping[str, Any],
+        k_heads: int,
+        mixed: mx.array,
+        z: mx.array,
+        ba: mx.array,
+        conv: mx.array,
+        ssm: mx.array,
+    ) -> tuple[mx.array, mx.array, mx.array]:
         """``(o, conv', ssm')``: what ``workbench.decode.layers.recurrent_layer`` passes to ``out_add`` and keeps."""
         return self.gdn_step_launch(lw, k_heads)(mixed, z, ba, conv, ssm)
 
     def logits_launch(self, lm_head) -> tuple[Launch, mx.array]:
         """lm_head through ``wo_residual`` and the resident zero residual it adds; inputs
         the normed x and that zero vector."""
+
         def make() -> tuple[Launch, mx.array]:
             ln = matvec_launch(self.dialect, lm_head, self.tuning, "lm_head")
             zeros = mx.zeros((ln.kw["output_shapes"][0][0],), dtype=mx.float32)
@@ -317,9 +393,19 @@ class KernelMatvecs:
     def tail(self, lw: Mapping[str, Any], name: str) -> kernel_launch.PreparedTail:
         """The layer's ``x + W v`` (``name``: ``"wo"`` or ``"out"``) and its FFN, as a
         ``kernel_launch.PreparedTail`` (its ``launch_wo``, ``launch_gate_up``, ``launch_down``)."""
+
         def make() -> kernel_launch.PreparedTail:
-            launch = TailLaunch(None, WeightMatrix(lw[name]), None, None, lw["ffn_norm"].astype(mx.float32),
-                                self.eps, WeightMatrix(lw["gate"]), WeightMatrix(lw["up"]), WeightMatrix(lw["down"]))
+            launch = TailLaunch(
+                None,
+                WeightMatrix(lw[name]),
+                None,
+                None,
+                lw["ffn_norm"].astype(mx.float32),
+                self.eps,
+                WeightMatrix(lw["gate"]),
+                WeightMatrix(lw["up"]),
+                WeightMatrix(lw["down"]),
+            )
             return kernel_launch.prepare_tail(launch, self.dialect, self.tuning)
 
         return self._for(lw, f"tail:{name}", make)
@@ -349,8 +435,9 @@ class KernelMatvecs:
         return d
 
 
-def make_matvecs(matvec: str, eps: float, *, activations: str = "weights",
-                 tuning: KernelTuning | None = None) -> MlxMatvecs | KernelMatvecs:
+def make_matvecs(
+    matvec: str, eps: float, *, activations: str = "weights", tuning: KernelTuning | None = None
+) -> MlxMatvecs | KernelMatvecs:
     """The products for ``matvec`` (``"mlx"`` | ``"kernels"``); ``"kernels"`` raises
     ``BackendUnavailable`` where no kernel backend exists."""
     path, dialect = resolve_matvec(matvec)
@@ -367,4 +454,3 @@ def worst_scaled_error(a: Any, b: Any) -> float:
     if a.shape != b.shape:
         raise ValueError(f"a: must have b's shape {b.shape}, got {a.shape}")
     return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1.0))
-

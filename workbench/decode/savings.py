@@ -22,8 +22,16 @@ from workbench.waits import plan as waits
 #: checked in tests/test_schedule.py): the kinds the price model needs a measured price for, and those the
 #: split timing (``bench/common/decode_timing.py``) builds from the step's pieces. All but ``"qkv>host|wo"``
 #: are removed by same-work pairs; that one only by 5 -> 6, which also moves the attention to the device.
-MEASURED_SPLITS: tuple[str, ...] = ("wo>host|ffn", "ffn>host|layer", "ffn>host|logits", "layer|qkv", "ffn|layer",
-                                    "ffn|logits", "layer|layer", "qkv>host|wo")
+MEASURED_SPLITS: tuple[str, ...] = (
+    "wo>host|ffn",
+    "ffn>host|layer",
+    "ffn>host|logits",
+    "layer|qkv",
+    "ffn|layer",
+    "ffn|logits",
+    "layer|layer",
+    "qkv>host|wo",
+)
 
 
 def check_rows(name: str, rows: Any, keys: Sequence[str]) -> list[Mapping]:
@@ -60,8 +68,13 @@ def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[float
     return float(np.percentile(samples, tail)), float(np.percentile(samples, 100 - tail))
 
 
-def model_interval(counts: Mapping[str, int], split_rounds: Mapping[str, Sequence[float]], *, fixed_ms: float = 0.0,
-                   level: float = 0.95) -> tuple[float, float] | None:
+def model_interval(
+    counts: Mapping[str, int],
+    split_rounds: Mapping[str, Sequence[float]],
+    *,
+    fixed_ms: float = 0.0,
+    level: float = 0.95,
+) -> tuple[float, float] | None:
     """A ``level`` interval for a price-model saving ``fixed_ms + sum(counts[k] * price[k])``,
     each kind's price the median of its measured rounds (``split_rounds[k]``: every round's
     split - joined, ``measure_split_between``'s ``diffs_ms``): the percentile bootstrap, each
@@ -78,8 +91,13 @@ def model_interval(counts: Mapping[str, int], split_rounds: Mapping[str, Sequenc
     return percentile_interval(total, level)
 
 
-def in_token_prices(stage_rows: Sequence[Mapping], probe_rows: Sequence[Mapping],
-                    joined: Mapping[str, tuple[str, int]], *, level: float = 0.95) -> dict[str, dict]:
+def in_token_prices(
+    stage_rows: Sequence[Mapping],
+    probe_rows: Sequence[Mapping],
+    joined: Mapping[str, tuple[str, int]],
+    *,
+    level: float = 0.95,
+) -> dict[str, dict]:
     """The price of a wait of each kind inside a token, from probes timed beside the stages.
 
     A probe (``run_stages``' ``probes``) decodes the tokens of one stage with ``count`` of
@@ -103,17 +121,31 @@ def in_token_prices(stage_rows: Sequence[Mapping], probe_rows: Sequence[Mapping]
             raise ValueError(f"probe_rows[{name!r}]: its stage {probe['stage']} was not timed")
         a, b = np.asarray(base["ms_each"], dtype=np.float64), np.asarray(probe["ms_each"], dtype=np.float64)
         if a.size != b.size or a.size == 0:
-            raise ValueError(f"probe_rows[{name!r}]: {b.size} tokens do not pair with stage {probe['stage']}'s {a.size}")
+            raise ValueError(
+                f"probe_rows[{name!r}]: {b.size} tokens do not pair with stage {probe['stage']}'s {a.size}"
+            )
         d = (a - b) / integer("count", count, minimum=1)
         lo, hi = percentile_interval(resampled_medians(d), level)
-        out[kind] = {"ms": float(np.median(d)), "lo_ms": lo, "hi_ms": hi, "stage": int(probe["stage"]),
-                     "count": int(count), "tokens": int(d.size)}
+        out[kind] = {
+            "ms": float(np.median(d)),
+            "lo_ms": lo,
+            "hi_ms": hi,
+            "stage": int(probe["stage"]),
+            "count": int(count),
+            "tokens": int(d.size),
+        }
     return out
 
 
-def compare_savings(rows: Sequence[Mapping], price_ms: float, *, split_prices: Mapping[str, float] | None = None,
-                    cfg=None, eligible: Sequence[int] | None = None,
-                    split_rounds: Mapping[str, Sequence[float]] | None = None) -> list[dict]:
+def compare_savings(
+    rows: Sequence[Mapping],
+    price_ms: float,
+    *,
+    split_prices: Mapping[str, float] | None = None,
+    cfg=None,
+    eligible: Sequence[int] | None = None,
+    split_rounds: Mapping[str, Sequence[float]] | None = None,
+) -> list[dict]:
     """Measured against predicted savings: each stage against the one before, and against stage 1.
 
     ``same_work`` is False for a pair of which one stage runs the attention on the device
@@ -141,8 +173,12 @@ def compare_savings(rows: Sequence[Mapping], price_ms: float, *, split_prices: M
         measured = by[a]["ms_median"] - by[b]["ms_median"]
         predicted = saved * price_ms
         row = {
-            "from": a, "to": b, "waits_saved": saved, "ms_saved_measured": measured,
-            "ms_saved_predicted": predicted, "ratio": measured / predicted if predicted else None,
+            "from": a,
+            "to": b,
+            "waits_saved": saved,
+            "ms_saved_measured": measured,
+            "ms_saved_predicted": predicted,
+            "ratio": measured / predicted if predicted else None,
             # False where one side runs the attention on the device and the other on the
             # host: then more than the waits differ, and the ratio is not the table's check.
             "same_work": (a in device_attention) == (b in device_attention),

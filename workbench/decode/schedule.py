@@ -83,19 +83,33 @@ class Schedule:
     The waits, the ops and the values are the same; only when the device starts changes.
     """
 
-    def __init__(self, cfg: ModelConfig, weights: HybridWeights, *, eligible: Sequence[int] | None = None,
-                 plan: waits.Plan | None = None, gdn: str = "fast", matvec: str = "mlx",
-                 activations: str = "weights", tuning: KernelTuning | None = None, compiled: bool = False,
-                 overlap: int = 0) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: HybridWeights,
+        *,
+        eligible: Sequence[int] | None = None,
+        plan: waits.Plan | None = None,
+        gdn: str = "fast",
+        matvec: str = "mlx",
+        activations: str = "weights",
+        tuning: KernelTuning | None = None,
+        compiled: bool = False,
+        overlap: int = 0,
+    ) -> None:
         one_of("activations", activations, decode_matvec.ACTIVATIONS)
         if gdn not in GDN_PATHS:
-            raise ValueError(f"gdn: must be 'fast' (mx.fast.gated_delta_update), 'ops' (gated_delta_ops) or 'kernel' "
-                             f"(the gdn_step kernel, with matvec='kernels'), got {gdn!r}")
+            raise ValueError(
+                f"gdn: must be 'fast' (mx.fast.gated_delta_update), 'ops' (gated_delta_ops) or 'kernel' "
+                f"(the gdn_step kernel, with matvec='kernels'), got {gdn!r}"
+            )
         if gdn == "kernel":
             one_of("matvec", matvec, decode_matvec.MATVEC_PATHS)
             if matvec != "kernels":
-                raise ValueError(f"gdn: 'kernel' (the gdn_step kernel) runs with the project's kernels only "
-                                 f"(matvec='kernels'), got matvec={matvec!r}; use gdn='fast' or 'ops' with MLX ops")
+                raise ValueError(
+                    f"gdn: 'kernel' (the gdn_step kernel) runs with the project's kernels only "
+                    f"(matvec='kernels'), got matvec={matvec!r}; use gdn='fast' or 'ops' with MLX ops"
+                )
         if not isinstance(weights, HybridWeights):
             raise ValueError(f"weights: must be HybridWeights, got {describe(weights)}")
         self.gdn = gdn
@@ -150,8 +164,10 @@ class Schedule:
         if not st.attention_on_device:
             for i, sub in enumerate(subs):
                 if any(p.kind == "qkv" for p in sub[:-1]):
-                    raise ValueError(f"submissions[{i}]: goes on past a layer's Q/K/V, which the host attends with "
-                                     f"at stage {st.number}; end the submission there")
+                    raise ValueError(
+                        f"submissions[{i}]: goes on past a layer's Q/K/V, which the host attends with "
+                        f"at stage {st.number}; end the submission there"
+                    )
         return subs
 
     def step(self, state: DecodeState, stage, *, submissions: Sequence | None = None) -> TokenResult:
@@ -175,8 +191,10 @@ class Schedule:
             subs = self._checked[n][1]
         caps = {int(c.shape[0]) for c in state.host_k.values()}
         if caps and state.length >= min(caps):
-            raise ValueError(f"state: its KV caches hold {min(caps)} tokens and all are used (length "
-                             f"{state.length}); make it with new_state(..., max_new=) for more tokens")
+            raise ValueError(
+                f"state: its KV caches hold {min(caps)} tokens and all are used (length "
+                f"{state.length}); make it with new_state(..., max_new=) for more tokens"
+            )
         t0 = time.perf_counter()
         x = mx.array(self.w.embed[state.token % self.w.embed.shape[0]])
         pos = state.length
@@ -198,7 +216,9 @@ class Schedule:
                     begun += 1
                 li = piece.layer
                 if piece.kind == "layer":
-                    x, state.conv[li], state.ssm[li] = self._recurrent_fn(layers[li].w)(x, state.conv[li], state.ssm[li])
+                    x, state.conv[li], state.ssm[li] = self._recurrent_fn(layers[li].w)(
+                        x, state.conv[li], state.ssm[li]
+                    )
                     outs += [state.ssm[li], state.conv[li]]
                 elif piece.kind == "qkv":
                     qkv[li] = self.mv.attn_qkv(layers[li].w, x)
@@ -251,8 +271,9 @@ class Schedule:
 CHECK_TOL = 1e-4
 
 
-def check_step(sched: Schedule, ref: Schedule, *, stages: Sequence[int] = (5, 6), context: int = 32,
-               tol: float = CHECK_TOL) -> dict:
+def check_step(
+    sched: Schedule, ref: Schedule, *, stages: Sequence[int] = (5, 6), context: int = 32, tol: float = CHECK_TOL
+) -> dict:
     """One token of ``sched`` against one of ``ref`` (same weights, same start, same token)
     at each of ``stages``: the logits' worst scaled error and whether it is within ``tol``."""
     for name, v in (("sched", sched), ("ref", ref)):
@@ -266,11 +287,22 @@ def check_step(sched: Schedule, ref: Schedule, *, stages: Sequence[int] = (5, 6)
         a = sched.step(new_state(sched.w, context=context, max_new=2), n)
         b = ref.step(new_state(ref.w, context=context, max_new=2), n)
         err = decode_matvec.worst_scaled_error(a.logits, b.logits)
-        rows.append({"stage": int(n), "worst_scaled_error": err, "same_next_token": a.next_token == b.next_token,
-                     "passed": bool(err <= tol)})
-    return {"metric": "max |logits - reference logits| / max(max |reference logits|, 1), one token",
-            "tol": tol, "matvec": sched.mv.describe(), "reference": ref.mv.describe(), "stages": rows,
-            "passed": all(r["passed"] for r in rows)}
+        rows.append(
+            {
+                "stage": int(n),
+                "worst_scaled_error": err,
+                "same_next_token": a.next_token == b.next_token,
+                "passed": bool(err <= tol),
+            }
+        )
+    return {
+        "metric": "max |logits - reference logits| / max(max |reference logits|, 1), one token",
+        "tol": tol,
+        "matvec": sched.mv.describe(),
+        "reference": ref.mv.describe(),
+        "stages": rows,
+        "passed": all(r["passed"] for r in rows),
+    }
 
 
 # ---------------------------------------------------------------------------------------

@@ -50,8 +50,16 @@ class HybridWeights:
     ``weights.QuantizedBase``; the short convolution and the norms stay float32.
     """
 
-    def __init__(self, cfg, geom: Geometry, *, dtype: str = "float32", seed: int = 0, share: bool = False,
-                 quant: str | None = None):
+    def __init__(
+        self,
+        cfg,
+        geom: Geometry,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        share: bool = False,
+        quant: str | None = None,
+    ):
         one_of("dtype", dtype, sorted(DENSE_DTYPES))
         if quant is not None:
             one_of("quant", quant, sorted(QUANT_FORMATS))
@@ -116,8 +124,12 @@ class HybridWeights:
         if kind == "attention":
             q = g.branch * (2 if g.attn_output_gate else 1)
             kv = g.n_kv * g.head_dim
-            w.update(wq=_uniform(next(ks), (q, h), h, dt), wk=_uniform(next(ks), (kv, h), h, dt),
-                     wv=_uniform(next(ks), (kv, h), h, dt), wo=_uniform(next(ks), (h, g.branch), g.branch, dt))
+            w.update(
+                wq=_uniform(next(ks), (q, h), h, dt),
+                wk=_uniform(next(ks), (kv, h), h, dt),
+                wv=_uniform(next(ks), (kv, h), h, dt),
+                wo=_uniform(next(ks), (h, g.branch), g.branch, dt),
+            )
             for name in ("wq", "wk", "wv", "wo"):
                 w[name] = self._quantized(w[name])
         else:

@@ -12,13 +12,37 @@ workbench.fold import HadamardFold``); each module is imported when one of its n
 
 from workbench import public_names
 
-_HOMES, __getattr__, __dir__ = public_names(__name__, {
-    "hadamard": ("block_transform", "factor_block", "hadamard_matrix", "ROW_GROUP"),
-    "rotation": ("HadamardFold", "FoldSite", "FoldPlan"),
-    "formats": ("Format", "FORMATS", "KERNEL_FORMATS", "SCALE_CODES", "FLOAT32", "FLOAT16", "BFLOAT16", "AFFINE4",
-                "AFFINE8", "MXFP4", "MXFP8", "NVFP4"),
-    "weights": ("WeightMatrix", "QuantizedBase", "QuantSpec", "QUANT_FORMATS", "DENSE_DTYPES", "check_quant_spec",
-                "quantized_matmul", "outlier_matrix", "quantization_study"),
-})
+_HOMES, __getattr__, __dir__ = public_names(
+    __name__,
+    {
+        "hadamard": ("block_transform", "factor_block", "hadamard_matrix", "ROW_GROUP"),
+        "rotation": ("HadamardFold", "FoldSite", "FoldPlan"),
+        "formats": (
+            "Format",
+            "FORMATS",
+            "KERNEL_FORMATS",
+            "SCALE_CODES",
+            "FLOAT32",
+            "FLOAT16",
+            "BFLOAT16",
+            "AFFINE4",
+            "AFFINE8",
+            "MXFP4",
+            "MXFP8",
+            "NVFP4",
+        ),
+        "weights": (
+            "WeightMatrix",
+            "QuantizedBase",
+            "QuantSpec",
+            "QUANT_FORMATS",
+            "DENSE_DTYPES",
+            "check_quant_spec",
+            "quantized_matmul",
+            "outlier_matrix",
+            "quantization_study",
+        ),
+    },
+)
 
 __all__ = list(_HOMES)

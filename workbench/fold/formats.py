@@ -101,8 +101,9 @@ def by_mode(mode: str, bits: int) -> Format:
     for (m, b), f in _BY_MODE.items():
         if m == mode and b == bits and not isinstance(bits, bool):
             return f
-    raise ValueError(f"(mode, bits): must be one of {sorted(_BY_MODE)}, got ({validate.describe(mode)}, "
-                     f"{validate.describe(bits)})")
+    raise ValueError(
+        f"(mode, bits): must be one of {sorted(_BY_MODE)}, got ({validate.describe(mode)}, {validate.describe(bits)})"
+    )
 
 
 def by_code(code: int) -> tuple[Format, ...]:

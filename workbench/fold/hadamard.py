@@ -108,7 +108,9 @@ def factor_block(block: int) -> tuple[int, int]:
     72, non-integers), so no invalid size ever reaches ``mx.hadamard_transform``.
     """
     if isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer)):
-        raise ValueError(f"block: must be an int of the form m * 2**k with m in {ALLOWED_M}, got {validate.describe(block)}")
+        raise ValueError(
+            f"block: must be an int of the form m * 2**k with m in {ALLOWED_M}, got {validate.describe(block)}"
+        )
     block = int(block)
     if block >= 1:
         for m in ALLOWED_M:
@@ -203,11 +205,19 @@ def block_transform(x: np.ndarray, block: int, *, transpose: bool = False) -> np
     float64 in gives float64 arithmetic throughout. A numpy float array is taken as it is
     (the check costs a type test); anything else goes through ``validate.float_array``.
     """
-    if (type(x) is np.ndarray and x.dtype is _FLOAT64 and type(block) is int and block in _checked_blocks
-            and x.ndim and x.shape[-1] and x.shape[-1] % block == 0):
+    if (
+        type(x) is np.ndarray
+        and x.dtype is _FLOAT64
+        and type(block) is int
+        and block in _checked_blocks
+        and x.ndim
+        and x.shape[-1]
+        and x.shape[-1] % block == 0
+    ):
         # The oracle's call (float64, a block checked before), in as few steps as the work.
-        return _rows_times(x.reshape(-1, block), _orthonormal(block) if transpose else _orthonormal_t(block)
-                           ).reshape(x.shape)
+        return _rows_times(x.reshape(-1, block), _orthonormal(block) if transpose else _orthonormal_t(block)).reshape(
+            x.shape
+        )
     factor_block(block)
     block = int(block)
     if not (type(x) is np.ndarray and x.dtype.kind == "f"):

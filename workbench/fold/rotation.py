@@ -295,7 +295,9 @@ class HadamardFold:
                 raise ValueError("dim: must be given for a fold without signs or perm (any multiple of block fits)")
             dim = self.dim
         self.check_width(dim)
-        validate.within_memory("dim", 16 * int(dim) ** 2, f"a dense {dim} x {dim} rotation (float64, with its identity)")
+        validate.within_memory(
+            "dim", 16 * int(dim) ** 2, f"a dense {dim} x {dim} rotation (float64, with its identity)"
+        )
         # R = rotate applied to the identity's columns: R[:, j] = rotate(e_j).
         return self.rotate(np.eye(dim, dtype=np.float64)).T
 

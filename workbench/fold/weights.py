@@ -52,7 +52,9 @@ class QuantSpec:
     group_size: int
 
     def __str__(self) -> str:
-        return f"{self.mode}{self.bits}-g{self.group_size}" if self.mode == "affine" else f"{self.mode}-g{self.group_size}"
+        return (
+            f"{self.mode}{self.bits}-g{self.group_size}" if self.mode == "affine" else f"{self.mode}-g{self.group_size}"
+        )
 
     @property
     def format(self) -> formats.Format:
@@ -68,8 +70,9 @@ class QuantSpec:
 #: The quantized formats of :data:`formats.FORMATS`, by name, as ``mx.quantize`` makes them
 #: at their default group size: sweeps take these names, notebook 01 labels them, and every
 #: entry is within :data:`QUANT_MODES` (a test holds it).
-QUANT_FORMATS: dict[str, QuantSpec] = {f.name: QuantSpec(f.mode, f.bits, f.group_size)
-                                       for f in formats.FORMATS if f.quantized}
+QUANT_FORMATS: dict[str, QuantSpec] = {
+    f.name: QuantSpec(f.mode, f.bits, f.group_size) for f in formats.FORMATS if f.quantized
+}
 
 
 def check_quant_spec(mode: str, bits: int, group_size: int) -> QuantSpec:
@@ -125,7 +128,9 @@ def _as_dense_base(base: Any, name: str = "base") -> mx.array:
         except Exception:  # a ragged list
             a = np.asarray(None)
         if not np.issubdtype(a.dtype, np.floating):
-            raise ValueError(f"{name}: must be a float array (float32, float16 or bfloat16), got {validate.describe(base)}")
+            raise ValueError(
+                f"{name}: must be a float array (float32, float16 or bfloat16), got {validate.describe(base)}"
+            )
         if a.dtype.itemsize > 4:
             a = validate.as_float32(name, a)  # the engine's weights are at most float32
         arr = mx.array(a)
@@ -200,8 +205,8 @@ def host_copy(base: mx.array, dtype: Any) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # a signalling NaN, widened, raises the flag; MLX's cast does not warn
         for r in range(0, rows, step):
             k = min(step, rows - r)
-            np.left_shift(bits[r:r + k], 16, out=scratch[:k], dtype=np.uint32)
-            out[r:r + k] = scratch[:k].view(np.float32)
+            np.left_shift(bits[r : r + k], 16, out=scratch[:k], dtype=np.uint32)
+            out[r : r + k] = scratch[:k].view(np.float32)
     return out
 
 
@@ -223,18 +228,38 @@ def cuda_quantized_rows_wrong(in_dim: int, group_size: int, rows: int) -> bool:
     return rows > 1 and in_dim == group_size and group_size >= 64
 
 
-def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, *, group_size: int,
-                     bits: int, mode: str = "affine") -> mx.array:
+def quantized_matmul(
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array | None,
+    *,
+    group_size: int,
+    bits: int,
+    mode: str = "affine",
+) -> mx.array:
     """``mx.quantized_matmul(x, w, scales, biases, transpose=True, ...)`` (x at least 2-D), on
     MLX's CPU stream where MLX's CUDA product is known to be wrong
     (:func:`cuda_quantized_rows_wrong`), on the default device otherwise. Every quantized
     product of the workbench's graphs goes through here, so the rule is kept in one place;
     the in dimension is compared first, so a real model's product pays one comparison."""
     in_dim = x.shape[-1]
-    wrong = (in_dim == group_size and cuda_quantized_rows_wrong(in_dim, group_size, math.prod(x.shape[:-1]))
-             and backends.cuda_is_default())
-    return mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits, mode=mode,
-                               stream=mx.cpu if wrong else None)
+    wrong = (
+        in_dim == group_size
+        and cuda_quantized_rows_wrong(in_dim, group_size, math.prod(x.shape[:-1]))
+        and backends.cuda_is_default()
+    )
+    return mx.quantized_matmul(
+        x,
+        w,
+        scales,
+        biases,
+        transpose=True,
+        group_size=group_size,
+        bits=bits,
+        mode=mode,
+        stream=mx.cpu if wrong else None,
+    )
 
 
 class WeightMatrix:
@@ -332,7 +357,7 @@ class WeightMatrix:
         # float64 temporaries (three, 0.75 GB at Bonsai-27B's wo) are never made.
         step = max(1, HOST_CHUNK // max(src.shape[1], 1))
         for r in range(0, src.shape[0], step):
-            dst[r:r + step] = fold.rotate(src[r:r + step])
+            dst[r : r + step] = fold.rotate(src[r : r + step])
         return WeightMatrix(mx.array(folded).astype(self._base.dtype), fold)
 
     # -- description --------------------------------------------------------------------
@@ -405,19 +430,30 @@ class WeightMatrix:
             if not (mx.issubdtype(x.dtype, mx.floating) or mx.issubdtype(x.dtype, mx.integer)):
                 raise ValueError(f"x: must be an array of real numbers, got {validate.describe(x)}")
             if x.ndim == 0 or x.shape[-1] != in_dim:
-                raise ValueError(f"x: its last axis must be {in_dim} (the matrix's in dimension), got shape {tuple(x.shape)}")
+                raise ValueError(
+                    f"x: its last axis must be {in_dim} (the matrix's in dimension), got shape {tuple(x.shape)}"
+                )
             if isinstance(self._base, QuantizedBase):
                 q = self._base
                 # A 1-D vector goes in as one row: MLX 0.32.4's CUDA quantized_matmul fails
                 # on 1-D input ("SmallVector out of range").
                 xr = x.astype(mx.float32)
-                y = quantized_matmul(xr[None] if x.ndim == 1 else xr, q.w, q.scales, q.biases,
-                                     group_size=q.spec.group_size, bits=q.spec.bits, mode=q.spec.mode)
+                y = quantized_matmul(
+                    xr[None] if x.ndim == 1 else xr,
+                    q.w,
+                    q.scales,
+                    q.biases,
+                    group_size=q.spec.group_size,
+                    bits=q.spec.bits,
+                    mode=q.spec.mode,
+                )
                 return y[0] if x.ndim == 1 else y
             return x.astype(mx.float32) @ self._base.astype(mx.float32).T
         x = validate.float_array("x", x)
         if x.ndim == 0 or x.shape[-1] != self.shape[1]:
-            raise ValueError(f"x: its last axis must be {self.shape[1]} (the matrix's in dimension), got shape {x.shape}")
+            raise ValueError(
+                f"x: its last axis must be {self.shape[1]} (the matrix's in dimension), got shape {x.shape}"
+            )
         w = self.dense(np.float64) if x.dtype == np.float64 else self.dense(np.float32).astype(x.dtype, copy=False)
         return x @ w.T
 
@@ -498,7 +534,9 @@ def quantization_study(
     import pandas as pd
 
     if not isinstance(folds, dict) or not folds:
-        raise ValueError(f"folds: must be a non-empty dict of name -> HadamardFold or None, got {validate.describe(folds)}")
+        raise ValueError(
+            f"folds: must be a non-empty dict of name -> HadamardFold or None, got {validate.describe(folds)}"
+        )
     for name, f in folds.items():
         if f is not None and not isinstance(f, HadamardFold):
             raise ValueError(f"folds: entry {name!r} must be a HadamardFold or None, got {validate.describe(f)}")
@@ -512,8 +550,7 @@ def quantization_study(
     rows = {}
     for label, fmt in formats:
         q = QUANT_FORMATS[fmt]
-        rows[label] = {name: quantization_error(w, **q.as_quantize(), fold=f)
-                       for name, f in folds.items()}
+        rows[label] = {name: quantization_error(w, **q.as_quantize(), fold=f) for name, f in folds.items()}
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = "format"
     return df

@@ -16,22 +16,42 @@ importable from ``workbench.kernels``; each module is imported when one of its n
 
 from workbench import public_names
 
-_HOMES, __getattr__, __dir__ = public_names(__name__, {
-    "contract": ("TailLaunch", "each_row"),
-    "run": ("METAL_EMULATED", "DEVICE_BACKENDS", "KERNEL_BACKENDS", "check_backend", "is_emulated", "compiled_kernel",
-            "source_kernel", "run_tail", "lazy_tail", "run_kernel_tail", "run_cuda_tail"),
-    "source": ("KERNELS", "DIALECTS", "TAIL_KERNELS", "compose", "fingerprint", "one_launch_inputs"),
-    "tuning": ("KernelTuning", "DEFAULT_TUNING", "checked_tuning"),
-    "launch": ("PreparedTail", "prepare_tail", "prepared", "settle_constants"),
-    "one_launch": ("OneLaunchTail", "GridBarrierTimeout", "CHOICE_MARGIN", "for_launch", "fits"),
-    "one_launch_shape": ("OneLaunchShape", "shape_for", "shape_for_formats", "DEFAULT_NT", "FOUR_BIT_NT",
-                         "FOUR_BIT_ROW_UNITS"),
-    "next_norm": ("NextNorm",),
-    "head": ("head_launch", "head_refusals"),
-    "gdn_step": ("GdnShape", "GdnStep", "recurrent_step_exact"),
-    "emulated": ("metal_tail_source",),
-    "metal_emulation": ("SCHEDULES", "MATH_MODES", "EmulatedKernel"),
-    "metal_drop_in": ("metal_kernel", "GridWarning"),
-})
+_HOMES, __getattr__, __dir__ = public_names(
+    __name__,
+    {
+        "contract": ("TailLaunch", "each_row"),
+        "run": (
+            "METAL_EMULATED",
+            "DEVICE_BACKENDS",
+            "KERNEL_BACKENDS",
+            "check_backend",
+            "is_emulated",
+            "compiled_kernel",
+            "source_kernel",
+            "run_tail",
+            "lazy_tail",
+            "run_kernel_tail",
+            "run_cuda_tail",
+        ),
+        "source": ("KERNELS", "DIALECTS", "TAIL_KERNELS", "compose", "fingerprint", "one_launch_inputs"),
+        "tuning": ("KernelTuning", "DEFAULT_TUNING", "checked_tuning"),
+        "launch": ("PreparedTail", "prepare_tail", "prepared", "settle_constants"),
+        "one_launch": ("OneLaunchTail", "GridBarrierTimeout", "CHOICE_MARGIN", "for_launch", "fits"),
+        "one_launch_shape": (
+            "OneLaunchShape",
+            "shape_for",
+            "shape_for_formats",
+            "DEFAULT_NT",
+            "FOUR_BIT_NT",
+            "FOUR_BIT_ROW_UNITS",
+        ),
+        "next_norm": ("NextNorm",),
+        "head": ("head_launch", "head_refusals"),
+        "gdn_step": ("GdnShape", "GdnStep", "recurrent_step_exact"),
+        "emulated": ("metal_tail_source",),
+        "metal_emulation": ("SCHEDULES", "MATH_MODES", "EmulatedKernel"),
+        "metal_drop_in": ("metal_kernel", "GridWarning"),
+    },
+)
 
 __all__ = list(_HOMES)

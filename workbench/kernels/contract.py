@@ -49,8 +49,9 @@ class TailLaunch:
         return self.owner
 
 
-def each_row(tail: Callable[[Any, Any], Any], branch: Any, residual: Any, hidden: int,
-             stack: Callable[[list], Any]) -> Any:
+def each_row(
+    tail: Callable[[Any, Any], Any], branch: Any, residual: Any, hidden: int, stack: Callable[[list], Any]
+) -> Any:
     """``tail`` run on each row of a batch (``branch`` [..., width], ``residual`` [..., hidden]),
     the rows' outputs joined by ``stack`` and given back the batch's leading axes: the ONE loop
     every backend that takes a single position a launch runs a batch by (MLX or numpy rows)."""

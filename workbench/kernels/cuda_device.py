@@ -30,8 +30,9 @@ def _driver() -> ctypes.CDLL:
             return ctypes.CDLL(name)
         except OSError:
             continue
-    raise BackendUnavailable("the CUDA driver library (libcuda.so.1) is not on this machine: "
-                             "the SM count comes from the NVIDIA driver")
+    raise BackendUnavailable(
+        "the CUDA driver library (libcuda.so.1) is not on this machine: the SM count comes from the NVIDIA driver"
+    )
 
 
 def _check(what: str, status: int) -> None:
@@ -53,6 +54,8 @@ def multiprocessor_count(device: int = 0) -> int:
     handle = ctypes.c_int()
     _check(f"cuDeviceGet({device})", lib.cuDeviceGet(ctypes.byref(handle), device))
     count = ctypes.c_int()
-    _check("cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
-           lib.cuDeviceGetAttribute(ctypes.byref(count), _MULTIPROCESSOR_COUNT, handle))
+    _check(
+        "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
+        lib.cuDeviceGetAttribute(ctypes.byref(count), _MULTIPROCESSOR_COUNT, handle),
+    )
     return int(count.value)

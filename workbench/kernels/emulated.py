@@ -73,8 +73,11 @@ def generated_source(fn: Callable[..., Any], *args: mx.array) -> dict[str, str]:
 def metal_tail_source(launch: TailLaunch, tuning: KernelTuning | None = None) -> dict[str, str]:
     """The Metal source MLX would compile for this launch's tail (three kernels), on any machine."""
     prep = prepare_tail(launch, "metal", tuning)
-    return generated_source(lambda b, r: prep(b, r, verbose=True),
-                            mx.zeros((prep.branch_dim,), dtype=mx.float32), mx.zeros((prep.hidden,), dtype=mx.float32))
+    return generated_source(
+        lambda b, r: prep(b, r, verbose=True),
+        mx.zeros((prep.branch_dim,), dtype=mx.float32),
+        mx.zeros((prep.hidden,), dtype=mx.float32),
+    )
 
 
 # -- the Metal kernels on the CPU (backend "metal-emulated") ------------------------------
@@ -96,8 +99,7 @@ def _host(a: mx.array) -> np.ndarray:
 def launch_source(kernel: Any, inputs: list[mx.array], kw: dict[str, Any]) -> str:
     """The Metal source MLX generates for ``kernel(inputs=inputs, **kw)`` (made once per
     kernel, template values and input dtypes)."""
-    key = (kernel, tuple((n, str(v)) for n, v in kw["template"]),
-           tuple((str(a.dtype), a.size < 8) for a in inputs))
+    key = (kernel, tuple((n, str(v)) for n, v in kw["template"]), tuple((str(a.dtype), a.size < 8) for a in inputs))
     if key in _SOURCES:
         _SOURCES.move_to_end(key)
         return _SOURCES[key]
@@ -108,8 +110,9 @@ def launch_source(kernel: Any, inputs: list[mx.array], kw: dict[str, Any]) -> st
     return src
 
 
-def emulated_tail_sources(launch: TailLaunch, tuning: KernelTuning | None = None, *,
-                          kernel_dir: Path | None = None) -> list[str]:
+def emulated_tail_sources(
+    launch: TailLaunch, tuning: KernelTuning | None = None, *, kernel_dir: Path | None = None
+) -> list[str]:
     """The three Metal sources :func:`emulated_tail` compiles for ``launch`` (to compile
     many at once: ``metal_emulation.compile_all``)."""
     return _tail_sources(prepared(launch, "metal", tuning, kernel_dir=kernel_dir))
@@ -118,9 +121,11 @@ def emulated_tail_sources(launch: TailLaunch, tuning: KernelTuning | None = None
 def _tail_sources(prep: PreparedTail) -> list[str]:
     b, r = mx.zeros((prep.branch_dim,), dtype=mx.float32), mx.zeros((prep.hidden,), dtype=mx.float32)
     wo, gu, dn = prep.calls().values()
-    return [launch_source(wo.kernel, [b, *wo.consts, r], wo.kw),
-            launch_source(gu.kernel, [r, *gu.consts], gu.kw),
-            launch_source(dn.kernel, [mx.zeros((prep.ffn,), dtype=mx.float32), r, *dn.consts], dn.kw)]
+    return [
+        launch_source(wo.kernel, [b, *wo.consts, r], wo.kw),
+        launch_source(gu.kernel, [r, *gu.consts], gu.kw),
+        launch_source(dn.kernel, [mx.zeros((prep.ffn,), dtype=mx.float32), r, *dn.consts], dn.kw),
+    ]
 
 
 class _EmulatedCall(NamedTuple):
@@ -148,15 +153,29 @@ def _tail_plan(prep: PreparedTail, clang: str) -> list[_EmulatedCall]:
         plan = []
         for call, source in zip(prep.calls().values(), _tail_sources(prep)):
             threads = int(call.kw["threadgroup"][0])
-            plan.append(_EmulatedCall(metal_emulation.compile_source(source), [_host(c) for c in call.consts],
-                                      int(call.kw["grid"][0]) // threads, threads,
-                                      [(tuple(s), np.float32) for s in call.kw["output_shapes"]]))
+            plan.append(
+                _EmulatedCall(
+                    metal_emulation.compile_source(source),
+                    [_host(c) for c in call.consts],
+                    int(call.kw["grid"][0]) // threads,
+                    threads,
+                    [(tuple(s), np.float32) for s in call.kw["output_shapes"]],
+                )
+            )
         per[clang] = plan
     return per[clang]
 
 
-def emulate_launch(kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, order: str = "ascending",
-                   seed: int = 0, math_mode: str = "host", math_error: str = "edge-high") -> list[np.ndarray]:
+def emulate_launch(
+    kernel: Any,
+    inputs: list[mx.array],
+    kw: dict[str, Any],
+    *,
+    order: str = "ascending",
+    seed: int = 0,
+    math_mode: str = "host",
+    math_error: str = "edge-high",
+) -> list[np.ndarray]:
     """One Metal launch run on the CPU: the source MLX generates for ``kernel(inputs=inputs,
     **kw)`` (``kw``: template, grid, threadgroup, output shapes and dtypes, as a launch
     passes them), compiled by clang and executed by :mod:`workbench.kernels.metal_emulation` in
@@ -168,14 +187,30 @@ def emulate_launch(kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, o
     compiled = metal_emulation.compile_source(launch_source(kernel, inputs, kw))
     threads = int(kw["threadgroup"][0])
     groups = int(kw["grid"][0]) // threads
-    return compiled.launch([_host(a) for a in inputs],
-                           [(tuple(s), np.float32) for s in kw["output_shapes"]], groups=groups, threads=threads,
-                           order=order, seed=seed, math_mode=math_mode, math_error=math_error)
+    return compiled.launch(
+        [_host(a) for a in inputs],
+        [(tuple(s), np.float32) for s in kw["output_shapes"]],
+        groups=groups,
+        threads=threads,
+        order=order,
+        seed=seed,
+        math_mode=math_mode,
+        math_error=math_error,
+    )
 
 
-def emulated_tail(launch: TailLaunch, branch: Any, residual: Any, *, order: str = "ascending", seed: int = 0,
-                  tuning: KernelTuning | None = None, kernel_dir: Path | None = None, math_mode: str = "host",
-                  math_error: str = "edge-high") -> np.ndarray:
+def emulated_tail(
+    launch: TailLaunch,
+    branch: Any,
+    residual: Any,
+    *,
+    order: str = "ascending",
+    seed: int = 0,
+    tuning: KernelTuning | None = None,
+    kernel_dir: Path | None = None,
+    math_mode: str = "host",
+    math_error: str = "edge-high",
+) -> np.ndarray:
     """The fused tail's three Metal launches run on the CPU (``fused_tail(backend="metal-emulated")``).
 
     The same ``PreparedTail`` as the ``"metal"`` backend (same refusals, template

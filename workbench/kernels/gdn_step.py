@@ -99,8 +99,10 @@ def check_shape(shape: GdnShape, threads: int) -> None:
     if shape.hv % shape.hk:
         raise ValueError(f"value heads: must be a multiple of the key heads ({shape.hk}), got {shape.hv}")
     if shape.dk % 32 or shape.dk > MAX_DK:
-        raise ValueError(f"key head dim: must be a multiple of 32 (a warp's lanes share a state row) and at most "
-                         f"{MAX_DK} (a lane's share of a row in registers), got {shape.dk}")
+        raise ValueError(
+            f"key head dim: must be a multiple of 32 (a warp's lanes share a state row) and at most "
+            f"{MAX_DK} (a lane's share of a row in registers), got {shape.dk}"
+        )
     if shape.kw < 2:
         raise ValueError(f"conv kernel width: must be >= 2 (the conv state holds kw - 1 rows), got {shape.kw}")
     threads = integer("threads", threads, minimum=32, maximum=MAX_GROUP_THREADS)
@@ -108,13 +110,17 @@ def check_shape(shape: GdnShape, threads: int) -> None:
         raise ValueError(f"threads: must be a multiple of 32 (whole warps), got {threads}")
     used = shape.group_bytes(threads)
     if used > GROUP_LIMIT:
-        raise ValueError(f"head dims ({shape.dk}, {shape.dv}): gdn_step would declare {used} bytes of group memory, "
-                         f"more than Apple GPUs' {GROUP_LIMIT}")
+        raise ValueError(
+            f"head dims ({shape.dk}, {shape.dv}): gdn_step would declare {used} bytes of group memory, "
+            f"more than Apple GPUs' {GROUP_LIMIT}"
+        )
     held = lane_floats(shape, threads)
     if held > MAX_LANE_FLOATS:
-        raise ValueError(f"threads: {threads} leave each lane {held} floats of the state to hold (rows a warp x Dk / 32), "
-                         f"more than {MAX_LANE_FLOATS}; give more threads (whole warps, at most "
-                         f"{MAX_GROUP_THREADS})")
+        raise ValueError(
+            f"threads: {threads} leave each lane {held} floats of the state to hold (rows a warp x Dk / 32), "
+            f"more than {MAX_LANE_FLOATS}; give more threads (whole warps, at most "
+            f"{MAX_GROUP_THREADS})"
+        )
 
 
 def lane_floats(shape: GdnShape, threads: int) -> int:
@@ -134,8 +140,7 @@ def default_threads(shape: GdnShape) -> int:
 
 def template(shape: GdnShape, threads: int) -> list[tuple[str, Any]]:
     """The launch's template values, in ``kernel_source.KERNELS["gdn_step"].template``'s order."""
-    return [("NT", threads), ("HK", shape.hk), ("HV", shape.hv), ("DK", shape.dk), ("DV", shape.dv),
-            ("KW", shape.kw)]
+    return [("NT", threads), ("HK", shape.hk), ("HV", shape.hv), ("DK", shape.dk), ("DV", shape.dv), ("KW", shape.kw)]
 
 
 def cuda_translation_unit(shape: GdnShape, threads: int | None = None) -> str:
@@ -143,8 +148,9 @@ def cuda_translation_unit(shape: GdnShape, threads: int | None = None) -> str:
     threads = default_threads(shape) if threads is None else threads
     check_shape(shape, threads)
     spec = kernel_source.KERNELS["gdn_step"]
-    return kernel_source.cuda_translation_unit("gdn_step", dict.fromkeys(spec.inputs, "float32"),
-                                               dict(template(shape, threads)))
+    return kernel_source.cuda_translation_unit(
+        "gdn_step", dict.fromkeys(spec.inputs, "float32"), dict(template(shape, threads))
+    )
 
 
 def _array(name: str, a: Any, shape: Sequence[int] | None = None) -> mx.array:
@@ -178,35 +184,58 @@ class GdnStep:
         self.dialect = kernel_run.source_dialect(backend)
         self.kernel = kernel_run.compiled_kernel(backend, "gdn_step")
         s = shape
-        self.kw = dict(template=template(s, threads), grid=(s.hv * threads, 1, 1), threadgroup=(threads, 1, 1),
-                       output_shapes=[(s.vd,), (s.kw - 1, s.channels), (s.hv, s.dv, s.dk)],
-                       output_dtypes=[mx.float32] * 3)
+        self.kw = dict(
+            template=template(s, threads),
+            grid=(s.hv * threads, 1, 1),
+            threadgroup=(threads, 1, 1),
+            output_shapes=[(s.vd,), (s.kw - 1, s.channels), (s.hv, s.dv, s.dk)],
+            output_dtypes=[mx.float32] * 3,
+        )
 
     def describe(self) -> str:
         s = self.shape
-        return (f"gdn_step ({self.backend}): Hk {s.hk}, Hv {s.hv}, Dk {s.dk}, Dv {s.dv}, conv {s.kw}; "
-                f"{s.hv} groups of {self.threads} threads")
+        return (
+            f"gdn_step ({self.backend}): Hk {s.hk}, Hv {s.hv}, Dk {s.dk}, Dv {s.dv}, conv {s.kw}; "
+            f"{s.hv} groups of {self.threads} threads"
+        )
 
     def inputs(self, mixed: Any, z: Any, ba: Any, conv_state: Any, state: Any) -> list[mx.array]:
         """The launch's inputs in the kernel's order, each checked (shape, float32)."""
         s = self.shape
         st = _array("state", state)
         if tuple(st.shape) not in ((s.hv, s.dv, s.dk), (1, s.hv, s.dv, s.dk)):
-            raise ValueError(f"state: must have shape {(s.hv, s.dv, s.dk)} or {(1, s.hv, s.dv, s.dk)}, "
-                             f"got {describe(state)}")
-        return [_array("mixed", mixed, (s.channels,)), _array("z", z, (s.vd,)), _array("ba", ba, (2 * s.hv,)),
-                _array("conv_state", conv_state, (s.kw - 1, s.channels)), st, *self.consts]
+            raise ValueError(
+                f"state: must have shape {(s.hv, s.dv, s.dk)} or {(1, s.hv, s.dv, s.dk)}, got {describe(state)}"
+            )
+        return [
+            _array("mixed", mixed, (s.channels,)),
+            _array("z", z, (s.vd,)),
+            _array("ba", ba, (2 * s.hv,)),
+            _array("conv_state", conv_state, (s.kw - 1, s.channels)),
+            st,
+            *self.consts,
+        ]
 
-    def __call__(self, mixed: Any, z: Any, ba: Any, conv_state: Any, state: Any, *, order: str = "ascending",
-                 seed: int = 0) -> tuple[mx.array, mx.array, mx.array]:
+    def __call__(
+        self, mixed: Any, z: Any, ba: Any, conv_state: Any, state: Any, *, order: str = "ascending", seed: int = 0
+    ) -> tuple[mx.array, mx.array, mx.array]:
         ins = self.inputs(mixed, z, ba, conv_state, state)
         state_shape = tuple(ins[4].shape)
         out, conv, st = kernel_run.launch(self.backend, self.kernel, ins, self.kw, order=order, seed=seed)
         return out, conv, st.reshape(state_shape)
 
 
-def prepare(conv_w: Any, a_log: Any, dt_bias: Any, o_norm: Any, eps: float, *, k_heads: int, backend: str,
-            threads: int | None = None) -> GdnStep:
+def prepare(
+    conv_w: Any,
+    a_log: Any,
+    dt_bias: Any,
+    o_norm: Any,
+    eps: float,
+    *,
+    k_heads: int,
+    backend: str,
+    threads: int | None = None,
+) -> GdnStep:
     """A layer's launch, made once: its constants (``conv_w`` [K, C], ``a_log`` and
     ``dt_bias`` [Hv], ``o_norm`` [Dv], float32) and ``eps`` (the RMS norm's) as arrays.
 
@@ -228,8 +257,10 @@ def prepare(conv_w: Any, a_log: Any, dt_bias: Any, o_norm: Any, eps: float, *, k
     dtb = _array("dt_bias", dt_bias)
     if tuple(dtb.shape) != (hv,):
         # Hv is read from a_log, so a mismatch may be either array's fault: name both.
-        raise ValueError(f"a_log, dt_bias: must both be [value heads] of one length, got a_log {describe(a_log)} "
-                         f"and dt_bias {describe(dt_bias)}")
+        raise ValueError(
+            f"a_log, dt_bias: must both be [value heads] of one length, got a_log {describe(a_log)} "
+            f"and dt_bias {describe(dt_bias)}"
+        )
     on = _array("o_norm", o_norm)
     if on.ndim != 1:
         raise ValueError(f"o_norm: must be [value head dim], got {describe(o_norm)}")
@@ -239,9 +270,11 @@ def prepare(conv_w: Any, a_log: Any, dt_bias: Any, o_norm: Any, eps: float, *, k
     if kd2 <= 0 or kd2 % (2 * hk) or (kd2 // (2 * hk)) % 32:
         # Dk is not given: it is what conv_w's channels leave once a_log (Hv) and o_norm (Dv)
         # have theirs, so a wrong length in any of the three shows here, and all are named.
-        raise ValueError(f"conv_w: its {c} channels must be 2 k_heads Dk + Hv Dv = 2 x {hk} x Dk + {hv} x {dv} "
-                         f"(Hv: a_log's length, Dv: o_norm's) for a key head dim Dk that is a positive multiple of 32; "
-                         f"one of conv_w {describe(conv_w)}, a_log of {hv}, o_norm of {dv}, k_heads {hk} is wrong")
+        raise ValueError(
+            f"conv_w: its {c} channels must be 2 k_heads Dk + Hv Dv = 2 x {hk} x Dk + {hv} x {dv} "
+            f"(Hv: a_log's length, Dv: o_norm's) for a key head dim Dk that is a positive multiple of 32; "
+            f"one of conv_w {describe(conv_w)}, a_log of {hv}, o_norm of {dv}, k_heads {hk} is wrong"
+        )
     shape = GdnShape(hk, hv, kd2 // (2 * hk), dv, kw)
     threads = default_threads(shape) if threads is None else threads
     check_shape(shape, threads)
@@ -252,18 +285,45 @@ def prepare(conv_w: Any, a_log: Any, dt_bias: Any, o_norm: Any, eps: float, *, k
     return GdnStep(shape, backend, int(threads), consts)
 
 
-def gdn_step(mixed: Any, z: Any, ba: Any, conv_state: Any, conv_w: Any, a_log: Any, dt_bias: Any, o_norm: Any,
-             state: Any, *, k_heads: int, eps: float, backend: str, threads: int | None = None,
-             order: str = "ascending", seed: int = 0) -> tuple[mx.array, mx.array, mx.array]:
+def gdn_step(
+    mixed: Any,
+    z: Any,
+    ba: Any,
+    conv_state: Any,
+    conv_w: Any,
+    a_log: Any,
+    dt_bias: Any,
+    o_norm: Any,
+    state: Any,
+    *,
+    k_heads: int,
+    eps: float,
+    backend: str,
+    threads: int | None = None,
+    order: str = "ascending",
+    seed: int = 0,
+) -> tuple[mx.array, mx.array, mx.array]:
     """One recurrent step in one launch: ``(out, conv_state', state')`` (see the module's
     formulas). Prepares the launch each call; a decode loop keeps :func:`prepare`'s."""
     return prepare(conv_w, a_log, dt_bias, o_norm, eps, k_heads=k_heads, backend=backend, threads=threads)(
-        mixed, z, ba, conv_state, state, order=order, seed=seed)
+        mixed, z, ba, conv_state, state, order=order, seed=seed
+    )
 
 
-def recurrent_step_exact(mixed: Any, z: Any, ba: Any, conv_state: Any, conv_w: Any, a_log: Any, dt_bias: Any,
-                         o_norm: Any, state: Any, *, k_heads: int, eps: float,
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def recurrent_step_exact(
+    mixed: Any,
+    z: Any,
+    ba: Any,
+    conv_state: Any,
+    conv_w: Any,
+    a_log: Any,
+    dt_bias: Any,
+    o_norm: Any,
+    state: Any,
+    *,
+    k_heads: int,
+    eps: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The step in float64 numpy, from the formulas (the oracle): ``(out, conv_state', state')``
     with state [Hv, Dv, Dk]."""
     f = [np.asarray(a, dtype=np.float64) for a in (mixed, z, ba, conv_state, conv_w, a_log, dt_bias, o_norm, state)]
@@ -276,8 +336,8 @@ def recurrent_step_exact(mixed: Any, z: Any, ba: Any, conv_state: Any, conv_w: A
     c = (window * conv_w).sum(axis=0)
     c = c / (1.0 + np.exp(-c))
     q = c[:kd].reshape(hk, dk)
-    k = c[kd: 2 * kd].reshape(hk, dk)
-    v = c[2 * kd:].reshape(hv, dv)
+    k = c[kd : 2 * kd].reshape(hk, dk)
+    v = c[2 * kd :].reshape(hv, dv)
     q = q / np.sqrt((q * q).sum(-1, keepdims=True) + L2_EPS) / np.sqrt(dk)
     k = k / np.sqrt((k * k).sum(-1, keepdims=True) + L2_EPS)
     rep = hv // hk

@@ -40,14 +40,33 @@ def head_refusals(q: WeightMatrix, k: WeightMatrix, v: WeightMatrix) -> list[ref
         except ValueError:
             return False
 
-    return list(refusals.head_launch_refusals(
-        cfg, 0, q_fold=q.fold, k_fold=k.fold, v_fold=v.fold,
-        q_kernel=served(q), k_kernel=served(k), v_kernel=served(v)))
+    return list(
+        refusals.head_launch_refusals(
+            cfg,
+            0,
+            q_fold=q.fold,
+            k_fold=k.fold,
+            v_fold=v.fold,
+            q_kernel=served(q),
+            k_kernel=served(k),
+            v_kernel=served(v),
+        )
+    )
 
 
-def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: WeightMatrix, k: WeightMatrix,
-                v: WeightMatrix, dialect: str, tuning: KernelTuning | None = None, *, verbose: bool = False,
-                kernel_dir: Path | None = None) -> tuple[mx.array, mx.array, mx.array]:
+def head_launch(
+    hidden: mx.array,
+    attn_norm: Any,
+    eps: float,
+    q: WeightMatrix,
+    k: WeightMatrix,
+    v: WeightMatrix,
+    dialect: str,
+    tuning: KernelTuning | None = None,
+    *,
+    verbose: bool = False,
+    kernel_dir: Path | None = None,
+) -> tuple[mx.array, mx.array, mx.array]:
     """Q, K, V of ``rms_norm(hidden) * attn_norm`` in ONE launch, lazily.
 
     ``q`` / ``k`` / ``v`` are WeightMatrix objects sharing one fold (the same object, as
@@ -74,17 +93,38 @@ def head_launch(hidden: mx.array, attn_norm: Any, eps: float, q: WeightMatrix, k
     rot = rotation_template(None if fold is None else fold.plan(hid), hid)
     nq, nk, nv = (m.rows for m in mats)
     m0 = mats[0]
-    template = [("NT", t.head_nt), ("FMT", m0.fmt), ("SFMT", m0.sfmt), ("GS", m0.gs), ("QI", m0.qi), ("HID", hid),
-                ("NQ", nq), ("NK", nk), ("NV", nv), ("ROT", bool(rot["ROT"])), ("M", rot["M"]),
-                ("LOGP", rot["LOGP"]), ("U", units_for(m0.fmt, t.u_head)), ("PRE", bool(t.pre_head))]
-    norm = attn_norm.astype(mx.float32) if isinstance(attn_norm, mx.array) else mx.array(
-        np.asarray(attn_norm, dtype=np.float32))
+    template = [
+        ("NT", t.head_nt),
+        ("FMT", m0.fmt),
+        ("SFMT", m0.sfmt),
+        ("GS", m0.gs),
+        ("QI", m0.qi),
+        ("HID", hid),
+        ("NQ", nq),
+        ("NK", nk),
+        ("NV", nv),
+        ("ROT", bool(rot["ROT"])),
+        ("M", rot["M"]),
+        ("LOGP", rot["LOGP"]),
+        ("U", units_for(m0.fmt, t.u_head)),
+        ("PRE", bool(t.pre_head)),
+    ]
+    norm = (
+        attn_norm.astype(mx.float32)
+        if isinstance(attn_norm, mx.array)
+        else mx.array(np.asarray(attn_norm, dtype=np.float32))
+    )
     kernel_run.check_group_memory(dialect, "head_qkv", template, f"hidden ({hid})")
     inputs = [hidden.astype(mx.float32), norm, params_array(eps, rot["scale"]), rot["sdest"], rot["table"]]
     for m in mats:
         inputs += [m.w, m.s, m.b]
     kernel = kernel_run.compiled_kernel(dialect, "head_qkv", kernel_dir)
-    kw = dict(template=template, grid=(grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
-              threadgroup=(t.head_nt, 1, 1), output_shapes=[(nq,), (nk,), (nv,)], output_dtypes=[mx.float32] * 3)
+    kw = dict(
+        template=template,
+        grid=(grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
+        threadgroup=(t.head_nt, 1, 1),
+        output_shapes=[(nq,), (nk,), (nv,)],
+        output_dtypes=[mx.float32] * 3,
+    )
     q_out, k_out, v_out = kernel_run.launch(dialect, kernel, inputs, kw, verbose=verbose)
     return q_out, k_out, v_out

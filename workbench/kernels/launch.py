@@ -67,19 +67,37 @@ def compiled_kernel(dialect: str, kernel: str, kernel_dir: Path | None = None) -
     if text.compact:  # the header in a file, the source without comments (DialectText.compact)
         header, source = kernel_source.cuda_launch_text(header, source)
     make = getattr(mx.fast, text.maker)
-    return make(name=name, input_names=list(spec.inputs), output_names=list(spec.outputs),
-                source=source, header=header, ensure_row_contiguous=True)
+    return make(
+        name=name,
+        input_names=list(spec.inputs),
+        output_names=list(spec.outputs),
+        source=source,
+        header=header,
+        ensure_row_contiguous=True,
+    )
 
 
 def rotation_template(plan: FoldPlan | None, width: int) -> dict[str, Any]:
     """The fold plan's arrays and template values (identity ones without a fold)."""
     if plan is None:
-        return {"sdest": 2 * mx.arange(width, dtype=mx.int32),
-                "table": mx.ones((8,), dtype=mx.int8), "ROT": False, "M": 1, "LOGP": 0, "scale": 1.0}
+        return {
+            "sdest": 2 * mx.arange(width, dtype=mx.int32),
+            "table": mx.ones((8,), dtype=mx.int8),
+            "ROT": False,
+            "M": 1,
+            "LOGP": 0,
+            "scale": 1.0,
+        }
     table = np.zeros(max(8, plan.m * plan.m), dtype=np.int8)
     table[: plan.m * plan.m] = np.asarray(plan.table, dtype=np.int8).reshape(-1)
-    return {"sdest": mx.array(sdest(plan)),
-            "table": mx.array(table), "ROT": True, "M": int(plan.m), "LOGP": int(plan.k), "scale": plan.scale}
+    return {
+        "sdest": mx.array(sdest(plan)),
+        "table": mx.array(table),
+        "ROT": True,
+        "M": int(plan.m),
+        "LOGP": int(plan.k),
+        "scale": plan.scale,
+    }
 
 
 def sdest(plan: FoldPlan) -> np.ndarray:
@@ -144,16 +162,42 @@ class PreparedTail:
         """The template values of the three launches (what the generated source is checked for)."""
         t, wo, g, d = self.tuning, self.wo, self.gate, self.down
         return {
-            "wo_residual": [("NT", t.wo_nt), ("FMT", wo.fmt), ("SFMT", wo.sfmt), ("GS", wo.gs), ("QI", wo.qi),
-                            ("WIDTH", self.branch_dim), ("ROWS", self.hidden), ("ROT", bool(self.rot["ROT"])),
-                            ("M", self.rot["M"]), ("LOGP", self.rot["LOGP"]), ("U", units_for(wo.fmt, t.u_wo)),
-                            ("PRE", bool(t.pre_wo))],
-            "ffn_gate_up": [("NT", t.rows_nt), ("FMT", g.fmt), ("SFMT", g.sfmt), ("GS", g.gs), ("QI", g.qi),
-                            ("HID", self.hidden), ("FFN", self.ffn), ("U", units_for(g.fmt, t.u_gate_up)),
-                            ("PRE", bool(t.pre_gate_up))],
-            "ffn_down": [("NT", t.down_nt), ("FMT", d.fmt), ("SFMT", d.sfmt), ("GS", d.gs), ("QI", d.qi),
-                         ("HID", self.hidden), ("FFN", self.ffn), ("U", max(1, units_for(d.fmt, t.u_down) // t.down_rows)),
-                         ("DR", t.down_rows)],
+            "wo_residual": [
+                ("NT", t.wo_nt),
+                ("FMT", wo.fmt),
+                ("SFMT", wo.sfmt),
+                ("GS", wo.gs),
+                ("QI", wo.qi),
+                ("WIDTH", self.branch_dim),
+                ("ROWS", self.hidden),
+                ("ROT", bool(self.rot["ROT"])),
+                ("M", self.rot["M"]),
+                ("LOGP", self.rot["LOGP"]),
+                ("U", units_for(wo.fmt, t.u_wo)),
+                ("PRE", bool(t.pre_wo)),
+            ],
+            "ffn_gate_up": [
+                ("NT", t.rows_nt),
+                ("FMT", g.fmt),
+                ("SFMT", g.sfmt),
+                ("GS", g.gs),
+                ("QI", g.qi),
+                ("HID", self.hidden),
+                ("FFN", self.ffn),
+                ("U", units_for(g.fmt, t.u_gate_up)),
+                ("PRE", bool(t.pre_gate_up)),
+            ],
+            "ffn_down": [
+                ("NT", t.down_nt),
+                ("FMT", d.fmt),
+                ("SFMT", d.sfmt),
+                ("GS", d.gs),
+                ("QI", d.qi),
+                ("HID", self.hidden),
+                ("FFN", self.ffn),
+                ("U", max(1, units_for(d.fmt, t.u_down) // t.down_rows)),
+                ("DR", t.down_rows),
+            ],
         }
 
     def __post_init__(self) -> None:
@@ -161,22 +205,46 @@ class PreparedTail:
         # work and little Python (the per-wait overhead is what the benchmark measures).
         t, tp = self.tuning, self.templates()
         wo, g, u, d = self.wo, self.gate, self.up, self.down
-        settle_constants(self.rot["sdest"], self.rot["table"], self.norm, self.params,
-                         *(a for m in (wo, g, u, d) for a in (m.w, m.s, m.b)))
+        settle_constants(
+            self.rot["sdest"],
+            self.rot["table"],
+            self.norm,
+            self.params,
+            *(a for m in (wo, g, u, d) for a in (m.w, m.s, m.b)),
+        )
         self._wo = KernelCall(
             compiled_kernel(self.dialect, "wo_residual", self.kernel_dir),
             [self.rot["sdest"], self.rot["table"], self.params, wo.w, wo.s, wo.b],
-            dict(template=tp["wo_residual"], grid=(grid_size(self.hidden, t.wo_nt, t, t.wo_groups_per_sm), 1, 1),
-                 threadgroup=(t.wo_nt, 1, 1), output_shapes=[(self.hidden,)], output_dtypes=[mx.float32]))
+            dict(
+                template=tp["wo_residual"],
+                grid=(grid_size(self.hidden, t.wo_nt, t, t.wo_groups_per_sm), 1, 1),
+                threadgroup=(t.wo_nt, 1, 1),
+                output_shapes=[(self.hidden,)],
+                output_dtypes=[mx.float32],
+            ),
+        )
         self._gu = KernelCall(
             compiled_kernel(self.dialect, "ffn_gate_up", self.kernel_dir),
             [self.norm, self.params, g.w, g.s, g.b, u.w, u.s, u.b],
-            dict(template=tp["ffn_gate_up"], grid=(grid_size(self.ffn, t.rows_nt, t, t.gu_groups_per_sm), 1, 1),
-                 threadgroup=(t.rows_nt, 1, 1), output_shapes=[(self.ffn,)], output_dtypes=[mx.float32]))
+            dict(
+                template=tp["ffn_gate_up"],
+                grid=(grid_size(self.ffn, t.rows_nt, t, t.gu_groups_per_sm), 1, 1),
+                threadgroup=(t.rows_nt, 1, 1),
+                output_shapes=[(self.ffn,)],
+                output_dtypes=[mx.float32],
+            ),
+        )
         self._dn = KernelCall(
-            compiled_kernel(self.dialect, "ffn_down", self.kernel_dir), [d.w, d.s, d.b],
-            dict(template=tp["ffn_down"], grid=(self.hidden // t.down_rows * t.down_nt, 1, 1),
-                 threadgroup=(t.down_nt, 1, 1), output_shapes=[(self.hidden,)], output_dtypes=[mx.float32]))
+            compiled_kernel(self.dialect, "ffn_down", self.kernel_dir),
+            [d.w, d.s, d.b],
+            dict(
+                template=tp["ffn_down"],
+                grid=(self.hidden // t.down_rows * t.down_nt, 1, 1),
+                threadgroup=(t.down_nt, 1, 1),
+                output_shapes=[(self.hidden,)],
+                output_dtypes=[mx.float32],
+            ),
+        )
 
     def calls(self) -> dict[str, KernelCall]:
         """The three launches by kernel name (``kernel_source.TAIL_KERNELS``' order): what
@@ -212,8 +280,9 @@ class PreparedTail:
         return self.launch_down(act, h, verbose=verbose)
 
 
-def prepare_tail(launch: TailLaunch, dialect: str, tuning: KernelTuning | None = None, *,
-                 kernel_dir: Path | None = None) -> PreparedTail:
+def prepare_tail(
+    launch: TailLaunch, dialect: str, tuning: KernelTuning | None = None, *, kernel_dir: Path | None = None
+) -> PreparedTail:
     """The kernel form of a ``workbench.kernels.contract.TailLaunch`` (from ``tail.tail_launch``).
 
     ``kernel_dir``: the folder the kernel bodies are read from (default: ``kernels/``), so
@@ -228,10 +297,16 @@ def prepare_tail(launch: TailLaunch, dialect: str, tuning: KernelTuning | None =
     """
     kernel_source.check_dialect(dialect)
     if launch.fold is not None and launch.fold.site is not FoldSite.INPUT:
-        raise ValueError("wo's fold must be at its INPUT site for the kernels (they rotate wo's input, as "
-                         "frink-models' metal_plan(branch.len()) does); got site OUTPUT")
+        raise ValueError(
+            "wo's fold must be at its INPUT site for the kernels (they rotate wo's input, as "
+            "frink-models' metal_plan(branch.len()) does); got site OUTPUT"
+        )
     wo = kernel_matrix("wo", launch.wo)
-    gate, up, down = kernel_matrix("gate", launch.gate), kernel_matrix("up", launch.up), kernel_matrix("down", launch.down)
+    gate, up, down = (
+        kernel_matrix("gate", launch.gate),
+        kernel_matrix("up", launch.up),
+        kernel_matrix("down", launch.down),
+    )
     hidden, branch_dim, ffn = wo.rows, wo.cols, gate.rows
     check_width("branch (wo's in dimension)", branch_dim)
     check_width("hidden", hidden)
@@ -240,12 +315,27 @@ def prepare_tail(launch: TailLaunch, dialect: str, tuning: KernelTuning | None =
     if (gate.fmt, gate.sfmt, gate.gs, gate.qi) != (up.fmt, up.sfmt, up.gs, up.qi):
         raise ValueError("gate and up must have the same format (one launch reads both)")
     rot = rotation_template(launch.fold_plan, branch_dim)
-    prep = PreparedTail(dialect, hidden, branch_dim, ffn, wo, gate, up, down, rot,
-                        launch.ffn_norm.astype(mx.float32), params_array(launch.eps, rot["scale"]),
-                        kernel_tuning.checked_tuning(tuning), None if kernel_dir is None else Path(kernel_dir))
+    prep = PreparedTail(
+        dialect,
+        hidden,
+        branch_dim,
+        ffn,
+        wo,
+        gate,
+        up,
+        down,
+        rot,
+        launch.ffn_norm.astype(mx.float32),
+        params_array(launch.eps, rot["scale"]),
+        kernel_tuning.checked_tuning(tuning),
+        None if kernel_dir is None else Path(kernel_dir),
+    )
     if kernel_source.dialect_text(dialect).group_memory_checked:
-        for kernel, width in (("wo_residual", f"branch ({branch_dim})"), ("ffn_gate_up", f"hidden ({hidden})"),
-                              ("ffn_down", f"hidden ({hidden})")):
+        for kernel, width in (
+            ("wo_residual", f"branch ({branch_dim})"),
+            ("ffn_gate_up", f"hidden ({hidden})"),
+            ("ffn_down", f"hidden ({hidden})"),
+        ):
             check_threadgroup_memory(kernel, prep.templates()[kernel], width)
     return prep
 
@@ -255,8 +345,9 @@ def prepare_tail(launch: TailLaunch, dialect: str, tuning: KernelTuning | None =
 _PREPARED: weakref.WeakKeyDictionary[Any, dict[tuple, PreparedTail]] = weakref.WeakKeyDictionary()
 
 
-def prepared(launch: TailLaunch, dialect: str, tuning: KernelTuning | None = None, *,
-             kernel_dir: Path | None = None) -> PreparedTail:
+def prepared(
+    launch: TailLaunch, dialect: str, tuning: KernelTuning | None = None, *, kernel_dir: Path | None = None
+) -> PreparedTail:
     """:func:`prepare_tail`, made once per contract owner, dialect, tuning and kernel
     folder (the constants then stay on the device, as an engine keeps them); a contract
     without an owner is prepared anew on every call."""

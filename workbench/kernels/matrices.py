@@ -104,12 +104,14 @@ def kernel_matrix(name: str, wm: WeightMatrix) -> KernelMatrix:
                 raise ValueError(f"{name}: affine scales must be float32, bfloat16 or float16; got {scales.dtype}")
         sfmt = fmt.scale_code("bfloat16" if scales.dtype == mx.bfloat16 else "float32")
         if cols % fmt.unit_weights:
-            raise ValueError(f"{name}: its in dimension ({cols}) must be a multiple of {fmt.unit_weights} "
-                             f"for {spec} units")
+            raise ValueError(
+                f"{name}: its in dimension ({cols}) must be a multiple of {fmt.unit_weights} for {spec} units"
+            )
         nbytes = int(base.w.nbytes + scales.nbytes + (biases.nbytes if biases is not None else 0))
         biases = biases if biases is not None else dummy_array()  # fp4 formats: none, never read
-        return KernelMatrix(fmt, sfmt, spec.group_size, interleaved(fmt, cols), base.w, scales, biases, rows, cols,
-                            nbytes)
+        return KernelMatrix(
+            fmt, sfmt, spec.group_size, interleaved(fmt, cols), base.w, scales, biases, rows, cols, nbytes
+        )
     if base.dtype == mx.float32:
         fmt = formats.FLOAT32
     elif base.dtype == mx.bfloat16:
@@ -117,22 +119,27 @@ def kernel_matrix(name: str, wm: WeightMatrix) -> KernelMatrix:
     else:
         raise ValueError(f"{name}: the kernels serve {SERVED}; got {base.dtype}")
     if cols % fmt.unit_weights:
-        raise ValueError(f"{name}: its in dimension ({cols}) must be a multiple of {fmt.unit_weights} "
-                         "for 16-byte loads")
-    return KernelMatrix(fmt, fmt.scale_code(), DENSE_GS, False, base, dummy_array(), dummy_array(), rows, cols,
-                        int(base.nbytes))
+        raise ValueError(
+            f"{name}: its in dimension ({cols}) must be a multiple of {fmt.unit_weights} for 16-byte loads"
+        )
+    return KernelMatrix(
+        fmt, fmt.scale_code(), DENSE_GS, False, base, dummy_array(), dummy_array(), rows, cols, int(base.nbytes)
+    )
 
 
 def check_width(name: str, width: int) -> None:
     """ValueError unless ``width`` fits the kernels' group-memory staging."""
     if width % 8 or width > MAX_GROUP_FLOATS:
-        raise ValueError(f"{name} ({width}) must be a multiple of 8 and at most {MAX_GROUP_FLOATS} "
-                         "(the kernels stage it in 32 KB of group memory)")
+        raise ValueError(
+            f"{name} ({width}) must be a multiple of 8 and at most {MAX_GROUP_FLOATS} "
+            "(the kernels stage it in 32 KB of group memory)"
+        )
 
 
 def threadgroup_bytes(kernel: str, template: dict[str, Any]) -> int:
     """The threadgroup memory one group of ``kernel`` declares with these template values,
     as its body lays it out (each array rounded up to 16 bytes, as Metal allocates)."""
+
     def r16(n: int) -> int:
         return -(-n // 16) * 16
 
@@ -173,5 +180,7 @@ def check_threadgroup_memory(kernel: str, template: list[tuple[str, Any]], width
     32 KB of threadgroup memory (``width``: which dimension sets it, for the message)."""
     used = threadgroup_bytes(kernel, dict(template))
     if used > METAL_THREADGROUP_LIMIT:
-        raise ValueError(f"{width}: {kernel} would declare {used} bytes of threadgroup memory, more than Apple "
-                         f"GPUs' {METAL_THREADGROUP_LIMIT}; the Metal launch refuses it")
+        raise ValueError(
+            f"{width}: {kernel} would declare {used} bytes of threadgroup memory, more than Apple "
+            f"GPUs' {METAL_THREADGROUP_LIMIT}; the Metal launch refuses it"
+        )

@@ -66,8 +66,14 @@ from workbench.kernels.emulated import generated_source
 #: MLX dtypes the drop-in carries, with the numpy dtype of their bytes (bfloat16 as its
 #: 16-bit patterns: numpy has no bfloat16).
 _DTYPES: dict[Any, Any] = {
-    mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16, mx.int32: np.int32,
-    mx.uint32: np.uint32, mx.int8: np.int8, mx.uint8: np.uint8, mx.bool_: np.bool_,
+    mx.float32: np.float32,
+    mx.float16: np.float16,
+    mx.bfloat16: np.uint16,
+    mx.int32: np.int32,
+    mx.uint32: np.uint32,
+    mx.int8: np.int8,
+    mx.uint8: np.uint8,
+    mx.bool_: np.bool_,
 }
 
 #: The largest threadgroup an Apple GPU pipeline allows (lower for heavy kernels).
@@ -90,8 +96,7 @@ class GridWarning(UserWarning):
 def _host(a: Any, where: str) -> tuple[mx.array, np.ndarray]:
     x = a if isinstance(a, mx.array) else mx.array(a)
     if x.dtype not in _DTYPES:
-        raise ValueError(f"{where}: dtype {x.dtype} is not emulated; allowed: "
-                         f"{', '.join(str(d) for d in _DTYPES)}")
+        raise ValueError(f"{where}: dtype {x.dtype} is not emulated; allowed: {', '.join(str(d) for d in _DTYPES)}")
     host = np.array(x.view(mx.uint16)) if x.dtype == mx.bfloat16 else np.array(x)
     return x, host
 
@@ -117,14 +122,26 @@ class EmulatedMetalKernel:
         # on), kept per kernel: a cache keyed by id() would hand a new kernel a dead one's text.
         self._sources: dict[tuple, str] = {}
 
-    def __call__(self, *, inputs: Sequence[Any], grid: Sequence[int], threadgroup: Sequence[int],
-                 output_shapes: Sequence[Sequence[int]], output_dtypes: Sequence[Any],
-                 template: Sequence[tuple[str, Any]] | None = None, init_value: float | None = None,
-                 verbose: bool = False, stream: Any = None, order: str = "ascending", seed: int = 0,
-                 max_threads_per_threadgroup: int = MAX_THREADS_PER_THREADGROUP,
-                 threadgroup_memory: int = metal_emulation.THREADGROUP_LIMIT,
-                 simd_width: int = metal_emulation.SIMD_WIDTH, math_mode: str = "host",
-                 math_error: str = "edge-high") -> list[mx.array]:
+    def __call__(
+        self,
+        *,
+        inputs: Sequence[Any],
+        grid: Sequence[int],
+        threadgroup: Sequence[int],
+        output_shapes: Sequence[Sequence[int]],
+        output_dtypes: Sequence[Any],
+        template: Sequence[tuple[str, Any]] | None = None,
+        init_value: float | None = None,
+        verbose: bool = False,
+        stream: Any = None,
+        order: str = "ascending",
+        seed: int = 0,
+        max_threads_per_threadgroup: int = MAX_THREADS_PER_THREADGROUP,
+        threadgroup_memory: int = metal_emulation.THREADGROUP_LIMIT,
+        simd_width: int = metal_emulation.SIMD_WIDTH,
+        math_mode: str = "host",
+        math_error: str = "edge-high",
+    ) -> list[mx.array]:
         """Run the kernel; return its outputs as MLX arrays (as ``mx.fast.metal_kernel`` does).
 
         Beyond MLX's arguments: ``order`` (one of ``metal_emulation.SCHEDULES``, how the
@@ -143,73 +160,118 @@ class EmulatedMetalKernel:
         if stream is not None:
             raise ValueError(f"stream={stream!r}: the emulator runs on the CPU; allowed: None")
         if len(inputs) != len(self.input_names):
-            raise ValueError(f"inputs: {self.name} takes {len(self.input_names)} ({', '.join(self.input_names)}), "
-                             f"got {len(inputs)}")
+            raise ValueError(
+                f"inputs: {self.name} takes {len(self.input_names)} ({', '.join(self.input_names)}), got {len(inputs)}"
+            )
         if len(output_shapes) != len(self.output_names) or len(output_dtypes) != len(self.output_names):
-            raise ValueError(f"output_shapes/output_dtypes: {self.name} has {len(self.output_names)} outputs, got "
-                             f"{len(output_shapes)} shapes and {len(output_dtypes)} dtypes")
+            raise ValueError(
+                f"output_shapes/output_dtypes: {self.name} has {len(self.output_names)} outputs, got "
+                f"{len(output_shapes)} shapes and {len(output_dtypes)} dtypes"
+            )
         n, _, _ = _triple("grid", grid)
         t, _, _ = _triple("threadgroup", threadgroup)
-        limit = validate.integer("max_threads_per_threadgroup", max_threads_per_threadgroup, minimum=1,
-                                 maximum=MAX_THREADS_PER_THREADGROUP)
+        limit = validate.integer(
+            "max_threads_per_threadgroup", max_threads_per_threadgroup, minimum=1, maximum=MAX_THREADS_PER_THREADGROUP
+        )
         if t > limit:
-            raise ValueError(f"threadgroup={tuple(threadgroup)!r}: {t} threads is over the pipeline's "
-                             f"max_threads_per_threadgroup={limit}")
+            raise ValueError(
+                f"threadgroup={tuple(threadgroup)!r}: {t} threads is over the pipeline's "
+                f"max_threads_per_threadgroup={limit}"
+            )
         if simd_width != metal_emulation.SIMD_WIDTH:
-            raise ValueError(f"simd_width={simd_width!r}: Apple GPUs' SIMD-groups are {metal_emulation.SIMD_WIDTH} "
-                             f"threads wide; allowed: {metal_emulation.SIMD_WIDTH}")
-        validate.integer("threadgroup_memory", threadgroup_memory, minimum=16,
-                         maximum=metal_emulation.THREADGROUP_LIMIT)
+            raise ValueError(
+                f"simd_width={simd_width!r}: Apple GPUs' SIMD-groups are {metal_emulation.SIMD_WIDTH} "
+                f"threads wide; allowed: {metal_emulation.SIMD_WIDTH}"
+            )
+        validate.integer(
+            "threadgroup_memory", threadgroup_memory, minimum=16, maximum=metal_emulation.THREADGROUP_LIMIT
+        )
         if order != EVERY:
             validate.one_of("order", order, metal_emulation.SCHEDULES + (EVERY,))
         if n < t:
-            warnings.warn(f"grid={tuple(grid)!r} is smaller than threadgroup={tuple(threadgroup)!r}: grid counts "
-                          f"threads, not threadgroups, so this launch runs one partial group of {n} threads",
-                          GridWarning, stacklevel=2)
+            warnings.warn(
+                f"grid={tuple(grid)!r} is smaller than threadgroup={tuple(threadgroup)!r}: grid counts "
+                f"threads, not threadgroups, so this launch runs one partial group of {n} threads",
+                GridWarning,
+                stacklevel=2,
+            )
         elif n % t:
-            warnings.warn(f"grid={tuple(grid)!r} is not a multiple of threadgroup={tuple(threadgroup)!r}: grid "
-                          f"counts threads, not threadgroups; the last of {-(-n // t)} groups runs {n % t} threads",
-                          GridWarning, stacklevel=2)
+            warnings.warn(
+                f"grid={tuple(grid)!r} is not a multiple of threadgroup={tuple(threadgroup)!r}: grid "
+                f"counts threads, not threadgroups; the last of {-(-n // t)} groups runs {n % t} threads",
+                GridWarning,
+                stacklevel=2,
+            )
         for i, d in enumerate(output_dtypes):
             if d not in _DTYPES:
                 raise ValueError(f"output_dtypes[{i}]={d}: not emulated; allowed: {', '.join(str(x) for x in _DTYPES)}")
         pairs = [_host(a, f"inputs[{i}] ({self.input_names[i]})") for i, a in enumerate(inputs)]
-        kw = {"template": list(template or []), "grid": tuple(grid), "threadgroup": tuple(threadgroup),
-              "output_shapes": [tuple(s) for s in output_shapes], "output_dtypes": list(output_dtypes)}
-        key = (tuple((k, str(v)) for k, v in kw["template"]), tuple((str(x.dtype), x.shape) for x, _ in pairs),
-               tuple(kw["output_shapes"]), tuple(str(d) for d in kw["output_dtypes"]))
+        kw = {
+            "template": list(template or []),
+            "grid": tuple(grid),
+            "threadgroup": tuple(threadgroup),
+            "output_shapes": [tuple(s) for s in output_shapes],
+            "output_dtypes": list(output_dtypes),
+        }
+        key = (
+            tuple((k, str(v)) for k, v in kw["template"]),
+            tuple((str(x.dtype), x.shape) for x, _ in pairs),
+            tuple(kw["output_shapes"]),
+            tuple(str(d) for d in kw["output_dtypes"]),
+        )
         if key not in self._sources:
             (self._sources[key],) = generated_source(
-                lambda *xs: self._kernel(inputs=list(xs), verbose=True, **kw), *[x for x, _ in pairs]).values()
+                lambda *xs: self._kernel(inputs=list(xs), verbose=True, **kw), *[x for x, _ in pairs]
+            ).values()
         source = self._sources[key]
         if verbose:
             print(source)
         compiled = metal_emulation.compile_source(PREAMBLE + source)
         n_buf = sum(p.buffer is not None for p in compiled.params)
         if n_buf != len(inputs) + len(output_shapes):
-            raise ValueError(f"source: {self.name} reads an input's shape, strides or ndim (MLX passes "
-                             f"{n_buf - len(inputs) - len(output_shapes)} extra buffers), which the emulator "
-                             "does not support; pass sizes as template values or inputs")
+            raise ValueError(
+                f"source: {self.name} reads an input's shape, strides or ndim (MLX passes "
+                f"{n_buf - len(inputs) - len(output_shapes)} extra buffers), which the emulator "
+                "does not support; pass sizes as template values or inputs"
+            )
         groups = -(-n // t)
-        launch = {"groups": groups, "threads": t, "last_threads": n - (groups - 1) * t, "seed": seed,
-                  "init_value": init_value, "threadgroup_memory": threadgroup_memory, "math_mode": math_mode,
-                  "math_error": math_error}
+        launch = {
+            "groups": groups,
+            "threads": t,
+            "last_threads": n - (groups - 1) * t,
+            "seed": seed,
+            "init_value": init_value,
+            "threadgroup_memory": threadgroup_memory,
+            "math_mode": math_mode,
+            "math_error": math_error,
+        }
         ins = [h for _, h in pairs]
         outputs = [(tuple(s), _DTYPES[d]) for s, d in zip(output_shapes, output_dtypes)]
         if order == EVERY:
             outs = compiled.launch_every(ins, outputs, names=self.output_names, **launch)
         else:
             outs = compiled.launch(ins, outputs, order=order, **launch)
-        return [mx.array(o).view(mx.bfloat16) if d == mx.bfloat16 else mx.array(o)
-                for o, d in zip(outs, output_dtypes)]
+        return [mx.array(o).view(mx.bfloat16) if d == mx.bfloat16 else mx.array(o) for o, d in zip(outs, output_dtypes)]
 
 
-def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[str], source: str,
-                 header: str = "", ensure_row_contiguous: bool = True,
-                 atomic_outputs: bool = False) -> EmulatedMetalKernel:
+def metal_kernel(
+    name: str,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    source: str,
+    header: str = "",
+    ensure_row_contiguous: bool = True,
+    atomic_outputs: bool = False,
+) -> EmulatedMetalKernel:
     """``mx.fast.metal_kernel`` with the same arguments, run on the CPU (module docstring:
     what is supported). Raises ``ValueError`` naming an unsupported argument."""
-    kernel = mx.fast.metal_kernel(name=name, input_names=list(input_names), output_names=list(output_names),
-                                  source=source, header=header, ensure_row_contiguous=ensure_row_contiguous,
-                                  atomic_outputs=bool(atomic_outputs))
+    kernel = mx.fast.metal_kernel(
+        name=name,
+        input_names=list(input_names),
+        output_names=list(output_names),
+        source=source,
+        header=header,
+        ensure_row_contiguous=ensure_row_contiguous,
+        atomic_outputs=bool(atomic_outputs),
+    )
     return EmulatedMetalKernel(kernel, name, input_names, output_names)

@@ -37,10 +37,32 @@ from workbench.kernels.metal_toolchain import (
 from workbench.kernels.metal_translation import MetalCompileError, Param, signature, translation_unit
 
 __all__ = [
-    "APART", "BUFFER_POOL_BYTES", "CLANG_FLAGS", "MATH_ERRORS", "MATH_MODES", "ORDERS", "SCHEDULES", "SIMD_WIDTH",
-    "SUPPORT_DIR", "THREADGROUP_LIMIT", "EmulatedKernel", "EmulationError", "MetalCompileError", "Param",
-    "ScheduleDependenceError", "buffers_mapped", "cache_dir", "cached_entry_ok", "clang", "clang_path",
-    "compile_all", "compile_fresh", "compile_source", "first_difference", "signature", "translation_unit",
+    "APART",
+    "BUFFER_POOL_BYTES",
+    "CLANG_FLAGS",
+    "MATH_ERRORS",
+    "MATH_MODES",
+    "ORDERS",
+    "SCHEDULES",
+    "SIMD_WIDTH",
+    "SUPPORT_DIR",
+    "THREADGROUP_LIMIT",
+    "EmulatedKernel",
+    "EmulationError",
+    "MetalCompileError",
+    "Param",
+    "ScheduleDependenceError",
+    "buffers_mapped",
+    "cache_dir",
+    "cached_entry_ok",
+    "clang",
+    "clang_path",
+    "compile_all",
+    "compile_fresh",
+    "compile_source",
+    "first_difference",
+    "signature",
+    "translation_unit",
 ]
 
 #: Apple GPUs' threadgroup memory a group (bytes), which the emulator enforces.
@@ -79,6 +101,7 @@ MATH_MODES: tuple[str, ...] = ("host", "precise", "fast")
 #: (seeded, and a function of the input alone, so schedules still agree).
 MATH_ERRORS: tuple[str, ...] = ("edge-high", "edge-low", "random")
 
+
 class EmulationError(RuntimeError):
     """The emulator stopped a launch: a divergent barrier, lanes at two different SIMD-group
     operations, a shuffle from an inactive lane, a memory fault (a guard page), threadgroup
@@ -114,7 +137,8 @@ def first_difference(results: dict[str, Sequence[np.ndarray]], names: Sequence[s
                 raise ScheduleDependenceError(
                     f"output '{name}' differs between schedules '{ref}' and '{other}' first at index {index}: "
                     f"{a.reshape(-1)[i]!r} vs {b.reshape(-1)[i]!r} ({diff.size} of {a.size} elements differ); a "
-                    "result that depends on the schedule is a race, typically a missing threadgroup_barrier")
+                    "result that depends on the schedule is a race, typically a missing threadgroup_barrier"
+                )
 
 
 #: Launch arguments already validated (ints and strings only, so an equal key is the same
@@ -133,11 +157,21 @@ class EmulatedKernel:
         self._entry = ctypes.cast(lib.metal_emulation_entry, ctypes.c_void_p)
         self._error = ctypes.create_string_buffer(4096)  # written under LOCK only
 
-    def launch(self, inputs: Sequence[np.ndarray], outputs: Sequence[tuple[tuple[int, ...], Any]], *, groups: int,
-               threads: int, order: str = "ascending", seed: int = 0,
-               init_value: float | None = None, last_threads: int | None = None,
-               threadgroup_memory: int = THREADGROUP_LIMIT, math_mode: str = "host",
-               math_error: str = "edge-high") -> list[np.ndarray]:
+    def launch(
+        self,
+        inputs: Sequence[np.ndarray],
+        outputs: Sequence[tuple[tuple[int, ...], Any]],
+        *,
+        groups: int,
+        threads: int,
+        order: str = "ascending",
+        seed: int = 0,
+        init_value: float | None = None,
+        last_threads: int | None = None,
+        threadgroup_memory: int = THREADGROUP_LIMIT,
+        math_mode: str = "host",
+        math_error: str = "edge-high",
+    ) -> list[np.ndarray]:
         """Run ``groups`` threadgroups of ``threads`` threads; return the outputs.
 
         ``inputs``: the input buffers in the signature's order (numpy arrays, copied into
@@ -168,8 +202,9 @@ class EmulatedKernel:
         last = threads if last_threads is None else int(last_threads)
         buffers = [np.ascontiguousarray(a) for a in inputs]
         if len(buffers) + len(outputs) != self._n_buffers:
-            raise ValueError(f"inputs and outputs: {self.name} takes {self._n_buffers} buffers, got {len(buffers)} + "
-                             f"{len(outputs)}")
+            raise ValueError(
+                f"inputs and outputs: {self.name} takes {self._n_buffers} buffers, got {len(buffers)} + {len(outputs)}"
+            )
         outs = [np.empty(shape, dtype=dt) for shape, dt in outputs]
         lib = self._lib
         taken: list[tuple[int, int, np.ndarray]] = []
@@ -189,24 +224,41 @@ class EmulatedKernel:
                     view[off:] = 0xFF  # NaN in every float: an element no thread writes shows
                     if init_value is not None:
                         fill = np.full(a.shape, init_value, dtype=a.dtype)
-                        view[off:off + a.nbytes] = fill.reshape(-1).view(np.uint8)
+                        view[off : off + a.nbytes] = fill.reshape(-1).view(np.uint8)
                     spans.append((view, off))
                 arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
                 stacks_for(lib, threads)
                 lib.metal_emulation_set_math(MATH_MODES.index(math_mode), MATH_ERRORS.index(math_error), seed)
-                rc = lib.metal_emulation_launch(self._entry, arr, groups, threads, last, SCHEDULES.index(order), seed,
-                                                tg_limit, self._error, len(self._error))
+                rc = lib.metal_emulation_launch(
+                    self._entry,
+                    arr,
+                    groups,
+                    threads,
+                    last,
+                    SCHEDULES.index(order),
+                    seed,
+                    tg_limit,
+                    self._error,
+                    len(self._error),
+                )
                 if rc != 0:
                     raise EmulationError(f"{self.name}: {self._annotate(self._error.value.decode())}")
                 for a, (view, off) in zip(outs, spans):
-                    a.reshape(-1).view(np.uint8)[:] = view[off:off + a.nbytes]
+                    a.reshape(-1).view(np.uint8)[:] = view[off : off + a.nbytes]
             finally:
                 for base, pages, view in taken:
                     give_back(lib, base, pages, view)
         return outs
 
-    def launch_every(self, inputs: Sequence[np.ndarray], outputs: Sequence[tuple[tuple[int, ...], Any]], *,
-                     names: Sequence[str], schedules: Sequence[str] = SCHEDULES, **launch: Any) -> list[np.ndarray]:
+    def launch_every(
+        self,
+        inputs: Sequence[np.ndarray],
+        outputs: Sequence[tuple[tuple[int, ...], Any]],
+        *,
+        names: Sequence[str],
+        schedules: Sequence[str] = SCHEDULES,
+        **launch: Any,
+    ) -> list[np.ndarray]:
         """:meth:`launch` in every schedule of ``schedules`` (``launch``: its other keywords);
         the outputs, after :func:`first_difference` has checked they are the same bits in all
         of them (``names``: the outputs' names, for its message)."""
@@ -272,9 +324,18 @@ def compile_all(sources: Sequence[str], workers: int | None = None) -> list[Emul
 def _load(path: str, source: str) -> EmulatedKernel:
     lib = ctypes.CDLL(path)
     lib.metal_emulation_launch.restype = ctypes.c_int
-    lib.metal_emulation_launch.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint,
-                                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_ulong,
-                                           ctypes.c_ulong, ctypes.c_char_p, ctypes.c_size_t]
+    lib.metal_emulation_launch.argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_uint,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+    ]
     lib.metal_emulation_set_math.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_ulong]
     lib.metal_emulation_stacks.restype = ctypes.c_void_p
     lib.metal_emulation_stacks.argtypes = [ctypes.c_int]

@@ -37,9 +37,18 @@ SUPPORT_DIR = KERNEL_DIR / "metal_emulation"
 #: stand-in header.
 #: On Linux, -Bsymbolic binds each kernel's calls into the runtime to its own copy (every
 #: kernel's shared object carries the runtime; ctypes loads them side by side).
-CLANG_FLAGS: tuple[str, ...] = ("-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
-                                "-fno-strict-aliasing", "-Wno-unknown-attributes", "-cl-single-precision-constant",
-                                *(("-Wl,-Bsymbolic",) if sys.platform.startswith("linux") else ()))
+CLANG_FLAGS: tuple[str, ...] = (
+    "-std=c++17",
+    "-O2",
+    "-fPIC",
+    "-shared",
+    "-ffp-contract=off",
+    "-fno-strict-aliasing",
+    "-Wno-unknown-attributes",
+    "-cl-single-precision-constant",
+    *(("-Wl,-Bsymbolic",) if sys.platform.startswith("linux") else ()),
+)
+
 
 def cache_dir() -> Path:
     """Where compiled kernels are kept (``$WORKBENCH_METAL_EMULATION_CACHE``, else a folder
@@ -106,8 +115,12 @@ def _runtime_object(cc: str, folder: Path) -> Path:
     key = hashlib.sha256("\0".join((text, clang_version(cc))).encode()).hexdigest()[:24]
 
     def build(out: Path) -> None:
-        r = subprocess.run([cc, "-x", "c", "-std=c11", "-O2", "-fPIC", "-c", "-o", str(out),
-                            str(SUPPORT_DIR / "runtime.c")], capture_output=True, text=True, check=False)
+        r = subprocess.run(
+            [cc, "-x", "c", "-std=c11", "-O2", "-fPIC", "-c", "-o", str(out), str(SUPPORT_DIR / "runtime.c")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if r.returncode != 0:
             raise MetalCompileError(f"the emulator's runtime does not compile:\n{r.stderr[-4000:]}")
 
@@ -136,8 +149,10 @@ def shared_object(tu: str, name: str) -> Path:
     """
     cc = clang()
     if cc is None:
-        raise BackendUnavailable("compiling Metal source for the emulator needs clang++: apt-get install clang "
-                                 "(Debian/Ubuntu), or set $WORKBENCH_CLANG to a clang++ on the PATH")
+        raise BackendUnavailable(
+            "compiling Metal source for the emulator needs clang++: apt-get install clang "
+            "(Debian/Ubuntu), or set $WORKBENCH_CLANG to a clang++ on the PATH"
+        )
     key = hashlib.sha256("\0".join((tu, support_text(), " ".join(CLANG_FLAGS), clang_version(cc))).encode())
     folder = cache_dir()
 
@@ -145,10 +160,15 @@ def shared_object(tu: str, name: str) -> Path:
         runtime = _runtime_object(cc, folder)
         cpp = out.with_name("kernel.cpp")
         cpp.write_text(tu)
-        r = subprocess.run([cc, *CLANG_FLAGS, "-I", str(SUPPORT_DIR), "-o", str(out), str(cpp), str(runtime)],
-                           capture_output=True, text=True, check=False)
+        r = subprocess.run(
+            [cc, *CLANG_FLAGS, "-I", str(SUPPORT_DIR), "-o", str(out), str(cpp), str(runtime)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if r.returncode != 0:
-            raise MetalCompileError(f"the Metal source of {name} does not compile against the "
-                                    f"stand-in <metal_stdlib>:\n{r.stderr[-6000:]}")
+            raise MetalCompileError(
+                f"the Metal source of {name} does not compile against the stand-in <metal_stdlib>:\n{r.stderr[-6000:]}"
+            )
 
     return _cached(folder / f"{key.hexdigest()[:24]}.so", build)

@@ -42,14 +42,20 @@ def _group_memory_rewrite(body: str, qualifiers: Sequence[str]) -> str:
     """Rewrite 1: each ``threadgroup T name[N]...;`` statement -> a reference to the
     group's array from the emulator (``qualifiers``: ``threadgroup`` and every macro the
     source defines as it)."""
-    pattern = re.compile(r"^(?P<indent>[ \t]*)(?:" + "|".join(map(re.escape, qualifiers)) +
-                         r")\s+(?P<type>[\w:<>, ]+?)\s+(?P<name>\w+)\s*(?P<dims>(?:\[[^\]\n]+\])+)\s*;", re.M)
+    pattern = re.compile(
+        r"^(?P<indent>[ \t]*)(?:"
+        + "|".join(map(re.escape, qualifiers))
+        + r")\s+(?P<type>[\w:<>, ]+?)\s+(?P<name>\w+)\s*(?P<dims>(?:\[[^\]\n]+\])+)\s*;",
+        re.M,
+    )
 
     def sub(m: re.Match[str]) -> str:
         t, n, d = m.group("type"), m.group("name"), m.group("dims")
         a = f"metal_emulation_array_{n}"  # a typedef: `float4 (` would call float4's constructor macro
-        return (f"{m.group('indent')}typedef {t} {a}{d}; threadgroup {a}& {n} = *(threadgroup {a}*)"
-                f"metal_emulation_threadgroup_alloc(sizeof({a}), alignof({t}), \"{n}\");")
+        return (
+            f"{m.group('indent')}typedef {t} {a}{d}; threadgroup {a}& {n} = *(threadgroup {a}*)"
+            f'metal_emulation_threadgroup_alloc(sizeof({a}), alignof({t}), "{n}");'
+        )
 
     return pattern.sub(sub, body)
 
@@ -68,16 +74,18 @@ def signature(source: str) -> tuple[str, list[Param], str]:
     """``(kernel name, parameters, template arguments)`` of the generated Metal source."""
     m = _KERNEL.search(source)
     if m is None:
-        raise MetalCompileError("the source has no `[[kernel]] void name(...)` signature "
-                                "(is it MLX's generated source?)")
+        raise MetalCompileError(
+            "the source has no `[[kernel]] void name(...)` signature (is it MLX's generated source?)"
+        )
     params = []
     for text in _split_params(m.group(2)):
         p = _PARAM.match(text.strip())
         if p is None:
             raise MetalCompileError(f"cannot read the kernel parameter {text.strip()!r}")
         index = p.group("index")
-        params.append(Param(p.group("type").strip(), p.group("name"), p.group("attr"),
-                             None if index is None else int(index)))
+        params.append(
+            Param(p.group("type").strip(), p.group("name"), p.group("attr"), None if index is None else int(index))
+        )
     inst = re.search(r"decltype\(\s*" + re.escape(m.group(1)) + r"\s*<(.*?)>\s*\)", source, re.S)
     return m.group(1), params, "" if inst is None else inst.group(1)
 
@@ -119,10 +127,12 @@ def _entry(name: str, params: list[Param], targs: str) -> str:
         else:
             raise MetalCompileError(f"the kernel parameter attribute [[{p.attribute}]] is not emulated")
     call = f"{name}<{targs}>" if targs else name
-    return ("\nstruct metal_emulation_ids {\n  unsigned tpitg[3], tgpig[3], tpg[3];\n"
-            "  unsigned simd_lane, simd_group, tptg[3];\n  unsigned tpig[3];\n};\n"
-            'extern "C" void metal_emulation_entry(void* const* b, const metal_emulation_ids* t) {\n'
-            f"  {call}(\n    " + ",\n    ".join(args) + ");\n}\n")
+    return (
+        "\nstruct metal_emulation_ids {\n  unsigned tpitg[3], tgpig[3], tpg[3];\n"
+        "  unsigned simd_lane, simd_group, tptg[3];\n  unsigned tpig[3];\n};\n"
+        'extern "C" void metal_emulation_entry(void* const* b, const metal_emulation_ids* t) {\n'
+        f"  {call}(\n    " + ",\n    ".join(args) + ");\n}\n"
+    )
 
 
 def translation_unit(source: str) -> str:
@@ -133,4 +143,4 @@ def translation_unit(source: str) -> str:
     start = source.index("[[kernel]] void " + name)
     body = source[:start] + _group_memory_rewrite(source[start:], qualifiers)
     body = _INSTANTIATION.sub("template decltype", body)
-    return "#include <metal_stdlib>\n#line 1 \"metal_source\"\n" + body + "\n" + _entry(name, params, targs)
+    return '#include <metal_stdlib>\n#line 1 "metal_source"\n' + body + "\n" + _entry(name, params, targs)

@@ -46,14 +46,17 @@ class NextNorm:
             raise ValueError(f"weight: must be a 1-D array of finite numbers, got {describe(self.weight)}") from None
         if w.ndim != 1 or w.size == 0 or not np.isfinite(w).all():
             raise ValueError(f"weight: must be a non-empty 1-D array of finite numbers, got {describe(self.weight)}")
-        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float, np.floating)) \
-                or not np.isfinite(self.eps) or self.eps <= 0:
+        if (
+            isinstance(self.eps, bool)
+            or not isinstance(self.eps, (int, float, np.floating))
+            or not np.isfinite(self.eps)
+            or self.eps <= 0
+        ):
             raise ValueError(f"eps: must be a finite number > 0, got {describe(self.eps)}")
         w = np.ascontiguousarray(w)
         object.__setattr__(self, "weight", w)
         object.__setattr__(self, "eps", float(self.eps))
-        object.__setattr__(self, "key", (w.size, float(np.float32(self.eps)),
-                                         hashlib.sha256(w.tobytes()).hexdigest()))
+        object.__setattr__(self, "key", (w.size, float(np.float32(self.eps)), hashlib.sha256(w.tobytes()).hexdigest()))
 
     @property
     def width(self) -> int:
@@ -82,7 +85,9 @@ def checked(next_norm: Any, width: int | None = None) -> NextNorm | None:
     if next_norm is None:
         return None
     if not isinstance(next_norm, NextNorm):
-        raise ValueError(f"next_norm: must be a workbench.kernels.next_norm.NextNorm or None, got {describe(next_norm)}")
+        raise ValueError(
+            f"next_norm: must be a workbench.kernels.next_norm.NextNorm or None, got {describe(next_norm)}"
+        )
     if width is not None and next_norm.width != width:
         raise ValueError(f"next_norm: its weight has {next_norm.width} entries, the tail's hidden width is {width}")
     return next_norm

@@ -112,10 +112,14 @@ def _kernel(kernel_dir: Path | None = None, compact: bool = True, next_norm: boo
     header, source = kernel_source.compose_one_launch(kernel_dir=kernel_dir, next_norm=next_norm)
     if compact:
         header, source = kernel_source.cuda_launch_text(header, source)
-    return mx.fast.cuda_kernel(name=kernel_source.one_launch_mlx_name(kernel_dir=kernel_dir, next_norm=next_norm),
-                               input_names=list(kernel_source.one_launch_inputs(next_norm=next_norm)),
-                               output_names=list(kernel_source.one_launch_outputs(next_norm=next_norm)),
-                               source=source, header=header, ensure_row_contiguous=True)
+    return mx.fast.cuda_kernel(
+        name=kernel_source.one_launch_mlx_name(kernel_dir=kernel_dir, next_norm=next_norm),
+        input_names=list(kernel_source.one_launch_inputs(next_norm=next_norm)),
+        output_names=list(kernel_source.one_launch_outputs(next_norm=next_norm)),
+        source=source,
+        header=header,
+        ensure_row_contiguous=True,
+    )
 
 
 def _phase_templates(prep: PreparedTail, shape: OneLaunchShape) -> dict[str, dict[str, Any]]:
@@ -126,8 +130,9 @@ def _phase_templates(prep: PreparedTail, shape: OneLaunchShape) -> dict[str, dic
         phases["wo_residual"]["U"] = units_for(prep.wo.fmt, shape.row_units)
         phases["ffn_gate_up"]["U"] = units_for(prep.gate.fmt, shape.row_units)
     # down's units in flight a thread, u_down, shared by its DR rows (as PreparedTail.templates)
-    phases["ffn_down"].update(DR=shape.down_rows,
-                              U=max(1, units_for(prep.down.fmt, prep.tuning.u_down) // shape.down_rows))
+    phases["ffn_down"].update(
+        DR=shape.down_rows, U=max(1, units_for(prep.down.fmt, prep.tuning.u_down) // shape.down_rows)
+    )
     return phases
 
 
@@ -146,8 +151,9 @@ def sync_at(prep: PreparedTail) -> int:
     return -(-(prep.hidden + prep.ffn) // 32) * 32
 
 
-def launch_template(prep: PreparedTail, shape: OneLaunchShape,
-                    barrier_limit_ms: int = BARRIER_LIMIT_MS) -> list[tuple[str, Any]]:
+def launch_template(
+    prep: PreparedTail, shape: OneLaunchShape, barrier_limit_ms: int = BARRIER_LIMIT_MS
+) -> list[tuple[str, Any]]:
     """The one launch's template values (``kernel_source.one_launch_template``'s names):
     each phase's values as its own launch would take them (``prep.templates()``), down's
     rows a group from ``shape``, NT = ``shape.nt`` for every phase, and how long a barrier
@@ -155,30 +161,54 @@ def launch_template(prep: PreparedTail, shape: OneLaunchShape,
     compiled with nvcc) from any prepared tail."""
     _check_barrier_limit(barrier_limit_ms)
     phases = _phase_templates(prep, shape)
-    template: list[tuple[str, Any]] = [("NT", shape.nt), ("HID", prep.hidden), ("FFN", prep.ffn),
-                                       ("SYNC_AT", sync_at(prep)), ("BARRIER_LIMIT_MS", int(barrier_limit_ms))]
+    template: list[tuple[str, Any]] = [
+        ("NT", shape.nt),
+        ("HID", prep.hidden),
+        ("FFN", prep.ffn),
+        ("SYNC_AT", sync_at(prep)),
+        ("BARRIER_LIMIT_MS", int(barrier_limit_ms)),
+    ]
     for kernel, prefix in kernel_source.ONE_LAUNCH_PHASES:
         template += [(prefix + k, v) for k, v in phases[kernel].items() if k != "NT"]
     return template
 
 
 def _check_barrier_limit(barrier_limit_ms: Any) -> None:
-    if (isinstance(barrier_limit_ms, bool) or not isinstance(barrier_limit_ms, (int, np.integer))
-            or not 1 <= barrier_limit_ms <= MAX_BARRIER_LIMIT_MS):
-        raise ValueError(f"barrier_limit_ms must be an integer from 1 to {MAX_BARRIER_LIMIT_MS} (ms); "
-                         f"got {validate.describe(barrier_limit_ms)}")
+    if (
+        isinstance(barrier_limit_ms, bool)
+        or not isinstance(barrier_limit_ms, (int, np.integer))
+        or not 1 <= barrier_limit_ms <= MAX_BARRIER_LIMIT_MS
+    ):
+        raise ValueError(
+            f"barrier_limit_ms must be an integer from 1 to {MAX_BARRIER_LIMIT_MS} (ms); "
+            f"got {validate.describe(barrier_limit_ms)}"
+        )
 
 
-def _call_kernel(kernel: Any, inputs: list[mx.array], next_norm: bool, template: tuple | list, groups: int, nt: int,
-                 verbose: bool = False) -> mx.array | tuple[mx.array, mx.array]:
+def _call_kernel(
+    kernel: Any,
+    inputs: list[mx.array],
+    next_norm: bool,
+    template: tuple | list,
+    groups: int,
+    nt: int,
+    verbose: bool = False,
+) -> mx.array | tuple[mx.array, mx.array]:
     """The one launch of ``kernel`` on ``inputs`` (``one_launch_inputs``' order): ``out``, or
     ``(out, nxt)`` with the next norm. The outputs take the residual's shape: the kernel
     reads and writes flat rows, so a model's [1, 1, hidden] goes in and comes out as it is,
     with no reshape op either side."""
     shape = inputs[kernel_source.one_launch_inputs(next_norm=next_norm).index("residual")].shape
     n_out = 2 if next_norm else 1
-    outs = kernel(inputs=inputs, template=list(template), grid=(groups * nt, 1, 1), threadgroup=(nt, 1, 1),
-                  output_shapes=[shape] * n_out, output_dtypes=[mx.float32] * n_out, verbose=verbose)
+    outs = kernel(
+        inputs=inputs,
+        template=list(template),
+        grid=(groups * nt, 1, 1),
+        threadgroup=(nt, 1, 1),
+        output_shapes=[shape] * n_out,
+        output_dtypes=[mx.float32] * n_out,
+        verbose=verbose,
+    )
     return (outs[0], outs[1]) if next_norm else outs[0]
 
 
@@ -207,24 +237,34 @@ class OneLaunchTail:
     that costs (``bench.real_model``'s ``cuda-1:annotated``).
     """
 
-    def __init__(self, prep: PreparedTail, shape: OneLaunchShape | None = None, *,
-                 barrier_limit_ms: int = BARRIER_LIMIT_MS, compact_source: bool = True,
-                 next_norm: NextNorm | None = None) -> None:
+    def __init__(
+        self,
+        prep: PreparedTail,
+        shape: OneLaunchShape | None = None,
+        *,
+        barrier_limit_ms: int = BARRIER_LIMIT_MS,
+        compact_source: bool = True,
+        next_norm: NextNorm | None = None,
+    ) -> None:
         if not isinstance(prep, PreparedTail):
             raise ValueError(f"prep must be a kernels.launch.PreparedTail; got {type(prep).__name__}")
         if not kernel_source.dialect_text(prep.dialect).grid_barriers:
-            raise ValueError(f"the one-launch tail is CUDA only (got a {prep.dialect!r} tail): Metal promises no "
-                             "forward progress between threadgroups, so its tail keeps three dispatches in one "
-                             "submission")
+            raise ValueError(
+                f"the one-launch tail is CUDA only (got a {prep.dialect!r} tail): Metal promises no "
+                "forward progress between threadgroups, so its tail keeps three dispatches in one "
+                "submission"
+            )
         shape = shape or OneLaunchShape()
         if not isinstance(shape, OneLaunchShape):
             raise ValueError(f"shape must be a OneLaunchShape; got {type(shape).__name__}")
         next_norm = checked(next_norm, prep.hidden)
         used = static_shared_bytes(prep, shape, next_norm is not None)
         if used > STATIC_SHARED_LIMIT:
-            raise ValueError(f"hidden ({prep.hidden}) / branch ({prep.branch_dim}): the one launch would declare {used} "
-                             f"bytes of shared memory, over CUDA's {STATIC_SHARED_LIMIT} for static shared memory; "
-                             "use the three launches (kernels.launch.PreparedTail)")
+            raise ValueError(
+                f"hidden ({prep.hidden}) / branch ({prep.branch_dim}): the one launch would declare {used} "
+                f"bytes of shared memory, over CUDA's {STATIC_SHARED_LIMIT} for static shared memory; "
+                "use the three launches (kernels.launch.PreparedTail)"
+            )
         _check_barrier_limit(barrier_limit_ms)
         if not isinstance(compact_source, bool):
             raise ValueError(f"compact_source: must be True or False, got {compact_source!r}")
@@ -243,26 +283,44 @@ class OneLaunchTail:
         wo, g, u, d, rot = prep.wo, prep.gate, prep.up, prep.down, prep.rot
         # every input but the activations, by the kernel's input names (their order is
         # kernel_source.one_launch_inputs()'s, in one place)
-        self._consts = {"sdest": rot["sdest"], "table": rot["table"], "params": prep.params,
-                        "w": wo.w, "ws": wo.s, "wb": wo.b, "nw": prep.norm,
-                        "wg": g.w, "wgs": g.s, "wgb": g.b, "wu": u.w, "wus": u.s, "wub": u.b,
-                        "wd": d.w, "wds": d.s, "wdb": d.b}
+        self._consts = {
+            "sdest": rot["sdest"],
+            "table": rot["table"],
+            "params": prep.params,
+            "w": wo.w,
+            "ws": wo.s,
+            "wb": wo.b,
+            "nw": prep.norm,
+            "wg": g.w,
+            "wgs": g.s,
+            "wgb": g.b,
+            "wu": u.w,
+            "wus": u.s,
+            "wub": u.b,
+            "wd": d.w,
+            "wds": d.s,
+            "wdb": d.b,
+        }
         if next_norm is not None:
             self._consts["next_nw"] = next_norm.packed()
         self._none = mx.zeros((prep.hidden,), dtype=mx.float32)  # `after` for the first launch
         settle_constants(self._none, *self._consts.values())  # before compiled() traces
         self._compiled: dict[str, Any] = {}
 
-    def _launch(self, branch: mx.array, residual: mx.array, after: mx.array,
-                verbose: bool = False) -> mx.array | tuple[mx.array, mx.array]:
+    def _launch(
+        self, branch: mx.array, residual: mx.array, after: mx.array, verbose: bool = False
+    ) -> mx.array | tuple[mx.array, mx.array]:
         arrays = {**self._consts, "x": branch, "residual": residual, "work": self.work, "after": after}
         carried = self.next_norm is not None
         inputs = [arrays[n] for n in kernel_source.one_launch_inputs(next_norm=carried)]
-        kernel = _kernel(self.prep.kernel_dir, self.compact_source, carried)  # the tail's kernel folder (None: kernels/)
+        kernel = _kernel(
+            self.prep.kernel_dir, self.compact_source, carried
+        )  # the tail's kernel folder (None: kernels/)
         return _call_kernel(kernel, inputs, carried, self.template, self.groups, self.shape.nt, verbose)
 
-    def __call__(self, branch: mx.array, residual: mx.array, *, after: mx.array | None = None,
-                 verbose: bool = False) -> mx.array | tuple[mx.array, mx.array]:
+    def __call__(
+        self, branch: mx.array, residual: mx.array, *, after: mx.array | None = None, verbose: bool = False
+    ) -> mx.array | tuple[mx.array, mx.array]:
         """The tail's one launch, lazily: ``out``, or ``(out, normed)`` with a ``next_norm``.
         It names the previous call's output (or ``after``, when given) as an input it never
         reads, so MLX orders the two launches (module doc: no two barrier grids at once). A
@@ -368,7 +426,9 @@ class OneLaunchTail:
         """As :meth:`run` for a launch with a ``next_norm``: ``(out, normed)``, float32 numpy,
         from the one evaluation."""
         if self.next_norm is None:
-            raise ValueError("run_carried: this launch carries no next norm (OneLaunchTail(..., next_norm=NextNorm(...)))")
+            raise ValueError(
+                "run_carried: this launch carries no next norm (OneLaunchTail(..., next_norm=NextNorm(...)))"
+            )
         out, normed = self(*self._vectors(branch, residual))
         mx.eval(out, normed)
         self.raise_if_barrier_failed()
@@ -379,10 +439,12 @@ class OneLaunchTail:
         launch) if a barrier gave up since the last reset; call after evaluating."""
         if self.barrier_failed():
             self.reset()
-            raise GridBarrierTimeout(f"a grid barrier of the one-launch tail waited over "
-                                     f"{self.barrier_limit_ms / 1000:g} s: not every one of its "
-                                     f"{self.groups} groups ({self.shape.groups_per_sm} an SM x {self.sms} SMs "
-                                     "assumed) was resident at once; its output was NaN")
+            raise GridBarrierTimeout(
+                f"a grid barrier of the one-launch tail waited over "
+                f"{self.barrier_limit_ms / 1000:g} s: not every one of its "
+                f"{self.groups} groups ({self.shape.groups_per_sm} an SM x {self.sms} SMs "
+                "assumed) was resident at once; its output was NaN"
+            )
 
 
 def fits(prep: PreparedTail, shape: OneLaunchShape | None = None, next_norm: bool = False) -> bool:
@@ -399,8 +461,13 @@ def fits(prep: PreparedTail, shape: OneLaunchShape | None = None, next_norm: boo
 _TAILS: weakref.WeakKeyDictionary[Any, dict[Any, OneLaunchTail]] = weakref.WeakKeyDictionary()
 
 
-def for_launch(launch: TailLaunch, tuning: KernelTuning | None = None,
-               next_norm: NextNorm | None = None, *, shape: OneLaunchShape | None = None) -> OneLaunchTail | None:
+def for_launch(
+    launch: TailLaunch,
+    tuning: KernelTuning | None = None,
+    next_norm: NextNorm | None = None,
+    *,
+    shape: OneLaunchShape | None = None,
+) -> OneLaunchTail | None:
     """The one-launch tail ``fused_tail(backend="cuda")`` runs for ``launch`` (made once per
     contract owner, tuning, shape and next norm; ``shape`` None: :func:`shape_for`'s), or
     None where its shared memory does not fit (:func:`fits`): the three launches then run.
@@ -421,5 +488,3 @@ def for_launch(launch: TailLaunch, tuning: KernelTuning | None = None,
             return None
         per[key] = OneLaunchTail(prep, shape, next_norm=next_norm)
     return per[key]
-
-

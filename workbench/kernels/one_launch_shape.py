@@ -69,7 +69,6 @@ class OneLaunchShape:
             validate.integer("groups", self.groups, minimum=1)
 
 
-
 def checked_shape(shape: OneLaunchShape | None) -> OneLaunchShape | None:
     """``shape`` (a :class:`OneLaunchShape` or None: the policy's), or ValueError."""
     if shape is not None and not isinstance(shape, OneLaunchShape):
@@ -108,9 +107,10 @@ def shape_for_formats(formats: Iterable[Format]) -> OneLaunchShape:
     fmts = list(formats)
     unknown = [f for f in fmts if not (isinstance(f, Format) and f.served)]
     if unknown or not fmts:
-        raise ValueError(f"formats: must be at least one weight format the kernels read (a Format of "
-                         f"workbench.fold.formats.KERNEL_FORMATS), got {fmts!r}")
+        raise ValueError(
+            f"formats: must be at least one weight format the kernels read (a Format of "
+            f"workbench.fold.formats.KERNEL_FORMATS), got {fmts!r}"
+        )
     if any(f.bits == 4 for f in fmts):
         return OneLaunchShape(nt=FOUR_BIT_NT, row_units=FOUR_BIT_ROW_UNITS)
     return OneLaunchShape(nt=DEFAULT_NT)
-

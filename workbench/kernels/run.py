@@ -47,8 +47,10 @@ DIALECT_OF: dict[str, str] = {"metal": "metal", "cuda": "cuda", METAL_EMULATED: 
 def check_backend(backend: str, name: str = "dialect") -> str:
     """``backend`` if it is a kernel backend, else ValueError naming them (the graph tail is not one)."""
     if not isinstance(backend, str) or backend not in KERNEL_BACKENDS:
-        raise ValueError(f"{name} must be one of {KERNEL_BACKENDS} (the kernel backends; "
-                         f"'graph' runs as workbench.tail.tail_graph); got {backend!r}")
+        raise ValueError(
+            f"{name} must be one of {KERNEL_BACKENDS} (the kernel backends; "
+            f"'graph' runs as workbench.tail.tail_graph); got {backend!r}"
+        )
     return backend
 
 
@@ -65,8 +67,9 @@ def source_dialect(backend: str) -> str:
 def compiled_kernel(backend: str, kernel: str, kernel_dir: Path | None = None) -> Any:
     """The MLX kernel object for ``kernel`` as ``backend`` runs it (``launch.compiled_kernel``
     in the backend's dialect; the emulator reads the Metal object's generated source)."""
-    return kernel_launch.compiled_kernel(source_dialect(backend), kernel,
-                                         None if kernel_dir is None else Path(kernel_dir))
+    return kernel_launch.compiled_kernel(
+        source_dialect(backend), kernel, None if kernel_dir is None else Path(kernel_dir)
+    )
 
 
 def check_group_memory(backend: str, kernel: str, template: list[tuple[str, Any]], width: str) -> None:
@@ -76,8 +79,16 @@ def check_group_memory(backend: str, kernel: str, template: list[tuple[str, Any]
         check_threadgroup_memory(kernel, template, width)
 
 
-def launch(backend: str, kernel: Any, inputs: list[mx.array], kw: dict[str, Any], *, order: str = "ascending",
-           seed: int = 0, verbose: bool = False) -> list[mx.array]:
+def launch(
+    backend: str,
+    kernel: Any,
+    inputs: list[mx.array],
+    kw: dict[str, Any],
+    *,
+    order: str = "ascending",
+    seed: int = 0,
+    verbose: bool = False,
+) -> list[mx.array]:
     """One launch of ``kernel`` (from :func:`compiled_kernel`) on ``backend``: lazy outputs on a
     device (``verbose``: MLX prints the generated source); on ``"metal-emulated"`` run on the
     CPU at once, in thread ``order`` (``seed`` for the random schedules), the outputs new arrays."""
@@ -86,8 +97,9 @@ def launch(backend: str, kernel: Any, inputs: list[mx.array], kw: dict[str, Any]
     return list(kernel(inputs=inputs, verbose=verbose, **kw))
 
 
-def source_kernel(backend: str, name: str, input_names: Sequence[str], output_names: Sequence[str], source: str,
-                  header: str = "") -> Any:
+def source_kernel(
+    backend: str, name: str, input_names: Sequence[str], output_names: Sequence[str], source: str, header: str = ""
+) -> Any:
     """A user's own kernel source as ``backend`` runs it: ``mx.fast.metal_kernel`` /
     ``mx.fast.cuda_kernel``, or on ``"metal-emulated"`` the drop-in that runs Metal on the CPU
     (its call also takes ``order`` and ``seed``). ``BackendUnavailable`` where absent."""
@@ -95,11 +107,11 @@ def source_kernel(backend: str, name: str, input_names: Sequence[str], output_na
     if is_emulated(backend):
         from workbench.kernels.metal_drop_in import metal_kernel  # clang and ctypes only when asked
 
-        return metal_kernel(name=name, input_names=list(input_names), output_names=list(output_names),
-                            source=source, header=header)
+        return metal_kernel(
+            name=name, input_names=list(input_names), output_names=list(output_names), source=source, header=header
+        )
     make = getattr(mx.fast, kernel_source.dialect_text(source_dialect(backend)).maker)
-    return make(name=name, input_names=list(input_names), output_names=list(output_names), source=source,
-                header=header)
+    return make(name=name, input_names=list(input_names), output_names=list(output_names), source=source, header=header)
 
 
 def as_mx32(a: Any) -> mx.array:
@@ -107,8 +119,15 @@ def as_mx32(a: Any) -> mx.array:
     return kernel_launch.as_mx32(a)
 
 
-def kernel_tail(launch: TailLaunch, branch: mx.array, residual: mx.array, dialect: str,
-                tuning: KernelTuning | None = None, *, kernel_dir: Path | None = None) -> mx.array:
+def kernel_tail(
+    launch: TailLaunch,
+    branch: mx.array,
+    residual: mx.array,
+    dialect: str,
+    tuning: KernelTuning | None = None,
+    *,
+    kernel_dir: Path | None = None,
+) -> mx.array:
     """The three launches as a lazy MLX array (leading batch axes allowed: each row its launches)."""
     prep = kernel_launch.prepared(launch, dialect, tuning, kernel_dir=kernel_dir)
     b, r = branch.astype(mx.float32), residual.astype(mx.float32)
@@ -117,8 +136,15 @@ def kernel_tail(launch: TailLaunch, branch: mx.array, residual: mx.array, dialec
     return each_row(prep, b, r, prep.hidden, mx.stack)
 
 
-def run_kernel_tail(dialect: str, launch: TailLaunch, branch: Any, residual: Any, *,
-                    tuning: KernelTuning | None = None, kernel_dir: Path | None = None) -> np.ndarray:
+def run_kernel_tail(
+    dialect: str,
+    launch: TailLaunch,
+    branch: Any,
+    residual: Any,
+    *,
+    tuning: KernelTuning | None = None,
+    kernel_dir: Path | None = None,
+) -> np.ndarray:
     """The fused tail through the three launches in one evaluation (or the emulator), float32
     numpy out: what ``fused_tail(backend="metal")`` / ``"metal-emulated"`` runs, and the CUDA
     path where the one launch does not fit.
@@ -136,8 +162,14 @@ def run_kernel_tail(dialect: str, launch: TailLaunch, branch: Any, residual: Any
     return np.array(out)
 
 
-def run_cuda_tail(launch: TailLaunch, branch: Any, residual: Any, *, tuning: KernelTuning | None = None,
-                  shape: OneLaunchShape | None = None) -> np.ndarray:
+def run_cuda_tail(
+    launch: TailLaunch,
+    branch: Any,
+    residual: Any,
+    *,
+    tuning: KernelTuning | None = None,
+    shape: OneLaunchShape | None = None,
+) -> np.ndarray:
     """What ``fused_tail(backend="cuda")`` runs: the tail as ONE launch
     (``one_launch.for_launch``, in ``shape`` or the policy's) in one evaluation, float32
     numpy out; the three launches (:func:`run_kernel_tail`) where it does not fit.
@@ -157,8 +189,15 @@ def run_cuda_tail(launch: TailLaunch, branch: Any, residual: Any, *, tuning: Ker
     return np.array(out)
 
 
-def run_tail(backend: str, launch: TailLaunch, branch: Any, residual: Any, *, tuning: KernelTuning | None = None,
-             shape: OneLaunchShape | None = None) -> np.ndarray:
+def run_tail(
+    backend: str,
+    launch: TailLaunch,
+    branch: Any,
+    residual: Any,
+    *,
+    tuning: KernelTuning | None = None,
+    shape: OneLaunchShape | None = None,
+) -> np.ndarray:
     """The tail on a kernel backend, eagerly (``fused_tail``'s kernel branch): CUDA as one
     launch (:func:`run_cuda_tail`), Metal and the emulator as three (:func:`run_kernel_tail`).
     ``tuning`` / ``shape`` (CUDA's one launch only): None for the defaults; only what is
@@ -174,9 +213,15 @@ def run_tail(backend: str, launch: TailLaunch, branch: Any, residual: Any, *, tu
     return run_kernel_tail(backend, launch, branch, residual, **given)
 
 
-def lazy_tail(backend: str, launch: TailLaunch, next_norm: NextNorm | None = None, trace: str = "shared", *,
-              tuning: KernelTuning | None = None,
-              shape: OneLaunchShape | None = None) -> Callable[[mx.array, mx.array], Any]:
+def lazy_tail(
+    backend: str,
+    launch: TailLaunch,
+    next_norm: NextNorm | None = None,
+    trace: str = "shared",
+    *,
+    tuning: KernelTuning | None = None,
+    shape: OneLaunchShape | None = None,
+) -> Callable[[mx.array, mx.array], Any]:
     """One tail on one position as a function ``(branch, residual) -> lazy float32 array`` of the
     residual's shape, for a model's graph: ``"cuda"`` the one launch (its compiled ``trace``;
     it also writes ``next_norm`` where given) or the three where it does not fit; ``"metal"``
@@ -193,14 +238,19 @@ def lazy_tail(backend: str, launch: TailLaunch, next_norm: NextNorm | None = Non
     elif shape is not None:
         raise ValueError(f"shape: the one launch's shape is CUDA's; backend {backend!r} takes none")
     if is_emulated(backend):
+
         def tail(b: mx.array, r: mx.array) -> mx.array:
-            return mx.array(emulated.emulated_tail(launch, np.asarray(b).reshape(-1), np.asarray(r).reshape(-1),
-                                                   tuning=tuning).reshape(r.shape))
+            return mx.array(
+                emulated.emulated_tail(
+                    launch, np.asarray(b).reshape(-1), np.asarray(r).reshape(-1), tuning=tuning
+                ).reshape(r.shape)
+            )
     else:
         three = kernel_launch.prepared(launch, backend, tuning).compiled()
 
         def tail(b: mx.array, r: mx.array) -> mx.array:
             return three(b, r) if b.ndim == 1 else three(b.reshape(-1), r.reshape(-1)).reshape(r.shape)
+
     if next_norm is None:
         return tail
     weight, eps = mx.array(next_norm.weight), next_norm.eps

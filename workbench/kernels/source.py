@@ -108,8 +108,7 @@ KERNELS: dict[str, KernelSpec] = {
     "head_qkv": KernelSpec(
         "fat_head_qkv",
         "head_qkv.body",
-        ("hid", "nw", "params", "sdest", "table",
-         "q_w", "q_s", "q_b", "k_w", "k_s", "k_b", "v_w", "v_s", "v_b"),
+        ("hid", "nw", "params", "sdest", "table", "q_w", "q_s", "q_b", "k_w", "k_s", "k_b", "v_w", "v_s", "v_b"),
         ("q_out", "k_out", "v_out"),
         _DENSE_OR_Q4 + ("HID", "NQ", "NK", "NV", "ROT", "M", "LOGP", "U", "PRE"),
         "q, k, v from R (rms_norm(hidden) * attn_norm): the one shared rotation applied once",
@@ -289,8 +288,10 @@ def cuda_launch_text(header: str, source: str) -> tuple[str, str]:
     text = compact(header)
     folder = header_folder()
     if any(c in str(folder) for c in '"\n\r'):
-        raise ValueError(f"the CUDA header folder {str(folder)!r} has a character an #include line cannot hold; "
-                         "set TMPDIR to a folder whose path has no double quote or line break")
+        raise ValueError(
+            f"the CUDA header folder {str(folder)!r} has a character an #include line cannot hold; "
+            "set TMPDIR to a folder whose path has no double quote or line break"
+        )
     path = folder / f"kernels_{hashlib.sha256(text.encode()).hexdigest()[:16]}.cuh"
     try:
         same = path.read_text(encoding="utf-8") == text
@@ -356,8 +357,7 @@ def one_launch_mlx_name(*, kernel_dir: str | Path | None = None, next_norm: bool
 
 #: Each phase of the one-launch tail: its launch, and the prefix its template values take
 #: in the one launch (``WO_FMT`` is wo's ``FMT``; inside the phase it is bound to ``FMT``).
-ONE_LAUNCH_PHASES: tuple[tuple[str, str], ...] = (("wo_residual", "WO_"), ("ffn_gate_up", "GU_"),
-                                                  ("ffn_down", "DN_"))
+ONE_LAUNCH_PHASES: tuple[tuple[str, str], ...] = (("wo_residual", "WO_"), ("ffn_gate_up", "GU_"), ("ffn_down", "DN_"))
 
 #: What the phases pass each other through the launch's own memory (``work``), not as
 #: inputs or outputs: h (wo's output, read by gate_up and down as ``hin``) and act.
@@ -400,9 +400,11 @@ def _phase(kernel: str, prefix: str, kernel_dir: str | Path | None) -> str:
     body = read(spec.body, kernel_dir=kernel_dir)
     hin = "  const float* hin = h;\n" if "hin" in spec.inputs else ""
     if kernel == "ffn_down":
-        body = ("  for (int row_group = gid; row_group < HID / DR; row_group += ngroups) {\n"
-                "  const int gid = row_group;  // the body's group index: the row group it takes\n"
-                f"{body}  }}\n")
+        body = (
+            "  for (int row_group = gid; row_group < HID / DR; row_group += ngroups) {\n"
+            "  const int gid = row_group;  // the body's group index: the row group it takes\n"
+            f"{body}  }}\n"
+        )
     return f"  {{  // ---- phase: {spec.body} ----\n{hin}{binds}{body}  }}\n"
 
 
@@ -424,26 +426,38 @@ def compose_one_launch(*, kernel_dir: str | Path | None = None, next_norm: bool 
         if m == NEXT_NORM_MARK:
             marked = True
             if next_norm:
-                lines.append(f"  {{  // ---- epilogue: {NEXT_NORM_BODY} ----\n"
-                             f"{read(NEXT_NORM_BODY, kernel_dir=kernel_dir)}  }}\n")
+                lines.append(
+                    f"  {{  // ---- epilogue: {NEXT_NORM_BODY} ----\n"
+                    f"{read(NEXT_NORM_BODY, kernel_dir=kernel_dir)}  }}\n"
+                )
         elif m.startswith("//== phase ") and m.endswith(" =="):
-            kernel = m[len("//== phase "):-3].strip()
+            kernel = m[len("//== phase ") : -3].strip()
             prefix = dict(ONE_LAUNCH_PHASES).get(kernel)
             if prefix is None:
-                raise ValueError(f"{ONE_LAUNCH_BODY}: unknown phase {kernel!r}; the phases are "
-                                 f"{[k for k, _ in ONE_LAUNCH_PHASES]}")
+                raise ValueError(
+                    f"{ONE_LAUNCH_BODY}: unknown phase {kernel!r}; the phases are {[k for k, _ in ONE_LAUNCH_PHASES]}"
+                )
             lines.append(_phase(kernel, prefix, kernel_dir))
         else:
             lines.append(line)
     if next_norm and not marked:
-        raise ValueError(f"{ONE_LAUNCH_BODY}: has no {NEXT_NORM_MARK!r} line, so this kernel folder's one launch "
-                         "cannot carry the next norm; use next_norm=False")
+        raise ValueError(
+            f"{ONE_LAUNCH_BODY}: has no {NEXT_NORM_MARK!r} line, so this kernel folder's one launch "
+            "cannot carry the next norm; use next_norm=False"
+        )
     return header, f"{body_part}\n  // ---- {ONE_LAUNCH_BODY} ----\n{''.join(lines)}"
 
 
-def _translation_unit(name: str, header: str, source: str, inputs: tuple[str, ...], outputs: tuple[str, ...],
-                      input_dtypes: dict[str, str], template_names: tuple[str, ...],
-                      template: dict[str, object]) -> str:
+def _translation_unit(
+    name: str,
+    header: str,
+    source: str,
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    input_dtypes: dict[str, str],
+    template_names: tuple[str, ...],
+    template: dict[str, object],
+) -> str:
     missing = [n for n in inputs if n not in input_dtypes]
     if missing:
         raise ValueError(f"input_dtypes must name every input of {name}; missing {missing}")
@@ -475,8 +489,12 @@ def input_dtypes(names: tuple[str, ...] | list[str], fmt: int, sfmt: int) -> dic
     if isinstance(fmt, bool) or fmt not in codes:
         raise ValueError(f"fmt: must be a kernel format code {codes} (a Format's code), got {fmt!r}")
     fmt_ = formats.by_code(fmt)[0]  # formats sharing a code share how their arrays are stored
-    scales = {formats.SCALE_CODES["float32"]: "float32", formats.SCALE_CODES["bfloat16"]: "bfloat16",
-              formats.SCALE_CODES["e8m0"]: "uint8", formats.SCALE_CODES["e4m3"]: "uint8"}
+    scales = {
+        formats.SCALE_CODES["float32"]: "float32",
+        formats.SCALE_CODES["bfloat16"]: "bfloat16",
+        formats.SCALE_CODES["e8m0"]: "uint8",
+        formats.SCALE_CODES["e4m3"]: "uint8",
+    }
     if sfmt not in scales:
         raise ValueError(f"sfmt: must be a scale code of formats.SCALE_CODES {formats.SCALE_CODES}, got {sfmt!r}")
     weight = fmt_.name if not fmt_.quantized else "uint32"
@@ -494,19 +512,32 @@ def input_dtypes(names: tuple[str, ...] | list[str], fmt: int, sfmt: int) -> dic
     return out
 
 
-def one_launch_translation_unit(input_dtypes: dict[str, str], template: dict[str, object], *,
-                                kernel_dir: str | Path | None = None, next_norm: bool = False) -> str:
+def one_launch_translation_unit(
+    input_dtypes: dict[str, str],
+    template: dict[str, object],
+    *,
+    kernel_dir: str | Path | None = None,
+    next_norm: bool = False,
+) -> str:
     """The CUDA file MLX would compile for the one-launch tail, standalone (for ``nvcc -c``):
     as :func:`cuda_translation_unit` for the three launches (``next_norm``: with the next
     norm's epilogue, its input and output)."""
     header, source = compose_one_launch(kernel_dir=kernel_dir, next_norm=next_norm)
-    return _translation_unit(_one_launch_name(next_norm), header, source,
-                             one_launch_inputs(next_norm=next_norm), one_launch_outputs(next_norm=next_norm),
-                             input_dtypes, one_launch_template(), template)
+    return _translation_unit(
+        _one_launch_name(next_norm),
+        header,
+        source,
+        one_launch_inputs(next_norm=next_norm),
+        one_launch_outputs(next_norm=next_norm),
+        input_dtypes,
+        one_launch_template(),
+        template,
+    )
 
 
-def cuda_translation_unit(kernel: str, input_dtypes: dict[str, str], template: dict[str, object], *,
-                          kernel_dir: str | Path | None = None) -> str:
+def cuda_translation_unit(
+    kernel: str, input_dtypes: dict[str, str], template: dict[str, object], *, kernel_dir: str | Path | None = None
+) -> str:
     """The CUDA file MLX would compile for ``kernel``, standalone (for ``nvcc -c``).
 
     MLX's default header includes its own ``utils.cuh``; here ``<cuda_bf16.h>``,
@@ -518,5 +549,6 @@ def cuda_translation_unit(kernel: str, input_dtypes: dict[str, str], template: d
     """
     spec = _check_kernel(kernel)
     header, source = compose("cuda", kernel, kernel_dir=kernel_dir)
-    return _translation_unit(spec.name, header, source, spec.inputs, spec.outputs, input_dtypes, spec.template,
-                             template)
+    return _translation_unit(
+        spec.name, header, source, spec.inputs, spec.outputs, input_dtypes, spec.template, template
+    )

@@ -12,12 +12,26 @@ is imported when one of its names is first read.
 
 from workbench import public_names
 
-_HOMES, __getattr__, __dir__ = public_names(__name__, {
-    "config": ("ModelConfig", "LayerConfig", "Mixer", "BONSAI_SHAPE", "MODELS_DIR"),
-    "families": ("from_hf_config",),
-    "loader": ("load_model", "list_models"),
-    "refusals": ("Refusal", "HeadRefusal", "layer_refusals", "eligible", "explain", "refusal_table", "head_launch_refusals",
-                 "model_summary", "tail_verdicts", "reason_counts", "format_reason_counts"),
-})
+_HOMES, __getattr__, __dir__ = public_names(
+    __name__,
+    {
+        "config": ("ModelConfig", "LayerConfig", "Mixer", "BONSAI_SHAPE", "MODELS_DIR"),
+        "families": ("from_hf_config",),
+        "loader": ("load_model", "list_models"),
+        "refusals": (
+            "Refusal",
+            "HeadRefusal",
+            "layer_refusals",
+            "eligible",
+            "explain",
+            "refusal_table",
+            "head_launch_refusals",
+            "model_summary",
+            "tail_verdicts",
+            "reason_counts",
+            "format_reason_counts",
+        ),
+    },
+)
 
 __all__ = list(_HOMES)

@@ -102,9 +102,7 @@ class LayerConfig:
                 f"ffn_dim/ffn_kind: ffn_dim 0 exactly when ffn_kind is 'none'; got "
                 f"ffn_dim={self.ffn_dim}, ffn_kind={self.ffn_kind!r} (layer {self.index})"
             )
-        if self.mixer is Mixer.ATTENTION and (
-            self.num_q_heads <= 0 or self.num_kv_heads <= 0 or self.head_dim <= 0
-        ):
+        if self.mixer is Mixer.ATTENTION and (self.num_q_heads <= 0 or self.num_kv_heads <= 0 or self.head_dim <= 0):
             raise ValueError(
                 f"num_q_heads/num_kv_heads/head_dim: must be positive for an attention layer, "
                 f"got {self.num_q_heads}/{self.num_kv_heads}/{self.head_dim} (layer {self.index})"
@@ -147,10 +145,12 @@ class ModelConfig:
         for name in ("skip_stream", "gpt_oss"):
             object.__setattr__(self, name, validate.flag(name, getattr(self, name)))
         object.__setattr__(self, "hidden_size", validate.integer("hidden_size", self.hidden_size, minimum=1))
-        object.__setattr__(self, "num_layers", validate.integer("num_layers", self.num_layers, minimum=1,
-                                                                maximum=MAX_LAYERS))
-        object.__setattr__(self, "rms_norm_eps", validate.number("rms_norm_eps", self.rms_norm_eps, minimum=0,
-                                                                 exclusive_minimum=True))
+        object.__setattr__(
+            self, "num_layers", validate.integer("num_layers", self.num_layers, minimum=1, maximum=MAX_LAYERS)
+        )
+        object.__setattr__(
+            self, "rms_norm_eps", validate.number("rms_norm_eps", self.rms_norm_eps, minimum=0, exclusive_minimum=True)
+        )
         for name in ("residual_scale", "normed_residual_scale", "attn_value_scale"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, validate.number(name, getattr(self, name)))
@@ -162,9 +162,7 @@ class ModelConfig:
             raise ValueError(f"raw: must be a mapping (the config.json read), got {validate.describe(self.raw)}")
         object.__setattr__(self, "raw", MappingProxyType(dict(self.raw)))
         if len(self.layers) != self.num_layers:
-            raise ValueError(
-                f"layers: need num_layers={self.num_layers} LayerConfigs, got {len(self.layers)}"
-            )
+            raise ValueError(f"layers: need num_layers={self.num_layers} LayerConfigs, got {len(self.layers)}")
         for i, lc in enumerate(self.layers):
             if lc.index != i:
                 raise ValueError(f"layers: entry {i} has index {lc.index}; indices must run 0..n-1")
@@ -176,9 +174,7 @@ class ModelConfig:
             raise ValueError(f"layer: must be an int in 0..{self.num_layers - 1}, got {index!r}")
         index = int(index)
         if not 0 <= index < self.num_layers:
-            raise ValueError(
-                f"layer: {index} is out of range for {self.name} (allowed 0..{self.num_layers - 1})"
-            )
+            raise ValueError(f"layer: {index} is out of range for {self.name} (allowed 0..{self.num_layers - 1})")
         return self.layers[index]
 
     def attention_layers(self) -> list[int]:
@@ -216,8 +212,7 @@ class ModelConfig:
         if head_dim is None:
             if hidden % num_q_heads:
                 raise ValueError(
-                    f"head_dim: give it explicitly; hidden {hidden} is not a multiple of "
-                    f"num_q_heads {num_q_heads}"
+                    f"head_dim: give it explicitly; hidden {hidden} is not a multiple of num_q_heads {num_q_heads}"
                 )
             head_dim = hidden // num_q_heads
         if ffn_dim <= 0:

@@ -53,14 +53,11 @@ def _from_raw(raw: dict[str, Any], name: str | None) -> ModelConfig:
     model_type = raw.get("model_type")
     if not isinstance(model_type, str):
         raise ValueError(
-            f"model_type: missing or not a string ({model_type!r}); known families: "
-            f"{', '.join(sorted(FAMILIES))}"
+            f"model_type: missing or not a string ({model_type!r}); known families: {', '.join(sorted(FAMILIES))}"
         )
     family = FAMILIES.get(model_type)
     if family is None:
-        raise ValueError(
-            f"model_type: unknown family {model_type!r}; known: {', '.join(sorted(FAMILIES))}"
-        )
+        raise ValueError(f"model_type: unknown family {model_type!r}; known: {', '.join(sorted(FAMILIES))}")
     source = raw.get("_source", "")
     if not isinstance(source, str):
         source = json.dumps(source)
@@ -86,7 +83,9 @@ def _read_config(path_or_dict: str | Path | Mapping[str, Any]) -> dict[str, Any]
         try:
             data = json.loads(p.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as e:  # config.json is UTF-8 by Hugging Face's convention (and JSON's RFC 8259)
-            raise ValueError(f"path_or_dict: {p} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
+            raise ValueError(
+                f"path_or_dict: {p} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})"
+            ) from None
         except json.JSONDecodeError as e:
             raise ValueError(f"path_or_dict: {p} is not valid JSON ({e})") from None
         except OSError as e:
@@ -94,9 +93,7 @@ def _read_config(path_or_dict: str | Path | Mapping[str, Any]) -> dict[str, Any]
         if not isinstance(data, dict):
             raise ValueError(f"path_or_dict: {p} holds a {type(data).__name__}, not a JSON object")
         return data
-    raise ValueError(
-        f"path_or_dict: must be a path (str or Path) or a dict, got {type(path_or_dict).__name__}"
-    )
+    raise ValueError(f"path_or_dict: must be a path (str or Path) or a dict, got {type(path_or_dict).__name__}")
 
 
 _TYPE_NAMES = {int: "an int", float: "a number", str: "a string", list: "a list", bool: "a bool", dict: "an object"}
@@ -187,9 +184,7 @@ class _Reader:
         """``num_hidden_layers``: positive and at most :data:`MAX_LAYERS`, checked before any layer is built."""
         n = self.positive("num_hidden_layers")
         if n > MAX_LAYERS:
-            raise ValueError(
-                f"num_hidden_layers: must be at most {MAX_LAYERS} in a {self.family} config, got {n}"
-            )
+            raise ValueError(f"num_hidden_layers: must be at most {MAX_LAYERS} in a {self.family} config, got {n}")
         return n
 
     def first(self, keys: tuple[str, ...], typ: type) -> Any:
@@ -197,7 +192,9 @@ class _Reader:
         for k in keys:
             if self.has(k):
                 return self.req(k, typ)
-        raise ValueError(f"{keys[0]}: missing (also looked for {', '.join(keys[1:])}), and a {self.family} config needs it")
+        raise ValueError(
+            f"{keys[0]}: missing (also looked for {', '.join(keys[1:])}), and a {self.family} config needs it"
+        )
 
     def head_dim(self, heads: int, hidden: int, keys: tuple[str, ...] = ("head_dim",)) -> int:
         for k in keys:
@@ -255,8 +252,7 @@ def _common(r: _Reader) -> tuple[int, int, int, int, int, float]:
         raise ValueError(f"num_key_value_heads: must be positive in a {r.family} config, got {kv}")
     if q % kv:
         raise ValueError(
-            f"num_attention_heads: must be a multiple of num_key_value_heads ({kv}) in a "
-            f"{r.family} config, got {q}"
+            f"num_attention_heads: must be a multiple of num_key_value_heads ({kv}) in a {r.family} config, got {q}"
         )
     eps = _eps(r)
     hd = r.head_dim(q, hidden)
@@ -279,8 +275,13 @@ def _residual_scale(r: _Reader) -> float | None:
 # -- families --------------------------------------------------------------------------
 
 
-def _dense_transformer(post_attn_norm: bool, pre_norm: str = "rms", act_keys=("hidden_act",), o_bias_key: str | None = None,
-                       ffn_bias_key: str | None = None):
+def _dense_transformer(
+    post_attn_norm: bool,
+    pre_norm: str = "rms",
+    act_keys=("hidden_act",),
+    o_bias_key: str | None = None,
+    ffn_bias_key: str | None = None,
+):
     """Llama-shaped families: every layer GQA attention + a dense GLU FFN.
 
     ``ffn_bias_key``: the key that puts biases on gate/up/down (Llama's and Granite's
@@ -296,15 +297,31 @@ def _dense_transformer(post_attn_norm: bool, pre_norm: str = "rms", act_keys=("h
         ffn_bias = r.opt(ffn_bias_key, bool, False) if ffn_bias_key else False
         layers = tuple(
             LayerConfig(
-                index=i, mixer=Mixer.ATTENTION, num_q_heads=q, num_kv_heads=kv, head_dim=hd,
-                ffn_dim=ffn, ffn_kind="dense", ffn_act=act, o_bias=o_bias, ffn_bias=ffn_bias,
-                post_attn_norm=post_attn_norm, pre_norm=pre_norm,
+                index=i,
+                mixer=Mixer.ATTENTION,
+                num_q_heads=q,
+                num_kv_heads=kv,
+                head_dim=hd,
+                ffn_dim=ffn,
+                ffn_kind="dense",
+                ffn_act=act,
+                o_bias=o_bias,
+                ffn_bias=ffn_bias,
+                post_attn_norm=post_attn_norm,
+                pre_norm=pre_norm,
             )
             for i in range(n)
         )
         return ModelConfig(
-            name=name, model_type=r.family, hidden_size=hidden, num_layers=n, rms_norm_eps=eps,
-            layers=layers, residual_scale=_residual_scale(r), source=source, raw=r.raw,
+            name=name,
+            model_type=r.family,
+            hidden_size=hidden,
+            num_layers=n,
+            rms_norm_eps=eps,
+            layers=layers,
+            residual_scale=_residual_scale(r),
+            source=source,
+            raw=r.raw,
         )
 
     return build
@@ -345,14 +362,26 @@ def _qwen_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
             LayerConfig(
                 index=i,
                 mixer=Mixer.ATTENTION if attn else Mixer.LINEAR_ATTENTION,
-                num_q_heads=q if attn else 0, num_kv_heads=kv if attn else 0, head_dim=hd if attn else 0,
-                ffn_dim=ffn, ffn_kind="experts" if moe else "dense", ffn_act=act,
-                attn_output_gate=gate and attn, num_experts=num_experts if moe else 0, o_bias=o_bias and attn,
+                num_q_heads=q if attn else 0,
+                num_kv_heads=kv if attn else 0,
+                head_dim=hd if attn else 0,
+                ffn_dim=ffn,
+                ffn_kind="experts" if moe else "dense",
+                ffn_act=act,
+                attn_output_gate=gate and attn,
+                num_experts=num_experts if moe else 0,
+                o_bias=o_bias and attn,
             )
         )
     return ModelConfig(
-        name=name, model_type=r.raw["model_type"], hidden_size=hidden, num_layers=n, rms_norm_eps=eps,
-        layers=tuple(layers), source=source, raw=r.raw,
+        name=name,
+        model_type=r.raw["model_type"],
+        hidden_size=hidden,
+        num_layers=n,
+        rms_norm_eps=eps,
+        layers=tuple(layers),
+        source=source,
+        raw=r.raw,
     )
 
 
@@ -367,9 +396,7 @@ def _granite_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
     hidden, n, q, kv, hd, eps = _common(r)
     key = "layers_block_type" if r.has("layers_block_type") and not r.has("layer_types") else "layer_types"
     if not r.has(key):
-        raise ValueError(
-            f"layer_types: missing (also looked for layers_block_type), and a {r.family} config needs it"
-        )
+        raise ValueError(f"layer_types: missing (also looked for layers_block_type), and a {r.family} config needs it")
     types = r.str_list(key, n, ("attention", "mamba"))
     ffn = r.positive("shared_intermediate_size")
     experts = r.count("num_local_experts", 0)
@@ -378,16 +405,27 @@ def _granite_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
         LayerConfig(
             index=i,
             mixer=Mixer.ATTENTION if t == "attention" else Mixer.MAMBA2,
-            num_q_heads=q if t == "attention" else 0, num_kv_heads=kv if t == "attention" else 0,
+            num_q_heads=q if t == "attention" else 0,
+            num_kv_heads=kv if t == "attention" else 0,
             head_dim=hd if t == "attention" else 0,
-            ffn_dim=ffn, ffn_kind="experts" if experts > 0 else "dense", ffn_act=act, num_experts=experts,
+            ffn_dim=ffn,
+            ffn_kind="experts" if experts > 0 else "dense",
+            ffn_act=act,
+            num_experts=experts,
             o_bias=t == "attention" and r.opt("attention_bias", bool, False),
         )
         for i, t in enumerate(types)
     )
     return ModelConfig(
-        name=name, model_type=r.family, hidden_size=hidden, num_layers=n, rms_norm_eps=eps,
-        layers=layers, residual_scale=_residual_scale(r), source=source, raw=r.raw,
+        name=name,
+        model_type=r.family,
+        hidden_size=hidden,
+        num_layers=n,
+        rms_norm_eps=eps,
+        layers=layers,
+        residual_scale=_residual_scale(r),
+        source=source,
+        raw=r.raw,
     )
 
 
@@ -401,15 +439,29 @@ def _falcon_h1(r: _Reader, *, name: str, source: str) -> ModelConfig:
     out_mult = r.opt("attention_out_multiplier", float, 1.0)
     layers = tuple(
         LayerConfig(
-            index=i, mixer=Mixer.ATTENTION, num_q_heads=q, num_kv_heads=kv, head_dim=hd,
-            ffn_dim=ffn, ffn_kind="dense", ffn_act=act, parallel_ssm=True, o_scale=out_mult != 1.0,
+            index=i,
+            mixer=Mixer.ATTENTION,
+            num_q_heads=q,
+            num_kv_heads=kv,
+            head_dim=hd,
+            ffn_dim=ffn,
+            ffn_kind="dense",
+            ffn_act=act,
+            parallel_ssm=True,
+            o_scale=out_mult != 1.0,
             o_bias=r.opt("attention_bias", bool, False),
         )
         for i in range(n)
     )
     return ModelConfig(
-        name=name, model_type=r.family, hidden_size=hidden, num_layers=n, rms_norm_eps=eps,
-        layers=layers, source=source, raw=r.raw,
+        name=name,
+        model_type=r.family,
+        hidden_size=hidden,
+        num_layers=n,
+        rms_norm_eps=eps,
+        layers=layers,
+        source=source,
+        raw=r.raw,
     )
 
 
@@ -436,23 +488,52 @@ def _nemotron_h(r: _Reader, *, name: str, source: str) -> ModelConfig:
     layers = []
     for i, c in enumerate(pattern):
         if c == "*":
-            layers.append(LayerConfig(index=i, mixer=Mixer.ATTENTION, num_q_heads=q, num_kv_heads=kv, head_dim=hd,
-                                      o_bias=r.opt("attention_bias", bool, False)))
+            layers.append(
+                LayerConfig(
+                    index=i,
+                    mixer=Mixer.ATTENTION,
+                    num_q_heads=q,
+                    num_kv_heads=kv,
+                    head_dim=hd,
+                    o_bias=r.opt("attention_bias", bool, False),
+                )
+            )
         elif c == "M":
             layers.append(LayerConfig(index=i, mixer=Mixer.MAMBA2))
         elif c == "-":
-            layers.append(LayerConfig(index=i, mixer=Mixer.MLP_ONLY, ffn_dim=r.positive("intermediate_size"),
-                                      ffn_kind="dense", ffn_act=act))
+            layers.append(
+                LayerConfig(
+                    index=i,
+                    mixer=Mixer.MLP_ONLY,
+                    ffn_dim=r.positive("intermediate_size"),
+                    ffn_kind="dense",
+                    ffn_act=act,
+                )
+            )
         elif c == "E":
-            layers.append(LayerConfig(index=i, mixer=Mixer.MLP_ONLY, ffn_dim=r.positive("moe_intermediate_size"),
-                                      ffn_kind="experts", ffn_act=act, num_experts=r.positive("n_routed_experts")))
+            layers.append(
+                LayerConfig(
+                    index=i,
+                    mixer=Mixer.MLP_ONLY,
+                    ffn_dim=r.positive("moe_intermediate_size"),
+                    ffn_kind="experts",
+                    ffn_act=act,
+                    num_experts=r.positive("n_routed_experts"),
+                )
+            )
         else:
             raise ValueError(
                 f"hybrid_override_pattern[{i}]: must be one of 'M', '*', '-', 'E' in a {r.family} config, got {c!r}"
             )
     return ModelConfig(
-        name=name, model_type=r.family, hidden_size=hidden, num_layers=n, rms_norm_eps=eps,
-        layers=tuple(layers), source=source, raw=r.raw,
+        name=name,
+        model_type=r.family,
+        hidden_size=hidden,
+        num_layers=n,
+        rms_norm_eps=eps,
+        layers=tuple(layers),
+        source=source,
+        raw=r.raw,
     )
 
 
@@ -479,15 +560,26 @@ def _jamba(r: _Reader, *, name: str, source: str) -> ModelConfig:
         attn = k == "attention"
         layers.append(
             LayerConfig(
-                index=i, mixer=Mixer.ATTENTION if attn else Mixer.MAMBA2,
-                num_q_heads=q if attn else 0, num_kv_heads=kv if attn else 0, head_dim=hd if attn else 0,
-                ffn_dim=ffn, ffn_kind="experts" if moe else "dense", ffn_act=act,
+                index=i,
+                mixer=Mixer.ATTENTION if attn else Mixer.MAMBA2,
+                num_q_heads=q if attn else 0,
+                num_kv_heads=kv if attn else 0,
+                head_dim=hd if attn else 0,
+                ffn_dim=ffn,
+                ffn_kind="experts" if moe else "dense",
+                ffn_act=act,
                 num_experts=experts if moe else 0,
             )
         )
     return ModelConfig(
-        name=name, model_type=r.family, hidden_size=hidden, num_layers=n, rms_norm_eps=eps,
-        layers=tuple(layers), source=source, raw=r.raw,
+        name=name,
+        model_type=r.family,
+        hidden_size=hidden,
+        num_layers=n,
+        rms_norm_eps=eps,
+        layers=tuple(layers),
+        source=source,
+        raw=r.raw,
     )
 
 
@@ -501,14 +593,29 @@ def _gpt_oss(r: _Reader, *, name: str, source: str) -> ModelConfig:
     o_bias = r.opt("attention_bias", bool, True)
     layers = tuple(
         LayerConfig(
-            index=i, mixer=Mixer.ATTENTION, num_q_heads=q, num_kv_heads=kv, head_dim=hd,
-            ffn_dim=ffn, ffn_kind="experts", ffn_act="swiglu_oai", o_bias=o_bias, num_experts=experts,
+            index=i,
+            mixer=Mixer.ATTENTION,
+            num_q_heads=q,
+            num_kv_heads=kv,
+            head_dim=hd,
+            ffn_dim=ffn,
+            ffn_kind="experts",
+            ffn_act="swiglu_oai",
+            o_bias=o_bias,
+            num_experts=experts,
         )
         for i in range(n)
     )
     return ModelConfig(
-        name=name, model_type=r.family, hidden_size=hidden, num_layers=n, rms_norm_eps=eps,
-        layers=layers, gpt_oss=True, source=source, raw=r.raw,
+        name=name,
+        model_type=r.family,
+        hidden_size=hidden,
+        num_layers=n,
+        rms_norm_eps=eps,
+        layers=layers,
+        gpt_oss=True,
+        source=source,
+        raw=r.raw,
     )
 
 

@@ -18,19 +18,41 @@ study notebook 06 shows. The names below are the part's API, importable from
 
 from workbench import public_names
 
-_HOMES, __getattr__, __dir__ = public_names(__name__, {
-    "checkpoint": ("load_checkpoint", "smollm2_gguf_path"),
-    "loaded_checkpoint": ("Checkpoint",),
-    "mlx_lm_model": ("reference_model",),
-    "tokenizer": ("gguf_tokenizer",),
-    "model_parts": ("vocab_size",),
-    "capture": ("LayerCapture", "capture_layers"),
-    "decoding": ("Generation", "first_departure", "first_departures", "forced_choices", "greedy", "greedy_beside",
-                 "greedy_captured"),
-    "fused_layers": ("LAZY_BACKENDS", "MODEL_BACKENDS", "fused_tails", "stacked_qkv", "vector_tail"),
-    "graph_tail": ("model_graph_tail", "prepared_graph_tail"),
-    "end_to_end": ("PROMPT", "FOLD_FORMATS", "RealModel", "smollm2", "layer_errors", "kernel_errors",
-                   "TokenComparison", "same_tokens", "layer_match", "fold_errors", "fold_tokens", "requantized_wo"),
-})
+_HOMES, __getattr__, __dir__ = public_names(
+    __name__,
+    {
+        "checkpoint": ("load_checkpoint", "smollm2_gguf_path"),
+        "loaded_checkpoint": ("Checkpoint",),
+        "mlx_lm_model": ("reference_model",),
+        "tokenizer": ("gguf_tokenizer",),
+        "model_parts": ("vocab_size",),
+        "capture": ("LayerCapture", "capture_layers"),
+        "decoding": (
+            "Generation",
+            "first_departure",
+            "first_departures",
+            "forced_choices",
+            "greedy",
+            "greedy_beside",
+            "greedy_captured",
+        ),
+        "fused_layers": ("LAZY_BACKENDS", "MODEL_BACKENDS", "fused_tails", "stacked_qkv", "vector_tail"),
+        "graph_tail": ("model_graph_tail", "prepared_graph_tail"),
+        "end_to_end": (
+            "PROMPT",
+            "FOLD_FORMATS",
+            "RealModel",
+            "smollm2",
+            "layer_errors",
+            "kernel_errors",
+            "TokenComparison",
+            "same_tokens",
+            "layer_match",
+            "fold_errors",
+            "fold_tokens",
+            "requantized_wo",
+        ),
+    },
+)
 
 __all__ = list(_HOMES)

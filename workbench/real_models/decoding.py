@@ -44,10 +44,13 @@ def forced_choices(model: nn.Module, sequence: Sequence[int], start: int) -> np.
     ``sequence`` (teacher forcing): what its greedy decoding would choose at each step
     given that history. The head runs only on those rows (it is the costliest op)."""
     ids = mx.array(token_ids("sequence", sequence, vocab_size(model)))[None]
-    start = integer("start", start, minimum=1, maximum=int(ids.shape[1]) - 1) if ids.shape[1] > 1 else integer(
-        "start", start, minimum=1, maximum=0)
+    start = (
+        integer("start", start, minimum=1, maximum=int(ids.shape[1]) - 1)
+        if ids.shape[1] > 1
+        else integer("start", start, minimum=1, maximum=0)
+    )
     hidden = layer_owner(model)(ids)
-    return np.asarray(mx.argmax(head(model, hidden[:, start - 1: -1]), axis=-1)[0])
+    return np.asarray(mx.argmax(head(model, hidden[:, start - 1 : -1]), axis=-1)[0])
 
 
 def first_departure(model: nn.Module, prompt: Sequence[int], tokens: Sequence[int]) -> int:
@@ -64,8 +67,14 @@ def first_departure(model: nn.Module, prompt: Sequence[int], tokens: Sequence[in
     return _departures(model, ids, toks, [contextlib.nullcontext])[0]
 
 
-def first_departures(model: nn.Module, prompt: Sequence[int], tokens: Sequence[int],
-                     weight_sets: Sequence[Sequence[TailWeights | None]], *, backend: str = "graph") -> list[int]:
+def first_departures(
+    model: nn.Module,
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    weight_sets: Sequence[Sequence[TailWeights | None]],
+    *,
+    backend: str = "graph",
+) -> list[int]:
     """:func:`first_departure` of ``model`` with each of ``weight_sets`` swapped in
     (as :func:`~workbench.real_models.fused_layers.fused_tails` swaps them, ``backend``),
     one count a set.
@@ -84,14 +93,17 @@ def first_departures(model: nn.Module, prompt: Sequence[int], tokens: Sequence[i
     return _departures(model, ids, toks, [lambda b=b: swapped_in(model, *b) for b in built])
 
 
-def _prompt_and_tokens(model: nn.Module, prompt: Sequence[int],
-                       tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+def _prompt_and_tokens(model: nn.Module, prompt: Sequence[int], tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     vocab = vocab_size(model)
     return token_ids("prompt", prompt, vocab), token_ids("tokens", tokens, vocab)
 
 
-def _departures(model: nn.Module, ids: np.ndarray, toks: np.ndarray,
-                layer_sets: Sequence[Callable[[], AbstractContextManager[object]]]) -> list[int]:
+def _departures(
+    model: nn.Module,
+    ids: np.ndarray,
+    toks: np.ndarray,
+    layer_sets: Sequence[Callable[[], AbstractContextManager[object]]],
+) -> list[int]:
     """The first departure of ``toks`` after ``ids`` inside each of ``layer_sets`` (each a
     context in which the model runs one set of layers), in at most two passes a set: every
     set's prompt pass built (each on a stream of its own where there are several) and
@@ -101,8 +113,9 @@ def _departures(model: nn.Module, ids: np.ndarray, toks: np.ndarray,
 
     owner = layer_owner(model)
     # One pass alone needs no stream of its own: it runs on the caller's.
-    on_streams = ([mx.stream(s) for s in _pass_streams(len(layer_sets))] if len(layer_sets) > 1
-                  else [contextlib.nullcontext()])
+    on_streams = (
+        [mx.stream(s) for s in _pass_streams(len(layer_sets))] if len(layer_sets) > 1 else [contextlib.nullcontext()]
+    )
     passes = []
     for layers, on_stream in zip(layer_sets, on_streams):
         with layers(), on_stream:
@@ -185,8 +198,10 @@ class _Greedy:
         self.ids = mx.array(self.prompt)[None]
         context = getattr(getattr(model, "args", None), "max_position_embeddings", None)
         if isinstance(context, int) and len(self.prompt) + self.n > context:
-            raise ValueError(f"n: the prompt's {len(self.prompt)} tokens and {self.n} more exceed the model's context "
-                             f"of {context} positions")
+            raise ValueError(
+                f"n: the prompt's {len(self.prompt)} tokens and {self.n} more exceed the model's context "
+                f"of {context} positions"
+            )
         self.cache = make_prompt_cache(model)
         self.capture = capture
         self.captures: list[LayerCapture] | None = None
@@ -221,8 +236,9 @@ class _Greedy:
         return Generation(self.prompt, tuple(self.out), tuple(self.margins), tuple(self.second))
 
 
-def _greedy(model: nn.Module, prompt: Sequence[int], n: int, *,
-            capture: bool) -> tuple[Generation, list[LayerCapture] | None]:
+def _greedy(
+    model: nn.Module, prompt: Sequence[int], n: int, *, capture: bool
+) -> tuple[Generation, list[LayerCapture] | None]:
     g = _Greedy(model, prompt, n, capture)
     for _ in range(g.n):
         logits, top = g.build()
@@ -231,9 +247,15 @@ def _greedy(model: nn.Module, prompt: Sequence[int], n: int, *,
     return g.generation(), g.captures
 
 
-def greedy_beside(model: nn.Module, prompt: Sequence[int], n: int, weights: Sequence[TailWeights | None], *,
-                  backend: str = "graph", capture: bool = False
-                  ) -> tuple[Generation, Generation, list[LayerCapture] | None, list[LayerCapture] | None]:
+def greedy_beside(
+    model: nn.Module,
+    prompt: Sequence[int],
+    n: int,
+    weights: Sequence[TailWeights | None],
+    *,
+    backend: str = "graph",
+    capture: bool = False,
+) -> tuple[Generation, Generation, list[LayerCapture] | None, list[LayerCapture] | None]:
     """:func:`greedy` with ``model``'s own layers and with ``weights`` swapped in
     (:func:`fused_tails`), side by side: ``(reference, variant, reference_captures,
     variant_captures)``, the captures (with ``capture``) those of each prompt pass, as

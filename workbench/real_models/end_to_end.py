@@ -113,8 +113,9 @@ def _check_backends(backends: Sequence[str]) -> list[str]:
     return names
 
 
-def layer_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backends: Sequence[str] = ("graph",),
-                 tol: float = SEED_TOL) -> pd.DataFrame:
+def layer_errors(
+    ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backends: Sequence[str] = ("graph",), tol: float = SEED_TOL
+) -> pd.DataFrame:
     """One row per layer: each tail against the layer's captured output, and the residual's peak.
 
     Columns: ``layer``; ``peak`` (the largest ``|residual|`` entering the layer), ``peak_pos``
@@ -132,21 +133,38 @@ def layer_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backends
             continue
         w = ckpt.tail_weights(cap.layer)
         pos, ch = np.unravel_index(int(np.argmax(np.abs(cap.residual))), cap.residual.shape)
-        row: dict[str, Any] = {"layer": cap.layer, "peak": float(np.abs(cap.residual).max()), "peak_pos": int(pos),
-                               "peak_ch": int(ch), "out_peak": float(np.abs(cap.output).max())}
+        row: dict[str, Any] = {
+            "layer": cap.layer,
+            "peak": float(np.abs(cap.residual).max()),
+            "peak_pos": int(pos),
+            "peak_ch": int(ch),
+            "out_peak": float(np.abs(cap.output).max()),
+        }
         results = {"host": host_tail(w, cap.branch, cap.residual)}
         for name in names:
             results[name] = fused_tail(w, cap.branch, cap.residual, backend=name)
         for name, out in results.items():
             c = compare(out, cap.output, tol=tol)
-            row.update({f"{name}_worst": c.worst, f"{name}_margin": c.margin, f"{name}_nmse": c.nmse,
-                        f"{name}_pos": int(c.where[0])})
+            row.update(
+                {
+                    f"{name}_worst": c.worst,
+                    f"{name}_margin": c.margin,
+                    f"{name}_nmse": c.nmse,
+                    f"{name}_pos": int(c.where[0]),
+                }
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def kernel_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backend: str,
-                  positions: Sequence[int] = (0, -1), tol: float = SEED_TOL) -> pd.DataFrame:
+def kernel_errors(
+    ckpt: Checkpoint,
+    captures: Sequence[LayerCapture],
+    *,
+    backend: str,
+    positions: Sequence[int] = (0, -1),
+    tol: float = SEED_TOL,
+) -> pd.DataFrame:
     """One row per layer: a kernel backend's tail at a few positions against the float64
     truth of the stored weights (the host tail) and against mlx-lm's layer output.
 
@@ -177,8 +195,17 @@ def kernel_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, backend
         out = fused_tail(w, br, res, backend=name)
         truth = compare(out, host_tail(w, br, res), tol=tol)
         layer = compare(out, cap.output[picked], tol=tol)
-        rows.append({"layer": cap.layer, "worst": truth.worst, "margin": truth.margin, "nmse": truth.nmse,
-                     "pos": picked[int(truth.where[0])], "passed": bool(truth.passed), "vs_layer_worst": layer.worst})
+        rows.append(
+            {
+                "layer": cap.layer,
+                "worst": truth.worst,
+                "margin": truth.margin,
+                "nmse": truth.nmse,
+                "pos": picked[int(truth.where[0])],
+                "passed": bool(truth.passed),
+                "vs_layer_worst": layer.worst,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -224,17 +251,27 @@ class TokenComparison:
     def __str__(self) -> str:
         n = len(self.reference.tokens)
         if self.match:
-            return (f"{self.label}: all {n} greedy tokens match the reference; the smallest logit margin on "
-                    f"the way was {min(self.reference.margins):.3g}")
+            return (
+                f"{self.label}: all {n} greedy tokens match the reference; the smallest logit margin on "
+                f"the way was {min(self.reference.margins):.3g}"
+            )
         i = self.first_divergence
-        return (f"{self.label}: tokens match up to step {i} of {n}; there the reference chose "
-                f"{self.reference.tokens[i]} over {self.reference.top2[i]} by a logit margin of "
-                f"{self.margin_there:.3g}, and the variant chose {self.variant.tokens[i]}")
+        return (
+            f"{self.label}: tokens match up to step {i} of {n}; there the reference chose "
+            f"{self.reference.tokens[i]} over {self.reference.top2[i]} by a logit margin of "
+            f"{self.margin_there:.3g}, and the variant chose {self.variant.tokens[i]}"
+        )
 
 
-def same_tokens(rm: RealModel, n: int = 32, *, backend: str = "graph",
-                weights: Sequence[TailWeights] | None = None, reference: Generation | None = None,
-                capture: bool = False) -> TokenComparison:
+def same_tokens(
+    rm: RealModel,
+    n: int = 32,
+    *,
+    backend: str = "graph",
+    weights: Sequence[TailWeights] | None = None,
+    reference: Generation | None = None,
+    capture: bool = False,
+) -> TokenComparison:
     """``n`` greedy tokens after the prompt, with mlx-lm's layers and with the fused tail
     (``backend``) swapped into every layer (``weights``: the checkpoint's by default).
 
@@ -252,10 +289,16 @@ def same_tokens(rm: RealModel, n: int = 32, *, backend: str = "graph",
     label = f"fused tail ({backend}) in every layer"
     ws = list(weights) if weights is not None else rm.tail_weights()
     if reference is None:
-        ref, variant, ref_caps, var_caps = greedy_beside(rm.model, rm.prompt_ids, n, ws, backend=backend,
-                                                         capture=capture)
-        return TokenComparison(ref, variant, label, None if var_caps is None else tuple(var_caps),
-                               None if ref_caps is None else tuple(ref_caps))
+        ref, variant, ref_caps, var_caps = greedy_beside(
+            rm.model, rm.prompt_ids, n, ws, backend=backend, capture=capture
+        )
+        return TokenComparison(
+            ref,
+            variant,
+            label,
+            None if var_caps is None else tuple(var_caps),
+            None if ref_caps is None else tuple(ref_caps),
+        )
     captures = None
     with fused_tails(rm.model, ws, backend=backend):
         if capture:
@@ -266,8 +309,9 @@ def same_tokens(rm: RealModel, n: int = 32, *, backend: str = "graph",
     return TokenComparison(reference, variant, label, captures)
 
 
-def layer_match(reference: Sequence[LayerCapture], variant: Sequence[LayerCapture], *,
-                tol: float = SEED_TOL) -> pd.DataFrame:
+def layer_match(
+    reference: Sequence[LayerCapture], variant: Sequence[LayerCapture], *, tol: float = SEED_TOL
+) -> pd.DataFrame:
     """One row per layer: a variant model's output against the reference's, on the same prompt.
 
     Both captured from the prompt's pass (``greedy_captured``; ``same_tokens(...,
@@ -281,16 +325,27 @@ def layer_match(reference: Sequence[LayerCapture], variant: Sequence[LayerCaptur
 
     ref, var = list(reference), list(variant)
     if len(ref) != len(var) or any(not isinstance(c, LayerCapture) for c in ref + var):
-        raise ValueError(f"variant: must be LayerCaptures, one for each of the reference's {len(ref)} layers, got "
-                         f"{describe(variant)}")
+        raise ValueError(
+            f"variant: must be LayerCaptures, one for each of the reference's {len(ref)} layers, got "
+            f"{describe(variant)}"
+        )
     rows = []
     for r, v in zip(ref, var):
         if r.layer != v.layer or r.output.shape != v.output.shape:
-            raise ValueError(f"variant: layer {v.layer}'s output {v.output.shape} does not pair with the reference's "
-                             f"layer {r.layer} {r.output.shape} (the same model on the same prompt?)")
+            raise ValueError(
+                f"variant: layer {v.layer}'s output {v.output.shape} does not pair with the reference's "
+                f"layer {r.layer} {r.output.shape} (the same model on the same prompt?)"
+            )
         c = compare(v.output, r.output, tol=tol)
-        rows.append({"layer": r.layer, "identical": bool(np.array_equal(v.output, r.output)), "worst": c.worst,
-                     "margin": c.margin, "pos": int(c.where[0])})
+        rows.append(
+            {
+                "layer": r.layer,
+                "identical": bool(np.array_equal(v.output, r.output)),
+                "worst": c.worst,
+                "margin": c.margin,
+                "pos": int(c.where[0]),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -299,8 +354,9 @@ def layer_match(reference: Sequence[LayerCapture], variant: Sequence[LayerCaptur
 # ---------------------------------------------------------------------------------------
 
 
-def requantized_wo(w: TailWeights, fmt: str, fold: HadamardFold | None, *,
-                   linear_map: np.ndarray | None = None) -> WeightMatrix:
+def requantized_wo(
+    w: TailWeights, fmt: str, fold: HadamardFold | None, *, linear_map: np.ndarray | None = None
+) -> WeightMatrix:
     """``w.wo`` dequantized (float32, exact) and re-quantized as ``fmt``, folded first when ``fold``.
 
     ``linear_map``: ``w.wo.linear_map()`` when the caller already holds it (re-quantizing
@@ -310,8 +366,9 @@ def requantized_wo(w: TailWeights, fmt: str, fold: HadamardFold | None, *,
     if linear_map is None:
         linear_map = w.wo.linear_map()
     elif not isinstance(linear_map, np.ndarray) or linear_map.shape != tuple(w.wo.shape):
-        raise ValueError(f"linear_map: must be w.wo.linear_map(), a {tuple(w.wo.shape)} numpy array, got "
-                         f"{describe(linear_map)}")
+        raise ValueError(
+            f"linear_map: must be w.wo.linear_map(), a {tuple(w.wo.shape)} numpy array, got {describe(linear_map)}"
+        )
     dense = mx.array(linear_map.astype(np.float32))
     return WeightMatrix.quantize(dense, **spec.as_quantize(), fold=fold)
 
@@ -320,8 +377,14 @@ def _fold_for(width: int, block: int, seed: int) -> HadamardFold:
     return HadamardFold.random(width, block, seed=seed, site=FoldSite.INPUT)
 
 
-def fold_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, formats: Sequence[str] = FOLD_FORMATS,
-                block: int = 64, seed: int = 0) -> pd.DataFrame:
+def fold_errors(
+    ckpt: Checkpoint,
+    captures: Sequence[LayerCapture],
+    *,
+    formats: Sequence[str] = FOLD_FORMATS,
+    block: int = 64,
+    seed: int = 0,
+) -> pd.DataFrame:
     """One row per layer and format: ``wo`` re-quantized with and without a block-``block``
     Hadamard fold, its error on the layer's REAL branches, and the outlier columns.
 
@@ -351,14 +414,24 @@ def fold_errors(ckpt: Checkpoint, captures: Sequence[LayerCapture], *, formats: 
             for f in (None, fold):
                 got = b @ requantized_wo(w, fmt, f, linear_map=W).linear_map().T
                 errs.append(float(np.linalg.norm(got - ref) / np.linalg.norm(ref)))
-            rows.append({"layer": cap.layer, "format": fmt, "plain_err": errs[0], "folded_err": errs[1],
-                         "gain": errs[0] / errs[1], "col_ratio": float(cols.max() / np.median(cols)),
-                         "col": int(np.argmax(cols)), "act_ratio": float(act.max() / np.median(act))})
+            rows.append(
+                {
+                    "layer": cap.layer,
+                    "format": fmt,
+                    "plain_err": errs[0],
+                    "folded_err": errs[1],
+                    "gain": errs[0] / errs[1],
+                    "col_ratio": float(cols.max() / np.median(cols)),
+                    "col": int(np.argmax(cols)),
+                    "act_ratio": float(act.max() / np.median(act)),
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", block: int = 64,
-                seed: int = 0) -> pd.DataFrame:
+def fold_tokens(
+    rm: RealModel, reference: Generation, *, fmt: str = "affine4", block: int = 64, seed: int = 0
+) -> pd.DataFrame:
     """Whether the reference's greedy tokens survive every layer's ``wo`` re-quantized as
     ``fmt``, without and with the fold: one row each, ``agree`` (how many of the
     reference's tokens the variant reproduces before its first different choice) of ``n``.
@@ -379,13 +452,30 @@ def fold_tokens(rm: RealModel, reference: Generation, *, fmt: str = "affine4", b
         wo_map = w.wo.linear_map()  # dequantized once a layer, for both variants
         for folded, variants in variant_sets.items():
             fold = _fold_for(w.shape[1], block, seed + int(w.layer)) if folded else None
-            variants.append(TailWeights(requantized_wo(w, fmt, fold, linear_map=wo_map), w.ffn_norm, w.gate, w.up,
-                                        w.down, eps=w.eps, config=w.config, layer=w.layer,
-                                        norm_convention=w.norm_convention))
+            variants.append(
+                TailWeights(
+                    requantized_wo(w, fmt, fold, linear_map=wo_map),
+                    w.ffn_norm,
+                    w.gate,
+                    w.up,
+                    w.down,
+                    eps=w.eps,
+                    config=w.config,
+                    layer=w.layer,
+                    norm_convention=w.norm_convention,
+                )
+            )
     # both variants' prompt passes at once, each on a stream of its own (first_departures)
     agrees = first_departures(rm.model, reference.prompt, reference.tokens, list(variant_sets.values()))
     rows = []
     for folded, agree in zip(variant_sets, agrees):
-        rows.append({"format": fmt, "fold": f"block {block}" if folded else "none", "agree": agree, "of": n,
-                     "first_margin": reference.margins[agree] if agree < n else float("nan")})
+        rows.append(
+            {
+                "format": fmt,
+                "fold": f"block {block}" if folded else "none",
+                "agree": agree,
+                "of": n,
+                "first_margin": reference.margins[agree] if agree < n else float("nan"),
+            }
+        )
     return pd.DataFrame(rows)

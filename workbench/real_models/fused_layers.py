@@ -71,9 +71,15 @@ def composes_lazily(backend: str) -> bool:
     return one_of("backend", backend, MODEL_BACKENDS) in LAZY_BACKENDS
 
 
-def vector_tail(launch: tails.TailLaunch, backend: str, next_norm: NextNorm | None = None,
-                trace: str = "shared", *, tuning: Any = None,
-                shape: Any = None) -> Callable[[mx.array, mx.array], Any]:
+def vector_tail(
+    launch: tails.TailLaunch,
+    backend: str,
+    next_norm: NextNorm | None = None,
+    trace: str = "shared",
+    *,
+    tuning: Any = None,
+    shape: Any = None,
+) -> Callable[[mx.array, mx.array], Any]:
     """One tail on one position, as a function of ``(branch, residual)`` float32
     ``mx.array`` of one position each (``[branch]`` / ``[hidden]``, or any shape of that size,
     such as a block's ``[1, 1, hidden]``) to a lazy float32 array of the residual's shape, for
@@ -174,9 +180,17 @@ class _FusedTailBlock(BlockStandIn):
     (:meth:`bare`) rather than swapped in and out on every call.
     """
 
-    def __init__(self, block: nn.Module, weights: TailWeights, backend: str, next_norm: NextNorm | None = None,
-                 handoff: _Handoff | None = None, incoming: _Handoff | None = None, trace: str = "shared",
-                 shape: Any = None):
+    def __init__(
+        self,
+        block: nn.Module,
+        weights: TailWeights,
+        backend: str,
+        next_norm: NextNorm | None = None,
+        handoff: _Handoff | None = None,
+        incoming: _Handoff | None = None,
+        trace: str = "shared",
+        shape: Any = None,
+    ):
         super().__init__(block)
         self._weights = weights
         self._backend = backend
@@ -241,9 +255,16 @@ class _FusedTailBlock(BlockStandIn):
 
 
 @contextlib.contextmanager
-def fused_tails(model: nn.Module, weights: Sequence[TailWeights | None], *, backend: str = "graph",
-                carry_norm: bool = True, stack_qkv: bool = False, trace: str = "shared",
-                shape: Any = None) -> Iterator[nn.Module]:
+def fused_tails(
+    model: nn.Module,
+    weights: Sequence[TailWeights | None],
+    *,
+    backend: str = "graph",
+    carry_norm: bool = True,
+    stack_qkv: bool = False,
+    trace: str = "shared",
+    shape: Any = None,
+) -> Iterator[nn.Module]:
     """Within the block, every layer of ``model`` with a ``TailWeights`` runs its fused tail.
 
     ``weights``: one entry a layer, ``ckpt.tail_weights(i)`` (or a re-quantized / folded
@@ -291,8 +312,10 @@ def _stacked_in(model: nn.Module, stack: contextlib.ExitStack, name: str) -> Non
     until ``stack`` closes; ValueError naming the parameter ``name`` where none is (the
     change would change nothing, and a comparison made with it would be mislabelled)."""
     if stack.enter_context(swapped_attention(decoder_layers(model))) == 0:
-        raise ValueError(f"{name}: no layer's attention is mlx-lm's Llama Attention with q, k, v projections of "
-                         f"one format and no bias (workbench.real_models.stacked_attention.stackable), in {describe(model)}")
+        raise ValueError(
+            f"{name}: no layer's attention is mlx-lm's Llama Attention with q, k, v projections of "
+            f"one format and no bias (workbench.real_models.stacked_attention.stackable), in {describe(model)}"
+        )
 
 
 @contextlib.contextmanager
@@ -307,9 +330,14 @@ def stacked_qkv(model: nn.Module) -> Iterator[nn.Module]:
         yield model
 
 
-def fused_blocks(model: nn.Module, weights: Sequence[TailWeights | None], backend: str,
-                 carry_norm: bool = True, trace: str = "shared",
-                 shape: Any = None) -> tuple[list[nn.Module], _Handoff | None]:
+def fused_blocks(
+    model: nn.Module,
+    weights: Sequence[TailWeights | None],
+    backend: str,
+    carry_norm: bool = True,
+    trace: str = "shared",
+    shape: Any = None,
+) -> tuple[list[nn.Module], _Handoff | None]:
     """The model's blocks with a :class:`_FusedTailBlock` wherever ``weights`` has an entry
     (checked as :func:`fused_tails` documents; the rules asked here, once), and the
     handoff the last block leaves the final norm in (None where it carries none)."""
@@ -325,14 +353,20 @@ def fused_blocks(model: nn.Module, weights: Sequence[TailWeights | None], backen
         if not isinstance(w, TailWeights):
             raise ValueError(f"weights[{i}]: must be TailWeights or None, got {describe(w)}")
         if w.layer is not None and int(w.layer) != i:
-            raise ValueError(f"weights[{i}]: TailWeights of layer {int(w.layer)}, not of layer {i} (the rules were "
-                             f"asked about layer {int(w.layer)}); pass ckpt.tail_weights({i})")
+            raise ValueError(
+                f"weights[{i}]: TailWeights of layer {int(w.layer)}, not of layer {i} (the rules were "
+                f"asked about layer {int(w.layer)}); pass ckpt.tail_weights({i})"
+            )
     owner = layer_owner(model)
     n = len(original)
     # The module that reads layer i's output next: layer i + 1's input norm (only a fused
     # block asks its handoff), or after the last layer the model's final norm.
-    readers = [getattr(original[i + 1], "input_layernorm", None) if i + 1 < n and weights[i + 1] is not None
-               else (getattr(owner, "norm", None) if i + 1 == n else None) for i in range(n)]
+    readers = [
+        getattr(original[i + 1], "input_layernorm", None)
+        if i + 1 < n and weights[i + 1] is not None
+        else (getattr(owner, "norm", None) if i + 1 == n else None)
+        for i in range(n)
+    ]
     handoffs = [_Handoff() for _ in range(n)]
     blocks: list[nn.Module] = []
     final = None

@@ -73,8 +73,11 @@ def _meta_count(meta: Mapping[str, Any], key: str, default: int | None = None, *
 def _meta_positive(meta: Mapping[str, Any], key: str, default: float | None = None) -> float:
     """A positive finite number from the metadata (eps, the RoPE base), else ValueError naming the key."""
     v = _meta_scalar(meta, key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not (
-            np.isfinite(v) and v > 0):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float, np.integer, np.floating))
+        or not (np.isfinite(v) and v > 0)
+    ):
         raise ValueError(f"source: the GGUF metadata's {key!r} must be a finite number > 0, got {describe(v)}")
     return float(v)
 
@@ -96,8 +99,10 @@ def gguf_config(meta: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
     elif isinstance(meta.get("tokenizer.ggml.tokens"), (list, tuple)):
         vocab = len(meta["tokenizer.ggml.tokens"])
     else:
-        raise ValueError(f"source: the GGUF metadata has neither {k('vocab_size')!r} nor a token list "
-                         f"('tokenizer.ggml.tokens'), so its vocabulary size is unknown")
+        raise ValueError(
+            f"source: the GGUF metadata has neither {k('vocab_size')!r} nor a token list "
+            f"('tokenizer.ggml.tokens'), so its vocabulary size is unknown"
+        )
     return {
         "model_type": "llama",
         "hidden_size": hidden,
@@ -156,7 +161,6 @@ def read_gguf(path: Path) -> Checkpoint:
         return _gguf_checkpoint(path, arrays, meta)
     except ValueError as e:
         raise ValueError(naming_the_file(e, f"GGUF file {path.name}")) from None
-
 
 
 def _gguf_checkpoint(path: Path, arrays: Mapping[str, mx.array], meta: Mapping[str, Any]) -> Checkpoint:

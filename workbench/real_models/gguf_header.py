@@ -32,16 +32,43 @@ __all__ = ["GGUF_MAX_DIMS", "GgufHeader", "GgufTensorInfo", "check_gguf_header"]
 GGUF_MAX_DIMS = 4
 
 #: Scalar value types: (struct format, size in bytes), by the specification's type code.
-_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-            6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
+_SCALARS = {
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
+}
 _STRING, _ARRAY = 8, 9
 
 #: ggml tensor types: code -> (name, elements a block, bytes a block).
 _TENSOR_TYPES = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
-    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 30: ("BF16", 1, 2),
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    30: ("BF16", 1, 2),
 }
 
 #: The most bytes one metadata string may take: a key or a tokenizer entry is short; a
@@ -86,14 +113,18 @@ class _Reader:
 
     def take(self, n: int, what: str) -> bytes:
         if n < 0 or n > self.left():
-            self.fail(f"{what} needs {n} bytes at offset {self.pos}, but the file has {self.left()} left "
-                      f"(truncated or corrupt)")
+            self.fail(
+                f"{what} needs {n} bytes at offset {self.pos}, but the file has {self.left()} left "
+                f"(truncated or corrupt)"
+            )
         return self.f.read(n)
 
     def skip(self, n: int, what: str) -> None:
         if n < 0 or n > self.left():
-            self.fail(f"{what} needs {n} bytes at offset {self.pos}, but the file has {self.left()} left "
-                      f"(truncated or corrupt)")
+            self.fail(
+                f"{what} needs {n} bytes at offset {self.pos}, but the file has {self.left()} left "
+                f"(truncated or corrupt)"
+            )
         self.f.seek(n, os.SEEK_CUR)
 
     def scalar(self, fmt: str, size: int, what: str):
@@ -209,6 +240,8 @@ def check_gguf_header(path: str | Path) -> GgufHeader:
                 fail(f"tensor {t.name!r} starts at offset {t.offset}, not a multiple of the alignment {alignment}")
             end = data_start + t.offset + t.nbytes
             if end > size:
-                fail(f"tensor {t.name!r} ({t.type_name}, dims {t.dims}) runs to byte {end}, past the file's end "
-                     f"at {size} (truncated?)")
+                fail(
+                    f"tensor {t.name!r} ({t.type_name}, dims {t.dims}) runs to byte {end}, past the file's end "
+                    f"at {size} (truncated?)"
+                )
     return GgufHeader(version, n_kv, tuple(infos), data_start, size)

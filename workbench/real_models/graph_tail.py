@@ -75,8 +75,11 @@ def _wide_base(base: Base) -> Base:
     if isinstance(base, QuantizedBase):
         if base.scales.dtype in (mx.uint8, mx.float32):
             return base
-        return dataclasses.replace(base, scales=base.scales.astype(mx.float32),
-                                   biases=None if base.biases is None else base.biases.astype(mx.float32))
+        return dataclasses.replace(
+            base,
+            scales=base.scales.astype(mx.float32),
+            biases=None if base.biases is None else base.biases.astype(mx.float32),
+        )
     return base if base.dtype == mx.float32 else base.astype(mx.float32)
 
 
@@ -93,20 +96,28 @@ def widen_scales(launch: TailLaunch) -> TailLaunch:
             return m
         return WeightMatrix(_wide_base(base), fold)
 
-    return dataclasses.replace(launch, wo=widen(launch.wo), gate=widen(launch.gate), up=widen(launch.up),
-                               down=widen(launch.down))
+    return dataclasses.replace(
+        launch, wo=widen(launch.wo), gate=widen(launch.gate), up=widen(launch.up), down=widen(launch.down)
+    )
 
 
 def _stacked(a: Base, b: Base) -> Base | None:
     """``a`` over ``b`` as one matrix (rows of ``a`` first), or ``None`` where their formats differ."""
     if isinstance(a, QuantizedBase) and isinstance(b, QuantizedBase):
-        if (a.spec != b.spec or a.shape[1] != b.shape[1] or a.scales.dtype != b.scales.dtype
-                or (a.biases is None) != (b.biases is None)):
+        if (
+            a.spec != b.spec
+            or a.shape[1] != b.shape[1]
+            or a.scales.dtype != b.scales.dtype
+            or (a.biases is None) != (b.biases is None)
+        ):
             return None
         return dataclasses.replace(
-            a, w=mx.concatenate([a.w, b.w]), scales=mx.concatenate([a.scales, b.scales]),
+            a,
+            w=mx.concatenate([a.w, b.w]),
+            scales=mx.concatenate([a.scales, b.scales]),
             biases=None if a.biases is None else mx.concatenate([a.biases, b.biases]),
-            shape=(a.shape[0] + b.shape[0], a.shape[1]))
+            shape=(a.shape[0] + b.shape[0], a.shape[1]),
+        )
     if isinstance(a, mx.array) and isinstance(b, mx.array) and a.dtype == b.dtype and a.shape[1] == b.shape[1]:
         return mx.concatenate([a, b])
     return None
@@ -140,8 +151,15 @@ def _parameters(base: Base) -> list[mx.array]:
     return [base]
 
 
-def _rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps: float, next_eps: float | None,
-          fold: Any, act: Any = mx.float32) -> Callable[..., Any]:
+def _rows(
+    forms: tuple[Form, ...],
+    counts: tuple[int, ...],
+    ffn: int,
+    eps: float,
+    next_eps: float | None,
+    fold: Any,
+    act: Any = mx.float32,
+) -> Callable[..., Any]:
     """The tail as a function of ``(branch, residual, *params)``: ``params`` each matrix's
     :func:`_parameters` (wo, then gate_up or gate and up, then down; ``counts`` arrays
     each), the FFN norm's weight, and the next norm's weight where ``next_eps`` is given.
@@ -150,7 +168,7 @@ def _rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps: float
     stacked = len(forms) == 3  # wo, gate_up, down; else wo, gate, up, down
 
     def rows(branch: mx.array, residual: mx.array, *params: mx.array) -> Any:
-        mats = [params[bounds[i]:bounds[i + 1]] for i in range(len(forms))]
+        mats = [params[bounds[i] : bounds[i + 1]] for i in range(len(forms))]
         norm = params[bounds[-1]]
         x = branch.astype(act)
         if fold is not None and fold.site is FoldSite.INPUT:
@@ -174,8 +192,14 @@ def _rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps: float
 
 
 @lru_cache(maxsize=256)
-def _shared_rows(forms: tuple[Form, ...], counts: tuple[int, ...], ffn: int, eps: float,
-                 next_eps: float | None, act: Any = mx.float32) -> Callable[..., Any]:
+def _shared_rows(
+    forms: tuple[Form, ...],
+    counts: tuple[int, ...],
+    ffn: int,
+    eps: float,
+    next_eps: float | None,
+    act: Any = mx.float32,
+) -> Callable[..., Any]:
     """:func:`_rows` of one form (no fold) traced by ``mx.compile``, ONE function for every tail
     of that form: a model's layers share their shapes, so it is traced once and each layer's
     call finds the trace in MLX's compile cache. A compiled function a tail with its weights
@@ -213,9 +237,15 @@ def stored_dtype(launch: TailLaunch) -> Any:
 TRACES = ("shared", "per-layer")
 
 
-def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled: bool = True,
-                     next_norm: NextNorm | None = None, trace: str = "shared",
-                     activations: str = "float32") -> Callable[[mx.array, mx.array], Any]:
+def model_graph_tail(
+    launch: TailLaunch,
+    *,
+    stack_gate_up: bool = True,
+    compiled: bool = True,
+    next_norm: NextNorm | None = None,
+    trace: str = "shared",
+    activations: str = "float32",
+) -> Callable[[mx.array, mx.array], Any]:
     """The graph tail of ``launch`` as a lazy, compiled function of ``(branch, residual)``:
     float32 ``mx.array`` of shape ``[branch]`` / ``[hidden]`` (one position) or
     ``[..., branch]`` / ``[..., hidden]`` (positions on any leading axes, as a model's block
@@ -273,6 +303,7 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled
         if compiled:  # the weights captured: the traced function takes the activations alone
             body = mx.compile(lambda branch, residual: rows(branch, residual, *params))
         else:
+
             def body(branch: mx.array, residual: mx.array) -> Any:
                 return rows(branch, residual, *params)
 
@@ -290,8 +321,9 @@ def model_graph_tail(launch: TailLaunch, *, stack_gate_up: bool = True, compiled
 _PREPARED: weakref.WeakKeyDictionary[Any, dict[Any, Callable[[mx.array, mx.array], Any]]] = weakref.WeakKeyDictionary()
 
 
-def prepared_graph_tail(launch: TailLaunch, next_norm: NextNorm | None = None,
-                        trace: str = "shared") -> Callable[[mx.array, mx.array], Any]:
+def prepared_graph_tail(
+    launch: TailLaunch, next_norm: NextNorm | None = None, trace: str = "shared"
+) -> Callable[[mx.array, mx.array], Any]:
     """:func:`model_graph_tail` of ``launch`` (with ``next_norm``, traced as ``trace``), made
     once per weights object, next norm and trace.
 

@@ -26,9 +26,7 @@ __all__ = ["ZERO_CENTRED_FAMILIES", "read_hf_folder"]
 
 #: The families whose Hugging Face checkpoints store RMSNorm weights zero-centred
 #: (transformers' Qwen3NextRMSNorm / Qwen3_5RMSNorm compute ``x * (1 + w)``).
-ZERO_CENTRED_FAMILIES = frozenset(
-    {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "prism_hadamard_qwen35"}
-)
+ZERO_CENTRED_FAMILIES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "prism_hadamard_qwen35"})
 
 
 def _hf_name(key: str) -> str:
@@ -36,9 +34,9 @@ def _hf_name(key: str) -> str:
     ``language_model.model.``); the tail's tensors are named as in a text-only model."""
     for prefix in ("model.language_model.", "language_model.model."):
         if key.startswith(prefix):
-            return "model." + key[len(prefix):]
+            return "model." + key[len(prefix) :]
     if key.startswith("language_model."):
-        return key[len("language_model."):]
+        return key[len("language_model.") :]
     return key
 
 

@@ -42,9 +42,11 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"Checkpoint({c.name!r} from {self.source}: {c.model_type}, {c.num_layers} layers, hidden "
-                f"{c.hidden_size}, {len(c.attention_layers())} attention tails, rms eps {c.rms_norm_eps:g}, "
-                f"norm weights {self.norm_convention}, {len(self.tensors)} tensors)")
+        return (
+            f"Checkpoint({c.name!r} from {self.source}: {c.model_type}, {c.num_layers} layers, hidden "
+            f"{c.hidden_size}, {len(c.attention_layers())} attention tails, rms eps {c.rms_norm_eps:g}, "
+            f"norm weights {self.norm_convention}, {len(self.tensors)} tensors)"
+        )
 
     def tensor(self, name: str) -> Tensor:
         """The tensor ``name`` (Hugging Face naming, no ``.weight``); ValueError naming close matches."""
@@ -88,12 +90,23 @@ class Checkpoint:
             raise ValueError(f"layer: {layer} of {self.config.name} has a {lc.ffn_kind} FFN, not three dense matrices")
         p = self.layer_prefix(layer)
         norm = np.asarray(self.tensor(f"{p}.post_attention_layernorm").dense(mx.float32))
-        mats = [self.tensor(f"{p}.{n}").matrix() for n in
-                ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+        mats = [
+            self.tensor(f"{p}.{n}").matrix()
+            for n in ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        ]
         if self.norm_convention == "zero_centred":
             norm = norm + np.float32(1.0)
-        return TailWeights(mats[0], norm, mats[1], mats[2], mats[3], eps=float(self.config.rms_norm_eps),
-                           config=self.config, layer=layer, norm_convention=self.norm_convention)
+        return TailWeights(
+            mats[0],
+            norm,
+            mats[1],
+            mats[2],
+            mats[3],
+            eps=float(self.config.rms_norm_eps),
+            config=self.config,
+            layer=layer,
+            norm_convention=self.norm_convention,
+        )
 
 
 def check_tensors_match_config(config: ModelConfig, tensors: Mapping[str, Tensor]) -> None:
@@ -110,11 +123,15 @@ def check_tensors_match_config(config: ModelConfig, tensors: Mapping[str, Tensor
     for i in config.attention_layers():
         lc = config.layer(i)
         p = f"model.layers.{i}"
-        want = {f"{p}.self_attn.o_proj": (h, lc.num_q_heads * lc.head_dim),
-                f"{p}.post_attention_layernorm": (h,)}
+        want = {f"{p}.self_attn.o_proj": (h, lc.num_q_heads * lc.head_dim), f"{p}.post_attention_layernorm": (h,)}
         if lc.ffn_kind == "dense":
-            want.update({f"{p}.mlp.gate_proj": (lc.ffn_dim, h), f"{p}.mlp.up_proj": (lc.ffn_dim, h),
-                         f"{p}.mlp.down_proj": (h, lc.ffn_dim)})
+            want.update(
+                {
+                    f"{p}.mlp.gate_proj": (lc.ffn_dim, h),
+                    f"{p}.mlp.up_proj": (lc.ffn_dim, h),
+                    f"{p}.mlp.down_proj": (h, lc.ffn_dim),
+                }
+            )
         for name, shape in want.items():
             t = tensors.get(name)
             if t is None:
@@ -133,11 +150,13 @@ def check_tensors_match_config(config: ModelConfig, tensors: Mapping[str, Tensor
         raise ValueError(f"source: the file holds layer {max(present)}, but the config says {config.num_layers} layers")
     missing = [i for i in config.attention_layers() if i not in present]
     if present and missing:
-        raise ValueError(f"source: the config says {config.num_layers} layers, but the file holds no tensors "
-                         f"for layer(s) {missing[:5]}")
+        raise ValueError(
+            f"source: the config says {config.num_layers} layers, but the file holds no tensors "
+            f"for layer(s) {missing[:5]}"
+        )
 
 
 def naming_the_file(e: Exception, what: str) -> str:
     """``e``'s message with the file it is about: ``source: <what>: <the rest>``."""
     msg = str(e)
-    return f"source: {what}: {msg[len('source: '):] if msg.startswith('source: ') else msg}"
+    return f"source: {what}: {msg[len('source: ') :] if msg.startswith('source: ') else msg}"

@@ -49,8 +49,10 @@ def read_mlx_lm_model(model: Any) -> Checkpoint:
     for i, block in enumerate(model.layers):
         p = f"model.layers.{i}"
         attn = getattr(block, "self_attn", None)
-        mods = {"post_attention_layernorm": getattr(block, "post_attention_layernorm", None),
-                "input_layernorm": getattr(block, "input_layernorm", None)}
+        mods = {
+            "post_attention_layernorm": getattr(block, "post_attention_layernorm", None),
+            "input_layernorm": getattr(block, "input_layernorm", None),
+        }
         if attn is not None:
             mods["self_attn.o_proj"] = attn.o_proj
         mlp = getattr(block, "mlp", None)

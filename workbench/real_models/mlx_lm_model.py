@@ -28,7 +28,6 @@ def _dense_for_model(t: Tensor) -> mx.array:
     return t.weight.astype(mx.float32)
 
 
-
 def reference_model(ckpt: Checkpoint) -> nn.Module:
     """mlx-lm's model for ``ckpt``'s family with ``ckpt``'s tensors loaded (strictly: every
     parameter the model has must be in the checkpoint, and nothing may be left over).
@@ -76,4 +75,3 @@ def reference_model(ckpt: Checkpoint) -> nn.Module:
     mx.eval(model.parameters())
     model.eval()
     return model
-

@@ -67,4 +67,3 @@ def vocab_size(model: nn.Module) -> int:
     emb = layer_owner(model).embed_tokens
     n = getattr(emb, "num_embeddings", None)
     return int(n) if n is not None else int(emb.weight.shape[0])
-

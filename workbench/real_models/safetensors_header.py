@@ -18,8 +18,21 @@ __all__ = ["SAFETENSORS_DTYPE_BYTES", "check_safetensors_header"]
 
 #: Bytes an element, by the specification's dtype names.
 SAFETENSORS_DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
 }
 
 #: A header larger than this is not a header (the specification caps it at 100 MB).
@@ -80,8 +93,10 @@ def check_safetensors_header(path: str | Path) -> dict[str, tuple[str, tuple[int
         for d in shape:
             count *= d
         if count * SAFETENSORS_DTYPE_BYTES[dtype] != offsets[1] - offsets[0]:
-            fail(f"tensor {name!r} ({dtype}, shape {tuple(shape)}) needs {count * SAFETENSORS_DTYPE_BYTES[dtype]} "
-                 f"bytes, its data range holds {offsets[1] - offsets[0]}")
+            fail(
+                f"tensor {name!r} ({dtype}, shape {tuple(shape)}) needs {count * SAFETENSORS_DTYPE_BYTES[dtype]} "
+                f"bytes, its data range holds {offsets[1] - offsets[0]}"
+            )
         if offsets[1] > data:
             fail(f"tensor {name!r}'s data ends at byte {offsets[1]} of the data, which has {data} (truncated?)")
         out[name] = (dtype, tuple(shape))

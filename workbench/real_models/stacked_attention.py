@@ -59,8 +59,9 @@ def stackable(attn: Any) -> bool:
     if any("bias" in p for p in projs if isinstance(p, nn.Module)):
         return False
     if all(type(p) is nn.QuantizedLinear for p in projs):
-        return len({(p.mode, p.bits, p.group_size, p.weight.shape[1], p.scales.dtype,
-                     "biases" in p) for p in projs}) == 1
+        return (
+            len({(p.mode, p.bits, p.group_size, p.weight.shape[1], p.scales.dtype, "biases" in p) for p in projs}) == 1
+        )
     if all(type(p) is nn.Linear for p in projs):
         return len({(p.weight.dtype, p.weight.shape[1]) for p in projs}) == 1
     return False
@@ -74,8 +75,10 @@ class StackedQKV:
 
     def __init__(self, attn: Any) -> None:
         if not stackable(attn):
-            raise ValueError("attn: must be mlx-lm's Llama Attention with q, k, v projections of one format "
-                             f"and no bias, got {describe(attn)}")
+            raise ValueError(
+                "attn: must be mlx-lm's Llama Attention with q, k, v projections of one format "
+                f"and no bias, got {describe(attn)}"
+            )
         q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
         self.rows = (int(q.weight.shape[0]), int(k.weight.shape[0]), int(v.weight.shape[0]))
         self._at = [self.rows[0], self.rows[0] + self.rows[1]]

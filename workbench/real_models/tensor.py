@@ -76,36 +76,45 @@ def in_dims(config: ModelConfig) -> dict[str, int]:
     return {"o_proj": lc.num_q_heads * lc.head_dim or h, "down_proj": lc.ffn_dim or h, "hidden": h}
 
 
-def tensor_from_parts(name: str, p: dict[str, mx.array], in_dims: dict[str, int], *, mode: str,
-            quant: Mapping[str, Any] | None = None) -> Tensor:
+def tensor_from_parts(
+    name: str, p: dict[str, mx.array], in_dims: dict[str, int], *, mode: str, quant: Mapping[str, Any] | None = None
+) -> Tensor:
     if "weight" not in p:
         raise ValueError(f"source: tensor {name!r} has quantization parts {sorted(p)} but no weight")
     if "scales" not in p:
         return Tensor(p["weight"])
     w, scales = p["weight"], p["scales"]
     if w.ndim != 2 or scales.ndim != 2 or int(scales.shape[-1]) == 0:
-        raise ValueError(f"source: quantized tensor {name!r} has weight {tuple(w.shape)} and scales "
-                         f"{tuple(scales.shape)}; both must be matrices, with at least one group a row")
+        raise ValueError(
+            f"source: quantized tensor {name!r} has weight {tuple(w.shape)} and scales "
+            f"{tuple(scales.shape)}; both must be matrices, with at least one group a row"
+        )
     groups = int(scales.shape[-1])
     if quant is not None:
         if not isinstance(quant, Mapping) or not {"bits", "group_size"} <= set(quant):
-            raise ValueError(f"source: tensor {name!r} is quantized, but the config's quantization "
-                             f"{describe(quant)} does not give bits and group_size")
+            raise ValueError(
+                f"source: tensor {name!r} is quantized, but the config's quantization "
+                f"{describe(quant)} does not give bits and group_size"
+            )
         bits, group = quant["bits"], quant["group_size"]
     else:
         in_dim = in_dims.get(name.rsplit(".", 1)[-1], None)
         if in_dim is None:  # hidden wide: every other matrix reads the residual stream
             in_dim = in_dims.get("hidden")
         if not in_dim:
-            raise ValueError(f"source: tensor {name!r} is quantized (it has scales), but the config has no "
-                             f"quantization entry giving its bits and group size")
+            raise ValueError(
+                f"source: tensor {name!r} is quantized (it has scales), but the config has no "
+                f"quantization entry giving its bits and group size"
+            )
         bits = 32 * int(w.shape[-1]) // in_dim
         group = in_dim // groups
     spec = check_quant_spec(mode, bits, group)
     t = Tensor(w, scales, p.get("biases"), spec)
     out_dim, in_dim = t.shape
     if int(scales.shape[0]) != out_dim or in_dim != groups * spec.group_size:
-        raise ValueError(f"source: quantized tensor {name!r}: weight {tuple(w.shape)} at {spec.bits} bits is "
-                         f"{out_dim} x {in_dim}, but its scales {tuple(scales.shape)} give groups of "
-                         f"{spec.group_size} over a different shape")
+        raise ValueError(
+            f"source: quantized tensor {name!r}: weight {tuple(w.shape)} at {spec.bits} bits is "
+            f"{out_dim} x {in_dim}, but its scales {tuple(scales.shape)} give groups of "
+            f"{spec.group_size} over a different shape"
+        )
     return t

@@ -37,10 +37,12 @@ def gguf_tokenizer(metadata: Mapping[str, Any]) -> Any:
     merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
     types = np.asarray(metadata["tokenizer.ggml.token_type"]).tolist()
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
 
     def token(key: str) -> str | None:
@@ -49,8 +51,12 @@ def gguf_tokenizer(metadata: Mapping[str, Any]) -> Any:
 
     specials = [t for t, k in zip(tokens, types) if k == 3]
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=token("bos"), eos_token=token("eos"), unk_token=token("unknown"),
-        pad_token=token("padding"), additional_special_tokens=specials,
+        tokenizer_object=tok,
+        bos_token=token("bos"),
+        eos_token=token("eos"),
+        unk_token=token("unknown"),
+        pad_token=token("padding"),
+        additional_special_tokens=specials,
     )
     template = metadata.get("tokenizer.chat_template")
     if template is not None:

@@ -17,12 +17,38 @@ plot_rotation``). Each module is imported when first read; pandas and matplotlib
 
 from workbench import public_names
 
-_HOMES, __getattr__, __dir__ = public_names(__name__, {
-    "tables": ("fit", "wrap"),
-    "plots": ("plot_refusal_map", "plot_rotation", "plot_quantization_study", "plot_stage_ms", "plot_wait_share",
-              "plot_schedule_runs", "plot_stage_clock", "plot_error_histograms", "plot_error_ecdf", "plot_fold_effect",
-              "plot_catch_rates"),
-}, namespaces=("records", "gpu_check", "kernel_bench", "one_launch", "launch_profile", "kernel_bodies", "sanitize",
-               "schedule_run", "real_model", "launch_host_cost", "plots", "tables"))
+_HOMES, __getattr__, __dir__ = public_names(
+    __name__,
+    {
+        "tables": ("fit", "wrap"),
+        "plots": (
+            "plot_refusal_map",
+            "plot_rotation",
+            "plot_quantization_study",
+            "plot_stage_ms",
+            "plot_wait_share",
+            "plot_schedule_runs",
+            "plot_stage_clock",
+            "plot_error_histograms",
+            "plot_error_ecdf",
+            "plot_fold_effect",
+            "plot_catch_rates",
+        ),
+    },
+    namespaces=(
+        "records",
+        "gpu_check",
+        "kernel_bench",
+        "one_launch",
+        "launch_profile",
+        "kernel_bodies",
+        "sanitize",
+        "schedule_run",
+        "real_model",
+        "launch_host_cost",
+        "plots",
+        "tables",
+    ),
+)
 
 __all__ = list(_HOMES)

@@ -19,12 +19,26 @@ from workbench.reports.records import check as check_record
 
 #: A gpu_check case's first word -> the launch its row names (the rest of the case name
 #: repeats the shape, fold and format, which have columns of their own).
-LAUNCH_LABELS: dict[str, str] = {"seed": "test case", "random": "tail", "batch": "tail x3", "head": "head",
-                                 "Bonsai-27B": "Bonsai-27B"}
+LAUNCH_LABELS: dict[str, str] = {
+    "seed": "test case",
+    "random": "tail",
+    "batch": "tail x3",
+    "head": "head",
+    "Bonsai-27B": "Bonsai-27B",
+}
 
 #: The columns of :func:`gpu_check_table`, in order.
-CHECK_COLUMNS: tuple[str, ...] = ("launch", "shape", "weights", "fold", "tol", "kernel worst",
-                                  "3 launches worst", "f32 oracle worst", "pass")
+CHECK_COLUMNS: tuple[str, ...] = (
+    "launch",
+    "shape",
+    "weights",
+    "fold",
+    "tol",
+    "kernel worst",
+    "3 launches worst",
+    "f32 oracle worst",
+    "pass",
+)
 
 
 def fold_label(fold: str | None) -> str:
@@ -34,7 +48,9 @@ def fold_label(fold: str | None) -> str:
         return "none"
     found = re.search(r"block=(\d+)", fold) if isinstance(fold, str) else None
     if found is None:
-        raise ValueError(f"fold: must be a HadamardFold's repr (with its block=) or None; got {validate.describe(fold)}")
+        raise ValueError(
+            f"fold: must be a HadamardFold's repr (with its block=) or None; got {validate.describe(fold)}"
+        )
     return found.group(1) + (" perm" if "perm=yes" in fold else "")
 
 
@@ -59,16 +75,24 @@ def gpu_check_table(record: dict[str, Any]) -> Any:
         first = c["case"].split()[0]
         launch = "Bonsai-27B" if shape == bonsai else LAUNCH_LABELS.get(first, first)
         three = c.get("three_launches_worst")
-        rows.append({"launch": launch, "shape": shape, "weights": c["weights"], "fold": fold_label(c["fold"]),
-                     "tol": c["tol"], "kernel worst": f"{c['worst']:.1e}",
-                     "3 launches worst": "-" if three is None else f"{three:.1e}",
-                     "f32 oracle worst": f"{c['f32_oracle_worst']:.1e}", "pass": bool(c["passed"])})
+        rows.append(
+            {
+                "launch": launch,
+                "shape": shape,
+                "weights": c["weights"],
+                "fold": fold_label(c["fold"]),
+                "tol": c["tol"],
+                "kernel worst": f"{c['worst']:.1e}",
+                "3 launches worst": "-" if three is None else f"{three:.1e}",
+                "f32 oracle worst": f"{c['f32_oracle_worst']:.1e}",
+                "pass": bool(c["passed"]),
+            }
+        )
     return pd.DataFrame(rows, columns=list(CHECK_COLUMNS))
 
 
 #: The columns of :func:`format_summary`, in order.
-SUMMARY_COLUMNS: tuple[str, ...] = ("weights", "cases", "launches", "kernel worst", "f32 oracle worst", "tol",
-                                    "pass")
+SUMMARY_COLUMNS: tuple[str, ...] = ("weights", "cases", "launches", "kernel worst", "f32 oracle worst", "tol", "pass")
 
 
 def format_summary(record: dict[str, Any]) -> Any:
@@ -85,19 +109,35 @@ def format_summary(record: dict[str, Any]) -> Any:
     table["format"] = table["weights"].str.split("-").str[0]
     rows = []
     for fmt, cases in table.groupby("format", sort=False):
-        rows.append({"weights": fmt, "cases": len(cases),
-                     "launches": ", ".join(dict.fromkeys(cases["launch"])),
-                     "kernel worst": f"{cases['kernel worst'].astype(float).max():.1e}",
-                     "f32 oracle worst": f"{cases['f32 oracle worst'].astype(float).max():.1e}",
-                     "tol": f"{cases['tol'].max():.0e}", "pass": bool(cases["pass"].all())})
+        rows.append(
+            {
+                "weights": fmt,
+                "cases": len(cases),
+                "launches": ", ".join(dict.fromkeys(cases["launch"])),
+                "kernel worst": f"{cases['kernel worst'].astype(float).max():.1e}",
+                "f32 oracle worst": f"{cases['f32 oracle worst'].astype(float).max():.1e}",
+                "tol": f"{cases['tol'].max():.0e}",
+                "pass": bool(cases["pass"].all()),
+            }
+        )
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
 
 
 #: What a check computes from its numbers alone: its errors against the float64 oracle (of
 #: what ``fused_tail`` ran and of the three launches), the float32 oracle's own, and the
 #: verdicts (``first_call_ms``, the time of its first call, depends on the machine: left out).
-ERROR_FIGURES: tuple[str, ...] = ("tol", "worst", "nmse", "max_abs", "f32_oracle_worst", "three_launches_worst",
-                                  "passed", "three_launches_passed", "deterministic", "result")
+ERROR_FIGURES: tuple[str, ...] = (
+    "tol",
+    "worst",
+    "nmse",
+    "max_abs",
+    "f32_oracle_worst",
+    "three_launches_worst",
+    "passed",
+    "three_launches_passed",
+    "deterministic",
+    "result",
+)
 
 
 def reproduced(first: dict[str, Any], second: dict[str, Any]) -> Any:
@@ -115,13 +155,14 @@ def reproduced(first: dict[str, Any], second: dict[str, Any]) -> Any:
         raise ValueError(f"second: must have run first's seed {a.get('seed')!r}, got {b.get('seed')!r}")
     cases_a, cases_b = [c["case"] for c in a["checks"]], [c["case"] for c in b["checks"]]
     if cases_a != cases_b:
-        raise ValueError(f"second: must check the same cases as first; got {len(cases_b)} cases against "
-                         f"{len(cases_a)}, first differing: "
-                         f"{next((x, y) for x, y in zip(cases_a + [None], cases_b + [None]) if x != y)}")
+        raise ValueError(
+            f"second: must check the same cases as first; got {len(cases_b)} cases against "
+            f"{len(cases_a)}, first differing: "
+            f"{next((x, y) for x, y in zip(cases_a + [None], cases_b + [None]) if x != y)}"
+        )
     rows = []
     for ca, cb in zip(a["checks"], b["checks"]):
         keys = [k for k in ERROR_FIGURES if k in ca or k in cb]
         differ = [k for k in keys if ca.get(k) != cb.get(k)]
-        rows.append({"case": ca["case"], "figures": len(keys), "differ": ", ".join(differ) or "-",
-                     "same": not differ})
+        rows.append({"case": ca["case"], "figures": len(keys), "differ": ", ".join(differ) or "-", "same": not differ})
     return pd.DataFrame(rows)

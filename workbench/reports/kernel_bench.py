@@ -19,8 +19,10 @@ def _bench_payload(record: dict[str, Any]) -> dict[str, Any]:
     its command, and keeps what it measured under that key); ``ValueError`` otherwise."""
     payload = check_record(record, "kernel_bench")["bench"]
     if not isinstance(payload, dict) or not isinstance(payload.get("cases"), list) or not payload["cases"]:
-        raise ValueError(f"record must be a bench.kernel_bench record (its measurements under 'bench', with their "
-                         f"cases); got {validate.describe(record)}")
+        raise ValueError(
+            f"record must be a bench.kernel_bench record (its measurements under 'bench', with their "
+            f"cases); got {validate.describe(record)}"
+        )
     return payload
 
 
@@ -55,18 +57,24 @@ def floor_figures(record: dict[str, Any]) -> dict[str, Any]:
     bench = _bench_payload(record)
     bf16 = bench["cases"][0]
     if bf16.get("weights") != "bfloat16":
-        raise ValueError(f"record: its first case must be bf16 (the benchmark's order); got "
-                         f"{validate.describe(bf16.get('weights'))}")
+        raise ValueError(
+            f"record: its first case must be bf16 (the benchmark's order); got {validate.describe(bf16.get('weights'))}"
+        )
     dev = bf16["device_ms_per_tail"]
     return {
         "copy_TBps": bench["copy_bandwidth_Bps"]["used_for_floor"] / 1e12,
         "bf16_device_x": dev["kernels"] / bf16["floor_ms"],
         "bf16_torch_graph_x": dev["torch_cuda_graph"] / bf16["floor_ms"],
         "bf16_wait_extra_ms": bf16["resident_ms"]["kernels_compiled"]["median_ms"] - dev["kernels"],
-        "quant_device_x": {c["weights"]: c["device_ms_per_tail"]["kernels"] / c["floor_ms"]
-                           for c in bench["cases"][1:]},
-        "graph_over_kernels": {c["weights"]: c["resident_ms"]["mlx_graph"]["median_ms"]
-                               / c["resident_ms"]["kernels_compiled"]["median_ms"] for c in bench["cases"]},
-        "seed_size_ms": {"three launches": bench["seed_size_resident_ms"]["kernels"],
-                         "one tiny evaluation": bench["seed_size_resident_ms"]["one_tiny_eval"]},
+        "quant_device_x": {
+            c["weights"]: c["device_ms_per_tail"]["kernels"] / c["floor_ms"] for c in bench["cases"][1:]
+        },
+        "graph_over_kernels": {
+            c["weights"]: c["resident_ms"]["mlx_graph"]["median_ms"] / c["resident_ms"]["kernels_compiled"]["median_ms"]
+            for c in bench["cases"]
+        },
+        "seed_size_ms": {
+            "three launches": bench["seed_size_resident_ms"]["kernels"],
+            "one tiny evaluation": bench["seed_size_resident_ms"]["one_tiny_eval"],
+        },
     }

@@ -29,8 +29,9 @@ def versions_table(record: dict[str, Any]) -> Any:
 
     cases = check_record(record, "kernel_bodies")["cases"]
     if not cases or not all(isinstance(c, dict) and "device_ms_per_tail" in c for c in cases):
-        raise ValueError(f"record must be a bench.kernel_bodies record with its timed cases; got "
-                         f"{validate.describe(record)}")
+        raise ValueError(
+            f"record must be a bench.kernel_bodies record with its timed cases; got {validate.describe(record)}"
+        )
     cols = {}
     for c in cases:
         bits, dev, wait = c["check"]["new_vs_old"], c["device_ms_per_tail"], c["one_wait_ms"]
@@ -44,13 +45,15 @@ def versions_table(record: dict[str, Any]) -> Any:
         one = c.get("one_launch")
         if one is not None and "device_ms_per_tail" in one:  # the tail as one launch (CUDA), both texts
             bits1, dev1, wait1 = one["check"]["new_vs_old"], one["device_ms_per_tail"], one["one_wait_ms"]
-            cols[c["case"]].update({
-                "one launch: same bits": f"{bits1['same_bits']}/{bits1['elements']}",
-                "one launch: device ms, old": dev1["old"]["median_ms"],
-                "one launch: device ms, new": dev1["new"]["median_ms"],
-                "one launch: device new / old": dev1["new"]["median_ms"] / dev1["old"]["median_ms"],
-                "one launch: one wait new / old": wait1["new"]["median_ms"] / wait1["old"]["median_ms"],
-            })
+            cols[c["case"]].update(
+                {
+                    "one launch: same bits": f"{bits1['same_bits']}/{bits1['elements']}",
+                    "one launch: device ms, old": dev1["old"]["median_ms"],
+                    "one launch: device ms, new": dev1["new"]["median_ms"],
+                    "one launch: device new / old": dev1["new"]["median_ms"] / dev1["old"]["median_ms"],
+                    "one launch: one wait new / old": wait1["new"]["median_ms"] / wait1["old"]["median_ms"],
+                }
+            )
     return pd.DataFrame(cols)
 
 
@@ -62,17 +65,26 @@ SASS_ONE_LAUNCH = "one_launch"
 SASS_PHASES: tuple[str, ...] = ("wo_residual", "ffn_gate_up", "ffn_down", "barriers")
 
 
-def _sass_row(launch: str, fmt: str, old: dict[str, Any] | None, new: dict[str, Any],
-              regs_old: int | None, regs_new: int | None) -> dict[str, Any]:
+def _sass_row(
+    launch: str, fmt: str, old: dict[str, Any] | None, new: dict[str, Any], regs_old: int | None, regs_new: int | None
+) -> dict[str, Any]:
     """One row of :func:`sass_table`: a loop count and its classes with each text
     (``old`` None: that text had no such launch, its columns NaN)."""
     nan = float("nan")
     was = old["loop_instructions"] if old else nan
-    return {"launch": launch, "format": fmt, "loop old": was, "loop now": new["loop_instructions"],
-            "now / old": new["loop_instructions"] / was if old and was else nan,
-            "int old": old["loop_classes"]["int"] if old else nan, "int now": new["loop_classes"]["int"],
-            "fma old": old["loop_classes"]["fma"] if old else nan, "fma now": new["loop_classes"]["fma"],
-            "regs old": regs_old if old else nan, "regs now": regs_new}
+    return {
+        "launch": launch,
+        "format": fmt,
+        "loop old": was,
+        "loop now": new["loop_instructions"],
+        "now / old": new["loop_instructions"] / was if old and was else nan,
+        "int old": old["loop_classes"]["int"] if old else nan,
+        "int now": new["loop_classes"]["int"],
+        "fma old": old["loop_classes"]["fma"] if old else nan,
+        "fma now": new["loop_classes"]["fma"],
+        "regs old": regs_old if old else nan,
+        "regs now": regs_new,
+    }
 
 
 def sass_table(record: dict[str, Any]) -> Any:
@@ -103,18 +115,24 @@ def sass_table(record: dict[str, Any]) -> Any:
         old = by.get((launch, fmt, "old"))
         if launch != SASS_ONE_LAUNCH:
             if old is None:
-                raise ValueError(f"record must be a bench.sass_counts record run with --old; {launch} {fmt} has no "
-                                 "old row")
+                raise ValueError(
+                    f"record must be a bench.sass_counts record run with --old; {launch} {fmt} has no old row"
+                )
             out.append(_sass_row(launch, fmt, old, new, old["registers"], new["registers"]))
             continue
         for phase in SASS_PHASES:
             ph_new, ph_old = new["phases"][phase], old["phases"][phase] if old else None
             alone = {s: (p or {}).get("alone", {}).get("registers") for s, p in (("old", ph_old), ("new", ph_new))}
             one.append(_sass_row(f"{launch}/{phase}", fmt, ph_old, ph_new, alone["old"], alone["new"]))
-        whole = {s: {"loop_instructions": sum(r["phases"][p]["loop_instructions"] for p in SASS_PHASES),
-                     "loop_classes": {c: sum(r["phases"][p]["loop_classes"][c] for p in SASS_PHASES)
-                                      for c in ("int", "fma")}}
-                 for s, r in (("old", old), ("new", new)) if r is not None}
-        one.append(_sass_row(launch, fmt, whole.get("old"), whole["new"], old and old["registers"],
-                             new["registers"]))
+        whole = {
+            s: {
+                "loop_instructions": sum(r["phases"][p]["loop_instructions"] for p in SASS_PHASES),
+                "loop_classes": {
+                    c: sum(r["phases"][p]["loop_classes"][c] for p in SASS_PHASES) for c in ("int", "fma")
+                },
+            }
+            for s, r in (("old", old), ("new", new))
+            if r is not None
+        }
+        one.append(_sass_row(launch, fmt, whole.get("old"), whole["new"], old and old["registers"], new["registers"]))
     return pd.DataFrame(out + one)

@@ -22,13 +22,26 @@ def cost_table(rec: Mapping) -> Any:
     rec = check_record(rec, "launch_host_cost")
     variants = rec["variants"]
     if not isinstance(variants, Mapping) or "ops" not in variants:
-        raise ValueError(f"rec['variants']: must map variants to their costs, 'ops' among them, got "
-                         f"{describe(variants)}")
+        raise ValueError(
+            f"rec['variants']: must map variants to their costs, 'ops' among them, got {describe(variants)}"
+        )
     op = float(variants["ops"]["host_us_per_launch"])
-    return pd.DataFrame([{"variant": name, "inputs": v["inputs"], "pad_kb": v["pad_kb"], "compiled": v["compiled"],
-                          "build_us": v["build_us_per_launch"], "encode_us": v["encode_us_per_launch"],
-                          "host_us": v["host_us_per_launch"], "x_op": v["host_us_per_launch"] / op,
-                          "exact": v["check_passed"]} for name, v in variants.items()])
+    return pd.DataFrame(
+        [
+            {
+                "variant": name,
+                "inputs": v["inputs"],
+                "pad_kb": v["pad_kb"],
+                "compiled": v["compiled"],
+                "build_us": v["build_us_per_launch"],
+                "encode_us": v["encode_us_per_launch"],
+                "host_us": v["host_us_per_launch"],
+                "x_op": v["host_us_per_launch"] / op,
+                "exact": v["check_passed"],
+            }
+            for name, v in variants.items()
+        ]
+    )
 
 
 def us_per_kb(rec: Mapping) -> float:

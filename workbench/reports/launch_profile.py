@@ -27,8 +27,18 @@ PIPE_DOMINANCE = 1.5
 BUSY_PCT = 50.0
 
 #: The columns of :func:`bound_table`, in order.
-COLUMNS: tuple[str, ...] = ("format", "launch", "ms", "TB/s", "issue %", "FMA %", "ALU %", "M instr.",
-                            "top stall", "bound")
+COLUMNS: tuple[str, ...] = (
+    "format",
+    "launch",
+    "ms",
+    "TB/s",
+    "issue %",
+    "FMA %",
+    "ALU %",
+    "M instr.",
+    "top stall",
+    "bound",
+)
 
 
 def _launch_name(kernel: str) -> str:
@@ -61,8 +71,10 @@ def _stalls_rows(profile: dict[str, Any], name: str = "profile") -> list[dict[st
     anything else (``records.RecordError`` for what is not a launch_profile record)."""
     table = check_record(profile, "launch_profile", name=name)["table"]
     if not table or not all(isinstance(r, dict) and "scheduler" in r for r in table):
-        raise ValueError(f"{name} must be a bench.launch_profile record made with --stalls (every row with its "
-                         f"scheduler figures); got {validate.describe(profile)}")
+        raise ValueError(
+            f"{name} must be a bench.launch_profile record made with --stalls (every row with its "
+            f"scheduler figures); got {validate.describe(profile)}"
+        )
     return table
 
 
@@ -77,16 +89,36 @@ def bound_table(profile: dict[str, Any]) -> Any:
     for r in _stalls_rows(profile):
         sc = r["scheduler"]
         top = sc["top_stalls"][0] if sc.get("top_stalls") else ("-", float("nan"))
-        rows.append({"format": r["format"], "launch": _launch_name(r["kernel"]), "ms": r["ms"],
-                     "TB/s": r["read_TBps"], "issue %": sc["issue_active_pct"], "FMA %": sc["fma_pipe_pct"],
-                     "ALU %": sc["alu_pipe_pct"], "M instr.": (sc["instructions"] or 0.0) / 1e6,
-                     "top stall": f"{top[0]} {top[1]:.1f}", "bound": bound_of(r)})
+        rows.append(
+            {
+                "format": r["format"],
+                "launch": _launch_name(r["kernel"]),
+                "ms": r["ms"],
+                "TB/s": r["read_TBps"],
+                "issue %": sc["issue_active_pct"],
+                "FMA %": sc["fma_pipe_pct"],
+                "ALU %": sc["alu_pipe_pct"],
+                "M instr.": (sc["instructions"] or 0.0) / 1e6,
+                "top stall": f"{top[0]} {top[1]:.1f}",
+                "bound": bound_of(r),
+            }
+        )
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
 #: The columns of :func:`bound_change`, in order.
-CHANGE_COLUMNS: tuple[str, ...] = ("format", "launch", "ms before", "ms after", "M ALU before", "M ALU after",
-                                   "ALU % before", "ALU % after", "bound before", "bound after")
+CHANGE_COLUMNS: tuple[str, ...] = (
+    "format",
+    "launch",
+    "ms before",
+    "ms after",
+    "M ALU before",
+    "M ALU after",
+    "ALU % before",
+    "ALU % after",
+    "bound before",
+    "bound after",
+)
 
 
 def _alu_millions(row: dict[str, Any]) -> float:
@@ -113,10 +145,20 @@ def bound_change(before: dict[str, Any], after: dict[str, Any]) -> Any:
     rows = []
     for key in shared:
         b, a = rows_before[key], rows_after[key]
-        rows.append({"format": key[0], "launch": key[1], "ms before": b["ms"], "ms after": a["ms"],
-                     "M ALU before": _alu_millions(b), "M ALU after": _alu_millions(a),
-                     "ALU % before": b["scheduler"]["alu_pipe_pct"], "ALU % after": a["scheduler"]["alu_pipe_pct"],
-                     "bound before": bound_of(b), "bound after": bound_of(a)})
+        rows.append(
+            {
+                "format": key[0],
+                "launch": key[1],
+                "ms before": b["ms"],
+                "ms after": a["ms"],
+                "M ALU before": _alu_millions(b),
+                "M ALU after": _alu_millions(a),
+                "ALU % before": b["scheduler"]["alu_pipe_pct"],
+                "ALU % after": a["scheduler"]["alu_pipe_pct"],
+                "bound before": bound_of(b),
+                "bound after": bound_of(a),
+            }
+        )
     return pd.DataFrame(rows, columns=list(CHANGE_COLUMNS))
 
 
@@ -132,15 +174,27 @@ def row_dot_table(record: dict[str, Any], copy_bandwidth_Bps: float | None = Non
     # either row-dot bench; anything else is named as not a tensor_core_rowdot record
     check_record(record, "async_copy_rowdot" if kind_of(record) == "async_copy_rowdot" else "tensor_core_rowdot")
     if not isinstance(record["variants"], dict):
-        raise ValueError(f"record must be a row-dot bench record (variants, weight_bytes); got {validate.describe(record)}")
+        raise ValueError(
+            f"record must be a row-dot bench record (variants, weight_bytes); got {validate.describe(record)}"
+        )
     if copy_bandwidth_Bps is None:
         bw = record.get("copy_bandwidth_Bps")
         copy_bandwidth_Bps = bw["used_for_floor"] if isinstance(bw, dict) else bw
     if not isinstance(copy_bandwidth_Bps, (int, float)) or copy_bandwidth_Bps <= 0:
-        raise ValueError(f"copy_bandwidth_Bps must be a positive number of bytes a second; got "
-                         f"{validate.describe(copy_bandwidth_Bps)}")
+        raise ValueError(
+            f"copy_bandwidth_Bps must be a positive number of bytes a second; got "
+            f"{validate.describe(copy_bandwidth_Bps)}"
+        )
     floor_ms = record["weight_bytes"] / copy_bandwidth_Bps * 1e3
-    return pd.DataFrame({name: {"device ms": v["device_ms"], "x floor": v["device_ms"] / floor_ms,
-                                "/ CUDA cores": v["vs_cuda_cores"], "worst scaled": v["worst_scaled_error"],
-                                "check": "pass" if v["passed"] else "FAIL"}
-                         for name, v in record["variants"].items()}).T
+    return pd.DataFrame(
+        {
+            name: {
+                "device ms": v["device_ms"],
+                "x floor": v["device_ms"] / floor_ms,
+                "/ CUDA cores": v["vs_cuda_cores"],
+                "worst scaled": v["worst_scaled_error"],
+                "check": "pass" if v["passed"] else "FAIL",
+            }
+            for name, v in record["variants"].items()
+        }
+    ).T

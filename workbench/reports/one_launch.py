@@ -30,22 +30,32 @@ def record_tables(record: dict[str, Any]) -> tuple[Any, Any]:
     import pandas as pd
 
     check_record(record, "one_launch")  # its checks are a key every such record has
-    checks = pd.DataFrame([{
-        "case": c["case"], "vs float64": f"{c['worst']:.1e}" if "worst" in c else "-",
-        "tol": f"{c['tolerance']:.0e}" if "worst" in c else "-",
-        "vs 3 launches": f"{c['vs_three_launches_worst_scaled']:.1e}",
-        "bits = 3 launches": f"{c['bits_equal_three_launches']}/{c['outputs']}",
-        "same bits twice": c["deterministic"], "pass": c["passed"]} for c in record["checks"]])
+    checks = pd.DataFrame(
+        [
+            {
+                "case": c["case"],
+                "vs float64": f"{c['worst']:.1e}" if "worst" in c else "-",
+                "tol": f"{c['tolerance']:.0e}" if "worst" in c else "-",
+                "vs 3 launches": f"{c['vs_three_launches_worst_scaled']:.1e}",
+                "bits = 3 launches": f"{c['bits_equal_three_launches']}/{c['outputs']}",
+                "same bits twice": c["deterministic"],
+                "pass": c["passed"],
+            }
+            for c in record["checks"]
+        ]
+    )
     rows: dict[str, dict[str, float]] = {}
     for c in record.get("cases", []):
         res = {k: v["median_ms"] for k, v in c["resident_ms"].items()}
-        col = {"floor": c["floor_ms"],
-               "one wait: three launches compiled": res["three_launches_compiled"],
-               "one wait: one launch compiled": res["one_launch_compiled"],
-               "device: three launches": c["device_ms_per_tail"]["three_launches"],
-               "device: one launch": c["device_ms_per_tail"]["one_launch"],
-               "one launch / three (one wait)": res["one_launch_compiled"] / res["three_launches_compiled"],
-               "one launch device / floor": c["device_ms_per_tail"]["one_launch"] / c["floor_ms"]}
+        col = {
+            "floor": c["floor_ms"],
+            "one wait: three launches compiled": res["three_launches_compiled"],
+            "one wait: one launch compiled": res["one_launch_compiled"],
+            "device: three launches": c["device_ms_per_tail"]["three_launches"],
+            "device: one launch": c["device_ms_per_tail"]["one_launch"],
+            "one launch / three (one wait)": res["one_launch_compiled"] / res["three_launches_compiled"],
+            "one launch device / floor": c["device_ms_per_tail"]["one_launch"] / c["floor_ms"],
+        }
         if "torch_cuda_graph" in res:
             col["one wait: PyTorch CUDA graph"] = res["torch_cuda_graph"]
             col["one launch / PyTorch graph (one wait)"] = res["one_launch_compiled"] / res["torch_cuda_graph"]
@@ -64,9 +74,12 @@ def sweep_table(record: dict[str, Any]) -> Any:
     if not check_record(record, "one_launch").get("sweeps"):
         raise ValueError(f"record must be a bench.one_launch record with its sweeps; got {validate.describe(record)}")
     chosen = record.get("variant_chosen", {})
-    return pd.DataFrame({fmt: {**{v: r.get("device_ms", float("nan")) for v, r in results.items()},
-                               "chosen": chosen.get(fmt, "-")}
-                         for fmt, results in record["sweeps"].items()})
+    return pd.DataFrame(
+        {
+            fmt: {**{v: r.get("device_ms", float("nan")) for v, r in results.items()}, "chosen": chosen.get(fmt, "-")}
+            for fmt, results in record["sweeps"].items()
+        }
+    )
 
 
 def wait_breakdown(record: dict[str, Any], profile: dict[str, Any]) -> Any:
@@ -97,11 +110,13 @@ def wait_breakdown(record: dict[str, Any], profile: dict[str, Any]) -> Any:
             continue
         res = {k: v["median_ms"] for k, v in c["resident_ms"].items()}
         wait = c["one_launch_split_ms"]["eval_and_wait"]
-        col = {"kernel run once (ncu)": single[fmt],
-               "kernel chained (device time a tail)": c["device_ms_per_tail"]["one_launch"],
-               "evaluation and wait": wait,
-               "MLX around the kernel, at least": wait - single[fmt],
-               "one tiny evaluation": res["one_tiny_eval"]}
+        col = {
+            "kernel run once (ncu)": single[fmt],
+            "kernel chained (device time a tail)": c["device_ms_per_tail"]["one_launch"],
+            "evaluation and wait": wait,
+            "MLX around the kernel, at least": wait - single[fmt],
+            "one tiny evaluation": res["one_tiny_eval"],
+        }
         if "torch_cuda_graph" in res:
             torch_adds = res["torch_cuda_graph"] - c["device_ms_per_tail"]["torch_cuda_graph"]
             col["PyTorch graph around its kernels"] = torch_adds
@@ -109,6 +124,8 @@ def wait_breakdown(record: dict[str, Any], profile: dict[str, Any]) -> Any:
             col["floor"] = c["floor_ms"]
         cols[fmt] = col
     if not cols:
-        raise ValueError(f"the records share no weight format: the one-launch record times "
-                         f"{[c['case'] for c in record['cases']]}, the profile ran the one launch in {sorted(single)}")
+        raise ValueError(
+            f"the records share no weight format: the one-launch record times "
+            f"{[c['case'] for c in record['cases']]}, the profile ran the one launch in {sorted(single)}"
+        )
     return pd.DataFrame(cols)

@@ -33,8 +33,9 @@ def _frame(name: str, df, columns: dict[str, str] | None = None):
         raise ValueError(f"{name}: the table is empty")
     for param, col in (columns or {}).items():
         if not isinstance(col, str) or col not in df.columns:
-            raise ValueError(f"{param}: must be a column of {name} ({', '.join(map(str, df.columns))}), "
-                             f"got {validate.describe(col)}")
+            raise ValueError(
+                f"{param}: must be a column of {name} ({', '.join(map(str, df.columns))}), got {validate.describe(col)}"
+            )
     return df
 
 
@@ -43,9 +44,12 @@ def _tolerances(tolerances) -> dict | None:
     if tolerances is None:
         return None
     if not isinstance(tolerances, dict):
-        raise ValueError(f"tolerances: must be None or a dict of label -> tolerance, got {validate.describe(tolerances)}")
-    return {k: validate.number(f"tolerances[{k!r}]", v, minimum=0, exclusive_minimum=True)
-            for k, v in tolerances.items()}
+        raise ValueError(
+            f"tolerances: must be None or a dict of label -> tolerance, got {validate.describe(tolerances)}"
+        )
+    return {
+        k: validate.number(f"tolerances[{k!r}]", v, minimum=0, exclusive_minimum=True) for k, v in tolerances.items()
+    }
 
 
 #: How a figure's title names MLX's device kind (``backends.device_kind``).
@@ -83,7 +87,9 @@ def plot_refusal_map(cfgs: Sequence, *, ax=None, kernels_enabled: bool = True):
     cfgs = list(validate.sequence("cfgs", cfgs, what="ModelConfigs"))
     for i, c in enumerate(cfgs):
         if not isinstance(c, ModelConfig):
-            raise ValueError(f"cfgs[{i}]: must be a ModelConfig (e.g. load_model('bonsai-27b')), got {validate.describe(c)}")
+            raise ValueError(
+                f"cfgs[{i}]: must be a ModelConfig (e.g. load_model('bonsai-27b')), got {validate.describe(c)}"
+            )
     kernels_enabled = validate.flag("kernels_enabled", kernels_enabled)
 
     # Category codes: 0 absent (past the model's last layer), 1 not attention,
@@ -105,8 +111,21 @@ def plot_refusal_map(cfgs: Sequence, *, ax=None, kernels_enabled: bool = True):
     # One distinct colour a reason, in Refusal order; none of them green (eligible) or
     # light grey (not attention), so a refused cell never reads as either.
     reason_colours = [
-        "#4d4d4d", "#9467bd", "#1f77b4", "#d62728", "#ff9896", "#8c564b", "#e377c2",
-        "#bcbd22", "#17becf", "#aec7e8", "#c49c94", "#ff7f0e", "#c5b0d5", "#393b79", "#8c6d31",
+        "#4d4d4d",
+        "#9467bd",
+        "#1f77b4",
+        "#d62728",
+        "#ff9896",
+        "#8c564b",
+        "#e377c2",
+        "#bcbd22",
+        "#17becf",
+        "#aec7e8",
+        "#c49c94",
+        "#ff7f0e",
+        "#c5b0d5",
+        "#393b79",
+        "#8c6d31",
     ]
     if len(reason_colours) < len(reasons):  # a reason added to Refusal needs a colour here
         raise ValueError(f"reasons: {len(reasons)} Refusal members, only {len(reason_colours)} colours")
@@ -277,8 +296,9 @@ def plot_schedule_runs(records, *, ax=None):
         raise ValueError("records: need at least one schedule record")
     for i, rec in enumerate(records):
         if not isinstance(rec, dict) or not {"comparisons", "device", "backend", "geometry", "dtype"} <= set(rec):
-            raise ValueError(f"records[{i}]: must be a schedule record (bench.schedule_run's JSON), "
-                             f"got {validate.describe(rec)}")
+            raise ValueError(
+                f"records[{i}]: must be a schedule record (bench.schedule_run's JSON), got {validate.describe(rec)}"
+            )
     groups = list(dict.fromkeys(_run_label(r) for r in records))
     colour = {g: f"C{k % 10}" if k < 10 else plt.get_cmap("tab20")(k % 20) for k, g in enumerate(groups)}
     fig, ax = _axes(ax, (6.5, 5))
@@ -297,8 +317,9 @@ def plot_schedule_runs(records, *, ax=None):
         xs.append(x)
         ys.append(y)
     if hollow:  # one entry for every run's hollow markers, in neutral grey
-        ax.scatter([], [], facecolors="none", edgecolors="grey", label="hollow: against the device floor "
-                                                                        "(attention moved too)")
+        ax.scatter(
+            [], [], facecolors="none", edgecolors="grey", label="hollow: against the device floor (attention moved too)"
+        )
     x_all, y_all = np.concatenate(xs), np.concatenate(ys)
     ok = np.isfinite(x_all) & np.isfinite(y_all)
     if not ok.any():
@@ -329,8 +350,9 @@ def plot_stage_clock(runs, *, ax=None):
     Returns the ``Figure``.
     """
     if not isinstance(runs, dict) or not runs:
-        raise ValueError(f"runs: must be a non-empty dict of format label -> schedule record, "
-                         f"got {validate.describe(runs)}")
+        raise ValueError(
+            f"runs: must be a non-empty dict of format label -> schedule record, got {validate.describe(runs)}"
+        )
     fig, ax = _axes(ax, (8, 3.5))
     top = 0.0
     for i, (fmt, rec) in enumerate(runs.items()):
@@ -341,8 +363,9 @@ def plot_stage_clock(runs, *, ax=None):
     ax.set_xlabel("stage of the plan")
     ax.set_ylabel("ms a token (median)")
     ax.set_ylim(0, top * 1.1)
-    ax.set_title(f"A decode step on the project's kernels, stage by stage: {_devices(list(runs.values()))}",
-                 fontsize=10)
+    ax.set_title(
+        f"A decode step on the project's kernels, stage by stage: {_devices(list(runs.values()))}", fontsize=10
+    )
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     fig.tight_layout()
@@ -395,8 +418,15 @@ def plot_error_histograms(df, *, metric: str = "worst", by: str = "dtype", toler
     fig.suptitle(f"{metric} of each case, {len(df)} cases: {_where(df)}", fontsize=10)
     fig.tight_layout()
     if handles:
-        fig.legend(handles, names, fontsize=8, loc="upper center", ncol=min(len(handles), 3),
-                   bbox_to_anchor=(0.5, 0.0), frameon=False)
+        fig.legend(
+            handles,
+            names,
+            fontsize=8,
+            loc="upper center",
+            ncol=min(len(handles), 3),
+            bbox_to_anchor=(0.5, 0.0),
+            frameon=False,
+        )
     return fig
 
 
@@ -420,8 +450,14 @@ def plot_error_ecdf(df, *, metric: str = "worst", by: str = "dtype", tolerances=
     _tolerance_lines(ax, tolerances)
     if flake_rate is not None:
         ax.axhline(flake_rate, color="grey", linewidth=0.8)
-        ax.annotate(f"flake rate {flake_rate:g}", (0.01, flake_rate), xycoords=("axes fraction", "data"),
-                    fontsize=7, va="bottom", color="grey")
+        ax.annotate(
+            f"flake rate {flake_rate:g}",
+            (0.01, flake_rate),
+            xycoords=("axes fraction", "data"),
+            fontsize=7,
+            va="bottom",
+            color="grey",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(f"{metric} (log)")
@@ -454,13 +490,24 @@ def plot_fold_effect(df, *, metric: str = "model_nmse", ax=None, title: str | No
             med.append(np.nan if row is None else row[0.5])
             lo.append(np.nan if row is None else row[0.5] - row[0.25])
             hi.append(np.nan if row is None else row[0.75] - row[0.5])
-        ax.bar(x + (j - (len(folds) - 1) / 2) * width, med, width, yerr=[lo, hi], capsize=3,
-               color=f"C{j}", label=f"fold {f}")
+        ax.bar(
+            x + (j - (len(folds) - 1) / 2) * width,
+            med,
+            width,
+            yerr=[lo, hi],
+            capsize=3,
+            color=f"C{j}",
+            label=f"fold {f}",
+        )
     ax.set_xticks(x, quants, rotation=20)
     ax.set_yscale("log")
     ax.set_ylabel(f"median {metric} (log)")
-    ax.set_title(title if title is not None else
-                 f"median {metric} (bars: quartiles) by weight format, {len(df)} cases: {_where(df)}", fontsize=10)
+    ax.set_title(
+        title
+        if title is not None
+        else f"median {metric} (bars: quartiles) by weight format, {len(df)} cases: {_where(df)}",
+        fontsize=10,
+    )
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", which="both", alpha=0.2)
     fig.tight_layout()
@@ -483,8 +530,16 @@ def plot_catch_rates(rates, *, ax=None, title: str = "fraction of wrong tails ea
     for (i, j), v in np.ndenumerate(data):
         r, g, b, _ = cmap(v) if np.isfinite(v) else (1.0, 1.0, 1.0, 1.0)
         luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
-        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=12, fontweight="bold",
-                color="black" if luminance > 0.5 else "white")
+        ax.text(
+            j,
+            i,
+            f"{v:.2f}",
+            ha="center",
+            va="center",
+            fontsize=12,
+            fontweight="bold",
+            color="black" if luminance > 0.5 else "white",
+        )
     fig.colorbar(im, ax=ax, fraction=0.03, label="caught")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()

@@ -25,7 +25,27 @@ from workbench.reports.records import check as check_record
 from workbench.reports.records import load_all
 from workbench.validate import describe
 
-__all__ = ["load_records", "chain_comparable", "decode_table", "decode_runs", "paired_ratio", "paired_interval", "paired_interval_table", "paired_table", "paired_across", "host_api_table", "graph_call_ms", "mlx_settings", "tail_table", "chain_split_table", "build_profile_table", "own_us_per_call", "best_cuda", "STORED_GRAPH", "UNJUDGED"]
+__all__ = [
+    "load_records",
+    "chain_comparable",
+    "decode_table",
+    "decode_runs",
+    "paired_ratio",
+    "paired_interval",
+    "paired_interval_table",
+    "paired_table",
+    "paired_across",
+    "host_api_table",
+    "graph_call_ms",
+    "mlx_settings",
+    "tail_table",
+    "chain_split_table",
+    "build_profile_table",
+    "own_us_per_call",
+    "best_cuda",
+    "STORED_GRAPH",
+    "UNJUDGED",
+]
 
 nan = float("nan")
 
@@ -45,8 +65,9 @@ def _tails(rec: Mapping) -> list[Mapping]:
     if tails is None:  # the first records held the real layer alone, as "tail"
         tails = [rec["tail"]]
     if not isinstance(tails, list) or not tails or not all(isinstance(t, Mapping) and "variants" in t for t in tails):
-        raise ValueError(f"rec['tails']: must be a non-empty list of shapes, each with its 'variants', got "
-                         f"{describe(tails)}")
+        raise ValueError(
+            f"rec['tails']: must be a non-empty list of shapes, each with its 'variants', got {describe(tails)}"
+        )
     return tails
 
 
@@ -77,8 +98,9 @@ def decode_table(rec: Mapping) -> Any:
     rec = _record(rec)
     decode = rec["decode"]
     if not isinstance(decode, Mapping) or "reference" not in decode:
-        raise ValueError(f"rec['decode']: must map variants to their rates, 'reference' among them, got "
-                         f"{describe(decode)}")
+        raise ValueError(
+            f"rec['decode']: must map variants to their rates, 'reference' among them, got {describe(decode)}"
+        )
     ref = decode["reference"]
     rows = []
     for name, d in decode.items():
@@ -87,30 +109,37 @@ def decode_table(rec: Mapping) -> Any:
                 raise ValueError(f"rec['decode'][{name!r}]: must have {key!r}, got keys {sorted(d)}")
         cpu = d.get("tokens_per_cpu_s_median")
         ref_cpu = ref.get("tokens_per_cpu_s_median")
-        rows.append({
-            "variant": name,
-            "tokens_per_s": float(d["tokens_per_s_median"]),
-            "vs_reference": float(d["tokens_per_s_median"]) / float(ref["tokens_per_s_median"]),
-            "tokens_per_cpu_s": nan if cpu is None else float(cpu),
-            "cpu_vs_reference": nan if cpu is None or ref_cpu is None else float(cpu) / float(ref_cpu),
-            "same_tokens": bool(d["same_tokens"]),
-            "ops_per_step": float(d.get("ops_per_step", nan)),
-            "kernels_per_step": float(d.get("device_profile", {}).get("kernels_per_step", nan)),
-            "device_ms_per_step": float(d.get("device_profile", {}).get("device_us_per_step", nan)) / 1e3,
-            "graph_launches_per_step": float(d.get("device_profile", {}).get("graph_launches_per_step", nan)),
-        })
+        rows.append(
+            {
+                "variant": name,
+                "tokens_per_s": float(d["tokens_per_s_median"]),
+                "vs_reference": float(d["tokens_per_s_median"]) / float(ref["tokens_per_s_median"]),
+                "tokens_per_cpu_s": nan if cpu is None else float(cpu),
+                "cpu_vs_reference": nan if cpu is None or ref_cpu is None else float(cpu) / float(ref_cpu),
+                "same_tokens": bool(d["same_tokens"]),
+                "ops_per_step": float(d.get("ops_per_step", nan)),
+                "kernels_per_step": float(d.get("device_profile", {}).get("kernels_per_step", nan)),
+                "device_ms_per_step": float(d.get("device_profile", {}).get("device_us_per_step", nan)) / 1e3,
+                "graph_launches_per_step": float(d.get("device_profile", {}).get("graph_launches_per_step", nan)),
+            }
+        )
         rows[-1]["device_share"] = rows[-1]["device_ms_per_step"] * rows[-1]["tokens_per_s"] / 1e3
         split = d.get("step_split_ms", {})
         piped, ref_piped = d.get("pipelined_tokens_per_s_median"), ref.get("pipelined_tokens_per_s_median")
-        rows[-1].update({
-            "paired": float(d.get("vs_reference_paired", nan)),
-            "build_ms": float(split.get("build_ms", nan)), "encode_ms": float(split.get("encode_ms", nan)),
-            "wait_ms": float(split.get("wait_ms", nan)),
-            "pipelined_tokens_per_s": nan if piped is None else float(piped),
-            "pipelined_vs_reference": nan if piped is None or ref_piped is None else float(piped) / float(ref_piped),
-            "pipelined_paired": float(d.get("pipelined_vs_reference_paired", nan)),
-            "pipelined_same_tokens": bool(d.get("pipelined_same_tokens", d["same_tokens"])),
-        })
+        rows[-1].update(
+            {
+                "paired": float(d.get("vs_reference_paired", nan)),
+                "build_ms": float(split.get("build_ms", nan)),
+                "encode_ms": float(split.get("encode_ms", nan)),
+                "wait_ms": float(split.get("wait_ms", nan)),
+                "pipelined_tokens_per_s": nan if piped is None else float(piped),
+                "pipelined_vs_reference": nan
+                if piped is None or ref_piped is None
+                else float(piped) / float(ref_piped),
+                "pipelined_paired": float(d.get("pipelined_vs_reference_paired", nan)),
+                "pipelined_same_tokens": bool(d.get("pipelined_same_tokens", d["same_tokens"])),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -122,8 +151,9 @@ def decode_runs(runs: Mapping[str, Mapping]) -> Any:
 
     if not isinstance(runs, Mapping) or not runs:
         raise ValueError(f"runs: must map labels to real_model records, at least one, got {describe(runs)}")
-    return pd.concat({str(label): decode_table(rec).set_index("variant") for label, rec in runs.items()},
-                     names=["run", "variant"])
+    return pd.concat(
+        {str(label): decode_table(rec).set_index("variant") for label, rec in runs.items()}, names=["run", "variant"]
+    )
 
 
 def _round_ratios(rec: Mapping, variant: str, against: str, pipelined: bool):
@@ -136,15 +166,18 @@ def _round_ratios(rec: Mapping, variant: str, against: str, pipelined: bool):
     rates = []
     for name, arg in ((variant, "variant"), (against, "against")):
         if not isinstance(name, str) or name not in decode:
-            raise ValueError(f"{arg}: must be one of the record's decode variants {sorted(decode)}, got "
-                             f"{describe(name)}")
+            raise ValueError(
+                f"{arg}: must be one of the record's decode variants {sorted(decode)}, got {describe(name)}"
+            )
         got = decode[name].get(key)
         if not isinstance(got, list) or not got:
             raise ValueError(f"rec['decode'][{name!r}]: has no per-round {key!r} list (an older record)")
         rates.append(np.asarray(got, dtype=float))
     if rates[0].shape != rates[1].shape:
-        raise ValueError(f"rec['decode']: {variant!r} and {against!r} ran different numbers of rounds "
-                         f"({rates[0].size} and {rates[1].size})")
+        raise ValueError(
+            f"rec['decode']: {variant!r} and {against!r} ran different numbers of rounds "
+            f"({rates[0].size} and {rates[1].size})"
+        )
     return rates[0] / rates[1]
 
 
@@ -165,8 +198,9 @@ def _check_level(level: Any) -> None:
         raise ValueError(f"level: must be a number strictly between 0 and 1, got {describe(level)}")
 
 
-def paired_interval(rec: Mapping, variant: str, against: str, *, pipelined: bool = False,
-                    level: float = 0.95) -> tuple[float, float]:
+def paired_interval(
+    rec: Mapping, variant: str, against: str, *, pipelined: bool = False, level: float = 0.95
+) -> tuple[float, float]:
     """A ``level`` interval for :func:`paired_ratio`: the percentile bootstrap over the
     record's rounds (``decode.savings.resampled_medians``, seeded, so the same interval every
     time). A claim such as "at least 1.2x mlx-lm's layers" is settled by a run only where the
@@ -196,8 +230,9 @@ def paired_interval_table(rec: Mapping, variants: Sequence[str], against: str, *
         for v in variants:
             r = _round_ratios(rec, v, against, piped)  # once a row: the median and its interval from the same rounds
             lo, hi = percentile_interval(resampled_medians(r), float(level))
-            rows.append({"loop": loop, "variant": v, "paired": float(np.median(r)), "lo": lo, "hi": hi,
-                         "rounds": int(r.size)})
+            rows.append(
+                {"loop": loop, "variant": v, "paired": float(np.median(r)), "lo": lo, "hi": hi, "rounds": int(r.size)}
+            )
     return pd.DataFrame(rows).set_index(["loop", "variant"])
 
 
@@ -211,8 +246,13 @@ def paired_table(rec: Mapping, variants: Sequence[str], against: Sequence[str]) 
     for name, given in (("variants", variants), ("against", against)):
         if isinstance(given, str) or not isinstance(given, Sequence) or not given:
             raise ValueError(f"{name}: must be a non-empty list of decode variant names, got {describe(given)}")
-    return pd.DataFrame({(loop, b): {a: paired_ratio(rec, a, b, pipelined=piped) for a in variants}
-                         for loop, piped in LOOPS.items() for b in against})
+    return pd.DataFrame(
+        {
+            (loop, b): {a: paired_ratio(rec, a, b, pipelined=piped) for a in variants}
+            for loop, piped in LOOPS.items()
+            for b in against
+        }
+    )
 
 
 #: The two decode loops a record times, by the name the tables give them: whether the loop is
@@ -321,27 +361,37 @@ def tail_table(rec: Mapping) -> Any:
         ref, graph = v["reference"], v["graph"]
         cuda = best_cuda(t)
         row: dict[str, Any] = {
-            "shape": t["label"], "weights": t["weights"], "weight_mb": t["weight_bytes"] / 1e6,
-            "floor_ms": float(t["floor_ms"]), "reference_ms": float(ref["median_ms"]),
-            "graph_ms": float(graph["median_ms"]), "graph_vs_ref": ref["median_ms"] / graph["median_ms"],
-            "cuda": cuda, "cuda_ms": nan if cuda is None else float(v[cuda]["median_ms"]),
+            "shape": t["label"],
+            "weights": t["weights"],
+            "weight_mb": t["weight_bytes"] / 1e6,
+            "floor_ms": float(t["floor_ms"]),
+            "reference_ms": float(ref["median_ms"]),
+            "graph_ms": float(graph["median_ms"]),
+            "graph_vs_ref": ref["median_ms"] / graph["median_ms"],
+            "cuda": cuda,
+            "cuda_ms": nan if cuda is None else float(v[cuda]["median_ms"]),
             "cuda_vs_ref": nan if cuda is None else ref["median_ms"] / v[cuda]["median_ms"],
         }
         if chained:
             cc = best_cuda(t, "chain_ms_per_tail")
-            row.update({
-                "reference_chain_ms": float(ref["chain_ms_per_tail"]), "graph_chain_ms": float(graph["chain_ms_per_tail"]),
-                "graph_chain_vs_ref": ref["chain_ms_per_tail"] / graph["chain_ms_per_tail"], "cuda_chain": cc,
-                "cuda_chain_ms": nan if cc is None else float(v[cc]["chain_ms_per_tail"]),
-                "cuda_chain_vs_ref": nan if cc is None else ref["chain_ms_per_tail"] / v[cc]["chain_ms_per_tail"],
-            })
+            row.update(
+                {
+                    "reference_chain_ms": float(ref["chain_ms_per_tail"]),
+                    "graph_chain_ms": float(graph["chain_ms_per_tail"]),
+                    "graph_chain_vs_ref": ref["chain_ms_per_tail"] / graph["chain_ms_per_tail"],
+                    "cuda_chain": cc,
+                    "cuda_chain_ms": nan if cc is None else float(v[cc]["chain_ms_per_tail"]),
+                    "cuda_chain_vs_ref": nan if cc is None else ref["chain_ms_per_tail"] / v[cc]["chain_ms_per_tail"],
+                }
+            )
         stored = v.get(STORED_GRAPH)
         row["graph_stored_ms"] = nan if stored is None else float(stored["median_ms"])
         row["graph_stored_vs_ref"] = nan if stored is None else ref["median_ms"] / stored["median_ms"]
         if chained:
             row["graph_stored_chain_ms"] = nan if stored is None else float(stored["chain_ms_per_tail"])
-            row["graph_stored_chain_vs_ref"] = (nan if stored is None
-                                                else ref["chain_ms_per_tail"] / stored["chain_ms_per_tail"])
+            row["graph_stored_chain_vs_ref"] = (
+                nan if stored is None else ref["chain_ms_per_tail"] / stored["chain_ms_per_tail"]
+            )
         row["graph_stored_worst"] = nan if stored is None else float(stored["worst_vs_float64"])
         # the graph tail with the activations in the dtype the model keeps them in: the float32
         # tail where the model computes in float32, the stored-activation one where it is half
@@ -349,7 +399,9 @@ def tail_table(rec: Mapping) -> Any:
         kept = graph if row["activations"] == "float32" else stored
         row["graph_kept_vs_ref"] = nan if kept is None else ref["median_ms"] / kept["median_ms"]
         if chained:
-            row["graph_kept_chain_vs_ref"] = nan if kept is None else ref["chain_ms_per_tail"] / kept["chain_ms_per_tail"]
+            row["graph_kept_chain_vs_ref"] = (
+                nan if kept is None else ref["chain_ms_per_tail"] / kept["chain_ms_per_tail"]
+            )
         row["worst"] = max(float(x["worst_vs_float64"]) for k, x in v.items() if k not in UNJUDGED)
         row["reference_worst"] = float(v["reference"]["worst_vs_float64"])
         rows.append(row)
@@ -376,8 +428,16 @@ def chain_split_table(rec: Mapping) -> Any:
             if not all(k in v for k in CHAIN_SPLIT):
                 continue
             build, encode, wait = (float(v[k]) for k in CHAIN_SPLIT)
-            rows.append({"shape": t["label"], "variant": name, "build_us": build, "encode_us": encode,
-                         "wait_us": wait, "host_us": build + encode})
+            rows.append(
+                {
+                    "shape": t["label"],
+                    "variant": name,
+                    "build_us": build,
+                    "encode_us": encode,
+                    "wait_us": wait,
+                    "host_us": build + encode,
+                }
+            )
     return pd.DataFrame(rows, columns=["shape", "variant", "build_us", "encode_us", "wait_us", "host_us"])
 
 

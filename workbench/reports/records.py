@@ -28,8 +28,21 @@ from typing import Any, TypedDict
 from workbench import files
 from workbench.validate import describe
 
-__all__ = ["KINDS", "RECORD_DIR", "Header", "RecordError", "RecordKind", "check", "headline", "kind_of", "load",
-           "load_all", "lookup", "newest", "stamp"]
+__all__ = [
+    "KINDS",
+    "RECORD_DIR",
+    "Header",
+    "RecordError",
+    "RecordKind",
+    "check",
+    "headline",
+    "kind_of",
+    "load",
+    "load_all",
+    "lookup",
+    "newest",
+    "stamp",
+]
 
 #: The project's folder of bench records, wherever the process was started.
 RECORD_DIR = files.DATA_DIR / "bench"
@@ -44,18 +57,18 @@ class Header(TypedDict, total=False):
     """What ``bench.common.record.provenance`` puts at the top of every record it makes
     (older records lack the keys added since; :data:`KINDS` says which each kind has)."""
 
-    bench: str            # the command: python -m bench.<bench>
-    schema: int           # the kind's schema when written (absent: 1)
-    command: str          # the exact command line
-    date: str             # ISO 8601, UTC (a day alone in schedule_run and wait_price records)
-    device: Any           # backends.device_description() (a dict); the device's name (a str) in some kinds
-    device_kind: str      # cuda, metal or cpu
+    bench: str  # the command: python -m bench.<bench>
+    schema: int  # the kind's schema when written (absent: 1)
+    command: str  # the exact command line
+    date: str  # ISO 8601, UTC (a day alone in schedule_run and wait_price records)
+    device: Any  # backends.device_description() (a dict); the device's name (a str) in some kinds
+    device_kind: str  # cuda, metal or cpu
     mlx_version: str
     numpy_version: str
     python: str
     cpu_count: int
-    load_average: list    # the host's 1, 5 and 15 minute load when the run started
-    kernel_text: str      # workbench.kernels.source.fingerprint() of the kernels that ran
+    load_average: list  # the host's 1, 5 and 15 minute load when the run started
+    kernel_text: str  # workbench.kernels.source.fingerprint() of the kernels that ran
 
 
 @dataclass(frozen=True)
@@ -82,62 +95,216 @@ class RecordKind:
 # kernel text, which only records made since it was added carry.
 _HEAD = ("bench", "command", "date", "device", "mlx_version")
 _PROVENANCE = (*_HEAD, "device_kind", "numpy_version", "python", "cpu_count", "load_average")
-_ROW_DOT = ("what", "shape", "threads", "blocks", "chain", "repeats", "seed", "weight_bytes", "copy_bandwidth_Bps",
-            "floor_ms", "check_tol", "variants", "all_checks_passed")
+_ROW_DOT = (
+    "what",
+    "shape",
+    "threads",
+    "blocks",
+    "chain",
+    "repeats",
+    "seed",
+    "weight_bytes",
+    "copy_bandwidth_Bps",
+    "floor_ms",
+    "check_tol",
+    "variants",
+    "all_checks_passed",
+)
 
-KINDS: dict[str, RecordKind] = {k.name: k for k in (
-    RecordKind("gpu_check", 1, (*_HEAD, "what", "device_info", "dialect", "seed", "checks", "checks_passed",
-                                "seconds"),
-               "the kernels checked against the float64 oracle on a GPU (and, unless --checks-only, the "
-               "benchmark's results under 'bench')"),
-    RecordKind("kernel_bench", 1, (*_PROVENANCE, "what", "dialect"),
-               "the tail timed in every weight format against its floor (the results under 'bench')"),
-    RecordKind("kernel_bodies", 1, (*_PROVENANCE, "what", "device_info", "dialect", "mlx_ptx_cache_dir", "old_dir",
-                                    "mlx_names", "same_text", "copy_bandwidth_Bps", "tuning", "shape", "fold_block",
-                                    "rounds", "seed", "cases", "checks_passed"),
-               "an older kernels/ text against the current one: same bits, then device time"),
-    RecordKind("launch_profile", 1, (*_PROVENANCE, "what", "ncu_command", "returncode", "table", "launches",
-                                     "output_tail"),
-               "each tail launch once under Nsight Compute: time, DRAM bytes, and with --stalls the scheduler"),
-    # a run whose checks failed stops before timing: its cases, sweeps and bandwidth are absent
-    RecordKind("one_launch", 1, (*_PROVENANCE, "what", "formats", "checks", "all_checks_passed"),
-               "the tail as one CUDA launch against its three launches: checks, shape sweep, timings"),
-    RecordKind("real_model", 1, (*_PROVENANCE, "model", "checkpoint", "prompt", "prompt_tokens",
-                                 "bandwidth_bytes_per_s", "decode", "tail"),
-               "a real checkpoint's decode and one layer's tail, each variant against float64"),
-    RecordKind("sanitize", 1, (*_PROVENANCE, "what", "shapes", "formats", "all_clean"),
-               "compute-sanitizer's tools over the kernels' cases: which runs were clean"),
-    RecordKind("sass_counts", 1, (*_PROVENANCE, "kernel_text", "what", "nvcc", "cuobjdump", "arch", "shape", "old_dir",
-                                  "old_kernel_text", "classes", "rows"),
-               "registers and the row loops' instructions of each kernel as nvcc compiles it, old text and new"),
-    RecordKind("schedule_run", 1, (*_HEAD, "backend", "model", "geometry", "geometry_values", "dtype", "weights",
-                                   "weight_bytes_per_token", "eligible", "gdn", "tokens_per_round", "rounds", "warmup",
-                                   "context", "price", "stages", "comparisons", "fit", "all_waits_match"),
-               "the decode schedule stage by stage: waits made against predicted, ms a token, savings",
-               also_named=("schedule-*.json",)),
-    RecordKind("emulator_cost", 1, (*_PROVENANCE, "what", "target_ms", "cold_ms", "ratio", "results"),
-               "the Metal emulator's cost an emulated tail, beside the graph tail"),
-    RecordKind("check_rate", 1, (*_HEAD, "numpy_version", "python", "cpu_count", "target", "notes", "results"),
-               "how fast a user's numpy tail is checked, beside the graph sweep of the same cases"),
-    RecordKind("split_price", 1, (*_PROVENANCE, "method", "results"),
-               "the price of one wait between two real submissions, a step and shape each"),
-    RecordKind("sweep_rate", 1, (*_HEAD, "numpy_version", "python", "cpu_count", "target", "notes", "results",
-                                 "mutation_catch_rates"),
-               "how fast the error sweep runs, and how often it catches planted mistakes"),
-    RecordKind("tail_bench", 1, (*_HEAD, "numpy_version", "python", "cpu_count", "backends_available",
-                                 "copy_bandwidth_GBps", "bandwidth_measured", "notes", "results"),
-               "the tail unfused, fused and resident against its floor, shape by shape"),
-    RecordKind("tensor_core_rowdot", 1, (*_PROVENANCE, "kernel_text", *_ROW_DOT, "units"),
-               "a tensor-core row dot for affine 4-bit weights beside the kernels' and MLX's"),
-    RecordKind("async_copy_rowdot", 1, (*_PROVENANCE, "kernel_text", *_ROW_DOT, "stages", "shared_bytes"),
-               "a row dot fed by asynchronous copies beside the kernels' and the tensor cores'"),
-    RecordKind("launch_host_cost", 1, (*_PROVENANCE, "what", "links", "repeats", "variants", "all_checks_passed"),
-               "what one custom-kernel launch costs the host: its text's length, its inputs, mx.compile"),
-    RecordKind("wait_price", 1, ("command", "date", "device", "mlx_version", "mlx_device", "backend", "python", "kind",
-                                 "method", "ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms", "n",
-                                 "warmup", "record"),
-               "the price of one wait: the smallest submission and its round trip, n times"),
-)}
+KINDS: dict[str, RecordKind] = {
+    k.name: k
+    for k in (
+        RecordKind(
+            "gpu_check",
+            1,
+            (*_HEAD, "what", "device_info", "dialect", "seed", "checks", "checks_passed", "seconds"),
+            "the kernels checked against the float64 oracle on a GPU (and, unless --checks-only, the "
+            "benchmark's results under 'bench')",
+        ),
+        RecordKind(
+            "kernel_bench",
+            1,
+            (*_PROVENANCE, "what", "dialect"),
+            "the tail timed in every weight format against its floor (the results under 'bench')",
+        ),
+        RecordKind(
+            "kernel_bodies",
+            1,
+            (
+                *_PROVENANCE,
+                "what",
+                "device_info",
+                "dialect",
+                "mlx_ptx_cache_dir",
+                "old_dir",
+                "mlx_names",
+                "same_text",
+                "copy_bandwidth_Bps",
+                "tuning",
+                "shape",
+                "fold_block",
+                "rounds",
+                "seed",
+                "cases",
+                "checks_passed",
+            ),
+            "an older kernels/ text against the current one: same bits, then device time",
+        ),
+        RecordKind(
+            "launch_profile",
+            1,
+            (*_PROVENANCE, "what", "ncu_command", "returncode", "table", "launches", "output_tail"),
+            "each tail launch once under Nsight Compute: time, DRAM bytes, and with --stalls the scheduler",
+        ),
+        # a run whose checks failed stops before timing: its cases, sweeps and bandwidth are absent
+        RecordKind(
+            "one_launch",
+            1,
+            (*_PROVENANCE, "what", "formats", "checks", "all_checks_passed"),
+            "the tail as one CUDA launch against its three launches: checks, shape sweep, timings",
+        ),
+        RecordKind(
+            "real_model",
+            1,
+            (*_PROVENANCE, "model", "checkpoint", "prompt", "prompt_tokens", "bandwidth_bytes_per_s", "decode", "tail"),
+            "a real checkpoint's decode and one layer's tail, each variant against float64",
+        ),
+        RecordKind(
+            "sanitize",
+            1,
+            (*_PROVENANCE, "what", "shapes", "formats", "all_clean"),
+            "compute-sanitizer's tools over the kernels' cases: which runs were clean",
+        ),
+        RecordKind(
+            "sass_counts",
+            1,
+            (
+                *_PROVENANCE,
+                "kernel_text",
+                "what",
+                "nvcc",
+                "cuobjdump",
+                "arch",
+                "shape",
+                "old_dir",
+                "old_kernel_text",
+                "classes",
+                "rows",
+            ),
+            "registers and the row loops' instructions of each kernel as nvcc compiles it, old text and new",
+        ),
+        RecordKind(
+            "schedule_run",
+            1,
+            (
+                *_HEAD,
+                "backend",
+                "model",
+                "geometry",
+                "geometry_values",
+                "dtype",
+                "weights",
+                "weight_bytes_per_token",
+                "eligible",
+                "gdn",
+                "tokens_per_round",
+                "rounds",
+                "warmup",
+                "context",
+                "price",
+                "stages",
+                "comparisons",
+                "fit",
+                "all_waits_match",
+            ),
+            "the decode schedule stage by stage: waits made against predicted, ms a token, savings",
+            also_named=("schedule-*.json",),
+        ),
+        RecordKind(
+            "emulator_cost",
+            1,
+            (*_PROVENANCE, "what", "target_ms", "cold_ms", "ratio", "results"),
+            "the Metal emulator's cost an emulated tail, beside the graph tail",
+        ),
+        RecordKind(
+            "check_rate",
+            1,
+            (*_HEAD, "numpy_version", "python", "cpu_count", "target", "notes", "results"),
+            "how fast a user's numpy tail is checked, beside the graph sweep of the same cases",
+        ),
+        RecordKind(
+            "split_price",
+            1,
+            (*_PROVENANCE, "method", "results"),
+            "the price of one wait between two real submissions, a step and shape each",
+        ),
+        RecordKind(
+            "sweep_rate",
+            1,
+            (*_HEAD, "numpy_version", "python", "cpu_count", "target", "notes", "results", "mutation_catch_rates"),
+            "how fast the error sweep runs, and how often it catches planted mistakes",
+        ),
+        RecordKind(
+            "tail_bench",
+            1,
+            (
+                *_HEAD,
+                "numpy_version",
+                "python",
+                "cpu_count",
+                "backends_available",
+                "copy_bandwidth_GBps",
+                "bandwidth_measured",
+                "notes",
+                "results",
+            ),
+            "the tail unfused, fused and resident against its floor, shape by shape",
+        ),
+        RecordKind(
+            "tensor_core_rowdot",
+            1,
+            (*_PROVENANCE, "kernel_text", *_ROW_DOT, "units"),
+            "a tensor-core row dot for affine 4-bit weights beside the kernels' and MLX's",
+        ),
+        RecordKind(
+            "async_copy_rowdot",
+            1,
+            (*_PROVENANCE, "kernel_text", *_ROW_DOT, "stages", "shared_bytes"),
+            "a row dot fed by asynchronous copies beside the kernels' and the tensor cores'",
+        ),
+        RecordKind(
+            "launch_host_cost",
+            1,
+            (*_PROVENANCE, "what", "links", "repeats", "variants", "all_checks_passed"),
+            "what one custom-kernel launch costs the host: its text's length, its inputs, mx.compile",
+        ),
+        RecordKind(
+            "wait_price",
+            1,
+            (
+                "command",
+                "date",
+                "device",
+                "mlx_version",
+                "mlx_device",
+                "backend",
+                "python",
+                "kind",
+                "method",
+                "ms",
+                "p10_ms",
+                "p90_ms",
+                "iqr_ms",
+                "mean_ms",
+                "eval_only_ms",
+                "n",
+                "warmup",
+                "record",
+            ),
+            "the price of one wait: the smallest submission and its round trip, n times",
+        ),
+    )
+}
 
 _COMMAND = re.compile(r"python -m bench\.(\w+)")
 
@@ -169,16 +336,20 @@ def check(record: Any, kind: str, *, name: str = "record") -> dict[str, Any]:
         raise RecordError(f"{name}: must be a {kind!r} record (a dict), got {describe(record)}")
     found = kind_of(record)
     if found is None:
-        raise RecordError(f"{name}: names no kind (no 'bench' and no 'python -m bench.NAME' command), "
-                          f"expected {kind!r}; got {describe(record)}")
+        raise RecordError(
+            f"{name}: names no kind (no 'bench' and no 'python -m bench.NAME' command), "
+            f"expected {kind!r}; got {describe(record)}"
+        )
     if found != kind:
         raise RecordError(f"{name}: is a {found!r} record, expected {kind!r}")
     schema = record.get("schema", 1)
     if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
         raise RecordError(f"{name}: schema must be an integer >= 1, got {describe(schema)}")
     if schema > spec.schema:
-        raise RecordError(f"{name}: schema {schema}; this workbench reads {kind!r} records up to schema "
-                          f"{spec.schema}: update the workbench")
+        raise RecordError(
+            f"{name}: schema {schema}; this workbench reads {kind!r} records up to schema "
+            f"{spec.schema}: update the workbench"
+        )
     missing = [k for k in spec.keys if k not in record]
     if missing:
         raise RecordError(f"{name}: a {kind!r} record must have {missing}; it lacks them")
@@ -189,8 +360,9 @@ def _folder(folder: str | os.PathLike | None) -> Path:
     if folder is None:
         return RECORD_DIR
     if not isinstance(folder, (str, os.PathLike)):
-        raise ValueError(f"folder: must be a path (str or Path) or None for the project's data/bench, "
-                         f"got {describe(folder)}")
+        raise ValueError(
+            f"folder: must be a path (str or Path) or None for the project's data/bench, got {describe(folder)}"
+        )
     return Path(folder)
 
 
@@ -228,8 +400,11 @@ def load(kind: str, name: str | os.PathLike, folder: str | os.PathLike | None = 
     path = given
     if not path.exists() and path.parent.is_dir():
         kin = sorted(p.name for pat in KINDS[kind].patterns for p in path.parent.glob(pat))
-        hint = f"; its {kind!r} records run from {kin[0]} to {kin[-1]} ({len(kin)})" if kin else \
-            f"; it holds no {kind!r} record"
+        hint = (
+            f"; its {kind!r} records run from {kin[0]} to {kin[-1]} ({len(kin)})"
+            if kin
+            else f"; it holds no {kind!r} record"
+        )
         raise RecordError(f"no record {path}{hint}")
     return _read(path, kind)
 
@@ -252,13 +427,15 @@ def _when(rec: Mapping[str, Any]) -> _dt.datetime:
     try:
         when = _dt.datetime.fromisoformat(rec["date"])
     except (TypeError, ValueError):
-        raise RecordError(f"{rec.get('file', 'record')}: date must be an ISO 8601 date, got "
-                          f"{describe(rec['date'])}") from None
+        raise RecordError(
+            f"{rec.get('file', 'record')}: date must be an ISO 8601 date, got {describe(rec['date'])}"
+        ) from None
     return when if when.tzinfo else when.replace(tzinfo=_dt.UTC)
 
 
-def newest(kind: str, folder: str | os.PathLike | None = None,
-           where: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+def newest(
+    kind: str, folder: str | os.PathLike | None = None, where: Callable[[dict[str, Any]], bool] | None = None
+) -> dict[str, Any]:
     """The newest of :func:`load_all`'s records for which ``where(record)`` is true (every
     one without ``where``): the latest ``date``, the file name breaking ties (a date that is
     a day alone, two devices in one second). :class:`RecordError` where none is."""
@@ -282,8 +459,9 @@ def stamp(record: Mapping[str, Any]) -> str:
     name = record.get("file") if isinstance(record, Mapping) else None
     found = _STAMP.search(name) if isinstance(name, str) else None
     if found is None:
-        raise RecordError(f"record: must be loaded from a file named <kind>-<device>-<UTC time>.json, got "
-                          f"{describe(name)}")
+        raise RecordError(
+            f"record: must be loaded from a file named <kind>-<device>-<UTC time>.json, got {describe(name)}"
+        )
     return found.group(1)
 
 
@@ -293,8 +471,10 @@ def headline(record: Mapping[str, Any]) -> str:
     (``files.command_shown``). ``tables.wrap`` fits it to the page."""
     kind = kind_of(record)
     if kind not in KINDS:
-        raise RecordError(f"record: must be a record of one of the kinds {sorted(KINDS)}, got "
-                          + (describe(record) if kind is None else f"a {kind!r} record"))
+        raise RecordError(
+            f"record: must be a record of one of the kinds {sorted(KINDS)}, got "
+            + (describe(record) if kind is None else f"a {kind!r} record")
+        )
     check(record, kind)
     device = record["device"]
     if isinstance(device, Mapping):
@@ -302,5 +482,4 @@ def headline(record: Mapping[str, Any]) -> str:
     when = _when(record).astimezone(_dt.UTC)
     shown = when.strftime("%Y-%m-%d") if len(str(record["date"])) <= 10 else when.strftime("%Y-%m-%d %H:%M UTC")
     where = f"{record['file']}: " if record.get("file") else ""
-    return (f"{where}{device}, {shown}, MLX {record['mlx_version']}, "
-            f"command: {files.command_shown(record['command'])}")
+    return f"{where}{device}, {shown}, MLX {record['mlx_version']}, command: {files.command_shown(record['command'])}"

@@ -58,7 +58,9 @@ def of_kernel_text(records: list[dict[str, Any]], kernel_text: str) -> list[dict
     ``kernel_source.fingerprint``; records made before records carried one match none):
     what a sanitizer found clean in other text says nothing about this one."""
     if not isinstance(kernel_text, str) or not kernel_text:
-        raise ValueError(f"kernel_text must be a kernel_source.fingerprint string; got {validate.describe(kernel_text)}")
+        raise ValueError(
+            f"kernel_text must be a kernel_source.fingerprint string; got {validate.describe(kernel_text)}"
+        )
     return [r for r in records if isinstance(r, dict) and r.get("kernel_text") == kernel_text]
 
 
@@ -82,12 +84,21 @@ def coverage(records: list[dict[str, Any]]) -> Any:
 
     def rank(key: tuple[str, str]) -> tuple[int, int, str, str]:
         shape, fmt = key
-        return (SHAPES.index(shape) if shape in SHAPES else len(SHAPES),
-                FORMATS.index(fmt) if fmt in FORMATS else len(FORMATS), shape, fmt)
+        return (
+            SHAPES.index(shape) if shape in SHAPES else len(SHAPES),
+            FORMATS.index(fmt) if fmt in FORMATS else len(FORMATS),
+            shape,
+            fmt,
+        )
 
     order = sorted(seen, key=rank)
-    cells = [{tool: "".join(letter for part, letter in PART_LETTERS.items() if part in seen[key].get(tool, ())) or "-"
-              for tool in TOOLS} for key in order]
+    cells = [
+        {
+            tool: "".join(letter for part, letter in PART_LETTERS.items() if part in seen[key].get(tool, ())) or "-"
+            for tool in TOOLS
+        }
+        for key in order
+    ]
     index = pd.MultiIndex.from_arrays([[k[0] for k in order], [k[1] for k in order]], names=["shape", "format"])
     return pd.DataFrame(cells, index=index, columns=list(TOOLS))
 
@@ -105,8 +116,9 @@ def not_yet_clean(table: Any, shape: str, part: str) -> dict[str, list[str]]:
     letter = PART_LETTERS[part]
     out: dict[str, list[str]] = {}
     for tool in TOOLS:
-        out[tool] = [fmt for fmt in FORMATS
-                     if rows is None or fmt not in rows.index or letter not in rows.loc[fmt, tool]]
+        out[tool] = [
+            fmt for fmt in FORMATS if rows is None or fmt not in rows.index or letter not in rows.loc[fmt, tool]
+        ]
     return out
 
 
@@ -122,8 +134,16 @@ def runs_table(records: dict[str, dict[str, Any]]) -> Any:
     for name, rec in records.items():
         check_record(rec, "sanitize", name=f"records[{name!r}]")
         for run in record_runs(rec):
-            rows.append({"record": name, "tool": run["tool"], "parts": "+".join(run.get("parts") or ["?"]),
-                         "formats": len(run.get("formats", [])), "device-written": bool(rec.get("device_written")),
-                         "clean": bool(run.get("passed")), "errors": run.get("errors"),
-                         "seconds": round(run["seconds"])})
+            rows.append(
+                {
+                    "record": name,
+                    "tool": run["tool"],
+                    "parts": "+".join(run.get("parts") or ["?"]),
+                    "formats": len(run.get("formats", [])),
+                    "device-written": bool(rec.get("device_written")),
+                    "clean": bool(run.get("passed")),
+                    "errors": run.get("errors"),
+                    "seconds": round(run["seconds"]),
+                }
+            )
     return pd.DataFrame(rows)

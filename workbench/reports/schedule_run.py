@@ -44,13 +44,30 @@ def record_tables(rec: Mapping) -> tuple[Any, Any]:
     import pandas as pd
 
     rec = _record(rec)
-    check_rows("rec['stages']", rec["stages"], ("stage", "waits_predicted", "waits_made", "waits_match", "ms_median",
-                                           "ms_p10", "ms_p90", "tokens"))
-    stages = pd.DataFrame(rec["stages"])[["stage", "waits_predicted", "waits_made", "waits_match", "ms_median",
-                                           "ms_p10", "ms_p90", "tokens"]]
+    check_rows(
+        "rec['stages']",
+        rec["stages"],
+        ("stage", "waits_predicted", "waits_made", "waits_match", "ms_median", "ms_p10", "ms_p90", "tokens"),
+    )
+    stages = pd.DataFrame(rec["stages"])[
+        ["stage", "waits_predicted", "waits_made", "waits_match", "ms_median", "ms_p10", "ms_p90", "tokens"]
+    ]
     comps = pd.DataFrame(rec["comparisons"])
-    cols = [c for c in ("from", "to", "waits_saved", "same_work", "ms_saved_predicted", "ms_saved_measured",
-                        "ratio", "ms_saved_paired", "ratio_paired") if c in comps]
+    cols = [
+        c
+        for c in (
+            "from",
+            "to",
+            "waits_saved",
+            "same_work",
+            "ms_saved_predicted",
+            "ms_saved_measured",
+            "ratio",
+            "ms_saved_paired",
+            "ratio_paired",
+        )
+        if c in comps
+    ]
     return stages, comps[cols]
 
 
@@ -63,7 +80,9 @@ def closeness(rec: Mapping) -> dict:
     of stages that does the same work. 1.0 is the table exactly; the goal is within 20%.
     """
     rec = _record(rec)
-    check_rows("rec['comparisons']", rec["comparisons"], ("from", "to", "ratio", "ms_saved_predicted", "ms_saved_measured"))
+    check_rows(
+        "rec['comparisons']", rec["comparisons"], ("from", "to", "ratio", "ms_saved_predicted", "ms_saved_measured")
+    )
     plan = waits.load_plan()
     floor = next((s.number for s in plan.stages if s.floor and not s.attention_on_device), None)
     comps = [c for c in rec["comparisons"] if c.get("same_work", True)]
@@ -76,7 +95,9 @@ def closeness(rec: Mapping) -> dict:
     return {
         "ratio_1_to_floor": None if main is None else ratio(main),
         "ms_saved_predicted_1_to_floor": None if main is None else main["ms_saved_predicted"],
-        "ms_saved_measured_1_to_floor": None if main is None else main.get("ms_saved_paired", main["ms_saved_measured"]),
+        "ms_saved_measured_1_to_floor": None
+        if main is None
+        else main.get("ms_saved_paired", main["ms_saved_measured"]),
         "median_ratio": float(np.median(ratios)) if ratios else None,
     }
 
@@ -94,8 +115,11 @@ def covers_plan(rec: Mapping) -> bool:
 
 def kernel_records(records: Sequence[Mapping]) -> list[Mapping]:
     """The records of ``records`` whose step ran on the project's kernels and was checked."""
-    return [r for i, r in enumerate(records)
-            if _record(r, f"records[{i}]").get("matvec") == "kernels" and r.get("check") is not None]
+    return [
+        r
+        for i, r in enumerate(records)
+        if _record(r, f"records[{i}]").get("matvec") == "kernels" and r.get("check") is not None
+    ]
 
 
 def clock_table(rec: Mapping):
@@ -110,12 +134,23 @@ def clock_table(rec: Mapping):
     if "floor_ms" not in _record(rec):
         raise ValueError(f"rec: must be a schedule record with a floor (bench.schedule_run's own), got {describe(rec)}")
     rows = check_rows("rec['stages']", rec["stages"], ("stage", "waits_predicted", "ms_median"))
-    df = pd.DataFrame([{
-        "stage": r["stage"], "waits": r["waits_predicted"], "ms": r["ms_median"], "floor_ms": rec["floor_ms"],
-        "x_floor": r["ms_median"] / rec["floor_ms"], "waits_ms_model": r.get("ms_waits_model"),
-        "wait_share": r.get("wait_share_model"), "in_eval_ms": r.get("ms_eval_median"),
-        "host_ms": r.get("ms_host_median"), "kernel_ms": r.get("device_ms_per_token"),
-    } for r in rows])
+    df = pd.DataFrame(
+        [
+            {
+                "stage": r["stage"],
+                "waits": r["waits_predicted"],
+                "ms": r["ms_median"],
+                "floor_ms": rec["floor_ms"],
+                "x_floor": r["ms_median"] / rec["floor_ms"],
+                "waits_ms_model": r.get("ms_waits_model"),
+                "wait_share": r.get("wait_share_model"),
+                "in_eval_ms": r.get("ms_eval_median"),
+                "host_ms": r.get("ms_host_median"),
+                "kernel_ms": r.get("device_ms_per_token"),
+            }
+            for r in rows
+        ]
+    )
     return df
 
 
@@ -157,11 +192,18 @@ def stage_comparison(runs: Mapping[str, Mapping], stage: int = 6):
             raise ValueError(f"runs[{label!r}]: has no stage {stage} (its stages: {list(clock.index)})")
         s = clock.loc[stage]
         checks = rec.get("check", {}).get("stages", [])
-        rows.append({"run": label, f"stage {stage} ms": s["ms"], "x floor": s["x_floor"], "in eval ms": s["in_eval_ms"],
-                     "host ms": s["host_ms"],
-                     "check": max((c["worst_scaled_error"] for c in checks), default=float("nan")),
-                     "passed": bool(rec.get("check", {}).get("passed")) and bool(rec.get("all_waits_match")),
-                     "overlap": int(rec.get("overlap", 0))})
+        rows.append(
+            {
+                "run": label,
+                f"stage {stage} ms": s["ms"],
+                "x floor": s["x_floor"],
+                "in eval ms": s["in_eval_ms"],
+                "host ms": s["host_ms"],
+                "check": max((c["worst_scaled_error"] for c in checks), default=float("nan")),
+                "passed": bool(rec.get("check", {}).get("passed")) and bool(rec.get("all_waits_match")),
+                "overlap": int(rec.get("overlap", 0)),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -180,14 +222,24 @@ def device_profile_table(rec: Mapping, top: int = 6):
 
     prof = _record(rec).get("device_profile")
     if not isinstance(prof, Mapping):
-        raise ValueError(f"rec: has no device profile (bench.schedule_run --profile makes one), got "
-                         f"{describe(prof)}")
+        raise ValueError(f"rec: has no device profile (bench.schedule_run --profile makes one), got {describe(prof)}")
     top = integer("top", top, minimum=1)
-    rows = [{"kernel": k["name"].split("(")[0].removeprefix(_CUSTOM_KERNEL), "launches": k["per_step"],
-             "ms": k["us_per_step"] / 1e3} for k in prof["top_kernels"][:top]]
+    rows = [
+        {
+            "kernel": k["name"].split("(")[0].removeprefix(_CUSTOM_KERNEL),
+            "launches": k["per_step"],
+            "ms": k["us_per_step"] / 1e3,
+        }
+        for k in prof["top_kernels"][:top]
+    ]
     device_ms = prof["device_us_per_step"] / 1e3
-    summary = {"stage": int(prof["stage"]), "kernels": prof["kernels_per_step"], "device_ms": device_ms,
-               "floor_ms": rec["floor_ms"], "device_x_floor": device_ms / rec["floor_ms"]}
+    summary = {
+        "stage": int(prof["stage"]),
+        "kernels": prof["kernels_per_step"],
+        "device_ms": device_ms,
+        "floor_ms": rec["floor_ms"],
+        "device_x_floor": device_ms / rec["floor_ms"],
+    }
     return pd.DataFrame(rows), summary
 
 
@@ -229,8 +281,11 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
     import pandas as pd
 
     rec = _record(rec)
-    comps = check_rows("rec['comparisons']", rec["comparisons"], ("from", "to", "waits_saved", "ms_saved_predicted",
-                                                             "ms_saved_measured", "same_work"))
+    comps = check_rows(
+        "rec['comparisons']",
+        rec["comparisons"],
+        ("from", "to", "waits_saved", "ms_saved_predicted", "ms_saved_measured", "same_work"),
+    )
     each = {r.get("stage"): r.get("ms_each") for r in rec.get("stages", [])}
     device = {r.get("stage"): r.get("device_ms_per_token") for r in rec.get("stages", [])}
     out = []
@@ -248,7 +303,9 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
         if dev_saved is not None:
             idle = measured - dev_saved
             idle_ratio = idle / model if model else None
-            idle_decided = _settles(None if lo is None else lo - dev_saved, None if hi is None else hi - dev_saved, band)
+            idle_decided = _settles(
+                None if lo is None else lo - dev_saved, None if hi is None else hi - dev_saved, band
+            )
         mlo, mhi = c.get("ms_saved_model_lo"), c.get("ms_saved_model_hi")
         rlo = rhi = both = None
         if lo is not None and mlo is not None and mlo > 0:
@@ -256,18 +313,36 @@ def pair_table(rec: Mapping, *, within: float = 0.2):
             both = _settles(rlo, rhi, (1 - within, 1 + within))
         in_token = c.get("ms_saved_model_in_token")
         ratio_in_token = measured / in_token if in_token else None
-        out.append({"from": c["from"], "to": c["to"], "waits_saved": c["waits_saved"], "same_work": c["same_work"],
-                    "tiny_ms": c["ms_saved_predicted"], "model_ms": model, "measured_ms": measured,
-                    "measured_lo_ms": lo, "measured_hi_ms": hi,
-                    "ratio_tiny": measured / c["ms_saved_predicted"] if c["ms_saved_predicted"] else None,
-                    "ratio_model": ratio, "model_within": None if ratio is None else abs(ratio - 1) <= within,
-                    "noise_decided": decided, "device_saved_ms": dev_saved, "idle_saved_ms": idle,
-                    "ratio_model_idle": idle_ratio,
-                    "idle_within": None if idle_ratio is None else abs(idle_ratio - 1) <= within,
-                    "idle_noise_decided": idle_decided, "model_lo_ms": mlo, "model_hi_ms": mhi,
-                    "ratio_lo": rlo, "ratio_hi": rhi, "both_decided": both,
-                    "in_token_model_ms": in_token, "ratio_in_token": ratio_in_token,
-                    "in_token_within": None if ratio_in_token is None else abs(ratio_in_token - 1) <= within})
+        out.append(
+            {
+                "from": c["from"],
+                "to": c["to"],
+                "waits_saved": c["waits_saved"],
+                "same_work": c["same_work"],
+                "tiny_ms": c["ms_saved_predicted"],
+                "model_ms": model,
+                "measured_ms": measured,
+                "measured_lo_ms": lo,
+                "measured_hi_ms": hi,
+                "ratio_tiny": measured / c["ms_saved_predicted"] if c["ms_saved_predicted"] else None,
+                "ratio_model": ratio,
+                "model_within": None if ratio is None else abs(ratio - 1) <= within,
+                "noise_decided": decided,
+                "device_saved_ms": dev_saved,
+                "idle_saved_ms": idle,
+                "ratio_model_idle": idle_ratio,
+                "idle_within": None if idle_ratio is None else abs(idle_ratio - 1) <= within,
+                "idle_noise_decided": idle_decided,
+                "model_lo_ms": mlo,
+                "model_hi_ms": mhi,
+                "ratio_lo": rlo,
+                "ratio_hi": rhi,
+                "both_decided": both,
+                "in_token_model_ms": in_token,
+                "ratio_in_token": ratio_in_token,
+                "in_token_within": None if ratio_in_token is None else abs(ratio_in_token - 1) <= within,
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -282,21 +357,30 @@ def pair_verdicts(rec: Mapping, *, within: float = 0.2, saving: str = "clock") -
     one_of("saving", saving, ("clock", "idle"))
     t = pair_table(rec, within=within)
     adjacent = t[t["same_work"] & (t["to"] == t["from"] + 1)]
-    ratio_col, within_col, decided_col = (("ratio_model", "model_within", "noise_decided") if saving == "clock"
-                                          else ("ratio_model_idle", "idle_within", "idle_noise_decided"))
+    ratio_col, within_col, decided_col = (
+        ("ratio_model", "model_within", "noise_decided")
+        if saving == "clock"
+        else ("ratio_model_idle", "idle_within", "idle_noise_decided")
+    )
     if saving == "idle" and adjacent["idle_saved_ms"].isna().any():
-        raise ValueError("saving: 'idle' needs a record profiled at every stage (bench.schedule_run --profile, "
-                         "device_ms_per_token in each stage's row); this one is not")
+        raise ValueError(
+            "saving: 'idle' needs a record profiled at every stage (bench.schedule_run --profile, "
+            "device_ms_per_token in each stage's row); this one is not"
+        )
     settled = adjacent[adjacent[decided_col].fillna(False).astype(bool)]
     ratios = settled[ratio_col].astype(float)
-    return {"pairs": len(adjacent), "settled": len(settled),
-            "settled_within": int(settled[within_col].astype(bool).sum()),
-            "settled_ratio_min": float(ratios.min()) if len(settled) else None,
-            "settled_ratio_max": float(ratios.max()) if len(settled) else None}
+    return {
+        "pairs": len(adjacent),
+        "settled": len(settled),
+        "settled_within": int(settled[within_col].astype(bool).sum()),
+        "settled_ratio_min": float(ratios.min()) if len(settled) else None,
+        "settled_ratio_max": float(ratios.max()) if len(settled) else None,
+    }
 
 
-def paired_interval(a: Sequence[float] | None, b: Sequence[float] | None,
-                    level: float = 0.95) -> tuple[float | None, float | None]:
+def paired_interval(
+    a: Sequence[float] | None, b: Sequence[float] | None, level: float = 0.95
+) -> tuple[float | None, float | None]:
     """A ``level`` interval for the paired saving ``median(a_i - b_i)`` of two stages'
     per-token times (token i of each ran in the same round), by the percentile bootstrap
     over the token pairs (``savings.resampled_medians``, seeded: the same interval every
@@ -317,13 +401,24 @@ def split_table(rec: Mapping):
     if not _record(rec).get("splits"):
         raise ValueError(f"rec: must be a schedule record with split prices ('splits'), got {describe(rec)}")
     rows = check_rows("rec['splits']", rec["splits"], ("split", "ms", "p10_ms", "p90_ms", "split_ms", "joined_ms"))
-    return pd.DataFrame([{
-        "split": r["split"], "price_ms": r["ms"], "p10_ms": r["p10_ms"], "p90_ms": r["p90_ms"],
-        "split_ms": r["split_ms"], "joined_ms": r["joined_ms"],
-        # The first records did not time each side's device work.
-        "device_first_ms": r.get("device_ms", {}).get("first"), "device_second_ms": r.get("device_ms", {}).get("second"),
-        "idle_split_ms": r.get("split_idle_ms"), "idle_joined_ms": r.get("joined_idle_ms"),
-    } for r in rows])
+    return pd.DataFrame(
+        [
+            {
+                "split": r["split"],
+                "price_ms": r["ms"],
+                "p10_ms": r["p10_ms"],
+                "p90_ms": r["p90_ms"],
+                "split_ms": r["split_ms"],
+                "joined_ms": r["joined_ms"],
+                # The first records did not time each side's device work.
+                "device_first_ms": r.get("device_ms", {}).get("first"),
+                "device_second_ms": r.get("device_ms", {}).get("second"),
+                "idle_split_ms": r.get("split_idle_ms"),
+                "idle_joined_ms": r.get("joined_idle_ms"),
+            }
+            for r in rows
+        ]
+    )
 
 
 def in_token_table(rec: Mapping):
@@ -338,9 +433,21 @@ def in_token_table(rec: Mapping):
 
     prices = _record(rec).get("in_token_prices")
     if not isinstance(prices, Mapping) or not prices:
-        raise ValueError(f"rec: has no in-token prices (bench.schedule_run --in-token-share N makes them), got "
-                         f"{describe(prices)}")
+        raise ValueError(
+            f"rec: has no in-token prices (bench.schedule_run --in-token-share N makes them), got {describe(prices)}"
+        )
     alone = {r["split"]: r["ms"] for r in check_rows("rec['splits']", rec.get("splits") or [], ("split", "ms"))}
-    return pd.DataFrame([{"kind": kind, "alone_ms": alone.get(kind), "in_token_ms": p["ms"], "lo_ms": p["lo_ms"],
-                          "hi_ms": p["hi_ms"], "stage": p["stage"], "count": p["count"]}
-                         for kind, p in prices.items()]).set_index("kind")
+    return pd.DataFrame(
+        [
+            {
+                "kind": kind,
+                "alone_ms": alone.get(kind),
+                "in_token_ms": p["ms"],
+                "lo_ms": p["lo_ms"],
+                "hi_ms": p["hi_ms"],
+                "stage": p["stage"],
+                "count": p["count"],
+            }
+            for kind, p in prices.items()
+        ]
+    ).set_index("kind")

@@ -74,6 +74,14 @@ def wrap(text: str, *, width: int = WIDTH, indent: str = "    ") -> str:
             out.append(line)
             continue
         lead = line[: len(line) - len(line.lstrip(" "))]
-        out.append(textwrap.fill(line, width, initial_indent="", subsequent_indent=lead + indent,
-                                 break_long_words=False, break_on_hyphens=False))
+        out.append(
+            textwrap.fill(
+                line,
+                width,
+                initial_indent="",
+                subsequent_indent=lead + indent,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
     return "\n".join(out)

@@ -15,16 +15,38 @@ is imported when one of its names is first read. ``metal_math_modes`` is public 
 
 from workbench import public_names
 
-_HOMES, __getattr__, __dir__ = public_names(__name__, {
-    "cases": ("CASE_BLOCK", "SWEEP_SALT", "OUTLIER_SCALE", "CaseArrays", "case_arrays", "case_floats",
-              "case_row_weights", "quant_spec", "fold_for_case", "check_fold", "check_quant_fits", "check_seeds",
-              "check_shape"),
-    "sweeps": ("sweep", "mutation_sweep", "MUTATIONS", "MUTATION_DOC"),
-    "calibration": ("Tolerance", "calibrate_tolerance", "calibrate_by", "catch_rates", "pass_rates",
-                    "REFERENCE_TOLERANCES"),
-    "three_way": ("three_way_table", "FAULTS", "VERDICTS"),
-    "exact_oracle": ("host_tail_exact", "dequantize_exact", "oracle_tolerance", "tolerance_for"),
-    "metal_check": ("PROVES", "SAME_BITS", "metal_check_table"),
-}, namespaces=("metal_math_modes",))
+_HOMES, __getattr__, __dir__ = public_names(
+    __name__,
+    {
+        "cases": (
+            "CASE_BLOCK",
+            "SWEEP_SALT",
+            "OUTLIER_SCALE",
+            "CaseArrays",
+            "case_arrays",
+            "case_floats",
+            "case_row_weights",
+            "quant_spec",
+            "fold_for_case",
+            "check_fold",
+            "check_quant_fits",
+            "check_seeds",
+            "check_shape",
+        ),
+        "sweeps": ("sweep", "mutation_sweep", "MUTATIONS", "MUTATION_DOC"),
+        "calibration": (
+            "Tolerance",
+            "calibrate_tolerance",
+            "calibrate_by",
+            "catch_rates",
+            "pass_rates",
+            "REFERENCE_TOLERANCES",
+        ),
+        "three_way": ("three_way_table", "FAULTS", "VERDICTS"),
+        "exact_oracle": ("host_tail_exact", "dequantize_exact", "oracle_tolerance", "tolerance_for"),
+        "metal_check": ("PROVES", "SAME_BITS", "metal_check_table"),
+    },
+    namespaces=("metal_math_modes",),
+)
 
 __all__ = list(_HOMES)

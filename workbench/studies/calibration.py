@@ -49,7 +49,9 @@ MIN_DISTINCT = 10
 _GROUP = ["dtype", "fold", "quant"]
 
 
-def _checked_rates_input(name: str, frame: Any, tolerances: Any, by: Any) -> tuple[dict[str, tuple[str, float]], list[str]]:
+def _checked_rates_input(
+    name: str, frame: Any, tolerances: Any, by: Any
+) -> tuple[dict[str, tuple[str, float]], list[str]]:
     """The sweep, tolerances and grouping of :func:`catch_rates` / :func:`pass_rates`, checked:
     a non-empty DataFrame, ``name -> (column, finite limit >= 0)`` pairs over its columns,
     ``by`` naming its columns. A NaN limit would make every comparison false: a rate of 0
@@ -68,13 +70,16 @@ def _checked_rates_input(name: str, frame: Any, tolerances: Any, by: Any) -> tup
             raise ValueError(f"tolerances[{key!r}]: must be a (metric, limit) pair, got {describe(pair)}")
         metric, limit = pair
         if not isinstance(metric, str) or metric not in frame.columns:
-            raise ValueError(f"tolerances[{key!r}]: metric must be a column of the sweep "
-                             f"({sorted(map(str, frame.columns))}); got {describe(metric)}")
+            raise ValueError(
+                f"tolerances[{key!r}]: metric must be a column of the sweep "
+                f"({sorted(map(str, frame.columns))}); got {describe(metric)}"
+            )
         checked[key] = (metric, number(f"tolerances[{key!r}]: limit", limit, minimum=0))
     groups = [by] if isinstance(by, str) else list(by) if isinstance(by, (tuple, list)) else None
     if not groups or any(not isinstance(b, str) or b not in frame.columns for b in groups):
-        raise ValueError(f"by: must name one or more columns of the sweep ({sorted(map(str, frame.columns))}); "
-                         f"got {describe(by)}")
+        raise ValueError(
+            f"by: must name one or more columns of the sweep ({sorted(map(str, frame.columns))}); got {describe(by)}"
+        )
     return checked, groups
 
 
@@ -154,10 +159,12 @@ class Tolerance:
         return (metric, self.recommended)
 
     def __str__(self) -> str:
-        return (f"tolerance {self.value:.3g} (bootstrap {100 * self.level:.0f}%: {self.low:.3g} .. {self.high:.3g}); "
-                f"recommended {self.recommended:.2g} at flake rate {self.flake_rate:g}/case; "
-                f"GPD xi {self.xi:.3f}, sigma {self.sigma:.3g} over {self.n_tail} of {self.n} above "
-                f"{self.threshold:.3g}; observed max {self.observed_max:.3g}")
+        return (
+            f"tolerance {self.value:.3g} (bootstrap {100 * self.level:.0f}%: {self.low:.3g} .. {self.high:.3g}); "
+            f"recommended {self.recommended:.2g} at flake rate {self.flake_rate:g}/case; "
+            f"GPD xi {self.xi:.3f}, sigma {self.sigma:.3g} over {self.n_tail} of {self.n} above "
+            f"{self.threshold:.3g}; observed max {self.observed_max:.3g}"
+        )
 
 
 def _gpd_pwm(y: np.ndarray) -> tuple[float, float]:
@@ -256,8 +263,10 @@ def calibrate_tolerance(
         raise ValueError(f"errors: must hold at least 100 per-case errors to fit a tail; got {e.size}")
     if not np.isfinite(e).all() or (e < 0).any():
         bad = e[~(np.isfinite(e) & (e >= 0))]
-        raise ValueError(f"errors: must be finite and >= 0 (per-case worst errors of a correct tail); "
-                         f"got {bad.size} others, e.g. {bad[0]!r}")
+        raise ValueError(
+            f"errors: must be finite and >= 0 (per-case worst errors of a correct tail); "
+            f"got {bad.size} others, e.g. {bad[0]!r}"
+        )
     flake_rate = number("flake_rate", flake_rate, minimum=0, exclusive_minimum=True, maximum=0.5)
     tail_fraction = number("tail_fraction", tail_fraction, minimum=0, exclusive_minimum=True, maximum=0.5)
     level = number("level", level, minimum=0, exclusive_minimum=True, maximum=0.999)
@@ -271,9 +280,9 @@ def calibrate_tolerance(
         """Rows of samples -> (level, u, xi, sigma, distinct values in the tail) per row."""
         part = np.partition(sample, n - k - 1, axis=-1)
         u = part[..., n - k - 1]
-        top = part[..., n - k:]
+        top = part[..., n - k :]
         xi, sigma = _gpd_pwm(top - u[..., None])
-        distinct = 1 + (np.diff(np.sort(part[..., n - k - 1:], axis=-1), axis=-1) > 0).sum(axis=-1)
+        distinct = 1 + (np.diff(np.sort(part[..., n - k - 1 :], axis=-1), axis=-1) > 0).sum(axis=-1)
         if flake_rate >= k / n:
             return np.quantile(sample, 1.0 - flake_rate, axis=-1), u, xi, sigma, np.full_like(distinct, k + 1)
         discrete = distinct < MIN_DISTINCT
@@ -289,26 +298,45 @@ def calibrate_tolerance(
         boots.append(fit(e[rng.integers(0, n, size=(m, n))])[0])
     b = np.concatenate(boots)
     lo, hi = np.quantile(b, [(1 - level) / 2, (1 + level) / 2])
-    method = (f"peaks over threshold: generalized Pareto fitted by probability-weighted moments to the top "
-              f"{k} of {n} cases; bootstrap x{n_boot} ({100 * level:.0f}% interval); recommended = upper bound "
-              f"rounded up to 2 significant figures")
+    method = (
+        f"peaks over threshold: generalized Pareto fitted by probability-weighted moments to the top "
+        f"{k} of {n} cases; bootstrap x{n_boot} ({100 * level:.0f}% interval); recommended = upper bound "
+        f"rounded up to 2 significant figures"
+    )
     if degenerate:
-        method = (f"discrete tail: the threshold and the top {k} of {n} cases take only {int(distinct[0])} distinct "
-                  f"value(s) (fewer than {MIN_DISTINCT}), too few to fit a continuous tail; the tolerance is the "
-                  f"largest error seen (sigma = 0, xi reported as 0); bootstrap x{n_boot} "
-                  f"({100 * level:.0f}% interval)")
-    out = dict(value=float(lvl[0]), low=float(lo), high=float(hi), recommended=_round_up(float(hi)),
-               threshold=float(u[0]), xi=float(xi[0]), sigma=float(sigma[0]))
+        method = (
+            f"discrete tail: the threshold and the top {k} of {n} cases take only {int(distinct[0])} distinct "
+            f"value(s) (fewer than {MIN_DISTINCT}), too few to fit a continuous tail; the tolerance is the "
+            f"largest error seen (sigma = 0, xi reported as 0); bootstrap x{n_boot} "
+            f"({100 * level:.0f}% interval)"
+        )
+    out = dict(
+        value=float(lvl[0]),
+        low=float(lo),
+        high=float(hi),
+        recommended=_round_up(float(hi)),
+        threshold=float(u[0]),
+        xi=float(xi[0]),
+        sigma=float(sigma[0]),
+    )
     bad = {k: v for k, v in out.items() if not math.isfinite(v)}
     if bad:  # cannot happen for finite errors >= 0 and the ranges above; said plainly if it ever does
-        raise ValueError(f"errors: the tail fit gave non-finite {bad}; the errors cannot be calibrated "
-                         f"(observed max {e.max():.6g})")
-    return Tolerance(**out, flake_rate=float(flake_rate), level=float(level), n=int(n), n_tail=int(k),
-                     observed_max=float(e.max()), method=method, degenerate=degenerate)
+        raise ValueError(
+            f"errors: the tail fit gave non-finite {bad}; the errors cannot be calibrated (observed max {e.max():.6g})"
+        )
+    return Tolerance(
+        **out,
+        flake_rate=float(flake_rate),
+        level=float(level),
+        n=int(n),
+        n_tail=int(k),
+        observed_max=float(e.max()),
+        method=method,
+        degenerate=degenerate,
+    )
 
 
-def calibrate_by(errors, *, metric: str = "worst", by: Sequence[str] = _GROUP, flake_rate: float = 1e-6,
-                 **kw: Any):
+def calibrate_by(errors, *, metric: str = "worst", by: Sequence[str] = _GROUP, flake_rate: float = 1e-6, **kw: Any):
     """:func:`calibrate_tolerance` for each group of a sweep; a DataFrame, one row per group."""
     import pandas as pd
 
@@ -321,6 +349,16 @@ def calibrate_by(errors, *, metric: str = "worst", by: Sequence[str] = _GROUP, f
             t = calibrate_tolerance(g[metric].to_numpy(), flake_rate=flake_rate, **kw)
         except ValueError as err:
             raise ValueError(f"group {dict(zip(by, key))}: {err}") from None
-        rows.append({**dict(zip(by, key)), "n": t.n, "observed_max": t.observed_max, "tolerance": t.value,
-                     "low": t.low, "high": t.high, "recommended": t.recommended, "xi": t.xi})
+        rows.append(
+            {
+                **dict(zip(by, key)),
+                "n": t.n,
+                "observed_max": t.observed_max,
+                "tolerance": t.value,
+                "low": t.low,
+                "high": t.high,
+                "recommended": t.recommended,
+                "xi": t.xi,
+            }
+        )
     return pd.DataFrame(rows).set_index(list(by))

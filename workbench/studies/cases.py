@@ -54,10 +54,14 @@ def check_shape(shape: Any) -> tuple[int, int, int]:
         vals = tuple(shape)
     except TypeError:
         vals = ()
-    if isinstance(shape, (str, bytes)) or len(vals) != 3 or not all(
-        isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v > 0 for v in vals
+    if (
+        isinstance(shape, (str, bytes))
+        or len(vals) != 3
+        or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v > 0 for v in vals)
     ):
-        raise ValueError(f"shapes: must hold (hidden, branch, ffn) triples of positive ints, got {validate.describe(shape)}")
+        raise ValueError(
+            f"shapes: must hold (hidden, branch, ffn) triples of positive ints, got {validate.describe(shape)}"
+        )
     h, b, f = (int(v) for v in vals)
     return h, b, f
 
@@ -69,8 +73,9 @@ def case_floats(shape: tuple[int, int, int]) -> int:
 
 def check_case_memory(shape: tuple[int, int, int], n_cases: int) -> None:
     """``ValueError`` naming ``shapes`` when ``n_cases`` cases of ``shape`` at once would not fit in memory."""
-    validate.within_memory("shapes", BYTES_PER_CASE_FLOAT * n_cases * case_floats(shape),
-                           f"{n_cases} case(s) at shape {shape}")
+    validate.within_memory(
+        "shapes", BYTES_PER_CASE_FLOAT * n_cases * case_floats(shape), f"{n_cases} case(s) at shape {shape}"
+    )
 
 
 def check_seeds(seeds: Iterable[int]) -> np.ndarray:
@@ -152,7 +157,7 @@ def draw_block(shape: tuple[int, int, int], block: int, rows: Any = None) -> Cas
     o = 0
     for d in recipe:
         k = math.prod(d.shape)
-        v = u[:, o:o + k]
+        v = u[:, o : o + k]
         o += k
         if d.signs:
             v = np.where(v < 0.5, np.float32(-1.0), np.float32(1.0))
@@ -215,12 +220,16 @@ def quant_spec(q: Any) -> tuple[str, QuantSpec | None]:
         return "none", None
     if isinstance(q, str):
         if q not in QUANT_FORMATS:
-            raise ValueError(f"quantize: entries must be None, a dict of mode/bits/group_size, or one of "
-                             f"{sorted(QUANT_FORMATS)}, got {q!r}")
+            raise ValueError(
+                f"quantize: entries must be None, a dict of mode/bits/group_size, or one of "
+                f"{sorted(QUANT_FORMATS)}, got {q!r}"
+            )
         return str(QUANT_FORMATS[q]), QUANT_FORMATS[q]
     if not isinstance(q, Mapping) or set(q) - {"mode", "bits", "group_size"}:
-        raise ValueError(f"quantize: entries must be None, a name in {sorted(QUANT_FORMATS)} or a dict of "
-                         f"mode/bits/group_size, got {validate.describe(q)}")
+        raise ValueError(
+            f"quantize: entries must be None, a name in {sorted(QUANT_FORMATS)} or a dict of "
+            f"mode/bits/group_size, got {validate.describe(q)}"
+        )
     spec = check_quant_spec(q.get("mode", "affine"), q.get("bits", 4), q.get("group_size", 64))
     return str(spec), spec
 
@@ -229,8 +238,9 @@ def check_quant_fits(spec: QuantSpec | None, shape: tuple[int, int, int]) -> Non
     """``ValueError`` naming ``quantize`` unless every matrix's in axis (branch for wo, hidden for
     gate/up, ffn for down) is a multiple of ``spec``'s group: ``mx.quantize`` groups along it."""
     if spec is not None and any(n % spec.group_size for n in shape):
-        raise ValueError(f"quantize: {spec} needs hidden, branch and ffn {shape} to be multiples of its "
-                         f"group_size {spec.group_size}")
+        raise ValueError(
+            f"quantize: {spec} needs hidden, branch and ffn {shape} to be multiples of its group_size {spec.group_size}"
+        )
 
 
 def quantize_args(spec: QuantSpec | None) -> dict[str, Any] | None:
@@ -256,7 +266,9 @@ def check_fold(fold: Any, shape: tuple[int, int, int]) -> None:
         fold.check_width(b if fold.site is FoldSite.INPUT else h)
         return
     if isinstance(fold, (bool, np.bool_)) or not isinstance(fold, (int, np.integer)):
-        raise ValueError(f"folds: entries must be None, a block size (int) or a HadamardFold, got {validate.describe(fold)}")
+        raise ValueError(
+            f"folds: entries must be None, a block size (int) or a HadamardFold, got {validate.describe(fold)}"
+        )
     try:
         hadamard.factor_block(int(fold))
     except ValueError as e:
@@ -299,9 +311,19 @@ def case_weights(
     return case_row_weights(c, 0, dtype=dtype, fold=fold, spec=spec, eps=eps)
 
 
-def case_row_weights(c: CaseArrays, i: int, *, dtype: str, fold: Any, spec: QuantSpec | None,
-                     eps: float) -> tuple[TailWeights, np.ndarray, np.ndarray]:
+def case_row_weights(
+    c: CaseArrays, i: int, *, dtype: str, fold: Any, spec: QuantSpec | None, eps: float
+) -> tuple[TailWeights, np.ndarray, np.ndarray]:
     """Row ``i`` of ``c`` as ``(TailWeights, branch, residual)``: what one case stores."""
-    w = TailWeights.from_arrays(c.wo[i], c.ffn_norm[i], c.gate[i], c.up[i], c.down[i], eps=eps,
-                                fold=fold_for_case(fold, c.signs[i]), dtype=dtype, quantize=quantize_args(spec))
+    w = TailWeights.from_arrays(
+        c.wo[i],
+        c.ffn_norm[i],
+        c.gate[i],
+        c.up[i],
+        c.down[i],
+        eps=eps,
+        fold=fold_for_case(fold, c.signs[i]),
+        dtype=dtype,
+        quantize=quantize_args(spec),
+    )
     return w, c.branch[i], c.residual[i]

@@ -107,8 +107,17 @@ def host_tail_exact(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, dtype:
         return tail.host_tail(w, br, res, dtype=dtype)
     br, res = validate.float_array("br", br), validate.float_array("res", res)
     m = [dequantize_exact(x, dtype) for x in (w.wo, w.gate, w.up, w.down)]
-    return tail.tail_np(m[0], w.wo.fold, w.ffn_norm.astype(dtype), m[1], m[2], m[3], w.eps,
-                        np.asarray(br).astype(dtype), np.asarray(res).astype(dtype))
+    return tail.tail_np(
+        m[0],
+        w.wo.fold,
+        w.ffn_norm.astype(dtype),
+        m[1],
+        m[2],
+        m[3],
+        w.eps,
+        np.asarray(br).astype(dtype),
+        np.asarray(res).astype(dtype),
+    )
 
 
 def oracle_tolerance(f32_worst: float) -> float:
@@ -131,6 +140,8 @@ def tolerance_for(w: tail.TailWeights, br: np.ndarray, res: np.ndarray, truth: n
         raise ValueError(f"truth: must have the tail's output shape {f32.shape} (host_tail_exact's), got {truth.shape}")
     worst = compare(f32, truth).worst
     if not math.isfinite(worst):
-        raise ValueError("truth: the float32 oracle's error against it is not finite (a NaN or Inf on either side); "
-                         "no tolerance follows from it")
+        raise ValueError(
+            "truth: the float32 oracle's error against it is not finite (a NaN or Inf on either side); "
+            "no tolerance follows from it"
+        )
     return oracle_tolerance(worst), worst

@@ -30,14 +30,16 @@ from workbench.tail.paths import fused_tail, tail_launch
 from workbench.tail.weights import TailWeights, random_inputs
 
 #: What :func:`metal_check_table` establishes, and what it does not.
-PROVES = ("The Metal source MLX would compile for these launches compiles against a strict stand-in of "
-          "<metal_stdlib> and, executed thread by thread with real barrier, SIMD-group and 32 KB "
-          "threadgroup-memory semantics, gives the same bits in every schedule (SIMD-groups in step, and "
-          "apart as an Apple GPU runs them between barriers) and matches the float64 oracle with exp, exp2 "
-          "and rsqrt computed by the host or anywhere Metal's precise and fast contracts allow (MSL spec "
-          "8.4: each result at either edge of its bound, or random in it). It does not show that Apple's "
-          "compiler accepts the source, how fast an Apple GPU runs it, or what Apple's division, its other "
-          "math functions and fast-math reassociation do to the result: the emulator does not model them.")
+PROVES = (
+    "The Metal source MLX would compile for these launches compiles against a strict stand-in of "
+    "<metal_stdlib> and, executed thread by thread with real barrier, SIMD-group and 32 KB "
+    "threadgroup-memory semantics, gives the same bits in every schedule (SIMD-groups in step, and "
+    "apart as an Apple GPU runs them between barriers) and matches the float64 oracle with exp, exp2 "
+    "and rsqrt computed by the host or anywhere Metal's precise and fast contracts allow (MSL spec "
+    "8.4: each result at either edge of its bound, or random in it). It does not show that Apple's "
+    "compiler accepts the source, how fast an Apple GPU runs it, or what Apple's division, its other "
+    "math functions and fast-math reassociation do to the result: the emulator does not model them."
+)
 
 #: The folded random case: Bonsai-27B's fold geometry scaled down (m = 12 x 2^4 with a
 #: permutation, bfloat16 weights).
@@ -64,13 +66,21 @@ def metal_check_table(seed: int = 0) -> pd.DataFrame:
     """
     seed = validate.integer("seed", seed, minimum=0)
     c = seed_case()
-    folded = TailWeights.random(FOLDED_CASE["hidden"], FOLDED_CASE["branch"], FOLDED_CASE["ffn"],
-                                seed=FOLDED_CASE["seed"], fold_block=FOLDED_CASE["fold_block"],
-                                fold_permute=FOLDED_CASE["fold_permute"], dtype=FOLDED_CASE["dtype"])
+    folded = TailWeights.random(
+        FOLDED_CASE["hidden"],
+        FOLDED_CASE["branch"],
+        FOLDED_CASE["ffn"],
+        seed=FOLDED_CASE["seed"],
+        fold_block=FOLDED_CASE["fold_block"],
+        fold_permute=FOLDED_CASE["fold_permute"],
+        dtype=FOLDED_CASE["dtype"],
+    )
     br, res = random_inputs(folded, seed=seed)
     rows = []
-    for name, w, b, r in (("frink-models' case", c.weights, c.branch, c.residual),
-                          ("folded m=12x16, permuted, bf16", folded, br, res)):
+    for name, w, b, r in (
+        ("frink-models' case", c.weights, c.branch, c.residual),
+        ("folded m=12x16, permuted, bf16", folded, br, res),
+    ):
         truth = host_tail_exact(w, b, r)
         tol, _ = tolerance_for(w, b, r, truth)
         launch = tail_launch(w)
@@ -78,19 +88,47 @@ def metal_check_table(seed: int = 0) -> pd.DataFrame:
         backend = fused_tail(w, b, r, backend="metal-emulated")
         host_worst = None
         for mode, error in VARIANTS:
-            outs = [emulated_tail(launch, b, r, order=o, seed=seed, math_mode=mode,
-                                  math_error="edge-high" if error == "none" else error)
-                    for o in metal_emulation.SCHEDULES]
+            outs = [
+                emulated_tail(
+                    launch,
+                    b,
+                    r,
+                    order=o,
+                    seed=seed,
+                    math_mode=mode,
+                    math_error="edge-high" if error == "none" else error,
+                )
+                for o in metal_emulation.SCHEDULES
+            ]
             bits = [o.view(np.uint32) for o in outs]
             same = all(np.array_equal(x, bits[0]) for x in bits[1:])
             if mode == "host":
                 same = same and np.array_equal(backend.view(np.uint32), bits[0])
             cmp = compare(outs[0], truth, tol=tol)
             host_worst = cmp.worst if host_worst is None else host_worst
-            rows.append({"case": name, "path": "metal-emulated", "math": _variant_name(mode, error),
-                         "worst": cmp.worst, "x host": cmp.worst / host_worst if host_worst else float("nan"),
-                         "tol": tol, "passed": bool(cmp.passed), SAME_BITS: same})
+            rows.append(
+                {
+                    "case": name,
+                    "path": "metal-emulated",
+                    "math": _variant_name(mode, error),
+                    "worst": cmp.worst,
+                    "x host": cmp.worst / host_worst if host_worst else float("nan"),
+                    "tol": tol,
+                    "passed": bool(cmp.passed),
+                    SAME_BITS: same,
+                }
+            )
         cmp = compare(fused_tail(w, b, r, backend="graph"), truth, tol=tol)
-        rows.append({"case": name, "path": "graph", "math": "", "worst": cmp.worst, "x host": None, "tol": tol,
-                     "passed": bool(cmp.passed), SAME_BITS: None})
+        rows.append(
+            {
+                "case": name,
+                "path": "graph",
+                "math": "",
+                "worst": cmp.worst,
+                "x host": None,
+                "tol": tol,
+                "passed": bool(cmp.passed),
+                SAME_BITS: None,
+            }
+        )
     return pd.DataFrame(rows)

@@ -30,7 +30,8 @@ FOLD_BLOCK = 16
 #: The variants of :func:`math_mode_sweep`: the host's functions once (no bound to place a
 #: result in: error "none"), then each of Metal's modes at each place in its bound.
 VARIANTS: tuple[tuple[str, str], ...] = (("host", "none"),) + tuple(
-    (m, e) for m in metal_emulation.MATH_MODES[1:] for e in metal_emulation.MATH_ERRORS)
+    (m, e) for m in metal_emulation.MATH_MODES[1:] for e in metal_emulation.MATH_ERRORS
+)
 
 
 def math_mode_sweep(n_cases: int = 40, *, first_seed: int = 0) -> pd.DataFrame:
@@ -47,8 +48,9 @@ def math_mode_sweep(n_cases: int = 40, *, first_seed: int = 0) -> pd.DataFrame:
         truth = host_tail_exact(w, br, res)
         launch = tail_launch(w)
         for mode, error in VARIANTS:
-            out = emulated_tail(launch, br, res, math_mode=mode, seed=seed,
-                                math_error="edge-high" if error == "none" else error)
+            out = emulated_tail(
+                launch, br, res, math_mode=mode, seed=seed, math_error="edge-high" if error == "none" else error
+            )
             rows.append({"seed": seed, "mode": mode, "error": error, "worst": compare(out, truth).worst})
         graph = fused_tail(w, br, res, backend="graph")
         rows.append({"seed": seed, "mode": "graph", "error": "", "worst": compare(graph, truth).worst})

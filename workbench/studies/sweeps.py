@@ -119,8 +119,9 @@ def _to_np64(a: mx.array) -> np.ndarray:
     return np.asarray(a.astype(mx.float32)).astype(np.float64)
 
 
-def _store(c: CaseArrays, dtype: str, fold: Any, spec: QuantSpec | None,
-           master64: tuple[np.ndarray, ...] | None = None) -> _Stored:
+def _store(
+    c: CaseArrays, dtype: str, fold: Any, spec: QuantSpec | None, master64: tuple[np.ndarray, ...] | None = None
+) -> _Stored:
     """What ``TailWeights.from_arrays(..., fold=, dtype=, quantize=)`` stores, for a batch.
 
     Order as there: round to ``dtype``; fold wo in float64 from the rounded weights, store the
@@ -201,8 +202,17 @@ def _truth(st: _Stored, c: CaseArrays, fold: Any, eps: float) -> np.ndarray:
     """float64 truth on the stored weights: ``tail_np`` (what ``host_tail`` computes)."""
     a = _variant_args(c, fold, eps, None)
     wo, g, u, d = st.np64 if st.np64 is not None else _master64(c)[:4]
-    return tail_np(wo, a["fold"], a["ffn_norm"].astype(np.float64), g, u, d, a["eps"],
-                        a["branch"].astype(np.float64), a["residual"].astype(np.float64))
+    return tail_np(
+        wo,
+        a["fold"],
+        a["ffn_norm"].astype(np.float64),
+        g,
+        u,
+        d,
+        a["eps"],
+        a["branch"].astype(np.float64),
+        a["residual"].astype(np.float64),
+    )
 
 
 def _master64(c: CaseArrays) -> tuple[np.ndarray, ...]:
@@ -257,8 +267,13 @@ def _metrics(actual: np.ndarray, truth: np.ndarray, model: np.ndarray | None) ->
     return out
 
 
-def _configs(dtypes: Sequence[str], folds: Sequence[Any], quantize: Sequence[Any],
-             backends: Sequence[str], shape: tuple[int, int, int]) -> list[tuple[str, Any, str, QuantSpec | None, str]]:
+def _configs(
+    dtypes: Sequence[str],
+    folds: Sequence[Any],
+    quantize: Sequence[Any],
+    backends: Sequence[str],
+    shape: tuple[int, int, int],
+) -> list[tuple[str, Any, str, QuantSpec | None, str]]:
     out = []
     for d in dtypes:
         validate.one_of("dtypes", d, tuple(DENSE_DTYPES))
@@ -335,9 +350,11 @@ def _run(
                     st = _store(c, dtype, fold, spec, m64)
                     plain = dtype == "float32" and fold is None and spec is None
                     # The graphs first (MLX evaluates them on its thread), then the float64 truths here.
-                    runs = [(mi, mut, _graph_start(st, c, fold, eps, mut) if bk == "graph" else None)
-                            for mi, mut in enumerate(mutations)
-                            if not (mut == "rotation_skipped" and fold is None)]  # no fold: no rotation to skip
+                    runs = [
+                        (mi, mut, _graph_start(st, c, fold, eps, mut) if bk == "graph" else None)
+                        for mi, mut in enumerate(mutations)
+                        if not (mut == "rotation_skipped" and fold is None)
+                    ]  # no fold: no rotation to skip
                     if model is None:
                         m64 = _master64(c)
                         model = _model_truth(c, eps, m64)
@@ -438,8 +455,19 @@ def sweep(
     the truth of the float32 master weights ``model_worst``, ``model_nmse``. Rows are
     ordered by shape, configuration (dtypes x folds x quantize x backends, as given), seed.
     """
-    return _run(shapes=shapes, seeds=seeds, dtypes=dtypes, folds=folds, quantize=quantize, backends=backends,
-                eps=eps, mutations=[None], progress=progress, desc="sweep", wo_outliers=wo_outliers)
+    return _run(
+        shapes=shapes,
+        seeds=seeds,
+        dtypes=dtypes,
+        folds=folds,
+        quantize=quantize,
+        backends=backends,
+        eps=eps,
+        mutations=[None],
+        progress=progress,
+        desc="sweep",
+        wo_outliers=wo_outliers,
+    )
 
 
 def mutation_sweep(
@@ -463,6 +491,16 @@ def mutation_sweep(
     mutations = validate.sequence("mutations", mutations, what=f"mutation names in {MUTATIONS}")
     for m in mutations:
         validate.one_of("mutations", m, MUTATIONS)
-    return _run(shapes=shapes, seeds=seeds, dtypes=dtypes, folds=folds, quantize=quantize, backends=("graph",),
-                eps=eps, mutations=list(mutations), progress=progress, desc="mutations",
-                wo_outliers=wo_outliers)
+    return _run(
+        shapes=shapes,
+        seeds=seeds,
+        dtypes=dtypes,
+        folds=folds,
+        quantize=quantize,
+        backends=("graph",),
+        eps=eps,
+        mutations=list(mutations),
+        progress=progress,
+        desc="mutations",
+        wo_outliers=wo_outliers,
+    )

@@ -39,8 +39,18 @@ def faulty_fused_tail(w: TailWeights, branch: Any, residual: Any, fault: str) ->
     launch = tail_launch(w)
     fold = None if fault == "skip_fold" else launch.fold
     normed_dtype = mx.bfloat16 if fault == "bf16_normed" else None
-    out = tail_mx(launch.wo, fold, launch.ffn_norm, launch.gate, launch.up, launch.down, launch.eps,
-                  to_mx(branch), to_mx(residual), normed_dtype=normed_dtype)
+    out = tail_mx(
+        launch.wo,
+        fold,
+        launch.ffn_norm,
+        launch.gate,
+        launch.up,
+        launch.down,
+        launch.eps,
+        to_mx(branch),
+        to_mx(residual),
+        normed_dtype=normed_dtype,
+    )
     mx.eval(out)
     return np.asarray(out)
 
@@ -113,8 +123,11 @@ def three_way(
     # weights and the float64 host copies are never held at once (at Bonsai-27B's shape
     # 0.7 GB beside 2.4 GB).
     with count_waits() as n_fused:
-        fused = (fused_tail(w, branch, residual, backend=backend) if fault is None
-                 else faulty_fused_tail(w, branch, residual, fault))
+        fused = (
+            fused_tail(w, branch, residual, backend=backend)
+            if fault is None
+            else faulty_fused_tail(w, branch, residual, fault)
+        )
     with count_waits() as n_unfused:
         unfused_tail(w, branch, residual)
     w.host_arrays(np.float64)  # the host copies of the weights (both oracles read them), made outside the counts
@@ -139,8 +152,13 @@ def _sig(x: float) -> str:
     return "nan" if math.isnan(x) else f"{x:.1e}"
 
 
-def three_way_table(cases: Sequence[tuple[str, TailWeights, Any, Any]], *, tol: float = SEED_TOL,
-                    fault: str | None = None, figures: bool = True) -> Any:
+def three_way_table(
+    cases: Sequence[tuple[str, TailWeights, Any, Any]],
+    *,
+    tol: float = SEED_TOL,
+    fault: str | None = None,
+    figures: bool = True,
+) -> Any:
     """One row per ``(label, weights, branch, residual)``: the three-way comparison.
 
     ``figures=True``: the worst scaled errors (2 significant digits) and NMSE, which vary
@@ -153,7 +171,9 @@ def three_way_table(cases: Sequence[tuple[str, TailWeights, Any, Any]], *, tol: 
     cases = validate.sequence("cases", cases, what="(label, weights, branch, residual) tuples")
     for i, case in enumerate(cases):
         if not (isinstance(case, (tuple, list)) and len(case) == 4):
-            raise ValueError(f"cases[{i}]: must be a (label, weights, branch, residual) tuple, got {validate.describe(case)}")
+            raise ValueError(
+                f"cases[{i}]: must be a (label, weights, branch, residual) tuple, got {validate.describe(case)}"
+            )
     figures = validate.flag("figures", figures)
     rows = []
     for label, w, br, res in cases:
@@ -166,18 +186,22 @@ def three_way_table(cases: Sequence[tuple[str, TailWeights, Any, Any]], *, tol: 
             "fold": "none" if w.wo.fold is None else f"{w.wo.fold.block}/{w.wo.fold.site.name.lower()}",
         }
         if figures:
-            row.update({
-                "fused-truth worst": _sig(r.fused_vs_truth.worst),
-                "host-truth worst": _sig(r.host_vs_truth.worst),
-                "fused-host worst": _sig(r.fused_vs_host.worst),
-                "fused-truth NMSE": _sig(r.fused_vs_truth.nmse),
-            })
-        row.update({
-            "fused~truth": "PASS" if r.fused_vs_truth.passed else "FAIL",
-            "host~truth": "PASS" if r.host_vs_truth.passed else "FAIL",
-            "fused~host": "PASS" if r.fused_vs_host.passed else "FAIL",
-            "waits unfused/fused/oracle": f"{r.waits['unfused']}/{r.waits['fused']}/{r.waits['truth']}",
-            "verdict": r.verdict,
-        })
+            row.update(
+                {
+                    "fused-truth worst": _sig(r.fused_vs_truth.worst),
+                    "host-truth worst": _sig(r.host_vs_truth.worst),
+                    "fused-host worst": _sig(r.fused_vs_host.worst),
+                    "fused-truth NMSE": _sig(r.fused_vs_truth.nmse),
+                }
+            )
+        row.update(
+            {
+                "fused~truth": "PASS" if r.fused_vs_truth.passed else "FAIL",
+                "host~truth": "PASS" if r.host_vs_truth.passed else "FAIL",
+                "fused~host": "PASS" if r.fused_vs_host.passed else "FAIL",
+                "waits unfused/fused/oracle": f"{r.waits['unfused']}/{r.waits['fused']}/{r.waits['truth']}",
+                "verdict": r.verdict,
+            }
+        )
         rows.append(row)
     return pd.DataFrame(rows)

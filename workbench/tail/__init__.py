@@ -12,14 +12,44 @@ which the tail builds.
 
 from workbench import public_names
 
-_HOMES, __getattr__, __dir__ = public_names(__name__, {
-    "weights": ("DEFAULT_EPS", "NORM_CONVENTIONS", "Draw", "TailRefused", "TailWeights", "case_recipe", "random_inputs"),
-    "ops": ("rms_norm_np", "silu_np", "tail_np", "tail_mx"),
-    "paths": ("TailLaunch", "check_inputs", "fused_tail", "host_tail", "tail_graph", "tail_launch", "tail_refusals",
-              "to_mx", "unfused_tail"),
-    "comparison": ("Comparison", "compare", "scaled_error", "worst_scaled_error", "max_abs_error", "max_rel_error",
-                   "nmse", "torch_ratio", "ulp_distance", "TORCH_DEFAULTS"),
-    "frink_case": ("SEED_TOL", "SEED_SHAPE", "SEED_EPS", "SeedArrays", "SeedCase", "seed_arrays", "seed_case"),
-})
+_HOMES, __getattr__, __dir__ = public_names(
+    __name__,
+    {
+        "weights": (
+            "DEFAULT_EPS",
+            "NORM_CONVENTIONS",
+            "Draw",
+            "TailRefused",
+            "TailWeights",
+            "case_recipe",
+            "random_inputs",
+        ),
+        "ops": ("rms_norm_np", "silu_np", "tail_np", "tail_mx"),
+        "paths": (
+            "TailLaunch",
+            "check_inputs",
+            "fused_tail",
+            "host_tail",
+            "tail_graph",
+            "tail_launch",
+            "tail_refusals",
+            "to_mx",
+            "unfused_tail",
+        ),
+        "comparison": (
+            "Comparison",
+            "compare",
+            "scaled_error",
+            "worst_scaled_error",
+            "max_abs_error",
+            "max_rel_error",
+            "nmse",
+            "torch_ratio",
+            "ulp_distance",
+            "TORCH_DEFAULTS",
+        ),
+        "frink_case": ("SEED_TOL", "SEED_SHAPE", "SEED_EPS", "SeedArrays", "SeedCase", "seed_arrays", "seed_case"),
+    },
+)
 
 __all__ = list(_HOMES)

@@ -37,6 +37,7 @@ TORCH_DEFAULTS: dict[str, tuple[float, float]] = {
     "bfloat16": (1.6e-2, 1e-5),
 }
 
+
 def scaled_error(actual: Any, expected: Any) -> np.ndarray:
     """``|x - y| / max(|y|, 1)`` per element, float64: the criterion is ``<= tol``.
 

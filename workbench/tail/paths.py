@@ -51,8 +51,15 @@ def check_inputs(w: TailWeights, branch: Any, residual: Any) -> tuple[Any, Any]:
         # the same verdict; they cost more than the tail itself at the test shape).
         hidden, bdim, _ = w.shape
         bs, rs = branch.shape, residual.shape
-        if (branch.dtype.kind == "f" and residual.dtype.kind == "f" and bs and rs and bs[-1] == bdim
-                and rs[-1] == hidden and bs[:-1] == rs[:-1]):
+        if (
+            branch.dtype.kind == "f"
+            and residual.dtype.kind == "f"
+            and bs
+            and rs
+            and bs[-1] == bdim
+            and rs[-1] == hidden
+            and bs[:-1] == rs[:-1]
+        ):
             return branch, residual
     if not isinstance(w, TailWeights):
         raise ValueError(f"w: must be TailWeights, got {validate.describe(w)}")
@@ -128,8 +135,9 @@ def host_tail(w: TailWeights, branch: Any, residual: Any, *, dtype: Any = np.flo
     if dt != np.float64:
         norm = w.ffn_norm.astype(dt, copy=False)
     # copy=False: tail_np never writes to its inputs, so a float64 input needs no copy.
-    return tail_np(wo, w.wo.fold, norm, gate, up, down, w.eps, branch.astype(dt, copy=False),
-                   residual.astype(dt, copy=False))
+    return tail_np(
+        wo, w.wo.fold, norm, gate, up, down, w.eps, branch.astype(dt, copy=False), residual.astype(dt, copy=False)
+    )
 
 
 def to_mx(a: Any) -> mx.array:
@@ -174,8 +182,9 @@ def tail_refusals(w: TailWeights, *, kernels_enabled: bool = True) -> list:
     """
     if w.config is None:
         hidden, branch, ffn = w.shape
-        cfg = model.ModelConfig.synthetic(hidden, ffn_dim=ffn, num_q_heads=1, num_kv_heads=1, head_dim=branch,
-                                          rms_norm_eps=w.eps)
+        cfg = model.ModelConfig.synthetic(
+            hidden, ffn_dim=ffn, num_q_heads=1, num_kv_heads=1, head_dim=branch, rms_norm_eps=w.eps
+        )
         layer = 0
     else:
         cfg, layer = w.config, int(w.layer)
@@ -205,8 +214,9 @@ def tail_launch(w: TailWeights, *, kernels_enabled: bool = True) -> TailLaunch:
 
 def tail_graph(launch: TailLaunch, branch: mx.array, residual: mx.array) -> mx.array:
     """The fused tail as one lazy MLX graph from a launch (the ``"graph"`` backend's body)."""
-    return tail_mx(launch.wo, launch.fold, launch.ffn_norm, launch.gate, launch.up, launch.down, launch.eps,
-                   branch, residual)
+    return tail_mx(
+        launch.wo, launch.fold, launch.ffn_norm, launch.gate, launch.up, launch.down, launch.eps, branch, residual
+    )
 
 
 def fused_tail(

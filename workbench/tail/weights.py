@@ -77,13 +77,13 @@ class Draw:
         low, width = -self.half_width, 2.0 * self.half_width
         scratch = np.empty(min(DRAW_CHUNK, flat.size), dtype=np.float64)
         for o in range(0, flat.size, DRAW_CHUNK):
-            v = scratch[:min(DRAW_CHUNK, flat.size - o)]
+            v = scratch[: min(DRAW_CHUNK, flat.size - o)]
             rng.random(out=v)
             v *= width
             v += low
             if self.centre:
                 v += self.centre
-            flat[o:o + v.size] = v
+            flat[o : o + v.size] = v
         return out
 
 
@@ -112,9 +112,16 @@ def case_recipe(hidden: int, branch: int, ffn: int) -> tuple[Draw, ...]:
     def mat(name: str, rows: int, cols: int) -> Draw:
         return Draw(name, (rows, cols), math.sqrt(3.0 / cols))
 
-    return (mat("wo", hidden, branch), mat("gate", ffn, hidden), mat("up", ffn, hidden), mat("down", hidden, ffn),
-            Draw("ffn_norm", (hidden,), 0.25, centre=1.0), Draw("branch", (branch,), 1.0),
-            Draw("residual", (hidden,), 1.0), Draw("signs", (branch,), 1.0, signs=True))
+    return (
+        mat("wo", hidden, branch),
+        mat("gate", ffn, hidden),
+        mat("up", ffn, hidden),
+        mat("down", hidden, ffn),
+        Draw("ffn_norm", (hidden,), 0.25, centre=1.0),
+        Draw("branch", (branch,), 1.0),
+        Draw("residual", (hidden,), 1.0),
+        Draw("signs", (branch,), 1.0, signs=True),
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,8 +132,9 @@ def case_recipe(hidden: int, branch: int, ffn: int) -> tuple[Draw, ...]:
 #: The host copies' cache keys (``np.dtype.str``) of the float dtypes, by the forms a caller
 #: passes (``np.float64``, ``np.dtype("float64")``), so a repeated call finds its copies with
 #: one dictionary lookup.
-_HOST_DTYPES: dict[Any, str] = {k: np.dtype(t).str for t in (np.float16, np.float32, np.float64)
-                                for k in (t, np.dtype(t))}
+_HOST_DTYPES: dict[Any, str] = {
+    k: np.dtype(t).str for t in (np.float16, np.float32, np.float64) for k in (t, np.dtype(t))
+}
 
 
 #: How a checkpoint stores an RMSNorm weight: ``"plain"`` multiplies by ``w`` (Llama,
@@ -220,7 +228,9 @@ class TailWeights:
 
     def __repr__(self) -> str:
         h, b, f = self.shape
-        where = "plain GQA layer" if self.config is None else f"{getattr(self.config, 'name', 'model')} layer {self.layer}"
+        where = (
+            "plain GQA layer" if self.config is None else f"{getattr(self.config, 'name', 'model')} layer {self.layer}"
+        )
         norm = "norm x*w" if self.norm_convention == "plain" else "norm x*w, w = 1 + the stored zero-centred weight"
         return (
             f"TailWeights(hidden={h}, branch={b}, ffn={f}, wo={self.wo.dtype}, ffn={self.gate.dtype}, "
@@ -243,13 +253,17 @@ class TailWeights:
             return self._host[hit]
         dt = np.dtype(dtype)
         if not np.issubdtype(dt, np.floating):
-            raise ValueError(f"dtype must be a numpy float dtype (float64 for the truth, float32 for the host); got {dt}")
+            raise ValueError(
+                f"dtype must be a numpy float dtype (float64 for the truth, float32 for the host); got {dt}"
+            )
         key = dt.str
         if key not in self._host:
             # float64: the matrix's own cached, read-only copy (a second one would hold every
             # matrix twice: 2.4 GB more at Bonsai-27B's shape); float32: dense's fresh copy.
-            mats = tuple(m.dense(np.float64) if dt == np.float64 else m.dense(np.float32).astype(dt, copy=False)
-                         for m in (self.wo, self.gate, self.up, self.down))
+            mats = tuple(
+                m.dense(np.float64) if dt == np.float64 else m.dense(np.float32).astype(dt, copy=False)
+                for m in (self.wo, self.gate, self.up, self.down)
+            )
             for a in mats:
                 a.flags.writeable = False
             norm = self.ffn_norm.astype(dt)
@@ -320,8 +334,17 @@ class TailWeights:
             m = WeightMatrix(base)
             return m.fold_hadamard(f) if f is not None else m
 
-        return cls(mat("wo", wo, fold), norm, mat("gate", gate), mat("up", up), mat("down", down),
-                   eps=eps, config=config, layer=layer, norm_convention=norm_convention)
+        return cls(
+            mat("wo", wo, fold),
+            norm,
+            mat("gate", gate),
+            mat("up", up),
+            mat("down", down),
+            eps=eps,
+            config=config,
+            layer=layer,
+            norm_convention=norm_convention,
+        )
 
     @classmethod
     def random(
@@ -362,8 +385,11 @@ class TailWeights:
         _check_config(config)
         # The float32 weights alone, a bound from below (the draws hold more for a moment):
         # refused only when even the result cannot fit, as a typo's 10**9 cannot.
-        validate.within_memory("hidden", 4 * int(hidden) * (int(branch) + 3 * int(ffn) + 1),
-                               f"random weights of shape ({hidden}, {branch}, {ffn}) in float32")
+        validate.within_memory(
+            "hidden",
+            4 * int(hidden) * (int(branch) + 3 * int(ffn) + 1),
+            f"random weights of shape ({hidden}, {branch}, {ffn}) in float32",
+        )
         if not (isinstance(dtype, str) and dtype in DENSE_DTYPES):
             raise ValueError(f"dtype must be one of {tuple(DENSE_DTYPES)}; got {describe(dtype)}")
         rng = np.random.default_rng(validate.seed("seed", seed))
@@ -381,10 +407,12 @@ class TailWeights:
         fold = None
         if fold_block is not None:
             width = branch if fold_site is FoldSite.INPUT else hidden
-            fold = HadamardFold.random(width, fold_block, seed=int(rng.integers(2**31)), permute=fold_permute,
-                                       site=fold_site)
-        return cls.from_arrays(wo, ffn_norm, gate, up, down, eps=eps, fold=fold, dtype=dtype, quantize=quantize,
-                               config=config, layer=layer)
+            fold = HadamardFold.random(
+                width, fold_block, seed=int(rng.integers(2**31)), permute=fold_permute, site=fold_site
+            )
+        return cls.from_arrays(
+            wo, ffn_norm, gate, up, down, eps=eps, fold=fold, dtype=dtype, quantize=quantize, config=config, layer=layer
+        )
 
     @classmethod
     def for_layer(cls, config: Any, layer: int, *, seed: int, **kwargs: Any) -> TailWeights:
@@ -455,8 +483,10 @@ def random_inputs(w: TailWeights, *, seed: int, batch: int | tuple[int, ...] = (
     if isinstance(batch, (int, np.integer, bool, np.bool_)):
         lead = (validate.integer("batch", batch, minimum=0),)
     else:
-        lead = tuple(validate.integer("batch", b, minimum=0) for b in validate.sequence("batch", batch, what="ints",
-                                                                                             non_empty=False))
+        lead = tuple(
+            validate.integer("batch", b, minimum=0)
+            for b in validate.sequence("batch", batch, what="ints", non_empty=False)
+        )
     hidden, bdim, _ = w.shape
     validate.within_memory("batch", 8 * math.prod(lead) * (hidden + bdim), f"a batch of {lead} inputs")
     rng = np.random.default_rng(validate.seed("seed", seed))

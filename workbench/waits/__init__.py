@@ -12,12 +12,30 @@ is imported when one of its names is first read.
 
 from workbench import public_names
 
-_HOMES, __getattr__, __dir__ = public_names(__name__, {
-    "plan": ("Plan", "Stage", "load_plan", "as_plan", "HOST_READ", "eligible_layers", "submissions", "waits_per_token",
-             "split_kinds", "check_split_kind", "join_splits", "priced_waits", "model_saving", "wait_table",
-             "wait_share", "waits_by_model"),
-    "ledger": ("LEDGER_PATH", "load_ledger", "ledger_split_prices", "add_price", "check_entry"),
-    "measurement": ("count_waits", "measure_wait_price", "measure_split_price", "measure_split_between"),
-})
+_HOMES, __getattr__, __dir__ = public_names(
+    __name__,
+    {
+        "plan": (
+            "Plan",
+            "Stage",
+            "load_plan",
+            "as_plan",
+            "HOST_READ",
+            "eligible_layers",
+            "submissions",
+            "waits_per_token",
+            "split_kinds",
+            "check_split_kind",
+            "join_splits",
+            "priced_waits",
+            "model_saving",
+            "wait_table",
+            "wait_share",
+            "waits_by_model",
+        ),
+        "ledger": ("LEDGER_PATH", "load_ledger", "ledger_split_prices", "add_price", "check_entry"),
+        "measurement": ("count_waits", "measure_wait_price", "measure_split_price", "measure_split_between"),
+    },
+)
 
 __all__ = list(_HOMES)

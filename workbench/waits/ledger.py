@@ -27,8 +27,21 @@ LEDGER_PATH = files.DATA_DIR / "ledger" / "wait_prices.json"
 
 #: The ledger's entry fields: required ones, then optional ones (the spread of a measured price).
 _ENTRY_REQUIRED = ("id", "kind", "ms", "device", "backend", "method", "source")
-_ENTRY_OPTIONAL = ("date", "mlx_version", "command", "n", "warmup", "p10_ms", "p90_ms", "iqr_ms", "mean_ms",
-                   "eval_only_ms", "split", "matvec", "dtype")
+_ENTRY_OPTIONAL = (
+    "date",
+    "mlx_version",
+    "command",
+    "n",
+    "warmup",
+    "p10_ms",
+    "p90_ms",
+    "iqr_ms",
+    "mean_ms",
+    "eval_only_ms",
+    "split",
+    "matvec",
+    "dtype",
+)
 #: seed: frink-models' own figure; published: someone else's, with its source; measured: made here.
 ENTRY_KINDS = ("seed", "published", "measured")
 LEDGER_BACKENDS = ("cpu", "cuda", "metal")
@@ -46,9 +59,11 @@ def check_entry(entry: Any, source: str = "entry") -> dict:
     if isinstance(entry, Mapping) and isinstance(entry.get("id"), str):
         source = f"{source} ({entry['id']!r})"
     e = strict_object(source, entry, _ENTRY_REQUIRED, _ENTRY_OPTIONAL)
-    out: dict[str, Any] = {"id": text(f"{source}: id", e["id"]),
-                           "kind": one_of(f"{source}: kind", e["kind"], ENTRY_KINDS),
-                           "ms": number(f"{source}: ms", e["ms"], minimum=0, exclusive_minimum=True)}
+    out: dict[str, Any] = {
+        "id": text(f"{source}: id", e["id"]),
+        "kind": one_of(f"{source}: kind", e["kind"], ENTRY_KINDS),
+        "ms": number(f"{source}: ms", e["ms"], minimum=0, exclusive_minimum=True),
+    }
     for k in ("device", "method", "source"):
         out[k] = text(f"{source}: {k}", e[k])
     out["backend"] = one_of(f"{source}: backend", e["backend"], LEDGER_BACKENDS)
@@ -70,8 +85,10 @@ def check_entry(entry: Any, source: str = "entry") -> dict:
     if "warmup" in e:
         out["warmup"] = integer(f"{source}: warmup", e["warmup"], minimum=0)
     if out.get("p10_ms", -math.inf) > out["ms"] or out.get("p90_ms", math.inf) < out["ms"]:
-        raise ValueError(f"{source}: ms: the median must lie between p10_ms and p90_ms; got "
-                         f"{out.get('p10_ms')} <= {out['ms']} <= {out.get('p90_ms')}")
+        raise ValueError(
+            f"{source}: ms: the median must lie between p10_ms and p90_ms; got "
+            f"{out.get('p10_ms')} <= {out['ms']} <= {out.get('p90_ms')}"
+        )
     if out["kind"] == "measured":
         for k in ("date", "mlx_version", "n"):
             if out.get(k) is None:
@@ -97,15 +114,23 @@ def _check_entries(prices: Sequence[Any], source: str) -> list[dict]:
     for i, e in enumerate(prices):
         entry = check_entry(e, where(source, f"prices[{i}]"))
         if entry["id"] in seen:
-            raise ValueError(f"{where(source, f'prices[{i}]')}: id: {entry['id']!r} is already the id of "
-                             f"prices[{seen[entry['id']]}]; ids must be unique")
+            raise ValueError(
+                f"{where(source, f'prices[{i}]')}: id: {entry['id']!r} is already the id of "
+                f"prices[{seen[entry['id']]}]; ids must be unique"
+            )
         seen[entry["id"]] = i
         entries.append(entry)
     return entries
 
 
-def ledger_split_prices(device: str, backend: str, ledger: str | Path | Sequence[Mapping] | None = None, *,
-                        matvec: str | None = None, dtype: str | None = None) -> dict[str, float]:
+def ledger_split_prices(
+    device: str,
+    backend: str,
+    ledger: str | Path | Sequence[Mapping] | None = None,
+    *,
+    matvec: str | None = None,
+    dtype: str | None = None,
+) -> dict[str, float]:
     """The split prices (kind -> ms) the ledger holds for ``device`` on ``backend``
     (and, when given, that ``matvec`` path and ``dtype``), for ``workbench.waits.plan.priced_waits``."""
     out = {}
@@ -163,8 +188,9 @@ def add_price(entry: Mapping[str, Any], path: str | Path | None = None, *, repla
         entries = check_ledger(raw, str(p))
         old = [e for e in entries if e["id"] == new["id"]]
         if old and not replace:
-            raise ValueError(f"entry: id {new['id']!r} is already in {p} (ms {old[0]['ms']}); "
-                             "pass replace=True to replace it")
+            raise ValueError(
+                f"entry: id {new['id']!r} is already in {p} (ms {old[0]['ms']}); pass replace=True to replace it"
+            )
         replaced.extend(old)
         raw["prices"] = [e for e in raw["prices"] if e["id"] != new["id"]] + [new]
         return raw

@@ -125,9 +125,13 @@ def _wrap(owner: Any, attr: str, kind: str, is_eval: bool, mx_only: bool = False
 #: What count_waits patches, as (owner, attribute): the functions that evaluate, and the
 #: host reads (MLX's and numpy's entry points); tests check each is restored by identity.
 PATCHED: tuple[tuple[Any, str], ...] = (
-    (mx, "eval"), (mx, "async_eval"),
-    *((mx.array, m) for m in ("item", "tolist", "__array__", "__float__", "__int__", "__bool__", "__index__",
-                              "__dlpack__") if hasattr(mx.array, m)),
+    (mx, "eval"),
+    (mx, "async_eval"),
+    *(
+        (mx.array, m)
+        for m in ("item", "tolist", "__array__", "__float__", "__int__", "__bool__", "__index__", "__dlpack__")
+        if hasattr(mx.array, m)
+    ),
     *((np, f) for f in ("asarray", "array", "asanyarray", "ascontiguousarray", "copy")),
 )
 
@@ -288,7 +292,9 @@ def measure_split_price(step, x, *, n: int = 50, warmup: int = 5) -> dict:
     n = integer("n", n, minimum=5)
     warmup = integer("warmup", warmup, minimum=0)
     if not callable(step):
-        raise ValueError(f"step: must be a callable mapping an MLX array to one of the same shape, got {describe(step)}")
+        raise ValueError(
+            f"step: must be a callable mapping an MLX array to one of the same shape, got {describe(step)}"
+        )
 
     def split() -> None:
         y = np.asarray(step(x))  # wait 1: evaluate, read back
@@ -309,8 +315,15 @@ def measure_split_price(step, x, *, n: int = 50, warmup: int = 5) -> dict:
             js.append((t2 - t1) / 1e6)
             diffs.append(ss[-1] - js[-1])
     q = statistics.quantiles(sorted(diffs), n=10)
-    return {"ms": statistics.median(diffs), "p10_ms": q[0], "p90_ms": q[8],
-            "split_ms": statistics.median(ss), "joined_ms": statistics.median(js), "n": n, "warmup": warmup}
+    return {
+        "ms": statistics.median(diffs),
+        "p10_ms": q[0],
+        "p90_ms": q[8],
+        "split_ms": statistics.median(ss),
+        "joined_ms": statistics.median(js),
+        "n": n,
+        "warmup": warmup,
+    }
 
 
 @contextlib.contextmanager
@@ -338,8 +351,9 @@ SPLIT_BETWEEN_METHOD = (
 )
 
 
-def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3, read_first=None,
-                          read_second=None, second_split=None) -> dict:
+def measure_split_between(
+    first, second, x, *, n: int = 30, warmup: int = 3, read_first=None, read_second=None, second_split=None
+) -> dict:
     """What one wait costs between submission ``first`` and submission ``second``.
 
     ``first`` maps ``x`` to an MLX array (or a tuple/list of them); ``second`` maps that
@@ -423,19 +437,32 @@ def measure_split_between(first, second, x, *, n: int = 30, warmup: int = 3, rea
                 for k, a, b in zip(names, t, t[1:]):
                     phases[k].append((b - a) / 1e6)
     q = statistics.quantiles(sorted(diffs), n=10)
-    return {"ms": statistics.median(diffs), "p10_ms": q[0], "p90_ms": q[8], "split_ms": statistics.median(ss),
-            "joined_ms": statistics.median(js), "n": n, "warmup": warmup,
-            "phases_ms": {k: statistics.median(v) for k, v in phases.items()},
-            # every round's split - joined, in order: what an interval for the price (and for a
-            # prediction that sums such prices) resamples
-            "diffs_ms": [round(d, 5) for d in diffs],
-            "method": SPLIT_BETWEEN_METHOD.format(n=n, warmup=warmup)}
+    return {
+        "ms": statistics.median(diffs),
+        "p10_ms": q[0],
+        "p90_ms": q[8],
+        "split_ms": statistics.median(ss),
+        "joined_ms": statistics.median(js),
+        "n": n,
+        "warmup": warmup,
+        "phases_ms": {k: statistics.median(v) for k, v in phases.items()},
+        # every round's split - joined, in order: what an interval for the price (and for a
+        # prediction that sums such prices) resamples
+        "diffs_ms": [round(d, 5) for d in diffs],
+        "method": SPLIT_BETWEEN_METHOD.format(n=n, warmup=warmup),
+    }
 
 
 #: The host's steps in a split round and in a joined one, as ``measure_split_between``
 #: times them (``phases_ms``: the median of each): building a submission's lazy graph
 #: (Python and MLX's graph, the device idle unless it still runs earlier work), its
 #: evaluation (encoding, submitting, and waiting for the device), the host's read.
-SPLIT_PHASES = ("split.build_first", "split.eval_first", "split.read_first", "split.build_second",
-                "split.eval_second", "split.read_second")
+SPLIT_PHASES = (
+    "split.build_first",
+    "split.eval_first",
+    "split.read_first",
+    "split.build_second",
+    "split.eval_second",
+    "split.read_second",
+)
 JOINED_PHASES = ("joined.build", "joined.eval", "joined.read")

@@ -143,7 +143,9 @@ def parse_plan(raw: Any, source: str = "plan") -> Plan:
         strict_object(here, s, _STAGE_KEYS, ("floor",))
         number = integer(f"{here}: stage", s["stage"], minimum=1)
         if number != i + 1:
-            raise ValueError(f"{here}: stage: stages must be numbered 1, 2, ... in order; got {number} at position {i + 1}")
+            raise ValueError(
+                f"{here}: stage: stages must be numbered 1, 2, ... in order; got {number} at position {i + 1}"
+            )
         key = text(f"{here}: key", s["key"])
         if key in seen_keys:
             raise ValueError(f"{here}: key: {key!r} is already the key of stage {seen_keys[key]}; keys must be unique")
@@ -201,7 +203,9 @@ def _attention_indices(cfg) -> set[int]:
     public call that takes a config reads this before anything else of it, so a model's name
     or any other object is refused here by name, not by an AttributeError deep inside."""
     if not isinstance(cfg, ModelConfig):
-        hint = f" (a shipped model's name: load_model({cfg!r}))" if isinstance(cfg, str) and cfg in list_models() else ""
+        hint = (
+            f" (a shipped model's name: load_model({cfg!r}))" if isinstance(cfg, str) and cfg in list_models() else ""
+        )
         raise ValueError(f"cfg: must be a ModelConfig (e.g. load_model('bonsai-27b')), got {describe(cfg)}{hint}")
     # attention_layers() may hand back indices or LayerConfigs; accept both.
     return {a if isinstance(a, int) else a.index for a in cfg.attention_layers()}
@@ -293,13 +297,7 @@ def submissions(
                 continue
             out.append((pending_tail,))
             pending_tail = None
-        if (
-            piece.kind == "qkv"
-            and st.qkv_into_previous
-            and piece.layer in ok
-            and out
-            and out[-1][-1].kind == "layer"
-        ):
+        if piece.kind == "qkv" and st.qkv_into_previous and piece.layer in ok and out and out[-1][-1].kind == "layer":
             out[-1] = out[-1] + (piece,)
         elif piece.kind == "tail" and st.tail_into_next:
             pending_tail = piece
@@ -374,12 +372,18 @@ def join_splits(subs: Sequence[tuple[Piece, ...]], kind: str, count: int) -> lis
 def _split_prices(split_prices: Any) -> dict[str, float]:
     if not isinstance(split_prices, Mapping):
         raise ValueError(f"split_prices: must be a mapping of split kind to ms, got {describe(split_prices)}")
-    return {check_split_kind("split_prices", k): number(f"split_prices[{k!r}]", v)
-            for k, v in split_prices.items()}
+    return {check_split_kind("split_prices", k): number(f"split_prices[{k!r}]", v) for k, v in split_prices.items()}
 
 
-def priced_waits(cfg, stage: int | str | Stage, split_prices: Mapping[str, float], default_ms: float, *,
-                 plan: Plan | None = None, eligible=None) -> dict:
+def priced_waits(
+    cfg,
+    stage: int | str | Stage,
+    split_prices: Mapping[str, float],
+    default_ms: float,
+    *,
+    plan: Plan | None = None,
+    eligible=None,
+) -> dict:
     """The price model: a token's waits at ``stage``, each priced by its kind.
 
     ``split_prices`` maps a split kind to its measured price (ms); a kind it lacks is
@@ -390,12 +394,23 @@ def priced_waits(cfg, stage: int | str | Stage, split_prices: Mapping[str, float
     default_ms = number("default_ms", default_ms, minimum=0)
     kinds = split_kinds(cfg, stage, plan=plan, eligible=eligible)
     by = {k: (c, prices.get(k, default_ms)) for k, c in kinds.items()}
-    return {"ms": float(sum(c * p for c, p in by.values())), "by_kind": by,
-            "unpriced": sorted(k for k in kinds if k not in prices)}
+    return {
+        "ms": float(sum(c * p for c, p in by.values())),
+        "by_kind": by,
+        "unpriced": sorted(k for k in kinds if k not in prices),
+    }
 
 
-def model_saving(cfg, a: int | str | Stage, b: int | str | Stage, split_prices: Mapping[str, float],
-                 default_ms: float, *, plan: Plan | None = None, eligible=None) -> dict:
+def model_saving(
+    cfg,
+    a: int | str | Stage,
+    b: int | str | Stage,
+    split_prices: Mapping[str, float],
+    default_ms: float,
+    *,
+    plan: Plan | None = None,
+    eligible=None,
+) -> dict:
     """The price model's saving from stage ``a`` to stage ``b``: the waits each makes,
     kind by kind, priced (:func:`priced_waits`). ``removed`` / ``added``: the kinds whose
     counts differ; ``priced``: whether every one of those has a measured price (else the
@@ -406,8 +421,12 @@ def model_saving(cfg, a: int | str | Stage, b: int | str | Stage, split_prices: 
     diff = {k: pa["by_kind"].get(k, (0, 0))[0] - pb["by_kind"].get(k, (0, 0))[0] for k in kinds}
     prices = _split_prices(split_prices)
     moved = [k for k, d in diff.items() if d]
-    return {"ms": pa["ms"] - pb["ms"], "removed": {k: d for k, d in diff.items() if d > 0},
-            "added": {k: -d for k, d in diff.items() if d < 0}, "priced": all(k in prices for k in moved)}
+    return {
+        "ms": pa["ms"] - pb["ms"],
+        "removed": {k: d for k, d in diff.items() if d > 0},
+        "added": {k: -d for k, d in diff.items() if d < 0},
+        "priced": all(k in prices for k in moved),
+    }
 
 
 def waits_by_rule(cfg, stage: int | str | Stage, *, plan: Plan | None = None) -> int:
@@ -462,7 +481,14 @@ def wait_table(
     eligible = eligible_layers(cfg)
     rows = []
     for st in plan.stages:
-        rows.append({"stage": st.number, "name": st.name, "waits": waits_per_token(cfg, st, plan=plan, eligible=eligible), "floor": st.floor})
+        rows.append(
+            {
+                "stage": st.number,
+                "name": st.name,
+                "waits": waits_per_token(cfg, st, plan=plan, eligible=eligible),
+                "floor": st.floor,
+            }
+        )
     df = pd.DataFrame(rows)
     df["saved"] = (-df["waits"].diff()).fillna(0).astype(int)
     df["saved_total"] = df["waits"].iloc[0] - df["waits"]
@@ -470,8 +496,9 @@ def wait_table(
     df["ms_saved"] = df["saved"] * price_ms
     df["ms_saved_total"] = df["saved_total"] * price_ms
     if split_prices is not None:
-        df["ms_split"] = [priced_waits(cfg, st, split_prices, price_ms, plan=plan, eligible=eligible)["ms"]
-                          for st in plan.stages]
+        df["ms_split"] = [
+            priced_waits(cfg, st, split_prices, price_ms, plan=plan, eligible=eligible)["ms"] for st in plan.stages
+        ]
         df["ms_saved_split"] = (-df["ms_split"].diff()).fillna(0.0)
     if ledger is not None:
         for e in ledger_entries(ledger):
@@ -509,8 +536,14 @@ def waits_by_model(cfgs: Iterable, *, plan: Plan | None = None):
     for cfg in cfgs:
         attn = _attention_indices(cfg)
         ok = eligible_layers(cfg)
-        row = {"model": cfg.name, "layers": cfg.num_layers, "attention": len(attn), "fused": len(ok),
-               "refused": len(attn) - len(ok), "reasons": format_reason_counts(reason_counts(cfg)) or "-"}
+        row = {
+            "model": cfg.name,
+            "layers": cfg.num_layers,
+            "attention": len(attn),
+            "fused": len(ok),
+            "refused": len(attn) - len(ok),
+            "reasons": format_reason_counts(reason_counts(cfg)) or "-",
+        }
         for st in plan.stages:
             row[str(st.number)] = waits_per_token(cfg, st, plan=plan, eligible=ok)
         rows.append(row)

@@ -45,7 +45,9 @@ def read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"path: {what} file {path} is not valid JSON ({err}); it holds {len(text)} characters") from None
+        raise ValueError(
+            f"path: {what} file {path} is not valid JSON ({err}); it holds {len(text)} characters"
+        ) from None
 
 
 def strict_object(name: str, obj: Any, required: Sequence[str], optional: Sequence[str] = ()) -> Mapping[str, Any]:
@@ -86,5 +88,7 @@ def check_split_kind(name: str, kind: Any) -> str:
         end = end[: -len(HOST_READ)] if end.endswith(HOST_READ) else end
         if kind == FINAL_SPLIT or (end in SPLIT_PIECES and start in SPLIT_PIECES):
             return kind
-    raise ValueError(f"{name}: must be a split kind '<end>[{HOST_READ}]|<start>' with pieces in {SPLIT_PIECES}, "
-                     f"or {FINAL_SPLIT!r}; got {describe(kind)}")
+    raise ValueError(
+        f"{name}: must be a split kind '<end>[{HOST_READ}]|<start>' with pieces in {SPLIT_PIECES}, "
+        f"or {FINAL_SPLIT!r}; got {describe(kind)}"
+    )
