@@ -2,9 +2,10 @@
 
 ``config`` holds what the rules ask about a model (``ModelConfig``, one ``LayerConfig`` a
 layer); ``families`` reads a Hugging Face ``config.json`` into it, one reader a family
-(each says which keys it takes); ``loader`` loads the fifteen real models shipped in
-``data/models/`` by name; ``refusals`` holds the rules frink-models applies before it
-fuses an attention tail, every one that holds for a layer with its reason.
+(each says which keys it takes), over ``config_reader`` (the file in, typed keys out);
+``loader`` loads the fifteen real models shipped in ``data/models/`` by name; ``refusals``
+holds the rules frink-models applies before it fuses an attention tail, every one that
+holds for a layer with its reason.
 
 The names below are the part's API, importable from ``workbench.models`` itself; each module
 is imported when one of its names is first read.

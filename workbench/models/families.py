@@ -19,13 +19,13 @@ Nemotron-H's ungated ``"relu2"``, gpt-oss's clamped ``"swiglu_oai"``, which is n
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from workbench import validate
-from workbench.models.config import MAX_LAYERS, LayerConfig, Mixer, ModelConfig
+from workbench.models.config import LayerConfig, Mixer, ModelConfig
+from workbench.models.config_reader import ConfigReader, common_geometry, glu_act, read_config, residual_scale, rms_eps
 
 __all__ = ["FAMILIES", "from_hf_config"]
 
@@ -38,7 +38,7 @@ def from_hf_config(path_or_dict: str | Path | Mapping[str, Any], *, name: str | 
     Keys starting with ``_`` are ours, not the model's: ``_source`` becomes
     `ModelConfig.source`. The family is read by ``FAMILIES[model_type]``.
     """
-    raw = _read_config(path_or_dict)
+    raw = read_config(path_or_dict)
     if isinstance(path_or_dict, Mapping):
         return _from_raw(raw, name)
     try:
@@ -65,211 +65,7 @@ def _from_raw(raw: dict[str, Any], name: str | None) -> ModelConfig:
         name = raw.get("_name") or raw.get("_name_or_path") or model_type
     elif not isinstance(name, str):
         raise ValueError(f"name: must be a string, got {validate.describe(name)}")
-    return family(_Reader(raw, model_type), name=str(name), source=source)
-
-
-# -- reading -------------------------------------------------------------------------
-
-
-def _read_config(path_or_dict: str | Path | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(path_or_dict, Mapping):
-        return dict(path_or_dict)
-    if isinstance(path_or_dict, (str, Path)):
-        p = Path(path_or_dict)
-        if p.is_dir():
-            p = p / "config.json"
-        if not p.is_file():
-            raise ValueError(f"path_or_dict: no config file at {p}")
-        try:
-            data = json.loads(p.read_bytes().decode("utf-8"))
-        except UnicodeDecodeError as e:  # config.json is UTF-8 by Hugging Face's convention (and JSON's RFC 8259)
-            raise ValueError(
-                f"path_or_dict: {p} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})"
-            ) from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"path_or_dict: {p} is not valid JSON ({e})") from None
-        except OSError as e:
-            raise ValueError(f"path_or_dict: {p} cannot be read ({e.strerror or e})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"path_or_dict: {p} holds a {type(data).__name__}, not a JSON object")
-        return data
-    raise ValueError(f"path_or_dict: must be a path (str or Path) or a dict, got {type(path_or_dict).__name__}")
-
-
-_TYPE_NAMES = {int: "an int", float: "a number", str: "a string", list: "a list", bool: "a bool", dict: "an object"}
-
-
-class _Reader:
-    """Typed access to one config dict, naming the key and the family in every error.
-
-    ``scope`` is the dict read from (Qwen3.5 and Gemma 3 multimodal configs nest the
-    text model under ``text_config``).
-    """
-
-    def __init__(self, raw: dict[str, Any], family: str, scope: dict[str, Any] | None = None):
-        self.raw = raw
-        self.family = family
-        self.scope = raw if scope is None else scope
-
-    def nested(self, key: str) -> _Reader:
-        """Read from ``key`` (a sub-object) when present, else from the top level."""
-        sub = self.scope.get(key)
-        if sub is None:
-            return self
-        if not isinstance(sub, dict):
-            raise ValueError(f"{key}: must be an object in a {self.family} config, got {type(sub).__name__}")
-        return _Reader(self.raw, self.family, sub)
-
-    def has(self, key: str) -> bool:
-        return self.scope.get(key) is not None
-
-    def _check(self, key: str, value: Any, typ: type) -> Any:
-        ok = isinstance(value, typ) and not (typ in (int, float) and isinstance(value, bool))
-        if typ is float and isinstance(value, int) and not isinstance(value, bool):
-            ok, value = True, float(value)
-        if not ok:
-            raise ValueError(
-                f"{key}: must be {_TYPE_NAMES.get(typ, typ.__name__)} in a {self.family} config, "
-                f"got {type(value).__name__} {value!r}"
-            )
-        if typ is float and not math.isfinite(value):
-            raise ValueError(f"{key}: must be a finite number in a {self.family} config, got {value!r}")
-        return value
-
-    def count(self, key: str, default: int) -> int:
-        """An optional count (experts, ...): an int >= 0."""
-        v = self.opt(key, int, default)
-        if v < 0:
-            raise ValueError(f"{key}: must be >= 0 in a {self.family} config, got {v}")
-        return v
-
-    def int_list(self, key: str, n: int) -> list[int]:
-        """An optional list of layer indices, each an int in 0..n-1 (``mlp_only_layers``)."""
-        v = self.opt(key, list, [])
-        for i, x in enumerate(v):
-            if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < n:
-                raise ValueError(
-                    f"{key}[{i}]: must be a layer index, an int in 0..{n - 1}, in a {self.family} config, "
-                    f"got {type(x).__name__} {x!r}"
-                )
-        return v
-
-    def offset(self, key: str, period: int, period_key: str) -> int:
-        """A layer offset within a period: an int in 0..period-1 (else no layer would match)."""
-        v = self.req(key, int)
-        if not 0 <= v < period:
-            raise ValueError(
-                f"{key}: must be in 0..{period - 1} ({period_key} is {period}) in a {self.family} config, got {v}; "
-                f"any other offset matches no layer"
-            )
-        return v
-
-    def req(self, key: str, typ: type) -> Any:
-        if key not in self.scope or self.scope[key] is None:
-            raise ValueError(f"{key}: missing, and a {self.family} config needs it")
-        return self._check(key, self.scope[key], typ)
-
-    def opt(self, key: str, typ: type, default: Any) -> Any:
-        if key not in self.scope or self.scope[key] is None:
-            return default
-        return self._check(key, self.scope[key], typ)
-
-    def positive(self, key: str) -> int:
-        v = self.req(key, int)
-        if v <= 0:
-            raise ValueError(f"{key}: must be positive in a {self.family} config, got {v}")
-        return v
-
-    def num_layers(self) -> int:
-        """``num_hidden_layers``: positive and at most :data:`MAX_LAYERS`, checked before any layer is built."""
-        n = self.positive("num_hidden_layers")
-        if n > MAX_LAYERS:
-            raise ValueError(f"num_hidden_layers: must be at most {MAX_LAYERS} in a {self.family} config, got {n}")
-        return n
-
-    def first(self, keys: tuple[str, ...], typ: type) -> Any:
-        """The first of ``keys`` present (families spell one thing several ways)."""
-        for k in keys:
-            if self.has(k):
-                return self.req(k, typ)
-        raise ValueError(
-            f"{keys[0]}: missing (also looked for {', '.join(keys[1:])}), and a {self.family} config needs it"
-        )
-
-    def head_dim(self, heads: int, hidden: int, keys: tuple[str, ...] = ("head_dim",)) -> int:
-        for k in keys:
-            if self.has(k):
-                v = self.req(k, int)
-                if v <= 0:
-                    raise ValueError(f"{k}: must be positive in a {self.family} config, got {v}")
-                return v
-        if heads <= 0:  # hidden // heads below would divide by zero
-            raise ValueError(f"num_attention_heads: must be positive in a {self.family} config, got {heads}")
-        if hidden % heads:
-            raise ValueError(
-                f"head_dim: missing, and hidden_size {hidden} is not a multiple of "
-                f"num_attention_heads {heads} in this {self.family} config"
-            )
-        return hidden // heads
-
-    def str_list(self, key: str, n: int, allowed: tuple[str, ...]) -> list[str]:
-        v = self.req(key, list)
-        if len(v) != n:
-            raise ValueError(f"{key}: must have num_hidden_layers={n} entries in a {self.family} config, got {len(v)}")
-        for i, s in enumerate(v):
-            if s not in allowed:
-                raise ValueError(f"{key}[{i}]: must be one of {allowed} in a {self.family} config, got {s!r}")
-        return v
-
-
-def _glu_act(r: _Reader, keys: tuple[str, ...] = ("hidden_act",), default: str | None = None) -> str:
-    """The FFN's GLU activation name from the config's activation key."""
-    act = None
-    for k in keys:
-        if r.has(k):
-            act = r.req(k, str)
-            break
-    if act is None:
-        if default is None:
-            raise ValueError(f"{keys[0]}: missing, and a {r.family} config needs it")
-        act = default
-    return {
-        "silu": "swiglu",
-        "swish": "swiglu",
-        "gelu_pytorch_tanh": "geglu",
-        "gelu": "geglu",
-        "gelu_new": "geglu",
-        "relu2": "relu2",
-    }.get(act, act)
-
-
-def _common(r: _Reader) -> tuple[int, int, int, int, int, float]:
-    hidden = r.positive("hidden_size")
-    n = r.num_layers()
-    q = r.positive("num_attention_heads")
-    kv = r.opt("num_key_value_heads", int, q)  # absent = multi-head, as transformers reads it
-    if kv <= 0:
-        raise ValueError(f"num_key_value_heads: must be positive in a {r.family} config, got {kv}")
-    if q % kv:
-        raise ValueError(
-            f"num_attention_heads: must be a multiple of num_key_value_heads ({kv}) in a {r.family} config, got {q}"
-        )
-    eps = _eps(r)
-    hd = r.head_dim(q, hidden)
-    return hidden, n, q, kv, hd, eps
-
-
-def _eps(r: _Reader) -> float:
-    """The norm's epsilon: a finite number > 0 (0 divides by zero on a zero row; < 0 takes a root of a negative)."""
-    eps = r.first(("rms_norm_eps", "layer_norm_epsilon"), float)
-    if not eps > 0:
-        raise ValueError(f"rms_norm_eps: must be a finite number > 0 in a {r.family} config, got {eps!r}")
-    return eps
-
-
-def _residual_scale(r: _Reader) -> float | None:
-    v = r.opt("residual_multiplier", float, None)
-    return None if v is None or v == 1.0 else v
+    return family(ConfigReader(raw, model_type), name=str(name), source=source)
 
 
 # -- families --------------------------------------------------------------------------
@@ -288,11 +84,11 @@ def _dense_transformer(
     ``mlp_bias``), read so that the FFN_BIAS rule sees them.
     """
 
-    def build(r: _Reader, *, name: str, source: str) -> ModelConfig:
+    def build(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
         r = r.nested("text_config")
-        hidden, n, q, kv, hd, eps = _common(r)
+        hidden, n, q, kv, hd, eps = common_geometry(r)
         ffn = r.positive("intermediate_size")
-        act = _glu_act(r, act_keys)
+        act = glu_act(r, act_keys)
         o_bias = r.opt(o_bias_key, bool, False) if o_bias_key else False
         ffn_bias = r.opt(ffn_bias_key, bool, False) if ffn_bias_key else False
         layers = tuple(
@@ -319,7 +115,7 @@ def _dense_transformer(
             num_layers=n,
             rms_norm_eps=eps,
             layers=layers,
-            residual_scale=_residual_scale(r),
+            residual_scale=residual_scale(r),
             source=source,
             raw=r.raw,
         )
@@ -327,7 +123,7 @@ def _dense_transformer(
     return build
 
 
-def _qwen_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
+def _qwen_hybrid(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
     """Qwen3.5 / Qwen3.6 (Bonsai) / Qwen3-Next: Gated DeltaNet layers between full attention.
 
     The layer pattern is ``layer_types`` when given, else every
@@ -337,13 +133,13 @@ def _qwen_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
     refusal. FFN: dense SwiGLU, or routed experts where the config has them.
     """
     r = r.nested("text_config")
-    hidden, n, q, kv, hd, eps = _common(r)
+    hidden, n, q, kv, hd, eps = common_geometry(r)
     if r.has("layer_types"):
         types = r.str_list("layer_types", n, ("full_attention", "linear_attention"))
     else:
         interval = r.positive("full_attention_interval")
         types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
-    act = _glu_act(r)
+    act = glu_act(r)
     gate = r.opt("attn_output_gate", bool, True)
     # attention_bias puts a bias on q/k/v AND o_proj in these families (transformers'
     # Qwen3Next/Qwen3_5 attention, mlx-lm's too): the o_proj bias is O_BIAS.
@@ -385,7 +181,7 @@ def _qwen_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
     )
 
 
-def _granite_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
+def _granite_hybrid(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
     """Granite-4.0-H (``granitemoehybrid``): Mamba-2 layers with a few attention layers.
 
     Every layer has the dense SwiGLU ``shared_mlp`` (``shared_intermediate_size``); with
@@ -393,14 +189,14 @@ def _granite_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
     The pattern is ``layer_types`` (or ``layers_block_type``), entries "attention" or
     "mamba". ``residual_multiplier`` scales both residual branches: RESIDUAL_SCALE.
     """
-    hidden, n, q, kv, hd, eps = _common(r)
+    hidden, n, q, kv, hd, eps = common_geometry(r)
     key = "layers_block_type" if r.has("layers_block_type") and not r.has("layer_types") else "layer_types"
     if not r.has(key):
         raise ValueError(f"layer_types: missing (also looked for layers_block_type), and a {r.family} config needs it")
     types = r.str_list(key, n, ("attention", "mamba"))
     ffn = r.positive("shared_intermediate_size")
     experts = r.count("num_local_experts", 0)
-    act = _glu_act(r)
+    act = glu_act(r)
     layers = tuple(
         LayerConfig(
             index=i,
@@ -423,19 +219,19 @@ def _granite_hybrid(r: _Reader, *, name: str, source: str) -> ModelConfig:
         num_layers=n,
         rms_norm_eps=eps,
         layers=layers,
-        residual_scale=_residual_scale(r),
+        residual_scale=residual_scale(r),
         source=source,
         raw=r.raw,
     )
 
 
-def _falcon_h1(r: _Reader, *, name: str, source: str) -> ModelConfig:
+def _falcon_h1(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
     """Falcon-H1: every layer runs attention AND a Mamba-2 mixer on the same normed input,
     summed into the residual: PARALLEL_SSM on every layer. An ``attention_out_multiplier``
     other than 1 scales wo's output (O_SCALE)."""
-    hidden, n, q, kv, hd, eps = _common(r)
+    hidden, n, q, kv, hd, eps = common_geometry(r)
     ffn = r.positive("intermediate_size")
-    act = _glu_act(r, default="silu")  # FalconH1Config's default hidden_act
+    act = glu_act(r, default="silu")  # FalconH1Config's default hidden_act
     out_mult = r.opt("attention_out_multiplier", float, 1.0)
     layers = tuple(
         LayerConfig(
@@ -465,7 +261,7 @@ def _falcon_h1(r: _Reader, *, name: str, source: str) -> ModelConfig:
     )
 
 
-def _nemotron_h(r: _Reader, *, name: str, source: str) -> ModelConfig:
+def _nemotron_h(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
     """Nemotron-H: ``hybrid_override_pattern`` gives one mixer per block.
 
     ``M`` Mamba-2, ``*`` attention, ``-`` MLP (squared ReLU, ``intermediate_size``),
@@ -476,7 +272,7 @@ def _nemotron_h(r: _Reader, *, name: str, source: str) -> ModelConfig:
     n = r.num_layers()
     q = r.positive("num_attention_heads")
     kv = r.opt("num_key_value_heads", int, q)
-    eps = _eps(r)
+    eps = rms_eps(r)
     hd = r.head_dim(q, hidden, ("head_dim", "attention_head_dim"))
     pattern = r.req("hybrid_override_pattern", str)
     if len(pattern) != n:
@@ -484,7 +280,7 @@ def _nemotron_h(r: _Reader, *, name: str, source: str) -> ModelConfig:
             f"hybrid_override_pattern: must have num_hidden_layers={n} characters in a "
             f"{r.family} config, got {len(pattern)}"
         )
-    act = _glu_act(r, ("mlp_hidden_act", "hidden_act"), default="relu2")
+    act = glu_act(r, ("mlp_hidden_act", "hidden_act"), default="relu2")
     layers = []
     for i, c in enumerate(pattern):
         if c == "*":
@@ -537,12 +333,12 @@ def _nemotron_h(r: _Reader, *, name: str, source: str) -> ModelConfig:
     )
 
 
-def _jamba(r: _Reader, *, name: str, source: str) -> ModelConfig:
+def _jamba(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
     """Jamba: attention where ``i % attn_layer_period == attn_layer_offset`` (else Mamba),
     routed experts where ``i % expert_layer_period == expert_layer_offset`` (else a dense
     SwiGLU MLP). In Jamba-v0.1 (period 8 offset 4; experts period 2 offset 1) the
     attention layers 4, 12, 20, 28 are even, so they carry dense FFNs."""
-    hidden, n, q, kv, hd, eps = _common(r)
+    hidden, n, q, kv, hd, eps = common_geometry(r)
     if r.has("layers_block_type"):
         kinds = r.str_list("layers_block_type", n, ("attention", "mamba"))
     else:
@@ -553,7 +349,7 @@ def _jamba(r: _Reader, *, name: str, source: str) -> ModelConfig:
     e_period = r.positive("expert_layer_period")
     e_offset = r.offset("expert_layer_offset", e_period, "expert_layer_period")
     ffn = r.positive("intermediate_size")
-    act = _glu_act(r)
+    act = glu_act(r)
     layers = []
     for i, k in enumerate(kinds):
         moe = experts > 1 and i % e_period == e_offset
@@ -583,11 +379,11 @@ def _jamba(r: _Reader, *, name: str, source: str) -> ModelConfig:
     )
 
 
-def _gpt_oss(r: _Reader, *, name: str, source: str) -> ModelConfig:
+def _gpt_oss(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
     """gpt-oss: every layer attention (sliding and full alternate; both are GQA), a bias on
     every projection including wo (``attention_bias``), routed experts with the clamped
     ``swiglu_oai`` activation, and frink-models' own gpt-oss flag."""
-    hidden, n, q, kv, hd, eps = _common(r)
+    hidden, n, q, kv, hd, eps = common_geometry(r)
     ffn = r.positive("intermediate_size")
     experts = r.positive("num_local_experts")
     o_bias = r.opt("attention_bias", bool, True)
