@@ -57,12 +57,42 @@ from workbench.kernels.contract import TailLaunch
 from workbench.kernels.launch import PreparedTail, as_mx32, prepared, settle_constants
 from workbench.kernels.matrices import threadgroup_bytes, units_for
 from workbench.kernels.next_norm import NextNorm, checked
-from workbench.kernels.one_launch_shape import (  # the shape policy, re-exported: one_launch.shape_for
+from workbench.kernels.one_launch_shape import (
+    DEFAULT_NT,
+    FOUR_BIT_NT,
+    FOUR_BIT_ROW_UNITS,
     OneLaunchShape,
     checked_shape,
+    groups_for,
     shape_for,
+    shape_for_formats,
 )
 from workbench.kernels.tuning import KernelTuning
+
+#: The one launch's names, and its shape policy's (``one_launch_shape``), read with the launch it shapes.
+__all__ = [
+    "BARRIER_LIMIT_MS",
+    "CHOICE_MARGIN",
+    "MAX_BARRIER_LIMIT_MS",
+    "SANITIZER_BARRIER_LIMIT_MS",
+    "STATIC_SHARED_LIMIT",
+    "TRACES",
+    "GridBarrierTimeout",
+    "OneLaunchTail",
+    "fits",
+    "for_launch",
+    "launch_template",
+    "static_shared_bytes",
+    "sync_at",
+    "DEFAULT_NT",
+    "FOUR_BIT_NT",
+    "FOUR_BIT_ROW_UNITS",
+    "OneLaunchShape",
+    "checked_shape",
+    "groups_for",
+    "shape_for",
+    "shape_for_formats",
+]
 
 #: CUDA's limit on a kernel's static shared memory; the three phases' group memory is
 #: declared side by side (each phase's arrays in its own scope), so their sum must fit.
