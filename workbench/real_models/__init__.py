@@ -37,7 +37,7 @@ _HOMES, __getattr__, __dir__ = public_names(
             "greedy_captured",
         ),
         "fused_layers": ("LAZY_BACKENDS", "MODEL_BACKENDS", "fused_tails", "stacked_qkv", "vector_tail"),
-        "graph_tail": ("model_graph_tail", "prepared_graph_tail"),
+        "graph_tail": ("model_graph_tail", "prepared_graph_tail", "stored_dtype"),
         "end_to_end": (
             "PROMPT",
             "FOLD_FORMATS",
