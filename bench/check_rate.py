@@ -22,7 +22,7 @@ import numpy as np
 
 from bench.common import cli, record
 from workbench.check import check_kernel
-from workbench.studies import sweeps
+from workbench.studies import sweep
 
 SHAPE = (64, 96, 80)
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rep = check_kernel(numpy_tail, seeds=seeds, scales=(1.0,), folds=(16,), **({} if args.faults else {"faults": ()}))
     t_check = time.perf_counter() - t0
     t0 = time.perf_counter()
-    sweeps.sweep(shapes=[SHAPE], seeds=seeds, folds=(16,), progress=False)
+    sweep(shapes=[SHAPE], seeds=seeds, folds=(16,), progress=False)
     t_sweep = time.perf_counter() - t0
     print(f"{'variant':<34} {'cases':>7} {'seconds':>8} {'cases/s':>8} {'ratio':>6}")
     print(

@@ -22,10 +22,8 @@ import mlx.core as mx
 
 from bench.common import cli, record, timing
 from workbench import fused_tail, seed_case
-from workbench.kernels import metal_emulation
-from workbench.kernels.emulated import emulated_tail
-from workbench.kernels.launch import prepared
-from workbench.tail.paths import tail_launch
+from workbench.kernels import SCHEDULES, buffers_mapped, emulated_tail, prepared
+from workbench.tail import tail_launch
 
 TARGET_MS = 3.0
 
@@ -36,7 +34,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--order",
         default="ascending",
-        choices=metal_emulation.SCHEDULES,
+        choices=SCHEDULES,
         help="the emulator's schedule (thread order; SIMD-groups in step or apart)",
     )
     args = p.parse_args(argv)
@@ -55,9 +53,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     emulated()
     cold = (time.perf_counter() - t0) * 1e3
     paths = {"metal-emulated": emulated, "graph": graph}
-    mapped = metal_emulation.buffers_mapped()
+    mapped = buffers_mapped()
     times = timing.time_rounds(paths, args.n, warmup=2)
-    mapped = metal_emulation.buffers_mapped() - mapped  # after the warm-up's first tails: 0 expected
+    mapped = buffers_mapped() - mapped  # after the warm-up's first tails: 0 expected
     rows = [{"path": k, **timing.summarize(v)} for k, v in times.items()]
     for r in rows:
         c0 = time.process_time()

@@ -31,13 +31,10 @@ import numpy as np
 from bench.common import cli, kernel_tail, record
 from bench.common.kernels import BONSAI
 from workbench import backends, tail
-from workbench.fold.rotation import HadamardFold
-from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
-from workbench.kernels import head as kernel_head
-from workbench.kernels import run as kernel_run
-from workbench.studies.exact_oracle import dequantize_exact, host_tail_exact, oracle_tolerance, tolerance_for
-from workbench.tail.comparison import compare
-from workbench.tail.frink_case import seed_case
+from workbench.fold import QUANT_FORMATS, HadamardFold, WeightMatrix
+from workbench.kernels import head_launch, run_kernel_tail
+from workbench.studies import dequantize_exact, host_tail_exact, oracle_tolerance, tolerance_for
+from workbench.tail import compare, seed_case
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,7 +65,7 @@ def _tail_case(
         "first_call_ms": ms,
     }
     if dialect == "cuda":  # fused_tail ran the one launch; the three launches answer to the same oracle
-        three = compare(kernel_run.run_kernel_tail("cuda", tail.tail_launch(w), br, res), truth, tol=tol)
+        three = compare(run_kernel_tail("cuda", tail.tail_launch(w), br, res), truth, tol=tol)
         entry["three_launches_worst"], entry["three_launches_passed"] = three.worst, bool(three.passed)
         entry["passed"] = entry["passed"] and entry["three_launches_passed"]
     if w.wo.quantization is not None:  # what the mx.dequantize-based oracle says, for the record
@@ -126,7 +123,7 @@ def _head_case(
 
     truth = oracle(np.float64)
     f32 = oracle(np.float32)
-    got = kernel_head.head_launch(mx.array(x), nw, eps, q, k, v, dialect)
+    got = head_launch(mx.array(x), nw, eps, q, k, v, dialect)
     mx.eval(*got)
     t = np.concatenate(truth)
     worst32 = compare(np.concatenate(f32), t).worst

@@ -33,15 +33,25 @@ import numpy as np
 from bench.common import cli, kernels, record, timing
 from bench.common.timing import interleaved
 from workbench import backends, tail
-from workbench.fold.rotation import HadamardFold
-from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
-from workbench.kernels import head as kernel_head
-from workbench.kernels import launch as kernel_launch
-from workbench.kernels import one_launch
-from workbench.kernels import source as kernel_source
-from workbench.kernels import tuning as kernel_tuning
-from workbench.studies.exact_oracle import host_tail_exact, oracle_tolerance, tolerance_for
-from workbench.tail.comparison import compare
+from workbench.fold import QUANT_FORMATS, HadamardFold, WeightMatrix
+from workbench.kernels import (
+    DEFAULT_TUNING,
+    DIALECTS,
+    KERNELS,
+    ONE_LAUNCH_BODY,
+    TAIL_KERNELS,
+    KernelTuning,
+    OneLaunchTail,
+    PreparedTail,
+    compose,
+    fits,
+    head_launch,
+    mlx_name,
+    prepare_tail,
+    shape_for,
+)
+from workbench.studies import host_tail_exact, oracle_tolerance, tolerance_for
+from workbench.tail import compare
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,14 +84,14 @@ def gpu_dialect() -> str | None:
 
 #: The kernels compared (the tail's and the head launch); an older folder need not hold
 #: the bodies added since (gdn_step).
-COMPARED: tuple[str, ...] = kernel_source.TAIL_KERNELS + ("head_qkv",)
+COMPARED: tuple[str, ...] = TAIL_KERNELS + ("head_qkv",)
 
 
 def kernel_folder(path: str | Path) -> Path:
     """``path`` resolved, once it holds every file the kernels are composed from."""
     folder = Path(path).resolve()
-    needed = ["common.h"] + [f"prelude_{d}.h" for d in kernel_source.DIALECTS]
-    needed += sorted({kernel_source.KERNELS[k].body for k in COMPARED})
+    needed = ["common.h"] + [f"prelude_{d}.h" for d in DIALECTS]
+    needed += sorted({KERNELS[k].body for k in COMPARED})
     missing = [n for n in needed if not (folder / n).is_file()]
     if missing:
         raise ValueError(f"--old must be a kernels folder (with {', '.join(needed)}); {folder} lacks {missing}")
@@ -130,7 +140,7 @@ def tail_case(
     label: str,
     w: tail.TailWeights,
     dialect: str,
-    tuning: kernel_tuning.KernelTuning,
+    tuning: KernelTuning,
     old_dir: Path,
     bandwidth: float,
     *,
@@ -144,8 +154,8 @@ def tail_case(
     tol, f32 = tolerance_for(w, br, res, truth)
     launch = tail.tail_launch(w)
     preps = {
-        "old": kernel_launch.prepare_tail(launch, dialect, tuning, kernel_dir=old_dir),
-        "new": kernel_launch.prepare_tail(launch, dialect, tuning),
+        "old": prepare_tail(launch, dialect, tuning, kernel_dir=old_dir),
+        "new": prepare_tail(launch, dialect, tuning),
     }
     b, r = mx.array(br), mx.array(res)
     mx.eval(b, r)
@@ -181,13 +191,13 @@ def tail_case(
     }
     entry["one_wait_ms"] = {s: timing.summarize(v) for s, v in one_wait.items()}
     entry["n_tails_per_evaluation"] = n_tails
-    if dialect == "cuda" and (old_dir / kernel_source.ONE_LAUNCH_BODY).is_file() and one_launch.fits(preps["new"]):
+    if dialect == "cuda" and (old_dir / ONE_LAUNCH_BODY).is_file() and fits(preps["new"]):
         entry["one_launch"] = one_launch_case(preps, br, res, truth, tol, rounds=rounds, n_tails=n_tails)
     return entry
 
 
 def one_launch_case(
-    preps: dict[str, kernel_launch.PreparedTail],
+    preps: dict[str, PreparedTail],
     br: np.ndarray,
     res: np.ndarray,
     truth: np.ndarray,
@@ -199,7 +209,7 @@ def one_launch_case(
     """The tail as one launch from each side's kernels (``preps``: the prepared tails,
     each with its folder), in ``one_launch.shape_for``'s shape: checked against the oracle
     and each other, then (only if both pass) device time a tail and one wait, alternating."""
-    ones = {s: one_launch.OneLaunchTail(p, one_launch.shape_for(p)) for s, p in preps.items()}
+    ones = {s: OneLaunchTail(p, shape_for(p)) for s, p in preps.items()}
     outs = {s: one.run(br, res) for s, one in ones.items()}
     shape = ones["new"].shape
     entry: dict[str, Any] = {
@@ -230,7 +240,7 @@ def head_case(
     hidden: int,
     rows: tuple[int, int, int],
     dialect: str,
-    tuning: kernel_tuning.KernelTuning,
+    tuning: KernelTuning,
     old_dir: Path,
     bandwidth: float,
     *,
@@ -263,7 +273,7 @@ def head_case(
     dirs = {"old": old_dir, "new": None}
 
     def launch(side: str) -> tuple[mx.array, mx.array, mx.array]:
-        return kernel_head.head_launch(xm, nm, eps, q, k, v, dialect, tuning, kernel_dir=dirs[side])
+        return head_launch(xm, nm, eps, q, k, v, dialect, tuning, kernel_dir=dirs[side])
 
     outs = {}
     for side in SIDES:
@@ -374,17 +384,11 @@ def run(
     (hidden, branch, ffn), block = shape
     bws = kernels.floor_bandwidth()
     bandwidth = bws["used_for_floor"]
-    tuning = kernel_tuning.DEFAULT_TUNING
+    tuning = DEFAULT_TUNING
     out: dict[str, Any] = {
         "old_dir": str(old_dir),
-        "mlx_names": {
-            k: {"old": kernel_source.mlx_name(k, kernel_dir=old_dir), "new": kernel_source.mlx_name(k)}
-            for k in COMPARED
-        },
-        "same_text": {
-            k: kernel_source.compose(dialect, k, kernel_dir=old_dir) == kernel_source.compose(dialect, k)
-            for k in COMPARED
-        },
+        "mlx_names": {k: {"old": mlx_name(k, kernel_dir=old_dir), "new": mlx_name(k)} for k in COMPARED},
+        "same_text": {k: compose(dialect, k, kernel_dir=old_dir) == compose(dialect, k) for k in COMPARED},
         "copy_bandwidth_Bps": bws,
         "tuning": {f: getattr(tuning, f) for f in tuning.__dataclass_fields__},
         "shape": [hidden, branch, ffn],

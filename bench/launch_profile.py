@@ -118,7 +118,7 @@ def stall_summary(launch: dict[str, Any], top: int = 4) -> dict[str, Any]:
 def tuning_of(text: str) -> Any:
     """``KernelTuning`` from ``"name=value,..."`` (integers, or true/false for the ``pre_*``
     flags); ValueError naming what is wrong."""
-    from workbench.kernels.tuning import KernelTuning
+    from workbench.kernels import KernelTuning
 
     fields = KernelTuning.__dataclass_fields__
     kw: dict[str, Any] = {}
@@ -144,11 +144,8 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
 
     from bench.common.kernels import BONSAI
     from workbench import tail
-    from workbench.fold.rotation import HadamardFold
-    from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
-    from workbench.kernels import head as kernel_head
-    from workbench.kernels import launch as kernel_launch
-    from workbench.kernels import one_launch
+    from workbench.fold import QUANT_FORMATS, HadamardFold, WeightMatrix
+    from workbench.kernels import OneLaunchTail, head_launch, prepared
 
     tuning = tuning_of(tuning_text)
     (hidden, branch, ffn), block = BONSAI
@@ -157,11 +154,11 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
         spec = q.as_quantize() if q else None
         w = tail.TailWeights.random(hidden, branch, ffn, seed=3 + i, fold_block=block, dtype="bfloat16", quantize=spec)
         b, r = (mx.array(a) for a in tail.random_inputs(w, seed=4 + i))
-        prep = kernel_launch.prepared(tail.tail_launch(w), "cuda", tuning)
+        prep = prepared(tail.tail_launch(w), "cuda", tuning)
         for _ in range(2):  # warm-up, then the measured one: one evaluation each
             mx.eval(prep(b, r))
         if one:  # the same tail as one launch (workbench.kernels.one_launch), warm-up then measured
-            tail_one = one_launch.OneLaunchTail(prep)
+            tail_one = OneLaunchTail(prep)
             for _ in range(2):
                 mx.eval(tail_one(b, r))
         print(f"profiled {fmt}", flush=True)
@@ -179,7 +176,7 @@ def _child(formats: list[str], tuning_text: str, head: bool, one: bool = False) 
         x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
         nw = (1 + rng.uniform(-0.25, 0.25, hidden)).astype(np.float32)
         for _ in range(2):
-            mx.eval(*kernel_head.head_launch(x, nw, 1e-6, q, k, v, "cuda", tuning))
+            mx.eval(*head_launch(x, nw, 1e-6, q, k, v, "cuda", tuning))
         print("profiled head", flush=True)
     return 0
 

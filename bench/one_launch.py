@@ -32,14 +32,21 @@ import numpy as np
 
 from bench.common import cli, kernels, record, timing
 from workbench import backends, tail
-from workbench.decode.matvec import worst_scaled_error
-from workbench.fold.weights import QUANT_FORMATS
-from workbench.kernels import launch as kernel_launch
-from workbench.kernels import one_launch
-from workbench.kernels import tuning as kernel_tuning
-from workbench.studies.exact_oracle import host_tail_exact, tolerance_for
-from workbench.tail.comparison import compare
-from workbench.tail.frink_case import SEED_TOL, seed_case
+from workbench.decode import worst_scaled_error
+from workbench.fold import QUANT_FORMATS
+from workbench.kernels import (
+    CHOICE_MARGIN,
+    DEFAULT_TUNING,
+    GridBarrierTimeout,
+    KernelTuning,
+    OneLaunchShape,
+    OneLaunchTail,
+    PreparedTail,
+    prepared,
+    shape_for,
+)
+from workbench.studies import host_tail_exact, tolerance_for
+from workbench.tail import SEED_TOL, compare, seed_case
 
 #: Weight formats: bfloat16 and the quantized ones the kernels read.
 FORMATS: tuple[str, ...] = ("bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
@@ -47,37 +54,37 @@ FORMATS: tuple[str, ...] = ("bfloat16", "affine4", "affine8", "mxfp4", "nvfp4")
 #: The one launch's variants tried by the sweep: (changes to the three launches'
 #: tuning, which set each phase's loads; the one launch's shape). At one group an SM the
 #: registers a thread may use go up to 128, so more loads in flight cost no occupancy.
-VARIANTS: dict[str, tuple[dict[str, Any], one_launch.OneLaunchShape]] = {
-    "default": ({}, one_launch.OneLaunchShape()),
-    "u8": ({"u_wo": 8, "u_gate_up": 8}, one_launch.OneLaunchShape()),
-    "u8_down_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32}, one_launch.OneLaunchShape()),
-    "down_r2": ({}, one_launch.OneLaunchShape(down_rows=2)),
-    "down_r8_u32": ({"u_down": 32}, one_launch.OneLaunchShape(down_rows=8)),
-    "gu_pre": ({"pre_gate_up": True}, one_launch.OneLaunchShape()),
-    "nt1024": ({}, one_launch.OneLaunchShape(nt=1024)),
+VARIANTS: dict[str, tuple[dict[str, Any], OneLaunchShape]] = {
+    "default": ({}, OneLaunchShape()),
+    "u8": ({"u_wo": 8, "u_gate_up": 8}, OneLaunchShape()),
+    "u8_down_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32}, OneLaunchShape()),
+    "down_r2": ({}, OneLaunchShape(down_rows=2)),
+    "down_r8_u32": ({"u_down": 32}, OneLaunchShape(down_rows=8)),
+    "gu_pre": ({"pre_gate_up": True}, OneLaunchShape()),
+    "nt1024": ({}, OneLaunchShape(nt=1024)),
     # 24 and 20 warps an SM instead of 16: 70-80 registers a thread still fit one group an
     # SM (the bodies at 768 threads a group: tests/test_one_launch.py, emulated, against float64)
-    "nt768": ({}, one_launch.OneLaunchShape(nt=768)),
-    "nt640": ({}, one_launch.OneLaunchShape(nt=640)),
+    "nt768": ({}, OneLaunchShape(nt=768)),
+    "nt640": ({}, OneLaunchShape(nt=640)),
     # tried when the quantized formats were bound by instructions, not bytes (docs/JOURNAL.md,
     # "What bounds the 4-bit launches"): more 4-bit units in flight a lane (u / 4: 4 units at
     # u 16) and more warps an SM
-    "u16": ({"u_wo": 16, "u_gate_up": 16}, one_launch.OneLaunchShape()),
-    "u8_nt640": ({"u_wo": 8, "u_gate_up": 8}, one_launch.OneLaunchShape(nt=640)),
+    "u16": ({"u_wo": 16, "u_gate_up": 16}, OneLaunchShape()),
+    "u8_nt640": ({"u_wo": 8, "u_gate_up": 8}, OneLaunchShape(nt=640)),
     # since the 4-bit loops lost a fifth to a third of their instructions, every launch
     # waits on its loads most while streaming at under half the copy bandwidth
     # (launch_profile-…181221Z): more loads in flight, from the shape chosen before (nvcc,
     # Bonsai's shape: 62-80 registers a thread in affine4 and nvfp4, no spills, all under
     # the 102 that one 640-thread group an SM leaves a thread)
-    "u8_nt640_down_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32}, one_launch.OneLaunchShape(nt=640)),
-    "u8_nt640_down_r8_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32}, one_launch.OneLaunchShape(nt=640, down_rows=8)),
-    "u16_nt640": ({"u_wo": 16, "u_gate_up": 16}, one_launch.OneLaunchShape(nt=640)),
+    "u8_nt640_down_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32}, OneLaunchShape(nt=640)),
+    "u8_nt640_down_r8_u32": ({"u_wo": 8, "u_gate_up": 8, "u_down": 32}, OneLaunchShape(nt=640, down_rows=8)),
+    "u16_nt640": ({"u_wo": 16, "u_gate_up": 16}, OneLaunchShape(nt=640)),
     # two 512-thread groups an SM (32 warps, twice the default's 16): only where a thread
     # needs at most 64 registers (nvcc, Bonsai's shape: affine4 44, affine8 56, mxfp4 64;
     # bf16 70 and nvfp4 80 do not fit). Where they do not, half
     # the groups cannot be resident: the barriers give up after their limit and the
     # variant is recorded as failed (GridBarrierTimeout), as the safety-net check shows.
-    "gps2": ({}, one_launch.OneLaunchShape(groups_per_sm=2)),
+    "gps2": ({}, OneLaunchShape(groups_per_sm=2)),
 }
 
 
@@ -93,9 +100,8 @@ FUSED_TAIL = "fused_tail"
 AGREE_TOL = SEED_TOL
 
 
-#: How much faster than the default a variant must be to be chosen over it (its reason:
-#: ``workbench.kernels.one_launch.CHOICE_MARGIN``, where the records' readers find it too).
-CHOICE_MARGIN = one_launch.CHOICE_MARGIN
+# CHOICE_MARGIN (imported above): how much faster than the default a variant must be to be chosen
+# over it (its reason: ``workbench.kernels.one_launch.CHOICE_MARGIN``, where the records' readers find it too).
 
 
 def chosen_variants(
@@ -130,13 +136,13 @@ def _weights(fmt: str, shape: tuple[int, int, int], block: int, seed: int) -> ta
 
 def _one(
     w: tail.TailWeights,
-    tuning: kernel_tuning.KernelTuning | None = None,
-    shape: one_launch.OneLaunchShape | None = None,
-) -> tuple[kernel_launch.PreparedTail, one_launch.OneLaunchTail]:
+    tuning: KernelTuning | None = None,
+    shape: OneLaunchShape | None = None,
+) -> tuple[PreparedTail, OneLaunchTail]:
     """The prepared three launches and the one launch for ``w``; ``shape`` None: the shape
     ``fused_tail(backend="cuda")`` runs (``one_launch.shape_for``), which the checks check."""
-    prep = kernel_launch.prepared(tail.tail_launch(w), "cuda", tuning)
-    return prep, one_launch.OneLaunchTail(prep, shape or one_launch.shape_for(prep))
+    prep = prepared(tail.tail_launch(w), "cuda", tuning)
+    return prep, OneLaunchTail(prep, shape or shape_for(prep))
 
 
 def _check(
@@ -145,8 +151,8 @@ def _check(
     br: np.ndarray,
     res: np.ndarray,
     oracle: bool,
-    tuning: kernel_tuning.KernelTuning | None = None,
-    shape: one_launch.OneLaunchShape | None = None,
+    tuning: KernelTuning | None = None,
+    shape: OneLaunchShape | None = None,
 ) -> dict[str, Any]:
     """One case: the one launch against the three and (``oracle``) the float64 oracle."""
     prep, one = _one(w, tuning, shape)
@@ -191,18 +197,18 @@ def timeout_check(w: tail.TailWeights, br: np.ndarray, res: np.ndarray) -> dict[
     """The grid sized for twice the SMs (half its groups cannot be resident): the launch
     must raise GridBarrierTimeout, not hang and not return numbers; the next launch of a
     correctly sized grid must be right."""
-    from workbench.kernels import cuda_device
+    from workbench.kernels import multiprocessor_count
 
-    sms = cuda_device.multiprocessor_count()
-    prep, bad = _one(w, shape=one_launch.OneLaunchShape(sm_count=2 * sms))
+    sms = multiprocessor_count()
+    prep, bad = _one(w, shape=OneLaunchShape(sm_count=2 * sms))
     t0 = time.perf_counter()
     try:
         bad.run(br, res)
         raised = None
-    except one_launch.GridBarrierTimeout as e:
+    except GridBarrierTimeout as e:
         raised = str(e)
     seconds = time.perf_counter() - t0
-    good = one_launch.OneLaunchTail(prep, one_launch.shape_for(prep)).run(br, res)
+    good = OneLaunchTail(prep, shape_for(prep)).run(br, res)
     three = np.array(prep(mx.array(br), mx.array(res)))
     ok_after = worst_scaled_error(good, three) <= AGREE_TOL
     out = {
@@ -221,7 +227,7 @@ def timeout_check(w: tail.TailWeights, br: np.ndarray, res: np.ndarray) -> dict[
     return out
 
 
-def chained_ms(one: one_launch.OneLaunchTail, b: mx.array, r: mx.array, n: int = 10, repeats: int = 5) -> float:
+def chained_ms(one: OneLaunchTail, b: mx.array, r: mx.array, n: int = 10, repeats: int = 5) -> float:
     """Device time a tail of the one launch: ``n`` launches in one evaluation
     (``bench.common.kernels.batched_ms``), each naming the previous one's output (``after``), so
     they run one after the other as a decoder's layers would."""
@@ -233,7 +239,7 @@ def sweep(w: tail.TailWeights, b: mx.array, r: mx.array, br: np.ndarray, res: np
     is over ``AGREE_TOL`` from the first one's (the default), is recorded as failed, with
     no time, and the sweep goes on."""
     out: dict[str, Any] = {}
-    base = kernel_tuning.DEFAULT_TUNING
+    base = DEFAULT_TUNING
     ref = None
     for name, (changes, shape) in VARIANTS.items():
         try:
@@ -267,8 +273,8 @@ def sweep(w: tail.TailWeights, b: mx.array, r: mx.array, br: np.ndarray, res: np
 def time_case(
     label: str,
     w: tail.TailWeights,
-    tuning: kernel_tuning.KernelTuning,
-    shape: one_launch.OneLaunchShape,
+    tuning: KernelTuning,
+    shape: OneLaunchShape,
     bandwidth: float,
     repeats: int,
     seed: int,
@@ -297,7 +303,7 @@ def time_case(
         device["torch_cuda_graph"] = peer["graph_device_ms"]()
     split = kernels.build_eval_split(lambda: one(b, r), repeats)
     if one.barrier_failed():
-        raise one_launch.GridBarrierTimeout(f"{label}: a barrier timed out during the timing")
+        raise GridBarrierTimeout(f"{label}: a barrier timed out during the timing")
     floor = prep.weight_bytes() / bandwidth * 1e3
     med = {k: v["median_ms"] for k, v in resident.items()}
     entry = {
@@ -323,7 +329,7 @@ def fixed_cost(repeats: int) -> dict[str, float]:
     """One evaluation with its wait at frink-models' test size (nothing to stream): the
     three launches, the one launch (each plain and compiled), one tiny evaluation."""
     c = seed_case()
-    prep, one = _one(c.weights, shape=one_launch.OneLaunchShape())
+    prep, one = _one(c.weights, shape=OneLaunchShape())
     b, r = mx.array(c.branch), mx.array(c.residual)
     c3, c1 = prep.compiled(), one.compiled()
     tiny = mx.array(np.ones(8, np.float32))
@@ -396,11 +402,11 @@ def run(
     out["cases"] = []
     for i, fmt in enumerate(formats):
         if out["variant_chosen"][fmt] == FUSED_TAIL:
-            tuning = kernel_tuning.DEFAULT_TUNING
-            shape = one_launch.shape_for(kernel_launch.prepared(tail.tail_launch(bonsai[fmt]), "cuda", tuning))
+            tuning = DEFAULT_TUNING
+            shape = shape_for(prepared(tail.tail_launch(bonsai[fmt]), "cuda", tuning))
         else:
             changes, shape = VARIANTS[out["variant_chosen"][fmt]]
-            tuning = dataclasses.replace(kernel_tuning.DEFAULT_TUNING, **changes)
+            tuning = dataclasses.replace(DEFAULT_TUNING, **changes)
         try:
             out["cases"].append(
                 time_case(f"bonsai27b-{fmt}", bonsai[fmt], tuning, shape, bandwidth, repeats, seed + 400 + i)

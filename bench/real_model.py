@@ -32,18 +32,22 @@ import numpy as np
 
 from bench.common import cli, record, step_profile, timing
 from workbench import backends, tail
-from workbench.fold.weights import QuantizedBase, WeightMatrix
-from workbench.kernels import launch as kernel_launch
-from workbench.kernels import one_launch
-from workbench.models.config import BONSAI_SHAPE
-from workbench.real_models import graph_tail
-from workbench.real_models.capture import capture_layers
-from workbench.real_models.end_to_end import PROMPT, smollm2
-from workbench.real_models.fused_layers import LAZY_BACKENDS, fused_tails, stacked_qkv, vector_tail
-from workbench.real_models.graph_tail import model_graph_tail
-from workbench.reports.real_model import STORED_GRAPH, UNJUDGED
-from workbench.tail.comparison import compare
-from workbench.tail.frink_case import SEED_TOL
+from workbench.fold import QuantizedBase, WeightMatrix
+from workbench.kernels import OneLaunchTail, fits, prepared, shape_for
+from workbench.models import BONSAI_SHAPE
+from workbench.real_models import (
+    LAZY_BACKENDS,
+    PROMPT,
+    capture_layers,
+    fused_tails,
+    model_graph_tail,
+    smollm2,
+    stacked_qkv,
+    stored_dtype,
+    vector_tail,
+)
+from workbench.reports import real_model as real_model_report
+from workbench.tail import SEED_TOL, compare
 
 #: The synthetic shapes (hidden, branch, ffn) beside SmolLM2's own layer.
 SHAPES: dict[str, tuple[int, int, int]] = {
@@ -290,7 +294,7 @@ def mlx_lm_style(launch: tail.TailLaunch, act: Any) -> Callable[[mx.array, mx.ar
 def act_dtype(w: tail.TailWeights) -> Any:
     """The activations' dtype mlx-lm keeps for weights like ``w``'s: their float dtype (a
     quantized matrix's: its scales'), ``graph_tail.stored_dtype``."""
-    return graph_tail.stored_dtype(tail.tail_launch(w))
+    return stored_dtype(tail.tail_launch(w))
 
 
 def tail_variants(
@@ -308,18 +312,18 @@ def tail_variants(
         "graph-eager": model_graph_tail(launch, compiled=False),
         "graph-ops": mx.compile(lambda b, r: tail.tail_graph(launch, b, r)),
     }
-    if act != mx.float32 and graph_tail.stored_dtype(launch) == act:  # the activations as mlx-lm keeps them
-        fns[STORED_GRAPH] = model_graph_tail(launch, activations="stored")
+    if act != mx.float32 and stored_dtype(launch) == act:  # the activations as mlx-lm keeps them
+        fns[real_model_report.STORED_GRAPH] = model_graph_tail(launch, activations="stored")
     if cuda:
-        prep = kernel_launch.prepared(launch, "cuda")
+        prep = prepared(launch, "cuda")
         fns["cuda-3"] = prep.compiled()
-        rule = one_launch.shape_for(prep)
+        rule = shape_for(prep)
         for name, change in CANDIDATES.items():
             shape = dataclasses.replace(rule, **change)
-            if one_launch.fits(prep, shape):
-                fns[f"cuda-1:{name}"] = one_launch.OneLaunchTail(prep, shape).compiled()
-        if one_launch.fits(prep, rule):  # the rule's shape, its text handed to MLX with the comments
-            fns["cuda-1:annotated"] = one_launch.OneLaunchTail(prep, rule, compact_source=False).compiled()
+            if fits(prep, shape):
+                fns[f"cuda-1:{name}"] = OneLaunchTail(prep, shape).compiled()
+        if fits(prep, rule):  # the rule's shape, its text handed to MLX with the comments
+            fns["cuda-1:annotated"] = OneLaunchTail(prep, rule, compact_source=False).compiled()
     return fns
 
 
@@ -427,7 +431,7 @@ def bench_tail_inputs(
     checks = {k: compare(np.asarray(fn(b32, r32).astype(mx.float32)), truth) for k, fn in fns.items()}
     # the reference and the stored-activation graph round their activations where they are
     # half precision: reported, not judged (mlx-lm's rounding)
-    judged = {k: c for k, c in checks.items() if k not in UNJUDGED or act == mx.float32}
+    judged = {k: c for k, c in checks.items() if k not in real_model_report.UNJUDGED or act == mx.float32}
     failed = {k: str(c) for k, c in judged.items() if not c.passed}
     if failed:
         raise SystemExit(f"{label}: a tail disagrees with the float64 host tail: {failed}")
@@ -595,7 +599,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     chosen = None
     if cuda and "cuda" in names and best is not None and best != "cuda-1:rule":
         launch = tail.tail_launch(weights[args.layer])
-        rule = one_launch.shape_for(kernel_launch.prepared(launch, "cuda"))
+        rule = shape_for(prepared(launch, "cuda"))
         chosen = dataclasses.replace(rule, **CANDIDATES[best.split(":", 1)[1]])
 
         @contextlib.contextmanager

@@ -211,14 +211,18 @@ def _tail_parts(
     import mlx.core as mx
 
     from workbench import tail
-    from workbench.decode.matvec import worst_scaled_error
-    from workbench.fold.weights import QUANT_FORMATS
-    from workbench.kernels import launch as kernel_launch
-    from workbench.kernels import one_launch
-    from workbench.kernels.next_norm import NextNorm
-    from workbench.studies.exact_oracle import host_tail_exact, tolerance_for
-    from workbench.tail.comparison import compare
-    from workbench.tail.frink_case import SEED_TOL
+    from workbench.decode import worst_scaled_error
+    from workbench.fold import QUANT_FORMATS
+    from workbench.kernels import (
+        SANITIZER_BARRIER_LIMIT_MS,
+        NextNorm,
+        OneLaunchShape,
+        OneLaunchTail,
+        prepared,
+        shape_for,
+    )
+    from workbench.studies import host_tail_exact, tolerance_for
+    from workbench.tail import SEED_TOL, compare
 
     (hidden, branch, ffn), block, _ = SHAPES[sname]
     q = QUANT_FORMATS.get(fmt)
@@ -227,7 +231,7 @@ def _tail_parts(
         hidden, branch, ffn, seed=7 + i, fold_block=block, dtype=dtype, quantize=q.as_quantize() if q else None
     )
     br, res = tail.random_inputs(w, seed=8 + i)
-    prep = kernel_launch.prepared(tail.tail_launch(w), "cuda")  # the three launches
+    prep = prepared(tail.tail_launch(w), "cuda")  # the three launches
     b_in, r_in = mx.array(br), mx.array(res)
     if device_inputs:
         prep = device_written(prep)
@@ -246,11 +250,11 @@ def _tail_parts(
         bad += not finite
         print(f"tail {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}{_elapsed()}", flush=True)
     # a one launch's shape: fused_tail's for this format (one_launch.shape_for), unless --one-launch-nt says
-    shape = one_launch.shape_for(prep) if one_nt is None else one_launch.OneLaunchShape(nt=one_nt)
+    shape = shape_for(prep) if one_nt is None else OneLaunchShape(nt=one_nt)
     if one:  # the same tail as ONE launch (its phases between grid barriers), against the three
         # instrumented groups run many times slower: a barrier's default 4 s limit was
         # exceeded under initcheck (one_launch.SANITIZER_BARRIER_LIMIT_MS)
-        tail1 = one_launch.OneLaunchTail(prep, shape, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS)
+        tail1 = OneLaunchTail(prep, shape, barrier_limit_ms=SANITIZER_BARRIER_LIMIT_MS)
         if device_inputs:
             tail1.copy_constants(device_copy)  # its zeros and constants were written by MLX's own kernels
         worst = worst_scaled_error(tail1.run(b_in, r_in), out)
@@ -263,9 +267,7 @@ def _tail_parts(
         )
     if carried:  # the one launch with the next norm's epilogue (its last group writes rms_norm(out) * w)
         norm = NextNorm(np.random.default_rng(9 + i).uniform(0.5, 1.5, prep.hidden), 1e-5)
-        tailn = one_launch.OneLaunchTail(
-            prep, shape, barrier_limit_ms=one_launch.SANITIZER_BARRIER_LIMIT_MS, next_norm=norm
-        )
+        tailn = OneLaunchTail(prep, shape, barrier_limit_ms=SANITIZER_BARRIER_LIMIT_MS, next_norm=norm)
         if device_inputs:
             tailn.copy_constants(device_copy)
         got, normed = tailn.run_carried(b_in, r_in)
@@ -288,9 +290,8 @@ def _head_part(sname: str, fmt: str, i: int) -> int:
     is finite (its oracle check is bench.gpu_check's), returns 1 if not."""
     import mlx.core as mx
 
-    from workbench.fold.rotation import HadamardFold
-    from workbench.fold.weights import QUANT_FORMATS, WeightMatrix
-    from workbench.kernels import head as kernel_head
+    from workbench.fold import QUANT_FORMATS, HadamardFold, WeightMatrix
+    from workbench.kernels import head_launch
 
     (hidden, _, _), block, (nq, nk, nv) = SHAPES[sname]
     q = QUANT_FORMATS.get(fmt)
@@ -306,7 +307,7 @@ def _head_part(sname: str, fmt: str, i: int) -> int:
             WeightMatrix.quantize(dense, **q.as_quantize(), fold=fold) if q else WeightMatrix(dense).fold_hadamard(fold)
         )
     x = mx.array(rng.uniform(-1, 1, hidden).astype(np.float32))
-    got = kernel_head.head_launch(x, np.ones(hidden, np.float32), 1e-6, *mats, "cuda")
+    got = head_launch(x, np.ones(hidden, np.float32), 1e-6, *mats, "cuda")
     mx.eval(*got)
     finite = all(bool(mx.all(mx.isfinite(g)).item()) for g in got)
     print(f"head {sname} {fmt}: outputs {'finite' if finite else 'NOT FINITE'}{_elapsed()}", flush=True)

@@ -29,13 +29,25 @@ from typing import Any
 
 from bench.common import cli, kernels, record
 from bench.common.sass import CLASSES, compile_sass, find_tool, parse_sass, sass_counts, tool_version
-from workbench.fold import formats as weight_formats
-from workbench.fold.formats import Format
-from workbench.fold.hadamard import factor_block
-from workbench.kernels import one_launch
-from workbench.kernels import source as kernel_source
-from workbench.kernels.matrices import DENSE_GS, interleaved, units_for
-from workbench.kernels.tuning import KernelTuning
+from workbench.fold import AFFINE4, AFFINE8, BFLOAT16, MXFP4, NVFP4, Format, factor_block
+from workbench.kernels import (
+    BARRIER_LIMIT_MS,
+    DENSE_GS,
+    KERNELS,
+    ONE_LAUNCH_BODY,
+    ONE_LAUNCH_PHASES,
+    TAIL_KERNELS,
+    KernelTuning,
+    OneLaunchShape,
+    cuda_translation_unit,
+    fingerprint,
+    input_dtypes,
+    interleaved,
+    one_launch_inputs,
+    one_launch_translation_unit,
+    shape_for_formats,
+    units_for,
+)
 from workbench.reports import kernel_bodies as kernel_versions
 
 
@@ -56,13 +68,13 @@ BONSAI = _bonsai()
 ONE_LAUNCH = kernel_versions.SASS_ONE_LAUNCH
 
 #: The launches counted: the tail's three, then the tail as one launch.
-LAUNCHES: tuple[str, ...] = (*kernel_source.TAIL_KERNELS, ONE_LAUNCH)
+LAUNCHES: tuple[str, ...] = (*TAIL_KERNELS, ONE_LAUNCH)
 
 #: The weight formats counted, by the label records and ``--formats`` give them (dense
 #: bfloat16 is "bf16"), each at its default group size.
 FORMATS: dict[str, Format] = {
-    "bf16": weight_formats.BFLOAT16,
-    **{f.name: f for f in (weight_formats.AFFINE4, weight_formats.AFFINE8, weight_formats.MXFP4, weight_formats.NVFP4)},
+    "bf16": BFLOAT16,
+    **{f.name: f for f in (AFFINE4, AFFINE8, MXFP4, NVFP4)},
 }
 
 
@@ -125,20 +137,20 @@ def launch_templates(
     }
 
 
-def one_launch_shape(fmt_label: str) -> one_launch.OneLaunchShape:
+def one_launch_shape(fmt_label: str) -> OneLaunchShape:
     """The one launch's shape for a tail whose matrices are all ``fmt_label``, as
     ``one_launch.shape_for`` chooses it (the shape ``fused_tail(backend="cuda")`` and
     ``bench.kernel_bodies`` run; ``one_launch.shape_for_formats``)."""
     if fmt_label not in FORMATS:
         raise ValueError(f"fmt_label must be one of {tuple(FORMATS)}; got {fmt_label!r}")
-    return one_launch.shape_for_formats([FORMATS[fmt_label]])
+    return shape_for_formats([FORMATS[fmt_label]])
 
 
 def one_launch_templates(
     fmt_label: str,
     tuning: KernelTuning | None = None,
     shape: dict[str, int] | None = None,
-    launch_shape: one_launch.OneLaunchShape | None = None,
+    launch_shape: OneLaunchShape | None = None,
 ) -> list[tuple[str, Any]]:
     """The one launch's template values for ``fmt_label`` at ``shape`` (default:
     :data:`BONSAI`) with ``tuning`` (default ``KernelTuning()``) in ``launch_shape``
@@ -163,9 +175,9 @@ def one_launch_templates(
         ("HID", h),
         ("FFN", f),
         ("SYNC_AT", -(-(h + f) // 32) * 32),
-        ("BARRIER_LIMIT_MS", one_launch.BARRIER_LIMIT_MS),
+        ("BARRIER_LIMIT_MS", BARRIER_LIMIT_MS),
     ]
-    for kernel, prefix in kernel_source.ONE_LAUNCH_PHASES:
+    for kernel, prefix in ONE_LAUNCH_PHASES:
         template += [(prefix + k, v) for k, v in phases[kernel].items() if k != "NT"]
     return template
 
@@ -215,27 +227,27 @@ def run(
         for kernel, template in launch_templates(label).items():
             if kernel not in launches:
                 continue
-            dtypes = kernel_source.input_dtypes(kernel_source.KERNELS[kernel].inputs, fmt, sfmt)
+            dtypes = input_dtypes(KERNELS[kernel].inputs, fmt, sfmt)
             for side, folder in sides.items():
-                text = kernel_source.cuda_translation_unit(kernel, dtypes, dict(template), kernel_dir=folder)
+                text = cuda_translation_unit(kernel, dtypes, dict(template), kernel_dir=folder)
                 work.append(({"launch": kernel, "format": label, "side": side, "template": dict(template)}, text))
         if ONE_LAUNCH in launches:
             template = dict(one_launch_templates(label))
-            dtypes = kernel_source.input_dtypes(kernel_source.one_launch_inputs(), fmt, sfmt)
+            dtypes = input_dtypes(one_launch_inputs(), fmt, sfmt)
             for side, folder in sides.items():
-                if folder is not None and not (folder / kernel_source.ONE_LAUNCH_BODY).is_file():
+                if folder is not None and not (folder / ONE_LAUNCH_BODY).is_file():
                     continue
-                text = kernel_source.one_launch_translation_unit(dtypes, template, kernel_dir=folder)
+                text = one_launch_translation_unit(dtypes, template, kernel_dir=folder)
                 work.append(({"launch": ONE_LAUNCH, "format": label, "side": side, "template": template}, text))
                 for kernel, values in phase_templates(template).items():  # each phase compiled alone
-                    text = kernel_source.cuda_translation_unit(
+                    text = cuda_translation_unit(
                         kernel,
-                        kernel_source.input_dtypes(kernel_source.KERNELS[kernel].inputs, fmt, sfmt),
+                        input_dtypes(KERNELS[kernel].inputs, fmt, sfmt),
                         values,
                         kernel_dir=folder,
                     )
                     work.append(({"launch": ONE_LAUNCH, "format": label, "side": side, "alone": kernel}, text))
-    phases = tuple(k for k, _ in kernel_source.ONE_LAUNCH_PHASES)
+    phases = tuple(k for k, _ in ONE_LAUNCH_PHASES)
 
     def count(w: tuple[dict[str, Any], str]) -> dict[str, Any]:
         key = w[0]
@@ -282,10 +294,8 @@ def phase_templates(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
     it (its prefixed values unprefixed, NT the one launch's): compiled alone, ptxas says
     the registers that phase asks for; the one launch's count is one number for all three."""
     return {
-        kernel: {
-            t: template["NT"] if t == "NT" else template[prefix + t] for t in kernel_source.KERNELS[kernel].template
-        }
-        for kernel, prefix in kernel_source.ONE_LAUNCH_PHASES
+        kernel: {t: template["NT"] if t == "NT" else template[prefix + t] for t in KERNELS[kernel].template}
+        for kernel, prefix in ONE_LAUNCH_PHASES
     }
 
 
@@ -376,14 +386,14 @@ def main(argv: list[str] | None = None) -> int:
         needed = [
             "common.h",
             "prelude_cuda.h",
-            *sorted({kernel_source.KERNELS[k].body for k in launches if k != ONE_LAUNCH}),
+            *sorted({KERNELS[k].body for k in launches if k != ONE_LAUNCH}),
         ]
         missing = [n for n in needed if not (old_dir / n).is_file()]
         if missing:
             ap.error(f"--old must be a kernels folder holding {', '.join(needed)}; {old_dir} lacks {missing}")
-        if ONE_LAUNCH in launches and not (old_dir / kernel_source.ONE_LAUNCH_BODY).is_file():
+        if ONE_LAUNCH in launches and not (old_dir / ONE_LAUNCH_BODY).is_file():
             print(
-                f"{old_dir} has no {kernel_source.ONE_LAUNCH_BODY} (older than the one launch): "
+                f"{old_dir} has no {ONE_LAUNCH_BODY} (older than the one launch): "
                 "the one launch is counted from kernels/ alone"
             )
     nvcc, cuobjdump, nvdisasm = shutil.which("nvcc"), find_tool("cuobjdump"), find_tool("nvdisasm")
@@ -397,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     versions = {"nvcc": tool_version(nvcc), "cuobjdump": tool_version(cuobjdump)}
     print(
         f"nvcc {versions['nvcc']}\ncuobjdump {versions['cuobjdump']}\n{a.arch}: kernels/ ({prov['kernel_text']})"
-        + (f" against\n{old_dir} ({kernel_source.fingerprint(kernel_dir=old_dir)})" if old_dir else "")
+        + (f" against\n{old_dir} ({fingerprint(kernel_dir=old_dir)})" if old_dir else "")
     )
     rows = run(
         formats,
@@ -418,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         "shape": BONSAI,
         "launches": list(launches),
         "old_dir": a.old,  # as given: the fingerprint below says which text it held
-        "old_kernel_text": kernel_source.fingerprint(kernel_dir=old_dir) if old_dir else None,
+        "old_kernel_text": fingerprint(kernel_dir=old_dir) if old_dir else None,
         "classes": {c: sorted(ops) for c, ops in CLASSES.items()},
         "rows": rows,
     }

@@ -23,7 +23,7 @@ import sys
 import time
 
 from bench.common import cli, record
-from workbench.decode.state import MAX_TOKENS
+from workbench.decode import MAX_TOKENS
 
 #: The fewest rounds a split kind's price is measured over (``measure_split_between``'s own minimum).
 MIN_SPLIT_N = 5
@@ -168,15 +168,25 @@ def main(argv: list[str] | None = None) -> dict:
         except step_profile.ProfileUnavailable as e:
             p.error(f"--profile: {e}")
     from workbench.backends import BackendUnavailable
-    from workbench.decode import geometry, layers, savings, schedule
-    from workbench.decode import matvec as decode_matvec
-    from workbench.decode.state import HybridWeights
-    from workbench.models.loader import load_model
-    from workbench.waits import measurement as wait_measurement
-    from workbench.waits import plan as waits
+    from workbench.decode import (
+        CHECK_TOL,
+        CPU_GEOMETRY,
+        Geometry,
+        HybridWeights,
+        Schedule,
+        check_step,
+        fast_gdn_available,
+        fit_price,
+        geometry_of,
+        in_token_prices,
+        in_token_probes,
+        resolve_matvec,
+    )
+    from workbench.models import load_model
+    from workbench.waits import load_plan, measure_wait_price, model_saving, priced_waits
 
     try:  # kernels without a kernel backend: said now, never a fall back to MLX ops
-        decode_matvec.resolve_matvec(args.matvec)
+        resolve_matvec(args.matvec)
     except BackendUnavailable as err:
         p.error(f"--matvec kernels: {err}")
     if args.gdn == "kernel" and args.matvec != "kernels":
@@ -189,9 +199,9 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(f"--vocab must be >= 1, got {args.vocab}")
     try:
         cfg = load_model(args.model)
-        geom = geometry.geometry_of(cfg, vocab=args.vocab) if args.geometry == "full" else geometry.CPU_GEOMETRY
+        geom = geometry_of(cfg, vocab=args.vocab) if args.geometry == "full" else CPU_GEOMETRY
         if args.geometry == "cpu" and args.vocab is not None:
-            geom = geometry.Geometry(**{**geom.__dict__, "vocab": args.vocab})
+            geom = Geometry(**{**geom.__dict__, "vocab": args.vocab})
     except ValueError as err:
         p.error(f"--model {args.model}: {err}")
     n_attention = len(cfg.attention_layers())
@@ -205,12 +215,12 @@ def main(argv: list[str] | None = None) -> dict:
         stages = None if args.stages is None else [int(s) for s in args.stages.split(",")]
     except ValueError:
         p.error(f"--stages must be comma-separated stage numbers; got {args.stages!r}")
-    plan = waits.load_plan()
+    plan = load_plan()
     numbers = [st.number for st in plan.stages]
     if stages is not None and (any(n not in numbers for n in stages) or len(set(stages)) != len(stages)):
         p.error(f"--stages must be distinct stage numbers of plan {plan.name!r}, of {numbers}; got {args.stages!r}")
 
-    price = wait_measurement.measure_wait_price(n=args.price_n, warmup=max(100, args.price_n // 10))
+    price = measure_wait_price(n=args.price_n, warmup=max(100, args.price_n // 10))
     print(
         f"device {price['device']} ({price['backend']}, MLX {price['mlx_version']}); "
         f"one wait {price['ms']:.4f} ms (p10 {price['p10_ms']:.4f}, p90 {price['p90_ms']:.4f})",
@@ -226,13 +236,13 @@ def main(argv: list[str] | None = None) -> dict:
     gdn, why = args.gdn, ""
     # The MLX-ops recurrence: the run's own when asked for by "auto", and the check's
     # reference when the run's is the gdn_step kernel.
-    ok, why = layers.fast_gdn_available() if gdn in ("auto", "kernel") else (gdn == "fast", "")
+    ok, why = fast_gdn_available() if gdn in ("auto", "kernel") else (gdn == "fast", "")
     ref_gdn = gdn if gdn in ("fast", "ops") else ("fast" if ok else "ops")
     if gdn == "auto":
         gdn = ref_gdn
         if not ok:
             print(f"mx.fast.gated_delta_update does not run here ({why}); the recurrence runs as plain MLX ops")
-    sched = schedule.Schedule(
+    sched = Schedule(
         cfg,
         wts,
         gdn=gdn,
@@ -251,9 +261,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     check = None
     if args.matvec == "kernels":
-        ref = schedule.Schedule(cfg, wts, gdn=ref_gdn, matvec="mlx", activations="float32")
-        check = schedule.check_step(
-            sched, ref, context=args.context, tol=args.check_tol if args.check_tol is not None else schedule.CHECK_TOL
+        ref = Schedule(cfg, wts, gdn=ref_gdn, matvec="mlx", activations="float32")
+        check = check_step(
+            sched, ref, context=args.context, tol=args.check_tol if args.check_tol is not None else CHECK_TOL
         )
         for r in check["stages"]:
             print(
@@ -292,7 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     probes, joined = {}, {}
     if args.in_token_share:
-        probes, joined = schedule.in_token_probes(sched, stages if stages is not None else numbers, args.in_token_share)
+        probes, joined = in_token_probes(sched, stages if stages is not None else numbers, args.in_token_share)
         print(f"in-token probes: {list(probes) or 'none (no kind has enough waits in the stages timed)'}", flush=True)
 
     timed = check is None or check["passed"]
@@ -319,10 +329,10 @@ def main(argv: list[str] | None = None) -> dict:
     rows = run["stages"]
     in_token = None
     if joined and run.get("probes"):
-        in_token = savings.in_token_prices(rows, run["probes"], joined)
+        in_token = in_token_prices(rows, run["probes"], joined)
         prices_in_token = {**(split_prices or {}), **{k: v["ms"] for k, v in in_token.items()}}
         for c in run["comparisons"]:
-            m = waits.model_saving(cfg, c["from"], c["to"], prices_in_token, price["ms"], eligible=sched.eligible)
+            m = model_saving(cfg, c["from"], c["to"], prices_in_token, price["ms"], eligible=sched.eligible)
             c["ms_saved_model_in_token"] = m["ms"]
         print(f"\n{'kind':<16} {'in-token ms':>12} {'95% interval':>18} {'alone ms':>9}  (joined at stage, count)")
         for k, v in in_token.items():
@@ -332,11 +342,11 @@ def main(argv: list[str] | None = None) -> dict:
                 f"({v['stage']}, {v['count']})",
                 flush=True,
             )
-    fit = savings.fit_price(rows) if len({r["waits_predicted"] for r in rows}) > 1 else None
+    fit = fit_price(rows) if len({r["waits_predicted"] for r in rows}) > 1 else None
     for r in rows:
         r["x_floor"] = r["ms_median"] / floor_ms
         if split_prices is not None:
-            model = waits.priced_waits(cfg, r["stage"], split_prices, price["ms"], eligible=sched.eligible)
+            model = priced_waits(cfg, r["stage"], split_prices, price["ms"], eligible=sched.eligible)
             r["ms_waits_model"] = model["ms"]
             r["wait_share_model"] = min(1.0, model["ms"] / r["ms_median"])
 
@@ -378,7 +388,7 @@ def main(argv: list[str] | None = None) -> dict:
         # buffers they read (managed memory, docs/GPU.md), so the record keeps each stage's
         # kernel time beside its clock (workbench.reports.schedule_run.pair_table splits each
         # saving into the two). The last stage (one wait a token) keeps its whole profile.
-        from workbench.decode.state import new_state
+        from workbench.decode import new_state
 
         last = max(r["stage"] for r in rows)
         print(f"\n{'stage':>5} {'kernels':>8} {'device ms':>10}  ({args.tokens} tokens profiled a stage)")

@@ -28,9 +28,9 @@ import mlx.core as mx
 from bench.common import cli, record
 from bench.common.ledger import add_to_ledger
 from workbench import backends, tail
-from workbench.kernels import launch as kernel_launch
-from workbench.models.config import BONSAI_SHAPE
-from workbench.waits import measurement as wait_measurement
+from workbench.kernels import prepared
+from workbench.models import BONSAI_SHAPE
+from workbench.waits import measure_split_price, measure_wait_price
 
 
 def tail_steps(shape: tuple[int, int, int], block: int, dtype: str, seed: int) -> dict[str, Callable]:
@@ -43,7 +43,7 @@ def tail_steps(shape: tuple[int, int, int], block: int, dtype: str, seed: int) -
     steps: dict[str, Callable] = {"tail-graph": lambda h: tail.tail_graph(launch, b, h)}
     dialect = "cuda" if backends.cuda_available() else ("metal" if backends.metal_available() else None)
     if dialect is not None:
-        kern = kernel_launch.prepared(launch, dialect)
+        kern = prepared(launch, dialect)
         steps["tail-kernels"] = lambda h: kern(b, h)
     return steps
 
@@ -106,7 +106,7 @@ def _without_out(command: str) -> str:
 
 def add(p, record_path: str, ledger: str | None, force: bool) -> list[dict]:
     """``--add``: a schedule_run record's split prices into the ledger, one entry a kind."""
-    from workbench.waits import ledger as wait_ledger
+    from workbench.waits import check_entry
 
     try:
         rec = json.loads(Path(record_path).read_text())
@@ -115,7 +115,7 @@ def add(p, record_path: str, ledger: str | None, force: bool) -> list[dict]:
         p.error(f"--add: {record_path}: {err}")
     for e in entries:  # every entry checked before the first is written
         try:
-            wait_ledger.check_entry(e)
+            check_entry(e)
         except ValueError as err:
             p.error(f"--add: {err}")
     for e in entries:
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.n < 5:
         p.error("--n must be >= 5")
 
-    tiny = wait_measurement.measure_wait_price(n=max(200, args.n * 4), warmup=50)
+    tiny = measure_wait_price(n=max(200, args.n * 4), warmup=50)
     rows = [
         {
             "step": "tiny wait (measure_wait_price)",
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         {
             "step": "tiny",
             "shape": "scalar",
-            **wait_measurement.measure_split_price(lambda a: a * 0.5 + 1.0, x, n=args.n),
+            **measure_split_price(lambda a: a * 0.5 + 1.0, x, n=args.n),
         }
     )
     shapes = [("small", (256, 384, 704), 128)]
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         h = mx.random.uniform(-1, 1, (shape[0],), key=mx.random.key(8))
         mx.eval(h)
         for name, step in cli.progress(steps.items(), len(steps), f"{label} tails"):
-            rows.append({"step": name, "shape": label, **wait_measurement.measure_split_price(step, h, n=args.n)})
+            rows.append({"step": name, "shape": label, **measure_split_price(step, h, n=args.n)})
         del steps
 
     print(f"{'step':<32} {'shape':<10} {'price ms':>9} {'p10':>8} {'p90':>8} {'split ms':>9} {'joined ms':>10}")
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     rec = {
         **record.provenance("split_price", argv),
-        "method": wait_measurement.measure_split_price.__doc__.split("\n\n")[1].strip(),
+        "method": measure_split_price.__doc__.split("\n\n")[1].strip(),
         "results": rows,
     }
     if not args.no_record:

@@ -21,8 +21,7 @@ import time
 from typing import Any
 
 from bench.common import cli, record, twin_rates
-from workbench.studies import calibration, sweeps
-from workbench.studies.cases import CASE_BLOCK
+from workbench.studies import CASE_BLOCK, REFERENCE_TOLERANCES, calibrate_tolerance, catch_rates, mutation_sweep, sweep
 
 #: name -> (shape, dtype, fold, quantize); quantized ones need in-dims divisible by 64.
 CONFIGS: dict[str, tuple[tuple[int, int, int], str, Any, Any]] = {
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.sweeps:
         names = []
     else:
-        sweeps.sweep(shapes=[(64, 96, 80)], seeds=range(8), progress=False)  # warm up (imports, first graphs)
+        sweep(shapes=[(64, 96, 80)], seeds=range(8), progress=False)  # warm up (imports, first graphs)
     rows = []
     if names:
         print(
@@ -91,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in names:
         shape, dtype, fold, quant = CONFIGS[name]
         t0 = time.perf_counter()
-        df = sweeps.sweep(
+        df = sweep(
             shapes=[shape],
             seeds=range(args.seeds),
             dtypes=(dtype,),
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "max_worst": float(df.worst.max()),
         }
         if args.calibrate:
-            t = calibration.calibrate_tolerance(df.worst.to_numpy(), flake_rate=1e-6)
+            t = calibrate_tolerance(df.worst.to_numpy(), flake_rate=1e-6)
             row["calibrated"] = {
                 "value": t.value,
                 "low": t.low,
@@ -139,14 +138,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     catch = None
     if args.mutations:
-        tols = dict(calibration.REFERENCE_TOLERANCES)
+        tols = dict(REFERENCE_TOLERANCES)
         f32 = next((r for r in rows if r["config"] == "f32-b16" and "calibrated" in r), None)
         if f32 is not None:
             tols["calibrated f32-b16"] = ("worst", f32["calibrated"]["recommended"])
-        mu = sweeps.mutation_sweep(
+        mu = mutation_sweep(
             shapes=[(64, 96, 80)], seeds=range(10**7, 10**7 + args.mutations), folds=(None, 16), progress=args.progress
         )
-        rates = calibration.catch_rates(mu, tols)
+        rates = catch_rates(mu, tols)
         print(rates.round(4).to_string())
         catch = {
             "seeds": f"range({10**7}, {10**7 + args.mutations})",

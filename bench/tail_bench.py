@@ -24,10 +24,9 @@ import mlx.core as mx
 
 from bench.common import cli, record, timing
 from workbench import backends, tail
-from workbench.models.config import BONSAI_SHAPE
-from workbench.tail.comparison import compare
-from workbench.tail.frink_case import SEED_SHAPE
-from workbench.waits.measurement import count_waits
+from workbench.models import BONSAI_SHAPE
+from workbench.tail import SEED_SHAPE, compare
+from workbench.waits import count_waits
 
 #: (name, (hidden, branch, ffn), fold block): Bonsai folds wo's input with block 1024
 #: (after Layr-Labs' Bonsai-27B port notes, docs/bonsai2-27b-port-notes.md of

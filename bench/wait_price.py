@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     import mlx.core as mx
 
-    from workbench.waits import measurement as wait_measurement
+    from workbench.waits import measure_wait_price
 
     device = None if args.device == "default" else mx.Device(getattr(mx, args.device))
-    rec = {"bench": "wait_price", **wait_measurement.measure_wait_price(device, n=args.n, warmup=args.warmup)}
+    rec = {"bench": "wait_price", **measure_wait_price(device, n=args.n, warmup=args.warmup)}
     rec["command"] = " ".join(["python -m bench.wait_price"] + (argv if argv is not None else sys.argv[1:]))
     print(f"{'device':>12}  {rec['device']} ({rec['backend']}, MLX {rec['mlx_version']})")
     for k in ("ms", "p10_ms", "p90_ms", "iqr_ms", "mean_ms", "eval_only_ms"):

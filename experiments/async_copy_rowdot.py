@@ -178,13 +178,13 @@ def run(
 ) -> dict[str, Any]:
     """Check and time the row dots on one random matrix (see the module's doc).
     ``all_checks_passed`` covers every variant but MLX's (a reference)."""
-    from workbench.kernels import cuda_device
+    from workbench.kernels import multiprocessor_count
 
     stages = stages or [4, 8]
     for st in stages:
         check_shape(rows, cols, threads, st)
     q, x, truth, scale = tc.matrix_case(rows, cols, seed)
-    sms = cuda_device.multiprocessor_count()
+    sms = multiprocessor_count()
     warps_per_block = threads // 32
     blocks = min(sms * blocks_per_sm, -(-rows // warps_per_block))
     tensor = tc.tensor_core_row_dots(q, x, rows, cols, units=4, threads=256, blocks=min(sms * 2, rows // tc.TILE_ROWS))

@@ -192,7 +192,7 @@ def _quantized(rows: int, cols: int, seed: int) -> tuple[Any, Any]:
     weights of variance 1/cols) as the workbench's WeightMatrix, and x uniform in [-1, 1)."""
     import mlx.core as mx
 
-    from workbench.fold.weights import WeightMatrix
+    from workbench.fold import WeightMatrix
 
     rng = np.random.default_rng(seed)
     a = np.sqrt(3.0 / cols)
@@ -215,10 +215,10 @@ def reference_row_dots(q: Any, x: Any, rows: int) -> dict[str, Any]:
     """The kernels' own row dot (:data:`CUDA_CORES`) and MLX's (:data:`MLX_QMM`) on ``q``, ``x``."""
     import mlx.core as mx
 
-    from workbench.decode import matvec as decode_matvec
-    from workbench.kernels.tuning import KernelTuning
+    from workbench.decode import matvec_launch
+    from workbench.kernels import KernelTuning
 
-    launch = decode_matvec.matvec_launch("cuda", q, KernelTuning(), "w")
+    launch = matvec_launch("cuda", q, KernelTuning(), "w")
     zero = mx.zeros((rows,), mx.float32)
 
     def cuda_core() -> Any:
@@ -275,11 +275,11 @@ def run(
     """Check and time the four row dots on one random matrix (see the module's doc).
     ``all_checks_passed`` covers the tensor-core variants and the kernels' row dot; MLX's
     own is checked and reported the same way, as a reference, not required to pass."""
-    from workbench.kernels import cuda_device
+    from workbench.kernels import multiprocessor_count
 
     check_shape(rows, cols, units)
     q, x, truth, scale = matrix_case(rows, cols, seed)
-    blocks = min(cuda_device.multiprocessor_count() * blocks_per_sm, rows // TILE_ROWS)
+    blocks = min(multiprocessor_count() * blocks_per_sm, rows // TILE_ROWS)
     variants = {
         **tensor_core_row_dots(q, x, rows, cols, units=units, threads=threads, blocks=blocks),
         **reference_row_dots(q, x, rows),

@@ -278,7 +278,6 @@ def test_quant_sweep_takes_the_fastest_tuning_and_records_one_that_fails(monkeyp
 
     from bench.common import kernel_tail as kb
     from workbench import tail
-    from workbench.kernels import launch as kernel_launch
     from workbench.kernels import tuning as kernel_tuning
 
     built = []
@@ -290,7 +289,7 @@ def test_quant_sweep_takes_the_fastest_tuning_and_records_one_that_fails(monkeyp
         return lambda b, r: t
 
     # device time falls with the units a 4-bit lane loads, and the early batch costs a little
-    monkeypatch.setattr(kernel_launch, "prepared", fake_prepared)
+    monkeypatch.setattr(kb, "prepared", fake_prepared)
     monkeypatch.setattr(
         kb, "batched_ms", lambda make: 1.0 / make().u_gate_up + 0.01 * make().pre_gate_up + 0.001 * make().u_down
     )

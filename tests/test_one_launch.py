@@ -474,8 +474,8 @@ def test_the_benchs_run_times_each_format_with_its_own_choice(monkeypatch):
     # --no-sweep: nothing swept; each format timed as fused_tail(backend="cuda") runs it
     monkeypatch.setattr(bench, "sweep", lambda *a: pytest.fail("--no-sweep swept"))
     monkeypatch.setattr(bench.tail, "tail_launch", lambda w: ("launch", w))
-    monkeypatch.setattr(bench.kernel_launch, "prepared", lambda launch, dialect, tuning: ("prep", launch, tuning))
-    monkeypatch.setattr(bench.one_launch, "shape_for", lambda prep: ("shape for", prep[1][1]))
+    monkeypatch.setattr(bench, "prepared", lambda launch, dialect, tuning: ("prep", launch, tuning))
+    monkeypatch.setattr(bench, "shape_for", lambda prep: ("shape for", prep[1][1]))
     timed.clear()
     out = bench.run(["bfloat16", "nvfp4"], 1, 0, False, [])
     assert out["sweeps"] == {} and "sweep" not in out

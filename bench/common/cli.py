@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.backends import BackendUnavailable
-from workbench.reports.records import RECORD_DIR
+from workbench.reports import records
 
 #: The errors that mean "the input was bad", not "the command is wrong" (see the module's docstring).
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, BackendUnavailable)
@@ -171,7 +171,7 @@ def add_record_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out-dir",
         type=out_dir,
-        default=RECORD_DIR,
+        default=records.RECORD_DIR,
         help="the folder the JSON record goes to (default: the project's data/bench/, wherever the command is started)",
     )
     p.add_argument("--no-record", action="store_true", help="print only; write no JSON record")

@@ -17,12 +17,8 @@ import mlx.core as mx
 import numpy as np
 
 from bench.common.timing import piece_device_ms
-from workbench.decode.layers import attend_mx, attend_np, recurrent_layer
-from workbench.decode.savings import MEASURED_SPLITS
-from workbench.decode.schedule import Schedule
-from workbench.decode.state import DecodeState, new_state
-from workbench.waits import measurement as wait_measurement
-from workbench.waits import plan as waits
+from workbench.decode import MEASURED_SPLITS, DecodeState, Schedule, attend_mx, attend_np, new_state, recurrent_layer
+from workbench.waits import HOST_READ, check_split_kind, measure_split_between
 
 
 def split_pieces(sched: Schedule, state: DecodeState) -> dict[str, Any]:
@@ -102,10 +98,10 @@ def measure_splits(
     mx.eval(x)
     out = []
     for kind in kinds:
-        waits.check_split_kind("kinds[]", kind)
+        check_split_kind("kinds[]", kind)
         a, b = kind.split("|")
-        reads = a.endswith(waits.HOST_READ)
-        a = a[: -len(waits.HOST_READ)] if reads else a
+        reads = a.endswith(HOST_READ)
+        a = a[: -len(HOST_READ)] if reads else a
         if kind not in MEASURED_SPLITS:
             raise ValueError(f"kinds: {kind!r} cannot be built from the step's pieces; allowed: {MEASURED_SPLITS}")
         first = pieces[a]
@@ -114,7 +110,7 @@ def measure_splits(
             # attends in numpy and uploads the branch; joined, the device attends. The
             # difference is what one such wait costs the step, the host's attention and
             # the device's idle time while it runs included.
-            res = wait_measurement.measure_split_between(
+            res = measure_split_between(
                 first,
                 pieces["attend_wo"],
                 x,
@@ -130,7 +126,7 @@ def measure_splits(
             }
         else:
             second_piece = pieces["layer2" if (a, b) == ("layer", "layer") else b]
-            res = wait_measurement.measure_split_between(
+            res = measure_split_between(
                 first,
                 lambda t, f=second_piece: f(t[0]),
                 x,

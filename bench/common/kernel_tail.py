@@ -31,12 +31,10 @@ from bench.common.kernels import (
 )
 from bench.common.timing import summaries, time_rounds
 from workbench import tail
-from workbench.fold.weights import QUANT_FORMATS
-from workbench.kernels import launch as kernel_launch
-from workbench.kernels import tuning as kernel_tuning
-from workbench.studies.exact_oracle import host_tail_exact
-from workbench.tail.comparison import compare
-from workbench.tail.frink_case import seed_case
+from workbench.fold import QUANT_FORMATS
+from workbench.kernels import KernelTuning, prepared
+from workbench.studies import host_tail_exact
+from workbench.tail import compare, seed_case
 
 #: The 4-bit format benchmarked: MLX affine, group 64 (mlx-lm's default).
 Q4 = {"mode": "affine", "bits": 4, "group_size": 64}
@@ -45,7 +43,7 @@ Q4 = {"mode": "affine", "bits": 4, "group_size": 64}
 def sweep(
     w: tail.TailWeights,
     dialect: str,
-    tunings: dict[str, kernel_tuning.KernelTuning],
+    tunings: dict[str, KernelTuning],
     b: mx.array,
     r: mx.array,
     repeats: int,
@@ -57,7 +55,7 @@ def sweep(
     fns, device = {}, {}
     for k, t in tunings.items():
         try:
-            p = kernel_launch.prepared(launch, dialect, t)
+            p = prepared(launch, dialect, t)
             mx.eval(p(b, r))
             fns[k] = lambda p=p: mx.eval(p(b, r))
             device[k] = batched_ms(lambda p=p: p(b, r))
@@ -70,7 +68,7 @@ def bench_case(
     label: str,
     w: tail.TailWeights,
     dialect: str,
-    tuning: kernel_tuning.KernelTuning,
+    tuning: KernelTuning,
     bandwidth: float,
     repeats: int,
     seed: int,
@@ -78,7 +76,7 @@ def bench_case(
     """Every variant at one case; returns the record's entry (times in ms)."""
     br, res = tail.random_inputs(w, seed=seed)
     launch = tail.tail_launch(w)
-    prep = kernel_launch.prepared(launch, dialect, tuning)
+    prep = prepared(launch, dialect, tuning)
     b, r = mx.array(br), mx.array(res)
     mx.eval(b, r)
     truth = host_tail_exact(w, br, res)
@@ -181,9 +179,9 @@ def bench_case(
     return entry
 
 
-_T = kernel_tuning.KernelTuning
+_T = KernelTuning
 #: Tunings tried on the bf16 Bonsai tail before the main table (the best is used).
-TUNINGS: dict[str, kernel_tuning.KernelTuning] = {
+TUNINGS: dict[str, KernelTuning] = {
     "default": _T(),
     "wo1024": _T(wo_nt=1024, wo_groups_per_sm=1, head_nt=1024, head_groups_per_sm=1),
     "wo_u8_nopre": _T(u_wo=8, pre_wo=False),
@@ -228,7 +226,7 @@ QUANT_TUNINGS: dict[str, dict[str, Any]] = {
 def quant_sweep(
     w: tail.TailWeights,
     dialect: str,
-    base: kernel_tuning.KernelTuning,
+    base: KernelTuning,
     b: mx.array,
     r: mx.array,
     log: Callable[[str], None] = print,
@@ -239,7 +237,7 @@ def quant_sweep(
     times: dict[str, float] = {}
     for name, change in QUANT_TUNINGS.items():
         try:
-            p = kernel_launch.prepared(launch, dialect, dataclasses.replace(base, **change))
+            p = prepared(launch, dialect, dataclasses.replace(base, **change))
             times[name] = batched_ms(lambda p=p: p(b, r))
         except Exception as e:
             log(f"  quantized tuning {name} failed: {type(e).__name__}: {e}")
@@ -268,7 +266,7 @@ def run(
     # The fixed cost: the same launches at frink-models' test size (no bytes to speak of).
     c = seed_case()
     sl = tail.tail_launch(c.weights)
-    sp = kernel_launch.prepared(sl, dialect)
+    sp = prepared(sl, dialect)
     sb, sr = mx.array(c.branch), mx.array(c.residual)
     fixed = summaries(
         time_rounds(

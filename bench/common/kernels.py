@@ -25,9 +25,9 @@ import numpy as np
 
 from bench.common import timing
 from workbench import tail
-from workbench.fold import hadamard
-from workbench.kernels import launch as kernel_launch
-from workbench.models.config import BONSAI_SHAPE
+from workbench.fold import hadamard_matrix
+from workbench.kernels import PreparedTail
+from workbench.models import BONSAI_SHAPE
 
 #: Bonsai-27B's tail and wo's fold block (bench/tail_bench.py uses the same).
 BONSAI = (BONSAI_SHAPE, 1024)
@@ -106,7 +106,7 @@ def torch_peer(w: tail.TailWeights, branch: np.ndarray, residual: np.ndarray) ->
     signs = torch.from_numpy(fold.plan(w.shape[1]).signs).to(dev) if fold is not None else None
     perm = torch.from_numpy(fold.plan(w.shape[1]).perm.astype(np.int64)).to(dev) if fold is not None else None
     hbt = (
-        torch.from_numpy((hadamard.hadamard_matrix(blk).T / np.sqrt(blk)).astype(np.float32)).to(dev)
+        torch.from_numpy((hadamard_matrix(blk).T / np.sqrt(blk)).astype(np.float32)).to(dev)
         if fold is not None
         else None
     )
@@ -161,7 +161,7 @@ def torch_peer(w: tail.TailWeights, branch: np.ndarray, residual: np.ndarray) ->
     }
 
 
-def per_launch_ms(prep: kernel_launch.PreparedTail, b: mx.array, r: mx.array, n: int = 20) -> dict[str, float]:
+def per_launch_ms(prep: PreparedTail, b: mx.array, r: mx.array, n: int = 20) -> dict[str, float]:
     """Device time of each launch alone: ``n`` copies in one evaluation, per copy."""
     h = prep.launch_wo(b, r)
     act = prep.launch_gate_up(h)
@@ -212,7 +212,7 @@ def batched_ms(make: Callable[[], Any], n: int = 10, repeats: int = 5) -> float:
     return statistics.median(ts)
 
 
-def launch_bytes(prep: kernel_launch.PreparedTail) -> dict[str, int]:
+def launch_bytes(prep: PreparedTail) -> dict[str, int]:
     def nb(m: Any) -> int:
         return m.nbytes
 

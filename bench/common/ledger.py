@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from workbench.waits import ledger as wait_ledger
+from workbench.waits import LEDGER_PATH, add_price
 
 
 def add_to_ledger(
@@ -20,10 +20,10 @@ def add_to_ledger(
     """Put ``entry`` into the wait-price ledger (``wait_ledger.add_price``: checked, under a lock),
     say so, and say what it replaced; a refusal is ``p``'s usage error naming ``--add``."""
     try:
-        old = wait_ledger.add_price(entry, ledger, replace=force)
+        old = add_price(entry, ledger, replace=force)
     except ValueError as err:
         p.error(f"--add: {err}" + ("" if force else " (--force replaces it)"))
-    print(f"added {entry['id']}: {entry['ms']:.4f} ms to {ledger or wait_ledger.LEDGER_PATH}")
+    print(f"added {entry['id']}: {entry['ms']:.4f} ms to {ledger or LEDGER_PATH}")
     if old is not None:
         print(
             f"replaced {old['id']}: {old['ms']:.4f} ms, measured {old.get('date')} "

@@ -17,18 +17,17 @@ import math
 
 import numpy as np
 
-from workbench.fold import hadamard
-from workbench.studies.cases import CASE_BLOCK, SWEEP_SALT
-from workbench.tail.weights import case_recipe
+from workbench.fold import ROW_GROUP, hadamard_matrix
+from workbench.studies import CASE_BLOCK, SWEEP_SALT
+from workbench.tail import case_recipe
 
-#: Rows per product in the float64 block transform (``hadamard.ROW_GROUP``: a row's bits do
-#: not depend on the batch when the row count is a multiple of it).
-ROW_GROUP = hadamard.ROW_GROUP
+# ROW_GROUP (imported above): rows per product in the float64 block transform (``hadamard.ROW_GROUP``:
+# a row's bits do not depend on the batch when the row count is a multiple of it).
 
 
 def orthonormal_t(block: int) -> np.ndarray:
     """``(H_b / sqrt(b)).T`` in float64: what ``x_block @ .`` multiplies by."""
-    return (hadamard.hadamard_matrix(block).astype(np.float64) / np.sqrt(block)).T.copy()
+    return (hadamard_matrix(block).astype(np.float64) / np.sqrt(block)).T.copy()
 
 
 def block_transform(x: np.ndarray, h_t: np.ndarray) -> np.ndarray:

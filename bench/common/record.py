@@ -27,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import backends, files
-from workbench.kernels import source as kernel_source
+from workbench.kernels import fingerprint
 from workbench.reports import records
 
 #: The project's root and its folder of records, wherever a command is started from.
@@ -93,7 +93,7 @@ def provenance(bench: str, argv: list[str] | None) -> dict[str, Any]:
         "mlx_environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MLX_")},
         # which kernel text ran (workbench.kernels.source.fingerprint): records of other text
         # say nothing about this one (a sanitizer run above all)
-        "kernel_text": kernel_source.fingerprint(),
+        "kernel_text": fingerprint(),
     }
 
 

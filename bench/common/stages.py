@@ -17,9 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.decode.savings import compare_savings
-from workbench.decode.schedule import Schedule
-from workbench.decode.state import new_state
+from workbench.decode import Schedule, compare_savings, new_state
 from workbench.validate import describe, integer, number
 
 

@@ -31,16 +31,12 @@ import numpy as np
 
 from bench.common import bounded_run, numpy_twins, timing
 from workbench import files, validate
-from workbench.fold import hadamard
-from workbench.models.config import BONSAI_SHAPE
-from workbench.studies import sweeps
-from workbench.studies.cases import CASE_BLOCK, SWEEP_SALT, case_floats
-from workbench.tail import frink_case
-from workbench.tail.ops import tail_mx
-from workbench.tail.paths import host_tail
-from workbench.tail.weights import TailWeights, random_inputs
+from workbench.fold import block_transform
+from workbench.models import BONSAI_SHAPE
+from workbench.studies import CASE_BLOCK, SWEEP_SALT, case_floats, sweep
+from workbench.tail import SEED_EPS, SEED_SHAPE, TailWeights, host_tail, random_inputs, seed_case, tail_mx
 
-SHAPE = frink_case.SEED_SHAPE
+SHAPE = SEED_SHAPE
 
 
 def _median_ms(fns: dict[str, Callable[[], Any]], repeats: int, inner: int = 1) -> dict[str, float]:
@@ -105,7 +101,7 @@ def _floor_ms(lim: dict[str, float], nbytes: float, flops: float) -> float:
 
 def host_tail_row(lim: dict[str, float], repeats: int, calls: int = 200) -> dict[str, Any]:
     """``host_tail`` on the test case against its twin (same bits: checked here too)."""
-    c = frink_case.seed_case()
+    c = seed_case()
     w, b, r = c.weights, c.branch, c.residual
     wo, norm, gate, up, down = w.host_arrays(np.float64)
     fold = w.wo.fold
@@ -125,14 +121,14 @@ def host_tail_row(lim: dict[str, float], repeats: int, calls: int = 200) -> dict
 
 def sweep_row(lim: dict[str, float], blocks: int, repeats: int) -> dict[str, Any]:
     """``sweep`` over ``blocks`` blocks of cases (float32, no fold) against its twin."""
-    eps = frink_case.SEED_EPS
+    eps = SEED_EPS
     seeds = range(blocks * CASE_BLOCK)
 
     def twin() -> list:
         return [numpy_twins.sweep_block(SHAPE, k, eps) for k in range(blocks)]
 
     ms = _median_ms(
-        {"workbench": lambda: sweeps.sweep(shapes=[SHAPE], seeds=seeds, eps=eps, progress=False), "twin": twin}, repeats
+        {"workbench": lambda: sweep(shapes=[SHAPE], seeds=seeds, eps=eps, progress=False), "twin": twin}, repeats
     )
     per_100k = 1e5 / (blocks * CASE_BLOCK)
     draw_bytes = 4 * case_floats(SHAPE) * 1e5  # float32 uniforms: 32 raw bits each
@@ -150,7 +146,7 @@ def graph_row(lim: dict[str, float], repeats: int) -> dict[str, Any]:
     """What bounds the sweep against its twin: the fused tail on one block of cases, MLX's
     graph (``tail_mx``, the weights copied into MLX, one evaluation) against the same float32
     tail in numpy. The rest of a sweep (draws, float64 truth, metrics) is the same work in both."""
-    eps = frink_case.SEED_EPS
+    eps = SEED_EPS
     c = numpy_twins.draw_cases(SHAPE, 0)
     names = ("wo", "ffn_norm", "gate", "up", "down")
 
@@ -180,9 +176,9 @@ def transform_row(lim: dict[str, float], rows: int, repeats: int, block: int = 1
     """``hadamard.block_transform`` of a (rows, 6 * block) float64 matrix against one product."""
     x = np.random.default_rng(SWEEP_SALT).standard_normal((rows, 6 * block))
     h_t = numpy_twins.orthonormal_t(block)
-    same = bool(np.array_equal(hadamard.block_transform(x, block), numpy_twins.block_transform(x, h_t)))
+    same = bool(np.array_equal(block_transform(x, block), numpy_twins.block_transform(x, h_t)))
     ms = _median_ms(
-        {"workbench": lambda: hadamard.block_transform(x, block), "twin": lambda: numpy_twins.block_transform(x, h_t)},
+        {"workbench": lambda: block_transform(x, block), "twin": lambda: numpy_twins.block_transform(x, h_t)},
         repeats,
     )
     return _row(
@@ -295,7 +291,7 @@ def bonsai_child(kind: str) -> dict[str, Any]:
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         table = None
     else:
-        from workbench.studies.three_way import three_way_table  # tables need pandas; the twin does not
+        from workbench.studies import three_way_table  # tables need pandas; the twin does not
 
         w = TailWeights.random(*shape, seed=seed, fold_block=block, dtype="bfloat16")
         br, res = random_inputs(w, seed=input_seed)
