@@ -161,3 +161,43 @@ def test_a_notebook_imports_only_public_names(path):
     assert imports, f"{path.name}: no workbench import found"
     internal = [f"from {m} import {n}" for m, n in imports if m.split(".")[1:2] != [] and not public_in(m, n)]
     assert not internal, f"{path.name} imports names that are not public: {internal}"
+
+
+# --- bench/ and experiments/ importing only public names ---------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = sorted(
+    [*(ROOT / "bench").glob("*.py"), *(ROOT / "bench" / "common").glob("*.py"), *(ROOT / "experiments").glob("*.py")]
+)
+
+
+def program_imports(path: Path) -> list[str]:
+    """Every import of a non-public workbench name in a program's code: ``from workbench.<part>.<module>
+    import X``, ``from workbench.<part> import X`` with X not in that part's ``__all__``, and
+    ``import workbench.<part>.<module>``; each as "line N: the import"."""
+    internal = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "workbench":
+            internal += [
+                f"line {node.lineno}: from {node.module} import {a.name}"
+                for a in node.names
+                if not public_in(node.module, a.name)
+            ]
+        elif isinstance(node, ast.Import):
+            internal += [
+                f"line {node.lineno}: import {a.name}"
+                for a in node.names
+                if a.name.split(".")[0] == "workbench" and len(a.name.split(".")) > 2
+            ]
+    return internal
+
+
+def test_the_programs_are_found():
+    assert len(PROGRAMS) > 20 and any(p.parent.name == "common" for p in PROGRAMS)
+    assert any(p.parent.name == "experiments" for p in PROGRAMS)
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_bench_program_or_experiment_imports_only_public_names(path):
+    internal = program_imports(path)
+    assert not internal, f"{path.relative_to(ROOT)} imports names that are not public: {internal}"
