@@ -1,40 +1,15 @@
 """The matrix-vector products of a hybrid model's decode step, on one of two paths.
 
 ``workbench.decode.schedule`` runs a decode token stage by stage of the plan; every weight it
-streams passes through one of five products, which this module provides twice:
+streams passes through one of five products (``attn_qkv``, ``gdn_in``, ``out_add``, ``ffn``,
+``logits``), which this module provides twice, so the project's kernels can be checked
+against MLX ops on the same token:
 
-* ``"mlx"`` (:class:`MlxMatvecs`): MLX ops. A dense weight multiplies ``x`` cast to its
-  dtype (``activations="weights"``: what the schedule always did) or a float32 copy of
-  itself (``activations="float32"``: the same arithmetic as the kernels, which is what the
-  kernels are checked against); a quantized one goes through ``mx.quantized_matmul``.
-  Runs on any MLX device.
-* ``"kernels"`` (:class:`KernelMatvecs`): the project's own kernels (``kernels/``), the
-  weights read in their stored format (bf16, or a quantized format the kernels serve) and
-  the activations in float32, so nothing is cast per call. Exists where a kernel backend
-  exists (CUDA, Metal); elsewhere :func:`resolve_matvec` raises ``BackendUnavailable``.
-
-The five products, with the kernel each runs on the ``"kernels"`` path:
-
-========================  ===================================  ===========================
-product                   what                                 kernel
-========================  ===================================  ===========================
-``attn_qkv``              q, k, v of ``rms_norm(x) * norm``    ``head_qkv`` (one launch)
-``gdn_in``                mixed, z, b/a of the same            ``head_qkv`` (one launch)
-``out_add``               ``x + W v`` (wo, the GDN out)        ``wo_residual``, no fold
-``ffn``                   ``x + down(silu(gate n) * up n)``    ``ffn_gate_up``, ``ffn_down``
-``logits``                ``lm_head (rms_norm(x) * norm)``     ``wo_residual``, residual 0
-========================  ===================================  ===========================
-
-With ``Schedule(gdn="kernel")`` the kernels path also runs a recurrent layer's step
-between ``gdn_in`` and ``out_add`` (conv, norms, gates, gated delta rule, RMS norm, z gate)
-as one launch: :meth:`KernelMatvecs.gdn_step` (``workbench.kernels.gdn_step``, ``gdn_step.body``).
-
-The existing bodies serve all five: the head launch computes any three projections of
-one RMS-normed vector (the Gated DeltaNet input projection is one: mixed q/k/v, z and
-b/a), and ``wo_residual`` without a fold is ``residual + W x``. Launches are prepared once
-per layer weights (the constants made into arrays, the grids computed), as
-``kernel_launch.PreparedTail`` does for a tail, so a token costs MLX's own work and
-little Python.
+* ``"mlx"`` (:class:`MlxMatvecs`): MLX ops, on any MLX device;
+* ``"kernels"`` (:class:`KernelMatvecs`): the project's own kernels (``kernels/``), weights
+  read in their stored format and float32 activations, so nothing is cast per call. Where no
+  kernel backend exists (CUDA, Metal), :func:`resolve_matvec` raises ``BackendUnavailable``
+  rather than silently falling back to MLX ops.
 """
 
 from __future__ import annotations
@@ -123,7 +98,13 @@ def matrix_bytes(w: mx.array | QuantizedBase) -> int:
 
 
 class MlxMatvecs:
-    """The step's products as MLX ops (any device). ``activations``: see :data:`ACTIVATIONS`."""
+    """The step's products as MLX ops (any device). ``activations``: see :data:`ACTIVATIONS`.
+
+    A dense weight multiplies ``x`` cast to its dtype (``activations="weights"``: what the
+    schedule always did) or a float32 copy of itself (``activations="float32"``: the same
+    arithmetic as the kernels, which is what the kernels are checked against); a quantized
+    one goes through ``mx.quantized_matmul``.
+    """
 
     path = "mlx"
 
@@ -279,9 +260,31 @@ def _rows(w: mx.array | QuantizedBase, start: int, stop: int) -> mx.array | Quan
 class KernelMatvecs:
     """The step's products through the project's kernels (``dialect``: ``"cuda"`` or ``"metal"``).
 
+    The weights are read in their stored format (bf16, or a quantized format the kernels
+    serve) and the activations are float32. The five products, with the kernel each runs:
+
+    ========================  ===================================  ===========================
+    product                   what                                 kernel
+    ========================  ===================================  ===========================
+    ``attn_qkv``              q, k, v of ``rms_norm(x) * norm``    ``head_qkv`` (one launch)
+    ``gdn_in``                mixed, z, b/a of the same            ``head_qkv`` (one launch)
+    ``out_add``               ``x + W v`` (wo, the GDN out)        ``wo_residual``, no fold
+    ``ffn``                   ``x + down(silu(gate n) * up n)``    ``ffn_gate_up``, ``ffn_down``
+    ``logits``                ``lm_head (rms_norm(x) * norm)``     ``wo_residual``, residual 0
+    ========================  ===================================  ===========================
+
+    The existing bodies serve all five: the head launch computes any three projections of
+    one RMS-normed vector (the Gated DeltaNet input projection is one: mixed q/k/v, z and
+    b/a), and ``wo_residual`` without a fold is ``residual + W x``. With
+    ``Schedule(gdn="kernel")`` this path also runs a recurrent layer's step between
+    ``gdn_in`` and ``out_add`` (conv, norms, gates, gated delta rule, RMS norm, z gate) as
+    one launch: :meth:`gdn_step` (``workbench.kernels.gdn_step``, ``gdn_step.body``).
+
     Launches are prepared on first use per layer-weights dict (one set per layer kind
-    when the weights are shared) and kept. The FFN uses ``kernel_launch.PreparedTail``'s
-    gate/up and down launches; the rest :class:`Launch` objects built the same way.
+    when the weights are shared) and kept: the constants made into arrays, the grids
+    computed, as ``kernel_launch.PreparedTail`` does for a tail, so a token costs MLX's own
+    work and little Python. The FFN uses ``kernel_launch.PreparedTail``'s gate/up and down
+    launches; the rest :class:`Launch` objects built the same way.
     """
 
     path = "kernels"

@@ -1,29 +1,17 @@
 """A hybrid model's decode token executed as a stage of the resident-state plan groups it.
 
 ``workbench.waits.plan`` COUNTS the waits a token costs at each stage of the plan; this module
-RUNS one token that way and times it, so the table can be checked against a clock:
+RUNS one token that way, so the table can be checked against a clock: the token's GPU pieces
+are grouped into submissions exactly as ``waits.submissions`` groups them, each built lazily
+and evaluated by ONE ``mx.eval``, which is one wait. The executor counts its ``mx.eval`` calls
+(``TokenResult.waits``); tests check that against ``waits.waits_per_token`` and against
+``workbench.waits.measurement.count_waits``, which sees every evaluation and host read MLX
+does. Grouping changes where the waits fall, never the arithmetic: every stage computes the
+same ops on the same values (checked in tests).
 
-- recurrent layers (Gated DeltaNet, :mod:`workbench.decode.layers`) on the device, their
-  state (and the short convolution's) kept between tokens;
-- attention on the host: numpy, with a KV cache, as frink-models' engine runs it (or, at the
-  device floor, as MLX ops with the cache on the device);
-- the attention tail as two pieces (wo; FFN) or fused (one), on the device;
-- the token's GPU pieces grouped into submissions exactly as ``waits.submissions`` groups
-  them: each group is built lazily and evaluated by ONE ``mx.eval``, which is one wait.
-
-The executor counts the ``mx.eval`` calls it makes (``TokenResult.waits``); tests check
-that against ``waits.waits_per_token`` and against ``workbench.waits.measurement.count_waits``,
-which sees every evaluation and host read MLX does. Grouping changes where the waits fall,
-never the arithmetic: every stage computes the same ops on the same values (checked in tests).
-
-Every weight's product goes through ``workbench.decode.matvec``: MLX ops (``matvec="mlx"``)
-or the project's kernels (``matvec="kernels"``, weights read in their stored format,
-float32 activations), so a stage can split the tail (wo and the FFN in two submissions at
-stage 1) or join it to the next recurrent run (stage 4 and the floor) on either path.
-:func:`check_step` checks the kernels' token against the MLX-ops one. The next token's
-input is a row of a small host table picked by the argmax of the logits (the embedding
-lookup is host work). :func:`in_token_probes` builds the tokens that price a wait inside a
-token; timing the stages is a benchmark's (``bench.common.stages.run_stages``).
+:class:`Schedule` holds a model and its plan; :func:`check_step` checks the kernels' token
+against the MLX-ops one; :func:`in_token_probes` builds the tokens that price a wait inside a
+token. Timing the stages is a benchmark's (``bench.common.stages.run_stages``).
 """
 
 from __future__ import annotations
@@ -61,6 +49,19 @@ class TokenResult:
 
 class Schedule:
     """One model's weights and the plan's grouping of its token, ready to decode.
+
+    Where a token's pieces run:
+
+    - recurrent layers (Gated DeltaNet, :mod:`workbench.decode.layers`) on the device, their
+      state (and the short convolution's) kept between tokens;
+    - attention on the host: numpy, with a KV cache, as frink-models' engine runs it (or, at the
+      device floor, as MLX ops with the cache on the device);
+    - the attention tail as two pieces (wo; FFN) or fused (one), on the device.
+
+    Every weight's product goes through ``workbench.decode.matvec``: MLX ops (``matvec="mlx"``)
+    or the project's kernels (``matvec="kernels"``, weights read in their stored format,
+    float32 activations), so a stage can split the tail (wo and the FFN in two submissions at
+    stage 1) or join it to the next recurrent run (stage 4 and the floor) on either path.
 
     ``eligible``: the attention layers whose tail fuses; default ``waits.eligible_layers``
     (``workbench.models.refusals``). ``gdn``: ``"fast"`` runs the recurrence through
@@ -172,6 +173,9 @@ class Schedule:
 
     def step(self, state: DecodeState, stage, *, submissions: Sequence | None = None) -> TokenResult:
         """Decode one token at ``stage``: build each submission lazily, evaluate it once.
+
+        The next token's input is a row of a small host table picked by the argmax of the
+        logits (the embedding lookup is host work).
 
         ``submissions``: the token's submissions in place of the stage's own, checked by
         :meth:`check_submissions` (once for a list passed again): the same pieces with some
