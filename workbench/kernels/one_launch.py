@@ -1,42 +1,17 @@
 """The fused tail as ONE CUDA launch: the three tail kernels' phases between grid barriers.
 
-It is what ``fused_tail(backend="cuda")`` runs (``workbench.kernels.run.run_cuda_tail``,
-the door, in the shape ``one_launch_shape.shape_for`` gives each weight format unless the
-caller passes one).
-
-``workbench.kernels.launch.PreparedTail`` encodes a tail as three launches (wo_residual,
-ffn_gate_up, ffn_down) in one evaluation, and MLX's cost a custom kernel dominates a small
-tail (docs/JOURNAL.md, "The rotation in registers, and what bounds each launch"). This
-module runs the same three bodies as
-the phases of ONE kernel (``kernels/tail_one_launch.body``, composed by
-``kernel_source.compose_one_launch``): every group does its share of wo, waits at a
-grid-wide barrier until all of h exists, does its share of gate/up, waits again,
-then its rows of down.
-
-What makes a grid barrier safe, and how it is enforced here:
-
-* **Every group resident at once.** A group spinning at the barrier holds its SM; if a
-  group of the grid has not started, it never will. The grid is exactly
-  ``groups_per_sm`` x the GPU's SM count, the count read from the NVIDIA driver
-  (:func:`workbench.kernels.cuda_device.multiprocessor_count`), never a default. One group an SM
-  always fits (a group that fits no SM alone cannot be launched at all); two fit only
-  when their registers and shared memory do, which is why 1 is the default.
-* **No second grid at the same time.** MLX runs graph nodes with no data dependency
-  between them concurrently, and two barrier grids sharing the SMs could each wait for
-  the other's SMs. Every launch therefore names the previous one's output as ``after``
-  (:meth:`OneLaunchTail.__call__` does this itself), which orders them; a tail whose
-  input is another's output is ordered anyway.
-* **A hang becomes an error.** A barrier that waits over ``BARRIER_LIMIT_MS`` (4 s; a
-  ``barrier_limit_ms`` of the launch's own under a sanitizer) gives up: the group writes
-  NaN into its rows of ``out`` and raises a flag in the launch's memory, which
-  :meth:`OneLaunchTail.run` reads after the wait and raises :class:`GridBarrierTimeout`
-  (zeroing the memory again for the next launch).
-
-The launch's own memory (``work``: h, act, the barrier counter, the flag) is made once
-and kept, as an engine keeps scratch buffers; the counter returns to 0 at the end of
-every launch. Metal has no forward-progress promise between threadgroups, so there is
-no Metal one-launch tail: the Metal path keeps its three dispatches in one submission,
-as frink-models does.
+It is what ``fused_tail(backend="cuda")`` runs (``workbench.kernels.run.run_cuda_tail``, the
+door, in the shape ``one_launch_shape.shape_for`` gives each weight format unless the caller
+passes one). ``workbench.kernels.launch.PreparedTail`` encodes a tail as three launches
+(wo_residual, ffn_gate_up, ffn_down) in one evaluation, and MLX's cost per custom kernel
+dominates a small tail (docs/JOURNAL.md, "The rotation in registers, and what bounds each
+launch"). So :class:`OneLaunchTail` runs the same three bodies as the phases of ONE kernel
+(``kernels/tail_one_launch.body``, composed by ``kernel_source.compose_one_launch``): every
+group does its share of wo, waits at a grid-wide barrier until all of h exists, does its share
+of gate/up, waits again, then its rows of down. A grid barrier is safe only under the rules
+:class:`OneLaunchTail` enforces. Metal has no forward-progress promise between threadgroups,
+so there is no Metal one-launch tail: the Metal path keeps its three dispatches in one
+submission, as frink-models does.
 """
 
 from __future__ import annotations
@@ -251,7 +226,7 @@ def _shared_trace(kernel: Any, next_norm: bool, template: tuple, groups: int, nt
 
 
 class OneLaunchTail:
-    """A prepared tail's three phases as one CUDA launch (see the module's doc).
+    """A prepared tail's three phases as one CUDA launch, between grid barriers.
 
     Built from a ``PreparedTail`` for the ``"cuda"`` dialect: the same
     weights, fold plan, template values (each phase's ``U`` and ``PRE``) and constants.
@@ -265,6 +240,29 @@ class OneLaunchTail:
     without comments; the same code, less host work a launch:
     ``kernel_source.cuda_launch_text``); False hands it over as composed, to measure what
     that costs (``bench.real_model``'s ``cuda-1:annotated``).
+
+    What makes a grid barrier safe, and how it is enforced here:
+
+    * **Every group resident at once.** A group spinning at the barrier holds its SM; if a
+      group of the grid has not started, it never will. The grid is exactly
+      ``groups_per_sm`` x the GPU's SM count, the count read from the NVIDIA driver
+      (:func:`workbench.kernels.cuda_device.multiprocessor_count`), never a default. One group
+      an SM always fits (a group that fits no SM alone cannot be launched at all); two fit only
+      when their registers and shared memory do, which is why 1 is the default.
+    * **No second grid at the same time.** MLX runs graph nodes with no data dependency
+      between them concurrently, and two barrier grids sharing the SMs could each wait for
+      the other's SMs. Every launch therefore names the previous one's output as ``after``
+      (:meth:`__call__` does this itself), which orders them; a tail whose input is
+      another's output is ordered anyway.
+    * **A hang becomes an error.** A barrier that waits over ``BARRIER_LIMIT_MS`` (4 s; a
+      ``barrier_limit_ms`` of the launch's own under a sanitizer) gives up: the group writes
+      NaN into its rows of ``out`` and raises a flag in the launch's memory, which
+      :meth:`run` reads after the wait and raises :class:`GridBarrierTimeout` (zeroing the
+      memory again for the next launch).
+
+    The launch's own memory (``work``: h, act, the barrier counter, the flag) is made once
+    and kept, as an engine keeps scratch buffers; the counter returns to 0 at the end of
+    every launch.
     """
 
     def __init__(
@@ -353,7 +351,7 @@ class OneLaunchTail:
     ) -> mx.array | tuple[mx.array, mx.array]:
         """The tail's one launch, lazily: ``out``, or ``(out, normed)`` with a ``next_norm``.
         It names the previous call's output (or ``after``, when given) as an input it never
-        reads, so MLX orders the two launches (module doc: no two barrier grids at once). A
+        reads, so MLX orders the two launches (the class doc: no two barrier grids at once). A
         call whose output is never evaluated is evaluated with the next call's, since the
         next one names it."""
         after = after if after is not None else (self._last if self._last is not None else self._none)
