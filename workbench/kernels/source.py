@@ -1,20 +1,16 @@
 """The tail's kernel sources: ``kernels/`` composed into what MLX compiles.
 
 Each algorithm is written ONCE, as a kernel body (``kernels/*.body``) plus shared helpers
-(``kernels/common.h``), in a C++ subset that means the same in Metal and in CUDA. The
-only dialect-specific text is a thin prelude per dialect (``kernels/prelude_metal.h``,
-``kernels/prelude_cuda.h``): macros and inline functions for the thread and group
-indices, group memory, barriers and SIMD/warp sums. A prelude has two parts, split at
-its ``//== body ==`` line: the first goes into the kernel's ``header`` (before MLX's
-generated signature), the second is prepended to each body (in Metal the thread-index
-attributes reach the kernel only when the body names them).
+(``kernels/common.h``), in a C++ subset that means the same in Metal and in CUDA. The only
+dialect-specific text is a thin prelude per dialect (``kernels/prelude_metal.h``,
+``kernels/prelude_cuda.h``, :func:`prelude`): macros and inline functions for the thread and
+group indices, group memory, barriers and SIMD/warp sums.
 
 ``mx.fast.metal_kernel`` / ``mx.fast.cuda_kernel`` take the composed ``(header, source)``
-(:func:`compose`); :data:`KERNELS` names each kernel's inputs, outputs and template
-values, in the order the launches pass them. :func:`cuda_translation_unit` rebuilds the
-CUDA file MLX would hand NVRTC (its generated signature, as MLX 0.32's
-``build_kernel`` writes it), so the CUDA text can be compiled with ``nvcc`` on a machine
-without a GPU. :func:`compose_one_launch` composes the CUDA-only tail in one launch
+(:func:`compose`); :data:`KERNELS` names each kernel's inputs, outputs and template values,
+in the order the launches pass them. :func:`cuda_translation_unit` rebuilds the CUDA file MLX
+would hand NVRTC, so the CUDA text can be compiled with ``nvcc`` on a machine without a GPU.
+:func:`compose_one_launch` composes the CUDA-only tail in one launch
 (``kernels/tail_one_launch.body``): the three tail bodies, verbatim, as its phases.
 """
 
@@ -169,7 +165,12 @@ def read(filename: str, *, kernel_dir: str | Path | None = None) -> str:
 
 
 def prelude(dialect: str, *, kernel_dir: str | Path | None = None) -> tuple[str, str]:
-    """``(header_part, body_part)`` of the dialect's prelude (from ``kernel_dir``, default ``kernels/``)."""
+    """``(header_part, body_part)`` of the dialect's prelude (from ``kernel_dir``, default ``kernels/``).
+
+    The prelude is split at its ``//== body ==`` line: the first part goes into the kernel's
+    ``header`` (before MLX's generated signature), the second is prepended to each body (in
+    Metal the thread-index attributes reach the kernel only when the body names them).
+    """
     check_dialect(dialect)
     lines = read(f"prelude_{dialect}.h", kernel_dir=kernel_dir).splitlines(keepends=True)
     marks = [i for i, line in enumerate(lines) if line.strip() == BODY_MARK]
@@ -538,7 +539,7 @@ def one_launch_translation_unit(
 def cuda_translation_unit(
     kernel: str, input_dtypes: dict[str, str], template: dict[str, object], *, kernel_dir: str | Path | None = None
 ) -> str:
-    """The CUDA file MLX would compile for ``kernel``, standalone (for ``nvcc -c``).
+    """The CUDA file MLX would compile for ``kernel``, standalone (for ``nvcc -c`` on a machine without a GPU).
 
     MLX's default header includes its own ``utils.cuh``; here ``<cuda_bf16.h>``,
     ``<cuda_fp16.h>`` and ``<cstdint>`` stand in for it. The signature (const inputs,
