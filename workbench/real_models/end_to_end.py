@@ -1,20 +1,13 @@
 """A real model end to end: SmolLM2-135M's real activations, its greedy tokens, its real outliers.
 
-Every tail checked elsewhere in the workbench was drawn from a random generator; this
-module asks the same questions of a real checkpoint, with mlx-lm's own model carrying it
-as the reference (``workbench.real_models.mlx_lm_model``):
-
-* :func:`layer_errors` -- for every layer, the workbench's tails (host float64, the fused
-  graph, any kernel backend) given the layer's captured residual and branch, against the
-  layer's own output: worst scaled error, margin to the tolerance, NMSE; beside them the
-  residual stream's largest activation (which position, which channel, how large).
-* :func:`same_tokens` -- greedy decoding with mlx-lm's layers and with the fused tail in
-  every layer: the token ids, the text, and where (if ever) they part; with ``capture``,
-  every layer's output on the prompt too, which :func:`layer_match` sets beside mlx-lm's.
-* :func:`fold_errors` / :func:`fold_tokens` -- each layer's ``wo`` dequantized and
-  re-quantized (affine 4-bit g64, mxfp4, nvfp4) with and without a block-Hadamard fold:
-  the map's error on the layer's real branches and the outlier columns behind it; then
-  the model's tokens with every ``wo`` so re-quantized.
+Every tail checked elsewhere in the workbench was drawn from a random generator; this module
+asks the same questions of a real checkpoint, with mlx-lm's own model carrying it as the
+reference (``workbench.real_models.mlx_lm_model``): each layer's tails against the layer's
+own output, beside the residual stream's largest activation (:func:`layer_errors`); greedy
+decoding with the fused tail in every layer (:func:`same_tokens`, :func:`layer_match`); each
+layer's ``wo`` re-quantized (affine 4-bit g64, mxfp4, nvfp4) with and without a
+block-Hadamard fold, on its real branches and in the model's tokens (:func:`fold_errors`,
+:func:`fold_tokens`).
 
 The criterion is frink-models' (``workbench.tail.comparison.compare``, ``|x - y| <= tol *
 max(|y|, 1)``, tol 2e-4): the residual stream of a real model reaches the thousands, so a
