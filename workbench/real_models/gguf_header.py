@@ -6,16 +6,8 @@ truncated download make it read out of bounds (a segfault or an abort: the inter
 or the Jupyter kernel, dies). :func:`check_gguf_header` walks the whole header in Python,
 checking every count and length against the bytes left in the file, every tensor's
 dimensions, type and data range against the file's size, and raises ``ValueError`` naming
-the file and what is wrong. Only a file that passes is handed to ``mx.load``.
-
-The layout read here is the GGUF specification's (ggml's ``docs/gguf.md``, versions 1 to
-3): the magic ``GGUF``, a uint32 version, the tensor and key/value counts (uint32 in
-version 1, uint64 after), the key/value pairs (a string key, a uint32 value type, the
-value), then each tensor's name, uint32 dimension count, dimensions, uint32 type and
-uint64 offset; tensor data starts at the next multiple of ``general.alignment`` (32 by
-default). Strings are a length (uint64; uint32 in version 1) and that many bytes. The
-block sizes of the tensor types are ggml's (``ggml.c``'s type traits): a type not listed
-is refused, since its data size cannot be checked.
+the file and what is wrong. Only a file that passes is handed to ``mx.load``. The layout
+read is the GGUF specification's (ggml's ``docs/gguf.md``, versions 1 to 3).
 """
 
 from __future__ import annotations
@@ -175,6 +167,15 @@ def check_gguf_header(path: str | Path) -> GgufHeader:
     the value types; each tensor's dimension count (1 to 4), dimensions (positive, their
     product finite), type (one ggml defines), offset (aligned) and data range (inside the
     file); tensor names unique.
+
+    The layout (ggml's ``docs/gguf.md``, versions 1 to 3): the magic ``GGUF``, a uint32
+    version, the tensor and key/value counts (uint32 in version 1, uint64 after), the
+    key/value pairs (a string key, a uint32 value type, the value), then each tensor's name,
+    uint32 dimension count, dimensions, uint32 type and uint64 offset; tensor data starts at
+    the next multiple of ``general.alignment`` (32 by default). Strings are a length (uint64;
+    uint32 in version 1) and that many bytes. The block sizes of the tensor types are ggml's
+    (``ggml.c``'s type traits): a type not listed is refused, since its data size cannot be
+    checked.
     """
     path = Path(path)
 
