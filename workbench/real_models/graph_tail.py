@@ -4,47 +4,12 @@
 
 :func:`model_graph_tail` computes the same map as ``workbench.tail.tail_graph`` (float32
 activations, float32 accumulation, the stored weights' values exactly), with the weights
-prepared ONCE when the tail is built rather than on every call. Each rule, and why:
-
-* **Quantized scales and biases widened to float32** (:func:`widen_scales`). Exact: the
-  map ``scale * q + bias`` is formed in float32 by ``mx.quantized_matmul`` either way (a
-  float16 scale times a 4- or 8-bit code needs at most 16 significant bits). With
-  float32 activations and float16 scales MLX converts the scales and biases on every call:
-  about a tenth of a SmolLM2 tail on the CPU, and on a GPU extra kernels a tail. mlx-lm
-  widens them the same way when it loads the checkpoint (``mlx_lm_model.reference_model``).
-* **Half-precision dense matrices widened to float32 once.** Exact (float16 and bfloat16
-  are subsets of float32). Otherwise ``x @ W.astype(float32).T`` converts the whole matrix
-  on every call, reading and writing 3x its bytes before the product reads them again. Cost:
-  twice the memory of a half-precision matrix.
-* **gate and up stacked into one matrix** (same format only): one matrix product instead of
-  two, which is one kernel launch fewer a tail on a GPU. Each output row is the same dot
-  product over the same weights, so the map is the same. The product is cut in two by one
-  ``mx.split`` (one op, two views of its buffer), not two slices: in a small model's decode
-  each op in the graph is host work (``bench.real_model``'s ops a step).
-* **The norm as ``mx.fast.rms_norm``**: one kernel on a GPU where the formula written out is a
-  reduction and element-wise ops; it accumulates in float32, as the formula does.
-* **Traced once by ``mx.compile``**, so the element-wise ops (the adds, silu times up) fuse;
-  the weights are the traced function's inputs, and tails of one form share it.
-
-On a GPU, "float32" means what MLX's products give there: with MLX's default
-(``MLX_ENABLE_TF32`` unset) a product of more than one row runs at TF32-class precision, about
-1e-3 off at these widths (five times the 2e-4 criterion, on the H200); one row, a decode step,
-is float32 either way. ``workbench.backends.reduced_float32_products`` says which holds;
-``MLX_ENABLE_TF32=0`` before the first product makes every row float32.
-
-Activations stay float32 by default: the dtype ``reference_model`` gives SmolLM2's activations
-(mlx-lm's own layers then run in float32 too), and the dtype the kernels accumulate in. Rounding
-the normed vector to bfloat16 instead put a tail 1.5e-2 off the float64 truth (``tail.ops``), 75
-times frink-models' 2e-4, so a bfloat16 model's block converts to float32 around the tail.
-
-``activations="stored"`` is the other choice, for speed where the weights are half precision:
-the activations in the weights' own float dtype (a dense matrix's, a quantized one's scales'),
-as mlx-lm keeps a bfloat16 or float16 model's. Nothing is widened then, so each product reads
-the stored bytes and no float32 copy (at Bonsai-27B's shape the float32 tail reads a bfloat16
-matrix's copy, twice its bytes). The products and the norm still accumulate in float32 inside
-MLX's kernels, but every activation between them is rounded to half precision: the error cost
-of mlx-lm's own ops, many times frink-models' 2e-4 (``bench.real_model`` reports it beside the
-float32 tail's, ``worst vs f64``).
+prepared ONCE when the tail is built rather than on every call: quantized scales and
+half-precision matrices widened to float32, gate and up stacked into one matrix, the norm as
+``mx.fast.rms_norm``, the whole traced once by ``mx.compile``. Each rule, and why, is in its
+docstring, as is ``activations="stored"``, which gives up float32 activations for speed
+where the weights are half precision. :func:`prepared_graph_tail` keeps the prepared tail
+per weights object, so swapping a model's tails in again costs nothing.
 """
 
 from __future__ import annotations
@@ -163,7 +128,7 @@ def _rows(
     """The tail as a function of ``(branch, residual, *params)``: ``params`` each matrix's
     :func:`_parameters` (wo, then gate_up or gate and up, then down; ``counts`` arrays
     each), the FFN norm's weight, and the next norm's weight where ``next_eps`` is given.
-    Every activation is ``act`` (float32, or the weights' half dtype: module doc)."""
+    Every activation is ``act`` (float32, or the weights' half dtype: :func:`model_graph_tail`)."""
     bounds = [sum(counts[:i]) for i in range(len(counts) + 1)]
     stacked = len(forms) == 3  # wo, gate_up, down; else wo, gate, up, down
 
@@ -252,7 +217,7 @@ def model_graph_tail(
     holds them: ``[batch, tokens, width]`` goes in without a reshape) to float32 ``[hidden]`` /
     ``[..., hidden]``.
 
-    Weights are prepared here, once (module docstring): scales and half-precision matrices
+    Weights are prepared here, once (each rule, and why, below): scales and half-precision matrices
     widened to float32, gate and up stacked (``stack_gate_up``), all evaluated now; the
     compiled function takes them as inputs and is shared by every tail of the same form
     (:func:`_shared_rows`; with a fold, the tail's own); ``compiled=False`` leaves the ops as they are
@@ -263,8 +228,50 @@ def model_graph_tail(
     ``trace`` (:data:`TRACES`): ``"per-layer"`` traces this tail's own function of the two
     activations, its weights captured as constants (a fold's tail always has its own).
     ``activations`` (:data:`ACTIVATIONS`): ``"stored"`` computes in the weights' own float
-    dtype (:func:`stored_dtype`: nothing widened, the output in that dtype; the module doc
-    gives the error cost), ``"float32"`` (the default) as described above.
+    dtype (:func:`stored_dtype`: nothing widened, the output in that dtype; its error cost is
+    below), ``"float32"`` (the default) as described above.
+
+    The preparation, each rule and why:
+
+    * **Quantized scales and biases widened to float32** (:func:`widen_scales`). Exact: the
+      map ``scale * q + bias`` is formed in float32 by ``mx.quantized_matmul`` either way (a
+      float16 scale times a 4- or 8-bit code needs at most 16 significant bits). With
+      float32 activations and float16 scales MLX converts the scales and biases on every call:
+      about a tenth of a SmolLM2 tail on the CPU, and on a GPU extra kernels a tail. mlx-lm
+      widens them the same way when it loads the checkpoint (``mlx_lm_model.reference_model``).
+    * **Half-precision dense matrices widened to float32 once.** Exact (float16 and bfloat16
+      are subsets of float32). Otherwise ``x @ W.astype(float32).T`` converts the whole matrix
+      on every call, reading and writing 3x its bytes before the product reads them again. Cost:
+      twice the memory of a half-precision matrix.
+    * **gate and up stacked into one matrix** (same format only): one matrix product instead of
+      two, which is one kernel launch fewer a tail on a GPU. Each output row is the same dot
+      product over the same weights, so the map is the same. The product is cut in two by one
+      ``mx.split`` (one op, two views of its buffer), not two slices: in a small model's decode
+      each op in the graph is host work (``bench.real_model``'s ops a step).
+    * **The norm as ``mx.fast.rms_norm``**: one kernel on a GPU where the formula written out is a
+      reduction and element-wise ops; it accumulates in float32, as the formula does.
+    * **Traced once by ``mx.compile``**, so the element-wise ops (the adds, silu times up) fuse;
+      the weights are the traced function's inputs, and tails of one form share it.
+
+    On a GPU, "float32" means what MLX's products give there: with MLX's default
+    (``MLX_ENABLE_TF32`` unset) a product of more than one row runs at TF32-class precision, about
+    1e-3 off at these widths (five times the 2e-4 criterion, on the H200); one row, a decode step,
+    is float32 either way. ``workbench.backends.reduced_float32_products`` says which holds;
+    ``MLX_ENABLE_TF32=0`` before the first product makes every row float32.
+
+    Activations stay float32 by default: the dtype ``reference_model`` gives SmolLM2's activations
+    (mlx-lm's own layers then run in float32 too), and the dtype the kernels accumulate in. Rounding
+    the normed vector to bfloat16 instead put a tail 1.5e-2 off the float64 truth (``tail.ops``), 75
+    times frink-models' 2e-4, so a bfloat16 model's block converts to float32 around the tail.
+
+    ``activations="stored"`` is the other choice, for speed where the weights are half precision:
+    the activations in the weights' own float dtype (a dense matrix's, a quantized one's scales'),
+    as mlx-lm keeps a bfloat16 or float16 model's. Nothing is widened then, so each product reads
+    the stored bytes and no float32 copy (at Bonsai-27B's shape the float32 tail reads a bfloat16
+    matrix's copy, twice its bytes). The products and the norm still accumulate in float32 inside
+    MLX's kernels, but every activation between them is rounded to half precision: the error cost
+    of mlx-lm's own ops, many times frink-models' 2e-4 (``bench.real_model`` reports it beside the
+    float32 tail's, ``worst vs f64``).
     """
     if not isinstance(launch, TailLaunch):
         raise ValueError(f"launch: must be a TailLaunch (workbench.tail.tail_launch(weights)), got {describe(launch)}")
