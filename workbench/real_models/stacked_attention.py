@@ -10,17 +10,8 @@ compare the bits). frink-models' head launch does the same on the device
 Why it matters here: in a small model's decode on a GPU a step's time is the host's work
 for each op and kernel (SmolLM2-135M on the H200: ``bench.real_model`` counts ops and
 kernels a step), so two ops and two kernels fewer a layer is time off every token.
-
-:class:`StackedQKV` is the stacked product of one attention module;
-:class:`StackedAttention` stands in for that module in the model's block and runs the rest
-of the attention as the model's own module does (the rotary embedding, the KV cache,
-scaled dot-product attention), then the module's ``o_proj``. Only mlx-lm's Llama
-attention (``mlx_lm.models.llama.Attention``: SmolLM2, Llama, and every model mlx-lm
-builds from it) is taken: its forward pass is the one :meth:`StackedAttention.__call__`
-follows, and another family's attention may differ (biases, norms on q and k, other
-rotary embeddings). :func:`swapped_attention` swaps it into a model's layers
-(``fused_layers.stacked_qkv(model)`` for the model's own layers,
-``fused_layers.fused_tails(stack_qkv=True)`` beside the fused tails).
+:class:`StackedQKV` is the stacked product of one attention module, :class:`StackedAttention`
+the stand-in module that runs it, :func:`swapped_attention` the swap into a model's layers.
 """
 
 from __future__ import annotations
@@ -51,7 +42,12 @@ def stackable(attn: Any) -> bool:
     """Whether ``attn`` is an attention module whose projections :class:`StackedQKV` stacks:
     exactly mlx-lm's Llama ``Attention``, its q, k and v projections all ``nn.QuantizedLinear``
     of one quantization (mode, bits, group size) or all ``nn.Linear`` of one dtype, none with
-    a bias."""
+    a bias.
+
+    Only mlx-lm's Llama attention (``mlx_lm.models.llama.Attention``: SmolLM2, Llama, and every
+    model mlx-lm builds from it) is taken: its forward pass is the one
+    :meth:`StackedAttention.__call__` follows, and another family's attention may differ
+    (biases, norms on q and k, other rotary embeddings)."""
     cls = _llama_attention()
     if cls is None or type(attn) is not cls:
         return False
@@ -211,7 +207,9 @@ class StackedAttention(nn.Module):
 def swapped_attention(layers: list[Any]) -> Iterator[int]:
     """Within the block, every one of ``layers`` whose ``self_attn`` is :func:`stackable`
     runs it as a :class:`StackedAttention` (the number swapped is what the block gets);
-    every layer's own module is put back on exit."""
+    every layer's own module is put back on exit. ``fused_layers.stacked_qkv(model)`` uses it
+    for the model's own layers, ``fused_layers.fused_tails(stack_qkv=True)`` beside the fused
+    tails."""
     swapped = [(layer, layer.self_attn) for layer in layers if stackable(getattr(layer, "self_attn", None))]
     stand_ins = [StackedAttention(attn) for _, attn in swapped]
     try:
