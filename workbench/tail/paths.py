@@ -3,15 +3,12 @@
 * :func:`host_tail` -- the oracle, op by op in numpy, the five ops frink-models' test
   composes (wo with its rotation, residual add, RMS norm, SwiGLU FFN, residual add).
   float64 is the truth; float32 is "the host";
-* :func:`unfused_tail` -- the engine before the fusion: ``wo`` as one MLX submission, the
-  add and the norm on the host, the FFN as a second submission, the last add on the
-  host. Two waits;
-* :func:`fused_tail` -- one submission. ``backend="graph"`` builds the whole tail as MLX
-  ops and evaluates it once (any MLX device); ``"metal"`` / ``"cuda"`` /
-  ``"metal-emulated"`` run the kernels through their one door (``workbench.kernels.run``).
-  Every backend goes through ONE launch builder, :func:`tail_launch` (the kernels'
-  contract, ``workbench.kernels.contract.TailLaunch``, re-exported here), which asks the
-  refusal rules first, as the engine's ``attn_tail_launch`` does.
+* :func:`unfused_tail` -- the engine before the fusion: two MLX submissions, two waits;
+* :func:`fused_tail` -- one submission: ``backend="graph"`` (MLX ops, any MLX device), or
+  ``"metal"`` / ``"cuda"`` / ``"metal-emulated"``, the kernels through their one door
+  (``workbench.kernels.run``). Every backend goes through ONE launch builder,
+  :func:`tail_launch` (the kernels' contract, ``workbench.kernels.contract.TailLaunch``,
+  re-exported here), which asks the refusal rules first, as the engine's ``attn_tail_launch`` does.
 
 ``branch`` is the attention output BEFORE ``wo`` (for a gated attention, after its output
 gate); frink-models 0.48.0 runs this tail in one Metal submission instead of two.
