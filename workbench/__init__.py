@@ -9,12 +9,10 @@ The names a user reaches for first are importable from here::
 
     from workbench import HadamardFold, TailWeights, compare, fused_tail, host_tail, load_model
 
-Each lives in a module named after its concept (``workbench.fold.rotation``, ``workbench.tail``,
-...); docs/LAYOUT.md is the map. Importing this package imports none of them: a name's
-module is imported when the name is first used, so ``import workbench`` costs little beside
-MLX and numpy, and never loads pandas or matplotlib (tables and figures import those when
-they are made). Each part lists its own public names the same way (:func:`public_names`), so
-``from workbench.fold import HadamardFold`` works as ``from workbench import HadamardFold`` does.
+Each lives in a module named after its concept; docs/LAYOUT.md is the map. A name's module is
+imported when the name is first used (:func:`public_names`, which every part's ``__init__``
+uses the same way), so ``import workbench`` costs little beside MLX and numpy and never loads
+pandas or matplotlib (tables and figures import those when they are made).
 """
 
 import importlib
