@@ -4,24 +4,9 @@ Why: a notebook executed by ``jupyter nbconvert --execute`` carries per-cell exe
 timestamps (``metadata.execution``) and the kernelspec's display name as nbconvert found
 it ("Python 3"). Opening it in JupyterLab, running it and saving drops the timestamps and
 writes the display name of the kernel it ran ("Python 3 (ipykernel)"), so a user who only
-ran a notebook saw a git diff though no output changed. Committed notebooks are kept in
-JupyterLab's form, so that saving an unchanged notebook in JupyterLab leaves git clean.
-
-The normal form (seen by saving every notebook from JupyterLab 4.6 in headless Chromium,
-after "Restart Kernel and Run All Cells", and diffing; ``tests/test_lab_browser.py``
-repeats that check on every run):
-
-* no ``execution`` entry in any cell's metadata (other cell metadata, e.g. tags, is kept);
-* consecutive stream outputs of the same stream (stdout, stderr) merged into one, as
-  JupyterLab's output area merges them (nbconvert keeps one per message the kernel sent,
-  so a cell that prints twice could be stored as two outputs or one);
-* the kernelspec ``{"display_name": "Python 3 (ipykernel)", "language": "python",
-  "name": "python3"}`` (the one ``make`` installs into ``.venv``);
-* serialized as ``nbformat.writes`` does (one-space indent, sorted keys, UTF-8 kept),
-  with one newline at the end, as the Jupyter server writes it.
-
-Outputs, execution counts, cell ids and ``language_info`` are left as they are: they are
-what the last run produced. Usage (from the project's root)::
+ran a notebook would see a git diff though no output changed. Committed notebooks are kept
+in JupyterLab's form (:func:`normal_text`), so that saving an unchanged notebook in
+JupyterLab leaves git clean. Usage (from the project's root)::
 
     python tools/normalize_notebooks.py            # rewrite notebooks/*.ipynb in place
     python tools/normalize_notebooks.py --check    # exit 1 naming each notebook not in the form
@@ -48,7 +33,24 @@ KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "nam
 
 
 def normal_text(text: str) -> str:
-    """The notebook ``text`` (its JSON) in the normal form, as text."""
+    """The notebook ``text`` (its JSON) in the normal form, as text.
+
+    The normal form (seen by saving every notebook from JupyterLab 4.6 in headless Chromium,
+    after "Restart Kernel and Run All Cells", and diffing; ``tests/test_lab_browser.py``
+    repeats that check on every run):
+
+    * no ``execution`` entry in any cell's metadata (other cell metadata, e.g. tags, is kept);
+    * consecutive stream outputs of the same stream (stdout, stderr) merged into one, as
+      JupyterLab's output area merges them (nbconvert keeps one per message the kernel sent,
+      so a cell that prints twice could be stored as two outputs or one);
+    * the kernelspec ``{"display_name": "Python 3 (ipykernel)", "language": "python",
+      "name": "python3"}`` (the one ``make`` installs into ``.venv``);
+    * serialized as ``nbformat.writes`` does (one-space indent, sorted keys, UTF-8 kept),
+      with one newline at the end, as the Jupyter server writes it.
+
+    Outputs, execution counts, cell ids and ``language_info`` are left as they are: they are
+    what the last run produced.
+    """
     nb = nbformat.reads(text, as_version=4)
     nb = copy.deepcopy(nb)
     nb.metadata["kernelspec"] = nbformat.from_dict(dict(KERNELSPEC))
