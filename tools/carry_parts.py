@@ -5,16 +5,12 @@ files a run needs are larger: the SmolLM2-135M package's wheel (93 MB, the GGUF 
 MLX's CUDA wheel. So a file travels as parts, each in a call of its own, each part copied
 to a folder that outlives the call on that machine, and the last call joins them and
 checks the whole against the SHA-256 taken here before anything uses it (a part lost or
-left from another file is an error, not a silently broken file).
+left from another file is an error, not a silently broken file). Standard library only: it
+runs on a bare machine.
 
     python tools/carry_parts.py split FILE OUTDIR --parts 2      # here: OUTDIR/1/, OUTDIR/2/, ...
     python3 tools/carry_parts.py keep OUTDIR/1 /root/parts        # there, in each call: copy its part
     python3 tools/carry_parts.py join /root/parts DEST_DIR        # there, in the last call
-
-``split`` writes, into the numbered sub-folder of each part, the part and a manifest (the
-file's name, its SHA-256, how many parts and which this is), so each sub-folder can be
-named in one call's ``carry`` alone. ``join`` refuses missing parts, parts of two files,
-and a joined file whose SHA-256 differs. Standard library only: it runs on a bare machine.
 """
 
 from __future__ import annotations
@@ -40,7 +36,11 @@ def sha256(path: Path) -> str:
 
 
 def split(src: Path, out_dir: Path, parts: int) -> list[Path]:
-    """``src`` in ``parts`` parts of (nearly) equal size, each in ``out_dir/<i>/`` with its manifest."""
+    """``src`` in ``parts`` parts of (nearly) equal size, each in ``out_dir/<i>/`` with its manifest.
+
+    Each numbered sub-folder holds its part and a manifest (the file's name, its SHA-256, how
+    many parts and which this is), so each sub-folder can be named in one call's ``carry`` alone.
+    """
     if parts < 1:
         raise ValueError(f"parts: must be an integer >= 1, got {parts}")
     if not src.is_file():
@@ -71,7 +71,10 @@ def keep(part_dir: Path, store: Path) -> Path:
 
 
 def join(store: Path, dest_dir: Path) -> Path:
-    """The parts kept in ``store`` joined into ``dest_dir/<name>``, checked against the SHA-256."""
+    """The parts kept in ``store`` joined into ``dest_dir/<name>``, checked against the SHA-256.
+
+    Refuses missing parts, parts of two files, and a joined file whose SHA-256 differs.
+    """
     manifests = [json.loads(p.read_text()) for p in sorted(store.glob(f"{MANIFEST}.*"))]
     if not manifests:
         raise ValueError(f"store: no parts kept in {str(store)!r}")
