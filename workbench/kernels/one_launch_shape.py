@@ -38,7 +38,7 @@ FOUR_BIT_ROW_UNITS = 8
 @dataclass(frozen=True)
 class OneLaunchShape:
     """Group size and grid of the one launch: ``nt`` threads a group, ``groups_per_sm``
-    groups an SM (1 is always resident; see the module's doc), ``down_rows`` rows of
+    groups an SM (1 is always resident: ``one_launch.OneLaunchTail`` says why), ``down_rows`` rows of
     down a group at a time (its reads of act shared by them), ``sm_count`` (None: the
     driver's), ``row_units`` the 16-byte units a lane of wo and gate_up loads before
     using any, as ``KernelTuning.u_wo`` / ``u_gate_up`` count them (None: the prepared
