@@ -29,8 +29,11 @@
 //   the next starts, in ascending or descending SIMD-group order, or a seeded random
 //   thread runs to its next synchronisation at every step. A result that depends on the
 //   schedule is a race (a missing barrier);
-// - a grid that is not a multiple of its threadgroup: the last group is partial, as
-//   Metal's non-uniform dispatch runs it (threads_per_threadgroup is its own size).
+// - 1-, 2- and 3-D launches as Metal's dispatchThreads defines them: the grid counts
+//   threads; in every dimension a grid that is not a multiple of the threadgroup ends in
+//   partial groups (threads_per_threadgroup is the group's own size there); a thread's
+//   index in its group is x + y X + z X Y (X, Y its group's size), and SIMD-groups are 32
+//   consecutive indices.
 // - math (metal_emulation_math): exp, exp2 and rsqrt in the launch's math mode: the host's
 //   result, or Metal's precise or fast contract (MSL spec 8.4) with the correctly rounded
 //   result moved to the edge of the function's bound, or to a seeded random point in it.
@@ -71,6 +74,9 @@ typedef struct {
   unsigned tpitg[3], tgpig[3], tpg[3];  // thread_position_in_threadgroup, threadgroup_position_in_grid, threadgroups_per_grid
   unsigned simd_lane, simd_group, threads_per_tg[3];
   unsigned tpig[3];  // thread_position_in_grid: group x the DISPATCHED group size + position in the group
+  unsigned tpgrid[3];  // threads_per_grid (the grid in threads, as dispatchThreads takes it)
+  unsigned tindex, nsimd;  // thread_index_in_threadgroup (x + y X + z X Y, X Y this group's size); simdgroups_per_threadgroup
+  unsigned dtptg[3];  // dispatch_threads_per_threadgroup: the dispatched group size (a partial group's is smaller)
 } metal_emulation_ids;
 
 typedef void (*entry_fn)(void* const* buffers, const metal_emulation_ids* ids);
@@ -119,6 +125,8 @@ static struct {
   sigjmp_buf fault_jump;
   volatile void* fault_addr;
   int in_launch;
+  unsigned group;  // the running group's linear index (x + y X + z X Y over the grid's groups)
+  unsigned grid[3], tg[3], ngroups[3];  // the launch: threads a dimension, the dispatched group, groups
 } E;
 
 // Asked of the system once: the stacks' and arrays' arithmetic asks for it at every launch.
@@ -535,28 +543,36 @@ static void describe_fault(void) {
     snprintf(where, sizeof where, "%s (a guard page after a device buffer, or unmapped memory)", what);
   }
   fiber* f = &E.fibers[E.current];
-  fail("memory fault in thread %u of group %u: %s, at %p", f->ids->tpitg[0], f->ids->tgpig[0], where, (void*)a);
+  fail("memory fault in thread %u of group %u: %s, at %p", f->ids->tindex, E.group, where, (void*)a);
 }
 
 // ---- the launch --------------------------------------------------------------------------------
 
-// Every thread of group `g` (of `n` threads; `dispatched` the launch's group size) at its
-// start, its ids set.
-static void start_group(unsigned g, unsigned ngroups, int n, int dispatched) {
+// Every thread of group `g` (its linear index over the grid's groups; `n` threads, the
+// group's own size in each dimension `size`) at its start, its ids set.
+static void start_group(unsigned g, int n, const unsigned* size) {
   size_t ps = page_size();
   E.nthreads = n;
+  E.group = g;
+  unsigned gc[3] = {g % E.ngroups[0], (g / E.ngroups[0]) % E.ngroups[1], g / (E.ngroups[0] * E.ngroups[1])};
   for (int t = 0; t < n; ++t) {
     fiber* f = &E.fibers[t];
-    memset(f->ids, 0, sizeof *f->ids);
-    f->ids->tpitg[0] = (unsigned)t;
-    f->ids->tgpig[0] = g;
-    f->ids->tpg[0] = ngroups;
-    f->ids->tpg[1] = f->ids->tpg[2] = 1;
-    f->ids->threads_per_tg[0] = (unsigned)n;
-    f->ids->threads_per_tg[1] = f->ids->threads_per_tg[2] = 1;
-    f->ids->tpig[0] = g * (unsigned)dispatched + (unsigned)t;
-    f->ids->simd_lane = (unsigned)t % SIMD_WIDTH;
-    f->ids->simd_group = (unsigned)t / SIMD_WIDTH;
+    metal_emulation_ids* id = f->ids;
+    unsigned tc[3] = {(unsigned)t % size[0], ((unsigned)t / size[0]) % size[1], (unsigned)t / (size[0] * size[1])};
+    memset(id, 0, sizeof *id);
+    for (int d = 0; d < 3; ++d) {
+      id->tpitg[d] = tc[d];
+      id->tgpig[d] = gc[d];
+      id->tpg[d] = E.ngroups[d];
+      id->threads_per_tg[d] = size[d];
+      id->tpig[d] = gc[d] * E.tg[d] + tc[d];
+      id->tpgrid[d] = E.grid[d];
+      id->dtptg[d] = E.tg[d];
+    }
+    id->tindex = (unsigned)t;
+    id->nsimd = ((unsigned)n + SIMD_WIDTH - 1) / SIMD_WIDTH;
+    id->simd_lane = (unsigned)t % SIMD_WIDTH;
+    id->simd_group = (unsigned)t / SIMD_WIDTH;
     f->next_array = 0;
     // A fiber parked by the previous group (its thread finished) resumes into its loop; one
     // not started this launch (f->started 0: the fibers are fresh each launch) starts here.
@@ -881,19 +897,29 @@ static int stacks_ready(int nthreads) {
   return 1;
 }
 
-// Runs `entry` over `ngroups` groups of `nthreads` threads (the last group of
-// `last_threads`: Metal's partial last group when the grid is not a multiple of the
-// group). schedule: one of the enum above; `seed` for the shuffled and random ones (the
-// groups are run ascending, descending, or shuffled with it). tg_limit: threadgroup memory
+// Runs `entry` over a grid of grid[0] x grid[1] x grid[2] threads in groups of tg[0] x
+// tg[1] x tg[2] (dispatchThreads: partial groups at the grid's edges). schedule: one of
+// the enum above; `seed` for the shuffled and random ones (the groups, in their linear
+// order, are run ascending, descending, or shuffled with it). tg_limit: threadgroup memory
 // a group, in bytes. Returns 0, or 1 with a message in `error`.
-int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroups, int nthreads, int last_threads,
+int metal_emulation_launch(entry_fn entry, void* const* buffers, const unsigned* grid, const unsigned* tg,
                            int schedule, unsigned long seed, unsigned long tg_limit, char* error, size_t error_cap) {
   E.error = error;
   E.error_cap = error_cap;
   error[0] = 0;
-  if (nthreads < 1 || nthreads > MAX_THREADS) return fail("threads a group must be 1..%d; got %d", MAX_THREADS, nthreads);
-  if (last_threads < 1 || last_threads > nthreads)
-    return fail("the last group's threads must be 1..%d; got %d", nthreads, last_threads);
+  unsigned long long total = 1, groups = 1;
+  for (int d = 0; d < 3; ++d) {
+    if (grid[d] < 1 || tg[d] < 1) return fail("grid and threadgroup must be at least 1 in every dimension");
+    E.grid[d] = grid[d];
+    E.tg[d] = tg[d];
+    E.ngroups[d] = (grid[d] + tg[d] - 1) / tg[d];
+    total *= tg[d];
+    groups *= E.ngroups[d];
+  }
+  if (total > MAX_THREADS) return fail("threads a group must be 1..%d; got %llu", MAX_THREADS, total);
+  if (groups > 0xFFFFFFFFull) return fail("too many threadgroups: %llu", groups);
+  int nthreads = (int)total;
+  unsigned ngroups = (unsigned)groups;
   if (schedule < LOCKSTEP_ASCENDING || schedule > APART_RANDOM) return fail("no schedule %d", schedule);
   E.entry = entry;
   E.buffers = buffers;
@@ -905,7 +931,6 @@ int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroup
   E.ids = calloc((size_t)nthreads, sizeof(metal_emulation_ids));
   if (E.fibers == NULL || E.ids == NULL) {
     free(E.fibers);
-  free(E.ids);
     free(E.ids);
     return fail("no memory for %d fibers", nthreads);
   }
@@ -954,7 +979,13 @@ int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroup
   } else {
     for (unsigned k = 0; k < ngroups && rc == 0; ++k) {
       unsigned g = gorder[k];
-      start_group(g, ngroups, g + 1 == ngroups ? last_threads : nthreads, nthreads);
+      unsigned gc[3] = {g % E.ngroups[0], (g / E.ngroups[0]) % E.ngroups[1], g / (E.ngroups[0] * E.ngroups[1])};
+      unsigned size[3];
+      for (int d = 0; d < 3; ++d) {
+        size[d] = E.grid[d] - gc[d] * E.tg[d];
+        if (size[d] > E.tg[d]) size[d] = E.tg[d];
+      }
+      start_group(g, (int)(size[0] * size[1] * size[2]), size);
       rc = schedule <= LOCKSTEP_SHUFFLED ? run_group_in_step(g, order) : run_group_apart(g, schedule);
       free_arrays();
     }

@@ -16,16 +16,22 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: MLX's thread attributes -> the C expression of the emulator's per-thread ids.
+#: Metal's thread attributes (MSL spec 5.2.3.6) -> the C expressions of the emulator's
+#: per-thread ids, x, y and z (``runtime.c``, ``start_group``, says how each is counted).
 _ATTRIBUTES: dict[str, tuple[str, str, str]] = {
     "thread_position_in_threadgroup": ("t->tpitg[0]", "t->tpitg[1]", "t->tpitg[2]"),
     "threadgroup_position_in_grid": ("t->tgpig[0]", "t->tgpig[1]", "t->tgpig[2]"),
     "threadgroups_per_grid": ("t->tpg[0]", "t->tpg[1]", "t->tpg[2]"),
     "threads_per_threadgroup": ("t->tptg[0]", "t->tptg[1]", "t->tptg[2]"),
-    "thread_position_in_grid": ("t->tpig[0]", "0u", "0u"),
+    "dispatch_threads_per_threadgroup": ("t->dtptg[0]", "t->dtptg[1]", "t->dtptg[2]"),
+    "thread_position_in_grid": ("t->tpig[0]", "t->tpig[1]", "t->tpig[2]"),
+    "threads_per_grid": ("t->tpgrid[0]", "t->tpgrid[1]", "t->tpgrid[2]"),
     "thread_index_in_simdgroup": ("t->simd_lane", "0u", "0u"),
     "simdgroup_index_in_threadgroup": ("t->simd_group", "0u", "0u"),
-    "thread_index_in_threadgroup": ("t->tpitg[0]", "0u", "0u"),
+    "simdgroups_per_threadgroup": ("t->nsimd", "0u", "0u"),
+    "threads_per_simdgroup": ("32u", "0u", "0u"),
+    "thread_execution_width": ("32u", "0u", "0u"),
+    "thread_index_in_threadgroup": ("t->tindex", "0u", "0u"),
 }
 
 
@@ -129,7 +135,7 @@ def _entry(name: str, params: list[Param], targs: str) -> str:
     call = f"{name}<{targs}>" if targs else name
     return (
         "\nstruct metal_emulation_ids {\n  unsigned tpitg[3], tgpig[3], tpg[3];\n"
-        "  unsigned simd_lane, simd_group, tptg[3];\n  unsigned tpig[3];\n};\n"
+        "  unsigned simd_lane, simd_group, tptg[3];\n  unsigned tpig[3], tpgrid[3], tindex, nsimd, dtptg[3];\n};\n"
         'extern "C" void metal_emulation_entry(void* const* b, const metal_emulation_ids* t) {\n'
         f"  {call}(\n    " + ",\n    ".join(args) + ");\n}\n"
     )
