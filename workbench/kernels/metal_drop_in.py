@@ -78,6 +78,12 @@ _DTYPES: dict[Any, Any] = {
     mx.bool_: np.bool_,
 }
 
+#: MLX's own ``mx.fast.metal_kernel``, held at import: a test or a user may put
+#: :func:`metal_kernel` in its place (``mx.fast.metal_kernel = workbench.metal_kernel``, to
+#: run a library's kernels, mlx-lm's among them, unchanged), and the drop-in still builds
+#: MLX's kernel object, whose generated source it runs.
+MLX_METAL_KERNEL = mx.fast.metal_kernel
+
 #: The largest threadgroup an Apple GPU pipeline allows (lower for heavy kernels).
 MAX_THREADS_PER_THREADGROUP = 1024
 
@@ -284,7 +290,7 @@ def metal_kernel(
 ) -> EmulatedMetalKernel:
     """``mx.fast.metal_kernel`` with the same arguments, run on the CPU (module docstring:
     what is supported). Raises ``ValueError`` naming an unsupported argument."""
-    kernel = mx.fast.metal_kernel(
+    kernel = MLX_METAL_KERNEL(
         name=name,
         input_names=list(input_names),
         output_names=list(output_names),
