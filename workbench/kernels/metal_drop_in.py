@@ -263,7 +263,9 @@ class EmulatedMetalKernel:
             extra = arrays.get(p.name)
             extra = _extra_buffer(p.name, arrays) if extra is None else extra
             if extra is None:
-                raise ValueError(f"source: {self.name}'s generated signature has a buffer {p.name!r} the emulator cannot fill")
+                raise ValueError(
+                    f"source: {self.name}'s generated signature has a buffer {p.name!r} the emulator cannot fill"
+                )
             ins.append(extra)
         launch = {
             "grid": grid3,

@@ -117,6 +117,7 @@ def schedules_of(order: str) -> tuple[str, ...]:
     validate.one_of("order", order, ORDER_CHOICES)
     return DEFAULT_SCHEDULES if order == DEFAULT_ORDER else SCHEDULES if order == EVERY else (order,)
 
+
 #: How ``metal::exp``, ``exp2`` and ``rsqrt`` compute (``metal_stdlib``, ``runtime.c``):
 #: ``"host"`` the host's float functions (as before math modes existed); ``"precise"`` and
 #: ``"fast"`` Metal's two contracts (MSL spec 8.4: precise exp/exp2 within 4 ulp, rsqrt
