@@ -430,20 +430,54 @@ float metal_emulation_simd_f32(int op, float value, int arg, int line, int colum
   return f->result;
 }
 
+// One step of a SIMD-group reduction or prefix sum: a (op) b on values of `kind` carried in a
+// float's bits (0 float, 1 int, 2 uint, 3 half held in a float: each step rounded to half).
+static float simd_combine(int op, int kind, float a, float b) {
+  if (kind == 1 || kind == 2) {
+    uint32_t x, y, r;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    if (op == 3 || op == 5) {
+      int gt = kind == 1 ? (int32_t)x > (int32_t)y : x > y;
+      r = (op == 3) == gt ? x : y;
+    } else {
+      r = op == 6 ? x * y : x + y;  // two's complement: the same bits for int and uint
+    }
+    float f;
+    memcpy(&f, &r, 4);
+    return f;
+  }
+  float r = op == 3 ? (a > b ? a : b) : op == 5 ? (a < b ? a : b) : op == 6 ? a * b : a + b;
+  return kind == 3 ? __gnu_h2f_ieee(__gnu_f2h_ieee(r)) : r;
+}
+
+static float simd_identity(int op, int kind) {
+  if (kind == 1 || kind == 2) {
+    uint32_t z = op == 6 ? 1u : 0u;
+    float f;
+    memcpy(&f, &z, 4);
+    return f;
+  }
+  return op == 6 ? 1.0f : 0.0f;
+}
+
 // The results of one SIMD-group operation over the lanes in `active` (bit i: lane i; the
-// SIMD-group has n lanes). simd_sum and simd_max combine in a butterfly (xor 16, 8, 4, 2,
-// 1, as the CUDA twin does) in which an inactive or missing lane holds no value and
-// contributes nothing, so every active lane gets the same bits and a full SIMD-group adds
-// exactly as before. A shuffle or broadcast from an inactive lane is refused (Metal leaves
-// its value undefined); from a lane number past the SIMD-group, the lane keeps its own
-// value. Returns 0, or 1 with the message written.
+// SIMD-group has n lanes). The reductions (sum, max, min, product) combine in a butterfly
+// (xor 16, 8, 4, 2, 1, as the CUDA twin does) in which an inactive or missing lane holds no
+// value and contributes nothing, so every active lane gets the same bits and a full
+// SIMD-group adds exactly as before. Prefix sums add the active lanes below (and, inclusive,
+// at) each lane in ascending lane order. A shuffle or broadcast from an inactive lane is
+// refused (Metal leaves its value undefined); from a lane past the SIMD-group (a shuffle
+// up or down past its edge included) the lane keeps its own value. Returns 0, or 1 with the
+// message written.
 static int simd_release(unsigned g, int s, fiber* lanes, int n, unsigned active) {
   float v[SIMD_WIDTH];
   int first = 0;
   while (!(active >> first & 1u)) ++first;
   for (int i = 0; i < n; ++i) v[i] = lanes[i].value;
-  int op = lanes[first].op;
-  if ((op == 0 || op == 3) && n == SIMD_WIDTH && active == 0xFFFFFFFFu) {
+  int op = lanes[first].op & 0xFF, kind = lanes[first].op >> 8;
+  int reduction = op == 0 || op == 3 || op == 5 || op == 6;
+  if ((op == 0 || op == 3) && kind == 0 && n == SIMD_WIDTH && active == 0xFFFFFFFFu) {
     // A full SIMD-group, every lane active: the same butterfly with nothing absent (the
     // same additions in the same order, so the same bits), written so it vectorises.
     float t[SIMD_WIDTH], u[SIMD_WIDTH];
@@ -457,7 +491,7 @@ static int simd_release(unsigned g, int s, fiber* lanes, int n, unsigned active)
       memcpy(t, u, sizeof u);
     }
     for (int i = 0; i < SIMD_WIDTH; ++i) lanes[i].result = t[i];
-  } else if (op == 0 || op == 3) {  // sum, max
+  } else if (reduction) {
     float t[SIMD_WIDTH];
     int has[SIMD_WIDTH];
     for (int i = 0; i < SIMD_WIDTH; ++i) {
@@ -470,17 +504,30 @@ static int simd_release(unsigned g, int s, fiber* lanes, int n, unsigned active)
       for (int i = 0; i < SIMD_WIDTH; ++i) {
         int j = i ^ h;
         uh[i] = has[i] | has[j];
-        u[i] = !has[j] ? t[i] : !has[i] ? t[j] : op == 0 ? t[i] + t[j] : (t[i] > t[j] ? t[i] : t[j]);
+        u[i] = !has[j] ? t[i] : !has[i] ? t[j] : simd_combine(op, kind, t[i], t[j]);
       }
       memcpy(t, u, sizeof u);
       memcpy(has, uh, sizeof uh);
     }
     for (int i = 0; i < n; ++i)
       if (active >> i & 1u) lanes[i].result = t[i];
+  } else if (op == 9 || op == 10) {  // prefix sums, ascending lane order over the active lanes
+    float acc = simd_identity(0, kind);
+    int any = 0;
+    for (int i = 0; i < n; ++i) {
+      if (!(active >> i & 1u)) continue;
+      if (op == 10) lanes[i].result = acc;
+      acc = any ? simd_combine(0, kind, acc, v[i]) : (kind == 3 ? __gnu_h2f_ieee(__gnu_f2h_ieee(v[i])) : v[i]);
+      any = 1;
+      if (op == 9) lanes[i].result = acc;
+    }
+  } else if (op == 11) {  // simdgroup_barrier: the lanes only wait for each other
+    for (int i = 0; i < n; ++i) lanes[i].result = 0.0f;
   } else {
     for (int i = 0; i < n; ++i) {
       if (!(active >> i & 1u)) continue;
-      int src = op == 2 ? (i ^ lanes[i].arg) : lanes[i].arg;
+      int a = lanes[i].arg;
+      int src = op == 2 ? (i ^ a) : op == 7 ? i - a : op == 8 ? i + a : a;
       if (src >= 0 && src < n && !(active >> src & 1u)) {
         return fail("SIMD-group operation on line %d reads an inactive lane in group %u, SIMD-group %d: lane %d "
                     "reads lane %d, which %s line %d (Metal leaves the value undefined)", lanes[first].line, g, s,

@@ -39,6 +39,56 @@ class MetalCompileError(ValueError):
     """The Metal source does not compile against the stand-in header (clang's message attached)."""
 
 
+#: Metal built-ins the stand-in header does not emulate, each refused by name before clang
+#: runs (:func:`refuse_not_emulated`), so a valid kernel is never told it is the user's
+#: mistake. kernels/README.md ("Metal on the CPU") lists what is emulated.
+NOT_EMULATED: tuple[str, ...] = (
+    "simd_ballot",
+    "simd_all",
+    "simd_any",
+    "simd_and",
+    "simd_or",
+    "simd_xor",
+    "simd_is_first",
+    "simd_active_threads_mask",
+    "simd_shuffle_rotate_up",
+    "simd_shuffle_rotate_down",
+    "simd_shuffle_and_fill_up",
+    "simd_shuffle_and_fill_down",
+    "simd_prefix_inclusive_product",
+    "simd_prefix_exclusive_product",
+    "quad_sum",
+    "quad_shuffle",
+    "quad_shuffle_xor",
+    "quad_broadcast",
+    "simdgroup_matrix",
+    "simdgroup_load",
+    "simdgroup_store",
+    "simdgroup_multiply_accumulate",
+    "texture1d",
+    "texture2d",
+    "texture3d",
+    "sampler",
+    "atomic_thread_fence",
+)
+
+_NOT_EMULATED = re.compile(r"\b(" + "|".join(NOT_EMULATED) + r")\b")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def refuse_not_emulated(source: str) -> None:
+    """Raise :class:`MetalCompileError` naming the first built-in of :data:`NOT_EMULATED` the
+    source uses (comments aside), and its line."""
+    text = _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), source)
+    m = _NOT_EMULATED.search(text)
+    if m is not None:
+        line = text.count("\n", 0, m.start()) + 1
+        raise MetalCompileError(
+            f"`{m.group(1)}` (line {line}) is a Metal built-in not emulated by the workbench; "
+            "kernels/README.md, 'Metal on the CPU', lists what is"
+        )
+
+
 _INSTANTIATION = re.compile(r"template\s*\[\[host_name\([^)]*\)\]\]\s*\[\[kernel\]\]\s*decltype")
 _KERNEL = re.compile(r"\[\[kernel\]\]\s*void\s+(\w+)\s*\((.*?)\)\s*\{", re.S)
 _PARAM = re.compile(r"^(?P<type>.+?)\s*(?P<name>\w+)\s*\[\[(?P<attr>\w+)(?:\((?P<index>\d+)\))?\]\]$", re.S)
@@ -144,6 +194,7 @@ def _entry(name: str, params: list[Param], targs: str) -> str:
 def translation_unit(source: str) -> str:
     """The C++ file clang compiles for MLX's generated Metal ``source``: the stand-in
     header, the source with the two rewrites, and the emulator's entry."""
+    refuse_not_emulated(source)
     name, params, targs = signature(source)
     qualifiers = ["threadgroup"] + re.findall(r"^\s*#\s*define\s+(\w+)\s+threadgroup\s*$", source, re.M)
     start = source.index("[[kernel]] void " + name)
