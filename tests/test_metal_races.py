@@ -1,5 +1,5 @@
 """Races caught by default: with MLX's own call signature (no option) the drop-in, and
-``fused_tail(backend="metal-emulated")``, run the two SIMD-groups-apart schedules and compare
+``fused_tail(backend="metal-emulated")``, run two schedules (SIMD-groups in step, and apart) and compare
 their bits (``metal_emulation.DEFAULT_SCHEDULES``), so a read of another SIMD-group's
 partial with no barrier, and a dropped threadgroup barrier, raise
 ``ScheduleDependenceError``; one schedule by name still runs alone (and misses them)."""

@@ -180,8 +180,8 @@ def emulate_launch(
     """One Metal launch run on the CPU: the source MLX generates for ``kernel(inputs=inputs,
     **kw)`` (``kw``: template, grid, threadgroup, output shapes and dtypes, as a launch
     passes them), compiled by clang and executed by :mod:`workbench.kernels.metal_emulation` in
-    ``order`` (``metal_emulation.schedules_of``: by default the two SIMD-groups-apart
-    schedules, compared bit for bit; or one schedule by name), with ``math_mode`` / ``math_error``
+    ``order`` (``metal_emulation.schedules_of``: by default two schedules, SIMD-groups in step and
+    apart, compared bit for bit; or one schedule by name), with ``math_mode`` / ``math_error``
     (``metal_emulation.MATH_MODES`` / ``MATH_ERRORS``). Raises ``metal_emulation.EmulationError`` /
     ``MetalCompileError`` with the diagnosis."""
     from workbench.kernels import metal_emulation  # only this backend needs clang and ctypes
@@ -217,8 +217,8 @@ def emulated_tail(
 
     The same ``PreparedTail`` as the ``"metal"`` backend (same refusals, template
     values, grids and constants); each launch's generated source is compiled by clang
-    against the stand-in header and executed by the emulator in ``order``: by default the two
-    SIMD-groups-apart schedules, each launch's outputs compared bit for bit (a race raises
+    against the stand-in header and executed by the emulator in ``order``: by default two schedules
+    (``metal_emulation.DEFAULT_SCHEDULES``: SIMD-groups in step, and apart), each launch's outputs compared bit for bit (a race raises
     ``ScheduleDependenceError``), ``"every"`` all six, or one of ``metal_emulation.SCHEDULES``
     alone (``seed`` for the shuffled and random ones). float32 numpy out, with
     ``branch``'s leading batch axes. ``kernel_dir``: as for ``launch.prepare_tail`` (the

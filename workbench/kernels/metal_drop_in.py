@@ -25,7 +25,7 @@ never a silent approximation):
   ``max_threads_per_threadgroup`` (1024, lower for heavy pipelines: mlx #2205 was a group
   over the pipeline's limit giving wrong results), ``threadgroup_memory`` (32,768 bytes a
   group), ``simd_width`` (32, the only width Apple GPUs have);
-- races caught by default: ``order="default"`` runs the two SIMD-groups-apart schedules
+- races caught by default: ``order="default"`` runs two schedules (SIMD-groups in step, and apart)
   (``metal_emulation.DEFAULT_SCHEDULES``) and compares their outputs bit for bit
   (``metal_emulation.ScheduleDependenceError`` names the first differing output, its index
   and the two schedules); ``order="every"`` all of them; one schedule by its name
@@ -184,8 +184,8 @@ class EmulatedMetalKernel:
     ) -> list[mx.array]:
         """Run the kernel; return its outputs as MLX arrays (as ``mx.fast.metal_kernel`` does).
 
-        Beyond MLX's arguments: ``order`` (``"default"``: the two SIMD-groups-apart
-        schedules, outputs compared bit for bit; ``"every"``: all schedules; or one of
+        Beyond MLX's arguments: ``order`` (``"default"``: two schedules (SIMD-groups
+        in step, and apart), outputs compared bit for bit; ``"every"``: all schedules; or one of
         ``metal_emulation.SCHEDULES`` alone; ``seed`` for the shuffled and random ones), and the limits to
         hold the launch to: ``max_threads_per_threadgroup`` (the pipeline's),
         ``threadgroup_memory`` (bytes a group), ``simd_width`` (32 only); ``math_mode`` and

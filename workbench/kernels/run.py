@@ -34,7 +34,7 @@ from workbench.kernels.tuning import KernelTuning, checked_tuning
 #: The backend that runs the Metal kernels on the CPU (clang and the emulator).
 METAL_EMULATED = emulated.METAL_EMULATED
 
-#: The emulated launches' default ``order``: the two SIMD-groups-apart schedules compared bit for bit.
+#: The emulated launches' default ``order``: two schedules (SIMD-groups in step, and apart) compared bit for bit.
 DEFAULT_ORDER = emulated.DEFAULT_ORDER
 
 #: The backends that run the kernels on a device; each is also the dialect its text is in.
@@ -94,7 +94,7 @@ def launch(
 ) -> list[mx.array]:
     """One launch of ``kernel`` (from :func:`compiled_kernel`) on ``backend``: lazy outputs on a
     device (``verbose``: MLX prints the generated source); on ``"metal-emulated"`` run on the
-    CPU at once, in ``order`` (by default the two SIMD-groups-apart schedules compared; ``seed`` for
+    CPU at once, in ``order`` (by default two schedules (SIMD-groups in step, and apart) compared; ``seed`` for
     the random schedules), the outputs new arrays."""
     if is_emulated(backend):
         return [mx.array(o) for o in emulated.emulate_launch(kernel, inputs, kw, order=order, seed=seed)]
