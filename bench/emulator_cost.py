@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     rec = {
         **record.provenance("emulator_cost", argv),
-        "what": "the fused tail emulated on the CPU (default schedules and one) vs the graph tail, frink-models' seed case",
+        "what": "the fused tail emulated on the CPU (default schedules and one) vs the graph tail, "
+        "frink-models' seed case",
         "target_ms": TARGET_MS,
         "cold_ms": cold,
         "ratio": ratio,

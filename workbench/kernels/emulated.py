@@ -217,10 +217,11 @@ def emulated_tail(
 
     The same ``PreparedTail`` as the ``"metal"`` backend (same refusals, template
     values, grids and constants); each launch's generated source is compiled by clang
-    against the stand-in header and executed by the emulator in ``order``: by default two schedules
-    (``metal_emulation.DEFAULT_SCHEDULES``: SIMD-groups in step, and apart), each launch's outputs compared bit for bit (a race raises
-    ``ScheduleDependenceError``), ``"every"`` all six, or one of ``metal_emulation.SCHEDULES``
-    alone (``seed`` for the shuffled and random ones). float32 numpy out, with
+    against the stand-in header and executed by the emulator in ``order``: by default two
+    schedules (``metal_emulation.DEFAULT_SCHEDULES``: SIMD-groups in step, and apart), each
+    launch's outputs compared bit for bit (a race raises ``ScheduleDependenceError``),
+    ``"every"`` all six, or one of ``metal_emulation.SCHEDULES`` alone (``seed`` for the
+    shuffled and random ones). float32 numpy out, with
     ``branch``'s leading batch axes. ``kernel_dir``: as for ``launch.prepare_tail`` (the
     mutation tests run deliberately broken copies of ``kernels/``). ``math_mode``,
     ``math_error``: how ``metal::exp`` and ``rsqrt`` compute (``metal_emulation.MATH_MODES``:
