@@ -24,8 +24,7 @@ import mlx.core as mx
 
 from bench.common import cli, record, timing
 from workbench import fused_tail, seed_case
-from workbench.kernels import SCHEDULES, buffers_mapped, emulated_tail, prepared
-from workbench.kernels.metal_emulation import DEFAULT_ORDER, DEFAULT_SCHEDULES
+from workbench.kernels import DEFAULT_ORDER, DEFAULT_SCHEDULES, SCHEDULES, buffers_mapped, emulated_tail, prepared
 from workbench.tail import tail_launch
 
 TARGET_MS = 3.0
