@@ -110,7 +110,8 @@ def test_out_of_bounds_index_is_caught():
 @pytest.mark.parametrize(
     "kw, names",
     [
-        ({"grid": (64, 2, 1)}, "grid"),
+        ({"grid": (64, 0, 1)}, "grid"),
+        ({"threadgroup": (32, 32, 2)}, "max_threads_per_threadgroup"),
         ({"threadgroup": (64, 1, 1), "max_threads_per_threadgroup": 32}, "max_threads_per_threadgroup"),
         ({"threadgroup": (2048, 1, 1), "grid": (2048, 1, 1)}, "max_threads_per_threadgroup"),
         ({"threadgroup_memory": 65536}, "threadgroup_memory"),

@@ -29,8 +29,11 @@
 //   the next starts, in ascending or descending SIMD-group order, or a seeded random
 //   thread runs to its next synchronisation at every step. A result that depends on the
 //   schedule is a race (a missing barrier);
-// - a grid that is not a multiple of its threadgroup: the last group is partial, as
-//   Metal's non-uniform dispatch runs it (threads_per_threadgroup is its own size).
+// - 1-, 2- and 3-D launches as Metal's dispatchThreads defines them: the grid counts
+//   threads; in every dimension a grid that is not a multiple of the threadgroup ends in
+//   partial groups (threads_per_threadgroup is the group's own size there); a thread's
+//   index in its group is x + y X + z X Y (X, Y its group's size), and SIMD-groups are 32
+//   consecutive indices.
 // - math (metal_emulation_math): exp, exp2 and rsqrt in the launch's math mode: the host's
 //   result, or Metal's precise or fast contract (MSL spec 8.4) with the correctly rounded
 //   result moved to the edge of the function's bound, or to a seeded random point in it.
@@ -71,6 +74,9 @@ typedef struct {
   unsigned tpitg[3], tgpig[3], tpg[3];  // thread_position_in_threadgroup, threadgroup_position_in_grid, threadgroups_per_grid
   unsigned simd_lane, simd_group, threads_per_tg[3];
   unsigned tpig[3];  // thread_position_in_grid: group x the DISPATCHED group size + position in the group
+  unsigned tpgrid[3];  // threads_per_grid (the grid in threads, as dispatchThreads takes it)
+  unsigned tindex, nsimd;  // thread_index_in_threadgroup (x + y X + z X Y, X Y this group's size); simdgroups_per_threadgroup
+  unsigned dtptg[3];  // dispatch_threads_per_threadgroup: the dispatched group size (a partial group's is smaller)
 } metal_emulation_ids;
 
 typedef void (*entry_fn)(void* const* buffers, const metal_emulation_ids* ids);
@@ -119,6 +125,8 @@ static struct {
   sigjmp_buf fault_jump;
   volatile void* fault_addr;
   int in_launch;
+  unsigned group;  // the running group's linear index (x + y X + z X Y over the grid's groups)
+  unsigned grid[3], tg[3], ngroups[3];  // the launch: threads a dimension, the dispatched group, groups
 } E;
 
 // Asked of the system once: the stacks' and arrays' arithmetic asks for it at every launch.
@@ -422,20 +430,54 @@ float metal_emulation_simd_f32(int op, float value, int arg, int line, int colum
   return f->result;
 }
 
+// One step of a SIMD-group reduction or prefix sum: a (op) b on values of `kind` carried in a
+// float's bits (0 float, 1 int, 2 uint, 3 half held in a float: each step rounded to half).
+static float simd_combine(int op, int kind, float a, float b) {
+  if (kind == 1 || kind == 2) {
+    uint32_t x, y, r;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    if (op == 3 || op == 5) {
+      int gt = kind == 1 ? (int32_t)x > (int32_t)y : x > y;
+      r = (op == 3) == gt ? x : y;
+    } else {
+      r = op == 6 ? x * y : x + y;  // two's complement: the same bits for int and uint
+    }
+    float f;
+    memcpy(&f, &r, 4);
+    return f;
+  }
+  float r = op == 3 ? (a > b ? a : b) : op == 5 ? (a < b ? a : b) : op == 6 ? a * b : a + b;
+  return kind == 3 ? __gnu_h2f_ieee(__gnu_f2h_ieee(r)) : r;
+}
+
+static float simd_identity(int op, int kind) {
+  if (kind == 1 || kind == 2) {
+    uint32_t z = op == 6 ? 1u : 0u;
+    float f;
+    memcpy(&f, &z, 4);
+    return f;
+  }
+  return op == 6 ? 1.0f : 0.0f;
+}
+
 // The results of one SIMD-group operation over the lanes in `active` (bit i: lane i; the
-// SIMD-group has n lanes). simd_sum and simd_max combine in a butterfly (xor 16, 8, 4, 2,
-// 1, as the CUDA twin does) in which an inactive or missing lane holds no value and
-// contributes nothing, so every active lane gets the same bits and a full SIMD-group adds
-// exactly as before. A shuffle or broadcast from an inactive lane is refused (Metal leaves
-// its value undefined); from a lane number past the SIMD-group, the lane keeps its own
-// value. Returns 0, or 1 with the message written.
+// SIMD-group has n lanes). The reductions (sum, max, min, product) combine in a butterfly
+// (xor 16, 8, 4, 2, 1, as the CUDA twin does) in which an inactive or missing lane holds no
+// value and contributes nothing, so every active lane gets the same bits and a full
+// SIMD-group adds exactly as before. Prefix sums add the active lanes below (and, inclusive,
+// at) each lane in ascending lane order. A shuffle or broadcast from an inactive lane is
+// refused (Metal leaves its value undefined); from a lane past the SIMD-group (a shuffle
+// up or down past its edge included) the lane keeps its own value. Returns 0, or 1 with the
+// message written.
 static int simd_release(unsigned g, int s, fiber* lanes, int n, unsigned active) {
   float v[SIMD_WIDTH];
   int first = 0;
   while (!(active >> first & 1u)) ++first;
   for (int i = 0; i < n; ++i) v[i] = lanes[i].value;
-  int op = lanes[first].op;
-  if ((op == 0 || op == 3) && n == SIMD_WIDTH && active == 0xFFFFFFFFu) {
+  int op = lanes[first].op & 0xFF, kind = lanes[first].op >> 8;
+  int reduction = op == 0 || op == 3 || op == 5 || op == 6;
+  if ((op == 0 || op == 3) && kind == 0 && n == SIMD_WIDTH && active == 0xFFFFFFFFu) {
     // A full SIMD-group, every lane active: the same butterfly with nothing absent (the
     // same additions in the same order, so the same bits), written so it vectorises.
     float t[SIMD_WIDTH], u[SIMD_WIDTH];
@@ -449,7 +491,7 @@ static int simd_release(unsigned g, int s, fiber* lanes, int n, unsigned active)
       memcpy(t, u, sizeof u);
     }
     for (int i = 0; i < SIMD_WIDTH; ++i) lanes[i].result = t[i];
-  } else if (op == 0 || op == 3) {  // sum, max
+  } else if (reduction) {
     float t[SIMD_WIDTH];
     int has[SIMD_WIDTH];
     for (int i = 0; i < SIMD_WIDTH; ++i) {
@@ -462,17 +504,30 @@ static int simd_release(unsigned g, int s, fiber* lanes, int n, unsigned active)
       for (int i = 0; i < SIMD_WIDTH; ++i) {
         int j = i ^ h;
         uh[i] = has[i] | has[j];
-        u[i] = !has[j] ? t[i] : !has[i] ? t[j] : op == 0 ? t[i] + t[j] : (t[i] > t[j] ? t[i] : t[j]);
+        u[i] = !has[j] ? t[i] : !has[i] ? t[j] : simd_combine(op, kind, t[i], t[j]);
       }
       memcpy(t, u, sizeof u);
       memcpy(has, uh, sizeof uh);
     }
     for (int i = 0; i < n; ++i)
       if (active >> i & 1u) lanes[i].result = t[i];
+  } else if (op == 9 || op == 10) {  // prefix sums, ascending lane order over the active lanes
+    float acc = simd_identity(0, kind);
+    int any = 0;
+    for (int i = 0; i < n; ++i) {
+      if (!(active >> i & 1u)) continue;
+      if (op == 10) lanes[i].result = acc;
+      acc = any ? simd_combine(0, kind, acc, v[i]) : (kind == 3 ? __gnu_h2f_ieee(__gnu_f2h_ieee(v[i])) : v[i]);
+      any = 1;
+      if (op == 9) lanes[i].result = acc;
+    }
+  } else if (op == 11) {  // simdgroup_barrier: the lanes only wait for each other
+    for (int i = 0; i < n; ++i) lanes[i].result = 0.0f;
   } else {
     for (int i = 0; i < n; ++i) {
       if (!(active >> i & 1u)) continue;
-      int src = op == 2 ? (i ^ lanes[i].arg) : lanes[i].arg;
+      int a = lanes[i].arg;
+      int src = op == 2 ? (i ^ a) : op == 7 ? i - a : op == 8 ? i + a : a;
       if (src >= 0 && src < n && !(active >> src & 1u)) {
         return fail("SIMD-group operation on line %d reads an inactive lane in group %u, SIMD-group %d: lane %d "
                     "reads lane %d, which %s line %d (Metal leaves the value undefined)", lanes[first].line, g, s,
@@ -535,28 +590,36 @@ static void describe_fault(void) {
     snprintf(where, sizeof where, "%s (a guard page after a device buffer, or unmapped memory)", what);
   }
   fiber* f = &E.fibers[E.current];
-  fail("memory fault in thread %u of group %u: %s, at %p", f->ids->tpitg[0], f->ids->tgpig[0], where, (void*)a);
+  fail("memory fault in thread %u of group %u: %s, at %p", f->ids->tindex, E.group, where, (void*)a);
 }
 
 // ---- the launch --------------------------------------------------------------------------------
 
-// Every thread of group `g` (of `n` threads; `dispatched` the launch's group size) at its
-// start, its ids set.
-static void start_group(unsigned g, unsigned ngroups, int n, int dispatched) {
+// Every thread of group `g` (its linear index over the grid's groups; `n` threads, the
+// group's own size in each dimension `size`) at its start, its ids set.
+static void start_group(unsigned g, int n, const unsigned* size) {
   size_t ps = page_size();
   E.nthreads = n;
+  E.group = g;
+  unsigned gc[3] = {g % E.ngroups[0], (g / E.ngroups[0]) % E.ngroups[1], g / (E.ngroups[0] * E.ngroups[1])};
   for (int t = 0; t < n; ++t) {
     fiber* f = &E.fibers[t];
-    memset(f->ids, 0, sizeof *f->ids);
-    f->ids->tpitg[0] = (unsigned)t;
-    f->ids->tgpig[0] = g;
-    f->ids->tpg[0] = ngroups;
-    f->ids->tpg[1] = f->ids->tpg[2] = 1;
-    f->ids->threads_per_tg[0] = (unsigned)n;
-    f->ids->threads_per_tg[1] = f->ids->threads_per_tg[2] = 1;
-    f->ids->tpig[0] = g * (unsigned)dispatched + (unsigned)t;
-    f->ids->simd_lane = (unsigned)t % SIMD_WIDTH;
-    f->ids->simd_group = (unsigned)t / SIMD_WIDTH;
+    metal_emulation_ids* id = f->ids;
+    unsigned tc[3] = {(unsigned)t % size[0], ((unsigned)t / size[0]) % size[1], (unsigned)t / (size[0] * size[1])};
+    memset(id, 0, sizeof *id);
+    for (int d = 0; d < 3; ++d) {
+      id->tpitg[d] = tc[d];
+      id->tgpig[d] = gc[d];
+      id->tpg[d] = E.ngroups[d];
+      id->threads_per_tg[d] = size[d];
+      id->tpig[d] = gc[d] * E.tg[d] + tc[d];
+      id->tpgrid[d] = E.grid[d];
+      id->dtptg[d] = E.tg[d];
+    }
+    id->tindex = (unsigned)t;
+    id->nsimd = ((unsigned)n + SIMD_WIDTH - 1) / SIMD_WIDTH;
+    id->simd_lane = (unsigned)t % SIMD_WIDTH;
+    id->simd_group = (unsigned)t / SIMD_WIDTH;
     f->next_array = 0;
     // A fiber parked by the previous group (its thread finished) resumes into its loop; one
     // not started this launch (f->started 0: the fibers are fresh each launch) starts here.
@@ -881,19 +944,29 @@ static int stacks_ready(int nthreads) {
   return 1;
 }
 
-// Runs `entry` over `ngroups` groups of `nthreads` threads (the last group of
-// `last_threads`: Metal's partial last group when the grid is not a multiple of the
-// group). schedule: one of the enum above; `seed` for the shuffled and random ones (the
-// groups are run ascending, descending, or shuffled with it). tg_limit: threadgroup memory
+// Runs `entry` over a grid of grid[0] x grid[1] x grid[2] threads in groups of tg[0] x
+// tg[1] x tg[2] (dispatchThreads: partial groups at the grid's edges). schedule: one of
+// the enum above; `seed` for the shuffled and random ones (the groups, in their linear
+// order, are run ascending, descending, or shuffled with it). tg_limit: threadgroup memory
 // a group, in bytes. Returns 0, or 1 with a message in `error`.
-int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroups, int nthreads, int last_threads,
+int metal_emulation_launch(entry_fn entry, void* const* buffers, const unsigned* grid, const unsigned* tg,
                            int schedule, unsigned long seed, unsigned long tg_limit, char* error, size_t error_cap) {
   E.error = error;
   E.error_cap = error_cap;
   error[0] = 0;
-  if (nthreads < 1 || nthreads > MAX_THREADS) return fail("threads a group must be 1..%d; got %d", MAX_THREADS, nthreads);
-  if (last_threads < 1 || last_threads > nthreads)
-    return fail("the last group's threads must be 1..%d; got %d", nthreads, last_threads);
+  unsigned long long total = 1, groups = 1;
+  for (int d = 0; d < 3; ++d) {
+    if (grid[d] < 1 || tg[d] < 1) return fail("grid and threadgroup must be at least 1 in every dimension");
+    E.grid[d] = grid[d];
+    E.tg[d] = tg[d];
+    E.ngroups[d] = (grid[d] + tg[d] - 1) / tg[d];
+    total *= tg[d];
+    groups *= E.ngroups[d];
+  }
+  if (total > MAX_THREADS) return fail("threads a group must be 1..%d; got %llu", MAX_THREADS, total);
+  if (groups > 0xFFFFFFFFull) return fail("too many threadgroups: %llu", groups);
+  int nthreads = (int)total;
+  unsigned ngroups = (unsigned)groups;
   if (schedule < LOCKSTEP_ASCENDING || schedule > APART_RANDOM) return fail("no schedule %d", schedule);
   E.entry = entry;
   E.buffers = buffers;
@@ -905,7 +978,6 @@ int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroup
   E.ids = calloc((size_t)nthreads, sizeof(metal_emulation_ids));
   if (E.fibers == NULL || E.ids == NULL) {
     free(E.fibers);
-  free(E.ids);
     free(E.ids);
     return fail("no memory for %d fibers", nthreads);
   }
@@ -954,7 +1026,13 @@ int metal_emulation_launch(entry_fn entry, void* const* buffers, unsigned ngroup
   } else {
     for (unsigned k = 0; k < ngroups && rc == 0; ++k) {
       unsigned g = gorder[k];
-      start_group(g, ngroups, g + 1 == ngroups ? last_threads : nthreads, nthreads);
+      unsigned gc[3] = {g % E.ngroups[0], (g / E.ngroups[0]) % E.ngroups[1], g / (E.ngroups[0] * E.ngroups[1])};
+      unsigned size[3];
+      for (int d = 0; d < 3; ++d) {
+        size[d] = E.grid[d] - gc[d] * E.tg[d];
+        if (size[d] > E.tg[d]) size[d] = E.tg[d];
+      }
+      start_group(g, (int)(size[0] * size[1] * size[2]), size);
       rc = schedule <= LOCKSTEP_SHUFFLED ? run_group_in_step(g, order) : run_group_apart(g, schedule);
       free_arrays();
     }

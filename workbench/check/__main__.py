@@ -98,6 +98,23 @@ def _count(least: int, most: int):
     return parse
 
 
+def _dims(most: int, product_most: int | None = None):
+    """argparse type: ``X`` (1-D, as before) or ``X,Y,Z``, each an int in [1, most] (and
+    their product at most ``product_most``): a launch's grid or threadgroup, in threads."""
+
+    def parse(text: str) -> tuple[int, int, int]:
+        parts = text.split(",")
+        if len(parts) not in (1, 3):
+            raise argparse.ArgumentTypeError(f"must be X or X,Y,Z (integers), got {text!r}")
+        values = tuple(_count(1, most)(p.strip()) for p in parts) + (1, 1)[: 3 - len(parts)]
+        x, y, z = values
+        if product_most is not None and x * y * z > product_most:
+            raise argparse.ArgumentTypeError(f"must be at most {product_most} threads in all, got {x}x{y}x{z}")
+        return x, y, z
+
+    return parse
+
+
 def _real(text: str, *, positive: bool) -> float:
     try:
         value = float(text)
@@ -227,8 +244,8 @@ def _launch(a: argparse.Namespace) -> SourceLaunch:
         text,
         tuple(a.inputs.split(",")),
         output=a.output,
-        grid=(a.grid, 1, 1),
-        threadgroup=(a.threadgroup, 1, 1),
+        grid=a.grid,
+        threadgroup=a.threadgroup,
         template=_template(a.template),
         name=path.stem,
     )
@@ -327,12 +344,17 @@ def main(argv: list[str] | None = None) -> int:
         "--inputs", help=f"the body's input names in order, comma-separated, from {', '.join(SOURCE_INPUTS)}"
     )
     g.add_argument("--output", default="out", help="the output's name ([hidden] float32; default out)")
-    g.add_argument("--grid", type=_count(1, 2**31 - 1), default=32, help="threads in the grid, 1-D (default 32)")
+    g.add_argument(
+        "--grid",
+        type=_dims(2**31 - 1),
+        default=(32, 1, 1),
+        help="threads in the grid: X (1-D) or X,Y,Z (default 32)",
+    )
     g.add_argument(
         "--threadgroup",
-        type=_count(1, 1024),
-        default=32,
-        help="threads in a threadgroup, at most 1024 as on Metal and CUDA (default 32)",
+        type=_dims(1024, 1024),
+        default=(32, 1, 1),
+        help="threads in a threadgroup: X or X,Y,Z, at most 1024 in all as on Metal and CUDA (default 32)",
     )
     g.add_argument("--template", help=f"NAME=value,... (a number, or one of {', '.join(SHAPE_NAMES)})")
     g.add_argument("--language", choices=("metal", "cuda"), default="metal", help="the body's language (default metal)")

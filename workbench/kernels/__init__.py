@@ -72,7 +72,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "head": ("head_launch", "head_refusals"),
         "gdn_step": ("GdnShape", "GdnStep", "recurrent_step_exact"),
         "emulated": ("metal_tail_source", "emulated_tail"),
-        "metal_emulation": ("SCHEDULES", "MATH_MODES", "EmulatedKernel"),
+        "metal_emulation": ("SCHEDULES", "DEFAULT_ORDER", "DEFAULT_SCHEDULES", "MATH_MODES", "EmulatedKernel"),
         "metal_memory": ("buffers_mapped",),
         "metal_drop_in": ("metal_kernel", "GridWarning"),
     },

@@ -27,6 +27,7 @@ import numpy as np
 from workbench import backends
 from workbench.kernels.contract import TailLaunch, each_row
 from workbench.kernels.launch import PreparedTail, as_mx32, prepare_tail, prepared
+from workbench.kernels.metal_emulation import DEFAULT_ORDER
 from workbench.kernels.tuning import KernelTuning
 
 #: The backend that compiles the Metal kernels with clang and runs them on the CPU
@@ -171,7 +172,7 @@ def emulate_launch(
     inputs: list[mx.array],
     kw: dict[str, Any],
     *,
-    order: str = "ascending",
+    order: str = DEFAULT_ORDER,
     seed: int = 0,
     math_mode: str = "host",
     math_error: str = "edge-high",
@@ -179,19 +180,20 @@ def emulate_launch(
     """One Metal launch run on the CPU: the source MLX generates for ``kernel(inputs=inputs,
     **kw)`` (``kw``: template, grid, threadgroup, output shapes and dtypes, as a launch
     passes them), compiled by clang and executed by :mod:`workbench.kernels.metal_emulation` in
-    the thread ``order`` (schedule) given, with ``math_mode`` / ``math_error``
+    ``order`` (``metal_emulation.schedules_of``: by default two schedules, SIMD-groups in step and
+    apart, compared bit for bit; or one schedule by name), with ``math_mode`` / ``math_error``
     (``metal_emulation.MATH_MODES`` / ``MATH_ERRORS``). Raises ``metal_emulation.EmulationError`` /
     ``MetalCompileError`` with the diagnosis."""
     from workbench.kernels import metal_emulation  # only this backend needs clang and ctypes
 
     compiled = metal_emulation.compile_source(launch_source(kernel, inputs, kw))
-    threads = int(kw["threadgroup"][0])
-    groups = int(kw["grid"][0]) // threads
-    return compiled.launch(
+    outputs = [(tuple(s), np.float32) for s in kw["output_shapes"]]
+    return compiled.run(
         [_host(a) for a in inputs],
-        [(tuple(s), np.float32) for s in kw["output_shapes"]],
-        groups=groups,
-        threads=threads,
+        outputs,
+        names=[f"output {i}" for i in range(len(outputs))],
+        grid=tuple(int(v) for v in kw["grid"]),
+        threadgroup=tuple(int(v) for v in kw["threadgroup"]),
         order=order,
         seed=seed,
         math_mode=math_mode,
@@ -204,7 +206,7 @@ def emulated_tail(
     branch: Any,
     residual: Any,
     *,
-    order: str = "ascending",
+    order: str = DEFAULT_ORDER,
     seed: int = 0,
     tuning: KernelTuning | None = None,
     kernel_dir: Path | None = None,
@@ -215,8 +217,11 @@ def emulated_tail(
 
     The same ``PreparedTail`` as the ``"metal"`` backend (same refusals, template
     values, grids and constants); each launch's generated source is compiled by clang
-    against the stand-in header and executed by the emulator, in thread ``order``
-    (``metal_emulation.SCHEDULES``; ``seed`` for the shuffled and random ones). float32 numpy out, with
+    against the stand-in header and executed by the emulator in ``order``: by default two
+    schedules (``metal_emulation.DEFAULT_SCHEDULES``: SIMD-groups in step, and apart), each
+    launch's outputs compared bit for bit (a race raises ``ScheduleDependenceError``),
+    ``"every"`` all six, or one of ``metal_emulation.SCHEDULES`` alone (``seed`` for the
+    shuffled and random ones). float32 numpy out, with
     ``branch``'s leading batch axes. ``kernel_dir``: as for ``launch.prepare_tail`` (the
     mutation tests run deliberately broken copies of ``kernels/``). ``math_mode``,
     ``math_error``: how ``metal::exp`` and ``rsqrt`` compute (``metal_emulation.MATH_MODES``:
@@ -235,9 +240,11 @@ def emulated_tail(
     run = {"order": order, "seed": seed, "math_mode": math_mode, "math_error": math_error}
 
     def row(b1: np.ndarray, r1: np.ndarray) -> np.ndarray:
-        (h,) = wo.kernel.launch([b1, *wo.consts, r1], wo.outputs, groups=wo.groups, threads=wo.threads, **run)
-        (act,) = gu.kernel.launch([h, *gu.consts], gu.outputs, groups=gu.groups, threads=gu.threads, **run)
-        (out,) = dn.kernel.launch([act, h, *dn.consts], dn.outputs, groups=dn.groups, threads=dn.threads, **run)
+        (h,) = wo.kernel.run([b1, *wo.consts, r1], wo.outputs, names=["h"], groups=wo.groups, threads=wo.threads, **run)
+        (act,) = gu.kernel.run([h, *gu.consts], gu.outputs, names=["act"], groups=gu.groups, threads=gu.threads, **run)
+        (out,) = dn.kernel.run(
+            [act, h, *dn.consts], dn.outputs, names=["out"], groups=dn.groups, threads=dn.threads, **run
+        )
         return out
 
     return each_row(row, b, r, prep.hidden, np.stack)

@@ -217,7 +217,15 @@ class GdnStep:
         ]
 
     def __call__(
-        self, mixed: Any, z: Any, ba: Any, conv_state: Any, state: Any, *, order: str = "ascending", seed: int = 0
+        self,
+        mixed: Any,
+        z: Any,
+        ba: Any,
+        conv_state: Any,
+        state: Any,
+        *,
+        order: str = kernel_run.DEFAULT_ORDER,
+        seed: int = 0,
     ) -> tuple[mx.array, mx.array, mx.array]:
         ins = self.inputs(mixed, z, ba, conv_state, state)
         state_shape = tuple(ins[4].shape)
@@ -300,7 +308,7 @@ def gdn_step(
     eps: float,
     backend: str,
     threads: int | None = None,
-    order: str = "ascending",
+    order: str = kernel_run.DEFAULT_ORDER,
     seed: int = 0,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """One recurrent step in one launch: ``(out, conv_state', state')`` (see the module's

@@ -13,20 +13,23 @@ threadgroup memory, SIMD-groups of 32, threads run in a chosen order).
 What is supported, and what is refused (a refusal names the argument and what is allowed,
 never a silent approximation):
 
-- 1-D launches: ``grid=(n, 1, 1)``, ``threadgroup=(t, 1, 1)``. ``grid`` counts THREADS, as
-  Metal's ``dispatchThreads`` does; when ``n`` is not a multiple of ``t`` the last group is
-  partial (its ``threads_per_threadgroup`` is its own size), as Metal runs it, and a
-  :class:`GridWarning` says so: a grid smaller than its threadgroup, or not a multiple of
-  it, is the usual sign of a grid given in threadgroups (mlx #1547, #4534: part of the work
-  silently not done);
+- 1-, 2- and 3-D launches: ``grid=(x, y, z)`` counts THREADS, as Metal's
+  ``dispatchThreads`` does; in a dimension not a multiple of the threadgroup's the last
+  groups are partial (their ``threads_per_threadgroup`` is their own size), as Metal runs
+  them, and a :class:`GridWarning` says so: a grid smaller than its threadgroup, or not a
+  multiple of it, is the usual sign of a grid given in threadgroups (mlx #1547, #4534: part
+  of the work silently not done); every thread attribute in x, y and z;
+- scalar inputs (a Python number, passed as a ``constant`` reference, as MLX does), and
+  ``<input>_shape`` / ``_strides`` / ``_ndim``, which MLX passes when the source reads them;
 - Apple GPUs' limits as options, a launch over one refused naming it:
   ``max_threads_per_threadgroup`` (1024, lower for heavy pipelines: mlx #2205 was a group
   over the pipeline's limit giving wrong results), ``threadgroup_memory`` (32,768 bytes a
   group), ``simd_width`` (32, the only width Apple GPUs have);
-- every schedule of the emulator (``order``, ``metal_emulation.SCHEDULES``: SIMD-groups in
-  step, or running apart as on a GPU), or ``order="every"``: all of them, the outputs
-  compared bit for bit (``metal_emulation.ScheduleDependenceError`` names the first
-  differing output, its index and the two schedules);
+- races caught by default: ``order="default"`` runs two schedules (SIMD-groups in step, and apart)
+  (``metal_emulation.DEFAULT_SCHEDULES``) and compares their outputs bit for bit
+  (``metal_emulation.ScheduleDependenceError`` names the first differing output, its index
+  and the two schedules); ``order="every"`` all of them; one schedule by its name
+  (``metal_emulation.SCHEDULES``) runs that one alone;
 - SIMD-group functions (``simd_sum``, ``simd_max``, ``simd_shuffle``, ``simd_shuffle_xor``,
   ``simd_broadcast``) in divergent control flow, as Metal defines them: over the active
   lanes, those that call it (the others returned, or wait at a threadgroup barrier), so
@@ -46,8 +49,7 @@ never a silent approximation):
   nearest even; arithmetic on halves runs in float and rounds when stored;
 - ``math_mode``: ``"host"`` (the host's float exp/exp2/rsqrt), ``"precise"`` or ``"fast"``
   (Metal's contracts, ``metal_emulation.MATH_MODES``);
-- not supported: sources that read ``<input>_shape`` / ``_strides`` / ``_ndim`` (MLX passes them as extra
-  buffers), a ``stream``; each is refused naming it.
+- not supported: a ``stream``, refused naming it.
 """
 
 from __future__ import annotations
@@ -76,6 +78,12 @@ _DTYPES: dict[Any, Any] = {
     mx.bool_: np.bool_,
 }
 
+#: MLX's own ``mx.fast.metal_kernel``, held at import: a test or a user may put
+#: :func:`metal_kernel` in its place (``mx.fast.metal_kernel = workbench.metal_kernel``, to
+#: run a library's kernels, mlx-lm's among them, unchanged), and the drop-in still builds
+#: MLX's kernel object, whose generated source it runs.
+MLX_METAL_KERNEL = mx.fast.metal_kernel
+
 #: The largest threadgroup an Apple GPU pipeline allows (lower for heavy kernels).
 MAX_THREADS_PER_THREADGROUP = 1024
 
@@ -85,7 +93,7 @@ MAX_THREADS_PER_THREADGROUP = 1024
 PREAMBLE = "using namespace metal;\n"
 
 #: ``order="every"``: run the launch in every schedule and compare the outputs' bits.
-EVERY = "every"
+EVERY = metal_emulation.EVERY
 
 
 class GridWarning(UserWarning):
@@ -104,10 +112,42 @@ def _host(a: Any, where: str) -> tuple[mx.array, np.ndarray]:
 def _triple(name: str, value: Any) -> tuple[int, int, int]:
     if not isinstance(value, (tuple, list)) or len(value) != 3:
         raise ValueError(f"{name} must be three integers (x, y, z), got {value!r}")
-    x, y, z = (validate.integer(name, v, minimum=1) for v in value)
-    if (y, z) != (1, 1):
-        raise ValueError(f"{name}={tuple(value)!r}: the emulator runs 1-D launches only; allowed: (n, 1, 1)")
+    x, y, z = (validate.integer(name, v, minimum=1, maximum=2**32 - 1) for v in value)
     return x, y, z
+
+
+def _grid_warning(grid: tuple[int, int, int], group: tuple[int, int, int]) -> str | None:
+    """Why a grid looks given in threadgroups (smaller than its group, or not a multiple of
+    it, in some dimension), or None."""
+    for d, (n, t) in enumerate(zip(grid, group)):
+        axis = "xyz"[d]
+        if n < t:
+            return (
+                f"grid={grid!r} is smaller than threadgroup={group!r} in {axis}: grid counts threads, not "
+                f"threadgroups, so this launch runs one partial group of {n} threads in {axis}"
+            )
+        if n % t:
+            return (
+                f"grid={grid!r} is not a multiple of threadgroup={group!r} in {axis}: grid counts threads, "
+                f"not threadgroups; the last of {-(-n // t)} groups runs {n % t} threads in {axis}"
+            )
+    return None
+
+
+def _extra_buffer(param: str, arrays: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The buffer MLX passes for ``<input>_shape`` (int32), ``_strides`` (int64, in elements,
+    of the row-contiguous input) or ``_ndim`` (int32), or None when ``param`` is none of them."""
+    for suffix in ("_shape", "_strides", "_ndim"):
+        base = param[: -len(suffix)]
+        if param.endswith(suffix) and base in arrays:
+            a = arrays[base]
+            if suffix == "_ndim":
+                return np.array(a.ndim, dtype=np.int32)
+            if suffix == "_shape":
+                return np.array(a.shape or (0,), dtype=np.int32)
+            strides = [int(np.prod(a.shape[i + 1 :])) for i in range(a.ndim)]
+            return np.array(strides or [0], dtype=np.int64)
+    return None
 
 
 class EmulatedMetalKernel:
@@ -134,7 +174,7 @@ class EmulatedMetalKernel:
         init_value: float | None = None,
         verbose: bool = False,
         stream: Any = None,
-        order: str = "ascending",
+        order: str = metal_emulation.DEFAULT_ORDER,
         seed: int = 0,
         max_threads_per_threadgroup: int = MAX_THREADS_PER_THREADGROUP,
         threadgroup_memory: int = metal_emulation.THREADGROUP_LIMIT,
@@ -144,9 +184,9 @@ class EmulatedMetalKernel:
     ) -> list[mx.array]:
         """Run the kernel; return its outputs as MLX arrays (as ``mx.fast.metal_kernel`` does).
 
-        Beyond MLX's arguments: ``order`` (one of ``metal_emulation.SCHEDULES``, how the
-        emulator interleaves threads and SIMD-groups; ``seed`` for the shuffled and random
-        ones; or ``"every"``: all schedules, outputs compared bit for bit), and the limits to
+        Beyond MLX's arguments: ``order`` (``"default"``: two schedules (SIMD-groups
+        in step, and apart), outputs compared bit for bit; ``"every"``: all schedules; or one of
+        ``metal_emulation.SCHEDULES`` alone; ``seed`` for the shuffled and random ones), and the limits to
         hold the launch to: ``max_threads_per_threadgroup`` (the pipeline's),
         ``threadgroup_memory`` (bytes a group), ``simd_width`` (32 only); ``math_mode`` and
         ``math_error`` (``metal_emulation.MATH_MODES`` / ``MATH_ERRORS``: the host's exp, exp2
@@ -168,8 +208,8 @@ class EmulatedMetalKernel:
                 f"output_shapes/output_dtypes: {self.name} has {len(self.output_names)} outputs, got "
                 f"{len(output_shapes)} shapes and {len(output_dtypes)} dtypes"
             )
-        n, _, _ = _triple("grid", grid)
-        t, _, _ = _triple("threadgroup", threadgroup)
+        grid3, group3 = _triple("grid", grid), _triple("threadgroup", threadgroup)
+        t = group3[0] * group3[1] * group3[2]
         limit = validate.integer(
             "max_threads_per_threadgroup", max_threads_per_threadgroup, minimum=1, maximum=MAX_THREADS_PER_THREADGROUP
         )
@@ -186,22 +226,10 @@ class EmulatedMetalKernel:
         validate.integer(
             "threadgroup_memory", threadgroup_memory, minimum=16, maximum=metal_emulation.THREADGROUP_LIMIT
         )
-        if order != EVERY:
-            validate.one_of("order", order, metal_emulation.SCHEDULES + (EVERY,))
-        if n < t:
-            warnings.warn(
-                f"grid={tuple(grid)!r} is smaller than threadgroup={tuple(threadgroup)!r}: grid counts "
-                f"threads, not threadgroups, so this launch runs one partial group of {n} threads",
-                GridWarning,
-                stacklevel=2,
-            )
-        elif n % t:
-            warnings.warn(
-                f"grid={tuple(grid)!r} is not a multiple of threadgroup={tuple(threadgroup)!r}: grid "
-                f"counts threads, not threadgroups; the last of {-(-n // t)} groups runs {n % t} threads",
-                GridWarning,
-                stacklevel=2,
-            )
+        metal_emulation.schedules_of(order)  # a bad order refused before any work
+        why = _grid_warning(grid3, group3)
+        if why is not None:
+            warnings.warn(why, GridWarning, stacklevel=2)
         for i, d in enumerate(output_dtypes):
             if d not in _DTYPES:
                 raise ValueError(f"output_dtypes[{i}]={d}: not emulated; allowed: {', '.join(str(x) for x in _DTYPES)}")
@@ -227,30 +255,29 @@ class EmulatedMetalKernel:
         if verbose:
             print(source)
         compiled = metal_emulation.compile_source(PREAMBLE + source)
-        n_buf = sum(p.buffer is not None for p in compiled.params)
-        if n_buf != len(inputs) + len(output_shapes):
-            raise ValueError(
-                f"source: {self.name} reads an input's shape, strides or ndim (MLX passes "
-                f"{n_buf - len(inputs) - len(output_shapes)} extra buffers), which the emulator "
-                "does not support; pass sizes as template values or inputs"
-            )
-        groups = -(-n // t)
+        arrays = {n: h for n, (_, h) in zip(self.input_names, pairs)}
+        ins = []
+        for p in sorted((p for p in compiled.params if p.buffer is not None), key=lambda p: p.buffer or 0):
+            if p.name in self.output_names:
+                continue
+            extra = arrays.get(p.name)
+            extra = _extra_buffer(p.name, arrays) if extra is None else extra
+            if extra is None:
+                raise ValueError(
+                    f"source: {self.name}'s generated signature has a buffer {p.name!r} the emulator cannot fill"
+                )
+            ins.append(extra)
         launch = {
-            "groups": groups,
-            "threads": t,
-            "last_threads": n - (groups - 1) * t,
+            "grid": grid3,
+            "threadgroup": group3,
             "seed": seed,
             "init_value": init_value,
             "threadgroup_memory": threadgroup_memory,
             "math_mode": math_mode,
             "math_error": math_error,
         }
-        ins = [h for _, h in pairs]
         outputs = [(tuple(s), _DTYPES[d]) for s, d in zip(output_shapes, output_dtypes)]
-        if order == EVERY:
-            outs = compiled.launch_every(ins, outputs, names=self.output_names, **launch)
-        else:
-            outs = compiled.launch(ins, outputs, order=order, **launch)
+        outs = compiled.run(ins, outputs, names=self.output_names, order=order, **launch)
         return [mx.array(o).view(mx.bfloat16) if d == mx.bfloat16 else mx.array(o) for o, d in zip(outs, output_dtypes)]
 
 
@@ -265,7 +292,7 @@ def metal_kernel(
 ) -> EmulatedMetalKernel:
     """``mx.fast.metal_kernel`` with the same arguments, run on the CPU (module docstring:
     what is supported). Raises ``ValueError`` naming an unsupported argument."""
-    kernel = mx.fast.metal_kernel(
+    kernel = MLX_METAL_KERNEL(
         name=name,
         input_names=list(input_names),
         output_names=list(output_names),

@@ -38,6 +38,10 @@ from workbench.kernels.metal_translation import MetalCompileError, Param, signat
 
 __all__ = [
     "APART",
+    "DEFAULT_ORDER",
+    "DEFAULT_SCHEDULES",
+    "EVERY",
+    "ORDER_CHOICES",
     "BUFFER_POOL_BYTES",
     "CLANG_FLAGS",
     "MATH_ERRORS",
@@ -61,6 +65,7 @@ __all__ = [
     "compile_fresh",
     "compile_source",
     "first_difference",
+    "schedules_of",
     "signature",
     "translation_unit",
 ]
@@ -88,6 +93,32 @@ APART: tuple[str, ...] = ("simd-groups-ascending", "simd-groups-descending", "si
 
 #: Every schedule the emulator runs (:data:`ORDERS`, then :data:`APART`).
 SCHEDULES: tuple[str, ...] = ORDERS + APART
+
+#: ``order="default"``: the SIMD-groups in step in ascending thread order, and run apart in
+#: descending SIMD-group order, compared bit for bit: the cheapest pair measured that
+#: catches both kinds of race. Between the two every SIMD-group, and every lane of one, runs
+#: in the opposite order, so a SIMD-group reading another's partial with no barrier reads it
+#: unwritten in one and written in the other, whichever way it reads, and a dropped
+#: threadgroup barrier lets the SIMD-groups pass it in opposite orders. The in-step schedule
+#: costs a fifth of an apart one (``bench.emulator_cost``: the pair 6x one in-step schedule
+#: at the test shape, against 10x for the two apart ones); its result is the one returned,
+#: the bits the backend gave before. A single schedule is still asked for by name.
+DEFAULT_ORDER = "default"
+DEFAULT_SCHEDULES: tuple[str, ...] = ("ascending", "simd-groups-descending")
+
+#: ``order="every"``: all of :data:`SCHEDULES`, compared bit for bit.
+EVERY = "every"
+
+#: What ``order`` may be wherever a launch takes one.
+ORDER_CHOICES: tuple[str, ...] = (DEFAULT_ORDER, EVERY) + SCHEDULES
+
+
+def schedules_of(order: str) -> tuple[str, ...]:
+    """The schedules ``order`` runs (one of :data:`ORDER_CHOICES`): one by name, the
+    default pair, or every schedule."""
+    validate.one_of("order", order, ORDER_CHOICES)
+    return DEFAULT_SCHEDULES if order == DEFAULT_ORDER else SCHEDULES if order == EVERY else (order,)
+
 
 #: How ``metal::exp``, ``exp2`` and ``rsqrt`` compute (``metal_stdlib``, ``runtime.c``):
 #: ``"host"`` the host's float functions (as before math modes existed); ``"precise"`` and
@@ -141,6 +172,18 @@ def first_difference(results: dict[str, Sequence[np.ndarray]], names: Sequence[s
                 )
 
 
+def _check_dims(grid: Sequence[int], threadgroup: Sequence[int]) -> None:
+    """``grid`` and ``threadgroup``: three integers >= 1 each, at most 1024 threads a group."""
+    for name, value in (("grid", grid), ("threadgroup", threadgroup)):
+        if len(value) != 3:
+            raise ValueError(f"{name} must be three integers (x, y, z), got {tuple(value)!r}")
+        for v in value:
+            validate.integer(name, v, minimum=1, maximum=2**32 - 1)
+    n = int(threadgroup[0]) * int(threadgroup[1]) * int(threadgroup[2])
+    if n > 1024:
+        raise ValueError(f"threadgroup={tuple(threadgroup)!r}: {n} threads; allowed: at most 1024 a group")
+
+
 #: Launch arguments already validated (ints and strings only, so an equal key is the same
 #: values of the same types): a repeated launch skips the eight checks.
 _VALID_LAUNCHES: set[tuple] = set()
@@ -162,8 +205,10 @@ class EmulatedKernel:
         inputs: Sequence[np.ndarray],
         outputs: Sequence[tuple[tuple[int, ...], Any]],
         *,
-        groups: int,
-        threads: int,
+        groups: int | None = None,
+        threads: int | None = None,
+        grid: Sequence[int] | None = None,
+        threadgroup: Sequence[int] | None = None,
         order: str = "ascending",
         seed: int = 0,
         init_value: float | None = None,
@@ -172,7 +217,9 @@ class EmulatedKernel:
         math_mode: str = "host",
         math_error: str = "edge-high",
     ) -> list[np.ndarray]:
-        """Run ``groups`` threadgroups of ``threads`` threads; return the outputs.
+        """Run ``groups`` threadgroups of ``threads`` threads (1-D), or a ``grid`` of threads
+        in groups of ``threadgroup`` (three integers each, as Metal's ``dispatchThreads``
+        takes them: partial groups at the edges); return the outputs.
 
         ``inputs``: the input buffers in the signature's order (numpy arrays, copied into
         guarded buffers); ``outputs``: ``(shape, numpy dtype)`` each, NaN-filled before the
@@ -184,22 +231,34 @@ class EmulatedKernel:
         ``math_mode``, ``math_error``: :data:`MATH_MODES`, :data:`MATH_ERRORS` (``seed``
         seeds the random one too). Raises :class:`EmulationError` with the emulator's diagnosis.
         """
-        key = (order, groups, threads, last_threads, threadgroup_memory, math_mode, math_error, seed)
-        plain = all(type(v) in (int, str, type(None)) for v in key)
+        if (grid is None) != (threadgroup is None) or (grid is None) == (groups is None or threads is None):
+            raise ValueError("groups/threads, grid/threadgroup: give groups and threads (1-D) or grid and threadgroup")
+        dims = (tuple(grid), tuple(threadgroup)) if grid is not None and threadgroup is not None else ()
+        key = (order, groups, threads, last_threads, *dims, threadgroup_memory, math_mode, math_error, seed)
+        plain = all(type(v) in (int, str, type(None), tuple) for v in key)
         if not plain or key not in _VALID_LAUNCHES:
             validate.one_of("order", order, SCHEDULES)
-            validate.integer("groups", groups, minimum=1)
-            validate.integer("threads", threads, minimum=1, maximum=1024)
-            if last_threads is not None:
-                validate.integer("last_threads", last_threads, minimum=1, maximum=threads)
+            if dims:
+                _check_dims(dims[0], dims[1])
+            else:
+                validate.integer("groups", groups, minimum=1)
+                validate.integer("threads", threads, minimum=1, maximum=1024)
+                if last_threads is not None:
+                    validate.integer("last_threads", last_threads, minimum=1, maximum=threads)
             validate.integer("threadgroup_memory", threadgroup_memory, minimum=16, maximum=THREADGROUP_LIMIT)
             validate.one_of("math_mode", math_mode, MATH_MODES)
             validate.one_of("math_error", math_error, MATH_ERRORS)
             validate.integer("seed", seed, minimum=0, maximum=2**63 - 1)
             if plain and len(_VALID_LAUNCHES) < 4096:
                 _VALID_LAUNCHES.add(key)
-        groups, threads, seed, tg_limit = int(groups), int(threads), int(seed), int(threadgroup_memory)
-        last = threads if last_threads is None else int(last_threads)
+        if dims:
+            grid3, group3 = (int(v) for v in dims[0]), (int(v) for v in dims[1])
+        else:
+            last = int(threads) if last_threads is None else int(last_threads)
+            grid3, group3 = ((int(groups) - 1) * int(threads) + last, 1, 1), (int(threads), 1, 1)
+        grid3, group3 = tuple(grid3), tuple(group3)
+        threads = group3[0] * group3[1] * group3[2]
+        seed, tg_limit = int(seed), int(threadgroup_memory)
         buffers = [np.ascontiguousarray(a) for a in inputs]
         if len(buffers) + len(outputs) != self._n_buffers:
             raise ValueError(
@@ -232,9 +291,8 @@ class EmulatedKernel:
                 rc = lib.metal_emulation_launch(
                     self._entry,
                     arr,
-                    groups,
-                    threads,
-                    last,
+                    (ctypes.c_uint * 3)(*grid3),
+                    (ctypes.c_uint * 3)(*group3),
                     SCHEDULES.index(order),
                     seed,
                     tg_limit,
@@ -269,6 +327,22 @@ class EmulatedKernel:
         results = {s: self.launch(inputs, outputs, order=s, **launch) for s in schedules}
         first_difference(results, names)
         return results[schedules[0]]
+
+    def run(
+        self,
+        inputs: Sequence[np.ndarray],
+        outputs: Sequence[tuple[tuple[int, ...], Any]],
+        *,
+        names: Sequence[str],
+        order: str = DEFAULT_ORDER,
+        **launch: Any,
+    ) -> list[np.ndarray]:
+        """:meth:`launch` in the schedules ``order`` names (:func:`schedules_of`), compared
+        bit for bit when there are several (:meth:`launch_every`)."""
+        schedules = schedules_of(order)
+        if len(schedules) == 1:
+            return self.launch(inputs, outputs, order=schedules[0], **launch)
+        return self.launch_every(inputs, outputs, names=names, schedules=schedules, **launch)
 
     def _annotate(self, message: str) -> str:
         """The emulator's message with the source lines it names quoted."""
@@ -327,9 +401,8 @@ def _load(path: str, source: str) -> EmulatedKernel:
     lib.metal_emulation_launch.argtypes = [
         ctypes.c_void_p,
         ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_uint,
-        ctypes.c_int,
-        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_uint),
+        ctypes.POINTER(ctypes.c_uint),
         ctypes.c_int,
         ctypes.c_ulong,
         ctypes.c_ulong,

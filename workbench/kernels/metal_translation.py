@@ -16,21 +16,77 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: MLX's thread attributes -> the C expression of the emulator's per-thread ids.
+#: Metal's thread attributes (MSL spec 5.2.3.6) -> the C expressions of the emulator's
+#: per-thread ids, x, y and z (``runtime.c``, ``start_group``, says how each is counted).
 _ATTRIBUTES: dict[str, tuple[str, str, str]] = {
     "thread_position_in_threadgroup": ("t->tpitg[0]", "t->tpitg[1]", "t->tpitg[2]"),
     "threadgroup_position_in_grid": ("t->tgpig[0]", "t->tgpig[1]", "t->tgpig[2]"),
     "threadgroups_per_grid": ("t->tpg[0]", "t->tpg[1]", "t->tpg[2]"),
     "threads_per_threadgroup": ("t->tptg[0]", "t->tptg[1]", "t->tptg[2]"),
-    "thread_position_in_grid": ("t->tpig[0]", "0u", "0u"),
+    "dispatch_threads_per_threadgroup": ("t->dtptg[0]", "t->dtptg[1]", "t->dtptg[2]"),
+    "thread_position_in_grid": ("t->tpig[0]", "t->tpig[1]", "t->tpig[2]"),
+    "threads_per_grid": ("t->tpgrid[0]", "t->tpgrid[1]", "t->tpgrid[2]"),
     "thread_index_in_simdgroup": ("t->simd_lane", "0u", "0u"),
     "simdgroup_index_in_threadgroup": ("t->simd_group", "0u", "0u"),
-    "thread_index_in_threadgroup": ("t->tpitg[0]", "0u", "0u"),
+    "simdgroups_per_threadgroup": ("t->nsimd", "0u", "0u"),
+    "threads_per_simdgroup": ("32u", "0u", "0u"),
+    "thread_execution_width": ("32u", "0u", "0u"),
+    "thread_index_in_threadgroup": ("t->tindex", "0u", "0u"),
 }
 
 
 class MetalCompileError(ValueError):
     """The Metal source does not compile against the stand-in header (clang's message attached)."""
+
+
+#: Metal built-ins the stand-in header does not emulate, each refused by name before clang
+#: runs (:func:`refuse_not_emulated`), so a valid kernel is never told it is the user's
+#: mistake. kernels/README.md ("Metal on the CPU") lists what is emulated.
+NOT_EMULATED: tuple[str, ...] = (
+    "simd_ballot",
+    "simd_all",
+    "simd_any",
+    "simd_and",
+    "simd_or",
+    "simd_xor",
+    "simd_is_first",
+    "simd_active_threads_mask",
+    "simd_shuffle_rotate_up",
+    "simd_shuffle_rotate_down",
+    "simd_shuffle_and_fill_up",
+    "simd_shuffle_and_fill_down",
+    "simd_prefix_inclusive_product",
+    "simd_prefix_exclusive_product",
+    "quad_sum",
+    "quad_shuffle",
+    "quad_shuffle_xor",
+    "quad_broadcast",
+    "simdgroup_matrix",
+    "simdgroup_load",
+    "simdgroup_store",
+    "simdgroup_multiply_accumulate",
+    "texture1d",
+    "texture2d",
+    "texture3d",
+    "sampler",
+    "atomic_thread_fence",
+)
+
+_NOT_EMULATED = re.compile(r"\b(" + "|".join(NOT_EMULATED) + r")\b")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def refuse_not_emulated(source: str) -> None:
+    """Raise :class:`MetalCompileError` naming the first built-in of :data:`NOT_EMULATED` the
+    source uses (comments aside), and its line."""
+    text = _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), source)
+    m = _NOT_EMULATED.search(text)
+    if m is not None:
+        line = text.count("\n", 0, m.start()) + 1
+        raise MetalCompileError(
+            f"`{m.group(1)}` (line {line}) is a Metal built-in not emulated by the workbench; "
+            "kernels/README.md, 'Metal on the CPU', lists what is"
+        )
 
 
 _INSTANTIATION = re.compile(r"template\s*\[\[host_name\([^)]*\)\]\]\s*\[\[kernel\]\]\s*decltype")
@@ -129,7 +185,7 @@ def _entry(name: str, params: list[Param], targs: str) -> str:
     call = f"{name}<{targs}>" if targs else name
     return (
         "\nstruct metal_emulation_ids {\n  unsigned tpitg[3], tgpig[3], tpg[3];\n"
-        "  unsigned simd_lane, simd_group, tptg[3];\n  unsigned tpig[3];\n};\n"
+        "  unsigned simd_lane, simd_group, tptg[3];\n  unsigned tpig[3], tpgrid[3], tindex, nsimd, dtptg[3];\n};\n"
         'extern "C" void metal_emulation_entry(void* const* b, const metal_emulation_ids* t) {\n'
         f"  {call}(\n    " + ",\n    ".join(args) + ");\n}\n"
     )
@@ -138,6 +194,7 @@ def _entry(name: str, params: list[Param], targs: str) -> str:
 def translation_unit(source: str) -> str:
     """The C++ file clang compiles for MLX's generated Metal ``source``: the stand-in
     header, the source with the two rewrites, and the emulator's entry."""
+    refuse_not_emulated(source)
     name, params, targs = signature(source)
     qualifiers = ["threadgroup"] + re.findall(r"^\s*#\s*define\s+(\w+)\s+threadgroup\s*$", source, re.M)
     start = source.index("[[kernel]] void " + name)

@@ -34,6 +34,9 @@ from workbench.kernels.tuning import KernelTuning, checked_tuning
 #: The backend that runs the Metal kernels on the CPU (clang and the emulator).
 METAL_EMULATED = emulated.METAL_EMULATED
 
+#: The emulated launches' default ``order``: two schedules (SIMD-groups in step, and apart) compared bit for bit.
+DEFAULT_ORDER = emulated.DEFAULT_ORDER
+
 #: The backends that run the kernels on a device; each is also the dialect its text is in.
 DEVICE_BACKENDS: tuple[str, ...] = kernel_launch.KERNEL_BACKENDS
 
@@ -85,13 +88,14 @@ def launch(
     inputs: list[mx.array],
     kw: dict[str, Any],
     *,
-    order: str = "ascending",
+    order: str = emulated.DEFAULT_ORDER,
     seed: int = 0,
     verbose: bool = False,
 ) -> list[mx.array]:
     """One launch of ``kernel`` (from :func:`compiled_kernel`) on ``backend``: lazy outputs on a
     device (``verbose``: MLX prints the generated source); on ``"metal-emulated"`` run on the
-    CPU at once, in thread ``order`` (``seed`` for the random schedules), the outputs new arrays."""
+    CPU at once, in ``order`` (by default two schedules (SIMD-groups in step, and apart) compared; ``seed`` for
+    the random schedules), the outputs new arrays."""
     if is_emulated(backend):
         return [mx.array(o) for o in emulated.emulate_launch(kernel, inputs, kw, order=order, seed=seed)]
     return list(kernel(inputs=inputs, verbose=verbose, **kw))
