@@ -279,3 +279,38 @@ def test_kernels_share_one_set_of_fiber_stacks():
         assert np.array_equal(np.array(y), np.zeros(1024, np.float32))
     # a kernel's shared object maps a handful of areas; its own stacks would add 2048
     assert areas() - before < 4 * 100
+
+
+def test_a_compile_error_points_at_the_users_own_line():
+    """clang numbers MLX's generated text; the error names the line of the source (or header)
+    the user passed, so it points where the user can fix it."""
+    x = mx.arange(8, dtype=mx.float32)
+    launch = dict(grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(8,)], output_dtypes=[mx.float32])
+    source = "uint i = thread_position_in_grid.x;\nout[i] = inp[i] * no_such_name;\n"
+    k = metal_kernel(
+        name="user_line",
+        input_names=["inp"],
+        output_names=["out"],
+        source=source,
+        header="// a header\n// of two lines\n",
+    )
+    with pytest.raises(metal_emulation.MetalCompileError, match=r"source:2:\d+: error: use of undeclared identifier"):
+        k(inputs=[x], **launch)
+    k = metal_kernel(
+        name="user_header_line",
+        input_names=["inp"],
+        output_names=["out"],
+        source="uint i = thread_position_in_grid.x;\nout[i] = f(inp[i]);\n",
+        header="float f(float v) {\n  return v * no_such_name;\n}\n",
+    )
+    k.header_name = "helpers.metal"
+    with pytest.raises(metal_emulation.MetalCompileError, match=r"helpers\.metal:2:\d+: error"):
+        k(inputs=[x], **launch)
+    k = metal_kernel(
+        name="user_refused_line",
+        input_names=["inp"],
+        output_names=["out"],
+        source="uint i = thread_position_in_grid.x;\n\nbool b = simd_all(true);\nout[i] = inp[i];\n",
+    )
+    with pytest.raises(metal_emulation.MetalCompileError, match=r"`simd_all` \(source:3\) is a Metal built-in not"):
+        k(inputs=[x], **launch)

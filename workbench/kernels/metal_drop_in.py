@@ -54,6 +54,7 @@ never a silent approximation):
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -153,14 +154,53 @@ def _extra_buffer(param: str, arrays: dict[str, np.ndarray]) -> np.ndarray | Non
 class EmulatedMetalKernel:
     """The callable :func:`metal_kernel` returns: MLX's call signature, run on the CPU."""
 
-    def __init__(self, kernel: Any, name: str, input_names: Sequence[str], output_names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        kernel: Any,
+        name: str,
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        source: str = "",
+        header: str = "",
+    ) -> None:
         self._kernel = kernel
         self.name = name
         self.input_names = list(input_names)
         self.output_names = list(output_names)
+        self.source, self.header = source, header
+        #: What a compile error calls the user's source and header (``python -m workbench.check``
+        #: sets the files' names): clang's lines are numbered in MLX's generated text.
+        self.source_name, self.header_name = "source", "header"
         # Generated sources by template values and input dtypes/shapes (all MLX's text depends
         # on), kept per kernel: a cache keyed by id() would hand a new kernel a dead one's text.
         self._sources: dict[tuple, str] = {}
+
+    def user_lines(self, message: str, generated: str) -> str:
+        """``message`` with each line of ``generated`` it names (clang's ``metal_source:L:C``, the
+        refusal's ``(line L)``) given as the user's own: ``source:l:C`` / ``header:l:C``, counted in
+        the text the user passed, so an error points where the user can fix it."""
+        spans = []
+        for text, label in ((self.source, self.source_name), (self.header, self.header_name)):
+            at = generated.find(text) if text.strip() else -1
+            if at >= 0:
+                first = generated.count("\n", 0, at) + 1
+                spans.append((first, first + text.count("\n"), label))
+
+        def where(line: int) -> str | None:
+            for first, last, label in spans:
+                if first <= line <= last:
+                    return f"{label}:{line - first + 1}"
+            return None
+
+        def clang(m: re.Match) -> str:
+            mapped = where(int(m.group(1)))
+            return m.group(0) if mapped is None else f"{mapped}:{m.group(2)}"
+
+        def refusal(m: re.Match) -> str:
+            mapped = where(int(m.group(1)))
+            return m.group(0) if mapped is None else f"({mapped})"
+
+        return re.sub(r"\(line (\d+)\)", refusal, re.sub(r"metal_source:(\d+):(\d+)", clang, message))
 
     def __call__(
         self,
@@ -254,7 +294,10 @@ class EmulatedMetalKernel:
         source = self._sources[key]
         if verbose:
             print(source)
-        compiled = metal_emulation.compile_source(PREAMBLE + source)
+        try:
+            compiled = metal_emulation.compile_source(PREAMBLE + source)
+        except metal_emulation.MetalCompileError as err:
+            raise metal_emulation.MetalCompileError(self.user_lines(str(err), PREAMBLE + source)) from None
         arrays = {n: h for n, (_, h) in zip(self.input_names, pairs)}
         ins = []
         for p in sorted((p for p in compiled.params if p.buffer is not None), key=lambda p: p.buffer or 0):
@@ -301,4 +344,4 @@ def metal_kernel(
         ensure_row_contiguous=ensure_row_contiguous,
         atomic_outputs=bool(atomic_outputs),
     )
-    return EmulatedMetalKernel(kernel, name, input_names, output_names)
+    return EmulatedMetalKernel(kernel, name, input_names, output_names, source=source, header=header)
