@@ -200,7 +200,7 @@ BAD_CASES: list[tuple[list[str], str]] = [
     (["--source", "{d}/binary.metal", *INPUTS], "--source: {d}/binary.metal is not UTF-8 text (byte 0)"),
     (
         ["--source", "{d}/broken.metal", *INPUTS, *TEMPLATE],
-        "--source: {d}/broken.metal does not compile for the emulator: metal_source:",
+        "--source: {d}/broken.metal does not compile for the emulator: {d}/broken.metal:2:",
     ),
     (["--source", "{d}/good.metal"], "--inputs: a source needs its inputs' names"),
     (["--source", "{d}/good.metal", "--inputs", "branch,nope"], "--inputs: must be distinct names of"),

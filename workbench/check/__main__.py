@@ -248,6 +248,7 @@ def _launch(a: argparse.Namespace) -> SourceLaunch:
         threadgroup=a.threadgroup,
         template=_template(a.template),
         name=path.stem,
+        source_file=a.source,
     )
 
 

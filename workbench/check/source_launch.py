@@ -48,6 +48,9 @@ class SourceLaunch:
     template: tuple[tuple[str, Any], ...] = ()
     header: str = ""
     name: str = "user_tail"
+    #: What a compile error calls the source (the command passes the file's path): its lines
+    #: are the source's own, not those of the text MLX generates around it.
+    source_file: str = "source"
     _kernels: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -102,7 +105,13 @@ class SourceLaunch:
         if language not in self._kernels:
             digest = hashlib.sha256((self.header + self.source).encode()).hexdigest()[:12]
             self._kernels[language] = kernel_run.source_kernel(
-                language, f"{self.name}_{digest}", self.inputs, [self.output], self.source, self.header
+                language,
+                f"{self.name}_{digest}",
+                self.inputs,
+                [self.output],
+                self.source,
+                self.header,
+                source_name=self.source_file,
             )
         return self._kernels[language]
 

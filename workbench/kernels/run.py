@@ -102,18 +102,28 @@ def launch(
 
 
 def source_kernel(
-    backend: str, name: str, input_names: Sequence[str], output_names: Sequence[str], source: str, header: str = ""
+    backend: str,
+    name: str,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    source: str,
+    header: str = "",
+    *,
+    source_name: str = "source",
 ) -> Any:
     """A user's own kernel source as ``backend`` runs it: ``mx.fast.metal_kernel`` /
     ``mx.fast.cuda_kernel``, or on ``"metal-emulated"`` the drop-in that runs Metal on the CPU
-    (its call also takes ``order`` and ``seed``). ``BackendUnavailable`` where absent."""
+    (its call also takes ``order`` and ``seed``; its compile errors call the source
+    ``source_name``, with the source's own line numbers). ``BackendUnavailable`` where absent."""
     backends.resolve_backend(check_backend(backend, "backend"))
     if is_emulated(backend):
         from workbench.kernels.metal_drop_in import metal_kernel  # clang and ctypes only when asked
 
-        return metal_kernel(
+        kernel = metal_kernel(
             name=name, input_names=list(input_names), output_names=list(output_names), source=source, header=header
         )
+        kernel.source_name = source_name
+        return kernel
     make = getattr(mx.fast, kernel_source.dialect_text(source_dialect(backend)).maker)
     return make(name=name, input_names=list(input_names), output_names=list(output_names), source=source, header=header)
 
