@@ -99,10 +99,11 @@ def smollm2(prompt: str = PROMPT) -> RealModel:
 # ---------------------------------------------------------------------------------------
 
 
-def _check_backends(backends: Sequence[str]) -> list[str]:
-    names = list(backends)
+def _check_backends(backends: Sequence[str], param: str = "backends") -> list[str]:
+    """``backends`` as a list, each a concrete backend, or a ValueError naming ``param``."""
+    names = list(sequence(param, backends, what="backend names")) if param == "backends" else list(backends)
     for name in names:
-        one_of("backends", name, [b for b in backend_list.BACKENDS if b != "auto"] + ["metal-emulated"])
+        one_of(param, name, [b for b in backend_list.BACKENDS if b != "auto"])
     return names
 
 
@@ -172,7 +173,7 @@ def kernel_errors(
     """
     import pandas as pd
 
-    (name,) = _check_backends([backend])
+    (name,) = _check_backends([backend], "backend")
     if not isinstance(ckpt, Checkpoint):
         raise ValueError(f"ckpt: must be a Checkpoint (load_checkpoint(...)), got {describe(ckpt)}")
     positions = sequence("positions", positions, what="positions in the prompt (e.g. (0, -1))")
