@@ -354,6 +354,15 @@ def plot_schedule_runs(records, *, ax=None):
     ax.set_xlabel("predicted saving, ms a token (waits saved x measured price)")
     ax.set_ylabel("measured saving, ms a token")
     ax.set_title(f"The schedule against the table: {len(records)} runs on {_devices(records)}", fontsize=10)
+    ax.text(
+        0.01,
+        0.99,
+        "markers: a set-up's median for a pair of stages; faint dots: its runs",
+        transform=ax.transAxes,
+        fontsize=7,
+        va="top",
+        color="dimgrey",
+    )
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     fig.tight_layout()
