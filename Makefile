@@ -43,10 +43,10 @@ lab: $(STAMP)
 # module fixtures (the nvcc compiles, the JupyterLab server) are made once; JOBS=0: one process.
 JOBS ?= 2
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -rs -n $(JOBS) --dist loadfile tests
 
 nbval: $(STAMP)
-	$(BIN)/python -m pytest -q $(NBVAL) notebooks
+	$(BIN)/python -m pytest -q -rs $(NBVAL) notebooks
 
 # ruff's lint and its formatter's check, as pyproject.toml configures them (notebooks excluded).
 lint: $(STAMP)

@@ -19,13 +19,30 @@ from workbench.tail.frink_case import seed_case
 
 def test_graph_is_always_available():
     assert "graph" in B.available_backends()
-    assert B.available_backends()[-1] == "graph"
+    assert B.auto_backends()[-1] == "graph"  # the last "auto" may pick
+    assert [b for b in B.available_backends() if b != "metal-emulated"] == B.auto_backends()
     assert B.resolve_backend("graph") == "graph"
+
+
+def test_available_backends_tell_the_truth(monkeypatch):
+    """Every backend listed resolves, every one left out raises: the list is what
+    ``resolve_backend`` would answer, the emulator included where clang++ is here."""
+    for name in ("graph", "metal", "cuda", "metal-emulated"):
+        if name in B.available_backends():
+            assert B.resolve_backend(name) == name
+        else:
+            with pytest.raises(B.BackendUnavailable):
+                B.resolve_backend(name)
+    monkeypatch.setattr(B, "clang", lambda: "/usr/bin/clang++")
+    assert B.available_backends()[-1] == "metal-emulated" and "metal-emulated" not in B.auto_backends()
+    monkeypatch.setattr(B, "clang", lambda: None)
+    assert "metal-emulated" not in B.available_backends()
 
 
 @pytest.mark.skipif(B.metal_available() or B.cuda_available(), reason="a GPU is here")
 def test_auto_on_a_cpu_is_the_graph():
-    assert B.available_backends() == ["graph"]
+    assert B.auto_backends() == ["graph"]
+    assert B.available_backends() == ["graph"] + (["metal-emulated"] if B.clang_available() else [])
     assert B.resolve_backend("auto") == "graph"
 
 
@@ -44,6 +61,7 @@ def test_cuda_absent_says_so():
 def test_a_kernel_backend_is_available_exactly_when_its_device_is(monkeypatch):
     monkeypatch.setattr(B, "cuda_available", lambda: True)
     monkeypatch.setattr(B, "metal_available", lambda: False)
+    monkeypatch.setattr(B, "clang", lambda: None)
     assert B.available_backends() == ["cuda", "graph"]
     assert B.resolve_backend("cuda") == "cuda"
     with pytest.raises(B.BackendUnavailable, match="backend 'metal'"):

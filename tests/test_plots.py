@@ -8,6 +8,8 @@ figures drawn from the project's own records and from a small sweep.
 
 from __future__ import annotations
 
+import re
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -94,3 +96,41 @@ def test_the_schedule_figure_refuses_what_is_not_a_record():
     for bad in ([], [{"device": "x"}], [3]):
         with pytest.raises(ValueError, match="^records"):
             plots.plot_schedule_runs(bad)
+
+
+def test_the_schedule_figure_draws_one_marker_a_setup_and_stage_pair():
+    """~190 comparisons in data/bench drew ~190 markers on top of each other: one a set-up and
+    pair of stages (the median over its runs) reads."""
+    fig = plots.plot_schedule_runs(RECORDS)
+    ax = fig.axes[0]
+    markers = sum(
+        len(c.get_offsets())
+        for c in ax.collections
+        if type(c).__name__ == "PathCollection" and len(c.get_sizes()) and c.get_sizes()[0] >= plots.MEDIAN_MARKER
+    )
+    keys = {
+        (plots._run_label(r), c.get("from"), c.get("to"), bool(c.get("same_work", True)))
+        for r in RECORDS
+        for c in r["comparisons"]
+    }
+    assert markers <= len(keys) < sum(len(r["comparisons"]) for r in RECORDS)
+    plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda df: plots.plot_error_histograms(df, metric="model_worst"),
+        lambda df: plots.plot_error_ecdf(df, metric="model_worst"),
+        lambda df: plots.plot_fold_effect(df, metric="model_nmse"),
+    ],
+)
+def test_a_sweep_figure_labels_its_axes_in_words(small_sweep, draw):
+    """An axis says what it measures in words (the column's name may follow in brackets)."""
+    fig = draw(small_sweep)
+    labels = [a.get_xlabel() for a in fig.axes] + [a.get_ylabel() for a in fig.axes]
+    labels = [text for text in labels if text]
+    assert any("master weights' truth" in text for text in labels), labels
+    for text in labels:  # a column's name only in brackets, after the words
+        assert "_" not in re.sub(r"\([^)]*\)", "", text), text
+    plt.close(fig)

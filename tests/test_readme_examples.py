@@ -88,3 +88,17 @@ def test_the_readme_names_calls_to_try():
 def test_an_inline_call_of_the_readme_runs(call):
     namespace = {name: getattr(workbench, name) for name in workbench.__all__}
     assert eval(call, namespace) is not None
+
+
+def test_the_readme_lists_every_notebook_and_counts_none():
+    """The README's notebook table names exactly the notebooks in ``notebooks/`` (a notebook
+    added without its row, or a row left for one removed, fails here), and no sentence of the
+    README counts them in words: a count typed once goes stale with the next notebook."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## The notebooks", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| `(\d\d_[a-z0-9_]+)` \|", section, re.M)
+    present = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert sorted(listed) == present, f"README lists {listed}; notebooks/ holds {present}"
+    words = "one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|\\d+"
+    counted = re.findall(rf"\b(?:{words})\s+notebooks\b", text, re.I)
+    assert not counted, f"the README counts the notebooks ({counted}); say 'the notebooks' and let the table list them"

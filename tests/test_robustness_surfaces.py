@@ -2,7 +2,8 @@
 
 Checkpoint files (GGUF headers, safetensors headers, config.json), a checkpoint's metadata
 against its tensors, ``load_model`` given a path, the decode schedule's geometry and its
-step past the end. A corrupt file is loaded in a child process, so a segfault or an abort
+step past the end, and the newer surfaces (mlx-lm models, the kernels' widths, a decode
+state, the stages' harness: ``_newer_cases``). A corrupt file is loaded in a child process, so a segfault or an abort
 fails the test instead of ending the run: the child must exit 0 having seen a ValueError
 that names the file.
 """
@@ -10,10 +11,13 @@ that names the file.
 from __future__ import annotations
 
 import json
+import re
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -766,6 +770,201 @@ def test_a_table_passed_where_numbers_go_is_described_in_one_line():
     assert "\n" not in str(err.value) and str(err.value).startswith("errors:"), str(err.value)
 
 
+# --- The newer surfaces (issue 56): each bad input refused naming its parameter, before any work ---
+
+
+def _fake_model() -> object:
+    """An object with ``.layers`` and ``.args`` that is not an mlx-lm model."""
+    import types
+
+    return types.SimpleNamespace(layers=[1, 2], args=3)
+
+
+def _tiny_hybrid(n_kv: int = 1):
+    """A tiny Bonsai-pattern hybrid's weights and schedule (hidden 32): cheap on a CPU."""
+    from workbench.decode.schedule import Schedule
+    from workbench.decode.state import HybridWeights
+
+    g = Geometry(
+        hidden=32,
+        ffn=48,
+        n_q=4,
+        n_kv=n_kv,
+        head_dim=8,
+        attn_output_gate=True,
+        gdn_k_heads=1,
+        gdn_v_heads=2,
+        gdn_k_dim=8,
+        gdn_v_dim=8,
+        conv_kernel=4,
+        vocab=64,
+    )
+    w = HybridWeights(load_model("bonsai-27b"), g, seed=3)
+    return w, Schedule(load_model("bonsai-27b"), w)
+
+
+def _in_fused_tails(model, weights) -> None:
+    from workbench.real_models.fused_layers import fused_tails
+
+    with fused_tails(model, weights):
+        pass
+
+
+def _tail_launch():
+    from workbench import tail as T
+
+    w = T.TailWeights.random(32, 32, 64, seed=0, fold_block=16)
+    br, res = T.random_inputs(w, seed=1)
+    return w, T.tail_launch(w), br, res
+
+
+def _head(hidden_width: int = 64, norm_width: int = 64, k_width: int = 64):
+    from workbench.fold.weights import WeightMatrix
+    from workbench.kernels.head import head_launch
+
+    q = WeightMatrix(np.ones((32, 64), np.float32))
+    k = WeightMatrix(np.ones((16, k_width), np.float32))
+    v = WeightMatrix(np.ones((16, 64), np.float32))
+    return head_launch(mx.ones(hidden_width), np.ones(norm_width), 1e-6, q, k, v, "metal")
+
+
+def _tiny_llama_parts():
+    """A two-layer mlx-lm Llama (hidden 64), its checkpoint and its captured layers."""
+    from tests.test_checkpoint import TOKENS, tiny_llama
+    from workbench.real_models.capture import capture_layers
+    from workbench.real_models.checkpoint import load_checkpoint
+
+    model = tiny_llama(0)
+    return model, load_checkpoint(model), capture_layers(model, TOKENS)
+
+
+def _kernel_errors(**kw):
+    from workbench.real_models.end_to_end import kernel_errors
+
+    _, ckpt, caps = _tiny_llama_parts()
+    return kernel_errors(ckpt, caps, **{"backend": "graph", **kw})
+
+
+def _run_stages(**kw):
+    from bench.common.stages import run_stages
+
+    _, sched = _tiny_hybrid()
+    return run_stages(sched, **{"tokens": 1, "rounds": 1, "warmup": 0, "context": 1, **kw})
+
+
+def _gguf_with_too_few_blocks(folder: Path) -> Path:
+    """A GGUF whose tensors are two layers' and whose ``llama.block_count`` says 1."""
+    from tests.test_checkpoint import tiny_llama, write_gguf
+
+    model = tiny_llama(0)
+    model.args.num_hidden_layers = 1  # what write_gguf writes as llama.block_count
+    return write_gguf(model, folder / "two_layers.gguf")
+
+
+def _newer_cases(folder: Path) -> list[tuple[str, Callable[[], Any], str]]:
+    """(label, call, the regex its error must START with): the issue's unclear errors, each now a
+    ValueError naming the parameter, what was given and what is allowed."""
+    from workbench.decode.geometry import geometry_of
+    from workbench.decode.state import new_state
+    from workbench.kernels import run as KR
+    from workbench.kernels.launch import prepare_tail
+    from workbench.real_models.capture import capture_layers
+    from workbench.real_models.checkpoint import load_checkpoint
+    from workbench.real_models.model_parts import vocab_size
+    from workbench.real_models.tokenizer import gguf_tokenizer
+    from workbench.reports.schedule_run import kernel_records
+
+    w, launch, br, res = _tail_launch()
+    ones40 = np.ones(40, np.float32)
+    model = "model: must be an mlx-lm model"
+    return [
+        ("load_checkpoint(.layers and .args)", lambda: load_checkpoint(_fake_model()), "source: must be an mlx-lm"),
+        ("capture_layers(.layers and .args)", lambda: capture_layers(_fake_model(), [1]), model),
+        ("fused_tails(.layers and .args)", lambda: _in_fused_tails(_fake_model(), [None, None]), model),
+        ("vocab_size(.layers and .args)", lambda: vocab_size(_fake_model()), model),
+        ("fused_tails(model, None)", lambda: _in_fused_tails(_tiny_llama_parts()[0], None), "weights: must be a"),
+        ("kernel_records(None)", lambda: kernel_records(None), "records: must be a sequence"),
+        ("kernel_records(a record)", lambda: kernel_records({"matvec": "kernels"}), "records: must be a sequence"),
+        ("run_tail branch of 40", lambda: KR.run_tail("metal", launch, ones40, res), "branch: must be an array"),
+        ("run_tail residual of 40", lambda: KR.run_tail("metal", launch, br, ones40), "residual: must be an array"),
+        (
+            "run_kernel_tail branch of 40",
+            lambda: KR.run_kernel_tail("metal-emulated", launch, ones40, res),
+            "branch: must be an array whose last axis is 32",
+        ),
+        (
+            "kernel_tail branch of 40",
+            lambda: KR.kernel_tail(launch, mx.array(ones40), mx.array(res), "metal"),
+            "branch: must be an array whose last axis is 32",
+        ),
+        (
+            "run_cuda_tail batch of 2 vs 1",
+            lambda: KR.run_cuda_tail(launch, np.stack([br, br]), res[None]),
+            "residual: must have the branch's leading",
+        ),
+        ("run_tail(launch=weights)", lambda: KR.run_tail("metal", w, br, res), "launch: must be a TailLaunch"),
+        ("head_launch hidden 32", lambda: _head(hidden_width=32), "hidden: must be one position of width 64"),
+        ("head_launch attn_norm 32", lambda: _head(norm_width=32), "attn_norm: must be one position of width 64"),
+        ("head_launch k of width 32", lambda: _head(k_width=32), "k: must have q's in dimension 64"),
+        (
+            "Schedule.step(a state of other weights)",
+            lambda: _tiny_hybrid()[1].step(new_state(_tiny_hybrid(n_kv=2)[0], context=1, max_new=2), 1),
+            "state: made for other weights",
+        ),
+        ("gguf_tokenizer(None)", lambda: gguf_tokenizer(None), "metadata: must be a GGUF file's metadata"),
+        (
+            "gguf_tokenizer without tokens",
+            lambda: gguf_tokenizer({"tokenizer.ggml.model": "gpt2"}),
+            "metadata: tokenizer.ggml.tokens must be a list",
+        ),
+        ("prepare_tail(tuning='fast')", lambda: prepare_tail(launch, "metal", tuning="fast"), "tuning: must be a"),
+        ("prepare_tail(weights)", lambda: prepare_tail(w, "metal"), "launch: must be a TailLaunch"),
+        ("geometry_of('bonsai-27b')", lambda: geometry_of("bonsai-27b"), r"cfg: must be a ModelConfig"),
+        ("geometry_of(vocab=0)", lambda: geometry_of(load_model("bonsai-27b"), vocab=0), "vocab: must be an integer"),
+        ("kernel_errors(positions=())", lambda: _kernel_errors(positions=()), "positions: must hold at least one"),
+        ("kernel_errors(positions=(99,))", lambda: _kernel_errors(positions=(99,)), "positions: must be an integer"),
+        ("kernel_errors(positions='0')", lambda: _kernel_errors(positions="0"), "positions: must be a sequence"),
+        ("kernel_errors(backend='tpu')", lambda: _kernel_errors(backend="tpu"), "backend: must be one of"),
+        ("kernel_errors(ckpt=None)", lambda: _kernel_errors_of(None), "ckpt: must be a Checkpoint"),
+        ("run_stages(tokens=10**7)", lambda: _run_stages(tokens=10**7), r"tokens: must be an integer >= 1 and <="),
+        ("run_stages(warmup=10**7)", lambda: _run_stages(warmup=10**7), r"warmup: must be an integer >= 0 and <="),
+        ("run_stages(stages='12')", lambda: _run_stages(stages="12"), "stages: must be a sequence"),
+        ("run_stages(stages=[99])", lambda: _run_stages(stages=[99]), r"stages\[0\]: 99 is not a stage"),
+        (
+            "a GGUF of two layers with block_count 1",
+            lambda: load_checkpoint(_gguf_with_too_few_blocks(folder)),
+            r"source: GGUF file two_layers\.gguf: the GGUF metadata's 'llama\.block_count' must be at least 2",
+        ),
+    ]
+
+
+def _kernel_errors_of(ckpt):
+    from workbench.real_models.end_to_end import kernel_errors
+
+    return kernel_errors(ckpt, _tiny_llama_parts()[2], backend="graph")
+
+
+NEWER_LABELS = [label for label, _, _ in _newer_cases(Path("."))]
+
+
+def _refused_as(call: Callable[[], Any], start: str) -> str:
+    """``clear`` when ``call()`` raises a ValueError whose message starts with ``start`` (a regex),
+    else what happened instead (for the assertion's message)."""
+    try:
+        call()
+    except ValueError as err:
+        return "clear" if re.match(start, str(err)) else f"unclear: {err}"
+    except Exception as err:  # any other type escaping is the failure reported
+        return f"leaked {type(err).__name__}: {err}"
+    return "accepted"
+
+
+@pytest.mark.parametrize("label", NEWER_LABELS)
+def test_the_newer_surfaces_refuse_bad_input_naming_the_parameter(tmp_path, label):
+    (call, start) = next((c, s) for lbl, c, s in _newer_cases(tmp_path) if lbl == label)
+    assert _refused_as(call, start) == "clear", label
+
+
 # --- The tally by surface: tried / a clear error (or the correct result) / anything else ---
 
 
@@ -817,6 +1016,7 @@ def tally(command_outcomes: dict, folder: Path) -> dict[str, tuple[int, int]]:
         out["gdn_step shapes"] = [_gdn_names(name) for name in GDN_ARRAYS]
     except BackendUnavailable:
         pass
+    out["newer surfaces (issue 56)"] = [_refused_as(call, start) == "clear" for _, call, start in _newer_cases(folder)]
     out["wait plan: not a config"] = [
         _clear(lambda f=f, c=c: f(c), "^cfg: must be a ModelConfig")
         for f in _wait_calls().values()

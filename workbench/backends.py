@@ -5,7 +5,7 @@ once, wherever MLX runs); ``"metal"`` (the fused kernels through ``mx.fast.metal
 Apple GPU); ``"cuda"`` (their twin through ``mx.fast.cuda_kernel``, on an NVIDIA GPU with
 ``mlx[cuda13]``); ``"metal-emulated"`` (the Metal kernels compiled by clang and run on the CPU by
 :mod:`workbench.kernels.metal_emulation`: a slow checking tool, only ever asked for by name);
-``"auto"`` (the first available of cuda, metal, graph). The kernels always exist in code
+``"auto"`` (the first available of cuda, metal, graph: never the emulator). The kernels always exist in code
 (:mod:`workbench.kernels.launch`), so a kernel backend is unavailable only when its device is.
 One asked for and absent raises :class:`BackendUnavailable` saying what is missing; nothing
 falls back silently, since a graph result mistaken for a kernel result would hide exactly the
@@ -28,6 +28,10 @@ BACKENDS: tuple[str, ...] = ("auto", "graph", "metal", "cuda", "metal-emulated")
 
 #: The order ``"auto"`` tries, best first.
 _PREFERENCE: tuple[str, ...] = ("cuda", "metal", "graph")
+
+#: Every backend that can run somewhere, in the order :func:`available_backends` lists them:
+#: ``"auto"``'s order, then the emulator, which is a slow checking tool and never chosen for you.
+_LISTED: tuple[str, ...] = (*_PREFERENCE, "metal-emulated")
 
 
 class BackendUnavailable(RuntimeError):
@@ -91,7 +95,20 @@ def _missing(name: str) -> str | None:
 
 
 def available_backends() -> list[str]:
-    """The backends that can run here, best first (``"graph"`` always; never ``"auto"``)."""
+    """Every backend that can run here, ``"auto"``'s order first (``"graph"`` always; never ``"auto"``
+    itself), then ``"metal-emulated"`` where a clang++ is here.
+
+    The truth, so that a caller (or a test's skip) asking "can metal-emulated run?" gets the
+    answer ``resolve_backend`` would give; ``"auto"`` picks from :func:`auto_backends` only.
+    """
+    return [b for b in _LISTED if _missing(b) is None]
+
+
+def auto_backends() -> list[str]:
+    """The backends ``"auto"`` may pick here, best first: cuda, metal, graph (``"graph"`` always).
+
+    The emulator is left out: it runs the Metal kernels on the CPU thousands of times slower,
+    so it is a checking tool that is asked for by name, never a default."""
     return [b for b in _PREFERENCE if _missing(b) is None]
 
 
@@ -104,7 +121,7 @@ def resolve_backend(name: str) -> str:
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {name!r}")
     if name == "auto":
-        return available_backends()[0]
+        return auto_backends()[0]
     why = _missing(name)
     if why is not None:
         raise BackendUnavailable(why)

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.decode import Schedule, compare_savings, new_state
-from workbench.validate import describe, integer, number
+from workbench.decode import MAX_TOKENS, Schedule, compare_savings, new_state
+from workbench.validate import describe, integer, number, sequence
 
 
 def run_stages(
@@ -58,10 +58,14 @@ def run_stages(
     """
     if not isinstance(sched, Schedule):
         raise ValueError(f"sched: must be a Schedule, got {describe(sched)}")
-    tokens = integer("tokens", tokens, minimum=1)
+    # A state's KV caches hold at most MAX_TOKENS new tokens, one more than a round decodes:
+    # past that the count is refused here, under its own name, not as new_state's max_new.
+    tokens = integer("tokens", tokens, minimum=1, maximum=MAX_TOKENS - 1)
     rounds = integer("rounds", rounds, minimum=1)
-    warmup = integer("warmup", warmup, minimum=0)
-    context = integer("context", context, minimum=1)
+    warmup = integer("warmup", warmup, minimum=0, maximum=MAX_TOKENS - 1)
+    context = integer("context", context, minimum=1, maximum=MAX_TOKENS)
+    if stages is not None:
+        stages = sequence("stages", stages, what="stage numbers or names of the plan")
     if price_ms is not None:
         price_ms = number("price_ms", price_ms, minimum=0, exclusive_minimum=True)
     if time_budget_s is not None:
@@ -69,7 +73,14 @@ def run_stages(
     if progress is not None and not callable(progress):
         raise ValueError(f"progress: must be None or a callable (round, rounds), got {describe(progress)}")
     plan = sched.plan
-    numbers = [s.number for s in plan.stages] if stages is None else [plan.stage(s).number for s in stages]
+    numbers = [s.number for s in plan.stages]
+    if stages is not None:
+        numbers = []
+        for i, s in enumerate(stages):
+            try:
+                numbers.append(plan.stage(s).number)
+            except ValueError as e:  # the plan names its own parameter "stage": this one is an entry of stages
+                raise ValueError(f"stages[{i}]: {str(e).removeprefix('stage: ')}") from None
     if not numbers or len(set(numbers)) != len(numbers):
         raise ValueError(f"stages: must name one or more distinct stages of the plan, got {describe(stages)}")
     if probes is not None and not isinstance(probes, Mapping):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.validate import flag, number
+from workbench.validate import describe, flag, integer, number
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,20 @@ CPU_GEOMETRY = Geometry(
 
 
 def geometry_of(cfg, *, vocab: int | None = None) -> Geometry:
-    """The full geometry of a Qwen3.5-style hybrid (Gated DeltaNet + gated GQA) from its config."""
-    from workbench.models.config import Mixer
+    """The full geometry of a Qwen3.5-style hybrid (Gated DeltaNet + gated GQA) from its config.
 
+    ``cfg``: a ``ModelConfig`` (``load_model('bonsai-27b')``; a model's name is refused naming
+    that call); ``vocab``: None for the config's own, else an integer >= 1."""
+    from workbench.models.config import Mixer, ModelConfig
+    from workbench.models.loader import list_models
+
+    if not isinstance(cfg, ModelConfig):
+        hint = (
+            f" (a shipped model's name: load_model({cfg!r}))" if isinstance(cfg, str) and cfg in list_models() else ""
+        )
+        raise ValueError(f"cfg: must be a ModelConfig (e.g. load_model('bonsai-27b')), got {describe(cfg)}{hint}")
+    if vocab is not None:
+        vocab = integer("vocab", vocab, minimum=1)
     raw = dict(cfg.raw)
     text = dict(raw.get("text_config", raw))
     attn = cfg.attention_layers()

@@ -27,7 +27,7 @@ import numpy as np
 from workbench.decode import matvec as decode_matvec
 from workbench.decode.layers import GDN_PATHS, attend_mx, attend_np, recurrent_layer
 from workbench.decode.savings import MEASURED_SPLITS
-from workbench.decode.state import DecodeState, HybridWeights, new_state
+from workbench.decode.state import DecodeState, HybridWeights, check_state, new_state
 from workbench.validate import describe, flag, integer, number, one_of
 from workbench.waits import plan as waits
 
@@ -180,12 +180,13 @@ class Schedule:
         ``submissions``: the token's submissions in place of the stage's own, checked by
         :meth:`check_submissions` (once for a list passed again): the same pieces with some
         waits joined, to price a kind of wait inside a token. ValueError when ``state`` is
-        not a ``DecodeState`` or its KV caches are full (it was made by ``new_state`` for
-        fewer tokens than it is asked for).
+        not a ``DecodeState``, was made for other weights (``state.check_state``) or its KV
+        caches are full (it was made by ``new_state`` for fewer tokens than it is asked for).
         """
         g, layers = self.geom, self.w.layers
         if not isinstance(state, DecodeState):
             raise ValueError(f"state: must be a DecodeState (new_state), got {describe(state)}")
+        check_state(state, self.w)
         if submissions is None:
             subs = self.submissions(stage)
         else:

@@ -195,3 +195,40 @@ def new_state(wts: HybridWeights, *, context: int = 32, max_new: int = 4096, see
             dv[li] = mx.array(hv[li][:context])
     mx.eval(list(ssm.values()), list(conv.values()), list(dk.values()), list(dv.values()))
     return DecodeState(ssm, conv, hk, hv, dk, dv, context)
+
+
+def check_state(state: DecodeState, wts: HybridWeights, name: str = "state") -> None:
+    """A ValueError naming ``name`` when ``state`` was not made for ``wts`` (by ``new_state``):
+    its recurrent states, conv states and KV caches must sit at ``wts``'s layers, in the
+    shapes ``wts``'s geometry gives them. A state of other weights would otherwise meet them
+    in a matrix product (MLX's bare ``[matmul]``) or a reshape, or, where the shapes happen
+    to agree, silently decode from the wrong caches. Only shapes are read: cheap a token."""
+    g = wts.geom
+    conv_c = 2 * g.gdn_k_heads * g.gdn_k_dim + g.gdn_v_heads * g.gdn_v_dim
+    rec = {li for li, layer in enumerate(wts.layers) if layer.kind == "recurrent"}
+    att = set(range(len(wts.layers))) - rec
+    want = {
+        "recurrent states": (state.ssm, rec, (1, g.gdn_v_heads, g.gdn_v_dim, g.gdn_k_dim)),
+        "conv states": (state.conv, rec, (g.conv_kernel - 1, conv_c)),
+        "host K caches": (state.host_k, att, (g.n_kv, g.head_dim)),
+        "host V caches": (state.host_v, att, (g.n_kv, g.head_dim)),
+        "device K caches": (state.dev_k, att, (g.n_kv, g.head_dim)),
+        "device V caches": (state.dev_v, att, (g.n_kv, g.head_dim)),
+    }
+    for what, (held, layers, shape) in want.items():
+        if not isinstance(held, dict) or set(held) != layers:
+            got = sorted(held) if isinstance(held, dict) else describe(held)
+            raise ValueError(
+                f"{name}: made for other weights: its {what} are at layers {got}, these weights' are at "
+                f"{sorted(layers)}; make it with new_state(these weights)"
+            )
+        for li, a in held.items():
+            got = tuple(getattr(a, "shape", ()))
+            per_token = what.endswith("caches")  # a cache's first axis is its tokens: any length
+            if (got[1:] if per_token else got) != shape:
+                which = "per token " if per_token else ""
+                raise ValueError(
+                    f"{name}: made for other weights: layer {li}'s {what[:-1]} has {which}shape "
+                    f"{got[1:] if per_token else got}, these weights' geometry needs {shape}; "
+                    f"make it with new_state(these weights)"
+                )

@@ -19,7 +19,7 @@ from workbench import public_names
 _HOMES, __getattr__, __dir__ = public_names(
     __name__,
     {
-        "contract": ("TailLaunch", "each_row"),
+        "contract": ("TailLaunch", "check_launch", "check_tail_inputs", "each_row"),
         "matrices": ("DENSE_GS", "units_for", "interleaved"),
         "cuda_device": ("multiprocessor_count",),
         "run": (

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from workbench.fold.rotation import FoldPlan, HadamardFold
 from workbench.fold.weights import WeightMatrix
+from workbench.validate import describe
 
 
 @dataclass(frozen=True)
@@ -58,3 +60,45 @@ def each_row(
     lead = tuple(branch.shape[:-1])
     bf, rf = branch.reshape(-1, branch.shape[-1]), residual.reshape(-1, residual.shape[-1])
     return stack([tail(bf[i], rf[i]) for i in range(bf.shape[0])]).reshape(*lead, hidden)
+
+
+def check_launch(launch: Any, name: str = "launch") -> TailLaunch:
+    """``launch`` itself when it is a :class:`TailLaunch`, else a ValueError naming ``name`` (and,
+    for the tail's weights passed where their launch goes, the call that makes one)."""
+    if not isinstance(launch, TailLaunch):
+        hint = " (build one with workbench.tail.tail_launch(weights))"
+        raise ValueError(f"{name}: must be a TailLaunch{hint}, got {describe(launch)}")
+    return launch
+
+
+def check_tail_inputs(launch: TailLaunch, branch: Any, residual: Any) -> None:
+    """A ValueError naming ``branch`` or ``residual`` when its last axis is not the launch's
+    width (wo's in dimension, the hidden size) or their leading (batch) axes differ.
+
+    Every kernel entry point checks this before it builds anything: a kernel reads exactly
+    the widths it was compiled for, so an input of another width is read out of bounds or
+    in part (a wrong result, or MLX's bare ``[matmul]``), never refused by the kernel itself.
+    Only shapes are read (numpy, MLX or anything with ``.shape``; lists through numpy).
+    """
+    width, hidden = int(launch.wo.shape[1]), int(launch.wo.shape[0])
+    shapes = []
+    for arg, value, want, what in (
+        ("branch", branch, width, "wo's in dimension"),
+        ("residual", residual, hidden, "the hidden size"),
+    ):
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            try:
+                shape = np.shape(value)
+            except Exception:  # ragged lists and the like
+                shape = None
+        shape = None if shape is None else tuple(int(d) for d in shape)
+        if not shape or shape[-1] != want:
+            raise ValueError(
+                f"{arg}: must be an array whose last axis is {want} ({what} of this launch), got {describe(value)}"
+            )
+        shapes.append(shape)
+    if shapes[0][:-1] != shapes[1][:-1]:
+        raise ValueError(
+            f"residual: must have the branch's leading (batch) axes {shapes[0][:-1]}, got shape {shapes[1]}"
+        )

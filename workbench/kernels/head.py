@@ -25,6 +25,7 @@ from workbench.kernels.matrices import check_width, kernel_matrix, units_for
 from workbench.kernels.tuning import KernelTuning, grid_size
 from workbench.models import config as model
 from workbench.models import refusals
+from workbench.validate import describe
 
 
 def head_refusals(q: WeightMatrix, k: WeightMatrix, v: WeightMatrix) -> list[refusals.HeadRefusal]:
@@ -54,6 +55,29 @@ def head_refusals(q: WeightMatrix, k: WeightMatrix, v: WeightMatrix) -> list[ref
     )
 
 
+def check_head_inputs(hidden: Any, attn_norm: Any, q: Any, k: Any, v: Any) -> None:
+    """A ValueError naming the argument whose width disagrees: ``q`` / ``k`` / ``v`` must be
+    WeightMatrix objects of one in dimension, ``hidden`` one position of that width and
+    ``attn_norm`` that many weights. The kernel reads the widths it is compiled for, so a
+    mismatch would be read out of bounds, never refused by the kernel itself."""
+    for name, m in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(m, WeightMatrix):
+            raise ValueError(f"{name}: must be a WeightMatrix, got {describe(m)}")
+    width = int(q.shape[1])
+    for name, m in (("k", k), ("v", v)):
+        if int(m.shape[1]) != width:
+            raise ValueError(f"{name}: must have q's in dimension {width} (one input, one launch), got shape {m.shape}")
+    for name, value in (("hidden", hidden), ("attn_norm", attn_norm)):
+        try:
+            shape = tuple(getattr(value, "shape", None) or np.shape(value))
+        except Exception:  # a ragged list: not one position
+            shape = None
+        if shape != (width,):
+            raise ValueError(
+                f"{name}: must be one position of width {width} (q, k and v's in dimension), got {describe(value)}"
+            )
+
+
 def head_launch(
     hidden: mx.array,
     attn_norm: Any,
@@ -78,6 +102,7 @@ def head_launch(
     kernel_source.check_dialect(kernel_run.DIALECT_OF.get(dialect, dialect) if isinstance(dialect, str) else dialect)
     if kernel_run.is_emulated(dialect):
         backends.resolve_backend(dialect)  # without clang, say so before building anything
+    check_head_inputs(hidden, attn_norm, q, k, v)
     found = head_refusals(q, k, v)
     if found:
         raise ValueError("the head launch refuses these projections: " + ", ".join(r.name for r in found))

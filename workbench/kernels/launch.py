@@ -26,7 +26,7 @@ import numpy as np
 from workbench.fold.rotation import FoldPlan, FoldSite
 from workbench.kernels import source as kernel_source
 from workbench.kernels import tuning as kernel_tuning
-from workbench.kernels.contract import TailLaunch
+from workbench.kernels.contract import TailLaunch, check_launch
 from workbench.kernels.matrices import (
     KernelMatrix,
     check_threadgroup_memory,
@@ -296,6 +296,8 @@ def prepare_tail(
     threadgroup memory.
     """
     kernel_source.check_dialect(dialect)
+    check_launch(launch)
+    tuning = kernel_tuning.checked_tuning(tuning)
     if launch.fold is not None and launch.fold.site is not FoldSite.INPUT:
         raise ValueError(
             "wo's fold must be at its INPUT site for the kernels (they rotate wo's input, as "

@@ -25,7 +25,7 @@ from workbench import backends
 from workbench.kernels import emulated, one_launch
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import source as kernel_source
-from workbench.kernels.contract import TailLaunch, each_row
+from workbench.kernels.contract import TailLaunch, check_launch, check_tail_inputs, each_row
 from workbench.kernels.matrices import check_threadgroup_memory
 from workbench.kernels.next_norm import NextNorm
 from workbench.kernels.one_launch_shape import OneLaunchShape, checked_shape
@@ -143,6 +143,7 @@ def kernel_tail(
     kernel_dir: Path | None = None,
 ) -> mx.array:
     """The three launches as a lazy MLX array (leading batch axes allowed: each row its launches)."""
+    check_tail_inputs(check_launch(launch), branch, residual)
     prep = kernel_launch.prepared(launch, dialect, tuning, kernel_dir=kernel_dir)
     b, r = branch.astype(mx.float32), residual.astype(mx.float32)
     if b.ndim == 1:
@@ -168,6 +169,7 @@ def run_kernel_tail(
     :class:`workbench.backends.BackendUnavailable` when its device is absent here.
     """
     check_backend(dialect)
+    check_tail_inputs(check_launch(launch), branch, residual)
     backends.resolve_backend(dialect)  # a kernel asked for on a machine without its device says so
     if is_emulated(dialect):
         return emulated.emulated_tail(launch, branch, residual, tuning=tuning, kernel_dir=kernel_dir)
@@ -192,6 +194,7 @@ def run_cuda_tail(
     the one evaluation. Raises ``one_launch.GridBarrierTimeout`` if a barrier gave up and
     ``BackendUnavailable`` where MLX's CUDA back-end is absent.
     """
+    check_tail_inputs(check_launch(launch), branch, residual)
     one = one_launch.for_launch(launch, tuning, shape=checked_shape(shape))
     if one is None:
         given = {} if tuning is None else {"tuning": tuning}  # only what the caller named is passed on
@@ -217,6 +220,7 @@ def run_tail(
     ``tuning`` / ``shape`` (CUDA's one launch only): None for the defaults; only what is
     given is passed on."""
     check_backend(backend, "backend")
+    check_tail_inputs(check_launch(launch), branch, residual)
     given = {"tuning": checked_tuning(tuning)} if tuning is not None else {}
     if backend == "cuda":
         if shape is not None:
@@ -243,6 +247,7 @@ def lazy_tail(
     here on the host, its result a new array. With ``next_norm`` the function returns
     ``(out, normed)``; where the launch does not compute the norm, ``mx.fast.rms_norm`` follows it."""
     check_backend(backend, "backend")
+    check_launch(launch)
     backends.resolve_backend(backend)
     if backend == "cuda":
         given = {} if shape is None else {"shape": checked_shape(shape)}

@@ -111,7 +111,10 @@ def checked_tuning(tuning: KernelTuning | None) -> KernelTuning:
     if tuning is None:
         return DEFAULT_TUNING
     if not isinstance(tuning, KernelTuning):
-        raise ValueError(f"tuning must be a KernelTuning or None; got {type(tuning).__name__}")
+        raise ValueError(
+            "tuning: must be a KernelTuning (workbench.kernels.tuning.KernelTuning(...)) or None, "
+            f"got {validate.describe(tuning)}"
+        )
     return tuning
 
 

@@ -38,7 +38,7 @@ from workbench.tail.comparison import compare
 from workbench.tail.frink_case import SEED_TOL
 from workbench.tail.paths import fused_tail, host_tail
 from workbench.tail.weights import TailWeights
-from workbench.validate import describe, integer, one_of
+from workbench.validate import describe, integer, one_of, sequence
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,10 +99,11 @@ def smollm2(prompt: str = PROMPT) -> RealModel:
 # ---------------------------------------------------------------------------------------
 
 
-def _check_backends(backends: Sequence[str]) -> list[str]:
-    names = list(backends)
+def _check_backends(backends: Sequence[str], param: str = "backends") -> list[str]:
+    """``backends`` as a list, each a concrete backend, or a ValueError naming ``param``."""
+    names = list(sequence(param, backends, what="backend names")) if param == "backends" else list(backends)
     for name in names:
-        one_of("backends", name, [b for b in backend_list.BACKENDS if b != "auto"] + ["metal-emulated"])
+        one_of(param, name, [b for b in backend_list.BACKENDS if b != "auto"])
     return names
 
 
@@ -172,17 +173,25 @@ def kernel_errors(
     """
     import pandas as pd
 
-    (name,) = _check_backends([backend])
+    (name,) = _check_backends([backend], "backend")
+    if not isinstance(ckpt, Checkpoint):
+        raise ValueError(f"ckpt: must be a Checkpoint (load_checkpoint(...)), got {describe(ckpt)}")
+    positions = sequence("positions", positions, what="positions in the prompt (e.g. (0, -1))")
+    captures = sequence("captures", captures, what="LayerCapture rows (capture_layers())")
+    for i, cap in enumerate(captures):
+        if not isinstance(cap, LayerCapture):
+            raise ValueError(f"captures[{i}]: must be a LayerCapture (capture_layers()), got {describe(cap)}")
+    # Every position is checked against every capture's prompt before the first tail runs.
+    for cap in captures:
+        n = cap.residual.shape[0]
+        for p in positions:
+            integer("positions", p, minimum=-n, maximum=n - 1)
     rows = []
     for cap in captures:
         if cap.branch is None:
             continue
         n = cap.residual.shape[0]
-        picked = []
-        for p in positions:
-            i = integer("positions", p, minimum=-n, maximum=n - 1)
-            picked.append(i % n)
-        picked = sorted(set(picked))
+        picked = sorted({int(p) % n for p in positions})
         w = ckpt.tail_weights(cap.layer)
         br, res = cap.branch[picked], cap.residual[picked]
         out = fused_tail(w, br, res, backend=name)

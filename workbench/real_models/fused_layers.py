@@ -28,7 +28,7 @@ from workbench.real_models.graph_tail import prepared_graph_tail
 from workbench.real_models.model_parts import BlockStandIn, decoder_layers, layer_owner
 from workbench.real_models.stacked_attention import swapped_attention
 from workbench.tail.weights import TailWeights
-from workbench.validate import describe, one_of
+from workbench.validate import describe, one_of, sequence
 
 __all__ = [
     "LAZY_BACKENDS",
@@ -344,7 +344,7 @@ def fused_blocks(
     backend = one_of("backend", backend, MODEL_BACKENDS)
     trace = one_of("trace", trace, TRACES)
     original = list(layer_owner(model).layers)
-    weights = list(weights)
+    weights = list(sequence("weights", weights, what="TailWeights or None, one a layer", non_empty=False))
     if len(weights) != len(original):
         raise ValueError(f"weights: need one entry for each of the {len(original)} layers, got {len(weights)}")
     for i, w in enumerate(weights):

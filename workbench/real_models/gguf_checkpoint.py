@@ -82,6 +82,11 @@ def _meta_positive(meta: Mapping[str, Any], key: str, default: float | None = No
     return float(v)
 
 
+def meta_key(meta: Mapping[str, Any], name: str) -> str:
+    """The metadata's key for ``name`` under its architecture (``llama.block_count``)."""
+    return f"{_meta_scalar(meta, 'general.architecture')}.{name}"
+
+
 def gguf_config(meta: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
     """The Hugging Face ``config.json`` a GGUF file's metadata describes (Llama architecture).
 
@@ -177,7 +182,7 @@ def _gguf_checkpoint(path: Path, arrays: Mapping[str, mx.array], meta: Mapping[s
     config = from_hf_config(raw)
     dims = in_dims(config)
     tensors = {name: tensor_from_parts(name, p, dims, mode="affine") for name, p in parts.items()}
-    check_tensors_match_config(config, tensors)
+    check_tensors_match_config(config, tensors, f"the GGUF metadata's {meta_key(meta, 'block_count')!r}")
     q_heads, kv_heads = raw["num_attention_heads"], raw["num_key_value_heads"]
     for i in range(config.num_layers):
         for proj, heads in (("q_proj", q_heads), ("k_proj", kv_heads)):

@@ -109,7 +109,9 @@ class Checkpoint:
         )
 
 
-def check_tensors_match_config(config: ModelConfig, tensors: Mapping[str, Tensor]) -> None:
+def check_tensors_match_config(
+    config: ModelConfig, tensors: Mapping[str, Tensor], layers_key: str = "num_hidden_layers"
+) -> None:
     """ValueError when the config says something the tensors contradict, naming both.
 
     The refusal rules and the tail read the config, so a config that is false about the
@@ -117,7 +119,9 @@ def check_tensors_match_config(config: ModelConfig, tensors: Mapping[str, Tensor
     not have, more layers than the file holds) would answer for a model that is not there.
     Checked for every attention layer whose FFN is dense: the norm (``hidden``), ``o_proj``
     (``hidden x heads*head_dim``), the FFN's three matrices (``ffn x hidden``, ``hidden x
-    ffn``), where the file has them.
+    ffn``), where the file has them. ``layers_key``: the file's own name for its layer count
+    (a GGUF's ``<arch>.block_count``, config.json's ``num_hidden_layers``), which a count the
+    tensors contradict is refused by.
     """
     h = int(config.hidden_size)
     for i in config.attention_layers():
@@ -147,12 +151,14 @@ def check_tensors_match_config(config: ModelConfig, tensors: Mapping[str, Tensor
                 )
     present = {int(k.split(".")[2]) for k in tensors if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
     if present and max(present) >= config.num_layers:
-        raise ValueError(f"source: the file holds layer {max(present)}, but the config says {config.num_layers} layers")
+        raise ValueError(
+            f"source: {layers_key} must be at least {max(present) + 1} (the file holds tensors for layers "
+            f"0..{max(present)}), got {config.num_layers}"
+        )
     missing = [i for i in config.attention_layers() if i not in present]
     if present and missing:
         raise ValueError(
-            f"source: the config says {config.num_layers} layers, but the file holds no tensors "
-            f"for layer(s) {missing[:5]}"
+            f"source: {layers_key} is {config.num_layers}, but the file holds no tensors for layer(s) {missing[:5]}"
         )
 
 

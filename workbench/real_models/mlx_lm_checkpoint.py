@@ -12,7 +12,9 @@ from typing import Any
 from workbench.fold.weights import check_quant_spec
 from workbench.models.families import from_hf_config
 from workbench.real_models.loaded_checkpoint import Checkpoint, check_tensors_match_config
+from workbench.real_models.model_parts import decoder_layers
 from workbench.real_models.tensor import Tensor
+from workbench.validate import describe
 
 __all__ = ["read_mlx_lm_model"]
 
@@ -36,8 +38,22 @@ _MLX_LM_SWIGLU = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_next", 
 
 
 def read_mlx_lm_model(model: Any) -> Checkpoint:
+    """``model`` (``load_checkpoint``'s ``source``) read as a :class:`Checkpoint`; ValueError naming
+    ``source`` for an object that has ``.layers`` and ``.args`` but is not an mlx-lm model."""
+    decoder_layers(model, "source")
     args = model.args
-    raw = dict(vars(args)) if not hasattr(args, "to_dict") else dict(args.to_dict())
+    if hasattr(args, "to_dict"):
+        raw = args.to_dict()
+    else:
+        try:
+            raw = vars(args)
+        except TypeError:  # no __dict__: not mlx-lm's ModelArgs (a dataclass)
+            raw = None
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"source: an mlx-lm model's .args must be its ModelArgs (a dataclass of the config), got {describe(args)}"
+        )
+    raw = dict(raw)
     raw.setdefault("model_type", getattr(model, "model_type", None))
     if raw["model_type"] in _MLX_LM_SWIGLU:
         # mlx-lm's classes for these families compute silu(gate) * up whatever the

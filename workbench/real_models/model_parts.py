@@ -16,22 +16,35 @@ import mlx.nn as nn
 
 from workbench.validate import describe
 
-__all__ = ["BlockStandIn", "decoder_layers", "head", "layer_owner", "vocab_size"]
+__all__ = ["MLX_LM_MODEL", "BlockStandIn", "decoder_layers", "head", "layer_owner", "vocab_size"]
 
 
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    layers = getattr(model, "layers", None)
-    if layers is None:
-        raise ValueError(f"model: must be an mlx-lm model (with .layers), got {describe(model)}")
+#: What every refusal here says a model must be.
+MLX_LM_MODEL = "an mlx-lm model (an mlx.nn.Module with a .layers list of decoder blocks, as mlx_lm.load(...)[0])"
+
+
+def decoder_layers(model: nn.Module, name: str = "model") -> list[nn.Module]:
+    """``model``'s decoder blocks, or a ValueError naming ``name`` for what is not an mlx-lm model.
+
+    Checked here, before any layer is touched, so that an object that merely has ``.layers``
+    (and ``.args``) is refused by name rather than by an AttributeError or TypeError from
+    deep inside a swap, a capture or a checkpoint reader."""
+    layers = getattr(model, "layers", None) if isinstance(model, nn.Module) else None
+    if not isinstance(layers, (list, tuple)) or not all(isinstance(b, nn.Module) for b in layers):
+        raise ValueError(f"{name}: must be {MLX_LM_MODEL}, got {describe(model)}")
     return layers
 
 
 def layer_owner(model: nn.Module) -> nn.Module:
     """The module whose ``.layers`` list the model's loop walks (``model.model`` in mlx-lm)."""
+    walked = list(decoder_layers(model))
     inner = getattr(model, "model", model)
-    held, walked = list(getattr(inner, "layers", None) or ()), list(decoder_layers(model))
+    held = getattr(inner, "layers", None)
+    held = list(held) if isinstance(held, (list, tuple)) else []
     if len(held) != len(walked) or any(a is not b for a, b in zip(held, walked)):
         raise ValueError(f"model: cannot find the module holding its layers in {describe(model)}")
+    if not callable(getattr(inner, "embed_tokens", None)):
+        raise ValueError(f"model: must be {MLX_LM_MODEL} whose layers' module has embed_tokens, got {describe(model)}")
     return inner
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from workbench.real_models.transformers_advice import without_transformers_advice
+from workbench.validate import describe
 
 __all__ = ["gguf_tokenizer"]
 
@@ -25,14 +26,24 @@ def gguf_tokenizer(metadata: Mapping[str, Any]) -> Any:
     digits one by one, then GPT-2's byte-level split (llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM).
     Control tokens (type 3) are special tokens; the chat template is the file's.
     """
+    if not isinstance(metadata, Mapping):
+        raise ValueError(
+            f"metadata: must be a GGUF file's metadata (a mapping, e.g. load_checkpoint(path).metadata), "
+            f"got {describe(metadata)}"
+        )
+    kind = metadata.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"metadata: tokenizer.ggml.model must be 'gpt2' (byte-level BPE), got {kind!r}")
+    for key in ("tokens", "merges", "token_type"):
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        if value is None or isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+            raise ValueError(f"metadata: tokenizer.ggml.{key} must be a list, got {describe(value)}")
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     with without_transformers_advice():
         from transformers import PreTrainedTokenizerFast
 
-    kind = metadata.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(f"metadata: tokenizer.ggml.model must be 'gpt2' (byte-level BPE), got {kind!r}")
     tokens = list(metadata["tokenizer.ggml.tokens"])
     merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
     types = np.asarray(metadata["tokenizer.ggml.token_type"]).tolist()

@@ -277,14 +277,21 @@ def _devices(records) -> str:
     return ", ".join(dict.fromkeys(str(r["device"]) for r in records))
 
 
+#: The area (points squared) of :func:`plot_schedule_runs`' median markers; its faint dots are smaller.
+MEDIAN_MARKER = 30
+
+
 def plot_schedule_runs(records, *, ax=None):
-    """The schedule's measured savings against the table's prediction, one marker per comparison.
+    """The schedule's measured savings against the table's prediction, one marker a set-up and stage pair.
 
     ``records``: schedule records (``bench/schedule_run.py``'s JSON, as dicts). x: the
     predicted saving (waits saved x the price measured in the same run); y: the measured
     one (median ms a token of one stage minus the other's, paired by round where the
-    record has each token's time). Hollow markers: pairs with the device floor, where the
-    attention moved to the device as well. The line y = x with a +-20% band.
+    record has each token's time). One marker a set-up and pair of stages: the median over
+    that set-up's runs, each run's own point a faint dot behind it where it has several (one
+    marker a comparison drew ~190, most on top of each other). Hollow markers: pairs
+    with the device floor, where the attention moved to the device as well. The line y = x
+    with a +-20% band.
 
     Runs of the same device and set-up share one colour and one legend entry (a folder of
     records holds many runs of few set-ups: one entry a run filled half the axes), the
@@ -302,20 +309,33 @@ def plot_schedule_runs(records, *, ax=None):
     groups = list(dict.fromkeys(_run_label(r) for r in records))
     colour = {g: f"C{k % 10}" if k < 10 else plt.get_cmap("tab20")(k % 20) for k, g in enumerate(groups)}
     fig, ax = _axes(ax, (6.5, 5))
-    xs, ys, labelled, hollow = [], [], set(), False
+    # One marker a set-up and stage pair, at the median over the set-up's runs, each run's own
+    # point a faint dot behind it: a folder of records drew ~190 equal markers, one a comparison,
+    # most on top of each other.
+    pairs: dict[tuple, list[tuple[float, float]]] = {}
     for rec in records:
-        comps = rec["comparisons"]
-        x = np.array([c["ms_saved_predicted"] for c in comps], dtype=float)
-        y = np.array([c.get("ms_saved_paired", c["ms_saved_measured"]) for c in comps], dtype=float)
-        same = np.array([c.get("same_work", True) for c in comps], dtype=bool)
         g = _run_label(rec)
-        ax.scatter(x[same], y[same], color=colour[g], label=None if g in labelled else g, zorder=3)
-        labelled.add(g)
-        if (~same).any():  # pairs with the device floor: the attention moved too, not only the waits
-            ax.scatter(x[~same], y[~same], facecolors="none", edgecolors=colour[g], zorder=3)
+        for c in rec["comparisons"]:
+            key = (g, c.get("from"), c.get("to"), bool(c.get("same_work", True)))
+            y = c.get("ms_saved_paired", c["ms_saved_measured"])
+            pairs.setdefault(key, []).append((c["ms_saved_predicted"], y))
+    xs, ys, labelled, hollow = [], [], set(), False
+    for (g, _, _, same), points in pairs.items():
+        pts = np.array([[np.nan if v is None else v for v in p] for p in points], dtype=float)
+        xs.append(pts[:, 0])
+        ys.append(pts[:, 1])
+        pts = pts[np.isfinite(pts).all(axis=1)]
+        if not len(pts):
+            continue
+        if len(pts) > 1:  # the runs themselves, faint
+            ax.scatter(pts[:, 0], pts[:, 1], color=colour[g], s=6, alpha=0.3, linewidths=0, zorder=2)
+        x, y = np.median(pts[:, 0]), np.median(pts[:, 1])
+        if same:
+            ax.scatter([x], [y], color=colour[g], s=MEDIAN_MARKER, label=None if g in labelled else g, zorder=3)
+            labelled.add(g)
+        else:  # pairs with the device floor: the attention moved too, not only the waits
+            ax.scatter([x], [y], facecolors="none", edgecolors=colour[g], s=MEDIAN_MARKER, zorder=3)
             hollow = True
-        xs.append(x)
-        ys.append(y)
     if hollow:  # one entry for every run's hollow markers, in neutral grey
         ax.scatter(
             [], [], facecolors="none", edgecolors="grey", label="hollow: against the device floor (attention moved too)"
@@ -334,6 +354,15 @@ def plot_schedule_runs(records, *, ax=None):
     ax.set_xlabel("predicted saving, ms a token (waits saved x measured price)")
     ax.set_ylabel("measured saving, ms a token")
     ax.set_title(f"The schedule against the table: {len(records)} runs on {_devices(records)}", fontsize=10)
+    ax.text(
+        0.01,
+        0.99,
+        "markers: a set-up's median for a pair of stages; faint dots: its runs",
+        transform=ax.transAxes,
+        fontsize=7,
+        va="top",
+        color="dimgrey",
+    )
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     fig.tight_layout()
@@ -375,6 +404,28 @@ def plot_stage_clock(runs, *, ax=None):
 # -- error distributions and tolerances -----------------------------------------------
 
 
+#: A sweep's metric columns in words, for axis labels and titles: a reader of a figure
+#: should not need the frame's column names (``workbench.studies.sweeps`` defines them).
+METRIC_WORDS: dict[str, str] = {
+    "worst": "worst scaled error vs the stored weights' truth",
+    "max_abs": "largest absolute error vs the stored weights' truth",
+    "max_rel": "largest relative error vs the stored weights' truth",
+    "nmse": "normalized squared error vs the stored weights' truth",
+    "ulp_max": "largest error in float32 ulps",
+    "ulp_mean": "mean error in float32 ulps",
+    "torch_ratio": "error / torch's float32 tolerance",
+    "model_worst": "worst scaled error vs the master weights' truth",
+    "model_nmse": "normalized squared error vs the master weights' truth",
+}
+
+
+def metric_words(metric: str) -> str:
+    """``metric`` (a sweep's column) in words, its column name after them: ``"worst scaled error
+    vs the master weights' truth (model_worst)"``; a column not listed is its own name."""
+    words = METRIC_WORDS.get(metric)
+    return metric if words is None else f"{words} ({metric})"
+
+
 def _tolerance_lines(ax, tolerances, *, vertical: bool = True) -> None:
     """Draw ``name -> value`` as labelled lines (vertical: x = value)."""
     styles = ["--", ":", "-.", (0, (5, 1)), (0, (1, 1))]
@@ -414,8 +465,8 @@ def plot_error_histograms(df, *, metric: str = "worst", by: str = "dtype", toler
         ax.set_title(f"{by} = {k}  ({len(v)} cases)", fontsize=9)
     # The legend goes beside the panels, not on them: inside, it hid the bf16 histogram's bars.
     handles, names = axes[0, 0].get_legend_handles_labels()
-    axes[-1, 0].set_xlabel(f"{metric} per case (log)")
-    fig.suptitle(f"{metric} of each case, {len(df)} cases: {_where(df)}", fontsize=10)
+    axes[-1, 0].set_xlabel(f"{metric_words(metric)}, per case (log)")
+    fig.suptitle(f"{metric_words(metric)} of each case, {len(df)} cases: {_where(df)}", fontsize=10)
     fig.tight_layout()
     if handles:
         fig.legend(
@@ -460,9 +511,9 @@ def plot_error_ecdf(df, *, metric: str = "worst", by: str = "dtype", tolerances=
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(f"{metric} (log)")
-    ax.set_ylabel("P(error > x) (log)")
-    ax.set_title(f"how often {metric} exceeds x, {len(df)} cases: {_where(df)}", fontsize=10)
+    ax.set_xlabel(f"{metric_words(metric)}, x (log)")
+    ax.set_ylabel("share of cases whose error exceeds x (log)")
+    ax.set_title(f"how often the error exceeds x, {len(df)} cases: {_where(df)}", fontsize=10)
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -501,11 +552,12 @@ def plot_fold_effect(df, *, metric: str = "model_nmse", ax=None, title: str | No
         )
     ax.set_xticks(x, quants, rotation=20)
     ax.set_yscale("log")
-    ax.set_ylabel(f"median {metric} (log)")
+    ax.set_xlabel("weight format")
+    ax.set_ylabel(f"median {metric_words(metric)} (log)", fontsize=8)
     ax.set_title(
         title
         if title is not None
-        else f"median {metric} (bars: quartiles) by weight format, {len(df)} cases: {_where(df)}",
+        else f"median error (bars: quartiles) by weight format, {len(df)} cases: {_where(df)}",
         fontsize=10,
     )
     ax.legend(fontsize=8)

@@ -20,7 +20,7 @@ import numpy as np
 from workbench.decode.savings import check_rows, percentile_interval, resampled_medians
 from workbench.reports.records import check as check_record
 from workbench.reports.records import load_all
-from workbench.validate import describe, integer, one_of
+from workbench.validate import describe, integer, one_of, sequence
 from workbench.waits import plan as waits
 
 
@@ -115,6 +115,7 @@ def covers_plan(rec: Mapping) -> bool:
 
 def kernel_records(records: Sequence[Mapping]) -> list[Mapping]:
     """The records of ``records`` whose step ran on the project's kernels and was checked."""
+    records = sequence("records", records, what="schedule records (load_records())", non_empty=False)
     return [
         r
         for i, r in enumerate(records)
