@@ -109,13 +109,13 @@ def step_block(
     with np.errstate(over="ignore"):
         sp = x if fault == "softplus_dropped" else np.logaddexp(x, dt(0))
         gamma = np.exp(-np.exp(w.a_log) * sp)
-    s = state if fault == "decay_after_update" else state * gamma[:, :, None, None]
-    with np.errstate(over="ignore", invalid="ignore"):
-        delta = (v - np.einsum("nhij,nhj->nhi", s, k)) * beta[:, :, None]
+    with np.errstate(over="ignore", invalid="ignore"):  # softplus dropped: gamma overflows, as the bug does
+        s = state if fault == "decay_after_update" else state * gamma[:, :, None, None]
+        delta = (v - (s @ k[..., None])[..., 0]) * beta[:, :, None]
         s = s + delta[:, :, :, None] * k[:, :, None, :]
         if fault == "decay_after_update":
             s = s * gamma[:, :, None, None]
-        o = np.einsum("nhij,nhj->nhi", s, q)
+        o = (s @ q[..., None])[..., 0]
         o = o / np.sqrt((o * o).mean(-1, keepdims=True) + dt(w.eps)) * w.o_norm[:, None, :]
     zz = z.reshape(n, hv, dv)
     out = (o * zz * _sigmoid(zz)).reshape(n, hv * dv)

@@ -115,7 +115,7 @@ class StepReport:
             curves["worst"] = np.maximum(curves["out"], curves["state"])  # NaN propagates
         curves["ref_worst"] = np.maximum(curves["ref_out"], curves["ref_state"])
         tols: dict[str, Any] = dict(FIXED_TOLERANCES)
-        note, reasons, tests = "", [], []
+        note, tests = "", []
         if "worst" in curves:
             at = {h: _at(curves["worst"], h) for h in horizons}
             try:

@@ -21,7 +21,6 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import validate
-from workbench.check import verdict as verdict_mod
 from workbench.check.gdn_cases import DEFAULT_GEOMETRIES, GATES, TokenRun, geometry, token_run
 from workbench.check.gdn_faults import GDN_FAULTS, step_block
 from workbench.check.gdn_report import StepReport, condition_frame
@@ -77,7 +76,7 @@ class _Subject:
         self.conv = [c for c in run.conv_state]
         self.state = [s for s in run.state]
         self.calls: list[Callable | None] = []
-        for i, label in enumerate(labels):
+        for i in range(len(labels)):
             consts = {"conv_w": w.conv_w[i], "a_log": w.a_log[i], "dt_bias": w.dt_bias[i], "o_norm": w.o_norm[i]}
             try:
                 self.calls.append(subject.layer(run.shape, consts, w.eps))

@@ -27,7 +27,8 @@ from workbench.kernels import run as kernel_run
 from workbench.kernels.gdn_step import GdnShape
 from workbench.validate import describe, one_of
 
-#: The tensors a step's source may take, and the three it writes (in this order).
+#: The tensors a step's source may take, and the names of the three it writes (in this order:
+#: the output, the conv state, the recurrent state; named apart from the inputs they follow).
 STEP_INPUTS: tuple[str, ...] = (
     "mixed",
     "z",
@@ -41,7 +42,10 @@ STEP_INPUTS: tuple[str, ...] = (
     "o_norm",
     "eps",
 )
-STEP_OUTPUTS: tuple[str, ...] = ("out", "conv_state", "state")
+STEP_OUTPUTS: tuple[str, ...] = ("out", "conv_state_out", "state_out")
+
+#: The three tensors a step returns, as messages name them.
+RETURNED: tuple[str, ...] = ("out", "conv_state", "state")
 
 #: Template values that stand for the geometry's dimensions (``"C"``: the conv's channels).
 STEP_DIMS: tuple[str, ...] = ("HK", "HV", "DK", "DV", "K", "C")
@@ -105,7 +109,7 @@ def checked_step(value: Any, shape: GdnShape) -> tuple[np.ndarray, np.ndarray, n
     if not isinstance(value, (tuple, list)) or len(value) != 3:
         raise SubjectError(f"returned {describe(value)}, expected (out, conv_state, state)")
     got = []
-    for name, v in zip(STEP_OUTPUTS, value):
+    for name, v in zip(RETURNED, value):
         a, dtype = _as_numpy(v)
         if a is None:
             raise SubjectError(f"tensor {name}: returned {describe(v)}, not an array")
