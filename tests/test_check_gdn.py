@@ -198,3 +198,91 @@ def test_report_tables_and_record():
     assert rec["part"] == "gdn" and rec["passed"]
     assert "growth" in rec and len(rec["catch_rates"]) == 2 * 3
     assert "PASS: part gdn" in str(rep)
+
+
+#: A Metal step of the test's own: one thread a value head, everything serial in it.
+METAL_HEADER = """
+inline float conv_silu(const device float* mixed, const device float* cs, const device float* w,
+                       uint ch, uint K, uint C) {
+    float acc = mixed[ch] * w[(K - 1) * C + ch];
+    for (uint t = 0; t + 1 < K; ++t) acc += cs[t * C + ch] * w[t * C + ch];
+    return acc / (1.0f + metal::exp(-acc));
+}
+"""
+METAL_BODY = """
+    uint h = thread_position_in_grid.x;
+    if (h >= HV) return;
+    uint kh = h / (HV / HK);
+    float q[DK], k[DK], v[DV], o[DV];
+    float qs = 0.0f, ks = 0.0f;
+    for (uint j = 0; j < DK; ++j) {
+        q[j] = conv_silu(mixed, conv_state, conv_w, kh * DK + j, K, C);
+        k[j] = conv_silu(mixed, conv_state, conv_w, HK * DK + kh * DK + j, K, C);
+        qs += q[j] * q[j];
+        ks += k[j] * k[j];
+    }
+    float qn = metal::rsqrt(qs + 1e-6f) / metal::sqrt(float(DK)), kn = metal::rsqrt(ks + 1e-6f);
+    for (uint j = 0; j < DK; ++j) { q[j] *= qn; k[j] *= kn; }
+    for (uint i = 0; i < DV; ++i) v[i] = conv_silu(mixed, conv_state, conv_w, 2 * HK * DK + h * DV + i, K, C);
+    float beta = 1.0f / (1.0f + metal::exp(-b[h]));
+    float x = a[h] + dt_bias[h];
+    float sp = metal::max(x, 0.0f) + metal::log(1.0f + metal::exp(-metal::abs(x)));
+    float g = metal::exp(-metal::exp(a_log[h]) * sp);
+    float ms = 0.0f;
+    for (uint i = 0; i < DV; ++i) {
+        uint base = (h * DV + i) * DK;
+        float sk = 0.0f;
+        for (uint j = 0; j < DK; ++j) sk += g * state[base + j] * k[j];
+        float d = (v[i] - sk) * beta, oq = 0.0f;
+        for (uint j = 0; j < DK; ++j) {
+            float s = g * state[base + j] + d * k[j];
+            state_out[base + j] = s;
+            oq += s * q[j];
+        }
+        o[i] = oq;
+        ms += oq * oq;
+    }
+    float r = metal::rsqrt(ms / float(DV) + eps[0]);
+    for (uint i = 0; i < DV; ++i) {
+        float zz = z[h * DV + i];
+        out[h * DV + i] = o[i] * r * o_norm[i] * zz / (1.0f + metal::exp(-zz));
+    }
+    for (uint ch = h; ch < C; ch += HV)
+        for (uint t = 0; t + 1 < K; ++t)
+            conv_state_out[t * C + ch] = t + 2 < K ? conv_state[(t + 1) * C + ch] : mixed[ch];
+"""
+
+
+def _metal(body: str = METAL_BODY):
+    from workbench.check import StepSource
+
+    tpl = {"HK": "HK", "HV": "HV", "DK": "DK", "DV": "DV", "K": "K", "C": "C"}
+    return StepSource(body, grid=(6, 1, 1), threadgroup=(6, 1, 1), template=tpl, header=METAL_HEADER)
+
+
+TINY = {**SMALL, "seeds": range(2), "tokens": 4, "scales": [1.0], "state_scales": [1.0], "faults": ()}
+
+
+def test_a_metal_step_of_ones_own_passes_on_the_emulator():
+    pytest.importorskip("workbench.kernels.metal_emulation")
+    rep = check_step(_metal(), **TINY)
+    assert not rep.problems, rep.problems
+    assert rep.passed, str(rep)
+
+
+def test_the_workbench_kernels_folder_passes_and_a_broken_body_is_named(tmp_path):
+    import shutil
+
+    from workbench.check import KernelsFolderStep
+    from workbench.files import PROJECT_ROOT
+
+    folder = tmp_path / "kernels"
+    shutil.copytree(PROJECT_ROOT / "kernels", folder)
+    rep = check_step(KernelsFolderStep(folder), **TINY)
+    assert rep.passed, str(rep)
+    broken = tmp_path / "broken"  # a folder of its own: the kernels' door keeps a folder's compiled kernel
+    shutil.copytree(folder, broken)
+    body = broken / "gdn_step.body"
+    body.write_text(body.read_text() + "\n this is not Metal \n")
+    rep = check_step(KernelsFolderStep(broken), **TINY)
+    assert not rep.passed and "token 1" in rep.problems[0]
