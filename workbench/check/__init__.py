@@ -34,7 +34,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "gdn_run": ("check_step", "STEP_SCALES", "STATE_SCALES", "DEFAULT_HORIZONS"),
         "gdn_report": ("StepReport",),
         "gdn_faults": ("GDN_FAULTS", "StepWeights"),
-        "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES"),
+        "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
         "gdn_subjects": ("StepInputs", "CallableStep", "KernelsFolderStep", "StepSource", "STEP_INPUTS"),
     },
 )

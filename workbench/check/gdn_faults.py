@@ -110,11 +110,12 @@ def step_block(
         sp = x if fault == "softplus_dropped" else np.logaddexp(x, dt(0))
         gamma = np.exp(-np.exp(w.a_log) * sp)
     with np.errstate(over="ignore", invalid="ignore"):  # softplus dropped: gamma overflows, as the bug does
-        s = state if fault == "decay_after_update" else state * gamma[:, :, None, None]
+        # s is always a new array (the caller's state is never written), updated in place after
+        s = state.copy() if fault == "decay_after_update" else state * gamma[:, :, None, None]
         delta = (v - (s @ k[..., None])[..., 0]) * beta[:, :, None]
-        s = s + delta[:, :, :, None] * k[:, :, None, :]
+        s += delta[:, :, :, None] * k[:, :, None, :]
         if fault == "decay_after_update":
-            s = s * gamma[:, :, None, None]
+            s *= gamma[:, :, None, None]
         o = (s @ q[..., None])[..., 0]
         o = o / np.sqrt((o * o).mean(-1, keepdims=True) + dt(w.eps)) * w.o_norm[:, None, :]
     zz = z.reshape(n, hv, dv)
@@ -122,4 +123,4 @@ def step_block(
     if fault == "state_bfloat16":
         s = bfloat16_round(s)
     conv_out = conv_state if fault == "conv_not_shifted" else window[:, 1:]
-    return out.astype(dt), conv_out.astype(dt), s.astype(dt)
+    return out.astype(dt, copy=False), conv_out.astype(dt, copy=False), s.astype(dt, copy=False)
