@@ -9,7 +9,9 @@ itself and its :class:`~workbench.check.run.CheckReport`; ``dump`` an engine's d
 layers (read and written); ``mutants`` source-level mutants of a user's kernel text, run
 through the same check; ``tolerances`` tolerances per input scale, their catches beside
 their flakes; ``blocks`` the check's own work (stored weights, truth, reference) a block
-of cases at a time.
+of cases at a time. ``parts`` the parts of a layer the check takes (the tail, the Gated
+DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``, ``gdn_run``, ``gdn_report``
+the recurrent step's runs of tokens, truth and faults, forms, check and report.
 
 The names below are the part's API, importable from ``workbench.check`` itself; each module
 is imported when one of its names is first read.
@@ -28,6 +30,12 @@ _HOMES, __getattr__, __dir__ = public_names(
         "subjects": ("CallableSubject", "KernelsFolderSubject", "SourceSubject", "SubjectError"),
         "mutants": ("Mutant", "MutantStudy", "source_mutants", "mutant_study", "folder_mutant_study"),
         "tolerances": ("calibrated_per_scale", "catch_and_flake"),
+        "parts": ("Part", "PART_NAMES", "part"),
+        "gdn_run": ("check_step", "STEP_SCALES", "STATE_SCALES", "DEFAULT_HORIZONS"),
+        "gdn_report": ("StepReport",),
+        "gdn_faults": ("GDN_FAULTS", "StepWeights"),
+        "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
+        "gdn_subjects": ("StepInputs", "CallableStep", "KernelsFolderStep", "StepSource", "STEP_INPUTS"),
     },
 )
 

@@ -17,7 +17,14 @@ _HOMES, __getattr__, __dir__ = public_names(
     {
         "geometry": ("Geometry", "CPU_GEOMETRY", "geometry_of"),
         "state": ("HybridWeights", "DecodeState", "MAX_TOKENS", "new_state", "check_state"),
-        "layers": ("recurrent_layer", "attend_mx", "attend_np", "fast_gdn_available"),
+        "layers": (
+            "recurrent_layer",
+            "recurrent_step",
+            "gated_delta_ops",
+            "attend_mx",
+            "attend_np",
+            "fast_gdn_available",
+        ),
         "schedule": ("Schedule", "CHECK_TOL", "check_step", "in_token_probes"),
         "savings": (
             "MEASURED_SPLITS",

@@ -28,19 +28,19 @@ from workbench.decode.state import DecodeState
 def gated_delta_ops(q, k, v, gamma, beta, state) -> tuple[mx.array, mx.array]:
     """One token of the gated delta rule as plain MLX ops: ``mx.fast.gated_delta_update``'s twin.
 
-    Shapes as that op takes them with T = 1: q, k [1, 1, Hk, Dk], v [1, 1, Hv, Dv], gamma,
-    beta [1, 1, Hv], state [1, Hv, Dv, Dk]; value head h reads key head h // (Hv / Hk).
+    Shapes as that op takes them with T = 1: q, k [B, 1, Hk, Dk], v [B, 1, Hv, Dv], gamma,
+    beta [B, 1, Hv], state [B, Hv, Dv, Dk]; value head h reads key head h // (Hv / Hk).
     ``S = gamma S; S += beta (v - S k) k^T; o = S q``. For a device where the fast op is
     missing; the schedule says which one it ran.
     """
     hk, hv = k.shape[2], v.shape[2]
-    qq = mx.repeat(q[0, 0], hv // hk, axis=0)
-    kk = mx.repeat(k[0, 0], hv // hk, axis=0)
-    s = state[0] * gamma[0, 0][:, None, None]
-    delta = (v[0, 0] - (s * kk[:, None, :]).sum(-1)) * beta[0, 0][:, None]
-    s = s + delta[:, :, None] * kk[:, None, :]
-    o = (s * qq[:, None, :]).sum(-1)
-    return o[None, None], s[None]
+    qq = mx.repeat(q[:, 0], hv // hk, axis=1)
+    kk = mx.repeat(k[:, 0], hv // hk, axis=1)
+    s = state * gamma[:, 0][:, :, None, None]
+    delta = (v[:, 0] - (s * kk[:, :, None, :]).sum(-1)) * beta[:, 0][:, :, None]
+    s = s + delta[:, :, :, None] * kk[:, :, None, :]
+    o = (s * qq[:, :, None, :]).sum(-1)
+    return o[:, None], s
 
 
 def fast_gdn_available() -> tuple[bool, str]:
@@ -57,6 +57,52 @@ def fast_gdn_available() -> tuple[bool, str]:
 
 #: How a recurrent layer's recurrence runs (``Schedule``'s ``gdn``).
 GDN_PATHS: tuple[str, ...] = ("fast", "ops", "kernel")
+
+
+def recurrent_step(
+    mixed: mx.array,
+    z: mx.array,
+    ba: mx.array,
+    conv_state: mx.array,
+    state: mx.array,
+    conv_w: mx.array,
+    a_log: mx.array,
+    dt_bias: mx.array,
+    o_norm: mx.array,
+    *,
+    k_heads: int,
+    eps: float,
+    gdn: str = "ops",
+) -> tuple[mx.array, mx.array, mx.array]:
+    """The Gated DeltaNet mixer of one token, float32 MLX ops, for B sequences at once: the
+    workbench's float32 reference of the step (``workbench.kernels.gdn_step``'s formulas).
+
+    ``mixed`` [B, C], ``z`` [B, Hv Dv], ``ba`` [B, 2 Hv] (b then a), ``conv_state`` [B, K-1, C],
+    ``state`` [B, Hv, Dv, Dk]; the constants shared (``conv_w`` [K, C], ``a_log``, ``dt_bias``
+    [Hv], ``o_norm`` [Dv]) or one set a sequence (a leading B); returns ``(out [B, Hv Dv],
+    conv_state', state')``, lazy.
+    ``gdn``: ``"fast"`` (``mx.fast.gated_delta_update``) or ``"ops"`` (:func:`gated_delta_ops`).
+    """
+    bsz, hv, dv, dk = state.shape
+    kd = k_heads * dk
+    window = mx.concatenate([conv_state, mixed[:, None]], axis=1)  # [B, K, C]: the short convolution
+    c = (window * conv_w).sum(axis=1)
+    c = c * mx.sigmoid(c)
+    q = c[:, :kd].reshape(bsz, 1, k_heads, dk)
+    k = c[:, kd : 2 * kd].reshape(bsz, 1, k_heads, dk)
+    v = c[:, 2 * kd :].reshape(bsz, 1, hv, dv)
+    q = q * mx.rsqrt((q * q).sum(-1, keepdims=True) + 1e-6) / math.sqrt(dk)
+    k = k * mx.rsqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    b, a = ba[:, :hv], ba[:, hv:]
+    beta = mx.sigmoid(b).reshape(bsz, 1, hv)
+    gamma = mx.exp(-mx.exp(a_log) * mx.logaddexp(a + dt_bias, 0.0)).reshape(bsz, 1, hv)
+    if gdn == "fast":
+        o, state = mx.fast.gated_delta_update(q, k, v, gamma, beta, initial_state=state)
+    else:
+        o, state = gated_delta_ops(q, k, v, gamma, beta, state)
+    o = matvec.rms(o.reshape(bsz, hv, dv), o_norm[:, None] if o_norm.ndim == 2 else o_norm, eps)
+    zz = z.reshape(bsz, hv, dv)
+    return (o * (zz * mx.sigmoid(zz))).reshape(bsz, hv * dv), window[:, 1:], state
 
 
 def recurrent_layer(
@@ -78,25 +124,22 @@ def recurrent_layer(
         o, st.conv[li], st.ssm[li] = mv.gdn_step(w, g.gdn_k_heads, mixed, z, ba, st.conv[li], st.ssm[li])
         x = mv.out_add(w, "out", o, x)
         return mv.ffn(w, x)
-    window = mx.concatenate([st.conv[li], mixed[None]], axis=0)  # [K, C]: the short convolution
-    st.conv[li] = window[1:]
-    c = (window * w["conv"]).sum(axis=0)
-    c = c * mx.sigmoid(c)
-    q = c[:kd].reshape(1, 1, g.gdn_k_heads, g.gdn_k_dim)
-    k = c[kd : 2 * kd].reshape(1, 1, g.gdn_k_heads, g.gdn_k_dim)
-    v = c[2 * kd :].reshape(1, 1, g.gdn_v_heads, g.gdn_v_dim)
-    q = q * mx.rsqrt((q * q).sum(-1, keepdims=True) + 1e-6) / math.sqrt(g.gdn_k_dim)
-    k = k * mx.rsqrt((k * k).sum(-1, keepdims=True) + 1e-6)
-    b, a = ba[: g.gdn_v_heads], ba[g.gdn_v_heads :]
-    beta = mx.sigmoid(b).reshape(1, 1, -1)
-    gamma = mx.exp(-mx.exp(w["a_log"]) * mx.logaddexp(a + w["dt_bias"], 0.0)).reshape(1, 1, -1)
-    if gdn == "fast":
-        o, st.ssm[li] = mx.fast.gated_delta_update(q, k, v, gamma, beta, initial_state=st.ssm[li])
-    else:
-        o, st.ssm[li] = gated_delta_ops(q, k, v, gamma, beta, st.ssm[li])
-    o = matvec.rms(o.reshape(g.gdn_v_heads, g.gdn_v_dim), w["o_norm"], g.eps)
-    zz = z.reshape(g.gdn_v_heads, g.gdn_v_dim)
-    o = (o * (zz * mx.sigmoid(zz))).reshape(vd)
+    o, conv, st.ssm[li] = recurrent_step(
+        mixed[None],
+        z[None],
+        ba[None],
+        st.conv[li][None],
+        st.ssm[li],
+        w["conv"],
+        w["a_log"],
+        w["dt_bias"],
+        w["o_norm"],
+        k_heads=g.gdn_k_heads,
+        eps=g.eps,
+        gdn=gdn,
+    )
+    st.conv[li] = conv[0]
+    o = o[0]
     x = mv.out_add(w, "out", o, x)
     return mv.ffn(w, x)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -178,11 +179,18 @@ class GdnStep:
     ``"metal-emulated"`` the launch runs on the CPU at once, in thread ``order``.
     """
 
-    def __init__(self, shape: GdnShape, backend: str, threads: int, consts: tuple[mx.array, ...]):
+    def __init__(
+        self,
+        shape: GdnShape,
+        backend: str,
+        threads: int,
+        consts: tuple[mx.array, ...],
+        kernel_dir: Path | None = None,
+    ):
         self.shape, self.backend, self.threads = shape, backend, threads
         self.consts = consts
         self.dialect = kernel_run.source_dialect(backend)
-        self.kernel = kernel_run.compiled_kernel(backend, "gdn_step")
+        self.kernel = kernel_run.compiled_kernel(backend, "gdn_step", kernel_dir)
         s = shape
         self.kw = dict(
             template=template(s, threads),
@@ -243,6 +251,7 @@ def prepare(
     k_heads: int,
     backend: str,
     threads: int | None = None,
+    kernel_dir: Path | None = None,
 ) -> GdnStep:
     """A layer's launch, made once: its constants (``conv_w`` [K, C], ``a_log`` and
     ``dt_bias`` [Hv], ``o_norm`` [Dv], float32) and ``eps`` (the RMS norm's) as arrays.
@@ -250,6 +259,8 @@ def prepare(
     ``k_heads``: the key heads Hk (C = 2 Hk Dk + Hv Dv fixes Dk from it). ``backend``: one
     of :data:`GDN_BACKENDS`; an absent one raises ``backends.BackendUnavailable``.
     ``threads``: a group's (a multiple of 32; default :func:`default_threads`).
+    ``kernel_dir``: a folder shaped like ``kernels/`` whose ``gdn_step.body`` runs instead
+    of the workbench's (a user's own step, ``workbench.check``).
     """
     one_of("backend", backend, GDN_BACKENDS)
     backends.resolve_backend(backend)  # BackendUnavailable, saying what is missing
@@ -290,7 +301,7 @@ def prepare(
     params[:3] = eps, math.sqrt(shape.dk), L2_EPS
     consts = (cw, al, dtb, on, mx.array(params))
     mx.eval(*consts)
-    return GdnStep(shape, backend, int(threads), consts)
+    return GdnStep(shape, backend, int(threads), consts, None if kernel_dir is None else Path(kernel_dir))
 
 
 def gdn_step(

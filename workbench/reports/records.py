@@ -233,6 +233,12 @@ KINDS: dict[str, RecordKind] = {
             "how fast a user's numpy tail is checked, beside the graph sweep of the same cases",
         ),
         RecordKind(
+            "check_gdn_rate",
+            1,
+            (*_HEAD, "numpy_version", "python", "cpu_count", "target", "notes", "results"),
+            "the recurrent step's check's own cost over a run of tokens, beside the oracle and the ops step",
+        ),
+        RecordKind(
             "split_price",
             1,
             (*_PROVENANCE, "method", "results"),

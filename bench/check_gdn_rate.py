@@ -1,0 +1,131 @@
+"""Speed of ``workbench.check.check_step`` at Bonsai-27B's recurrent geometry: the check's own
+cost over a run of tokens beside the two things it must do anyway, in the same run.
+
+The target: over 4,096 tokens (one sequence, state fed back), the check's own cost without
+fault models (everything but the subject's calls: the float64 truth, the float32 reference,
+the errors of both against the truth, the bookkeeping) at most 1.5x the sum of the float64
+oracle alone (``kernels.gdn_step.recurrent_step_exact``, token by token) and the float32
+ops step alone (``decode.layers.recurrent_step``) over the same tokens. The subject is
+the float32 ops step itself; the time inside its calls is measured and taken out. The fault
+models' cost (all eight, each its own float32 trajectory) is stated beside it.
+
+    python -m bench.check_gdn_rate                 # 4,096 tokens
+    python -m bench.check_gdn_rate --tokens 512
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from bench.common import cli, record
+from workbench.check import GDN_FAULTS, CallableStep, check_step, token_run
+from workbench.decode import geometry_of, recurrent_step
+from workbench.kernels import GdnShape, recurrent_step_exact
+from workbench.models import load_model
+
+
+class TimedOpsStep:
+    """The workbench's float32 ops step as the subject (MLX arrays), its time counted."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self, s: Any) -> Any:
+        t0 = time.perf_counter()
+        ba = mx.concatenate([s.b, s.a])[None]
+        o, c, st = recurrent_step(
+            s.mixed[None], s.z[None], ba, s.conv_state[None], s.state[None], s.conv_w, s.a_log, s.dt_bias,
+            s.o_norm, k_heads=s.k_heads, eps=s.eps,
+        )  # fmt: skip
+        mx.eval(o, c, st)
+        out = (o[0], c[0], st[0])
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def baselines(geo: tuple[int, ...], tokens: int) -> tuple[float, float]:
+    """Seconds of the float64 oracle alone and of the float32 ops step alone over ``tokens`` tokens."""
+
+    run = token_run(GdnShape(*geo), [0], tokens, scale=1.0, gate="typical", state_scale=1.0)
+    w = run.weights
+    ba = np.concatenate([run.b[0], run.a[0]], axis=1)
+    conv, st = run.conv_state[0].astype(np.float64), run.state[0].astype(np.float64)
+    t0 = time.perf_counter()
+    for t in range(tokens):
+        _, conv, st = recurrent_step_exact(
+            run.mixed[0, t], run.z[0, t], ba[t], conv, w.conv_w[0], w.a_log[0], w.dt_bias[0], w.o_norm[0], st,
+            k_heads=w.k_heads, eps=w.eps,
+        )  # fmt: skip
+    t64 = time.perf_counter() - t0
+    cw, al, dt, on = (mx.array(a[0]) for a in (w.conv_w, w.a_log, w.dt_bias, w.o_norm))
+    conv, st = mx.array(run.conv_state), mx.array(run.state)
+    t0 = time.perf_counter()
+    for t in range(tokens):
+        o, conv, st = recurrent_step(
+            mx.array(run.mixed[:, t]), mx.array(run.z[:, t]), mx.array(ba[t][None]), conv, st, cw, al, dt, on,
+            k_heads=w.k_heads, eps=w.eps,
+        )  # fmt: skip
+        mx.eval(o, conv, st)
+    return t64, time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = cli.parser("check_gdn_rate", __doc__)
+    p.add_argument("--tokens", type=int, default=4096, help="tokens of the run (default 4096)")
+    p.add_argument("--tag", default="", help="appended to the record's file name")
+    args = p.parse_args(argv)
+    cli.at_least(p, "--tokens", args.tokens, 1)
+    g = geometry_of(load_model("bonsai-27b"))
+    geo = (g.gdn_k_heads, g.gdn_v_heads, g.gdn_k_dim, g.gdn_v_dim, g.conv_kernel)
+    one = {"geometries": [geo], "seeds": [0], "tokens": args.tokens, "scales": [1.0], "gates": ["typical"]}
+    one["state_scales"] = [1.0]
+    t64, t32 = baselines(geo, args.tokens)
+    subject = TimedOpsStep()
+    t0 = time.perf_counter()
+    rep = check_step(CallableStep(subject, arrays="mlx", name="float32 ops step"), **one, faults=())
+    t_check = time.perf_counter() - t0 - subject.seconds
+    t0 = time.perf_counter()
+    check_step(None, **one, faults=tuple(GDN_FAULTS))
+    t_faults_run = time.perf_counter() - t0
+    base = t64 + t32
+    rows = [
+        ("float64 oracle alone", t64),
+        ("float32 ops step alone", t32),
+        ("check's own cost, no fault models", t_check),
+        ("subject's calls (excluded)", subject.seconds),
+        ("check with the 8 fault models, no subject", t_faults_run),
+    ]
+    print(f"Bonsai-27B recurrent geometry Hk/Hv/Dk/Dv/K {'/'.join(map(str, geo))}, {args.tokens} tokens")
+    print(f"{'what':<44} {'seconds':>8} {'ms/token':>9}")
+    for name, s in rows:
+        print(f"{name:<44} {s:>8.2f} {1e3 * s / args.tokens:>9.3f}")
+    print(f"ratio: check's own cost / (oracle + ops step) = {t_check / base:.2f} (target <= 1.5)")
+    print(f"verdict on the ops step: {'PASS' if rep.passed else 'FAIL'}")
+    rec = {
+        **record.provenance("check_gdn_rate", argv),
+        "target": "check's own cost over 4,096 tokens <= 1.5x (float64 oracle alone + float32 ops step alone)",
+        "notes": "wall time on a CPU shared with other jobs; the fault models' run has no subject",
+        "results": {
+            "geometry": list(geo),
+            "tokens": args.tokens,
+            "oracle_s": t64,
+            "ops_step_s": t32,
+            "check_own_s": t_check,
+            "subject_s": subject.seconds,
+            "faults_run_s": t_faults_run,
+            "ratio": t_check / base,
+            "verdict": rep.passed,
+        },
+    }
+    if not args.no_record:
+        record.write(rec, args.out_dir, record.record_stem("check_gdn_rate", tag=args.tag), force=args.force)
+    return rec
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main, prog="python -m bench.check_gdn_rate"))
