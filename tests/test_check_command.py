@@ -128,3 +128,19 @@ def test_a_launch_option_without_a_source_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
         main(["tests.check_user_tails:correct", "--threadgroup", "64"])
     assert e.value.code == 2 and "--threadgroup" in capsys.readouterr().err
+
+
+def test_the_readmes_source_example_runs_as_written(tmp_path, capsys, emulator):
+    """The README's `--source` line, its options as printed there (fewer seeds and one scale,
+    for time), on a correct tail: it runs and passes, so the example is one a user can copy."""
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("python -m workbench.check --source")
+    line = readme[start : readme.index("\n", readme.index("\n", start) + 1)].replace("\\\n", " ")
+    argv = shlex.split(line)[3:]  # after "python -m workbench.check"
+    src = tmp_path / "tail.metal"
+    src.write_text(TAIL_SOURCE.replace("THREADS", "32"))  # the README's template names no THREADS
+    argv[argv.index("tail.metal")] = str(src)
+    assert main([*argv, "--seeds", "2", "--scales", "1"]) == 0, capsys.readouterr().out
