@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -930,12 +931,48 @@ def _newer_cases(folder: Path) -> list[tuple[str, Callable[[], Any], str]]:
         ("run_stages(warmup=10**7)", lambda: _run_stages(warmup=10**7), r"warmup: must be an integer >= 0 and <="),
         ("run_stages(stages='12')", lambda: _run_stages(stages="12"), "stages: must be a sequence"),
         ("run_stages(stages=[99])", lambda: _run_stages(stages=[99]), r"stages\[0\]: 99 is not a stage"),
+        ("compile_source(42)", lambda: _compile_source(42), "source: must be MLX's generated Metal source"),
         (
             "a GGUF of two layers with block_count 1",
             lambda: load_checkpoint(_gguf_with_too_few_blocks(folder)),
             r"source: GGUF file two_layers\.gguf: the GGUF metadata's 'llama\.block_count' must be at least 2",
         ),
     ]
+
+
+def _compile_source(source):
+    from workbench.kernels.metal_emulation import compile_source
+
+    return compile_source(source)
+
+
+@pytest.mark.skipif(shutil.which("clang++") is None, reason="the emulator's compile cache is used only with clang++")
+@pytest.mark.parametrize("what", ["a file", "a folder where the object goes"])
+def test_an_unusable_compile_cache_is_named(tmp_path, monkeypatch, what):
+    """A cache path that is a file, or one holding a folder where a compiled kernel goes, is
+    refused naming the setting and the path, not with a bare OSError."""
+    import mlx.core as mx
+
+    from workbench.kernels import metal_toolchain
+    from workbench.kernels.metal_drop_in import metal_kernel
+
+    cache = tmp_path / "cache"
+    if what == "a file":
+        cache.write_text("not a folder")
+    monkeypatch.setenv("WORKBENCH_METAL_EMULATION_CACHE", str(cache))
+    source = f"uint i = thread_position_in_grid.x;\nout[i] = inp[i] + {len(what)}.0f;  // {tmp_path.name}\n"
+    k = metal_kernel(name=f"cache_{len(what)}", input_names=["inp"], output_names=["out"], source=source)
+    if what != "a file":  # every object the cache would hold is a folder already
+        real_cached = metal_toolchain._cached
+
+        def cached(target, build):
+            target.mkdir(parents=True, exist_ok=True)
+            return real_cached(target, build)
+
+        monkeypatch.setattr(metal_toolchain, "_cached", cached)
+    x = mx.arange(8, dtype=mx.float32)
+    with pytest.raises(ValueError, match=r"^\$WORKBENCH_METAL_EMULATION_CACHE: the emulator's compile cache .* cannot"):
+        k(inputs=[x], grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(8,)], output_dtypes=[mx.float32])
 
 
 def _kernel_errors_of(ckpt):

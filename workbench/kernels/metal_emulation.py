@@ -362,6 +362,10 @@ def compile_source(source: str) -> EmulatedKernel:
     The clang is looked up by the environment it is found from, so with $WORKBENCH_CLANG or
     $PATH pointing nowhere this still raises ``BackendUnavailable`` rather than running a
     kernel compiled earlier."""
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(
+            f"source: must be MLX's generated Metal source, a non-empty string, got {validate.describe(source)}"
+        )
     return _compiled(clang_path(), source)
 
 

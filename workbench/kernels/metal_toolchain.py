@@ -96,16 +96,26 @@ def _cached(target: Path, build: Callable[[Path], None]) -> Path:
     then its ``.sum``."""
     if cached_entry_ok(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with files.locked(target):
-        if cached_entry_ok(target):  # another process rebuilt it while this one waited
-            return target
-        with tempfile.TemporaryDirectory(dir=target.parent) as d:
-            out = Path(d) / target.name
-            build(out)
-            digest = _digest(out)
-            os.replace(out, target)
-        files.write_atomic(_sum_path(target), digest + "\n")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with files.locked(target):
+            if cached_entry_ok(target):  # another process rebuilt it while this one waited
+                return target
+            with tempfile.TemporaryDirectory(dir=target.parent) as d:
+                out = Path(d) / target.name
+                build(out)
+                if not out.is_file():
+                    raise MetalCompileError(f"the compiler exited without an error but wrote no {target.name}")
+                digest = _digest(out)
+                os.replace(out, target)
+            files.write_atomic(_sum_path(target), digest + "\n")
+    except OSError as e:
+        # A cache folder that is a file, cannot be made, or holds a folder where an object
+        # goes: the user's setting or disk, said with the path, not a bare OSError.
+        raise ValueError(
+            f"$WORKBENCH_METAL_EMULATION_CACHE: the emulator's compile cache {target.parent} cannot hold "
+            f"{target.name} ({type(e).__name__}: {e.strerror or e}); point it at a writable folder"
+        ) from None
     return target
 
 
