@@ -371,6 +371,8 @@ def test_bad_arguments_name_the_parameter():
         G.gdn_step(**dict(c, mixed=c["mixed"][:-1]), **ok)
     with pytest.raises(ValueError, match=r"state: must have shape \(4, 32, 32\) or \(1, 4, 32, 32\)"):
         G.gdn_step(**dict(c, state=c["state"][:, :, :16].copy()), **ok)
+    with pytest.raises(ValueError, match=r"state: .*Dv: o_norm's length.*a wrong a_log, o_norm or conv_w"):
+        G.gdn_step(**dict(c, state=c["state"][:, :16, :].copy()), **ok)  # the state, or the o_norm it came with
     with pytest.raises(ValueError, match="conv_state: must have shape"):
         G.gdn_step(**dict(c, conv_state=c["conv_state"][:2].copy()), **ok)
     with pytest.raises(ValueError, match="z: must be an MLX or numpy float32 array, got"):

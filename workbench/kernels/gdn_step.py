@@ -213,7 +213,9 @@ class GdnStep:
         st = _array("state", state)
         if tuple(st.shape) not in ((s.hv, s.dv, s.dk), (1, s.hv, s.dv, s.dk)):
             raise ValueError(
-                f"state: must have shape {(s.hv, s.dv, s.dk)} or {(1, s.hv, s.dv, s.dk)}, got {describe(state)}"
+                f"state: must have shape {(s.hv, s.dv, s.dk)} or {(1, s.hv, s.dv, s.dk)} (Hv: a_log's length, "
+                f"Dv: o_norm's length, Dk: what conv_w's channels leave), got {describe(state)}; where the state "
+                f"is right, the launch was prepared with a wrong a_log, o_norm or conv_w"
             )
         return [
             _array("mixed", mixed, (s.channels,)),
