@@ -254,7 +254,18 @@ class TimedStep:
 
     def layer(self, shape: Any, consts: Mapping[str, Any], eps: float) -> Callable[[Any], Any]:
         call = self._limited(self.inner.layer, shape, consts, eps)
-        return lambda step: self._limited(call, step)
+
+        def evaluated(step: Any) -> Any:
+            # MLX records a graph on the calling thread's stream: evaluated here, on the
+            # worker, so the check's thread reads finished arrays
+            import mlx.core as mx
+
+            out = call(step)
+            if isinstance(out, (tuple, list)):
+                mx.eval(*[x for x in out if isinstance(x, mx.array)])
+            return out
+
+        return lambda step: self._limited(evaluated, step)
 
 
 def _template(text: str | None) -> dict[str, Any]:
@@ -344,6 +355,8 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
             problem = compile_error(subject, a.geometries[0], a.time_limit)
             if problem is not None:
                 option, given = ("--kernels-dir", a.kernels_dir) if a.kernels_dir else ("--source", a.source)
+                if a.source and problem.startswith("source:"):  # the emulator names the body "source"
+                    problem = a.source + problem.removeprefix("source")
                 raise ValueError(f"{option}: {given} does not compile for the emulator: {problem}")
         rep = check_step(TimedStep(subject, a.time_limit), **runs, **common)
     print(rep)
