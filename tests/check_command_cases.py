@@ -432,7 +432,14 @@ def _tail(case):
 
 def _api_cases():
     from workbench import check_kernel
-    from workbench.check import CallableSubject, KernelsFolderSubject, SourceLaunch, SourceSubject, check_dump
+    from workbench.check import (
+        CallableSubject,
+        KernelsFolderSubject,
+        SourceLaunch,
+        SourceSubject,
+        check_dump,
+        check_step_dump,
+    )
 
     few = {"seeds": range(2), "scales": (1.0,)}
     return [
@@ -479,6 +486,14 @@ def _api_cases():
         ("output", lambda: SourceLaunch("x", ("branch",), output="branch")),
         ("grid", lambda: SourceLaunch("x", ("branch",), grid=5)),
         ("inputs", lambda: SourceLaunch("x", "branch")),
+        ("path", lambda: check_step_dump(3)),
+        ("path", lambda: check_step_dump(None)),
+        ("path", lambda: check_step_dump(ROOT / "README.md")),
+        ("horizons", lambda: check_step_dump(ROOT / "README.md", horizons=[0])),
+        ("horizons", lambda: check_step_dump(ROOT / "README.md", horizons=4)),
+        ("faults", lambda: check_step_dump(ROOT / "README.md", faults=["nope"])),
+        ("tolerance", lambda: check_step_dump(ROOT / "README.md", tolerance=float("nan"))),
+        ("flake_rate", lambda: check_step_dump(ROOT / "README.md", flake_rate=0)),
     ]
 
 

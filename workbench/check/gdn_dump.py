@@ -162,10 +162,8 @@ class DumpedSteps:
         return call
 
 
-def _horizons(horizons: Any, tokens: int) -> list[int]:
-    hs = sorted({validate.integer("horizons", h, minimum=1) for h in validate.sequence("horizons", horizons)})
-    hs = [h for h in hs if h < tokens]
-    return [*hs, tokens]
+def _horizons(horizons: Any) -> list[int]:
+    return sorted({validate.integer("horizons", h, minimum=1) for h in validate.sequence("horizons", horizons)})
 
 
 def _failing_files(rep: StepReport, unread: list[str], user: float | None) -> str | None:
@@ -201,7 +199,7 @@ def check_step_dump(
     flt = validate.sequence("faults", faults, what=f"fault names of {tuple(GDN_FAULTS)}", non_empty=False)
     for f in flt:
         validate.one_of("faults", f, tuple(GDN_FAULTS))
-    validate.sequence("horizons", horizons)
+    given = _horizons(horizons)
     frames, problems, unread, tokens = [], [], [], None
     for file in dump_files(path):
         try:
@@ -223,7 +221,8 @@ def check_step_dump(
         frames.append(condition_frame({"file": file.name, "geometry": geo}, np.arange(n), err))
     if not frames:
         raise ValueError(f"path: no dump file could be read: {'; '.join(unread) or 'none found'}")
-    hs = _horizons(horizons, tokens or 1)
+    tokens = tokens or 1
+    hs = [*(h for h in given if h < tokens), tokens]
     rep = StepReport.build(str(path), "dump", frames, hs, unread + problems, user, flake_rate)
     if not rep.passed:
         named = _failing_files(rep, unread, user)
