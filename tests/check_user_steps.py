@@ -19,7 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The options of a small, quick run (one geometry, one gate regime, no fault models).
 QUICK = ["--geometries", "2/6/32/32/4", "--gates", "typical", "--faults", "none"]
 
-__all__ = ["METAL_BODY", "METAL_HEADER", "QUICK", "bf16_state", "correct", "correct_mlx", "write_documented_dump"]
+__all__ = [
+    "METAL_BODY",
+    "METAL_HEADER",
+    "QUICK",
+    "bf16_state",
+    "correct",
+    "correct_mlx",
+    "hangs_once",
+    "write_documented_dump",
+]
 
 
 def correct(step):
@@ -61,3 +70,12 @@ def write_documented_dump(path: Path, step=correct, *, seed: int = 0, sequences:
     code = documented_block().replace('"gdn_layer03.safetensors"', repr(str(path)))
     exec(code, {**names, "engine_step": engine_step})
     return path
+
+
+def hangs_once(step):
+    """A correct step that stalls on the second token of its first run (for ``--time-limit``)."""
+    import time
+
+    if step.token == 1 and step.case.endswith("seed 0"):
+        time.sleep(1.0)
+    return numpy_step(step)
