@@ -25,6 +25,8 @@ PROG = "python -m workbench.check: error: "
 INPUTS = ["--inputs", "branch,residual,wo,ffn_norm,gate,up,down,eps"]
 TEMPLATE = ["--template", "HIDDEN=hidden,BRANCH=branch,FFN=ffn,THREADS=32"]
 CALLABLE = "tests.check_user_tails:correct"
+#: A small, quick run of the step (one geometry, one gate regime, no fault models).
+QUICK = ["--geometries", "2/6/32/32/4", "--gates", "typical", "--faults", "none"]
 
 
 def check_case_files(d: Path) -> None:
@@ -71,6 +73,25 @@ def check_case_files(d: Path) -> None:
     (d / "mod_syntax.py").write_text("def tail(case:\n")
     (d / "mod_exits.py").write_text("import sys\nsys.exit(3)\n")
     (d / "mod_missing_dep.py").write_text("import a_package_that_is_not_installed\n")
+    gdn_case_files(d)
+
+
+def gdn_case_files(d: Path) -> None:
+    """The step's files: its dumps (written by docs/DUMP_LAYOUT.md's block), a kernels folder
+    whose gdn_step.body does not compile, a step body."""
+    from tests.check_user_steps import METAL_BODY, write_documented_dump
+
+    write_documented_dump(d / "gdn_good.safetensors")
+    (d / "gdn_mixed").mkdir()
+    write_documented_dump(d / "gdn_mixed" / "a.safetensors")
+    (d / "gdn_mixed" / "b_truncated.safetensors").write_bytes((d / "gdn_good.safetensors").read_bytes()[:400])
+    (d / "gdn_broken").mkdir()
+    for f in (ROOT / "kernels").iterdir():
+        if f.suffix in (".h", ".body"):
+            shutil.copy(f, d / "gdn_broken" / f.name)
+    with (d / "gdn_broken" / "gdn_step.body").open("a") as f:
+        f.write("\n this is not Metal \n")
+    (d / "gdn_step.metal").write_text(METAL_BODY)
 
 
 #: (argv with {d} for the case folder, what the last line of stderr must say after the
@@ -234,6 +255,73 @@ BAD_CASES: list[tuple[list[str], str]] = [
     (["--source", "{d}/good.metal", *INPUTS, "--run-on", "device", "--mutants"], "--mutants: only with"),
 ]
 
+#: ``--part gdn``: the same rule, each case bad in one way.
+GDN = ["--part", "gdn"]
+STEP = [*GDN, "tests.check_user_steps:correct"]
+STEP_LAUNCH = ["--grid", "6", "--threadgroup", "6", "--template", "HK=HK,HV=HV,DK=DK,DV=DV,K=K,C=C"]
+BAD_CASES += [
+    (["--part", "attention"], "argument --part: invalid choice: 'attention'"),
+    (["--part"], "argument --part: expected one argument"),
+    (GDN, "--part gdn: give exactly one of: implementation (module:function), --kernels-dir, --source, --dump"),
+    ([*STEP, "--dump", "{d}/gdn_good.safetensors"], "--part gdn: give exactly one of"),
+    ([*GDN, "no_such_module_anywhere:step"], "implementation: cannot import 'no_such_module_anywhere'"),
+    ([*GDN, "mod_ok:NOT_A_FUNCTION"], "implementation: mod_ok:NOT_A_FUNCTION is int, not a function (StepInputs"),
+    ([*GDN, "mod_syntax:step"], "implementation: importing 'mod_syntax' raised SyntaxError"),
+    ([*STEP, "--arrays", "jax"], "argument --arrays: invalid choice: 'jax'"),
+    *[([*STEP, "--tokens", v], "argument --tokens: must be an integer in 1..1048576") for v in ("0", "-3", "2000000")],
+    ([*STEP, "--tokens", "many"], "argument --tokens: must be an integer, got 'many'"),
+    *[([*STEP, "--horizons", v], "argument --horizons: must be comma-separated integers >= 1") for v in ("", "1,,4")],
+    ([*STEP, "--horizons", "0"], "argument --horizons: must be an integer in 1..1048576, got 0"),
+    ([*STEP, "--horizons", "1,x"], "argument --horizons: must be an integer, got 'x'"),
+    ([*STEP, "--seeds", "0"], "argument --seeds: must be an integer in 1..1000000"),
+    ([*STEP, "--scales", "0"], "argument --scales: must be a finite number > 0, got '0'"),
+    ([*STEP, "--scales", "1,,2"], "argument --scales: must be comma-separated numbers > 0"),
+    ([*STEP, "--state-scales", "-1"], "argument --state-scales: must be a finite number >= 0, got '-1'"),
+    ([*STEP, "--state-scales", "nan"], "argument --state-scales: must be a finite number >= 0, got 'nan'"),
+    ([*STEP, "--gates", "slow"], "argument --gates: must be comma-separated gate regimes of typical, near_one"),
+    ([*STEP, "--gates", ""], "argument --gates: must be comma-separated gate regimes of"),
+    ([*STEP, "--faults", "nope"], "argument --faults: must be comma-separated fault models of state_bfloat16"),
+    ([*STEP, "--geometries", "2/6/32/32"], "argument --geometries: must be comma-separated Hk/Hv/Dk/Dv/K"),
+    ([*STEP, "--geometries", "2/6/0/32/4"], "argument --geometries: must be an integer in 1..65536, got 0"),
+    ([*STEP, "--geometries", "3/4/32/32/4"], "--geometries: Hv must be a multiple of Hk, got Hk 3, Hv 4"),
+    ([*STEP, "--geometries", "2/6/32/32/1"], "--geometries: K (the conv width) must be >= 2, got 1"),
+    ([*STEP, "--tolerance", "nan"], "argument --tolerance: must be a finite number >= 0, got 'nan'"),
+    ([*STEP, "--time-limit", "0"], "argument --time-limit: must be a finite number > 0, got '0'"),
+    ([*STEP, "--record", "{d}/existing.json"], "argument --record: {d}/existing.json exists; a record is never"),
+    ([*STEP, "--record", "{d}/a_file/r.json"], "argument --record: {d}/a_file/r.json lies under {d}/a_file"),
+    ([*STEP, "--fold", "16"], "--fold: options of the tail's check, not used by --part gdn"),
+    ([*STEP, "--mutants"], "--mutants: options of the tail's check, not used by --part gdn"),
+    ([CALLABLE, "--tokens", "16"], "--tokens: options of --part gdn (the recurrent step), not of the tail's check"),
+    ([CALLABLE, "--part", "tail", "--geometries", "2/6/32/32/4"], "--geometries: options of --part gdn"),
+    ([*STEP, "--grid", "6"], "--grid: not used by this form of the check"),
+    ([*GDN, "--dump", "{d}/gdn_good.safetensors", "--tokens", "4"], "--tokens: not used by this form of the check"),
+    ([*GDN, "--dump", "{d}/gdn_good.safetensors", "--arrays", "mlx"], "--arrays: not used by this form"),
+    ([*GDN, "--dump", ""], "argument --dump: an empty path"),
+    ([*GDN, "--dump", "{d}/missing"], "--dump: must be a dump file or a folder of them, got '{d}/missing'"),
+    ([*GDN, "--dump", "{d}/folder"], "--dump: the folder '{d}/folder' holds no .safetensors files"),
+    ([*GDN, "--dump", "{d}/good.safetensors"], "--dump: no dump file could be read: good.safetensors: tensor 'conv_w'"),
+    ([*GDN, "--dump", "{d}/text.safetensors"], "--dump: no dump file could be read: text.safetensors: not a readable"),
+    ([*GDN, "--dump", "{d}/bad_dumps"], "--dump: no dump file could be read: a.safetensors"),
+    ([*GDN, "--kernels-dir", "{d}/missing"], "--kernels-dir: must be a folder shaped like kernels/, got '{d}/missing'"),
+    (
+        [*GDN, "--kernels-dir", "{d}/folder"],
+        "--kernels-dir: must be a folder shaped like kernels/ holding gdn_step.body",
+    ),
+    ([*GDN, "--kernels-dir", "{d}/gdn_broken"], "--kernels-dir: {d}/gdn_broken does not compile for the emulator"),
+    ([*GDN, "--source", "{d}/missing.metal"], "--source: must be a file holding the step's kernel body, got"),
+    ([*GDN, "--source", "{d}/binary.metal"], "--source: {d}/binary.metal is not UTF-8 text (byte 0)"),
+    ([*GDN, "--source", "{d}/empty.metal"], "--source: must be the kernel body as a non-empty string"),
+    ([*GDN, "--source", "{d}/gdn_step.metal", "--header", "{d}/missing.h"], "--header: must be a file holding"),
+    ([*GDN, "--source", "{d}/gdn_step.metal", "--inputs", "mixed,nope"], "--inputs: must be distinct names of"),
+    ([*GDN, "--source", "{d}/gdn_step.metal", "--template", "HV=lots"], "--template: HV's value must be a finite"),
+    ([*GDN, "--source", "{d}/gdn_step.metal", "--template", "HV"], "--template: items must be NAME=value"),
+    ([*GDN, "--source", "{d}/gdn_step.metal", "--language", "cuda"], "--run-on: a CUDA source runs on the device"),
+    (
+        [*GDN, "--source", "{d}/gdn_step.metal", *STEP_LAUNCH],
+        "--source: {d}/gdn_step.metal does not compile for the emulator: {d}/gdn_step.metal:8:",
+    ),
+]
+
 #: Valid checks: (argv, the exit status their verdict documents: 0 pass, 1 fail).
 VERDICT_CASES: list[tuple[list[str], int]] = [
     ([CALLABLE, "--seeds", "5", "--scales", "0.01,1"], 0),
@@ -242,6 +330,10 @@ VERDICT_CASES: list[tuple[list[str], int]] = [
     (["--dump", "{d}/good.safetensors", "--record", "{d}/new/sub/record.json"], 0),
     (["--dump", "{d}/mixed_dumps"], 1),  # one good file judged, the truncated one named among the problems
     (["--source", "{d}/good.metal", *INPUTS, *TEMPLATE, "--seeds", "3", "--scales", "1"], 0),
+    ([*STEP, *QUICK, "--seeds", "6", "--tokens", "16"], 0),
+    ([*GDN, "tests.check_user_steps:bf16_state", *QUICK, "--seeds", "6", "--tokens", "16"], 1),
+    ([*GDN, "--dump", "{d}/gdn_good.safetensors", "--faults", "none"], 0),
+    ([*GDN, "--dump", "{d}/gdn_mixed", "--faults", "none"], 1),  # the truncated file named, the good one judged
 ]
 
 #: The child: every case in this one process, each one's exit status, any exception that
@@ -340,7 +432,14 @@ def _tail(case):
 
 def _api_cases():
     from workbench import check_kernel
-    from workbench.check import CallableSubject, KernelsFolderSubject, SourceLaunch, SourceSubject, check_dump
+    from workbench.check import (
+        CallableSubject,
+        KernelsFolderSubject,
+        SourceLaunch,
+        SourceSubject,
+        check_dump,
+        check_step_dump,
+    )
 
     few = {"seeds": range(2), "scales": (1.0,)}
     return [
@@ -387,6 +486,14 @@ def _api_cases():
         ("output", lambda: SourceLaunch("x", ("branch",), output="branch")),
         ("grid", lambda: SourceLaunch("x", ("branch",), grid=5)),
         ("inputs", lambda: SourceLaunch("x", "branch")),
+        ("path", lambda: check_step_dump(3)),
+        ("path", lambda: check_step_dump(None)),
+        ("path", lambda: check_step_dump(ROOT / "README.md")),
+        ("horizons", lambda: check_step_dump(ROOT / "README.md", horizons=[0])),
+        ("horizons", lambda: check_step_dump(ROOT / "README.md", horizons=4)),
+        ("faults", lambda: check_step_dump(ROOT / "README.md", faults=["nope"])),
+        ("tolerance", lambda: check_step_dump(ROOT / "README.md", tolerance=float("nan"))),
+        ("flake_rate", lambda: check_step_dump(ROOT / "README.md", flake_rate=0)),
     ]
 
 

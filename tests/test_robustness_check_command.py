@@ -32,6 +32,7 @@ from tests.check_command_cases import (
     BAD_CASES,
     CALLABLE,
     PROG,
+    QUICK,
     ROOT,
     VERDICT_CASES,
     bad_case_verdict,
@@ -98,18 +99,27 @@ def test_the_command_run_as_a_user_runs_it(tmp_path, argv, message):
     assert len(lines) == 1 or lines[0].startswith("usage:"), r.stderr
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [CALLABLE, "--seeds", "3", "--scales", "1"],
+        ["--part", "gdn", "tests.check_user_steps:correct", *QUICK, "--seeds", "2", "--tokens", "4"],
+    ],
+    ids=["tail", "gdn"],
+)
 @pytest.mark.parametrize("error", [OSError(28, "No space left on device"), FileExistsError(17, "File exists")])
-def test_a_record_that_cannot_be_written_keeps_the_verdict(tmp_path, monkeypatch, capsys, error):
+def test_a_record_that_cannot_be_written_keeps_the_verdict(tmp_path, monkeypatch, capsys, error, argv):
     """The record's folder filled up (or another run took the name) after the arguments were
     checked: the verdict is printed, the failure is one line, and the status is 2."""
+    from workbench import files
     from workbench.check import __main__ as command
 
     def fail(*_a, **_k):
         raise error
 
-    monkeypatch.setattr(command.files, "write_atomic", fail)
+    monkeypatch.setattr(files, "write_atomic", fail)
     with pytest.raises(SystemExit) as e:
-        command.main([CALLABLE, "--seeds", "3", "--scales", "1", "--record", str(tmp_path / "r.json")])
+        command.main([*argv, "--record", str(tmp_path / "r.json")])
     out, err = capsys.readouterr()
     assert e.value.code == 2 and out.startswith("PASS"), (out, err)
     assert err.strip().splitlines() == [

@@ -11,7 +11,9 @@ through the same check; ``tolerances`` tolerances per input scale, their catches
 their flakes; ``blocks`` the check's own work (stored weights, truth, reference) a block
 of cases at a time. ``parts`` the parts of a layer the check takes (the tail, the Gated
 DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``, ``gdn_run``, ``gdn_report``
-the recurrent step's runs of tokens, truth and faults, forms, check and report.
+the recurrent step's runs of tokens, truth and faults, forms, check and report; ``gdn_dump``
+an engine's dumped run of the step, read and judged. The command is ``__main__`` (the tail)
+with ``gdn_command`` (``--part gdn``), over ``command_args`` (what both parse alike).
 
 The names below are the part's API, importable from ``workbench.check`` itself; each module
 is imported when one of its names is first read.
@@ -33,6 +35,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "parts": ("Part", "PART_NAMES", "part"),
         "gdn_run": ("check_step", "STEP_SCALES", "STATE_SCALES", "DEFAULT_HORIZONS"),
         "gdn_report": ("StepReport",),
+        "gdn_dump": ("check_step_dump", "read_run", "DumpedRun"),
         "gdn_faults": ("GDN_FAULTS", "StepWeights"),
         "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
         "gdn_subjects": ("StepInputs", "CallableStep", "KernelsFolderStep", "StepSource", "STEP_INPUTS"),

@@ -10,6 +10,7 @@ The implementation is a callable (``module:function``, handed one ``StoredCase``
 kernels folder or a Metal (``--language cuda``: CUDA) kernel body with its launch, run on the CPU
 emulator or (``--run-on device``) its GPU, or an engine's safetensors dumps (docs/DUMP_LAYOUT.md).
 ``--mutants`` also runs source-level mutants of the user's text and prints which the check catches.
+``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``).
 Exit 0: the verdict passes; 1: it fails; 2: nothing could be judged (a bad argument, a module that
 does not import, a kernel that does not compile, a form that cannot run here), with ONE line on
 stderr and no traceback (``WORKBENCH_TRACEBACK=1`` keeps it), so a CI log shows the line that
@@ -19,18 +20,17 @@ matters. Every argument is checked before any case runs; the user's files are on
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
-import platform
 import sys
-import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from workbench import backends, files
+from workbench import backends
+from workbench.check import command_args as args
+from workbench.check import gdn_command
+from workbench.check.parts import PART_NAMES
 from workbench.check.run import DEFAULT_SCALES, check_dump, check_kernel
 from workbench.check.source_launch import SHAPE_NAMES, SOURCE_INPUTS, SourceLaunch
 from workbench.check.stored import ARRAY_KINDS
@@ -69,141 +69,7 @@ OPTIONS: dict[str, str] = {
 def as_option(message: str) -> str:
     """``message`` on one line, its leading parameter name (``folds: ...``) replaced by the
     option the user typed (``--fold: ...``); a message naming no parameter is kept as is."""
-    text = " ".join(str(message).split())
-    head, sep, rest = text.partition(": ")
-    base = head.split("[", 1)[0]
-    return f"{OPTIONS[base]}{head[len(base) :]}: {rest}" if sep and base in OPTIONS else text
-
-
-def _one_line(err: BaseException) -> str:
-    """``err`` as the command's one line: an ``OSError`` as its file and reason (as the shell
-    says it), anything else by its message under the option's name (:func:`as_option`)."""
-    if isinstance(err, OSError) and err.strerror and not isinstance(err, ValueError):
-        return f"{err.filename}: {err.strerror}" if err.filename is not None else err.strerror
-    return as_option(str(err) or type(err).__name__)
-
-
-def _count(least: int, most: int):
-    """argparse type: an int in [least, most]."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if not least <= value <= most:
-            raise argparse.ArgumentTypeError(f"must be an integer in {least}..{most}, got {value}")
-        return value
-
-    return parse
-
-
-def _dims(most: int, product_most: int | None = None):
-    """argparse type: ``X`` (1-D, as before) or ``X,Y,Z``, each an int in [1, most] (and
-    their product at most ``product_most``): a launch's grid or threadgroup, in threads."""
-
-    def parse(text: str) -> tuple[int, int, int]:
-        parts = text.split(",")
-        if len(parts) not in (1, 3):
-            raise argparse.ArgumentTypeError(f"must be X or X,Y,Z (integers), got {text!r}")
-        values = tuple(_count(1, most)(p.strip()) for p in parts) + (1, 1)[: 3 - len(parts)]
-        x, y, z = values
-        if product_most is not None and x * y * z > product_most:
-            raise argparse.ArgumentTypeError(f"must be at most {product_most} threads in all, got {x}x{y}x{z}")
-        return x, y, z
-
-    return parse
-
-
-def _real(text: str, *, positive: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number {'>' if positive else '>='} 0, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    """argparse type of ``--tolerance``: a finite number >= 0 (NaN would pass every case)."""
-    return _real(text, positive=False)
-
-
-def _positive(text: str) -> float:
-    """argparse type of ``--time-limit``: a finite number of seconds > 0."""
-    return _real(text, positive=True)
-
-
-def _scales(text: str) -> list[float]:
-    """argparse type of ``--scales``: comma-separated finite numbers > 0."""
-    items = [t.strip() for t in text.split(",")]
-    if not text.strip() or any(not t for t in items):
-        raise argparse.ArgumentTypeError(f"must be comma-separated numbers > 0, got {text!r}")
-    return [_real(t, positive=True) for t in items]
-
-
-def _path(text: str) -> str:
-    """argparse type of a path option: an empty name is refused (it would read the current folder)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path")
-    return text
-
-
-def _record(text: str) -> Path:
-    """argparse type of ``--record``: a new file whose folder exists or can be made, and can
-    be written; checked before the check runs, not after its minutes of work."""
-    path = Path(_path(text))
-    if path.exists() or path.is_symlink():
-        what = (
-            "is a folder; name the record's file"
-            if path.is_dir()
-            else "exists; a record is never overwritten (give a new name)"
-        )
-        raise argparse.ArgumentTypeError(f"{text} {what}")
-    base = path.parent
-    while not base.exists() and base != base.parent:
-        base = base.parent
-    if not base.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} lies under {base}, which is not a folder")
-    try:  # a real write: permissions, a read-only file system (root passes os.access everywhere)
-        with tempfile.TemporaryFile(dir=base):
-            pass
-    except OSError as err:
-        raise argparse.ArgumentTypeError(f"{text}: {base} cannot be written ({err.strerror})") from None
-    return path
-
-
-def _callable(path: str):
-    """The function ``module:function`` names, or ``ValueError`` naming ``implementation``.
-    Any error of the user's module at import is reported in one line (it is their code,
-    not the check's); no bytecode is written beside it (the user's files are only read)."""
-    mod, _, attr = path.partition(":")
-    if not mod or not attr:
-        raise ValueError(f"implementation: must be 'module:function', got {path!r}")
-    if mod.startswith("."):
-        raise ValueError(f"implementation: the module must be named in full (mypkg.tails), got {mod!r}")
-    keep = sys.dont_write_bytecode
-    sys.dont_write_bytecode = True
-    try:
-        module = importlib.import_module(mod)
-    except ModuleNotFoundError as e:
-        if e.name is None or not (mod == e.name or mod.startswith(e.name + ".")):  # the module's own import failed
-            raise ValueError(f"implementation: importing {mod!r} raised {type(e).__name__}: {e}") from None
-        raise ValueError(
-            f"implementation: cannot import {mod!r} ({e}); is its folder on the path "
-            "(run from there, or set PYTHONPATH)?"
-        ) from None
-    except (Exception, SystemExit) as e:
-        raise ValueError(f"implementation: importing {mod!r} raised {type(e).__name__}: {e}") from None
-    finally:
-        sys.dont_write_bytecode = keep
-    if not hasattr(module, attr):
-        raise ValueError(f"implementation: module {mod!r} has no attribute {attr!r}")
-    fn = getattr(module, attr)
-    if not callable(fn):
-        raise ValueError(f"implementation: {path} is {type(fn).__name__}, not a function (case -> output array)")
-    return fn
+    return args.as_option(message, OPTIONS)
 
 
 def _template(text: str | None) -> dict[str, Any]:
@@ -252,24 +118,6 @@ def _launch(a: argparse.Namespace) -> SourceLaunch:
     )
 
 
-def _provenance(argv: list[str] | None) -> dict[str, Any]:
-    """Where and when the check ran, as the bench records say it: date (UTC), the command
-    line, MLX's version and device, numpy's, Python's, the platform."""
-    import mlx.core as mx
-    import numpy as np
-
-    args = sys.argv[1:] if argv is None else list(argv)
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python -m workbench.check", *args]),
-        "mlx_version": mx.__version__,
-        "mlx_device": str(mx.default_device()),
-        "numpy_version": np.__version__,
-        "python": platform.python_version(),
-        "platform": f"{platform.system()} {platform.machine()}",
-    }
-
-
 def _compile_error(subject: Any, time_limit: float) -> str | None:
     """For a kernel form run on the emulator: clang's first complaint (one line, with the
     count of the others) when the text does not compile, tried on the check's first case
@@ -313,9 +161,19 @@ def _mutant_files(text: str, folder: str) -> list[str]:
     return names
 
 
+def _part(argv: list[str]) -> str:
+    """The part ``--part`` names (the tail when not given); a bad name is argparse's refusal."""
+    pre = argparse.ArgumentParser(prog="python -m workbench.check", add_help=False, allow_abbrev=False)
+    pre.add_argument("--part", choices=PART_NAMES, default=PART_NAMES[0])
+    return pre.parse_known_args(argv)[0].part
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command: the exit status (0 pass, 1 fail); a usage error is argparse's
-    ``SystemExit(2)`` with one line on stderr (see the module's docstring)."""
+    ``SystemExit(2)`` with one line on stderr (see the module's docstring). ``--part gdn``
+    hands the whole command line to :mod:`workbench.check.gdn_command`."""
+    if _part(sys.argv[1:] if argv is None else list(argv)) == "gdn":
+        return gdn_command.main(argv)
     # allow_abbrev off: which options were given is read from argv (below), by full name
     p = argparse.ArgumentParser(
         prog="python -m workbench.check",
@@ -324,11 +182,18 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("implementation", nargs="?", help="module:function of a callable tail")
-    p.add_argument("--kernels-dir", type=_path, help="a folder shaped like kernels/ (run on the CPU emulator)")
     p.add_argument(
-        "--source", type=_path, help="a file holding a Metal (or CUDA) kernel body, with the launch options below"
+        "--part",
+        choices=PART_NAMES,
+        default=PART_NAMES[0],
+        help="the part checked: tail (default; the options below) or gdn, the Gated DeltaNet recurrent step "
+        "(--part gdn --help lists its inputs and options)",
     )
-    p.add_argument("--dump", type=_path, help="a safetensors dump file or a folder of them (docs/DUMP_LAYOUT.md)")
+    p.add_argument("--kernels-dir", type=args.path, help="a folder shaped like kernels/ (run on the CPU emulator)")
+    p.add_argument(
+        "--source", type=args.path, help="a file holding a Metal (or CUDA) kernel body, with the launch options below"
+    )
+    p.add_argument("--dump", type=args.path, help="a safetensors dump file or a folder of them (docs/DUMP_LAYOUT.md)")
     p.add_argument(
         "--arrays",
         choices=ARRAY_KINDS,
@@ -347,13 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--output", default="out", help="the output's name ([hidden] float32; default out)")
     g.add_argument(
         "--grid",
-        type=_dims(2**31 - 1),
+        type=args.dims(2**31 - 1),
         default=(32, 1, 1),
         help="threads in the grid: X (1-D) or X,Y,Z (default 32)",
     )
     g.add_argument(
         "--threadgroup",
-        type=_dims(1024, 1024),
+        type=args.dims(1024, 1024),
         default=(32, 1, 1),
         help="threads in a threadgroup: X or X,Y,Z, at most 1024 in all as on Metal and CUDA (default 32)",
     )
@@ -367,24 +232,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--seeds",
-        type=_count(1, MAX_SEEDS),
+        type=args.count(1, MAX_SEEDS),
         default=100,
         help=f"seeded cases a configuration, 1 to {MAX_SEEDS} (default 100)",
     )
     p.add_argument(
         "--scales",
-        type=_scales,
+        type=args.number_list(positive=True),
         default=list(DEFAULT_SCALES),
         help="input scales, comma-separated (default " + ",".join(f"{s:g}" for s in DEFAULT_SCALES) + ")",
     )
     p.add_argument(
         "--fold",
-        type=_count(0, 2**20),
+        type=args.count(0, 2**20),
         default=16,
         help="fold block on wo's input (0: none; default 16; a --source takes unfolded weights only)",
     )
-    p.add_argument("--tolerance", type=_non_negative, help="your own tolerance on the worst scaled error")
-    p.add_argument("--time-limit", type=_positive, default=30.0, help="seconds a case may take (default 30)")
+    p.add_argument("--tolerance", type=args.non_negative, help="your own tolerance on the worst scaled error")
+    p.add_argument("--time-limit", type=args.positive, default=30.0, help="seconds a case may take (default 30)")
     p.add_argument(
         "--mutants", action="store_true", help="also run source-level mutants of --kernels-dir or an emulated --source"
     )
@@ -393,7 +258,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --kernels-dir: the files to mutate, comma-separated (default: every "
         "*.body and *.h; each mutant recompiles, so a large folder takes long)",
     )
-    p.add_argument("--record", type=_record, help="write the JSON record here (refused if the file exists)")
+    p.add_argument("--record", type=args.record, help="write the JSON record here (refused if the file exists)")
+    given = {tok.split("=", 1)[0] for tok in (sys.argv[1:] if argv is None else argv) if tok.startswith("--")}
+    step_only = sorted(given & set(gdn_command.ONLY_OPTIONS))
+    if step_only:
+        p.error(f"{', '.join(step_only)}: options of --part gdn (the recurrent step), not of the tail's check")
     a = p.parse_args(argv)
     forms = [x for x in (a.implementation, a.kernels_dir, a.source, a.dump) if x is not None]
     if len(forms) != 1:
@@ -414,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("WORKBENCH_TRACEBACK"):
             raise
         # One line, as argparse words it, without its usage block: the syntax was right.
-        print(f"{p.prog}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"{p.prog}: error: {args.one_line(e, OPTIONS)}", file=sys.stderr)
         raise SystemExit(USAGE_ERROR) from None
 
 
@@ -454,7 +323,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
         elif launch is not None:
             subject = SourceSubject(launch, language=a.language, run_on=a.run_on)
         else:
-            subject = CallableSubject(_callable(a.implementation), arrays=a.arrays, batched=a.batched)
+            subject = CallableSubject(args.load_callable(a.implementation), arrays=a.arrays, batched=a.batched)
         if a.kernels_dir or (launch is not None and a.run_on == "emulator"):
             problem = _compile_error(subject, a.time_limit)
             if problem is not None:
@@ -472,7 +341,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
                 else mutant_study(launch, **few)
             )
     print(rep)
-    record = {**rep.to_record(), **_provenance(argv)}
+    record = {**rep.to_record(), **args.provenance(argv)}
     if study is not None:
         print()
         print(study)
@@ -483,14 +352,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
             "table": json.loads(study.table.to_json(orient="records")),
         }
     if a.record is not None:
-        try:
-            files.write_atomic(a.record, json.dumps(record, indent=1) + "\n", overwrite=False)
-        except (OSError, ValueError) as e:  # a race with another writer, a full disk: the verdict stays printed
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())
-            raise ValueError(
-                f"--record: {a.record} was not written ({reason}); the verdict printed above "
-                f"stands: {'PASS' if rep.passed else 'FAIL'}"
-            ) from None
+        args.write_record(a.record, record, rep.passed)
     return 0 if rep.passed else 1
 
 

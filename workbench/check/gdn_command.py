@@ -1,0 +1,371 @@
+"""``python -m workbench.check --part gdn``: a Gated DeltaNet recurrent step of your own checked
+over runs of tokens with both states fed back, against the float64 truth.
+
+    python -m workbench.check --part gdn mypkg.steps:my_step --arrays mlx --tokens 1024 --record gdn.json
+    python -m workbench.check --part gdn --kernels-dir my_kernels/ --tokens 64 --seeds 8
+    python -m workbench.check --part gdn --source step.metal --header helpers.h --grid 6 --threadgroup 6 \\
+        --template HK=HK,HV=HV,DK=DK,DV=DV,K=K,C=C
+    python -m workbench.check --part gdn --dump gdn_dumps/ --horizons 1,64
+
+The step is a callable (``module:function``: ``StepInputs -> (out, conv_state, state)``, one
+token of one sequence, numpy, MLX or PyTorch arrays), a kernels folder (its ``gdn_step.body``
+on the workbench's launch, on the CPU emulator), a Metal (``--language cuda``: CUDA) step
+body with its launch, or an engine's safetensors dump of a run (docs/DUMP_LAYOUT.md). Exit 0:
+the verdict passes; 1: it fails; 2: nothing could be judged, with ONE line on stderr naming
+the option. The user's files are only read; a record is never overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from workbench import backends
+from workbench.check import command_args as args
+
+PROG = "python -m workbench.check"
+
+#: The check's parameters (as its ``ValueError`` messages name them) -> the options typed.
+OPTIONS: dict[str, str] = {
+    "fn": "implementation",
+    "folder": "--kernels-dir",
+    "path": "--dump",
+    "source": "--source",
+    "inputs": "--inputs",
+    "grid": "--grid",
+    "threadgroup": "--threadgroup",
+    "template": "--template",
+    "language": "--language",
+    "run_on": "--run-on",
+    "tokens": "--tokens",
+    "horizons": "--horizons",
+    "seeds": "--seeds",
+    "scales": "--scales",
+    "gates": "--gates",
+    "state_scales": "--state-scales",
+    "geometries": "--geometries",
+    "faults": "--faults",
+    "tolerance": "--tolerance",
+}
+
+#: Options of this part only (the tail's command names them when given without ``--part gdn``).
+ONLY_OPTIONS: tuple[str, ...] = (
+    "--tokens", "--horizons", "--gates", "--state-scales", "--geometries", "--faults", "--header",
+)  # fmt: skip
+
+#: The tail's options this part has no use for (refused by name, not as unrecognized).
+TAIL_OPTIONS: tuple[str, ...] = ("--batched", "--fold", "--mutants", "--mutant-files", "--output")
+
+_LAUNCH = ("--inputs", "--header", "--grid", "--threadgroup", "--template", "--language", "--run-on")
+_RUNS = ("--tokens", "--seeds", "--scales", "--gates", "--state-scales", "--geometries")
+
+
+def _names(what: str, allowed: tuple[str, ...], extra: tuple[str, ...] = ()) -> Callable[[str], list[str]]:
+    """argparse type: comma-separated names of ``allowed`` (or one of ``extra`` alone)."""
+
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",")]
+        if text.strip() in extra:
+            return []
+        bad = [t for t in items if t not in allowed]
+        if bad or not text.strip():
+            more = f", or {' or '.join(extra)}" if extra else ""
+            raise argparse.ArgumentTypeError(
+                f"must be comma-separated {what} of {', '.join(allowed)}{more}, got {text!r}"
+            )
+        return items
+
+    return parse
+
+
+def _ints(text: str) -> list[int]:
+    """argparse type of ``--horizons``: comma-separated integers >= 1."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1, got {text!r}")
+    return [args.count(1, 1 << 20)(t) for t in items]
+
+
+def _geometries(text: str) -> list[tuple[int, ...]]:
+    """argparse type of ``--geometries``: ``Hk/Hv/Dk/Dv/K`` items, comma-separated."""
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split("/")
+        if len(parts) != 5:
+            raise argparse.ArgumentTypeError(f"must be comma-separated Hk/Hv/Dk/Dv/K (e.g. 2/6/32/32/4), got {text!r}")
+        out.append(tuple(args.count(1, 1 << 16)(p.strip()) for p in parts))
+    return out
+
+
+#: The step's inputs and outputs, as ``--part gdn --help`` ends.
+INPUTS_HELP = """\
+A callable is handed one token of one sequence (workbench.check.StepInputs): mixed [C] (q | k | v
+before the conv, C = 2 Hk Dk + Hv Dv), z [Hv Dv], b and a [Hv], the states conv_state [K-1, C] and
+state [Hv, Dv, Dk], the layer's conv_w [K, C], a_log and dt_bias [Hv], o_norm [Dv], eps (the RMS
+norm's), k_heads (Hk), case and token (where it is). It returns (out [Hv Dv], conv_state [K-1, C],
+state [Hv, Dv, Dk]), float32: both states are fed back as the next token's.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The part's options, as ``--part gdn --help`` prints them."""
+    from workbench.check.gdn_cases import DEFAULT_GEOMETRIES, GATES
+    from workbench.check.gdn_faults import GDN_FAULTS
+    from workbench.check.gdn_run import DEFAULT_HORIZONS, STATE_SCALES, STEP_SCALES
+    from workbench.check.gdn_subjects import STEP_DIMS, STEP_INPUTS, STEP_OUTPUTS
+    from workbench.check.stored import ARRAY_KINDS
+
+    def csv(xs: Any) -> str:
+        return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in xs)
+
+    geoms = ",".join("/".join(map(str, g)) for g in DEFAULT_GEOMETRIES)
+    lines = [f"  {k}: {v}" for k, v in GATES.items()]
+    faults = [f"  {k}: {v}" for k, v in GDN_FAULTS.items()]
+    epilog = "\n".join([INPUTS_HELP, "gate regimes (--gates):", *lines, "", "fault models (--faults):", *faults])
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__,
+        epilog=epilog,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("implementation", nargs="?", help="module:function of a callable step (StepInputs -> 3 tensors)")
+    p.add_argument("--part", choices=("tail", "gdn"), default="tail", help="the part checked: here gdn")
+    p.add_argument("--kernels-dir", type=args.path, help="a folder shaped like kernels/ with your gdn_step.body")
+    p.add_argument("--source", type=args.path, help="a file holding a Metal (or CUDA) step body, launched as below")
+    p.add_argument("--dump", type=args.path, help="a safetensors dump of a run, or a folder of them (DUMP_LAYOUT)")
+    p.add_argument("--arrays", choices=ARRAY_KINDS, default="numpy", help="the arrays a callable is handed")
+    g = p.add_argument_group(
+        "the launch of --source",
+        f"the body writes {', '.join(STEP_OUTPUTS)} ([Hv Dv], [K-1, C], [Hv, Dv, Dk], float32)",
+    )
+    g.add_argument("--inputs", help=f"the body's inputs in order, comma-separated (default all: {csv(STEP_INPUTS)})")
+    g.add_argument("--header", type=args.path, help="a file of helper functions placed before the kernel")
+    g.add_argument("--grid", type=args.dims(2**31 - 1), default=(32, 1, 1), help="threads: X or X,Y,Z (default 32)")
+    g.add_argument(
+        "--threadgroup", type=args.dims(1024, 1024), default=(32, 1, 1), help="threads a group, X or X,Y,Z (32)"
+    )
+    g.add_argument("--template", help=f"NAME=value,... (a number, or one of {', '.join(STEP_DIMS)})")
+    g.add_argument("--language", choices=("metal", "cuda"), default="metal", help="the body's language")
+    g.add_argument("--run-on", choices=("emulator", "device"), default="emulator", help="the CPU emulator or the GPU")
+    r = p.add_argument_group("the runs (not with --dump: a dump is judged as dumped)")
+    r.add_argument("--tokens", type=args.count(1, 1 << 20), default=256, help="tokens a run, states fed back (256)")
+    r.add_argument("--seeds", type=args.count(1, 1_000_000), default=20, help="runs a condition (default 20)")
+    r.add_argument(
+        "--scales",
+        type=args.number_list(positive=True),
+        default=list(STEP_SCALES),
+        help=f"input scales of the conv's inputs (default {csv(STEP_SCALES)})",
+    )
+    r.add_argument(
+        "--gates",
+        type=_names("gate regimes", tuple(GATES)),
+        default=list(GATES),
+        help=f"gate regimes (default {csv(GATES)})",
+    )
+    r.add_argument(
+        "--state-scales",
+        type=args.number_list(positive=False),
+        default=list(STATE_SCALES),
+        help=f"the initial state's magnitudes (default {csv(STATE_SCALES)})",
+    )
+    r.add_argument(
+        "--geometries",
+        type=_geometries,
+        default=list(DEFAULT_GEOMETRIES),
+        help=f"Hk/Hv/Dk/Dv/K, comma-separated (default {geoms})",
+    )
+    p.add_argument(
+        "--horizons",
+        type=_ints,
+        default=list(DEFAULT_HORIZONS),
+        help=f"tokens the verdict is given at, the run's length always (default {csv(DEFAULT_HORIZONS)})",
+    )
+    p.add_argument(
+        "--faults",
+        type=_names("fault models", tuple(GDN_FAULTS), ("none",)),
+        default=list(GDN_FAULTS),
+        help="fault models run beside the step, comma-separated, or none (default all)",
+    )
+    p.add_argument("--tolerance", type=args.non_negative, help="your own tolerance on the worst scaled error")
+    p.add_argument("--time-limit", type=args.positive, default=30.0, help="seconds one token's call may take (30)")
+    p.add_argument("--record", type=args.record, help="write the JSON record here (refused if the file exists)")
+    return p
+
+
+def _unused(a: argparse.Namespace, given: set[str]) -> list[str]:
+    if a.dump is not None:
+        unused = {*_RUNS, *_LAUNCH, "--arrays", "--time-limit"}
+    elif a.source is not None:
+        unused = {"--arrays"}
+    else:
+        unused = set(_LAUNCH) | ({"--arrays"} if a.kernels_dir is not None else set())
+    return sorted(given & unused)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The part's command: exit status 0 pass, 1 fail; ``SystemExit(2)`` with one line otherwise."""
+    given_argv = sys.argv[1:] if argv is None else list(argv)
+    p = parser()
+    given = {tok.split("=", 1)[0] for tok in given_argv if tok.startswith("--")}
+    tail_only = sorted(given & set(TAIL_OPTIONS))
+    if tail_only:
+        p.error(f"{', '.join(tail_only)}: options of the tail's check, not used by --part gdn")
+    a = p.parse_args(given_argv)
+    forms = [x for x in (a.implementation, a.kernels_dir, a.source, a.dump) if x is not None]
+    if len(forms) != 1:
+        p.error("--part gdn: give exactly one of: implementation (module:function), --kernels-dir, --source, --dump")
+    unused = _unused(a, given)
+    if unused:
+        p.error(f"{', '.join(unused)}: not used by this form of the check (nothing given is ignored silently)")
+    try:
+        return _run(a, argv)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, backends.BackendUnavailable) as e:
+        if os.environ.get("WORKBENCH_TRACEBACK"):
+            raise
+        print(f"{PROG}: error: {args.one_line(e, OPTIONS)}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+class TimedStep:
+    """A step form whose every call (a sequence's preparation, a token) runs under a time
+    limit: a call past it raises ``TimeoutError`` (the check stops that sequence and names it)."""
+
+    def __init__(self, inner: Any, seconds: float) -> None:
+        from workbench.check.time_limit import LimitedCaller
+
+        self.inner, self.seconds, self._caller = inner, seconds, LimitedCaller(seconds)
+        self.name, self.kind = inner.name, inner.kind
+
+    def _limited(self, fn: Callable[..., Any], *xs: Any) -> Any:
+        o = self._caller(fn, *xs)
+        if o.timed_out:
+            raise TimeoutError(f"took over {self.seconds:g} s (--time-limit)")
+        if o.error is not None:
+            raise o.error
+        return o.value
+
+    def layer(self, shape: Any, consts: Mapping[str, Any], eps: float) -> Callable[[Any], Any]:
+        call = self._limited(self.inner.layer, shape, consts, eps)
+
+        def evaluated(step: Any) -> Any:
+            # MLX records a graph on the calling thread's stream: evaluated here, on the
+            # worker, so the check's thread reads finished arrays
+            import mlx.core as mx
+
+            out = call(step)
+            if isinstance(out, (tuple, list)):
+                mx.eval(*[x for x in out if isinstance(x, mx.array)])
+            return out
+
+        return lambda step: self._limited(evaluated, step)
+
+
+def _template(text: str | None) -> dict[str, Any]:
+    from workbench.check.gdn_subjects import STEP_DIMS
+
+    out: dict[str, Any] = {}
+    for item in filter(None, (text or "").split(",")):
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise ValueError(f"--template: items must be NAME=value, got {item!r}")
+        try:
+            out[name] = value if value in STEP_DIMS else int(value)
+        except ValueError:
+            try:
+                out[name] = float(value)
+            except ValueError:
+                out[name] = float("nan")
+            if not (abs(out[name]) < float("inf")):
+                raise ValueError(
+                    f"--template: {name}'s value must be a finite number or one of {STEP_DIMS}, got {value!r}"
+                ) from None
+    return out
+
+
+def _subject(a: argparse.Namespace) -> Any:
+    from workbench.check.gdn_subjects import STEP_INPUTS, CallableStep, KernelsFolderStep, StepSource
+
+    if a.kernels_dir is not None:
+        if not Path(a.kernels_dir).is_dir():
+            raise ValueError(f"--kernels-dir: must be a folder shaped like kernels/, got {a.kernels_dir!r}")
+        return KernelsFolderStep(a.kernels_dir)
+    if a.source is not None:
+        text = args.read_text("--source", a.source, "the step's kernel body")
+        header = "" if a.header is None else args.read_text("--header", a.header, "the kernel's helper functions")
+        ins = tuple(STEP_INPUTS) if a.inputs is None else tuple(a.inputs.split(","))
+        return StepSource(
+            text, ins, grid=a.grid, threadgroup=a.threadgroup, template=_template(a.template), header=header,
+            language=a.language, run_on=a.run_on, name=Path(a.source).stem,
+        )  # fmt: skip
+    fn = args.load_callable(a.implementation, "StepInputs -> (out, conv_state, state)")
+    return CallableStep(fn, arrays=a.arrays, name=a.implementation)
+
+
+def compile_error(subject: Any, geometry: Any, time_limit: float) -> str | None:
+    """For a kernel form on the emulator: clang's first complaint (with the count of the others)
+    when the text does not compile, tried on one token of the first geometry; None otherwise
+    (any other failure is the check's verdict, token by token)."""
+    from workbench.check.gdn_cases import geometry as as_geometry
+    from workbench.check.gdn_cases import token_run
+    from workbench.check.gdn_subjects import StepInputs
+    from workbench.kernels.metal_emulation import MetalCompileError
+
+    s = as_geometry(geometry)
+    r = token_run(s, [0], 1, scale=1.0, gate="typical", state_scale=1.0)
+    w = r.weights
+    consts = {"conv_w": w.conv_w[0], "a_log": w.a_log[0], "dt_bias": w.dt_bias[0], "o_norm": w.o_norm[0]}
+    step = StepInputs(r.mixed[0, 0], r.z[0, 0], r.b[0, 0], r.a[0, 0], r.conv_state[0], r.state[0],
+                      *consts.values(), w.eps, w.k_heads)  # fmt: skip
+    try:
+        TimedStep(subject, time_limit).layer(s, consts, w.eps)(step)
+    except MetalCompileError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        errors = [line for line in lines if ": error: " in line]
+        more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
+        return f"{errors[0] if errors else lines[0]}{more}"
+    except Exception:
+        return None
+    return None
+
+
+def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
+    from workbench.check.gdn_dump import check_step_dump
+    from workbench.check.gdn_run import check_step
+
+    common = {"horizons": a.horizons, "tolerance": a.tolerance, "faults": a.faults}
+    if a.dump is not None:
+        rep = check_step_dump(a.dump, **common)
+    else:
+        runs = {"tokens": a.tokens, "seeds": range(a.seeds), "scales": a.scales, "gates": a.gates}
+        runs |= {"state_scales": a.state_scales, "geometries": a.geometries}
+        from workbench.check.gdn_cases import geometry
+
+        for g in a.geometries:
+            geometry(g)  # every option checked before the first case
+        subject = _subject(a)
+        if a.kernels_dir or (a.source and a.run_on == "emulator"):
+            problem = compile_error(subject, a.geometries[0], a.time_limit)
+            if problem is not None:
+                option, given = ("--kernels-dir", a.kernels_dir) if a.kernels_dir else ("--source", a.source)
+                if a.source and problem.startswith("source:"):  # the emulator names the body "source"
+                    problem = a.source + problem.removeprefix("source")
+                raise ValueError(f"{option}: {given} does not compile for the emulator: {problem}")
+        rep = check_step(TimedStep(subject, a.time_limit), **runs, **common)
+    print(rep)
+    shown = rep.problems if a.dump is not None else rep.problems[:20]
+    if shown:
+        print(f"problems ({len(rep.problems)}):")
+        print("\n".join(f"  - {x}" for x in shown))
+        if len(shown) < len(rep.problems):
+            print(f"  ... and {len(rep.problems) - len(shown)} more (all in the record)")
+    if a.record is not None:
+        args.write_record(a.record, {**rep.to_record(), **args.provenance(argv)}, rep.passed)
+    return 0 if rep.passed else 1
