@@ -101,7 +101,11 @@ def smollm2(prompt: str = PROMPT) -> RealModel:
 
 def _check_backends(backends: Sequence[str], param: str = "backends") -> list[str]:
     """``backends`` as a list, each a concrete backend, or a ValueError naming ``param``."""
-    names = list(sequence(param, backends, what="backend names")) if param == "backends" else list(backends)
+    names = (
+        list(sequence(param, backends, what="backend names", non_empty=False))
+        if param == "backends"
+        else list(backends)
+    )
     for name in names:
         one_of(param, name, [b for b in backend_list.BACKENDS if b != "auto"])
     return names
