@@ -23,7 +23,8 @@ _HOMES, __getattr__, __dir__ = public_names(
     __name__,
     {
         "faults": ("FAULTS", "faulty_tail"),
-        "run": ("CheckReport", "check_kernel", "check_dump"),
+        "run": ("check_kernel", "check_dump"),
+        "report": ("CheckReport",),
         "dump": ("write_layer", "read_layer", "DumpError"),
         "source_launch": ("SourceLaunch",),
         "stored": ("StoredCase", "StoredMatrix", "stored_case"),
