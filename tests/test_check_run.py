@@ -69,7 +69,7 @@ def test_every_fault_is_caught_somewhere_by_the_calibrated_tolerance():
         if f == "group_scale_wrong":
             continue  # quantized cases only
         assert rates.loc[f].max() > 0.5, f
-    assert rates.loc["(correct)"].max() < 0.05
+    assert rates.loc["(reference)"].max() < 0.05
 
 
 def test_faulty_tail_without_fault_is_correct():

@@ -12,15 +12,22 @@ serves the next.
 from __future__ import annotations
 
 import importlib
-import multiprocessing as mp
+import os
+import pickle
+import select
 import signal
+import struct
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from workbench.check.guards import guarded_call
 from workbench.check.stored import StoredCase
 from workbench.check.subjects import SubjectError
 from workbench.check.time_limit import Outcome
+
+_HEADER = struct.Struct("<Q")
 
 
 def importable_path(fn: Any) -> str | None:
@@ -45,20 +52,42 @@ def load(path: str) -> Callable[..., Any]:
     return obj
 
 
-def _serve(conn: Any, path: str, arrays: str) -> None:  # pragma: no cover -- runs in the worker
+def _send(stream: BinaryIO, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: BinaryIO) -> Any:
+    """The next message, or EOFError when the other side is gone."""
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        raise EOFError
+    n = _HEADER.unpack(head)[0]
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError
+    return pickle.loads(data)
+
+
+def serve(path: str, arrays: str) -> None:  # pragma: no cover -- runs in the worker
+    """The worker's loop: cases in on stdin, outcomes out on the original stdout (what the
+    callable prints goes to stderr, so it cannot corrupt the messages)."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     fn = load(path)
+    stdin = sys.stdin.buffer
     while True:
         try:
-            job = conn.recv()
+            sc, want = _receive(stdin)
         except EOFError:
             return
-        sc, want = job
         try:
-            conn.send(("ok", guarded_call(fn, sc, arrays, want)))
+            _send(out, ("ok", guarded_call(fn, sc, arrays, want)))
         except SubjectError as e:
-            conn.send(("subject", str(e)))
+            _send(out, ("subject", str(e)))
         except BaseException as e:
-            conn.send(("raised", f"{type(e).__name__}: {e}"))
+            _send(out, ("raised", f"{type(e).__name__}: {e}"))
 
 
 def _died(code: int | None) -> str:
@@ -76,51 +105,60 @@ class ProcessCaller:
     def __init__(self, path: str, arrays: str, seconds: float) -> None:
         self.path, self.arrays, self.seconds = path, arrays, float(seconds)
         self._proc: Any = None
-        self._conn: Any = None
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_serve, args=(child, self.path, self.arrays), daemon=True, name="workbench-check")
-        proc.start()
-        child.close()
-        self._proc, self._conn = proc, parent
+        # A fresh interpreter, not multiprocessing's spawn: that re-runs the user's __main__
+        # script, which starts checks of its own unless guarded by ``if __name__ == "__main__"``.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+        code = "import sys; from workbench.check.isolation import serve; serve(sys.argv[1], sys.argv[2])"
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code, self.path, self.arrays], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+        )
 
     def _stop(self) -> None:
         if self._proc is not None:
             self._proc.kill()
-            self._proc.join(timeout=5)
-            self._conn.close()
-        self._proc = self._conn = None
+            self._proc.wait(timeout=5)
+            for f in (self._proc.stdin, self._proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        self._proc = None
 
     def close(self) -> None:
         """End the worker (a later call starts a fresh one)."""
         if self._proc is not None:
             try:
-                self._conn.close()  # the worker's recv sees EOF and returns
-                self._proc.join(timeout=5)
+                self._proc.stdin.close()  # the worker reads EOF and returns
+                self._proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
             finally:
                 self._stop()
 
     def _one(self, sc: StoredCase, want: tuple[int, ...], first: bool) -> Outcome:
         if self._proc is None:
             self._start()
+        proc = self._proc
         try:
-            self._conn.send((sc, want))
+            _send(proc.stdin, (sc, want))
             # the first call of a worker also waits for its start (imports): not the subject's time
-            ready = self._conn.poll(self.seconds + (60.0 if first else 0.0))
+            ready, _, _ = select.select([proc.stdout], [], [], self.seconds + (60.0 if first else 0.0))
         except (BrokenPipeError, OSError):
-            ready = True
+            ready = [proc.stdout]
         if not ready:
             self._stop()
             return Outcome(timed_out=True)
         try:
-            kind, value = self._conn.recv()
-        except (EOFError, OSError):
-            self._proc.join(timeout=5)
-            how = _died(self._proc.exitcode)
+            kind, value = _receive(proc.stdout)
+        except (EOFError, OSError, pickle.UnpicklingError):
+            try:
+                code = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
             self._stop()
-            return Outcome(error=SubjectError(f"its process died ({how}) on this case; the check went on"))
+            return Outcome(error=SubjectError(f"its process died ({_died(code)}) on this case; the check went on"))
         if kind == "ok":
             return Outcome(value=value)
         return Outcome(error=SubjectError(value if kind == "subject" else f"raised {value}"))

@@ -102,7 +102,8 @@ class CheckReport:
         rate it costs a correct tail), never the implementation's own."""
         import pandas as pd
 
-        ref = self.cases.rename(columns={f"ref_{m}": m for m in ("worst", "max_abs", "nmse")}, errors="ignore")
+        ref_cols = {m: self.cases[f"ref_{m}"] for m in ("worst", "max_abs", "nmse") if f"ref_{m}" in self.cases}
+        ref = pd.DataFrame({**ref_cols, "scale": self.cases["scale"]})
         frames = []
         groups = self.faults.groupby("fault", observed=True)
         for label, df in ((REFERENCE_ROW, ref), *((f, g) for f, g in groups)):
@@ -168,7 +169,7 @@ class CheckReport:
         head = f"{'PASS' if self.passed else 'FAIL'}: {self.kind} {self.subject!r}, {len(self.cases)} case runs"
         lines = [head, *("  - " + r for r in self.reasons)]
         lines += [*("  note: " + n for n in self.notes), self.calibrated_line(), f"determinism: {self.determinism}"]
-        lines += ["checked: " + "; ".join(self.checked)] if self.checked else []
+        lines += ["checked:", *("  - " + c for c in self.checked)] if self.checked else []
         lines.append(self.error_table().to_string(float_format=lambda v: f"{v:.3g}"))
         lines.append(_legend(ERROR_LEGEND))
         lines.append(self.catch_table().to_string(float_format=lambda v: f"{v:.3f}"))
