@@ -7,12 +7,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-import tests.check_user_tails as tails  # noqa: E402
-from workbench.check import CallableSubject, check_kernel  # noqa: E402
-from workbench.check.report import REFERENCE_ROW  # noqa: E402
+import tests.check_user_tails as tails
+from workbench.check import CallableSubject, check_kernel
+from workbench.check.report import REFERENCE_ROW
 
 SEEDS = range(60)
 
