@@ -11,7 +11,6 @@ serves the next.
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
 import select
@@ -19,37 +18,15 @@ import signal
 import struct
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from workbench.check.guards import guarded_call
 from workbench.check.stored import StoredCase
-from workbench.check.subjects import SubjectError
+from workbench.check.subjects import SubjectError, load
 from workbench.check.time_limit import Outcome
 
 _HEADER = struct.Struct("<Q")
-
-
-def importable_path(fn: Any) -> str | None:
-    """``"module:qualname"`` when ``fn`` can be imported again by that path in another process
-    (the same object found there), else None."""
-    module, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if not module or not qual or module == "__main__" or "<" in qual:
-        return None
-    try:
-        found = load(f"{module}:{qual}")
-    except Exception:  # any import failure: the callable stays in the check's process
-        return None
-    return f"{module}:{qual}" if found is fn else None
-
-
-def load(path: str) -> Callable[..., Any]:
-    """The object at ``"module:qualname"``."""
-    module, qual = path.split(":", 1)
-    obj: Any = importlib.import_module(module)
-    for part in qual.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _send(stream: BinaryIO, obj: Any) -> None:
@@ -109,7 +86,9 @@ class ProcessCaller:
     def _start(self) -> None:
         # A fresh interpreter, not multiprocessing's spawn: that re-runs the user's __main__
         # script, which starts checks of its own unless guarded by ``if __name__ == "__main__"``.
+        # the parent's import path; no __pycache__ written beside the user's module
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         code = "import sys; from workbench.check.isolation import serve; serve(sys.argv[1], sys.argv[2])"
         self._proc = subprocess.Popen(
             [sys.executable, "-c", code, self.path, self.arrays], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env

@@ -8,6 +8,7 @@ input-scale axes) into float32 outputs [..., hidden]; what goes wrong is raised 
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,28 @@ def checked_output(value: Any, want: tuple[int, ...]) -> np.ndarray:
     return a.astype(np.float32)
 
 
+def importable_path(fn: Any) -> str | None:
+    """``"module:qualname"`` when ``fn`` can be imported again by that path in another process
+    (the same object found there), else None."""
+    module, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qual or module == "__main__" or "<" in qual:
+        return None
+    try:
+        found = load(f"{module}:{qual}")
+    except Exception:  # any import failure: the callable stays in the check's process
+        return None
+    return f"{module}:{qual}" if found is fn else None
+
+
+def load(path: str) -> Callable[..., Any]:
+    """The object at ``"module:qualname"``."""
+    module, qual = path.split(":", 1)
+    obj: Any = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 @dataclass(frozen=True)
 class CallableSubject:
     """A Python function ``fn(case: StoredCase) -> array [hidden]`` (numpy, MLX or PyTorch,
@@ -81,8 +104,6 @@ class CallableSubject:
         if not self.name:
             object.__setattr__(self, "name", getattr(self.fn, "__qualname__", type(self.fn).__name__))
         if self.process is not False:
-            from workbench.check.isolation import importable_path  # it imports this module
-
             path = importable_path(self.fn)
             if path is None and self.process:
                 raise ValueError(
