@@ -5,7 +5,10 @@
 Metal or CUDA source); ``source_launch`` a source and its launch, and the one adapter to the
 CPU emulator; ``time_limit`` a call under a time limit; ``faults`` the fault models;
 ``verdict`` the paired sign test against the workbench's graph tail; ``run`` the check
-itself and its :class:`~workbench.check.run.CheckReport`; ``dump`` an engine's dumped
+itself; ``report`` its :class:`~workbench.check.report.CheckReport` (``report_figure`` the
+figure); ``calls`` the implementation's two runs of a block, ``guards`` a call guarded (fresh
+inputs verified unchanged, no aliased output), ``isolation`` a callable in a worker process
+of its own; ``dump`` an engine's dumped
 layers (read and written); ``mutants`` source-level mutants of a user's kernel text, run
 through the same check; ``tolerances`` tolerances per input scale, their catches beside
 their flakes; ``blocks`` the check's own work (stored weights, truth, reference) a block
@@ -25,7 +28,8 @@ _HOMES, __getattr__, __dir__ = public_names(
     __name__,
     {
         "faults": ("FAULTS", "faulty_tail"),
-        "run": ("CheckReport", "check_kernel", "check_dump"),
+        "run": ("check_kernel", "check_dump"),
+        "report": ("CheckReport",),
         "dump": ("write_layer", "read_layer", "DumpError"),
         "source_launch": ("SourceLaunch",),
         "stored": ("StoredCase", "StoredMatrix", "stored_case"),

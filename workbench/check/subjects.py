@@ -8,9 +8,10 @@ input-scale axes) into float32 outputs [..., hidden]; what goes wrong is raised 
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,25 +55,73 @@ def checked_output(value: Any, want: tuple[int, ...]) -> np.ndarray:
     return a.astype(np.float32)
 
 
+def importable_path(fn: Any) -> str | None:
+    """``"module:qualname"`` when ``fn`` can be imported again by that path in another process
+    (the same object found there), else None."""
+    module, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qual or module == "__main__" or "<" in qual:
+        return None
+    try:
+        found = load(f"{module}:{qual}")
+    except Exception:  # any import failure: the callable stays in the check's process
+        return None
+    return f"{module}:{qual}" if found is fn else None
+
+
+def load(path: str) -> Callable[..., Any]:
+    """The object at ``"module:qualname"``."""
+    module, qual = path.split(":", 1)
+    obj: Any = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 @dataclass(frozen=True)
 class CallableSubject:
     """A Python function ``fn(case: StoredCase) -> array [hidden]`` (numpy, MLX or PyTorch,
     ``arrays`` says which it is handed); ``batched``: it takes the input scales of one case
-    as a leading axis ([n, branch] in, [n, hidden] out) in one call."""
+    as a leading axis ([n, branch] in, [n, hidden] out) in one call. ``process``: run it in a
+    worker process of its own (:mod:`workbench.check.isolation`): None (the default) where
+    it is importable by ``module:qualname``, True to require that, False never; ``path`` is
+    that import path when it runs there, else ``""``."""
 
     fn: Callable[[StoredCase], Any]
     arrays: str = "numpy"
     batched: bool = False
     name: str = ""
     kind: str = "callable"
+    process: bool | None = None
+    path: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
             raise ValueError(f"fn: must be callable (case -> output array), got {describe(self.fn)}")
         one_of("arrays", self.arrays, ARRAY_KINDS)
         flag("batched", self.batched)
+        if self.process is not None and not isinstance(self.process, bool):
+            raise ValueError(f"process: must be True, False or None (where importable), got {describe(self.process)}")
         if not self.name:
             object.__setattr__(self, "name", getattr(self.fn, "__qualname__", type(self.fn).__name__))
+        if self.process is not False:
+            path = importable_path(self.fn)
+            if path is None and self.process:
+                raise ValueError(
+                    "process: True needs a function importable by module:qualname (not a lambda, a closure "
+                    f"or one defined in __main__), got {describe(self.fn)}"
+                )
+            object.__setattr__(self, "path", path or "")
+
+    def jobs(self, sc: StoredCase) -> list[tuple[StoredCase, tuple[int, ...]]]:
+        """The cases one case's calls are handed, numpy (one, or one a scale), each with the
+        shape it must return: what :func:`workbench.check.guards.guarded_call` takes."""
+        hidden = sc.shape[0]
+        if self.batched:
+            return [(sc, (sc.branch.shape[0], hidden))]
+        return [
+            (StoredCase(**{**sc.__dict__, "branch": sc.branch[i], "residual": sc.residual[i]}), (hidden,))
+            for i in range(sc.branch.shape[0])
+        ]
 
     def calls(self, sc: StoredCase) -> list[tuple[Callable[[], np.ndarray], tuple[int, ...]]]:
         """The calls one case takes (one, or one a scale), each with the shape it must return."""
