@@ -9,7 +9,7 @@ from workbench.check import check_dump
 from workbench.check.dump import DumpError, read_layer
 
 
-def _write(path, n=40, seed=0, eps_outside=False, drop=None, bad_shape=None):
+def _write(path, n=40, seed=0, eps_outside=False, drop=None, bad_shape=None, extra=None, meta=None):
     rng = np.random.default_rng(seed)
     h, b, f = 64, 96, 80
     t = {
@@ -31,7 +31,8 @@ def _write(path, n=40, seed=0, eps_outside=False, drop=None, bad_shape=None):
         del t[drop]
     if bad_shape:
         t[bad_shape] = t[bad_shape][:, :-1]
-    save_file(t, str(path), metadata={"eps": "1e-06", "model": "test", "layer": "0"})
+    t.update(extra or {})
+    save_file(t, str(path), metadata={"eps": "1e-06", "model": "test", "layer": "0", **(meta or {})})
 
 
 def test_a_correct_engine_dump_is_judged_correct(tmp_path):
@@ -102,3 +103,60 @@ def test_a_truncated_dump_is_refused_by_name(tmp_path):
     (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(DumpError, match="cut.safetensors"):
         read_layer(tmp_path / "cut.safetensors")
+
+
+def test_a_fold_half_written_is_refused_naming_the_file_and_the_key(tmp_path):
+    signs = np.where(np.arange(96) % 3 == 0, -1.0, 1.0).astype(np.float32)
+    _write(tmp_path / "signs_only.safetensors", extra={"fold.signs": signs})
+    with pytest.raises(DumpError, match=r"signs_only.safetensors: metadata 'fold_block' is missing"):
+        read_layer(tmp_path / "signs_only.safetensors")
+    _write(tmp_path / "block_only.safetensors", meta={"fold_block": "16"})
+    with pytest.raises(DumpError, match=r"block_only.safetensors: tensor 'fold.signs' is missing.*'16'"):
+        read_layer(tmp_path / "block_only.safetensors")
+    _write(tmp_path / "short.safetensors", extra={"fold.signs": signs[:-1]}, meta={"fold_block": "16"})
+    with pytest.raises(DumpError, match=r"short.safetensors: tensor 'fold.signs' has shape \(95,\)"):
+        read_layer(tmp_path / "short.safetensors")
+    _write(tmp_path / "whole.safetensors")
+    rep = check_dump(tmp_path)  # the good file judged; each half-written fold named, never read as another map
+    assert not rep.passed and len(rep.problems) == 3
+    for name in ("signs_only", "block_only", "short"):
+        assert any(r.startswith(f"file not read: {name}.safetensors: ") for r in rep.reasons), rep.reasons
+
+
+def test_write_layer_writes_a_fold_without_signs_as_all_plus_one(tmp_path):
+    from workbench.check.dump import write_layer
+    from workbench.fold.rotation import HadamardFold
+    from workbench.fold.weights import WeightMatrix
+    from workbench.studies.cases import case_weights
+    from workbench.tail import fused_tail
+    from workbench.tail.weights import TailWeights
+
+    w0, b, r = case_weights((64, 96, 80), 2)
+    wo = WeightMatrix(w0.wo.dense(np.float32), HadamardFold(16, None))
+    w = TailWeights(wo, w0.ffn_norm, w0.gate, w0.up, w0.down, eps=w0.eps)
+    out = fused_tail(w, b[None], r[None], backend="graph")
+    got = read_layer(write_layer(tmp_path / "l.safetensors", w, b[None], r[None], out))
+    np.testing.assert_array_equal(got.weights.wo.fold.signs, np.ones(96))
+    np.testing.assert_array_equal(fused_tail(got.weights, b[None], r[None], backend="graph"), out)
+
+
+def test_every_broken_file_is_named_with_what_is_wrong(tmp_path):
+    for i in range(8):
+        _write(tmp_path / f"bad{i}.safetensors", drop=("up", "gate", "ffn_norm", "output")[i % 4])
+    with pytest.raises(ValueError) as e:
+        check_dump(tmp_path)
+    msg = str(e.value)
+    assert msg.startswith("path: no dump file could be read: ") and "\n" not in msg
+    for i in range(8):
+        assert f"bad{i}.safetensors: tensor '{('up', 'gate', 'ffn_norm', 'output')[i % 4]}' is missing" in msg, msg
+
+
+def test_a_failing_dump_names_its_files_and_rows(tmp_path):
+    _write(tmp_path / "good.safetensors", seed=1)
+    for i in range(2):
+        _write(tmp_path / f"eps{i}.safetensors", seed=i, eps_outside=True)
+    rep = check_dump(tmp_path, tolerance=1e-7)
+    assert not rep.passed
+    text = " ".join(rep.reasons)
+    assert "seed 0 at scale" not in text and "first: eps0.safetensors row " in text, rep.reasons
+    assert "in 2 file(s): eps0.safetensors, eps1.safetensors" in text, rep.reasons

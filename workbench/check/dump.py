@@ -5,10 +5,10 @@ The layout (docs/DUMP_LAYOUT.md has a writer example): tensors ``wo`` [hidden, b
 [hidden, ffn] in any float dtype, or quantized as ``<name>.codes`` (uint32, ``mx.quantize``'s
 packing), ``<name>.scales`` and, for affine, ``<name>.biases``; ``ffn_norm`` [hidden] (the
 effective weight); ``branch`` [n, branch], ``residual`` [n, hidden] and ``output`` [n, hidden]
-(the engine's result), one row a case; optionally ``fold.signs`` [branch]. Metadata
-(strings): ``eps`` (required), ``fold_block`` (with a fold), and for quantized weights
-``quant_mode``, ``quant_bits``, ``quant_group_size``; ``model`` and ``layer`` are carried
-into the report. The files are only read.
+(the engine's result), one row a case; ``fold.signs`` [branch] with a fold. Metadata
+(strings): ``eps`` (required), ``fold_block`` (a fold: it and ``fold.signs`` together, one
+without the other refused), for quantized weights ``quant_mode``, ``quant_bits``,
+``quant_group_size``; ``model`` and ``layer`` go into the report. The files are only read.
 
 :func:`write_layer` writes one such file from the workbench's own ``TailWeights`` (an
 engine written in Python, or a model run through mlx-lm, dumps its layers with it); the
@@ -79,6 +79,31 @@ def _matrix(path: Path, t: dict, meta: dict, name: str, shape: tuple[int, int], 
     return WeightMatrix(qb, fold)
 
 
+def _fold(path: Path, t: dict, meta: dict, n_branch: int) -> HadamardFold | None:
+    """The fold on wo's input: metadata ``fold_block`` and tensor ``fold.signs`` [branch] both, or
+    neither (unfolded); one without the other is refused (it would be read as another map)."""
+    has_block, has_signs = "fold_block" in meta, "fold.signs" in t
+    if has_signs and not has_block:
+        raise DumpError(
+            f"{path.name}: metadata 'fold_block' is missing while tensor 'fold.signs' is present "
+            "(a fold needs both; an unfolded wo has neither)"
+        )
+    if has_block and not has_signs:
+        raise DumpError(
+            f"{path.name}: tensor 'fold.signs' is missing while metadata 'fold_block' is "
+            f"{meta['fold_block']!r} (a fold needs both: write its signs, +1/-1 [branch], all +1 if it has none)"
+        )
+    if not has_block:
+        return None
+    signs = t["fold.signs"]
+    if tuple(signs.shape) != (n_branch,):
+        raise DumpError(f"{path.name}: tensor 'fold.signs' has shape {tuple(signs.shape)}, expected ({n_branch},)")
+    try:
+        return HadamardFold(int(meta["fold_block"]), np.array(signs.astype(mx.float32)))
+    except ValueError as e:
+        raise DumpError(f"{path.name}: metadata 'fold_block' / tensor 'fold.signs': {e}") from None
+
+
 def read_layer(path: str | Path) -> DumpedLayer:
     """One dump file, checked against the layout (:class:`DumpError` names the file and tensor)."""
     path = Path(path)
@@ -110,13 +135,7 @@ def read_layer(path: str | Path) -> DumpedLayer:
     gate_rows = t["gate"].shape[0] if "gate" in t else int(t["gate.scales"].shape[0]) if "gate.scales" in t else None
     if gate_rows is None:
         raise DumpError(f"{path.name}: tensor 'gate' is missing")
-    fold = None
-    if "fold_block" in meta:
-        signs = np.array(t["fold.signs"].astype(mx.float32)) if "fold.signs" in t else None
-        try:
-            fold = HadamardFold(int(meta["fold_block"]), signs)
-        except ValueError as e:
-            raise DumpError(f"{path.name}: metadata fold_block / tensor fold.signs: {e}") from None
+    fold = _fold(path, t, meta, n_branch)
     shapes = {
         "wo": (n_hidden, n_branch),
         "gate": (gate_rows, n_hidden),
@@ -209,9 +228,9 @@ def write_layer(
             raise ValueError(
                 f"weights: the layout holds a fold on wo's input without a permutation (block and signs), got {fold!r}"
             )
-        meta["fold_block"] = str(fold.block)
-        if fold.signs is not None:
-            tensors["fold.signs"] = mx.array(np.asarray(fold.signs, dtype=np.float32))
+        meta["fold_block"] = str(fold.block)  # with its signs always (all +1 for a fold without)
+        signs = np.ones(b, dtype=np.float32) if fold.signs is None else np.asarray(fold.signs, dtype=np.float32)
+        tensors["fold.signs"] = mx.array(signs)
     if model is not None:
         meta["model"] = str(model)
     if layer is not None:

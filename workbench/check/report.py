@@ -193,7 +193,7 @@ def _determinism(cases: Any) -> tuple[str, list[str], list[str]]:
         row = cases[beyond].iloc[0]
         reason = (
             f"{int(beyond.sum())} of {n} case run(s) gave a different result {how}, beyond rounding "
-            f"(first: seed {row['seed']} at scale {row['scale']:g}, difference {row['rerun_diff']:.3g}): state kept "
+            f"(first: {case_label(row)}, difference {row['rerun_diff']:.3g}): state kept "
             "between calls, or a cache keyed by input identity"
         )
         return f"NOT deterministic: {reason}", [reason], []
@@ -216,9 +216,25 @@ def _reference_past_user(cases: Any, user: tuple[str, float] | None) -> list[str
     row = bad.iloc[0]
     return [
         f"the workbench's own reference exceeds your tolerance ({metric} <= {limit:g}) on {len(bad)} of "
-        f"{len(cases)} case run(s) (first: seed {row['seed']} at scale {row['scale']:g}, {row[f'ref_{metric}']:.3g}): "
+        f"{len(cases)} case run(s) (first: {case_label(row)}, {row[f'ref_{metric}']:.3g}): "
         "a correct float32 tail fails it there; the tolerance is tighter than float32 rounding allows"
     ]
+
+
+def case_label(row: Any) -> str:
+    """A case run in words: a dumped row by its file and row, a seeded case by its seed and scale."""
+    file = row.get("file") if hasattr(row, "get") else None
+    if isinstance(file, str):
+        return f"{file} row {int(row['seed'])}"
+    return f"seed {row['seed']} at scale {row['scale']:g}"
+
+
+def _in_files(rows: Any) -> str:
+    """For a dump's rows: `` in N file(s): a, b``, every file named; empty for seeded cases."""
+    if "file" not in rows or not len(rows):
+        return ""
+    names = list(dict.fromkeys(str(f) for f in rows["file"]))
+    return f", in {len(names)} file(s): {', '.join(names)}"
 
 
 def build_report(
@@ -242,21 +258,25 @@ def build_report(
         tols["user's"] = user
     tests = verdict_mod.sign_tests(cases["scale"].to_numpy(), cases["worst"].to_numpy(), cases["ref_worst"].to_numpy())
     reasons = []
-    if problems:
+    if problems and kind == "dump":  # every file not read, each with what is wrong
+        reasons += [f"file not read: {p}" for p in problems]
+    elif problems:
         reasons.append(f"{len(problems)} case run(s) gave no usable result, first: {problems[0]}")
     for tol_name, (metric, limit) in tols.items():
         bad = cases[~(cases[metric] <= limit)]
         if len(bad):
             row = bad.iloc[0]
             reasons.append(
-                f"{len(bad)} case run(s) fail the {tol_name} tolerance ({metric} <= {limit:g}), first: seed "
-                f"{row['seed']} at scale {row['scale']:g} ({metric} {row[metric]:.3g})"
+                f"{len(bad)} case run(s) fail the {tol_name} tolerance ({metric} <= {limit:g}){_in_files(bad)}, "
+                f"first: {case_label(row)} ({metric} {row[metric]:.3g})"
             )
+    past = ~(cases["worst"] <= verdict_mod.RATIO * cases["ref_worst"])
     for t in tests:
         if t.rejected:
             reasons.append(
                 f"at input scale {t.scale:g} the errors are not those of a correct float32 tail: "
-                f"{t.exceed} of {t.n} cases are past {verdict_mod.RATIO:g}x the reference's "
+                f"{t.exceed} of {t.n} cases are past {verdict_mod.RATIO:g}x the reference's"
+                f"{_in_files(cases[past & (cases['scale'] == t.scale)])} "
                 f"(the {verdict_mod.TEST_NAME} rejects at {t.critical}; p = {t.p_value:.2g})"
             )
     determinism, rerun_reasons, notes = _determinism(cases)

@@ -292,7 +292,7 @@ def check_dump(
             for j in range(len(B)):
                 frows.append({**base, "fault": flt, "seed": j, "scale": 1.0, **{k: float(v[j]) for k, v in fm.items()}})
     if not rows:
-        raise ValueError(f"path: no dump file could be read: {problems[0] if problems else 'none found'}")
+        raise ValueError(f"path: no dump file could be read: {'; '.join(problems) if problems else 'none found'}")
     import pandas as pd
 
     return build_report(
