@@ -71,6 +71,7 @@ class CheckReport:
     notes: list[str] = field(default_factory=list)
     determinism: str = "not run"
     checked: list[str] = field(default_factory=list)
+    reproducers: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -143,6 +144,7 @@ class CheckReport:
             "problems": self.problems,
             "checked": self.checked,
             "determinism": self.determinism,
+            "reproducers": self.reproducers,
             "tolerances": {k: list(v) for k, v in self.tolerances.items()},
             "calibrated": None
             if self.calibrated is None
@@ -170,6 +172,8 @@ class CheckReport:
         lines = [head, *("  - " + r for r in self.reasons)]
         lines += [*("  note: " + n for n in self.notes), self.calibrated_line(), f"determinism: {self.determinism}"]
         lines += ["checked:", *("  - " + c for c in self.checked)] if self.checked else []
+        if self.reproducers:
+            lines.append(f"reproducers: {len(self.reproducers)} written ({self.reproducers[0]} ..)")
         lines.append(self.error_table().to_string(float_format=lambda v: f"{v:.3g}"))
         lines.append(_legend(ERROR_LEGEND))
         lines.append(self.catch_table().to_string(float_format=lambda v: f"{v:.3f}"))

@@ -19,6 +19,7 @@ from workbench import validate
 from workbench.check import blocks
 from workbench.check.calls import callers, rerun_difference, run_block, where_it_ran
 from workbench.check.faults import FAULTS, applies, faulty_tail
+from workbench.check.replay import DEFAULT_MAX_BYTES, ReplayDir, case_failures, case_metrics, write_reproducer
 from workbench.check.report import CheckReport, build_report
 from workbench.check.stored import stored_case
 from workbench.check.subjects import CallableSubject
@@ -33,6 +34,7 @@ from workbench.studies.cases import (
     quant_spec,
 )
 from workbench.tail.comparison import max_abs_error, nmse, worst_scaled_error
+from workbench.tail.frink_case import SEED_TOL
 from workbench.tail.paths import fused_tail, host_tail
 from workbench.tail.weights import DEFAULT_EPS
 
@@ -68,7 +70,7 @@ def _flake_rate(flake_rate: Any) -> float:
     return validate.number("flake_rate", flake_rate, minimum=0, exclusive_minimum=True, maximum=0.5)
 
 
-def _subject(subject: Any) -> Any:
+def as_subject(subject: Any) -> Any:
     """``subject`` as a form with ``calls`` (a plain callable becomes a :class:`CallableSubject`)."""
     if hasattr(subject, "calls"):
         return subject
@@ -118,13 +120,17 @@ def check_kernel(
     time_limit: float = 30.0,
     eps: float = DEFAULT_EPS,
     rerun: bool = True,
+    replay_dir: Any = None,
+    replay_max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> CheckReport:
     """Check ``subject`` (a callable, or a form of :mod:`workbench.check.subjects`) on every
     combination of ``shapes`` x ``dtypes`` x ``folds`` x ``quantize`` x ``seeds``, each at every
     input scale. ``tolerance``: the user's own (a limit on ``worst``, or ``(metric, limit)``);
     ``flake_rate``: the per-case rate the calibrated tolerance is set at; ``time_limit``: seconds
     a call may take before its case is reported as hanging; ``rerun``: run every case a second
-    time, in the reverse order, and compare the bits (the report's ``determinism``).
+    time, in the reverse order, and compare the bits (the report's ``determinism``); ``replay_dir``:
+    a folder where each failing case is written as a reproducer (:mod:`workbench.check.replay`),
+    each at most ``replay_max_bytes`` (checked before any case runs).
 
     The implementation runs one case a call; the truth and the graph reference run a block
     of :data:`~workbench.studies.cases.CASE_BLOCK` cases at a time (:mod:`workbench.check.blocks`:
@@ -132,7 +138,7 @@ def check_kernel(
     ``wo``'s input with its own random signs)."""
     import pandas as pd
 
-    subject = _subject(subject)
+    subject = as_subject(subject)
     user = _user_tolerance(tolerance)
     flake_rate = _flake_rate(flake_rate)
     # The inputs are multiplied in float32; the rows are labelled with the scales as given
@@ -148,6 +154,7 @@ def check_kernel(
         validate.within_memory("seeds", len(seeds) * 8, f"{len(seeds)} seeds")
     seed_arr = check_seeds(seeds)
     eps = validate.number("eps", eps, minimum=0, exclusive_minimum=True)
+    where = ReplayDir.of(replay_dir, replay_max_bytes)
     frames, fframes, problems = [], [], []
     configs = []
     for shp in validate.sequence("shapes", shapes, what="(hidden, branch, ffn) triples"):
@@ -159,16 +166,19 @@ def check_kernel(
                 for q in validate.sequence("quantize", quantize, what="None, format names or dicts"):
                     qlabel, spec = quant_spec(q)
                     check_quant_fits(spec, shp)
-                    configs.append((shp, dtype, fold, qlabel, spec))
+                    if where is not None:
+                        where.check_fits(shp, len(scale_labels), fold)
+                    configs.append((shp, dtype, fold, qlabel, spec, q))
     chunks = [seed_arr[k : k + CASE_BLOCK] for k in range(0, len(seed_arr), CASE_BLOCK)]
     calls = callers(subject, seconds)
+    writer = None if where is None else _Reproducers(where, subject, user, scale_labels)
     try:
-        _blocks(subject, calls, configs, chunks, scale_labels, faults, eps, rerun, frames, fframes, problems)
+        _blocks(subject, calls, configs, chunks, scale_labels, faults, eps, rerun, frames, fframes, problems, writer)
     finally:
         calls.close()
     cases = pd.concat(frames, ignore_index=True)
     fault_df = pd.concat(fframes, ignore_index=True) if fframes else None
-    return build_report(
+    report = build_report(
         cases,
         fault_df,
         problems,
@@ -178,6 +188,41 @@ def check_kernel(
         getattr(subject, "kind", "callable"),
         checked=_checked(subject, rerun),
     )
+    report.reproducers = [] if writer is None else [str(p) for p in writer.written]
+    return report
+
+
+class _Reproducers:
+    """Writes each failing case of a check as a reproducer (:mod:`workbench.check.replay`)."""
+
+    def __init__(self, where: ReplayDir, subject: Any, user: tuple[str, float] | None, scales: list[float]):
+        self.where, self.scales = where, scales
+        self.subject = (getattr(subject, "name", "?"), getattr(subject, "kind", "callable"))
+        self.tolerances = {"frink-models 2e-4": ("worst", SEED_TOL), **({"user's": user} if user else {})}
+        self.written: list[Any] = []
+
+    def block(self, config: tuple, c: Any, names: list[str], B: Any, R: Any, out: Any, truth: Any, eps: float) -> None:
+        shp, dtype, fold, qlabel, _, q = config
+        for i, seed in enumerate(c.seeds):
+            failures = case_failures(case_metrics(out[i], truth[i]), self.tolerances, self.scales)
+            if not failures:
+                continue
+            case = {
+                "seed": int(seed),
+                "shape": [int(v) for v in shp],
+                "dtype": dtype,
+                "fold": None if fold is None else int(fold),
+                "quantize": q,
+                "quant_label": qlabel,
+                "eps": float(eps),
+                "scales": self.scales,
+                "tolerances": {k: [m, float(v)] for k, (m, v) in self.tolerances.items()},
+                "subject": self.subject[0],
+                "form": self.subject[1],
+                "name": names[i],
+                "failures": failures,
+            }
+            self.written.append(write_reproducer(self.where, case, B[i], R[i], out[i], truth[i]))
 
 
 def _checked(subject: Any, rerun: bool) -> list[str]:
@@ -210,11 +255,13 @@ def _blocks(
     frames: list,
     fframes: list,
     problems: list[str],
+    writer: _Reproducers | None = None,
 ) -> None:
     """Every configuration and block of seeds: the truth, the reference, the implementation's
     runs and the fault models, appended to ``frames`` / ``fframes`` / ``problems``."""
     scale_arr = np.array(scale_labels, dtype=np.float32)
-    for shp, dtype, fold, qlabel, spec in configs:
+    for config in configs:
+        shp, dtype, fold, qlabel, spec, _ = config
         base = {"hidden": shp[0], "branch": shp[1], "ffn": shp[2], "dtype": dtype, "fold": str(fold), "quant": qlabel}
         for chunk in chunks:
             c = case_arrays(shp, chunk)
@@ -243,6 +290,8 @@ def _blocks(
             )
             if not (np.array_equal(kept[0], B) and np.array_equal(kept[1], R)):
                 problems.append(f"{scs[0].case} ..: the implementation changed the branch or residual in place")
+            if writer is not None:
+                writer.block(config, c, [sc.case for sc in scs], B, R, runs.first, truth, eps)
             metrics = _metric_columns(runs.first, truth, ref)
             if runs.again is not None:
                 metrics["rerun_diff"] = rerun_difference(runs.first, runs.again, truth)
