@@ -83,3 +83,39 @@ def test_the_size_cap_refuses_before_any_case_runs(tmp_path):
 
         w, b, r = case_weights((64, 96, 80), 0, fold=None)
         replay(write_layer(tmp_path / "d.safetensors", w, b[None], r[None], r[None]), fn)
+
+
+def test_the_command_writes_and_replays_a_failing_callable(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "user_tails.py").write_text(
+        "import numpy as np\n\n\ndef tail(case):\n"
+        "    x = case.residual + case.branch @ case.wo.dense().T\n"
+        "    nx = x / (np.sqrt((x * x).mean(-1, keepdims=True)) + np.float32(case.eps)) * case.ffn_norm\n"
+        "    g, u = nx @ case.gate.dense().T, nx @ case.up.dense().T\n"
+        "    return (x + (g / (1 + np.exp(-g)) * u) @ case.down.dense().T).astype(np.float32)\n"
+    )
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), repo]), "PYTHONDONTWRITEBYTECODE": "1"}
+    base = [sys.executable, "-m", "workbench.check", "user_tails:tail"]
+
+    def run(*extra):
+        return subprocess.run([*base, *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    first = run("--seeds", "2", "--scales", "0.01", "--fold", "0", "--replay-dir", "cases")
+    assert first.returncode == 1 and "reproducers: 2 written" in first.stdout, first.stdout + first.stderr
+    file = sorted((tmp_path / "cases").iterdir())[0]
+    again = run("--replay", str(file))
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "same verdict as written (FAIL): yes; same output bits: yes" in again.stdout, again.stdout
+    bad = run("--replay", str(file), "--seeds", "3")
+    assert bad.returncode == 2 and "--seeds: not used by this form" in bad.stderr, bad.stderr
+    missing = run("--replay", str(tmp_path / "nope.safetensors"))
+    assert (
+        missing.returncode == 2
+        and missing.stderr.count("\n") == 1
+        and "--replay: must be a reproducer" in missing.stderr
+    )

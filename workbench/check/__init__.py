@@ -9,7 +9,7 @@ itself; ``report`` its :class:`~workbench.check.report.CheckReport` (``report_fi
 figure); ``calls`` the implementation's two runs of a block, ``guards`` a call guarded (fresh
 inputs verified unchanged, no aliased output), ``isolation`` a callable in a worker process
 of its own; ``dump`` an engine's dumped
-layers (read and written); ``mutants`` source-level mutants of a user's kernel text, run
+layers (read and written); ``replay`` each failing case as a reproducer, run again; ``mutants`` source-level mutants of a user's kernel text, run
 through the same check; ``tolerances`` tolerances per input scale, their catches beside
 their flakes; ``blocks`` the check's own work (stored weights, truth, reference) a block
 of cases at a time. ``parts`` the parts of a layer the check takes (the tail, the Gated
@@ -31,6 +31,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "run": ("check_kernel", "check_dump"),
         "report": ("CheckReport",),
         "dump": ("write_layer", "read_layer", "DumpError"),
+        "replay": ("replay", "read_reproducer", "Replay"),
         "source_launch": ("SourceLaunch",),
         "stored": ("StoredCase", "StoredMatrix", "stored_case"),
         "subjects": ("CallableSubject", "KernelsFolderSubject", "SourceSubject", "SubjectError"),

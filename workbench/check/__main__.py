@@ -5,12 +5,16 @@
     python -m workbench.check --source tail.metal --inputs branch,residual,wo,ffn_norm,gate,up,down,eps \
         --grid 32 --threadgroup 32 --template HIDDEN=hidden,BRANCH=branch,FFN=ffn --mutants
     python -m workbench.check --dump dumps/ --tolerance 2e-4
+    python -m workbench.check mypkg.tails:my_tail --replay-dir cases/    # then, a case at a time:
+    python -m workbench.check mypkg.tails:my_tail \
+        --replay cases/callable-64x96x80-float32-fold16-qnone-seed3.safetensors
 
 The implementation is a callable (``module:function``, handed one ``StoredCase`` a call), a
 kernels folder or a Metal (``--language cuda``: CUDA) kernel body with its launch, run on the CPU
 emulator or (``--run-on device``) its GPU, or an engine's safetensors dumps (docs/DUMP_LAYOUT.md).
 ``--mutants`` also runs source-level mutants of the user's text and prints which the check catches.
-``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``).
+``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``). ``--replay-dir``
+writes each failing case as a reproducer; ``--replay FILE`` runs one again (the subject given the same way).
 Exit 0: the verdict passes; 1: it fails; 2: nothing could be judged (a bad argument, a module that
 does not import, a kernel that does not compile, a form that cannot run here), with ONE line on
 stderr and no traceback (``WORKBENCH_TRACEBACK=1`` keeps it), so a CI log shows the line that
@@ -31,6 +35,7 @@ from workbench import backends
 from workbench.check import command_args as args
 from workbench.check import gdn_command
 from workbench.check.parts import PART_NAMES
+from workbench.check.replay import DEFAULT_MAX_BYTES, replay
 from workbench.check.run import DEFAULT_SCALES, check_dump, check_kernel
 from workbench.check.source_launch import SHAPE_NAMES, SOURCE_INPUTS, SourceLaunch
 from workbench.check.stored import ARRAY_KINDS
@@ -63,6 +68,9 @@ OPTIONS: dict[str, str] = {
     "tolerance": "--tolerance",
     "time_limit": "--time-limit",
     "files": "--mutant-files",
+    "replay_dir": "--replay-dir",
+    "replay_max_bytes": "--replay-max-bytes",
+    "replay": "--replay",
 }
 
 
@@ -259,6 +267,18 @@ def main(argv: list[str] | None = None) -> int:
         "*.body and *.h; each mutant recompiles, so a large folder takes long)",
     )
     p.add_argument("--record", type=args.record, help="write the JSON record here (refused if the file exists)")
+    p.add_argument("--replay-dir", type=args.path, help="write each failing case here as a reproducer (safetensors)")
+    p.add_argument(
+        "--replay-max-bytes",
+        type=args.count(1, 2**40),
+        default=DEFAULT_MAX_BYTES,
+        help=f"the largest reproducer written, in bytes (default {DEFAULT_MAX_BYTES}; checked before any case runs)",
+    )
+    p.add_argument(
+        "--replay",
+        type=args.path,
+        help="a reproducer --replay-dir wrote: its case run again on the subject given (the same verdict and bits?)",
+    )
     given = {tok.split("=", 1)[0] for tok in (sys.argv[1:] if argv is None else argv) if tok.startswith("--")}
     step_only = sorted(given & set(gdn_command.ONLY_OPTIONS))
     if step_only:
@@ -269,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give exactly one of: implementation (module:function), --kernels-dir, --source, --dump")
     if a.mutants and not (a.kernels_dir or (a.source and a.run_on == "emulator")):
         p.error("--mutants: only with --kernels-dir or a --source run on the emulator")
+    if a.replay is not None and a.dump is not None:
+        p.error(
+            "--replay: with the subject the check was given (module:function, --kernels-dir or --source), not --dump"
+        )
     if a.mutant_files is not None and not (a.mutants and a.kernels_dir):
         p.error("--mutant-files: only with --mutants and --kernels-dir")
     unused = _unused_options(a, sys.argv[1:] if argv is None else argv)
@@ -297,8 +321,13 @@ def _unused_options(a: argparse.Namespace, argv: list[str]) -> list[str]:
     dumped (its own seeds, scales, fold and weights), a source takes unfolded weights and its
     own launch, a callable or a kernels folder has no launch of its own."""
     given = {tok.split("=", 1)[0] for tok in argv if tok.startswith("--")}
+    if a.replay is not None:  # the case, its scales and tolerances are the reproducer's
+        unused = {"--seeds", "--scales", "--fold", "--tolerance", "--mutants", "--mutant-files", "--record"}
+        unused |= {"--replay-dir", "--replay-max-bytes"}
+        return sorted(given & unused)
     if a.dump is not None:
         unused = {"--seeds", "--scales", "--fold", "--time-limit", "--arrays", "--batched", *_SOURCE_LAUNCH}
+        unused |= {"--replay-dir", "--replay-max-bytes"}
     elif a.source is not None:
         unused = {"--fold", "--arrays", "--batched"}
     else:
@@ -308,29 +337,38 @@ def _unused_options(a: argparse.Namespace, argv: list[str]) -> list[str]:
     return sorted(given & unused)
 
 
+def _subject(a: argparse.Namespace, launch: SourceLaunch | None = None) -> Any:
+    """The implementation the options name: a kernels folder, a source with its launch, or a callable."""
+    if a.kernels_dir:
+        return KernelsFolderSubject(a.kernels_dir)
+    if a.source:
+        return SourceSubject(launch or _launch(a), language=a.language, run_on=a.run_on)
+    return CallableSubject(args.load_callable(a.implementation), arrays=a.arrays, batched=a.batched)
+
+
 def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
     """Every argument checked, then the check, the mutants, the record (``ValueError`` or
     ``OSError`` for what the user gave)."""
     study = None
+    if a.replay is not None:
+        got = replay(a.replay, _subject(a), time_limit=a.time_limit)
+        print(got)
+        return 0 if got.passed else 1
     if a.dump:
         rep = check_dump(a.dump, tolerance=a.tolerance)
     else:
         folds = (None,) if a.source else (a.fold or None,)
         launch = _launch(a) if a.source else None
         chosen = _mutant_files(a.mutant_files, a.kernels_dir) if a.mutant_files is not None else None
-        if a.kernels_dir:
-            subject = KernelsFolderSubject(a.kernels_dir)
-        elif launch is not None:
-            subject = SourceSubject(launch, language=a.language, run_on=a.run_on)
-        else:
-            subject = CallableSubject(args.load_callable(a.implementation), arrays=a.arrays, batched=a.batched)
+        subject = _subject(a, launch)
         if a.kernels_dir or (launch is not None and a.run_on == "emulator"):
             problem = _compile_error(subject, a.time_limit)
             if problem is not None:
                 option, given = ("--kernels-dir", a.kernels_dir) if a.kernels_dir else ("--source", a.source)
                 raise ValueError(f"{option}: {given} does not compile for the emulator: {problem}")
         common = {"seeds": range(a.seeds), "scales": a.scales, "tolerance": a.tolerance, "time_limit": a.time_limit}
-        rep = check_kernel(subject, folds=folds, **common)
+        replays = {"replay_dir": a.replay_dir, "replay_max_bytes": a.replay_max_bytes}
+        rep = check_kernel(subject, folds=folds, **common, **replays)
         if a.mutants:
             from workbench.check.mutants import folder_mutant_study, mutant_study
 

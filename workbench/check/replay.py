@@ -70,7 +70,8 @@ class ReplayDir:
         if size > self.max_bytes:
             raise ValueError(
                 f"replay_max_bytes: a reproducer of shape {tuple(shape)} at {n_scales} input scale(s) takes "
-                f"{size} bytes, over the cap of {self.max_bytes}; raise the cap or check fewer scales or a smaller shape"
+                f"{size} bytes, over the cap of {self.max_bytes}; raise the cap, or check fewer scales or a smaller "
+                "shape"
             )
 
 
