@@ -25,6 +25,7 @@ import numpy as np
 from workbench import files, validate
 from workbench.check import blocks
 from workbench.check.calls import callers, run_block
+from workbench.check.subjects import CallableSubject
 from workbench.real_models.safetensors_header import check_safetensors_header
 from workbench.studies.cases import case_arrays, check_shape, quant_spec
 from workbench.tail.comparison import max_abs_error, nmse, worst_scaled_error
@@ -176,10 +177,13 @@ def replay(path: Any, subject: Any, *, time_limit: float = 30.0) -> Replay:
     """Run ``subject`` (a callable or a form of :mod:`workbench.check.subjects`, as the check was
     given it) again on the case of the reproducer ``path``: the case regenerated from its seed
     (its inputs verified against the stored ones), the same tolerances judged."""
-    from workbench.check.run import as_subject
-
     case, arrays = read_reproducer(path)
-    subject = as_subject(subject)
+    if not hasattr(subject, "calls"):
+        if not callable(subject):
+            raise ValueError(
+                f"subject: must be a callable or a form of workbench.check, got {validate.describe(subject)}"
+            )
+        subject = CallableSubject(subject)
     form = getattr(subject, "kind", "callable")
     if form != case["form"]:
         raise ValueError(f"subject: {Path(path).name} was written by a check of a {case['form']}, got a {form}")
