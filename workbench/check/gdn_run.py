@@ -6,7 +6,8 @@ A recurrent step's error is not one step's: what a token gets wrong stays in the
 the next tokens build on it. So every trajectory keeps its own states (the truth's, the
 reference's, each fault's, the subject's, each sequence's own), token after token, and the
 error of token t is the output's and the states' scaled error ``|x - y| / max(|y|, 1)``
-(worst element) against the truth at t. At a horizon h a run's error is its worst over
+(worst element) against the truth at t (computed in float32 from the truth split hi + lo,
+within 4e-7 of itself: :class:`Errors`). At a horizon h a run's error is its worst over
 tokens 1..h, so a bug caught at h stays caught later; the paired sign test
 (:mod:`workbench.check.verdict`) asks, at each horizon, whether the subject's errors are
 those of a correct float32 step beside the reference's on the same runs.
