@@ -6,7 +6,8 @@ A recurrent step's error is not one step's: what a token gets wrong stays in the
 the next tokens build on it. So every trajectory keeps its own states (the truth's, the
 reference's, each fault's, the subject's, each sequence's own), token after token, and the
 error of token t is the output's and the states' scaled error ``|x - y| / max(|y|, 1)``
-(worst element) against the truth at t. At a horizon h a run's error is its worst over
+(worst element) against the truth at t (computed in float32 from the truth split hi + lo,
+within 4e-7 of itself: :class:`Errors`). At a horizon h a run's error is its worst over
 tokens 1..h, so a bug caught at h stays caught later; the paired sign test
 (:mod:`workbench.check.verdict`) asks, at each horizon, whether the subject's errors are
 those of a correct float32 step beside the reference's on the same runs.
@@ -22,7 +23,7 @@ import numpy as np
 
 from workbench import validate
 from workbench.check.gdn_cases import DEFAULT_GEOMETRIES, GATES, TokenRun, geometry, token_run
-from workbench.check.gdn_faults import GDN_FAULTS, step_block
+from workbench.check.gdn_faults import GDN_FAULTS, BlockStep, chunk_rows
 from workbench.check.gdn_report import StepReport, condition_frame
 from workbench.check.gdn_subjects import CallableStep, StepInputs, checked_step
 from workbench.check.subjects import SubjectError
@@ -54,21 +55,91 @@ def _subject(subject: Any) -> Any:
 
 
 def inverse_scale(truth: np.ndarray) -> np.ndarray:
-    """``1 / max(|y|, 1)`` of the truth, flattened a sequence: computed once a token and shared
-    by every trajectory's error against it (the check's own cost is mostly these passes)."""
+    """``1 / max(|y|, 1)`` of the truth, flattened a sequence (:func:`scaled_worst`'s ``inv``)."""
     inv = np.abs(truth.reshape(len(truth), -1))
     np.maximum(inv, 1.0, out=inv)
     return np.reciprocal(inv, out=inv)
 
 
 def scaled_worst(x: np.ndarray, truth: np.ndarray, inv: np.ndarray) -> np.ndarray:
-    """Per sequence, ``max |x - y| / max(|y|, 1)`` (``inv`` from :func:`inverse_scale`); NaN
-    anywhere gives NaN. In place on one float64 buffer: four passes over the state a call."""
+    """Per sequence, ``max |x - y| / max(|y|, 1)`` (``inv`` from :func:`inverse_scale`) in
+    float64; NaN anywhere gives NaN. :class:`Errors` computes the same in float32 and comes
+    here where its result is not finite."""
     n = len(truth)
     d = np.subtract(x.reshape(n, -1), truth.reshape(n, -1), dtype=np.float64)
     np.abs(d, out=d)
     np.multiply(d, inv, out=d)
     return d.max(axis=1)
+
+
+class Errors:
+    """The scaled errors of float32 trajectories against one float64 truth tensor of a
+    token, rows (a state's value heads, a sequence's output or conv state) at a time.
+
+    Each truth row is split once into float32 ``hi = fl(y)`` and ``lo = fl(y - hi)``
+    with ``inv = 1 / max(|hi|, 1)`` (``max(|hi|, 1) = fl(max(|y|, 1))``), shared by every
+    trajectory, whose error is ``((x - hi) - lo) * inv`` in float32, on buffers of one chunk
+    (:data:`~workbench.check.gdn_faults.CHUNK` elements) that stay in the core's cache: the
+    truth and each trajectory are read once a token. ``x - hi`` is exact where x and hi are
+    within a factor 2 (Sterbenz) and, where not, dwarfs lo, so the result is the float64
+    metric of :func:`scaled_worst` within six float32 roundings: at most 4e-7 of itself
+    (or 1e-45 absolute, below float32's normal range). A sequence whose result is not
+    finite (a NaN or inf in x, an overflow) is computed again in float64 by
+    :func:`scaled_worst`, so NaN and inf are exactly its.
+
+    :meth:`start` takes the token's trajectories, :meth:`take` the truth's rows as they are
+    final (chunk by chunk as the truth step makes them, or :meth:`take_all`), :meth:`finish`
+    gives the errors."""
+
+    def __init__(self, seqs: int, rows: int, row_size: int):
+        self.seqs, self.rows, self.cols = seqs, rows, row_size
+        self.per = chunk_rows(rows, row_size)
+        self.hi, self.lo, self.inv, self.d = (np.empty((self.per, row_size), np.float32) for _ in range(4))
+        self.one = np.ones((self.per, row_size), np.float32)
+        self.xs: list[np.ndarray] = []
+        self.worst = np.empty((0, rows), np.float32)
+        self.y = np.empty((rows, row_size))
+
+    def start(self, y: np.ndarray, xs: Sequence[Any]) -> None:
+        """The token's truth ``y`` (float64, ``rows x row_size`` elements, read as :meth:`take`
+        is told its rows are final) and trajectories (float32 arrays of y's size; MLX arrays are read in place)."""
+        self.y = y.reshape(self.rows, self.cols)
+        self.xs = [np.asarray(x).reshape(self.rows, self.cols) for x in xs]
+        self.worst = np.empty((len(self.xs), self.rows), np.float32)
+
+    def take(self, r0: int, r1: int) -> None:
+        """The truth's rows ``r0:r1`` are final: every trajectory's error on them."""
+        for c0 in range(r0, r1, self.per):
+            c1 = min(c0 + self.per, r1)
+            r, m = slice(c0, c1), c1 - c0
+            y = self.y[r]
+            hi, lo, inv, d, one = self.hi[:m], self.lo[:m], self.inv[:m], self.d[:m], self.one[:m]
+            with np.errstate(over="ignore", invalid="ignore"):
+                np.copyto(hi, y, casting="same_kind")
+                np.subtract(y, hi, out=lo, casting="same_kind")
+                np.abs(hi, out=inv)
+                np.maximum(inv, one, out=inv)  # (an array of ones: a scalar here takes numpy's slow loop)
+                np.divide(one, inv, out=inv)
+                for j, x in enumerate(self.xs):
+                    np.subtract(x[r], hi, out=d)
+                    d -= lo
+                    d *= inv
+                    np.maximum(d.max(axis=1), -d.min(axis=1), out=self.worst[j, r])
+
+    def take_all(self) -> None:
+        self.take(0, self.rows)
+
+    def finish(self) -> list[np.ndarray]:
+        """Per trajectory, its worst error per sequence [S] (float64)."""
+        worst = self.worst.reshape(len(self.xs), self.seqs, -1).max(axis=2).astype(np.float64)
+        y = self.y.reshape(self.seqs, -1)
+        for j, x in enumerate(self.xs):
+            bad = ~np.isfinite(worst[j])
+            if bad.any():
+                yb = y[bad]
+                worst[j, bad] = scaled_worst(x.reshape(self.seqs, -1)[bad], yb, inverse_scale(yb))
+        self.xs = []
+        return list(worst)
 
 
 class _Subject:
@@ -78,11 +149,18 @@ class _Subject:
 
     def __init__(self, subject: Any, run: TokenRun, labels: list[str], problems: list[str]):
         self.run, self.labels, self.problems = run, labels, problems
-        w = run.weights
+        w, s, n = run.weights, run.shape, len(labels)
         self.conv = [c for c in run.conv_state]
         self.state = [s for s in run.state]
+        # what step returns, written in place a token (a sequence's row is NaN once it has stopped)
+        self.returned = (
+            np.empty((n, s.vd), np.float32),
+            np.empty((n, s.kw - 1, s.channels), np.float32),
+            np.empty((n, s.hv, s.dv, s.dk), np.float32),
+        )
+        self.stopped: set[int] = set()
         self.calls: list[Callable | None] = []
-        for i in range(len(labels)):
+        for i in range(n):
             consts = {"conv_w": w.conv_w[i], "a_log": w.a_log[i], "dt_bias": w.dt_bias[i], "o_norm": w.o_norm[i]}
             try:
                 self.calls.append(subject.layer(run.shape, consts, w.eps))
@@ -96,35 +174,57 @@ class _Subject:
         else:
             self.calls.append(None)
 
+    def _stop(self, i: int) -> None:
+        if i not in self.stopped:
+            for a in self.returned:
+                a[i] = np.nan
+            self.stopped.add(i)
+
     def step(self, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The token's returns [S, ...] (buffers overwritten by the next call; with one
+        sequence, the returned arrays themselves, read in place)."""
         r, w, s = self.run, self.run.weights, self.run.shape
-        n = len(self.labels)
-        out = np.full((n, s.vd), np.nan, np.float32)
-        conv = np.full((n, s.kw - 1, s.channels), np.nan, np.float32)
-        state = np.full((n, s.hv, s.dv, s.dk), np.nan, np.float32)
+        out, conv, state = self.returned
         for i, call in enumerate(self.calls):
             if call is None:
+                self._stop(i)
                 continue
             inputs = StepInputs(
                 r.mixed[i, t], r.z[i, t], r.b[i, t], r.a[i, t], self.conv[i], self.state[i],
                 w.conv_w[i], w.a_log[i], w.dt_bias[i], w.o_norm[i], w.eps, w.k_heads, self.labels[i], t,
             )  # fmt: skip
             try:
-                o, c, st = checked_step(call(inputs), s)
+                value = call(inputs)
+                o, c, st = checked_step(value, s)
             except SubjectError as e:
                 self._fail(i, t, str(e))
+                self._stop(i)
                 continue
             except Exception as e:
                 self._fail(i, t, f"raised {type(e).__name__}: {e}")
+                self._stop(i)
                 continue
             for name, v in (("out", o), ("conv_state", c), ("state", st)):
-                if not np.isfinite(v).all():
+                if not _finite(v):
                     self._fail(i, t, f"tensor {name}: not finite (NaN or inf)")
                     break
-            out[i], conv[i], state[i] = o, c, st
+            if len(self.calls) == 1:
+                out, conv, state = o[None], c[None], st[None]
+            else:
+                out[i], conv[i], state[i] = o, c, st
             if self.calls[i] is not None:
-                self.conv[i], self.state[i] = c, st
+                # fed back as returned: an MLX state goes back to the step uncopied (the same values)
+                mlx_states = isinstance(value[1], mx.array) and isinstance(value[2], mx.array)
+                self.conv[i], self.state[i] = (value[1], value[2]) if mlx_states else (c, st)
         return out, conv, state
+
+
+def _finite(v: np.ndarray) -> bool:
+    """Whether every element of ``v`` is finite: its sum is finite only then (NaN and inf
+    carry into it), and where the sum overflows the elements are looked at one by one."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = v.sum()
+    return bool(np.isfinite(total)) or bool(np.isfinite(v).all())
 
 
 def run_condition(
@@ -138,38 +238,55 @@ def run_condition(
 ) -> dict[str, np.ndarray]:
     """Every trajectory of one condition, token by token: name -> per-token errors [S, T]
     (``out``, ``state`` of the subject (None: not run), ``ref_out``, ``ref_state``,
-    ``fault <name>`` the worst of a fault's output and states, ``fault_out <name>`` its output's)."""
-    n, T, w = len(run.seeds), run.tokens, run.weights
+    ``fault <name>`` the worst of a fault's output and states, ``fault_out <name>`` its output's).
+
+    A token runs the reference, the faults and the subject first, then the float64 truth,
+    whose state is compared with theirs chunk by chunk as it is made (:class:`Errors`).
+    Each numpy state lives in one buffer for the run, the step writing the next token's over it."""
+    n, T, w, s = len(run.seeds), run.tokens, run.weights, run.shape
     w64 = w.astype(np.float64)
     tc, ts = run.conv_state.astype(np.float64), run.state.astype(np.float64)
+    e_out, e_conv = Errors(n, n, s.vd), Errors(n, n, (s.kw - 1) * s.channels)
+    e_state = Errors(n, n * s.hv, s.dv * s.dk)
     rc, rs = mx.array(run.conv_state), mx.array(run.state)
     wmx = [mx.array(a) for a in (w.conv_w, w.a_log, w.dt_bias, w.o_norm)]
-    fs = {f: (run.conv_state, run.state) for f in faults}
+    fs = {f: (run.conv_state, run.state.copy()) for f in faults}
     sub = None if subject is None else _Subject(subject, run, labels, problems)
     names = (["out", "state"] if sub else []) + ["ref_out", "ref_state"]
     names += [f"{k} {f}" for f in faults for k in ("fault", "fault_out")]
     err = {k: np.full((n, T), np.nan) for k in names}
     for t in range(T):
         x32 = (run.mixed[:, t], run.z[:, t], run.b[:, t], run.a[:, t])
-        to, tc, ts = step_block(w64, *(a.astype(np.float64) for a in x32), tc, ts)
-        io, ic, its = inverse_scale(to), inverse_scale(tc), inverse_scale(ts)
         ba = mx.array(np.concatenate([x32[2], x32[3]], axis=1))
         ro, rc, rs = recurrent_step(
             mx.array(x32[0]), mx.array(x32[1]), ba, rc, rs, *wmx, k_heads=w.k_heads, eps=w.eps, gdn=reference
         )
         mx.eval(ro, rc, rs)
-        err["ref_out"][:, t] = scaled_worst(np.array(ro), to, io)
-        err["ref_state"][:, t] = np.maximum(scaled_worst(np.array(rc), tc, ic), scaled_worst(np.array(rs), ts, its))
-        for f in faults:
-            fo, fc, fst = step_block(w, *x32, *fs[f], fault=f)
-            fs[f] = (fc, fst)
-            st_err = np.maximum(scaled_worst(fc, tc, ic), scaled_worst(fst, ts, its))
-            err[f"fault_out {f}"][:, t] = scaled_worst(fo, to, io)
-            err[f"fault {f}"][:, t] = np.maximum(err[f"fault_out {f}"][:, t], st_err)
+        traj = [(ro, rc, rs)]
         if sub is not None:
-            so, sc, sst = sub.step(t)
-            err["out"][:, t] = scaled_worst(so, to, io)
-            err["state"][:, t] = np.maximum(scaled_worst(sc, tc, ic), scaled_worst(sst, ts, its))
+            traj.append(sub.step(t))
+        # the truth and the faults a chunk of heads at a time, each chunk compared while in cache
+        truth = BlockStep(w64, *(a.astype(np.float64) for a in x32), tc, ts, out=ts)
+        steps = [BlockStep(w, *x32, *fs[f], fault=f, out=fs[f][1]) for f in faults]
+        e_state.start(ts, [x[2] for x in traj] + [f.s for f in steps])
+        for (h0, h1), *_ in zip(truth.chunks(), *(f.chunks() for f in steps)):
+            e_state.take(h0, h1)
+        to, tc, ts = truth.result()
+        for f, step in zip(faults, steps):
+            traj.append(step.result())
+            fs[f] = traj[-1][1:]
+        e_out.start(to, [x[0] for x in traj])
+        e_out.take_all()
+        e_conv.start(tc, [x[1] for x in traj])
+        e_conv.take_all()
+        eo, ec, est = e_out.finish(), e_conv.finish(), e_state.finish()
+        st_err = [np.maximum(c, x) for c, x in zip(ec, est)]
+        err["ref_out"][:, t], err["ref_state"][:, t] = eo[0], st_err[0]
+        if sub is not None:
+            err["out"][:, t], err["state"][:, t] = eo[1], st_err[1]
+        for j, f in enumerate(faults, len(traj) - len(faults)):
+            err[f"fault_out {f}"][:, t] = eo[j]
+            err[f"fault {f}"][:, t] = np.maximum(eo[j], st_err[j])
     return err
 
 

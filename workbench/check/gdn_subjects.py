@@ -75,12 +75,13 @@ class StepInputs:
     token: int = 0
 
 
-def to_kind(kind: str, a: np.ndarray) -> Any:
-    """numpy ``a`` as ``kind`` (:data:`ARRAY_KINDS`)."""
+def to_kind(kind: str, a: Any) -> Any:
+    """``a`` (a numpy or MLX array) as ``kind`` (:data:`ARRAY_KINDS`); an array already of
+    the kind is handed on as it is (an MLX state a step returned goes back to it uncopied)."""
     if kind == "numpy":
-        return a
+        return np.asarray(a)
     if kind == "mlx":
-        return mx.array(a)
+        return a if isinstance(a, mx.array) else mx.array(a)
     import torch
 
     return torch.from_numpy(np.ascontiguousarray(a))
@@ -88,12 +89,13 @@ def to_kind(kind: str, a: np.ndarray) -> Any:
 
 def _as_numpy(v: Any) -> tuple[np.ndarray | None, str]:
     """A returned tensor as numpy with its dtype's name as returned (a bfloat16 MLX array is
-    read as float32 but named bfloat16, so the dtype check sees what was returned)."""
+    read as float32 but named bfloat16, so the dtype check sees what was returned; a float32
+    one is read in place, not copied)."""
     if isinstance(v, np.ndarray):
         return v, str(v.dtype)
     if isinstance(v, mx.array):
         name = str(v.dtype).removeprefix("mlx.core.")
-        return np.array(v.astype(mx.float32)), name
+        return np.asarray(v if v.dtype == mx.float32 else v.astype(mx.float32)), name
     if type(v).__module__.startswith("torch"):
         try:
             return v.detach().to("cpu").float().numpy(), str(v.dtype).removeprefix("torch.")
