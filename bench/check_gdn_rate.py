@@ -45,9 +45,18 @@ class TimedOpsStep:
         t0, c0 = time.perf_counter(), time.process_time()
         ba = mx.concatenate([s.b, s.a])[None]
         o, c, st = recurrent_step(
-            s.mixed[None], s.z[None], ba, s.conv_state[None], s.state[None], s.conv_w, s.a_log, s.dt_bias,
-            s.o_norm, k_heads=s.k_heads, eps=s.eps,
-        )  # fmt: skip
+            s.mixed[None],
+            s.z[None],
+            ba,
+            s.conv_state[None],
+            s.state[None],
+            s.conv_w,
+            s.a_log,
+            s.dt_bias,
+            s.o_norm,
+            k_heads=s.k_heads,
+            eps=s.eps,
+        )
         mx.eval(o, c, st)
         out = (o[0], c[0], st[0])
         self.seconds += time.perf_counter() - t0
@@ -73,18 +82,36 @@ def baselines(geo: tuple[int, ...], tokens: int) -> tuple[tuple[float, float], t
         conv, st = run.conv_state[0].astype(np.float64), run.state[0].astype(np.float64)
         for t in range(tokens):
             _, conv, st = recurrent_step_exact(
-                run.mixed[0, t], run.z[0, t], ba[t], conv, w.conv_w[0], w.a_log[0], w.dt_bias[0], w.o_norm[0], st,
-                k_heads=w.k_heads, eps=w.eps,
-            )  # fmt: skip
+                run.mixed[0, t],
+                run.z[0, t],
+                ba[t],
+                conv,
+                w.conv_w[0],
+                w.a_log[0],
+                w.dt_bias[0],
+                w.o_norm[0],
+                st,
+                k_heads=w.k_heads,
+                eps=w.eps,
+            )
 
     def ops() -> None:
         cw, al, dt, on = (mx.array(a[0]) for a in (w.conv_w, w.a_log, w.dt_bias, w.o_norm))
         conv, st = mx.array(run.conv_state), mx.array(run.state)
         for t in range(tokens):
             o, conv, st = recurrent_step(
-                mx.array(run.mixed[:, t]), mx.array(run.z[:, t]), mx.array(ba[t][None]), conv, st, cw, al, dt, on,
-                k_heads=w.k_heads, eps=w.eps,
-            )  # fmt: skip
+                mx.array(run.mixed[:, t]),
+                mx.array(run.z[:, t]),
+                mx.array(ba[t][None]),
+                conv,
+                st,
+                cw,
+                al,
+                dt,
+                on,
+                k_heads=w.k_heads,
+                eps=w.eps,
+            )
             mx.eval(o, conv, st)
 
     return _timed(oracle), _timed(ops)

@@ -62,8 +62,10 @@ def write_documented_dump(path: Path, step=correct, *, seed: int = 0, sequences:
     layer = {"conv_w": w.conv_w[0], "a_log": w.a_log[0], "dt_bias": w.dt_bias[0], "o_norm": w.o_norm[0]}
 
     def engine_step(mixed, z, b, a, conv, st):
-        res = [step(StepInputs(mixed[i], z[i], b[i], a[i], conv[i], st[i], *layer.values(), w.eps, w.k_heads))
-               for i in range(len(mixed))]  # fmt: skip
+        res = [
+            step(StepInputs(mixed[i], z[i], b[i], a[i], conv[i], st[i], *layer.values(), w.eps, w.k_heads))
+            for i in range(len(mixed))
+        ]
         return tuple(np.stack([x[j] for x in res]) for j in range(3))
 
     names = {**layer, "mixed": r.mixed, "z": r.z, "b": r.b, "a": r.a, "conv_state": r.conv_state, "state": r.state}

@@ -120,9 +120,15 @@ def test_every_fault_model_is_caught_where_it_shows():
     assert set(WHERE) == set(GDN_FAULTS)
     for f, (scale, gate, st) in WHERE.items():
         rep = check_step(
-            None, geometries=[(2, 6, 32, 32, 4)], seeds=range(8), tokens=16, scales=[scale], gates=[gate],
-            state_scales=[st], faults=[f],
-        )  # fmt: skip
+            None,
+            geometries=[(2, 6, 32, 32, 4)],
+            seeds=range(8),
+            tokens=16,
+            scales=[scale],
+            gates=[gate],
+            state_scales=[st],
+            faults=[f],
+        )
         share = rep.catch_table().loc[(f, 16), "4x reference"]
         assert share == 1.0, (f, share)
 

@@ -98,9 +98,12 @@ def test_every_bad_dump_is_named_by_its_file_and_key(tmp_path, capsys):
         "d_eps.safetensors": (t, {}, "metadata 'eps' is missing"),
         "e_heads.safetensors": (t, {**meta, "k_heads": "3"}, "metadata 'k_heads' is '3'"),
         "f_width.safetensors": ({**t, "o_norm": t["o_norm"][:-1]}, meta, "tensor 'conv_w' has 320 channels"),
-        "g_length.safetensors": ({**t, **{k: t[k][:, :6] for k in ("mixed", "z", "b", "a", "out",
-                                 "conv_state_out", "state_out")}}, meta, "holds 6 tokens, the first file read 12"),
-    }  # fmt: skip
+        "g_length.safetensors": (
+            {**t, **{k: t[k][:, :6] for k in ("mixed", "z", "b", "a", "out", "conv_state_out", "state_out")}},
+            meta,
+            "holds 6 tokens, the first file read 12",
+        ),
+    }
     for name, (tensors, md, _) in cases.items():
         save_file(tensors, str(tmp_path / name), metadata=md)
     for name, (_, _, words) in list(cases.items())[:-1]:
@@ -134,8 +137,20 @@ def test_the_parts_options_and_inputs_are_in_help(capsys):
         main(["--part", "gdn", "--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0
-    for words in ("--tokens", "--horizons", "--gates", "--state-scales", "--geometries", "--header", "StepInputs",
-                  "mixed [C]", "state_bfloat16", "near_one", "--time-limit", "--record"):  # fmt: skip
+    for words in (
+        "--tokens",
+        "--horizons",
+        "--gates",
+        "--state-scales",
+        "--geometries",
+        "--header",
+        "StepInputs",
+        "mixed [C]",
+        "state_bfloat16",
+        "near_one",
+        "--time-limit",
+        "--record",
+    ):
         assert words in out, words
     with pytest.raises(SystemExit):
         main(["--help"])

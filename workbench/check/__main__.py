@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -80,30 +79,6 @@ def as_option(message: str) -> str:
     return args.as_option(message, OPTIONS)
 
 
-def _template(text: str | None) -> dict[str, Any]:
-    """``NAME=value,...``: a value is an int, a float, or one of the case's dimensions by name."""
-    out: dict[str, Any] = {}
-    for item in filter(None, (text or "").split(",")):
-        name, eq, value = item.partition("=")
-        if not eq or not name:
-            raise ValueError(f"--template: items must be NAME=value, got {item!r}")
-        if value in SHAPE_NAMES:
-            out[name] = value
-            continue
-        try:
-            out[name] = int(value)
-        except ValueError:
-            try:
-                out[name] = float(value)
-            except ValueError:
-                out[name] = math.nan
-            if not math.isfinite(out[name]):
-                raise ValueError(
-                    f"--template: {name}'s value must be a finite number or one of {SHAPE_NAMES}, got {value!r}"
-                ) from None
-    return out
-
-
 def _launch(a: argparse.Namespace) -> SourceLaunch:
     path = Path(a.source)
     if not path.is_file():
@@ -120,7 +95,7 @@ def _launch(a: argparse.Namespace) -> SourceLaunch:
         output=a.output,
         grid=a.grid,
         threadgroup=a.threadgroup,
-        template=_template(a.template),
+        template=args.template(a.template, SHAPE_NAMES),
         name=path.stem,
         source_file=a.source,
     )

@@ -108,6 +108,31 @@ def number_list(*, positive: bool) -> Callable[[str], list[float]]:
     return parse
 
 
+def template(text: str | None, dims: tuple[str, ...]) -> dict[str, Any]:
+    """``--template NAME=value,...``: a value is an int, a float, or one of the part's dimensions
+    by name (``dims``: resolved per case, so one template serves every shape)."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (text or "").split(",")):
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise ValueError(f"--template: items must be NAME=value, got {item!r}")
+        if value in dims:
+            out[name] = value
+            continue
+        try:
+            out[name] = int(value)
+        except ValueError:
+            try:
+                out[name] = float(value)
+            except ValueError:
+                out[name] = math.nan
+            if not math.isfinite(out[name]):
+                raise ValueError(
+                    f"--template: {name}'s value must be a finite number or one of {dims}, got {value!r}"
+                ) from None
+    return out
+
+
 def path(text: str) -> str:
     """argparse type of a path option: an empty name is refused (it would read the current folder)."""
     if not text.strip():

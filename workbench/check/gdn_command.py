@@ -54,8 +54,14 @@ OPTIONS: dict[str, str] = {
 
 #: Options of this part only (the tail's command names them when given without ``--part gdn``).
 ONLY_OPTIONS: tuple[str, ...] = (
-    "--tokens", "--horizons", "--gates", "--state-scales", "--geometries", "--faults", "--header",
-)  # fmt: skip
+    "--tokens",
+    "--horizons",
+    "--gates",
+    "--state-scales",
+    "--geometries",
+    "--faults",
+    "--header",
+)
 
 #: The tail's options this part has no use for (refused by name, not as unrecognized).
 TAIL_OPTIONS: tuple[str, ...] = ("--batched", "--fold", "--mutants", "--mutant-files", "--output")
@@ -268,30 +274,8 @@ class TimedStep:
         return lambda step: self._limited(evaluated, step)
 
 
-def _template(text: str | None) -> dict[str, Any]:
-    from workbench.check.gdn_subjects import STEP_DIMS
-
-    out: dict[str, Any] = {}
-    for item in filter(None, (text or "").split(",")):
-        name, eq, value = item.partition("=")
-        if not eq or not name:
-            raise ValueError(f"--template: items must be NAME=value, got {item!r}")
-        try:
-            out[name] = value if value in STEP_DIMS else int(value)
-        except ValueError:
-            try:
-                out[name] = float(value)
-            except ValueError:
-                out[name] = float("nan")
-            if not (abs(out[name]) < float("inf")):
-                raise ValueError(
-                    f"--template: {name}'s value must be a finite number or one of {STEP_DIMS}, got {value!r}"
-                ) from None
-    return out
-
-
 def _subject(a: argparse.Namespace) -> Any:
-    from workbench.check.gdn_subjects import STEP_INPUTS, CallableStep, KernelsFolderStep, StepSource
+    from workbench.check.gdn_subjects import STEP_DIMS, STEP_INPUTS, CallableStep, KernelsFolderStep, StepSource
 
     if a.kernels_dir is not None:
         if not Path(a.kernels_dir).is_dir():
@@ -302,9 +286,16 @@ def _subject(a: argparse.Namespace) -> Any:
         header = "" if a.header is None else args.read_text("--header", a.header, "the kernel's helper functions")
         ins = tuple(STEP_INPUTS) if a.inputs is None else tuple(a.inputs.split(","))
         return StepSource(
-            text, ins, grid=a.grid, threadgroup=a.threadgroup, template=_template(a.template), header=header,
-            language=a.language, run_on=a.run_on, name=Path(a.source).stem,
-        )  # fmt: skip
+            text,
+            ins,
+            grid=a.grid,
+            threadgroup=a.threadgroup,
+            template=args.template(a.template, STEP_DIMS),
+            header=header,
+            language=a.language,
+            run_on=a.run_on,
+            name=Path(a.source).stem,
+        )
     fn = args.load_callable(a.implementation, "StepInputs -> (out, conv_state, state)")
     return CallableStep(fn, arrays=a.arrays, name=a.implementation)
 
@@ -322,8 +313,9 @@ def compile_error(subject: Any, geometry: Any, time_limit: float) -> str | None:
     r = token_run(s, [0], 1, scale=1.0, gate="typical", state_scale=1.0)
     w = r.weights
     consts = {"conv_w": w.conv_w[0], "a_log": w.a_log[0], "dt_bias": w.dt_bias[0], "o_norm": w.o_norm[0]}
-    step = StepInputs(r.mixed[0, 0], r.z[0, 0], r.b[0, 0], r.a[0, 0], r.conv_state[0], r.state[0],
-                      *consts.values(), w.eps, w.k_heads)  # fmt: skip
+    step = StepInputs(
+        r.mixed[0, 0], r.z[0, 0], r.b[0, 0], r.a[0, 0], r.conv_state[0], r.state[0], *consts.values(), w.eps, w.k_heads
+    )
     try:
         TimedStep(subject, time_limit).layer(s, consts, w.eps)(step)
     except MetalCompileError as e:

@@ -190,9 +190,21 @@ class _Subject:
                 self._stop(i)
                 continue
             inputs = StepInputs(
-                r.mixed[i, t], r.z[i, t], r.b[i, t], r.a[i, t], self.conv[i], self.state[i],
-                w.conv_w[i], w.a_log[i], w.dt_bias[i], w.o_norm[i], w.eps, w.k_heads, self.labels[i], t,
-            )  # fmt: skip
+                r.mixed[i, t],
+                r.z[i, t],
+                r.b[i, t],
+                r.a[i, t],
+                self.conv[i],
+                self.state[i],
+                w.conv_w[i],
+                w.a_log[i],
+                w.dt_bias[i],
+                w.o_norm[i],
+                w.eps,
+                w.k_heads,
+                self.labels[i],
+                t,
+            )
             try:
                 value = call(inputs)
                 o, c, st = checked_step(value, s)
