@@ -16,11 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.check.stored import StoredCase, StoredMatrix, as_numpy, convert
+from workbench.check.stored import MATRIX_PARTS, StoredCase, StoredMatrix, as_numpy, convert, map_arrays
 from workbench.check.subjects import SubjectError, checked_output
-
-#: The arrays of a case a callable is handed, by name (a matrix's parts as ``wo.values`` ...).
-MATRIX_PARTS: tuple[str, ...] = ("values", "codes", "scales", "biases", "_dense")
 
 
 def case_arrays(sc: StoredCase) -> dict[str, Any]:
@@ -37,23 +34,7 @@ def case_arrays(sc: StoredCase) -> dict[str, Any]:
 
 def fresh_copy(sc: StoredCase) -> StoredCase:
     """``sc`` with every array a new numpy copy (the fold, read-only, is shared)."""
-
-    def mat(m: StoredMatrix) -> StoredMatrix:
-        parts = {p: None if getattr(m, p) is None else np.array(getattr(m, p)) for p in MATRIX_PARTS}
-        return StoredMatrix(shape=m.shape, dtype=m.dtype, mode=m.mode, bits=m.bits, group_size=m.group_size, **parts)
-
-    return StoredCase(
-        case=sc.case,
-        wo=mat(sc.wo),
-        gate=mat(sc.gate),
-        up=mat(sc.up),
-        down=mat(sc.down),
-        ffn_norm=np.array(sc.ffn_norm),
-        eps=sc.eps,
-        fold=sc.fold,
-        branch=np.array(sc.branch),
-        residual=np.array(sc.residual),
-    )
+    return map_arrays(sc, np.array)
 
 
 def changed_inputs(pristine: StoredCase, handed: StoredCase) -> list[str]:

@@ -15,6 +15,7 @@ since numpy has no bfloat16; ``StoredMatrix.dtype`` still says ``"bfloat16"``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +129,10 @@ def stored_case(w: TailWeights, branch: np.ndarray, residual: np.ndarray, case: 
     )
 
 
+#: The arrays a stored matrix may hold (``_dense``: its dense values, kept for the host).
+MATRIX_PARTS: tuple[str, ...] = ("values", "codes", "scales", "biases", "_dense")
+
+
 def _to(kind: str, a: Any) -> Any:
     if a is None or kind == "numpy":
         return a
@@ -138,25 +143,16 @@ def _to(kind: str, a: Any) -> Any:
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
-def convert(sc: StoredCase, kind: str) -> StoredCase:
-    """``sc`` with every array as ``kind`` (:data:`ARRAY_KINDS`); numpy is returned as it is."""
-    one_of("arrays", kind, ARRAY_KINDS)
-    if kind == "numpy":
-        return sc
+def map_arrays(sc: StoredCase, fn: Callable[[Any], Any]) -> StoredCase:
+    """``sc`` with ``fn`` applied to every array it holds (an absent part stays None; the
+    fold, read-only, and the scalars are shared): the one walk over a case's arrays."""
+
+    def each(a: Any) -> Any:
+        return None if a is None else fn(a)
 
     def mat(m: StoredMatrix) -> StoredMatrix:
-        return StoredMatrix(
-            shape=m.shape,
-            dtype=m.dtype,
-            values=_to(kind, m.values),
-            codes=_to(kind, m.codes),
-            scales=_to(kind, m.scales),
-            biases=_to(kind, m.biases),
-            mode=m.mode,
-            bits=m.bits,
-            group_size=m.group_size,
-            _dense=_to(kind, m._dense),
-        )
+        parts = {p: each(getattr(m, p)) for p in MATRIX_PARTS}
+        return StoredMatrix(shape=m.shape, dtype=m.dtype, mode=m.mode, bits=m.bits, group_size=m.group_size, **parts)
 
     return StoredCase(
         case=sc.case,
@@ -164,12 +160,20 @@ def convert(sc: StoredCase, kind: str) -> StoredCase:
         gate=mat(sc.gate),
         up=mat(sc.up),
         down=mat(sc.down),
-        ffn_norm=_to(kind, sc.ffn_norm),
+        ffn_norm=each(sc.ffn_norm),
         eps=sc.eps,
         fold=sc.fold,
-        branch=_to(kind, sc.branch),
-        residual=_to(kind, sc.residual),
+        branch=each(sc.branch),
+        residual=each(sc.residual),
     )
+
+
+def convert(sc: StoredCase, kind: str) -> StoredCase:
+    """``sc`` with every array as ``kind`` (:data:`ARRAY_KINDS`); numpy is returned as it is."""
+    one_of("arrays", kind, ARRAY_KINDS)
+    if kind == "numpy":
+        return sc
+    return map_arrays(sc, lambda a: _to(kind, a))
 
 
 def as_numpy(value: Any) -> np.ndarray | None:
