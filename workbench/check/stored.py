@@ -129,7 +129,7 @@ def stored_case(w: TailWeights, branch: np.ndarray, residual: np.ndarray, case: 
     )
 
 
-#: The arrays a stored matrix may hold (``_dense``: its dense values, kept for the host).
+#: The arrays a stored matrix may hold (``_dense``: its float32 values, dequantized when quantized).
 MATRIX_PARTS: tuple[str, ...] = ("values", "codes", "scales", "biases", "_dense")
 
 
