@@ -24,6 +24,7 @@ import numpy as np
 from workbench import backends
 from workbench.fold.weights import QuantizedBase, WeightMatrix
 from workbench.kernels import gdn_step as gdn_kernel
+from workbench.kernels import head as kernel_head
 from workbench.kernels import launch as kernel_launch
 from workbench.kernels import matrices as kernel_matrices
 from workbench.kernels import run as kernel_run
@@ -207,40 +208,11 @@ def matvec_launch(dialect: str, w: mx.array | QuantizedBase, t: KernelTuning, na
 def _head_launch(dialect: str, norm: mx.array, eps: float, mats: list[tuple[str, Any]], t: KernelTuning) -> Launch:
     """Three projections of ``rms_norm(x) * norm`` through ``head_qkv`` with no fold."""
     ms = [_kernel_matrix(n, w) for n, w in mats]
-    if len({(m.fmt, m.sfmt, m.gs, m.qi) for m in ms}) != 1:
-        raise ValueError(f"{', '.join(n for n, _ in mats)}: must share one weight format (one launch reads all three)")
-    hid = ms[0].cols
-    kernel_matrices.check_width("hidden", hid)
-    rot = kernel_launch.rotation_template(None, hid)
-    m0 = ms[0]
-    nq, nk, nv = (m.rows for m in ms)
-    template = [
-        ("NT", t.head_nt),
-        ("FMT", m0.fmt),
-        ("SFMT", m0.sfmt),
-        ("GS", m0.gs),
-        ("QI", m0.qi),
-        ("HID", hid),
-        ("NQ", nq),
-        ("NK", nk),
-        ("NV", nv),
-        ("ROT", False),
-        ("M", 1),
-        ("LOGP", 0),
-        ("U", kernel_matrices.units_for(m0.fmt, t.u_head)),
-        ("PRE", bool(t.pre_head)),
-    ]
-    kernel_run.check_group_memory(dialect, "head_qkv", template, f"hidden ({hid})")
+    rot = kernel_launch.rotation_template(None, ms[0].cols)
+    kw = kernel_head.head_call(dialect, ms, rot, t, ", ".join(n for n, _ in mats))
     consts: list[mx.array] = [norm.astype(mx.float32), kernel_launch.params_array(eps, 1.0), rot["sdest"], rot["table"]]
     for m in ms:
         consts += [m.w, m.s, m.b]
-    kw = dict(
-        template=template,
-        grid=(kernel_tuning.grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
-        threadgroup=(t.head_nt, 1, 1),
-        output_shapes=[(nq,), (nk,), (nv,)],
-        output_dtypes=[mx.float32] * 3,
-    )
     return Launch(kernel_run.compiled_kernel(dialect, "head_qkv"), tuple(consts), kw)
 
 

@@ -21,7 +21,7 @@ from workbench.kernels import run as kernel_run
 from workbench.kernels import source as kernel_source
 from workbench.kernels import tuning as kernel_tuning
 from workbench.kernels.launch import params_array, rotation_template
-from workbench.kernels.matrices import check_width, kernel_matrix, units_for
+from workbench.kernels.matrices import KernelMatrix, check_width, kernel_matrix, units_for
 from workbench.kernels.tuning import KernelTuning, grid_size
 from workbench.models import config as model
 from workbench.models import refusals
@@ -78,6 +78,43 @@ def check_head_inputs(hidden: Any, attn_norm: Any, q: Any, k: Any, v: Any) -> No
             )
 
 
+def head_call(dialect: str, mats: list[KernelMatrix], rot: dict[str, Any], t: KernelTuning, names: str) -> dict:
+    """The ``head_qkv`` launch's keyword arguments (template, grid, group, outputs) for three
+    projections of one input, in one weight format (``names`` say which, in the error), with
+    the rotation ``rot`` (``launch.rotation_template``): the one place the head's launch shape
+    is decided, for the attention head and a decode step's projections alike."""
+    if len({(m.fmt, m.sfmt, m.gs, m.qi) for m in mats}) != 1:
+        raise ValueError(f"{names}: must share one weight format (one launch reads all three)")
+    hid = mats[0].cols
+    check_width("hidden", hid)
+    nq, nk, nv = (m.rows for m in mats)
+    m0 = mats[0]
+    template = [
+        ("NT", t.head_nt),
+        ("FMT", m0.fmt),
+        ("SFMT", m0.sfmt),
+        ("GS", m0.gs),
+        ("QI", m0.qi),
+        ("HID", hid),
+        ("NQ", nq),
+        ("NK", nk),
+        ("NV", nv),
+        ("ROT", bool(rot["ROT"])),
+        ("M", rot["M"]),
+        ("LOGP", rot["LOGP"]),
+        ("U", units_for(m0.fmt, t.u_head)),
+        ("PRE", bool(t.pre_head)),
+    ]
+    kernel_run.check_group_memory(dialect, "head_qkv", template, f"hidden ({hid})")
+    return dict(
+        template=template,
+        grid=(grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
+        threadgroup=(t.head_nt, 1, 1),
+        output_shapes=[(nq,), (nk,), (nv,)],
+        output_dtypes=[mx.float32] * 3,
+    )
+
+
 def head_launch(
     hidden: mx.array,
     attn_norm: Any,
@@ -110,46 +147,17 @@ def head_launch(
     if fold is not None and fold.site is not FoldSite.INPUT:
         raise ValueError("the Q/K/V fold must be at the INPUT site (the kernel rotates their common input)")
     mats = [kernel_matrix(n, WeightMatrix(m.launch_parts()[0])) for n, m in (("q", q), ("k", k), ("v", v))]
-    if len({(m.fmt, m.sfmt, m.gs, m.qi) for m in mats}) != 1:
-        raise ValueError("q, k and v must have the same weight format (one launch reads all three)")
     hid = mats[0].cols
-    check_width("hidden", hid)
-    t = kernel_tuning.checked_tuning(tuning)
     rot = rotation_template(None if fold is None else fold.plan(hid), hid)
-    nq, nk, nv = (m.rows for m in mats)
-    m0 = mats[0]
-    template = [
-        ("NT", t.head_nt),
-        ("FMT", m0.fmt),
-        ("SFMT", m0.sfmt),
-        ("GS", m0.gs),
-        ("QI", m0.qi),
-        ("HID", hid),
-        ("NQ", nq),
-        ("NK", nk),
-        ("NV", nv),
-        ("ROT", bool(rot["ROT"])),
-        ("M", rot["M"]),
-        ("LOGP", rot["LOGP"]),
-        ("U", units_for(m0.fmt, t.u_head)),
-        ("PRE", bool(t.pre_head)),
-    ]
+    kw = head_call(dialect, mats, rot, kernel_tuning.checked_tuning(tuning), "q, k and v")
     norm = (
         attn_norm.astype(mx.float32)
         if isinstance(attn_norm, mx.array)
         else mx.array(np.asarray(attn_norm, dtype=np.float32))
     )
-    kernel_run.check_group_memory(dialect, "head_qkv", template, f"hidden ({hid})")
     inputs = [hidden.astype(mx.float32), norm, params_array(eps, rot["scale"]), rot["sdest"], rot["table"]]
     for m in mats:
         inputs += [m.w, m.s, m.b]
     kernel = kernel_run.compiled_kernel(dialect, "head_qkv", kernel_dir)
-    kw = dict(
-        template=template,
-        grid=(grid_size(nq + nk + nv, t.head_nt, t, t.head_groups_per_sm), 1, 1),
-        threadgroup=(t.head_nt, 1, 1),
-        output_shapes=[(nq,), (nk,), (nv,)],
-        output_dtypes=[mx.float32] * 3,
-    )
     q_out, k_out, v_out = kernel_run.launch(dialect, kernel, inputs, kw, verbose=verbose)
     return q_out, k_out, v_out
