@@ -15,8 +15,11 @@ their flakes; ``blocks`` the check's own work (stored weights, truth, reference)
 of cases at a time. ``parts`` the parts of a layer the check takes (the tail, the Gated
 DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``, ``gdn_run``, ``gdn_report``
 the recurrent step's runs of tokens, truth and faults, forms, check and report; ``gdn_dump``
-an engine's dumped run of the step, read and judged. The command is ``__main__`` (the tail)
-with ``gdn_command`` (``--part gdn``), over ``command_args`` (what both parse alike).
+an engine's dumped run of the step, read and judged. ``cluster`` the check's shards of seeds on a
+Dask cluster (``check_kernel(..., client=)``), ``cluster_worker`` what a worker runs and how the
+subject reaches it, ``cluster_callables`` a callable sent by value made importable there. The
+command is ``__main__`` (the tail) with ``gdn_command`` (``--part gdn``), over ``command_args``
+(what both parse alike).
 
 The names below are the part's API, importable from ``workbench.check`` itself; each module
 is imported when one of its names is first read.
@@ -29,6 +32,7 @@ _HOMES, __getattr__, __dir__ = public_names(
     {
         "faults": ("FAULTS", "faulty_tail"),
         "run": ("check_kernel", "check_dump"),
+        "cluster": ("cluster_client",),
         "report": ("CheckReport",),
         "dump": ("write_layer", "read_layer", "DumpError"),
         "replay": ("replay", "read_reproducer", "Replay"),
