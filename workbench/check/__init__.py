@@ -7,8 +7,8 @@ CPU emulator; ``time_limit`` a call under a time limit; ``faults`` the fault mod
 ``verdict`` the paired sign test against the workbench's graph tail; ``run`` the check
 itself; ``report`` its :class:`~workbench.check.report.CheckReport` (``report_figure`` the
 figure); ``calls`` the implementation's two runs of a block, ``guards`` a call guarded (fresh
-inputs verified unchanged, no aliased output), ``isolation`` the implementation (a callable, a kernels folder, a source) in a worker process
-of its own; ``dump`` an engine's dumped layers (read and written); ``replay`` each failing
+inputs verified unchanged, no aliased output), ``isolation`` the implementation (a callable,
+a kernels folder, a source) in a worker process of its own; ``dump`` an engine's dumped layers (read and written); ``replay`` each failing
 case as a reproducer, run again; ``mutants`` source-level mutants of a user's kernel text, run
 through the same check; ``tolerances`` tolerances per input scale, their catches beside
 their flakes; ``blocks`` the check's own work (stored weights, truth, reference) a block
