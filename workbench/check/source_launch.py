@@ -89,6 +89,11 @@ class SourceLaunch:
                 raise ValueError(f"template[{item[0]!r}]: a name must be one of {SHAPE_NAMES}, got {v!r}")
         object.__setattr__(self, "template", tpl)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling keeps (a kernels form sent to its worker process): everything but the
+        compiled kernels, which are made again there from the text."""
+        return {**self.__dict__, "_kernels": {}}
+
     def with_source(self, source: str, name: str | None = None) -> SourceLaunch:
         """The same launch around another body (a generated mutant)."""
         return SourceLaunch(

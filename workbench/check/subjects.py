@@ -169,8 +169,15 @@ class KernelsFolderSubject:
     order: str = "ascending"
     name: str = ""
     kind: str = "kernels folder"
+    #: Run in a worker process of its own (:mod:`workbench.check.isolation`): the user's text,
+    #: compiled, cannot take the check down with it, nor reach the truth. False: in the
+    #: check's process (a crash there ends the check).
+    process: bool = True
+    #: One call takes a case's every input scale (rows of one launch).
+    batched: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
+        flag("process", self.process)
         if not isinstance(self.folder, (str, os.PathLike)) or not str(self.folder).strip():
             raise ValueError(
                 f"folder: must be a folder shaped like kernels/ (a str or Path), got {describe(self.folder)}"
@@ -224,8 +231,13 @@ class SourceSubject:
     order: str = "ascending"
     name: str = ""
     kind: str = "source"
+    #: As :attr:`KernelsFolderSubject.process`.
+    process: bool = True
+    #: One call an input scale (the launch takes one row).
+    batched: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
+        flag("process", self.process)
         if not isinstance(self.launch, SourceLaunch):
             raise ValueError(f"launch: must be a SourceLaunch, got {describe(self.launch)}")
         one_of("language", self.language, ("metal", "cuda"))
