@@ -15,10 +15,11 @@ input scale, their catches beside their flakes; ``blocks`` the check's own work 
 weights, truth, reference) a block of cases at a time. ``parts`` the parts of a layer the check
 takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
 ``gdn_run``, ``gdn_report`` the recurrent step's runs of tokens, truth and faults, forms, check
-and report; ``gdn_dump`` an engine's dumped run of the step, read and judged. ``head_spec``, ``head_math``, ``head_mlx``,
-``head_cases``, ``head_subjects``, ``head_run``, ``head_report``: the attention head's spec
-(frink-models' launch, or the model's head), float64 truth and faults, float32 reference,
-cases, forms, check and report. The command is ``__main__`` (the tail) with ``gdn_command`` (``--part gdn``), over ``command_args`` (what both
+and report; ``gdn_dump`` an engine's dumped run of the step, read and judged.
+``head_spec``, ``head_math``, ``head_mlx``, ``head_cases``, ``head_subjects``, ``head_run``,
+``head_report``: the attention head's spec (frink-models' launch, or the model's head),
+float64 truth and faults, float32 reference, cases, forms, check and report. The command is
+``__main__`` (the tail) with ``gdn_command`` (``--part gdn``), over ``command_args`` (what both
 parse alike).
 
 The names below are the part's API, importable from ``workbench.check`` itself; each module
