@@ -15,7 +15,10 @@ input scale, their catches beside their flakes; ``blocks`` the check's own work 
 weights, truth, reference) a block of cases at a time. ``parts`` the parts of a layer the check
 takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
 ``gdn_run``, ``gdn_report`` the recurrent step's runs of tokens, truth and faults, forms, check
-and report; ``gdn_dump`` an engine's dumped run of the step, read and judged. The command is
+and report; ``gdn_dump`` an engine's dumped run of the step, read and judged.
+``head_spec``, ``head_math``, ``head_mlx``, ``head_cases``, ``head_subjects``, ``head_run``,
+``head_report``: the attention head's spec (frink-models' launch, or the model's head),
+float64 truth and faults, float32 reference, cases, forms, check and report. The command is
 ``__main__`` (the tail) with ``gdn_command`` (``--part gdn``), over ``command_args`` (what both
 parse alike).
 
@@ -44,6 +47,13 @@ _HOMES, __getattr__, __dir__ = public_names(
         "gdn_dump": ("check_step_dump", "read_run", "DumpedRun"),
         "gdn_faults": ("GDN_FAULTS", "StepWeights"),
         "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
+        "head_spec": ("HeadSpec", "HEAD_SHAPES", "DEFAULT_HEAD_SPECS"),
+        "head_math": ("HEAD_FAULTS", "head_exact", "HeadWeights"),
+        "head_mlx": ("head_reference",),
+        "head_cases": ("HeadInputs", "HeadCases", "draw_head_cases", "DEFAULT_POSITIONS", "HEAD_SCALES"),
+        "head_subjects": ("CallableHead", "KernelsFolderHead", "HeadSource", "HEAD_INPUTS"),
+        "head_run": ("check_head",),
+        "head_report": ("HeadReport",),
         "gdn_subjects": ("StepInputs", "CallableStep", "KernelsFolderStep", "StepSource", "STEP_INPUTS"),
     },
 )
