@@ -15,8 +15,12 @@ their flakes; ``blocks`` the check's own work (stored weights, truth, reference)
 of cases at a time. ``parts`` the parts of a layer the check takes (the tail, the Gated
 DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``, ``gdn_run``, ``gdn_report``
 the recurrent step's runs of tokens, truth and faults, forms, check and report; ``gdn_dump``
-an engine's dumped run of the step, read and judged. The command is ``__main__`` (the tail)
-with ``gdn_command`` (``--part gdn``), over ``command_args`` (what both parse alike).
+an engine's dumped run of the step, read and judged. ``chain_links``, ``chain_wiring``,
+``chain_run``, ``chain_report``: parts chained as the engine launches them (the tail, the
+next layer's input norm and projections, its recurrent step), each link's oracle and
+reference, the chain wired and its cases, the check against the chained float64 truth and
+its report. The command is ``__main__`` (the tail) with ``gdn_command`` (``--part gdn``) and
+``chain_command`` (``--chain``), over ``command_args`` (what they parse alike).
 
 The names below are the part's API, importable from ``workbench.check`` itself; each module
 is imported when one of its names is first read.
@@ -44,6 +48,10 @@ _HOMES, __getattr__, __dir__ = public_names(
         "gdn_faults": ("GDN_FAULTS", "StepWeights"),
         "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
         "gdn_subjects": ("StepInputs", "CallableStep", "KernelsFolderStep", "StepSource", "STEP_INPUTS"),
+        "chain_links": ("ChainDims", "Link", "LINKS", "LINK_NAMES"),
+        "chain_wiring": ("Chain", "ChainCase", "LinkCase", "wire"),
+        "chain_run": ("check_chain", "chained_outputs", "CHAIN_SCALES", "CHAIN_GATES", "CHAIN_STATE_SCALES"),
+        "chain_report": ("ChainReport",),
     },
 )
 
