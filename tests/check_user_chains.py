@@ -108,25 +108,6 @@ def qwen35_chain(case, *, layers=None):
     }
 
 
-class _EpsOutside(nn.Module):
-    """An RMS norm with eps outside the root: ``x / (sqrt(mean(x^2)) + eps) * w`` (a fault)."""
-
-    def __init__(self, weight, eps):
-        super().__init__()
-        self.weight, self.eps = weight, eps
-
-    def __call__(self, x):
-        return x / (mx.sqrt((x * x).mean(-1, keepdims=True)) + self.eps) * self.weight
-
-
-def qwen35_chain_eps_outside_input_norm(case):
-    """mlx-lm's chain with ONE faulty link: the linear layer's input norm with eps outside
-    the root (a bug that hides at O(1) activations and shows at small ones)."""
-    attn, lin = qwen35_layers(case)
-    lin.input_layernorm = _EpsOutside(lin.input_layernorm.weight, case.dims.eps)
-    return qwen35_chain(case, layers=(attn, lin))
-
-
 def numpy_link(link):
     """One link in float32 numpy from the formulas, for a chain given as a callable a link."""
 
@@ -151,3 +132,20 @@ def numpy_link(link):
 def tail_without_second_add(c):
     """The tail with a fault: the second residual add dropped (``ffn`` alone returned)."""
     return numpy_link("tail")(c) - (c.inputs["residual"] + c.weights["wo"] @ c.inputs["branch"])
+
+
+def qwen35_chain_bf16_state(case):
+    """mlx-lm's chain with a faulty recurrent step: its state kept as bfloat16 between tokens
+    (the ollama bug; returned in a float32 buffer)."""
+    out = qwen35_chain(case)
+    o, conv, st = out["gdn"]
+    out["gdn"] = (o, conv, st.astype(mx.bfloat16).astype(mx.float32))
+    return out
+
+
+def qwen35_chain_zero_centred_twice(case):
+    """mlx-lm's chain with a faulty input norm: its weight read as zero-centred (``1 + w``)
+    although it is stored as the scale itself (the Qwen3.5 checkpoint convention applied twice)."""
+    attn, lin = qwen35_layers(case)
+    lin.input_layernorm.weight = 1 + lin.input_layernorm.weight
+    return qwen35_chain(case, layers=(attn, lin))

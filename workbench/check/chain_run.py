@@ -251,5 +251,7 @@ def check_chain(
             rows.append({"scale": scale, "gate": gate, "state_scale": st, "seed": int(s)})
     mx.clear_cache()
     shown = name or ("" if fn is None else getattr(fn, "__qualname__", "chain" if kind == "one" else "links"))
-    given = [] if kind != "links" else [REFERENCE if f is None else getattr(f, "__qualname__", "?") for f in fn]
+    given = (
+        [] if kind != "links" else [REFERENCE if f is None else getattr(f, "__name__", type(f).__name__) for f in fn]
+    )
     return ChainReport.build(chain, shown, kind, given, rows, sub_err, ref_err, problems, user)
