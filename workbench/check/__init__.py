@@ -18,9 +18,13 @@ takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_
 and report; ``gdn_dump`` an engine's dumped run of the step, read and judged.
 ``head_spec``, ``head_math``, ``head_mlx``, ``head_cases``, ``head_subjects``, ``head_run``,
 ``head_report``: the attention head's spec (frink-models' launch, or the model's head),
-float64 truth and faults, float32 reference, cases, forms, check and report. The command is
-``__main__`` (the tail) with ``gdn_command`` (``--part gdn``), over ``command_args`` (what both
-parse alike).
+float64 truth and faults, float32 reference, cases, forms, check and report.
+``chain_links``, ``chain_wiring``, ``chain_run``, ``chain_report``: parts chained as the
+engine launches them (the tail, the next layer's input norm and projections, its recurrent
+step), each link's oracle and reference, the chain wired and its cases, the check against
+the chained float64 truth and its report. The command is ``__main__`` (the tail) with
+``gdn_command`` (``--part gdn``) and ``chain_command`` (``--chain``), over ``command_args``
+(what they parse alike).
 
 The names below are the part's API, importable from ``workbench.check`` itself; each module
 is imported when one of its names is first read.
@@ -55,6 +59,10 @@ _HOMES, __getattr__, __dir__ = public_names(
         "head_run": ("check_head",),
         "head_report": ("HeadReport",),
         "gdn_subjects": ("StepInputs", "CallableStep", "KernelsFolderStep", "StepSource", "STEP_INPUTS"),
+        "chain_links": ("ChainDims", "Link", "LINKS", "LINK_NAMES"),
+        "chain_wiring": ("Chain", "ChainCase", "LinkCase", "wire"),
+        "chain_run": ("check_chain", "chained_outputs", "CHAIN_SCALES", "CHAIN_GATES", "CHAIN_STATE_SCALES"),
+        "chain_report": ("ChainReport",),
     },
 )
 
