@@ -52,6 +52,15 @@ class ByValue:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
+    def __reduce__(self) -> tuple:
+        # pickled by name, as a function is: the process it goes to loads the same file
+        return (served, (self.__qualname__,))
+
+
+def served(name: str) -> ByValue:
+    """The callable served as ``name`` (``by_value_<digest>``), loaded from this machine's file."""
+    return __getattr__(name)
+
 
 def register(data: bytes) -> ByValue:
     """The callable pickled in ``data`` (cloudpickle), written here once and served by name."""

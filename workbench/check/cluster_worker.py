@@ -82,7 +82,7 @@ def ship(subject: Any) -> Shipped:
             ) from None
         return Shipped("by value", data, opts)
     if isinstance(subject, KernelsFolderSubject):
-        opts = {"backend": subject.backend, "order": subject.order, "name": subject.name}
+        opts = {"backend": subject.backend, "order": subject.order, "name": subject.name, "process": subject.process}
         return Shipped("kernels folder", _folder_files(subject.folder), opts)
     return Shipped("object", subject)
 
