@@ -15,7 +15,9 @@ their flakes; ``blocks`` the check's own work (stored weights, truth, reference)
 of cases at a time. ``parts`` the parts of a layer the check takes (the tail, the Gated
 DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``, ``gdn_run``, ``gdn_report``
 the recurrent step's runs of tokens, truth and faults, forms, check and report; ``gdn_dump``
-an engine's dumped run of the step, read and judged. The command is ``__main__`` (the tail)
+an engine's dumped run of the step, read and judged; ``pack_run`` and ``pack_faults`` a tail
+read from a Hadamard pack (every linear rotating its own input), checked on the pack's own
+stored weights, with the faults of those rotations. The command is ``__main__`` (the tail)
 with ``gdn_command`` (``--part gdn``), over ``command_args`` (what both parse alike).
 
 The names below are the part's API, importable from ``workbench.check`` itself; each module
@@ -42,6 +44,8 @@ _HOMES, __getattr__, __dir__ = public_names(
         "gdn_report": ("StepReport",),
         "gdn_dump": ("check_step_dump", "read_run", "DumpedRun"),
         "gdn_faults": ("GDN_FAULTS", "StepWeights"),
+        "pack_faults": ("PACK_FAULTS", "packed_faulty_tail"),
+        "pack_run": ("check_pack_tail",),
         "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
         "gdn_subjects": ("StepInputs", "CallableStep", "KernelsFolderStep", "StepSource", "STEP_INPUTS"),
     },

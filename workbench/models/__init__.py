@@ -3,7 +3,8 @@
 ``config`` holds what the rules ask about a model (``ModelConfig``, one ``LayerConfig`` a
 layer); ``families`` reads a Hugging Face ``config.json`` into it, one reader a family
 (each says which keys it takes), over ``config_reader`` (the file in, typed keys out);
-``loader`` loads the fifteen real models shipped in ``data/models/`` by name; ``refusals``
+``loader`` loads the fifteen real models shipped in ``data/models/`` by name; ``hadamard_pack``
+reads PrismML's Hadamard packs (Bonsai-27B as it ships) as mlx-lm reads them; ``refusals``
 holds the rules frink-models applies before it fuses an attention tail, every one that
 holds for a layer with its reason.
 
@@ -19,6 +20,16 @@ _HOMES, __getattr__, __dir__ = public_names(
         "config": ("ModelConfig", "LayerConfig", "Mixer", "BONSAI_SHAPE", "MODELS_DIR"),
         "families": ("from_hf_config",),
         "loader": ("load_model", "list_models"),
+        "hadamard_pack": (
+            "HadamardPack",
+            "PackedModule",
+            "PackError",
+            "PACK_BLOCKS",
+            "PACK_QUANTIZATION",
+            "pack_manifest",
+            "pack_refusals",
+            "read_pack",
+        ),
         "refusals": (
             "Refusal",
             "HeadRefusal",
