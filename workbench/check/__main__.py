@@ -13,8 +13,10 @@ The implementation is a callable (``module:function``, handed one ``StoredCase``
 kernels folder or a Metal (``--language cuda``: CUDA) kernel body with its launch, run on the CPU
 emulator or (``--run-on device``) its GPU, or an engine's safetensors dumps (docs/DUMP_LAYOUT.md).
 ``--mutants`` also runs source-level mutants of the user's text and prints which the check catches.
-``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``). ``--replay-dir``
-writes each failing case as a reproducer; ``--replay FILE`` runs one again (the subject given the same way).
+``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``);
+``--chain tail,gdn_in,gdn`` parts chained as the engine launches them, each link's error named
+(``--chain tail --help``). ``--replay-dir`` writes each failing case as a reproducer; ``--replay FILE``
+runs one again (the subject given the same way).
 Exit 0: the verdict passes; 1: it fails; 2: nothing could be judged (a bad argument, a module that
 does not import, a kernel that does not compile, a form that cannot run here), with ONE line on
 stderr and no traceback (``WORKBENCH_TRACEBACK=1`` keeps it), so a CI log shows the line that
@@ -31,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench import backends
+from workbench.check import chain_command, gdn_command
 from workbench.check import command_args as args
-from workbench.check import gdn_command
 from workbench.check.parts import PART_NAMES
 from workbench.check.replay import DEFAULT_MAX_BYTES, replay
 from workbench.check.run import DEFAULT_SCALES, check_dump, check_kernel
@@ -155,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     """The command: the exit status (0 pass, 1 fail); a usage error is argparse's
     ``SystemExit(2)`` with one line on stderr (see the module's docstring). ``--part gdn``
     hands the whole command line to :mod:`workbench.check.gdn_command`."""
-    if _part(sys.argv[1:] if argv is None else list(argv)) == "gdn":
+    given_argv = sys.argv[1:] if argv is None else list(argv)
+    if any(t == "--chain" or t.startswith("--chain=") for t in given_argv):
+        return chain_command.main(argv)  # parts chained as the engine launches them
+    if _part(given_argv) == "gdn":
         return gdn_command.main(argv)
     # allow_abbrev off: which options were given is read from argv (below), by full name
     p = argparse.ArgumentParser(
