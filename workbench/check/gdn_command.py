@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -240,40 +240,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(2) from None
 
 
-class TimedStep:
-    """A step form whose every call (a sequence's preparation, a token) runs under a time
-    limit: a call past it raises ``TimeoutError`` (the check stops that sequence and names it)."""
-
-    def __init__(self, inner: Any, seconds: float) -> None:
-        from workbench.check.time_limit import LimitedCaller
-
-        self.inner, self.seconds, self._caller = inner, seconds, LimitedCaller(seconds)
-        self.name, self.kind = inner.name, inner.kind
-
-    def _limited(self, fn: Callable[..., Any], *xs: Any) -> Any:
-        o = self._caller(fn, *xs)
-        if o.timed_out:
-            raise TimeoutError(f"took over {self.seconds:g} s (--time-limit)")
-        if o.error is not None:
-            raise o.error
-        return o.value
-
-    def layer(self, shape: Any, consts: Mapping[str, Any], eps: float) -> Callable[[Any], Any]:
-        call = self._limited(self.inner.layer, shape, consts, eps)
-
-        def evaluated(step: Any) -> Any:
-            # MLX records a graph on the calling thread's stream: evaluated here, on the
-            # worker, so the check's thread reads finished arrays
-            import mlx.core as mx
-
-            out = call(step)
-            if isinstance(out, (tuple, list)):
-                mx.eval(*[x for x in out if isinstance(x, mx.array)])
-            return out
-
-        return lambda step: self._limited(evaluated, step)
-
-
 def _subject(a: argparse.Namespace) -> Any:
     from workbench.check.gdn_subjects import STEP_DIMS, STEP_INPUTS, CallableStep, KernelsFolderStep, StepSource
 
@@ -317,6 +283,8 @@ def compile_error(subject: Any, geometry: Any, time_limit: float) -> str | None:
         r.mixed[0, 0], r.z[0, 0], r.b[0, 0], r.a[0, 0], r.conv_state[0], r.state[0], *consts.values(), w.eps, w.k_heads
     )
     try:
+        from workbench.check.step_isolation import TimedStep
+
         TimedStep(subject, time_limit).layer(s, consts, w.eps)(step)
     except MetalCompileError as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
@@ -350,7 +318,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
                 if a.source and problem.startswith("source:"):  # the emulator names the body "source"
                     problem = a.source + problem.removeprefix("source")
                 raise ValueError(f"{option}: {given} does not compile for the emulator: {problem}")
-        rep = check_step(TimedStep(subject, a.time_limit), **runs, **common)
+        rep = check_step(subject, time_limit=a.time_limit, **runs, **common)
     print(rep)
     shown = rep.problems if a.dump is not None else rep.problems[:20]
     if shown:
