@@ -1,7 +1,7 @@
 """Where a recurrent step under test runs: guarded (:class:`~workbench.check.step_guards.GuardedStep`)
 in a worker process of its own (:class:`ProcessStep`) where it can go there (a callable importable
 by ``module:qualname``, a kernels folder, a source), else on a worker thread under the time limit
-(:class:`TimedStep`).
+(:class:`~workbench.check.gdn_subjects.TimedStep`).
 
 In a process, a crash (a segfault, an abort) stops the sequence it happened on, reported by
 token, and a fresh worker serves the others; a call past the time limit is ended with its
@@ -22,48 +22,14 @@ from typing import Any
 import numpy as np
 
 from workbench import validate
-from workbench.check.gdn_subjects import KernelsFolderStep, StepSource
+from workbench.check.gdn_subjects import KernelsFolderStep, StepSource, TimedStep
 from workbench.check.isolation import ProcessCaller
 from workbench.check.step_guards import TOKEN_ARRAYS, GuardedStep, step_path
 from workbench.check.stored import as_numpy
 from workbench.check.subjects import SubjectError
-from workbench.check.time_limit import LimitedCaller
 
 #: Sequences a worker holds the constants of at once (a condition's every seed, as a rule).
 HOLD = 4096
-
-
-class TimedStep:
-    """A step form whose every call (a sequence's preparation, a token) runs under a time
-    limit on a worker thread: a call past it raises ``TimeoutError`` (the check stops that
-    sequence and names it)."""
-
-    def __init__(self, inner: Any, seconds: float) -> None:
-        self.inner, self.seconds, self._caller = inner, seconds, LimitedCaller(seconds)
-        self.name, self.kind = inner.name, inner.kind
-
-    def _limited(self, fn: Callable[..., Any], *xs: Any) -> Any:
-        o = self._caller(fn, *xs)
-        if o.timed_out:
-            raise TimeoutError(f"took over {self.seconds:g} s (the time limit)")
-        if o.error is not None:
-            raise o.error
-        return o.value
-
-    def layer(self, shape: Any, consts: Mapping[str, Any], eps: float) -> Callable[[Any], Any]:
-        call = self._limited(self.inner.layer, shape, consts, eps)
-
-        def evaluated(step: Any) -> Any:
-            # MLX records a graph on the calling thread's stream: evaluated here, on the
-            # worker, so the check's thread reads finished arrays
-            import mlx.core as mx
-
-            out = call(step)
-            if isinstance(out, (tuple, list)):
-                mx.eval(*[x for x in out if isinstance(x, mx.array)])
-            return out
-
-        return lambda step: self._limited(evaluated, step)
 
 
 class ProcessStep:
