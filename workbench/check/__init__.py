@@ -18,7 +18,9 @@ takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_
 and report; ``gdn_dump`` an engine's dumped run of the step, read and judged.
 ``head_spec``, ``head_math``, ``head_mlx``, ``head_cases``, ``head_subjects``, ``head_run``,
 ``head_report``: the attention head's spec (frink-models' launch, or the model's head),
-float64 truth and faults, float32 reference, cases, forms, check and report. The command is
+float64 truth and faults, float32 reference, cases, forms, check and report; ``head_dump``
+an engine's dumped heads, read, written and judged; ``head_mutants`` a head kernel's source
+mutants through the head's check; ``head_command`` is ``--part head``. The command is
 ``__main__`` (the tail) with ``gdn_command`` (``--part gdn``), over ``command_args`` (what both
 parse alike).
 
@@ -54,6 +56,8 @@ _HOMES, __getattr__, __dir__ = public_names(
         "head_subjects": ("CallableHead", "KernelsFolderHead", "HeadSource", "HEAD_INPUTS"),
         "head_run": ("check_head",),
         "head_report": ("HeadReport",),
+        "head_dump": ("check_head_dump", "read_heads", "write_head", "DumpedHeads"),
+        "head_mutants": ("head_mutant_study",),
         "gdn_subjects": ("StepInputs", "CallableStep", "KernelsFolderStep", "StepSource", "STEP_INPUTS"),
     },
 )

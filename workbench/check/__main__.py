@@ -13,7 +13,8 @@ The implementation is a callable (``module:function``, handed one ``StoredCase``
 kernels folder or a Metal (``--language cuda``: CUDA) kernel body with its launch, run on the CPU
 emulator or (``--run-on device``) its GPU, or an engine's safetensors dumps (docs/DUMP_LAYOUT.md).
 ``--mutants`` also runs source-level mutants of the user's text and prints which the check catches.
-``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``). ``--replay-dir``
+``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``), ``--part head``
+an attention head (``--part head --help``). ``--replay-dir``
 writes each failing case as a reproducer; ``--replay FILE`` runs one again (the subject given the same way).
 Exit 0: the verdict passes; 1: it fails; 2: nothing could be judged (a bad argument, a module that
 does not import, a kernel that does not compile, a form that cannot run here), with ONE line on
@@ -32,7 +33,7 @@ from typing import Any
 
 from workbench import backends
 from workbench.check import command_args as args
-from workbench.check import gdn_command
+from workbench.check import gdn_command, head_command
 from workbench.check.parts import PART_NAMES
 from workbench.check.replay import DEFAULT_MAX_BYTES, replay
 from workbench.check.run import DEFAULT_SCALES, check_dump, check_kernel
@@ -155,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     """The command: the exit status (0 pass, 1 fail); a usage error is argparse's
     ``SystemExit(2)`` with one line on stderr (see the module's docstring). ``--part gdn``
     hands the whole command line to :mod:`workbench.check.gdn_command`."""
-    if _part(sys.argv[1:] if argv is None else list(argv)) == "gdn":
+    chosen = _part(sys.argv[1:] if argv is None else list(argv))
+    if chosen == "gdn":
         return gdn_command.main(argv)
+    if chosen == "head":
+        return head_command.main(argv)
     # allow_abbrev off: which options were given is read from argv (below), by full name
     p = argparse.ArgumentParser(
         prog="python -m workbench.check",
@@ -169,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         "--part",
         choices=PART_NAMES,
         default=PART_NAMES[0],
-        help="the part checked: tail (default; the options below) or gdn, the Gated DeltaNet recurrent step "
-        "(--part gdn --help lists its inputs and options)",
+        help="the part checked: tail (default; the options below), gdn, the Gated DeltaNet recurrent step "
+        "(--part gdn --help lists its inputs and options), or head, the attention head (--part head --help)",
     )
     p.add_argument("--kernels-dir", type=args.path, help="a folder shaped like kernels/ (run on the CPU emulator)")
     p.add_argument(
@@ -258,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     step_only = sorted(given & set(gdn_command.ONLY_OPTIONS))
     if step_only:
         p.error(f"{', '.join(step_only)}: options of --part gdn (the recurrent step), not of the tail's check")
+    head_only = sorted(given & set(head_command.ONLY_OPTIONS))
+    if head_only:
+        p.error(f"{', '.join(head_only)}: options of --part head (the attention head), not of the tail's check")
     a = p.parse_args(argv)
     forms = [x for x in (a.implementation, a.kernels_dir, a.source, a.dump) if x is not None]
     if len(forms) != 1:
