@@ -5,6 +5,7 @@
     python -m workbench.check --source tail.metal --inputs branch,residual,wo,ffn_norm,gate,up,down,eps \
         --grid 32 --threadgroup 32 --template HIDDEN=hidden,BRANCH=branch,FFN=ffn --mutants
     python -m workbench.check --dump dumps/ --tolerance 2e-4
+    python -m workbench.check mypkg.tails:my_tail --seeds 1000 --workers 2    # or --scheduler tcp://host:8786
     python -m workbench.check mypkg.tails:my_tail --replay-dir cases/    # then, a case at a time:
     python -m workbench.check mypkg.tails:my_tail \
         --replay cases/callable-64x96x80-float32-fold16-qnone-seed3.safetensors
@@ -14,8 +15,10 @@ kernels folder or a Metal (``--language cuda``: CUDA) kernel body with its launc
 emulator or (``--run-on device``) its GPU, or an engine's safetensors dumps (docs/DUMP_LAYOUT.md).
 ``--mutants`` also runs source-level mutants of the user's text and prints which the check catches.
 ``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``), ``--part head``
-an attention head (``--part head --help``). ``--replay-dir``
-writes each failing case as a reproducer; ``--replay FILE`` runs one again (the subject given the same way).
+an attention head (``--part head --help``);
+``--chain tail,gdn_in,gdn`` parts chained as the engine launches them, each link's error named
+(``--chain tail --help``). ``--replay-dir`` writes each failing case as a reproducer; ``--replay FILE``
+runs one again (the subject given the same way).
 Exit 0: the verdict passes; 1: it fails; 2: nothing could be judged (a bad argument, a module that
 does not import, a kernel that does not compile, a form that cannot run here), with ONE line on
 stderr and no traceback (``WORKBENCH_TRACEBACK=1`` keeps it), so a CI log shows the line that
@@ -32,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from workbench import backends
+from workbench.check import chain_command, gdn_command, head_command
 from workbench.check import command_args as args
-from workbench.check import gdn_command, head_command
+from workbench.check.cluster import cluster_client
 from workbench.check.parts import PART_NAMES
 from workbench.check.replay import DEFAULT_MAX_BYTES, replay
 from workbench.check.run import DEFAULT_SCALES, check_dump, check_kernel
@@ -71,6 +75,8 @@ OPTIONS: dict[str, str] = {
     "replay_dir": "--replay-dir",
     "replay_max_bytes": "--replay-max-bytes",
     "replay": "--replay",
+    "workers": "--workers",
+    "scheduler": "--scheduler",
 }
 
 
@@ -156,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     """The command: the exit status (0 pass, 1 fail); a usage error is argparse's
     ``SystemExit(2)`` with one line on stderr (see the module's docstring). ``--part gdn``
     hands the whole command line to :mod:`workbench.check.gdn_command`."""
-    chosen = _part(sys.argv[1:] if argv is None else list(argv))
+    given_argv = sys.argv[1:] if argv is None else list(argv)
+    if any(t == "--chain" or t.startswith("--chain=") for t in given_argv):
+        return chain_command.main(argv)  # parts chained as the engine launches them
+    chosen = _part(given_argv)
     if chosen == "gdn":
         return gdn_command.main(argv)
     if chosen == "head":
@@ -238,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tolerance", type=args.non_negative, help="your own tolerance on the worst scaled error")
     p.add_argument("--time-limit", type=args.positive, default=30.0, help="seconds a case may take (default 30)")
     p.add_argument(
+        "--workers",
+        type=args.count(1, 4096),
+        help="run the seeds in shards on a Dask LocalCluster of this many single-threaded workers (progress on stderr)",
+    )
+    p.add_argument("--scheduler", help="run the seeds in shards on the Dask cluster at this address (tcp://host:8786)")
+    p.add_argument(
         "--mutants", action="store_true", help="also run source-level mutants of --kernels-dir or an emulated --source"
     )
     p.add_argument(
@@ -277,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if a.mutant_files is not None and not (a.mutants and a.kernels_dir):
         p.error("--mutant-files: only with --mutants and --kernels-dir")
+    if a.workers is not None and a.scheduler is not None:
+        p.error("--workers: a --scheduler's cluster has its own workers; give one of them")
     unused = _unused_options(a, sys.argv[1:] if argv is None else argv)
     if unused:
         p.error(f"{', '.join(unused)}: not used by this form of the check (nothing given is ignored silently)")
@@ -305,11 +322,11 @@ def _unused_options(a: argparse.Namespace, argv: list[str]) -> list[str]:
     given = {tok.split("=", 1)[0] for tok in argv if tok.startswith("--")}
     if a.replay is not None:  # the case, its scales and tolerances are the reproducer's
         unused = {"--seeds", "--scales", "--fold", "--tolerance", "--mutants", "--mutant-files", "--record"}
-        unused |= {"--replay-dir", "--replay-max-bytes"}
+        unused |= {"--replay-dir", "--replay-max-bytes", "--workers", "--scheduler"}
         return sorted(given & unused)
     if a.dump is not None:
         unused = {"--seeds", "--scales", "--fold", "--time-limit", "--arrays", "--batched", *_SOURCE_LAUNCH}
-        unused |= {"--replay-dir", "--replay-max-bytes"}
+        unused |= {"--replay-dir", "--replay-max-bytes", "--workers", "--scheduler"}
     elif a.source is not None:
         unused = {"--fold", "--arrays", "--batched"}
     else:
@@ -350,7 +367,12 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
                 raise ValueError(f"{option}: {given} does not compile for the emulator: {problem}")
         common = {"seeds": range(a.seeds), "scales": a.scales, "tolerance": a.tolerance, "time_limit": a.time_limit}
         replays = {"replay_dir": a.replay_dir, "replay_max_bytes": a.replay_max_bytes}
-        rep = check_kernel(subject, folds=folds, **common, **replays)
+        client = None if a.workers is None and a.scheduler is None else cluster_client(a.workers, a.scheduler)
+        try:
+            rep = check_kernel(subject, folds=folds, **common, **replays, client=client)
+        finally:
+            if client is not None:
+                client.close()
         if a.mutants:
             from workbench.check.mutants import folder_mutant_study, mutant_study
 

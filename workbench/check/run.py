@@ -122,6 +122,9 @@ def check_kernel(
     rerun: bool = True,
     replay_dir: Any = None,
     replay_max_bytes: int = DEFAULT_MAX_BYTES,
+    client: Any = None,
+    shard_seeds: int | None = None,
+    progress: bool | None = None,
 ) -> CheckReport:
     """Check ``subject`` (a callable, or a form of :mod:`workbench.check.subjects`) on every
     combination of ``shapes`` x ``dtypes`` x ``folds`` x ``quantize`` x ``seeds``, each at every
@@ -135,7 +138,12 @@ def check_kernel(
     The implementation runs one case a call; the truth and the graph reference run a block
     of :data:`~workbench.studies.cases.CASE_BLOCK` cases at a time (:mod:`workbench.check.blocks`:
     the same bits as case by case). ``folds``: ``None`` or block sizes (each case folds
-    ``wo``'s input with its own random signs)."""
+    ``wo``'s input with its own random signs).
+
+    ``client``: a ``dask.distributed.Client`` (:func:`workbench.check.cluster_client`): the seeds
+    run as shards of ``shard_seeds`` (default: two shards a worker) on its workers, merged into
+    one report, the same bits (:mod:`workbench.check.cluster`); ``progress``: Dask's progress
+    bar over the shards (``None``: where stderr is a terminal)."""
     import pandas as pd
 
     subject = as_subject(subject)
@@ -169,6 +177,17 @@ def check_kernel(
                     if where is not None:
                         where.check_fits(shp, len(scale_labels), fold)
                     configs.append((shp, dtype, fold, qlabel, spec, q))
+    if client is not None:  # shards of seeds as tasks on a Dask cluster, merged into one report
+        from workbench.check.cluster import check_on_cluster
+
+        opts = {"scales": scale_labels, "faults": faults, "time_limit": seconds, "eps": eps, "rerun": rerun}
+        opts.update(
+            tolerance=tolerance, flake_rate=flake_rate, replay_dir=replay_dir, replay_max_bytes=replay_max_bytes
+        )
+        shards = {"shard_seeds": shard_seeds, "progress": progress}
+        return check_on_cluster(
+            client, check_kernel, subject, configs, seed_arr, opts, user=user, flake_rate=flake_rate, **shards
+        )
     chunks = [seed_arr[k : k + CASE_BLOCK] for k in range(0, len(seed_arr), CASE_BLOCK)]
     calls = callers(subject, seconds)
     writer = None if where is None else _Reproducers(where, subject, user, scale_labels)
