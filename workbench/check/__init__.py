@@ -1,24 +1,32 @@
 """Checking a user's own fused tail against the float64 oracle.
 
-``stored`` what an implementation is handed for a case (the weights as stored);
-``subjects`` the forms of the implementation under test (a callable, a kernels folder, a
-Metal or CUDA source); ``source_launch`` a source and its launch, and the one adapter to the
-CPU emulator; ``time_limit`` a call under a time limit; ``faults`` the fault models;
-``verdict`` the paired sign test against the workbench's graph tail; ``run`` the check
-itself; ``report`` its :class:`~workbench.check.report.CheckReport` (``report_figure`` the
-figure); ``calls`` the implementation's two runs of a block, ``guards`` a call guarded (fresh
-inputs verified unchanged, no aliased output), ``isolation`` a callable in a worker process
-of its own; ``dump`` an engine's dumped layers (read and written); ``replay`` each failing
-case as a reproducer, run again; ``mutants`` source-level mutants of a user's kernel text, run
-through the same check; ``tolerances`` tolerances per input scale, their catches beside
-their flakes; ``blocks`` the check's own work (stored weights, truth, reference) a block
-of cases at a time, ``budget`` how many fit a memory budget, ``shards`` a check cut into
-shards that merge (its tables in Parquet) and an interrupted run resumed, ``progress`` the
-bar of cases done. ``parts`` the parts of a layer the check takes (the tail, the Gated
-DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``, ``gdn_run``, ``gdn_report``
-the recurrent step's runs of tokens, truth and faults, forms, check and report; ``gdn_dump``
-an engine's dumped run of the step, read and judged. The command is ``__main__`` (the tail)
-with ``gdn_command`` (``--part gdn``), over ``command_args`` (what both parse alike).
+``stored`` what an implementation is handed for a case (the weights as stored); ``subjects``
+the forms of the implementation under test (a callable, a kernels folder, a Metal or CUDA
+source); ``source_launch`` a source and its launch, and the one adapter to the CPU emulator;
+``time_limit`` a call under a time limit; ``faults`` the fault models; ``verdict`` the paired
+sign test against the workbench's graph tail; ``run`` the check itself; ``report`` its
+:class:`~workbench.check.report.CheckReport` (``report_figure`` the figure); ``calls`` the
+implementation's two runs of a block, ``guards`` a call guarded (fresh inputs verified
+unchanged, no aliased output), ``isolation`` the implementation (a callable, a kernels folder,
+a source) in a worker process of its own; ``dump`` an engine's dumped layers (read and
+written); ``replay`` each failing case as a reproducer, run again; ``mutants`` source-level
+mutants of a user's kernel text, run through the same check; ``tolerances`` tolerances per
+input scale, their catches beside their flakes; ``blocks`` the check's own work (stored
+weights, truth, reference) a block of cases at a time, ``budget`` how many fit a memory
+budget, ``shards`` a check cut into shards that merge (its tables in Parquet) and an
+interrupted run resumed, ``progress`` the bar of cases done. ``parts`` the parts of a layer
+the check takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
+``gdn_run``, ``gdn_report`` the recurrent step's runs of tokens, truth and faults, forms, check
+and report; ``gdn_dump`` an engine's dumped run of the step, read and judged.
+``head_spec``, ``head_math``, ``head_mlx``, ``head_cases``, ``head_subjects``, ``head_run``,
+``head_report``: the attention head's spec (frink-models' launch, or the model's head),
+float64 truth and faults, float32 reference, cases, forms, check and report.
+``chain_links``, ``chain_wiring``, ``chain_run``, ``chain_report``: parts chained as the
+engine launches them (the tail, the next layer's input norm and projections, its recurrent
+step), each link's oracle and reference, the chain wired and its cases, the check against
+the chained float64 truth and its report. The command is ``__main__`` (the tail) with
+``gdn_command`` (``--part gdn``) and ``chain_command`` (``--chain``), over ``command_args``
+(what they parse alike).
 
 The names below are the part's API, importable from ``workbench.check`` itself; each module
 is imported when one of its names is first read.
@@ -47,7 +55,18 @@ _HOMES, __getattr__, __dir__ = public_names(
         "gdn_dump": ("check_step_dump", "read_run", "DumpedRun"),
         "gdn_faults": ("GDN_FAULTS", "StepWeights"),
         "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
+        "head_spec": ("HeadSpec", "HEAD_SHAPES", "DEFAULT_HEAD_SPECS"),
+        "head_math": ("HEAD_FAULTS", "head_exact", "HeadWeights"),
+        "head_mlx": ("head_reference",),
+        "head_cases": ("HeadInputs", "HeadCases", "draw_head_cases", "DEFAULT_POSITIONS", "HEAD_SCALES"),
+        "head_subjects": ("CallableHead", "KernelsFolderHead", "HeadSource", "HEAD_INPUTS"),
+        "head_run": ("check_head",),
+        "head_report": ("HeadReport",),
         "gdn_subjects": ("StepInputs", "CallableStep", "KernelsFolderStep", "StepSource", "STEP_INPUTS"),
+        "chain_links": ("ChainDims", "Link", "LINKS", "LINK_NAMES"),
+        "chain_wiring": ("Chain", "ChainCase", "LinkCase", "wire"),
+        "chain_run": ("check_chain", "chained_outputs", "CHAIN_SCALES", "CHAIN_GATES", "CHAIN_STATE_SCALES"),
+        "chain_report": ("ChainReport",),
     },
 )
 

@@ -16,8 +16,10 @@ The implementation is a callable (``module:function``, handed one ``StoredCase``
 kernels folder or a Metal (``--language cuda``: CUDA) kernel body with its launch, run on the CPU
 emulator or (``--run-on device``) its GPU, or an engine's safetensors dumps (docs/DUMP_LAYOUT.md).
 ``--mutants`` also runs source-level mutants of the user's text and prints which the check catches.
-``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``). ``--replay-dir``
-writes each failing case as a reproducer; ``--replay FILE`` runs one again (the subject given the same way).
+``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``);
+``--chain tail,gdn_in,gdn`` parts chained as the engine launches them, each link's error named
+(``--chain tail --help``). ``--replay-dir`` writes each failing case as a reproducer; ``--replay FILE``
+runs one again (the subject given the same way).
 ``--seeds A:B`` checks a shard (seeds A..B-1); ``--record`` keeps its per-case errors in Parquet beside
 the JSON, and ``--merge`` gives the report of disjoint shards' union, the same bits as one run. While
 it runs, a check with ``--record R`` writes each finished block to ``R.partial/``: the same command
@@ -40,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench import backends
+from workbench.check import chain_command, gdn_command, shards
 from workbench.check import command_args as args
-from workbench.check import gdn_command, shards
 from workbench.check.budget import DEFAULT_BUDGET_GIB
 from workbench.check.parts import PART_NAMES
 from workbench.check.replay import DEFAULT_MAX_BYTES, replay
@@ -173,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     """The command: the exit status (0 pass, 1 fail); a usage error is argparse's
     ``SystemExit(2)`` with one line on stderr (see the module's docstring). ``--part gdn``
     hands the whole command line to :mod:`workbench.check.gdn_command`."""
-    if _part(sys.argv[1:] if argv is None else list(argv)) == "gdn":
+    given_argv = sys.argv[1:] if argv is None else list(argv)
+    if any(t == "--chain" or t.startswith("--chain=") for t in given_argv):
+        return chain_command.main(argv)  # parts chained as the engine launches them
+    if _part(given_argv) == "gdn":
         return gdn_command.main(argv)
     # allow_abbrev off: which options were given is read from argv (below), by full name
     p = argparse.ArgumentParser(

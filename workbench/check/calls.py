@@ -4,9 +4,10 @@ reverse order (a callable handed fresh copies of the inputs each call), the bits
 A callable runs guarded (:func:`workbench.check.guards.guarded_call`: inputs unchanged, no
 aliased output), in a worker process of its own where it is importable
 (:class:`workbench.check.isolation.ProcessCaller`), else on the check's worker thread
-(:class:`workbench.check.time_limit.LimitedCaller`). The kernel forms launch the workbench's
-own code on the case's weights, in the check's process. What a call did wrong is written to
-``problems``, naming the case; its output is then NaN.
+(:class:`workbench.check.time_limit.LimitedCaller`). The kernel forms (a kernels folder, a
+source) launch the user's text on the case's weights in a worker process of their own too
+(made there from the case's master rows), unless built with ``process=False``. What a call
+did wrong is written to ``problems``, naming the case; its output is then NaN.
 """
 
 from __future__ import annotations
@@ -18,9 +19,15 @@ from typing import Any
 import numpy as np
 
 from workbench.check.guards import guarded_call
-from workbench.check.isolation import ProcessCaller
+from workbench.check.isolation import FormCase, ProcessCaller
 from workbench.check.stored import StoredCase
-from workbench.check.subjects import CallableSubject, SubjectError, checked_output
+from workbench.check.subjects import (
+    CallableSubject,
+    KernelsFolderSubject,
+    SourceSubject,
+    SubjectError,
+    checked_output,
+)
 from workbench.check.time_limit import LimitedCaller, Outcome
 from workbench.studies.cases import case_row_weights
 
@@ -37,22 +44,33 @@ class Callers:
             self.process.close()
 
 
+def in_process(subject: Any) -> bool:
+    """Whether ``subject``'s calls go to a worker process: an importable callable (its
+    ``path``), a kernel form unless built with ``process=False``."""
+    if isinstance(subject, CallableSubject):
+        return bool(subject.path)
+    return isinstance(subject, (KernelsFolderSubject, SourceSubject)) and subject.process
+
+
 def callers(subject: Any, seconds: float) -> Callers:
-    """The :class:`Callers` for ``subject`` (a process for a callable with an import path)."""
-    path = getattr(subject, "path", "") if isinstance(subject, CallableSubject) else ""
-    return Callers(LimitedCaller(seconds), ProcessCaller(path, subject.arrays, seconds) if path else None)
+    """The :class:`Callers` for ``subject`` (a worker process where :func:`in_process`)."""
+    return Callers(LimitedCaller(seconds), ProcessCaller(subject, seconds) if in_process(subject) else None)
 
 
 def where_it_ran(subject: Any) -> str:
     """A line for the report: where the implementation's calls ran."""
+    own = "a crash costs its case, a hang its process, the truth is not in reach"
     if isinstance(subject, CallableSubject) and subject.path:
-        return f"in a worker process of its own ({subject.path}): a crash costs its case, the truth is not in reach"
+        return f"in a worker process of its own ({subject.path}): {own}"
     if isinstance(subject, CallableSubject):
         return (
             "in the check's own process, on a worker thread (not importable by module:qualname, or process=False): "
             "a crash would end the check"
         )
-    return "in the check's own process (a kernel form runs the workbench's launch code; no worker process yet)"
+    if in_process(subject):
+        return f"in a worker process of its own (the {subject.kind}'s launches): {own}"
+    kind = getattr(subject, "kind", "form")
+    return f"in the check's own process (the {kind}'s launches, process=False): a crash would end the check"
 
 
 @dataclass
@@ -63,13 +81,24 @@ class BlockRuns:
     again: np.ndarray | None
 
 
-def _jobs(subject: Any, scs: list[StoredCase], c: Any, scales: list[float], **config: Any) -> list[tuple]:
-    """One ``(run, want, i, j, label)`` a call: ``run`` is the thread's call, or for a callable
-    in a process, the ``(case, want)`` it is sent."""
+def _wants(subject: Any, sc: StoredCase) -> list[tuple[int, ...]]:
+    """The output shape of each call one case takes: one call of every scale, or one a scale."""
+    n, hidden = sc.branch.shape[0], sc.shape[0]
+    return [(n, hidden)] if subject.batched else [(hidden,)] * n
+
+
+def _jobs(subject: Any, scs: list[StoredCase], c: Any, scales: list[float], process: bool, **config: Any) -> list:
+    """One ``(run, want, i, j, label)`` a call: ``run`` is the thread's call, or for a worker
+    process ``(case name, what it is sent of the case, call index)``."""
     out = []
     for i, sc in enumerate(scs):
-        if isinstance(subject, CallableSubject):
-            made: list[Any] = subject.jobs(sc)
+        if process:
+            payload: Any = sc
+            if not isinstance(subject, CallableSubject):  # a form: its weights made in the worker
+                payload = FormCase(c.rows(slice(i, i + 1)), config, sc.branch, sc.residual, sc.case)
+            made: list[Any] = [((sc.case, payload, j), want) for j, want in enumerate(_wants(subject, sc))]
+        elif isinstance(subject, CallableSubject):
+            made = subject.jobs(sc)
         else:  # the kernel forms launch the workbench's own TailWeights of the case
             w, _, _ = case_row_weights(c, i, **config)
             made = subject.calls(sc, w)
@@ -82,7 +111,7 @@ def _jobs(subject: Any, scs: list[StoredCase], c: Any, scales: list[float], **co
 def _outcomes(subject: Any, calls: Callers, jobs: list[tuple], order: list[int], held: list) -> list[Outcome]:
     """Each job's outcome (in job order), the jobs run in ``order``."""
     if calls.process is not None:
-        got = calls.process.run_all([(jobs[k][0], jobs[k][1]) for k in order])
+        got = calls.process.run_all([jobs[k][0] for k in order])
     elif isinstance(subject, CallableSubject):
         fns = [partial(guarded_call, subject.fn, jobs[k][0], subject.arrays, jobs[k][1], held) for k in order]
         got = calls.thread.run_all(fns)
@@ -133,7 +162,7 @@ def run_block(
     """The implementation on every case of a block (``config``: ``dtype``, ``fold``, ``spec``,
     ``eps`` of the kernel forms' weights), and with ``rerun`` once more in the reverse order.
     A problem of the second run only is written with the prefix ``second run, ``."""
-    jobs = _jobs(subject, scs, c, scales, **config)
+    jobs = _jobs(subject, scs, c, scales, calls.process is not None, **config)
     shape = (len(scs), scs[0].branch.shape[0], scs[0].shape[0])
     order = list(range(len(jobs)))
     first = _gather(_outcomes(subject, calls, jobs, order, held), jobs, shape, calls.thread.seconds, problems, "")

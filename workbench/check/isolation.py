@@ -1,70 +1,181 @@
-"""A user's callable run in a worker process of its own: a crash (a segfault) costs its case,
-not the check, and the float64 truth is never in the worker's reach.
+"""The implementation under test run in a worker process of its own: a crash (a segfault, an
+abort) costs its case, not the check, a hang is ended by killing the process, and the float64
+truth is never in the worker's reach.
 
-The worker imports the callable by ``module:qualname`` (so only a function importable that
-way can go there: not a lambda, not one defined in ``__main__``), receives one case at a time
-(the stored weights and activations, never the truth), runs it through
-:func:`workbench.check.guards.guarded_call` and sends back the output or what went wrong. A
-worker that dies or passes the time limit is ended; the case is reported and a fresh worker
-serves the next.
+Two kinds of subject go there. A callable importable by ``module:qualname`` (not a lambda, not
+one defined in ``__main__``), run through :func:`workbench.check.guards.guarded_call`; and the
+kernel forms (a kernels folder, a Metal or CUDA source with its launch), whose launches and, on
+the emulator, the compiled C++ of the user's text run in the worker. The subject is sent once,
+pickled (a callable by reference, a form by value without its compiled kernels), when a worker
+starts; the worker then receives one case at a time (the stored weights and the activations,
+never the truth) and runs the calls asked of it, answering each with the output or what went
+wrong. A worker that dies or passes the time limit is ended; its case is reported and a fresh
+worker serves the next.
+
+The cost, stated: a worker's start (a fresh interpreter importing MLX and the workbench, about
+a second; its first call also waits up to 60 s for that, beyond the subject's limit); and a
+case's arrays shipped once a case, not once a call: every array of 64 KB or more goes
+out-of-band (pickle protocol 5) into one file under ``/dev/shm`` where there is one (memory,
+not disk), which the worker maps read-only and unlinks: one copy by the check, none by the
+worker (a pipe would cost four: pickled, written, read, unpickled). The guarded call then
+copies what it hands the subject, as it does in the check's own process. A kernel form's case
+ships the master rows of its weights (the arrays the check's blocks are drawn from) and the
+worker makes the stored weights from them exactly as the check's thread would
+(:func:`workbench.studies.cases.case_row_weights`).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import select
+import shutil
 import signal
 import struct
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
+
 from workbench.check.guards import guarded_call
-from workbench.check.stored import StoredCase
-from workbench.check.subjects import SubjectError, load
+from workbench.check.stored import as_numpy
+from workbench.check.subjects import CallableSubject, SubjectError
 from workbench.check.time_limit import Outcome
+from workbench.studies.cases import CaseArrays, case_row_weights
 
 _HEADER = struct.Struct("<Q")
 
+#: Arrays at least this large travel through the shared file, smaller ones in the pickle.
+OUT_OF_BAND_BYTES = 1 << 16
 
-def _send(stream: BinaryIO, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
+#: The alignment of each array in the shared file (a cache line; numpy needs the dtype's).
+_ALIGN = 64
+
+#: Seconds a worker's first call may wait beyond the subject's limit: the interpreter's start
+#: and imports (MLX, the workbench, the user's module) are not the subject's time.
+START_GRACE = 60.0
+
+
+@dataclass(frozen=True)
+class FormCase:
+    """One case as a kernel form's worker receives it: the master ``rows`` of its weights (a
+    :class:`~workbench.studies.cases.CaseArrays` of one case), the stored weights' ``config``
+    (``dtype``, ``fold``, ``spec``, ``eps``), the activations ``branch`` [n, branch] and
+    ``residual`` [n, hidden] at each input scale, and its name."""
+
+    rows: CaseArrays
+    config: dict[str, Any]
+    branch: np.ndarray
+    residual: np.ndarray
+    case: str
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.rows.shape
+
+
+def _scratch() -> Path:
+    """A private folder for the shared files: in memory (``/dev/shm``) where the system has it."""
+    shm = Path("/dev/shm")
+    return Path(tempfile.mkdtemp(prefix="workbench-check-", dir=shm if shm.is_dir() else None))
+
+
+def send_message(stream: BinaryIO, obj: Any, scratch: Path | None = None) -> None:
+    """``obj`` pickled onto ``stream``; with ``scratch``, its large arrays in a file there."""
+    big: list[pickle.PickleBuffer] = []
+
+    def out_of_band(buf: pickle.PickleBuffer) -> bool:
+        if scratch is None or buf.raw().nbytes < OUT_OF_BAND_BYTES:
+            return True  # in the pickle
+        big.append(buf)
+        return False
+
+    data = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
+    path, spans = "", []
+    if big:
+        fd, path = tempfile.mkstemp(dir=scratch, suffix=".case")
+        with os.fdopen(fd, "wb") as f:
+            for buf in big:
+                raw = buf.raw()
+                pad = -f.tell() % _ALIGN
+                f.write(b"\0" * pad)
+                spans.append((f.tell(), raw.nbytes))
+                f.write(raw)
+    message = pickle.dumps((data, path, spans), protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(message)) + message)
     stream.flush()
 
 
-def _receive(stream: BinaryIO) -> Any:
-    """The next message, or EOFError when the other side is gone."""
+def receive_message(stream: BinaryIO) -> Any:
+    """The next message, or EOFError when the other side is gone. Its shared file is mapped
+    read-only and unlinked (the mapping keeps it while any array of it lives)."""
     head = stream.read(_HEADER.size)
     if len(head) < _HEADER.size:
         raise EOFError
     n = _HEADER.unpack(head)[0]
-    data = stream.read(n)
-    if len(data) < n:
+    message = stream.read(n)
+    if len(message) < n:
         raise EOFError
-    return pickle.loads(data)
+    data, path, spans = pickle.loads(message)
+    if not path:
+        return pickle.loads(data)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    os.unlink(path)
+    view = memoryview(mapped)
+    return pickle.loads(data, buffers=[view[o : o + k] for o, k in spans])
 
 
-def serve(path: str, arrays: str) -> None:  # pragma: no cover -- runs in the worker
-    """The worker's loop: cases in on stdin, outcomes out on the original stdout (what the
-    callable prints goes to stderr, so it cannot corrupt the messages)."""
+def case_calls(subject: Any, payload: Any) -> list[Callable[[], Any]]:
+    """The calls a worker makes of one case, in the order the check numbers them: a callable's
+    guarded calls (one, or one a scale), or a kernel form's launches on the weights made from
+    the case's rows."""
+    if isinstance(subject, CallableSubject):
+        return [partial(guarded_call, subject.fn, sc, subject.arrays, want) for sc, want in subject.jobs(payload)]
+    w, _, _ = case_row_weights(payload.rows, 0, **payload.config)
+    return [fn for fn, _ in subject.calls(payload, w)]
+
+
+def serve() -> None:  # pragma: no cover -- runs in the worker
+    """The worker's loop: the subject, then calls ``(key, payload, j)`` in on stdin (a new
+    ``payload`` a new case), outcomes out on the original stdout (what the subject prints goes
+    to stderr, so it cannot corrupt the messages)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    fn = load(path)
     stdin = sys.stdin.buffer
+    try:
+        subject, failed = receive_message(stdin), ""
+    except EOFError:
+        return
+    except BaseException as e:  # the user's module does not import here: every call says so
+        subject, failed = None, f"could not be loaded in the worker process: {type(e).__name__}: {e}"
+    calls: list[Callable[[], Any]] = []
     while True:
         try:
-            sc, want = _receive(stdin)
+            payload, j = receive_message(stdin)
         except EOFError:
             return
+        if failed:
+            send_message(out, ("raised", failed))
+            continue
         try:
-            _send(out, ("ok", guarded_call(fn, sc, arrays, want)))
+            if payload is not None:
+                calls = []
+                calls = case_calls(subject, payload)
+            value = calls[j]()
+            a = as_numpy(value)
+            send_message(out, ("ok", value if a is None else np.asarray(a)))
         except SubjectError as e:
-            _send(out, ("subject", str(e)))
+            send_message(out, ("subject", str(e)))
         except BaseException as e:
-            _send(out, ("raised", f"{type(e).__name__}: {e}"))
+            send_message(out, ("raised", f"{type(e).__name__}: {e}"))
 
 
 def _died(code: int | None) -> str:
@@ -77,11 +188,16 @@ def _died(code: int | None) -> str:
 
 
 class ProcessCaller:
-    """Runs the callable at ``path`` on cases in a worker process, each within ``seconds``."""
+    """Runs ``subject`` (an importable :class:`CallableSubject` or a kernel form) on cases in a
+    worker process, each call within ``seconds``."""
 
-    def __init__(self, path: str, arrays: str, seconds: float) -> None:
-        self.path, self.arrays, self.seconds = path, arrays, float(seconds)
+    def __init__(self, subject: Any, seconds: float) -> None:
+        self.subject, self.seconds = subject, float(seconds)
+        # pickled here, once: what cannot travel is refused before any case runs
+        self._sent = pickle.dumps(subject, protocol=5)
         self._proc: Any = None
+        self._loaded: Any = None
+        self._scratch: Path | None = None
 
     def _start(self) -> None:
         # A fresh interpreter, not multiprocessing's spawn: that re-runs the user's __main__
@@ -89,10 +205,16 @@ class ProcessCaller:
         # the parent's import path; no __pycache__ written beside the user's module
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-        code = "import sys; from workbench.check.isolation import serve; serve(sys.argv[1], sys.argv[2])"
+        code = "from workbench.check.isolation import serve; serve()"
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", code, self.path, self.arrays], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
         )
+        if self._scratch is None:
+            self._scratch = _scratch()
+        self._loaded = None
+        message = pickle.dumps((self._sent, "", []), protocol=pickle.HIGHEST_PROTOCOL)  # as send_message frames one
+        self._proc.stdin.write(_HEADER.pack(len(message)) + message)
+        self._proc.stdin.flush()
 
     def _stop(self) -> None:
         if self._proc is not None:
@@ -103,10 +225,10 @@ class ProcessCaller:
                     f.close()
                 except OSError:
                     pass
-        self._proc = None
+        self._proc, self._loaded = None, None
 
     def close(self) -> None:
-        """End the worker (a later call starts a fresh one)."""
+        """End the worker (a later call starts a fresh one) and remove its shared files."""
         if self._proc is not None:
             try:
                 self._proc.stdin.close()  # the worker reads EOF and returns
@@ -115,22 +237,26 @@ class ProcessCaller:
                 pass
             finally:
                 self._stop()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
-    def _one(self, sc: StoredCase, want: tuple[int, ...], first: bool) -> Outcome:
-        if self._proc is None:
-            self._start()
-        proc = self._proc
+    def _one(self, key: Any, payload: Any, j: int) -> Outcome:
+        first = self._proc is None
         try:
-            _send(proc.stdin, (sc, want))
-            # the first call of a worker also waits for its start (imports): not the subject's time
-            ready, _, _ = select.select([proc.stdout], [], [], self.seconds + (60.0 if first else 0.0))
+            if first:
+                self._start()
+            proc = self._proc
+            send_message(proc.stdin, (payload if key != self._loaded else None, j), self._scratch)
+            self._loaded = key
+            ready, _, _ = select.select([proc.stdout], [], [], self.seconds + (START_GRACE if first else 0.0))
         except (BrokenPipeError, OSError):
             ready = [proc.stdout]
         if not ready:
             self._stop()
             return Outcome(timed_out=True)
         try:
-            kind, value = _receive(proc.stdout)
+            kind, value = receive_message(proc.stdout)
         except (EOFError, OSError, pickle.UnpicklingError):
             try:
                 code = proc.wait(timeout=5)
@@ -142,9 +268,7 @@ class ProcessCaller:
             return Outcome(value=value)
         return Outcome(error=SubjectError(value if kind == "subject" else f"raised {value}"))
 
-    def run_all(self, jobs: Sequence[tuple[StoredCase, tuple[int, ...]]]) -> list[Outcome]:
-        """One outcome a job (a case and the output shape it must have), in order."""
-        out = []
-        for sc, want in jobs:
-            out.append(self._one(sc, want, first=self._proc is None))
-        return out
+    def run_all(self, jobs: Sequence[tuple[Any, Any, int]]) -> list[Outcome]:
+        """One outcome a job ``(key, payload, j)``: call ``j`` of the case ``payload`` (shipped
+        only when ``key`` is not the case the worker holds), in order."""
+        return [self._one(key, payload, j) for key, payload, j in jobs]

@@ -4,7 +4,9 @@ workbench's float32 reference, its fault models, its input axes and its check.
 ``"tail"`` is the attention tail (``workbench.check.run``: one case a call, over input scales,
 shapes, dtypes, folds and quantized formats); ``"gdn"`` is the Gated DeltaNet recurrent step
 (``workbench.check.gdn_run``: runs of tokens with the conv and recurrent states fed back, over
-input scale, gate regime, state magnitude and head ratio, judged at each horizon). A part's
+input scale, gate regime, state magnitude and head ratio, judged at each horizon); ``"head"``
+is the attention head (``workbench.check.head_run``: one case a seed, over the head's spec,
+the hidden state's scale and the token's position). A part's
 fields name where each piece lives, so a table, the command's ``--part`` and ``--help`` read
 one registry; both parts' checks share the verdict (``workbench.check.verdict``).
 """
@@ -84,7 +86,31 @@ def _gdn() -> Part:
     )
 
 
-_MAKERS: dict[str, Callable[[], Part]] = {"tail": _tail, "gdn": _gdn}
+def _head() -> Part:
+    from workbench.check.head_cases import DEFAULT_POSITIONS, HEAD_SCALES
+    from workbench.check.head_math import HEAD_FAULTS, head_exact
+    from workbench.check.head_mlx import head_reference
+    from workbench.check.head_run import check_head
+    from workbench.check.head_spec import HEAD_SHAPES
+
+    return Part(
+        "head",
+        "the attention head: the input RMS norm, Q/K/V (one shared fold, biases), and as the model has it "
+        "the per-head output gate split from q_proj, QK-norm and partial RoPE at a position",
+        head_exact,
+        head_reference,
+        HEAD_FAULTS,
+        {
+            "specs": f"the head's shape and fields (HeadSpec, or one of {tuple(HEAD_SHAPES)})",
+            "scales": f"the hidden state's scale (every RMS norm's eps shows when small; default {HEAD_SCALES})",
+            "positions": f"the token's position, for RoPE (the identity at 0; default {DEFAULT_POSITIONS})",
+        },
+        check_head,
+        "HeadInputs -> (q, k, v[, gate]) (a callable), or a kernels folder (head_qkv.body), a source",
+    )
+
+
+_MAKERS: dict[str, Callable[[], Part]] = {"tail": _tail, "gdn": _gdn, "head": _head}
 
 #: The parts' names, the default first.
 PART_NAMES: tuple[str, ...] = tuple(_MAKERS)

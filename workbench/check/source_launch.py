@@ -23,6 +23,7 @@ import numpy as np
 
 from workbench import backends
 from workbench.kernels import run as kernel_run
+from workbench.kernels.output_coverage import covered_launch, mlx_launch
 from workbench.validate import describe
 
 #: The tensors a source's inputs may name: the activations, the stored dense weights (in
@@ -89,6 +90,11 @@ class SourceLaunch:
                 raise ValueError(f"template[{item[0]!r}]: a name must be one of {SHAPE_NAMES}, got {v!r}")
         object.__setattr__(self, "template", tpl)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling keeps (a kernels form sent to its worker process): everything but the
+        compiled kernels, which are made again there from the text."""
+        return {**self.__dict__, "_kernels": {}}
+
     def with_source(self, source: str, name: str | None = None) -> SourceLaunch:
         """The same launch around another body (a generated mutant)."""
         return SourceLaunch(
@@ -138,20 +144,23 @@ def run_metal_emulated(
     order: str = "ascending",
     seed: int = 0,
 ) -> np.ndarray:
-    """The launch's Metal source run on the CPU by the workbench's emulator; float32 [hidden]."""
+    """The launch's Metal source run on the CPU by the workbench's emulator; float32 [hidden].
+    Its output NaN-filled first and every element's write checked, as on a device
+    (:func:`workbench.kernels.output_coverage.covered_launch`)."""
     backends.resolve_backend(kernel_run.METAL_EMULATED)  # without clang: BackendUnavailable saying what to install
-    (out,) = launch.kernel(kernel_run.METAL_EMULATED)(
-        inputs=list(inputs), **launch.launch_args(shape), order=order, seed=seed
-    )
+    kernel = launch.kernel(kernel_run.METAL_EMULATED)
+    kw = {**launch.launch_args(shape), "order": order, "seed": seed}
+    (out,) = covered_launch(mlx_launch(kernel, inputs, kw), [launch.output])
     return np.asarray(out, dtype=np.float32)
 
 
 def run_on_device(
     launch: SourceLaunch, language: str, inputs: Sequence[mx.array], shape: tuple[int, int, int]
 ) -> np.ndarray:
-    """The launch on its device (``"metal"``: an Apple GPU; ``"cuda"``: an NVIDIA GPU);
-    ``BackendUnavailable`` where that device is absent."""
+    """The launch on its device (``"metal"``: an Apple GPU; ``"cuda"``: an NVIDIA GPU), its
+    output NaN-filled before the launch and an element the grid never wrote named
+    (:class:`~workbench.kernels.output_coverage.UncoveredOutput`); ``BackendUnavailable``
+    where that device is absent."""
     backends.resolve_backend(language)
-    (out,) = launch.kernel(language)(inputs=list(inputs), **launch.launch_args(shape))
-    mx.eval(out)
+    (out,) = covered_launch(mlx_launch(launch.kernel(language), inputs, launch.launch_args(shape)), [launch.output])
     return np.array(out)

@@ -21,6 +21,7 @@ from workbench import backends
 from workbench.check.source_launch import SourceLaunch, run_metal_emulated, run_on_device, source_inputs
 from workbench.check.stored import ARRAY_KINDS, StoredCase, as_numpy, convert
 from workbench.kernels import run as kernel_run
+from workbench.kernels.output_coverage import UncoveredOutput, covered_launch, mlx_launch
 from workbench.tail.weights import TailWeights
 from workbench.validate import describe, flag, one_of
 
@@ -169,8 +170,15 @@ class KernelsFolderSubject:
     order: str = "ascending"
     name: str = ""
     kind: str = "kernels folder"
+    #: Run in a worker process of its own (:mod:`workbench.check.isolation`): the user's text,
+    #: compiled, cannot take the check down with it, nor reach the truth. False: in the
+    #: check's process (a crash there ends the check).
+    process: bool = True
+    #: One call takes a case's every input scale (rows of one launch).
+    batched: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
+        flag("process", self.process)
         if not isinstance(self.folder, (str, os.PathLike)) or not str(self.folder).strip():
             raise ValueError(
                 f"folder: must be a folder shaped like kernels/ (a str or Path), got {describe(self.folder)}"
@@ -204,12 +212,38 @@ class KernelsFolderSubject:
                         "threads: a missing barrier, or a read of memory another thread writes)"
                     )
             return first
-        if emulated:
+        if emulated:  # the emulator NaN-fills every output itself
             return emulated_tail(launch, branch, residual, kernel_dir=self.folder, order=self.order)
-        return kernel_run.run_kernel_tail(self.backend, launch, branch, residual, kernel_dir=self.folder)
+        return covered_device_tail(self.backend, launch, branch, residual, self.folder)
 
     def calls(self, sc: StoredCase, w: TailWeights) -> list[tuple[Callable[[], np.ndarray], tuple[int, ...]]]:
         return [(lambda: self.run(w, sc.branch, sc.residual), (sc.branch.shape[0], sc.shape[0]))]
+
+
+def covered_device_tail(backend: str, launch: Any, branch: np.ndarray, residual: np.ndarray, folder: Path) -> Any:
+    """The tail's three launches of ``folder``'s bodies on a device, one evaluation each, every
+    output (``h``, ``act``, ``out``) NaN-filled first and its coverage checked
+    (:func:`~workbench.kernels.output_coverage.covered_launch`): a :class:`SubjectError`
+    naming the launch and the elements it never wrote. Float32 [..., hidden]. Three
+    evaluations a row, not the one an engine submits: the check's cost, not the kernels'."""
+    from workbench.kernels.launch import prepared
+
+    calls = prepared(launch, kernel_run.source_dialect(backend), None, kernel_dir=folder).calls()
+    b2, r2 = np.asarray(branch, np.float32), np.asarray(residual, np.float32)
+    rows = []
+    try:
+        for b, r in zip(b2.reshape(-1, b2.shape[-1]), r2.reshape(-1, r2.shape[-1])):
+            k, consts, kw = calls["wo_residual"]  # the inputs in PreparedTail.launch_wo's order, and so on
+            (h,) = covered_launch(mlx_launch(k, [kernel_run.as_mx32(b), *consts, kernel_run.as_mx32(r)], kw), ["h"])
+            k, consts, kw = calls["ffn_gate_up"]
+            (act,) = covered_launch(mlx_launch(k, [h, *consts], kw), ["act"])
+            k, consts, kw = calls["ffn_down"]
+            (out,) = covered_launch(mlx_launch(k, [act, h, *consts], kw), ["out"])
+            rows.append(np.array(out, dtype=np.float32))
+    except UncoveredOutput as e:
+        launched = {"h": "wo_residual", "act": "ffn_gate_up", "out": "ffn_down"}[e.output]
+        raise SubjectError(f"launch {launched}: {e}") from None
+    return np.stack(rows).reshape(r2.shape)
 
 
 @dataclass(frozen=True)
@@ -224,8 +258,13 @@ class SourceSubject:
     order: str = "ascending"
     name: str = ""
     kind: str = "source"
+    #: As :attr:`KernelsFolderSubject.process`.
+    process: bool = True
+    #: One call an input scale (the launch takes one row).
+    batched: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
+        flag("process", self.process)
         if not isinstance(self.launch, SourceLaunch):
             raise ValueError(f"launch: must be a SourceLaunch, got {describe(self.launch)}")
         one_of("language", self.language, ("metal", "cuda"))
@@ -249,9 +288,12 @@ class SourceSubject:
             **{k: getattr(w, k).launch_parts()[0] for k in ("wo", "gate", "up", "down")},
         }
         inputs = source_inputs(self.launch, tensors)
-        if self.run_on == "emulator":
-            return run_metal_emulated(self.launch, inputs, w.shape, order=self.order)
-        return run_on_device(self.launch, self.language, inputs, w.shape)
+        try:
+            if self.run_on == "emulator":
+                return run_metal_emulated(self.launch, inputs, w.shape, order=self.order)
+            return run_on_device(self.launch, self.language, inputs, w.shape)
+        except UncoveredOutput as e:
+            raise SubjectError(str(e)) from None
 
     def calls(self, sc: StoredCase, w: TailWeights) -> list[tuple[Callable[[], np.ndarray], tuple[int, ...]]]:
         return [

@@ -10,7 +10,8 @@ eager or inside a model's graph. Behind it: ``launch`` (a tail's three launches 
 ``next_norm``, ``head`` (Q/K/V), ``gdn_step`` (a Gated DeltaNet step), ``emulated`` and
 ``metal_emulation`` with ``metal_translation``, ``metal_toolchain`` and ``metal_memory``
 (Metal compiled by clang and run on the CPU); ``metal_drop_in`` is ``metal_kernel``, a drop-in
-for ``mx.fast.metal_kernel`` running a user's Metal there. The names below are the part's API,
+for ``mx.fast.metal_kernel`` running a user's Metal there; ``output_coverage`` a launch's outputs
+filled before it (NaN, then a sentinel) and an element it never wrote named. The names below are the part's API,
 importable from ``workbench.kernels``; each module is imported when one of its names is first read.
 """
 
@@ -22,6 +23,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "contract": ("TailLaunch", "check_launch", "check_tail_inputs", "each_row"),
         "matrices": ("DENSE_GS", "units_for", "interleaved"),
         "cuda_device": ("multiprocessor_count",),
+        "output_coverage": ("covered_launch", "never_written", "UncoveredOutput", "mlx_launch", "torch_launch"),
         "run": (
             "METAL_EMULATED",
             "DEVICE_BACKENDS",

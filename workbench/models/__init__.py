@@ -2,7 +2,9 @@
 
 ``config`` holds what the rules ask about a model (``ModelConfig``, one ``LayerConfig`` a
 layer); ``families`` reads a Hugging Face ``config.json`` into it, one reader a family
-(each says which keys it takes), over ``config_reader`` (the file in, typed keys out);
+(each says which keys it takes), over ``config_reader`` (the file in, typed keys out) and
+``head_fields`` (what an attention head computes past Q/K/V, family by family: biases,
+QK-norm, RoPE's width, base and scaling);
 ``loader`` loads the fifteen real models shipped in ``data/models/`` by name; ``refusals``
 holds the rules frink-models applies before it fuses an attention tail, every one that
 holds for a layer with its reason.
@@ -18,6 +20,7 @@ _HOMES, __getattr__, __dir__ = public_names(
     {
         "config": ("ModelConfig", "LayerConfig", "Mixer", "BONSAI_SHAPE", "MODELS_DIR"),
         "families": ("from_hf_config",),
+        "head_fields": ("HEAD_FAMILIES", "HeadFamily"),
         "loader": ("load_model", "list_models"),
         "refusals": (
             "Refusal",

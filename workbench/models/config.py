@@ -86,11 +86,19 @@ class LayerConfig:
     # What the head launch asks about: the norm before Q/K/V.
     pre_norm: str = "rms"  # "rms" (a plain weighted RMSNorm, (1 + w) included) | "none"
     num_experts: int = 0  # routed experts in this layer's FFN (0 = none)
+    # What the attention head computes past Q/K/V (workbench.check.head_spec; docs/REFERENCE.md
+    # sources each family's values): the config says some, the family's code the rest.
+    qkv_bias: bool = False  # biases on q/k/v_proj (gpt-oss's attention_bias)
+    qk_norm: str = "none"  # "head": q and k RMS-normed per head (Qwen3, Qwen3.5/Next, Gemma 3); "all": over
+    # the whole projection (OLMo 2); "none"
+    rotary_dim: int = 0  # dims of each head RoPE rotates, halves paired (0: no RoPE, e.g. Jamba, Nemotron-H)
+    rope_theta: float = 0.0  # RoPE's base (0 where there is no RoPE)
+    rope_scaling: str = ""  # the RoPE scaling's type ("llama3", "yarn"); "" = plain RoPE
 
     def __post_init__(self) -> None:
         for name in ("index", "num_q_heads", "num_kv_heads", "head_dim", "ffn_dim", "num_experts"):
             object.__setattr__(self, name, validate.integer(name, getattr(self, name), minimum=0))
-        for name in ("o_scale", "o_bias", "post_attn_norm", "parallel_ssm", "attn_output_gate"):
+        for name in ("o_scale", "o_bias", "post_attn_norm", "parallel_ssm", "attn_output_gate", "qkv_bias"):
             object.__setattr__(self, name, validate.flag(name, getattr(self, name)))
         if not isinstance(self.mixer, Mixer):
             raise ValueError(f"mixer: must be a Mixer, got {self.mixer!r}")
@@ -113,6 +121,16 @@ class LayerConfig:
                 f"got {self.num_q_heads} (layer {self.index})"
             )
         validate.one_of("pre_norm", self.pre_norm, ("rms", "none"))
+        validate.one_of("qk_norm", self.qk_norm, ("none", "head", "all"))
+        object.__setattr__(self, "rotary_dim", validate.integer("rotary_dim", self.rotary_dim, minimum=0))
+        if self.rotary_dim % 2 or (self.head_dim and self.rotary_dim > self.head_dim):
+            raise ValueError(
+                f"rotary_dim: must be even and at most head_dim ({self.head_dim}), got {self.rotary_dim} "
+                f"(layer {self.index})"
+            )
+        object.__setattr__(self, "rope_theta", validate.number("rope_theta", self.rope_theta, minimum=0))
+        if not isinstance(self.rope_scaling, str):
+            raise ValueError(f"rope_scaling: must be a string, got {validate.describe(self.rope_scaling)}")
 
     @property
     def group_size(self) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 from workbench import validate
 from workbench.models.config import LayerConfig, Mixer, ModelConfig
 from workbench.models.config_reader import ConfigReader, common_geometry, glu_act, read_config, residual_scale, rms_eps
+from workbench.models.head_fields import head_fields
 
 __all__ = ["FAMILIES", "from_hf_config"]
 
@@ -105,6 +106,7 @@ def _dense_transformer(
                 ffn_bias=ffn_bias,
                 post_attn_norm=post_attn_norm,
                 pre_norm=pre_norm,
+                **head_fields(r, r.family, hd, i),
             )
             for i in range(n)
         )
@@ -167,6 +169,7 @@ def _qwen_hybrid(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
                 attn_output_gate=gate and attn,
                 num_experts=num_experts if moe else 0,
                 o_bias=o_bias and attn,
+                **(head_fields(r, r.family, hd, i) if attn else {}),
             )
         )
     return ModelConfig(
@@ -209,6 +212,7 @@ def _granite_hybrid(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
             ffn_act=act,
             num_experts=experts,
             o_bias=t == "attention" and r.opt("attention_bias", bool, False),
+            **(head_fields(r, r.family, hd, i) if t == "attention" else {}),
         )
         for i, t in enumerate(types)
     )
@@ -246,6 +250,7 @@ def _falcon_h1(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
             parallel_ssm=True,
             o_scale=out_mult != 1.0,
             o_bias=r.opt("attention_bias", bool, False),
+            **head_fields(r, r.family, hd, i),
         )
         for i in range(n)
     )
@@ -292,6 +297,7 @@ def _nemotron_h(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
                     num_kv_heads=kv,
                     head_dim=hd,
                     o_bias=r.opt("attention_bias", bool, False),
+                    **head_fields(r, r.family, hd, i),
                 )
             )
         elif c == "M":
@@ -365,6 +371,7 @@ def _jamba(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
                 ffn_kind="experts" if moe else "dense",
                 ffn_act=act,
                 num_experts=experts if moe else 0,
+                **(head_fields(r, r.family, hd, i) if attn else {}),
             )
         )
     return ModelConfig(
@@ -399,6 +406,7 @@ def _gpt_oss(r: ConfigReader, *, name: str, source: str) -> ModelConfig:
             ffn_act="swiglu_oai",
             o_bias=o_bias,
             num_experts=experts,
+            **head_fields(r, r.family, hd, i),
         )
         for i in range(n)
     )

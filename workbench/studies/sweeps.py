@@ -69,11 +69,13 @@ from workbench.tail.comparison import (
     ulp_distance,
     worst_scaled_error,
 )
+from workbench.tail.faults import TailVariant, apply_fault, fault_docs
 from workbench.tail.ops import tail_mx, tail_np
 from workbench.tail.paths import fused_tail
 from workbench.tail.weights import DEFAULT_EPS
 
-#: The deliberately wrong tails (see :func:`mutation_sweep`).
+#: The deliberately wrong tails (see :func:`mutation_sweep`): the five of the tail's one fault
+#: vocabulary (``workbench.tail.faults``) that the batched graph tail can run, as inputs.
 MUTATIONS: tuple[str, ...] = (
     "dropped_residual",
     "wrong_eps",
@@ -82,14 +84,8 @@ MUTATIONS: tuple[str, ...] = (
     "norm_wrong_length",
 )
 
-#: What each mutation does, for tables.
-MUTATION_DOC: dict[str, str] = {
-    "dropped_residual": "the residual is never read (zero): both adds lose it",
-    "wrong_eps": "eps ten times too large (1e-5 for 1e-6: Llama's default for Qwen's)",
-    "rotation_skipped": "wo's fold rotation not applied to the branch (only folded cases)",
-    "sign_flipped": "one sign of the branch flipped (with a fold: one sign of D)",
-    "norm_wrong_length": "RMS norm's mean over the branch length instead of hidden",
-}
+#: What each mutation does, for tables (the registry's words).
+MUTATION_DOC: dict[str, str] = fault_docs(MUTATIONS)
 
 
 @dataclass
@@ -162,40 +158,26 @@ def _graph_fold(fold: Any) -> HadamardFold | None:
 def _variant_args(c: CaseArrays, fold: Any, eps: float, mutation: str | None) -> dict[str, Any]:
     """The tail's inputs, float32, for the correct tail (``None``) or one mutation.
 
-    Every mutation is the SAME tail given one wrong thing, so none needs a graph of its own:
-
-    * ``dropped_residual``: the residual is zeros (the kernel never reads it);
-    * ``wrong_eps``: ``10 * eps``;
-    * ``rotation_skipped``: no rotation, though wo stores ``W R^T`` (folded cases only);
-    * ``sign_flipped``: the branch's first element negated (with a per-case fold that is
-      exactly one of ``D``'s signs flipped, since ``D`` is applied first);
-    * ``norm_wrong_length``: the mean square over ``n' = branch`` (``hidden + 1`` if equal)
-      instead of ``hidden``: ``rsqrt(S / n' + eps)`` is ``rsqrt(S / n + eps n' / n)`` times
-      ``sqrt(n / n')``, so it is the norm weight and eps rescaled.
+    Every mutation is the SAME tail given one wrong thing (``workbench.tail.faults`` says which
+    and applies it), so none needs a graph of its own. Two switches of a variant become inputs
+    of the graph here: ``rotations == 0`` drops the fold and the per-case signs (wo still
+    stores ``W R^T``); ``norm_length = n'`` (the mean square over ``n'`` instead of ``hidden``)
+    is ``rsqrt(S / n + eps n' / n)`` times ``sqrt(n / n')``, i.e. the norm weight and eps rescaled,
+    since the graph's mean divides by the vector's own length.
     """
-    h, b, _ = c.shape
-    branch = c.branch
-    signs_applied = fold is not None and not isinstance(fold, HadamardFold)
-    gfold = _graph_fold(fold)
-    norm, e, residual = c.ffn_norm, eps, c.residual
-    if mutation == "rotation_skipped":
-        gfold, signs_applied = None, False
-    if signs_applied:
-        branch = branch * c.signs  # exact: D x
-    if mutation == "sign_flipped":
-        branch = branch.copy()
-        branch[:, 0] = -branch[:, 0]
-    elif mutation == "dropped_residual":
-        residual = np.zeros_like(residual)
-    elif mutation == "wrong_eps":
-        e = 10.0 * eps
-    elif mutation == "norm_wrong_length":
-        n_wrong = b if b != h else h + 1
-        norm = (norm.astype(np.float64) * math.sqrt(h / n_wrong)).astype(np.float32)
-        e = eps * n_wrong / h
-    elif mutation not in (None, "rotation_skipped"):
-        raise ValueError(f"mutation must be one of {MUTATIONS}; got {mutation!r}")
-    return {"fold": gfold, "ffn_norm": norm, "eps": e, "branch": branch, "residual": residual}
+    h = c.shape[0]
+    # The fault sees the branch before D: negating an element commutes with D's signs, exactly.
+    v = apply_fault(
+        mutation, TailVariant(None, None, None, None, c.ffn_norm, eps, c.branch, c.residual), allowed=MUTATIONS
+    )
+    signs_applied = fold is not None and not isinstance(fold, HadamardFold) and v.rotations == 1
+    gfold = None if v.rotations == 0 else _graph_fold(fold)
+    branch = v.branch * c.signs if signs_applied else v.branch  # exact: D x
+    norm, e = v.ffn_norm, v.eps
+    if v.norm_length is not None:
+        norm = (norm.astype(np.float64) * math.sqrt(h / v.norm_length)).astype(np.float32)
+        e = v.eps * v.norm_length / h
+    return {"fold": gfold, "ffn_norm": norm, "eps": e, "branch": branch, "residual": v.residual}
 
 
 def _truth(st: _Stored, c: CaseArrays, fold: Any, eps: float) -> np.ndarray:

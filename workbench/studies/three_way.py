@@ -20,16 +20,18 @@ import numpy as np
 
 from workbench import validate
 from workbench.tail.comparison import Comparison, compare
+from workbench.tail.faults import TailVariant, apply_fault
 from workbench.tail.frink_case import SEED_TOL
 from workbench.tail.ops import tail_mx
 from workbench.tail.paths import check_inputs, fused_tail, host_tail, tail_launch, to_mx, unfused_tail
 from workbench.tail.weights import TailWeights
 from workbench.waits.measurement import count_waits
 
-#: Deliberately wrong fused variants, to show what the three-way comparison tells apart:
-#: ``skip_fold`` forgets wo's rotation (invisible without a fold, as frink-models' source
+#: Deliberately wrong fused variants, to show what the three-way comparison tells apart, named
+#: and applied from the tail's one fault vocabulary (``workbench.tail.faults``):
+#: ``rotation_skipped`` forgets wo's rotation (invisible without a fold, as frink-models' source
 #: warns); ``bf16_normed`` rounds the normed vector to bf16 before the FFN (seen 1.5e-2 off).
-FAULTS = ("skip_fold", "bf16_normed")
+FAULTS = ("rotation_skipped", "bf16_normed")
 
 
 def faulty_fused_tail(w: TailWeights, branch: Any, residual: Any, fault: str) -> np.ndarray:
@@ -37,19 +39,21 @@ def faulty_fused_tail(w: TailWeights, branch: Any, residual: Any, fault: str) ->
     validate.one_of("fault", fault, FAULTS)
     branch, residual = check_inputs(w, branch, residual)
     launch = tail_launch(w)
-    fold = None if fault == "skip_fold" else launch.fold
-    normed_dtype = mx.bfloat16 if fault == "bf16_normed" else None
+    v = TailVariant(
+        launch.wo, launch.gate, launch.up, launch.down, launch.ffn_norm, launch.eps, to_mx(branch), to_mx(residual)
+    )
+    v = apply_fault(fault, v, allowed=FAULTS)
     out = tail_mx(
-        launch.wo,
-        fold,
-        launch.ffn_norm,
-        launch.gate,
-        launch.up,
-        launch.down,
-        launch.eps,
-        to_mx(branch),
-        to_mx(residual),
-        normed_dtype=normed_dtype,
+        v.wo,
+        None if v.rotations == 0 else launch.fold,  # this graph applies the fold once or not at all
+        v.ffn_norm,
+        v.gate,
+        v.up,
+        v.down,
+        v.eps,
+        v.branch,
+        v.residual,
+        normed_dtype=None if v.normed_dtype is None else getattr(mx, v.normed_dtype),
     )
     mx.eval(out)
     return np.asarray(out)

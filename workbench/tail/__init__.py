@@ -4,7 +4,8 @@
 ``ops`` the math, once in numpy and once in MLX; ``paths`` the oracle (:func:`host_tail`),
 the engine before the fusion (:func:`unfused_tail`, two waits) and the fused tail
 (:func:`fused_tail`, one wait) on any backend; ``comparison`` the criterion and every
-error metric; ``frink_case`` frink-models' test case, bit for bit. The names below are the
+error metric; ``frink_case`` frink-models' test case, bit for bit; ``faults`` the tail's one fault vocabulary
+(the check's fault models, the sweeps' mutations, the three-way comparison's faulty variants). The names below are the
 tail's API, importable from ``workbench.tail`` itself; each module is imported when one of its
 names is first read. ``TailLaunch`` is the kernels' launch contract (``workbench.kernels``),
 which the tail builds.
@@ -48,6 +49,7 @@ _HOMES, __getattr__, __dir__ = public_names(
             "ulp_distance",
             "TORCH_DEFAULTS",
         ),
+        "faults": ("TAIL_FAULTS", "TailFault", "TailVariant", "apply_fault", "fault_docs"),
         "frink_case": ("SEED_TOL", "SEED_SHAPE", "SEED_EPS", "SeedArrays", "SeedCase", "seed_arrays", "seed_case"),
     },
 )

@@ -1,0 +1,193 @@
+"""The chain check: parts chained as the engine launches them, against the chained float64 truth."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from tests.check_user_chains import (
+    numpy_link,
+    qwen35_chain,
+    qwen35_chain_bf16_state,
+    qwen35_chain_zero_centred_twice,
+    tail_without_second_add,
+)
+from workbench.check import ChainDims, chained_outputs, check_chain, wire
+from workbench.check.chain_links import LINKS
+from workbench.check.chain_wiring import draw_case
+
+SEEDS = range(20)
+
+
+def test_mlx_lm_qwen35_layers_are_judged_correct_as_one_implementation():
+    rep = check_chain(qwen35_chain, ("tail", "gdn_in", "gdn"), seeds=SEEDS)
+    assert rep.passed, str(rep)
+    assert rep.first_failing is None
+    rows = {r["link"]: r for r in rep.rows()}
+    assert list(rows) == ["1 tail", "2 gdn_in", "3 gdn"]
+    for r in rows.values():
+        assert r["verdict"] == "pass"
+        assert 0 < r["max"] < 1e-5 and 0 < r["ref max"] < 1e-5  # float32 rounding, chained
+
+
+def test_a_faulty_step_in_mlx_lm_chain_is_caught_and_named():
+    rep = check_chain(qwen35_chain_bf16_state, seeds=SEEDS)
+    assert not rep.passed
+    assert rep.first_failing == "gdn"
+    assert rep.failing == ["gdn"]  # the links before it pass
+    assert "link 3 gdn (part gdn)" in str(rep)
+
+
+def test_a_faulty_input_norm_is_named_first_and_the_step_after_it_fails_with_it():
+    rep = check_chain(qwen35_chain_zero_centred_twice, seeds=SEEDS)
+    assert rep.first_failing == "gdn_in"
+    assert rep.failing == ["gdn_in", "gdn"]  # the step reads the norm's error
+    assert "FAIL (first failing link: gdn_in)" in str(rep)
+
+
+def test_one_callable_a_link_each_fed_the_users_previous_output():
+    seen = []
+
+    def my_gdn_in(c):
+        out = numpy_link("gdn_in")(c)
+        seen.append(out[0].copy())
+        return out
+
+    def my_gdn(c):
+        # the user's previous link's output, not the reference's or the truth's
+        assert np.array_equal(c.inputs["mixed"], seen[-1])
+        return LINKS["gdn"].reference(c.weights, c.inputs, c.dims)
+
+    rep = check_chain([numpy_link("tail"), my_gdn_in, my_gdn], seeds=range(6))
+    assert rep.passed, str(rep)
+    assert len(seen) == 12 and rep.given == ["tail", "my_gdn_in", "my_gdn"]
+
+
+def test_a_faulty_link_in_a_chain_of_callables_compounds_and_is_named_first():
+    rep = check_chain({"tail": tail_without_second_add}, seeds=SEEDS)
+    assert rep.given == ["tail_without_second_add", "reference", "reference"]
+    assert rep.first_failing == "tail" and rep.failing == ["tail", "gdn_in", "gdn"]
+    rec = json.loads(json.dumps(rep.to_record()))
+    assert rec["first_failing"] == "tail" and rec["passed"] is False
+
+
+def test_the_truth_is_each_oracle_fed_the_truths_previous_output():
+    chain = wire("tail,gdn_in,gdn")
+    case = draw_case(chain, 3, scale=1.0, gate="typical", state_scale=1.0, label="x")
+    truth = chained_outputs(chain, case, truth=True)
+    hidden = LINKS["tail"].oracle(
+        case.weights["tail"], {k: v.astype(np.float64) for k, v in case.inputs.items()}, case.dims
+    )
+    assert truth[0]["hidden"].dtype == np.float64
+    np.testing.assert_array_equal(truth[0]["hidden"], hidden[0])
+    proj = LINKS["gdn_in"].oracle(case.weights["gdn_in"], {"hidden": hidden[0]}, case.dims)
+    for name, v in zip(LINKS["gdn_in"].outputs, proj):
+        np.testing.assert_array_equal(truth[1][name], v)
+
+
+def test_a_step_then_the_recurrent_layers_tail_is_wired_by_the_steps_output():
+    d = ChainDims(hidden=32, ffn=48)
+    chain = wire(["gdn", "tail"], d)
+    tail = chain.links[1]
+    assert tail.sources["branch"] == (0, "out") and tail.sources["residual"] == (None, "residual")
+    assert tail.weight_shapes["wo"] == (32, d.value)
+    assert set(chain.inputs) == {"mixed", "z", "b", "a", "conv_state", "state", "residual"}
+    rep = check_chain({"tail": numpy_link("tail")}, ["gdn", "tail"], dims=d, seeds=range(8))
+    assert rep.passed, str(rep)
+
+
+@pytest.mark.parametrize(
+    ("links", "message"),
+    [
+        ("tail,gdn_in,nope", "chain: must be one of"),
+        (["tail", "tail"], "chain: each link at most once"),
+        ("tail,gdn", "chain: link 2 gdn reads nothing link 1 tail writes"),
+        ([], "chain:"),
+    ],
+)
+def test_a_bad_chain_is_refused_naming_it(links, message):
+    with pytest.raises(ValueError, match=message):
+        check_chain(qwen35_chain, links, seeds=range(2))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"subject": [None, None]}, "subject: one callable .* a link, 3 for"),
+        ({"subject": {"tial": None}}, r"subject: names links \['tial'\]"),
+        ({"subject": [None, 3, None]}, "subject: link gdn_in: must be a callable"),
+        ({"dims": {"hidden": 64}}, "dims: must be a ChainDims"),
+        ({"scales": [0]}, "scales"),
+        ({"gates": ["sticky"]}, "gates"),
+        ({"tolerance": -1}, "tolerance"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_parameter(kwargs, message):
+    subject = kwargs.pop("subject", qwen35_chain)
+    with pytest.raises(ValueError, match=message):
+        check_chain(subject, seeds=range(2), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("hidden", 0, "dims hidden: must be an integer >= 1"),
+        ("v_heads", 5, "dims: v_heads must be a multiple"),
+        ("conv", 1, "dims: conv"),
+        ("eps", -1.0, "dims eps"),
+    ],
+)
+def test_bad_dims_are_refused_naming_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        ChainDims(**{field: value})
+
+
+def _returning(link, bad):
+    def fn(c):
+        out = list(LINKS[link].reference(c.weights, c.inputs, c.dims))
+        return bad(out)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("link", "bad", "message"),
+    [
+        ("gdn_in", lambda o: (o[0], o[1][:-1], o[2], o[3]), r"link 2 gdn_in \(part gdn_in\), tensor z: returned shape"),
+        ("gdn_in", lambda o: (o[0], o[1], o[2], o[3].astype(np.float64)), "tensor a: returned dtype float64"),
+        (
+            "gdn",
+            lambda o: {"out": o[0], "state": o[2]},
+            r"link 3 gdn \(part gdn\): returned tensors .*missing \['conv_state'\]",
+        ),
+        ("gdn", lambda o: (o[0], o[1], "state"), r"tensor state: returned 'state'.*not an array"),
+        ("gdn", lambda o: o[:2], "returned 2 tensors, expected 3"),
+        ("gdn", lambda o: 1 / 0, r"link 3 gdn \(part gdn\), case .*: raised ZeroDivisionError"),
+    ],
+)
+def test_a_bad_return_is_named_by_part_link_and_tensor(link, bad, message):
+    rep = check_chain({link: _returning(link, bad)}, seeds=range(3), scales=[1.0])
+    assert not rep.passed
+    assert rep.first_failing == link
+    assert len(rep.problems) == 3  # one a case, the case named
+    assert re.search(message, rep.problems[0]) and "seed 0" in rep.problems[0], rep.problems[0]
+    assert "gave no usable result" in rep.reasons[link][0]
+
+
+def test_one_implementation_that_leaves_out_a_link_is_named():
+    def partial(case):
+        out = qwen35_chain(case)
+        del out["gdn"]
+        return out
+
+    rep = check_chain(partial, seeds=range(2), scales=[1.0])
+    assert "returned links ['gdn_in', 'tail'], expected one entry a link" in rep.problems[0]
+    assert rep.first_failing == "tail"  # nothing of the chain was usable
+
+
+def test_the_reference_alone_judges_nothing():
+    rep = check_chain(None, seeds=range(2))
+    assert not rep.passed and not rep.errors and "reference chain alone" in str(rep)

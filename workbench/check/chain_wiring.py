@@ -1,0 +1,161 @@
+"""A chain wired: which tensor each link reads from where, and the cases a check draws for it.
+
+A link reads each input from the latest earlier link that wrote it (or a name it accepts in
+its place), else from the chain's inputs; each link after the first must read something the
+link before it wrote, since a chain is launches that feed each other (two unconnected
+launches are two checks, not a chain). The cases draw every link's weights from a stream of
+its own (the seed and the link's name), so a link's weights are the same in any chain it
+is part of, and the chain's inputs from another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from workbench import validate
+from workbench.check.chain_links import LINK_NAMES, LINKS, ChainDims, Link
+
+#: The stream a case's draws come from: ``[seed, CHAIN_STREAM, k]`` (k: the link's index in
+#: :data:`LINK_NAMES`, or ``len(LINK_NAMES)`` for the chain's inputs).
+CHAIN_STREAM = 55
+
+
+@dataclass(frozen=True)
+class Wired:
+    """One link of a chain: its ``position`` (0-based), the ``link``, ``sources`` (input ->
+    (the earlier link's position or None for the chain's inputs, the tensor's name there)),
+    ``shapes`` of its inputs and outputs, and its weights' ``weight_shapes``."""
+
+    position: int
+    link: Link
+    sources: dict[str, tuple[int | None, str]]
+    shapes: dict[str, tuple[int, ...]]
+    weight_shapes: dict[str, tuple[int, ...]]
+
+    @property
+    def label(self) -> str:
+        """How messages name it: ``link 2 gdn_in (part gdn_in)``."""
+        return f"link {self.position + 1} {self.link.name} (part {self.link.part})"
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The wired links in order, the chain's ``inputs`` (name -> shape) and its ``dims``."""
+
+    links: tuple[Wired, ...]
+    inputs: dict[str, tuple[int, ...]]
+    dims: ChainDims
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(w.link.name for w in self.links)
+
+
+def chain_names(links: Any) -> tuple[str, ...]:
+    """``links`` (a comma-separated str or a sequence of names of :data:`LINK_NAMES`) as a
+    tuple, or a ValueError naming ``chain``."""
+    if isinstance(links, str):
+        links = [t.strip() for t in links.split(",")]
+    names = validate.sequence("chain", links, what=f"link names of {LINK_NAMES}")
+    for n in names:
+        validate.one_of("chain", n, LINK_NAMES)
+    seen = [n for i, n in enumerate(names) if n in names[:i]]
+    if seen:
+        raise ValueError(f"chain: each link at most once (a layer's state is its own), got {seen[0]!r} twice")
+    return tuple(names)
+
+
+def wire(links: Any, dims: ChainDims | None = None) -> Chain:
+    """The chain of ``links`` (names of :data:`LINK_NAMES`, in launch order) at ``dims``."""
+    names = chain_names(links)
+    if dims is None:
+        dims = ChainDims()
+    elif not isinstance(dims, ChainDims):
+        raise ValueError(f"dims: must be a ChainDims, got {validate.describe(dims)}")
+    base = dims.tensor_shapes()
+    written: dict[str, tuple[int, tuple[int, ...]]] = {}  # tensor -> (its writer's position, shape)
+    inputs: dict[str, tuple[int, ...]] = {}
+    out = []
+    for i, name in enumerate(names):
+        link = LINKS[name]
+        sources: dict[str, tuple[int | None, str]] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        for x in link.inputs:
+            found = [(written[n][0], n) for n in (x, *link.accepts.get(x, ())) if n in written]
+            if found:
+                pos, src = max(found)
+                sources[x], shapes[x] = (pos, src), written[src][1]
+            else:
+                sources[x], shapes[x] = (None, x), inputs.setdefault(x, base[x])
+        if i and not any(p == i - 1 for p, _ in sources.values()):
+            raise ValueError(
+                f"chain: link {i + 1} {name} reads nothing link {i} {names[i - 1]} writes "
+                f"(it reads {', '.join(link.inputs)}; {names[i - 1]} writes {', '.join(LINKS[names[i - 1]].outputs)})"
+            )
+        for y in link.outputs:
+            shapes[y] = base[y]
+        for y in link.outputs:
+            written[y] = (i, shapes[y])
+        out.append(Wired(i, link, sources, shapes, link.weights(dims, shapes)))
+    return Chain(tuple(out), inputs, dims)
+
+
+@dataclass(frozen=True)
+class ChainCase:
+    """One case as a chain implementation is handed it: the chain's ``inputs`` (name ->
+    float32 numpy), ``weights`` (link name -> its weights, name -> float32 numpy), the
+    ``links`` in order, the ``dims`` (``eps``, ``k_heads`` ...) and the ``case``'s label."""
+
+    inputs: dict[str, np.ndarray]
+    weights: dict[str, dict[str, np.ndarray]]
+    links: tuple[str, ...]
+    dims: ChainDims
+    case: str = ""
+
+
+@dataclass(frozen=True)
+class LinkCase:
+    """One link's call, when a chain is given as one callable a link: ``link`` its name,
+    ``inputs`` (what the user's previous link returned, or the chain's inputs), ``weights``,
+    ``dims`` and the ``case``'s label."""
+
+    link: str
+    inputs: dict[str, np.ndarray]
+    weights: dict[str, np.ndarray]
+    dims: ChainDims
+    case: str = ""
+
+
+def _scale_of(chain: Chain, name: str, scale: float, state_scale: float) -> float:
+    """The magnitude a chain input is drawn at: the recurrent state at ``state_scale``; the
+    conv state as the conv's inputs are (``scale`` when they are the chain's inputs, else
+    O(1), the projections' scale); every other activation at ``scale``."""
+    if name == "state":
+        return state_scale
+    if name == "conv_state":
+        return scale if "mixed" in chain.inputs else 1.0
+    return scale
+
+
+def draw_case(chain: Chain, seed: int, *, scale: float, gate: str, state_scale: float, label: str) -> ChainCase:
+    """The case of ``seed`` at one condition: every link's weights (gate regime ``gate`` for
+    the step's constants) and the chain's inputs, float32."""
+    weights = {}
+    for w in chain.links:
+        rng = np.random.default_rng([int(seed), CHAIN_STREAM, LINK_NAMES.index(w.link.name)])
+        weights[w.link.name] = w.link.draw(rng, chain.dims, w.shapes, gate)
+    rng = np.random.default_rng([int(seed), CHAIN_STREAM, len(LINK_NAMES)])
+    inputs = {
+        k: (rng.standard_normal(s) * _scale_of(chain, k, scale, state_scale)).astype(np.float32)
+        for k, s in chain.inputs.items()
+    }
+    return ChainCase(inputs, weights, chain.names, chain.dims, label)
+
+
+def link_inputs(w: Wired, chain_inputs: Mapping[str, Any], outputs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What link ``w`` reads: from ``outputs`` (each earlier link's, by position) or the chain's inputs."""
+    return {x: chain_inputs[n] if p is None else outputs[p][n] for x, (p, n) in w.sources.items()}
