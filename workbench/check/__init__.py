@@ -17,7 +17,9 @@ budget, ``shards`` a check cut into shards that merge (its tables in Parquet) an
 interrupted run resumed, ``progress`` the bar of cases done. ``parts`` the parts of a layer
 the check takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
 ``gdn_run``, ``gdn_report`` the recurrent step's runs of tokens, truth and faults, forms, check
-and report; ``gdn_dump`` an engine's dumped run of the step, read and judged.
+and report; ``gdn_dump`` an engine's dumped run of the step, read and judged; ``pack_run`` and
+``pack_faults`` a tail read from a Hadamard pack (every linear rotating its own input), checked
+on the pack's own stored weights, with the faults of those rotations.
 ``head_spec``, ``head_math``, ``head_mlx``, ``head_cases``, ``head_subjects``, ``head_run``,
 ``head_report``: the attention head's spec (frink-models' launch, or the model's head),
 float64 truth and faults, float32 reference, cases, forms, check and report.
@@ -54,6 +56,8 @@ _HOMES, __getattr__, __dir__ = public_names(
         "gdn_report": ("StepReport",),
         "gdn_dump": ("check_step_dump", "read_run", "DumpedRun"),
         "gdn_faults": ("GDN_FAULTS", "StepWeights"),
+        "pack_faults": ("PACK_FAULTS", "packed_faulty_tail"),
+        "pack_run": ("check_pack_tail",),
         "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
         "head_spec": ("HeadSpec", "HEAD_SHAPES", "DEFAULT_HEAD_SPECS"),
         "head_math": ("HEAD_FAULTS", "head_exact", "HeadWeights"),
