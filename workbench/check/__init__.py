@@ -26,9 +26,11 @@ float64 truth and faults, float32 reference, cases, forms, check and report.
 ``chain_links``, ``chain_wiring``, ``chain_run``, ``chain_report``: parts chained as the
 engine launches them (the tail, the next layer's input norm and projections, its recurrent
 step), each link's oracle and reference, the chain wired and its cases, the check against
-the chained float64 truth and its report. The command is ``__main__`` (the tail) with
-``gdn_command`` (``--part gdn``) and ``chain_command`` (``--chain``), over ``command_args``
-(what they parse alike).
+the chained float64 truth and its report. ``cluster`` the check's shards of seeds on a Dask
+cluster (``check_kernel(..., client=)``), ``cluster_worker`` what a worker runs and how the
+subject reaches it, ``cluster_callables`` a callable sent by value made importable there. The
+command is ``__main__`` (the tail) with ``gdn_command`` (``--part gdn``) and ``chain_command``
+(``--chain``), over ``command_args`` (what they parse alike).
 
 The names below are the part's API, importable from ``workbench.check`` itself; each module
 is imported when one of its names is first read.
@@ -43,6 +45,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "run": ("check_kernel", "check_dump"),
         "shards": ("merge_reports", "read_report", "write_tables", "Journal"),
         "budget": ("default_budget",),
+        "cluster": ("cluster_client",),
         "report": ("CheckReport",),
         "dump": ("write_layer", "read_layer", "DumpError"),
         "replay": ("replay", "read_reproducer", "Replay"),

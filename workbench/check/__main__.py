@@ -8,6 +8,7 @@
     python -m workbench.check mypkg.tails:my_tail --shape 2048,2048,8192 --seeds 0:500 --record a.json
     python -m workbench.check mypkg.tails:my_tail --shape 2048,2048,8192 --seeds 500:1000 --record b.json
     python -m workbench.check --merge a.json b.json --record all.json     # the report of seeds 0..999
+    python -m workbench.check mypkg.tails:my_tail --seeds 1000 --workers 2    # or --scheduler tcp://host:8786
     python -m workbench.check mypkg.tails:my_tail --replay-dir cases/    # then, a case at a time:
     python -m workbench.check mypkg.tails:my_tail \
         --replay cases/callable-64x96x80-float32-fold16-qnone-seed3.safetensors
@@ -45,6 +46,7 @@ from workbench import backends
 from workbench.check import chain_command, gdn_command, shards
 from workbench.check import command_args as args
 from workbench.check.budget import DEFAULT_BUDGET_GIB
+from workbench.check.cluster import cluster_client
 from workbench.check.parts import PART_NAMES
 from workbench.check.replay import DEFAULT_MAX_BYTES, replay
 from workbench.check.run import DEFAULT_SCALES, check_dump, check_kernel
@@ -90,6 +92,8 @@ OPTIONS: dict[str, str] = {
     "journal": "--record",
     "reports": "--merge",
     "record": "--merge",
+    "workers": "--workers",
+    "scheduler": "--scheduler",
 }
 
 
@@ -282,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tolerance", type=args.non_negative, help="your own tolerance on the worst scaled error")
     p.add_argument("--time-limit", type=args.positive, default=30.0, help="seconds a case may take (default 30)")
     p.add_argument(
+        "--workers",
+        type=args.count(1, 4096),
+        help="run the seeds in shards on a Dask LocalCluster of this many single-threaded workers (progress on stderr)",
+    )
+    p.add_argument("--scheduler", help="run the seeds in shards on the Dask cluster at this address (tcp://host:8786)")
+    p.add_argument(
         "--mutants", action="store_true", help="also run source-level mutants of --kernels-dir or an emulated --source"
     )
     p.add_argument(
@@ -318,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if a.mutant_files is not None and not (a.mutants and a.kernels_dir):
         p.error("--mutant-files: only with --mutants and --kernels-dir")
+    if a.workers is not None and a.scheduler is not None:
+        p.error("--workers: a --scheduler's cluster has its own workers; give one of them")
     unused = _unused_options(a, sys.argv[1:] if argv is None else argv)
     if unused:
         p.error(f"{', '.join(unused)}: not used by this form of the check (nothing given is ignored silently)")
@@ -347,7 +359,7 @@ def _unused_options(a: argparse.Namespace, argv: list[str]) -> list[str]:
     cases = {"--seeds", "--scales", "--fold", "--shape", "--dtype", "--quantize", "--memory-budget", "--quiet"}
     if a.replay is not None:  # the case, its scales and tolerances are the reproducer's
         unused = cases | {"--tolerance", "--mutants", "--mutant-files", "--record"}
-        unused |= {"--replay-dir", "--replay-max-bytes"}
+        unused |= {"--replay-dir", "--replay-max-bytes", "--workers", "--scheduler"}
         return sorted(given & unused)
     if a.merge is not None:  # the shards' own cases, tolerance and subject
         unused = cases | {"--tolerance", "--time-limit", "--arrays", "--batched", *_SOURCE_LAUNCH}
@@ -355,7 +367,7 @@ def _unused_options(a: argparse.Namespace, argv: list[str]) -> list[str]:
         return sorted(given & unused)
     if a.dump is not None:
         unused = cases | {"--time-limit", "--arrays", "--batched", *_SOURCE_LAUNCH}
-        unused |= {"--replay-dir", "--replay-max-bytes"}
+        unused |= {"--replay-dir", "--replay-max-bytes", "--workers", "--scheduler"}
     elif a.source is not None:
         unused = {"--fold", "--arrays", "--batched"}
     else:
@@ -399,19 +411,25 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
                 raise ValueError(f"{option}: {given} does not compile for the emulator: {problem}")
         common = {"seeds": a.seeds, "scales": a.scales, "tolerance": a.tolerance, "time_limit": a.time_limit}
         replays = {"replay_dir": a.replay_dir, "replay_max_bytes": a.replay_max_bytes}
-        journal = None if a.record is None else partial_folder(a.record)
+        client = None if a.workers is None and a.scheduler is None else cluster_client(a.workers, a.scheduler)
+        journal = None if a.record is None or client is not None else partial_folder(a.record)
         if journal is not None and journal.exists():
             print(f"resuming from {journal}", file=sys.stderr)
-        rep = check_kernel(
-            subject,
-            folds=folds,
-            **common,
-            **_configuration(a),
-            **replays,
-            memory_budget=a.memory_budget,
-            journal=journal,
-            progress=not a.quiet and sys.stderr.isatty(),
-        )
+        try:
+            rep = check_kernel(
+                subject,
+                folds=folds,
+                **common,
+                **_configuration(a),
+                **replays,
+                memory_budget=a.memory_budget,
+                journal=journal,
+                progress=False if a.quiet else None,
+                client=client,
+            )
+        finally:
+            if client is not None:
+                client.close()
         if a.mutants:
             from workbench.check.mutants import folder_mutant_study, mutant_study
 

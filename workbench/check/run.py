@@ -10,6 +10,7 @@ beside the mean square), and hides when they are large.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -125,7 +126,9 @@ def check_kernel(
     replay_max_bytes: int = DEFAULT_MAX_BYTES,
     memory_budget: int | None = None,
     journal: Any = None,
-    progress: bool = False,
+    progress: bool | None = None,
+    client: Any = None,
+    shard_seeds: int | None = None,
 ) -> CheckReport:
     """Check ``subject`` (a callable, or a form of :mod:`workbench.check.subjects`) on every
     combination of ``shapes`` x ``dtypes`` x ``folds`` x ``quantize`` x ``seeds``, each at every
@@ -143,10 +146,16 @@ def check_kernel(
     whose single case does not fit is refused before any work. ``journal``: a folder where each
     finished block is written, and from which a run interrupted with the same arguments
     resumes (:class:`workbench.check.shards.Journal`); ``progress``: a bar of cases done, their
-    rate and the time left (tqdm, on stderr or in a notebook). A run over ``seeds=range(a, b)``
-    is a shard: :func:`workbench.check.shards.merge_reports` merges disjoint shards into the
-    report of their union, the same bits as one run. ``folds``: ``None`` or block sizes (each
-    case folds ``wo``'s input with its own random signs)."""
+    rate and the time left (tqdm, on stderr or in a notebook; ``None``: where stderr is a
+    terminal). A run over ``seeds=range(a, b)`` is a shard:
+    :func:`workbench.check.shards.merge_reports` merges disjoint shards into the report of their
+    union, the same bits as one run. ``folds``: ``None`` or block sizes (each case folds
+    ``wo``'s input with its own random signs).
+
+    ``client``: a ``dask.distributed.Client`` (:func:`workbench.check.cluster_client`): the seeds
+    run as shards of ``shard_seeds`` (default: two shards a worker) on its workers, merged into
+    one report, the same bits (:mod:`workbench.check.cluster`); ``progress``: Dask's progress
+    bar over the shards (``None``: where stderr is a terminal); ``journal``: not with a client."""
     import pandas as pd
 
     subject = as_subject(subject)
@@ -167,9 +176,10 @@ def check_kernel(
     eps = validate.number("eps", eps, minimum=0, exclusive_minimum=True)
     where = ReplayDir.of(replay_dir, replay_max_bytes)
     budget = budget_mod.check_budget(memory_budget)
-    show = validate.flag("progress", progress)
+    show = sys.stderr.isatty() if progress is None else validate.flag("progress", progress)
     problems: list[str] = []
-    configs = []
+    configs: list[tuple] = []
+    sizes: list[int] = []
     for shp in validate.sequence("shapes", shapes, what="(hidden, branch, ffn) triples"):
         shp = check_shape(shp)
         for dtype in validate.sequence("dtypes", dtypes, what=f"dtypes in {tuple(DENSE_DTYPES)}"):
@@ -181,8 +191,22 @@ def check_kernel(
                     check_quant_fits(spec, shp)
                     if where is not None:
                         where.check_fits(shp, len(scale_labels), fold)
-                    size = budget_mod.block_size(shp, len(scale_labels), budget)
-                    configs.append((shp, dtype, fold, qlabel, spec, q, size))
+                    sizes.append(budget_mod.block_size(shp, len(scale_labels), budget))
+                    configs.append((shp, dtype, fold, qlabel, spec, q))
+    if client is not None:  # shards of seeds as tasks on a Dask cluster, merged into one report
+        from workbench.check.cluster import check_on_cluster
+
+        if journal is not None:
+            raise ValueError("journal: a run on a Dask cluster is not journaled (give journal=None, or no client)")
+        opts = {"scales": scale_labels, "faults": faults, "time_limit": seconds, "eps": eps, "rerun": rerun}
+        opts.update(
+            tolerance=tolerance, flake_rate=flake_rate, replay_dir=replay_dir, replay_max_bytes=replay_max_bytes
+        )
+        opts["memory_budget"] = memory_budget
+        dask_args = {"shard_seeds": shard_seeds, "progress": progress}
+        return check_on_cluster(
+            client, check_kernel, subject, configs, seed_arr, opts, user=user, flake_rate=flake_rate, **dask_args
+        )
     log = None
     if journal is not None:
         tag = {
@@ -200,7 +224,7 @@ def check_kernel(
     writer = None if where is None else _Reproducers(where, subject, user, scale_labels)
     try:
         frames, fframes = _blocks(
-            subject, calls, configs, seed_arr, scale_labels, faults, eps, rerun, problems, writer, log, bar
+            subject, calls, configs, sizes, seed_arr, scale_labels, faults, eps, rerun, problems, writer, log, bar
         )
     finally:
         calls.close()
@@ -233,7 +257,7 @@ class _Reproducers:
         self.written: list[Any] = []
 
     def block(self, config: tuple, c: Any, names: list[str], B: Any, R: Any, out: Any, truth: Any, eps: float) -> None:
-        shp, dtype, fold, qlabel, _, q, _ = config
+        shp, dtype, fold, qlabel, _, q = config
         for i, seed in enumerate(c.seeds):
             failures = case_failures(case_metrics(out[i], truth[i]), self.tolerances, self.scales)
             if not failures:
@@ -278,6 +302,7 @@ def _blocks(
     subject: Any,
     calls: Any,
     configs: list,
+    sizes: list[int],
     seed_arr: np.ndarray,
     scale_labels: list[float],
     faults: Sequence[str],
@@ -295,8 +320,8 @@ def _blocks(
     for i, s in enumerate(seed_arr.tolist()):
         order.setdefault(int(s), i)
     frames, fframes = [], []
-    for ci, config in enumerate(configs):
-        shp, dtype, fold, qlabel, _, _, size = config
+    for ci, (config, size) in enumerate(zip(configs, sizes, strict=True)):
+        shp, dtype, fold, qlabel, _, _ = config
         base = {"hidden": shp[0], "branch": shp[1], "ffn": shp[2], "dtype": dtype, "fold": str(fold), "quant": qlabel}
         cdfs, fdfs = [], []
         todo = seed_arr
@@ -344,7 +369,7 @@ def _block(
     runs and the fault models, as its case table and fault table (None: no fault ran)."""
     import pandas as pd
 
-    shp, dtype, fold, qlabel, spec, _, _ = config
+    shp, dtype, fold, qlabel, spec, _ = config
     scale_arr = np.array(scale_labels, dtype=np.float32)
     c = case_arrays(shp, chunk)
     st = blocks.stored_block(c, dtype=dtype, fold=fold, spec=spec, eps=eps)
