@@ -17,7 +17,8 @@ The implementation is a callable (``module:function``, handed one ``StoredCase``
 kernels folder or a Metal (``--language cuda``: CUDA) kernel body with its launch, run on the CPU
 emulator or (``--run-on device``) its GPU, or an engine's safetensors dumps (docs/DUMP_LAYOUT.md).
 ``--mutants`` also runs source-level mutants of the user's text and prints which the check catches.
-``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``);
+``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``), ``--part head``
+an attention head (``--part head --help``);
 ``--chain tail,gdn_in,gdn`` parts chained as the engine launches them, each link's error named
 (``--chain tail --help``). ``--replay-dir`` writes each failing case as a reproducer; ``--replay FILE``
 runs one again (the subject given the same way).
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import backends
-from workbench.check import chain_command, gdn_command, shards
+from workbench.check import chain_command, gdn_command, head_command, shards
 from workbench.check import command_args as args
 from workbench.check.budget import DEFAULT_BUDGET_GIB
 from workbench.check.cluster import cluster_client
@@ -182,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     given_argv = sys.argv[1:] if argv is None else list(argv)
     if any(t == "--chain" or t.startswith("--chain=") for t in given_argv):
         return chain_command.main(argv)  # parts chained as the engine launches them
-    if _part(given_argv) == "gdn":
+    chosen = _part(given_argv)
+    if chosen == "gdn":
         return gdn_command.main(argv)
+    if chosen == "head":
+        return head_command.main(argv)
     # allow_abbrev off: which options were given is read from argv (below), by full name
     p = argparse.ArgumentParser(
         prog="python -m workbench.check",
@@ -196,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         "--part",
         choices=PART_NAMES,
         default=PART_NAMES[0],
-        help="the part checked: tail (default; the options below) or gdn, the Gated DeltaNet recurrent step "
-        "(--part gdn --help lists its inputs and options)",
+        help="the part checked: tail (default; the options below), gdn, the Gated DeltaNet recurrent step "
+        "(--part gdn --help lists its inputs and options), or head, the attention head (--part head --help)",
     )
     p.add_argument("--kernels-dir", type=args.path, help="a folder shaped like kernels/ (run on the CPU emulator)")
     p.add_argument(
@@ -316,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     step_only = sorted(given & set(gdn_command.ONLY_OPTIONS))
     if step_only:
         p.error(f"{', '.join(step_only)}: options of --part gdn (the recurrent step), not of the tail's check")
+    head_only = sorted(given & set(head_command.ONLY_OPTIONS))
+    if head_only:
+        p.error(f"{', '.join(head_only)}: options of --part head (the attention head), not of the tail's check")
     a = p.parse_args(argv)
     forms = [x for x in (a.implementation, a.kernels_dir, a.source, a.dump, a.merge) if x is not None]
     if len(forms) != 1:
