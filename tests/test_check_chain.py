@@ -191,3 +191,13 @@ def test_one_implementation_that_leaves_out_a_link_is_named():
 def test_the_reference_alone_judges_nothing():
     rep = check_chain(None, seeds=range(2))
     assert not rep.passed and not rep.errors and "reference chain alone" in str(rep)
+
+
+def test_the_run_end_then_the_next_head_through_mlx_lm_pieces_passes_and_a_rope_fault_is_named():
+    from tests.check_user_chains import RUN_END, mlx_lm_head_rope_at_next_position
+
+    rep = check_chain(RUN_END, "gdn,tail,head", seeds=SEEDS)
+    assert rep.passed, str(rep)
+    assert [r["run by"] for r in rep.rows()] == ["mlx_lm_gdn_link", "tail", "mlx_lm_head_link"]
+    bad = check_chain({**RUN_END, "head": mlx_lm_head_rope_at_next_position}, "gdn,tail,head", seeds=SEEDS)
+    assert bad.failing == ["head"]

@@ -102,3 +102,38 @@ def test_a_kernels_folder_file_is_mutated_in_a_copy(emulator, tmp_path):
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before  # only read
     with pytest.raises(ValueError, match="files"):
         folder_mutant_study(folder, files=["absent.body"])
+
+
+def _step_source():
+    from tests.check_user_steps import METAL_BODY, METAL_HEADER
+    from workbench.check import StepSource
+
+    tpl = {"HK": "HK", "HV": "HV", "DK": "DK", "DV": "DV", "K": "K", "C": "C"}
+    return StepSource(METAL_BODY, grid=(6, 1, 1), threadgroup=(6, 1, 1), template=tpl, header=METAL_HEADER)
+
+
+def test_every_mutant_of_a_steps_metal_source_that_changes_results_is_caught(emulator):
+    study = mutant_study(_step_source(), seeds=range(2), tokens=8, orders=("ascending", "simd-groups-random"))
+    assert study.original_passed and study.original_same_bits, str(study)
+    assert study.missed.empty and study.counts()["does not compile"] == 0, str(study)
+    # the body's nine loops, each bound one looser and one tighter; no barrier, shuffle or group array
+    assert study.counts()["caught"] == 18 and set(study.table.kind) == {"bound +1", "bound -1"}, str(study)
+    assert study.to_record()["counts"]["caught"] == 18
+
+
+def test_the_kernels_folders_gdn_step_body_is_mutated_in_a_copy(emulator, tmp_path):
+    from workbench.kernels.source import KERNEL_DIR
+
+    folder = tmp_path / "my_kernels"
+    shutil.copytree(KERNEL_DIR, folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    study = folder_mutant_study(
+        folder, part="gdn", kinds=("dropped barrier",), seeds=range(2), tokens=4, orders=("simd-groups-random",)
+    )
+    assert set(study.table.file) == {"gdn_step.body"} and len(study.table) == 3, str(study)
+    assert study.original_passed and study.missed.empty, str(study)
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before  # only read
+    with pytest.raises(ValueError, match="^part: must be one of 'tail', 'gdn', got 'step'"):
+        folder_mutant_study(folder, part="step")
+    with pytest.raises(ValueError, match="^launch: must be a SourceLaunch"):
+        mutant_study(_step_source().source)

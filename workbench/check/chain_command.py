@@ -5,6 +5,7 @@ truth, each link's error beside the workbench's float32 reference chain's.
     python -m workbench.check --chain tail,gdn_in,gdn mypkg.chains:my_chain --seeds 30 --record chain.json
     python -m workbench.check --chain tail,gdn_in,gdn --link tail=mypkg.tails:my_tail \\
         --link gdn=mypkg.steps:my_step --dims hidden=128,ffn=256
+    python -m workbench.check --chain gdn,tail,head mypkg.chains:run_end   # the run's last step, the next head
 
 One implementation is ``module:function``, handed a ``ChainCase`` (the chain's inputs, every
 link's weights, the dims) and returning every link's outputs (a mapping by link name, or a
@@ -23,6 +24,7 @@ from typing import Any
 
 from workbench import backends
 from workbench.check import command_args as args
+from workbench.check.chain_links import INT_DIMS
 
 PROG = "python -m workbench.check"
 
@@ -67,8 +69,9 @@ OTHER_OPTIONS: tuple[str, ...] = (
     "--time-limit",
 )
 
-#: What ``--dims`` may set (``chain_links.ChainDims``'s integer fields).
-DIM_NAMES: tuple[str, ...] = ("hidden", "branch", "ffn", "k_heads", "v_heads", "k_dim", "v_dim", "conv")
+#: What ``--dims`` may set (``chain_links.ChainDims``'s integer fields): widths >= 1, the
+#: head's rotated dims and the token's position >= 0.
+DIM_NAMES: tuple[str, ...] = (*INT_DIMS, "rotary_dim", "position")
 
 
 def _dims(text: str) -> dict[str, int]:
@@ -80,7 +83,8 @@ def _dims(text: str) -> dict[str, int]:
             raise argparse.ArgumentTypeError(
                 f"must be name=value,... with names of {', '.join(DIM_NAMES)}, got {text!r}"
             )
-        out[k.strip()] = args.count(1, 1 << 16)(v.strip())
+        least = 1 if k.strip() in INT_DIMS else 0
+        out[k.strip()] = args.count(least, 1 << 24)(v.strip())
     return out
 
 

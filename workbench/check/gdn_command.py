@@ -6,11 +6,14 @@ over runs of tokens with both states fed back, against the float64 truth.
     python -m workbench.check --part gdn --source step.metal --header helpers.h --grid 6 --threadgroup 6 \\
         --template HK=HK,HV=HV,DK=DK,DV=DV,K=K,C=C
     python -m workbench.check --part gdn --dump gdn_dumps/ --horizons 1,64
+    python -m workbench.check --part gdn --kernels-dir my_kernels/ --tokens 64 --mutants
 
 The step is a callable (``module:function``: ``StepInputs -> (out, conv_state, state)``, one
 token of one sequence, numpy, MLX or PyTorch arrays), a kernels folder (its ``gdn_step.body``
 on the workbench's launch, on the CPU emulator), a Metal (``--language cuda``: CUDA) step
-body with its launch, or an engine's safetensors dump of a run (docs/DUMP_LAYOUT.md). Exit 0:
+body with its launch, or an engine's safetensors dump of a run (docs/DUMP_LAYOUT.md).
+``--mutants`` also runs source-level mutants of the kernel text (the folder's gdn_step.body, or
+the --source) on the emulator and prints which the check catches. Exit 0:
 the verdict passes; 1: it fails; 2: nothing could be judged, with ONE line on stderr naming
 the option. The user's files are only read; a record is never overwritten.
 """
@@ -20,12 +23,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from workbench import backends
 from workbench.check import command_args as args
+from workbench.check.gdn_subjects import TimedStep
 
 PROG = "python -m workbench.check"
 
@@ -50,6 +54,7 @@ OPTIONS: dict[str, str] = {
     "geometries": "--geometries",
     "faults": "--faults",
     "tolerance": "--tolerance",
+    "files": "--mutant-files",
 }
 
 #: Options of this part only (the tail's command names them when given without ``--part gdn``).
@@ -64,7 +69,10 @@ ONLY_OPTIONS: tuple[str, ...] = (
 )
 
 #: The tail's options this part has no use for (refused by name, not as unrecognized).
-TAIL_OPTIONS: tuple[str, ...] = ("--batched", "--fold", "--mutants", "--mutant-files", "--output")
+TAIL_OPTIONS: tuple[str, ...] = ("--batched", "--fold", "--output")
+
+#: A mutant study's runs: each mutant runs in three schedules, so fewer and shorter than a check's.
+MUTANT_SEEDS, MUTANT_TOKENS = 4, 16
 
 _LAUNCH = ("--inputs", "--header", "--grid", "--threadgroup", "--template", "--language", "--run-on")
 _RUNS = ("--tokens", "--seeds", "--scales", "--gates", "--state-scales", "--geometries")
@@ -199,13 +207,22 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tolerance", type=args.non_negative, help="your own tolerance on the worst scaled error")
     p.add_argument("--time-limit", type=args.positive, default=30.0, help="seconds one token's call may take (30)")
+    p.add_argument(
+        "--mutants",
+        action="store_true",
+        help="also run source-level mutants of --kernels-dir's gdn_step.body or an emulated Metal --source "
+        f"(short runs: at most {MUTANT_SEEDS} seeds of {MUTANT_TOKENS} tokens, three emulator schedules)",
+    )
+    p.add_argument(
+        "--mutant-files", help="with --mutants and --kernels-dir: the files to mutate, comma-separated (gdn_step.body)"
+    )
     p.add_argument("--record", type=args.record, help="write the JSON record here (refused if the file exists)")
     return p
 
 
 def _unused(a: argparse.Namespace, given: set[str]) -> list[str]:
     if a.dump is not None:
-        unused = {*_RUNS, *_LAUNCH, "--arrays", "--time-limit"}
+        unused = {*_RUNS, *_LAUNCH, "--arrays", "--time-limit", "--mutants", "--mutant-files"}
     elif a.source is not None:
         unused = {"--arrays"}
     else:
@@ -225,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     forms = [x for x in (a.implementation, a.kernels_dir, a.source, a.dump) if x is not None]
     if len(forms) != 1:
         p.error("--part gdn: give exactly one of: implementation (module:function), --kernels-dir, --source, --dump")
+    if a.mutants and not (a.kernels_dir or (a.source and a.run_on == "emulator" and a.language == "metal")):
+        p.error("--mutants: only with --kernels-dir or a Metal --source run on the emulator")
+    if a.mutant_files is not None and not (a.mutants and a.kernels_dir):
+        p.error("--mutant-files: only with --mutants and --kernels-dir")
     unused = _unused(a, given)
     if unused:
         p.error(f"{', '.join(unused)}: not used by this form of the check (nothing given is ignored silently)")
@@ -238,40 +259,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{PROG}: error: {args.one_line(e, OPTIONS)}", file=sys.stderr)
         raise SystemExit(2) from None
-
-
-class TimedStep:
-    """A step form whose every call (a sequence's preparation, a token) runs under a time
-    limit: a call past it raises ``TimeoutError`` (the check stops that sequence and names it)."""
-
-    def __init__(self, inner: Any, seconds: float) -> None:
-        from workbench.check.time_limit import LimitedCaller
-
-        self.inner, self.seconds, self._caller = inner, seconds, LimitedCaller(seconds)
-        self.name, self.kind = inner.name, inner.kind
-
-    def _limited(self, fn: Callable[..., Any], *xs: Any) -> Any:
-        o = self._caller(fn, *xs)
-        if o.timed_out:
-            raise TimeoutError(f"took over {self.seconds:g} s (--time-limit)")
-        if o.error is not None:
-            raise o.error
-        return o.value
-
-    def layer(self, shape: Any, consts: Mapping[str, Any], eps: float) -> Callable[[Any], Any]:
-        call = self._limited(self.inner.layer, shape, consts, eps)
-
-        def evaluated(step: Any) -> Any:
-            # MLX records a graph on the calling thread's stream: evaluated here, on the
-            # worker, so the check's thread reads finished arrays
-            import mlx.core as mx
-
-            out = call(step)
-            if isinstance(out, (tuple, list)):
-                mx.eval(*[x for x in out if isinstance(x, mx.array)])
-            return out
-
-        return lambda step: self._limited(evaluated, step)
 
 
 def _subject(a: argparse.Namespace) -> Any:
@@ -333,6 +320,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
     from workbench.check.gdn_run import check_step
 
     common = {"horizons": a.horizons, "tolerance": a.tolerance, "faults": a.faults}
+    study = None
     if a.dump is not None:
         rep = check_step_dump(a.dump, **common)
     else:
@@ -350,7 +338,17 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
                 if a.source and problem.startswith("source:"):  # the emulator names the body "source"
                     problem = a.source + problem.removeprefix("source")
                 raise ValueError(f"{option}: {given} does not compile for the emulator: {problem}")
-        rep = check_step(TimedStep(subject, a.time_limit), **runs, **common)
+        chosen = _mutant_files(a.mutant_files, a.kernels_dir) if a.mutant_files is not None else None
+        rep = check_step(subject, time_limit=a.time_limit, **runs, **common)
+        if a.mutants:
+            from workbench.check.mutants import folder_mutant_study, mutant_study
+
+            few = {"seeds": range(min(a.seeds, MUTANT_SEEDS)), "tokens": min(a.tokens, MUTANT_TOKENS)}
+            few |= {"scales": a.scales, "tolerance": a.tolerance, "time_limit": max(a.time_limit, 120.0)}
+            if a.kernels_dir:
+                study = folder_mutant_study(a.kernels_dir, part="gdn", files=chosen, **few)
+            else:
+                study = mutant_study(subject, **few)
     print(rep)
     shown = rep.problems if a.dump is not None else rep.problems[:20]
     if shown:
@@ -358,6 +356,24 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
         print("\n".join(f"  - {x}" for x in shown))
         if len(shown) < len(rep.problems):
             print(f"  ... and {len(rep.problems) - len(shown)} more (all in the record)")
+    record = {**rep.to_record(), **args.provenance(argv)}
+    if study is not None:
+        print()
+        print(study)
+        record["mutants"] = study.to_record()
     if a.record is not None:
-        args.write_record(a.record, {**rep.to_record(), **args.provenance(argv)}, rep.passed)
+        args.write_record(a.record, record, rep.passed)
     return 0 if rep.passed else 1
+
+
+def _mutant_files(text: str, folder: str) -> list[str]:
+    """``--mutant-files``: names of files of the kernels folder, checked before the check runs
+    (the mutants run after it, minutes later)."""
+    names = [t.strip() for t in text.split(",")]
+    if not text.strip() or not all(names):
+        raise ValueError(f"--mutant-files: must be comma-separated file names of {folder}, got {text!r}")
+    for n in names:
+        if not (Path(folder) / n).is_file():
+            there = sorted(p.name for p in Path(folder).iterdir() if p.is_file())
+            raise ValueError(f"--mutant-files: {n!r} is not a file of {folder} (it has {there})")
+    return names

@@ -23,6 +23,7 @@ import numpy as np
 from workbench import backends
 from workbench.check.stored import ARRAY_KINDS
 from workbench.check.subjects import EMULATOR_ORDERS, SubjectError
+from workbench.check.time_limit import LimitedCaller
 from workbench.kernels import run as kernel_run
 from workbench.kernels.gdn_step import GdnShape
 from workbench.validate import describe, one_of
@@ -242,6 +243,10 @@ class StepSource:
         self._backend()
         object.__setattr__(self, "kind", f"{self.language} source")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling keeps (the step sent to its worker process): all but the compiled kernels."""
+        return {**self.__dict__, "_kernels": {}}
+
     def _backend(self) -> str:
         return backends.resolve_backend(kernel_run.METAL_EMULATED if self.run_on == "emulator" else self.language)
 
@@ -280,3 +285,33 @@ class StepSource:
             return out
 
         return call
+
+
+class TimedStep:
+    """A step form whose every call (a sequence's preparation, a token) runs under a time
+    limit: a call past it raises ``TimeoutError`` (the check stops that sequence and names it)."""
+
+    def __init__(self, inner: Any, seconds: float) -> None:
+        self.inner, self.seconds, self._caller = inner, seconds, LimitedCaller(seconds)
+        self.name, self.kind = inner.name, inner.kind
+
+    def _limited(self, fn: Callable[..., Any], *xs: Any) -> Any:
+        o = self._caller(fn, *xs)
+        if o.timed_out:
+            raise TimeoutError(f"took over {self.seconds:g} s (--time-limit)")
+        if o.error is not None:
+            raise o.error
+        return o.value
+
+    def layer(self, shape: Any, consts: Mapping[str, Any], eps: float) -> Callable[[Any], Any]:
+        call = self._limited(self.inner.layer, shape, consts, eps)
+
+        def evaluated(step: Any) -> Any:
+            # MLX records a graph on the calling thread's stream: evaluated here, on the
+            # worker, so the check's thread reads finished arrays
+            out = call(step)
+            if isinstance(out, (tuple, list)):
+                mx.eval(*[x for x in out if isinstance(x, mx.array)])
+            return out
+
+        return lambda step: self._limited(evaluated, step)

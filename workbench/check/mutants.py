@@ -10,8 +10,11 @@ every lane of an XOR butterfly once and only reorder the sum); ``wrong index`` (
 loosened ``>`` bound of a loop counting an unsigned index down never ends, and a hang cannot be
 stopped from Python (:mod:`workbench.check.time_limit`).
 
-:func:`mutant_study` runs the original and each mutant through :func:`~workbench.check.run.check_kernel`
-on the same cases in several thread schedules of the CPU emulator. A mutant that gives the
+:func:`mutant_study` (a source and its launch) and :func:`folder_mutant_study` (a kernels folder)
+run the original and each mutant through the part's check (the tail's
+:func:`~workbench.check.run.check_kernel`, the Gated DeltaNet step's
+:func:`~workbench.check.gdn_run.check_step` on short runs, states fed back) on the same cases in
+several thread schedules of the CPU emulator. A mutant that gives the
 original's bits everywhere is **equivalent**, never a miss; every other one is **caught** or
 **missed** (a mutant that only reorders a float sum is rightly missed: read misses before calling
 them bugs). The original must give the same bits in every schedule, or it has a race.
@@ -19,11 +22,12 @@ them bugs). The original must give the same bits in every schedule, or it has a 
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -232,13 +236,28 @@ def source_mutants(source: str, *, kinds: Sequence[str] = KINDS) -> list[Mutant]
 # ---------------------------------------------------------------------------------------
 
 
+def _digest(*values: Any) -> bytes | None:
+    """The bits of a call's returned arrays (shape, dtype and bytes, as float32), hashed: two
+    variants' outputs are compared by these, so a study keeps 16 bytes a call, not its arrays.
+    None where a value is not an array."""
+    h = hashlib.blake2b(digest_size=16)
+    for v in values:
+        try:
+            a = np.ascontiguousarray(np.asarray(v, dtype=np.float32))
+        except Exception:
+            return None
+        h.update(repr(a.shape).encode())
+        h.update(a.tobytes())
+    return h.digest()
+
+
 class _Recording:
-    """A subject whose every output is kept (case name and row -> float32 array, or None
+    """A tail subject whose every output's bits are kept (case name and row -> digest, or None
     when the call gave no array), so a mutant's bits can be set beside the original's."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.name, self.kind = inner, inner.name, inner.kind
-        self.outputs: dict[tuple[str, int], np.ndarray | None] = {}
+        self.outputs: dict[tuple[str, int], bytes | None] = {}
 
     def calls(self, sc: Any, w: Any) -> list:
         out = []
@@ -248,21 +267,36 @@ class _Recording:
 
             def run(call: Callable = call, key: tuple = key) -> Any:
                 v = call()
-                self.outputs[key] = np.array(v, dtype=np.float32, copy=True)
+                self.outputs[key] = _digest(v)
                 return v
 
             out.append((run, want))
         return out
 
 
+class _RecordingStep:
+    """A Gated DeltaNet step form whose every token's three returned tensors' bits are kept
+    (case label and token -> digest), as :class:`_Recording` keeps a tail's."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.kind = inner, inner.name, inner.kind
+        self.outputs: dict[tuple[str, int], bytes | None] = {}
+
+    def layer(self, shape: Any, consts: Any, eps: float) -> Callable[[Any], Any]:
+        call = self.inner.layer(shape, consts, eps)
+
+        def run(step: Any) -> Any:
+            key = (step.case, step.token)
+            self.outputs[key] = None
+            v = call(step)
+            self.outputs[key] = _digest(*v) if isinstance(v, (tuple, list)) else None
+            return v
+
+        return run
+
+
 def _same_bits(a: dict, b: dict) -> bool:
-    if a.keys() != b.keys():
-        return False
-    for k, x in a.items():
-        y = b[k]
-        if x is None or y is None or x.shape != y.shape or not np.array_equal(x.view(np.uint32), y.view(np.uint32)):
-            return False
-    return True
+    return a.keys() == b.keys() and None not in a.values() and a == b
 
 
 @dataclass
@@ -283,6 +317,18 @@ class MutantStudy:
             s: int((self.table["status"] == s).sum()) for s in ("caught", "missed", "equivalent", "does not compile")
         }
 
+    def to_record(self) -> dict[str, Any]:
+        """The study as a JSON record's ``mutants`` entry: counts, schedules and every row."""
+        import json
+
+        return {
+            "counts": self.counts(),
+            "original_passed": self.original_passed,
+            "original_same_bits": self.original_same_bits,
+            "orders": list(self.orders),
+            "table": json.loads(self.table.to_json(orient="records")),
+        }
+
     @property
     def missed(self) -> Any:
         return self.table[self.table["status"] == "missed"]
@@ -300,13 +346,13 @@ class MutantStudy:
 
 
 def _run_all(
-    make_subject: Callable[[str], Any], orders: Sequence[str], check_args: dict
+    make_subject: Callable[[str], Any], orders: Sequence[str], check: Callable[[Any], Any], recorder: type
 ) -> tuple[bool, dict, list[str], list[str]]:
     """One variant in every order: (passed in all, {order: outputs}, runs with no result, verdict reasons)."""
     passed, outs, errors, reasons = True, {}, [], []
     for o in orders:
-        rec = _Recording(make_subject(o))
-        rep = check_kernel(rec, **check_args)
+        rec = recorder(make_subject(o))
+        rep = check(rec)
         passed = passed and rep.passed
         outs[o] = rec.outputs
         errors += rep.problems
@@ -319,9 +365,11 @@ def _study(
     mutants: Sequence[tuple[str, Mutant]],
     make: Callable[[tuple[str, Mutant] | None, str], Any],
     orders: Sequence[str],
-    check_args: dict,
+    check: Callable[[Any], Any],
+    recorder: type = _Recording,
 ) -> MutantStudy:
-    """The original (``make(None, order)``) and each ``(file, mutant)`` in every order."""
+    """The original (``make(None, order)``) and each ``(file, mutant)`` in every order, each
+    judged by ``check`` (a recorded subject -> its report)."""
     import pandas as pd
 
     from workbench.kernels.metal_emulation import SCHEDULES
@@ -329,11 +377,11 @@ def _study(
     orders = tuple(
         validate.one_of("orders", o, SCHEDULES) for o in validate.sequence("orders", orders, what="schedules")
     )
-    ok, base, _, _ = _run_all(lambda o: make(None, o), orders, check_args)
+    ok, base, _, _ = _run_all(lambda o: make(None, o), orders, check, recorder)
     same = all(_same_bits(base[orders[0]], base[o]) for o in orders[1:])
     rows = []
     for where, m in mutants:
-        passed, outs, errors, reasons = _run_all(lambda o, v=(where, m): make(v, o), orders, check_args)
+        passed, outs, errors, reasons = _run_all(lambda o, v=(where, m): make(v, o), orders, check, recorder)
         changed = bool(errors) or not all(_same_bits(base[o], outs[o]) for o in orders)
         if errors and all("MetalCompileError" in e for e in errors):
             status = "does not compile"
@@ -356,75 +404,111 @@ def _study(
     return MutantStudy(name, table, ok, same, orders)
 
 
-def _check_args(
-    seeds: Iterable[int], scales: Sequence[float], tolerance: Any, time_limit: float, folds: Sequence[Any]
-) -> dict:
-    return {
-        "seeds": list(seeds),
-        "scales": scales,
-        "folds": folds,
-        "faults": (),
-        "tolerance": tolerance,
-        "time_limit": time_limit,
-    }
+def _checker(
+    part: str, seeds: Iterable[int], scales: Sequence[float] | None, tolerance: Any, time_limit: float, **more: Any
+) -> tuple[Callable[[Any], Any], type]:
+    """The check a study judges each variant by, and the recorder its subjects go through:
+    the tail's :func:`~workbench.check.run.check_kernel` (``more``: ``folds``) or the step's
+    :func:`~workbench.check.gdn_run.check_step` on short runs (``more``: ``tokens``), each token
+    under ``time_limit``; no fault models (a study compares the subject's own bits)."""
+    seeds = list(seeds)
+    if part == "tail":
+        args = {"seeds": seeds, "scales": DEFAULT_SCALES if scales is None else scales, "faults": ()}
+        args |= {"folds": more["folds"], "tolerance": tolerance, "time_limit": time_limit}
+        return (lambda subject: check_kernel(subject, **args)), _Recording
+    from workbench.check.gdn_cases import DEFAULT_GEOMETRIES
+    from workbench.check.gdn_run import STEP_SCALES, check_step
+    from workbench.check.gdn_subjects import TimedStep
+
+    # one geometry whose Hv/Hk > 1 (a wrong key head shows), every gate regime, a running state
+    step = {"geometries": DEFAULT_GEOMETRIES[:1], "seeds": seeds, "tokens": more["tokens"], "state_scales": (1.0,)}
+    step |= {"scales": STEP_SCALES if scales is None else scales, "tolerance": tolerance, "faults": ()}
+    return (lambda subject: check_step(TimedStep(subject, time_limit), **step)), _RecordingStep
 
 
 def mutant_study(
-    launch: SourceLaunch,
+    launch: Any,
     *,
     seeds: Iterable[int] = range(8),
-    scales: Sequence[float] = DEFAULT_SCALES,
+    scales: Sequence[float] | None = None,
     tolerance: Any = None,
     orders: Sequence[str] = STUDY_ORDERS,
     kinds: Sequence[str] = KINDS,
     time_limit: float = 120.0,
+    tokens: int = 16,
 ) -> MutantStudy:
     """Every mutant of ``launch``'s Metal source (:func:`source_mutants`) run on the CPU
-    emulator through :func:`~workbench.check.run.check_kernel` (dense, unfolded cases, as the
-    source form takes them), in each of ``orders``, beside the original on the same cases.
-    ``time_limit``: seconds a case may take; the first case of each variant also pays its
+    emulator, in each of ``orders``, beside the original on the same cases: a tail's
+    ``SourceLaunch`` through :func:`~workbench.check.run.check_kernel` (dense, unfolded cases,
+    as the source form takes them; ``scales`` default ``DEFAULT_SCALES``), a Gated DeltaNet
+    step's ``StepSource`` through :func:`~workbench.check.gdn_run.check_step` on runs of
+    ``tokens`` tokens, states fed back (``scales`` default ``STEP_SCALES``).
+    ``time_limit``: seconds a case (a token) may take; the first of each variant also pays its
     compilation by clang, which on a busy machine can take tens of seconds."""
-    if not isinstance(launch, SourceLaunch):
-        raise ValueError(f"launch: must be a SourceLaunch, got {validate.describe(launch)}")
+    from workbench.check.gdn_subjects import StepSource
+
+    if isinstance(launch, StepSource):
+        if launch.run_on != "emulator" or launch.language != "metal":
+            raise ValueError(
+                f"launch: a step's mutants run on the emulator (Metal), got {launch.language} on {launch.run_on}"
+            )
+        part = "gdn"
+    elif isinstance(launch, SourceLaunch):
+        part = "tail"
+    else:
+        raise ValueError(
+            f"launch: must be a SourceLaunch (the tail) or a StepSource (the step), got {validate.describe(launch)}"
+        )
     found = source_mutants(launch.source, kinds=kinds)
 
-    def make(variant: tuple[str, Mutant] | None, order: str) -> SourceSubject:
+    def make(variant: tuple[str, Mutant] | None, order: str) -> Any:
         run = launch if variant is None else launch.with_source(variant[1].source, name=f"{launch.name}_mutant")
-        return SourceSubject(run, order=order)
+        return SourceSubject(run, order=order) if part == "tail" else replace(run, order=order)
 
-    return _study(
-        launch.name,
-        [("source", m) for m in found],
-        make,
-        orders,
-        _check_args(seeds, scales, tolerance, time_limit, (None,)),
-    )
+    more = {"folds": (None,)} if part == "tail" else {"tokens": validate.integer("tokens", tokens, minimum=1)}
+    check, recorder = _checker(part, seeds, scales, tolerance, time_limit, **more)
+    return _study(launch.name, [("source", m) for m in found], make, orders, check, recorder)
 
 
 def folder_mutant_study(
     folder: str | Path,
     *,
+    part: str = "tail",
     files: Sequence[str] | None = None,
     seeds: Iterable[int] = range(8),
-    scales: Sequence[float] = DEFAULT_SCALES,
+    scales: Sequence[float] | None = None,
     folds: Sequence[Any] = (16,),
     tolerance: Any = None,
     orders: Sequence[str] = STUDY_ORDERS,
     kinds: Sequence[str] = KINDS,
     time_limit: float = 120.0,
+    tokens: int = 16,
 ) -> MutantStudy:
     """Mutants of a kernels folder's files (``files``: names in the folder; default every
-    ``*.body`` and ``*.h``), each run as a copy of the folder with that one file changed, on
-    the CPU emulator. The user's folder is only read."""
+    ``*.body`` and ``*.h`` for the tail, ``gdn_step.body`` for the step), each run as a copy of
+    the folder with that one file changed, on the CPU emulator: ``part`` ``"tail"`` (the fused
+    tail, ``folds``) or ``"gdn"`` (the step, runs of ``tokens`` tokens; see :func:`mutant_study`).
+    The user's folder is only read."""
+    from workbench.check.gdn_subjects import KernelsFolderStep
+
+    validate.one_of("part", part, ("tail", "gdn"))
     src = Path(folder)
     if not src.is_dir():
         raise ValueError(f"folder: must be a folder shaped like kernels/, got {str(folder)!r} (not a folder)")
-    names = sorted(p.name for p in src.iterdir() if p.suffix in (".body", ".h")) if files is None else list(files)
+    if files is not None:
+        names = list(files)
+    elif part == "gdn":
+        names = ["gdn_step.body"]
+    else:
+        names = sorted(p.name for p in src.iterdir() if p.suffix in (".body", ".h"))
     for n in names:
         if not (src / n).is_file():
             raise ValueError(
                 f"files: {n!r} is not a file of {src.name}/ (it has {sorted(p.name for p in src.iterdir())})"
             )
+    more = {"folds": folds} if part == "tail" else {"tokens": validate.integer("tokens", tokens, minimum=1)}
+    check, recorder = _checker(part, seeds, scales, tolerance, time_limit, **more)
+    form = KernelsFolderSubject if part == "tail" else KernelsFolderStep
     work = Path(tempfile.mkdtemp(prefix="workbench-mutants-"))
     try:
         original = work / "original"
@@ -432,17 +516,17 @@ def folder_mutant_study(
         found = [(n, m) for n in names for m in source_mutants((src / n).read_text(), kinds=kinds)]
         made: dict[int, Path] = {}
 
-        def make(variant: tuple[str, Mutant] | None, order: str) -> KernelsFolderSubject:
+        def make(variant: tuple[str, Mutant] | None, order: str) -> Any:
             if variant is None:
-                return KernelsFolderSubject(original, order=order, name=src.name)
+                return form(original, order=order, name=src.name)
             key = id(variant[1])
             if key not in made:
                 d = work / f"mutant{len(made)}"
                 shutil.copytree(original, d)
                 (d / variant[0]).write_text(variant[1].source)
                 made[key] = d
-            return KernelsFolderSubject(made[key], order=order, name=src.name)
+            return form(made[key], order=order, name=src.name)
 
-        return _study(src.name, found, make, orders, _check_args(seeds, scales, tolerance, time_limit, folds))
+        return _study(src.name, found, make, orders, check, recorder)
     finally:
         shutil.rmtree(work, ignore_errors=True)
