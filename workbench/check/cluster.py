@@ -19,6 +19,7 @@ default retries a task three times).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import sys
@@ -81,9 +82,14 @@ def cluster_client(workers: int | None = None, scheduler: str | None = None) -> 
     if workers is None and dask.config.get("scheduler-address", None):
         return Client(timeout="20s")
     n = validate.integer("workers", (os.cpu_count() or 1) if workers is None else workers, minimum=1, maximum=4096)
-    with dask.config.set(_local_config()):
+    with dask.config.set(_local_config()):  # silence_logs: Dask's own notices are not the check's output
         return Client(
-            n_workers=n, threads_per_worker=WORKER_THREADS, processes=True, dashboard_address=None, set_as_default=False
+            n_workers=n,
+            threads_per_worker=WORKER_THREADS,
+            processes=True,
+            dashboard_address=None,
+            set_as_default=False,
+            silence_logs=logging.ERROR,
         )
 
 
