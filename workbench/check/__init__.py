@@ -19,7 +19,8 @@ the check takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults
 ``gdn_run``, ``gdn_report`` the recurrent step's runs of tokens, truth and faults, forms, check
 and report; ``gdn_dump`` an engine's dumped run of the step, read and judged; ``pack_run`` and
 ``pack_faults`` a tail read from a Hadamard pack (every linear rotating its own input), checked
-on the pack's own stored weights, with the faults of those rotations.
+on the pack's own stored weights, with the faults of those rotations; ``pack_linear`` one packed
+projection of it (Q/K/V, a recurrent layer's) checked on its own.
 ``head_spec``, ``head_math``, ``head_mlx``, ``head_cases``, ``head_subjects``, ``head_run``,
 ``head_report``: the attention head's spec (frink-models' launch, or the model's head),
 float64 truth and faults, float32 reference, cases, forms, check and report; ``head_dump``
@@ -30,7 +31,8 @@ engine launches them (the tail, the next layer's input norm and projections, its
 step), each link's oracle and reference, the chain wired and its cases, the check against
 the chained float64 truth and its report. ``cluster`` the check's shards of seeds on a Dask
 cluster (``check_kernel(..., client=)``), ``cluster_worker`` what a worker runs and how the
-subject reaches it, ``cluster_callables`` a callable sent by value made importable there. The
+subject reaches it, ``cluster_callables`` a callable sent by value made importable there,
+``cluster_sweeps`` the error sweeps there, a task a block of seeds. The
 command is ``__main__`` (the tail) with ``gdn_command`` (``--part gdn``) and ``chain_command``
 (``--chain``) and ``head_command`` (``--part head``), over ``command_args`` (what they parse alike).
 
@@ -48,6 +50,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "shards": ("merge_reports", "read_report", "write_tables", "Journal"),
         "budget": ("default_budget",),
         "cluster": ("cluster_client",),
+        "cluster_sweeps": ("sweep_on_cluster", "mutation_sweep_on_cluster"),
         "report": ("CheckReport",),
         "dump": ("write_layer", "read_layer", "DumpError"),
         "replay": ("replay", "read_reproducer", "Replay"),
@@ -63,6 +66,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "gdn_faults": ("GDN_FAULTS", "StepWeights"),
         "pack_faults": ("PACK_FAULTS", "packed_faulty_tail"),
         "pack_run": ("check_pack_tail",),
+        "pack_linear": ("check_packed_linear", "LINEAR_FAULTS"),
         "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
         "head_spec": ("HeadSpec", "HEAD_SHAPES", "DEFAULT_HEAD_SPECS"),
         "head_math": ("HEAD_FAULTS", "head_exact", "HeadWeights"),
