@@ -39,6 +39,10 @@ TEXT_CONFIG = {
     "vocab_size": 256,
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "attn_output_gate": True,
+    "layer_types": ["linear_attention", "full_attention"],
     "rope_parameters": {"type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
 }
 

@@ -201,3 +201,18 @@ def test_the_run_end_then_the_next_head_through_mlx_lm_pieces_passes_and_a_rope_
     assert [r["run by"] for r in rep.rows()] == ["mlx_lm_gdn_link", "tail", "mlx_lm_head_link"]
     bad = check_chain({**RUN_END, "head": mlx_lm_head_rope_at_next_position}, "gdn,tail,head", seeds=SEEDS)
     assert bad.failing == ["head"]
+
+
+def test_a_call_past_the_time_limit_is_that_cases_problem_and_the_check_goes_on():
+    import time
+
+    def slow_on_seed_1(c):
+        if c.case.endswith("seed 1"):
+            time.sleep(1.0)
+        return numpy_link("tail")(c)
+
+    rep = check_chain({"tail": slow_on_seed_1}, seeds=range(3), scales=[1.0], time_limit=0.3)
+    assert len(rep.problems) == 1 and "seed 1: raised TimeoutError: took over 0.3 s (time_limit)" in rep.problems[0]
+    assert rep.first_failing == "tail"  # a case that gave nothing usable fails its link
+    with pytest.raises(ValueError, match="time_limit"):
+        check_chain(qwen35_chain, seeds=range(1), time_limit=0)

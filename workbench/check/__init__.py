@@ -12,12 +12,15 @@ a source) in a worker process of its own; ``dump`` an engine's dumped layers (re
 written); ``replay`` each failing case as a reproducer, run again; ``mutants`` source-level
 mutants of a user's kernel text, run through the same check; ``tolerances`` tolerances per
 input scale, their catches beside their flakes; ``blocks`` the check's own work (stored
-weights, truth, reference) a block of cases at a time. ``parts`` the parts of a layer the check
-takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
+weights, truth, reference) a block of cases at a time, ``budget`` how many fit a memory
+budget, ``shards`` a check cut into shards that merge (its tables in Parquet) and an
+interrupted run resumed, ``progress`` the bar of cases done. ``parts`` the parts of a layer
+the check takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
 ``gdn_run``, ``gdn_report`` the recurrent step's runs of tokens, truth and faults, forms, check
 and report; ``gdn_dump`` an engine's dumped run of the step, read and judged; ``pack_run`` and
 ``pack_faults`` a tail read from a Hadamard pack (every linear rotating its own input), checked
-on the pack's own stored weights, with the faults of those rotations.
+on the pack's own stored weights, with the faults of those rotations; ``pack_linear`` one packed
+projection of it (Q/K/V, a recurrent layer's) checked on its own.
 ``head_spec``, ``head_math``, ``head_mlx``, ``head_cases``, ``head_subjects``, ``head_run``,
 ``head_report``: the attention head's spec (frink-models' launch, or the model's head),
 float64 truth and faults, float32 reference, cases, forms, check and report; ``head_dump``
@@ -43,6 +46,8 @@ _HOMES, __getattr__, __dir__ = public_names(
     {
         "faults": ("FAULTS", "faulty_tail"),
         "run": ("check_kernel", "check_dump"),
+        "shards": ("merge_reports", "read_report", "write_tables", "Journal"),
+        "budget": ("default_budget",),
         "cluster": ("cluster_client",),
         "report": ("CheckReport",),
         "dump": ("write_layer", "read_layer", "DumpError"),
@@ -59,6 +64,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "gdn_faults": ("GDN_FAULTS", "StepWeights"),
         "pack_faults": ("PACK_FAULTS", "packed_faulty_tail"),
         "pack_run": ("check_pack_tail",),
+        "pack_linear": ("check_packed_linear", "LINEAR_FAULTS"),
         "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
         "head_spec": ("HeadSpec", "HEAD_SHAPES", "DEFAULT_HEAD_SPECS"),
         "head_math": ("HEAD_FAULTS", "head_exact", "HeadWeights"),

@@ -38,6 +38,7 @@ OPTIONS: dict[str, str] = {
     "gates": "--gates",
     "state_scales": "--state-scales",
     "tolerance": "--tolerance",
+    "time_limit": "--time-limit",
 }
 
 #: Options of the tail's and the step's checks a chain has no use for (refused by name).
@@ -66,7 +67,6 @@ OTHER_OPTIONS: tuple[str, ...] = (
     "--replay",
     "--replay-dir",
     "--replay-max-bytes",
-    "--time-limit",
 )
 
 #: What ``--dims`` may set (``chain_links.ChainDims``'s integer fields): widths >= 1, the
@@ -144,6 +144,7 @@ def parser() -> argparse.ArgumentParser:
         help=f"the recurrent state's magnitudes (default {csv(CHAIN_STATE_SCALES)})",
     )
     p.add_argument("--tolerance", type=args.non_negative, help="your own tolerance on every link's worst scaled error")
+    p.add_argument("--time-limit", type=args.positive, default=30.0, help="seconds one call of yours may take (30)")
     p.add_argument("--record", type=args.record, help="write the JSON record here (refused if the file exists)")
     return p
 
@@ -203,6 +204,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
         gates=gates,
         state_scales=a.state_scales,
         tolerance=a.tolerance,
+        time_limit=a.time_limit,
         name=shown,
     )
     print(rep)

@@ -1,12 +1,12 @@
 """The links a chain is made of: parts of a hybrid layer as an engine launches them, one after
 another, each reading what the one before it wrote.
 
-frink-models encodes the attention tail at the head of the next recurrent run
-(``fused_attention_tail_then_run`` in the seed, ``../shared/seeds``) and the next attention
-layer's Q/K/V projections at the end of the run before it (``attn_head_launch``): a kernel
-engineer writes these launches as one piece, and an error made early is read by every launch
-after it. A link is one such piece: the tensors it reads and writes, its weights (drawn per
-case), its float64 oracle and the workbench's float32 reference, both over numpy in and out.
+frink-models' engine encodes the attention tail at the head of the next recurrent run
+(its ``fused_attention_tail_then_run``) and the next attention layer's Q/K/V projections at
+the end of the run before it (``attn_head_launch``): a kernel engineer writes these launches
+as one piece, and an error made early is read by every launch after it. A link is one such
+piece: the tensors it reads and writes, its weights (drawn per case), its float64 oracle and
+the workbench's float32 reference, both over numpy in and out.
 
 * ``"tail"``: the attention tail (part ``tail``: ``workbench.tail.paths.host_tail`` float64,
   ``fused_tail`` on the graph backend float32): ``branch``, ``residual`` -> ``hidden``;

@@ -187,11 +187,9 @@ def merged_report(
 
 def serial_fault_order(configs: list[tuple], seeds: np.ndarray, faults: tuple[str, ...]) -> Any:
     """A function putting fault rows in the order one serial run writes them: configuration,
-    then block of :data:`~workbench.studies.cases.CASE_BLOCK` seeds, then fault, then seed (a
-    shard smaller than a block writes its faults fault by fault over its own seeds only)."""
+    then fault, then seed (``workbench.check.shards.canonical``: blocks sized to a memory
+    budget do not show in a run's rows)."""
     import pandas as pd
-
-    from workbench.studies.cases import CASE_BLOCK
 
     config_at = {(*shp, dtype, str(fold), qlabel): k for k, (shp, dtype, fold, qlabel, _, _) in enumerate(configs)}
     position = pd.Series(np.arange(len(seeds)), index=seeds.astype(np.int64))
@@ -203,12 +201,11 @@ def serial_fault_order(configs: list[tuple], seeds: np.ndarray, faults: tuple[st
         key = pd.DataFrame(
             {
                 "config": [config_at[k] for k in keys],
-                "block": pos // CASE_BLOCK,
                 "fault": df["fault"].map(fault_at).to_numpy(),
                 "pos": pos,
             }
         )
-        at = key.sort_values(["config", "block", "fault", "pos"], kind="stable").index.to_numpy()
+        at = key.sort_values(["config", "fault", "pos"], kind="stable").index.to_numpy()
         return df.iloc[at].reset_index(drop=True)
 
     return order

@@ -339,7 +339,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
                     problem = a.source + problem.removeprefix("source")
                 raise ValueError(f"{option}: {given} does not compile for the emulator: {problem}")
         chosen = _mutant_files(a.mutant_files, a.kernels_dir) if a.mutant_files is not None else None
-        rep = check_step(TimedStep(subject, a.time_limit), **runs, **common)
+        rep = check_step(subject, time_limit=a.time_limit, **runs, **common)
         if a.mutants:
             from workbench.check.mutants import folder_mutant_study, mutant_study
 

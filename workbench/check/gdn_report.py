@@ -88,6 +88,8 @@ class StepReport:
     problems: list[str]
     reasons: list[str] = field(default_factory=list)
     part: str = "gdn"
+    #: What the check verified of the subject, in words (where it ran, its guards).
+    checked: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -242,6 +244,7 @@ class StepReport:
         for k, (s, lo, hi) in self.growth.items():
             lines.append(f"growth ({k}): slope {s:.3f} [{lo:.3f}, {hi:.3f}] log10 error per log10 token")
         lines.append(self.catch_table().to_string(float_format=lambda v: f"{v:.3f}"))
+        lines += ["checked: " + c for c in self.checked]
         return "\n".join(lines)
 
     def to_record(self) -> dict[str, Any]:

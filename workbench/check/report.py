@@ -72,6 +72,7 @@ class CheckReport:
     determinism: str = "not run"
     checked: list[str] = field(default_factory=list)
     reproducers: list[str] = field(default_factory=list)
+    flake_rate: float = 1e-4  # the calibration's per-case rate: a merge of shards calibrates at the same
 
     @property
     def passed(self) -> bool:
@@ -318,4 +319,5 @@ def build_report(
         notes=notes,
         determinism=determinism,
         checked=list(checked or []),
+        flake_rate=float(flake_rate),
     )

@@ -28,6 +28,9 @@ from workbench import validate
 from workbench.fold import formats
 from workbench.fold.rotation import FoldSite, HadamardFold
 from workbench.fold.weights import QuantizedBase, QuantSpec, WeightMatrix
+from workbench.models.config import ModelConfig
+from workbench.models.families import from_hf_config
+from workbench.models.refusals import HeadRefusal, head_launch_refusals, layer_refusals
 
 #: ``_NAMESPACES``: schema 1 is a text-only pack keyed like ``qwen3_5.TextModel``, schema 2 a
 #: vision-language pack keyed like mlx-vlm's qwen3_5; the text weights are the same in both.
@@ -193,6 +196,38 @@ class HadamardPack:
     @property
     def eps(self) -> float:
         return float(self.text_config.get("rms_norm_eps", 1e-6))
+
+    def model_config(self) -> ModelConfig:
+        """The pack's model as the refusal rules and the wait table read it (its ``model_type``
+        is read as the unchanged qwen3_5 it is built on: ``workbench.models.families``)."""
+        return from_hf_config(self.config, name=self.folder.name)
+
+    def head_refusals(self, layer: int) -> list[HeadRefusal]:
+        """frink-models' head-launch rules on the pack's Q, K and V: each projection carries its
+        own signs (:data:`HeadRefusal.FOLDS_DIFFER`: the launch rotates their common input once)
+        and a format with no matvec kernel (2-bit)."""
+        paths = {k: f"model.layers.{layer}.self_attn.{k}_proj" for k in "qkv"}
+        if self.layer_type(layer) != "full_attention":
+            return head_launch_refusals(self.model_config(), layer)
+        mats = {k: self.matrix(p) for k, p in paths.items()}
+        served = formats.by_mode(PACK_SPEC.mode, PACK_SPEC.bits).served
+        return head_launch_refusals(
+            self.model_config(),
+            layer,
+            q_fold=mats["q"].fold,
+            k_fold=mats["k"].fold,
+            v_fold=mats["v"].fold,
+            q_kernel=served,
+            k_kernel=served,
+            v_kernel=served,
+        )
+
+    def fusable_layers(self) -> tuple[int, ...]:
+        """The attention layers whose tail the workbench's kernels fuse for this pack: those the
+        model's rules pass AND whose stored matrices :func:`pack_refusals` passes. The wait
+        table's ``eligible`` (``waits.submissions(cfg, stage, eligible=...)``)."""
+        cfg = self.model_config()
+        return tuple(li for li in cfg.attention_layers() if not layer_refusals(cfg, li) and not pack_refusals(self, li))
 
 
 def read_pack(folder: str | Path) -> HadamardPack:
