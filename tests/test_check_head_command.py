@@ -116,5 +116,12 @@ def test_help_lists_the_heads_inputs_shapes_and_faults(capsys):
         main(["--part", "head", "--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0
-    for word in ("HeadInputs", "q_norm and k_norm", "--positions", "  model: the config", "rope_interleaved:", "gate_out"):
+    for word in (
+        "HeadInputs",
+        "q_norm and k_norm",
+        "--positions",
+        "  model: the config",
+        "rope_interleaved:",
+        "gate_out",
+    ):
         assert word in out, word
