@@ -212,3 +212,19 @@ def test_a_metal_head_of_the_launch_shape_reads_the_shared_rotation(emulator):
     assert rep.passed, str(rep)
     unrotated = src.with_source(METAL_LAUNCH_BODY.replace("rotation[j * HID + i]", "(i == j ? 1.0f : 0.0f)"))
     assert not check_head(unrotated, specs=["launch"], seeds=range(8), faults=()).passed
+
+
+def test_mutants_of_the_head_launchs_body_in_a_kernels_folder(tmp_path, emulator):
+    """The workbench's own head_qkv.body, mutated in a copy of the folder: the row loop's bound
+    moved either way is caught; the prefetch guard's (PRE, off in the default tuning) changes no bit."""
+    import shutil
+
+    from workbench.check.head_mutants import head_mutant_study
+    from workbench.files import PROJECT_ROOT
+
+    shutil.copytree(PROJECT_ROOT / "kernels", tmp_path / "k")
+    before = (tmp_path / "k" / "head_qkv.body").read_text()
+    study = head_mutant_study(KernelsFolderHead(tmp_path / "k"), specs=["launch"], seeds=range(4))
+    assert study.original_passed and study.counts()["missed"] == 0 and study.counts()["caught"] >= 2
+    assert set(study.table.loc[study.table["status"] == "equivalent", "before"].str.contains("PRE")) <= {True}
+    assert (tmp_path / "k" / "head_qkv.body").read_text() == before  # the user's folder is only read
