@@ -1,5 +1,5 @@
 """Bonsai-27B as it ships: a PrismML Hadamard pack written and loaded by mlx-lm 0.32.2's own
-classes (``tests/bonsai_tiny_pack.py``), read by the workbench, and a layer of it checked with
+classes (``workbench.real_models.hadamard_pack_writer``), read by the workbench, and a layer of it checked with
 mlx-lm's own modules as the implementation under test."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ import copy
 import mlx.core as mx
 import numpy as np
 import pytest
-from bonsai_tiny_pack import load_pack, write_pack
 from mlx_lm.models import prism_hadamard_qwen35 as prism
 
 from workbench.check import CallableSubject, check_pack_tail
 from workbench.fold import AFFINE2, WeightMatrix
 from workbench.models import PACK_BLOCKS, PackError, pack_manifest, pack_refusals, read_pack
+from workbench.real_models import load_hadamard_pack as load_pack
+from workbench.real_models import write_hadamard_pack as write_pack
 from workbench.tail import fused_tail, host_tail, pack_tail_weights, random_inputs
 
 LAYER = 1  # the tiny model's full-attention layer (full_attention_interval 2)
