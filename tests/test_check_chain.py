@@ -285,3 +285,12 @@ def test_the_fault_models_a_link_has():
     assert "rope_position_plus_one" in link_faults("head") and "bias_dropped" not in link_faults("head")
     with pytest.raises(ValueError, match="fault: must be one of"):
         __import__("workbench.check", fromlist=["faulty_link"]).faulty_link("gdn", "nope")
+
+
+def test_a_metal_step_of_ones_own_as_the_chains_step_on_the_emulator(emulator):
+    # the step's Metal body of tests/test_check_gdn.py (a thread a value head: the chain's dims have 6), in the chain
+    from tests.test_check_gdn import _metal
+
+    rep = check_chain({"gdn": _metal()}, "tail,gdn_in,gdn", seeds=range(4), scales=[1.0], time_limit=None)
+    assert rep.passed and not rep.problems, str(rep)
+    assert rep.given == ["reference", "reference", "user_gdn_step"]
