@@ -28,11 +28,13 @@ from workbench.check.stored import stored_case
 from workbench.check.subjects import CallableSubject
 from workbench.fold.weights import DENSE_DTYPES
 from workbench.studies.cases import (
+    CASE_BLOCK,
     case_arrays,
     check_fold,
     check_quant_fits,
     check_seeds,
     check_shape,
+    draw_block,
     quant_spec,
 )
 from workbench.tail.comparison import max_abs_error, nmse, worst_scaled_error
@@ -191,7 +193,8 @@ def check_kernel(
                     check_quant_fits(spec, shp)
                     if where is not None:
                         where.check_fits(shp, len(scale_labels), fold)
-                    sizes.append(budget_mod.block_size(shp, len(scale_labels), budget))
+                    stored = "float32" if dtype == "float32" and spec is None else qlabel
+                    sizes.append(budget_mod.block_size(shp, stored, budget))
                     configs.append((shp, dtype, fold, qlabel, spec, q))
     if client is not None:  # shards of seeds as tasks on a Dask cluster, merged into one report
         from workbench.check.cluster import check_on_cluster
@@ -332,8 +335,7 @@ def _blocks(
                 problems += probs
             todo = seed_arr[~np.isin(seed_arr, np.fromiter(log.done(ci), dtype=np.int64))]
             bar.add(len(seed_arr) - len(todo))
-        for k in range(0, len(todo), size):
-            chunk = todo[k : k + size]
+        for chunk in _chunks(todo, size):
             said: list[str] = []
             cdf, fdf = _block(subject, calls, config, base, chunk, scale_labels, faults, eps, rerun, said, writer)
             problems += said
@@ -350,6 +352,25 @@ def _blocks(
         frames.append(cat)
         fframes += [fcat] if fcat is not None else []
     return frames, fframes
+
+
+def _chunks(seeds: np.ndarray, size: int) -> list[np.ndarray]:
+    """``seeds`` in runs of at most ``size``, a run never crossing a draw's block of
+    :data:`~workbench.studies.cases.CASE_BLOCK` seeds (so a run is drawn from one stream, in place)."""
+    if not len(seeds):
+        return []
+    cut = np.flatnonzero(np.diff(seeds // CASE_BLOCK) != 0) + 1
+    return [run[k : k + size] for run in np.split(seeds, cut) for k in range(0, len(run), size)]
+
+
+def _draw(shape: tuple[int, int, int], chunk: np.ndarray) -> Any:
+    """The cases of ``chunk``: ascending seeds of one draw block are drawn as they are
+    (``draw_block``: no concatenated and reordered copy, the same bits); any others through
+    ``case_arrays``."""
+    blk = chunk // CASE_BLOCK
+    if (blk == blk[0]).all() and (np.diff(chunk) > 0).all():
+        return draw_block(shape, int(blk[0]), chunk - blk[0] * CASE_BLOCK)
+    return case_arrays(shape, chunk)
 
 
 def _block(
@@ -371,7 +392,7 @@ def _block(
 
     shp, dtype, fold, qlabel, spec, _ = config
     scale_arr = np.array(scale_labels, dtype=np.float32)
-    c = case_arrays(shp, chunk)
+    c = _draw(shp, chunk)
     st = blocks.stored_block(c, dtype=dtype, fold=fold, spec=spec, eps=eps)
     B = c.branch[:, None, :] * scale_arr[None, :, None]
     R = c.residual[:, None, :] * scale_arr[None, :, None]
