@@ -20,6 +20,7 @@ from workbench import validate
 from workbench.check import blocks, shards
 from workbench.check import budget as budget_mod
 from workbench.check.calls import callers, rerun_difference, run_block, where_it_ran
+from workbench.check.draws import Draws
 from workbench.check.faults import FAULTS, applies, faulty_tail
 from workbench.check.progress import Progress
 from workbench.check.replay import DEFAULT_MAX_BYTES, ReplayDir, case_failures, case_metrics, write_reproducer
@@ -34,7 +35,6 @@ from workbench.studies.cases import (
     check_quant_fits,
     check_seeds,
     check_shape,
-    draw_block,
     quant_spec,
 )
 from workbench.tail.comparison import max_abs_error, nmse, worst_scaled_error
@@ -335,9 +335,11 @@ def _blocks(
                 problems += probs
             todo = seed_arr[~np.isin(seed_arr, np.fromiter(log.done(ci), dtype=np.int64))]
             bar.add(len(seed_arr) - len(todo))
+        draws = Draws(shp, min(size, len(todo))) if len(todo) else None
         for chunk in _chunks(todo, size):
             said: list[str] = []
-            cdf, fdf = _block(subject, calls, config, base, chunk, scale_labels, faults, eps, rerun, said, writer)
+            job = (config, base, chunk, draws)
+            cdf, fdf = _block(subject, calls, job, scale_labels, faults, eps, rerun, said, writer)
             problems += said
             cdfs.append(cdf)
             fdfs += [fdf] if fdf is not None else []
@@ -363,22 +365,20 @@ def _chunks(seeds: np.ndarray, size: int) -> list[np.ndarray]:
     return [run[k : k + size] for run in np.split(seeds, cut) for k in range(0, len(run), size)]
 
 
-def _draw(shape: tuple[int, int, int], chunk: np.ndarray) -> Any:
-    """The cases of ``chunk``: ascending seeds of one draw block are drawn as they are
-    (``draw_block``: no concatenated and reordered copy, the same bits); any others through
-    ``case_arrays``."""
+def _draw(shape: tuple[int, int, int], chunk: np.ndarray, draws: Draws) -> Any:
+    """The cases of ``chunk``: ascending seeds of one draw block are drawn into the
+    configuration's reused buffer (:class:`~workbench.check.draws.Draws`: ``draw_block``'s
+    bits, no concatenated and reordered copy); any others through ``case_arrays``."""
     blk = chunk // CASE_BLOCK
     if (blk == blk[0]).all() and (np.diff(chunk) > 0).all():
-        return draw_block(shape, int(blk[0]), chunk - blk[0] * CASE_BLOCK)
+        return draws.block(int(blk[0]), chunk - blk[0] * CASE_BLOCK)
     return case_arrays(shape, chunk)
 
 
 def _block(
     subject: Any,
     calls: Any,
-    config: tuple,
-    base: dict[str, Any],
-    chunk: np.ndarray,
+    job: tuple,
     scale_labels: list[float],
     faults: Sequence[str],
     eps: float,
@@ -387,12 +387,14 @@ def _block(
     writer: _Reproducers | None,
 ) -> tuple[Any, Any]:
     """One block of seeds of one configuration: the truth, the reference, the implementation's
-    runs and the fault models, as its case table and fault table (None: no fault ran)."""
+    runs and the fault models, as its case table and fault table (None: no fault ran); ``job``:
+    the configuration, its table columns, the block's seeds and the configuration's draws."""
     import pandas as pd
 
+    config, base, chunk, draws = job
     shp, dtype, fold, qlabel, spec, _ = config
     scale_arr = np.array(scale_labels, dtype=np.float32)
-    c = _draw(shp, chunk)
+    c = _draw(shp, chunk, draws)
     st = blocks.stored_block(c, dtype=dtype, fold=fold, spec=spec, eps=eps)
     B = c.branch[:, None, :] * scale_arr[None, :, None]
     R = c.residual[:, None, :] * scale_arr[None, :, None]
