@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tests.check_user_tails import correct, eps_outside
-from workbench.check import check_kernel, cluster_client
+from workbench.check import check_kernel, cluster_client, mutation_sweep_on_cluster, sweep_on_cluster
 from workbench.check.cluster import shards
 from workbench.check.cluster_worker import arrive, ship
 from workbench.check.subjects import CallableSubject
@@ -140,3 +140,35 @@ def test_an_importable_callable_goes_by_path():
     s = ship(CallableSubject(correct))
     assert (s.form, s.payload) == ("path", "tests.check_user_tails:correct")
     assert arrive(s).fn is correct
+
+
+def test_the_sweeps_on_the_cluster_are_the_serial_sweeps_bit_for_bit(client):
+    from workbench.studies import calibrate_by, mutation_sweep, sweep
+
+    # three blocks of CASE_BLOCK seeds (the last one partial), two shapes, two folds
+    kw = {"shapes": [(64, 96, 80), (32, 64, 48)], "seeds": range(100, 700, 2), "folds": (None, 16)}
+    serial = sweep(**kw)
+    spread = sweep_on_cluster(client, **kw)
+    pd.testing.assert_frame_equal(serial, spread, check_exact=True)
+    pd.testing.assert_frame_equal(calibrate_by(serial), calibrate_by(spread), check_exact=True)
+    few = {
+        "shapes": [(64, 96, 80)],
+        "seeds": [3, 300, 1],
+        "folds": (16,),
+        "mutations": ("dropped_residual", "rotation_skipped"),
+    }
+    pd.testing.assert_frame_equal(mutation_sweep(**few), mutation_sweep_on_cluster(client, **few), check_exact=True)
+
+
+def test_the_command_runs_on_workers_and_refuses_what_does_not_go_together(capsys):
+    from workbench.check.__main__ import main
+
+    assert main(["tests.check_user_tails:correct", "--seeds", "4", "--scales", "1", "--workers", "2"]) == 0
+    assert "run on a Dask cluster" in capsys.readouterr().out
+    for argv, says in (
+        (["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"], "--workers: a --scheduler's cluster"),
+        (["--workers", "0"], "--workers"),
+    ):
+        with pytest.raises(SystemExit) as done:
+            main(["tests.check_user_tails:correct", *argv])
+        assert done.value.code == 2 and says in capsys.readouterr().err

@@ -26,12 +26,15 @@ projection of it (Q/K/V, a recurrent layer's) checked on its own.
 float64 truth and faults, float32 reference, cases, forms, check and report; ``head_dump``
 an engine's dumped heads, read, written and judged; ``head_mutants`` a head kernel's source
 mutants through the head's check.
-``chain_links``, ``chain_wiring``, ``chain_run``, ``chain_report``: parts chained as the
-engine launches them (the tail, the next layer's input norm and projections, its recurrent
-step), each link's oracle and reference, the chain wired and its cases, the check against
-the chained float64 truth and its report. ``cluster`` the check's shards of seeds on a Dask
+``chain_links``, ``chain_wiring``, ``chain_forms``, ``chain_run``, ``chain_report``: parts
+chained as the engine launches them (the tail, the next layer's input norm and projections,
+its recurrent step, the next head), each link's oracle and reference, the chain wired and its
+cases, a part's own forms (kernels folder, source) as links, the check against the chained
+float64 truth and its report; ``chain_faults`` each link's fault models run in a chain, and
+whether the faulty link is the one named first. ``cluster`` the check's shards of seeds on a Dask
 cluster (``check_kernel(..., client=)``), ``cluster_worker`` what a worker runs and how the
-subject reaches it, ``cluster_callables`` a callable sent by value made importable there. The
+subject reaches it, ``cluster_callables`` a callable sent by value made importable there,
+``cluster_sweeps`` the error sweeps there, a task a block of seeds. The
 command is ``__main__`` (the tail) with ``gdn_command`` (``--part gdn``) and ``chain_command``
 (``--chain``) and ``head_command`` (``--part head``), over ``command_args`` (what they parse alike).
 
@@ -49,6 +52,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "shards": ("merge_reports", "read_report", "write_tables", "Journal"),
         "budget": ("default_budget",),
         "cluster": ("cluster_client",),
+        "cluster_sweeps": ("sweep_on_cluster", "mutation_sweep_on_cluster"),
         "report": ("CheckReport",),
         "dump": ("write_layer", "read_layer", "DumpError"),
         "replay": ("replay", "read_reproducer", "Replay"),
@@ -80,6 +84,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "chain_wiring": ("Chain", "ChainCase", "LinkCase", "wire"),
         "chain_run": ("check_chain", "chained_outputs", "CHAIN_SCALES", "CHAIN_GATES", "CHAIN_STATE_SCALES"),
         "chain_report": ("ChainReport",),
+        "chain_faults": ("chain_fault_table", "faulty_link", "link_faults", "GDN_IN_FAULTS"),
     },
 )
 

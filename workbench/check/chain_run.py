@@ -24,6 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import validate
+from workbench.check.chain_forms import link_callable
 from workbench.check.chain_links import ChainDims
 from workbench.check.chain_report import ChainReport
 from workbench.check.chain_wiring import Chain, ChainCase, LinkCase, Wired, draw_case, link_inputs, wire
@@ -88,11 +89,19 @@ def returned_outputs(w: Wired, value: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def _subject(subject: Any, chain: Chain) -> tuple[str, Any]:
-    """``("one", fn)`` for one implementation, ``("links", [fn or None a link])`` for one a link."""
+def _shown(f: Any) -> str:
+    """How the report names what ran a link: a function's name, a form's ``name``."""
+    if f is None:
+        return REFERENCE
+    return str(getattr(f, "__name__", None) or getattr(f, "name", None) or type(f).__name__)
+
+
+def _subject(subject: Any, chain: Chain) -> tuple[str, Any, list[str]]:
+    """``("one", fn, [])`` for one implementation, ``("links", [fn or None a link], names)``
+    for one a link (a part's form made the link's callable: :mod:`workbench.check.chain_forms`)."""
     names = chain.names
     if callable(subject) and not isinstance(subject, (Mapping, Sequence)):
-        return "one", subject
+        return "one", subject, []
     if isinstance(subject, Mapping):
         unknown = sorted(set(map(str, subject)) - set(names))
         if unknown:
@@ -103,12 +112,8 @@ def _subject(subject: Any, chain: Chain) -> tuple[str, Any]:
             raise ValueError(
                 f"subject: one callable (or None) a link, {len(names)} for {list(names)}, got {len(subject)}"
             )
-        for n, f in zip(names, subject):
-            if f is not None and not callable(f):
-                raise ValueError(
-                    f"subject: link {n}: must be a callable (LinkCase -> outputs) or None, got {validate.describe(f)}"
-                )
-        return "links", list(subject)
+        fns = [None if f is None else link_callable(n, f, chain.dims) for n, f in zip(names, subject)]
+        return "links", fns, [_shown(f) for f in subject]
     raise ValueError(
         "subject: must be a callable (ChainCase -> every link's outputs), or one callable (or None: the "
         f"reference) a link, as a sequence or a mapping by link name, got {validate.describe(subject)}"
@@ -274,7 +279,7 @@ def check_chain(
     ``time_limit``: seconds one call of the user's may take (None: no limit), a call past it
     reported as that case's problem, the check going on."""
     chain = wire(links, dims)
-    kind, fn = ("none", None) if subject is None else _subject(subject, chain)
+    kind, fn, given = ("none", None, []) if subject is None else _subject(subject, chain)
     conds = _conditions(scales, gates, state_scales)
     seed_arr = check_seeds(seeds)
     user = None if tolerance is None else float(validate.number("tolerance", tolerance, minimum=0))
@@ -295,7 +300,4 @@ def check_chain(
             rows.append({"scale": scale, "gate": gate, "state_scale": st, "seed": int(s)})
     mx.clear_cache()
     shown = name or ("" if fn is None else getattr(fn, "__qualname__", "chain" if kind == "one" else "links"))
-    given = (
-        [] if kind != "links" else [REFERENCE if f is None else getattr(f, "__name__", type(f).__name__) for f in fn]
-    )
     return ChainReport.build(chain, shown, kind, given, rows, sub_err, ref_err, problems, user)

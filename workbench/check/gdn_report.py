@@ -90,6 +90,8 @@ class StepReport:
     part: str = "gdn"
     #: What the check verified of the subject, in words (where it ran, its guards).
     checked: list[str] = field(default_factory=list)
+    #: The reproducers written (``check_step(replay_dir=...)``), one a failing run.
+    reproducers: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
