@@ -1,7 +1,8 @@
 """The tail's check at the shapes users ship: seconds a seed beside this machine's floor,
 with and without the fault models, and the peak memory of a run.
 
-The subject is notebook 07's numpy tail (``my_tail``, its code repeated here, unfolded
+The subject is notebook 07's numpy tail (``bench.common.user_tail.my_tail``, its code
+repeated there, importable: the check runs it in a worker process of its own; unfolded
 cases). The floor is measured in the same run, by a plain loop (:func:`floor_seconds`) that
 does the least a check of a seed must: draw the case's floats into reused buffers (numpy's
 PCG64, float32, as the check's draw), the float64 truth at the three input scales (each
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import cli, record
+from bench.common.user_tail import my_tail
 from workbench.check import CallableSubject, StoredCase, StoredMatrix, check_kernel
 
 #: SmolLM2-135M's tail, a 2,048-wide layer, Bonsai-27B's (hidden, branch, ffn).
@@ -52,32 +54,6 @@ SCALES = (0.01, 1.0, 100.0)
 #: jobs, OpenBLAS's second thread spins on a busy core (the floor at 576 took 0.78 s a seed
 #: with two threads, 0.07 s with one, at a load average of 10).
 THREADS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-
-
-def walsh_hadamard(x, block):
-    """Notebook 07's: orthonormal fast Walsh-Hadamard transform over consecutive blocks of the last axis."""
-    y = np.array(x, dtype=np.float32).reshape(-1, block)
-    h = 1
-    while h < block:
-        y = y.reshape(len(y), -1, 2, h)
-        a, b = y[:, :, 0, :].copy(), y[:, :, 1, :].copy()
-        y[:, :, 0, :], y[:, :, 1, :] = a + b, a - b
-        y = y.reshape(len(y), block)
-        h *= 2
-    return (y / np.float32(np.sqrt(block))).reshape(np.shape(x))
-
-
-def my_tail(case):
-    """Notebook 07's numpy tail (the subject of every figure)."""
-    x = np.asarray(case.branch, np.float32)
-    if case.fold is not None:
-        x = walsh_hadamard(x * case.fold.signs, case.fold.block)
-    h = case.residual + case.wo.dense() @ x
-    mean_sq = np.float32(np.dot(h, h) / h.size)
-    inv = 1 / np.sqrt(mean_sq + np.float32(case.eps))
-    n = h * np.float32(inv) * case.ffn_norm
-    g, u = case.gate.dense() @ n, case.up.dense() @ n
-    return h + case.down.dense() @ (g / (1 + np.exp(-g)) * u)
 
 
 def _tail(w: dict[str, np.ndarray], norm: np.ndarray, x: np.ndarray, r: np.ndarray, dt: Any, buf: Any = None):
@@ -131,10 +107,8 @@ def one(shape: tuple[int, int, int], seeds: int, faults: bool, budget: int) -> d
         per_seed = floor_seconds(shape, seeds)
         rep = None
     else:
-        from bench.check_shapes import my_tail as subject  # by its module's name: run in a worker process
-
         rep = check_kernel(
-            CallableSubject(subject, name="my_tail"),
+            CallableSubject(my_tail, name="my_tail"),  # importable: run in a worker process of its own
             shapes=[shape],
             seeds=range(seeds),
             folds=(None,),
