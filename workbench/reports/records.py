@@ -240,6 +240,12 @@ KINDS: dict[str, RecordKind] = {
             "peak memory",
         ),
         RecordKind(
+            "check_bonsai_pack",
+            1,
+            (*_HEAD, "numpy_version", "python", "cpu_count", "target", "notes", "results"),
+            "a Hadamard pack's layer at Bonsai-27B's shape checked in one call: seconds, peak memory, verdict",
+        ),
+        RecordKind(
             "check_cluster",
             1,
             (*_HEAD, "numpy_version", "python", "cpu_count", "target", "notes", "results"),
