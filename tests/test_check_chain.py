@@ -322,3 +322,20 @@ def test_a_run_through_mlx_lm_pieces_passes_and_a_fault_in_the_second_layer_is_n
     ]
     bad = check_chain({"gdn@2": faulty_link("gdn", "state_bfloat16")}, RUN, seeds=range(12))
     assert bad.first_failing == "gdn@2" and "gdn" not in bad.failing
+
+
+def test_a_case_not_of_the_chain_is_refused_naming_link_part_and_tensor():
+    import dataclasses
+
+    chain = wire("tail,gdn_in,gdn")
+    case = draw_case(chain, 0, scale=1.0, gate="typical", state_scale=1.0, label="x")
+    bad_w = {**case.weights, "gdn_in": {**case.weights["gdn_in"], "in_proj_z": np.zeros((3, 3), np.float32)}}
+    with pytest.raises(ValueError, match=r"case: link 2 gdn_in \(part gdn_in\), tensor in_proj_z: shape \(3, 3\)"):
+        chained_outputs(chain, dataclasses.replace(case, weights=bad_w), truth=True)
+    bad_x = {**case.inputs, "state": case.inputs["state"][:1]}
+    with pytest.raises(ValueError, match="case: the chain's inputs, tensor state: shape"):
+        chained_outputs(chain, dataclasses.replace(case, inputs=bad_x), truth=False)
+    with pytest.raises(ValueError, match=r"case: its links \['tail'\] are not the chain's"):
+        chained_outputs(chain, dataclasses.replace(case, links=("tail",)), truth=True)
+    with pytest.raises(ValueError, match="case: must be a ChainCase"):
+        chained_outputs(chain, {}, truth=True)

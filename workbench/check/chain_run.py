@@ -27,7 +27,16 @@ from workbench import validate
 from workbench.check.chain_forms import link_callable
 from workbench.check.chain_links import ChainDims
 from workbench.check.chain_report import ChainReport
-from workbench.check.chain_wiring import Chain, ChainCase, LinkCase, Wired, draw_case, link_inputs, wire
+from workbench.check.chain_wiring import (
+    Chain,
+    ChainCase,
+    LinkCase,
+    Wired,
+    check_case,
+    draw_case,
+    link_inputs,
+    wire,
+)
 from workbench.check.gdn_cases import GATES
 from workbench.check.stored import as_numpy
 from workbench.check.subjects import SubjectError
@@ -123,7 +132,11 @@ def _subject(subject: Any, chain: Chain) -> tuple[str, Any, list[str]]:
 
 
 def chained_outputs(chain: Chain, case: ChainCase, *, truth: bool) -> list[dict[str, np.ndarray]]:
-    """Every link's outputs on ``case``: the float64 oracles chained (``truth``) or the float32 references."""
+    """Every link's outputs on ``case``: the float64 oracles chained (``truth``) or the float32
+    references; a case that is not the chain's is a ValueError naming link, part and tensor."""
+    if not isinstance(chain, Chain):
+        raise ValueError(f"chain: must be a Chain (workbench.check.wire), got {validate.describe(chain)}")
+    check_case(chain, case)
     x: Mapping[str, np.ndarray] = {k: v.astype(np.float64) for k, v in case.inputs.items()} if truth else case.inputs
     outs: list[dict[str, np.ndarray]] = []
     for w in chain.links:

@@ -174,3 +174,35 @@ def draw_case(chain: Chain, seed: int, *, scale: float, gate: str, state_scale: 
 def link_inputs(w: Wired, chain_inputs: Mapping[str, Any], outputs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What link ``w`` reads: from ``outputs`` (each earlier link's, by position) or the chain's inputs."""
     return {x: chain_inputs[n] if p is None else outputs[p][n] for x, (p, n) in w.sources.items()}
+
+
+def _tensor(where: str, name: str, value: Any, want: tuple[int, ...]) -> None:
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+        raise ValueError(f"case: {where}, tensor {name}: must be a float numpy array, got {validate.describe(value)}")
+    if tuple(value.shape) != tuple(want):
+        raise ValueError(f"case: {where}, tensor {name}: shape {tuple(value.shape)}, expected {tuple(want)}")
+
+
+def check_case(chain: Chain, case: Any) -> ChainCase:
+    """``case`` if it is a case of ``chain`` (its links, every chain input and every link's
+    weights there, each of the shape the wiring gives), else a ValueError naming the link, its
+    part and the tensor."""
+    if not isinstance(case, ChainCase):
+        raise ValueError(f"case: must be a ChainCase, got {validate.describe(case)}")
+    if tuple(case.links) != chain.names:
+        raise ValueError(f"case: its links {list(case.links)} are not the chain's {list(chain.names)}")
+    if not isinstance(case.inputs, dict) or not isinstance(case.weights, dict):
+        raise ValueError("case: inputs and weights must be dicts (tensor name -> array; link -> its weights)")
+    for name, shape in chain.inputs.items():
+        if name not in case.inputs:
+            raise ValueError(f"case: the chain's input {name!r} is missing (it has {sorted(case.inputs)})")
+        _tensor("the chain's inputs", name, case.inputs[name], shape)
+    for w in chain.links:
+        got = case.weights.get(w.name)
+        if not isinstance(got, dict):
+            raise ValueError(f"case: {w.label}: its weights are missing, got {validate.describe(got)}")
+        for name, shape in w.weight_shapes.items():
+            if name not in got:
+                raise ValueError(f"case: {w.label}, tensor {name}: missing (its weights have {sorted(got)})")
+            _tensor(w.label, name, got[name], shape)
+    return case
