@@ -12,6 +12,13 @@ CPU time per emulated GPU thread (the three launches' grids). The first emulated
 compiles the sources, or verifies and loads them from the compile cache) is reported apart
 as the cold cost, and the device buffers mapped during the timed rounds are counted (the
 emulator keeps them from launch to launch: none once the first tails have run).
+
+The cost of rounding half arithmetic at every operation (the stand-in header's native half:
+each operation a float operation and a software rounding, runtime.c's ``__gnu_f2h_ieee``)
+is timed beside it: a user-style kernel of 32 dependent half multiply-adds a thread over
+4,096 threads through ``workbench.metal_kernel`` (one schedule), against the same kernel
+text with ``float`` for ``half`` (``half_vs_float_cpu``; the tail itself does no half
+arithmetic, it only converts halves, so its cost does not move with it).
 """
 
 from __future__ import annotations
@@ -23,11 +30,40 @@ from typing import Any
 import mlx.core as mx
 
 from bench.common import cli, record, timing
-from workbench import fused_tail, seed_case
+from workbench import fused_tail, metal_kernel, seed_case
 from workbench.kernels import DEFAULT_ORDER, DEFAULT_SCHEDULES, SCHEDULES, buffers_mapped, emulated_tail, prepared
 from workbench.tail import tail_launch
 
 TARGET_MS = 3.0
+
+#: The half-arithmetic kernel (T: half, or float for the baseline): 32 dependent multiply-adds
+#: a thread, each two roundings in half.
+CHAIN = """
+uint i = thread_position_in_grid.x;
+T a = T(x[i]), b = T(0.999f);
+for (int k = 0; k < 32; ++k) a = a * b + T(0.001f);
+out[i] = float(a);
+"""
+CHAIN_THREADS = 4096
+
+
+def _chain(kind: str):
+    """A call of the chain kernel computing in ``kind`` (``half`` or ``float``)."""
+    kernel = metal_kernel(name=f"chain_{kind}", input_names=["x"], output_names=["out"], source=CHAIN)
+    x = mx.arange(CHAIN_THREADS, dtype=mx.float32) / CHAIN_THREADS
+
+    def call() -> None:
+        kernel(
+            inputs=[x],
+            template=[("T", mx.float16 if kind == "half" else mx.float32)],
+            grid=(CHAIN_THREADS, 1, 1),
+            threadgroup=(256, 1, 1),
+            output_shapes=[(CHAIN_THREADS,)],
+            output_dtypes=[mx.float32],
+            order="ascending",
+        )
+
+    return call
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -59,6 +95,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cold = (time.perf_counter() - t0) * 1e3
     one = f"emulated {args.order}"
     paths = {"metal-emulated": emulated, one: one_schedule, "graph": graph}
+    paths |= {"half chain (per-op rounding)": _chain("half"), "float chain": _chain("float")}
+    for k in ("half chain (per-op rounding)", "float chain"):
+        paths[k]()  # compiled and its buffers mapped before the count below, as the tail's were
     mapped = buffers_mapped()
     times = timing.time_rounds(paths, args.n, warmup=2)
     mapped = buffers_mapped() - mapped  # after the warm-up's first tails: 0 expected
@@ -83,6 +122,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"emulated / graph: {ratio:.1f}x wall, {cpu_ratio:.1f}x CPU; target {TARGET_MS} ms a tail: "
         f"{'met' if rows[0]['median_ms'] <= TARGET_MS else 'NOT met'}; first call {cold:.1f} ms"
     )
+    half_cost = rows[3]["cpu_ms"] / rows[4]["cpu_ms"]
+    print(f"half arithmetic rounded at every operation / the same kernel in float: {half_cost:.2f}x CPU")
     print(
         f"{threads} emulated GPU threads a tail: {rows[0]['cpu_ms'] * 1e3 / threads:.2f} us of CPU a thread; "
         f"device buffers mapped over the timed tails: {mapped}"
@@ -90,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rec = {
         **record.provenance("emulator_cost", argv),
         "what": "the fused tail emulated on the CPU (default schedules and one) vs the graph tail, "
-        "frink-models' seed case",
+        "frink-models' seed case; and a half-arithmetic kernel vs the same in float",
         "target_ms": TARGET_MS,
         "cold_ms": cold,
         "ratio": ratio,
@@ -98,6 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "default_schedules": list(DEFAULT_SCHEDULES),
         "one_schedule": args.order,
         "default_vs_one_cpu": default_cost,
+        "half_vs_float_cpu": half_cost,
+        "chain_threads": CHAIN_THREADS,
         "threads_per_tail": threads,
         "buffers_mapped_timed": mapped,
         "results": rows,

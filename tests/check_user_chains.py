@@ -149,3 +149,37 @@ def qwen35_chain_zero_centred_twice(case):
     attn, lin = qwen35_layers(case)
     lin.input_layernorm.weight = 1 + lin.input_layernorm.weight
     return qwen35_chain(case, layers=(attn, lin))
+
+
+def mlx_lm_gdn_link(c):
+    """The gdn link around mlx-lm's own recurrence (``gated_delta_ops``; tests.test_check_gdn)."""
+    from types import SimpleNamespace
+
+    from tests.test_check_gdn import mlx_lm_step
+
+    s = SimpleNamespace(**{k: mx.array(v) for k, v in {**c.inputs, **c.weights}.items()})
+    s.eps, s.k_heads = c.dims.eps, c.dims.k_heads
+    return mlx_lm_step("ops")(s)
+
+
+def mlx_lm_head_link(c):
+    """The head link as mlx-lm's Qwen3NextAttention runs it (tests.test_check_head's ``mlx_lm_head``)."""
+    from types import SimpleNamespace
+
+    from tests.test_check_head import mlx_lm_head
+
+    h = SimpleNamespace(**{k: mx.array(v) for k, v in {**c.inputs, **c.weights}.items()})
+    h.position = c.dims.position
+    return mlx_lm_head(c.dims.head_spec())(h)
+
+
+def mlx_lm_head_rope_at_next_position(c):
+    """The head with a fault: RoPE at position + 1 (the cache's offset read after its update)."""
+    from dataclasses import replace
+
+    return mlx_lm_head_link(replace(c, dims=replace(c.dims, position=c.dims.position + 1)))
+
+
+#: The recurrent run's last step, the layer's out_proj and FFN as the tail, the next head: a
+#: callable a link, mlx-lm's recurrence and attention head around a numpy tail.
+RUN_END = {"gdn": mlx_lm_gdn_link, "tail": numpy_link("tail"), "head": mlx_lm_head_link}

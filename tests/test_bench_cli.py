@@ -25,6 +25,7 @@ from workbench.waits import ledger as wait_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = (
+    "check_cluster",
     "check_gdn_rate",
     "check_rate",
     "emulator_cost",

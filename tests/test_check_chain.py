@@ -118,7 +118,7 @@ def test_a_bad_chain_is_refused_naming_it(links, message):
     [
         ({"subject": [None, None]}, "subject: one callable .* a link, 3 for"),
         ({"subject": {"tial": None}}, r"subject: names links \['tial'\]"),
-        ({"subject": [None, 3, None]}, "subject: link gdn_in: must be a callable"),
+        ({"subject": [None, 3, None]}, "subject: link gdn_in: must be a function of a LinkCase"),
         ({"dims": {"hidden": 64}}, "dims: must be a ChainDims"),
         ({"scales": [0]}, "scales"),
         ({"gates": ["sticky"]}, "gates"),
@@ -191,3 +191,61 @@ def test_one_implementation_that_leaves_out_a_link_is_named():
 def test_the_reference_alone_judges_nothing():
     rep = check_chain(None, seeds=range(2))
     assert not rep.passed and not rep.errors and "reference chain alone" in str(rep)
+
+
+def test_the_run_end_then_the_next_head_through_mlx_lm_pieces_passes_and_a_rope_fault_is_named():
+    from tests.check_user_chains import RUN_END, mlx_lm_head_rope_at_next_position
+
+    rep = check_chain(RUN_END, "gdn,tail,head", seeds=SEEDS)
+    assert rep.passed, str(rep)
+    assert [r["run by"] for r in rep.rows()] == ["mlx_lm_gdn_link", "tail", "mlx_lm_head_link"]
+    bad = check_chain({**RUN_END, "head": mlx_lm_head_rope_at_next_position}, "gdn,tail,head", seeds=SEEDS)
+    assert bad.failing == ["head"]
+
+
+def test_a_call_past_the_time_limit_is_that_cases_problem_and_the_check_goes_on():
+    import time
+
+    def slow_on_seed_1(c):
+        if c.case.endswith("seed 1"):
+            time.sleep(1.0)
+        return numpy_link("tail")(c)
+
+    rep = check_chain({"tail": slow_on_seed_1}, seeds=range(3), scales=[1.0], time_limit=0.3)
+    assert len(rep.problems) == 1 and "seed 1: raised TimeoutError: took over 0.3 s (time_limit)" in rep.problems[0]
+    assert rep.first_failing == "tail"  # a case that gave nothing usable fails its link
+    with pytest.raises(ValueError, match="time_limit"):
+        check_chain(qwen35_chain, seeds=range(1), time_limit=0)
+
+
+def test_a_parts_own_forms_run_as_links_and_a_form_of_another_part_is_refused():
+    from tests.check_user_steps import correct
+    from workbench.check import CallableHead, CallableStep
+    from workbench.check.gdn_subjects import KernelsFolderStep
+
+    def numpy_head(h):
+        return LINKS["head"].reference(
+            {k: getattr(h, k) for k in ("attn_norm", "q_w", "k_w", "v_w", "q_norm", "k_norm")},
+            {"hidden": h.hidden},
+            ChainDims(position=h.position),
+        )
+
+    links = {"gdn": CallableStep(correct, name="correct"), "head": CallableHead(numpy_head, name="numpy_head")}
+    rep = check_chain(links, "gdn,tail,head", seeds=range(8))
+    assert rep.passed, str(rep)
+    assert rep.given == ["correct", "reference", "numpy_head"]
+    with pytest.raises(
+        ValueError, match="subject: link tail: must be a function of a LinkCase, a KernelsFolderSubject"
+    ):
+        check_chain({"tail": KernelsFolderStep("kernels")}, seeds=range(1))
+
+
+def test_the_workbenchs_own_kernels_folder_as_the_tail_and_the_step_on_the_emulator(emulator):
+    from workbench.check import KernelsFolderSubject
+    from workbench.check.gdn_subjects import KernelsFolderStep
+    from workbench.files import PROJECT_ROOT
+
+    folder = PROJECT_ROOT / "kernels"
+    links = {"tail": KernelsFolderSubject(folder), "gdn": KernelsFolderStep(folder)}
+    rep = check_chain(links, "tail,gdn_in,gdn", seeds=range(4), scales=[1.0], time_limit=None)
+    assert rep.passed and rep.given == ["kernels", "reference", "kernels"], str(rep)

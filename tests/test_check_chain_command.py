@@ -61,3 +61,11 @@ def test_a_callable_a_link_the_others_the_reference(capsys):
 )
 def test_bad_options_end_in_one_line_naming_the_option(argv, says, capsys):
     assert says in _refused(argv, capsys)
+
+
+def test_a_kernels_folder_as_a_link_on_the_emulator(emulator, capsys):
+    argv = [*CHAIN, "--link", "tail=kernels", "--link", "gdn=kernels", "--seeds", "3", "--scales", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and out.count("run by kernels") == 2
+    assert "a kernels folder runs the tail and gdn links only" in _refused([*CHAIN, "--link", "gdn_in=kernels"], capsys)

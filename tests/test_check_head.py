@@ -3,87 +3,23 @@ against mlx-lm's own modules, its faults caught where they should be, and bad in
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
+from tests.check_user_heads import METAL_BODY, METAL_INPUTS, METAL_INTERLEAVED, METAL_TEMPLATE, mlx_lm_head, numpy_head
 from workbench.check import (
     DEFAULT_HEAD_SPECS,
     HEAD_FAULTS,
     CallableHead,
+    HeadSource,
     HeadSpec,
-    HeadWeights,
+    KernelsFolderHead,
     check_head,
     head_exact,
     part,
 )
 from workbench.check.head_cases import draw_head_cases
-from workbench.check.head_math import applies, head_block
-
-
-def numpy_head(fault=None):
-    """A float32 numpy head (the fault models' arithmetic), one case at a time, as a user's callable."""
-
-    def fn(h):
-        c = {
-            k: None if getattr(h, k) is None else np.asarray(getattr(h, k), np.float32)[None]
-            for k in HeadWeights.ARRAYS
-        }
-        w = HeadWeights(**c, rotations=() if h.fold is None else (h.fold,))
-        out = head_block(h.spec, w, np.asarray(h.hidden, np.float32)[None], np.array([h.position]), fault=fault)
-        return tuple(out[k][0] for k in h.spec.outputs)
-
-    fn.__qualname__ = f"numpy_head[{fault}]"
-    return fn
-
-
-def mlx_lm_head(spec: HeadSpec):
-    """mlx-lm 0.32.2's Qwen3NextAttention (Qwen3.5's attention) and an nn.RMSNorm input norm,
-    built from a tiny config, each case's weights loaded into its modules, run in __call__'s order."""
-    from mlx_lm.models import qwen3_next as q3
-
-    args = q3.ModelArgs(
-        model_type="qwen3_next",
-        hidden_size=spec.hidden,
-        num_hidden_layers=1,
-        intermediate_size=64,
-        num_attention_heads=spec.q_heads,
-        linear_num_value_heads=2,
-        linear_num_key_heads=1,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_conv_kernel_dim=4,
-        num_experts=0,
-        num_experts_per_tok=0,
-        decoder_sparse_step=1,
-        shared_expert_intermediate_size=0,
-        mlp_only_layers=[],
-        moe_intermediate_size=0,
-        rms_norm_eps=spec.eps,
-        vocab_size=16,
-        num_key_value_heads=spec.kv_heads,
-        rope_theta=spec.rope_theta,
-        partial_rotary_factor=spec.rotary_dim / spec.head_dim,
-        max_position_embeddings=1 << 16,
-        head_dim=spec.head_dim,
-    )
-    attn = q3.Qwen3NextAttention(args)
-    norm = __import__("mlx.nn", fromlist=["RMSNorm"]).RMSNorm(spec.hidden, eps=spec.eps)
-
-    def fn(h):
-        norm.weight = h.attn_norm
-        attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight = h.q_w, h.k_w, h.v_w
-        attn.q_norm.weight, attn.k_norm.weight = h.q_norm, h.k_norm
-        x = norm(h.hidden.reshape(1, 1, -1))
-        b, n = 1, 1
-        queries, gate = mx.split(attn.q_proj(x).reshape(b, n, attn.num_attention_heads, -1), 2, axis=-1)
-        keys, values = attn.k_proj(x), attn.v_proj(x)
-        queries = attn.q_norm(queries).transpose(0, 2, 1, 3)
-        keys = attn.k_norm(keys.reshape(b, n, attn.num_key_value_heads, -1)).transpose(0, 2, 1, 3)
-        queries, keys = attn.rope(queries, offset=h.position), attn.rope(keys, offset=h.position)
-        return queries.reshape(-1), keys.reshape(-1), values.reshape(-1), gate.reshape(-1)
-
-    return fn
+from workbench.check.head_math import applies
 
 
 def test_mlx_lm_qwen35_attention_head_judged_correct_at_several_positions():
@@ -161,3 +97,134 @@ def test_a_spec_refuses_what_its_shape_cannot_have():
         HeadSpec("launch", 64, 4, 2, 16, qk_norm=True)
     with pytest.raises(ValueError, match="^rotary_dim: must be even"):
         HeadSpec("model", 64, 4, 2, 16, rotary_dim=5)
+
+
+def _source(body=METAL_BODY):
+    return HeadSource(
+        body, METAL_INPUTS, grid=(6, 1, 1), threadgroup=(6, 1, 1), template=METAL_TEMPLATE, name="my_head"
+    )
+
+
+def test_a_metal_head_on_the_emulator_passes_and_its_interleaved_rope_fails_past_position_0(emulator):
+    rep = check_head(_source(), seeds=range(8), positions=(0, 4095), faults=())
+    assert rep.passed, str(rep)
+    bad = check_head(_source(METAL_INTERLEAVED), seeds=range(8), positions=(0, 4095), faults=())
+    assert [c["position"] for t, c in zip(bad.tests, bad.conditions) if t.rejected] == [4095, 4095]
+    assert "worst tensor: q" in bad.reasons[0] or "worst tensor: k" in bad.reasons[0]
+
+
+def test_the_workbench_head_launch_as_a_kernels_folder(tmp_path, emulator):
+    import shutil
+
+    from workbench.files import PROJECT_ROOT
+
+    folder = tmp_path / "k"
+    shutil.copytree(PROJECT_ROOT / "kernels", folder)
+    rep = check_head(KernelsFolderHead(folder), specs=["launch"], seeds=range(8))
+    assert rep.passed, str(rep)
+    assert rep.caught_where()["fold_q_only"] and rep.caught_where()["bias_dropped"]
+    # the launch computes the launch shape only: a model head is every case's problem, named
+    refused = check_head(KernelsFolderHead(folder), specs=["model"], seeds=range(2), positions=(0,), faults=())
+    assert not refused.passed and "the 'launch' shape" in refused.problems[0]
+
+
+def test_mutants_of_a_metal_head_are_caught_or_named_equivalent(emulator):
+    from workbench.check.head_mutants import head_mutant_study
+
+    study = head_mutant_study(_source(), seeds=range(4), scales=(1e-3, 1.0), positions=(0, 100))
+    c = study.counts()
+    assert study.original_passed and study.original_same_bits and len(study.table) >= 6
+    assert c["missed"] == 0, str(study)
+    assert c["caught"] >= 4
+
+
+@pytest.mark.cuda
+def test_a_cuda_head_runs_on_an_nvidia_gpu():
+    """On an NVIDIA GPU: the same head in CUDA through mx.fast.cuda_kernel, judged correct."""
+    from tests.check_user_heads import CUDA_BODY
+    from workbench import backends
+
+    try:
+        backends.resolve_backend("cuda")
+    except backends.BackendUnavailable as e:
+        pytest.skip(f"cuda: {e}")
+    src = HeadSource(
+        CUDA_BODY,
+        METAL_INPUTS,
+        grid=(6, 1, 1),
+        threadgroup=(6, 1, 1),
+        template=METAL_TEMPLATE,
+        language="cuda",
+        run_on="device",
+        name="my_cuda_head",
+    )
+    rep = check_head(src, seeds=range(12), faults=())
+    assert rep.passed, str(rep)
+
+
+def test_the_cuda_form_says_why_it_cannot_run_here():
+    from tests.check_user_heads import CUDA_BODY
+    from workbench import backends
+
+    if "cuda" in backends.available_backends():
+        pytest.skip("an NVIDIA GPU is present: the CUDA form runs (test above)")
+    with pytest.raises(backends.BackendUnavailable):
+        HeadSource(CUDA_BODY, METAL_INPUTS, language="cuda", run_on="device")
+
+
+def test_a_head_handed_torch_tensors():
+    torch = pytest.importorskip("torch")
+
+    def torch_head(h):
+        assert isinstance(h.q_w, torch.Tensor)
+        return numpy_head()(
+            h.__class__(*(v.numpy() if isinstance(v, torch.Tensor) else v for v in h.__dict__.values()))
+        )
+
+    rep = check_head(CallableHead(torch_head, arrays="torch"), seeds=range(4), positions=(1,), faults=())
+    assert rep.passed, str(rep)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (
+            lambda out: (out[0], out[1].astype("float16"), *out[2:]),
+            "tensor k: returned dtype float16, expected float32",
+        ),
+        (lambda out: (out[0], out[1], out[2] * float("nan"), out[3]), "tensor v: not finite (NaN or inf)"),
+        (lambda out: out[:3], "expected (q, k, v, gate)"),
+        (lambda out: (out[0].tolist(), *out[1:]), "tensor q: returned list"),
+    ],
+)
+def test_what_a_head_returns_wrong_is_named_by_part_case_and_tensor(change, said):
+    rep = check_head(lambda h: change(numpy_head()(h)), seeds=range(2), scales=(1.0,), positions=(0,), faults=())
+    assert not rep.passed and rep.problems[0].startswith("part head, case ") and said in rep.problems[0]
+
+
+def test_a_metal_head_of_the_launch_shape_reads_the_shared_rotation(emulator):
+    from tests.check_user_heads import METAL_LAUNCH_BODY, METAL_LAUNCH_INPUTS
+
+    rows = 4 * 16 + 2 * 2 * 16
+    tpl = {"HID": "HID", "QR": "QR", "HKV": "HKV", "D": "D"}
+    src = HeadSource(METAL_LAUNCH_BODY, METAL_LAUNCH_INPUTS, grid=(rows, 1, 1), threadgroup=(32, 1, 1), template=tpl)
+    rep = check_head(src, specs=["launch"], seeds=range(8), faults=())
+    assert rep.passed, str(rep)
+    unrotated = src.with_source(METAL_LAUNCH_BODY.replace("rotation[j * HID + i]", "(i == j ? 1.0f : 0.0f)"))
+    assert not check_head(unrotated, specs=["launch"], seeds=range(8), faults=()).passed
+
+
+def test_mutants_of_the_head_launchs_body_in_a_kernels_folder(tmp_path, emulator):
+    """The workbench's own head_qkv.body, mutated in a copy of the folder: the row loop's bound
+    moved either way is caught; the prefetch guard's (PRE, off in the default tuning) changes no bit."""
+    import shutil
+
+    from workbench.check.head_mutants import head_mutant_study
+    from workbench.files import PROJECT_ROOT
+
+    shutil.copytree(PROJECT_ROOT / "kernels", tmp_path / "k")
+    before = (tmp_path / "k" / "head_qkv.body").read_text()
+    study = head_mutant_study(KernelsFolderHead(tmp_path / "k"), specs=["launch"], seeds=range(4))
+    assert study.original_passed and study.counts()["missed"] == 0 and study.counts()["caught"] >= 2
+    assert set(study.table.loc[study.table["status"] == "equivalent", "before"].str.contains("PRE")) <= {True}
+    assert (tmp_path / "k" / "head_qkv.body").read_text() == before  # the user's folder is only read

@@ -310,7 +310,7 @@ def test_a_compile_error_points_at_the_users_own_line():
         name="user_refused_line",
         input_names=["inp"],
         output_names=["out"],
-        source="uint i = thread_position_in_grid.x;\n\nbool b = simd_all(true);\nout[i] = inp[i];\n",
+        source="uint i = thread_position_in_grid.x;\n\nfloat b = quad_sum(1.0f);\nout[i] = inp[i];\n",
     )
-    with pytest.raises(metal_emulation.MetalCompileError, match=r"`simd_all` \(source:3\) is a Metal built-in not"):
+    with pytest.raises(metal_emulation.MetalCompileError, match=r"`quad_sum` \(source:3\) is a Metal built-in not"):
         k(inputs=[x], **launch)

@@ -105,3 +105,29 @@ def test_the_default_order_runs_mlx_lm_s_call_unchanged(kernels, monkeypatch):
     q, k, v, g, beta, state, _ = _case(64, False, False)
     y, s = gd.gated_delta_kernel(q, k, v, g, beta, state)
     assert _close(y, gd.gated_delta_ops(q, k, v, g, beta, state)[0]) <= TOL
+
+
+@pytest.mark.parametrize("state_in", ["float32", "the inputs' dtype"])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bfloat16", "float16"])
+def test_the_kernels_run_in_bfloat16_and_float16_as_models_call_them(kernels, monkeypatch, dtype, state_in):
+    """mlx-lm's kernels with bfloat16 or float16 inputs (a model's dtype; the state float32 or
+    the same dtype), all six schedules compared bit for bit (``order="every"``), against
+    mlx-lm's ops on the same inputs. Both compute in float32 and round y (and a low-precision
+    state, at every step) to the dtype, so a float32 ulp of difference can flip one rounding:
+    a float32 state within TOL, y and a low-precision state within 2 ulps of the dtype at 1
+    (eps), relative to max(|ops|, 1). Measured worst: 1 eps (state), eps / 2 (y)."""
+    for name, k in kernels.items():
+        monkeypatch.setattr(gd, name, functools.partial(k, order="every"))
+    eps = 2.0**-7 if dtype == mx.bfloat16 else 2.0**-10
+    for dk, vectorized, masked, dv in [(64, False, False, 8), (64, True, True, 8), (128, False, False, 16)]:
+        q, k, v, g, beta, state, mask = _case(dk, vectorized, masked, dv=dv)
+        q, k, v, g, beta = (x.astype(dtype) for x in (q, k, v, g, beta))
+        state = state.astype(mx.float32 if state_in == "float32" else dtype)
+        y, s = gd.gated_delta_kernel(q, k, v, g, beta, state, mask)
+        y_ops, s_ops = gd.gated_delta_ops(q, k, v, g, beta, state, mask)
+        if masked:
+            y_ops = y_ops * mask[:, :, None, None]
+        assert y.dtype == dtype and s.dtype == state.dtype
+        f32 = functools.partial(mx.astype, dtype=mx.float32)
+        assert _close(f32(y), f32(y_ops)) <= 2 * eps
+        assert _close(f32(s), f32(s_ops)) <= (TOL if state_in == "float32" else 2 * eps)

@@ -68,11 +68,13 @@ def test_a_valid_check_exits_by_its_verdict(outcomes, i):
 
 def test_nothing_in_the_users_folder_is_written(outcomes):
     """Dumps, kernel folders, sources, modules and an existing record all left as they were;
-    no ``__pycache__`` beside an imported module; the one new file is the asked-for record."""
+    no ``__pycache__`` beside an imported module; the one new record is the asked-for one (its JSON and
+    its per-case tables)."""
     folder, _, _, changed = outcomes
     assert changed == [], changed
     rec = json.loads((Path(folder) / "new/sub/record.json").read_text())
     assert rec["form"] == "dump" and rec["passed"] is True
+    assert all((Path(folder) / "new/sub" / name).is_file() for name in rec["tables"].values())
     assert json.loads((Path(folder) / "existing.json").read_text()) == {"kept": True}
 
 

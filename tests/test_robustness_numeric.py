@@ -531,11 +531,11 @@ def test_the_quantization_error_of_a_zero_matrix_is_zero(fmt):
     # Every format stores 0 exactly, so the quantized map reproduces a zero matrix: its error
     # is 0 (the ratio would be 0/0, a NaN that reads as a failure in the study's table).
     q = W.QUANT_FORMATS[fmt].as_quantize()
-    zero = np.zeros((8, 64), np.float32)
+    zero = np.zeros((8, 128), np.float32)  # 128 wide: one group of affine2's 128
     for fold in (None, HadamardFold(64)):
         assert W.quantization_error(zero, **q, fold=fold) == 0.0
     # ... and a matrix that is not zero still gets its relative error, positive and finite.
-    w = W.outlier_matrix(8, 64, n_outliers=2, outlier_scale=20.0, seed=0)
+    w = W.outlier_matrix(8, 128, n_outliers=2, outlier_scale=20.0, seed=0)
     err = W.quantization_error(w, **q)
     assert 0 < err < 1
 

@@ -418,6 +418,13 @@ void metal_emulation_barrier(int line, int column) {
   yield_to_scheduler();
 }
 
+// The lanes of the calling thread's SIMD-group (bit i: lane i), whatever they are doing:
+// 32 bits, or fewer in a group's last, partial SIMD-group (simd_vote::all).
+unsigned metal_emulation_simd_lanes(void) {
+  int s = E.current / SIMD_WIDTH, width = E.nthreads - s * SIMD_WIDTH;
+  return width >= SIMD_WIDTH ? 0xFFFFFFFFu : (1u << width) - 1u;
+}
+
 float metal_emulation_simd_f32(int op, float value, int arg, int line, int column) {
   fiber* f = &E.fibers[E.current];
   f->state = AT_SIMD;
@@ -430,8 +437,21 @@ float metal_emulation_simd_f32(int op, float value, int arg, int line, int colum
   return f->result;
 }
 
+// A float holding a half (kind 3) or a bfloat (kind 4) rounded to the type, to nearest even
+// (a bfloat's NaN stays a quiet NaN); any other kind unchanged.
+static float simd_narrow(int kind, float r) {
+  if (kind == 3) return __gnu_h2f_ieee(__gnu_f2h_ieee(r));
+  if (kind != 4) return r;
+  uint32_t b;
+  memcpy(&b, &r, 4);
+  b = (b & 0x7FFFFFFFu) > 0x7F800000u ? (b | 0x400000u) & 0xFFFF0000u : (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+  memcpy(&r, &b, 4);
+  return r;
+}
+
 // One step of a SIMD-group reduction or prefix sum: a (op) b on values of `kind` carried in a
-// float's bits (0 float, 1 int, 2 uint, 3 half held in a float: each step rounded to half).
+// float's bits (0 float, 1 int, 2 uint, 3 half, 4 bfloat held in a float: each step rounded
+// to the type, as Metal computes in it).
 static float simd_combine(int op, int kind, float a, float b) {
   if (kind == 1 || kind == 2) {
     uint32_t x, y, r;
@@ -448,7 +468,7 @@ static float simd_combine(int op, int kind, float a, float b) {
     return f;
   }
   float r = op == 3 ? (a > b ? a : b) : op == 5 ? (a < b ? a : b) : op == 6 ? a * b : a + b;
-  return kind == 3 ? __gnu_h2f_ieee(__gnu_f2h_ieee(r)) : r;
+  return simd_narrow(kind, r);
 }
 
 static float simd_identity(int op, int kind) {
@@ -517,12 +537,28 @@ static int simd_release(unsigned g, int s, fiber* lanes, int n, unsigned active)
     for (int i = 0; i < n; ++i) {
       if (!(active >> i & 1u)) continue;
       if (op == 10) lanes[i].result = acc;
-      acc = any ? simd_combine(0, kind, acc, v[i]) : (kind == 3 ? __gnu_h2f_ieee(__gnu_f2h_ieee(v[i])) : v[i]);
+      acc = any ? simd_combine(0, kind, acc, v[i]) : simd_narrow(kind, v[i]);
       any = 1;
       if (op == 9) lanes[i].result = acc;
     }
   } else if (op == 11) {  // simdgroup_barrier: the lanes only wait for each other
     for (int i = 0; i < n; ++i) lanes[i].result = 0.0f;
+  } else if (op == 15) {  // simd_is_first: the active lane of the lowest index
+    for (int i = 0; i < n; ++i)
+      if (active >> i & 1u) {
+        uint32_t r = i == first;
+        memcpy(&lanes[i].result, &r, 4);
+      }
+  } else if (op >= 12 && op <= 14) {  // votes over the active lanes: ballot, all, any
+    uint32_t ballot = 0, r;
+    for (int i = 0; i < n; ++i) {
+      uint32_t b;
+      memcpy(&b, &v[i], 4);
+      if ((active >> i & 1u) && b) ballot |= 1u << i;
+    }
+    r = op == 12 ? ballot : op == 13 ? ballot == active : ballot != 0;  // all, any: of the active lanes
+    for (int i = 0; i < n; ++i)
+      if (active >> i & 1u) memcpy(&lanes[i].result, &r, 4);
   } else {
     for (int i = 0; i < n; ++i) {
       if (!(active >> i & 1u)) continue;

@@ -12,19 +12,30 @@ a source) in a worker process of its own; ``dump`` an engine's dumped layers (re
 written); ``replay`` each failing case as a reproducer, run again; ``mutants`` source-level
 mutants of a user's kernel text, run through the same check; ``tolerances`` tolerances per
 input scale, their catches beside their flakes; ``blocks`` the check's own work (stored
-weights, truth, reference) a block of cases at a time. ``parts`` the parts of a layer the check
-takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
+weights, truth, reference) a block of cases at a time, ``budget`` how many fit a memory
+budget, ``shards`` a check cut into shards that merge (its tables in Parquet) and an
+interrupted run resumed, ``progress`` the bar of cases done. ``parts`` the parts of a layer
+the check takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
 ``gdn_run``, ``gdn_report`` the recurrent step's runs of tokens, truth and faults, forms, check
-and report; ``gdn_dump`` an engine's dumped run of the step, read and judged.
+and report; ``gdn_dump`` an engine's dumped run of the step, read and judged; ``pack_run`` and
+``pack_faults`` a tail read from a Hadamard pack (every linear rotating its own input), checked
+on the pack's own stored weights, with the faults of those rotations; ``pack_linear`` one packed
+projection of it (Q/K/V, a recurrent layer's) checked on its own.
 ``head_spec``, ``head_math``, ``head_mlx``, ``head_cases``, ``head_subjects``, ``head_run``,
 ``head_report``: the attention head's spec (frink-models' launch, or the model's head),
-float64 truth and faults, float32 reference, cases, forms, check and report.
-``chain_links``, ``chain_wiring``, ``chain_run``, ``chain_report``: parts chained as the
-engine launches them (the tail, the next layer's input norm and projections, its recurrent
-step), each link's oracle and reference, the chain wired and its cases, the check against
-the chained float64 truth and its report. The command is ``__main__`` (the tail) with
-``gdn_command`` (``--part gdn``) and ``chain_command`` (``--chain``), over ``command_args``
-(what they parse alike).
+float64 truth and faults, float32 reference, cases, forms, check and report; ``head_dump``
+an engine's dumped heads, read, written and judged; ``head_mutants`` a head kernel's source
+mutants through the head's check.
+``chain_links``, ``chain_wiring``, ``chain_forms``, ``chain_run``, ``chain_report``: parts
+chained as the engine launches them (the tail, the next layer's input norm and projections,
+its recurrent step, the next head), each link's oracle and reference, the chain wired and its
+cases, a part's own forms (kernels folder, source) as links, the check against the chained
+float64 truth and its report. ``cluster`` the check's shards of seeds on a Dask
+cluster (``check_kernel(..., client=)``), ``cluster_worker`` what a worker runs and how the
+subject reaches it, ``cluster_callables`` a callable sent by value made importable there,
+``cluster_sweeps`` the error sweeps there, a task a block of seeds. The
+command is ``__main__`` (the tail) with ``gdn_command`` (``--part gdn``) and ``chain_command``
+(``--chain``) and ``head_command`` (``--part head``), over ``command_args`` (what they parse alike).
 
 The names below are the part's API, importable from ``workbench.check`` itself; each module
 is imported when one of its names is first read.
@@ -37,6 +48,10 @@ _HOMES, __getattr__, __dir__ = public_names(
     {
         "faults": ("FAULTS", "faulty_tail"),
         "run": ("check_kernel", "check_dump"),
+        "shards": ("merge_reports", "read_report", "write_tables", "Journal"),
+        "budget": ("default_budget",),
+        "cluster": ("cluster_client",),
+        "cluster_sweeps": ("sweep_on_cluster", "mutation_sweep_on_cluster"),
         "report": ("CheckReport",),
         "dump": ("write_layer", "read_layer", "DumpError"),
         "replay": ("replay", "read_reproducer", "Replay"),
@@ -50,6 +65,9 @@ _HOMES, __getattr__, __dir__ = public_names(
         "gdn_report": ("StepReport",),
         "gdn_dump": ("check_step_dump", "read_run", "DumpedRun"),
         "gdn_faults": ("GDN_FAULTS", "StepWeights"),
+        "pack_faults": ("PACK_FAULTS", "packed_faulty_tail"),
+        "pack_run": ("check_pack_tail",),
+        "pack_linear": ("check_packed_linear", "LINEAR_FAULTS"),
         "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
         "head_spec": ("HeadSpec", "HEAD_SHAPES", "DEFAULT_HEAD_SPECS"),
         "head_math": ("HEAD_FAULTS", "head_exact", "HeadWeights"),
@@ -58,6 +76,8 @@ _HOMES, __getattr__, __dir__ = public_names(
         "head_subjects": ("CallableHead", "KernelsFolderHead", "HeadSource", "HEAD_INPUTS"),
         "head_run": ("check_head",),
         "head_report": ("HeadReport",),
+        "head_dump": ("check_head_dump", "read_heads", "write_head", "DumpedHeads"),
+        "head_mutants": ("head_mutant_study",),
         "gdn_subjects": ("StepInputs", "CallableStep", "KernelsFolderStep", "StepSource", "STEP_INPUTS"),
         "chain_links": ("ChainDims", "Link", "LINKS", "LINK_NAMES"),
         "chain_wiring": ("Chain", "ChainCase", "LinkCase", "wire"),

@@ -5,6 +5,10 @@
     python -m workbench.check --source tail.metal --inputs branch,residual,wo,ffn_norm,gate,up,down,eps \
         --grid 32 --threadgroup 32 --template HIDDEN=hidden,BRANCH=branch,FFN=ffn --mutants
     python -m workbench.check --dump dumps/ --tolerance 2e-4
+    python -m workbench.check mypkg.tails:my_tail --shape 2048,2048,8192 --seeds 0:500 --record a.json
+    python -m workbench.check mypkg.tails:my_tail --shape 2048,2048,8192 --seeds 500:1000 --record b.json
+    python -m workbench.check --merge a.json b.json --record all.json     # the report of seeds 0..999
+    python -m workbench.check mypkg.tails:my_tail --seeds 1000 --workers 2    # or --scheduler tcp://host:8786
     python -m workbench.check mypkg.tails:my_tail --replay-dir cases/    # then, a case at a time:
     python -m workbench.check mypkg.tails:my_tail \
         --replay cases/callable-64x96x80-float32-fold16-qnone-seed3.safetensors
@@ -13,10 +17,17 @@ The implementation is a callable (``module:function``, handed one ``StoredCase``
 kernels folder or a Metal (``--language cuda``: CUDA) kernel body with its launch, run on the CPU
 emulator or (``--run-on device``) its GPU, or an engine's safetensors dumps (docs/DUMP_LAYOUT.md).
 ``--mutants`` also runs source-level mutants of the user's text and prints which the check catches.
-``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``);
+``--part gdn`` checks a Gated DeltaNet recurrent step instead (``--part gdn --help``), ``--part head``
+an attention head (``--part head --help``);
 ``--chain tail,gdn_in,gdn`` parts chained as the engine launches them, each link's error named
 (``--chain tail --help``). ``--replay-dir`` writes each failing case as a reproducer; ``--replay FILE``
 runs one again (the subject given the same way).
+``--seeds A:B`` checks a shard (seeds A..B-1); ``--record`` keeps its per-case errors in Parquet beside
+the JSON, and ``--merge`` gives the report of disjoint shards' union, the same bits as one run. While
+it runs, a check with ``--record R`` writes each finished block to ``R.partial/``: the same command
+run again after an interruption resumes from there. The cases run in blocks sized to
+``--memory-budget`` (default 4G, or half the machine's memory if less); a bar on stderr counts
+them when stderr is a terminal (``--quiet``: never).
 Exit 0: the verdict passes; 1: it fails; 2: nothing could be judged (a bad argument, a module that
 does not import, a kernel that does not compile, a form that cannot run here), with ONE line on
 stderr and no traceback (``WORKBENCH_TRACEBACK=1`` keeps it), so a CI log shows the line that
@@ -33,14 +44,17 @@ from pathlib import Path
 from typing import Any
 
 from workbench import backends
-from workbench.check import chain_command, gdn_command
+from workbench.check import chain_command, gdn_command, head_command, shards
 from workbench.check import command_args as args
+from workbench.check.budget import DEFAULT_BUDGET_GIB
+from workbench.check.cluster import cluster_client
 from workbench.check.parts import PART_NAMES
 from workbench.check.replay import DEFAULT_MAX_BYTES, replay
 from workbench.check.run import DEFAULT_SCALES, check_dump, check_kernel
 from workbench.check.source_launch import SHAPE_NAMES, SOURCE_INPUTS, SourceLaunch
 from workbench.check.stored import ARRAY_KINDS
 from workbench.check.subjects import CallableSubject, KernelsFolderSubject, SourceSubject
+from workbench.fold.weights import DENSE_DTYPES, QUANT_FORMATS
 
 #: The exit status of a usage error (argparse's own), distinct from a failing verdict's 1.
 USAGE_ERROR = 2
@@ -72,6 +86,15 @@ OPTIONS: dict[str, str] = {
     "replay_dir": "--replay-dir",
     "replay_max_bytes": "--replay-max-bytes",
     "replay": "--replay",
+    "shapes": "--shape",
+    "dtypes": "--dtype",
+    "quantize": "--quantize",
+    "memory_budget": "--memory-budget",
+    "journal": "--record",
+    "reports": "--merge",
+    "record": "--merge",
+    "workers": "--workers",
+    "scheduler": "--scheduler",
 }
 
 
@@ -160,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     given_argv = sys.argv[1:] if argv is None else list(argv)
     if any(t == "--chain" or t.startswith("--chain=") for t in given_argv):
         return chain_command.main(argv)  # parts chained as the engine launches them
-    if _part(given_argv) == "gdn":
+    chosen = _part(given_argv)
+    if chosen == "gdn":
         return gdn_command.main(argv)
+    if chosen == "head":
+        return head_command.main(argv)
     # allow_abbrev off: which options were given is read from argv (below), by full name
     p = argparse.ArgumentParser(
         prog="python -m workbench.check",
@@ -174,14 +200,21 @@ def main(argv: list[str] | None = None) -> int:
         "--part",
         choices=PART_NAMES,
         default=PART_NAMES[0],
-        help="the part checked: tail (default; the options below) or gdn, the Gated DeltaNet recurrent step "
-        "(--part gdn --help lists its inputs and options)",
+        help="the part checked: tail (default; the options below), gdn, the Gated DeltaNet recurrent step "
+        "(--part gdn --help lists its inputs and options), or head, the attention head (--part head --help)",
     )
     p.add_argument("--kernels-dir", type=args.path, help="a folder shaped like kernels/ (run on the CPU emulator)")
     p.add_argument(
         "--source", type=args.path, help="a file holding a Metal (or CUDA) kernel body, with the launch options below"
     )
     p.add_argument("--dump", type=args.path, help="a safetensors dump file or a folder of them (docs/DUMP_LAYOUT.md)")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        type=args.path,
+        metavar="RECORD",
+        help="records of disjoint shards (--seeds A:B, with --record): the report of their union",
+    )
     p.add_argument(
         "--arrays",
         choices=ARRAY_KINDS,
@@ -220,9 +253,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--seeds",
-        type=args.count(1, MAX_SEEDS),
-        default=100,
-        help=f"seeded cases a configuration, 1 to {MAX_SEEDS} (default 100)",
+        type=args.seed_range(MAX_SEEDS),
+        default=range(100),
+        help=f"seeded cases a configuration: N (seeds 0..N-1) or A:B (seeds A..B-1, a shard), at most {MAX_SEEDS} "
+        "(default 100)",
+    )
+    p.add_argument("--shape", type=args.shape, help="hidden,branch,ffn of the cases (default 64,96,80)")
+    p.add_argument("--dtype", choices=tuple(DENSE_DTYPES), default="float32", help="the weights' stored dtype")
+    p.add_argument(
+        "--quantize",
+        choices=("none", *QUANT_FORMATS),
+        default="none",
+        help="the weights' quantized format (default none)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=args.byte_count,
+        help=f"bytes the check's blocks of cases may hold: 512M, 4G, ... (default {DEFAULT_BUDGET_GIB:g}G, "
+        "or half this machine's memory if less)",
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bar (one is drawn on stderr when it is a terminal)"
     )
     p.add_argument(
         "--scales",
@@ -238,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--tolerance", type=args.non_negative, help="your own tolerance on the worst scaled error")
     p.add_argument("--time-limit", type=args.positive, default=30.0, help="seconds a case may take (default 30)")
+    p.add_argument(
+        "--workers",
+        type=args.count(1, 4096),
+        help="run the seeds in shards on a Dask LocalCluster of this many single-threaded workers (progress on stderr)",
+    )
+    p.add_argument("--scheduler", help="run the seeds in shards on the Dask cluster at this address (tcp://host:8786)")
     p.add_argument(
         "--mutants", action="store_true", help="also run source-level mutants of --kernels-dir or an emulated --source"
     )
@@ -263,10 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     step_only = sorted(given & set(gdn_command.ONLY_OPTIONS))
     if step_only:
         p.error(f"{', '.join(step_only)}: options of --part gdn (the recurrent step), not of the tail's check")
+    # --shape is the head's (its geometry) and the tail's (hidden,branch,ffn) alike
+    head_only = sorted(given & (set(head_command.ONLY_OPTIONS) - {"--shape"}))
+    if head_only:
+        p.error(f"{', '.join(head_only)}: options of --part head (the attention head), not of the tail's check")
     a = p.parse_args(argv)
-    forms = [x for x in (a.implementation, a.kernels_dir, a.source, a.dump) if x is not None]
+    forms = [x for x in (a.implementation, a.kernels_dir, a.source, a.dump, a.merge) if x is not None]
     if len(forms) != 1:
-        p.error("give exactly one of: implementation (module:function), --kernels-dir, --source, --dump")
+        p.error("give exactly one of: implementation (module:function), --kernels-dir, --source, --dump, --merge")
     if a.mutants and not (a.kernels_dir or (a.source and a.run_on == "emulator")):
         p.error("--mutants: only with --kernels-dir or a --source run on the emulator")
     if a.replay is not None and a.dump is not None:
@@ -275,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if a.mutant_files is not None and not (a.mutants and a.kernels_dir):
         p.error("--mutant-files: only with --mutants and --kernels-dir")
+    if a.workers is not None and a.scheduler is not None:
+        p.error("--workers: a --scheduler's cluster has its own workers; give one of them")
     unused = _unused_options(a, sys.argv[1:] if argv is None else argv)
     if unused:
         p.error(f"{', '.join(unused)}: not used by this form of the check (nothing given is ignored silently)")
@@ -301,13 +364,18 @@ def _unused_options(a: argparse.Namespace, argv: list[str]) -> list[str]:
     dumped (its own seeds, scales, fold and weights), a source takes unfolded weights and its
     own launch, a callable or a kernels folder has no launch of its own."""
     given = {tok.split("=", 1)[0] for tok in argv if tok.startswith("--")}
+    cases = {"--seeds", "--scales", "--fold", "--shape", "--dtype", "--quantize", "--memory-budget", "--quiet"}
     if a.replay is not None:  # the case, its scales and tolerances are the reproducer's
-        unused = {"--seeds", "--scales", "--fold", "--tolerance", "--mutants", "--mutant-files", "--record"}
-        unused |= {"--replay-dir", "--replay-max-bytes"}
+        unused = cases | {"--tolerance", "--mutants", "--mutant-files", "--record"}
+        unused |= {"--replay-dir", "--replay-max-bytes", "--workers", "--scheduler"}
+        return sorted(given & unused)
+    if a.merge is not None:  # the shards' own cases, tolerance and subject
+        unused = cases | {"--tolerance", "--time-limit", "--arrays", "--batched", *_SOURCE_LAUNCH}
+        unused |= {"--replay-dir", "--replay-max-bytes", "--mutants", "--mutant-files", "--replay"}
         return sorted(given & unused)
     if a.dump is not None:
-        unused = {"--seeds", "--scales", "--fold", "--time-limit", "--arrays", "--batched", *_SOURCE_LAUNCH}
-        unused |= {"--replay-dir", "--replay-max-bytes"}
+        unused = cases | {"--time-limit", "--arrays", "--batched", *_SOURCE_LAUNCH}
+        unused |= {"--replay-dir", "--replay-max-bytes", "--workers", "--scheduler"}
     elif a.source is not None:
         unused = {"--fold", "--arrays", "--batched"}
     else:
@@ -334,7 +402,10 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
         got = replay(a.replay, _subject(a), time_limit=a.time_limit)
         print(got)
         return 0 if got.passed else 1
-    if a.dump:
+    journal = None
+    if a.merge:
+        rep = shards.merge_reports([shards.read_report(r) for r in a.merge])
+    elif a.dump:
         rep = check_dump(a.dump, tolerance=a.tolerance)
     else:
         folds = (None,) if a.source else (a.fold or None,)
@@ -346,20 +417,38 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
             if problem is not None:
                 option, given = ("--kernels-dir", a.kernels_dir) if a.kernels_dir else ("--source", a.source)
                 raise ValueError(f"{option}: {given} does not compile for the emulator: {problem}")
-        common = {"seeds": range(a.seeds), "scales": a.scales, "tolerance": a.tolerance, "time_limit": a.time_limit}
+        common = {"seeds": a.seeds, "scales": a.scales, "tolerance": a.tolerance, "time_limit": a.time_limit}
         replays = {"replay_dir": a.replay_dir, "replay_max_bytes": a.replay_max_bytes}
-        rep = check_kernel(subject, folds=folds, **common, **replays)
+        client = None if a.workers is None and a.scheduler is None else cluster_client(a.workers, a.scheduler)
+        journal = None if a.record is None or client is not None else partial_folder(a.record)
+        if journal is not None and journal.exists():
+            print(f"resuming from {journal}", file=sys.stderr)
+        try:
+            rep = check_kernel(
+                subject,
+                folds=folds,
+                **common,
+                **_configuration(a),
+                **replays,
+                memory_budget=a.memory_budget,
+                journal=journal,
+                progress=False if a.quiet else None,
+                client=client,
+            )
+        finally:
+            if client is not None:
+                client.close()
         if a.mutants:
             from workbench.check.mutants import folder_mutant_study, mutant_study
 
-            few = {**common, "seeds": range(min(a.seeds, 8)), "time_limit": max(a.time_limit, 120.0)}
+            few = {**common, "seeds": a.seeds[:8], "time_limit": max(a.time_limit, 120.0)}
             study = (
                 folder_mutant_study(a.kernels_dir, files=chosen, folds=folds, **few)
                 if a.kernels_dir
                 else mutant_study(launch, **few)
             )
     print(rep)
-    record = {**rep.to_record(), **args.provenance(argv)}
+    record = {**rep.to_record(), "flake_rate": rep.flake_rate, **args.provenance(argv)}
     if study is not None:
         print()
         print(study)
@@ -370,8 +459,31 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
             "table": json.loads(study.table.to_json(orient="records")),
         }
     if a.record is not None:
+        try:  # the tables first: the JSON, written last, is the record
+            record["tables"] = shards.write_tables(rep, a.record)
+        except (OSError, ValueError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())
+            raise ValueError(
+                f"--record: {a.record} was not written ({reason}); the verdict printed above "
+                f"stands: {'PASS' if rep.passed else 'FAIL'}"
+            ) from None
         args.write_record(a.record, record, rep.passed)
+        if journal is not None and journal.exists():
+            shards.remove_journal(journal)
     return 0 if rep.passed else 1
+
+
+def partial_folder(record: Path) -> Path:
+    """Where a check run with ``--record`` keeps its finished blocks until the record is written."""
+    return record.with_name(record.name + ".partial")
+
+
+def _configuration(a: argparse.Namespace) -> dict[str, Any]:
+    """``--shape``, ``--dtype`` and ``--quantize`` as the check's arguments (the check's defaults where not given)."""
+    out: dict[str, Any] = {"dtypes": (a.dtype,), "quantize": (None if a.quantize == "none" else a.quantize,)}
+    if a.shape is not None:
+        out["shapes"] = (a.shape,)
+    return out
 
 
 if __name__ == "__main__":

@@ -36,9 +36,11 @@ MATRICES = ("wo", "gate", "up", "down")
 @dataclass
 class StoredBlock:
     """A block's weights as one configuration stores them, per matrix: ``f32`` (the dense
-    float32 a ``StoredMatrix`` hands over, [S, out, in]), ``np64`` (the truth's float64),
-    ``graph`` (what ``tail_mx`` reads: an mx array or a batched quantized ``WeightMatrix``),
-    and for quantized matrices ``codes`` / ``scales`` / ``biases`` as numpy."""
+    float32 a ``StoredMatrix`` hands over, [S, out, in]; for dense float32 the draw itself,
+    not a copy: the same bits), ``graph`` (what ``tail_mx`` reads: an mx array or a batched
+    quantized ``WeightMatrix``), and for quantized matrices ``codes`` / ``scales`` / ``biases``
+    as numpy. The truth's float64 is made one case and one matrix at a time (:func:`truth`),
+    never held for the block: at a shipped shape it was most of the block's memory."""
 
     c: CaseArrays
     dtype: str
@@ -46,17 +48,12 @@ class StoredBlock:
     spec: QuantSpec | None
     eps: float
     f32: dict[str, np.ndarray]
-    np64: dict[str, np.ndarray]
     graph: dict[str, Any]
     quant: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 
     @property
     def size(self) -> int:
         return len(self.c.seeds)
-
-
-def _np64(a: mx.array) -> np.ndarray:
-    return np.asarray(a.astype(mx.float32)).astype(np.float64)
 
 
 def stored_block(c: CaseArrays, *, dtype: str, fold: Any, spec: QuantSpec | None, eps: float) -> StoredBlock:
@@ -67,30 +64,35 @@ def stored_block(c: CaseArrays, *, dtype: str, fold: Any, spec: QuantSpec | None
     if fold is not None and (isinstance(fold, HadamardFold) or isinstance(fold, bool) or not isinstance(fold, int)):
         raise ValueError(f"fold: the batched check takes None or a block size, got {fold!r}")
     dt = DENSE_DTYPES[dtype]
-    mats = {k: mx.array(getattr(c, k)).astype(dt) for k in MATRICES}
-    if fold is not None:
-        w64 = _np64(mats["wo"]) * c.signs[:, None, :].astype(np.float64)
-        mats["wo"] = mx.array(hadamard.block_transform(w64, int(fold)).astype(np.float32)).astype(dt)
-    f32, np64, graph, quant = {}, {}, {}, {}
-    for k, m in mats.items():
+    drawn = {k: getattr(c, k) for k in MATRICES}
+    if fold is not None:  # wo rounded to the dtype, as float64 (exact) times the signs, transformed, as float32
+        wo = drawn["wo"] if dtype == "float32" else np.array(mx.array(drawn["wo"]).astype(dt).astype(mx.float32))
+        w64 = wo.astype(np.float64) * c.signs[:, None, :].astype(np.float64)
+        drawn["wo"] = hadamard.block_transform(w64, int(fold)).astype(np.float32)
+        del w64, wo
+    f32, graph, quant = {}, {}, {}
+    for k, w in drawn.items():
+        m = mx.array(w)
         if spec is None:
-            f32[k] = np.array(m.astype(mx.float32))
-            np64[k] = f32[k].astype(np.float64)
+            if dtype != "float32":  # rounded to the stored dtype, handed over as float32 holding its values
+                m = m.astype(dt)
+                f32[k] = np.array(m.astype(mx.float32))
+            else:  # float32 is stored as drawn: the same bits, no copy
+                f32[k] = w
             graph[k] = m[:, None]  # [S, 1, out, in]: broadcasts over the input scales' axis
             continue
+        m = m.astype(dt)
         parts = mx.quantize(m, **spec.as_quantize())
         biases = parts[2] if len(parts) > 2 else None
         qb = QuantizedBase(parts[0], parts[1], biases, spec, (int(m.shape[1]), int(m.shape[2])))
-        deq = qb.dequantize().astype(mx.float32)
-        f32[k] = np.array(deq)
-        np64[k] = f32[k].astype(np.float64)
+        f32[k] = np.array(qb.dequantize().astype(mx.float32))
         graph[k] = WeightMatrix(qb)
         quant[k] = (
             np.array(qb.w),
             np.array(qb.scales.astype(mx.float32)) if qb.scales.dtype != mx.uint8 else np.array(qb.scales),
             None if biases is None else np.array(biases.astype(mx.float32)),
         )
-    return StoredBlock(c, dtype, fold, spec, float(eps), f32, np64, graph, quant)
+    return StoredBlock(c, dtype, fold, spec, float(eps), f32, graph, quant)
 
 
 def _signed(st: StoredBlock, x: np.ndarray) -> np.ndarray:
@@ -99,18 +101,25 @@ def _signed(st: StoredBlock, x: np.ndarray) -> np.ndarray:
 
 
 def truth(st: StoredBlock, branch: np.ndarray, residual: np.ndarray) -> np.ndarray:
-    """float64 truth [S, n, hidden] of each case at each of its ``n`` input rows."""
-    x = _signed(st, branch.astype(np.float64))
+    """float64 truth [S, n, hidden] of each case at each of its ``n`` input rows.
+
+    One case at a time, each matrix made float64 only while its product runs: the same BLAS
+    call on the same operands as the block's stacked ``matmul`` made (numpy runs a stack as
+    one 2-D product a case), holding one case's matrix in float64 instead of the block's four."""
+    x_all = _signed(st, branch.astype(np.float64))
     if st.fold is not None:
-        x = hadamard.block_transform(x, int(st.fold))
-    w = st.np64
+        x_all = hadamard.block_transform(x_all, int(st.fold))
+    w = st.f32
+    out = np.empty((st.size, branch.shape[1], residual.shape[-1]), dtype=np.float64)
 
-    def mv(m: np.ndarray, v: np.ndarray) -> np.ndarray:
-        return np.matmul(v, np.swapaxes(m, -1, -2))
+    def mv(k: str, i: int, v: np.ndarray) -> np.ndarray:
+        return np.matmul(v, w[k][i].astype(np.float64).T)
 
-    h = residual.astype(np.float64) + mv(w["wo"], x)
-    normed = rms_norm_np(h, st.c.ffn_norm[:, None, :].astype(np.float64), st.eps)
-    return h + mv(w["down"], silu_np(mv(w["gate"], normed)) * mv(w["up"], normed))
+    for i in range(st.size):
+        h = residual[i].astype(np.float64) + mv("wo", i, x_all[i])
+        normed = rms_norm_np(h, st.c.ffn_norm[i][None, :].astype(np.float64), st.eps)
+        out[i] = h + mv("down", i, silu_np(mv("gate", i, normed)) * mv("up", i, normed))
+    return out
 
 
 def reference(st: StoredBlock, branch: np.ndarray, residual: np.ndarray) -> np.ndarray:
@@ -183,7 +192,15 @@ def case(st: StoredBlock, i: int, branch: np.ndarray, residual: np.ndarray, name
 
 def faulty(st: StoredBlock, branch: np.ndarray, residual: np.ndarray, fault: str) -> np.ndarray:
     """A fault model (:func:`workbench.check.faults.faulty_block`) on every case of the block:
-    float32 [S, n, hidden], each case the bits ``faulty_tail`` gives it alone."""
+    float32 [S, n, hidden], each case the bits ``faulty_tail`` gives it alone.
+
+    ``float16_accumulation`` runs one case a call: its products and running sums are float16
+    arrays [n, out, in] a matrix, and a block's worth at a shipped shape is gigabytes
+    (:mod:`workbench.check.budget` counts one case's)."""
+    if fault == "float16_accumulation" and st.size > 1:
+        return np.concatenate(
+            [faulty(_row(st, i), branch[i : i + 1], residual[i : i + 1], fault) for i in range(st.size)]
+        )
     bias = None
     if st.spec is not None and st.quant["wo"][2] is not None:
         bias = st.quant["wo"][2][:, 0, 0]
@@ -201,4 +218,13 @@ def faulty(st: StoredBlock, branch: np.ndarray, residual: np.ndarray, fault: str
         signs=st.c.signs,
         group_size=None if st.spec is None else st.spec.group_size,
         wo_bias=bias,
+    )
+
+
+def _row(st: StoredBlock, i: int) -> StoredBlock:
+    """Case ``i`` of the block as a block of one (views, no copies)."""
+    sl = slice(i, i + 1)
+    quant = {k: (q[0][sl], q[1][sl], None if q[2] is None else q[2][sl]) for k, q in st.quant.items()}
+    return StoredBlock(
+        st.c.rows(sl), st.dtype, st.fold, st.spec, st.eps, {k: v[sl] for k, v in st.f32.items()}, {}, quant
     )

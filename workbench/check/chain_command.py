@@ -5,12 +5,14 @@ truth, each link's error beside the workbench's float32 reference chain's.
     python -m workbench.check --chain tail,gdn_in,gdn mypkg.chains:my_chain --seeds 30 --record chain.json
     python -m workbench.check --chain tail,gdn_in,gdn --link tail=mypkg.tails:my_tail \\
         --link gdn=mypkg.steps:my_step --dims hidden=128,ffn=256
+    python -m workbench.check --chain gdn,tail,head mypkg.chains:run_end   # the run's last step, the next head
 
 One implementation is ``module:function``, handed a ``ChainCase`` (the chain's inputs, every
 link's weights, the dims) and returning every link's outputs (a mapping by link name, or a
 list in link order). ``--link NAME=module:function`` (repeated) gives a link its own callable,
-handed a ``LinkCase`` (the inputs the user's previous link returned); a link not given runs
-the workbench's float32 reference. Exit 0: every link passes; 1: some link fails (the first
+handed a ``LinkCase`` (the inputs the user's previous link returned), ``--link NAME=FOLDER``
+a kernels folder (the tail's or the step's bodies, on the CPU emulator); a link not given
+runs the workbench's float32 reference. Exit 0: every link passes; 1: some link fails (the first
 is named); 2: nothing could be judged, with ONE line on stderr naming the option.
 """
 
@@ -19,10 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from workbench import backends
 from workbench.check import command_args as args
+from workbench.check.chain_links import INT_DIMS
 
 PROG = "python -m workbench.check"
 
@@ -36,6 +40,7 @@ OPTIONS: dict[str, str] = {
     "gates": "--gates",
     "state_scales": "--state-scales",
     "tolerance": "--tolerance",
+    "time_limit": "--time-limit",
 }
 
 #: Options of the tail's and the step's checks a chain has no use for (refused by name).
@@ -64,11 +69,11 @@ OTHER_OPTIONS: tuple[str, ...] = (
     "--replay",
     "--replay-dir",
     "--replay-max-bytes",
-    "--time-limit",
 )
 
-#: What ``--dims`` may set (``chain_links.ChainDims``'s integer fields).
-DIM_NAMES: tuple[str, ...] = ("hidden", "branch", "ffn", "k_heads", "v_heads", "k_dim", "v_dim", "conv")
+#: What ``--dims`` may set (``chain_links.ChainDims``'s integer fields): widths >= 1, the
+#: head's rotated dims and the token's position >= 0.
+DIM_NAMES: tuple[str, ...] = (*INT_DIMS, "rotary_dim", "position")
 
 
 def _dims(text: str) -> dict[str, int]:
@@ -80,16 +85,36 @@ def _dims(text: str) -> dict[str, int]:
             raise argparse.ArgumentTypeError(
                 f"must be name=value,... with names of {', '.join(DIM_NAMES)}, got {text!r}"
             )
-        out[k.strip()] = args.count(1, 1 << 16)(v.strip())
+        least = 1 if k.strip() in INT_DIMS else 0
+        out[k.strip()] = args.count(least, 1 << 24)(v.strip())
     return out
 
 
 def _link(text: str) -> tuple[str, str]:
-    """argparse type of ``--link``: ``NAME=module:function``."""
+    """argparse type of ``--link``: ``NAME=module:function`` or ``NAME=FOLDER`` (a kernels folder)."""
     name, sep, spec = text.partition("=")
-    if not sep or not name.strip() or ":" not in spec:
-        raise argparse.ArgumentTypeError(f"must be LINK=module:function, got {text!r}")
+    if not sep or not name.strip() or not spec.strip():
+        raise argparse.ArgumentTypeError(f"must be LINK=module:function or LINK=FOLDER, got {text!r}")
     return name.strip(), spec.strip()
+
+
+#: link -> its part's kernels-folder form (the user's bodies on the workbench's launches, on the emulator).
+FOLDER_FORMS: dict[str, str] = {"tail": "KernelsFolderSubject", "gdn": "KernelsFolderStep"}
+
+
+def _folder_form(link: str, folder: str) -> Any:
+    """``--link LINK=FOLDER``: the part's kernels-folder form, or a ValueError naming ``--link``."""
+    if link not in FOLDER_FORMS:
+        raise ValueError(
+            f"--link {link}: a kernels folder runs the {' and '.join(FOLDER_FORMS)} links only, got {folder!r}"
+        )
+    if link == "tail":
+        from workbench.check.subjects import KernelsFolderSubject
+
+        return KernelsFolderSubject(folder, process=False)
+    from workbench.check.gdn_subjects import KernelsFolderStep
+
+    return KernelsFolderStep(folder)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -118,7 +143,8 @@ def parser() -> argparse.ArgumentParser:
         type=_link,
         action="append",
         default=[],
-        help="LINK=module:function: that link's own callable (LinkCase -> outputs); repeat a link each",
+        help="LINK=module:function: that link's own callable (LinkCase -> outputs), or LINK=FOLDER: a kernels "
+        "folder (tail, gdn) on the CPU emulator; repeat a link each",
     )
     p.add_argument("--dims", type=_dims, default={}, help=f"the tiny config, name=value,... of {', '.join(DIM_NAMES)}")
     p.add_argument("--seeds", type=args.count(1, 1_000_000), default=30, help="cases a condition (default 30)")
@@ -140,6 +166,7 @@ def parser() -> argparse.ArgumentParser:
         help=f"the recurrent state's magnitudes (default {csv(CHAIN_STATE_SCALES)})",
     )
     p.add_argument("--tolerance", type=args.non_negative, help="your own tolerance on every link's worst scaled error")
+    p.add_argument("--time-limit", type=args.positive, default=30.0, help="seconds one call of yours may take (30)")
     p.add_argument("--record", type=args.record, help="write the JSON record here (refused if the file exists)")
     return p
 
@@ -186,9 +213,13 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
             if link in subject:
                 raise ValueError(f"--link: {link!r} given twice")
             try:
-                subject[link] = args.load_callable(spec, "LinkCase -> the link's outputs")
+                if ":" not in spec and Path(spec).is_dir():
+                    subject[link] = _folder_form(link, spec)
+                else:
+                    subject[link] = args.load_callable(spec, "LinkCase -> the link's outputs")
             except ValueError as e:
-                raise ValueError(f"--link {link}: {str(e).removeprefix('implementation: ')}") from None
+                text = str(e).removeprefix("implementation: ").removeprefix("folder: ")
+                raise ValueError(f"--link {link}: {text}" if not text.startswith("--link") else text) from None
         shown = ",".join(f"{k}={v}" for k, v in a.link)
     rep = check_chain(
         subject,
@@ -199,6 +230,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
         gates=gates,
         state_scales=a.state_scales,
         tolerance=a.tolerance,
+        time_limit=a.time_limit,
         name=shown,
     )
     print(rep)

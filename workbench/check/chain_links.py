@@ -1,12 +1,12 @@
 """The links a chain is made of: parts of a hybrid layer as an engine launches them, one after
 another, each reading what the one before it wrote.
 
-frink-models encodes the attention tail at the head of the next recurrent run
-(``fused_attention_tail_then_run`` in the seed, ``../shared/seeds``) and the next attention
-layer's Q/K/V projections at the end of the run before it (``attn_head_launch``): a kernel
-engineer writes these launches as one piece, and an error made early is read by every launch
-after it. A link is one such piece: the tensors it reads and writes, its weights (drawn per
-case), its float64 oracle and the workbench's float32 reference, both over numpy in and out.
+frink-models' engine encodes the attention tail at the head of the next recurrent run
+(its ``fused_attention_tail_then_run``) and the next attention layer's Q/K/V projections at
+the end of the run before it (``attn_head_launch``): a kernel engineer writes these launches
+as one piece, and an error made early is read by every launch after it. A link is one such
+piece: the tensors it reads and writes, its weights (drawn per case), its float64 oracle and
+the workbench's float32 reference, both over numpy in and out.
 
 * ``"tail"``: the attention tail (part ``tail``: ``workbench.tail.paths.host_tail`` float64,
   ``fused_tail`` on the graph backend float32): ``branch``, ``residual`` -> ``hidden``;
@@ -15,7 +15,13 @@ case), its float64 oracle and the workbench's float32 reference, both over numpy
   ``in_proj_a``; mlx_lm/models/qwen3_5.py, 0.32.2): ``hidden`` -> ``mixed``, ``z``, ``b``, ``a``;
 * ``"gdn"``: the Gated DeltaNet recurrent step (part ``gdn``: ``kernels.gdn_step.recurrent_step_exact``
   float64, ``decode.layers.recurrent_step`` float32): ``mixed``, ``z``, ``b``, ``a``,
-  ``conv_state``, ``state`` -> ``out``, ``conv_state``, ``state``.
+  ``conv_state``, ``state`` -> ``out``, ``conv_state``, ``state``;
+* ``"head"``: the next attention layer's head as Qwen3.5 has it (part ``head``:
+  ``check.head_math.head_exact`` float64, ``check.head_mlx.head_reference`` float32; the
+  ``"model"`` shape of ``check.head_spec``, at the dims' ``position``): ``hidden`` -> ``q``,
+  ``k``, ``v``, ``gate``. With the tail before it: frink-models' ``attn_head_launch``,
+  encoded at the end of the recurrent run (``gdn``, ``tail``, ``head``: the run's last step,
+  the recurrent layer's ``out_proj`` and FFN as the tail, the head).
 
 A link reads each input from the latest link before it that wrote that tensor (or one of
 the names it ``accepts`` in its place: the tail's ``branch`` is the recurrent step's ``out``
@@ -38,6 +44,22 @@ from workbench.check.parts import part
 Arrays = dict[str, np.ndarray]
 
 
+#: ChainDims' integer widths (each >= 1).
+INT_DIMS: tuple[str, ...] = (
+    "hidden",
+    "branch",
+    "ffn",
+    "k_heads",
+    "v_heads",
+    "k_dim",
+    "v_dim",
+    "conv",
+    "q_heads",
+    "kv_heads",
+    "head_dim",
+)
+
+
 @dataclass(frozen=True)
 class ChainDims:
     """A chain's tiny config: the hidden stream, the attention branch (wo's input) and the
@@ -52,11 +74,19 @@ class ChainDims:
     k_dim: int = 32
     v_dim: int = 32
     conv: int = 4
+    q_heads: int = 3
+    kv_heads: int = 1
+    head_dim: int = 32
+    rotary_dim: int = 8
+    rope_theta: float = 1e7
+    position: int = 7
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "branch", "ffn", "k_heads", "v_heads", "k_dim", "v_dim", "conv"):
+        for name in INT_DIMS:
             validate.integer(f"dims {name}", getattr(self, name), minimum=1, maximum=1 << 16)
+        validate.integer("dims rotary_dim", self.rotary_dim, minimum=0, maximum=1 << 16)
+        validate.integer("dims position", self.position, minimum=0, maximum=1 << 24)
         validate.number("dims eps", self.eps, minimum=0, exclusive_minimum=True)
         if self.v_heads % self.k_heads:
             raise ValueError(
@@ -64,6 +94,7 @@ class ChainDims:
             )
         if self.conv < 2:
             raise ValueError(f"dims: conv (the conv width) must be >= 2, got {self.conv}")
+        self.head_spec()  # the head's own rules (q_heads a multiple of kv_heads, rotary_dim even)
 
     @property
     def channels(self) -> int:
@@ -73,6 +104,25 @@ class ChainDims:
     @property
     def value(self) -> int:
         return self.v_heads * self.v_dim
+
+    def head_spec(self) -> Any:
+        """The next attention layer's head as Qwen3.5 has it (``check.head_spec``'s ``"model"``
+        shape: the output gate split from q_proj per head, QK-norm, partial RoPE)."""
+        from workbench.check.head_spec import HeadSpec
+
+        return HeadSpec(
+            "model",
+            self.hidden,
+            self.q_heads,
+            self.kv_heads,
+            self.head_dim,
+            rotary_dim=self.rotary_dim,
+            rope_theta=self.rope_theta,
+            qk_norm=True,
+            gate=True,
+            eps=self.eps,
+            name="chain head",
+        )
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every activation and state a link reads or writes (the tail's ``branch`` is wired)."""
@@ -88,6 +138,10 @@ class ChainDims:
             "conv_state": (self.conv - 1, c),
             "state": (self.v_heads, self.v_dim, self.k_dim),
             "out": (self.value,),
+            "q": (self.q_heads * self.head_dim,),
+            "gate": (self.q_heads * self.head_dim,),
+            "k": (self.kv_heads * self.head_dim,),
+            "v": (self.kv_heads * self.head_dim,),
         }
 
 
@@ -229,6 +283,44 @@ def _gdn_reference(w: Mapping[str, np.ndarray], x: Mapping[str, np.ndarray], d: 
     return tuple(np.array(o[0], np.float32) for o in outs)
 
 
+# -- the attention head ------------------------------------------------------------------
+
+_HEAD = ("attn_norm", "q_w", "k_w", "v_w", "q_norm", "k_norm")
+
+
+def _head_weights(d: ChainDims, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    s = d.head_spec()
+    h = d.hidden
+    return {
+        "attn_norm": (h,),
+        "q_w": (s.q_rows, h),
+        "k_w": (s.kv_rows, h),
+        "v_w": (s.kv_rows, h),
+        "q_norm": (d.head_dim,),
+        "k_norm": (d.head_dim,),
+    }
+
+
+def _head_draw(rng: np.random.Generator, d: ChainDims, shapes: Mapping[str, tuple[int, ...]], gate: str) -> Arrays:
+    s = _head_weights(d, shapes)
+    return {k: _matrix(rng, *v) if len(v) == 2 else _norm_weight(rng, v[0]) for k, v in s.items()}
+
+
+def _head_oracle(w: Mapping[str, np.ndarray], x: Mapping[str, np.ndarray], d: ChainDims) -> tuple[np.ndarray, ...]:
+    case = {**{k: w[k] for k in _HEAD}, "q_b": None, "k_b": None, "v_b": None, "fold": None}
+    got = part("head").oracle(d.head_spec(), case, x["hidden"], d.position)
+    return tuple(got[k] for k in ("q", "k", "v", "gate"))
+
+
+def _head_reference(w: Mapping[str, np.ndarray], x: Mapping[str, np.ndarray], d: ChainDims) -> tuple[np.ndarray, ...]:
+    from workbench.check.head_math import HeadWeights
+
+    one = {k: np.asarray(w[k], np.float32)[None] for k in _HEAD}
+    hw = HeadWeights(**one, q_b=None, k_b=None, v_b=None)
+    got = part("head").reference(d.head_spec(), hw, np.asarray(x["hidden"], np.float32)[None], d.position)
+    return tuple(np.asarray(got[k][0], np.float32) for k in ("q", "k", "v", "gate"))
+
+
 LINKS: dict[str, Link] = {
     "tail": Link(
         "tail",
@@ -263,6 +355,18 @@ LINKS: dict[str, Link] = {
         _gdn_draw,
         _gdn_oracle,
         _gdn_reference,
+    ),
+    "head": Link(
+        "head",
+        "head",
+        "the next attention layer's head as Qwen3.5 has it: input RMS norm, Q/K/V, the output gate split from "
+        "q_proj per head, QK-norm, partial RoPE at the dims' position",
+        ("hidden",),
+        ("q", "k", "v", "gate"),
+        _head_weights,
+        _head_draw,
+        _head_oracle,
+        _head_reference,
     ),
 }
 

@@ -132,7 +132,9 @@ class ChainReport:
 
     def rows(self) -> list[dict[str, Any]]:
         """A row a link: its worst tensor, the subject's and the reference chain's median, 99th
-        percentile and worst error, the cases past the ratio, and the link's verdict."""
+        percentile and worst error, the cases past the ratio, the sign test's power (against
+        errors past the ratio on half the cases, at the weakest scale: few cases judge little)
+        and the link's verdict."""
         out = []
         for i, n in enumerate(self.links):
             r = _worst(self.reference_errors[n])
@@ -150,6 +152,8 @@ class ChainReport:
             if self.errors:
                 row["past ratio"] = sum(t.exceed for t in self.tests[n])
                 row["cases"] = sum(t.n for t in self.tests[n])
+                # the test's power against errors past the ratio on half the cases, at its weakest scale
+                row["power"] = min(t.power for t in self.tests[n])
                 row["verdict"] = "FAIL" if self.reasons[n] else "pass"
             out.append(row)
         return out

@@ -24,6 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import validate
+from workbench.check.chain_forms import link_callable
 from workbench.check.chain_links import ChainDims
 from workbench.check.chain_report import ChainReport
 from workbench.check.chain_wiring import Chain, ChainCase, LinkCase, Wired, draw_case, link_inputs, wire
@@ -88,11 +89,19 @@ def returned_outputs(w: Wired, value: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def _subject(subject: Any, chain: Chain) -> tuple[str, Any]:
-    """``("one", fn)`` for one implementation, ``("links", [fn or None a link])`` for one a link."""
+def _shown(f: Any) -> str:
+    """How the report names what ran a link: a function's name, a form's ``name``."""
+    if f is None:
+        return REFERENCE
+    return str(getattr(f, "__name__", None) or getattr(f, "name", None) or type(f).__name__)
+
+
+def _subject(subject: Any, chain: Chain) -> tuple[str, Any, list[str]]:
+    """``("one", fn, [])`` for one implementation, ``("links", [fn or None a link], names)``
+    for one a link (a part's form made the link's callable: :mod:`workbench.check.chain_forms`)."""
     names = chain.names
     if callable(subject) and not isinstance(subject, (Mapping, Sequence)):
-        return "one", subject
+        return "one", subject, []
     if isinstance(subject, Mapping):
         unknown = sorted(set(map(str, subject)) - set(names))
         if unknown:
@@ -103,12 +112,8 @@ def _subject(subject: Any, chain: Chain) -> tuple[str, Any]:
             raise ValueError(
                 f"subject: one callable (or None) a link, {len(names)} for {list(names)}, got {len(subject)}"
             )
-        for n, f in zip(names, subject):
-            if f is not None and not callable(f):
-                raise ValueError(
-                    f"subject: link {n}: must be a callable (LinkCase -> outputs) or None, got {validate.describe(f)}"
-                )
-        return "links", list(subject)
+        fns = [None if f is None else link_callable(n, f, chain.dims) for n, f in zip(names, subject)]
+        return "links", fns, [_shown(f) for f in subject]
     raise ValueError(
         "subject: must be a callable (ChainCase -> every link's outputs), or one callable (or None: the "
         f"reference) a link, as a sequence or a mapping by link name, got {validate.describe(subject)}"
@@ -126,14 +131,50 @@ def chained_outputs(chain: Chain, case: ChainCase, *, truth: bool) -> list[dict[
     return outs
 
 
-def _subject_run(chain: Chain, case: ChainCase, kind: str, fn: Any, problems: list[str]) -> list[dict | None]:
+def _evaluated(value: Any) -> Any:
+    """``value`` with every MLX array in it (a link's outputs, nested one or two deep)
+    evaluated: MLX records a graph on the calling thread's stream, so the worker that made
+    it evaluates it, and the check's thread reads finished arrays."""
+    leaves, todo = [], [value]
+    for _ in range(3):
+        nxt = []
+        for v in todo:
+            if isinstance(v, mx.array):
+                leaves.append(v)
+            elif isinstance(v, Mapping):
+                nxt += list(v.values())
+            elif isinstance(v, (tuple, list)):
+                nxt += list(v)
+        todo = nxt
+    if leaves:
+        mx.eval(*leaves)
+    return value
+
+
+def _call(caller: Callable[..., Any] | None, fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)`` (under the time limit when ``caller`` is a ``LimitedCaller``), evaluated;
+    a call past the limit raises ``TimeoutError``, the user's own error is raised as is."""
+    if caller is None:
+        return _evaluated(fn(arg))
+    o = caller(lambda: _evaluated(fn(arg)))
+    if o.timed_out:
+        raise TimeoutError(f"took over {caller.seconds:g} s (time_limit)")
+    if o.error is not None:
+        raise o.error
+    return o.value
+
+
+def _subject_run(
+    chain: Chain, case: ChainCase, kind: str, fn: Any, problems: list[str], caller: Any = None
+) -> list[dict | None]:
     """The subject's outputs a link (None for a link that gave nothing usable, and, in a
     chain a link, for every link after it: it has nothing to read)."""
     outs: list[dict | None] = [None] * len(chain.links)
     where = f"case {case.case}"
     if kind == "one":
         try:
-            value = fn(ChainCase(_fresh(case.inputs), {k: _fresh(v) for k, v in case.weights.items()}, *_rest(case)))
+            given = ChainCase(_fresh(case.inputs), {k: _fresh(v) for k, v in case.weights.items()}, *_rest(case))
+            value = _call(caller, fn, given)
         except Exception as e:
             problems.append(f"chain {','.join(chain.names)}, {where}: raised {type(e).__name__}: {e}")
             return outs
@@ -167,7 +208,7 @@ def _subject_run(chain: Chain, case: ChainCase, kind: str, fn: Any, problems: li
                 outs[i] = dict(zip(w.link.outputs, got))
             else:
                 lc = LinkCase(w.link.name, _fresh(x), _fresh(case.weights[w.link.name]), chain.dims, case.case)
-                outs[i] = returned_outputs(w, fn[i](lc))
+                outs[i] = returned_outputs(w, _call(caller, fn[i], lc))
         except SubjectError as e:
             problems.append(f"{e}, {where}")
             break
@@ -222,6 +263,7 @@ def check_chain(
     gates: Sequence[str] = CHAIN_GATES,
     state_scales: Sequence[float] = CHAIN_STATE_SCALES,
     tolerance: float | None = None,
+    time_limit: float | None = 30.0,
     name: str = "",
 ) -> ChainReport:
     """Check ``subject`` as the chain ``links`` (names of ``chain_links.LINK_NAMES`` in launch
@@ -233,12 +275,19 @@ def check_chain(
     order; a link's outputs a tuple in its order, a mapping by tensor name, or for the tail
     the array alone); or one callable a link, ``fn(LinkCase) -> outputs``, as a list or a
     mapping by link name (None or a link left out: the workbench's float32 reference runs it);
-    None: only the reference. ``tolerance``: the user's own limit on every link's worst error."""
+    None: only the reference. ``tolerance``: the user's own limit on every link's worst error;
+    ``time_limit``: seconds one call of the user's may take (None: no limit), a call past it
+    reported as that case's problem, the check going on."""
     chain = wire(links, dims)
-    kind, fn = ("none", None) if subject is None else _subject(subject, chain)
+    kind, fn, given = ("none", None, []) if subject is None else _subject(subject, chain)
     conds = _conditions(scales, gates, state_scales)
     seed_arr = check_seeds(seeds)
     user = None if tolerance is None else float(validate.number("tolerance", tolerance, minimum=0))
+    caller = None
+    if time_limit is not None:
+        from workbench.check.time_limit import LimitedCaller
+
+        caller = LimitedCaller(validate.number("time_limit", time_limit, minimum=0, exclusive_minimum=True))
     rows, sub_err, ref_err, problems = [], [], [], []
     for scale, gate, st in conds:
         for s in seed_arr:
@@ -247,11 +296,8 @@ def check_chain(
             truth = chained_outputs(chain, case, truth=True)
             ref_err.append(link_errors(chain, chained_outputs(chain, case, truth=False), truth))
             if fn is not None:
-                sub_err.append(link_errors(chain, _subject_run(chain, case, kind, fn, problems), truth))
+                sub_err.append(link_errors(chain, _subject_run(chain, case, kind, fn, problems, caller), truth))
             rows.append({"scale": scale, "gate": gate, "state_scale": st, "seed": int(s)})
     mx.clear_cache()
     shown = name or ("" if fn is None else getattr(fn, "__qualname__", "chain" if kind == "one" else "links"))
-    given = (
-        [] if kind != "links" else [REFERENCE if f is None else getattr(f, "__name__", type(f).__name__) for f in fn]
-    )
     return ChainReport.build(chain, shown, kind, given, rows, sub_err, ref_err, problems, user)

@@ -4,7 +4,7 @@ A link reads each input from the latest earlier link that wrote it (or a name it
 its place), else from the chain's inputs; each link after the first must read something the
 link before it wrote, since a chain is launches that feed each other (two unconnected
 launches are two checks, not a chain). The cases draw every link's weights from a stream of
-its own (the seed and the link's name), so a link's weights are the same in any chain it
+its own (the case's seed and the link's name), so a link's weights are the same in any chain it
 is part of, and the chain's inputs from another.
 """
 

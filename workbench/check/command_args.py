@@ -73,6 +73,48 @@ def dims(most: int, product_most: int | None = None) -> Callable[[str], tuple[in
     return parse
 
 
+def seed_range(most: int) -> Callable[[str], range]:
+    """argparse type of ``--seeds``: ``N`` (seeds 0..N-1) or ``A:B`` (seeds A..B-1, a shard
+    of a larger run: shards of disjoint ranges merge), at most ``most`` seeds."""
+
+    def parse(text: str) -> range:
+        head, colon, tail = text.partition(":")
+        if not colon:
+            return range(count(1, most)(text))
+        a, b = count(0, 2**62)(head.strip()), count(1, 2**62)(tail.strip())
+        if not a < b or b - a > most:
+            raise argparse.ArgumentTypeError(f"A:B must have A < B and at most {most} seeds, got {text!r}")
+        return range(a, b)
+
+    return parse
+
+
+def shape(text: str) -> tuple[int, int, int]:
+    """argparse type of ``--shape``: ``H,B,F`` (hidden, branch, ffn), positive ints."""
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"must be H,B,F (hidden, branch, ffn), got {text!r}")
+    h, b, f = (count(1, 2**31 - 1)(p.strip()) for p in parts)
+    return h, b, f
+
+
+#: ``--memory-budget``'s suffixes: powers of 1024.
+BYTE_UNITS: dict[str, int] = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def byte_count(text: str) -> int:
+    """argparse type of ``--memory-budget``: bytes, or a number with K, M, G or T (powers of 1024)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in BYTE_UNITS and t[-1:] else ""
+    try:
+        value = float(t[: len(t) - len(unit)])
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value * BYTE_UNITS[unit] < 1:
+        raise argparse.ArgumentTypeError(f"must be bytes, or a number with K, M, G or T (4G), got {text!r}")
+    return int(value * BYTE_UNITS[unit])
+
+
 def real(text: str, *, positive: bool) -> float:
     """``text`` as a finite number >= 0 (``positive``: > 0), or argparse's one-line refusal."""
     try:

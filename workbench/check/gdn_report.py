@@ -117,6 +117,10 @@ class StepReport:
     part: str = "gdn"
     calibrated_on: str = ""
     flake_rate: float = 1e-3
+    #: What the check verified of the subject, in words (where it ran, its guards).
+    checked: list[str] = field(default_factory=list)
+    #: The reproducers written (``check_step(replay_dir=...)``), one a failing run.
+    reproducers: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -310,6 +314,7 @@ class StepReport:
             lines.append(f"growth ({k}): slope {s:.3f} [{lo:.3f}, {hi:.3f}] log10 error per log10 token")
         lines.append(self.catch_table().to_string(float_format=lambda v: f"{v:.3f}"))
         lines.append(legend(CATCH_LEGEND))
+        lines += ["checked: " + c for c in self.checked]
         return "\n".join(lines)
 
     def to_record(self) -> dict[str, Any]:

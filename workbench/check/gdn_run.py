@@ -26,6 +26,9 @@ from workbench.check.gdn_cases import DEFAULT_GEOMETRIES, GATES, TokenRun, geome
 from workbench.check.gdn_faults import GDN_FAULTS, BlockStep, chunk_rows
 from workbench.check.gdn_report import StepReport, condition_frame
 from workbench.check.gdn_subjects import CallableStep, StepInputs, checked_step
+from workbench.check.replay import DEFAULT_MAX_BYTES, ReplayDir
+from workbench.check.step_isolation import checked, close, guarded_step
+from workbench.check.step_reproducer import check_fits, write_failing_runs
 from workbench.check.subjects import SubjectError
 from workbench.decode.layers import GDN_PATHS, recurrent_step
 from workbench.studies.cases import check_seeds
@@ -356,13 +359,23 @@ def check_step(
     flake_rate: float = 1e-3,
     faults: Sequence[str] = tuple(GDN_FAULTS),
     reference: str = "ops",
+    rerun: bool = True,
+    process: bool | None = None,
+    time_limit: float = 30.0,
+    replay_dir: Any = None,
+    replay_max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> StepReport:
     """Check ``subject`` (a callable ``StepInputs -> (out, conv_state, state)``, or a form of
     :mod:`workbench.check.gdn_subjects`) on runs of ``tokens`` tokens, one per seed and
     condition (``geometries`` x ``scales`` x ``gates`` x ``state_scales``), both states fed back.
     ``horizons``: the token counts the verdict and the tables are given at (``tokens``
     always among them); ``tolerance``: the user's own limit on the worst scaled error at
-    the last horizon; ``reference``: the float32 reference's delta rule (``"ops"`` or ``"fast"``)."""
+    the last horizon; ``reference``: the float32 reference's delta rule (``"ops"`` or ``"fast"``).
+    The subject runs guarded (:mod:`workbench.check.step_isolation`): ``rerun`` each token called
+    twice, the bits compared; ``process`` in a worker process of its own (None: where it can);
+    ``time_limit`` seconds a call may take. ``replay_dir``: a folder where each failing run is
+    written as a reproducer (:mod:`workbench.check.step_reproducer`), each at most
+    ``replay_max_bytes`` (checked before any run)."""
     subject = None if subject is None else _subject(subject)
     tokens = validate.integer("tokens", tokens, minimum=1, maximum=1 << 20)
     hs = _horizons(horizons, tokens)
@@ -374,7 +387,37 @@ def check_step(
     validate.one_of("reference", reference, GDN_PATHS[:2])
     user = None if tolerance is None else validate.number("tolerance", tolerance, minimum=0)
     flake_rate = validate.number("flake_rate", flake_rate, minimum=0, exclusive_minimum=True, maximum=0.5)
+    where = ReplayDir.of(replay_dir, replay_max_bytes)
+    if where is not None:
+        for shp, *_ in conds:
+            check_fits(where, shp, tokens)
     frames, problems = [], []
+    guarded = None if subject is None else guarded_step(subject, rerun=rerun, process=process, time_limit=time_limit)
+    try:
+        _condition_frames(guarded, conds, seed_arr, tokens, flt, reference, frames, problems)
+    finally:
+        close(guarded)
+    name = "" if subject is None else getattr(subject, "name", "?")
+    kind = "" if subject is None else getattr(subject, "kind", "callable")
+    rep = StepReport.build(name, kind, frames, hs, problems, user, flake_rate)
+    rep.checked = [] if guarded is None else checked(guarded)
+    settings = {"tokens": tokens, "tolerance": user, "reference": reference, "rerun": rerun}
+    written = [] if where is None or guarded is None else write_failing_runs(where, rep, settings)
+    rep.reproducers = [str(p) for p in written]
+    return rep
+
+
+def _condition_frames(
+    subject: Any,
+    conds: list[tuple],
+    seed_arr: np.ndarray,
+    tokens: int,
+    flt: Sequence[str],
+    reference: str,
+    frames: list,
+    problems: list[str],
+) -> None:
+    """Every condition's runs (:func:`run_condition`), a frame each appended to ``frames``."""
     for shp, scale, gate, st in conds:
         run = token_run(shp, seed_arr, tokens, scale=scale, gate=gate, state_scale=st)
         geo = f"{shp.hk}/{shp.hv}/{shp.dk}/{shp.dv}/{shp.kw}"
@@ -382,6 +425,3 @@ def check_step(
         err = run_condition(subject, run, labels, flt, problems, reference=reference)
         base = {"geometry": geo, "scale": scale, "gate": gate, "state_scale": st}
         frames.append(condition_frame(base, seed_arr, err))
-    name = "" if subject is None else getattr(subject, "name", "?")
-    kind = "" if subject is None else getattr(subject, "kind", "callable")
-    return StepReport.build(name, kind, frames, hs, problems, user, flake_rate)

@@ -243,6 +243,10 @@ class StepSource:
         self._backend()
         object.__setattr__(self, "kind", f"{self.language} source")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling keeps (the step sent to its worker process): all but the compiled kernels."""
+        return {**self.__dict__, "_kernels": {}}
+
     def _backend(self) -> str:
         return backends.resolve_backend(kernel_run.METAL_EMULATED if self.run_on == "emulator" else self.language)
 

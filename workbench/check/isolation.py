@@ -133,33 +133,48 @@ def receive_message(stream: BinaryIO) -> Any:
     return pickle.loads(data, buffers=[view[o : o + k] for o, k in spans])
 
 
-def case_calls(subject: Any, payload: Any) -> list[Callable[[], Any]]:
-    """The calls a worker makes of one case, in the order the check numbers them: a callable's
-    guarded calls (one, or one a scale), or a kernel form's launches on the weights made from
-    the case's rows."""
+def case_calls(subject: Any, payload: Any) -> Callable[[Any], Any]:
+    """What a worker calls for one case, given a call's argument: a callable's guarded calls
+    (one, or one a scale: the argument is the index), a kernel form's launches on the weights
+    made from the case's rows (likewise), or a subject of its own kind's ``worker_call``
+    (a recurrent step's sequence: the argument is the token's inputs)."""
+    if hasattr(subject, "worker_call"):
+        return subject.worker_call(payload)
     if isinstance(subject, CallableSubject):
-        return [partial(guarded_call, subject.fn, sc, subject.arrays, want) for sc, want in subject.jobs(payload)]
-    w, _, _ = case_row_weights(payload.rows, 0, **payload.config)
-    return [fn for fn, _ in subject.calls(payload, w)]
+        fns = [partial(guarded_call, subject.fn, sc, subject.arrays, want) for sc, want in subject.jobs(payload)]
+    else:
+        w, _, _ = case_row_weights(payload.rows, 0, **payload.config)
+        fns = [fn for fn, _ in subject.calls(payload, w)]
+    return lambda j: fns[j]()
+
+
+def _returned(value: Any) -> Any:
+    """What a worker sends back: an array as numpy, a tuple of them likewise (a step's three)."""
+    if isinstance(value, (tuple, list)):
+        return tuple(_returned(v) for v in value)
+    a = as_numpy(value)
+    return value if a is None else np.asarray(a)
 
 
 def serve() -> None:  # pragma: no cover -- runs in the worker
-    """The worker's loop: the subject, then calls ``(key, payload, j)`` in on stdin (a new
-    ``payload`` a new case), outcomes out on the original stdout (what the subject prints goes
-    to stderr, so it cannot corrupt the messages)."""
+    """The worker's loop: the subject and the folder for shared files, then calls ``(key,
+    payload, arg)`` in on stdin (a ``payload`` for a case it does not hold), outcomes out on the
+    original stdout (what the subject prints goes to stderr, so it cannot corrupt the messages)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     stdin = sys.stdin.buffer
     try:
-        subject, failed = receive_message(stdin), ""
+        sent, hold, scratch = receive_message(stdin)
     except EOFError:
         return
+    try:
+        subject, failed = pickle.loads(sent), ""
     except BaseException as e:  # the user's module does not import here: every call says so
         subject, failed = None, f"could not be loaded in the worker process: {type(e).__name__}: {e}"
-    calls: list[Callable[[], Any]] = []
+    held: dict[Any, Callable[[Any], Any]] = {}
     while True:
         try:
-            payload, j = receive_message(stdin)
+            key, payload, arg = receive_message(stdin)
         except EOFError:
             return
         if failed:
@@ -167,11 +182,10 @@ def serve() -> None:  # pragma: no cover -- runs in the worker
             continue
         try:
             if payload is not None:
-                calls = []
-                calls = case_calls(subject, payload)
-            value = calls[j]()
-            a = as_numpy(value)
-            send_message(out, ("ok", value if a is None else np.asarray(a)))
+                if len(held) >= hold:
+                    held.clear()
+                held[key] = case_calls(subject, payload)
+            send_message(out, ("ok", _returned(held[key](arg))), scratch)
         except SubjectError as e:
             send_message(out, ("subject", str(e)))
         except BaseException as e:
@@ -188,15 +202,17 @@ def _died(code: int | None) -> str:
 
 
 class ProcessCaller:
-    """Runs ``subject`` (an importable :class:`CallableSubject` or a kernel form) on cases in a
-    worker process, each call within ``seconds``."""
+    """Runs ``subject`` (an importable :class:`CallableSubject`, a kernel form, or a subject with
+    a ``worker_call``) on cases in a worker process, each call within ``seconds``. The worker
+    holds up to ``hold`` cases at a time (a tail's case: one; a step's sequences: every one of
+    a condition, their constants are small); both sides forget them all at once when full."""
 
-    def __init__(self, subject: Any, seconds: float) -> None:
-        self.subject, self.seconds = subject, float(seconds)
+    def __init__(self, subject: Any, seconds: float, hold: int = 1) -> None:
+        self.subject, self.seconds, self.hold = subject, float(seconds), int(hold)
         # pickled here, once: what cannot travel is refused before any case runs
         self._sent = pickle.dumps(subject, protocol=5)
         self._proc: Any = None
-        self._loaded: Any = None
+        self._held: set = set()
         self._scratch: Path | None = None
 
     def _start(self) -> None:
@@ -211,8 +227,10 @@ class ProcessCaller:
         )
         if self._scratch is None:
             self._scratch = _scratch()
-        self._loaded = None
-        message = pickle.dumps((self._sent, "", []), protocol=pickle.HIGHEST_PROTOCOL)  # as send_message frames one
+        self._held = set()
+        # the subject as pickled once, framed as send_message frames a message
+        first = pickle.dumps((self._sent, self.hold, self._scratch), protocol=5)
+        message = pickle.dumps((first, "", []), protocol=pickle.HIGHEST_PROTOCOL)
         self._proc.stdin.write(_HEADER.pack(len(message)) + message)
         self._proc.stdin.flush()
 
@@ -225,7 +243,7 @@ class ProcessCaller:
                     f.close()
                 except OSError:
                     pass
-        self._proc, self._loaded = None, None
+        self._proc, self._held = None, set()
 
     def close(self) -> None:
         """End the worker (a later call starts a fresh one) and remove its shared files."""
@@ -241,14 +259,22 @@ class ProcessCaller:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
 
-    def _one(self, key: Any, payload: Any, j: int) -> Outcome:
+    def call(self, key: Any, payload: Any, arg: Any) -> Outcome:
+        """One call of the case ``key`` (``payload`` shipped only when the worker does not hold it)."""
         first = self._proc is None
-        try:
-            if first:
+        if first:
+            try:
                 self._start()
-            proc = self._proc
-            send_message(proc.stdin, (payload if key != self._loaded else None, j), self._scratch)
-            self._loaded = key
+            except OSError as e:
+                self._stop()
+                return Outcome(error=SubjectError(f"its worker process could not be started: {e}"))
+        proc = self._proc
+        try:
+            ship = key not in self._held
+            if ship and len(self._held) >= self.hold:
+                self._held.clear()
+            send_message(proc.stdin, (key, payload if ship else None, arg), self._scratch)
+            self._held.add(key)
             ready, _, _ = select.select([proc.stdout], [], [], self.seconds + (START_GRACE if first else 0.0))
         except (BrokenPipeError, OSError):
             ready = [proc.stdout]
@@ -268,7 +294,6 @@ class ProcessCaller:
             return Outcome(value=value)
         return Outcome(error=SubjectError(value if kind == "subject" else f"raised {value}"))
 
-    def run_all(self, jobs: Sequence[tuple[Any, Any, int]]) -> list[Outcome]:
-        """One outcome a job ``(key, payload, j)``: call ``j`` of the case ``payload`` (shipped
-        only when ``key`` is not the case the worker holds), in order."""
-        return [self._one(key, payload, j) for key, payload, j in jobs]
+    def run_all(self, jobs: Sequence[tuple[Any, Any, Any]]) -> list[Outcome]:
+        """One outcome a job ``(key, payload, arg)`` (:meth:`call`), in order."""
+        return [self.call(key, payload, arg) for key, payload, arg in jobs]

@@ -73,6 +73,7 @@ class CheckReport:
     determinism: str = "not run"
     checked: list[str] = field(default_factory=list)
     reproducers: list[str] = field(default_factory=list)
+    flake_rate: float = 1e-4  # the calibration's per-case rate: a merge of shards calibrates at the same
 
     @property
     def passed(self) -> bool:
@@ -319,4 +320,5 @@ def build_report(
         notes=notes,
         determinism=determinism,
         checked=list(checked or []),
+        flake_rate=float(flake_rate),
     )

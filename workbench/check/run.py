@@ -10,22 +10,24 @@ beside the mean square), and hides when they are large.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from workbench import validate
-from workbench.check import blocks
+from workbench.check import blocks, shards
+from workbench.check import budget as budget_mod
 from workbench.check.calls import callers, rerun_difference, run_block, where_it_ran
 from workbench.check.faults import FAULTS, applies, faulty_tail
+from workbench.check.progress import Progress
 from workbench.check.replay import DEFAULT_MAX_BYTES, ReplayDir, case_failures, case_metrics, write_reproducer
 from workbench.check.report import CheckReport, build_report
 from workbench.check.stored import stored_case
 from workbench.check.subjects import CallableSubject
 from workbench.fold.weights import DENSE_DTYPES
 from workbench.studies.cases import (
-    CASE_BLOCK,
     case_arrays,
     check_fold,
     check_quant_fits,
@@ -122,6 +124,11 @@ def check_kernel(
     rerun: bool = True,
     replay_dir: Any = None,
     replay_max_bytes: int = DEFAULT_MAX_BYTES,
+    memory_budget: int | None = None,
+    journal: Any = None,
+    progress: bool | None = None,
+    client: Any = None,
+    shard_seeds: int | None = None,
 ) -> CheckReport:
     """Check ``subject`` (a callable, or a form of :mod:`workbench.check.subjects`) on every
     combination of ``shapes`` x ``dtypes`` x ``folds`` x ``quantize`` x ``seeds``, each at every
@@ -133,9 +140,22 @@ def check_kernel(
     each at most ``replay_max_bytes`` (checked before any case runs).
 
     The implementation runs one case a call; the truth and the graph reference run a block
-    of :data:`~workbench.studies.cases.CASE_BLOCK` cases at a time (:mod:`workbench.check.blocks`:
-    the same bits as case by case). ``folds``: ``None`` or block sizes (each case folds
-    ``wo``'s input with its own random signs)."""
+    of cases at a time (:mod:`workbench.check.blocks`: the same bits as case by case), as many
+    as fit ``memory_budget`` bytes (:mod:`workbench.check.budget`; ``None``: its default, 4 GiB
+    or half this machine's memory if less), so any number of seeds runs in one call; a shape
+    whose single case does not fit is refused before any work. ``journal``: a folder where each
+    finished block is written, and from which a run interrupted with the same arguments
+    resumes (:class:`workbench.check.shards.Journal`); ``progress``: a bar of cases done, their
+    rate and the time left (tqdm, on stderr or in a notebook; ``None``: where stderr is a
+    terminal). A run over ``seeds=range(a, b)`` is a shard:
+    :func:`workbench.check.shards.merge_reports` merges disjoint shards into the report of their
+    union, the same bits as one run. ``folds``: ``None`` or block sizes (each case folds
+    ``wo``'s input with its own random signs).
+
+    ``client``: a ``dask.distributed.Client`` (:func:`workbench.check.cluster_client`): the seeds
+    run as shards of ``shard_seeds`` (default: two shards a worker) on its workers, merged into
+    one report, the same bits (:mod:`workbench.check.cluster`); ``progress``: Dask's progress
+    bar over the shards (``None``: where stderr is a terminal); ``journal``: not with a client."""
     import pandas as pd
 
     subject = as_subject(subject)
@@ -155,8 +175,11 @@ def check_kernel(
     seed_arr = check_seeds(seeds)
     eps = validate.number("eps", eps, minimum=0, exclusive_minimum=True)
     where = ReplayDir.of(replay_dir, replay_max_bytes)
-    frames, fframes, problems = [], [], []
-    configs = []
+    budget = budget_mod.check_budget(memory_budget)
+    show = sys.stderr.isatty() if progress is None else validate.flag("progress", progress)
+    problems: list[str] = []
+    configs: list[tuple] = []
+    sizes: list[int] = []
     for shp in validate.sequence("shapes", shapes, what="(hidden, branch, ffn) triples"):
         shp = check_shape(shp)
         for dtype in validate.sequence("dtypes", dtypes, what=f"dtypes in {tuple(DENSE_DTYPES)}"):
@@ -168,14 +191,44 @@ def check_kernel(
                     check_quant_fits(spec, shp)
                     if where is not None:
                         where.check_fits(shp, len(scale_labels), fold)
+                    sizes.append(budget_mod.block_size(shp, len(scale_labels), budget))
                     configs.append((shp, dtype, fold, qlabel, spec, q))
-    chunks = [seed_arr[k : k + CASE_BLOCK] for k in range(0, len(seed_arr), CASE_BLOCK)]
+    if client is not None:  # shards of seeds as tasks on a Dask cluster, merged into one report
+        from workbench.check.cluster import check_on_cluster
+
+        if journal is not None:
+            raise ValueError("journal: a run on a Dask cluster is not journaled (give journal=None, or no client)")
+        opts = {"scales": scale_labels, "faults": faults, "time_limit": seconds, "eps": eps, "rerun": rerun}
+        opts.update(
+            tolerance=tolerance, flake_rate=flake_rate, replay_dir=replay_dir, replay_max_bytes=replay_max_bytes
+        )
+        opts["memory_budget"] = memory_budget
+        dask_args = {"shard_seeds": shard_seeds, "progress": progress}
+        return check_on_cluster(
+            client, check_kernel, subject, configs, seed_arr, opts, user=user, flake_rate=flake_rate, **dask_args
+        )
+    log = None
+    if journal is not None:
+        tag = {
+            "subject": [getattr(subject, "name", "?"), getattr(subject, "kind", "callable")],
+            "configs": [[list(c[0]), c[1], str(c[2]), c[3]] for c in configs],
+            "seeds": [len(seed_arr), shards.seeds_digest(seed_arr)],
+            "scales": scale_labels,
+            "faults": list(faults),
+            "eps": eps,
+            "rerun": rerun,
+        }
+        log = shards.Journal(journal, tag)
+    bar = Progress(len(configs) * len(seed_arr), show=show)
     calls = callers(subject, seconds)
     writer = None if where is None else _Reproducers(where, subject, user, scale_labels)
     try:
-        _blocks(subject, calls, configs, chunks, scale_labels, faults, eps, rerun, frames, fframes, problems, writer)
+        frames, fframes = _blocks(
+            subject, calls, configs, sizes, seed_arr, scale_labels, faults, eps, rerun, problems, writer, log, bar
+        )
     finally:
         calls.close()
+        bar.close()
     cases = pd.concat(frames, ignore_index=True)
     fault_df = pd.concat(fframes, ignore_index=True) if fframes else None
     report = build_report(
@@ -189,6 +242,8 @@ def check_kernel(
         checked=_checked(subject, rerun),
     )
     report.reproducers = [] if writer is None else [str(p) for p in writer.written]
+    if log is not None and log.failed:
+        report.notes.append(log.failed)
     return report
 
 
@@ -247,60 +302,114 @@ def _blocks(
     subject: Any,
     calls: Any,
     configs: list,
-    chunks: list,
+    sizes: list[int],
+    seed_arr: np.ndarray,
     scale_labels: list[float],
     faults: Sequence[str],
     eps: float,
     rerun: bool,
-    frames: list,
-    fframes: list,
     problems: list[str],
-    writer: _Reproducers | None = None,
-) -> None:
-    """Every configuration and block of seeds: the truth, the reference, the implementation's
-    runs and the fault models, appended to ``frames`` / ``fframes`` / ``problems``."""
-    scale_arr = np.array(scale_labels, dtype=np.float32)
-    for config in configs:
-        shp, dtype, fold, qlabel, spec, _ = config
+    writer: _Reproducers | None,
+    log: Any,
+    bar: Progress,
+) -> tuple[list, list]:
+    """Every configuration and block of seeds (a journal's blocks taken as done): the case
+    and fault tables, one of each a configuration in a run's row order (:func:`shards.canonical`);
+    what went wrong appended to ``problems``."""
+    order: dict[int, int] = {}
+    for i, s in enumerate(seed_arr.tolist()):
+        order.setdefault(int(s), i)
+    frames, fframes = [], []
+    for ci, (config, size) in enumerate(zip(configs, sizes, strict=True)):
+        shp, dtype, fold, qlabel, _, _ = config
         base = {"hidden": shp[0], "branch": shp[1], "ffn": shp[2], "dtype": dtype, "fold": str(fold), "quant": qlabel}
-        for chunk in chunks:
-            c = case_arrays(shp, chunk)
-            st = blocks.stored_block(c, dtype=dtype, fold=fold, spec=spec, eps=eps)
-            B = c.branch[:, None, :] * scale_arr[None, :, None]
-            R = c.residual[:, None, :] * scale_arr[None, :, None]
-            truth, ref = blocks.truth(st, B, R), blocks.reference(st, B, R)
-            scs = [
-                blocks.case(st, i, B[i], R[i], f"shape {shp} {dtype} fold {fold} quant {qlabel} seed {int(s)}")
-                for i, s in enumerate(c.seeds)
-            ]
-            kept = (B.copy(), R.copy())
-            runs = run_block(
-                subject,
-                calls,
-                scs,
-                c,
-                scales=scale_labels,
-                problems=problems,
-                held=[B, R, truth, ref],
-                rerun=rerun,
-                dtype=dtype,
-                fold=fold,
-                spec=spec,
-                eps=eps,
-            )
-            if not (np.array_equal(kept[0], B) and np.array_equal(kept[1], R)):
-                problems.append(f"{scs[0].case} ..: the implementation changed the branch or residual in place")
-            if writer is not None:
-                writer.block(config, c, [sc.case for sc in scs], B, R, runs.first, truth, eps)
-            metrics = _metric_columns(runs.first, truth, ref)
-            if runs.again is not None:
-                metrics["rerun_diff"] = rerun_difference(runs.first, runs.again, truth)
-            frames.append(_frame(base, c.seeds, scale_labels, metrics))
-            for f in faults:
-                if not applies(f, scs[0]):  # a fold and a quantized wo are the same for every case of a block
-                    continue
-                fo = blocks.faulty(st, B, R, f)
-                fframes.append(_frame({**base, "fault": f}, c.seeds, scale_labels, _metric_columns(fo, truth)))
+        cdfs, fdfs = [], []
+        todo = seed_arr
+        if log is not None and log.blocks.get(ci):
+            for _, cdf, fdf, probs in log.blocks[ci]:
+                cdfs.append(cdf)
+                fdfs += [fdf] if len(fdf) else []
+                problems += probs
+            todo = seed_arr[~np.isin(seed_arr, np.fromiter(log.done(ci), dtype=np.int64))]
+            bar.add(len(seed_arr) - len(todo))
+        for k in range(0, len(todo), size):
+            chunk = todo[k : k + size]
+            said: list[str] = []
+            cdf, fdf = _block(subject, calls, config, base, chunk, scale_labels, faults, eps, rerun, said, writer)
+            problems += said
+            cdfs.append(cdf)
+            fdfs += [fdf] if fdf is not None else []
+            if log is not None:
+                log.add(ci, chunk, cdf, fdf if fdf is not None else cdf.iloc[:0], said)
+            bar.add(len(chunk))
+        import pandas as pd
+
+        cat = pd.concat(cdfs, ignore_index=True)
+        fcat = pd.concat(fdfs, ignore_index=True) if fdfs else None
+        cat, fcat = shards.canonical(cat, fcat, order)
+        frames.append(cat)
+        fframes += [fcat] if fcat is not None else []
+    return frames, fframes
+
+
+def _block(
+    subject: Any,
+    calls: Any,
+    config: tuple,
+    base: dict[str, Any],
+    chunk: np.ndarray,
+    scale_labels: list[float],
+    faults: Sequence[str],
+    eps: float,
+    rerun: bool,
+    problems: list[str],
+    writer: _Reproducers | None,
+) -> tuple[Any, Any]:
+    """One block of seeds of one configuration: the truth, the reference, the implementation's
+    runs and the fault models, as its case table and fault table (None: no fault ran)."""
+    import pandas as pd
+
+    shp, dtype, fold, qlabel, spec, _ = config
+    scale_arr = np.array(scale_labels, dtype=np.float32)
+    c = case_arrays(shp, chunk)
+    st = blocks.stored_block(c, dtype=dtype, fold=fold, spec=spec, eps=eps)
+    B = c.branch[:, None, :] * scale_arr[None, :, None]
+    R = c.residual[:, None, :] * scale_arr[None, :, None]
+    truth, ref = blocks.truth(st, B, R), blocks.reference(st, B, R)
+    scs = [
+        blocks.case(st, i, B[i], R[i], f"shape {shp} {dtype} fold {fold} quant {qlabel} seed {int(s)}")
+        for i, s in enumerate(c.seeds)
+    ]
+    kept = (B.copy(), R.copy())
+    runs = run_block(
+        subject,
+        calls,
+        scs,
+        c,
+        scales=scale_labels,
+        problems=problems,
+        held=[B, R, truth, ref],
+        rerun=rerun,
+        dtype=dtype,
+        fold=fold,
+        spec=spec,
+        eps=eps,
+    )
+    if not (np.array_equal(kept[0], B) and np.array_equal(kept[1], R)):
+        problems.append(f"{scs[0].case} ..: the implementation changed the branch or residual in place")
+    if writer is not None:
+        writer.block(config, c, [sc.case for sc in scs], B, R, runs.first, truth, eps)
+    metrics = _metric_columns(runs.first, truth, ref)
+    if runs.again is not None:
+        metrics["rerun_diff"] = rerun_difference(runs.first, runs.again, truth)
+    fframes = []
+    for f in faults:
+        if not applies(f, scs[0]):  # a fold and a quantized wo are the same for every case of a block
+            continue
+        fo = blocks.faulty(st, B, R, f)
+        fframes.append(_frame({**base, "fault": f}, c.seeds, scale_labels, _metric_columns(fo, truth)))
+    fdf = pd.concat(fframes, ignore_index=True) if fframes else None
+    return _frame(base, c.seeds, scale_labels, metrics), fdf
 
 
 def check_dump(

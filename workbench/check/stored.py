@@ -53,6 +53,9 @@ class StoredMatrix:
     bits: int | None = None
     group_size: int | None = None
     _dense: Any = None
+    #: The rotation this matrix's input takes, where it carries its own (a Hadamard pack's
+    #: gate, up, down: each with its block and signs); ``wo``'s is :attr:`StoredCase.fold`.
+    fold: HadamardFold | None = None
 
     @property
     def quantized(self) -> bool:
@@ -92,8 +95,9 @@ class StoredCase:
         return h, b, self.gate.shape[0]
 
 
-def _stored_matrix(m: WeightMatrix) -> StoredMatrix:
-    base, _ = m.launch_parts()
+def _stored_matrix(m: WeightMatrix, own_fold: bool = False) -> StoredMatrix:
+    base, f = m.launch_parts()
+    fold = f if own_fold else None
     if isinstance(base, QuantizedBase):
         spec = base.spec
         return StoredMatrix(
@@ -106,11 +110,12 @@ def _stored_matrix(m: WeightMatrix) -> StoredMatrix:
             bits=spec.bits,
             group_size=spec.group_size,
             _dense=m.dense(np.float32),
+            fold=fold,
         )
     values = m.dense(np.float32)
     if m.dtype == "float16":
         values = values.astype(np.float16)
-    return StoredMatrix(shape=m.shape, dtype=m.dtype, values=values)
+    return StoredMatrix(shape=m.shape, dtype=m.dtype, values=values, fold=fold)
 
 
 def stored_case(w: TailWeights, branch: np.ndarray, residual: np.ndarray, case: str) -> StoredCase:
@@ -118,9 +123,9 @@ def stored_case(w: TailWeights, branch: np.ndarray, residual: np.ndarray, case: 
     return StoredCase(
         case=case,
         wo=_stored_matrix(w.wo),
-        gate=_stored_matrix(w.gate),
-        up=_stored_matrix(w.up),
-        down=_stored_matrix(w.down),
+        gate=_stored_matrix(w.gate, own_fold=True),
+        up=_stored_matrix(w.up, own_fold=True),
+        down=_stored_matrix(w.down, own_fold=True),
         ffn_norm=w.ffn_norm,
         eps=float(w.eps),
         fold=w.wo.fold,
@@ -152,7 +157,9 @@ def map_arrays(sc: StoredCase, fn: Callable[[Any], Any]) -> StoredCase:
 
     def mat(m: StoredMatrix) -> StoredMatrix:
         parts = {p: each(getattr(m, p)) for p in MATRIX_PARTS}
-        return StoredMatrix(shape=m.shape, dtype=m.dtype, mode=m.mode, bits=m.bits, group_size=m.group_size, **parts)
+        return StoredMatrix(
+            shape=m.shape, dtype=m.dtype, mode=m.mode, bits=m.bits, group_size=m.group_size, fold=m.fold, **parts
+        )
 
     return StoredCase(
         case=sc.case,

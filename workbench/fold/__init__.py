@@ -27,6 +27,7 @@ _HOMES, __getattr__, __dir__ = public_names(
             "BFLOAT16",
             "AFFINE4",
             "AFFINE8",
+            "AFFINE2",
             "MXFP4",
             "MXFP8",
             "NVFP4",

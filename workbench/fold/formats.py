@@ -78,10 +78,14 @@ AFFINE8 = Format("affine8", "affine", 8, 64, 3)
 MXFP4 = Format("mxfp4", "mxfp4", 4, 32, 4, scales="e8m0")
 NVFP4 = Format("nvfp4", "nvfp4", 4, 16, 4, scales="e4m3")
 MXFP8 = Format("mxfp8", "mxfp8", 8, 32, None, scales="e8m0")
+#: mlx-lm's 2-bit affine at group 128, as PrismML's Hadamard packs store every linear (with
+#: float16 scales and biases; ``mlx_lm/models/prism_hadamard_qwen35.py``, ``_QUANTIZATION``).
+#: The kernels do not read it: their text (its fingerprint fixed) decodes 4- and 8-bit codes.
+AFFINE2 = Format("affine2", "affine", 2, 128, None)
 
 #: Every format the workbench knows: the dense dtypes, then the quantized packs users run
-#: (mlx-lm's affine 4- and 8-bit, gpt-oss's mxfp4, nvfp4, mxfp8).
-FORMATS: tuple[Format, ...] = (FLOAT32, FLOAT16, BFLOAT16, AFFINE4, AFFINE8, MXFP4, NVFP4, MXFP8)
+#: (mlx-lm's affine 4- and 8-bit, gpt-oss's mxfp4, nvfp4, mxfp8, the Hadamard packs' affine 2-bit).
+FORMATS: tuple[Format, ...] = (FLOAT32, FLOAT16, BFLOAT16, AFFINE4, AFFINE8, MXFP4, NVFP4, MXFP8, AFFINE2)
 
 #: The formats the kernels read, in the order the benches run them (dense, then quantized).
 KERNEL_FORMATS: tuple[Format, ...] = tuple(f for f in FORMATS if f.served)

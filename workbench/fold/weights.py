@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import backends, validate
-from workbench.fold import formats
+from workbench.fold import affine_codes, formats
 from workbench.fold.rotation import FoldSite, HadamardFold
 
 if TYPE_CHECKING:
@@ -33,10 +33,11 @@ ArrayT = TypeVar("ArrayT", np.ndarray, mx.array)
 DENSE_DTYPES: dict[str, mx.Dtype] = {f.name: getattr(mx, f.name) for f in formats.FORMATS if not f.quantized}
 
 #: What ``mx.quantize`` serves that the workbench accepts: mode -> (bits allowed, group sizes allowed).
-#: affine: 4 and 8 bit, groups 32/64/128; the microscaling formats have fixed bits and groups
+#: affine: 2, 4 and 8 bit, groups 32/64/128 (2-bit for PrismML's Hadamard packs, which mlx-lm
+#: reads at group 128); the microscaling formats have fixed bits and groups
 #: (MLX 0.32: mxfp4 4-bit g32, nvfp4 4-bit g16, mxfp8 8-bit g32).
 QUANT_MODES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
-    "affine": ((4, 8), (32, 64, 128)),
+    "affine": ((2, 4, 8), (32, 64, 128)),
     "mxfp4": ((4,), (32,)),
     "nvfp4": ((4,), (16,)),
     "mxfp8": ((8,), (32,)),
@@ -208,6 +209,18 @@ def host_copy(base: mx.array, dtype: Any) -> np.ndarray:
             np.left_shift(bits[r : r + k], 16, out=scratch[:k], dtype=np.uint32)
             out[r : r + k] = scratch[:k].view(np.float32)
     return out
+
+
+def _codes_float64(q: QuantizedBase) -> np.ndarray:
+    """A 2-bit affine base's float64 weights from its stored codes, scales and biases
+    (:mod:`workbench.fold.affine_codes`, not ``mx.dequantize``): the truth of the Hadamard
+    packs' format, which the workbench added for them, is read from what the pack stores."""
+    scales, biases = (
+        np.asarray(a.astype(mx.float32)) if a.dtype == mx.bfloat16 else np.asarray(a) for a in (q.scales, q.biases)
+    )
+    return affine_codes.dequantize_float64(
+        np.asarray(q.w), scales, biases, bits=q.spec.bits, group_size=q.spec.group_size
+    )
 
 
 def _dtype_name(dt: mx.Dtype) -> str:
@@ -397,6 +410,11 @@ class WeightMatrix:
         dtype = validate.float_dtype("dtype", dtype)
         if dtype == np.float64 and self._np64 is not None:
             return self._np64
+        if dtype == np.float64 and isinstance(self._base, QuantizedBase) and self._base.spec.bits == 2:
+            out = _codes_float64(self._base)
+            out.flags.writeable = False
+            self._np64 = out
+            return out
         base = self._base.dequantize() if isinstance(self._base, QuantizedBase) else self._base
         if base.dtype in (mx.bfloat16, mx.float32):
             out = host_copy(base, dtype)

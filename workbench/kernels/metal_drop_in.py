@@ -45,8 +45,9 @@ never a silent approximation):
   store, exchange, fetch add/sub/min/max/and/or/xor, compare-exchange; relaxed order);
   integer atomics give the same bits in every schedule, a float atomic sum may not (its
   rounding follows the order of the updates, as on a GPU);
-- float16 (``half``, MLX's ``float16_t``): converted exactly to float and back rounded to
-  nearest even; arithmetic on halves runs in float and rounds when stored;
+- float16 (``half``, MLX's ``float16_t``) and bfloat16 (``bfloat``, ``bfloat16_t``): converted
+  exactly to float and back rounded to nearest even; their arithmetic rounded to the type at
+  every operation, as Metal computes it (the stand-in ``<metal_stdlib>`` says how);
 - ``math_mode``: ``"host"`` (the host's float exp/exp2/rsqrt), ``"precise"`` or ``"fast"``
   (Metal's contracts, ``metal_emulation.MATH_MODES``);
 - not supported: a ``stream``, refused naming it.

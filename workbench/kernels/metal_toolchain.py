@@ -35,6 +35,9 @@ SUPPORT_DIR = KERNEL_DIR / "metal_emulation"
 #: there; computed in double here it would round differently); unknown Metal attributes
 #: ([[kernel]], [[buffer(i)]]) ignored. The ``double`` type itself is refused by the
 #: stand-in header.
+#: ``half`` is clang's ``__fp16`` made a native arithmetic type (``-fnative-half-type``, with
+#: half parameters and results allowed), so each half operation is rounded to half, as Metal
+#: computes it; the stand-in header says why not a class or ``_Float16``.
 #: On Linux, -Bsymbolic binds each kernel's calls into the runtime to its own copy (every
 #: kernel's shared object carries the runtime; ctypes loads them side by side).
 CLANG_FLAGS: tuple[str, ...] = (
@@ -46,6 +49,10 @@ CLANG_FLAGS: tuple[str, ...] = (
     "-fno-strict-aliasing",
     "-Wno-unknown-attributes",
     "-cl-single-precision-constant",
+    "-Xclang",
+    "-fnative-half-type",
+    "-Xclang",
+    "-fallow-half-arguments-and-returns",
     *(("-Wl,-Bsymbolic",) if sys.platform.startswith("linux") else ()),
 )
 

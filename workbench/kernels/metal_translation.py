@@ -1,13 +1,14 @@
 """MLX's generated Metal source made a C++ translation unit clang compiles for the emulator.
 
 The complete Metal source MLX generates for a launch is C++ apart from two pieces of syntax,
-so two mechanical rewrites (:func:`translation_unit`) make it compile as C++17 against the
+so mechanical rewrites (:func:`translation_unit`) make it compile as C++17 against the
 stand-in ``<metal_stdlib>``: a function-scope ``threadgroup T name[N];`` becomes a reference
 to the group's array the emulator allocates (C++ has no automatic variables in another
-address space), and MLX's instantiation line loses its two attribute lists (C++ allows
-none there). Then an ``extern "C"`` entry is appended that calls the kernel with the
-launch's buffers and the thread's ids, by the names in MLX's generated signature
-(:func:`signature`). Text only: no compiler, no process state.
+address space); MLX's instantiation line loses its two attribute lists (C++ allows none
+there); and bfloat loses its address spaces (the stand-in's bfloat is a class, see
+:func:`_bfloat_default_space`). Then an ``extern "C"`` entry is appended that calls the
+kernel with the launch's buffers and the thread's ids, by the names in MLX's generated
+signature (:func:`signature`). Text only: no compiler, no process state.
 """
 
 from __future__ import annotations
@@ -43,14 +44,9 @@ class MetalCompileError(ValueError):
 #: runs (:func:`refuse_not_emulated`), so a valid kernel is never told it is the user's
 #: mistake. kernels/README.md ("Metal on the CPU") lists what is emulated.
 NOT_EMULATED: tuple[str, ...] = (
-    "simd_ballot",
-    "simd_all",
-    "simd_any",
     "simd_and",
     "simd_or",
     "simd_xor",
-    "simd_is_first",
-    "simd_active_threads_mask",
     "simd_shuffle_rotate_up",
     "simd_shuffle_rotate_down",
     "simd_shuffle_and_fill_up",
@@ -108,8 +104,9 @@ def _group_memory_rewrite(body: str, qualifiers: Sequence[str]) -> str:
     def sub(m: re.Match[str]) -> str:
         t, n, d = m.group("type"), m.group("name"), m.group("dims")
         a = f"metal_emulation_array_{n}"  # a typedef: `float4 (` would call float4's constructor macro
+        space = "" if re.fullmatch(r"(?:const\s+)?(?:bfloat16_t|bfloat)", t) else "threadgroup "  # rewrite 3
         return (
-            f"{m.group('indent')}typedef {t} {a}{d}; threadgroup {a}& {n} = *(threadgroup {a}*)"
+            f"{m.group('indent')}typedef {t} {a}{d}; {space}{a}& {n} = *({space}{a}*)"
             f'metal_emulation_threadgroup_alloc(sizeof({a}), alignof({t}), "{n}");'
         )
 
@@ -191,13 +188,25 @@ def _entry(name: str, params: list[Param], targs: str) -> str:
     )
 
 
+def _bfloat_default_space(source: str, qualifiers: Sequence[str]) -> str:
+    """Rewrite 3: ``device bfloat16_t`` -> ``bfloat16_t`` (and ``constant``, ``threadgroup``, and
+    every macro the source defines as ``threadgroup``), ``const`` kept: the stand-in's bfloat
+    is a class, whose member functions clang cannot call on an object in another address
+    space, so bfloat buffers, pointers and arrays stay in the default one (kernels/README.md,
+    "Metal on the CPU"; rewrite 1 has already made a group's bfloat array shared)."""
+    spaces = "|".join(map(re.escape, ("device", "constant", *qualifiers)))
+    pattern = re.compile(rf"\b(?:{spaces})\s+((?:const\s+)?)(bfloat16_t|bfloat)\b")
+    return pattern.sub(r"\1\2", source)
+
+
 def translation_unit(source: str) -> str:
     """The C++ file clang compiles for MLX's generated Metal ``source``: the stand-in
-    header, the source with the two rewrites, and the emulator's entry."""
+    header, the source with the three rewrites, and the emulator's entry."""
     refuse_not_emulated(source)
-    name, params, targs = signature(source)
     qualifiers = ["threadgroup"] + re.findall(r"^\s*#\s*define\s+(\w+)\s+threadgroup\s*$", source, re.M)
+    name = signature(source)[0]
     start = source.index("[[kernel]] void " + name)
     body = source[:start] + _group_memory_rewrite(source[start:], qualifiers)
-    body = _INSTANTIATION.sub("template decltype", body)
+    body = _bfloat_default_space(_INSTANTIATION.sub("template decltype", body), qualifiers)
+    name, params, targs = signature(body)
     return '#include <metal_stdlib>\n#line 1 "metal_source"\n' + body + "\n" + _entry(name, params, targs)

@@ -5,7 +5,8 @@ layer); ``families`` reads a Hugging Face ``config.json`` into it, one reader a 
 (each says which keys it takes), over ``config_reader`` (the file in, typed keys out) and
 ``head_fields`` (what an attention head computes past Q/K/V, family by family: biases,
 QK-norm, RoPE's width, base and scaling);
-``loader`` loads the fifteen real models shipped in ``data/models/`` by name; ``refusals``
+``loader`` loads the fifteen real models shipped in ``data/models/`` by name; ``hadamard_pack``
+reads PrismML's Hadamard packs (Bonsai-27B as it ships) as mlx-lm reads them; ``refusals``
 holds the rules frink-models applies before it fuses an attention tail, every one that
 holds for a layer with its reason.
 
@@ -22,6 +23,16 @@ _HOMES, __getattr__, __dir__ = public_names(
         "families": ("from_hf_config",),
         "head_fields": ("HEAD_FAMILIES", "HeadFamily"),
         "loader": ("load_model", "list_models"),
+        "hadamard_pack": (
+            "HadamardPack",
+            "PackedModule",
+            "PackError",
+            "PACK_BLOCKS",
+            "PACK_QUANTIZATION",
+            "pack_manifest",
+            "pack_refusals",
+            "read_pack",
+        ),
         "refusals": (
             "Refusal",
             "HeadRefusal",

@@ -233,6 +233,12 @@ KINDS: dict[str, RecordKind] = {
             "how fast a user's numpy tail is checked, beside the graph sweep of the same cases",
         ),
         RecordKind(
+            "check_cluster",
+            1,
+            (*_HEAD, "numpy_version", "python", "cpu_count", "target", "notes", "results"),
+            "the check on a Dask LocalCluster beside one serial process: rates, the same bits, projected hours",
+        ),
+        RecordKind(
             "check_gdn_rate",
             1,
             (*_HEAD, "numpy_version", "python", "cpu_count", "target", "notes", "results"),

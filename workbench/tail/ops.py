@@ -67,6 +67,8 @@ def tail_np(
     eps: float,
     branch: np.ndarray,
     residual: np.ndarray,
+    *,
+    ffn_folds: tuple[HadamardFold | None, HadamardFold | None, HadamardFold | None] | None = None,
 ) -> np.ndarray:
     """The five ops in numpy, in the dtype of the arrays given (float64: the truth).
 
@@ -75,7 +77,17 @@ def tail_np(
     output). Every weight may carry leading batch axes equal to the activations' (one
     weight set per row: ``wo`` [S, hidden, branch], ``ffn_norm`` [S, hidden], branch
     [S, branch]), so a sweep over seeds is one call; 2-D weights serve any batch.
+
+    ``ffn_folds``: the rotations ``(gate, up, down)`` carry, each applied as wo's is (a
+    Hadamard pack rotates the input of every packed linear: gate and up read the normed
+    hidden rotated, down the activation rotated, each with its own signs); None: none.
     """
+    if ffn_folds is not None:
+        fg, fu, fd = ffn_folds
+        mv_gate, mv_up, mv_down = (_folded_mv_np(w_, f) for w_, f in ((gate, fg), (up, fu), (down, fd)))
+        h = residual + _folded_mv_np(wo, fold)(branch)
+        normed = rms_norm_np(h, ffn_norm, eps)
+        return h + mv_down(silu_np(mv_gate(normed)) * mv_up(normed))
     x = fold.rotate(branch) if fold is not None and fold.site is FoldSite.INPUT else branch
     projected = _mv_np(wo, x)
     if fold is not None and fold.site is FoldSite.OUTPUT:
@@ -86,14 +98,28 @@ def tail_np(
     return h + ffn  # op 5: the second residual add
 
 
+def _folded_mv_np(w: np.ndarray, fold: HadamardFold | None) -> Any:
+    """``x -> W x`` with ``fold`` around the stored ``w`` (INPUT: rotate x first; OUTPUT: unrotate the product)."""
+
+    def mv(x: np.ndarray) -> np.ndarray:
+        if fold is not None and fold.site is FoldSite.INPUT:
+            x = fold.rotate(x)
+        y = _mv_np(w, x)
+        return fold.unrotate(y) if fold is not None and fold.site is FoldSite.OUTPUT else y
+
+    return mv
+
+
 def _mv_mx(w: Any, x: mx.array) -> mx.array:
     """``w @ x`` along the last axis in MLX, accumulating in float32.
 
-    ``w``: a ``WeightMatrix`` (its stored base, no rotation; quantized bases go through
-    ``mx.quantized_matmul``) or a dense ``mx.array`` [out, in] / [..., out, in].
+    ``w``: a ``WeightMatrix`` (its stored base, with its own fold applied around it, as a
+    Hadamard pack's gate, up and down carry one; quantized bases go through
+    ``mx.quantized_matmul``) or a dense ``mx.array`` [out, in] / [..., out, in]. ``wo``'s fold
+    is the tail's ``fold`` argument, and its matrix comes without one.
     """
     if isinstance(w, WeightMatrix):
-        return w.matvec_base(x)
+        return w.apply(x)
     w = w.astype(mx.float32)
     if w.ndim == 2:
         return x @ w.T

@@ -132,8 +132,18 @@ def host_tail(w: TailWeights, branch: Any, residual: Any, *, dtype: Any = np.flo
     if dt != np.float64:
         norm = w.ffn_norm.astype(dt, copy=False)
     # copy=False: tail_np never writes to its inputs, so a float64 input needs no copy.
+    ffn_folds = (w.gate.fold, w.up.fold, w.down.fold)
     return tail_np(
-        wo, w.wo.fold, norm, gate, up, down, w.eps, branch.astype(dt, copy=False), residual.astype(dt, copy=False)
+        wo,
+        w.wo.fold,
+        norm,
+        gate,
+        up,
+        down,
+        w.eps,
+        branch.astype(dt, copy=False),
+        residual.astype(dt, copy=False),
+        ffn_folds=None if ffn_folds == (None, None, None) else ffn_folds,
     )
 
 
