@@ -249,3 +249,39 @@ def test_the_workbenchs_own_kernels_folder_as_the_tail_and_the_step_on_the_emula
     links = {"tail": KernelsFolderSubject(folder), "gdn": KernelsFolderStep(folder)}
     rep = check_chain(links, "tail,gdn_in,gdn", seeds=range(4), scales=[1.0], time_limit=None)
     assert rep.passed and rep.given == ["kernels", "reference", "kernels"], str(rep)
+
+
+@pytest.mark.parametrize(
+    ("links", "link", "fault"),
+    [
+        ("tail,gdn_in,gdn", "tail", "dropped_residual"),
+        ("tail,gdn_in,gdn", "gdn_in", "norm_weight_plus_one"),
+        ("tail,gdn_in,gdn", "gdn", "state_bfloat16"),
+        ("gdn,tail,head", "head", "rope_interleaved"),
+        ("gdn,tail,head", "gdn", "l2_eps_outside_root"),  # the step's inputs are the chain's: scale 0.01 shows it
+    ],
+)
+def test_a_links_fault_model_in_a_chain_is_caught_at_that_link(links, link, fault):
+    from workbench.check import faulty_link
+
+    rep = check_chain({link: faulty_link(link, fault)}, links, seeds=range(12))
+    assert rep.first_failing == link, str(rep)
+
+
+def test_eps_outside_a_norm_after_the_tail_cannot_show_in_the_chain():
+    # the tail's output reaches the next norm at O(1) whatever the chain's input scale (its FFN's output dominates)
+    from workbench.check import faulty_link
+
+    rep = check_chain({"gdn_in": faulty_link("gdn_in", "eps_outside_root")}, seeds=range(12))
+    assert rep.passed
+
+
+def test_the_fault_models_a_link_has():
+    from workbench.check import link_faults
+
+    assert set(link_faults("gdn_in")) == {"eps_outside_root", "norm_weight_plus_one"}
+    assert "state_bfloat16" in link_faults("gdn") and "dropped_residual" in link_faults("tail")
+    assert "rotation_skipped" not in link_faults("tail")  # needs a fold: the chain's wo is dense, unfolded
+    assert "rope_position_plus_one" in link_faults("head") and "bias_dropped" not in link_faults("head")
+    with pytest.raises(ValueError, match="fault: must be one of"):
+        __import__("workbench.check", fromlist=["faulty_link"]).faulty_link("gdn", "nope")

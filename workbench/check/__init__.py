@@ -30,7 +30,8 @@ mutants through the head's check.
 chained as the engine launches them (the tail, the next layer's input norm and projections,
 its recurrent step, the next head), each link's oracle and reference, the chain wired and its
 cases, a part's own forms (kernels folder, source) as links, the check against the chained
-float64 truth and its report. ``cluster`` the check's shards of seeds on a Dask
+float64 truth and its report; ``chain_faults`` each link's fault models run in a chain, and
+whether the faulty link is the one named first. ``cluster`` the check's shards of seeds on a Dask
 cluster (``check_kernel(..., client=)``), ``cluster_worker`` what a worker runs and how the
 subject reaches it, ``cluster_callables`` a callable sent by value made importable there,
 ``cluster_sweeps`` the error sweeps there, a task a block of seeds. The
@@ -83,6 +84,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "chain_wiring": ("Chain", "ChainCase", "LinkCase", "wire"),
         "chain_run": ("check_chain", "chained_outputs", "CHAIN_SCALES", "CHAIN_GATES", "CHAIN_STATE_SCALES"),
         "chain_report": ("ChainReport",),
+        "chain_faults": ("chain_fault_table", "faulty_link", "link_faults", "GDN_IN_FAULTS"),
     },
 )
 
