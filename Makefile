@@ -36,8 +36,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# A cell tagged cpu-dependent-digits is saved without its outputs (tools/normalize_notebooks.py says why).
+PRE_SAVE = tools.normalize_notebooks.pre_save
 lab: $(STAMP)
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=$(NOTEBOOKS) $(ROOT_FLAG)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
+		--ServerApp.root_dir=$(NOTEBOOKS) --ContentsManager.pre_save_hook=$(PRE_SAVE) $(ROOT_FLAG)
 
 # The unit tests in JOBS processes (pytest-xdist), each test file whole in one process, so its
 # module fixtures (the nvcc compiles, the JupyterLab server) are made once; JOBS=0: one process.

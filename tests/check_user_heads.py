@@ -182,3 +182,43 @@ def write_documented_dump(path: Path, head=correct, *, spec_name: str = "model",
     code = documented_block().replace('"head_layer03.safetensors"', repr(str(path)))
     exec(code, names)
     return path
+
+
+#: :data:`METAL_BODY` in CUDA (NVRTC compiles without the headers that define Metal's ``uint``).
+CUDA_BODY = (
+    METAL_BODY.replace("uint ", "unsigned int ")
+    .replace("thread_position_in_grid.x", "(blockIdx.x * blockDim.x + threadIdx.x)")
+    .replace("const device float*", "const float*")
+    .replace("device float*", "float*")
+    .replace("metal::rsqrt", "rsqrtf")
+    .replace("metal::pow", "powf")
+    .replace("metal::cos", "cosf")
+    .replace("metal::sin", "sinf")
+)
+
+#: A Metal head of the "launch" shape, one thread a row of the Q | K | V stack: the normed
+#: vector rotated by the fold the three share (``rotation``, dense), the row's dot, its bias.
+METAL_LAUNCH_BODY = """
+    uint r = thread_position_in_grid.x;
+    if (r >= QR + 2 * HKV * D) return;
+    float ms = 0.0f;
+    for (uint i = 0; i < HID; ++i) ms += hidden[i] * hidden[i];
+    float inv = metal::rsqrt(ms / float(HID) + eps[0]);
+    const device float* w = q_w;
+    const device float* b = q_b;
+    device float* out = q_out;
+    uint row = r;
+    if (r >= QR + HKV * D) {
+        w = v_w; b = v_b; out = v_out; row = r - QR - HKV * D;
+    } else if (r >= QR) {
+        w = k_w; b = k_b; out = k_out; row = r - QR;
+    }
+    float acc = 0.0f;
+    for (uint j = 0; j < HID; ++j) {
+        float nj = 0.0f;
+        for (uint i = 0; i < HID; ++i) nj += rotation[j * HID + i] * (hidden[i] * inv * attn_norm[i]);
+        acc += w[row * HID + j] * nj;
+    }
+    out[row] = acc + b[row];
+"""
+METAL_LAUNCH_INPUTS = ("hidden", "attn_norm", "q_w", "k_w", "v_w", "q_b", "k_b", "v_b", "rotation", "eps")

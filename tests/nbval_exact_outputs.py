@@ -14,8 +14,9 @@ written in the committed form) and says how the three add up.
 A cell whose printed digits depend on the CPU it runs on (float32 sums whose order the
 machine's BLAS picks: raw error figures, catch rates beside a calibrated threshold) carries
 the cell tag :data:`CPU_DIGITS`, and is not compared: nbval ignores its output already, and
-no committed output can be every CPU's. Such a cell shows figures; its claims are asserted.
-On another CPU, running and saving it changes those digits and nothing else.
+no committed output can be every CPU's, so it is committed and saved without outputs
+(``tools/normalize_notebooks.py``: the normal form, and JupyterLab's pre-save hook). Such a
+cell shows figures on the screen; its claims are asserted.
 
 Load it with ``-p tests.nbval_exact_outputs`` beside ``--nbval`` (the Makefile's ``nbval``
 target does). It compares where the JupyterLab check runs (Chromium and playwright

@@ -25,9 +25,11 @@ from workbench.waits import ledger as wait_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = (
+    "check_bonsai_pack",
     "check_cluster",
     "check_gdn_rate",
     "check_rate",
+    "check_shapes",
     "emulator_cost",
     "gpu_check",
     "kernel_bench",

@@ -1,4 +1,4 @@
-"""A tiny Hadamard pack (written and loaded by mlx-lm, ``tests/bonsai_tiny_pack.py``): its
+"""A tiny Hadamard pack (written and loaded by mlx-lm, ``workbench.real_models.hadamard_pack_writer``): its
 projections checked one by one with mlx-lm's own modules as the subject (the recurrent
 layer's and the attention head's), the head launch's rules and the wait table on the pack."""
 
@@ -7,10 +7,11 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from bonsai_tiny_pack import load_pack, write_pack
 
 from workbench.check import check_packed_linear
 from workbench.models import HeadRefusal, read_pack
+from workbench.real_models import load_hadamard_pack as load_pack
+from workbench.real_models import write_hadamard_pack as write_pack
 from workbench.waits import waits_per_token
 
 RECURRENT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")

@@ -136,3 +136,95 @@ def test_mutants_of_a_metal_head_are_caught_or_named_equivalent(emulator):
     assert study.original_passed and study.original_same_bits and len(study.table) >= 6
     assert c["missed"] == 0, str(study)
     assert c["caught"] >= 4
+
+
+@pytest.mark.cuda
+def test_a_cuda_head_runs_on_an_nvidia_gpu():
+    """On an NVIDIA GPU: the same head in CUDA through mx.fast.cuda_kernel, judged correct."""
+    from tests.check_user_heads import CUDA_BODY
+    from workbench import backends
+
+    try:
+        backends.resolve_backend("cuda")
+    except backends.BackendUnavailable as e:
+        pytest.skip(f"cuda: {e}")
+    src = HeadSource(
+        CUDA_BODY,
+        METAL_INPUTS,
+        grid=(6, 1, 1),
+        threadgroup=(6, 1, 1),
+        template=METAL_TEMPLATE,
+        language="cuda",
+        run_on="device",
+        name="my_cuda_head",
+    )
+    rep = check_head(src, seeds=range(12), faults=())
+    assert rep.passed, str(rep)
+
+
+def test_the_cuda_form_says_why_it_cannot_run_here():
+    from tests.check_user_heads import CUDA_BODY
+    from workbench import backends
+
+    if "cuda" in backends.available_backends():
+        pytest.skip("an NVIDIA GPU is present: the CUDA form runs (test above)")
+    with pytest.raises(backends.BackendUnavailable):
+        HeadSource(CUDA_BODY, METAL_INPUTS, language="cuda", run_on="device")
+
+
+def test_a_head_handed_torch_tensors():
+    torch = pytest.importorskip("torch")
+
+    def torch_head(h):
+        assert isinstance(h.q_w, torch.Tensor)
+        return numpy_head()(
+            h.__class__(*(v.numpy() if isinstance(v, torch.Tensor) else v for v in h.__dict__.values()))
+        )
+
+    rep = check_head(CallableHead(torch_head, arrays="torch"), seeds=range(4), positions=(1,), faults=())
+    assert rep.passed, str(rep)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (
+            lambda out: (out[0], out[1].astype("float16"), *out[2:]),
+            "tensor k: returned dtype float16, expected float32",
+        ),
+        (lambda out: (out[0], out[1], out[2] * float("nan"), out[3]), "tensor v: not finite (NaN or inf)"),
+        (lambda out: out[:3], "expected (q, k, v, gate)"),
+        (lambda out: (out[0].tolist(), *out[1:]), "tensor q: returned list"),
+    ],
+)
+def test_what_a_head_returns_wrong_is_named_by_part_case_and_tensor(change, said):
+    rep = check_head(lambda h: change(numpy_head()(h)), seeds=range(2), scales=(1.0,), positions=(0,), faults=())
+    assert not rep.passed and rep.problems[0].startswith("part head, case ") and said in rep.problems[0]
+
+
+def test_a_metal_head_of_the_launch_shape_reads_the_shared_rotation(emulator):
+    from tests.check_user_heads import METAL_LAUNCH_BODY, METAL_LAUNCH_INPUTS
+
+    rows = 4 * 16 + 2 * 2 * 16
+    tpl = {"HID": "HID", "QR": "QR", "HKV": "HKV", "D": "D"}
+    src = HeadSource(METAL_LAUNCH_BODY, METAL_LAUNCH_INPUTS, grid=(rows, 1, 1), threadgroup=(32, 1, 1), template=tpl)
+    rep = check_head(src, specs=["launch"], seeds=range(8), faults=())
+    assert rep.passed, str(rep)
+    unrotated = src.with_source(METAL_LAUNCH_BODY.replace("rotation[j * HID + i]", "(i == j ? 1.0f : 0.0f)"))
+    assert not check_head(unrotated, specs=["launch"], seeds=range(8), faults=()).passed
+
+
+def test_mutants_of_the_head_launchs_body_in_a_kernels_folder(tmp_path, emulator):
+    """The workbench's own head_qkv.body, mutated in a copy of the folder: the row loop's bound
+    moved either way is caught; the prefetch guard's (PRE, off in the default tuning) changes no bit."""
+    import shutil
+
+    from workbench.check.head_mutants import head_mutant_study
+    from workbench.files import PROJECT_ROOT
+
+    shutil.copytree(PROJECT_ROOT / "kernels", tmp_path / "k")
+    before = (tmp_path / "k" / "head_qkv.body").read_text()
+    study = head_mutant_study(KernelsFolderHead(tmp_path / "k"), specs=["launch"], seeds=range(4))
+    assert study.original_passed and study.counts()["missed"] == 0 and study.counts()["caught"] >= 2
+    assert set(study.table.loc[study.table["status"] == "equivalent", "before"].str.contains("PRE")) <= {True}
+    assert (tmp_path / "k" / "head_qkv.body").read_text() == before  # the user's folder is only read

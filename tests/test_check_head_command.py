@@ -109,3 +109,19 @@ def test_a_dump_missing_a_tensor_is_named_by_file_and_tensor(tmp_path):
 )
 def test_bad_options_end_in_one_line_naming_the_option(argv, named, capsys):
     assert named in _refused(argv, capsys)
+
+
+def test_help_lists_the_heads_inputs_shapes_and_faults(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--part", "head", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    for word in (
+        "HeadInputs",
+        "q_norm and k_norm",
+        "--positions",
+        "  model: the config",
+        "rope_interleaved:",
+        "gate_out",
+    ):
+        assert word in out, word

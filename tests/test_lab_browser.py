@@ -121,6 +121,7 @@ def _start_lab(serve: Path, tmp: Path, port: int, token: str) -> subprocess.Pope
             "--ip=127.0.0.1",
             f"--port={port}",
             f"--ServerApp.root_dir={serve}",
+            "--ContentsManager.pre_save_hook=tools.normalize_notebooks.pre_save",
         ] + (["--allow-root"] if os.geteuid() == 0 else [])
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True

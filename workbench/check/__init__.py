@@ -26,10 +26,12 @@ projection of it (Q/K/V, a recurrent layer's) checked on its own.
 float64 truth and faults, float32 reference, cases, forms, check and report; ``head_dump``
 an engine's dumped heads, read, written and judged; ``head_mutants`` a head kernel's source
 mutants through the head's check.
-``chain_links``, ``chain_wiring``, ``chain_run``, ``chain_report``: parts chained as the
-engine launches them (the tail, the next layer's input norm and projections, its recurrent
-step), each link's oracle and reference, the chain wired and its cases, the check against
-the chained float64 truth and its report. ``cluster`` the check's shards of seeds on a Dask
+``chain_links``, ``chain_wiring``, ``chain_forms``, ``chain_run``, ``chain_report``: parts
+chained as the engine launches them (the tail, the next layer's input norm and projections,
+its recurrent step, the next head), each link's oracle and reference, the chain wired and its
+cases, a part's own forms (kernels folder, source) as links, the check against the chained
+float64 truth and its report; ``chain_faults`` each link's fault models run in a chain, and
+whether the faulty link is the one named first. ``cluster`` the check's shards of seeds on a Dask
 cluster (``check_kernel(..., client=)``), ``cluster_worker`` what a worker runs and how the
 subject reaches it, ``cluster_callables`` a callable sent by value made importable there,
 ``cluster_sweeps`` the error sweeps there, a task a block of seeds, ``cluster_settling`` the
@@ -84,6 +86,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "chain_wiring": ("Chain", "ChainCase", "LinkCase", "wire"),
         "chain_run": ("check_chain", "chained_outputs", "CHAIN_SCALES", "CHAIN_GATES", "CHAIN_STATE_SCALES"),
         "chain_report": ("ChainReport",),
+        "chain_faults": ("chain_fault_table", "faulty_link", "link_faults", "GDN_IN_FAULTS"),
     },
 )
 

@@ -320,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     step_only = sorted(given & set(gdn_command.ONLY_OPTIONS))
     if step_only:
         p.error(f"{', '.join(step_only)}: options of --part gdn (the recurrent step), not of the tail's check")
-    head_only = sorted(given & set(head_command.ONLY_OPTIONS))
+    # --shape is the head's (its geometry) and the tail's (hidden,branch,ffn) alike
+    head_only = sorted(given & (set(head_command.ONLY_OPTIONS) - {"--shape"}))
     if head_only:
         p.error(f"{', '.join(head_only)}: options of --part head (the attention head), not of the tail's check")
     a = p.parse_args(argv)

@@ -10,8 +10,9 @@ truth, each link's error beside the workbench's float32 reference chain's.
 One implementation is ``module:function``, handed a ``ChainCase`` (the chain's inputs, every
 link's weights, the dims) and returning every link's outputs (a mapping by link name, or a
 list in link order). ``--link NAME=module:function`` (repeated) gives a link its own callable,
-handed a ``LinkCase`` (the inputs the user's previous link returned); a link not given runs
-the workbench's float32 reference. Exit 0: every link passes; 1: some link fails (the first
+handed a ``LinkCase`` (the inputs the user's previous link returned), ``--link NAME=FOLDER``
+a kernels folder (the tail's or the step's bodies, on the CPU emulator); a link not given
+runs the workbench's float32 reference. Exit 0: every link passes; 1: some link fails (the first
 is named); 2: nothing could be judged, with ONE line on stderr naming the option.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from workbench import backends
@@ -89,11 +91,30 @@ def _dims(text: str) -> dict[str, int]:
 
 
 def _link(text: str) -> tuple[str, str]:
-    """argparse type of ``--link``: ``NAME=module:function``."""
+    """argparse type of ``--link``: ``NAME=module:function`` or ``NAME=FOLDER`` (a kernels folder)."""
     name, sep, spec = text.partition("=")
-    if not sep or not name.strip() or ":" not in spec:
-        raise argparse.ArgumentTypeError(f"must be LINK=module:function, got {text!r}")
+    if not sep or not name.strip() or not spec.strip():
+        raise argparse.ArgumentTypeError(f"must be LINK=module:function or LINK=FOLDER, got {text!r}")
     return name.strip(), spec.strip()
+
+
+#: link -> its part's kernels-folder form (the user's bodies on the workbench's launches, on the emulator).
+FOLDER_FORMS: dict[str, str] = {"tail": "KernelsFolderSubject", "gdn": "KernelsFolderStep"}
+
+
+def _folder_form(link: str, folder: str) -> Any:
+    """``--link LINK=FOLDER``: the part's kernels-folder form, or a ValueError naming ``--link``."""
+    if link not in FOLDER_FORMS:
+        raise ValueError(
+            f"--link {link}: a kernels folder runs the {' and '.join(FOLDER_FORMS)} links only, got {folder!r}"
+        )
+    if link == "tail":
+        from workbench.check.subjects import KernelsFolderSubject
+
+        return KernelsFolderSubject(folder, process=False)
+    from workbench.check.gdn_subjects import KernelsFolderStep
+
+    return KernelsFolderStep(folder)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -122,7 +143,8 @@ def parser() -> argparse.ArgumentParser:
         type=_link,
         action="append",
         default=[],
-        help="LINK=module:function: that link's own callable (LinkCase -> outputs); repeat a link each",
+        help="LINK=module:function: that link's own callable (LinkCase -> outputs), or LINK=FOLDER: a kernels "
+        "folder (tail, gdn) on the CPU emulator; repeat a link each",
     )
     p.add_argument("--dims", type=_dims, default={}, help=f"the tiny config, name=value,... of {', '.join(DIM_NAMES)}")
     p.add_argument("--seeds", type=args.count(1, 1_000_000), default=30, help="cases a condition (default 30)")
@@ -175,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
 def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
     from workbench.check.chain_links import ChainDims
     from workbench.check.chain_run import check_chain
-    from workbench.check.chain_wiring import chain_names
+    from workbench.check.chain_wiring import chain_names, instance_labels
 
     names = chain_names(a.chain)
+    valid = set(names) | set(instance_labels(names))  # a name gives every occurrence, a label (gdn@2) one
     dims = ChainDims(**a.dims)
     gates = [g.strip() for g in a.gates.split(",")]
     if a.implementation is not None:
@@ -186,14 +209,18 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
     else:
         subject = {}
         for link, spec in a.link:
-            if link not in names:
-                raise ValueError(f"--link: {link!r} is not a link of the chain {','.join(names)}")
+            if link not in valid:
+                raise ValueError(f"--link: {link!r} is not a link of the chain {','.join(instance_labels(names))}")
             if link in subject:
                 raise ValueError(f"--link: {link!r} given twice")
             try:
-                subject[link] = args.load_callable(spec, "LinkCase -> the link's outputs")
+                if ":" not in spec and Path(spec).is_dir():
+                    subject[link] = _folder_form(link.split("@")[0], spec)
+                else:
+                    subject[link] = args.load_callable(spec, "LinkCase -> the link's outputs")
             except ValueError as e:
-                raise ValueError(f"--link {link}: {str(e).removeprefix('implementation: ')}") from None
+                text = str(e).removeprefix("implementation: ").removeprefix("folder: ")
+                raise ValueError(f"--link {link}: {text}" if not text.startswith("--link") else text) from None
         shown = ",".join(f"{k}={v}" for k, v in a.link)
     rep = check_chain(
         subject,

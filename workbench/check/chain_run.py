@@ -24,9 +24,19 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import validate
+from workbench.check.chain_forms import link_callable
 from workbench.check.chain_links import ChainDims
 from workbench.check.chain_report import ChainReport
-from workbench.check.chain_wiring import Chain, ChainCase, LinkCase, Wired, draw_case, link_inputs, wire
+from workbench.check.chain_wiring import (
+    Chain,
+    ChainCase,
+    LinkCase,
+    Wired,
+    check_case,
+    draw_case,
+    link_inputs,
+    wire,
+)
 from workbench.check.gdn_cases import GATES
 from workbench.check.stored import as_numpy
 from workbench.check.subjects import SubjectError
@@ -88,27 +98,33 @@ def returned_outputs(w: Wired, value: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def _subject(subject: Any, chain: Chain) -> tuple[str, Any]:
-    """``("one", fn)`` for one implementation, ``("links", [fn or None a link])`` for one a link."""
+def _shown(f: Any) -> str:
+    """How the report names what ran a link: a function's name, a form's ``name``."""
+    if f is None:
+        return REFERENCE
+    return str(getattr(f, "__name__", None) or getattr(f, "name", None) or type(f).__name__)
+
+
+def _subject(subject: Any, chain: Chain) -> tuple[str, Any, list[str]]:
+    """``("one", fn, [])`` for one implementation, ``("links", [fn or None a link], names)``
+    for one a link (a part's form made the link's callable: :mod:`workbench.check.chain_forms`)."""
     names = chain.names
+    bases = tuple(w.link.name for w in chain.links)
     if callable(subject) and not isinstance(subject, (Mapping, Sequence)):
-        return "one", subject
+        return "one", subject, []
     if isinstance(subject, Mapping):
-        unknown = sorted(set(map(str, subject)) - set(names))
+        # a link's name gives every occurrence of it; a label (gdn@2) one occurrence, first
+        unknown = sorted(set(map(str, subject)) - set(names) - set(bases))
         if unknown:
             raise ValueError(f"subject: names links {unknown} not in the chain {list(names)}")
-        subject = [subject.get(n) for n in names]
+        subject = [subject[n] if n in subject else subject.get(b) for n, b in zip(names, bases)]
     if isinstance(subject, Sequence) and not isinstance(subject, str):
         if len(subject) != len(names):
             raise ValueError(
                 f"subject: one callable (or None) a link, {len(names)} for {list(names)}, got {len(subject)}"
             )
-        for n, f in zip(names, subject):
-            if f is not None and not callable(f):
-                raise ValueError(
-                    f"subject: link {n}: must be a callable (LinkCase -> outputs) or None, got {validate.describe(f)}"
-                )
-        return "links", list(subject)
+        fns = [None if f is None else link_callable(b, f, chain.dims) for b, f in zip(bases, subject)]
+        return "links", fns, [_shown(f) for f in subject]
     raise ValueError(
         "subject: must be a callable (ChainCase -> every link's outputs), or one callable (or None: the "
         f"reference) a link, as a sequence or a mapping by link name, got {validate.describe(subject)}"
@@ -116,12 +132,16 @@ def _subject(subject: Any, chain: Chain) -> tuple[str, Any]:
 
 
 def chained_outputs(chain: Chain, case: ChainCase, *, truth: bool) -> list[dict[str, np.ndarray]]:
-    """Every link's outputs on ``case``: the float64 oracles chained (``truth``) or the float32 references."""
+    """Every link's outputs on ``case``: the float64 oracles chained (``truth``) or the float32
+    references; a case that is not the chain's is a ValueError naming link, part and tensor."""
+    if not isinstance(chain, Chain):
+        raise ValueError(f"chain: must be a Chain (workbench.check.wire), got {validate.describe(chain)}")
+    check_case(chain, case)
     x: Mapping[str, np.ndarray] = {k: v.astype(np.float64) for k, v in case.inputs.items()} if truth else case.inputs
     outs: list[dict[str, np.ndarray]] = []
     for w in chain.links:
         run = w.link.oracle if truth else w.link.reference
-        got = run(case.weights[w.link.name], link_inputs(w, x, outs), chain.dims)
+        got = run(case.weights[w.name], link_inputs(w, x, outs), chain.dims)
         outs.append(dict(zip(w.link.outputs, got)))
     return outs
 
@@ -199,10 +219,10 @@ def _subject_run(
         x = link_inputs(w, case.inputs, outs)
         try:
             if fn[i] is None:
-                got = w.link.reference(case.weights[w.link.name], x, chain.dims)
+                got = w.link.reference(case.weights[w.name], x, chain.dims)
                 outs[i] = dict(zip(w.link.outputs, got))
             else:
-                lc = LinkCase(w.link.name, _fresh(x), _fresh(case.weights[w.link.name]), chain.dims, case.case)
+                lc = LinkCase(w.name, _fresh(x), _fresh(case.weights[w.name]), chain.dims, case.case)
                 outs[i] = returned_outputs(w, _call(caller, fn[i], lc))
         except SubjectError as e:
             problems.append(f"{e}, {where}")
@@ -274,7 +294,7 @@ def check_chain(
     ``time_limit``: seconds one call of the user's may take (None: no limit), a call past it
     reported as that case's problem, the check going on."""
     chain = wire(links, dims)
-    kind, fn = ("none", None) if subject is None else _subject(subject, chain)
+    kind, fn, given = ("none", None, []) if subject is None else _subject(subject, chain)
     conds = _conditions(scales, gates, state_scales)
     seed_arr = check_seeds(seeds)
     user = None if tolerance is None else float(validate.number("tolerance", tolerance, minimum=0))
@@ -295,7 +315,4 @@ def check_chain(
             rows.append({"scale": scale, "gate": gate, "state_scale": st, "seed": int(s)})
     mx.clear_cache()
     shown = name or ("" if fn is None else getattr(fn, "__qualname__", "chain" if kind == "one" else "links"))
-    given = (
-        [] if kind != "links" else [REFERENCE if f is None else getattr(f, "__name__", type(f).__name__) for f in fn]
-    )
     return ChainReport.build(chain, shown, kind, given, rows, sub_err, ref_err, problems, user)

@@ -55,6 +55,9 @@ OPTIONS: dict[str, str] = {
     "faults": "--faults",
     "tolerance": "--tolerance",
     "files": "--mutant-files",
+    "replay_dir": "--replay-dir",
+    "replay_max_bytes": "--replay-max-bytes",
+    "replay": "--replay",
 }
 
 #: Options of this part only (the tail's command names them when given without ``--part gdn``).
@@ -216,13 +219,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mutant-files", help="with --mutants and --kernels-dir: the files to mutate, comma-separated (gdn_step.body)"
     )
+    p.add_argument("--replay-dir", type=args.path, help="write each failing run here as a reproducer (safetensors)")
+    p.add_argument(
+        "--replay-max-bytes",
+        type=args.count(1, 2**40),
+        default=16 * 2**20,
+        help="the largest reproducer written (bytes; default 16 MiB), checked before any run",
+    )
+    p.add_argument(
+        "--replay",
+        type=args.path,
+        help="a reproducer --replay-dir wrote: its run again on the step given (the same verdict and bits?)",
+    )
     p.add_argument("--record", type=args.record, help="write the JSON record here (refused if the file exists)")
     return p
 
 
 def _unused(a: argparse.Namespace, given: set[str]) -> list[str]:
+    replays = {"--replay-dir", "--replay-max-bytes", "--replay"}
+    if a.replay is not None:  # the run, its settings and tolerance are the reproducer's
+        return sorted(
+            given
+            & ({*_RUNS, "--horizons", "--faults", "--tolerance", "--mutants", "--record"} | replays - {"--replay"})
+        )
     if a.dump is not None:
-        unused = {*_RUNS, *_LAUNCH, "--arrays", "--time-limit", "--mutants", "--mutant-files"}
+        unused = {*_RUNS, *_LAUNCH, "--arrays", "--time-limit", "--mutants", "--mutant-files", *replays}
     elif a.source is not None:
         unused = {"--arrays"}
     else:
@@ -321,6 +342,12 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
 
     common = {"horizons": a.horizons, "tolerance": a.tolerance, "faults": a.faults}
     study = None
+    if a.replay is not None:
+        from workbench.check.step_replay import replay_step
+
+        got = replay_step(a.replay, _subject(a), time_limit=a.time_limit)
+        print(got)
+        return 0 if got.passed else 1
     if a.dump is not None:
         rep = check_step_dump(a.dump, **common)
     else:
@@ -339,7 +366,8 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
                     problem = a.source + problem.removeprefix("source")
                 raise ValueError(f"{option}: {given} does not compile for the emulator: {problem}")
         chosen = _mutant_files(a.mutant_files, a.kernels_dir) if a.mutant_files is not None else None
-        rep = check_step(subject, time_limit=a.time_limit, **runs, **common)
+        replays = {"replay_dir": a.replay_dir, "replay_max_bytes": a.replay_max_bytes}
+        rep = check_step(subject, time_limit=a.time_limit, **replays, **runs, **common)
         if a.mutants:
             from workbench.check.mutants import folder_mutant_study, mutant_study
 
@@ -356,6 +384,8 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
         print("\n".join(f"  - {x}" for x in shown))
         if len(shown) < len(rep.problems):
             print(f"  ... and {len(rep.problems) - len(shown)} more (all in the record)")
+    for r in getattr(rep, "reproducers", []):
+        print(f"reproducer: {r}")
     record = {**rep.to_record(), **args.provenance(argv)}
     if study is not None:
         print()

@@ -26,7 +26,9 @@ from workbench.check.gdn_cases import DEFAULT_GEOMETRIES, GATES, TokenRun, geome
 from workbench.check.gdn_faults import GDN_FAULTS, BlockStep, chunk_rows
 from workbench.check.gdn_report import StepReport, condition_frame
 from workbench.check.gdn_subjects import CallableStep, StepInputs, checked_step
+from workbench.check.replay import DEFAULT_MAX_BYTES, ReplayDir
 from workbench.check.step_isolation import checked, close, guarded_step
+from workbench.check.step_reproducer import check_fits, write_failing_runs
 from workbench.check.subjects import SubjectError
 from workbench.decode.layers import GDN_PATHS, recurrent_step
 from workbench.studies.cases import check_seeds
@@ -160,6 +162,8 @@ class _Subject:
             np.empty((n, s.hv, s.dv, s.dk), np.float32),
         )
         self.stopped: set[int] = set()
+        # each sequence's last returned tensors, read again only where their error is not finite
+        self.held: list[tuple[np.ndarray, ...] | None] = [None] * n
         self.calls: list[Callable | None] = []
         for i in range(n):
             consts = {"conv_w": w.conv_w[i], "a_log": w.a_log[i], "dt_bias": w.dt_bias[i], "o_norm": w.o_norm[i]}
@@ -186,6 +190,7 @@ class _Subject:
         sequence, the returned arrays themselves, read in place)."""
         r, w, s = self.run, self.run.weights, self.run.shape
         out, conv, state = self.returned
+        self.held = [None] * len(self.held)
         for i, call in enumerate(self.calls):
             if call is None:
                 self._stop(i)
@@ -217,10 +222,7 @@ class _Subject:
                 self._fail(i, t, f"raised {type(e).__name__}: {e}")
                 self._stop(i)
                 continue
-            for name, v in (("out", o), ("conv_state", c), ("state", st)):
-                if not _finite(v):
-                    self._fail(i, t, f"tensor {name}: not finite (NaN or inf)")
-                    break
+            self.held[i] = (o, c, st)
             if len(self.calls) == 1:
                 out, conv, state = o[None], c[None], st[None]
             else:
@@ -230,6 +232,23 @@ class _Subject:
                 mlx_states = isinstance(value[1], mx.array) and isinstance(value[2], mx.array)
                 self.conv[i], self.state[i] = (value[1], value[2]) if mlx_states else (c, st)
         return out, conv, state
+
+    def not_finite(self, t: int, errors: Sequence[np.ndarray]) -> None:
+        """After token ``t``'s errors (the subject's, per sequence): a sequence whose error is not
+        finite is stopped, naming the first tensor it returned that is NaN or inf. Asked only
+        there, so a finite run never pays a pass over its state for it (a NaN or inf returned
+        makes the error NaN or inf; a finite return with a non-finite error is the truth's)."""
+        bad = ~np.isfinite(errors[0])
+        for e in errors[1:]:
+            bad |= ~np.isfinite(e)
+        for i in np.flatnonzero(bad):
+            held = self.held[i]
+            if held is None or self.calls[i] is None:
+                continue
+            for name, v in zip(("out", "conv_state", "state"), held):
+                if not _finite(v):
+                    self._fail(i, t, f"tensor {name}: not finite (NaN or inf)")
+                    break
 
 
 def _finite(v: np.ndarray) -> bool:
@@ -297,6 +316,7 @@ def run_condition(
         err["ref_out"][:, t], err["ref_state"][:, t] = eo[0], st_err[0]
         if sub is not None:
             err["out"][:, t], err["state"][:, t] = eo[1], st_err[1]
+            sub.not_finite(t, (eo[1], st_err[1]))
         for j, f in enumerate(faults, len(traj) - len(faults)):
             err[f"fault_out {f}"][:, t] = eo[j]
             err[f"fault {f}"][:, t] = np.maximum(eo[j], st_err[j])
@@ -342,6 +362,8 @@ def check_step(
     rerun: bool = True,
     process: bool | None = None,
     time_limit: float = 30.0,
+    replay_dir: Any = None,
+    replay_max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> StepReport:
     """Check ``subject`` (a callable ``StepInputs -> (out, conv_state, state)``, or a form of
     :mod:`workbench.check.gdn_subjects`) on runs of ``tokens`` tokens, one per seed and
@@ -351,7 +373,9 @@ def check_step(
     the last horizon; ``reference``: the float32 reference's delta rule (``"ops"`` or ``"fast"``).
     The subject runs guarded (:mod:`workbench.check.step_isolation`): ``rerun`` each token called
     twice, the bits compared; ``process`` in a worker process of its own (None: where it can);
-    ``time_limit`` seconds a call may take."""
+    ``time_limit`` seconds a call may take. ``replay_dir``: a folder where each failing run is
+    written as a reproducer (:mod:`workbench.check.step_reproducer`), each at most
+    ``replay_max_bytes`` (checked before any run)."""
     subject = None if subject is None else _subject(subject)
     tokens = validate.integer("tokens", tokens, minimum=1, maximum=1 << 20)
     hs = _horizons(horizons, tokens)
@@ -363,6 +387,10 @@ def check_step(
     validate.one_of("reference", reference, GDN_PATHS[:2])
     user = None if tolerance is None else validate.number("tolerance", tolerance, minimum=0)
     flake_rate = validate.number("flake_rate", flake_rate, minimum=0, exclusive_minimum=True, maximum=0.5)
+    where = ReplayDir.of(replay_dir, replay_max_bytes)
+    if where is not None:
+        for shp, *_ in conds:
+            check_fits(where, shp, tokens)
     frames, problems = [], []
     guarded = None if subject is None else guarded_step(subject, rerun=rerun, process=process, time_limit=time_limit)
     try:
@@ -373,6 +401,9 @@ def check_step(
     kind = "" if subject is None else getattr(subject, "kind", "callable")
     rep = StepReport.build(name, kind, frames, hs, problems, user, flake_rate)
     rep.checked = [] if guarded is None else checked(guarded)
+    settings = {"tokens": tokens, "tolerance": user, "reference": reference, "rerun": rerun}
+    written = [] if where is None or guarded is None else write_failing_runs(where, rep, settings)
+    rep.reproducers = [str(p) for p in written]
     return rep
 
 

@@ -1,7 +1,7 @@
 """What an attention head computes, said once (:class:`HeadSpec`), in the two shapes the check
 tells apart.
 
-``"launch"``: frink-models' head launch (``attn_head_launch`` in the seed): the weighted RMS
+``"launch"``: frink-models' head launch (its ``attn_head_launch``): the weighted RMS
 norm of the hidden state, then Q, K and V of that one vector, all three projections folded
 with ONE rotation (the kernel rotates their common input once), their biases added after.
 Nothing per head happens in it: no QK-norm, no RoPE, no gate.

@@ -91,24 +91,13 @@ def case_failures(metrics: dict[str, np.ndarray], tolerances: dict[str, Any], sc
     return out
 
 
-def write_reproducer(
-    where: ReplayDir, case: dict[str, Any], branch: np.ndarray, residual: np.ndarray, output: np.ndarray, truth: Any
-) -> Path:
-    """One case's reproducer in ``where`` (``case``: seed, shape, dtype, fold, quantize, eps,
-    scales, tolerances, subject, form, name, failures); a taken name gets a numbered suffix."""
-    tensors = {
-        "branch": mx.array(np.asarray(branch, np.float32)),
-        "residual": mx.array(np.asarray(residual, np.float32)),
-        "output": mx.array(np.asarray(output, np.float32)),
-        "truth": mx.array(np.asarray(truth, np.float64)),
-    }
-    meta = {MARK: "1", **{k: json.dumps(v) for k, v in case.items()}}
+def write_file(where: ReplayDir, stem: str, tensors: dict[str, np.ndarray], meta: dict[str, str]) -> Path:
+    """``tensors`` (numpy, their dtypes kept) and ``meta`` as one safetensors file in ``where``,
+    named after ``stem`` (made safe; a taken name gets a numbered suffix), written atomically."""
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(scratch) / "case.safetensors"
-        mx.save_safetensors(str(tmp), tensors, metadata=meta)
+        mx.save_safetensors(str(tmp), {k: mx.array(np.asarray(v)) for k, v in tensors.items()}, metadata=meta)
         data = tmp.read_bytes()
-    h, b, f = case["shape"]
-    stem = f"{case['form']}-{h}x{b}x{f}-{case['dtype']}-fold{case['fold']}-q{case['quant_label']}-seed{case['seed']}"
     stem = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in stem)
     for k in range(1000):
         target = where.folder / (f"{stem}.safetensors" if k == 0 else f"{stem}-{k + 1}.safetensors")
@@ -117,6 +106,23 @@ def write_reproducer(
         except files.RecordExists:
             continue
     raise ValueError(f"replay_dir: {where.folder} already holds 1000 reproducers named {stem}*; name another folder")
+
+
+def write_reproducer(
+    where: ReplayDir, case: dict[str, Any], branch: np.ndarray, residual: np.ndarray, output: np.ndarray, truth: Any
+) -> Path:
+    """One case's reproducer in ``where`` (``case``: seed, shape, dtype, fold, quantize, eps,
+    scales, tolerances, subject, form, name, failures); a taken name gets a numbered suffix."""
+    tensors = {
+        "branch": np.asarray(branch, np.float32),
+        "residual": np.asarray(residual, np.float32),
+        "output": np.asarray(output, np.float32),
+        "truth": np.asarray(truth, np.float64),
+    }
+    meta = {MARK: "1", **{k: json.dumps(v) for k, v in case.items()}}
+    h, b, f = case["shape"]
+    stem = f"{case['form']}-{h}x{b}x{f}-{case['dtype']}-fold{case['fold']}-q{case['quant_label']}-seed{case['seed']}"
+    return write_file(where, stem, tensors, meta)
 
 
 @dataclass(frozen=True)
@@ -150,8 +156,9 @@ class Replay:
         return "\n".join(lines)
 
 
-def read_reproducer(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """A reproducer's case (metadata) and tensors; ``ValueError`` naming ``replay`` for anything else."""
+def read_file(path: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A reproducer's case (metadata) and its tensors ``names`` (numpy); ``ValueError`` naming
+    ``replay`` for anything else."""
     if not isinstance(path, (str, os.PathLike)) or not Path(path).is_file():
         raise ValueError(f"replay: must be a reproducer file a check wrote, got {validate.describe(path)} (not a file)")
     p = Path(path)
@@ -167,10 +174,26 @@ def read_reproducer(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         )
     try:
         case = {k: json.loads(v) for k, v in meta.items() if k != MARK}
-        arrays = {k: np.array(t[k]) for k in ("branch", "residual", "output", "truth")}
+        arrays = {k: np.array(t[k]) for k in names}
     except (KeyError, ValueError) as e:
         raise ValueError(f"replay: {p.name} is an incomplete reproducer ({e})") from None
     return case, arrays
+
+
+#: The metadata value that marks a reproducer of the recurrent step (``step_reproducer.PART``).
+STEP_PART = "gdn"
+
+
+def read_reproducer(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A tail reproducer's case (metadata) and tensors; ``ValueError`` naming ``replay`` for
+    anything else (a step's reproducer is replayed by ``--part gdn``)."""
+    case, _ = read_file(path, ())
+    if case.get("part") == STEP_PART:
+        raise ValueError(
+            f"replay: {Path(path).name} is a reproducer of the recurrent step (written by --part gdn): replay it "
+            "with --part gdn and the step (workbench.check.step_replay.replay_step)"
+        )
+    return read_file(path, ("branch", "residual", "output", "truth"))
 
 
 def replay(path: Any, subject: Any, *, time_limit: float = 30.0) -> Replay:

@@ -11,7 +11,8 @@ every module here reaches into), ``capture`` (each layer's residual, branch and 
 ``decoding`` (greedy decoding, first departures), ``transformers_advice`` (mlx-lm imported
 quietly). The fused tail inside it: ``fused_layers`` swaps it in (``fused_tails``);
 ``graph_tail`` is the tail as an MLX graph, its weights prepared once; ``stacked_attention``
-an attention's q, k and v projections as one product. ``end_to_end`` is the SmolLM2-135M
+an attention's q, k and v projections as one product. ``hadamard_pack_writer`` writes a
+PrismML Hadamard pack of random weights through mlx-lm's own classes. ``end_to_end`` is the SmolLM2-135M
 study notebook 06 shows. The names below are the part's API, importable from
 ``workbench.real_models``; each module is imported when one of its names is first read.
 """
@@ -24,6 +25,13 @@ _HOMES, __getattr__, __dir__ = public_names(
         "checkpoint": ("load_checkpoint", "smollm2_gguf_path"),
         "loaded_checkpoint": ("Checkpoint",),
         "mlx_lm_model": ("reference_model",),
+        "hadamard_pack_writer": (
+            "write_hadamard_pack",
+            "load_hadamard_pack",
+            "TINY_TEXT_CONFIG",
+            "tiny_blocks",
+            "block_1024",
+        ),
         "tokenizer": ("gguf_tokenizer",),
         "model_parts": ("vocab_size",),
         "capture": ("LayerCapture", "capture_layers"),
