@@ -272,8 +272,9 @@ def run_condition(
     (``out``, ``state`` of the subject (None: not run), ``ref_out``, ``ref_state``,
     ``fault <name>`` the worst of a fault's output and states, ``fault_out <name>`` its output's).
 
-    A token runs the reference, the faults and the subject first, then the float64 truth,
-    whose state is compared with theirs chunk by chunk as it is made (:class:`Errors`).
+    A token runs the subject, then the reference (evaluated by MLX while numpy starts the truth),
+    the faults and the float64 truth, whose state is compared with theirs chunk by chunk as it is
+    made (:class:`Errors`).
     Each numpy state lives in one buffer for the run, the step writing the next token's over it."""
     n, T, w, s = len(run.seeds), run.tokens, run.weights, run.shape
     w64 = w.astype(np.float64)
@@ -289,17 +290,19 @@ def run_condition(
     err = {k: np.full((n, T), np.nan) for k in names}
     for t in range(T):
         x32 = (run.mixed[:, t], run.z[:, t], run.b[:, t], run.a[:, t])
+        # the subject first, on its own: nothing of the check's is queued on MLX while it runs
+        got = None if sub is None else sub.step(t)
         ba = mx.array(np.concatenate([x32[2], x32[3]], axis=1))
         ro, rc, rs = recurrent_step(
             mx.array(x32[0]), mx.array(x32[1]), ba, rc, rs, *wmx, k_heads=w.k_heads, eps=w.eps, gdn=reference
         )
-        mx.eval(ro, rc, rs)
-        traj = [(ro, rc, rs)]
-        if sub is not None:
-            traj.append(sub.step(t))
+        # the reference evaluated on MLX's thread while numpy starts the truth (the same bits as
+        # mx.eval; Errors.start reads it, which waits for it): on two cores the two overlap
+        mx.async_eval(ro, rc, rs)
         # the truth and the faults a chunk of heads at a time, each chunk compared while in cache
         truth = BlockStep(w64, *(a.astype(np.float64) for a in x32), tc, ts, out=ts)
         steps = [BlockStep(w, *x32, *fs[f], fault=f, out=fs[f][1]) for f in faults]
+        traj = [(ro, rc, rs)] + ([] if got is None else [got])
         e_state.start(ts, [x[2] for x in traj] + [f.s for f in steps])
         for (h0, h1), *_ in zip(truth.chunks(), *(f.chunks() for f in steps)):
             e_state.take(h0, h1)
