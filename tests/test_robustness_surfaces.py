@@ -1054,6 +1054,10 @@ def tally(command_outcomes: dict, folder: Path) -> dict[str, tuple[int, int]]:
     except BackendUnavailable:
         pass
     out["newer surfaces (issue 56)"] = [_refused_as(call, start) == "clear" for _, call, start in _newer_cases(folder)]
+    from tests.test_robustness_integrity import cases as integrity_cases
+    from tests.test_robustness_integrity import refused_as
+
+    out["check guards, processes, replay"] = [refused_as(c, s) == "clear" for _, c, s in integrity_cases(folder)]
     out["wait plan: not a config"] = [
         _clear(lambda f=f, c=c: f(c), "^cfg: must be a ModelConfig")
         for f in _wait_calls().values()
