@@ -29,6 +29,7 @@ BENCHES = (
     "check_cluster",
     "check_gdn_rate",
     "check_rate",
+    "check_shapes",
     "emulator_cost",
     "gpu_check",
     "kernel_bench",

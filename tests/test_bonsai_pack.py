@@ -191,3 +191,20 @@ def test_mlx_lm_kernel_with_a_pack_bug_caught(pack, bug):
     report = check_pack_tail(_tail_subject(model, bug), w, seeds=range(20), faults=())
     assert not report.passed
     assert any("not those of a correct float32 tail" in r for r in report.reasons)
+
+
+def test_the_checks_random_draw_takes_the_format():
+    """affine2 with float16 scales through check_kernel's own draw (wo folded), as `--quantize affine2`."""
+    from bench.check_rate import numpy_tail
+    from workbench.check import check_kernel
+
+    report = check_kernel(
+        numpy_tail,
+        shapes=((128, 256, 384),),
+        quantize=("affine2",),
+        dtypes=("float16",),
+        folds=(128,),
+        seeds=range(100),
+    )
+    assert report.passed, report.reasons
+    assert set(report.cases["quant"]) == {"affine2-g128"}

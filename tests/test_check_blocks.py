@@ -99,3 +99,16 @@ def test_the_fault_models_on_a_block_are_each_cases_own(shape, dtype, fold, quan
         got = blocks.faulty(st, B, R, f)
         for i, sc in enumerate(cases):
             np.testing.assert_array_equal(got[i], faulty_tail(sc, f), err_msg=str(f))
+
+
+@pytest.mark.parametrize("shape", [(64, 96, 80), (33, 17, 9)])  # the second: an odd count of floats a case
+def test_the_reused_draw_is_draw_blocks_bits(shape):
+    from workbench.check.draws import Draws
+    from workbench.studies.cases import CaseArrays, draw_block
+
+    d = Draws(shape, 5)
+    for block, rows in ((0, [0, 1, 2, 3, 4]), (3, [7, 100, 255]), (0, [1, 2])):  # the buffer reused
+        got, want = d.block(block, np.array(rows)), draw_block(shape, block, np.array(rows))
+        for k in CaseArrays.__dataclass_fields__:
+            a, b = getattr(got, k), getattr(want, k)
+            assert a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes(), k

@@ -52,7 +52,7 @@ def test_overlapping_or_mismatched_shards_are_refused():
 
 def test_an_interrupted_run_resumes_from_its_journal(tmp_path, monkeypatch):
     one = check_kernel(correct, seeds=range(0, 40), **FEW)
-    budget = 2 * sum(case_bytes((64, 96, 80), 2)) // 1  # blocks of a few cases: several a run
+    budget = 2 * sum(case_bytes((64, 96, 80))) // 1  # blocks of a few cases: several a run
     real, calls = blocks.reference, []
 
     def dies(*args, **kwargs):
@@ -75,11 +75,12 @@ def test_an_interrupted_run_resumes_from_its_journal(tmp_path, monkeypatch):
 
 
 def test_blocks_are_sized_to_the_budget_and_a_case_too_large_is_refused():
-    per_case, once = case_bytes((2048, 2048, 8192), 3)
-    assert block_size((2048, 2048, 8192), 3, 4 * 2**30) == (4 * 2**30 - once) // per_case >= 1
-    assert per_case == 12 * case_floats((2048, 2048, 8192))
+    per_case, once = case_bytes((2048, 2048, 8192))
+    assert block_size((2048, 2048, 8192), "float32", 4 * 2**30) == (4 * 2**30 - once) // per_case >= 4
+    assert per_case == 8 * case_floats((2048, 2048, 8192)) + 4 * 2048 * 8192
+    assert case_bytes((2048, 2048, 8192), "bfloat16")[0] > per_case
     with pytest.raises(
-        ValueError, match=r"memory_budget: one case at shape \(5120, 6144, 17408\) .* GiB \(\d+ bytes\)"
+        ValueError, match=r"memory_budget: one case at shape \(5120, 6144, 17408\) \(float32\) .* GiB \(\d+ bytes\)"
     ):
         check_kernel(correct, shapes=[(5120, 6144, 17408)], seeds=range(2), memory_budget=2**30)
     with pytest.raises(ValueError, match="memory_budget: must be a positive int"):

@@ -111,9 +111,14 @@ def truth(st: StoredBlock, branch: np.ndarray, residual: np.ndarray) -> np.ndarr
         x_all = hadamard.block_transform(x_all, int(st.fold))
     w = st.f32
     out = np.empty((st.size, branch.shape[1], residual.shape[-1]), dtype=np.float64)
+    # one float64 buffer, the size of the largest matrix, each matrix copied into its start
+    # (float32 to float64 is exact): memory touched once a block, not once a matrix
+    flat = np.empty(max(w[k][0].size for k in MATRICES), dtype=np.float64)
 
     def mv(k: str, i: int, v: np.ndarray) -> np.ndarray:
-        return np.matmul(v, w[k][i].astype(np.float64).T)
+        m = flat[: w[k][i].size].reshape(w[k][i].shape)
+        np.copyto(m, w[k][i])
+        return np.matmul(v, m.T)
 
     for i in range(st.size):
         h = residual[i].astype(np.float64) + mv("wo", i, x_all[i])

@@ -12,13 +12,13 @@ did wrong is written to ``problems``, naming the case; its output is then NaN.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from workbench.check.guards import guarded_call
+from workbench.check.guards import CopyPool, guarded_call
 from workbench.check.isolation import FormCase, ProcessCaller
 from workbench.check.stored import StoredCase
 from workbench.check.subjects import (
@@ -38,6 +38,7 @@ class Callers:
 
     thread: LimitedCaller
     process: ProcessCaller | None = None
+    pool: CopyPool = field(default_factory=CopyPool)  # the thread's calls' fresh copies, reused
 
     def close(self) -> None:
         if self.process is not None:
@@ -113,7 +114,9 @@ def _outcomes(subject: Any, calls: Callers, jobs: list[tuple], order: list[int],
     if calls.process is not None:
         got = calls.process.run_all([jobs[k][0] for k in order])
     elif isinstance(subject, CallableSubject):
-        fns = [partial(guarded_call, subject.fn, jobs[k][0], subject.arrays, jobs[k][1], held) for k in order]
+        fns = [
+            partial(guarded_call, subject.fn, jobs[k][0], subject.arrays, jobs[k][1], held, calls.pool) for k in order
+        ]
         got = calls.thread.run_all(fns)
     else:
         got = calls.thread.run_all([jobs[k][0] for k in order])

@@ -19,6 +19,9 @@ import numpy as np
 
 from workbench.check import verdict as verdict_mod
 
+#: Below this power (against errors past the ratio on half the cases) a pass is flagged as judging little.
+WEAK_POWER = 0.5
+
 
 def _worst(errors: dict[str, np.ndarray]) -> np.ndarray:
     """A link's error a case: its worst tensor's (NaN when any is NaN: nothing usable)."""
@@ -172,9 +175,14 @@ class ChainReport:
             verdict = "PASS" if self.passed else f"FAIL (first failing link: {self.first_failing})"
             form = {"one": "one implementation", "links": "one callable a link"}[self.kind]
             lines = [f"{head}: {verdict}; {self.name} as {form}, {len(self.cases)} cases"]
-        for row in self.rows():
-            cells = [f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()]
-            lines.append("  " + ", ".join(cells))
+        table = self.table().set_index("link")
+        lines += ["  " + t for t in table.to_string(float_format=lambda v: f"{v:.3g}").splitlines()]
+        weak = [r for r in self.rows() if r.get("power", 1.0) < WEAK_POWER]
+        if weak:
+            lines.append(
+                f"  note: the sign test's power is below {WEAK_POWER:g} on {len(weak)} link(s) (a pass judges "
+                "little with so few cases a scale: give more seeds)"
+            )
         for n in self.failing:
             lines += [f"  - {x}" for x in self.reasons[n]]
         return "\n".join(lines)

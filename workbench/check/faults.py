@@ -52,9 +52,22 @@ def _mv(w: np.ndarray, x: np.ndarray, f16: bool) -> np.ndarray:
     products, case by case, as the 2-D form gives each case)."""
     if not f16:
         return x @ w.T if w.ndim == 2 else np.matmul(x, np.swapaxes(w, -1, -2))
+    # A slice of output rows at a time (each row's sum is its own, so the same bits): the
+    # products of a whole matrix at every input scale were gigabytes at a shipped shape.
     wide = w if w.ndim == 2 else w[:, None]
-    prods = x[..., None, :].astype(np.float16) * wide.astype(np.float16)
-    return np.cumsum(prods, axis=-1, dtype=np.float16)[..., -1].astype(np.float32)
+    x16 = x[..., None, :].astype(np.float16)
+    lead = np.broadcast_shapes(x16.shape[:-2], wide.shape[:-2])
+    rows = w.shape[-2]
+    step = max(1, F16_SLICE_BYTES // (2 * w.shape[-1] * max(1, int(np.prod(lead)))))
+    out = np.empty((*lead, rows), dtype=np.float32)
+    for r in range(0, rows, step):
+        prods = x16 * wide[..., r : r + step, :].astype(np.float16)
+        out[..., r : r + step] = np.cumsum(prods, axis=-1, dtype=np.float16)[..., -1]
+    return out
+
+
+#: Bytes of float16 products ``_mv`` makes at once.
+F16_SLICE_BYTES = 1 << 25
 
 
 def _run_variant(v: TailVariant, rotate: Any, unrotate: Any) -> np.ndarray:

@@ -47,7 +47,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from workbench.check.guards import guarded_call
+from workbench.check.guards import CopyPool, guarded_call
 from workbench.check.stored import as_numpy
 from workbench.check.subjects import CallableSubject, SubjectError
 from workbench.check.time_limit import Outcome
@@ -136,6 +136,11 @@ def receive_message(stream: BinaryIO) -> Any:
     return pickle.loads(data, buffers=[view[o : o + k] for o, k in spans])
 
 
+#: The worker process's fresh copies of a case's weights, reused call after call (bounded: two
+#: buffers a shape and dtype; :class:`workbench.check.guards.CopyPool` says why).
+WORKER_POOL = CopyPool()
+
+
 def case_calls(subject: Any, payload: Any) -> Callable[[Any], Any]:
     """What a worker calls for one case, given a call's argument: a callable's guarded calls
     (one, or one a scale: the argument is the index), a kernel form's launches on the weights
@@ -144,7 +149,10 @@ def case_calls(subject: Any, payload: Any) -> Callable[[Any], Any]:
     if hasattr(subject, "worker_call"):
         return subject.worker_call(payload)
     if isinstance(subject, CallableSubject):
-        fns = [partial(guarded_call, subject.fn, sc, subject.arrays, want) for sc, want in subject.jobs(payload)]
+        fns = [
+            partial(guarded_call, subject.fn, sc, subject.arrays, want, (), WORKER_POOL)
+            for sc, want in subject.jobs(payload)
+        ]
     else:
         w, _, _ = case_row_weights(payload.rows, 0, **payload.config)
         fns = [fn for fn, _ in subject.calls(payload, w)]

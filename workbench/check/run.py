@@ -20,6 +20,7 @@ from workbench import validate
 from workbench.check import blocks, shards
 from workbench.check import budget as budget_mod
 from workbench.check.calls import callers, rerun_difference, run_block, where_it_ran
+from workbench.check.draws import Draws
 from workbench.check.faults import FAULTS, applies, faulty_tail
 from workbench.check.progress import Progress
 from workbench.check.replay import DEFAULT_MAX_BYTES, ReplayDir, case_failures, case_metrics, write_reproducer
@@ -28,6 +29,7 @@ from workbench.check.stored import stored_case
 from workbench.check.subjects import CallableSubject
 from workbench.fold.weights import DENSE_DTYPES
 from workbench.studies.cases import (
+    CASE_BLOCK,
     case_arrays,
     check_fold,
     check_quant_fits,
@@ -191,7 +193,8 @@ def check_kernel(
                     check_quant_fits(spec, shp)
                     if where is not None:
                         where.check_fits(shp, len(scale_labels), fold)
-                    sizes.append(budget_mod.block_size(shp, len(scale_labels), budget))
+                    stored = "float32" if dtype == "float32" and spec is None else qlabel
+                    sizes.append(budget_mod.block_size(shp, stored, budget))
                     configs.append((shp, dtype, fold, qlabel, spec, q))
     if client is not None:  # shards of seeds as tasks on a Dask cluster, merged into one report
         from workbench.check.cluster import check_on_cluster
@@ -332,10 +335,11 @@ def _blocks(
                 problems += probs
             todo = seed_arr[~np.isin(seed_arr, np.fromiter(log.done(ci), dtype=np.int64))]
             bar.add(len(seed_arr) - len(todo))
-        for k in range(0, len(todo), size):
-            chunk = todo[k : k + size]
+        draws = Draws(shp, min(size, len(todo))) if len(todo) else None
+        for chunk in _chunks(todo, size):
             said: list[str] = []
-            cdf, fdf = _block(subject, calls, config, base, chunk, scale_labels, faults, eps, rerun, said, writer)
+            job = (config, base, chunk, draws)
+            cdf, fdf = _block(subject, calls, job, scale_labels, faults, eps, rerun, said, writer)
             problems += said
             cdfs.append(cdf)
             fdfs += [fdf] if fdf is not None else []
@@ -352,12 +356,29 @@ def _blocks(
     return frames, fframes
 
 
+def _chunks(seeds: np.ndarray, size: int) -> list[np.ndarray]:
+    """``seeds`` in runs of at most ``size``, a run never crossing a draw's block of
+    :data:`~workbench.studies.cases.CASE_BLOCK` seeds (so a run is drawn from one stream, in place)."""
+    if not len(seeds):
+        return []
+    cut = np.flatnonzero(np.diff(seeds // CASE_BLOCK) != 0) + 1
+    return [run[k : k + size] for run in np.split(seeds, cut) for k in range(0, len(run), size)]
+
+
+def _draw(shape: tuple[int, int, int], chunk: np.ndarray, draws: Draws) -> Any:
+    """The cases of ``chunk``: ascending seeds of one draw block are drawn into the
+    configuration's reused buffer (:class:`~workbench.check.draws.Draws`: ``draw_block``'s
+    bits, no concatenated and reordered copy); any others through ``case_arrays``."""
+    blk = chunk // CASE_BLOCK
+    if (blk == blk[0]).all() and (np.diff(chunk) > 0).all():
+        return draws.block(int(blk[0]), chunk - blk[0] * CASE_BLOCK)
+    return case_arrays(shape, chunk)
+
+
 def _block(
     subject: Any,
     calls: Any,
-    config: tuple,
-    base: dict[str, Any],
-    chunk: np.ndarray,
+    job: tuple,
     scale_labels: list[float],
     faults: Sequence[str],
     eps: float,
@@ -366,12 +387,14 @@ def _block(
     writer: _Reproducers | None,
 ) -> tuple[Any, Any]:
     """One block of seeds of one configuration: the truth, the reference, the implementation's
-    runs and the fault models, as its case table and fault table (None: no fault ran)."""
+    runs and the fault models, as its case table and fault table (None: no fault ran); ``job``:
+    the configuration, its table columns, the block's seeds and the configuration's draws."""
     import pandas as pd
 
+    config, base, chunk, draws = job
     shp, dtype, fold, qlabel, spec, _ = config
     scale_arr = np.array(scale_labels, dtype=np.float32)
-    c = case_arrays(shp, chunk)
+    c = _draw(shp, chunk, draws)
     st = blocks.stored_block(c, dtype=dtype, fold=fold, spec=spec, eps=eps)
     B = c.branch[:, None, :] * scale_arr[None, :, None]
     R = c.residual[:, None, :] * scale_arr[None, :, None]

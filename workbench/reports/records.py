@@ -233,6 +233,13 @@ KINDS: dict[str, RecordKind] = {
             "how fast a user's numpy tail is checked, beside the graph sweep of the same cases",
         ),
         RecordKind(
+            "check_shapes",
+            1,
+            (*_PROVENANCE, "target", "notes", "floor", "results"),
+            "the tail's check at shipped shapes: seconds a seed beside a plain loop's floor, with and without faults, "
+            "peak memory",
+        ),
+        RecordKind(
             "check_bonsai_pack",
             1,
             (*_HEAD, "numpy_version", "python", "cpu_count", "target", "notes", "results"),
