@@ -172,3 +172,9 @@ def test_the_command_runs_on_workers_and_refuses_what_does_not_go_together(capsy
         with pytest.raises(SystemExit) as done:
             main(["tests.check_user_tails:correct", *argv])
         assert done.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_dasks_progress_bar_goes_to_stderr_when_asked(client, capsys):
+    rep = check_kernel(correct, seeds=range(2), client=client, progress=True, faults=(), scales=(1.0,))
+    out, err = capsys.readouterr()
+    assert rep.passed and "Completed" in err and "Completed" not in out

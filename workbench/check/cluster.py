@@ -87,7 +87,7 @@ def cluster_client(workers: int | None = None, scheduler: str | None = None) -> 
             n_workers=n,
             threads_per_worker=WORKER_THREADS,
             processes=True,
-            dashboard_address=None,
+            dashboard_address=":0",  # a free port: no clash with another cluster on this machine
             set_as_default=False,
             silence_logs=logging.ERROR,
         )

@@ -151,7 +151,7 @@ class _Subject:
     its later tokens count as NaN)."""
 
     def __init__(self, subject: Any, run: TokenRun, labels: list[str], problems: list[str]):
-        self.run, self.labels, self.problems = run, labels, problems
+        self.run, self.labels, self.problems, self.subject = run, labels, problems, subject
         w, s, n = run.weights, run.shape, len(labels)
         self.conv = [c for c in run.conv_state]
         self.state = [s for s in run.state]
@@ -190,6 +190,7 @@ class _Subject:
         sequence, the returned arrays themselves, read in place)."""
         r, w, s = self.run, self.run.weights, self.run.shape
         out, conv, state = self.returned
+        active = []
         self.held = [None] * len(self.held)
         for i, call in enumerate(self.calls):
             if call is None:
@@ -211,8 +212,15 @@ class _Subject:
                 self.labels[i],
                 t,
             )
+            active.append((i, call, inputs))
+        # a subject in a worker process takes the token's calls in one message (step_isolation)
+        batch = getattr(self.subject, "call_all", None)
+        results = batch([(c, x) for _, c, x in active]) if batch is not None and active else None
+        for k, (i, call, inputs) in enumerate(active):
             try:
-                value = call(inputs)
+                value = call(inputs) if results is None else results[k]
+                if isinstance(value, BaseException):
+                    raise value
                 o, c, st = checked_step(value, s)
             except SubjectError as e:
                 self._fail(i, t, str(e))
