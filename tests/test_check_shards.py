@@ -133,3 +133,16 @@ def test_the_seeds_of_a_shard_are_the_same_cases_as_in_the_whole():
     part = check_kernel(correct, seeds=range(7, 13), scales=(1.0,), faults=())
     got = whole.cases[whole.cases.seed.between(7, 12)].reset_index(drop=True)
     np.testing.assert_array_equal(got[["worst", "ref_worst"]].to_numpy(), part.cases[["worst", "ref_worst"]].to_numpy())
+
+
+def test_the_check_beside_a_worker_process_is_the_sequential_checks_bits():
+    """With the implementation in its worker process, the truth and faults run on a thread of their
+    own and the reference beside the worker's calls: the same rows as the check run in order."""
+    from workbench.check import CallableSubject
+
+    kw = {"shapes": [(64, 32, 48)], "seeds": range(6), **FEW}
+    a = check_kernel(CallableSubject(correct), **kw)
+    b = check_kernel(CallableSubject(correct, process=False), **kw)
+    assert "worker process" in a.checked[0] and "worker process" not in b.checked[0]
+    pd.testing.assert_frame_equal(a.cases, b.cases, check_exact=True)
+    pd.testing.assert_frame_equal(a.faults, b.faults, check_exact=True)
