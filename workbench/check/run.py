@@ -194,8 +194,7 @@ def check_kernel(
                     check_quant_fits(spec, shp)
                     if where is not None:
                         where.check_fits(shp, len(scale_labels), fold)
-                    stored = "float32" if dtype == "float32" and spec is None else qlabel
-                    sizes.append(budget_mod.block_size(shp, stored, budget))
+                    sizes.append(budget_mod.block_size(shp, budget))
                     configs.append((shp, dtype, fold, qlabel, spec, q))
     if client is not None:  # shards of seeds as tasks on a Dask cluster, merged into one report
         from workbench.check.cluster import check_on_cluster
