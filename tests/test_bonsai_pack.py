@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 from mlx_lm.models import prism_hadamard_qwen35 as prism
 
-from workbench.check import CallableSubject, check_pack_tail
+from workbench.check import PACK_FAULTS, CallableSubject, check_pack_tail, packed_faulty_tail, stored_case
+from workbench.check.pack_faults import applies as pack_fault_applies
 from workbench.fold import AFFINE2, WeightMatrix
 from workbench.kernels.launch import prepare_tail
 from workbench.models import PACK_BLOCKS, PackError, pack_manifest, pack_refusals, read_pack
 from workbench.real_models import load_hadamard_pack as load_pack
 from workbench.real_models import write_hadamard_pack as write_pack
-from workbench.tail import fused_tail, host_tail, pack_tail_weights, random_inputs, tail_launch
+from workbench.tail import fused_tail, host_tail, pack_tail_weights, random_inputs, tail_launch, worst_scaled_error
 
 LAYER = 1  # the tiny model's full-attention layer (full_attention_interval 2)
 
@@ -168,10 +169,24 @@ def test_kernels_refuse_saying_which(pack):
 
 def test_mlx_lm_modules_judged_correct(pack):
     _, model, _, p = pack
-    report = check_pack_tail(_tail_subject(model, "mlx-lm"), pack_tail_weights(p, LAYER), seeds=range(30))
+    faults = ("rotation_skipped_down", "gate_with_up_signs", "scales_bfloat16")
+    w = pack_tail_weights(p, LAYER)
+    report = check_pack_tail(_tail_subject(model, "mlx-lm"), w, seeds=range(30), faults=faults)
     assert report.passed, report.reasons
-    caught = report.faults.groupby("fault")["worst"].max()
-    assert set(caught.index) >= {"rotation_skipped_down", "gate_with_up_signs", "scales_bfloat16"}
+    caught = report.faults.groupby("fault")["worst"].min()
+    assert set(caught.index) == set(faults) and (caught > 2e-4).all(), caught
+
+
+def test_every_pack_fault_moves_the_tail_and_none_is_the_float32_tail(pack):
+    *_, p = pack
+    w = pack_tail_weights(p, LAYER)
+    br, res = random_inputs(w, seed=7)
+    B, R = br[None] * np.float32([[0.01], [1.0], [100.0]]), res[None] * np.float32([[0.01], [1.0], [100.0]])
+    sc, truth = stored_case(w, B, R, "one"), host_tail(w, B, R)
+    assert worst_scaled_error(packed_faulty_tail(sc, None), truth).max() < 2e-4
+    for fault in PACK_FAULTS:
+        assert pack_fault_applies(fault, sc), fault  # every rotation is there on the tiny pack
+        assert worst_scaled_error(packed_faulty_tail(sc, fault), truth).min() > 2e-4, fault
 
 
 @pytest.mark.parametrize("bug", ["down_unrotated", "scales_bfloat16"])
@@ -191,3 +206,20 @@ def test_mlx_lm_kernel_with_a_pack_bug_caught(pack, bug):
     report = check_pack_tail(_tail_subject(model, bug), w, seeds=range(20), faults=())
     assert not report.passed
     assert any("not those of a correct float32 tail" in r for r in report.reasons)
+
+
+def test_the_checks_random_draw_takes_the_format():
+    """affine2 with float16 scales through check_kernel's own draw (wo folded), as `--quantize affine2`."""
+    from bench.check_rate import numpy_tail
+    from workbench.check import check_kernel
+
+    report = check_kernel(
+        numpy_tail,
+        shapes=((128, 256, 384),),
+        quantize=("affine2",),
+        dtypes=("float16",),
+        folds=(128,),
+        seeds=range(100),
+    )
+    assert report.passed, report.reasons
+    assert set(report.cases["quant"]) == {"affine2-g128"}

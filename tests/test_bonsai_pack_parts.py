@@ -30,7 +30,9 @@ def _module_subject(module):
 
 @pytest.mark.parametrize(
     "path",
-    [f"model.layers.0.linear_attn.{p}" for p in RECURRENT] + [f"model.layers.1.self_attn.{p}_proj" for p in "qkv"],
+    [f"model.layers.0.linear_attn.{p}" for p in RECURRENT]
+    + [f"model.layers.1.self_attn.{p}_proj" for p in "qkv"]
+    + ["lm_head"],
 )
 def test_mlx_lm_projection_judged_correct(pack, path):
     model, p = pack
@@ -81,3 +83,25 @@ def test_wait_table_reads_the_pack(pack):
     assert p.fusable_layers() == ()  # the kernels read no 2-bit weights and rotate wo's input only
     fused = waits_per_token(cfg, "fused_tail", eligible=(1,))
     assert waits_per_token(cfg, "fused_tail", eligible=p.fusable_layers()) == fused + 1
+
+
+def test_bad_input_named(pack):
+    from workbench.check import check_pack_tail
+    from workbench.fold import WeightMatrix
+    from workbench.models import PackError, pack_manifest
+    from workbench.tail import pack_tail_weights
+
+    _, p = pack
+    w = pack_tail_weights(p, 1)
+    with pytest.raises(ValueError, match="^w: must be TailWeights"):
+        check_pack_tail(lambda sc: sc.residual, "not weights")
+    with pytest.raises(ValueError, match="^faults: must be one of"):
+        check_pack_tail(lambda sc: sc.residual, w, faults=("no_such_fault",))
+    with pytest.raises(ValueError, match="^m: must be a quantized WeightMatrix"):
+        check_packed_linear(lambda x: x, WeightMatrix(np.ones((4, 128), np.float32)))
+    with pytest.raises(PackError, match="^config: must be the pack's config.json"):
+        pack_manifest(["not", "a", "dict"])
+    with pytest.raises(PackError, match="is not in the pack's manifest"):
+        p.matrix("model.layers.1.mlp.no_such_proj")
+    with pytest.raises(ValueError, match="^pack: must be a HadamardPack"):
+        pack_tail_weights("folder", 1)

@@ -103,7 +103,6 @@ def test_a_step_then_the_recurrent_layers_tail_is_wired_by_the_steps_output():
     ("links", "message"),
     [
         ("tail,gdn_in,nope", "chain: must be one of"),
-        (["tail", "tail"], "chain: each link at most once"),
         ("tail,gdn", "chain: link 2 gdn reads nothing link 1 tail writes"),
         ([], "chain:"),
     ],
@@ -285,3 +284,58 @@ def test_the_fault_models_a_link_has():
     assert "rope_position_plus_one" in link_faults("head") and "bias_dropped" not in link_faults("head")
     with pytest.raises(ValueError, match="fault: must be one of"):
         __import__("workbench.check", fromlist=["faulty_link"]).faulty_link("gdn", "nope")
+
+
+def test_a_metal_step_of_ones_own_as_the_chains_step_on_the_emulator(emulator):
+    # the step's Metal body of tests/test_check_gdn.py (a thread a value head: the chain's dims have 6), in the chain
+    from tests.test_check_gdn import _metal
+
+    rep = check_chain({"gdn": _metal()}, "tail,gdn_in,gdn", seeds=range(4), scales=[1.0], time_limit=None)
+    assert rep.passed and not rep.problems, str(rep)
+    assert rep.given == ["reference", "reference", "user_gdn_step"]
+
+
+RUN = "tail,gdn_in,gdn,tail,gdn_in,gdn,tail,head"  # an attention tail, two recurrent layers, the next head
+
+
+def test_a_run_of_recurrent_layers_is_wired_layer_by_layer_each_with_its_own_state():
+    chain = wire(RUN)
+    assert chain.names == ("tail", "gdn_in", "gdn", "tail@2", "gdn_in@2", "gdn@2", "tail@3", "head")
+    gdn2, tail2, tail3 = chain.links[5], chain.links[3], chain.links[6]
+    assert gdn2.sources["state"] == (None, "state@2") and gdn2.sources["conv_state"] == (None, "conv_state@2")
+    assert gdn2.sources["mixed"] == (4, "mixed")  # the second layer's own projections
+    assert tail2.sources == {"branch": (2, "out"), "residual": (0, "hidden")}
+    assert tail3.sources == {"branch": (5, "out"), "residual": (3, "hidden")}
+    assert set(chain.inputs) == {"branch", "residual", "conv_state", "state", "conv_state@2", "state@2"}
+    case = draw_case(chain, 0, scale=1.0, gate="typical", state_scale=1.0, label="x")
+    assert not np.array_equal(case.weights["gdn"]["conv_w"], case.weights["gdn@2"]["conv_w"])
+
+
+def test_a_run_through_mlx_lm_pieces_passes_and_a_fault_in_the_second_layer_is_named_there():
+    from tests.check_user_chains import RUN_END
+    from workbench.check import faulty_link
+
+    rep = check_chain(RUN_END, RUN, seeds=range(12))  # a link's name gives every occurrence of it
+    assert rep.passed, str(rep)
+    assert rep.given == ["tail", "reference", "mlx_lm_gdn_link", "tail", "reference", "mlx_lm_gdn_link", "tail"] + [
+        "mlx_lm_head_link"
+    ]
+    bad = check_chain({"gdn@2": faulty_link("gdn", "state_bfloat16")}, RUN, seeds=range(12))
+    assert bad.first_failing == "gdn@2" and "gdn" not in bad.failing
+
+
+def test_a_case_not_of_the_chain_is_refused_naming_link_part_and_tensor():
+    import dataclasses
+
+    chain = wire("tail,gdn_in,gdn")
+    case = draw_case(chain, 0, scale=1.0, gate="typical", state_scale=1.0, label="x")
+    bad_w = {**case.weights, "gdn_in": {**case.weights["gdn_in"], "in_proj_z": np.zeros((3, 3), np.float32)}}
+    with pytest.raises(ValueError, match=r"case: link 2 gdn_in \(part gdn_in\), tensor in_proj_z: shape \(3, 3\)"):
+        chained_outputs(chain, dataclasses.replace(case, weights=bad_w), truth=True)
+    bad_x = {**case.inputs, "state": case.inputs["state"][:1]}
+    with pytest.raises(ValueError, match="case: the chain's inputs, tensor state: shape"):
+        chained_outputs(chain, dataclasses.replace(case, inputs=bad_x), truth=False)
+    with pytest.raises(ValueError, match=r"case: its links \['tail'\] are not the chain's"):
+        chained_outputs(chain, dataclasses.replace(case, links=("tail",)), truth=True)
+    with pytest.raises(ValueError, match="case: must be a ChainCase"):
+        chained_outputs(chain, {}, truth=True)

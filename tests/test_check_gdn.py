@@ -206,6 +206,37 @@ def test_report_tables_and_record():
     assert "PASS: part gdn" in str(rep)
 
 
+def test_the_report_reads_as_the_tails():
+    from workbench.check.report import REFERENCE_ROW
+
+    many = {**SMALL, "seeds": range(25), "tokens": 4}  # 100 runs: enough errors to calibrate on
+    rep = check_step(numpy_step, **many, faults=["state_bfloat16"], horizons=[1])
+    table = rep.catch_table()
+    # the reference row is the workbench's float32 reference, not the subject's runs
+    assert list(table.index.get_level_values(0).unique()) == [REFERENCE_ROW, "state_bfloat16"]
+    ref = rep.curves["ref_worst"]
+    for h in rep.horizons:
+        assert table.loc[(REFERENCE_ROW, h), "frink-models 2e-4"] == np.mean(~(ref[:, :h].max(axis=1) <= 2e-4))
+        assert table.loc[(REFERENCE_ROW, h), "4x reference"] == 0.0
+    # the calibrated tolerance: fitted to the passing subject's own errors, said so with its flake rate
+    assert rep.calibrated_on == "numpy_step's own errors (its verdict passes)"
+    text = str(rep)
+    assert "calibrated tolerance: worst <= " in text and "at flake rate 0.001 a run, fitted to numpy_step's own" in text
+    assert "q50 .. q100" in text and "a tolerance's flake rate (what it costs a correct step)" in text
+    assert rep.to_record()["calibrated_on"] == rep.calibrated_on
+    # a failing subject: fitted to the reference's errors; its own failures in subject_table
+    bad = check_step(_bf16_state_step, **many, faults=(), horizons=[1])
+    assert not bad.passed and bad.calibrated_on.startswith("the workbench's float32 reference's errors")
+    assert bad.subject_table().loc[1, "4x reference"] >= 0.95
+    with pytest.raises(ValueError, match="metric"):
+        bad.subject_table("state")
+
+
+def _bf16_state_step(s):
+    out, conv, state = numpy_step(s)
+    return out, conv, bfloat16_round(state)
+
+
 #: A Metal step of the test's own: one thread a value head, everything serial in it.
 METAL_HEADER = """
 inline float conv_silu(const device float* mixed, const device float* cs, const device float* w,

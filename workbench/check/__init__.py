@@ -34,7 +34,8 @@ float64 truth and its report; ``chain_faults`` each link's fault models run in a
 whether the faulty link is the one named first. ``cluster`` the check's shards of seeds on a Dask
 cluster (``check_kernel(..., client=)``), ``cluster_worker`` what a worker runs and how the
 subject reaches it, ``cluster_callables`` a callable sent by value made importable there,
-``cluster_sweeps`` the error sweeps there, a task a block of seeds. The
+``cluster_sweeps`` the error sweeps there, a task a block of seeds, ``cluster_settling`` the
+calibrated tolerance and catch rates as the seeds grow. The
 command is ``__main__`` (the tail) with ``gdn_command`` (``--part gdn``) and ``chain_command``
 (``--chain``) and ``head_command`` (``--part head``), over ``command_args`` (what they parse alike).
 
@@ -53,6 +54,7 @@ _HOMES, __getattr__, __dir__ = public_names(
         "budget": ("default_budget",),
         "cluster": ("cluster_client",),
         "cluster_sweeps": ("sweep_on_cluster", "mutation_sweep_on_cluster"),
+        "cluster_settling": ("settling",),
         "report": ("CheckReport",),
         "dump": ("write_layer", "read_layer", "DumpError"),
         "replay": ("replay", "read_reproducer", "Replay"),

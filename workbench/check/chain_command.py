@@ -197,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
 def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
     from workbench.check.chain_links import ChainDims
     from workbench.check.chain_run import check_chain
-    from workbench.check.chain_wiring import chain_names
+    from workbench.check.chain_wiring import chain_names, instance_labels
 
     names = chain_names(a.chain)
+    valid = set(names) | set(instance_labels(names))  # a name gives every occurrence, a label (gdn@2) one
     dims = ChainDims(**a.dims)
     gates = [g.strip() for g in a.gates.split(",")]
     if a.implementation is not None:
@@ -208,13 +209,13 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
     else:
         subject = {}
         for link, spec in a.link:
-            if link not in names:
-                raise ValueError(f"--link: {link!r} is not a link of the chain {','.join(names)}")
+            if link not in valid:
+                raise ValueError(f"--link: {link!r} is not a link of the chain {','.join(instance_labels(names))}")
             if link in subject:
                 raise ValueError(f"--link: {link!r} given twice")
             try:
                 if ":" not in spec and Path(spec).is_dir():
-                    subject[link] = _folder_form(link, spec)
+                    subject[link] = _folder_form(link.split("@")[0], spec)
                 else:
                     subject[link] = args.load_callable(spec, "LinkCase -> the link's outputs")
             except ValueError as e:

@@ -22,7 +22,7 @@ import numpy as np
 
 from workbench import validate
 from workbench.check.chain_links import LINKS, ChainDims
-from workbench.check.chain_wiring import LinkCase, chain_names
+from workbench.check.chain_wiring import LinkCase, chain_names, instance_labels
 
 #: The input norm's own faults (the ``gdn_in`` link has no part of its own to take them from).
 GDN_IN_FAULTS: dict[str, str] = {
@@ -121,17 +121,17 @@ def chain_fault_table(links: Any = ("tail", "gdn_in", "gdn"), *, dims: ChainDims
 
     names = chain_names(links)
     rows = []
-    for link in names:
+    for label, link in zip(instance_labels(names), names):
         for fault in link_faults(link, dims):
-            rep = check_chain({link: faulty_link(link, fault, dims)}, names, dims=dims, **check)
+            rep = check_chain({label: faulty_link(link, fault, dims)}, names, dims=dims, **check)
             rows.append(
                 {
-                    "link": link,
+                    "link": label,
                     "fault": fault,
                     "caught": not rep.passed,
                     "first failing": rep.first_failing or "-",
-                    "named right": rep.first_failing == link,
-                    "past ratio": dict(zip(rep.links, (r["past ratio"] for r in rep.rows())))[link],
+                    "named right": rep.first_failing == label,
+                    "past ratio": dict(zip(rep.links, (r["past ratio"] for r in rep.rows())))[label],
                     "cases": len(rep.cases),
                 }
             )

@@ -162,6 +162,8 @@ class Link:
     oracle: Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray], ChainDims], tuple[np.ndarray, ...]]
     reference: Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray], ChainDims], tuple[np.ndarray, ...]]
     accepts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Inputs that are the layer's own state: each occurrence of the link has its own.
+    state: tuple[str, ...] = ()
 
 
 def _matrix(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -355,6 +357,7 @@ LINKS: dict[str, Link] = {
         _gdn_draw,
         _gdn_oracle,
         _gdn_reference,
+        state=("conv_state", "state"),
     ),
     "head": Link(
         "head",

@@ -27,7 +27,16 @@ from workbench import validate
 from workbench.check.chain_forms import link_callable
 from workbench.check.chain_links import ChainDims
 from workbench.check.chain_report import ChainReport
-from workbench.check.chain_wiring import Chain, ChainCase, LinkCase, Wired, draw_case, link_inputs, wire
+from workbench.check.chain_wiring import (
+    Chain,
+    ChainCase,
+    LinkCase,
+    Wired,
+    check_case,
+    draw_case,
+    link_inputs,
+    wire,
+)
 from workbench.check.gdn_cases import GATES
 from workbench.check.stored import as_numpy
 from workbench.check.subjects import SubjectError
@@ -100,19 +109,21 @@ def _subject(subject: Any, chain: Chain) -> tuple[str, Any, list[str]]:
     """``("one", fn, [])`` for one implementation, ``("links", [fn or None a link], names)``
     for one a link (a part's form made the link's callable: :mod:`workbench.check.chain_forms`)."""
     names = chain.names
+    bases = tuple(w.link.name for w in chain.links)
     if callable(subject) and not isinstance(subject, (Mapping, Sequence)):
         return "one", subject, []
     if isinstance(subject, Mapping):
-        unknown = sorted(set(map(str, subject)) - set(names))
+        # a link's name gives every occurrence of it; a label (gdn@2) one occurrence, first
+        unknown = sorted(set(map(str, subject)) - set(names) - set(bases))
         if unknown:
             raise ValueError(f"subject: names links {unknown} not in the chain {list(names)}")
-        subject = [subject.get(n) for n in names]
+        subject = [subject[n] if n in subject else subject.get(b) for n, b in zip(names, bases)]
     if isinstance(subject, Sequence) and not isinstance(subject, str):
         if len(subject) != len(names):
             raise ValueError(
                 f"subject: one callable (or None) a link, {len(names)} for {list(names)}, got {len(subject)}"
             )
-        fns = [None if f is None else link_callable(n, f, chain.dims) for n, f in zip(names, subject)]
+        fns = [None if f is None else link_callable(b, f, chain.dims) for b, f in zip(bases, subject)]
         return "links", fns, [_shown(f) for f in subject]
     raise ValueError(
         "subject: must be a callable (ChainCase -> every link's outputs), or one callable (or None: the "
@@ -121,12 +132,16 @@ def _subject(subject: Any, chain: Chain) -> tuple[str, Any, list[str]]:
 
 
 def chained_outputs(chain: Chain, case: ChainCase, *, truth: bool) -> list[dict[str, np.ndarray]]:
-    """Every link's outputs on ``case``: the float64 oracles chained (``truth``) or the float32 references."""
+    """Every link's outputs on ``case``: the float64 oracles chained (``truth``) or the float32
+    references; a case that is not the chain's is a ValueError naming link, part and tensor."""
+    if not isinstance(chain, Chain):
+        raise ValueError(f"chain: must be a Chain (workbench.check.wire), got {validate.describe(chain)}")
+    check_case(chain, case)
     x: Mapping[str, np.ndarray] = {k: v.astype(np.float64) for k, v in case.inputs.items()} if truth else case.inputs
     outs: list[dict[str, np.ndarray]] = []
     for w in chain.links:
         run = w.link.oracle if truth else w.link.reference
-        got = run(case.weights[w.link.name], link_inputs(w, x, outs), chain.dims)
+        got = run(case.weights[w.name], link_inputs(w, x, outs), chain.dims)
         outs.append(dict(zip(w.link.outputs, got)))
     return outs
 
@@ -204,10 +219,10 @@ def _subject_run(
         x = link_inputs(w, case.inputs, outs)
         try:
             if fn[i] is None:
-                got = w.link.reference(case.weights[w.link.name], x, chain.dims)
+                got = w.link.reference(case.weights[w.name], x, chain.dims)
                 outs[i] = dict(zip(w.link.outputs, got))
             else:
-                lc = LinkCase(w.link.name, _fresh(x), _fresh(case.weights[w.link.name]), chain.dims, case.case)
+                lc = LinkCase(w.name, _fresh(x), _fresh(case.weights[w.name]), chain.dims, case.case)
                 outs[i] = returned_outputs(w, _call(caller, fn[i], lc))
         except SubjectError as e:
             problems.append(f"{e}, {where}")

@@ -19,6 +19,7 @@ default retries a task three times).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import sys
@@ -81,9 +82,14 @@ def cluster_client(workers: int | None = None, scheduler: str | None = None) -> 
     if workers is None and dask.config.get("scheduler-address", None):
         return Client(timeout="20s")
     n = validate.integer("workers", (os.cpu_count() or 1) if workers is None else workers, minimum=1, maximum=4096)
-    with dask.config.set(_local_config()):
+    with dask.config.set(_local_config()):  # silence_logs: Dask's own notices are not the check's output
         return Client(
-            n_workers=n, threads_per_worker=WORKER_THREADS, processes=True, dashboard_address=None, set_as_default=False
+            n_workers=n,
+            threads_per_worker=WORKER_THREADS,
+            processes=True,
+            dashboard_address=":0",  # a free port: no clash with another cluster on this machine
+            set_as_default=False,
+            silence_logs=logging.ERROR,
         )
 
 
@@ -156,59 +162,30 @@ def gather_shards(futures: list, again: Any) -> tuple[list[ShardResult], list[st
 
 
 def merged_report(
-    reports: list[Any],
-    problems: list[str],
-    checked: list[str],
-    *,
-    user: Any,
-    flake_rate: float,
-    name: str,
-    kind: str,
-    order: Any = None,
+    reports: list[Any], problems: list[str], checked: list[str], seeds: np.ndarray, *, user: Any, flake_rate: float
 ) -> Any:
-    """The report of the union of disjoint shards' ``reports`` (in seed order): their case and
-    fault rows and problems concatenated, then judged once (the calibration, the sign tests and
-    the verdict need every case), so the same bits as one run over all the seeds; ``order``: the
-    fault rows put in the serial run's order (:func:`serial_fault_order`)."""
+    """The report of the union of disjoint shards' ``reports``: their case and fault rows put in
+    the order one run over ``seeds`` writes them (``check.shards.canonical``), their problems
+    concatenated, then judged once (the calibration, the sign tests and the verdict need every
+    case), so the same bits as one run. Unlike ``shards.merge_reports`` (shards run apart,
+    seeds ascending) it keeps the caller's seed order and adds what the cluster saw:
+    ``problems`` (cases whose worker died) and ``checked``."""
     import pandas as pd
 
     from workbench.check.report import build_report
+    from workbench.check.shards import canonical
 
+    order: dict[int, int] = {}
+    for i, s in enumerate(seeds.tolist()):
+        order.setdefault(int(s), i)
     cases = pd.concat([r.cases for r in reports], ignore_index=True)
-    faults = [r.faults for r in reports if len(r.faults)]
-    fault_df = pd.concat(faults, ignore_index=True) if faults else None
-    if fault_df is not None and order is not None:
-        fault_df = order(fault_df)
+    faults = [r.faults for r in reports if r.faults is not None and len(r.faults)]
+    cases, fault_df = canonical(cases, pd.concat(faults, ignore_index=True) if faults else None, order)
     every = [p for r in reports for p in r.problems] + list(problems)
-    out = build_report(cases, fault_df, every, user, flake_rate, name, kind, checked=checked)
+    first = reports[0]
+    out = build_report(cases, fault_df, every, user, flake_rate, first.subject, first.kind, checked=checked)
     out.reproducers = [p for r in reports for p in r.reproducers]
     return out
-
-
-def serial_fault_order(configs: list[tuple], seeds: np.ndarray, faults: tuple[str, ...]) -> Any:
-    """A function putting fault rows in the order one serial run writes them: configuration,
-    then fault, then seed (``workbench.check.shards.canonical``: blocks sized to a memory
-    budget do not show in a run's rows)."""
-    import pandas as pd
-
-    config_at = {(*shp, dtype, str(fold), qlabel): k for k, (shp, dtype, fold, qlabel, _, _) in enumerate(configs)}
-    position = pd.Series(np.arange(len(seeds)), index=seeds.astype(np.int64))
-    fault_at = {f: k for k, f in enumerate(faults)}
-
-    def order(df: Any) -> Any:
-        keys = zip(df["hidden"], df["branch"], df["ffn"], df["dtype"], df["fold"], df["quant"])
-        pos = position.loc[df["seed"].to_numpy()].to_numpy()
-        key = pd.DataFrame(
-            {
-                "config": [config_at[k] for k in keys],
-                "fault": df["fault"].map(fault_at).to_numpy(),
-                "pos": pos,
-            }
-        )
-        at = key.sort_values(["config", "fault", "pos"], kind="stable").index.to_numpy()
-        return df.iloc[at].reset_index(drop=True)
-
-    return order
 
 
 def check_on_cluster(
@@ -255,15 +232,5 @@ def check_on_cluster(
         f"run on a Dask cluster ({client.scheduler.address}): {len(futures)} shard(s) of seeds in "
         f"{len(pids)} worker process(es), one shard at a time a process; their threads: {'; '.join(threads)}"
     )
-    name, kind = getattr(subject, "name", "?"), getattr(subject, "kind", "callable")
     checked = [*done[0].result.checked, line]
-    return merged_report(
-        [r.result for r in done],
-        problems,
-        checked,
-        user=user,
-        flake_rate=flake_rate,
-        name=name,
-        kind=kind,
-        order=serial_fault_order(configs, seeds, tuple(options["faults"])),
-    )
+    return merged_report([r.result for r in done], problems, checked, seeds, user=user, flake_rate=flake_rate)

@@ -1,6 +1,11 @@
 """What a check of a recurrent step reports (:class:`StepReport`): per-token errors, the sign
 test at each horizon, the growth of the error over tokens, the fault models' catch table
-and the first horizon each fault is caught at, and the verdict.
+and the first horizon each fault is caught at, and the verdict. It reads as the tail's report
+(``workbench.check.report``, whose legend printer and reference row it shares): the catch
+table's :data:`~workbench.check.report.REFERENCE_ROW` is the workbench's float32 reference on
+the same runs (what each tolerance costs a correct step), the calibrated tolerance is fitted to
+a correct step's errors (the subject's own where its verdict passes, the reference's where it
+fails; the report says which), and every column is said in words under its table.
 
 Growth: the slope of log10 error against log10 tokens, fitted to the median over runs of the
 per-token worst error, with a bootstrap interval over runs; the subject's beside the
@@ -17,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from workbench.check import verdict as verdict_mod
+from workbench.check.report import REFERENCE_ROW, legend
 from workbench.studies.calibration import calibrate_tolerance
 
 #: The fixed tolerances every catch table holds, on the worst scaled error (the anchors' figures,
@@ -35,6 +41,27 @@ SLOPE_MARGIN = 0.25
 
 #: Bootstrap resamples of the slope's interval, and its level.
 N_BOOT, LEVEL = 200, 0.95
+
+#: The error table's columns in words, printed under it.
+ERROR_LEGEND: dict[str, str] = {
+    "horizon": "the first tokens of each run, both states fed back: a run's error is its worst over them",
+    "n": "runs (a seed of a condition) judged at the horizon",
+    "q50 .. q100": "quantiles (median, 90%, 99%, largest) over runs of the step's worst scaled error "
+    "(output and both states)",
+    "ref_q50 ..": "the same quantiles for the workbench's float32 reference step on the same runs",
+    f"past {verdict_mod.RATIO:g}x ref": f"runs whose error is more than {verdict_mod.RATIO:g}x the reference's",
+    "rejects at": "the count at which the sign test says these are not a correct float32 step's errors",
+}
+
+#: The catch table in words.
+CATCH_LEGEND: dict[str, str] = {
+    "rows": f"a fault model (a known bug of recurrent kernels) per row and horizon; {REFERENCE_ROW}: the "
+    "workbench's float32 reference step",
+    "columns": "a tolerance per column: the share of that row's runs it fails within the horizon's tokens",
+    REFERENCE_ROW: "a tolerance's flake rate (what it costs a correct step); a fault row: its catch rate",
+    REFERENCE_RULE: "fails a run whose error is past that many times the reference's on the same run "
+    "(the sign test's per-run rule; never the reference itself)",
+}
 
 
 @dataclass(frozen=True)
@@ -88,6 +115,8 @@ class StepReport:
     problems: list[str]
     reasons: list[str] = field(default_factory=list)
     part: str = "gdn"
+    calibrated_on: str = ""
+    flake_rate: float = 1e-3
     #: What the check verified of the subject, in words (where it ran, its guards).
     checked: list[str] = field(default_factory=list)
     #: The reproducers written (``check_step(replay_dir=...)``), one a failing run.
@@ -119,27 +148,55 @@ class StepReport:
             curves["worst"] = np.maximum(curves["out"], curves["state"])  # NaN propagates
         curves["ref_worst"] = np.maximum(curves["ref_out"], curves["ref_state"])
         tols: dict[str, Any] = dict(FIXED_TOLERANCES)
-        note, tests = "", []
+        tests = []
         if "worst" in curves:
-            at = {h: _at(curves["worst"], h) for h in horizons}
-            try:
-                tols["calibrated"] = {
-                    h: calibrate_tolerance(v, flake_rate=flake_rate).recommended for h, v in at.items()
-                }
-                note = f"calibrated at each horizon on the subject's own errors, flake rate {flake_rate:g} a run"
-            except ValueError as e:
-                note = f"not calibrated: {e}"
             if user is not None:
                 tols["user's"] = user
             hcol = np.repeat(np.asarray(horizons, dtype=np.float64), len(runs))
-            sub = np.concatenate([at[h] for h in horizons])
+            sub = np.concatenate([_at(curves["worst"], h) for h in horizons])
             ref = np.concatenate([_at(curves["ref_worst"], h) for h in horizons])
             tests = verdict_mod.sign_tests(hcol, sub, ref)
         growth_ = {k: growth(curves[c]) for k, c in (("subject", "worst"), ("reference", "ref_worst")) if c in curves}
-        rep = cls(name, kind, runs, curves, horizons, tests, tols, note, growth_, problems)
+        rep = cls(name, kind, runs, curves, horizons, tests, tols, "", growth_, problems)
         if "worst" in curves:
             rep.reasons = rep._reasons(user)
+        rep._calibrate(flake_rate)
         return rep
+
+    def _calibrate(self, flake_rate: float) -> None:
+        """The tolerance at each horizon fitted to a CORRECT step's errors: the subject's own
+        where its verdict passes, else (or with no subject) the reference's on the same runs."""
+        own = "worst" in self.curves and not self.reasons
+        column = "worst" if own else "ref_worst"
+        self.calibrated_on = (
+            f"{self.subject}'s own errors (its verdict passes)"
+            if own
+            else "the workbench's float32 reference's errors on the same runs"
+            + (" (the subject's verdict fails)" if "worst" in self.curves else "")
+        )
+        self.flake_rate = flake_rate
+        try:
+            fits = {
+                h: calibrate_tolerance(_finite(_at(self.curves[column], h)), flake_rate=flake_rate)
+                for h in self.horizons
+            }
+        except ValueError as e:
+            self.calibration_note = f"not calibrated: {e}"
+            return
+        self.tolerances["calibrated"] = {h: f.recommended for h, f in fits.items()}
+        self.calibration_note = str(fits[self.horizons[-1]])
+
+    def calibrated_line(self) -> str:
+        """The calibrated tolerance in one line: its value at each horizon, its flake rate and
+        whose errors it was fitted to."""
+        cal = self.tolerances.get("calibrated")
+        if cal is None:
+            return f"calibrated tolerance: {self.calibration_note}"
+        at = ", ".join(f"{v:.2g} within {h}" for h, v in cal.items())
+        return (
+            f"calibrated tolerance: worst <= {at} token(s), at flake rate {self.flake_rate:g} a run, "
+            f"fitted to {self.calibrated_on}"
+        )
 
     def _reasons(self, user: float | None) -> list[str]:
         out = []
@@ -203,33 +260,42 @@ class StepReport:
         return np.nanquantile(c, q, axis=0)
 
     def catch_table(self, metric: str = "worst"):
-        """Per fault (and ``(correct)``: the subject's own flake) and horizon, the share of runs
-        each tolerance fails; the reference rule first. ``metric``: ``"worst"`` (the output and
-        both states, as the check judges) or ``"out"`` (the output alone, as a test that never
-        reads the state sees a step)."""
+        """Per fault (and :data:`~workbench.check.report.REFERENCE_ROW`: the workbench's float32
+        reference on the same runs, what each tolerance costs a correct step) and horizon, the
+        share of runs each tolerance fails; the reference rule first. ``metric``: ``"worst"``
+        (the output and both states, as the check judges) or ``"out"`` (the output alone, as a
+        test that never reads the state sees a step). Columns in words: :data:`CATCH_LEGEND`."""
+        key = _metric(metric)
+        faults = [k.split(" ", 1)[1] for k in self.curves if k.startswith("fault ")]
+        series = [(REFERENCE_ROW, self.curves[f"ref_{key}"])]
+        series += [(f, self.curves[f"{'fault' if key == 'worst' else 'fault_out'} {f}"]) for f in faults]
+        return self._shares(series, key, "fault")
+
+    def subject_table(self, metric: str = "worst"):
+        """The subject's own runs as a row of :meth:`catch_table`: per horizon, the share of its
+        runs each tolerance fails (a bug's catch rate, when the subject has one)."""
+        key = _metric(metric)
+        if key not in self.curves:
+            raise ValueError("subject_table: this check ran no subject (only the reference and the fault models)")
+        return self._shares([(self.subject, self.curves[key])], key, "subject").droplevel(0)
+
+    def _shares(self, series: list, key: str, label: str):
         import pandas as pd
 
-        if metric not in ("worst", "out"):
-            raise ValueError(f"metric: must be 'worst' or 'out', got {metric!r}")
         names = [REFERENCE_RULE, *self.tolerances]
-        faults = [k.split(" ", 1)[1] for k in self.curves if k.startswith("fault ")]
-        key = "worst" if metric == "worst" else "out"
-        series = ([("(correct)", self.curves[key])] if key in self.curves else []) + [
-            (f, self.curves[f"{'fault' if metric == 'worst' else 'fault_out'} {f}"]) for f in faults
-        ]
         rows = []
-        for label, c in series:
+        for name, c in series:
             for h in self.horizons:
                 v, ref = _at(c, h), _at(self.curves[f"ref_{key}"], h)
                 rows.append(
-                    {"fault": label, "horizon": h, **{n: float(np.mean(self._fails(v, ref, n, h))) for n in names}}
+                    {label: name, "horizon": h, **{n: float(np.mean(self._fails(v, ref, n, h))) for n in names}}
                 )
-        return pd.DataFrame(rows).set_index(["fault", "horizon"])
+        return pd.DataFrame(rows).set_index([label, "horizon"])
 
     def first_caught(self, metric: str = "worst"):
         """Per fault and tolerance: the first horizon where it fails at least :data:`CAUGHT_SHARE`
         of runs (``<NA>``: not within the run); ``metric`` as :meth:`catch_table`'s."""
-        t = self.catch_table(metric).drop(index="(correct)", level=0, errors="ignore")
+        t = self.catch_table(metric).drop(index=REFERENCE_ROW, level=0)
         out = {}
         for f, g in t.groupby(level=0, sort=False):
             hs = g.index.get_level_values(1)
@@ -241,11 +307,13 @@ class StepReport:
     def __str__(self) -> str:
         head = f"{'PASS' if self.passed else 'FAIL'}: part {self.part}, {self.kind} {self.subject!r}, "
         head += f"{len(self.runs)} runs of {self.horizons[-1]} tokens"
-        lines = [head, *("  - " + r for r in self.reasons)]
+        lines = [head, *("  - " + r for r in self.reasons), self.calibrated_line()]
         lines.append(self.error_table().to_string(float_format=lambda v: f"{v:.3g}"))
+        lines.append(legend(ERROR_LEGEND))
         for k, (s, lo, hi) in self.growth.items():
             lines.append(f"growth ({k}): slope {s:.3f} [{lo:.3f}, {hi:.3f}] log10 error per log10 token")
         lines.append(self.catch_table().to_string(float_format=lambda v: f"{v:.3f}"))
+        lines.append(legend(CATCH_LEGEND))
         lines += ["checked: " + c for c in self.checked]
         return "\n".join(lines)
 
@@ -266,6 +334,8 @@ class StepReport:
             "horizons": self.horizons,
             "tolerances": {k: tol(v) for k, v in self.tolerances.items()},
             "calibration_note": self.calibration_note,
+            "calibrated_on": self.calibrated_on,
+            "flake_rate": self.flake_rate,
             "growth": {k: list(v) for k, v in self.growth.items()},
             "errors": json.loads(self.error_table().reset_index().to_json(orient="records")),
             "catch_rates": json.loads(self.catch_table().reset_index().to_json(orient="records")),
@@ -275,3 +345,13 @@ class StepReport:
 def _at(curves: np.ndarray, h: int) -> np.ndarray:
     """Each run's worst error over tokens 1..h (NaN anywhere: NaN)."""
     return curves[:, :h].max(axis=1)
+
+
+def _finite(v: np.ndarray) -> np.ndarray:
+    return v[np.isfinite(v)]
+
+
+def _metric(metric: str) -> str:
+    if metric not in ("worst", "out"):
+        raise ValueError(f"metric: must be 'worst' or 'out', got {metric!r}")
+    return metric

@@ -151,7 +151,7 @@ class _Subject:
     its later tokens count as NaN)."""
 
     def __init__(self, subject: Any, run: TokenRun, labels: list[str], problems: list[str]):
-        self.run, self.labels, self.problems = run, labels, problems
+        self.run, self.labels, self.problems, self.subject = run, labels, problems, subject
         w, s, n = run.weights, run.shape, len(labels)
         self.conv = [c for c in run.conv_state]
         self.state = [s for s in run.state]
@@ -162,6 +162,8 @@ class _Subject:
             np.empty((n, s.hv, s.dv, s.dk), np.float32),
         )
         self.stopped: set[int] = set()
+        # each sequence's last returned tensors, read again only where their error is not finite
+        self.held: list[tuple[np.ndarray, ...] | None] = [None] * n
         self.calls: list[Callable | None] = []
         for i in range(n):
             consts = {"conv_w": w.conv_w[i], "a_log": w.a_log[i], "dt_bias": w.dt_bias[i], "o_norm": w.o_norm[i]}
@@ -188,6 +190,8 @@ class _Subject:
         sequence, the returned arrays themselves, read in place)."""
         r, w, s = self.run, self.run.weights, self.run.shape
         out, conv, state = self.returned
+        active = []
+        self.held = [None] * len(self.held)
         for i, call in enumerate(self.calls):
             if call is None:
                 self._stop(i)
@@ -208,8 +212,15 @@ class _Subject:
                 self.labels[i],
                 t,
             )
+            active.append((i, call, inputs))
+        # a subject in a worker process takes the token's calls in one message (step_isolation)
+        batch = getattr(self.subject, "call_all", None)
+        results = batch([(c, x) for _, c, x in active]) if batch is not None and active else None
+        for k, (i, call, inputs) in enumerate(active):
             try:
-                value = call(inputs)
+                value = call(inputs) if results is None else results[k]
+                if isinstance(value, BaseException):
+                    raise value
                 o, c, st = checked_step(value, s)
             except SubjectError as e:
                 self._fail(i, t, str(e))
@@ -219,10 +230,7 @@ class _Subject:
                 self._fail(i, t, f"raised {type(e).__name__}: {e}")
                 self._stop(i)
                 continue
-            for name, v in (("out", o), ("conv_state", c), ("state", st)):
-                if not _finite(v):
-                    self._fail(i, t, f"tensor {name}: not finite (NaN or inf)")
-                    break
+            self.held[i] = (o, c, st)
             if len(self.calls) == 1:
                 out, conv, state = o[None], c[None], st[None]
             else:
@@ -232,6 +240,23 @@ class _Subject:
                 mlx_states = isinstance(value[1], mx.array) and isinstance(value[2], mx.array)
                 self.conv[i], self.state[i] = (value[1], value[2]) if mlx_states else (c, st)
         return out, conv, state
+
+    def not_finite(self, t: int, errors: Sequence[np.ndarray]) -> None:
+        """After token ``t``'s errors (the subject's, per sequence): a sequence whose error is not
+        finite is stopped, naming the first tensor it returned that is NaN or inf. Asked only
+        there, so a finite run never pays a pass over its state for it (a NaN or inf returned
+        makes the error NaN or inf; a finite return with a non-finite error is the truth's)."""
+        bad = ~np.isfinite(errors[0])
+        for e in errors[1:]:
+            bad |= ~np.isfinite(e)
+        for i in np.flatnonzero(bad):
+            held = self.held[i]
+            if held is None or self.calls[i] is None:
+                continue
+            for name, v in zip(("out", "conv_state", "state"), held):
+                if not _finite(v):
+                    self._fail(i, t, f"tensor {name}: not finite (NaN or inf)")
+                    break
 
 
 def _finite(v: np.ndarray) -> bool:
@@ -255,8 +280,9 @@ def run_condition(
     (``out``, ``state`` of the subject (None: not run), ``ref_out``, ``ref_state``,
     ``fault <name>`` the worst of a fault's output and states, ``fault_out <name>`` its output's).
 
-    A token runs the reference, the faults and the subject first, then the float64 truth,
-    whose state is compared with theirs chunk by chunk as it is made (:class:`Errors`).
+    A token runs the subject, then the reference (evaluated by MLX while numpy starts the truth),
+    the faults and the float64 truth, whose state is compared with theirs chunk by chunk as it is
+    made (:class:`Errors`).
     Each numpy state lives in one buffer for the run, the step writing the next token's over it."""
     n, T, w, s = len(run.seeds), run.tokens, run.weights, run.shape
     w64 = w.astype(np.float64)
@@ -272,17 +298,19 @@ def run_condition(
     err = {k: np.full((n, T), np.nan) for k in names}
     for t in range(T):
         x32 = (run.mixed[:, t], run.z[:, t], run.b[:, t], run.a[:, t])
+        # the subject first, on its own: nothing of the check's is queued on MLX while it runs
+        got = None if sub is None else sub.step(t)
         ba = mx.array(np.concatenate([x32[2], x32[3]], axis=1))
         ro, rc, rs = recurrent_step(
             mx.array(x32[0]), mx.array(x32[1]), ba, rc, rs, *wmx, k_heads=w.k_heads, eps=w.eps, gdn=reference
         )
-        mx.eval(ro, rc, rs)
-        traj = [(ro, rc, rs)]
-        if sub is not None:
-            traj.append(sub.step(t))
+        # the reference evaluated on MLX's thread while numpy starts the truth (the same bits as
+        # mx.eval; Errors.start reads it, which waits for it): on two cores the two overlap
+        mx.async_eval(ro, rc, rs)
         # the truth and the faults a chunk of heads at a time, each chunk compared while in cache
         truth = BlockStep(w64, *(a.astype(np.float64) for a in x32), tc, ts, out=ts)
         steps = [BlockStep(w, *x32, *fs[f], fault=f, out=fs[f][1]) for f in faults]
+        traj = [(ro, rc, rs)] + ([] if got is None else [got])
         e_state.start(ts, [x[2] for x in traj] + [f.s for f in steps])
         for (h0, h1), *_ in zip(truth.chunks(), *(f.chunks() for f in steps)):
             e_state.take(h0, h1)
@@ -299,6 +327,7 @@ def run_condition(
         err["ref_out"][:, t], err["ref_state"][:, t] = eo[0], st_err[0]
         if sub is not None:
             err["out"][:, t], err["state"][:, t] = eo[1], st_err[1]
+            sub.not_finite(t, (eo[1], st_err[1]))
         for j, f in enumerate(faults, len(traj) - len(faults)):
             err[f"fault_out {f}"][:, t] = eo[j]
             err[f"fault {f}"][:, t] = np.maximum(eo[j], st_err[j])

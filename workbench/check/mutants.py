@@ -418,12 +418,13 @@ def _checker(
         return (lambda subject: check_kernel(subject, **args)), _Recording
     from workbench.check.gdn_cases import DEFAULT_GEOMETRIES
     from workbench.check.gdn_run import STEP_SCALES, check_step
-    from workbench.check.gdn_subjects import TimedStep
 
     # one geometry whose Hv/Hk > 1 (a wrong key head shows), every gate regime, a running state
     step = {"geometries": DEFAULT_GEOMETRIES[:1], "seeds": seeds, "tokens": more["tokens"], "state_scales": (1.0,)}
     step |= {"scales": STEP_SCALES if scales is None else scales, "tolerance": tolerance, "faults": ()}
-    return (lambda subject: check_step(TimedStep(subject, time_limit), **step)), _RecordingStep
+    # on a thread of this process, so the recorder sees every call (a worker process would keep them)
+    step |= {"time_limit": time_limit, "process": False}
+    return (lambda subject: check_step(subject, **step)), _RecordingStep
 
 
 def mutant_study(

@@ -43,7 +43,8 @@ CATCH_LEGEND: dict[str, str] = {
 }
 
 
-def _legend(words: dict[str, str]) -> str:
+def legend(words: dict[str, str]) -> str:
+    """A table's columns (or rows) in words, one indented line each, as printed under the table."""
     width = max(len(k) for k in words)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in words.items())
 
@@ -176,9 +177,9 @@ class CheckReport:
         if self.reproducers:
             lines.append(f"reproducers: {len(self.reproducers)} written ({self.reproducers[0]} ..)")
         lines.append(self.error_table().to_string(float_format=lambda v: f"{v:.3g}"))
-        lines.append(_legend(ERROR_LEGEND))
+        lines.append(legend(ERROR_LEGEND))
         lines.append(self.catch_table().to_string(float_format=lambda v: f"{v:.3f}"))
-        lines.append(_legend(CATCH_LEGEND))
+        lines.append(legend(CATCH_LEGEND))
         return "\n".join(lines)
 
 

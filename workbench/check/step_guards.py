@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
 from workbench.check.stored import as_numpy
@@ -61,7 +62,9 @@ def _fresh(a: Any) -> Any:
 
 
 def _bits(a: Any) -> np.ndarray | None:
-    v = as_numpy(a)
+    # a float32 MLX array read in place (it is a value: nothing writes it), not copied as as_numpy
+    # does: at Bonsai-27B's geometry a copy of each call's state cost the check 0.3 ms a token
+    v = np.asarray(a) if isinstance(a, mx.array) and a.dtype == mx.float32 else as_numpy(a)
     return None if v is None else np.ascontiguousarray(v, dtype=np.float32)
 
 
@@ -183,7 +186,14 @@ def _changed(want: Any, got: Any) -> bool:
     if g is None:
         return False
     w = np.asarray(as_numpy(want))
-    return g.shape != w.shape or g.dtype != w.dtype or g.tobytes() != w.tobytes()
+    if g.shape != w.shape or g.dtype != w.dtype:
+        return True
+    # the bits compared in place, as unsigned integers of the item's size (tobytes would copy both
+    # sides each call; bytes would be 4x the elements): NaN and -0 compare by their bits
+    bits = np.dtype(f"u{g.itemsize}") if g.itemsize in (1, 2, 4, 8) else np.dtype(np.uint8)
+    return not np.array_equal(
+        np.ascontiguousarray(g).reshape(-1).view(bits), np.ascontiguousarray(w).reshape(-1).view(bits)
+    )
 
 
 def step_path(subject: Any) -> str:

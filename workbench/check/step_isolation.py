@@ -42,23 +42,48 @@ class ProcessStep:
         self._keys = itertools.count()
 
     def layer(self, shape: Any, consts: Mapping[str, Any], eps: float) -> Callable[[Any], Any]:
-        key, payload = next(self._keys), (shape, {k: np.array(v) for k, v in consts.items()}, float(eps))
+        payload = (shape, {k: np.array(v) for k, v in consts.items()}, float(eps))
+        return SequenceCall(self, next(self._keys), payload)
 
-        def call(step: Any) -> Any:
-            sent = replace(step, **{k: np.asarray(as_numpy(getattr(step, k))) for k in TOKEN_ARRAYS})
-            o = self.caller.call(key, payload, sent)
-            if o.timed_out:
-                raise SubjectError(f"no result within the {self.seconds:g} s limit (its process was ended)")
-            if o.error is not None:
-                raise o.error
-            value, roundings = o.value
-            self.guarded.roundings += roundings
-            return value
+    def value(self, o: Any) -> Any:
+        """A call's :class:`~workbench.check.time_limit.Outcome` as the step's returns, or raised."""
+        if o.timed_out:
+            raise SubjectError(f"no result within the {self.seconds:g} s limit (its process was ended)")
+        if o.error is not None:
+            raise o.error
+        value, roundings = o.value
+        self.guarded.roundings += roundings
+        return value
 
-        return call
+    def call_all(self, pairs: list[tuple[Any, Any]]) -> list[Any]:
+        """Each ``(call, step)`` of one token (the calls :meth:`layer` made): its returns, or the
+        exception it raised, all through one message (``ProcessCaller.call_many``)."""
+        outcomes = self.caller.call_many([(c.key, c.payload, sent(step)) for c, step in pairs])
+        out: list[Any] = []
+        for o in outcomes:
+            try:
+                out.append(self.value(o))
+            except Exception as e:
+                out.append(e)
+        return out
 
     def close(self) -> None:
         self.caller.close()
+
+
+def sent(step: Any) -> Any:
+    """A token's inputs as a worker is sent them: numpy arrays."""
+    return replace(step, **{k: np.asarray(as_numpy(getattr(step, k))) for k in TOKEN_ARRAYS})
+
+
+class SequenceCall:
+    """One sequence's call in a :class:`ProcessStep`: its key and constants, sent once."""
+
+    def __init__(self, owner: ProcessStep, key: int, payload: tuple) -> None:
+        self.owner, self.key, self.payload = owner, key, payload
+
+    def __call__(self, step: Any) -> Any:
+        return self.owner.value(self.owner.caller.call(self.key, self.payload, sent(step)))
 
 
 def isolable(subject: Any) -> str:
