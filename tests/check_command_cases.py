@@ -290,7 +290,7 @@ BAD_CASES += [
     ([*STEP, "--record", "{d}/existing.json"], "argument --record: {d}/existing.json exists; a record is never"),
     ([*STEP, "--record", "{d}/a_file/r.json"], "argument --record: {d}/a_file/r.json lies under {d}/a_file"),
     ([*STEP, "--fold", "16"], "--fold: options of the tail's check, not used by --part gdn"),
-    ([*STEP, "--mutants"], "--mutants: options of the tail's check, not used by --part gdn"),
+    ([*STEP, "--mutants"], "--mutants: only with --kernels-dir or a Metal --source run on the emulator"),
     ([CALLABLE, "--tokens", "16"], "--tokens: options of --part gdn (the recurrent step), not of the tail's check"),
     ([CALLABLE, "--part", "tail", "--geometries", "2/6/32/32/4"], "--geometries: options of --part gdn"),
     ([*STEP, "--grid", "6"], "--grid: not used by this form of the check"),

@@ -178,3 +178,16 @@ def test_dasks_progress_bar_goes_to_stderr_when_asked(client, capsys):
     rep = check_kernel(correct, seeds=range(2), client=client, progress=True, faults=(), scales=(1.0,))
     out, err = capsys.readouterr()
     assert rep.passed and "Completed" in err and "Completed" not in out
+
+
+def test_a_scheduler_is_taken_by_address_or_from_dasks_config(client):
+    import dask
+
+    address = client.scheduler.address
+    for made in (lambda: cluster_client(scheduler=address), lambda: cluster_client()):
+        with dask.config.set({"scheduler-address": address}):  # as DASK_SCHEDULER_ADDRESS sets it
+            other = made()
+        try:
+            assert other.scheduler.address == address
+        finally:
+            other.close()
