@@ -12,9 +12,16 @@ import contextlib
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import ArraysCache, KVCache
 
-from workbench.check import PACK_HEAD_FAULTS, PACK_STEP_FAULTS, check_pack_head, check_pack_recurrent
+from workbench.check import (
+    PACK_ATTENTION_FAULTS,
+    PACK_HEAD_FAULTS,
+    PACK_STEP_FAULTS,
+    check_pack_attention,
+    check_pack_head,
+    check_pack_recurrent,
+)
 from workbench.models import PackError, read_pack
 from workbench.real_models import load_hadamard_pack, write_hadamard_pack
 
@@ -63,6 +70,20 @@ def head_subject(layer):
     return run
 
 
+def attention_subject(layer):
+    """mlx-lm's DecoderLayer input norm and ``Qwen3NextAttention`` itself, one token a call with
+    its ``KVCache``: the module's own ``__call__``, RoPE at the cache's offset, o_proj included."""
+
+    def run(hidden):
+        cache, outs = KVCache(), []
+        for t in range(hidden.shape[0]):
+            x = layer.input_layernorm(mx.array(hidden[t]))[:, None, :]
+            outs.append(np.array(layer.self_attn(x, cache=cache)[:, 0]))
+        return np.stack(outs)
+
+    return run
+
+
 def recurrent_subject(layer):
     """mlx-lm's DecoderLayer input norm and its own ``GatedDeltaNet`` module, one token a call
     with its ``ArraysCache`` (the conv and recurrent state) fed back."""
@@ -89,6 +110,21 @@ def test_mlx_lm_head_judged_correct_and_its_bugs_caught(pack):
         with bug(module, kind):
             bad = check_pack_head(head_subject(layer), p, ATTN, seeds=HEAD_SEEDS)
         assert not bad.passed, kind
+
+
+def test_mlx_lm_attention_module_judged_correct_and_its_bugs_caught(pack):
+    layers, p = pack
+    layer = layers[ATTN]
+    report = check_pack_attention(attention_subject(layer), p, ATTN, seeds=STEP_SEEDS)
+    assert report.passed, report.reasons
+    catch = report.catch_table()
+    assert set(catch.index.get_level_values(0)) - {"(reference)"} == set(PACK_ATTENTION_FAULTS)
+    for fault in PACK_ATTENTION_FAULTS:
+        assert (catch.loc[fault]["frink-models 2e-4"] == 1.0).all(), fault
+    for module, kind in ((layer.self_attn.k_proj, "skip"), (layer.self_attn.o_proj, "skip")):
+        with bug(module, kind):
+            bad = check_pack_attention(attention_subject(layer), p, ATTN, seeds=STEP_SEEDS)
+        assert not bad.passed, module
 
 
 def test_mlx_lm_recurrent_layer_judged_correct_and_its_bugs_caught(pack):

@@ -118,6 +118,39 @@ def _heads32(spec: HeadSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, qn: An
     return out.reshape(*lead, -1)
 
 
+def head_variants(pack: HadamardPack, layer: int, hidden: np.ndarray, positions: Sequence[int]) -> dict[str, Any]:
+    """The head of ``pack``'s ``layer`` on ``hidden`` (float32 [P, ..., hidden_size], the layer's
+    input, row ``i`` at ``positions[i]``): ``"truth"`` (float64), ``"reference"`` (float32) and
+    each fault of :data:`PACK_HEAD_FAULTS` (float32), each [P, ..., width] with q, k, v and the
+    gate laid end to end (q and k after QK-norm and RoPE)."""
+    spec = pack_head_spec(pack, layer)
+    pre = f"model.layers.{layer}"
+    mats = {p: pack.matrix(f"{pre}.self_attn.{p}") for p in HEAD_PROJECTIONS}
+    attn_norm = _tensor(pack, f"{pre}.input_layernorm.weight")
+    qn, kn = _tensor(pack, f"{pre}.self_attn.q_norm.weight"), _tensor(pack, f"{pre}.self_attn.k_norm.weight")
+    h32 = np.ascontiguousarray(hidden, dtype=np.float32)
+    n64 = rms(h32.astype(np.float64), attn_norm.astype(np.float64), spec.eps, False)
+    with mx.stream(mx.cpu):
+        n32 = np.array(mx.fast.rms_norm(mx.array(h32), mx.array(attn_norm), spec.eps))
+    proj64 = {p: (m.fold.rotate(n64) if m.fold is not None else n64) @ m.dense(np.float64).T for p, m in mats.items()}
+    with mx.stream(mx.cpu):
+        proj32 = {p: np.array(m.apply(mx.array(n32))) for p, m in mats.items()}
+    runs = {
+        f"rotation_skipped_{p}": {**proj32, p: faulty_linear(m, n32, None, False)}
+        for p, m in mats.items()
+        if m.fold is not None
+    }
+    runs["scales_bfloat16"] = {p: faulty_linear(m, n32, m.fold, True) for p, m in mats.items()}
+    qn64, kn64 = qn.astype(np.float64), kn.astype(np.float64)
+    out: dict[str, Any] = {"truth": [], "reference": [], **{f: [] for f in runs}}
+    for i, pos in enumerate(positions):
+        out["truth"].append(_heads(spec, *(proj64[p][i] for p in HEAD_PROJECTIONS), qn64, kn64, pos))
+        out["reference"].append(_heads32(spec, *(proj32[p][i] for p in HEAD_PROJECTIONS), qn, kn, pos))
+        for f, pr in runs.items():
+            out[f].append(_heads32(spec, *(pr[p][i] for p in HEAD_PROJECTIONS), qn, kn, pos))
+    return {k: np.stack(v) for k, v in out.items()}
+
+
 def check_pack_head(
     subject: Callable[[Any, int], Any],
     pack: HadamardPack,
@@ -151,34 +184,14 @@ def check_pack_head(
     ]
     user = None if tolerance is None else ("worst", validate.number("tolerance", tolerance, minimum=0))
     flake_rate = validate.number("flake_rate", flake_rate, minimum=0, exclusive_minimum=True, maximum=0.5)
-    pre = f"model.layers.{layer}"
-    mats = {p: pack.matrix(f"{pre}.self_attn.{p}") for p in HEAD_PROJECTIONS}
-    attn_norm = _tensor(pack, f"{pre}.input_layernorm.weight")
-    qn, kn = _tensor(pack, f"{pre}.self_attn.q_norm.weight"), _tensor(pack, f"{pre}.self_attn.k_norm.weight")
     sa = np.asarray(scale_list, dtype=np.float32)[None, :, None]
     draws = [np.random.default_rng([s, 59]).uniform(-1, 1, spec.hidden).astype(np.float32) for s in seed_list]
     h32 = np.stack(draws)[:, None] * sa  # [seeds, scales, hidden]
-    n64 = rms(h32.astype(np.float64), attn_norm.astype(np.float64), spec.eps, False)
-    with mx.stream(mx.cpu):
-        n32 = np.array(mx.fast.rms_norm(mx.array(h32), mx.array(attn_norm), spec.eps))
-    proj64 = {p: (m.fold.rotate(n64) if m.fold is not None else n64) @ m.dense(np.float64).T for p, m in mats.items()}
-    with mx.stream(mx.cpu):
-        proj32 = {p: np.array(m.apply(mx.array(n32))) for p, m in mats.items()}
-    variants = {
-        f"rotation_skipped_{p}": {**proj32, p: faulty_linear(m, n32, None, False)}
-        for p, m in mats.items()
-        if m.fold is not None
-    }
-    variants["scales_bfloat16"] = {p: faulty_linear(m, n32, m.fold, True) for p, m in mats.items()}
-    qn64, kn64 = qn.astype(np.float64), kn.astype(np.float64)
-    truth, ref, out, problems = [], [], [], []
-    faults: dict[str, list[np.ndarray]] = {f: [] for f in variants}
-    for pos in pos_list:
-        truth.append(_heads(spec, *(proj64[p] for p in HEAD_PROJECTIONS), qn64, kn64, pos))
-        ref.append(_heads32(spec, *(proj32[p] for p in HEAD_PROJECTIONS), qn, kn, pos))
-        for f, pr in variants.items():
-            faults[f].append(_heads32(spec, *(pr[p] for p in HEAD_PROJECTIONS), qn, kn, pos))
-        o = np.full(truth[-1].shape, np.nan, dtype=np.float32)
+    variants = head_variants(pack, layer, np.broadcast_to(h32, (len(pos_list), *h32.shape)), pos_list)
+    truth, ref = variants.pop("truth"), variants.pop("reference")
+    out, problems = [], []
+    for i, pos in enumerate(pos_list):
+        o = np.full(truth[i].shape, np.nan, dtype=np.float32)
         for k, seed in enumerate(seed_list):
             try:
                 got = subject(h32[k].copy(), int(pos))
@@ -187,8 +200,12 @@ def check_pack_head(
             except Exception as e:  # the implementation's failure is the check's result, not its crash
                 problems.append(f"pack head seed {seed} position {pos}: {type(e).__name__}: {e}")
         out.append(o)
-    # a case is (seed, position): stack positions along the seed axis, seeds labelled seed * 10^6 + position
-    cat = lambda xs: np.concatenate(xs, axis=0)  # noqa: E731
+
+    # a case is (seed, position): positions stacked along the seed axis, labelled seed * 10^6 + position
+    def cat(a: Any) -> np.ndarray:
+        return np.concatenate(list(a), axis=0)
+
+    mats = {p: pack.matrix(f"model.layers.{layer}.self_attn.{p}") for p in HEAD_PROJECTIONS}
     case_ids = [s * 1_000_000 + p for p in pos_list for s in seed_list]
     base = {"hidden": spec.hidden, "branch": spec.q_rows, "ffn": 0, "dtype": "affine2-g128", "fold": "per projection"}
     base["quant"] = "affine2-g128"
@@ -206,7 +223,7 @@ def check_pack_head(
         out=cat(out),
         ref=cat(ref),
         truth=cat(truth),
-        faults={f: cat(v) for f, v in faults.items()},
+        faults={f: cat(v) for f, v in variants.items()},
         problems=problems,
         user=user,
         flake_rate=flake_rate,
