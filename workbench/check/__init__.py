@@ -21,7 +21,9 @@ the check takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults
 and report; ``gdn_dump`` an engine's dumped run of the step, read and judged; ``pack_run`` and
 ``pack_faults`` a tail read from a Hadamard pack (every linear rotating its own input), checked
 on the pack's own stored weights, with the faults of those rotations; ``pack_linear`` one packed
-projection of it (Q/K/V, a recurrent layer's) checked on its own.
+projection of it (Q/K/V, a recurrent layer's) checked on its own; ``pack_head`` a pack layer's
+attention head and ``pack_step`` its recurrent layer (projections, step, out_proj over a run of
+tokens), each projection its own rotation, ``pack_verdict`` their rows and verdict.
 ``head_spec``, ``head_math``, ``head_mlx``, ``head_cases``, ``head_subjects``, ``head_run``,
 ``head_report``: the attention head's spec (frink-models' launch, or the model's head),
 float64 truth and faults, float32 reference, cases, forms, check and report; ``head_dump``
@@ -72,6 +74,8 @@ _HOMES, __getattr__, __dir__ = public_names(
         "pack_faults": ("PACK_FAULTS", "packed_faulty_tail"),
         "pack_run": ("check_pack_tail",),
         "pack_linear": ("check_packed_linear", "LINEAR_FAULTS"),
+        "pack_head": ("check_pack_head", "PACK_HEAD_FAULTS", "pack_head_spec"),
+        "pack_step": ("check_pack_recurrent", "PACK_STEP_FAULTS", "pack_step_weights"),
         "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
         "head_spec": ("HeadSpec", "HEAD_SHAPES", "DEFAULT_HEAD_SPECS"),
         "head_math": ("HEAD_FAULTS", "head_exact", "HeadWeights"),
