@@ -13,9 +13,11 @@ written); ``replay`` each failing case as a reproducer, run again; ``mutants`` s
 mutants of a user's kernel text, run through the same check; ``tolerances`` tolerances per
 input scale, their catches beside their flakes; ``blocks`` the check's own work (stored
 weights, truth, reference) a block of cases at a time, ``budget`` how many fit a memory
-budget, ``shards`` a check cut into shards that merge (its tables in Parquet) and an
-interrupted run resumed, ``progress`` the bar of cases done. ``parts`` the parts of a layer
-the check takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
+budget, ``draws`` its cases drawn into a reused buffer, ``columns`` the columns that do not
+depend on the implementation kept by case key, ``shards`` a check cut into shards that merge
+(its tables in Parquet) and an interrupted run resumed, ``progress`` the bar of cases done.
+``parts`` the parts of a layer the check takes (the tail, the Gated DeltaNet step);
+``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
 ``gdn_run``, ``gdn_report`` the recurrent step's runs of tokens, truth and faults, forms, check
 and report; ``gdn_dump`` an engine's dumped run of the step, read and judged; ``pack_run`` and
 ``pack_faults`` a tail read from a Hadamard pack (every linear rotating its own input), checked
