@@ -28,7 +28,8 @@ def _same(a, b):
 def test_two_shards_merge_into_one_runs_report_bit_for_bit():
     one = check_kernel(correct, seeds=range(0, 110), **FEW)
     a = check_kernel(correct, seeds=range(0, 45), **FEW)
-    b = check_kernel(correct, seeds=range(45, 110), memory_budget=2_000_000, **FEW)  # other block sizes
+    per_case, first = case_bytes((64, 96, 80))
+    b = check_kernel(correct, seeds=range(45, 110), memory_budget=first + 4 * per_case, **FEW)  # blocks of 5
     _same(merge_reports([b, a]), one)
     assert one.calibrated is not None  # the union calibrates where neither shard alone could be trusted to
 
@@ -52,7 +53,8 @@ def test_overlapping_or_mismatched_shards_are_refused():
 
 def test_an_interrupted_run_resumes_from_its_journal(tmp_path, monkeypatch):
     one = check_kernel(correct, seeds=range(0, 40), **FEW)
-    budget = 2 * sum(case_bytes((64, 96, 80))) // 1  # blocks of a few cases: several a run
+    per_case, first = case_bytes((64, 96, 80))
+    budget = first + 3 * per_case  # blocks of four cases: several a run
     real, calls = blocks.reference, []
 
     def dies(*args, **kwargs):
@@ -75,14 +77,14 @@ def test_an_interrupted_run_resumes_from_its_journal(tmp_path, monkeypatch):
 
 
 def test_blocks_are_sized_to_the_budget_and_a_case_too_large_is_refused():
-    per_case, once = case_bytes((2048, 2048, 8192))
-    assert block_size((2048, 2048, 8192), "float32", 4 * 2**30) == (4 * 2**30 - once) // per_case >= 4
-    assert per_case == 8 * case_floats((2048, 2048, 8192)) + 4 * 2048 * 8192
-    assert case_bytes((2048, 2048, 8192), "bfloat16")[0] > per_case
+    per_case, first = case_bytes((2048, 2048, 8192))
+    assert block_size((2048, 2048, 8192), 4 * 2**30) == 1 + (4 * 2**30 - first) // per_case == 3
+    assert per_case == 22 * case_floats((2048, 2048, 8192))
+    assert block_size((5120, 6144, 17408), 4 * 2**30) == 1  # Bonsai-27B's shape: one case a block in 4 GiB
     with pytest.raises(
-        ValueError, match=r"memory_budget: one case at shape \(5120, 6144, 17408\) \(float32\) .* GiB \(\d+ bytes\)"
+        ValueError, match=r"memory_budget: one case at shape \(5120, 6144, 17408\) needs .* GiB \(\d+ bytes\)"
     ):
-        check_kernel(correct, shapes=[(5120, 6144, 17408)], seeds=range(2), memory_budget=2**30)
+        check_kernel(correct, shapes=[(5120, 6144, 17408)], seeds=range(2), memory_budget=3 * 2**30)
     with pytest.raises(ValueError, match="memory_budget: must be a positive int"):
         check_kernel(correct, seeds=range(2), memory_budget=-1)
 
@@ -123,7 +125,7 @@ def test_the_command_checks_shards_and_merges_their_records(tmp_path, capsys):
         main(["tests.check_user_tails:correct", "--memory-budget", "lots"])
     assert e.value.code == 2 and "--memory-budget" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
-        main(["tests.check_user_tails:correct", "--shape", "5120,6144,17408", "--memory-budget", "1G", "--quiet"])
+        main(["tests.check_user_tails:correct", "--shape", "5120,6144,17408", "--memory-budget", "3G", "--quiet"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--memory-budget: one case at shape (5120, 6144, 17408)" in err
 
@@ -133,3 +135,35 @@ def test_the_seeds_of_a_shard_are_the_same_cases_as_in_the_whole():
     part = check_kernel(correct, seeds=range(7, 13), scales=(1.0,), faults=())
     got = whole.cases[whole.cases.seed.between(7, 12)].reset_index(drop=True)
     np.testing.assert_array_equal(got[["worst", "ref_worst"]].to_numpy(), part.cases[["worst", "ref_worst"]].to_numpy())
+
+
+def test_the_check_beside_a_worker_process_is_the_sequential_checks_bits():
+    """With the implementation in its worker process, the truth and faults run on a thread of their
+    own and the reference beside the worker's calls: the same rows as the check run in order."""
+    from workbench.check import CallableSubject
+
+    kw = {"shapes": [(64, 32, 48)], "seeds": range(6), **FEW}
+    a = check_kernel(CallableSubject(correct), **kw)
+    b = check_kernel(CallableSubject(correct, process=False), **kw)
+    assert "worker process" in a.checked[0] and "worker process" not in b.checked[0]
+    pd.testing.assert_frame_equal(a.cases, b.cases, check_exact=True)
+    pd.testing.assert_frame_equal(a.faults, b.faults, check_exact=True)
+
+
+def test_the_columns_of_the_cases_are_computed_once_whatever_the_implementation(monkeypatch):
+    """A second implementation checked on the same cases reads the truth, the reference and the
+    fault rows kept from the first (workbench.check.columns): the same report as computed afresh."""
+    from workbench.check import columns
+
+    kw = {"shapes": [(64, 32, 48)], "seeds": range(7), **FEW}
+    columns.COLUMNS.clear()
+    fresh = check_kernel(eps_outside, **kw)
+    check_kernel(correct, **kw)  # keeps the columns of these cases
+    calls = []
+    faulty, truth = blocks.faulty, blocks.truth
+    monkeypatch.setattr(blocks, "faulty", lambda *a, **k: calls.append("faulty") or faulty(*a, **k))
+    monkeypatch.setattr(blocks, "truth", lambda *a, **k: calls.append("truth") or truth(*a, **k))
+    _same(check_kernel(eps_outside, **kw), fresh)
+    assert not calls
+    other = check_kernel(eps_outside, **{**kw, "scales": (1.0,)})  # other scales: other cases
+    assert "truth" in calls and "faulty" in calls and len(other.cases) == 2 * 7  # two folds

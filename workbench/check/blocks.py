@@ -135,11 +135,37 @@ def reference(st: StoredBlock, branch: np.ndarray, residual: np.ndarray) -> np.n
     errors with these, and its thresholds were calibrated against the CPU's. On a GPU the
     same graph sums in another order and comes out more accurate, so a correct kernel
     emulated on the host would be judged worse than the reference there and not on a CPU.
-    Pinned, a verdict is the same on every machine."""
+    Pinned, a verdict is the same on every machine.
+
+    Dense weights run one case a graph, each matrix 2-D (``x @ W^T`` of the case's input
+    rows): the batched form broadcast each case's weights over its input scales, which MLX's
+    CPU made into a copy a scale (12 bytes a weight float at three scales, a 2048-wide block
+    of 7 cases at 7.9 GiB) and ran at about 1 GB/s. The bits are the per-case path's either
+    way (``tests/test_check_blocks.py``)."""
+    fold = None if st.fold is None else HadamardFold(int(st.fold))
+    g = st.graph
+    if st.spec is None:
+        xs = _signed(st, branch.astype(np.float32))
+        rs = residual.astype(np.float32)
+        outs = []
+        with mx.stream(mx.cpu):
+            for i in range(st.size):
+                one = tail_mx(
+                    g["wo"][i, 0],
+                    fold,
+                    mx.array(st.c.ffn_norm[i]),
+                    g["gate"][i, 0],
+                    g["up"][i, 0],
+                    g["down"][i, 0],
+                    st.eps,
+                    mx.array(xs[i]),
+                    mx.array(rs[i]),
+                )
+                mx.eval(one)
+                outs.append(np.array(one))
+        return np.stack(outs)
     with mx.stream(mx.cpu):
         x = mx.array(_signed(st, branch.astype(np.float32)))
-        fold = None if st.fold is None else HadamardFold(int(st.fold))
-        g = st.graph
         out = tail_mx(
             g["wo"],
             fold,

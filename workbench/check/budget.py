@@ -7,20 +7,16 @@ block is as many cases as fit the budget, so any number of seeds runs in one cal
 shape whose single case fits; one that does not is refused naming the shape and the bytes.
 
 The bytes are counted per float a case draws (:func:`workbench.studies.cases.case_floats`,
-nearly all of them weights, ``F``) and per float of its largest matrix (``M``), from what
-:mod:`workbench.check.blocks` holds:
+nearly all of them weights, ``F``), and they are MEASURED, not derived: the peak resident
+memory of whole checks (``bench/check_shapes.py``, the notebook 07 tail in its worker
+process, 2026-12-05). A block of one case peaked at 0.65 GiB at (2048, 2048, 8192) and
+3.1 GiB at Bonsai-27B's shape (10.8 bytes a float with the interpreter's own); blocks of 4
+and 7 cases at 2048 at 3.7 and 6.75 GiB: about 1.2 GiB, 22 bytes a float, each case past the
+first (the draw, the graph reference's copy and the temporaries of the products the truth,
+the reference and the fault models make over the block, some at once on two threads).
+So one case counts :data:`FIRST_BYTES` plus :data:`FIRST_BYTES_PER_FLOAT` a float, each
+further case :data:`BLOCK_BYTES_PER_FLOAT`; a shape whose first case does not fit is refused.
 
-- a block holds, per case, the float32 draw (4 F: while it is drawn, its bulk uniforms beside
-  its tensors, 8 F) and the graph reference's MLX copy (4 F), for a stored dtype or format
-  other than float32 the dense float32 the implementation is handed (4 F), and a fault model's
-  copy of one matrix (4 M): :func:`case_bytes`' ``per_case``;
-- one case at a time needs more, whatever the block's size: the fresh copies a guarded call
-  hands the implementation (4 F) and, for a callable in a worker process of its own, the case
-  sent there (4 F more), the float64 of one matrix for the truth (8 M) and the float16 fault's
-  products (a slice of 32 MiB): ``once``.
-
-Measured peaks are in ``bench/check_shapes.py``'s record (the budget is an estimate, not a
-cap the allocator enforces).
 """
 
 from __future__ import annotations
@@ -33,14 +29,12 @@ from workbench.studies.cases import CASE_BLOCK, case_floats
 #: The budget when none is given: 4 GiB, or half this machine's memory if that is less.
 DEFAULT_BUDGET_GIB = 4.0
 
-#: Bytes a block holds per float of each of its cases: dense float32, and any other storage.
-BLOCK_BYTES_PER_FLOAT = {"float32": 8, "other": 12}
+#: Bytes of the first case of a block: the interpreter, MLX and pandas, and a float's share.
+FIRST_BYTES = 2**29
+FIRST_BYTES_PER_FLOAT = 11
 
-#: Bytes one case needs beside the block, per float (the call's copies) and per float of its
-#: largest matrix (the truth's float64 of it), with the float16 fault's slice of products.
-ONCE_BYTES_PER_FLOAT = 8
-ONCE_BYTES_PER_MATRIX_FLOAT = 8
-FLOAT16_SLICE_BYTES = 1 << 25
+#: Bytes each further case of a block adds, a float.
+BLOCK_BYTES_PER_FLOAT = 22
 
 
 def default_budget() -> int:
@@ -57,27 +51,22 @@ def check_budget(budget: Any) -> int:
     return validate.within_memory("memory_budget", budget, f"a budget of {budget} bytes")
 
 
-def case_bytes(shape: tuple[int, int, int], stored: str = "float32") -> tuple[int, int]:
-    """``(per_case, once)``: bytes a block holds per case of ``shape`` (``stored``: "float32" for
-    dense float32 weights, anything else for a rounded dtype or a quantized format), and bytes
-    one case needs beside it."""
-    h, b, f = shape
-    floats, largest = case_floats(shape), max(h * b, f * h)
-    per_case = BLOCK_BYTES_PER_FLOAT["float32" if stored == "float32" else "other"] * floats + 4 * largest
-    f16 = min(FLOAT16_SLICE_BYTES, 8 * largest)  # a small matrix's products are fewer than a slice
-    once = ONCE_BYTES_PER_FLOAT * floats + ONCE_BYTES_PER_MATRIX_FLOAT * largest + f16
-    return per_case, once
+def case_bytes(shape: tuple[int, int, int]) -> tuple[int, int]:
+    """``(per_case, first)``: bytes each case of a block past the first adds at ``shape``, and
+    bytes the first case takes (with the process's own)."""
+    floats = case_floats(shape)
+    return BLOCK_BYTES_PER_FLOAT * floats, FIRST_BYTES + FIRST_BYTES_PER_FLOAT * floats
 
 
-def block_size(shape: tuple[int, int, int], stored: str, budget: int) -> int:
+def block_size(shape: tuple[int, int, int], budget: int) -> int:
     """The most cases of ``shape`` a block holds within ``budget`` bytes (at most
     :data:`~workbench.studies.cases.CASE_BLOCK`: a draw's stream covers that many seeds);
     ``ValueError`` naming ``memory_budget`` when even one case does not fit."""
-    per_case, once = case_bytes(shape, stored)
-    if per_case + once > budget:
+    per_case, first = case_bytes(shape)
+    if first > budget:
         raise ValueError(
-            f"memory_budget: one case at shape {tuple(shape)} ({stored}) needs about "
-            f"{(per_case + once) / 2**30:.3g} GiB ({per_case + once} bytes), more than the budget of "
-            f"{budget / 2**30:.3g} GiB ({budget} bytes); give a larger memory_budget or a smaller shape"
+            f"memory_budget: one case at shape {tuple(shape)} needs about {first / 2**30:.3g} GiB "
+            f"({first} bytes), more than the budget of {budget / 2**30:.3g} GiB ({budget} bytes); "
+            "give a larger memory_budget or a smaller shape"
         )
-    return max(1, min(CASE_BLOCK, (budget - once) // per_case))
+    return max(1, min(CASE_BLOCK, 1 + (budget - first) // per_case))

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from workbench import validate
-from workbench.check import blocks, shards
+from workbench.check import blocks, columns, shards
 from workbench.check import budget as budget_mod
 from workbench.check.calls import callers, rerun_difference, run_block, where_it_ran
 from workbench.check.draws import Draws
@@ -193,8 +194,7 @@ def check_kernel(
                     check_quant_fits(spec, shp)
                     if where is not None:
                         where.check_fits(shp, len(scale_labels), fold)
-                    stored = "float32" if dtype == "float32" and spec is None else qlabel
-                    sizes.append(budget_mod.block_size(shp, stored, budget))
+                    sizes.append(budget_mod.block_size(shp, budget))
                     configs.append((shp, dtype, fold, qlabel, spec, q))
     if client is not None:  # shards of seeds as tasks on a Dask cluster, merged into one report
         from workbench.check.cluster import check_on_cluster
@@ -398,26 +398,46 @@ def _block(
     st = blocks.stored_block(c, dtype=dtype, fold=fold, spec=spec, eps=eps)
     B = c.branch[:, None, :] * scale_arr[None, :, None]
     R = c.residual[:, None, :] * scale_arr[None, :, None]
-    truth, ref = blocks.truth(st, B, R), blocks.reference(st, B, R)
     scs = [
         blocks.case(st, i, B[i], R[i], f"shape {shp} {dtype} fold {fold} quant {qlabel} seed {int(s)}")
         for i, s in enumerate(c.seeds)
     ]
+
+    def own() -> tuple[np.ndarray, list]:
+        """The check's own numpy side of the block: the truth, the fault models' tables."""
+        truth = blocks.truth(st, B, R)
+        fframes = []
+        for f in faults:
+            if not applies(f, scs[0]):  # a fold and a quantized wo are the same for every case of a block
+                continue
+            fo = blocks.faulty(st, B, R, f)
+            fframes.append(_frame({**base, "fault": f}, c.seeds, scale_labels, _metric_columns(fo, truth)))
+        return truth, fframes
+
     kept = (B.copy(), R.copy())
-    runs = run_block(
-        subject,
-        calls,
-        scs,
-        c,
-        scales=scale_labels,
-        problems=problems,
-        held=[B, R, truth, ref],
-        rerun=rerun,
-        dtype=dtype,
-        fold=fold,
-        spec=spec,
-        eps=eps,
-    )
+    config_args = {"rerun": rerun, "dtype": dtype, "fold": fold, "spec": spec, "eps": eps}
+    key = columns.block_key(config, c.seeds, scale_labels, tuple(faults), eps)
+    hit = columns.COLUMNS.get(key)
+    if hit is not None:  # the same cases checked before, whatever the implementation
+        truth, ref, fframes = hit
+        held = [B, R, truth, ref]
+        runs = run_block(subject, calls, scs, c, scales=scale_labels, problems=problems, held=held, **config_args)
+    elif calls.process is not None:
+        # The implementation runs in its worker process while this one computes the truth and
+        # the faults on a thread of its own and the MLX reference on this one (numpy and MLX
+        # release the GIL; MLX's streams are this thread's): the cores at work together. None
+        # of it is handed to the worker, so no output of the worker's can alias it.
+        with ThreadPoolExecutor(1, thread_name_prefix="check-own") as pool:
+            side = pool.submit(own)
+            ref = blocks.reference(st, B, R)
+            runs = run_block(subject, calls, scs, c, scales=scale_labels, problems=problems, held=[B, R], **config_args)
+            truth, fframes = side.result()
+    else:
+        (truth, fframes), ref = own(), blocks.reference(st, B, R)
+        held = [B, R, truth, ref]
+        runs = run_block(subject, calls, scs, c, scales=scale_labels, problems=problems, held=held, **config_args)
+    if hit is None:
+        columns.COLUMNS.put(key, truth, ref, fframes)
     if not (np.array_equal(kept[0], B) and np.array_equal(kept[1], R)):
         problems.append(f"{scs[0].case} ..: the implementation changed the branch or residual in place")
     if writer is not None:
@@ -425,12 +445,6 @@ def _block(
     metrics = _metric_columns(runs.first, truth, ref)
     if runs.again is not None:
         metrics["rerun_diff"] = rerun_difference(runs.first, runs.again, truth)
-    fframes = []
-    for f in faults:
-        if not applies(f, scs[0]):  # a fold and a quantized wo are the same for every case of a block
-            continue
-        fo = blocks.faulty(st, B, R, f)
-        fframes.append(_frame({**base, "fault": f}, c.seeds, scale_labels, _metric_columns(fo, truth)))
     fdf = pd.concat(fframes, ignore_index=True) if fframes else None
     return _frame(base, c.seeds, scale_labels, metrics), fdf
 

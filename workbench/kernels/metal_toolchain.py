@@ -36,8 +36,8 @@ SUPPORT_DIR = KERNEL_DIR / "metal_emulation"
 #: ([[kernel]], [[buffer(i)]]) ignored. The ``double`` type itself is refused by the
 #: stand-in header.
 #: ``half`` is clang's ``__fp16`` made a native arithmetic type (``-fnative-half-type``, with
-#: half parameters and results allowed), so each half operation is rounded to half, as Metal
-#: computes it; the stand-in header says why not a class or ``_Float16``.
+#: half parameters and results allowed: see :func:`clang_flags`), so each half operation is
+#: rounded to half, as Metal computes it; the stand-in header says why not a class or ``_Float16``.
 #: On Linux, -Bsymbolic binds each kernel's calls into the runtime to its own copy (every
 #: kernel's shared object carries the runtime; ctypes loads them side by side).
 CLANG_FLAGS: tuple[str, ...] = (
@@ -51,10 +51,46 @@ CLANG_FLAGS: tuple[str, ...] = (
     "-cl-single-precision-constant",
     "-Xclang",
     "-fnative-half-type",
-    "-Xclang",
-    "-fallow-half-arguments-and-returns",
     *(("-Wl,-Bsymbolic",) if sys.platform.startswith("linux") else ()),
 )
+
+#: How a clang is told that ``half`` may be a parameter or a result, tried in this order:
+#: clang 15 and older need ``-fallow-half-arguments-and-returns``; clang 16 removed that flag
+#: (LLVM review D133885; llvm/llvm-project#61143), where x86-64 allows it with no flag, and
+#: ``-fnative-half-arguments-and-returns`` is the cc1 flag left for targets that do not.
+HALF_ARGUMENT_FLAGS: tuple[tuple[str, ...], ...] = (
+    ("-Xclang", "-fallow-half-arguments-and-returns"),
+    (),
+    ("-Xclang", "-fnative-half-arguments-and-returns"),
+)
+
+#: A half parameter, result and operation: what the stand-in header needs of the compiler.
+_HALF_PROBE = "__fp16 twice(__fp16 x) { return x + x; }\n"
+
+
+# Keyed by the clang's path; a few entries: each probe runs the compiler, once a clang.
+@lru_cache(maxsize=8)
+def clang_flags(path: str) -> tuple[str, ...]:
+    """:data:`CLANG_FLAGS` with the first of :data:`HALF_ARGUMENT_FLAGS` that lets the clang at
+    ``path`` compile a function taking and returning ``half``: clang's flags for this moved
+    between versions, and a flag a clang does not know stops every compile. Raises
+    ``BackendUnavailable`` naming the clang when none does."""
+    tried = []
+    for extra in HALF_ARGUMENT_FLAGS:
+        r = subprocess.run(
+            [path, "-x", "c++", "-std=c++17", "-fsyntax-only", "-Xclang", "-fnative-half-type", *extra, "-"],
+            input=_HALF_PROBE,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if r.returncode == 0:
+            return (*CLANG_FLAGS, *extra)
+        tried.append(f"{' '.join(extra) or '(no flag)'}: {r.stderr.strip().splitlines()[-1:] or ['?']}")
+    raise BackendUnavailable(
+        f"the clang at {path} ({clang_version(path)}) cannot compile half parameters and results, "
+        f"which the Metal emulator's half needs; tried {'; '.join(tried)}"
+    )
 
 
 def cache_dir() -> Path:
@@ -170,7 +206,8 @@ def shared_object(tu: str, name: str) -> Path:
             "compiling Metal source for the emulator needs clang++: apt-get install clang "
             "(Debian/Ubuntu), or set $WORKBENCH_CLANG to a clang++ on the PATH"
         )
-    key = hashlib.sha256("\0".join((tu, support_text(), " ".join(CLANG_FLAGS), clang_version(cc))).encode())
+    flags = clang_flags(cc)
+    key = hashlib.sha256("\0".join((tu, support_text(), " ".join(flags), clang_version(cc))).encode())
     folder = cache_dir()
 
     def build(out: Path) -> None:
@@ -178,7 +215,7 @@ def shared_object(tu: str, name: str) -> Path:
         cpp = out.with_name("kernel.cpp")
         cpp.write_text(tu)
         r = subprocess.run(
-            [cc, *CLANG_FLAGS, "-I", str(SUPPORT_DIR), "-o", str(out), str(cpp), str(runtime)],
+            [cc, *flags, "-I", str(SUPPORT_DIR), "-o", str(out), str(cpp), str(runtime)],
             capture_output=True,
             text=True,
             check=False,
