@@ -153,6 +153,12 @@ def test_layer_of_the_wrong_kind_refused(pack):
         check_pack_head(3, p, ATTN)
     with pytest.raises(ValueError, match="pack: must be a HadamardPack"):
         check_pack_recurrent(lambda h: h, "pack", LINEAR)
+    with pytest.raises(ValueError, match="tokens"):
+        check_pack_attention(lambda h: h, p, ATTN, tokens=0)
+    with pytest.raises(ValueError, match="scales"):
+        check_pack_recurrent(lambda h: h, p, LINEAR, scales=[-1.0])
+    with pytest.raises(ValueError, match="layer"):
+        check_pack_head(lambda h, pos: h, p, 7)
 
 
 def test_a_crashing_implementation_is_a_failed_check(pack):
