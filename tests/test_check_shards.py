@@ -148,3 +148,22 @@ def test_the_check_beside_a_worker_process_is_the_sequential_checks_bits():
     assert "worker process" in a.checked[0] and "worker process" not in b.checked[0]
     pd.testing.assert_frame_equal(a.cases, b.cases, check_exact=True)
     pd.testing.assert_frame_equal(a.faults, b.faults, check_exact=True)
+
+
+def test_the_columns_of_the_cases_are_computed_once_whatever_the_implementation(monkeypatch):
+    """A second implementation checked on the same cases reads the truth, the reference and the
+    fault rows kept from the first (workbench.check.columns): the same report as computed afresh."""
+    from workbench.check import columns
+
+    kw = {"shapes": [(64, 32, 48)], "seeds": range(7), **FEW}
+    columns.COLUMNS.clear()
+    fresh = check_kernel(eps_outside, **kw)
+    check_kernel(correct, **kw)  # keeps the columns of these cases
+    calls = []
+    faulty, truth = blocks.faulty, blocks.truth
+    monkeypatch.setattr(blocks, "faulty", lambda *a, **k: calls.append("faulty") or faulty(*a, **k))
+    monkeypatch.setattr(blocks, "truth", lambda *a, **k: calls.append("truth") or truth(*a, **k))
+    _same(check_kernel(eps_outside, **kw), fresh)
+    assert not calls
+    other = check_kernel(eps_outside, **{**kw, "scales": (1.0,)})  # other scales: other cases
+    assert "truth" in calls and "faulty" in calls and len(other.cases) == 2 * 7  # two folds

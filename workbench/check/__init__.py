@@ -13,14 +13,19 @@ written); ``replay`` each failing case as a reproducer, run again; ``mutants`` s
 mutants of a user's kernel text, run through the same check; ``tolerances`` tolerances per
 input scale, their catches beside their flakes; ``blocks`` the check's own work (stored
 weights, truth, reference) a block of cases at a time, ``budget`` how many fit a memory
-budget, ``shards`` a check cut into shards that merge (its tables in Parquet) and an
-interrupted run resumed, ``progress`` the bar of cases done. ``parts`` the parts of a layer
-the check takes (the tail, the Gated DeltaNet step); ``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
+budget, ``draws`` its cases drawn into a reused buffer, ``columns`` the columns that do not
+depend on the implementation kept by case key, ``shards`` a check cut into shards that merge
+(its tables in Parquet) and an interrupted run resumed, ``progress`` the bar of cases done.
+``parts`` the parts of a layer the check takes (the tail, the Gated DeltaNet step);
+``gdn_cases``, ``gdn_faults``, ``gdn_subjects``,
 ``gdn_run``, ``gdn_report`` the recurrent step's runs of tokens, truth and faults, forms, check
 and report; ``gdn_dump`` an engine's dumped run of the step, read and judged; ``pack_run`` and
 ``pack_faults`` a tail read from a Hadamard pack (every linear rotating its own input), checked
 on the pack's own stored weights, with the faults of those rotations; ``pack_linear`` one packed
-projection of it (Q/K/V, a recurrent layer's) checked on its own.
+projection of it (Q/K/V, a recurrent layer's) checked on its own; ``pack_head`` a pack layer's
+attention head, ``pack_attention`` its whole attention module over a run of tokens (the KV
+cache, the gate, o_proj), ``pack_step`` its recurrent layer (projections, step, out_proj over a run of
+tokens), each projection its own rotation, ``pack_verdict`` their rows and verdict.
 ``head_spec``, ``head_math``, ``head_mlx``, ``head_cases``, ``head_subjects``, ``head_run``,
 ``head_report``: the attention head's spec (frink-models' launch, or the model's head),
 float64 truth and faults, float32 reference, cases, forms, check and report; ``head_dump``
@@ -71,6 +76,9 @@ _HOMES, __getattr__, __dir__ = public_names(
         "pack_faults": ("PACK_FAULTS", "packed_faulty_tail"),
         "pack_run": ("check_pack_tail",),
         "pack_linear": ("check_packed_linear", "LINEAR_FAULTS"),
+        "pack_head": ("check_pack_head", "PACK_HEAD_FAULTS", "pack_head_spec"),
+        "pack_attention": ("check_pack_attention", "PACK_ATTENTION_FAULTS"),
+        "pack_step": ("check_pack_recurrent", "PACK_STEP_FAULTS", "pack_step_weights"),
         "gdn_cases": ("GATES", "DEFAULT_GEOMETRIES", "TokenRun", "token_run"),
         "head_spec": ("HeadSpec", "HEAD_SHAPES", "DEFAULT_HEAD_SPECS"),
         "head_math": ("HEAD_FAULTS", "head_exact", "HeadWeights"),

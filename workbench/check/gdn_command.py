@@ -30,6 +30,7 @@ from typing import Any
 from workbench import backends
 from workbench.check import command_args as args
 from workbench.check.gdn_subjects import TimedStep
+from workbench.check.parts import PART_NAMES
 
 PROG = "python -m workbench.check"
 
@@ -151,7 +152,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("implementation", nargs="?", help="module:function of a callable step (StepInputs -> 3 tensors)")
-    p.add_argument("--part", choices=("tail", "gdn"), default="tail", help="the part checked: here gdn")
+    p.add_argument("--part", choices=PART_NAMES, default=PART_NAMES[0], help="the part checked: here gdn")
     p.add_argument("--kernels-dir", type=args.path, help="a folder shaped like kernels/ with your gdn_step.body")
     p.add_argument("--source", type=args.path, help="a file holding a Metal (or CUDA) step body, launched as below")
     p.add_argument("--dump", type=args.path, help="a safetensors dump of a run, or a folder of them (DUMP_LAYOUT)")

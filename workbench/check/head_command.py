@@ -29,6 +29,7 @@ from typing import Any
 
 from workbench import backends
 from workbench.check import command_args as args
+from workbench.check.parts import PART_NAMES
 
 PROG = "python -m workbench.check"
 
@@ -129,7 +130,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("implementation", nargs="?", help="module:function of a callable head (HeadInputs -> tensors)")
-    p.add_argument("--part", choices=("tail", "gdn", "head"), default="tail", help="the part checked: here head")
+    p.add_argument("--part", choices=PART_NAMES, default=PART_NAMES[0], help="the part checked: here head")
     p.add_argument("--kernels-dir", type=args.path, help="a folder shaped like kernels/ with your head_qkv.body")
     p.add_argument("--source", type=args.path, help="a file holding a Metal (or CUDA) head body, launched as below")
     p.add_argument("--dump", type=args.path, help="a safetensors dump of heads, or a folder of them (DUMP_LAYOUT)")

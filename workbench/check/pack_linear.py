@@ -41,7 +41,7 @@ def _bf16(a: mx.array) -> np.ndarray:
     return np.array(a.astype(mx.bfloat16).astype(mx.float32))
 
 
-def _faulty(m: WeightMatrix, x: np.ndarray, rotation: HadamardFold | None, bf16: bool) -> np.ndarray:
+def faulty_linear(m: WeightMatrix, x: np.ndarray, rotation: HadamardFold | None, bf16: bool) -> np.ndarray:
     """The float32 product with ``rotation`` in place of the module's, and the scales as read."""
     base, _ = m.launch_parts()
     if bf16:
@@ -120,7 +120,7 @@ def check_packed_linear(
     )
     faults: dict[str, np.ndarray] = {}
     if fold is not None:
-        faults["rotation_skipped"] = _faulty(m, x, None, False)
+        faults["rotation_skipped"] = faulty_linear(m, x, None, False)
         for other, om in (others or {}).items():
             of = om.fold
             if (
@@ -129,8 +129,8 @@ def check_packed_linear(
                 and of.signs.size == in_dim
                 and not np.array_equal(of.signs, fold.signs)
             ):
-                faults[f"signs_of_{other}"] = _faulty(m, x, HadamardFold(fold.block, signs=of.signs), False)
-    faults["scales_bfloat16"] = _faulty(m, x, fold, True)
+                faults[f"signs_of_{other}"] = faulty_linear(m, x, HadamardFold(fold.block, signs=of.signs), False)
+    faults["scales_bfloat16"] = faulty_linear(m, x, fold, True)
     frames = [
         pd.DataFrame({**base, "fault": f, **cols, **{k: v.reshape(-1) for k, v in _metrics(fo, truth).items()}})
         for f, fo in faults.items()

@@ -8,6 +8,9 @@ applied to its rows (``R = H_b/sqrt(b) diag(signs)``, random signs), then ``mx.q
 2 bits, group 128, from float16, so the scales and biases are float16 as the packs store
 them. It is saved with ``mlx_lm.utils.save_model`` / ``save_config`` and read back with
 ``mlx_lm.utils.load_model`` (:func:`load_hadamard_pack`): the loading code a pack's user runs.
+The unpacked constants (norm weights, a recurrent layer's step constants) are drawn from the
+same seed, so a pack is the same for a seed and no weight is left at a value (one) that hides
+its misuse.
 """
 
 from __future__ import annotations
@@ -90,6 +93,31 @@ def _manifest(text_config: dict, blocks: Callable[[str, int], int]) -> list[dict
     return sorted(out, key=lambda r: r["path"])
 
 
+def _layer_constants(text_config: dict, rng: np.random.Generator) -> list[tuple[str, mx.array]]:
+    """The layers' unpacked constants drawn from the seed (mlx-lm's init draws ``A_log`` and
+    ``conv1d`` from MLX's unseeded generator, and sets every other to ones, where a weight
+    applied to the wrong axis would not show): QK-norm weights ~ 1 + N(0, 1/100); a recurrent
+    layer's ``conv1d`` ~ N(0, 1/K), ``A_log`` = log U(1, 16) (mlx-lm's range), ``dt_bias`` ~
+    N(0, 1/4), ``norm`` ~ 1 + N(0, 1/100)."""
+    c, out = text_config, []
+    interval = int(c.get("full_attention_interval", 4))
+    for i in range(int(c["num_hidden_layers"])):
+        pre = f"model.layers.{i}"
+        if (i + 1) % interval == 0:
+            for n in ("q_norm", "k_norm"):
+                out.append((f"{pre}.self_attn.{n}.weight", 1 + 0.1 * rng.standard_normal(int(c["head_dim"]))))
+            continue
+        hv, k = int(c["linear_num_value_heads"]), int(c["linear_conv_kernel_dim"])
+        ch = 2 * int(c["linear_num_key_heads"]) * int(c["linear_key_head_dim"]) + hv * int(c["linear_value_head_dim"])
+        out += [
+            (f"{pre}.linear_attn.conv1d.weight", rng.standard_normal((ch, k, 1)) / np.sqrt(k)),
+            (f"{pre}.linear_attn.A_log", np.log(rng.uniform(1, 16, hv))),
+            (f"{pre}.linear_attn.dt_bias", 0.5 * rng.standard_normal(hv)),
+            (f"{pre}.linear_attn.norm.weight", 1 + 0.1 * rng.standard_normal(int(c["linear_value_head_dim"]))),
+        ]
+    return [(key, mx.array(np.asarray(v, np.float32))) for key, v in out]
+
+
 def write_hadamard_pack(
     folder: str | Path,
     text_config: dict | None = None,
@@ -126,6 +154,7 @@ def write_hadamard_pack(
         for norm in ("input_layernorm", "post_attention_layernorm"):
             v = 1.0 + 0.1 * rng.standard_normal(int(text_config["hidden_size"]))
             updates.append((f"model.layers.{i}.{norm}.weight", mx.array(v.astype(np.float32))))
+    updates += _layer_constants(text_config, rng)
     model.language_model.update(tree_unflatten(updates))
     mx.eval(model.parameters())
     save_model(folder, model)
