@@ -1,4 +1,4 @@
-"""The surfaces of a check that cannot be fooled (issue 56: the kernel forms' and the step's worker
+"""The surfaces of a check that cannot be fooled (the kernel forms' and the step's worker
 processes, the step's guards and reproducers, the outputs' coverage) answer bad input with a
 ValueError naming the parameter, what was given and what is allowed; counted in the robustness
 tally (``tests/test_robustness_surfaces.py``)."""

@@ -771,7 +771,7 @@ def test_a_table_passed_where_numbers_go_is_described_in_one_line():
     assert "\n" not in str(err.value) and str(err.value).startswith("errors:"), str(err.value)
 
 
-# --- The newer surfaces (issue 56): each bad input refused naming its parameter, before any work ---
+# --- The newer surfaces (the check's forms, parts and records): bad input refused naming its parameter ---
 
 
 def _fake_model() -> object:
@@ -1053,7 +1053,7 @@ def tally(command_outcomes: dict, folder: Path) -> dict[str, tuple[int, int]]:
         out["gdn_step shapes"] = [_gdn_names(name) for name in GDN_ARRAYS]
     except BackendUnavailable:
         pass
-    out["newer surfaces (issue 56)"] = [_refused_as(call, start) == "clear" for _, call, start in _newer_cases(folder)]
+    out["newer surfaces"] = [_refused_as(call, start) == "clear" for _, call, start in _newer_cases(folder)]
     from tests.test_robustness_integrity import cases as integrity_cases
     from tests.test_robustness_integrity import refused_as
 

@@ -3,9 +3,9 @@ an element the grid never reached named.
 
 A GPU's output buffer holds whatever memory held before: an element no thread writes reads as
 a plausible stale value, or as the right one left by the previous launch in that buffer, and a
-check that only compares values can pass a grid that does not cover its output (the
-kernel-evaluation field's NaN-poisoned outputs and sentinel tensors, ``shared/reference/
-field.md``). So the check's launches fill every output with NaN first (MLX's ``init_value``, a
+check that only compares values can pass a grid that does not cover its output (which is why
+TritonBench poisons outputs with NaN and llama.cpp's backend tests fill sentinel tensors). So
+the check's launches fill every output with NaN first (MLX's ``init_value``, a
 ``fill_`` of a PyTorch tensor, the emulator's own NaN fill): an element the launch did not write
 stays NaN and fails every metric. To say *which* elements and *why*, and not mistake a NaN the
 kernel computed for one it never wrote, a launch that left NaN runs once more with every output
