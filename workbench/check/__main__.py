@@ -38,12 +38,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from workbench import backends
 from workbench.check import chain_command, gdn_command, head_command, shards
 from workbench.check import command_args as args
 from workbench.check.budget import DEFAULT_BUDGET_GIB
@@ -341,17 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     unused = _unused_options(a, sys.argv[1:] if argv is None else argv)
     if unused:
         p.error(f"{', '.join(unused)}: not used by this form of the check (nothing given is ignored silently)")
-    try:
-        return _run(a, argv)
-    except KeyboardInterrupt:
-        print(f"{p.prog}: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, OSError, backends.BackendUnavailable) as e:  # bad input, or a backend this machine lacks
-        if os.environ.get("WORKBENCH_TRACEBACK"):
-            raise
-        # One line, as argparse words it, without its usage block: the syntax was right.
-        print(f"{p.prog}: error: {args.one_line(e, OPTIONS)}", file=sys.stderr)
-        raise SystemExit(USAGE_ERROR) from None
+    return args.run_command(lambda: _run(a, argv), p.prog, OPTIONS, USAGE_ERROR)
 
 
 #: The options each form of the check reads beyond the ones every form reads

@@ -19,12 +19,10 @@ is named); 2: nothing could be judged, with ONE line on stderr naming the option
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from workbench import backends
 from workbench.check import command_args as args
 from workbench.check.chain_links import INT_DIMS
 
@@ -123,9 +121,6 @@ def parser() -> argparse.ArgumentParser:
     from workbench.check.chain_run import CHAIN_GATES, CHAIN_SCALES, CHAIN_STATE_SCALES
     from workbench.check.gdn_cases import GATES
 
-    def csv(xs: Any) -> str:
-        return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in xs)
-
     lines = [f"  {k}: {v.what}; reads {', '.join(v.inputs)}; writes {', '.join(v.outputs)}" for k, v in LINKS.items()]
     p = argparse.ArgumentParser(
         prog=PROG,
@@ -152,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
         "--scales",
         type=args.number_list(positive=True),
         default=list(CHAIN_SCALES),
-        help=f"input scales of the chain's inputs (default {csv(CHAIN_SCALES)})",
+        help=f"input scales of the chain's inputs (default {args.csv(CHAIN_SCALES)})",
     )
     p.add_argument(
         "--gates",
@@ -163,7 +158,7 @@ def parser() -> argparse.ArgumentParser:
         "--state-scales",
         type=args.number_list(positive=False),
         default=list(CHAIN_STATE_SCALES),
-        help=f"the recurrent state's magnitudes (default {csv(CHAIN_STATE_SCALES)})",
+        help=f"the recurrent state's magnitudes (default {args.csv(CHAIN_STATE_SCALES)})",
     )
     p.add_argument("--tolerance", type=args.non_negative, help="your own tolerance on every link's worst scaled error")
     p.add_argument("--time-limit", type=args.positive, default=30.0, help="seconds one call of yours may take (30)")
@@ -182,16 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(given_argv)
     if (a.implementation is None) == (not a.link):
         p.error("--chain: give exactly one of: implementation (module:function, the whole chain), or --link options")
-    try:
-        return _run(a, argv)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, OSError, backends.BackendUnavailable) as e:
-        if os.environ.get("WORKBENCH_TRACEBACK"):
-            raise
-        print(f"{PROG}: error: {args.one_line(e, OPTIONS)}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return args.run_command(lambda: _run(a, argv), PROG, OPTIONS)
 
 
 def _run(a: argparse.Namespace, argv: list[str] | None) -> int:

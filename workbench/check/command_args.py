@@ -2,8 +2,9 @@
 line, a user's ``module:function`` imported without writing beside it, the record's
 provenance and its atomic, never-overwriting write, and an error as the command's one line.
 
-``python -m workbench.check`` (the tail's options, ``__main__``) and its ``--part gdn``
-(``gdn_command``) read them, so both parts refuse the same mistakes in the same words.
+``python -m workbench.check`` (the tail's options, ``__main__``), its ``--part gdn``
+(``gdn_command``), ``--part head`` (``head_command``) and ``--chain`` (``chain_command``) read
+them, so every part refuses the same mistakes in the same words and launches a source alike.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import platform
 import sys
 import tempfile
@@ -20,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from workbench import files
+from workbench import backends, files
 
 
 def as_option(message: str, options: Mapping[str, str]) -> str:
@@ -279,3 +281,42 @@ def write_record(target: Path, rec: Mapping[str, Any], passed: bool) -> None:
             f"--record: {target} was not written ({reason}); the verdict printed above "
             f"stands: {'PASS' if passed else 'FAIL'}"
         ) from None
+
+
+def csv(xs: Any) -> str:
+    """Values as a command line takes them back: comma-separated, floats in their shortest form."""
+    return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in xs)
+
+
+def source_launch_group(
+    p: argparse.ArgumentParser, writes: str, inputs: tuple[str, ...], names: tuple[str, ...]
+) -> argparse._ArgumentGroup:
+    """The options of ``--source``'s launch, alike for every part: the body's inputs (default
+    ``inputs``), a header, the grid and threadgroup, template values (numbers or the part's
+    ``names``), the language and where it runs; ``writes`` says what the body writes."""
+    g = p.add_argument_group("the launch of --source", writes)
+    g.add_argument("--inputs", help=f"the body's inputs in order, comma-separated (default all: {csv(inputs)})")
+    g.add_argument("--header", type=path, help="a file of helper functions placed before the kernel")
+    g.add_argument("--grid", type=dims(2**31 - 1), default=(32, 1, 1), help="threads: X or X,Y,Z (default 32)")
+    g.add_argument("--threadgroup", type=dims(1024, 1024), default=(32, 1, 1), help="threads a group, X or X,Y,Z (32)")
+    g.add_argument("--template", help=f"NAME=value,... (a number, or one of {', '.join(names)})")
+    g.add_argument("--language", choices=("metal", "cuda"), default="metal", help="the body's language")
+    g.add_argument("--run-on", choices=("emulator", "device"), default="emulator", help="the CPU emulator or the GPU")
+    return g
+
+
+def run_command(run: Callable[[], int], prog: str, options: Mapping[str, str], usage_error: int = 2) -> int:
+    """``run()``'s exit status, with what the user did wrong or lacks as one line: an interrupt
+    is 130; bad input (ValueError, OSError) or an absent backend prints ``prog: error: ...`` as
+    argparse words it, without its usage block (the syntax was right), and exits
+    ``usage_error``. ``$WORKBENCH_TRACEBACK`` set: the exception itself, for a bug report."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, backends.BackendUnavailable) as e:
+        if os.environ.get("WORKBENCH_TRACEBACK"):
+            raise
+        print(f"{prog}: error: {one_line(e, options)}", file=sys.stderr)
+        raise SystemExit(usage_error) from None

@@ -21,13 +21,11 @@ the option. The user's files are only read; a record is never overwritten.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench import backends
 from workbench.check import command_args as args
 from workbench.check.gdn_subjects import TimedStep
 from workbench.check.parts import PART_NAMES
@@ -137,9 +135,6 @@ def parser() -> argparse.ArgumentParser:
     from workbench.check.gdn_subjects import STEP_DIMS, STEP_INPUTS, STEP_OUTPUTS
     from workbench.check.stored import ARRAY_KINDS
 
-    def csv(xs: Any) -> str:
-        return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in xs)
-
     geoms = ",".join("/".join(map(str, g)) for g in DEFAULT_GEOMETRIES)
     lines = [f"  {k}: {v}" for k, v in GATES.items()]
     faults = [f"  {k}: {v}" for k, v in GDN_FAULTS.items()]
@@ -157,19 +152,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--source", type=args.path, help="a file holding a Metal (or CUDA) step body, launched as below")
     p.add_argument("--dump", type=args.path, help="a safetensors dump of a run, or a folder of them (DUMP_LAYOUT)")
     p.add_argument("--arrays", choices=ARRAY_KINDS, default="numpy", help="the arrays a callable is handed")
-    g = p.add_argument_group(
-        "the launch of --source",
+    args.source_launch_group(
+        p,
         f"the body writes {', '.join(STEP_OUTPUTS)} ([Hv Dv], [K-1, C], [Hv, Dv, Dk], float32)",
+        STEP_INPUTS,
+        STEP_DIMS,
     )
-    g.add_argument("--inputs", help=f"the body's inputs in order, comma-separated (default all: {csv(STEP_INPUTS)})")
-    g.add_argument("--header", type=args.path, help="a file of helper functions placed before the kernel")
-    g.add_argument("--grid", type=args.dims(2**31 - 1), default=(32, 1, 1), help="threads: X or X,Y,Z (default 32)")
-    g.add_argument(
-        "--threadgroup", type=args.dims(1024, 1024), default=(32, 1, 1), help="threads a group, X or X,Y,Z (32)"
-    )
-    g.add_argument("--template", help=f"NAME=value,... (a number, or one of {', '.join(STEP_DIMS)})")
-    g.add_argument("--language", choices=("metal", "cuda"), default="metal", help="the body's language")
-    g.add_argument("--run-on", choices=("emulator", "device"), default="emulator", help="the CPU emulator or the GPU")
     r = p.add_argument_group("the runs (not with --dump: a dump is judged as dumped)")
     r.add_argument("--tokens", type=args.count(1, 1 << 20), default=256, help="tokens a run, states fed back (256)")
     r.add_argument("--seeds", type=args.count(1, 1_000_000), default=20, help="runs a condition (default 20)")
@@ -177,19 +165,19 @@ def parser() -> argparse.ArgumentParser:
         "--scales",
         type=args.number_list(positive=True),
         default=list(STEP_SCALES),
-        help=f"input scales of the conv's inputs (default {csv(STEP_SCALES)})",
+        help=f"input scales of the conv's inputs (default {args.csv(STEP_SCALES)})",
     )
     r.add_argument(
         "--gates",
         type=_names("gate regimes", tuple(GATES)),
         default=list(GATES),
-        help=f"gate regimes (default {csv(GATES)})",
+        help=f"gate regimes (default {args.csv(GATES)})",
     )
     r.add_argument(
         "--state-scales",
         type=args.number_list(positive=False),
         default=list(STATE_SCALES),
-        help=f"the initial state's magnitudes (default {csv(STATE_SCALES)})",
+        help=f"the initial state's magnitudes (default {args.csv(STATE_SCALES)})",
     )
     r.add_argument(
         "--geometries",
@@ -201,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
         "--horizons",
         type=_ints,
         default=list(DEFAULT_HORIZONS),
-        help=f"tokens the verdict is given at, the run's length always (default {csv(DEFAULT_HORIZONS)})",
+        help=f"tokens the verdict is given at, the run's length always (default {args.csv(DEFAULT_HORIZONS)})",
     )
     p.add_argument(
         "--faults",
@@ -271,16 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     unused = _unused(a, given)
     if unused:
         p.error(f"{', '.join(unused)}: not used by this form of the check (nothing given is ignored silently)")
-    try:
-        return _run(a, argv)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, OSError, backends.BackendUnavailable) as e:
-        if os.environ.get("WORKBENCH_TRACEBACK"):
-            raise
-        print(f"{PROG}: error: {args.one_line(e, OPTIONS)}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return args.run_command(lambda: _run(a, argv), PROG, OPTIONS)
 
 
 def _subject(a: argparse.Namespace) -> Any:

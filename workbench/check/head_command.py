@@ -21,13 +21,11 @@ naming the option. The user's files are only read; a record is never overwritten
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench import backends
 from workbench.check import command_args as args
 from workbench.check.parts import PART_NAMES
 
@@ -116,9 +114,6 @@ def parser() -> argparse.ArgumentParser:
     from workbench.check.head_subjects import HEAD_DIMS, HEAD_INPUTS, HEAD_OUTPUTS
     from workbench.check.stored import ARRAY_KINDS
 
-    def csv(xs: Any) -> str:
-        return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in xs)
-
     shapes = [f"  {k}: {v}" for k, v in HEAD_SHAPES.items()]
     faults = [f"  {k}: {v}" for k, v in HEAD_FAULTS.items()]
     epilog = "\n".join([INPUTS_HELP, "shapes (--shape):", *shapes, "", "fault models (--faults):", *faults])
@@ -135,19 +130,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--source", type=args.path, help="a file holding a Metal (or CUDA) head body, launched as below")
     p.add_argument("--dump", type=args.path, help="a safetensors dump of heads, or a folder of them (DUMP_LAYOUT)")
     p.add_argument("--arrays", choices=ARRAY_KINDS, default="numpy", help="the arrays a callable is handed")
-    g = p.add_argument_group(
-        "the launch of --source",
+    args.source_launch_group(
+        p,
         f"the body writes {', '.join(HEAD_OUTPUTS.values())} (gate_out with a gate), float32",
+        HEAD_INPUTS,
+        HEAD_DIMS,
     )
-    g.add_argument("--inputs", help=f"the body's inputs in order, comma-separated (default all: {csv(HEAD_INPUTS)})")
-    g.add_argument("--header", type=args.path, help="a file of helper functions placed before the kernel")
-    g.add_argument("--grid", type=args.dims(2**31 - 1), default=(32, 1, 1), help="threads: X or X,Y,Z (default 32)")
-    g.add_argument(
-        "--threadgroup", type=args.dims(1024, 1024), default=(32, 1, 1), help="threads a group, X or X,Y,Z (32)"
-    )
-    g.add_argument("--template", help=f"NAME=value,... (a number, or one of {', '.join(HEAD_DIMS)})")
-    g.add_argument("--language", choices=("metal", "cuda"), default="metal", help="the body's language")
-    g.add_argument("--run-on", choices=("emulator", "device"), default="emulator", help="the CPU emulator or the GPU")
     r = p.add_argument_group("the cases (not with --dump: a dump is judged as dumped)")
     r.add_argument(
         "--shape",
@@ -163,13 +151,13 @@ def parser() -> argparse.ArgumentParser:
         "--scales",
         type=args.number_list(positive=True),
         default=list(HEAD_SCALES),
-        help=f"the hidden state's scales (default {csv(HEAD_SCALES)})",
+        help=f"the hidden state's scales (default {args.csv(HEAD_SCALES)})",
     )
     r.add_argument(
         "--positions",
         type=_positions,
         default=list(DEFAULT_POSITIONS),
-        help=f"token positions, for RoPE (default {csv(DEFAULT_POSITIONS)})",
+        help=f"token positions, for RoPE (default {args.csv(DEFAULT_POSITIONS)})",
     )
     p.add_argument(
         "--faults",
@@ -213,16 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     unused = _unused(a, given)
     if unused:
         p.error(f"{', '.join(unused)}: not used by this form of the check (nothing given is ignored silently)")
-    try:
-        return _run(a, argv)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, OSError, backends.BackendUnavailable) as e:
-        if os.environ.get("WORKBENCH_TRACEBACK"):
-            raise
-        print(f"{PROG}: error: {args.one_line(e, OPTIONS)}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return args.run_command(lambda: _run(a, argv), PROG, OPTIONS)
 
 
 class TimedHead:
