@@ -21,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench import backends
+from workbench.check.source_launch import launch_fields
 from workbench.check.stored import ARRAY_KINDS
 from workbench.check.subjects import EMULATOR_ORDERS, SubjectError
 from workbench.check.time_limit import LimitedCaller
@@ -224,22 +225,19 @@ class StepSource:
     _kernels: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.source, str) or not self.source.strip():
-            raise ValueError(f"source: must be the kernel body as a non-empty string, got {describe(self.source)}")
-        ins = tuple(self.inputs) if isinstance(self.inputs, (list, tuple)) else ()
-        if not ins or any(i not in STEP_INPUTS for i in ins) or len(set(ins)) != len(ins):
-            raise ValueError(f"inputs: must be distinct names of {STEP_INPUTS}, got {describe(self.inputs)}")
+        ins, tpl = launch_fields(
+            self.source,
+            self.inputs,
+            self.template,
+            self.language,
+            self.run_on,
+            self.order,
+            names=STEP_INPUTS,
+            dims=STEP_DIMS,
+            orders=EMULATOR_ORDERS[:-1],
+        )
         object.__setattr__(self, "inputs", ins)
-        tpl = tuple(self.template.items()) if isinstance(self.template, Mapping) else tuple(self.template)
-        for k, v in tpl:
-            if isinstance(v, str) and v not in STEP_DIMS:
-                raise ValueError(f"template[{k!r}]: a name must be one of {STEP_DIMS}, got {v!r}")
         object.__setattr__(self, "template", tpl)
-        one_of("language", self.language, ("metal", "cuda"))
-        one_of("run_on", self.run_on, ("emulator", "device"))
-        one_of("order", self.order, EMULATOR_ORDERS[:-1])
-        if self.language == "cuda" and self.run_on == "emulator":
-            raise ValueError("run_on: a CUDA source runs on the device only (the emulator runs Metal), got 'emulator'")
         self._backend()
         object.__setattr__(self, "kind", f"{self.language} source")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from workbench import backends
 from workbench.check.gdn_subjects import to_kind
 from workbench.check.head_cases import HeadInputs
 from workbench.check.head_spec import HeadSpec
+from workbench.check.source_launch import launch_fields
 from workbench.check.stored import ARRAY_KINDS
 from workbench.check.subjects import EMULATOR_ORDERS, SubjectError
 from workbench.kernels import run as kernel_run
@@ -190,22 +191,19 @@ class HeadSource:
     _kernels: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.source, str) or not self.source.strip():
-            raise ValueError(f"source: must be the kernel body as a non-empty string, got {describe(self.source)}")
-        ins = tuple(self.inputs) if isinstance(self.inputs, (list, tuple)) else ()
-        if not ins or any(i not in HEAD_INPUTS for i in ins) or len(set(ins)) != len(ins):
-            raise ValueError(f"inputs: must be distinct names of {HEAD_INPUTS}, got {describe(self.inputs)}")
+        ins, tpl = launch_fields(
+            self.source,
+            self.inputs,
+            self.template,
+            self.language,
+            self.run_on,
+            self.order,
+            names=HEAD_INPUTS,
+            dims=HEAD_DIMS,
+            orders=EMULATOR_ORDERS[:-1],
+        )
         object.__setattr__(self, "inputs", ins)
-        tpl = tuple(self.template.items()) if isinstance(self.template, Mapping) else tuple(self.template)
-        for k, v in tpl:
-            if isinstance(v, str) and v not in HEAD_DIMS:
-                raise ValueError(f"template[{k!r}]: a name must be one of {HEAD_DIMS}, got {v!r}")
         object.__setattr__(self, "template", tpl)
-        one_of("language", self.language, ("metal", "cuda"))
-        one_of("run_on", self.run_on, ("emulator", "device"))
-        one_of("order", self.order, EMULATOR_ORDERS[:-1])
-        if self.language == "cuda" and self.run_on == "emulator":
-            raise ValueError("run_on: a CUDA source runs on the device only (the emulator runs Metal), got 'emulator'")
         backends.resolve_backend(self._backend())
         object.__setattr__(self, "kind", f"{self.language} source")
 

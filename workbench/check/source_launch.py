@@ -24,7 +24,7 @@ import numpy as np
 from workbench import backends
 from workbench.kernels import run as kernel_run
 from workbench.kernels.output_coverage import covered_launch, mlx_launch
-from workbench.validate import describe
+from workbench.validate import describe, one_of
 
 #: The tensors a source's inputs may name: the activations, the stored dense weights (in
 #: their stored dtype), the effective norm weight, eps as a one-element float32 array.
@@ -164,3 +164,37 @@ def run_on_device(
     backends.resolve_backend(language)
     (out,) = covered_launch(mlx_launch(launch.kernel(language), inputs, launch.launch_args(shape)), [launch.output])
     return np.array(out)
+
+
+def launch_fields(
+    source: Any,
+    inputs: Any,
+    template: Any,
+    language: str,
+    run_on: str,
+    order: str,
+    *,
+    names: tuple[str, ...],
+    dims: tuple[str, ...],
+    orders: tuple[str, ...],
+) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...]]:
+    """A part's source and its launch checked alike for every part: ``source`` a non-empty
+    body; ``inputs`` distinct names of ``names``; ``template`` (a mapping or pairs) whose named
+    values are of ``dims``; the language, where it runs (a CUDA source runs on the device only:
+    the emulator runs Metal) and the emulator's ``order`` one of ``orders``. Returns the inputs
+    and the template as tuples, for a frozen dataclass to hold; a ValueError names what is wrong."""
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(f"source: must be the kernel body as a non-empty string, got {describe(source)}")
+    ins = tuple(inputs) if isinstance(inputs, (list, tuple)) else ()
+    if not ins or any(i not in names for i in ins) or len(set(ins)) != len(ins):
+        raise ValueError(f"inputs: must be distinct names of {names}, got {describe(inputs)}")
+    tpl = tuple(template.items()) if isinstance(template, Mapping) else tuple(template)
+    for k, v in tpl:
+        if isinstance(v, str) and v not in dims:
+            raise ValueError(f"template[{k!r}]: a name must be one of {dims}, got {v!r}")
+    one_of("language", language, ("metal", "cuda"))
+    one_of("run_on", run_on, ("emulator", "device"))
+    one_of("order", order, orders)
+    if language == "cuda" and run_on == "emulator":
+        raise ValueError("run_on: a CUDA source runs on the device only (the emulator runs Metal), got 'emulator'")
+    return ins, tpl
