@@ -37,6 +37,16 @@ def correct_mlx(case):
     return mx.array(user_tail(as_np))
 
 
+def mutates_weight_at_large_inputs(case):
+    """Writes into its gate weight, only on the call of the largest input scale."""
+    import numpy as np
+
+    out = user_tail(case)
+    if float(np.max(np.abs(case.branch))) > 1.0:
+        case.gate.values[0, 0] += 1.0
+    return out
+
+
 def segfault(case):
     """Reads address 0: the process that runs it dies (SIGSEGV)."""
     import ctypes

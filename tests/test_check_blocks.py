@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from workbench.check import blocks, check_kernel
+from workbench.check.graph_stage import GraphStage
 from workbench.check.stored import stored_case
 from workbench.studies.cases import case_arrays, case_row_weights, quant_spec
 from workbench.tail import fused_tail, host_tail
@@ -56,6 +57,25 @@ def test_the_block_is_the_per_case_path_bit_for_bit(shape, dtype, fold, quant):
         assert got.eps == want.eps and (got.fold is None) == (want.fold is None)
         if got.fold is not None:
             assert got.fold.same_rotation(want.fold) and got.fold.site == want.fold.site
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_reference_through_a_stage_is_the_copied_path_bit_for_bit(dtype):
+    # a GraphStage writes each case's dense weights into MLX arrays it keeps (block after
+    # block, in place); where a view would not share MLX's memory it copies: the same bits
+    stage, copying = GraphStage(), GraphStage()
+    copying.shares = False
+    for seeds in ([5, 6], [300, 7]):
+        c = case_arrays((64, 96, 80), seeds)
+        st = blocks.stored_block(c, dtype=dtype, fold=16, spec=None, eps=DEFAULT_EPS)
+        B, R = c.branch[:, None, :] * SCALES[None, :, None], c.residual[:, None, :] * SCALES[None, :, None]
+        want = blocks.reference(st, B, R)
+        for s in (stage, copying):
+            np.testing.assert_array_equal(blocks.reference(st, B, R, s), want)
+    assert stage.shares is (None if dtype == "bfloat16" else True) and copying.shares is False  # bfloat16: no view
+    assert len(stage.held) == (4 if dtype != "bfloat16" else 0)  # one a weight, kept from block to block
+    stage.clear()
+    assert not stage.held
 
 
 def test_a_check_does_not_depend_on_how_its_seeds_are_blocked():

@@ -62,6 +62,20 @@ def test_an_importable_callable_runs_in_a_process_and_gives_the_threads_bits():
     assert "changed its input(s) in place" in mutated.problems[0]
 
 
+def test_a_weight_changed_by_one_call_fails_every_call_of_its_case_in_a_process():
+    # in a worker process a case's calls share one copy of its weights (one a scale would cost
+    # a copy and a compare of every weight a call): a weight changed by the call at one input
+    # scale fails every call of the case, each named
+    scales = (0.01, 1.0, 100.0)
+    rep = _check("mutates_weight_at_large_inputs", process=True, seeds=range(2), scales=scales, rerun=False)
+    assert not rep.passed
+    changed = [p for p in rep.problems if "changed its input(s) in place: gate.values" in p]
+    for seed in (0, 1):
+        for scale in scales:
+            assert any(f"seed {seed} scale {scale:g}" in p for p in changed), (seed, scale, rep.problems)
+    assert len(changed) == len(rep.problems) == 2 * len(scales)
+
+
 def test_process_true_needs_an_importable_function():
     with pytest.raises(ValueError, match="process: True needs a function importable"):
         CallableSubject(lambda c: c, process=True)

@@ -23,6 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench.check.faults import faulty_block
+from workbench.check.graph_stage import GraphStage
 from workbench.check.stored import StoredCase, StoredMatrix
 from workbench.fold import hadamard
 from workbench.fold.rotation import FoldSite, HadamardFold
@@ -72,16 +73,14 @@ def stored_block(c: CaseArrays, *, dtype: str, fold: Any, spec: QuantSpec | None
         del w64, wo
     f32, graph, quant = {}, {}, {}
     for k, w in drawn.items():
-        m = mx.array(w)
         if spec is None:
-            if dtype != "float32":  # rounded to the stored dtype, handed over as float32 holding its values
-                m = m.astype(dt)
-                f32[k] = np.array(m.astype(mx.float32))
-            else:  # float32 is stored as drawn: the same bits, no copy
-                f32[k] = w
-            graph[k] = m[:, None]  # [S, 1, out, in]: broadcasts over the input scales' axis
+            # Dense weights keep no MLX copy of the block: the reference makes one case's
+            # matrices at a time from ``f32`` (:func:`reference`), memory MLX's allocator hands
+            # back case after case, where a block's copy was memory touched for the first time
+            # (on this machine's VM most of a shipped shape's check).
+            f32[k] = w if dtype == "float32" else _rounded(w, dt)
             continue
-        m = m.astype(dt)
+        m = mx.array(w).astype(dt)
         parts = mx.quantize(m, **spec.as_quantize())
         biases = parts[2] if len(parts) > 2 else None
         qb = QuantizedBase(parts[0], parts[1], biases, spec, (int(m.shape[1]), int(m.shape[2])))
@@ -93,6 +92,26 @@ def stored_block(c: CaseArrays, *, dtype: str, fold: Any, spec: QuantSpec | None
             None if biases is None else np.array(biases.astype(mx.float32)),
         )
     return StoredBlock(c, dtype, fold, spec, float(eps), f32, graph, quant)
+
+
+def _rounded(w: np.ndarray, dt: Any) -> np.ndarray:
+    """``w`` [S, out, in] rounded to the MLX dtype ``dt`` and handed back as float32 holding its
+    values (exact), one case at a time (MLX's rounding: the bits the stored weights have)."""
+    out = np.empty(w.shape, dtype=np.float32)
+    for i in range(len(w)):
+        out[i] = np.array(mx.array(w[i]).astype(dt).astype(mx.float32))
+    return out
+
+
+def _dense_graph(st: StoredBlock, k: str, i: int, stage: GraphStage | None) -> mx.array:
+    """Dense matrix ``k`` of case ``i`` as the graph tail reads it: the stored dtype's values
+    (``f32`` holds them exactly, so converting back is exact); through ``stage`` where given."""
+    w = st.f32[k][i]
+    if st.dtype == "float32":
+        return mx.array(w) if stage is None else stage.load(k, w)
+    if st.dtype == "float16":  # exact: w holds float16 values
+        return mx.array(w.astype(np.float16)) if stage is None else stage.load(k, w.astype(np.float16))
+    return mx.array(w).astype(DENSE_DTYPES[st.dtype])
 
 
 def _signed(st: StoredBlock, x: np.ndarray) -> np.ndarray:
@@ -127,7 +146,7 @@ def truth(st: StoredBlock, branch: np.ndarray, residual: np.ndarray) -> np.ndarr
     return out
 
 
-def reference(st: StoredBlock, branch: np.ndarray, residual: np.ndarray) -> np.ndarray:
+def reference(st: StoredBlock, branch: np.ndarray, residual: np.ndarray, stage: GraphStage | None = None) -> np.ndarray:
     """The workbench's graph tail (``tail_mx``) on the block, evaluated once ON THE CPU:
     float32 [S, n, hidden].
 
@@ -141,7 +160,8 @@ def reference(st: StoredBlock, branch: np.ndarray, residual: np.ndarray) -> np.n
     rows): the batched form broadcast each case's weights over its input scales, which MLX's
     CPU made into a copy a scale (12 bytes a weight float at three scales, a 2048-wide block
     of 7 cases at 7.9 GiB) and ran at about 1 GB/s. The bits are the per-case path's either
-    way (``tests/test_check_blocks.py``)."""
+    way (``tests/test_check_blocks.py``). ``stage``: where the dense weights are written for
+    MLX (:class:`~workbench.check.graph_stage.GraphStage`; without one, a copy a case)."""
     fold = None if st.fold is None else HadamardFold(int(st.fold))
     g = st.graph
     if st.spec is None:
@@ -151,12 +171,12 @@ def reference(st: StoredBlock, branch: np.ndarray, residual: np.ndarray) -> np.n
         with mx.stream(mx.cpu):
             for i in range(st.size):
                 one = tail_mx(
-                    g["wo"][i, 0],
+                    _dense_graph(st, "wo", i, stage),
                     fold,
                     mx.array(st.c.ffn_norm[i]),
-                    g["gate"][i, 0],
-                    g["up"][i, 0],
-                    g["down"][i, 0],
+                    _dense_graph(st, "gate", i, stage),
+                    _dense_graph(st, "up", i, stage),
+                    _dense_graph(st, "down", i, stage),
                     st.eps,
                     mx.array(xs[i]),
                     mx.array(rs[i]),

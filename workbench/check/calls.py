@@ -3,7 +3,9 @@ reverse order (a callable handed fresh copies of the inputs each call), the bits
 
 A callable runs guarded (:func:`workbench.check.guards.guarded_call`: inputs unchanged, no
 aliased output), in a worker process of its own where it is importable
-(:class:`workbench.check.isolation.ProcessCaller`), else on the check's worker thread
+(:class:`workbench.check.isolation.ProcessCaller`; there a case's calls, one an input scale,
+go in one message and share one copy of its weights:
+:func:`workbench.check.guards.guarded_calls`), else on the check's worker thread
 (:class:`workbench.check.time_limit.LimitedCaller`). The kernel forms (a kernels folder, a
 source) launch the user's text on the case's weights in a worker process of their own too
 (made there from the case's master rows), unless built with ``process=False``. What a call

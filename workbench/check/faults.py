@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from workbench.check.gdn_faults import bfloat16_round
+from workbench.check.half_sums import half_sums
 from workbench.check.stored import StoredCase, StoredMatrix
 from workbench.fold import hadamard
 from workbench.fold.rotation import FoldSite
@@ -52,22 +53,11 @@ def _mv(w: np.ndarray, x: np.ndarray, f16: bool) -> np.ndarray:
     products, case by case, as the 2-D form gives each case)."""
     if not f16:
         return x @ w.T if w.ndim == 2 else np.matmul(x, np.swapaxes(w, -1, -2))
-    # A slice of output rows at a time (each row's sum is its own, so the same bits): the
-    # products of a whole matrix at every input scale were gigabytes at a shipped shape.
-    wide = w if w.ndim == 2 else w[:, None]
-    x16 = x[..., None, :].astype(np.float16)
-    lead = np.broadcast_shapes(x16.shape[:-2], wide.shape[:-2])
-    rows = w.shape[-2]
-    step = max(1, F16_SLICE_BYTES // (2 * w.shape[-1] * max(1, int(np.prod(lead)))))
-    out = np.empty((*lead, rows), dtype=np.float32)
-    for r in range(0, rows, step):
-        prods = x16 * wide[..., r : r + step, :].astype(np.float16)
-        out[..., r : r + step] = np.cumsum(prods, axis=-1, dtype=np.float16)[..., -1]
-    return out
-
-
-#: Bytes of float16 products ``_mv`` makes at once.
-F16_SLICE_BYTES = 1 << 25
+    # float16 sums (workbench.check.half_sums): one matrix, or one a case
+    if w.ndim == 2:
+        return half_sums(w, x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], w.shape[0])
+    x = np.broadcast_to(x, (w.shape[0], *x.shape[-2:])) if x.ndim < 3 else x
+    return np.stack([_mv(w[i], x[i], True) for i in range(len(w))])
 
 
 def _run_variant(v: TailVariant, rotate: Any, unrotate: Any) -> np.ndarray:

@@ -20,9 +20,10 @@ import numpy as np
 from workbench import validate
 from workbench.check import blocks, columns, shards
 from workbench.check import budget as budget_mod
-from workbench.check.calls import callers, rerun_difference, run_block, where_it_ran
+from workbench.check.calls import callers, in_process, rerun_difference, run_block, where_it_ran
 from workbench.check.draws import Draws
 from workbench.check.faults import FAULTS, applies, faulty_tail
+from workbench.check.graph_stage import GraphStage
 from workbench.check.progress import Progress
 from workbench.check.replay import DEFAULT_MAX_BYTES, ReplayDir, case_failures, case_metrics, write_reproducer
 from workbench.check.report import CheckReport, build_report
@@ -287,8 +288,14 @@ def _checked(subject: Any, rerun: bool) -> list[str]:
     """What the check verified, in words, for the report."""
     callable_form = isinstance(subject, CallableSubject)
     out = [f"ran {where_it_ran(subject)}"]
-    if callable_form:
+    if callable_form and in_process(subject):
+        out.append(
+            "each case's calls handed fresh copies of the inputs (its weights one copy for all of its calls, "
+            "its activations one a call), verified unchanged after them"
+        )
+    elif callable_form:
         out.append("each call handed fresh copies of the inputs, verified unchanged after it")
+    if callable_form:
         out.append("an output sharing memory with an input or a buffer the check holds refused")
     else:
         out.append("the branch and residual verified unchanged after each block")
@@ -336,9 +343,10 @@ def _blocks(
             todo = seed_arr[~np.isin(seed_arr, np.fromiter(log.done(ci), dtype=np.int64))]
             bar.add(len(seed_arr) - len(todo))
         draws = Draws(shp, min(size, len(todo))) if len(todo) else None
+        stage = GraphStage()  # the reference's dense weights, written case after case
         for chunk in _chunks(todo, size):
             said: list[str] = []
-            job = (config, base, chunk, draws)
+            job = (config, base, chunk, draws, stage)
             cdf, fdf = _block(subject, calls, job, scale_labels, faults, eps, rerun, said, writer)
             problems += said
             cdfs.append(cdf)
@@ -346,6 +354,7 @@ def _blocks(
             if log is not None:
                 log.add(ci, chunk, cdf, fdf if fdf is not None else cdf.iloc[:0], said)
             bar.add(len(chunk))
+        stage.clear()
         import pandas as pd
 
         cat = pd.concat(cdfs, ignore_index=True)
@@ -388,10 +397,11 @@ def _block(
 ) -> tuple[Any, Any]:
     """One block of seeds of one configuration: the truth, the reference, the implementation's
     runs and the fault models, as its case table and fault table (None: no fault ran); ``job``:
-    the configuration, its table columns, the block's seeds and the configuration's draws."""
+    the configuration, its table columns, the block's seeds, the configuration's draws and
+    the reference's staged weights (:class:`~workbench.check.graph_stage.GraphStage`)."""
     import pandas as pd
 
-    config, base, chunk, draws = job
+    config, base, chunk, draws, stage = job
     shp, dtype, fold, qlabel, spec, _ = config
     scale_arr = np.array(scale_labels, dtype=np.float32)
     c = _draw(shp, chunk, draws)
@@ -423,17 +433,21 @@ def _block(
         held = [B, R, truth, ref]
         runs = run_block(subject, calls, scs, c, scales=scale_labels, problems=problems, held=held, **config_args)
     elif calls.process is not None:
-        # The implementation runs in its worker process while this one computes the truth and
-        # the faults on a thread of its own and the MLX reference on this one (numpy and MLX
-        # release the GIL; MLX's streams are this thread's): the cores at work together. None
-        # of it is handed to the worker, so no output of the worker's can alias it.
-        with ThreadPoolExecutor(1, thread_name_prefix="check-own") as pool:
+        # The implementation runs in its worker process (its calls sent and waited for on a
+        # thread of their own) while this process computes the truth and the faults on another
+        # and the MLX reference on this one (numpy, MLX and the pipes release the GIL; MLX's
+        # streams are this thread's): the cores at work together. None of it is handed to the
+        # worker, so no output of the worker's can alias it.
+        with ThreadPoolExecutor(2, thread_name_prefix="check-own") as pool:
             side = pool.submit(own)
-            ref = blocks.reference(st, B, R)
-            runs = run_block(subject, calls, scs, c, scales=scale_labels, problems=problems, held=[B, R], **config_args)
+            sent = pool.submit(
+                run_block, subject, calls, scs, c, scales=scale_labels, problems=problems, held=[B, R], **config_args
+            )
+            ref = blocks.reference(st, B, R, stage)
+            runs = sent.result()
             truth, fframes = side.result()
     else:
-        (truth, fframes), ref = own(), blocks.reference(st, B, R)
+        (truth, fframes), ref = own(), blocks.reference(st, B, R, stage)
         held = [B, R, truth, ref]
         runs = run_block(subject, calls, scs, c, scales=scale_labels, problems=problems, held=held, **config_args)
     if hit is None:

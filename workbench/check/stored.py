@@ -16,7 +16,7 @@ since numpy has no bfloat16; ``StoredMatrix.dtype`` still says ``"bfloat16"``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -181,6 +181,13 @@ def convert(sc: StoredCase, kind: str) -> StoredCase:
     if kind == "numpy":
         return sc
     return map_arrays(sc, lambda a: _to(kind, a))
+
+
+def with_activations(sc: StoredCase, branch: Any, residual: Any, kind: str) -> StoredCase:
+    """``sc`` (its arrays already ``kind``) with ``branch`` and ``residual`` (numpy) as ``kind``:
+    the calls of one case that share its weights, each with its own activations."""
+    one_of("arrays", kind, ARRAY_KINDS)
+    return replace(sc, branch=_to(kind, branch), residual=_to(kind, residual))
 
 
 def as_numpy(value: Any) -> np.ndarray | None:

@@ -226,3 +226,39 @@ def shared_object(tu: str, name: str) -> Path:
             )
 
     return _cached(folder / f"{key.hexdigest()[:24]}.so", build)
+
+
+def _host_flags() -> tuple[str, ...]:
+    """Flags for the host's own C: x86-64's half conversions in hardware (F16C) where the CPU
+    has them; elsewhere clang's own conversions (the same correctly rounded results)."""
+    if os.uname().machine not in ("x86_64", "AMD64"):
+        return ()
+    try:
+        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "")
+    except OSError:
+        return ()
+    return ("-mf16c",) if "f16c" in flags.split() else ()
+
+
+def c_library(text: str, name: str) -> Path:
+    """The C source ``text`` (a helper of the workbench's own, ``name``) compiled by clang into
+    a shared object: its cached path, built when missing or bad. No floating-point
+    contraction (``-ffp-contract=off``): each operation rounds as written. Raises
+    :class:`MetalCompileError` with clang's diagnostics, ``BackendUnavailable`` without clang."""
+    cc = clang()
+    if cc is None:
+        raise BackendUnavailable(
+            f"compiling the workbench's {name} needs clang: apt-get install clang (Debian/Ubuntu), "
+            "or set $WORKBENCH_CLANG to a clang++ on the PATH"
+        )
+    flags = ("-x", "c", "-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off", *_host_flags())
+    key = hashlib.sha256("\0".join((text, " ".join(flags), clang_version(cc))).encode())
+
+    def build(out: Path) -> None:
+        src = out.with_name(f"{name}.c")
+        src.write_text(text)
+        r = subprocess.run([cc, *flags, "-o", str(out), str(src)], capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise MetalCompileError(f"the workbench's {name} does not compile:\n{r.stderr[-4000:]}")
+
+    return _cached(cache_dir() / f"{name}-{key.hexdigest()[:24]}.so", build)
