@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.test_check_gdn import numpy_step
-from workbench.check import CallableStep
+from workbench.check import CallableStep, gdn_errors
 from workbench.check import gdn_faults as faults_mod
 from workbench.check.gdn_cases import token_run
 from workbench.check.gdn_errors import Errors
@@ -44,6 +44,7 @@ def _compared(y, xs):
     n = len(y)
     rows, cols = (n * y.shape[1], y.shape[2] * y.shape[3]) if y.ndim == 4 else (n, y[0].size)
     e = Errors(n, rows, cols)
+    e.lib = None  # numpy's form, as the check compared before its C form
     e.start(y, xs)
     e.take_all()
     return e.finish()
@@ -113,10 +114,15 @@ def _inputs(run, w, i, t, conv, state):
     )
 
 
+@pytest.mark.parametrize("form", ["c", "numpy"])
 @pytest.mark.parametrize("chunk", [faults_mod.CHUNK, 2 * 32 * 32])
 @pytest.mark.parametrize("fn,faults", [(numpy_step, FAULTS), (nan_late, ())])
-def test_the_threaded_run_is_the_serial_run_bit_for_bit(monkeypatch, chunk, fn, faults):
-    monkeypatch.setattr(faults_mod, "CHUNK", chunk)  # 2 heads a chunk: the follower waits for rows
+def test_the_threaded_run_is_the_serial_run_bit_for_bit(monkeypatch, form, chunk, fn, faults):
+    if form == "c" and gdn_errors.compiled() is None:
+        pytest.skip("clang is not here: the errors' C form does not build (numpy's runs)")
+    if form == "numpy":
+        monkeypatch.setattr(gdn_errors, "compiled", lambda: None)
+    monkeypatch.setattr(faults_mod, "CHUNK", chunk)  # 2 heads a chunk: the comparison waits for rows
     run = token_run(GdnShape(2, 6, 32, 32, 4), np.array([3, 4, 5]), 8, scale=1.0, gate="typical", state_scale=1.0)
     problems: list[str] = []
     got = run_condition(CallableStep(fn), run, ["a", "b", "c"], faults, problems)
@@ -125,3 +131,56 @@ def test_the_threaded_run_is_the_serial_run_bit_for_bit(monkeypatch, chunk, fn, 
     for k in want:
         assert got[k].tobytes() == want[k].tobytes(), k
     assert np.isnan(got["state"][:, 4:]).all() == (fn is nan_late)
+
+
+def _awkward(rng, rows, cols):
+    """A truth and trajectories with what a comparison can trip on: rows of exact zeros of both
+    signs, NaN, infinities, an overflow of ``x - hi``, subnormals, a truth past float32's range."""
+    y = rng.standard_normal((rows, cols)) * np.exp(rng.uniform(-30, 30, (rows, cols)))
+    y[0] = 0.0
+    y[1, ::3] = 1e300  # hi is inf there
+    y[2] = rng.standard_normal(cols) * 1e-42  # float32 subnormals
+    with np.errstate(over="ignore"):
+        xs = [(y * (1 + 1e-6 * rng.standard_normal(y.shape))).astype(np.float32) for _ in range(3)]
+    xs[0][0] = np.where(rng.random(cols) < 0.5, -0.0, 0.0)  # a zero row with zeros of both signs
+    xs[1][3, 7] = np.nan
+    xs[1][4, 9] = np.inf
+    xs[2][5, 11] = -3e38
+    y[5, 11] = 3e38  # x - hi overflows
+    xs[2][6] = y[6].astype(np.float32)  # x == hi: the error is -lo
+    return y, xs
+
+
+@pytest.mark.parametrize("later", [0, 1])
+def test_the_c_comparison_is_numpys_bit_for_bit(later):
+    """Errors' C form against its numpy form on awkward values, in one pass and in compare's
+    two-thread order (a later trajectory handed over while rows are made final)."""
+    if gdn_errors.compiled() is None:
+        pytest.skip("clang is not here: the errors' C form does not build (numpy's runs)")
+    rng = np.random.default_rng(7)
+    y, xs = _awkward(rng, 12, 4096)
+    got = {}
+    for form in ("c", "numpy"):
+        e = Errors(3, 12, 4096)
+        if form == "numpy":
+            e.lib = None
+        e.start(y, xs[later:], later=later)
+        if later:
+            import threading
+
+            th = threading.Thread(target=e.compare)
+            th.start()
+            e.made_final(5)
+            e.give(0, xs[0])
+            e.made_final(12)
+            th.join()
+        else:
+            e.take_all()
+        got[form] = (e.worst.copy(), e.finish())
+    (wc, rc), (wn, rn) = got["c"], got["numpy"]
+    # every row's worst: the same bits where finite, non-finite at the same rows (a sequence
+    # with a non-finite row is recounted in float64, so a NaN's payload is no result)
+    assert np.array_equal(np.isfinite(wc), np.isfinite(wn)) and not np.isfinite(wn).all()
+    assert wc[np.isfinite(wc)].tobytes() == wn[np.isfinite(wn)].tobytes()
+    assert (wn == 0).any()  # the zero row (C hands it to numpy's form)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(rc, rn))
