@@ -413,16 +413,20 @@ def _block(
         for i, s in enumerate(c.seeds)
     ]
 
+    # a fold and a quantized wo are the same for every case of a block
+    applied = [f for f in faults if applies(f, scs[0])]
+
+    def tables(truth: np.ndarray, outs: list[np.ndarray]) -> list:
+        """The fault models' tables, from their outputs and the truth."""
+        return [
+            _frame({**base, "fault": f}, c.seeds, scale_labels, _metric_columns(fo, truth))
+            for f, fo in zip(applied, outs, strict=True)
+        ]
+
     def own() -> tuple[np.ndarray, list]:
         """The check's own numpy side of the block: the truth, the fault models' tables."""
         truth = blocks.truth(st, B, R)
-        fframes = []
-        for f in faults:
-            if not applies(f, scs[0]):  # a fold and a quantized wo are the same for every case of a block
-                continue
-            fo = blocks.faulty(st, B, R, f)
-            fframes.append(_frame({**base, "fault": f}, c.seeds, scale_labels, _metric_columns(fo, truth)))
-        return truth, fframes
+        return truth, tables(truth, [blocks.faulty(st, B, R, f) for f in applied])
 
     kept = (B.copy(), R.copy())
     config_args = {"rerun": rerun, "dtype": dtype, "fold": fold, "spec": spec, "eps": eps}
@@ -434,18 +438,22 @@ def _block(
         runs = run_block(subject, calls, scs, c, scales=scale_labels, problems=problems, held=held, **config_args)
     elif calls.process is not None:
         # The implementation runs in its worker process (its calls sent and waited for on a
-        # thread of their own) while this process computes the truth and the faults on another
-        # and the MLX reference on this one (numpy, MLX and the pipes release the GIL; MLX's
+        # thread of their own) while this process computes the truth and the faults on two
+        # others and the MLX reference on this one (numpy, MLX and the pipes release the GIL; MLX's
         # streams are this thread's): the cores at work together. None of it is handed to the
         # worker, so no output of the worker's can alias it.
-        with ThreadPoolExecutor(2, thread_name_prefix="check-own") as pool:
-            side = pool.submit(own)
+        with ThreadPoolExecutor(3, thread_name_prefix="check-own") as pool:
             sent = pool.submit(
                 run_block, subject, calls, scs, c, scales=scale_labels, problems=problems, held=[B, R], **config_args
             )
+            # the truth and each fault model a task of their own: two of them at a time beside
+            # the calls, where one thread for all of them was the block's longest path
+            side = pool.submit(blocks.truth, st, B, R)
+            outs = [pool.submit(blocks.faulty, st, B, R, f) for f in applied]
             ref = blocks.reference(st, B, R, stage)
             runs = sent.result()
-            truth, fframes = side.result()
+            truth = side.result()
+            fframes = tables(truth, [o.result() for o in outs])
     else:
         (truth, fframes), ref = own(), blocks.reference(st, B, R, stage)
         held = [B, R, truth, ref]
