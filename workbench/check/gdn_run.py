@@ -23,14 +23,17 @@ import numpy as np
 
 from workbench import validate
 from workbench.check.gdn_cases import DEFAULT_GEOMETRIES, GATES, TokenRun, geometry, token_run
-from workbench.check.gdn_faults import GDN_FAULTS, BlockStep, chunk_rows
+from workbench.check.gdn_errors import Errors
+from workbench.check.gdn_faults import GDN_FAULTS, BlockStep
+from workbench.check.gdn_lane import Lane
+from workbench.check.gdn_reference import ReferenceRun
 from workbench.check.gdn_report import StepReport, condition_frame
 from workbench.check.gdn_subjects import CallableStep, StepInputs, checked_step
 from workbench.check.replay import DEFAULT_MAX_BYTES, ReplayDir
 from workbench.check.step_isolation import checked, close, guarded_step
 from workbench.check.step_reproducer import check_fits, write_failing_runs
 from workbench.check.subjects import SubjectError
-from workbench.decode.layers import GDN_PATHS, recurrent_step
+from workbench.decode.layers import GDN_PATHS
 from workbench.studies.cases import check_seeds
 
 #: The horizons (tokens) reported by default, those past the run's length left out.
@@ -55,94 +58,6 @@ def _subject(subject: Any) -> Any:
             f"KernelsFolderStep or StepSource, got {validate.describe(subject)}"
         )
     return CallableStep(subject)
-
-
-def inverse_scale(truth: np.ndarray) -> np.ndarray:
-    """``1 / max(|y|, 1)`` of the truth, flattened a sequence (:func:`scaled_worst`'s ``inv``)."""
-    inv = np.abs(truth.reshape(len(truth), -1))
-    np.maximum(inv, 1.0, out=inv)
-    return np.reciprocal(inv, out=inv)
-
-
-def scaled_worst(x: np.ndarray, truth: np.ndarray, inv: np.ndarray) -> np.ndarray:
-    """Per sequence, ``max |x - y| / max(|y|, 1)`` (``inv`` from :func:`inverse_scale`) in
-    float64; NaN anywhere gives NaN. :class:`Errors` computes the same in float32 and comes
-    here where its result is not finite."""
-    n = len(truth)
-    d = np.subtract(x.reshape(n, -1), truth.reshape(n, -1), dtype=np.float64)
-    np.abs(d, out=d)
-    np.multiply(d, inv, out=d)
-    return d.max(axis=1)
-
-
-class Errors:
-    """The scaled errors of float32 trajectories against one float64 truth tensor of a
-    token, rows (a state's value heads, a sequence's output or conv state) at a time.
-
-    Each truth row is split once into float32 ``hi = fl(y)`` and ``lo = fl(y - hi)``
-    with ``inv = 1 / max(|hi|, 1)`` (``max(|hi|, 1) = fl(max(|y|, 1))``), shared by every
-    trajectory, whose error is ``((x - hi) - lo) * inv`` in float32, on buffers of one chunk
-    (:data:`~workbench.check.gdn_faults.CHUNK` elements) that stay in the core's cache: the
-    truth and each trajectory are read once a token. ``x - hi`` is exact where x and hi are
-    within a factor 2 (Sterbenz) and, where not, dwarfs lo, so the result is the float64
-    metric of :func:`scaled_worst` within six float32 roundings: at most 4e-7 of itself
-    (or 1e-45 absolute, below float32's normal range). A sequence whose result is not
-    finite (a NaN or inf in x, an overflow) is computed again in float64 by
-    :func:`scaled_worst`, so NaN and inf are exactly its.
-
-    :meth:`start` takes the token's trajectories, :meth:`take` the truth's rows as they are
-    final (chunk by chunk as the truth step makes them, or :meth:`take_all`), :meth:`finish`
-    gives the errors."""
-
-    def __init__(self, seqs: int, rows: int, row_size: int):
-        self.seqs, self.rows, self.cols = seqs, rows, row_size
-        self.per = chunk_rows(rows, row_size)
-        self.hi, self.lo, self.inv, self.d = (np.empty((self.per, row_size), np.float32) for _ in range(4))
-        self.one = np.ones((self.per, row_size), np.float32)
-        self.xs: list[np.ndarray] = []
-        self.worst = np.empty((0, rows), np.float32)
-        self.y = np.empty((rows, row_size))
-
-    def start(self, y: np.ndarray, xs: Sequence[Any]) -> None:
-        """The token's truth ``y`` (float64, ``rows x row_size`` elements, read as :meth:`take`
-        is told its rows are final) and trajectories (float32 arrays of y's size; MLX arrays are read in place)."""
-        self.y = y.reshape(self.rows, self.cols)
-        self.xs = [np.asarray(x).reshape(self.rows, self.cols) for x in xs]
-        self.worst = np.empty((len(self.xs), self.rows), np.float32)
-
-    def take(self, r0: int, r1: int) -> None:
-        """The truth's rows ``r0:r1`` are final: every trajectory's error on them."""
-        for c0 in range(r0, r1, self.per):
-            c1 = min(c0 + self.per, r1)
-            r, m = slice(c0, c1), c1 - c0
-            y = self.y[r]
-            hi, lo, inv, d, one = self.hi[:m], self.lo[:m], self.inv[:m], self.d[:m], self.one[:m]
-            with np.errstate(over="ignore", invalid="ignore"):
-                np.copyto(hi, y, casting="same_kind")
-                np.subtract(y, hi, out=lo, casting="same_kind")
-                np.abs(hi, out=inv)
-                np.maximum(inv, one, out=inv)  # (an array of ones: a scalar here takes numpy's slow loop)
-                np.divide(one, inv, out=inv)
-                for j, x in enumerate(self.xs):
-                    np.subtract(x[r], hi, out=d)
-                    d -= lo
-                    d *= inv
-                    np.maximum(d.max(axis=1), -d.min(axis=1), out=self.worst[j, r])
-
-    def take_all(self) -> None:
-        self.take(0, self.rows)
-
-    def finish(self) -> list[np.ndarray]:
-        """Per trajectory, its worst error per sequence [S] (float64)."""
-        worst = self.worst.reshape(len(self.xs), self.seqs, -1).max(axis=2).astype(np.float64)
-        y = self.y.reshape(self.seqs, -1)
-        for j, x in enumerate(self.xs):
-            bad = ~np.isfinite(worst[j])
-            if bad.any():
-                yb = y[bad]
-                worst[j, bad] = scaled_worst(x.reshape(self.seqs, -1)[bad], yb, inverse_scale(yb))
-        self.xs = []
-        return list(worst)
 
 
 class _Subject:
@@ -280,17 +195,39 @@ def run_condition(
     (``out``, ``state`` of the subject (None: not run), ``ref_out``, ``ref_state``,
     ``fault <name>`` the worst of a fault's output and states, ``fault_out <name>`` its output's).
 
-    A token runs the subject, then the reference (evaluated by MLX while numpy starts the truth),
-    the faults and the float64 truth, whose state is compared with theirs chunk by chunk as it is
-    made (:class:`Errors`).
-    Each numpy state lives in one buffer for the run, the step writing the next token's over it."""
-    n, T, w, s = len(run.seeds), run.tokens, run.weights, run.shape
+    A token runs the subject on its own; then three threads of the check's: the float32
+    reference on its own (:class:`~workbench.check.gdn_reference.ReferenceRun`), the faults and
+    the float64 truth a chunk of value heads at a time on this one, and the comparison of every
+    state with the truth's on a third (:meth:`Errors.compare`), each chunk as soon as the truth
+    has made it, the reference's once its thread hands it over; the output's and the conv
+    state's (small) here once all are made. On two free cores the three overlap; the bits are
+    those of the same steps and comparisons made one after another. Each numpy state lives in
+    one buffer for the run, the step writing the next token's over it."""
+    n, s = len(run.seeds), run.shape
+    errors = Errors(n, n, s.vd), Errors(n, n, (s.kw - 1) * s.channels), Errors(n, n * s.hv, s.dv * s.dk)
+    ref, lane = ReferenceRun(run, reference), Lane("workbench-check-errors")
+    try:
+        return _run(subject, run, labels, faults, problems, ref, lane, errors)
+    finally:
+        errors[2].cancel()
+        ref.close()
+        lane.close()
+
+
+def _run(
+    subject: Any,
+    run: TokenRun,
+    labels: list[str],
+    faults: Sequence[str],
+    problems: list[str],
+    ref: ReferenceRun,
+    lane: Lane,
+    errors: tuple[Errors, Errors, Errors],
+) -> dict[str, np.ndarray]:
+    n, T, w = len(run.seeds), run.tokens, run.weights
     w64 = w.astype(np.float64)
     tc, ts = run.conv_state.astype(np.float64), run.state.astype(np.float64)
-    e_out, e_conv = Errors(n, n, s.vd), Errors(n, n, (s.kw - 1) * s.channels)
-    e_state = Errors(n, n * s.hv, s.dv * s.dk)
-    rc, rs = mx.array(run.conv_state), mx.array(run.state)
-    wmx = [mx.array(a) for a in (w.conv_w, w.a_log, w.dt_bias, w.o_norm)]
+    e_out, e_conv, e_state = errors
     fs = {f: (run.conv_state, run.state.copy()) for f in faults}
     sub = None if subject is None else _Subject(subject, run, labels, problems)
     names = (["out", "state"] if sub else []) + ["ref_out", "ref_state"]
@@ -298,23 +235,22 @@ def run_condition(
     err = {k: np.full((n, T), np.nan) for k in names}
     for t in range(T):
         x32 = (run.mixed[:, t], run.z[:, t], run.b[:, t], run.a[:, t])
-        # the subject first, on its own: nothing of the check's is queued on MLX while it runs
+        # the subject first, on its own: nothing of the check's runs while it is called
         got = None if sub is None else sub.step(t)
-        ba = mx.array(np.concatenate([x32[2], x32[3]], axis=1))
-        ro, rc, rs = recurrent_step(
-            mx.array(x32[0]), mx.array(x32[1]), ba, rc, rs, *wmx, k_heads=w.k_heads, eps=w.eps, gdn=reference
-        )
-        # the reference evaluated on MLX's thread while numpy starts the truth (the same bits as
-        # mx.eval; Errors.start reads it, which waits for it): on two cores the two overlap
-        mx.async_eval(ro, rc, rs)
-        # the truth and the faults a chunk of heads at a time, each chunk compared while in cache
+        mine = [] if got is None else [got]
+        fault_states = [fs[f][1] for f in faults]  # (each fault's step writes its next state over it)
+        # the state's comparisons on a thread of their own, each chunk as soon as the truth's is made
+        # here, the reference's state once its thread hands it over (Errors.compare)
+        e_state.start(ts, [x[2] for x in mine] + fault_states, later=1)
+        ref.step(t, then=lambda o, c, st: e_state.give(0, st))
+        lane.run(e_state.compare)
+        # the truth and the faults a chunk of heads at a time
         truth = BlockStep(w64, *(a.astype(np.float64) for a in x32), tc, ts, out=ts)
         steps = [BlockStep(w, *x32, *fs[f], fault=f, out=fs[f][1]) for f in faults]
-        traj = [(ro, rc, rs)] + ([] if got is None else [got])
-        e_state.start(ts, [x[2] for x in traj] + [f.s for f in steps])
-        for (h0, h1), *_ in zip(truth.chunks(), *(f.chunks() for f in steps)):
-            e_state.take(h0, h1)
+        for (_, h1), *_ in zip(truth.chunks(), *(f.chunks() for f in steps)):
+            e_state.made_final(h1)
         to, tc, ts = truth.result()
+        traj = [ref.result(), *mine]
         for f, step in zip(faults, steps):
             traj.append(step.result())
             fs[f] = traj[-1][1:]
@@ -322,6 +258,7 @@ def run_condition(
         e_out.take_all()
         e_conv.start(tc, [x[1] for x in traj])
         e_conv.take_all()
+        lane.result()
         eo, ec, est = e_out.finish(), e_conv.finish(), e_state.finish()
         st_err = [np.maximum(c, x) for c, x in zip(ec, est)]
         err["ref_out"][:, t], err["ref_state"][:, t] = eo[0], st_err[0]

@@ -1,0 +1,127 @@
+"""The recurrent step's check on two threads gives the bits of the same check on one.
+
+``gdn_run.run_condition`` steps the float32 reference on a thread of its own and compares its
+state there, chunk by chunk, as the float64 truth's chunks are made on the check's thread
+(``gdn_reference``, ``Errors.follow``). Here every error it gives is held, bit for bit, to a
+plain serial run written as the check ran before: each trajectory stepped in turn on one
+thread, each tensor compared whole after the truth's step. Chunks are made small so the
+follower waits for rows, and one sequence returns NaN part way so the float64 recount of a
+non-finite error is compared too.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from tests.test_check_gdn import numpy_step
+from workbench.check import CallableStep
+from workbench.check import gdn_faults as faults_mod
+from workbench.check.gdn_cases import token_run
+from workbench.check.gdn_errors import Errors
+from workbench.check.gdn_faults import step_block
+from workbench.check.gdn_run import run_condition
+from workbench.decode.layers import recurrent_step
+from workbench.kernels.gdn_step import GdnShape
+
+FAULTS = ("state_bfloat16", "key_head_modulo")
+
+
+def nan_late(s):
+    """A float32 step whose state turns NaN at token 5 of every sequence (a non-finite error; the
+    check stops the sequence there and counts its later tokens NaN, as this step returns them)."""
+    o, c, st = numpy_step(s)
+    if s.token >= 4:
+        st = np.full_like(st, np.nan)
+    if s.token >= 5:
+        o, c = np.full_like(o, np.nan), np.full_like(c, np.nan)
+    return o, c, st
+
+
+def _compared(y, xs):
+    """The old way: every trajectory of a tensor compared after the truth's step, on one thread."""
+    n = len(y)
+    rows, cols = (n * y.shape[1], y.shape[2] * y.shape[3]) if y.ndim == 4 else (n, y[0].size)
+    e = Errors(n, rows, cols)
+    e.start(y, xs)
+    e.take_all()
+    return e.finish()
+
+
+def serial_errors(fn, run, faults, reference="ops"):
+    """Per-token errors of ``fn``'s run as ``run_condition`` names them, made serially."""
+    n, T, w = len(run.seeds), run.tokens, run.weights
+    w64 = w.astype(np.float64)
+    tc, ts = run.conv_state.astype(np.float64), run.state.astype(np.float64)
+    rc, rs = mx.array(run.conv_state), mx.array(run.state)
+    wmx = [mx.array(a) for a in (w.conv_w, w.a_log, w.dt_bias, w.o_norm)]
+    fs = {f: (run.conv_state, run.state) for f in faults}
+    sub = [(run.conv_state[i], run.state[i]) for i in range(n)]
+    err = {k: np.full((n, T), np.nan) for k in ("out", "state", "ref_out", "ref_state")}
+    err |= {f"{k} {f}": np.full((n, T), np.nan) for f in faults for k in ("fault", "fault_out")}
+    for t in range(T):
+        x32 = (run.mixed[:, t], run.z[:, t], run.b[:, t], run.a[:, t])
+        got = []
+        for i in range(n):
+            inputs = CallableStep(fn).layer(run.shape, _consts(w, i), w.eps)
+            got.append(inputs(_inputs(run, w, i, t, *sub[i])))
+            sub[i] = (got[i][1], got[i][2])
+        mine = tuple(np.stack([g[k] for g in got]) for k in range(3))
+        ba = mx.array(np.concatenate([x32[2], x32[3]], axis=1))
+        ro, rc, rs = recurrent_step(
+            mx.array(x32[0]), mx.array(x32[1]), ba, rc, rs, *wmx, k_heads=w.k_heads, eps=w.eps, gdn=reference
+        )
+        mx.eval(ro, rc, rs)
+        to, tc, ts = step_block(w64, *(a.astype(np.float64) for a in x32), tc, ts)
+        traj = [(np.asarray(ro), np.asarray(rc), np.asarray(rs)), mine]
+        for f in faults:
+            traj.append(step_block(w, *x32, *fs[f], fault=f))
+            fs[f] = traj[-1][1:]
+        eo, ec, est = (_compared(y, [x[k] for x in traj]) for k, y in enumerate((to, tc, ts)))
+        st_err = [np.maximum(c, x) for c, x in zip(ec, est)]
+        err["ref_out"][:, t], err["ref_state"][:, t] = eo[0], st_err[0]
+        err["out"][:, t], err["state"][:, t] = eo[1], st_err[1]
+        for j, f in enumerate(faults, 2):
+            err[f"fault_out {f}"][:, t] = eo[j]
+            err[f"fault {f}"][:, t] = np.maximum(eo[j], st_err[j])
+    return err
+
+
+def _consts(w, i):
+    return {"conv_w": w.conv_w[i], "a_log": w.a_log[i], "dt_bias": w.dt_bias[i], "o_norm": w.o_norm[i]}
+
+
+def _inputs(run, w, i, t, conv, state):
+    from workbench.check.gdn_subjects import StepInputs
+
+    return StepInputs(
+        run.mixed[i, t],
+        run.z[i, t],
+        run.b[i, t],
+        run.a[i, t],
+        conv,
+        state,
+        w.conv_w[i],
+        w.a_log[i],
+        w.dt_bias[i],
+        w.o_norm[i],
+        w.eps,
+        w.k_heads,
+        "",
+        t,
+    )
+
+
+@pytest.mark.parametrize("chunk", [faults_mod.CHUNK, 2 * 32 * 32])
+@pytest.mark.parametrize("fn,faults", [(numpy_step, FAULTS), (nan_late, ())])
+def test_the_threaded_run_is_the_serial_run_bit_for_bit(monkeypatch, chunk, fn, faults):
+    monkeypatch.setattr(faults_mod, "CHUNK", chunk)  # 2 heads a chunk: the follower waits for rows
+    run = token_run(GdnShape(2, 6, 32, 32, 4), np.array([3, 4, 5]), 8, scale=1.0, gate="typical", state_scale=1.0)
+    problems: list[str] = []
+    got = run_condition(CallableStep(fn), run, ["a", "b", "c"], faults, problems)
+    want = serial_errors(fn, run, faults)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].tobytes() == want[k].tobytes(), k
+    assert np.isnan(got["state"][:, 4:]).all() == (fn is nan_late)
