@@ -18,8 +18,20 @@ Each measurement runs in a process of its own (``--one``), so its peak resident 
 other developers' jobs: each figure is the best of ``--repeats`` runs, and the load average
 is in the record.
 
-    python -m bench.check_shapes                        # the three shapes, a few seeds each
-    python -m bench.check_shapes --shapes 576,576,1536 --seeds 20 --repeats 2
+A run's first seeds pay for memory touched the first time (its buffers, the worker's start,
+the imports): on this project's VM that memory costs about 0.39 GB/s against 4-5 GB/s
+re-touched, several seconds at Bonsai-27B's shape, the floor's loop included. So each
+measurement runs at two seed counts, and the figure a seed is the MARGINAL one,
+``(T(n) - T(n_small)) / (n - n_small)``: what each further seed of a long run costs, the
+figure the targets are stated in; the totals a seed (``T(n) / n``) are recorded beside it.
+
+``--long SHAPE:SEEDS`` runs one whole check (default faults, the default memory budget) of
+that many seeds in one call, as a user runs it, and records its seconds and the peak resident
+memory of the check's process and of its worker process.
+
+    python -m bench.check_shapes                        # the three shapes
+    python -m bench.check_shapes --shapes 576,576,1536 --seeds 40:200 --repeats 2
+    python -m bench.check_shapes --shapes none --long 2048,2048,8192:1000 --long 5120,6144,17408:100
 """
 
 from __future__ import annotations
@@ -41,8 +53,9 @@ from workbench.check import CallableSubject, StoredCase, StoredMatrix, check_ker
 #: SmolLM2-135M's tail, a 2,048-wide layer, Bonsai-27B's (hidden, branch, ffn).
 SHAPES = ((576, 576, 1536), (2048, 2048, 8192), (5120, 6144, 17408))
 
-#: Seeds a measurement at each shape by default (a few: the machine has 2 shared cores).
-SEEDS = {576: 24, 2048: 8, 5120: 2}
+#: Seeds a measurement at each shape by default: ``(n_small, n)``, the marginal figure a seed
+#: taken between the two (a few: the machine has 2 shared cores).
+SEEDS = {576: (40, 200), 2048: (4, 16), 5120: (2, 6)}
 
 #: The memory budget at each shape (bytes): the check's default, 4 GiB.
 BUDGETS = {576: 4 * 2**30, 2048: 4 * 2**30, 5120: 4 * 2**30}
@@ -99,11 +112,12 @@ def floor_seconds(shape: tuple[int, int, int], seeds: int) -> float:
     return (time.perf_counter() - t0) / seeds
 
 
-def one(shape: tuple[int, int, int], seeds: int, faults: bool, budget: int) -> dict[str, Any]:
-    """A measurement, in this process: the floor (no check) or the check's seconds a seed."""
+def one(shape: tuple[int, int, int], seeds: int, faults: bool | None, budget: int) -> dict[str, Any]:
+    """A measurement, in this process: the floor (``faults`` None: no check) or the check's
+    seconds for ``seeds`` seeds, and the peak resident memory of this process and its worker."""
     t0 = time.perf_counter()
     if faults is None:
-        per_seed = floor_seconds(shape, seeds)
+        floor_seconds(shape, seeds)
         rep = None
     else:
         rep = check_kernel(
@@ -116,11 +130,12 @@ def one(shape: tuple[int, int, int], seeds: int, faults: bool, budget: int) -> d
             progress=False,
             **({} if faults else {"faults": ()}),
         )
-        per_seed = (time.perf_counter() - t0) / seeds
+    seconds = time.perf_counter() - t0
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     return {
-        "seconds_a_seed": per_seed,
+        "seconds": seconds,
+        "seeds": seeds,
         "peak_rss_bytes": own,
         "worker_peak_rss_bytes": kids,
         "passed": None if rep is None else rep.passed,
@@ -137,6 +152,53 @@ def _measure(shape, seeds: int, what: str, budget: int) -> dict[str, Any]:
     return json.loads(got.stdout.strip().splitlines()[-1])
 
 
+def _pair(shape, counts: tuple[int, int], what: str, budget: int, repeats: int) -> dict[str, Any]:
+    """``what`` at both seed counts, ``repeats`` times each; the best time of each count, the
+    marginal seconds a seed between them and the total a seed at the larger count."""
+    small, n = counts
+    runs = {c: [_measure(shape, c, what, budget) for _ in range(repeats)] for c in (small, n)}
+    best = {c: min(r, key=lambda x: x["seconds"]) for c, r in runs.items()}
+    return {
+        "marginal_s": (best[n]["seconds"] - best[small]["seconds"]) / (n - small),
+        "total_a_seed_s": best[n]["seconds"] / n,
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in best.values()),
+        "worker_peak_rss_bytes": max(r["worker_peak_rss_bytes"] for r in best.values()),
+        "passed": all(r["passed"] is not False for r in best.values()),
+        "runs": {str(c): r for c, r in runs.items()},
+    }
+
+
+def _shape_row(shape, counts: tuple[int, int], budget: int, repeats: int) -> dict[str, Any]:
+    got = {w: _pair(shape, counts, w, budget, repeats) for w in ("floor", "faultless", "faults")}
+    fl, ch, fa = (got[w] for w in ("floor", "faultless", "faults"))
+    return {
+        "shape": list(shape),
+        "seeds": list(counts),
+        "memory_budget": budget,
+        "floor_s": fl["marginal_s"],
+        "check_s": ch["marginal_s"],
+        "check_faults_s": fa["marginal_s"],
+        "check_over_floor": ch["marginal_s"] / fl["marginal_s"],
+        "faults_over_faultless": fa["marginal_s"] / ch["marginal_s"],
+        "totals_a_seed_s": {w: got[w]["total_a_seed_s"] for w in got},
+        "check_over_floor_totals": ch["total_a_seed_s"] / fl["total_a_seed_s"],
+        "faults_over_faultless_totals": fa["total_a_seed_s"] / ch["total_a_seed_s"],
+        "peak_rss_bytes": max(ch["peak_rss_bytes"], fa["peak_rss_bytes"]),
+        "worker_peak_rss_bytes": max(ch["worker_peak_rss_bytes"], fa["worker_peak_rss_bytes"]),
+        "floor_peak_rss_bytes": fl["peak_rss_bytes"],
+        "passed": ch["passed"] and fa["passed"],
+        "measurements": got,
+    }
+
+
+def _long(spec: str) -> dict[str, Any]:
+    """``SHAPE:SEEDS``: one whole check of that many seeds (default faults and budget)."""
+    shape_text, _, seeds = spec.rpartition(":")
+    shape = tuple(int(v) for v in shape_text.split(","))
+    got = _measure(shape, int(seeds), "faults", BUDGETS.get(shape[0], 4 * 2**30))
+    return {"shape": list(shape), **got, "seconds_a_seed": got["seconds"] / got["seeds"]}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     if argv is None:
         argv = sys.argv[1:]
@@ -146,55 +208,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(one(shape, int(argv[2]), faults, int(argv[4]))))
         return {}
     p = cli.parser("check_shapes", __doc__)
-    p.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in SHAPES), help="H,B,F;H,B,F;...")
-    p.add_argument("--seeds", type=int, help="seeds a measurement (default: 24, 8, 2 by shape)")
+    p.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in SHAPES), help="H,B,F;H,B,F;... or none")
+    p.add_argument("--seeds", help="SMALL:N seeds a measurement (default: 40:200, 4:16, 2:6 by shape)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each measurement; the best is kept")
+    p.add_argument("--long", action="append", default=[], help="SHAPE:SEEDS, one whole check in one call")
     p.add_argument("--tag", default="", help="appended to the record's file name")
     args = p.parse_args(argv)
     cli.at_least(p, "--repeats", args.repeats, 1)
-    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
-    floor, results = {}, []
+    shapes = [] if args.shapes == "none" else [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
+    counts = None
+    if args.seeds:
+        small, _, n = args.seeds.partition(":")
+        counts = (int(small), int(n))
+        if not 0 < counts[0] < counts[1]:
+            p.error(f"--seeds: must be SMALL:N with 0 < SMALL < N, got {args.seeds!r}")
+    results, long_runs = [], []
     for shape in shapes:
-        n = args.seeds or SEEDS.get(shape[0], 4)
-        budget = BUDGETS.get(shape[0], 4 * 2**30)
-        runs = {
-            w: [_measure(shape, n, w, budget) for _ in range(args.repeats)] for w in ("floor", "faultless", "faults")
-        }
-        best = {w: min(r, key=lambda x: x["seconds_a_seed"]) for w, r in runs.items()}
-        floor[str(shape)] = best["floor"]["seconds_a_seed"]
-        row = {
-            "shape": list(shape),
-            "seeds": n,
-            "memory_budget": budget,
-            "floor_s": best["floor"]["seconds_a_seed"],
-            "check_s": best["faultless"]["seconds_a_seed"],
-            "check_faults_s": best["faults"]["seconds_a_seed"],
-            "check_over_floor": best["faultless"]["seconds_a_seed"] / best["floor"]["seconds_a_seed"],
-            "faults_over_faultless": best["faults"]["seconds_a_seed"] / best["faultless"]["seconds_a_seed"],
-            "peak_rss_bytes": max(best[w]["peak_rss_bytes"] for w in ("faultless", "faults")),
-            "worker_peak_rss_bytes": max(best[w]["worker_peak_rss_bytes"] for w in ("faultless", "faults")),
-            "floor_peak_rss_bytes": best["floor"]["peak_rss_bytes"],
-            "passed": best["faultless"]["passed"] and best["faults"]["passed"],
-            "runs": runs,
-        }
+        pair = counts or SEEDS.get(shape[0], (2, 6))
+        row = _shape_row(shape, pair, BUDGETS.get(shape[0], 4 * 2**30), args.repeats)
         results.append(row)
         print(
-            f"{str(shape):<22} seeds {n:>3}  floor {row['floor_s']:7.3f} s  check {row['check_s']:7.3f} s "
-            f"({row['check_over_floor']:.2f}x)  faults {row['check_faults_s']:7.3f} s "
-            f"({row['faults_over_faultless']:.2f}x)  peak {row['peak_rss_bytes'] / 2**30:.2f} GiB "
+            f"{str(shape):<22} seeds {pair[0]}:{pair[1]}  a further seed: floor {row['floor_s']:7.3f} s  "
+            f"check {row['check_s']:7.3f} s ({row['check_over_floor']:.2f}x)  faults {row['check_faults_s']:7.3f} s "
+            f"({row['faults_over_faultless']:.2f}x); totals {row['check_over_floor_totals']:.2f}x, "
+            f"{row['faults_over_faultless_totals']:.2f}x  peak {row['peak_rss_bytes'] / 2**30:.2f} GiB "
             f"+ worker {row['worker_peak_rss_bytes'] / 2**30:.2f} GiB",
+            flush=True,
+        )
+    for spec in args.long:
+        run = _long(spec)
+        long_runs.append(run)
+        print(
+            f"one call: {run['seeds']} seeds at {tuple(run['shape'])} with faults: {run['seconds']:.0f} s "
+            f"({run['seconds_a_seed']:.3f} s a seed), passed {run['passed']}, peak "
+            f"{run['peak_rss_bytes'] / 2**30:.2f} GiB + worker {run['worker_peak_rss_bytes'] / 2**30:.2f} GiB",
             flush=True,
         )
     rec = {
         **record.provenance("check_shapes", argv),
-        "target": "seconds a seed <= 1.5x the floor without faults, <= 2x that with the default faults; "
+        "target": "seconds a further seed <= 1.5x the floor without faults, <= 2x that with the default faults; "
         "1,000 seeds at (2048, 2048, 8192) in one call within 4 GB; 100 at Bonsai-27B's shape, peak stated",
-        "notes": f"best of {args.repeats} run(s) a figure, each in a process of its own; wall time on a machine "
-        "shared with other developers' jobs (load average in the record); peak memory is ru_maxrss of the "
-        "check's process and of its worker process (the subject's own), each; "
-        f"environment {THREADS} for every measurement",
-        "floor": floor,
+        "notes": f"best of {args.repeats} run(s) a figure, each in a process of its own; figures a seed are marginal "
+        "(T(n) - T(n_small)) / (n - n_small), totals a seed beside them; wall time on a machine shared with other "
+        "developers' jobs (load average in the record); peak memory is ru_maxrss of the check's process and of "
+        f"its worker process (the subject's own), each; environment {THREADS} for every measurement",
+        "floor": {str(tuple(r["shape"])): r["floor_s"] for r in results},
         "results": results,
+        "long_runs": long_runs,
     }
     if not args.no_record:
         record.write(rec, args.out_dir, record.record_stem("check_shapes", tag=args.tag), force=args.force)

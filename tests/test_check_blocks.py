@@ -97,6 +97,32 @@ def test_a_check_does_not_depend_on_how_its_seeds_are_blocked():
     )
 
 
+def test_drawing_the_next_block_ahead_changes_no_bit():
+    # blocks of three, each drawn on a thread while the one before is checked, against blocks
+    # of one drawn in turn (a budget with no room for a second draw buffer)
+    from workbench.check import budget as budget_mod
+    from workbench.studies.cases import case_floats
+
+    def tail(case):
+        h = case.residual + case.wo.dense() @ np.asarray(case.branch, np.float32)
+        n = h / np.sqrt(np.float32(np.dot(h, h) / h.size) + np.float32(case.eps)) * case.ffn_norm
+        g, u = case.gate.dense() @ n, case.up.dense() @ n
+        return h + case.down.dense() @ (g / (1 + np.exp(-g)) * u)
+
+    shape = (64, 96, 80)
+    per_case, first = budget_mod.case_bytes(shape)
+    ahead = budget_mod.DRAW_BYTES_PER_FLOAT * case_floats(shape)
+    roomy, tight = first + 2 * per_case + 3 * ahead, first + ahead - 1
+    assert budget_mod.block_plan(shape, roomy) == (3, True)
+    assert budget_mod.block_plan(shape, tight) == (1, False)
+    args = {"shapes": [shape], "seeds": range(8), "folds": (None,), "faults": ("wrong_eps",)}
+    ahead_run = check_kernel(tail, memory_budget=roomy, **args)
+    in_turn = check_kernel(tail, memory_budget=tight, **args)
+    for col in ("worst", "max_abs", "nmse", "ref_worst"):
+        np.testing.assert_array_equal(ahead_run.cases[col].to_numpy(), in_turn.cases[col].to_numpy())
+    np.testing.assert_array_equal(ahead_run.faults.worst.to_numpy(), in_turn.faults.worst.to_numpy())
+
+
 def test_the_block_takes_block_sizes_only():
     c = case_arrays((64, 96, 80), [0])
     with pytest.raises(ValueError, match="fold"):

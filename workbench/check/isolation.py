@@ -292,10 +292,13 @@ def _answers(subject: Any, held: dict, hold: int, jobs: list) -> list[tuple[str,
                 out += [failed] * (end - k)
                 k = end
                 continue
+            args = [job[2] for job in jobs[k:end]]
             if many is not None:
-                out += [_outcome(got) for got in many([job[2] for job in jobs[k:end]])]
-                k = end
-                continue
+                out += [_outcome(got) for got in many(args)]
+            else:  # the case is held now: its calls one by one, without making it again
+                out += [_answer(subject, held, hold, key, None, arg) for arg in args]
+            k = end
+            continue
         out.append(_answer(subject, held, hold, *jobs[k]))
         k += 1
     return out

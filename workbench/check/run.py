@@ -11,7 +11,7 @@ beside the mean square), and hides when they are large.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -183,7 +183,7 @@ def check_kernel(
     show = sys.stderr.isatty() if progress is None else validate.flag("progress", progress)
     problems: list[str] = []
     configs: list[tuple] = []
-    sizes: list[int] = []
+    sizes: list[tuple[int, bool]] = []
     for shp in validate.sequence("shapes", shapes, what="(hidden, branch, ffn) triples"):
         shp = check_shape(shp)
         for dtype in validate.sequence("dtypes", dtypes, what=f"dtypes in {tuple(DENSE_DTYPES)}"):
@@ -195,7 +195,7 @@ def check_kernel(
                     check_quant_fits(spec, shp)
                     if where is not None:
                         where.check_fits(shp, len(scale_labels), fold)
-                    sizes.append(budget_mod.block_size(shp, budget))
+                    sizes.append(budget_mod.block_plan(shp, budget))
                     configs.append((shp, dtype, fold, qlabel, spec, q))
     if client is not None:  # shards of seeds as tasks on a Dask cluster, merged into one report
         from workbench.check.cluster import check_on_cluster
@@ -312,7 +312,7 @@ def _blocks(
     subject: Any,
     calls: Any,
     configs: list,
-    sizes: list[int],
+    sizes: list[tuple[int, bool]],
     seed_arr: np.ndarray,
     scale_labels: list[float],
     faults: Sequence[str],
@@ -330,7 +330,7 @@ def _blocks(
     for i, s in enumerate(seed_arr.tolist()):
         order.setdefault(int(s), i)
     frames, fframes = [], []
-    for ci, (config, size) in enumerate(zip(configs, sizes, strict=True)):
+    for ci, (config, (size, prefetch)) in enumerate(zip(configs, sizes, strict=True)):
         shp, dtype, fold, qlabel, _, _ = config
         base = {"hidden": shp[0], "branch": shp[1], "ffn": shp[2], "dtype": dtype, "fold": str(fold), "quant": qlabel}
         cdfs, fdfs = [], []
@@ -342,11 +342,12 @@ def _blocks(
                 problems += probs
             todo = seed_arr[~np.isin(seed_arr, np.fromiter(log.done(ci), dtype=np.int64))]
             bar.add(len(seed_arr) - len(todo))
-        draws = Draws(shp, min(size, len(todo))) if len(todo) else None
+        chunks = _chunks(todo, size)
+        buffers = [Draws(shp, min(size, len(todo))) for _ in range(2 if prefetch and len(chunks) > 1 else 1)]
         stage = GraphStage()  # the reference's dense weights, written case after case
-        for chunk in _chunks(todo, size):
+        for chunk, cases in _drawn(shp, chunks, buffers):
             said: list[str] = []
-            job = (config, base, chunk, draws, stage)
+            job = (config, base, chunk, cases, stage)
             cdf, fdf = _block(subject, calls, job, scale_labels, faults, eps, rerun, said, writer)
             problems += said
             cdfs.append(cdf)
@@ -374,6 +375,24 @@ def _chunks(seeds: np.ndarray, size: int) -> list[np.ndarray]:
     return [run[k : k + size] for run in np.split(seeds, cut) for k in range(0, len(run), size)]
 
 
+def _drawn(shape: tuple[int, int, int], chunks: list[np.ndarray], buffers: list[Draws]) -> Iterator[tuple]:
+    """Each chunk of seeds with its cases (:func:`_draw`). With two buffers, the next chunk is
+    drawn into the other one on a thread while the caller checks this one (the draw was a
+    fifth of a check at a shipped shape, and nothing else ran beside it); a chunk's buffer is
+    drawn into again only after the caller has come back for the chunk after next."""
+    if len(buffers) < 2:
+        for chunk in chunks:
+            yield chunk, _draw(shape, chunk, buffers[0])
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="check-draw") as pool:
+        ahead = pool.submit(_draw, shape, chunks[0], buffers[0])
+        for k, chunk in enumerate(chunks):
+            cases = ahead.result()
+            if k + 1 < len(chunks):
+                ahead = pool.submit(_draw, shape, chunks[k + 1], buffers[(k + 1) % 2])
+            yield chunk, cases
+
+
 def _draw(shape: tuple[int, int, int], chunk: np.ndarray, draws: Draws) -> Any:
     """The cases of ``chunk``: ascending seeds of one draw block are drawn into the
     configuration's reused buffer (:class:`~workbench.check.draws.Draws`: ``draw_block``'s
@@ -397,14 +416,13 @@ def _block(
 ) -> tuple[Any, Any]:
     """One block of seeds of one configuration: the truth, the reference, the implementation's
     runs and the fault models, as its case table and fault table (None: no fault ran); ``job``:
-    the configuration, its table columns, the block's seeds, the configuration's draws and
-    the reference's staged weights (:class:`~workbench.check.graph_stage.GraphStage`)."""
+    the configuration, its table columns, the block's seeds, its drawn cases and the
+    reference's staged weights (:class:`~workbench.check.graph_stage.GraphStage`)."""
     import pandas as pd
 
-    config, base, chunk, draws, stage = job
+    config, base, chunk, c, stage = job
     shp, dtype, fold, qlabel, spec, _ = config
     scale_arr = np.array(scale_labels, dtype=np.float32)
-    c = _draw(shp, chunk, draws)
     st = blocks.stored_block(c, dtype=dtype, fold=fold, spec=spec, eps=eps)
     B = c.branch[:, None, :] * scale_arr[None, :, None]
     R = c.residual[:, None, :] * scale_arr[None, :, None]
@@ -413,16 +431,20 @@ def _block(
         for i, s in enumerate(c.seeds)
     ]
 
+    # a fold and a quantized wo are the same for every case of a block
+    applied = [f for f in faults if applies(f, scs[0])]
+
+    def tables(truth: np.ndarray, outs: list[np.ndarray]) -> list:
+        """The fault models' tables, from their outputs and the truth."""
+        return [
+            _frame({**base, "fault": f}, c.seeds, scale_labels, _metric_columns(fo, truth))
+            for f, fo in zip(applied, outs, strict=True)
+        ]
+
     def own() -> tuple[np.ndarray, list]:
         """The check's own numpy side of the block: the truth, the fault models' tables."""
         truth = blocks.truth(st, B, R)
-        fframes = []
-        for f in faults:
-            if not applies(f, scs[0]):  # a fold and a quantized wo are the same for every case of a block
-                continue
-            fo = blocks.faulty(st, B, R, f)
-            fframes.append(_frame({**base, "fault": f}, c.seeds, scale_labels, _metric_columns(fo, truth)))
-        return truth, fframes
+        return truth, tables(truth, [blocks.faulty(st, B, R, f) for f in applied])
 
     kept = (B.copy(), R.copy())
     config_args = {"rerun": rerun, "dtype": dtype, "fold": fold, "spec": spec, "eps": eps}
@@ -434,18 +456,22 @@ def _block(
         runs = run_block(subject, calls, scs, c, scales=scale_labels, problems=problems, held=held, **config_args)
     elif calls.process is not None:
         # The implementation runs in its worker process (its calls sent and waited for on a
-        # thread of their own) while this process computes the truth and the faults on another
-        # and the MLX reference on this one (numpy, MLX and the pipes release the GIL; MLX's
+        # thread of their own) while this process computes the truth and the faults on two
+        # others and the MLX reference on this one (numpy, MLX and the pipes release the GIL; MLX's
         # streams are this thread's): the cores at work together. None of it is handed to the
         # worker, so no output of the worker's can alias it.
-        with ThreadPoolExecutor(2, thread_name_prefix="check-own") as pool:
-            side = pool.submit(own)
+        with ThreadPoolExecutor(3, thread_name_prefix="check-own") as pool:
             sent = pool.submit(
                 run_block, subject, calls, scs, c, scales=scale_labels, problems=problems, held=[B, R], **config_args
             )
+            # the truth and each fault model a task of their own: two of them at a time beside
+            # the calls, where one thread for all of them was the block's longest path
+            side = pool.submit(blocks.truth, st, B, R)
+            outs = [pool.submit(blocks.faulty, st, B, R, f) for f in applied]
             ref = blocks.reference(st, B, R, stage)
             runs = sent.result()
-            truth, fframes = side.result()
+            truth = side.result()
+            fframes = tables(truth, [o.result() for o in outs])
     else:
         (truth, fframes), ref = own(), blocks.reference(st, B, R, stage)
         held = [B, R, truth, ref]
