@@ -132,9 +132,11 @@ class Errors:
     thread of its own while the truth's thread says which rows are final (:meth:`made_final`);
     :meth:`finish` gives the errors."""
 
-    def __init__(self, seqs: int, rows: int, row_size: int):
+    def __init__(self, seqs: int, rows: int, row_size: int, *, c: bool = True):
+        """``c``: use the C form where it builds (False: numpy's, as for the conv state, whose
+        error is zero wherever a step shifts the window exactly, so every row would go to numpy's)."""
         self.seqs, self.rows, self.cols = seqs, rows, row_size
-        self.lib = compiled()
+        self.lib = compiled() if c else None
         self.per = chunk_rows(rows, row_size)
         self.hi, self.lo, self.inv, self.d = (np.empty((self.per, row_size), np.float32) for _ in range(4))
         self.one = np.ones((self.per, row_size), np.float32)

@@ -204,7 +204,7 @@ def run_condition(
     those of the same steps and comparisons made one after another. Each numpy state lives in
     one buffer for the run, the step writing the next token's over it."""
     n, s = len(run.seeds), run.shape
-    errors = Errors(n, n, s.vd), Errors(n, n, (s.kw - 1) * s.channels), Errors(n, n * s.hv, s.dv * s.dk)
+    errors = Errors(n, n, s.vd), Errors(n, n, (s.kw - 1) * s.channels, c=False), Errors(n, n * s.hv, s.dv * s.dk)
     ref, lane = ReferenceRun(run, reference), Lane("workbench-check-errors")
     try:
         return _run(subject, run, labels, faults, problems, ref, lane, errors)
