@@ -12,17 +12,17 @@ worker thread under a time limit); the same check without the second call (``rer
 is measured beside it, so the guard's share is stated. The fault models' cost (all eight, each
 its own float32 trajectory) is stated beside them.
 
-Where the time goes, and what uses the second core: the check steps its float32 reference on a
-thread of its own (``check.gdn_reference``; MLX's evaluation of it on MLX's worker thread), and
-the float64 truth with the comparisons of the subject's state on its own thread; the reference's
-state is compared on the reference's thread as the truth's chunks are made (``Errors.follow``).
-So on this 2-core CPU the reference and the truth overlap, and the wall ratio is below the CPU
-ratio, which counts both cores (the CPU time of the check's work is about what it was before the
-overlap: the float32 split of the truth's state, ``hi + lo`` and ``1/max(|hi|, 1)``, and each
-trajectory's comparison are passes over the state that no baseline makes). The subject is never
-called while the check's work runs, so its calls' time (taken out) includes none of the check's.
-On a machine whose other core is busy the overlap goes, and the wall ratio moves up to the CPU
-ratio: read the two side by side, with the load average recorded before each repeat.
+Where the time goes, and what uses the second core: after the subject's calls (which run
+alone), the check's work for a token runs on three threads: the float32 reference on a thread
+of its own (``check.gdn_reference``; MLX evaluates it on its worker thread), the float64 truth
+on the check's thread, and the comparison of each state trajectory with the truth on a third
+(``check.gdn_errors.Errors.compare``, chunk by chunk as the truth's are made; its passes in C
+where clang is here, numpy's bits). So on this 2-core CPU the reference, the truth and the
+comparisons overlap, and the wall ratio is below the CPU ratio, which counts every thread; on
+a machine whose other core is busy the overlap goes and the wall ratio moves up to the CPU
+ratio: read the two side by side, with the load average recorded before each repeat. The
+subject is never called while the check's work runs, so its calls' time (taken out, recorded
+as ``subject_calls_s``) includes none of the check's.
 
 On a CPU shared with other jobs a wall time moves with their load, so the three times are
 measured together ``--repeats`` times (the oracle, the ops step, the check, one after the
@@ -239,9 +239,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "results are the repeat with the best ratio (every repeat is under 'repeats', with the load average "
             "before it), beside the ratios of each quantity's best over the repeats; CPU times are "
             "process_time (all threads); the fault models' run has no subject; the check uses the second core "
-            "(its reference steps on a thread of its own while the truth steps on the check's thread), so the wall "
-            "ratio is under the CPU ratio only while that core is free; subject_calls_s is the time inside the "
-            "subject's calls that was taken out (both calls of a token with the rerun)"
+            "(its reference on a thread of its own, the truth on the check's thread, the state's comparisons on a "
+            "third, in C where clang is found, else numpy's form, the same bits), so the wall ratio is under the "
+            "CPU ratio only while that core is free; subject_calls_s is the time inside the subject's calls that "
+            "was taken out (both calls of a token with the rerun)"
         ),
         "results": {
             "geometry": list(geo),
