@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.test_check_gdn import numpy_step
-from workbench.check import CallableStep, gdn_errors
+from workbench.check import CallableStep, gdn_cases, gdn_errors
 from workbench.check import gdn_faults as faults_mod
 from workbench.check.gdn_cases import token_run
 from workbench.check.gdn_errors import Errors
@@ -184,3 +184,19 @@ def test_the_c_comparison_is_numpys_bit_for_bit(later):
     assert wc[np.isfinite(wc)].tobytes() == wn[np.isfinite(wn)].tobytes()
     assert (wn == 0).any()  # the zero row (C hands it to numpy's form)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(rc, rn))
+
+
+@pytest.mark.parametrize("scale", [None, 1.0, 0.01, 3.0])
+@pytest.mark.parametrize("draw_bytes", [gdn_cases.DRAW_BYTES, 3 * 8 * 50])
+def test_a_runs_token_inputs_drawn_in_parts_are_the_whole_draws_bits(monkeypatch, scale, draw_bytes):
+    """``token_run`` draws its token inputs a few rows at a time into float32: the bits of one
+    whole float64 draw, scaled, then narrowed, and the generator left where that leaves it (so
+    every later draw of the run is as before)."""
+    monkeypatch.setattr(gdn_cases, "DRAW_BYTES", draw_bytes)  # 3 rows a part: 17 rows in 6 parts
+    whole, parts = np.random.default_rng([5, 53]), np.random.default_rng([5, 53])
+    want = whole.standard_normal((17, 50))
+    want = (want if scale is None else want * scale).astype(np.float32)
+    got = np.empty((17, 50), np.float32)
+    gdn_cases._draws_into(parts, got, scale)
+    assert got.tobytes() == want.tobytes()
+    assert parts.standard_normal(4).tobytes() == whole.standard_normal(4).tobytes()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,32 @@ class TokenRun:
         return int(self.mixed.shape[1])
 
 
-def _one(shape: GdnShape, seed: int, tokens: int, scale: float, gate: str, state_scale: float) -> tuple:
+#: Bytes of float64 draws made at once for a run's token inputs (in cache, then narrowed to float32).
+DRAW_BYTES = 1 << 20
+
+
+def _draws_into(rng: np.random.Generator, out: np.ndarray, scale: float | None) -> None:
+    """``rng``'s standard normals of ``out``'s shape, times ``scale`` (None: as drawn), in
+    float64 and then rounded to ``out``'s float32: a few rows at a time, so a run of thousands
+    of tokens never holds its draws in float64 (the generator's stream is the same drawn in
+    parts: each part continues where the last stopped)."""
+    rows, cols = out.shape
+    per = max(1, DRAW_BYTES // (8 * cols))
+    buf = np.empty((min(per, rows), cols))
+    for r in range(0, rows, per):
+        d = buf[: min(per, rows - r)]
+        rng.standard_normal(out=d)
+        if scale is None:
+            np.copyto(out[r : r + len(d)], d, casting="same_kind")
+        else:
+            np.multiply(d, scale, out=out[r : r + len(d)], casting="same_kind")
+
+
+def _one(
+    shape: GdnShape, seed: int, tokens: int, scale: float, gate: str, state_scale: float, mixed: Any, z: Any
+) -> tuple:
+    """One seed's draws, in their order; its token inputs written into ``mixed`` [T, C] and
+    ``z`` [T, Hv Dv] (float32)."""
     s = shape
     rng = np.random.default_rng([int(seed), 53])
     c = s.channels
@@ -89,11 +115,11 @@ def _one(shape: GdnShape, seed: int, tokens: int, scale: float, gate: str, state
     o_norm = 1 + 0.1 * rng.standard_normal(s.dv)
     conv0 = rng.standard_normal((s.kw - 1, c)) * scale
     state0 = rng.standard_normal((s.hv, s.dv, s.dk)) * state_scale
-    mixed = rng.standard_normal((tokens, c)) * scale
-    z = rng.standard_normal((tokens, s.vd))
+    _draws_into(rng, mixed, scale)
+    _draws_into(rng, z, None)
     b = rng.standard_normal((tokens, s.hv))
     a = rng.standard_normal((tokens, s.hv))
-    return conv_w, a_log, dt_bias, o_norm, mixed, z, b, a, conv0, state0
+    return conv_w, a_log, dt_bias, o_norm, b, a, conv0, state0
 
 
 def token_run(
@@ -102,8 +128,10 @@ def token_run(
     """The condition (``scale`` of the conv inputs and conv state, ``gate`` of :data:`GATES`,
     ``state_scale`` of the initial recurrent state) for each seed, T = ``tokens``."""
     validate.one_of("gates", gate, tuple(GATES))
-    parts = [_one(shape, int(sd), tokens, scale, gate, state_scale) for sd in seeds]
-    f32 = [np.stack([p[i] for p in parts]).astype(np.float32) for i in range(10)]
-    conv_w, a_log, dt_bias, o_norm, mixed, z, b, a, conv0, state0 = f32
+    mixed = np.empty((len(seeds), tokens, shape.channels), np.float32)
+    z = np.empty((len(seeds), tokens, shape.vd), np.float32)
+    parts = [_one(shape, int(sd), tokens, scale, gate, state_scale, mixed[i], z[i]) for i, sd in enumerate(seeds)]
+    f32 = [np.stack([p[i] for p in parts]).astype(np.float32) for i in range(8)]
+    conv_w, a_log, dt_bias, o_norm, b, a, conv0, state0 = f32
     w = StepWeights(conv_w, a_log, dt_bias, o_norm, eps=STEP_EPS, k_heads=shape.hk)
     return TokenRun(shape, np.asarray(seeds, dtype=np.int64), w, mixed, z, b, a, conv0, state0)
