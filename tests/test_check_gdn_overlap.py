@@ -200,3 +200,33 @@ def test_a_runs_token_inputs_drawn_in_parts_are_the_whole_draws_bits(monkeypatch
     gdn_cases._draws_into(parts, got, scale)
     assert got.tobytes() == want.tobytes()
     assert parts.standard_normal(4).tobytes() == whole.standard_normal(4).tobytes()
+
+
+def test_the_checks_threads_are_lent_not_left_behind_and_outlive_a_failed_run(monkeypatch):
+    """A check's reference and comparison threads are the process's, lent to each run: repeated
+    checks start none (MLX would keep a stream's worker thread for each new one), and a run that
+    fails part way gives them back fit for the next."""
+    import os
+
+    from workbench.check import check_step, gdn_run
+
+    few = {"geometries": [(2, 6, 32, 32, 4)], "seeds": range(2), "tokens": 5, "faults": ("scale_missing",)}
+    threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+    want = check_step(None, **few).curves["ref_worst"]
+    before = threads()
+
+    class Broken(gdn_run.BlockStep):
+        def result(self):
+            if self.w.conv_w.dtype == np.float64 and broken["calls"] == 3:
+                raise RuntimeError("the truth broke at token 4")
+            broken["calls"] += self.w.conv_w.dtype == np.float64
+            return super().result()
+
+    broken = {"calls": 0}
+    monkeypatch.setattr(gdn_run, "BlockStep", Broken)
+    with pytest.raises(RuntimeError, match="token 4"):
+        check_step(None, **few)
+    monkeypatch.undo()
+    for _ in range(2):
+        assert check_step(None, **few).curves["ref_worst"].tobytes() == want.tobytes()
+    assert threads() == before

@@ -5,6 +5,12 @@ the float64 truth (numpy), the float32 reference (MLX) and the comparison of the
 trajectories with the truth (numpy). On a CPU with a second free core they overlap when each
 has a thread (numpy and MLX release Python's lock while they compute). A job's exception is
 raised on the check's thread when its result is asked for, never lost on the lane's.
+
+Lanes are kept for the process and lent (:func:`borrow`, :func:`give_back`), not made for each
+run: MLX gives each thread that evaluates its own stream, and a stream's worker thread lives
+as long as the process, so a thread a condition would leave one more idle thread behind each
+condition of each check (measured: 13 a default check). A lane is lent to one run at a time;
+as many exist as runs have ever been in progress at once.
 """
 
 from __future__ import annotations
@@ -54,3 +60,27 @@ class Lane:
     def close(self) -> None:
         """End the thread once the job in progress (if any) returns."""
         self._jobs.put(None)
+
+
+_free: list[Lane] = []
+_lock = threading.Lock()
+
+
+def borrow() -> Lane:
+    """A lane of the process's no run holds, or a new one."""
+    with _lock:
+        if _free:
+            return _free.pop()
+    return Lane("workbench-check-lane")
+
+
+def give_back(lane: Lane) -> None:
+    """``lane`` back for the next run, once its job in progress (a run stopped by an error) has
+    returned; that job's result or error is dropped (the run's own error is the one raised)."""
+    if lane._pending:
+        try:
+            lane.result()
+        except BaseException:  # the run that handed it over is already failing with its own error
+            pass
+    with _lock:
+        _free.append(lane)

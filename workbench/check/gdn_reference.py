@@ -31,11 +31,11 @@ from workbench.decode.layers import recurrent_step
 
 class ReferenceRun:
     """The float32 reference (``gdn``: ``"ops"`` or ``"fast"``) over ``run``'s sequences, both
-    states fed back: :meth:`step` hands token t to its thread, :meth:`result` waits for it."""
+    states fed back, on ``lane``'s thread: :meth:`step` hands token t to it, :meth:`result`
+    waits for it."""
 
-    def __init__(self, run: TokenRun, gdn: str) -> None:
-        self.run, self.gdn = run, gdn
-        self.lane = Lane("workbench-check-reference")
+    def __init__(self, run: TokenRun, gdn: str, lane: Lane) -> None:
+        self.run, self.gdn, self.lane = run, gdn, lane
         self._last: Any = None
         self.lane.run(self._setup)
         self.lane.result()
@@ -77,6 +77,3 @@ class ReferenceRun:
         if self._last is None:
             self._last = self.lane.result()
         return self._last
-
-    def close(self) -> None:
-        self.lane.close()

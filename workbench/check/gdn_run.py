@@ -25,7 +25,7 @@ from workbench import validate
 from workbench.check.gdn_cases import DEFAULT_GEOMETRIES, GATES, TokenRun, geometry, token_run
 from workbench.check.gdn_errors import Errors
 from workbench.check.gdn_faults import GDN_FAULTS, BlockStep
-from workbench.check.gdn_lane import Lane
+from workbench.check.gdn_lane import Lane, borrow, give_back
 from workbench.check.gdn_reference import ReferenceRun
 from workbench.check.gdn_report import StepReport, condition_frame
 from workbench.check.gdn_subjects import CallableStep, StepInputs, checked_step
@@ -205,13 +205,14 @@ def run_condition(
     one buffer for the run, the step writing the next token's over it."""
     n, s = len(run.seeds), run.shape
     errors = Errors(n, n, s.vd), Errors(n, n, (s.kw - 1) * s.channels, c=False), Errors(n, n * s.hv, s.dv * s.dk)
-    ref, lane = ReferenceRun(run, reference), Lane("workbench-check-errors")
+    lanes = borrow(), borrow()  # the reference's thread, the state comparisons' thread
     try:
-        return _run(subject, run, labels, faults, problems, ref, lane, errors)
+        ref = ReferenceRun(run, reference, lanes[0])
+        return _run(subject, run, labels, faults, problems, ref, lanes[1], errors)
     finally:
         errors[2].cancel()
-        ref.close()
-        lane.close()
+        for lane in lanes:
+            give_back(lane)
 
 
 def _run(
