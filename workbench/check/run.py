@@ -345,9 +345,10 @@ def _blocks(
         chunks = _chunks(todo, size)
         buffers = [Draws(shp, min(size, len(todo))) for _ in range(2 if prefetch and len(chunks) > 1 else 1)]
         stage = GraphStage()  # the reference's dense weights, written case after case
+        scratch: dict = {}  # the truth's float64 buffer, kept block after block
         for chunk, cases in _drawn(shp, chunks, buffers):
             said: list[str] = []
-            job = (config, base, chunk, cases, stage)
+            job = (config, base, chunk, cases, stage, scratch)
             cdf, fdf = _block(subject, calls, job, scale_labels, faults, eps, rerun, said, writer)
             problems += said
             cdfs.append(cdf)
@@ -416,11 +417,12 @@ def _block(
 ) -> tuple[Any, Any]:
     """One block of seeds of one configuration: the truth, the reference, the implementation's
     runs and the fault models, as its case table and fault table (None: no fault ran); ``job``:
-    the configuration, its table columns, the block's seeds, its drawn cases and the
-    reference's staged weights (:class:`~workbench.check.graph_stage.GraphStage`)."""
+    the configuration, its table columns, the block's seeds, its drawn cases, the
+    reference's staged weights (:class:`~workbench.check.graph_stage.GraphStage`) and the
+    truth's kept buffer."""
     import pandas as pd
 
-    config, base, chunk, c, stage = job
+    config, base, chunk, c, stage, scratch = job
     shp, dtype, fold, qlabel, spec, _ = config
     scale_arr = np.array(scale_labels, dtype=np.float32)
     st = blocks.stored_block(c, dtype=dtype, fold=fold, spec=spec, eps=eps)
@@ -443,7 +445,7 @@ def _block(
 
     def own() -> tuple[np.ndarray, list]:
         """The check's own numpy side of the block: the truth, the fault models' tables."""
-        truth = blocks.truth(st, B, R)
+        truth = blocks.truth(st, B, R, scratch)
         return truth, tables(truth, [blocks.faulty(st, B, R, f) for f in applied])
 
     kept = (B.copy(), R.copy())
@@ -466,7 +468,7 @@ def _block(
             )
             # the truth and each fault model a task of their own: two of them at a time beside
             # the calls, where one thread for all of them was the block's longest path
-            side = pool.submit(blocks.truth, st, B, R)
+            side = pool.submit(blocks.truth, st, B, R, scratch)
             outs = [pool.submit(blocks.faulty, st, B, R, f) for f in applied]
             ref = blocks.reference(st, B, R, stage)
             runs = sent.result()
