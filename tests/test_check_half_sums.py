@@ -23,12 +23,15 @@ def _case(rows, cols, n, seed):
 
 
 @needs_clang
-@pytest.mark.parametrize("rows,cols,n", [(1, 1, 1), (7, 13, 2), (9, 64, 3), (64, 9, 5), (130, 257, 3)])
-def test_the_c_form_is_numpys_float16_arithmetic_bit_for_bit(rows, cols, n):
-    assert compiled() is not None
+@pytest.mark.parametrize("host", [True, False], ids=["host-cpu", "plain"])
+@pytest.mark.parametrize("rows,cols,n", [(1, 1, 1), (7, 13, 2), (9, 64, 3), (64, 9, 5), (130, 257, 3), (33, 40, 9)])
+def test_the_c_form_is_numpys_float16_arithmetic_bit_for_bit(rows, cols, n, host):
+    # both C forms: the host CPU's (x86-64 with F16C: sixteen rows and four vectors at once in
+    # AVX lanes, the rest one by one) and the plain loop a CPU without them runs
+    assert compiled(host) is not None
     w, x = _case(rows, cols, n, rows * cols)
     want = numpy_half_sums(w, x)
-    got = half_sums(w, x)
+    got = half_sums(w, x, host=host)
     assert got.dtype == np.float32 and got.shape == (n, rows)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     if rows > 1 and n > 1 and cols >= 3:  # every kind was compared

@@ -240,10 +240,12 @@ def _host_flags() -> tuple[str, ...]:
     return ("-mf16c",) if "f16c" in flags.split() else ()
 
 
-def c_library(text: str, name: str) -> Path:
+def c_library(text: str, name: str, *, host: bool = True) -> Path:
     """The C source ``text`` (a helper of the workbench's own, ``name``) compiled by clang into
     a shared object: its cached path, built when missing or bad. No floating-point
-    contraction (``-ffp-contract=off``): each operation rounds as written. Raises
+    contraction (``-ffp-contract=off``): each operation rounds as written. ``host=False``:
+    without the host CPU's own instructions (:func:`_host_flags`), as a CPU without them
+    compiles it (the tests run both). Raises
     :class:`MetalCompileError` with clang's diagnostics, ``BackendUnavailable`` without clang."""
     cc = clang()
     if cc is None:
@@ -251,14 +253,24 @@ def c_library(text: str, name: str) -> Path:
             f"compiling the workbench's {name} needs clang: apt-get install clang (Debian/Ubuntu), "
             "or set $WORKBENCH_CLANG to a clang++ on the PATH"
         )
-    flags = ("-x", "c", "-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off", *_host_flags())
-    key = hashlib.sha256("\0".join((text, " ".join(flags), clang_version(cc))).encode())
+    flags = ("-x", "c", "-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off", *(_host_flags() if host else ()))
+    key = hashlib.sha256("\0".join((text, " ".join(flags), support_text(), clang_version(cc))).encode())
+
+    folder = cache_dir()
 
     def build(out: Path) -> None:
+        # linked with the emulator's runtime: its exact half conversions are what clang calls
+        # where the CPU has none of its own (x86-64 without F16C)
+        runtime = _runtime_object(cc, folder)
         src = out.with_name(f"{name}.c")
         src.write_text(text)
-        r = subprocess.run([cc, *flags, "-o", str(out), str(src)], capture_output=True, text=True, check=False)
+        r = subprocess.run(
+            [cc, *flags, "-o", str(out), str(src), "-x", "none", str(runtime)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if r.returncode != 0:
             raise MetalCompileError(f"the workbench's {name} does not compile:\n{r.stderr[-4000:]}")
 
-    return _cached(cache_dir() / f"{name}-{key.hexdigest()[:24]}.so", build)
+    return _cached(folder / f"{name}-{key.hexdigest()[:24]}.so", build)
