@@ -183,7 +183,7 @@ def guarded_calls(
     The weights are copied (and converted to ``arrays``) once for all the calls, each call
     handed fresh copies of its activations. At a shipped shape a copy and a compare of the
     weights cost five times the call itself (a numpy tail at (2048, 2048, 8192): 25 + 35 ms
-    against 12 ms), and once a call is once a scale. The activations are compared after each
+    against 12 ms), and copying them for each call meant once a scale. The activations are compared after each
     call, every input after the last: a weight changed in place fails every call of the case
     (each call after the change was handed weights the case does not hold, and which call
     changed them is not told apart)."""
