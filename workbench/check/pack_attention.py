@@ -31,9 +31,8 @@ from workbench.check.head_cases import HEAD_SCALES
 from workbench.check.head_spec import HeadSpec
 from workbench.check.pack_head import HEAD_PROJECTIONS, head_variants, pack_head_spec
 from workbench.check.pack_linear import faulty_linear
-from workbench.check.pack_verdict import pack_report
+from workbench.check.pack_verdict import by_case, pack_arguments, pack_report, sequence_output, token_inputs
 from workbench.check.report import CheckReport
-from workbench.check.subjects import checked_output
 from workbench.models.hadamard_pack import HadamardPack
 
 #: fault name -> what it does.
@@ -100,24 +99,11 @@ def check_pack_attention(
     cache empty before token 0; ``out`` [tokens, S, hidden_size], ``o_proj``'s output) on
     ``pack``'s full-attention ``layer``. The S sequences are each seed's draws (uniform in
     [-1, 1)) times each of ``scales``, seed-major; a case's error is over every token."""
-    if not isinstance(pack, HadamardPack):
-        raise ValueError(f"pack: must be a HadamardPack (read_pack), got {validate.describe(pack)}")
-    if not callable(subject):
-        got = validate.describe(subject)
-        raise ValueError(f"subject: must be a callable hidden [tokens, S, hidden] -> out, got {got}")
+    takes = "hidden [tokens, S, hidden] -> out"
+    seed_list, scale_list, user, flake_rate = pack_arguments(pack, subject, takes, seeds, scales, tolerance, flake_rate)
     spec = pack_head_spec(pack, layer)
-    seed_list = [validate.seed("seeds", s) for s in validate.sequence("seeds", list(seeds), what="seeds")]
-    scale_list = [
-        float(validate.number("scales", s, minimum=0, exclusive_minimum=True))
-        for s in validate.sequence("scales", scales, what="positive numbers")
-    ]
     tokens = validate.integer("tokens", tokens, minimum=1, maximum=4096)
-    user = None if tolerance is None else ("worst", validate.number("tolerance", tolerance, minimum=0))
-    flake_rate = validate.number("flake_rate", flake_rate, minimum=0, exclusive_minimum=True, maximum=0.5)
-    draws = [np.random.default_rng([s, 5960]).uniform(-1, 1, (tokens, spec.hidden)) for s in seed_list]
-    sa = np.asarray(scale_list, dtype=np.float32)[None, :, None, None]
-    x = (np.stack(draws).astype(np.float32)[:, None] * sa).reshape(-1, tokens, spec.hidden).transpose(1, 0, 2)
-    x = np.ascontiguousarray(x)  # [T, S, hidden]
+    x = token_inputs(seed_list, scale_list, tokens, spec.hidden, 5960)  # [T, S, hidden]
     heads = head_variants(pack, layer, x, list(range(tokens)))
     o = pack.matrix(f"model.layers.{layer}.self_attn.o_proj")
     truth64 = _attend64(spec, heads.pop("truth"))
@@ -130,14 +116,10 @@ def check_pack_attention(
     if o.fold is not None:
         faults["rotation_skipped_o_proj"] = faulty_linear(o, ref_in, None, False)
     problems: list[str] = []
-    out = np.full(truth.shape, np.nan, dtype=np.float32)
-    try:
-        out = checked_output(subject(x.copy()), truth.shape)
-    except Exception as e:  # the implementation's failure is the check's result, not its crash
-        problems.append(f"pack attention layer: {type(e).__name__}: {e}")
+    out = sequence_output(subject, x, truth.shape, "pack attention layer", problems)
 
-    def cases(a: np.ndarray) -> np.ndarray:  # [T, S, hidden] -> [seeds, scales, T * hidden]
-        return np.asarray(a).transpose(1, 0, 2).reshape(len(seed_list), len(scale_list), -1)
+    def cases(a: np.ndarray) -> np.ndarray:
+        return by_case(a, len(seed_list), len(scale_list))
 
     base = {"hidden": spec.hidden, "branch": spec.q_heads * spec.head_dim, "ffn": 0, "dtype": "affine2-g128"}
     base |= {"fold": "per projection", "quant": "affine2-g128"}

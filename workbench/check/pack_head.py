@@ -35,7 +35,7 @@ from workbench.check.head_cases import DEFAULT_POSITIONS, HEAD_SCALES
 from workbench.check.head_math import rms, rope
 from workbench.check.head_spec import HeadSpec
 from workbench.check.pack_linear import faulty_linear
-from workbench.check.pack_verdict import pack_report
+from workbench.check.pack_verdict import pack_arguments, pack_report
 from workbench.check.report import CheckReport
 from workbench.check.subjects import checked_output
 from workbench.models.hadamard_pack import HadamardPack, PackError
@@ -73,12 +73,6 @@ def pack_head_spec(pack: HadamardPack, layer: int) -> HeadSpec:
         eps=pack.eps,
         name=f"pack layer {layer}",
     )
-
-
-def _tensor(pack: HadamardPack, key: str) -> np.ndarray:
-    if key not in pack.tensors:
-        raise PackError(f"{pack.folder.name}: missing tensor {key}")
-    return np.array(pack.tensors[key].astype(mx.float32))
 
 
 def _heads(spec: HeadSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, qn: Any, kn: Any, pos: int) -> np.ndarray:
@@ -126,8 +120,8 @@ def head_variants(pack: HadamardPack, layer: int, hidden: np.ndarray, positions:
     spec = pack_head_spec(pack, layer)
     pre = f"model.layers.{layer}"
     mats = {p: pack.matrix(f"{pre}.self_attn.{p}") for p in HEAD_PROJECTIONS}
-    attn_norm = _tensor(pack, f"{pre}.input_layernorm.weight")
-    qn, kn = _tensor(pack, f"{pre}.self_attn.q_norm.weight"), _tensor(pack, f"{pre}.self_attn.k_norm.weight")
+    attn_norm = pack.tensor(f"{pre}.input_layernorm.weight")
+    qn, kn = pack.tensor(f"{pre}.self_attn.q_norm.weight"), pack.tensor(f"{pre}.self_attn.k_norm.weight")
     h32 = np.ascontiguousarray(hidden, dtype=np.float32)
     n64 = rms(h32.astype(np.float64), attn_norm.astype(np.float64), spec.eps, False)
     with mx.stream(mx.cpu):
@@ -167,23 +161,13 @@ def check_pack_head(
     q and k after QK-norm and RoPE) on ``pack``'s full-attention ``layer``, at each seed's
     hidden state (uniform in [-1, 1)) times each of ``scales``, at each of ``positions``.
     A case is a (seed, position) pair; its errors are over every tensor returned."""
-    if not isinstance(pack, HadamardPack):
-        raise ValueError(f"pack: must be a HadamardPack (read_pack), got {validate.describe(pack)}")
-    if not callable(subject):
-        got = validate.describe(subject)
-        raise ValueError(f"subject: must be a callable (hidden, position) -> (q, k, v, gate), got {got}")
+    takes = "(hidden, position) -> (q, k, v, gate)"
+    seed_list, scale_list, user, flake_rate = pack_arguments(pack, subject, takes, seeds, scales, tolerance, flake_rate)
     spec = pack_head_spec(pack, layer)
-    seed_list = [validate.seed("seeds", s) for s in validate.sequence("seeds", list(seeds), what="seeds")]
-    scale_list = [
-        float(validate.number("scales", s, minimum=0, exclusive_minimum=True))
-        for s in validate.sequence("scales", scales, what="positive numbers")
-    ]
     pos_list = [
         validate.integer("positions", p, minimum=0, maximum=1 << 20)
         for p in validate.sequence("positions", positions, what="non-negative ints")
     ]
-    user = None if tolerance is None else ("worst", validate.number("tolerance", tolerance, minimum=0))
-    flake_rate = validate.number("flake_rate", flake_rate, minimum=0, exclusive_minimum=True, maximum=0.5)
     sa = np.asarray(scale_list, dtype=np.float32)[None, :, None]
     draws = [np.random.default_rng([s, 59]).uniform(-1, 1, spec.hidden).astype(np.float32) for s in seed_list]
     h32 = np.stack(draws)[:, None] * sa  # [seeds, scales, hidden]

@@ -35,9 +35,8 @@ from workbench.check.gdn_faults import StepWeights, step_block
 from workbench.check.head_cases import HEAD_SCALES
 from workbench.check.head_math import rms
 from workbench.check.pack_linear import faulty_linear
-from workbench.check.pack_verdict import pack_report
+from workbench.check.pack_verdict import by_case, pack_arguments, pack_report, sequence_output, token_inputs
 from workbench.check.report import CheckReport
-from workbench.check.subjects import checked_output
 from workbench.fold.weights import WeightMatrix
 from workbench.models.hadamard_pack import HadamardPack, PackError
 
@@ -55,26 +54,20 @@ PACK_STEP_FAULTS: dict[str, str] = {
 DEFAULT_TOKENS = 12
 
 
-def _tensor(pack: HadamardPack, key: str) -> np.ndarray:
-    if key not in pack.tensors:
-        raise PackError(f"{pack.folder.name}: missing tensor {key}")
-    return np.array(pack.tensors[key].astype(mx.float32))
-
-
 def pack_step_weights(pack: HadamardPack, layer: int) -> StepWeights:
     """The step constants of ``pack``'s recurrent ``layer`` as stored (float32), in the step
     part's layout: ``conv1d.weight`` [C, K, 1] (mlx's Conv1d) becomes ``conv_w`` [1, K, C]."""
     if pack.layer_type(layer) != "linear_attention":
         raise PackError(f"layer: {layer} is a {pack.layer_type(layer)} layer, the step needs a linear_attention one")
     pre = f"model.layers.{layer}.linear_attn"
-    conv = _tensor(pack, f"{pre}.conv1d.weight")
+    conv = pack.tensor(f"{pre}.conv1d.weight")
     if conv.ndim != 3 or conv.shape[2] != 1:
         raise PackError(f"{pre}.conv1d.weight: must be [channels, kernel, 1] (depthwise), got {conv.shape}")
     return StepWeights(
         conv[:, :, 0].T[None],
-        _tensor(pack, f"{pre}.A_log")[None],
-        _tensor(pack, f"{pre}.dt_bias")[None],
-        _tensor(pack, f"{pre}.norm.weight")[None],
+        pack.tensor(f"{pre}.A_log")[None],
+        pack.tensor(f"{pre}.dt_bias")[None],
+        pack.tensor(f"{pre}.norm.weight")[None],
         eps=pack.eps,
         k_heads=int(pack.text_config["linear_num_key_heads"]),
     )
@@ -117,30 +110,17 @@ def check_pack_recurrent(
     [tokens, S, hidden_size], ``out_proj``'s output) on ``pack``'s recurrent ``layer``.
     The S sequences are each seed's draws (uniform in [-1, 1)) times each of ``scales``,
     seed-major."""
-    if not isinstance(pack, HadamardPack):
-        raise ValueError(f"pack: must be a HadamardPack (read_pack), got {validate.describe(pack)}")
-    if not callable(subject):
-        got = validate.describe(subject)
-        raise ValueError(f"subject: must be a callable hidden [tokens, S, hidden] -> out, got {got}")
+    takes = "hidden [tokens, S, hidden] -> out"
+    seed_list, scale_list, user, flake_rate = pack_arguments(pack, subject, takes, seeds, scales, tolerance, flake_rate)
     w32 = pack_step_weights(pack, layer)
-    seed_list = [validate.seed("seeds", s) for s in validate.sequence("seeds", list(seeds), what="seeds")]
-    scale_list = [
-        float(validate.number("scales", s, minimum=0, exclusive_minimum=True))
-        for s in validate.sequence("scales", scales, what="positive numbers")
-    ]
     tokens = validate.integer("tokens", tokens, minimum=1, maximum=4096)
-    user = None if tolerance is None else ("worst", validate.number("tolerance", tolerance, minimum=0))
-    flake_rate = validate.number("flake_rate", flake_rate, minimum=0, exclusive_minimum=True, maximum=0.5)
     c = pack.text_config
     hidden = int(c["hidden_size"])
     dims = (int(c["linear_num_value_heads"]), int(c["linear_value_head_dim"]), int(c["linear_key_head_dim"]))
     pre = f"model.layers.{layer}"
     mats: dict[str, WeightMatrix] = {p: pack.matrix(f"{pre}.linear_attn.{p}") for p in STEP_PROJECTIONS}
-    norm = _tensor(pack, f"{pre}.input_layernorm.weight")
-    draws = [np.random.default_rng([s, 5959]).uniform(-1, 1, (tokens, hidden)).astype(np.float32) for s in seed_list]
-    sa = np.asarray(scale_list, dtype=np.float32)[None, :, None, None]
-    x = (np.stack(draws)[:, None] * sa).reshape(-1, tokens, hidden).transpose(1, 0, 2)  # [T, S, hidden]
-    x = np.ascontiguousarray(x)
+    norm = pack.tensor(f"{pre}.input_layernorm.weight")
+    x = token_inputs(seed_list, scale_list, tokens, hidden, 5959)  # [T, S, hidden]
     n64 = rms(x.astype(np.float64), norm.astype(np.float64), pack.eps, False)
     with mx.stream(mx.cpu):
         n32 = np.array(mx.fast.rms_norm(mx.array(x), mx.array(norm), pack.eps))
@@ -168,15 +148,10 @@ def check_pack_recurrent(
     fault_runs["scales_bfloat16"] = faulty(None, True)
     faults = {f: _layer(w32, proj, n32, dims) for f, proj in fault_runs.items()}
     problems: list[str] = []
-    out = np.full(truth.shape, np.nan, dtype=np.float32)
-    try:
-        out = checked_output(subject(x.copy()), truth.shape)
-    except Exception as e:  # the implementation's failure is the check's result, not its crash
-        problems.append(f"pack recurrent layer: {type(e).__name__}: {e}")
-    shape = (len(seed_list), len(scale_list), -1)
+    out = sequence_output(subject, x, truth.shape, "pack recurrent layer", problems)
 
-    def cases(a: np.ndarray) -> np.ndarray:  # [T, S, hidden] -> [seeds, scales, T * hidden]
-        return np.asarray(a).transpose(1, 0, 2).reshape(shape)
+    def cases(a: np.ndarray) -> np.ndarray:
+        return by_case(a, len(seed_list), len(scale_list))
 
     base = {"hidden": hidden, "branch": mats["out_proj"].shape[1], "ffn": 0, "dtype": "affine2-g128"}
     base |= {"fold": "per projection", "quant": "affine2-g128"}

@@ -188,7 +188,12 @@ class HadamardPack:
         """Layer ``layer``'s ``post_attention_layernorm`` weight, float32: mlx-lm's ``nn.RMSNorm``
         multiplies by it as stored (the effective weight; ``TextModel.sanitize`` adds 1 only to a
         Hugging Face checkpoint's zero-centred norms, never to a saved mlx-lm model's)."""
-        key = f"model.layers.{validate.integer('layer', layer, minimum=0)}.post_attention_layernorm.weight"
+        layer = validate.integer("layer", layer, minimum=0)
+        return self.tensor(f"model.layers.{layer}.post_attention_layernorm.weight")
+
+    def tensor(self, key: str) -> np.ndarray:
+        """The stored tensor ``key`` as float32 numpy (norm weights, conv weights, ``A_log``, ...);
+        :class:`PackError` naming the pack and the key where it is missing."""
         if key not in self.tensors:
             raise PackError(f"{self.folder.name}: missing tensor {key}")
         return np.array(self.tensors[key].astype(mx.float32))
