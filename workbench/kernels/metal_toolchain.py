@@ -162,20 +162,22 @@ def _cached(target: Path, build: Callable[[Path], None]) -> Path:
     return target
 
 
+def _compile(args: list[str], failure: str, tail: int = 4000) -> None:
+    """clang run with ``args``; :class:`MetalCompileError` saying ``failure`` and the end of
+    clang's diagnostics when it fails."""
+    r = subprocess.run(args, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise MetalCompileError(f"{failure}:\n{r.stderr[-tail:]}")
+
+
 def _runtime_object(cc: str, folder: Path) -> Path:
     """The emulator's runtime compiled once (C11) for every kernel to link, cached by hash."""
     text = (SUPPORT_DIR / "runtime.c").read_text()
     key = hashlib.sha256("\0".join((text, clang_version(cc))).encode()).hexdigest()[:24]
 
     def build(out: Path) -> None:
-        r = subprocess.run(
-            [cc, "-x", "c", "-std=c11", "-O2", "-fPIC", "-c", "-o", str(out), str(SUPPORT_DIR / "runtime.c")],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if r.returncode != 0:
-            raise MetalCompileError(f"the emulator's runtime does not compile:\n{r.stderr[-4000:]}")
+        args = [cc, "-x", "c", "-std=c11", "-O2", "-fPIC", "-c", "-o", str(out), str(SUPPORT_DIR / "runtime.c")]
+        _compile(args, "the emulator's runtime does not compile")
 
     return _cached(folder / f"runtime-{key}.o", build)
 
@@ -214,16 +216,11 @@ def shared_object(tu: str, name: str) -> Path:
         runtime = _runtime_object(cc, folder)
         cpp = out.with_name("kernel.cpp")
         cpp.write_text(tu)
-        r = subprocess.run(
+        _compile(
             [cc, *flags, "-I", str(SUPPORT_DIR), "-o", str(out), str(cpp), str(runtime)],
-            capture_output=True,
-            text=True,
-            check=False,
+            f"the Metal source of {name} does not compile against the stand-in <metal_stdlib>",
+            tail=6000,
         )
-        if r.returncode != 0:
-            raise MetalCompileError(
-                f"the Metal source of {name} does not compile against the stand-in <metal_stdlib>:\n{r.stderr[-6000:]}"
-            )
 
     return _cached(folder / f"{key.hexdigest()[:24]}.so", build)
 
@@ -264,13 +261,7 @@ def c_library(text: str, name: str, *, host: bool = True) -> Path:
         runtime = _runtime_object(cc, folder)
         src = out.with_name(f"{name}.c")
         src.write_text(text)
-        r = subprocess.run(
-            [cc, *flags, "-o", str(out), str(src), "-x", "none", str(runtime)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if r.returncode != 0:
-            raise MetalCompileError(f"the workbench's {name} does not compile:\n{r.stderr[-4000:]}")
+        args = [cc, *flags, "-o", str(out), str(src), "-x", "none", str(runtime)]
+        _compile(args, f"the workbench's {name} does not compile")
 
     return _cached(folder / f"{name}-{key.hexdigest()[:24]}.so", build)
